@@ -1,0 +1,1 @@
+"""Configuration search, recommendations and the `costline` command line."""

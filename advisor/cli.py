@@ -1,0 +1,32 @@
+"""The `costline` command line: the top of the stack (DESIGN.md).
+
+Command groups live in `advisor/commands/`, one module each, so that the light
+commands start without importing the heavy layers (torch, triton) they do not use.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from advisor.commands import workload
+
+app = typer.Typer(
+    help="costline: what each LLM-serving optimization really buys under your traffic.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(workload.app, name="workload")
+
+
+@app.command()
+def demo() -> None:
+    """The main job on a built-in default: describe the bundled production-like chat workload."""
+    workload.describe("chat-production", as_json=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

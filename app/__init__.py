@@ -1,0 +1,1 @@
+"""The Streamlit what-if dashboard (a later issue)."""

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine with only Python 3.11 and pip:
+#   bash dev.sh demo   - create/reuse .venv, install the light core, run the main job
+#   bash dev.sh test   - create/reuse .venv, install CPU torch + triton + test deps, run the whole suite
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+stamp() { echo "$1-$(cat pyproject.toml | sha1sum | cut -c1-12)"; }
+install() {  # install once per pyproject version and extras set
+  local want; want=$(stamp "$1")
+  if [ "$(cat .venv/.costline-installed-"$1" 2>/dev/null)" != "$want" ]; then
+    $VPY -m pip install -q --upgrade pip
+    if [ "$1" = test ]; then
+      # CPU build of torch first (on disk here; a plain `torch` would pull a CUDA build)
+      $VPY -m pip install -q "torch==2.13.0" || $VPY -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+      $VPY -m pip install -q -e ".[engine,test]"
+    else
+      $VPY -m pip install -q -e .
+    fi
+    echo "$want" > .venv/.costline-installed-"$1"
+  fi
+}
+case "${1:-demo}" in
+  demo) install core; shift || true; exec .venv/bin/costline "${@:-demo}" ;;
+  test) install test; shift || true; TRITON_INTERPRET=1 exec $VPY -m pytest "$@" ;;
+  *) echo "usage: bash dev.sh demo|test [args]" >&2; exit 2 ;;
+esac

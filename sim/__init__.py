@@ -1,0 +1,1 @@
+"""Workloads, GPU specs, the step cost model, the SimPy simulator and its metrics."""
