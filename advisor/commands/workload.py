@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sim.arrivals import scale_rate
 from sim.describe import describe_workload
 from sim.fit import fit_spec
 from sim.traces import TraceFormatError, export_mooncake
@@ -139,8 +140,10 @@ def fit(
         spread=spread, seed=seed, start_s=start_s, end_s=end_s, first=first))
     spec = fit_spec(wl, lengths=lengths, seed=seed or 0)  # type: ignore[arg-type]
     if rate_scale != 1.0:
-        spec = spec.with_overrides(arrival={**spec.arrival.model_dump(), "rate_rps": spec.arrival.rate_rps * rate_scale},
-                                   num_requests=max(1, round(spec.num_requests * rate_scale)))
+        # same duration at the higher rate: scale the request count with the rate
+        spec = spec.with_overrides(arrival=scale_rate(spec.arrival, rate_scale).model_dump(),
+                                   num_requests=max(1, round(spec.num_requests * rate_scale)),
+                                   description=spec.description + f" Rate scaled x{rate_scale:g}.")
     text = spec.to_json() + "\n"
     if output is None:
         sys.stdout.write(text)
