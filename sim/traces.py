@@ -411,7 +411,7 @@ def spread_ties(wl: Workload, seed: int = 0) -> Workload:
     re-sorted by their new times (request ids follow the new order); the first no longer arrives
     exactly at 0."""
     t = wl.arrival_s
-    distinct, first_idx, inverse = np.unique(t, return_index=True, return_inverse=True)
+    distinct, inverse = np.unique(t, return_inverse=True)
     if distinct.size == t.size:
         return wl
     steps = np.diff(distinct)

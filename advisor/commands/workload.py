@@ -67,7 +67,7 @@ def _options(**kw: Any) -> SourceOptions:
 
 
 def _fmt_int(x: float) -> str:
-    return f"{int(math.floor(x + 0.5)):,}"
+    return f"{math.floor(x + 0.5):,}"  # half up, as the README rounds
 
 
 def _lengths_line(s: dict[str, float]) -> str:

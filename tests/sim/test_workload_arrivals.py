@@ -13,7 +13,13 @@ import pytest
 
 from sim.arrivals import arrival_times
 from sim.describe import index_of_dispersion, interarrival_cv
-from sim.workload_spec import ConstantArrival, GammaArrival, OnOffArrival, PoissonArrival, RampArrival
+from sim.workload_spec import (
+    ConstantArrival,
+    GammaArrival,
+    OnOffArrival,
+    PoissonArrival,
+    RampArrival,
+)
 
 K = 5.0  # standard errors allowed
 N = 100_000

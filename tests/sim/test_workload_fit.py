@@ -103,7 +103,7 @@ def test_onoff_fit_recovers_a_known_process():
 def test_shared_prefix_length_solves_the_reuse_equation():
     p = np.array([100, 1000, 5000])
     length = shared_prefix_tokens(p, 0.2, 16)
-    share = lambda n: float(((np.minimum(n, p) // 16) * 16).sum()) / p.sum()  # noqa: E731
+    share = lambda n: float(((np.minimum(n, p) // 16) * 16).sum()) / p.sum()
     assert share(length) >= 0.2 > share(length - 1)
 
 

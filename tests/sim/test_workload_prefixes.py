@@ -27,8 +27,8 @@ K = 5.0
 
 
 def spec(**kw) -> WorkloadSpec:
-    base = dict(num_requests=2000, arrival=PoissonArrival(rate_rps=10), prompt_tokens=FixedLength(tokens=512),
-                output_tokens=FixedLength(tokens=8), hash_block_size=16)
+    base = {"num_requests": 2000, "arrival": PoissonArrival(rate_rps=10), "prompt_tokens": FixedLength(tokens=512),
+            "output_tokens": FixedLength(tokens=8), "hash_block_size": 16}
     return WorkloadSpec(**{**base, **kw})
 
 
@@ -48,7 +48,7 @@ def test_system_prompt_zipf_popularity():
     s = spec(num_requests=20_000, system_prompts=SystemPrompts(count=5, tokens=FixedLength(tokens=64),
                                                                zipf_exponent=1.0))
     wl = generate(s)
-    first_ids = np.array([wl.hash_ids(i)[0] for i in range(0, len(wl))])
+    first_ids = np.array([wl.hash_ids(i)[0] for i in range(len(wl))])
     # prompt k owns ids 4k..4k+3 (64 tokens = 4 blocks), so the first id names the prompt
     k = first_ids // 4
     w = 1 / np.arange(1, 6)
@@ -98,12 +98,13 @@ def test_partial_blocks_and_short_prompts_never_share():
 
 
 def session_spec(**kw) -> WorkloadSpec:
-    base = dict(
-        num_requests=60, arrival=ConstantArrival(rate_rps=0.01), prompt_tokens=FixedLength(tokens=57),
-        output_tokens=FixedLength(tokens=5), hash_block_size=16,
-        system_prompts=SystemPrompts(count=1, tokens=FixedLength(tokens=40)),
-        sessions=Sessions(turns=FixedLength(tokens=3), mean_think_time_s=1.0, user_message_tokens=FixedLength(tokens=7)),
-    )
+    base = {
+        "num_requests": 60, "arrival": ConstantArrival(rate_rps=0.01), "prompt_tokens": FixedLength(tokens=57),
+        "output_tokens": FixedLength(tokens=5), "hash_block_size": 16,
+        "system_prompts": SystemPrompts(count=1, tokens=FixedLength(tokens=40)),
+        "sessions": Sessions(turns=FixedLength(tokens=3), mean_think_time_s=1.0,
+                             user_message_tokens=FixedLength(tokens=7)),
+    }
     return WorkloadSpec(**{**base, **kw})
 
 
