@@ -16,6 +16,9 @@ What is matched, and how:
   reuse figure, not the structure behind it (in Mooncake most reuse comes from conversations
   re-sending their history), so a cache working set is smaller than the trace's;
 - task mix: the trace's category shares.
+
+The Mooncake trace's 3-s timestamp steps read as burstiness (CV 3.0, a Gamma with burstiness
+0.11); fit it with `--spread` to fit the traffic under the quantisation instead (CV 1.0, Poisson).
 """
 
 from __future__ import annotations
@@ -144,8 +147,9 @@ def fit_spec(wl: Workload, *, lengths: Literal["empirical", "lognormal"] = "empi
     return WorkloadSpec(
         name=name or f"fit-{wl.name}",
         description=(f"Fitted to {wl.name} ({len(wl)} requests over {wl.duration_s:.0f} s): "
-                     f"{arrival.kind} arrivals, {lengths} lengths, {reuse:.1%} prompt-token reuse "
-                     "as one shared prefix."),
+                     f"{arrival.kind} arrivals, {lengths} lengths, "
+                     + (f"{reuse:.1%} prompt-token reuse as one shared prefix." if system_prompts
+                        else "no prefix reuse.")),
         num_requests=num_requests or len(wl),
         seed=seed,
         hash_block_size=hash_block_size,
