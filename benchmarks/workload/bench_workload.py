@@ -57,6 +57,11 @@ def main() -> None:
         s, wl = timed(lambda spec=spec: generate(spec), repeats=3)
         rows.append({"case": f"generate 1,000,000 requests: {name}", "seconds": s, "target_s": 5.0,
                      "hash_ids": int(wl.run_len.sum()), "hash_id_runs": int(wl.run_len.size)})
+    big = generate(get_preset("chat-production").with_overrides(num_requests=1_000_000))
+    s, _ = timed(lambda: describe_workload(big), repeats=3)
+    rows.append({"case": "describe 1,000,000 generated requests: chat-production (prefix reuse over "
+                         f"{big.run_len.sum() / 1e6:.0f}M block references)", "seconds": s})
+    del big
     spec = get_preset("chat-production").with_overrides(num_requests=100_000)
     wl = generate(spec)
     s, _ = timed(lambda: wl.take(np.arange(len(wl))).requests, repeats=3)

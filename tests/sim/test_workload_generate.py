@@ -6,10 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from engine.request import Request
-from sim.describe import describe_workload, index_of_dispersion
+from sim.describe import describe_workload, index_of_dispersion, prefix_reuse
 from sim.generate import generate
 from sim.workload import Workload, runs_from_flat
 from sim.workload_presets import get_preset, preset_names
@@ -136,3 +138,44 @@ def test_describe_figures_on_a_hand_made_workload():
     # reused leading tokens: r1 -> block 1 (4 tokens), r2 -> both blocks (8); of 25 prompt tokens
     assert d["prefix_reuse"]["token_fraction"] == pytest.approx(12 / 25)
     assert d["prefix_reuse"]["block_fraction"] == pytest.approx(3 / 7)
+
+
+def reference_reuse(wl: Workload) -> tuple[float, float]:
+    """Plain per-block reference: walk requests in order with a set of ids seen so far."""
+    seen: set[int] = set()
+    reused_tokens = reused_refs = refs = 0
+    for r in wl:
+        ids = r.hash_ids
+        flags = [h in seen for h in ids]
+        lead = next((i for i, f in enumerate(flags) if not f), len(ids))
+        reused_tokens += min(lead * r.hash_block_size, r.prompt_len)
+        reused_refs += sum(flags)
+        refs += len(ids)
+        seen.update(ids)
+    return reused_tokens / int(wl.prompt_len.sum()), reused_refs / refs
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_run_based_reuse_matches_a_per_block_reference(data):
+    bs = data.draw(st.sampled_from([1, 4, 16]))
+    n = data.draw(st.integers(1, 25))
+    id_lists = [data.draw(st.lists(st.integers(0, 30), min_size=1, max_size=12)) for _ in range(n)]
+    prompt = [len(ids) * bs - data.draw(st.integers(0, bs - 1)) for ids in id_lists]
+    lens = np.array([len(x) for x in id_lists])
+    wl = Workload.from_columns(
+        arrival_s=np.arange(n, dtype=float), prompt_len=np.array(prompt), output_len=np.ones(n, np.int64),
+        hash_ids=np.array([h for x in id_lists for h in x]), hash_offsets=np.concatenate([[0], np.cumsum(lens)]),
+        hash_block_size=bs)
+    got = prefix_reuse(wl)
+    want_tokens, want_blocks = reference_reuse(wl)
+    assert got["token_fraction"] == pytest.approx(want_tokens, abs=1e-12)
+    assert got["block_fraction"] == pytest.approx(want_blocks, abs=1e-12)
+
+
+def test_run_based_reuse_matches_the_reference_on_generated_sessions():
+    wl = generate(get_preset("agent-multiturn").with_overrides(num_requests=400))
+    want_tokens, want_blocks = reference_reuse(wl)
+    got = prefix_reuse(wl)
+    assert got["token_fraction"] == pytest.approx(want_tokens, abs=1e-12)
+    assert got["block_fraction"] == pytest.approx(want_blocks, abs=1e-12)
