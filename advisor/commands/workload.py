@@ -62,6 +62,17 @@ Speedup = Annotated[float | None, typer.Option("--speedup", help="divide arrival
 Rate = Annotated[float | None, typer.Option("--rate", help="rescale time to this mean rate (req/s)")]
 
 
+def _json_safe(x: Any) -> Any:
+    """NaN (e.g. the CV of a one-request workload) as null, so the output stays valid JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
+
+
 def _options(**kw: Any) -> SourceOptions:
     return SourceOptions(**kw)
 
@@ -114,7 +125,7 @@ def describe(
         speedup=speedup, rate_rps=rate))
     d = describe_workload(wl)
     if as_json:
-        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+        sys.stdout.write(json.dumps(_json_safe(d), indent=2) + "\n")
     else:
         print_description(d)
 
