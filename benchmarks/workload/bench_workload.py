@@ -62,7 +62,6 @@ def main() -> None:
     s, _ = timed(lambda: describe_workload(big), repeats=3)
     rows.append({"case": "describe 1,000,000 generated requests: chat-production (prefix reuse over "
                          f"{big.run_len.sum() / 1e6:.0f}M block references)", "seconds": s})
-    del big
     spec = get_preset("chat-production").with_overrides(num_requests=100_000)
     wl = generate(spec)
     s, _ = timed(lambda: wl.take(np.arange(len(wl))).requests, repeats=3)
