@@ -40,6 +40,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-sweep", action="store_true", help="time only the default dispatch")
     p.add_argument("--budget-s", type=float, default=420.0, help="skip optional work past this")
     p.add_argument("--no-fa3", action="store_true", help="skip FlashInfer's FA3 prefill build")
+    p.add_argument("--skip-checks", action="store_true", help="skip the device correctness checks")
+    p.add_argument("--shapes", default="", help="only these, e.g. '32x32768,8x2048+0'")
+    p.add_argument("--repeat", type=int, default=1, help="time each decode shape this many times")
     return p.parse_args()
 
 
@@ -182,6 +185,18 @@ def measure(row: dict, prefix: str, fn: Callable[[], object], work: float, unit:
     row[f"{prefix}_us"] = t
     row[f"{prefix}_{unit}"] = work / (t * 1e-6) / 1e12
     return t
+
+
+def host_us_per_call(fn: Callable[[], object]) -> float:
+    """Host (Python + launch) microseconds per eager call: enqueue many, sync once."""
+    calls = 200 if DEVICE == "cuda" else 2
+    sync()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t) / calls * 1e6
+    sync()
+    return host
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -482,8 +497,11 @@ def bench_decode(batch: int, context: int) -> None:
             row["speed_vs_flashinfer"] = t_fi / t
         except Exception as exc:  # noqa: BLE001
             record_error(f"flashinfer decode {name}", exc)
+    row["ours_host_us_per_call"] = host_us_per_call(case.ours())
+    if FI is not None and "flashinfer_us" in row:
+        row["flashinfer_host_us_per_call"] = host_us_per_call(fi_decode(case))
     RESULTS["decode"].append(row)
-    log(f"decode {name}: ours {t:.1f} us {row['ours_tbps']:.2f} TB/s (splits {splits}, err "
+    log(f"decode {name}: host {row['ours_host_us_per_call']:.1f} us/call; ours {t:.1f} us {row['ours_tbps']:.2f} TB/s (splits {splits}, err "
         f"{row['rel_err_vs_sdpa_fp32']:.1e}); sdpa {row.get('sdpa_contig_tbps', float('nan')):.2f}"
         f" TB/s; gather x{row.get('speed_vs_gather_sdpa', float('nan')):.1f}; flashinfer "
         f"{row.get('flashinfer_tbps', float('nan')):.2f} TB/s")  # fmt: skip
@@ -724,16 +742,22 @@ def main() -> None:
     checks = [(0, 16, 4, torch.bfloat16, None), (1, 32, 8, torch.float16, None),
               (2, 64, 1, torch.bfloat16, None), (3, 16, 4, torch.bfloat16, 8),
               (4, 8, 4, torch.float32, 5), (5, 16, 4, torch.float32, None)]  # fmt: skip
-    for c in checks:
-        steps.append((f"check {c}", lambda c=c: random_mixed_check(*c)))
-    steps.append(("cache write check", cache_write_check))
-    if DEVICE == "cuda":
-        steps.append(("cuda graph", cuda_graph_check))
+    if not ARGS.skip_checks:
+        for c in checks:
+            steps.append((f"check {c}", lambda c=c: random_mixed_check(*c)))
+        steps.append(("cache write check", cache_write_check))
+        if DEVICE == "cuda":
+            steps.append(("cuda graph", cuda_graph_check))
     steps.append(("flashinfer import", load_flashinfer))
+    wanted = {w for w in ARGS.shapes.split(",") if w}
+    meta["repeat"] = ARGS.repeat
     for b, c in DECODE_SHAPES:
-        steps.append((f"decode {b}x{c}", lambda b=b, c=c: bench_decode(b, c)))
+        if not wanted or f"{b}x{c}" in wanted:
+            for _ in range(ARGS.repeat):
+                steps.append((f"decode {b}x{c}", lambda b=b, c=c: bench_decode(b, c)))
     for b, n, c in PREFILL_SHAPES:
-        steps.append((f"prefill {b}x{n}+{c}", lambda b=b, n=n, c=c: bench_prefill(b, n, c)))
+        if not wanted or f"{b}x{n}+{c}" in wanted:
+            steps.append((f"prefill {b}x{n}+{c}", lambda b=b, n=n, c=c: bench_prefill(b, n, c)))
     if DEVICE == "cuda" and not ARGS.no_fa3:
         steps.append(("flashinfer fa3", lambda: FI is not None and flashinfer_fa3_extra()))
     for name, step in steps:
