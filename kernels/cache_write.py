@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels import _interpreter_compat
+from kernels.paged_attention import next_pow2
 
 _interpreter_compat.apply()
 
@@ -114,9 +115,9 @@ def write_kv_cache(
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
-    head_dim_pad = triton.next_power_of_2(head_dim)
+    head_dim_pad = next_pow2(head_dim)
     # ~2 KB of each of K and V per program: enough for full-width stores, small enough to spread
-    heads_per_program = max(1, min(triton.next_power_of_2(num_kv_heads), 1024 // head_dim_pad))
+    heads_per_program = max(1, min(next_pow2(num_kv_heads), 1024 // head_dim_pad))
     grid = (num_tokens, triton.cdiv(num_kv_heads, heads_per_program))
     _write_kv_cache_kernel[grid](
         k,

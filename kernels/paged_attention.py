@@ -64,6 +64,12 @@ SPLIT_MIN_TOKENS = 256
 SPLIT_MAX = 64
 
 
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (plain Python: triton.next_power_of_2 costs ~5 us a call
+    through Triton 3.6's constexpr-function wrapper, which adds up on the decode path)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 @lru_cache(maxsize=8)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -79,7 +85,7 @@ def num_sms_of(device: torch.device) -> int:
 def choose_config(max_query_len: int, num_queries_per_kv: int) -> AttentionConfig:
     """Decode shape for (near-)single-token queries, prefill shape for chunks."""
     base = DECODE_CONFIG if max_query_len <= DECODE_MAX_QUERY_LEN else PREFILL_CONFIG
-    block_m = max(base.block_m, triton.next_power_of_2(num_queries_per_kv))
+    block_m = max(base.block_m, next_pow2(num_queries_per_kv))
     return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages)
 
 
@@ -352,7 +358,8 @@ def _check_inputs(
             "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim]; "
             f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
-    if k_cache.stride() != v_cache.stride():
+    cache_strides = k_cache.stride()
+    if cache_strides != v_cache.stride():
         raise ValueError("k_cache and v_cache must have the same strides")
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
@@ -373,9 +380,8 @@ def _check_inputs(
             f"block_tables must be [num_seqs={num_seqs}, max_blocks]; "
             f"got {tuple(block_tables.shape)}"
         )
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in head_dim (stride(-1) == 1)")
+    if q.stride(-1) != 1 or cache_strides[-1] != 1:
+        raise ValueError("q, k_cache and v_cache must be contiguous in head_dim (stride(-1) == 1)")
     if block_tables.stride(-1) != 1:
         raise ValueError("block_tables must be contiguous along its last axis")
 
@@ -408,6 +414,11 @@ def paged_attention(
     num_seqs = seq_lens.shape[0]
     if out is None:
         out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be shaped like q {tuple(q.shape)} and contiguous in head_dim; "
+            f"got {tuple(out.shape)} with strides {out.stride()}"
+        )
     if num_tokens == 0 or num_seqs == 0:
         return out
     queries_per_kv = num_q_heads // num_kv_heads
@@ -426,7 +437,7 @@ def paged_attention(
             f"split-KV needs every sequence in one Q block: max_query_len {max_query_len} > "
             f"block_q {block_q}"
         )
-    head_dim_pad = triton.next_power_of_2(head_dim)
+    head_dim_pad = next_pow2(head_dim)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if splits > 1:  # one allocation for both scratch buffers: fewer calls on the decode path
         rows = num_tokens * num_q_heads * splits
@@ -435,11 +446,12 @@ def paged_attention(
     else:
         segm_out = segm_lse = out  # unused placeholders
     grid = (num_q_blocks, num_kv_heads, splits)
+    q_strides, out_strides, cache_strides = q.stride(), out.stride(), k_cache.stride()
     _paged_attention_kernel[grid](
         out, segm_out, segm_lse, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         num_seqs, scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), splits,
+        q_strides[0], q_strides[1], out_strides[0], out_strides[1],
+        cache_strides[0], cache_strides[1], cache_strides[2], block_tables.stride(0), splits,
         NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
         IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision,
@@ -447,8 +459,8 @@ def paged_attention(
     )  # fmt: skip
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, segm_out, segm_lse, out.stride(0), out.stride(1), num_q_heads, splits,
+            out, segm_out, segm_lse, out_strides[0], out_strides[1], num_q_heads, splits,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-            NUM_SPLITS_PAD=triton.next_power_of_2(splits), num_warps=4,
+            NUM_SPLITS_PAD=next_pow2(splits), num_warps=4,
         )  # fmt: skip
     return out

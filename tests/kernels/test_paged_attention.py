@@ -148,6 +148,8 @@ def test_bad_shapes_name_the_field():
         paged_attention(batch.q[:, :3], batch.k_cache[:, :, :1].expand(-1, -1, 2, -1),
                         batch.v_cache[:, :, :1].expand(-1, -1, 2, -1), batch.block_tables,
                         batch.seq_lens, batch.query_start_loc, batch.scale, 1, 5)  # fmt: skip
+    with pytest.raises(ValueError, match="out must be shaped like q"):
+        paged_attention(*batch.args(), out=torch.empty(batch.q.shape[0], 4, 128)[:, :, ::2])
     with pytest.raises(ValueError, match="split-KV"):
         paged_attention(*make_batch([40], [4], 1, 4, 64, 16, torch.float32, 1).args(),
                         num_splits=2)  # fmt: skip
