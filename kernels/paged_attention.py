@@ -1,0 +1,450 @@
+"""Triton paged attention: one kernel for prefill chunks, decode tokens and speculative tokens.
+
+Layout (docs/interfaces.md, "Kernels"): ``q [num_tokens, Hq, D]``, caches
+``[num_blocks, block_size, Hkv, D]``, ``block_tables int32 [B, max_blocks]``, ``seq_lens int32 [B]``
+(context including this step's new tokens), ``query_start_loc int32 [B+1]``.
+
+How the work is cut:
+- One program owns one KV head and one "Q block" of ``BLOCK_M`` rows; a row is (query token,
+  query head) with all ``Hq // Hkv`` query heads of the KV head packed side by side, so each KV
+  tile is read once for the whole group and ``tl.dot`` runs with M >= 16 even for one decode token.
+- The KV loop walks tiles of ``TILE_N`` context tokens, gathering the physical block of every
+  token from the block table, so the tile size does not depend on the cache's block size.
+- The grid is static: ``num_tokens // BLOCK_Q + num_seqs`` Q blocks (an upper bound; surplus
+  programs return at once), so nothing is read back to the host and the call can be captured in
+  a CUDA graph. The sequence of a program is found by binary search over ``query_start_loc``.
+- Causal tiles past a Q block's last visible key are never visited; tiles that every row of the
+  block sees completely run without the mask.
+- Split-KV (flash-decoding): when there are too few (Q block, KV head) programs to fill the GPU,
+  a third grid axis cuts each sequence's tiles into ``num_splits`` segments; each writes a
+  normalised partial output and its log-sum-exp, and a second kernel merges them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _interpreter_compat
+
+_interpreter_compat.apply()
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tile shape and launch parameters of the attention kernel."""
+
+    block_m: int  # rows per program = query tokens x query heads of one KV head
+    tile_n: int  # context tokens per KV tile (independent of the cache's block size)
+    num_warps: int
+    num_stages: int
+
+
+# Decode: memory bound. M=16 is the smallest tensor-core tile; a 64-token tile moves 16 KB of K
+# and 16 KB of V per step at D=128, and three stages keep ~96 KB of loads in flight per program.
+DECODE_CONFIG = AttentionConfig(block_m=16, tile_n=64, num_warps=4, num_stages=3)
+# Prefill: compute bound. 128 rows x 64 keys per step is the FlashAttention-2 shape for D=128
+# on Hopper (two warpgroups of wgmma); the KV tile is re-read from L2 by every Q block.
+PREFILL_CONFIG = AttentionConfig(block_m=128, tile_n=64, num_warps=8, num_stages=3)
+# Beyond this many query tokens in the longest sequence of the batch, the prefill shape pays off.
+DECODE_MAX_QUERY_LEN = 4
+# Split-KV: aim for this many programs per SM, and never give a segment fewer context tokens.
+SPLIT_TARGET_PROGRAMS_PER_SM = 2
+SPLIT_MIN_TOKENS = 256
+SPLIT_MAX = 64
+
+
+@lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms_of(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 132 (an H100/H200) for the CPU interpreter."""
+    if device.type != "cuda":
+        return 132
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_config(max_query_len: int, num_queries_per_kv: int) -> AttentionConfig:
+    """Decode shape for (near-)single-token queries, prefill shape for chunks."""
+    base = DECODE_CONFIG if max_query_len <= DECODE_MAX_QUERY_LEN else PREFILL_CONFIG
+    block_m = max(base.block_m, triton.next_power_of_2(num_queries_per_kv))
+    return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages)
+
+
+def choose_num_splits(
+    num_q_blocks: int,
+    num_kv_heads: int,
+    max_query_len: int,
+    max_seq_len: int,
+    block_q: int,
+    num_sms: int,
+) -> int:
+    """KV segments per sequence: >1 only when each sequence fits one Q block (decode-like) and
+    the (Q block, KV head) programs cannot fill ``SPLIT_TARGET_PROGRAMS_PER_SM`` per SM."""
+    if max_query_len > block_q:
+        return 1
+    programs = num_q_blocks * num_kv_heads
+    if programs >= num_sms:
+        return 1
+    wanted = math.ceil(SPLIT_TARGET_PROGRAMS_PER_SM * num_sms / max(programs, 1))
+    by_length = max(1, max_seq_len // SPLIT_MIN_TOKENS)
+    return max(1, min(wanted, by_length, SPLIT_MAX))
+
+
+@triton.jit
+def _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q: tl.constexpr):
+    """Largest b with query_start_loc[b] // BLOCK_Q + b <= q_block_global (binary search)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if start <= q_block_global:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend_tiles(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_row_ptr,
+    kv_head_offset,
+    stride_c_block,
+    stride_c_row,
+    tile_lo,
+    tile_hi,
+    key_limit,  # [BLOCK_M] row r sees keys < key_limit[r] (used only when MASKED)
+    num_keys,  # keys < num_keys exist in the block table (used only when MASKED)
+    qk_scale,
+    offs_d,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    offs_n = tl.arange(0, TILE_N)
+    for j in range(tile_lo, tile_hi):
+        key_pos = j * TILE_N + offs_n
+        if MASKED:  # the tile may run past the last visible key: guard every load
+            key_ok = key_pos < num_keys
+            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0)
+        else:
+            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE)
+        # physical row of every key in the tile; int64 so huge caches cannot overflow
+        row_off = (
+            block_ids.to(tl.int64) * stride_c_block
+            + (key_pos % BLOCK_SIZE).to(tl.int64) * stride_c_row
+            + kv_head_offset
+        )
+        kv_ptrs = row_off[:, None] + offs_d[None, :]
+        if MASKED:
+            kv_mask = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        elif HEAD_DIM != HEAD_DIM_PAD:
+            k = tl.load(k_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            k = tl.load(k_cache_ptr + kv_ptrs)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if MASKED:
+            s = tl.where(key_pos[None, :] < key_limit[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row that has seen no key yet keeps m = -inf; shift by 0 there to avoid inf - inf
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        elif HEAD_DIM != HEAD_DIM_PAD:
+            v = tl.load(v_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            v = tl.load(v_cache_ptr + kv_ptrs)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(v.dtype), v, input_precision=DOT_PRECISION
+        )
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,
+    segm_out_ptr,  # [num_tokens, Hq, NUM_SPLITS, HEAD_DIM_PAD] fp32 (split-KV only)
+    segm_lse_ptr,  # [num_tokens, Hq, NUM_SPLITS] fp32, log2 domain (split-KV only)
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    num_seqs,
+    qk_scale,  # softmax scale * log2(e): the kernel works in base 2
+    stride_q_tok,
+    stride_q_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_c_block,
+    stride_c_row,
+    stride_c_head,
+    stride_bt,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    q_block_global = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq = _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block_global - (q_start // BLOCK_Q + seq)
+    if q_block_local * BLOCK_Q >= q_len:
+        return  # surplus program of the static grid
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+    query_pos = q_block_local * BLOCK_Q + offs_m // NUM_QUERIES_PER_KV  # among the new tokens
+    q_head = kv_head * NUM_QUERIES_PER_KV + offs_m % NUM_QUERIES_PER_KV
+    row_ok = (offs_m // NUM_QUERIES_PER_KV < BLOCK_Q) & (query_pos < q_len)
+    token = (q_start + query_pos).to(tl.int64)
+
+    q = tl.load(
+        q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head + offs_d[None, :],
+        mask=row_ok[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+
+    # keys visible to each row; padding rows get the first row's limit so they never widen it
+    first_pos = q_block_local * BLOCK_Q
+    key_limit = context_len + tl.where(row_ok, query_pos, first_pos) + 1
+    last_pos = tl.minimum(first_pos + BLOCK_Q, q_len) - 1
+    num_keys = context_len + last_pos + 1  # causal pruning: no tile past the last row's keys
+    num_tiles = tl.cdiv(num_keys, TILE_N)
+    num_full_tiles = (context_len + first_pos + 1) // TILE_N  # seen whole by every row
+
+    tile_lo = 0
+    tile_hi = num_tiles
+    if NUM_SPLITS > 1:
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        tile_lo = tl.minimum(split * tiles_per_split, num_tiles)
+        tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    kv_head_offset = kv_head.to(tl.int64) * stride_c_head
+
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
+        stride_c_block, stride_c_row,
+        tile_lo, tl.minimum(tile_hi, num_full_tiles), key_limit, num_keys, qk_scale, offs_d,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
+        stride_c_block, stride_c_row,
+        tl.maximum(tile_lo, num_full_tiles), tile_hi, key_limit, num_keys, qk_scale, offs_d,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION,
+    )  # fmt: skip
+
+    has_keys = l_i > 0.0
+    acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        tl.store(
+            out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
+            + offs_d[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & d_mask[None, :],
+        )  # fmt: skip
+    else:
+        # an empty segment (short sequence) stores lse = -inf and weighs nothing in the merge
+        lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        segm_row = (token * (NUM_QUERIES_PER_KV * tl.num_programs(1)) + q_head) * NUM_SPLITS + split
+        tl.store(segm_lse_ptr + segm_row, lse, mask=row_ok)
+        tl.store(
+            segm_out_ptr + segm_row[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+            acc,
+            mask=row_ok[:, None],
+        )
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr,
+    segm_out_ptr,
+    segm_lse_ptr,
+    stride_o_tok,
+    stride_o_head,
+    num_q_heads,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    row = (token * num_q_heads + head) * NUM_SPLITS
+    lse = tl.load(segm_lse_ptr + row + offs_s, mask=offs_s < NUM_SPLITS, other=float("-inf"))
+    lse_max = tl.max(lse, 0)
+    weight = tl.math.exp2(lse - lse_max)  # empty segments: exp2(-inf) = 0
+    parts = tl.load(
+        segm_out_ptr + (row + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+        mask=(offs_s < NUM_SPLITS)[:, None],
+        other=0.0,
+    )
+    merged = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+    tl.store(
+        out_ptr + token * stride_o_tok + head * stride_o_head + offs_d,
+        merged.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
+
+
+def _check_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"q must be [num_tokens, num_q_heads, head_dim]; got {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim]; "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError("k_cache and v_cache must have the same strides")
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"cache head_dim {k_cache.shape[3]} != q head_dim {head_dim}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}"
+        )
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(
+            f"query_start_loc must be [num_seqs + 1]={num_seqs + 1}; "
+            f"got {tuple(query_start_loc.shape)}"
+        )
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_tables must be [num_seqs={num_seqs}, max_blocks]; "
+            f"got {tuple(block_tables.shape)}"
+        )
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in head_dim (stride(-1) == 1)")
+    if block_tables.stride(-1) != 1:
+        raise ValueError("block_tables must be contiguous along its last axis")
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    out: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    """Causal attention of ``q`` over the paged cache (see the module docstring for layouts).
+
+    ``max_query_len``/``max_seq_len`` are host ints the caller already knows; they pick the
+    tile shape and the split-KV count, so nothing is read back from the device. ``num_splits``
+    (1 = never split) and ``config`` override the heuristics (tests and benchmarks use them).
+    """
+    _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    block_size = k_cache.shape[1]
+    num_seqs = seq_lens.shape[0]
+    if out is None:
+        out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    queries_per_kv = num_q_heads // num_kv_heads
+    cfg = config or choose_config(max_query_len, queries_per_kv)
+    if cfg.block_m < queries_per_kv:
+        raise ValueError(f"config.block_m {cfg.block_m} < query heads per KV head {queries_per_kv}")
+    block_q = cfg.block_m // queries_per_kv
+    num_q_blocks = num_tokens // block_q + num_seqs  # static upper bound, no device sync
+    splits = num_splits
+    if splits is None:
+        splits = choose_num_splits(
+            num_q_blocks, num_kv_heads, max_query_len, max_seq_len, block_q, num_sms_of(q.device)
+        )
+    if splits > 1 and max_query_len > block_q:
+        raise ValueError(
+            f"split-KV needs every sequence in one Q block: max_query_len {max_query_len} > "
+            f"block_q {block_q}"
+        )
+    head_dim_pad = triton.next_power_of_2(head_dim)
+    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if splits > 1:
+        segm_out = torch.empty(
+            (num_tokens, num_q_heads, splits, head_dim_pad), dtype=torch.float32, device=q.device
+        )
+        segm_lse = torch.empty((num_tokens, num_q_heads, splits), dtype=torch.float32,
+                               device=q.device)  # fmt: skip
+    else:
+        segm_out = segm_lse = out  # unused placeholders
+    grid = (num_q_blocks, num_kv_heads, splits)
+    _paged_attention_kernel[grid](
+        out, segm_out, segm_lse, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+        num_seqs, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
+        NUM_SPLITS=splits, DOT_PRECISION=dot_precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            out, segm_out, segm_lse, out.stride(0), out.stride(1), num_q_heads,
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, NUM_SPLITS=splits,
+            NUM_SPLITS_PAD=triton.next_power_of_2(splits), num_warps=4,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,88 @@
+"""Plain-PyTorch paged attention and KV-cache write: the tests' reference and a run-time fallback.
+
+Written for clarity, not speed: one sequence at a time, gather the pages it owns, compute the
+softmax in float32. Same signatures as the Triton versions (see docs/interfaces.md, "Kernels").
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def gather_context(
+    cache: torch.Tensor, block_table_row: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """Tokens ``[0, num_tokens)`` of one sequence from a paged cache, as ``[num_tokens, Hkv, D]``.
+
+    ``cache`` is ``[num_blocks, block_size, Hkv, D]``; token t lives in block
+    ``block_table_row[t // block_size]`` at row ``t % block_size``.
+    """
+    block_size = cache.shape[1]
+    num_blocks_used = (num_tokens + block_size - 1) // block_size
+    blocks = block_table_row[:num_blocks_used].long()
+    pages = cache.index_select(0, blocks)  # [n, block_size, Hkv, D]
+    return pages.reshape(-1, cache.shape[2], cache.shape[3])[:num_tokens]
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal paged attention, computed per sequence with a float32 softmax.
+
+    Query token i of sequence b (of q_len new tokens) sees context positions
+    ``< seq_lens[b] - q_len + i + 1``. ``max_query_len``/``max_seq_len`` are accepted for
+    signature parity and not needed here.
+    """
+    del max_query_len, max_seq_len
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for b, seq_len in enumerate(lens):
+        q_start, q_end = starts[b], starts[b + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        k = gather_context(k_cache, block_tables[b], seq_len).float()  # [S, Hkv, D]
+        v = gather_context(v_cache, block_tables[b], seq_len).float()
+        # one query head per row: expand the KV heads to the query heads they serve
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, S, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        qb = q[q_start:q_end].float().transpose(0, 1)  # [Hq, L, D]
+        scores = torch.matmul(qb, k.transpose(1, 2)) * scale  # [Hq, L, S]
+        context_len = seq_len - q_len
+        query_pos = torch.arange(q_len, device=q.device).unsqueeze(1)
+        key_pos = torch.arange(seq_len, device=q.device).unsqueeze(0)
+        visible = key_pos <= context_len + query_pos  # [L, S]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[q_start:q_end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
+    return out
+
+
+def write_kv_cache_ref(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store token t's ``k[t]``/``v[t]`` at flat slot ``slot_mapping[t]``; slots < 0 are padding."""
+    block_size = k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    blocks, rows = slots // block_size, slots % block_size
+    k_cache[blocks, rows] = k[keep].to(k_cache.dtype)
+    v_cache[blocks, rows] = v[keep].to(v_cache.dtype)
