@@ -1,8 +1,8 @@
 """Paged attention for the engine: the metadata one step needs and the backend that runs it.
 
 The engine never calls a kernel directly; it calls `paged_attention` / `write_kv_cache`
-here, which pick the backend named in `AttentionBackend`: "torch" (the plain-PyTorch
-references from `kernels/`, used on the CPU and in tests) or "triton" (the Triton kernels).
+here, which run the `kernels/` backend it was built with: "torch" (the plain-PyTorch
+references, used on the CPU and in tests) or "triton" (the Triton kernels).
 Keeping the choice in one place lets a CUDA graph capture whichever backend is active.
 """
 
@@ -32,28 +32,15 @@ class AttentionMetadata:
     max_seq_len: int
 
 
-def _load_backend(name: AttentionBackendName):
-    """(paged_attention, write_kv_cache) of the named backend."""
-    if name == "torch":
-        try:
-            from kernels import paged_attention_ref, write_kv_cache_ref
-        except ImportError:  # STOPGAP until the kernels branch lands
-            from engine._attention_stopgap import paged_attention_ref, write_kv_cache_ref
-
-        return paged_attention_ref, write_kv_cache_ref
-    if name == "triton":
-        from kernels import paged_attention, write_kv_cache
-
-        return paged_attention, write_kv_cache
-    raise ValueError(f"unknown attention backend {name!r}; use 'torch' or 'triton'")
-
-
 class AttentionBackend:
     """The attention implementation one model instance uses."""
 
     def __init__(self, name: AttentionBackendName) -> None:
-        self.name = name
-        self._attn, self._write = _load_backend(name)
+        from kernels import get_backend
+
+        b = get_backend(name)
+        self.name = b.name
+        self._attn, self._write = b.paged_attention, b.write_kv_cache
 
     def forward(
         self,
