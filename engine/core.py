@@ -183,6 +183,10 @@ class EngineCore:
         if sample_ids:
             params = [self.requests[r].params for r in sample_ids]
             tokens = self.sampler.sample(logits, sample_ids, params).tolist()  # the step's one sync
+        elif self.runner.is_cuda:
+            # Nothing sampled means no read-back; wait anyway so the next step may reuse the
+            # pinned staging buffers this step's copies read from.
+            torch.cuda.current_stream(self.device).synchronize()
         t4 = time.perf_counter()
         t_tok = t4 - self.epoch
         sampled: dict[int, list[int]] = {}

@@ -61,10 +61,13 @@ class Rotary(nn.Module):
         self.register_buffer("cos", freqs.cos().float(), persistent=False)  # [P, D/2]
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, D/2] for the step's positions (gathered once per forward)."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x [T, H, D]; rotation computed in fp32 then cast back.
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
@@ -76,10 +79,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in fp32 like the reference implementations; scale in the model dtype.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # torch's fused RMSNorm (accumulates in fp32 for half types).
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -96,13 +97,13 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(h, 2 * spec.intermediate_size, bias=False, **kw)
         self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False, **kw)
 
-    def forward(self, x, positions, rotary: Rotary, attn: AttentionBackend, k_cache, v_cache,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionBackend, k_cache,
+                v_cache, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(self.input_layernorm(x))
         q, k, v = qkv.split([self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-        q = rotary(q.reshape(t, self.hq, self.d), positions)
-        k = rotary(k.reshape(t, self.hkv, self.d), positions)
+        q = Rotary.apply(q.reshape(t, self.hq, self.d), *rope)
+        k = Rotary.apply(k.reshape(t, self.hkv, self.d), *rope)
         v = v.reshape(t, self.hkv, self.d)
         o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         x = x + self.o_proj(o.reshape(t, self.hq * self.d))
@@ -155,8 +156,9 @@ class LlamaModel(nn.Module):
         kv_caches: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim].
         """
         x = F.embedding(input_ids, self.embed_tokens)
+        rope = self.rotary.lookup(positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, self.rotary, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
+            x = layer(x, rope, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

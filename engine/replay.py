@@ -8,6 +8,7 @@ and one step-trace row per engine step (docs/interfaces.md, "Engine step trace")
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class ReplayResult:
     steps: list[dict]
     wall_s: float
     scheduler_stats: dict = field(default_factory=dict)
+    unfinished_ids: list[int] = field(default_factory=list)  # cut off by max_wall_s
 
     def summary(self) -> dict:
         done = [r for r in self.requests if r["status"] != "rejected"]
@@ -66,6 +68,7 @@ class ReplayResult:
         s = {
             "num_requests": len(self.requests), "num_finished": len(done),
             "num_rejected": len(self.requests) - len(done),
+            "num_unfinished_at_cutoff": len(self.unfinished_ids),
             "wall_s": self.wall_s, "output_tokens": out_tokens, "prompt_tokens": prompt_tokens,
             "output_tokens_per_s": out_tokens / self.wall_s if self.wall_s > 0 else None,
             "total_tokens_per_s": (out_tokens + prompt_tokens) / self.wall_s if self.wall_s > 0 else None,
@@ -97,24 +100,31 @@ class ReplayResult:
         (out / "summary.json").write_text(json.dumps(self.summary(), indent=2, default=float))
 
 
+_GAUGES = {"num_running", "num_waiting", "num_cached_blocks", "num_free_blocks", "num_gpu_blocks",
+           "kv_usage", "fragmentation_slots"}
+
+
 def _stats_dict(scheduler) -> dict:
     st = scheduler.stats
-    if isinstance(st, dict):
-        return dict(st)
-    if hasattr(st, "model_dump"):
-        return st.model_dump()
-    return {k: v for k, v in vars(st).items() if not k.startswith("_")}
+    return dict(st) if isinstance(st, dict) else dataclasses.asdict(st)
+
+
+def _stats_delta(before: dict, after: dict) -> dict:
+    """Counters accumulated during the replay only (an engine may have served warm-up requests)."""
+    return {k: (v if k in _GAUGES else v - before.get(k, 0)) for k, v in after.items()}
 
 
 def replay(core: EngineCore, requests: Sequence[Request], *,
            params_for: Callable[[Request], SamplingParams] = default_params,
            time_scale: float = 1.0, honor_arrivals: bool = True,
            metrics: EngineMetrics | None = None,
-           trace_file: str | Path | None = None) -> ReplayResult:
+           trace_file: str | Path | None = None,
+           max_wall_s: float | None = None) -> ReplayResult:
     """Run `requests` (sorted by arrival) through `core`; returns per-request rows and the trace.
 
     `honor_arrivals=False` submits everything at t=0 (an offline throughput run).
     `trace_file`: the step trace is also streamed there as JSONL while it runs.
+    `max_wall_s`: stop after this long; requests not done are listed in `unfinished_ids`.
     """
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
     vocab = core.spec.vocab_size
@@ -124,11 +134,14 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
     steps: list[dict] = []
     rows: dict[int, dict] = {}
     sink = open(trace_file, "w") if trace_file else None
+    stats_before = _stats_dict(core.scheduler)
     core.reset_clock()
     i, n = 0, len(reqs)
     try:
         while i < n or core.has_unfinished():
             now = core.now()
+            if max_wall_s is not None and now > max_wall_s:
+                break
             while i < n and arrivals[i] <= now:
                 core.add_request(reqs[i], params[i], prompts[i], arrival_s=arrivals[i])
                 i += 1
@@ -152,7 +165,8 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
             sink.close()
     wall = core.now()
     missing = [r.request_id for r in reqs if r.request_id not in rows]
-    if missing:
+    if missing and max_wall_s is None:
         raise RuntimeError(f"requests {missing[:5]} neither finished nor were rejected")
-    return ReplayResult(requests=[rows[r.request_id] for r in reqs], steps=steps, wall_s=wall,
-                        scheduler_stats=_stats_dict(core.scheduler))
+    return ReplayResult(requests=[rows[r.request_id] for r in reqs if r.request_id in rows],
+                        steps=steps, wall_s=wall, scheduler_stats=_stats_delta(stats_before, _stats_dict(core.scheduler)),
+                        unfinished_ids=missing)
