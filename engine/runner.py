@@ -11,6 +11,7 @@ captured for the next bucket size up; mixed batches run eagerly.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -183,28 +184,27 @@ class ModelRunner:
         recomputation after preemption).
         """
         n = len(scheduled)
-        q_lens = np.empty(n, dtype=np.int64)
-        starts = np.empty(n, dtype=np.int64)
-        ids_chunks: list[list[int]] = []
+        q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=n)
+        starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64, count=n)
+        rids = [s.request_id for s in scheduled]
+        flat_ids: list[int] = []
+        for s, c, q in zip(scheduled, starts.tolist(), q_lens.tolist()):
+            if q == 1:
+                flat_ids.append(token_ids[s.request_id][c])
+            else:
+                flat_ids.extend(token_ids[s.request_id][c: c + q])
+        sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
+        sample_rids = [rids[i] for i in sample_rows]
+        # Block tables: one flat list and one scatter instead of a numpy call per request.
+        tables = [s.block_ids for s in scheduled]
+        nbs = np.fromiter(map(len, tables), dtype=np.int64, count=n)
         bt = self.h_block_tables.numpy()
-        rids: list[int] = []
-        sample_rows: list[int] = []
-        sample_rids: list[int] = []
-        max_blocks = 1
-        for i, s in enumerate(scheduled):
-            rid = s.request_id
-            toks = token_ids[rid]
-            c, q = s.num_computed_tokens, s.num_new_tokens
-            starts[i], q_lens[i] = c, q
-            ids_chunks.append(toks[c: c + q])
-            blocks = s.block_ids
-            nb = len(blocks)
-            bt[i, :nb] = blocks
-            max_blocks = max(max_blocks, nb)
-            rids.append(rid)
-            if s.samples:  # the scheduler says this step ends at the last known token
-                sample_rows.append(i)
-                sample_rids.append(rid)
+        flat_blocks = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32,
+                                  count=int(nbs.sum()))
+        rows = np.repeat(np.arange(n), nbs)
+        cols = np.arange(len(flat_blocks)) - np.repeat(np.cumsum(nbs) - nbs, nbs)
+        bt[rows, cols] = flat_blocks
+        max_blocks = max(1, int(nbs.max()) if n else 1)
         seq_lens = starts + q_lens
         num_tokens = int(q_lens.sum())
         pure_decode = bool((q_lens == 1).all()) and len(sample_rows) == n
@@ -222,7 +222,6 @@ class ModelRunner:
         bs = self.block_size
         slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
 
-        flat_ids = [t for chunk in ids_chunks for t in chunk]
         h_ids, h_pos, h_slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
         h_ids[:num_tokens] = flat_ids
         h_pos[:num_tokens] = positions
