@@ -26,5 +26,8 @@ class EngineConfig(BaseModel):
     long_prefill_token_threshold: int = Field(0, ge=0)
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     enforce_eager: bool = Field(False, description="no CUDA graphs")
+    async_scheduling: bool = Field(
+        False, description="schedule step N+1 on the host while the GPU runs step N "
+        "(vLLM's --async-scheduling); requests must not stop on EOS")
     attention_backend: Literal["auto", "torch", "triton"] = Field(
         "auto", description="'auto' = triton on the GPU, the torch reference on the CPU")

@@ -7,6 +7,7 @@ unchanged; this module only executes them and keeps each request's tokens and ti
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,24 @@ class StepResult:
     trace: dict | None  # None when nothing was scheduled
 
 
+@dataclass
+class _Pending:
+    """A launched step whose sampled tokens are not yet on the host (async scheduling)."""
+
+    out: object  # SchedulerOutput
+    sample_ids: list[int]
+    row_of: dict[int, int]
+    tokens_dev: torch.Tensor | None
+    tokens_host: torch.Tensor | None
+    done: object  # torch.cuda.Event or None
+    events: tuple | None
+    t0: float
+    schedule_s: float
+    prepare_s: float
+    launch_s: float
+    finished: list = field(default_factory=list)  # RequestResults waiting for these tokens
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -103,6 +122,7 @@ class EngineCore:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's rotary table "
                              f"({model.rotary.cos.shape[0]} positions)")
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.async_scheduling = config.async_scheduling
         self.runner = ModelRunner(
             model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
@@ -128,6 +148,11 @@ class EngineCore:
         self.requests: dict[int, RequestState] = {}
         self.epoch = time.perf_counter()
         self._use_events = self.runner.is_cuda
+        self._pending: _Pending | None = None
+        b = config.max_num_seqs
+        self._token_bufs = [torch.zeros(b, dtype=torch.int64, pin_memory=self.runner.is_cuda)
+                            for _ in range(2)]
+        self._token_buf_idx = 0
 
     def now(self) -> float:
         """Seconds on the engine clock (since construction or `reset_clock`)."""
@@ -146,13 +171,32 @@ class EngineCore:
                           arrival_s=self.now() if arrival_s is None else arrival_s)
         self.requests[request.request_id] = st
         self.sampler.add_request(request.request_id, params)
-        self.scheduler.add_request(request, prompt_token_ids=list(prompt_token_ids))
+        if self.async_scheduling:
+            if (params.stop_token_ids or (self.eos_token_ids and not params.ignore_eos)):
+                raise ValueError(
+                    f"request {request.request_id}: async scheduling cannot stop on EOS/stop tokens "
+                    "(the scheduler learns of a token a step late); use ignore_eos=True or "
+                    "async_scheduling=False")
+            # The scheduler is told token counts, not ids (they are still on the GPU when it
+            # runs), so it keys the prefix cache by content hash ids of the prompt instead.
+            from engine.llm import content_hash_ids
+
+            bs = self.config.block_size  # hash at KV-block granularity: every full block can hit
+            request = dataclasses.replace(
+                request, prompt_token_ids=None, hash_block_size=bs,
+                hash_ids=content_hash_ids(prompt_token_ids, bs))
+            self.scheduler.add_request(request)
+        else:
+            self.scheduler.add_request(request, prompt_token_ids=list(prompt_token_ids))
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._pending is not None
 
     # ------------------------------------------------------------------ one step
     def step(self) -> StepResult:
+        return self._step_async() if self.async_scheduling else self._step_sync()
+
+    def _step_sync(self) -> StepResult:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
@@ -183,10 +227,6 @@ class EngineCore:
         if sample_ids:
             params = [self.requests[r].params for r in sample_ids]
             tokens = self.sampler.sample(logits, sample_ids, params).tolist()  # the step's one sync
-        elif self.runner.is_cuda:
-            # Nothing sampled means no read-back; wait anyway so the next step may reuse the
-            # pinned staging buffers this step's copies read from.
-            torch.cuda.current_stream(self.device).synchronize()
         t4 = time.perf_counter()
         t_tok = t4 - self.epoch
         sampled: dict[int, list[int]] = {}
@@ -257,3 +297,95 @@ class EngineCore:
             "num_blocks_allocated": out.num_blocks_allocated,
             "num_blocks_hashed": out.num_blocks_hashed,
         }
+
+    # ------------------------------------------------------------------ async scheduling
+    def _step_async(self) -> StepResult:
+        """Schedule and launch step N, then collect step N-1's tokens while the GPU runs N.
+
+        The scheduler is updated with token counts right after the launch, so the next
+        schedule() runs on the host while this step computes; decodes read their in-flight
+        input token on the device (runner.prepare's gather). Returns step N-1's results.
+        """
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        immediate: list[RequestState] = []
+        if not out.scheduled:
+            for res in self.scheduler.update_from_output(out, {}):
+                immediate.append(self._finish(res.request_id, res.status, res.reason, res))
+            prev = self._collect(t0)
+            prev.finished[:0] = immediate
+            return prev
+        now = t1 - self.epoch
+        for s in out.scheduled:
+            st = self.requests[s.request_id]
+            if st.first_scheduled_s is None:
+                st.first_scheduled_s = now
+                st.num_cached_tokens = s.num_cached_tokens
+        p = self._pending
+        inflight = (p.row_of, p.tokens_dev) if p is not None and p.tokens_dev is not None else None
+        inp = self.runner.prepare(out.scheduled, {s.request_id: self.requests[s.request_id].token_ids
+                                                  for s in out.scheduled}, inflight)
+        t2 = time.perf_counter()
+        events = None
+        if self._use_events:
+            events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
+            events[0].record()
+        logits = self.runner.forward(inp)
+        if events:
+            events[1].record()
+        sample_ids = inp.sample_request_ids
+        tokens_dev = tokens_host = done = None
+        if sample_ids:
+            params = [self.requests[r].params for r in sample_ids]
+            tokens_dev = self.sampler.sample(logits, sample_ids, params)
+            self._token_buf_idx ^= 1
+            tokens_host = self._token_bufs[self._token_buf_idx][: len(sample_ids)]
+            tokens_host.copy_(tokens_dev, non_blocking=True)
+        if events:
+            events[2].record()
+            done = events[2]
+        t3 = time.perf_counter()
+        # While the GPU runs this step: collect the previous one, then tell the scheduler.
+        prev = self._collect(t0)
+        pend = _Pending(out=out, sample_ids=sample_ids, row_of={r: i for i, r in enumerate(sample_ids)},
+                        tokens_dev=tokens_dev, tokens_host=tokens_host, done=done, events=events,
+                        t0=t0, schedule_s=t1 - t0, prepare_s=t2 - t1, launch_s=t3 - t2)
+        for res in self.scheduler.update_from_output(out, {r: 1 for r in sample_ids}):
+            if res.status == "rejected":
+                prev.finished.append(self._finish(res.request_id, res.status, res.reason, res))
+            else:
+                pend.finished.append(res)  # its last token is still in flight
+        self._pending = pend
+        prev.finished[:0] = immediate
+        return prev
+
+    def _collect(self, next_t0: float) -> StepResult:
+        """Wait for the pending step's tokens, record them, finish what it finished."""
+        p = self._pending
+        if p is None:
+            return StepResult({}, [], None)
+        self._pending = None
+        tokens: list[int] = []
+        if p.tokens_host is not None:
+            if p.done is not None:
+                p.done.synchronize()
+            tokens = p.tokens_host.tolist()
+        t_tok = time.perf_counter() - self.epoch
+        sampled: dict[int, list[int]] = {}
+        for rid, tok in zip(p.sample_ids, tokens):
+            st = self.requests[rid]
+            st.token_ids.append(tok)
+            st.token_times_s.append(t_tok)
+            sampled[rid] = [tok]
+        finished = [self._finish(r.request_id, r.status, r.reason, r) for r in p.finished]
+        if p.events is not None:
+            forward_s = p.events[0].elapsed_time(p.events[1]) / 1e3
+            sample_s = p.events[1].elapsed_time(p.events[2]) / 1e3
+        else:
+            forward_s, sample_s = p.launch_s, 0.0
+        # total_s: the step's period (its start to the next step's start, or to its collection).
+        end = next_t0 if next_t0 > p.t0 else time.perf_counter()
+        trace = self._trace_row(p.out, p.t0, p.schedule_s, p.prepare_s, forward_s, sample_s, end - p.t0)
+        trace["num_output_tokens"] = len(tokens)
+        return StepResult(sampled, finished, trace)

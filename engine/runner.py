@@ -73,14 +73,21 @@ class ModelRunner:
         def host(n, dtype):
             return torch.zeros(n, dtype=dtype, pin_memory=pin)
 
-        # Host staging (pinned on GPU machines so the copies are truly asynchronous).
-        self.h_input_ids = host(t, torch.int64)
-        self.h_positions = host(t, torch.int64)
-        self.h_slots = host(t, torch.int64)
-        self.h_seq_lens = host(b, torch.int32)
-        self.h_qsl = host(b + 1, torch.int32)
-        self.h_logits_idx = host(b, torch.int64)
-        self.h_block_tables = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
+        # Host staging, pinned on GPU machines so the copies are truly asynchronous. Two sets,
+        # used alternately, so that preparing step N+1 never overwrites what step N's copies
+        # may still be reading (with async scheduling the host runs a step ahead).
+        self._stages = []
+        for _ in range(2):
+            self._stages.append(dict(
+                ids=host(t, torch.int64), pos=host(t, torch.int64), slots=host(t, torch.int64),
+                seq_lens=host(b, torch.int32), qsl=host(b + 1, torch.int32),
+                logits_idx=host(b, torch.int64), gather_dst=host(b, torch.int64),
+                gather_src=host(b, torch.int64),
+                block_tables=torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
+            ))
+        self._stage_done: list[torch.cuda.Event | None] = [None, None]
+        self._stage_idx = 0
+        self._use_stage(0)
         dev = self.device
         self.d_input_ids = torch.zeros(t, dtype=torch.int64, device=dev)
         self.d_positions = torch.zeros(t, dtype=torch.int64, device=dev)
@@ -89,6 +96,15 @@ class ModelRunner:
         self.d_qsl = torch.zeros(b + 1, dtype=torch.int32, device=dev)
         self.d_logits_idx = torch.zeros(b, dtype=torch.int64, device=dev)
         self.d_block_tables = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        self.d_gather_dst = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.d_gather_src = torch.zeros(b, dtype=torch.int64, device=dev)
+
+    def _use_stage(self, i: int) -> None:
+        st = self._stages[i]
+        self.h_input_ids, self.h_positions, self.h_slots = st["ids"], st["pos"], st["slots"]
+        self.h_seq_lens, self.h_qsl, self.h_logits_idx = st["seq_lens"], st["qsl"], st["logits_idx"]
+        self.h_gather_dst, self.h_gather_src = st["gather_dst"], st["gather_src"]
+        self.h_block_tables = st["block_tables"]
 
     # ------------------------------------------------------------------ KV cache
     def block_bytes(self) -> int:
@@ -175,24 +191,46 @@ class ModelRunner:
         return n
 
     # ------------------------------------------------------------------ inputs
-    def prepare(self, scheduled, token_ids: dict[int, list[int]]) -> StepInputs:
+    def prepare(self, scheduled, token_ids: dict[int, list[int]],
+                inflight: tuple[dict[int, int], torch.Tensor] | None = None) -> StepInputs:
         """Fill the device buffers from the scheduler's output; no device sync.
 
         `scheduled`: the SchedulerOutput's per-request entries. `token_ids[rid]` holds the
         request's prompt then its generated tokens. A request samples a token when this step
         reaches the end of the tokens it holds (end of prefill, a decode, or the end of a
         recomputation after preemption).
+
+        `inflight` (async scheduling): (row of each request in the previous step's sampled
+        tokens, those tokens on the device). A decode whose input token is still in flight gets
+        it by a device-side gather, so the host never waits for it.
         """
+        self._stage_idx ^= 1
+        done = self._stage_done[self._stage_idx]
+        if done is not None:
+            done.synchronize()  # the copies that last read this staging set have finished
+        self._use_stage(self._stage_idx)
         n = len(scheduled)
         q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=n)
         starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64, count=n)
         rids = [s.request_id for s in scheduled]
         flat_ids: list[int] = []
+        gather_dst: list[int] = []
+        gather_src: list[int] = []
         for s, c, q in zip(scheduled, starts.tolist(), q_lens.tolist()):
+            toks = token_ids[s.request_id]
             if q == 1:
-                flat_ids.append(token_ids[s.request_id][c])
+                if c < len(toks):
+                    flat_ids.append(toks[c])
+                else:  # sampled by the previous step, not yet on the host
+                    if inflight is None or c != len(toks) or s.request_id not in inflight[0]:
+                        raise RuntimeError(f"request {s.request_id}: input token {c} is unknown")
+                    gather_dst.append(len(flat_ids))
+                    gather_src.append(inflight[0][s.request_id])
+                    flat_ids.append(0)
             else:
-                flat_ids.extend(token_ids[s.request_id][c: c + q])
+                if c + q > len(toks):
+                    raise RuntimeError(f"request {s.request_id}: tokens {c}..{c + q} not all known")
+                flat_ids.extend(toks[c: c + q])
         sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
         sample_rids = [rids[i] for i in sample_rows]
         # Block tables: one flat list and one scatter instead of a numpy call per request.
@@ -249,6 +287,18 @@ class ModelRunner:
         self.d_logits_idx[: len(sample_rows)].copy_(self.h_logits_idx[: len(sample_rows)], non_blocking=True)
         self.d_block_tables[:padded_seqs, :nb_cols].copy_(
             self.h_block_tables[:padded_seqs, :nb_cols], non_blocking=True)
+        if gather_dst:
+            g = len(gather_dst)
+            self.h_gather_dst.numpy()[:g] = gather_dst
+            self.h_gather_src.numpy()[:g] = gather_src
+            self.d_gather_dst[:g].copy_(self.h_gather_dst[:g], non_blocking=True)
+            self.d_gather_src[:g].copy_(self.h_gather_src[:g], non_blocking=True)
+            self.d_input_ids.index_copy_(0, self.d_gather_dst[:g],
+                                         inflight[1].index_select(0, self.d_gather_src[:g]))
+        if self.is_cuda:
+            ev = torch.cuda.Event()
+            ev.record()
+            self._stage_done[self._stage_idx] = ev
         return StepInputs(
             request_ids=rids, sample_request_ids=sample_rids, num_tokens=num_tokens,
             num_padded_tokens=padded_tokens, graph_size=graph_size,

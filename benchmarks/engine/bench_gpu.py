@@ -121,10 +121,11 @@ def workload_a(n: int, seed: int, vocab: int, p_lo: int, p_hi: int, o_lo: int, o
     return prompts, [int(o) for o in olens]
 
 
-def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float, **kw) -> dict:
+def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
+             async_scheduling: bool) -> dict:
     t = time.perf_counter()
     llm = LLM(model, device=device, dtype=dtype, gpu_memory_utilization=util, max_model_len=2048,
-              max_num_seqs=256, max_num_batched_tokens=8192, **kw)
+              max_num_seqs=256, max_num_batched_tokens=8192, async_scheduling=async_scheduling)
     init_s = time.perf_counter() - t
     # Warm-up: compile the prefill/mixed-batch kernel shapes outside the timed region.
     llm.generate(prompts[:4], [SamplingParams(max_tokens=4, ignore_eos=True)] * 4)
@@ -143,6 +144,7 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
         return 1e3 * float(np.mean([r[k] for r in rows])) if rows else None
 
     res = {
+        "async_scheduling": async_scheduling,
         "wall_s": wall, "output_tokens": gen, "output_tokens_per_s": gen / wall,
         "init_s": init_s, "graph_capture_s": llm.engine.graph_capture_s,
         "num_gpu_blocks": llm.engine.num_gpu_blocks, "num_steps": len(tr),
@@ -264,7 +266,7 @@ def run_mooncake(model: str, device: str, dtype: str, n: int, prompt_cap: int, t
     t = time.perf_counter()
     core = EngineCore(EngineConfig(model=model, device=device, dtype=dtype, max_model_len=max_model_len,
                                    max_num_seqs=256, max_num_batched_tokens=8192,
-                                   gpu_memory_utilization=0.9))
+                                   gpu_memory_utilization=0.9, async_scheduling=True))
     init_s = time.perf_counter() - t
     # Warm-up on throwaway requests (ids far above the workload's).
     warm = [Request(request_id=10**9 + i, arrival_s=0.0, prompt_len=600, output_len=4,
@@ -278,6 +280,7 @@ def run_mooncake(model: str, device: str, dtype: str, n: int, prompt_cap: int, t
     s["init_s"] = init_s
     s["num_gpu_blocks"] = core.num_gpu_blocks
     s["max_model_len"] = max_model_len
+    s["async_scheduling"] = True
     res.write(out_dir / "mooncake_run")
     return s
 
@@ -334,10 +337,12 @@ def main() -> None:
                              result["copy_gbps"], result["matmul_tflops_bf16"])
     result["part_a"] = a
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    for name, fn in (("ours", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5)),
+    for name, fn in (("ours_sync", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, False)),
+                     ("ours", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, True)),
                      ("hf_static", lambda: run_hf_static(spec_a, prompts, outputs, device, torch_dtype)),
                      ("hf_generate_batch", lambda: run_hf_cb(spec_a, prompts, outputs, device, torch_dtype))):
-        if name in skip or (name == "hf_generate_batch" and "hf_cb" in skip):
+        if name in skip or (name == "hf_generate_batch" and "hf_cb" in skip) or (
+                name == "ours_sync" and "ours" in skip):
             continue
         log("part A:", name)
         try:

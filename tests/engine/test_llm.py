@@ -137,3 +137,29 @@ def test_seeded_sampling_reproducible_and_batch_independent():
     k1 = make_llm().generate([prompts[1]], SamplingParams(max_tokens=6, temperature=2.0, top_k=1,
                                                           seed=5))[0].token_ids
     assert k1 == greedy
+
+
+@pytest.mark.parametrize("extra", [{}, {"num_gpu_blocks_override": 12}, {"max_num_seqs": 1}],
+                         ids=["mixed", "preempting", "one-at-a-time"])
+def test_async_scheduling_matches_dense_reference(base, extra):
+    """Async scheduling (scheduler told counts, input tokens gathered on the device) changes
+    nothing in the tokens, with preemption and prefix caching at work too."""
+    llm0, w = base
+    system = prompts_of(12, [24])[0]
+    prompts = prompts_of(13, [14, 11, 17, 9]) + [system + [40, 41], system + [50]]
+    maxes = [16, 5, 9, 1, 12, 7]
+    llm = make_llm(async_scheduling=True, **extra)
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=m, ignore_eos=True) for m in maxes])
+    for p, m, o in zip(prompts, maxes, outs):
+        assert o.token_ids == greedy_reference(llm0.engine.spec, w, p, m)
+    assert sum(t["num_output_tokens"] for t in llm.step_traces) == sum(maxes)
+    if "num_gpu_blocks_override" in extra:
+        assert sum(o.num_preemptions for o in outs) > 0
+    if "max_num_seqs" in extra:
+        assert llm.engine.scheduler.stats.prefix_cache_hits_tokens >= 24
+
+
+def test_async_scheduling_refuses_eos_stops():
+    llm = make_llm(async_scheduling=True, eos_token_id=3)
+    with pytest.raises(ValueError, match="ignore_eos"):
+        llm.generate([[20, 21, 22]], SamplingParams(max_tokens=4))
