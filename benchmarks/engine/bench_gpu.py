@@ -273,8 +273,7 @@ def run_mooncake(model: str, device: str, dtype: str, n: int, prompt_cap: int, t
                     hash_ids=tuple(range(10**9 + 10 * i, 10**9 + 10 * i + 2)), hash_block_size=512)
             for i in range(2)]
     replay(core, warm, honor_arrivals=False)
-    res = replay(core, reqs, time_scale=1.0, trace_file=out_dir / "mooncake_steps.jsonl",
-                 max_wall_s=max_wall_s)
+    res = replay(core, reqs, time_scale=1.0, max_wall_s=max_wall_s)
     s = res.summary()
     s.update(info)
     s["init_s"] = init_s
@@ -286,6 +285,26 @@ def run_mooncake(model: str, device: str, dtype: str, n: int, prompt_cap: int, t
 
 
 # ---------------------------------------------------------------------- main
+class _Timeout(Exception):
+    pass
+
+
+def with_timeout(fn, seconds: int):
+    """Run fn, raising _Timeout after `seconds` (a stuck baseline must not sink the whole run)."""
+    import signal
+
+    def handler(signum, frame):
+        raise _Timeout(f"gave up after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.alarm(seconds)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def versions() -> dict:
     v = {"python": platform.python_version(), "torch": torch.__version__}
     for mod in ("triton", "transformers"):
@@ -304,7 +323,7 @@ def main() -> None:
     ap.add_argument("--mooncake-n", type=int, default=1000)
     ap.add_argument("--prompt-cap", type=int, default=2048)
     ap.add_argument("--time-scale", type=float, default=0.25)
-    ap.add_argument("--mooncake-max-wall-s", type=float, default=240.0)
+    ap.add_argument("--mooncake-max-wall-s", type=float, default=200.0)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
@@ -346,7 +365,7 @@ def main() -> None:
             continue
         log("part A:", name)
         try:
-            a[name] = fn()
+            a[name] = with_timeout(fn, 150)
         except Exception as e:  # noqa: BLE001 - a failed baseline is recorded, not fatal
             a[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
         log(name, json.dumps(a[name], default=float)[:600])
