@@ -216,7 +216,7 @@ def run_hf_cb(spec, prompts, outputs, device, dtype) -> dict:
     reported for the requested tokens (useful) and for everything it generated."""
     from transformers import GenerationConfig
 
-    model = hf_model(spec, device, dtype, "sdpa_paged")
+    model = hf_model(spec, device, dtype, "paged|sdpa")
     m = max(outputs)
     gc_ = GenerationConfig(max_new_tokens=m, do_sample=False, eos_token_id=None, pad_token_id=0)
     with torch.inference_mode():
