@@ -277,22 +277,14 @@ class EngineCore:
         return st
 
     def _trace_row(self, out, t0, schedule_s, prepare_s, forward_s, sample_s, total_s) -> dict:
-        n_pre_tok = n_dec = n_pre = ctx_dec = ctx_pre = n_spec = 0
-        for s in out.scheduled:
-            ctx = s.num_computed_tokens + s.num_new_tokens  # tokens attended by the last new token
-            if s.is_prefill:
-                n_pre += 1
-                n_pre_tok += s.num_new_tokens
-                ctx_pre += ctx
-            else:
-                n_dec += 1
-                ctx_dec += ctx
-            n_spec += s.num_spec_tokens
+        # Batch composition as the scheduler counted it (the simulator's cost model reads the
+        # same fields); context sums are KV lengths after the step.
         return {
             "step_id": out.step_id, "t_start_s": t0 - self.epoch, "schedule_s": schedule_s,
             "prepare_s": prepare_s, "forward_s": forward_s, "sample_s": sample_s, "total_s": total_s,
-            "num_prefill_tokens": n_pre_tok, "num_decode_seqs": n_dec, "num_prefill_seqs": n_pre,
-            "sum_decode_context": ctx_dec, "sum_prefill_context": ctx_pre, "num_spec_tokens": n_spec,
+            "num_prefill_tokens": out.num_prefill_tokens, "num_decode_seqs": out.num_decode_seqs,
+            "num_prefill_seqs": out.num_prefill_seqs, "sum_decode_context": out.sum_decode_context,
+            "sum_prefill_context": out.sum_prefill_context, "num_spec_tokens": out.num_spec_tokens,
             "num_batched_tokens": out.num_batched_tokens,
             "num_blocks_allocated": out.num_blocks_allocated,
             "num_blocks_hashed": out.num_blocks_hashed,

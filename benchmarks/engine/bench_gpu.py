@@ -219,13 +219,14 @@ def run_hf_cb(spec, prompts, outputs, device, dtype) -> dict:
     model = hf_model(spec, device, dtype, "paged|sdpa")
     m = max(outputs)
     gc_ = GenerationConfig(max_new_tokens=m, do_sample=False, eos_token_id=None, pad_token_id=0)
-    with torch.inference_mode():
-        model.generate_batch(inputs=prompts[:2], generation_config=GenerationConfig(
-            max_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0))
-        sync()
-        t = time.perf_counter()
-        res = model.generate_batch(inputs=prompts, generation_config=gc_)
-        sync()
+    # Not under torch.inference_mode: generate_batch's own loop updates its static tensors in
+    # place, which inference tensors forbid (every request failed that way in one run).
+    model.generate_batch(inputs=prompts[:2], generation_config=GenerationConfig(
+        max_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0))
+    sync()
+    t = time.perf_counter()
+    res = model.generate_batch(inputs=prompts, generation_config=gc_)
+    sync()
     wall = time.perf_counter() - t
     generated = 0
     for r in res.values():
@@ -234,6 +235,9 @@ def run_hf_cb(spec, prompts, outputs, device, dtype) -> dict:
     del model
     gc.collect()
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if generated < sum(outputs):
+        raise RuntimeError(f"generate_batch returned {generated} tokens for {len(res)} results; "
+                           f"{sum(outputs)} were requested (failed requests)")
     return {"wall_s": wall, "useful_output_tokens_per_s": sum(outputs) / wall,
             "generated_tokens_per_s": generated / wall, "max_new_tokens": m,
             "num_results": len(res)}
