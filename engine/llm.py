@@ -6,8 +6,9 @@ a plain string is encoded byte by byte (token = byte + 16), enough for smoke run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import EngineCore, RequestState

@@ -186,7 +186,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
             model.lm_head.copy_(tensors["lm_head.weight"])
         for i, layer in enumerate(model.layers):
             p = f"model.layers.{i}."
-            g = lambda n: tensors[p + n]  # noqa: E731
+            g = lambda n, p=p: tensors[p + n]  # noqa: E731
             layer.qkv_proj.weight.copy_(torch.cat([g("self_attn.q_proj.weight"),
                                                    g("self_attn.k_proj.weight"),
                                                    g("self_attn.v_proj.weight")]))
@@ -201,4 +201,4 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     return model
 
 
-__all__ = ["load_model", "save_model", "spec_from_hf_config", "hf_config_from_spec", "TORCH_DTYPES"]
+__all__ = ["TORCH_DTYPES", "hf_config_from_spec", "load_model", "save_model", "spec_from_hf_config"]

@@ -7,7 +7,14 @@ Written to a text file (`write(path)`, the node-exporter textfile format) or ser
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, write_to_textfile
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+    write_to_textfile,
+)
 
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                   7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -15,7 +22,7 @@ ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
                  10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                  120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-ITERATION_TOKENS_BUCKETS = tuple(float(2**i) for i in range(0, 15) if i != 1 and i != 2)  # 1, 8 .. 16384
+ITERATION_TOKENS_BUCKETS = tuple(float(2**i) for i in range(15) if i != 1 and i != 2)  # 1, 8 .. 16384
 PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
 
 

@@ -90,7 +90,7 @@ class DecoderLayer(nn.Module):
         h, d = spec.hidden_size, spec.head_dim
         self.hq, self.hkv, self.d = spec.num_heads, spec.num_kv_heads, d
         self.scale = d**-0.5
-        kw = dict(device=device, dtype=dtype)
+        kw = {"device": device, "dtype": dtype}
         self.input_layernorm = RMSNorm(h, spec.rms_norm_eps, **kw)
         self.qkv_proj = nn.Linear(h, (self.hq + 2 * self.hkv) * d, bias=spec.qkv_bias, **kw)
         self.o_proj = nn.Linear(self.hq * d, h, bias=False, **kw)
@@ -124,7 +124,7 @@ class LlamaModel(nn.Module):
         device = torch.device(device)
         dtype = dtype or TORCH_DTYPES[spec.dtype]
         self.dtype = dtype
-        kw = dict(device=device, dtype=dtype)
+        kw = {"device": device, "dtype": dtype}
         self.embed_tokens = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, **kw))
         self.layers = nn.ModuleList(DecoderLayer(spec, device, dtype) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw)

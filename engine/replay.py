@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -92,11 +92,9 @@ class ReplayResult:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "requests.jsonl", "w") as f:
-            for r in self.requests:
-                f.write(json.dumps({k: v for k, v in r.items() if k != "itl_s"}) + "\n")
+            f.writelines(json.dumps({k: v for k, v in r.items() if k != "itl_s"}) + "\n" for r in self.requests)
         with open(out / "steps.jsonl", "w") as f:
-            for s in self.steps:
-                f.write(json.dumps(s) + "\n")
+            f.writelines(json.dumps(s) + "\n" for s in self.steps)
         (out / "summary.json").write_text(json.dumps(self.summary(), indent=2, default=float))
 
 
@@ -133,7 +131,7 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
     arrivals = [r.arrival_s * time_scale if honor_arrivals else 0.0 for r in reqs]
     steps: list[dict] = []
     rows: dict[int, dict] = {}
-    sink = open(trace_file, "w") if trace_file else None
+    sink = open(trace_file, "w") if trace_file else None  # noqa: SIM115 - closed in finally
     stats_before = _stats_dict(core.scheduler)
     core.reset_clock()
     i, n = 0, len(reqs)

@@ -21,6 +21,7 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.model import LlamaModel
 
+
 # Decode batch sizes that get a CUDA graph (vLLM's pattern: 1, 2, 4, then steps of 8).
 def decode_graph_buckets(max_num_seqs: int) -> list[int]:
     sizes = [b for b in (1, 2, 4) if b <= max_num_seqs]
@@ -78,13 +79,13 @@ class ModelRunner:
         # may still be reading (with async scheduling the host runs a step ahead).
         self._stages = []
         for _ in range(2):
-            self._stages.append(dict(
-                ids=host(t, torch.int64), pos=host(t, torch.int64), slots=host(t, torch.int64),
-                seq_lens=host(b, torch.int32), qsl=host(b + 1, torch.int32),
-                logits_idx=host(b, torch.int64), gather_dst=host(b, torch.int64),
-                gather_src=host(b, torch.int64),
-                block_tables=torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
-            ))
+            self._stages.append({
+                "ids": host(t, torch.int64), "pos": host(t, torch.int64), "slots": host(t, torch.int64),
+                "seq_lens": host(b, torch.int32), "qsl": host(b + 1, torch.int32),
+                "logits_idx": host(b, torch.int64), "gather_dst": host(b, torch.int64),
+                "gather_src": host(b, torch.int64),
+                "block_tables": torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
+            })
         self._stage_done: list[torch.cuda.Event | None] = [None, None]
         self._stage_idx = 0
         self._use_stage(0)

@@ -8,9 +8,8 @@ which other requests share its batches.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class SamplingParams(BaseModel):

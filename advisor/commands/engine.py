@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,11 +18,13 @@ Model = Annotated[str, typer.Option("--model", help="model preset (llama-3.2-1b,
 
 
 def _engine_config(**kw):
+    from pydantic import ValidationError
+
     from engine.config import EngineConfig
 
     try:
         return EngineConfig(**kw)
-    except Exception as exc:  # pydantic ValidationError: name the flag
+    except ValidationError as exc:  # the message names the field (= the flag)
         raise typer.BadParameter(str(exc)) from None
 
 
@@ -35,23 +37,23 @@ def _fail(msg: str) -> None:
 def run(
     model: Model = "tiny",
     workload: Annotated[str, typer.Option("--workload", help="workload preset, spec file or trace file")] = "lab-random",
-    first: Annotated[Optional[int], typer.Option("--first", help="replay only the first N requests")] = None,
-    speedup: Annotated[Optional[float], typer.Option("--speedup", help="compress arrival times by this factor")] = None,
-    max_prompt_len: Annotated[Optional[int], typer.Option(
+    first: Annotated[int | None, typer.Option("--first", help="replay only the first N requests")] = None,
+    speedup: Annotated[float | None, typer.Option("--speedup", help="compress arrival times by this factor")] = None,
+    max_prompt_len: Annotated[int | None, typer.Option(
         "--max-prompt-len", help="truncate longer prompts (and their hash ids) to this many tokens")] = None,
     no_arrivals: Annotated[bool, typer.Option("--no-arrivals", help="submit everything at t=0 (offline)")] = False,
     out: Annotated[Path, typer.Option("--out", help="folder for requests.jsonl, steps.jsonl, summary.json")] = Path("runs/engine"),
-    metrics_file: Annotated[Optional[Path], typer.Option("--metrics-file", help="write Prometheus text here")] = None,
-    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="serve Prometheus metrics on this port")] = None,
+    metrics_file: Annotated[Path | None, typer.Option("--metrics-file", help="write Prometheus text here")] = None,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="serve Prometheus metrics on this port")] = None,
     dtype: Annotated[str, typer.Option("--dtype")] = "auto",
     device: Annotated[str, typer.Option("--device")] = "auto",
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len")] = None,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
     max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens")] = 8192,
     block_size: Annotated[int, typer.Option("--block-size")] = 16,
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
-    num_gpu_blocks_override: Annotated[Optional[int], typer.Option("--num-gpu-blocks-override")] = None,
+    num_gpu_blocks_override: Annotated[int | None, typer.Option("--num-gpu-blocks-override")] = None,
     enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")] = True,
     enable_chunked_prefill: Annotated[bool, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill")] = True,
     long_prefill_token_threshold: Annotated[int, typer.Option("--long-prefill-token-threshold")] = 0,

@@ -30,13 +30,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.llm import LLM  # noqa: E402
-from engine.model_spec import ModelSpec, get_model  # noqa: E402
-from engine.replay import replay  # noqa: E402
-from engine.request import Request  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
-from engine.core import EngineCore  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.llm import LLM
+from engine.model_spec import ModelSpec, get_model
+from engine.replay import replay
+from engine.request import Request
+from engine.sampling import SamplingParams
 
 HERE = Path(__file__).resolve().parent
 
@@ -166,6 +166,7 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
 
 def hf_model(spec: ModelSpec, device: str, dtype: torch.dtype, attn: str):
     import transformers
+
     from engine.loader import hf_config_from_spec
 
     cfg = transformers.LlamaConfig.from_dict(hf_config_from_spec(spec))
@@ -192,7 +193,7 @@ def run_hf_static(spec, prompts, outputs, device, dtype, batch: int = 64) -> dic
         gc_ = GenerationConfig(max_new_tokens=m, min_new_tokens=m, do_sample=False,
                                eos_token_id=None, pad_token_id=pad)
         with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),  # noqa: F821
                                  generation_config=gc_)
         return out.shape[1] - width
 
@@ -333,7 +334,7 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     result: dict = {
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv), "device": device,
         "gpu": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
         "versions": versions(), "tiny": args.tiny,

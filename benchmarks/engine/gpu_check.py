@@ -8,19 +8,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from engine.llm import LLM  # noqa: E402
-from engine.model import LlamaModel  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
+from engine.llm import LLM
+from engine.model import LlamaModel
+from engine.sampling import SamplingParams
 
 
 def main() -> None:
     rng = np.random.default_rng(1)
     prompts = [rng.integers(16, 512, int(n)).tolist() for n in rng.integers(3, 200, 24)]
     sp = [SamplingParams(max_tokens=int(m), ignore_eos=True) for m in rng.integers(1, 40, 24)]
-    kw = dict(dtype="float32", max_num_seqs=16, max_num_batched_tokens=128, seed=0)
+    kw = {"dtype": "float32", "max_num_seqs": 16, "max_num_batched_tokens": 128, "seed": 0}
     cpu_llm = LLM("tiny", device="cpu", **kw)
     cpu = cpu_llm.generate(prompts, sp)
     # Same weights on the GPU (a CUDA generator draws other numbers than the CPU one).

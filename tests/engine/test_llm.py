@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.llm import LLM
 from engine.loader import _hf_tensors
@@ -14,8 +15,8 @@ from tests.engine.dense_reference import greedy_reference
 
 
 def make_llm(**kw) -> LLM:
-    args = dict(device="cpu", dtype="float32", max_num_seqs=8, max_num_batched_tokens=32, seed=0,
-                block_size=4)
+    args = {"device": "cpu", "dtype": "float32", "max_num_seqs": 8, "max_num_batched_tokens": 32, "seed": 0,
+                "block_size": 4}
     args.update(kw)
     return LLM("tiny", **args)
 

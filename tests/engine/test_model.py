@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -50,7 +51,7 @@ def run_paged(model: LlamaModel, kv: torch.Tensor, seqs: list[tuple[list[int], i
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots), block_tables=bt, seq_lens=torch.tensor(lens, dtype=torch.int32),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32),
-        max_query_len=max(b - a for a, b in zip(qsl, qsl[1:])), max_seq_len=max(lens))
+        max_query_len=max(b - a for a, b in itertools.pairwise(qsl)), max_seq_len=max(lens))
     with torch.no_grad():
         h = model(torch.tensor(ids), torch.tensor(pos), kv, meta)
         return model.compute_logits(h), qsl

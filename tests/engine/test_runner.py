@@ -22,7 +22,7 @@ TINY = get_model("tiny")
 
 def runner(**kw) -> ModelRunner:
     m = LlamaModel(TINY, max_positions=256, seed=0)
-    args = dict(block_size=4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    args = {"block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 64}
     return ModelRunner(m, **(args | kw))
 
 
