@@ -186,7 +186,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
             model.lm_head.copy_(tensors["lm_head.weight"])
         for i, layer in enumerate(model.layers):
             p = f"model.layers.{i}."
-            g = lambda n, p=p: tensors[p + n]  # noqa: E731
+            g = lambda n, p=p: tensors[p + n]
             layer.qkv_proj.weight.copy_(torch.cat([g("self_attn.q_proj.weight"),
                                                    g("self_attn.k_proj.weight"),
                                                    g("self_attn.v_proj.weight")]))
