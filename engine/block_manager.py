@@ -164,14 +164,16 @@ def root_hash(algo: str) -> Hashable:
 class BlockPool:
     """`num_blocks` physical blocks, their free queue and the prefix-cache table.
 
-    Counters (cumulative): `num_allocated`, `num_freed` (blocks whose refcount went to 0),
+    Counters (cumulative): `num_allocated` (popped from the free queue), `num_revived` (free
+    cached blocks taken back by a prefix hit), `num_freed` (refcount went to 0), so that
+    `num_allocated + num_revived - num_freed` = blocks owned now,
     `num_evictions` (cached hashes dropped because their free block was reused),
     `num_hashed` is kept by the caller (hashing happens per request).
     """
 
     __slots__ = (
         "num_blocks", "block_size", "blocks", "free_queue", "cached",
-        "enable_caching", "num_allocated", "num_freed", "num_evictions",
+        "enable_caching", "num_allocated", "num_freed", "num_evictions", "num_revived",
     )
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -188,6 +190,7 @@ class BlockPool:
         self.num_allocated = 0
         self.num_freed = 0
         self.num_evictions = 0
+        self.num_revived = 0  # free cached blocks taken back by a prefix hit
 
     @property
     def num_free(self) -> int:
@@ -231,6 +234,7 @@ class BlockPool:
         for b in blocks:
             if b.ref_cnt == 0:
                 fq.remove(b)
+                self.num_revived += 1
             b.ref_cnt += 1
 
     def free_reversed(self, blocks: list[KVBlock]) -> int:

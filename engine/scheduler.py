@@ -186,6 +186,7 @@ class SchedulerStats:
     num_evictions: int
     num_blocks_allocated: int
     num_blocks_freed: int
+    num_blocks_revived: int  # free cached blocks taken back by prefix hits
     num_blocks_hashed: int
     num_cached_blocks: int  # blocks in the prefix-cache table (owned or free)
     num_free_blocks: int
@@ -947,6 +948,7 @@ class Scheduler:
             num_evictions=pool.num_evictions,
             num_blocks_allocated=pool.num_allocated,
             num_blocks_freed=pool.num_freed,
+            num_blocks_revived=pool.num_revived,
             num_blocks_hashed=self.num_blocks_hashed,
             num_cached_blocks=len(pool.cached),
             num_free_blocks=pool.num_free,
