@@ -37,9 +37,12 @@ blocks and would inflate the hit rate; those go to `prefix_cache_preempted_*`.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice, takewhile
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -59,6 +62,9 @@ REJECTED = "rejected"
 GEN_TAG = -1
 
 _EMPTY: tuple[int, ...] = ()
+_not_none = partial(operator.is_not, None)
+_ref_cnt = operator.attrgetter("ref_cnt")
+_block_id = operator.attrgetter("block_id")
 
 
 class SchedulerConfig(BaseModel):
@@ -279,6 +285,7 @@ class Scheduler:
         self.pool = BlockPool(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
         self.caching = config.enable_prefix_caching
         self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
+        self._builtin_hash = config.prefix_caching_hash_algo == "builtin"  # inlined: no call
         self._root = root_hash(config.prefix_caching_hash_algo)
         self.requests: dict[int, _ReqState] = {}
         self.running: list[_ReqState] = []
@@ -411,56 +418,73 @@ class Scheduler:
             return tuple(out)
         return (GEN_TAG, r.request_id, i)
 
-    def _hash_upto(self, r: _ReqState, n: int) -> None:
-        """Make sure `r.block_hashes` covers its first `n` blocks (lazily, chained)."""
+    def _contents(self, r: _ReqState, start: int, stop: int) -> list[tuple]:
+        """`_content(r, i)` for i in [start, stop), in bulk (the per-block hot path)."""
+        bs = self.block_size
+        if r.token_ids is not None:
+            t = r.token_ids
+            return [tuple(t[i * bs:(i + 1) * bs]) for i in range(start, stop)]
+        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
+        out: list[tuple] = []
+        if start < in_prompt:
+            hbs = r.hash_block_size
+            hid = r.hash_ids
+            if hbs == bs:
+                out = [(hid[i], 0) for i in range(start, in_prompt)]
+            elif hbs % bs == 0:
+                out = [(hid[(i * bs) // hbs], (i * bs) % hbs) for i in range(start, in_prompt)]
+            else:
+                out = [self._content(r, i) for i in range(start, in_prompt)]
+        gen_from = max(start, in_prompt)
+        if stop > gen_from:
+            rid = r.request_id
+            out += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
+        return out
+
+    def _hash_upto(self, r: _ReqState, n: int) -> int:
+        """Make sure `r.block_hashes` covers its first `n` blocks (chained); returns how
+        many blocks were hashed now (counted in `num_blocks_hashed`)."""
         hashes = r.block_hashes
         i = len(hashes)
         if i >= n:
-            return
-        parent = hashes[-1] if hashes else self._root
-        hasher = self._hasher
-        extra = r.extra
-        while i < n:
-            parent = hasher(parent, self._content(r, i), extra)
-            hashes.append(parent)
-            i += 1
-
-    def _hash_upto_counted(self, r: _ReqState, n: int) -> int:
-        before = len(r.block_hashes)
-        if before >= n:
             return 0
-        self._hash_upto(r, n)
-        self.num_blocks_hashed += n - before
-        return n - before
+        parent = hashes[-1] if hashes else self._root
+        extra = r.extra
+        append = hashes.append
+        if self._builtin_hash:
+            for key in self._contents(r, i, n):
+                parent = hash((parent, key, extra))
+                append(parent)
+        else:
+            hasher = self._hasher
+            for key in self._contents(r, i, n):
+                parent = hasher(parent, key, extra)
+                append(parent)
+        self.num_blocks_hashed += n - i
+        return n - i
 
     def _lookup(self, r: _ReqState) -> tuple[list[KVBlock], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
-        Returns (hit blocks, blocks hashed)."""
-        max_blocks = (r.num_tokens - 1) // self.block_size
-        hits: list[KVBlock] = []
-        hashed = 0
-        if max_blocks <= 0:
-            return hits, 0
-        cached = self.pool.cached
-        hashes = r.block_hashes
-        for i in range(max_blocks):
-            if i >= len(hashes):
-                hashed += self._hash_upto_counted(r, i + 1)
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            hits.append(b)
+        Returns (hit blocks, blocks hashed now). Like vLLM, all full blocks up to that
+        limit are hashed on the first lookup (later lookups reuse the hashes)."""
+        m = (r.num_tokens - 1) // self.block_size
+        if m <= 0:
+            return [], 0
+        hashed = self._hash_upto(r, m)
+        # C-level scan: stop at the first hash not in the cache
+        hits = list(takewhile(_not_none, map(self.pool.cached.get, islice(r.block_hashes, m))))
         return hits, hashed
 
     def _cache_full(self, r: _ReqState, num_full: int) -> int:
-        """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed."""
+        """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
+        First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
-        hashed = self._hash_upto_counted(r, num_full)
-        hashes = r.block_hashes
-        blocks = r.blocks
-        cache_block = self.pool.cache_block
-        for i in range(start, num_full):
-            cache_block(blocks[i], hashes[i])
+        hashed = self._hash_upto(r, num_full)
+        setdefault = self.pool.cached.setdefault
+        # blocks past num_cached_blocks are never registered yet (fresh allocations)
+        for b, h in zip(islice(r.blocks, start, num_full), islice(r.block_hashes, start, num_full)):
+            if setdefault(h, b) is b:
+                b.block_hash = h
         r.num_cached_blocks = num_full
         return hashed
 
@@ -477,22 +501,18 @@ class Scheduler:
         need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
         if need < 0:
             need = 0
-        revive = 0
-        if hits:
-            for b in hits:
-                if b.ref_cnt == 0:
-                    revive += 1
+        revive = list(map(_ref_cnt, hits)).count(0) if hits else 0
         if need + revive > pool.free_queue.num_free:
             return None
         if hits:
             pool.touch(hits)
             r.blocks.extend(hits)
-            r.block_ids.extend([b.block_id for b in hits])
+            r.block_ids.extend(map(_block_id, hits))
             r.num_cached_blocks = len(r.blocks)
         new = pool.allocate(need) if need else []
         if need:
             r.blocks.extend(new)
-            r.block_ids.extend([b.block_id for b in new])
+            r.block_ids.extend(map(_block_id, new))
             out.num_blocks_allocated += need
         if self.caching:
             num_full = (computed + num_new - num_spec) // bs
@@ -663,7 +683,7 @@ class Scheduler:
             if new is None:
                 break
             r.num_computed = c + num_new
-            new_ids = tuple([b.block_id for b in new]) if new else _EMPTY
+            new_ids = tuple(map(_block_id, new)) if new else _EMPTY
             if r.decoding:
                 extra[r.request_id] = (num_new, 0, spec, False, True, new_ids)
                 sampling_append(r)
@@ -751,7 +771,7 @@ class Scheduler:
             r.num_computed = num_hit + num_new
             samples = r.num_computed >= r.num_tokens
             out._extra[r.request_id] = (num_new, num_hit, 0, True, samples,
-                                        tuple([b.block_id for b in new]) if new else _EMPTY)
+                                        tuple(map(_block_id, new)) if new else _EMPTY)
             out._states.append(r)
             out._computed.append(num_hit)
             out._tables.append(r.block_ids)
