@@ -247,7 +247,7 @@ class _ReqState:
         "req", "request_id", "arrival_s", "priority", "prompt_len", "output_len",
         "hash_ids", "hash_block_size", "token_ids", "extra",
         "num_tokens", "num_computed", "num_generated", "blocks", "block_ids",
-        "block_hashes", "num_cached_blocks", "status", "decoding",
+        "block_hashes", "hash_chain", "num_cached_blocks", "status", "decoding",
         "num_preemptions", "num_cached_tokens", "seq",
     )
 
@@ -267,7 +267,8 @@ class _ReqState:
         self.num_generated = 0
         self.blocks: list[KVBlock] = []
         self.block_ids: list[int] = []
-        self.block_hashes: list[Hashable] = []  # chained hashes of full blocks, kept on preemption
+        self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
+        self.hash_chain: list[Hashable] = []  # simulator: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
         self.status = WAITING
         self.decoding = False  # produced a token since its last admission
@@ -442,26 +443,71 @@ class Scheduler:
         return out
 
     def _hash_upto(self, r: _ReqState, n: int) -> int:
-        """Make sure `r.block_hashes` covers its first `n` blocks (chained); returns how
-        many blocks were hashed now (counted in `num_blocks_hashed`)."""
+        """Make sure `r.block_hashes` covers its first `n` blocks; returns how many blocks
+        were keyed now (counted in `num_blocks_hashed`: the per-block hashing work a real
+        engine pays, whichever shortcut the simulator takes below)."""
         hashes = r.block_hashes
         i = len(hashes)
         if i >= n:
             return 0
-        parent = hashes[-1] if hashes else self._root
-        extra = r.extra
-        append = hashes.append
-        if self._builtin_hash:
-            for key in self._contents(r, i, n):
-                parent = hash((parent, key, extra))
-                append(parent)
+        if r.token_ids is None and r.hash_block_size % self.block_size == 0:
+            hashes += self._sim_keys(r, i, n)
         else:
-            hasher = self._hasher
-            for key in self._contents(r, i, n):
-                parent = hasher(parent, key, extra)
-                append(parent)
+            parent = hashes[-1] if hashes else self._root
+            extra = r.extra
+            append = hashes.append
+            if self._builtin_hash:
+                for key in self._contents(r, i, n):
+                    parent = hash((parent, key, extra))
+                    append(parent)
+            else:
+                hasher = self._hasher
+                for key in self._contents(r, i, n):
+                    parent = hasher(parent, key, extra)
+                    append(parent)
         self.num_blocks_hashed += n - i
         return n - i
+
+    def _sim_keys(self, r: _ReqState, start: int, stop: int) -> list:
+        """Keys of blocks [start, stop) of a request without token ids whose hash blocks are
+        whole multiples of the KV block (Mooncake: 512 vs 16).
+
+        The chain is hashed once per *hash block* (`r.hash_chain[h]` = H(chain[h-1],
+        hash_ids[h], extra)), and KV block i inside hash block h is keyed by
+        (chain[h], i mod blocks-per-hash-block): equal keys iff equal whole prefixes, as with
+        per-block chaining, at 1/32 of the hashing. Blocks holding generated tokens are keyed
+        by (GEN_TAG, request_id, i): only this request (after a preemption) re-finds them.
+        """
+        bs = self.block_size
+        per = r.hash_block_size // bs
+        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
+        keys: list = []
+        if start < in_prompt:
+            chain = r.hash_chain
+            need = (in_prompt - 1) // per + 1
+            if len(chain) < need:
+                h = len(chain)
+                parent = chain[-1] if chain else self._root
+                hid = r.hash_ids
+                extra = r.extra
+                if self._builtin_hash:
+                    for x in hid[h:need]:
+                        parent = hash((parent, x, extra))
+                        chain.append(parent)
+                else:
+                    hasher = self._hasher
+                    for x in hid[h:need]:
+                        parent = hasher(parent, (x,), extra)
+                        chain.append(parent)
+            if per == 1:
+                keys = chain[start:in_prompt]
+            else:
+                keys = [(chain[i // per], i % per) for i in range(start, in_prompt)]
+        gen_from = max(start, in_prompt)
+        if stop > gen_from:
+            rid = r.request_id
+            keys += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
+        return keys
 
     def _lookup(self, r: _ReqState) -> tuple[list[KVBlock], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
