@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import operator
+from array import array
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -47,7 +48,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.block_manager import BlockPool, KVBlock, make_block_hasher, root_hash
+from engine.block_manager import (
+    BlockPool,
+    KVBlock,
+    make_block_hasher,
+    make_bytes_hasher,
+    pack_extra,
+    root_hash,
+)
 from engine.request import Request
 
 WAITING = "waiting"
@@ -277,6 +285,13 @@ class _ReqState:
         self.seq = seq  # add order, the FCFS tie-break
 
 
+def _retire(r: _ReqState) -> None:
+    """Drop a finished request's bulky state (block keys, token ids); counters stay."""
+    r.block_hashes = []
+    r.hash_chain = []
+    r.token_ids = None
+
+
 class Scheduler:
     """vLLM-V1-style scheduler over a `BlockPool`. See the module docstring."""
 
@@ -287,6 +302,8 @@ class Scheduler:
         self.caching = config.enable_prefix_caching
         self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
         self._builtin_hash = config.prefix_caching_hash_algo == "builtin"  # inlined: no call
+        self._bytes_hasher = (None if self._builtin_hash
+                              else make_bytes_hasher(config.prefix_caching_hash_algo))
         self._root = root_hash(config.prefix_caching_hash_algo)
         self.requests: dict[int, _ReqState] = {}
         self.running: list[_ReqState] = []
@@ -295,6 +312,7 @@ class Scheduler:
         self._heap_waiting: list[tuple[int, float, int, _ReqState]] = []
         self._pending_rejected: list[RequestResult] = []  # reported in the next step
         self._last_out: SchedulerOutput | None = None
+        self._any_token_ids = False  # some request was added with token ids (engine)
         self._seq = 0
         self.step_id = 0
         # counters
@@ -336,6 +354,8 @@ class Scheduler:
                     f"request {rid}: {len(prompt_token_ids)} prompt_token_ids for prompt_len "
                     f"{req.prompt_len}; pass exactly the prompt's token ids"
                 )
+        if prompt_token_ids is not None:
+            self._any_token_ids = True
         r = _ReqState(req, prompt_token_ids, tuple(extra_keys), self._seq)
         self._seq += 1
         self.requests[rid] = r
@@ -452,6 +472,18 @@ class Scheduler:
             return 0
         if r.token_ids is None and r.hash_block_size % self.block_size == 0:
             hashes += self._sim_keys(r, i, n)
+        elif r.token_ids is not None and not self._builtin_hash:
+            # pack the whole run of token ids once, hash byte slices of it
+            bs = self.block_size
+            step = 8 * bs
+            buf = array("q", r.token_ids[i * bs:n * bs]).tobytes()
+            extra = pack_extra(r.extra)
+            hb = self._bytes_hasher
+            parent = hashes[-1] if hashes else self._root
+            append = hashes.append
+            for off in range(0, len(buf), step):
+                parent = hb(parent, buf[off:off + step], extra)
+                append(parent)
         else:
             parent = hashes[-1] if hashes else self._root
             extra = r.extra
@@ -854,6 +886,13 @@ class Scheduler:
             )
         if sampled is not None:
             self._check_sampled(out, sampled)
+        elif self._any_token_ids:
+            for r in out._sampling:
+                if r.token_ids is not None:
+                    raise ValueError(
+                        f"request {r.request_id} was added with prompt_token_ids, so "
+                        f"update_from_output needs its sampled token ids (sampled=None given)"
+                    )
         out._updated = True
         results = self._pending_rejected
         self._pending_rejected = []
@@ -866,11 +905,6 @@ class Scheduler:
         if hot:
             # Hot path (simulator): one token for every sampling request.
             for r in out._sampling:
-                if r.token_ids is not None:
-                    raise ValueError(
-                        f"request {r.request_id} was added with prompt_token_ids, so "
-                        f"update_from_output needs its sampled token ids"
-                    )
                 g = r.num_generated + 1
                 r.num_generated = g
                 r.num_tokens += 1
@@ -878,6 +912,7 @@ class Scheduler:
                 if g >= r.output_len:
                     out.num_blocks_freed += self._free_all(r)
                     r.status = FINISHED
+                    _retire(r)
                     self.num_finished += 1
                     any_finished = True
                     results.append(RequestResult(
@@ -922,17 +957,13 @@ class Scheduler:
             r.num_generated += n
             r.num_tokens += n
             n_gen_total += n
-            if r.token_ids is not None:
-                if toks is None:  # sampled=None: the engine must pass token ids
-                    raise ValueError(
-                        f"request {rid} was added with prompt_token_ids, so "
-                        f"update_from_output needs its sampled token ids"
-                    )
+            if r.token_ids is not None:  # validated above: toks is a list here
                 r.token_ids.extend(toks[:n])
             r.decoding = True
             if reason is not None:
                 out.num_blocks_freed += self._free_all(r)
                 r.status = FINISHED
+                _retire(r)
                 self.num_finished += 1
                 any_finished = True
                 results.append(RequestResult(
@@ -1069,6 +1100,7 @@ class Scheduler:
             if r.num_generated >= r.output_len:
                 freed += self._free_all(r)
                 r.status = FINISHED
+                _retire(r)
                 self.num_finished += 1
                 finished.append(RequestResult(
                     r.request_id, FINISHED, "length", r.num_generated, r.num_preemptions,
@@ -1139,7 +1171,8 @@ class Scheduler:
             assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
             assert [b.block_id for b in r.blocks] == r.block_ids, f"request {r.request_id}: ids drift"
             assert r.num_computed <= len(r.blocks) * bs, f"request {r.request_id}: KV overflow"
-            assert len(r.blocks) <= -(-r.num_computed // bs) or not r.decoding or True
+            assert len(r.blocks) == -(-r.num_computed // bs), (
+                f"request {r.request_id}: {len(r.blocks)} blocks for {r.num_computed} tokens")
             assert r.num_cached_blocks <= len(r.blocks)
             assert len(set(r.block_ids)) == len(r.block_ids), f"request {r.request_id}: dup block"
             for bid in r.block_ids:

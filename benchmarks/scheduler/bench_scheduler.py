@@ -124,6 +124,33 @@ def admit_cost_ns_per_block(n_blocks: int, algo: str, engine_view: bool, hit: bo
     return {"admit": statistics.median(r[0] for r in runs), "free": statistics.median(r[1] for r in runs)}
 
 
+def hash_ns_per_block(algo: str, engine_view: bool, n_blocks: int, repeats: int) -> float:
+    """Keying alone: ns per 16-token block to hash a fresh request's full prompt blocks
+    (engine: chained hash of 16 token ids; simulator: chained per 512-token hash block,
+    keyed per KV block)."""
+    bs = 16
+    prompt = n_blocks * bs + 1
+    n_req = max(4, 16384 // n_blocks)
+    cfg = SchedulerConfig(num_gpu_blocks=n_blocks + 2, block_size=bs, max_model_len=1 << 24,
+                          prefix_caching_hash_algo=algo)
+
+    def run() -> float:
+        s = Scheduler(cfg)
+        states = []
+        for i in range(n_req):
+            req = Request(i, 0.0, prompt, 1, tuple(range(i * 1000, i * 1000 + -(-prompt // 512))),
+                          hash_block_size=512)
+            toks = list(range(i * 10_000_000, i * 10_000_000 + prompt)) if engine_view else None
+            s.add_request(req, toks)
+            states.append(s.requests[i])
+        t0 = time.perf_counter()
+        for r in states:
+            s._hash_upto(r, n_blocks)
+        return (time.perf_counter() - t0) / (n_req * n_blocks) * 1e9
+
+    return _median_of(run, repeats)
+
+
 def replay_mooncake(path: Path, num_gpu_blocks: int, skip: bool) -> dict:
     """Replay the Mooncake conversation trace through the scheduler alone, with a crude fixed
     step-time model (5 ms + 20 us per batched token) standing in for the simulator's cost
@@ -219,6 +246,10 @@ def main() -> None:
             tag = f"sim_builtin_{'hit' if hit else 'miss'}"
             row[f"{tag}_admit_ns"] = round(r["admit"])
             row[f"{tag}_free_ns"] = round(r["free"])
+        for algo in ("builtin", "xxhash", "sha256"):
+            row[f"hash_only_engine_{algo}_ns"] = round(hash_ns_per_block(algo, True, nb, reps))
+        row["hash_only_sim_builtin_ns"] = round(hash_ns_per_block("builtin", False, nb, reps))
+        row["vllm_sha256_ns"] = VLLM_SHA256_US_PER_BLOCK * 1000
         res["blocks"].append(row)
         print(row, flush=True)
     trace = HERE.parents[1].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"

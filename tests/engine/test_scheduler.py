@@ -156,3 +156,17 @@ def test_bad_sampled_changes_nothing():
     with pytest.raises(ValueError, match="expected 1..1"):
         s.update_from_output(out, {0: 2})
     assert s.update_from_output(out, {0: 1}) == []
+
+
+def test_engine_requests_need_token_ids_back():
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4))
+    s.add_request(req(0, 3, 2), prompt_token_ids=[5, 6, 7])
+    out = s.schedule()
+    with pytest.raises(ValueError, match="token ids"):
+        s.update_from_output(out)
+    with pytest.raises(ValueError, match="token ids"):
+        s.update_from_output(out, {0: 1})
+    with pytest.raises(ValueError, match="do not sample"):
+        s.update_from_output(out, {0: [9], 5: [1]})
+    assert s.update_from_output(out, {0: [9]}) == []
+    assert s.requests[0].token_ids == [5, 6, 7, 9]
