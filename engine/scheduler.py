@@ -73,6 +73,7 @@ _EMPTY: tuple[int, ...] = ()
 _not_none = partial(operator.is_not, None)
 _ref_cnt = operator.attrgetter("ref_cnt")
 _block_id = operator.attrgetter("block_id")
+_request_id = operator.attrgetter("request_id")
 
 
 class SchedulerConfig(BaseModel):
@@ -884,8 +885,11 @@ class Scheduler:
                 f"update_from_output() must be called once, for the latest schedule() output "
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})"
             )
+        one_each = None  # engine fast case: one token id per sampling request, no drafts
         if sampled is not None:
-            self._check_sampled(out, sampled)
+            one_each = self._one_token_each(out, sampled)
+            if one_each is None:
+                self._check_sampled(out, sampled)
         elif self._any_token_ids:
             for r in out._sampling:
                 if r.token_ids is not None:
@@ -917,6 +921,27 @@ class Scheduler:
                     any_finished = True
                     results.append(RequestResult(
                         r.request_id, FINISHED, "length", g, r.num_preemptions, r.num_cached_tokens))
+            n_gen_total = len(out._sampling)
+        elif one_each is not None:
+            # Hot path (engine): one sampled token id each, no drafts.
+            hot = True
+            for r, v in zip(out._sampling, one_each):
+                g = r.num_generated + 1
+                r.num_generated = g
+                r.num_tokens += 1
+                r.decoding = True
+                if r.token_ids is not None:
+                    r.token_ids.append(v[0])
+                stop = bool(eos_ids) and v[0] in eos_ids
+                if stop or g >= r.output_len:
+                    out.num_blocks_freed += self._free_all(r)
+                    r.status = FINISHED
+                    _retire(r)
+                    self.num_finished += 1
+                    any_finished = True
+                    results.append(RequestResult(
+                        r.request_id, FINISHED, "stop" if stop else "length", g,
+                        r.num_preemptions, r.num_cached_tokens))
             n_gen_total = len(out._sampling)
         for r in (() if hot else out._sampling):
             rid = r.request_id
@@ -973,6 +998,20 @@ class Scheduler:
         if any_finished:
             self.running = [x for x in self.running if x.status == RUNNING]
         return results
+
+    @staticmethod
+    def _one_token_each(out: SchedulerOutput, sampled: dict) -> list | None:
+        """The sampled lists in batch order when every sampling request got exactly one
+        token id and there were no drafts (checked at C speed); else None."""
+        if out.num_spec_tokens or len(sampled) != len(out._sampling):
+            return None
+        try:
+            vals = list(map(sampled.__getitem__, map(_request_id, out._sampling)))
+            if list(map(len, vals)).count(1) == len(vals):
+                return vals
+        except (KeyError, TypeError):
+            pass
+        return None
 
     @staticmethod
     def _check_sampled(out: SchedulerOutput, sampled: dict) -> None:
