@@ -74,6 +74,7 @@ _not_none = partial(operator.is_not, None)
 _ref_cnt = operator.attrgetter("ref_cnt")
 _block_id = operator.attrgetter("block_id")
 _request_id = operator.attrgetter("request_id")
+_OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
 
 class SchedulerConfig(BaseModel):
@@ -303,6 +304,7 @@ class Scheduler:
         self.caching = config.enable_prefix_caching
         self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
         self._builtin_hash = config.prefix_caching_hash_algo == "builtin"  # inlined: no call
+        self._int_chain = config.prefix_caching_hash_algo != "sha256"  # chain hashes are ints
         self._bytes_hasher = (None if self._builtin_hash
                               else make_bytes_hasher(config.prefix_caching_hash_algo))
         self._root = root_hash(config.prefix_caching_hash_algo)
@@ -534,8 +536,16 @@ class Scheduler:
                         chain.append(parent)
             if per == 1:
                 keys = chain[start:in_prompt]
-            else:
-                keys = [(chain[i // per], i % per) for i in range(start, in_prompt)]
+            elif self._int_chain:
+                # int keys hash to themselves: every later dict operation on them is cheap
+                # (a (chain, offset) tuple would be re-hashed on each lookup). The offset
+                # flips low bits of a 64-bit chain hash: a clash needs two chains that
+                # differ only there.
+                keys = [chain[i // per] ^ (i % per) for i in range(start, in_prompt)]
+            else:  # sha256: bytes cache their hash too
+                ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
+                    j.to_bytes(8, "little") for j in range(per)]
+                keys = [chain[i // per] + ob[i % per] for i in range(start, in_prompt)]
         gen_from = max(start, in_prompt)
         if stop > gen_from:
             rid = r.request_id

@@ -269,6 +269,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--no-replay", action="store_true")
+    ap.add_argument("--only-replay", action="store_true")
     ap.add_argument("--name", default="results", help="output file stem")
     ap.add_argument("--trace", type=Path, default=None, help="Mooncake JSONL to replay")
     a = ap.parse_args()
@@ -282,7 +283,7 @@ def main() -> None:
         "command": "PYTHONPATH=. python " + " ".join(sys.argv),
         "step": [], "blocks": [], "replay": [],
     }
-    for n in (1, 4, 16, 64, 256, 1024):
+    for n in (() if a.only_replay else (1, 4, 16, 64, 256, 1024)):
         steps = max(32, min(2000, 40000 // n))
         row: dict = {"running": n}
         for name, algo, caching, ev in (("sim_builtin", "builtin", True, False),
@@ -296,7 +297,7 @@ def main() -> None:
         row["vllm_over_engine_sha256"] = round(VLLM_STEP_US[n] / row["us_engine_sha256"], 1)
         res["step"].append(row)
         print(row, flush=True)
-    for nb in (1, 4, 16, 64, 256, 1024):
+    for nb in (() if a.only_replay else (1, 4, 16, 64, 256, 1024)):
         row = {"blocks_per_seq": nb}
         for algo in ("builtin", "xxhash", "sha256"):
             for hit in (False, True):
@@ -315,8 +316,11 @@ def main() -> None:
         row["vllm_sha256_ns"] = VLLM_SHA256_US_PER_BLOCK * 1000
         res["blocks"].append(row)
         print(row, flush=True)
-    trace = a.trace or HERE.parents[1].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-    if not a.no_replay and trace.exists():
+    # ../shared/traces beside the checkout (worktrees sit one level deeper: search upward)
+    trace = a.trace or next(
+        (p / "shared" / "traces" / "mooncake_conversation_trace.jsonl" for p in HERE.parents
+         if (p / "shared" / "traces" / "mooncake_conversation_trace.jsonl").exists()), None)
+    if not a.no_replay and trace is not None:
         for skip in (True, False):
             r = replay_mooncake(trace, 40_000, skip)
             res["replay"].append(r)
