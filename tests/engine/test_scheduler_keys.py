@@ -46,19 +46,20 @@ def run(reqs, cfg, with_tokens):
     return trace, (st_.prefix_cache_hits_tokens, st_.num_evictions, st_.num_blocks_hashed)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     specs=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 6), st.integers(1, 60),
                              st.integers(1, 6)), min_size=1, max_size=10),
     bs_hbs=st.sampled_from([(4, 4), (4, 8), (2, 8), (1, 4), (4, 16)]),
     num_gpu_blocks=st.integers(16, 80),
     budget=st.integers(4, 64),
+    algo=st.sampled_from(["builtin", "xxhash", "sha256"]),
 )
-def test_sim_and_engine_keys_schedule_identically(specs, bs_hbs, num_gpu_blocks, budget):
+def test_sim_and_engine_keys_schedule_identically(specs, bs_hbs, num_gpu_blocks, budget, algo):
     bs, hbs = bs_hbs
     reqs = make_requests(specs, hbs)
     cfg = SchedulerConfig(num_gpu_blocks=num_gpu_blocks, block_size=bs, max_num_batched_tokens=budget,
-                          max_model_len=200)
+                          max_model_len=200, prefix_caching_hash_algo=algo)
     sim = run(reqs, cfg, with_tokens=False)
     eng = run(reqs, cfg, with_tokens=True)
     assert sim == eng
