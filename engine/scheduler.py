@@ -162,13 +162,13 @@ class SchedulerOutput:
     num_blocks_freed: int = 0
     num_blocks_hashed: int = 0
     # Compact per-request records (batch order). A plain decode (1 token, no new block) is
-    # just (state, computed, table); anything else also has an `_extra` entry keyed by
-    # request id: (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids).
+    # just (state, table), its computed count being state.num_computed - 1 until the next
+    # schedule(); anything else also has an `_extra` entry keyed by request id:
+    # (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids, num_computed).
     _states: list = field(default_factory=list, repr=False)
-    _computed: list = field(default_factory=list, repr=False)
     _tables: list = field(default_factory=list, repr=False)
     _extra: dict = field(default_factory=dict, repr=False)
-    _sampling: list = field(default_factory=list, repr=False)  # states that sample, in order
+    _nonsampling: set = field(default_factory=set, repr=False)  # ids of partial prefill chunks
     _scheduled: list | None = field(default=None, repr=False)
     _updated: bool = field(default=False, repr=False)
 
@@ -177,19 +177,27 @@ class SchedulerOutput:
         if self._scheduled is None:
             extra = self._extra
             out = []
-            for r, c, table in zip(self._states, self._computed, self._tables):
+            for r, table in zip(self._states, self._tables):
                 rid = r.request_id
                 e = extra.get(rid)
                 if e is None:
-                    out.append(ScheduledRequest(rid, 1, c, 0, 0, False, True, table, _EMPTY))
+                    out.append(ScheduledRequest(rid, 1, r.num_computed - 1, 0, 0, False, True,
+                                                table, _EMPTY))
                 else:
-                    out.append(ScheduledRequest(rid, e[0], c, e[1], e[2], e[3], e[4], table, e[5]))
+                    out.append(ScheduledRequest(rid, e[0], e[6], e[1], e[2], e[3], e[4], table, e[5]))
             self._scheduled = out
         return self._scheduled
 
     @property
     def num_scheduled(self) -> int:
         return len(self._states)
+
+    def _sampling(self) -> list:
+        """States that produce tokens this step, in batch order."""
+        if not self._nonsampling:
+            return self._states
+        skip = self._nonsampling
+        return [r for r in self._states if r.request_id not in skip]
 
 
 @dataclass(slots=True)
@@ -636,14 +644,13 @@ class Scheduler:
         """Drop `v`'s entry from this step (it was preempted after being scheduled). The
         caller has flushed its running totals into `out` and recomputes its budget."""
         idx = next(j for j, st in enumerate(out._states) if st is v)
-        c = out._computed.pop(idx)
         out._states.pop(idx)
         out._tables.pop(idx)
         out._scheduled = None
-        if v in out._sampling:
-            out._sampling.remove(v)
+        out._nonsampling.discard(v.request_id)
         e = out._extra.pop(v.request_id, None)
-        n, spec, is_prefill = (e[0], e[2], e[3]) if e is not None else (1, 0, False)
+        n, spec, is_prefill, c = (e[0], e[2], e[3], e[6]) if e is not None else (
+            1, 0, False, v.num_computed - 1)
         out.num_batched_tokens -= n
         if is_prefill:
             out.num_prefill_tokens -= n
@@ -695,9 +702,7 @@ class Scheduler:
         plain = k == 0
         thr = self.config.long_prefill_token_threshold if self.config.enable_chunked_prefill else 0
         states_append = out._states.append
-        computed_append = out._computed.append
         tables_append = out._tables.append
-        sampling_append = out._sampling.append
         extra = out._extra
         max_tokens = self.config.max_num_batched_tokens
         # plain-decode totals kept in locals (the hot loop), flushed into `out` before any
@@ -728,14 +733,12 @@ class Scheduler:
                     r.blocks.append(b)
                     table.append(b.block_id)
                     out.num_blocks_allocated += 1
-                    extra[r.request_id] = (1, 0, 0, False, True, (b.block_id,))
+                    extra[r.request_id] = (1, 0, 0, False, True, (b.block_id,), c)
                 r.num_computed = c + 1
                 if caching and c % bs == bs1 and c // bs >= r.num_cached_blocks:
                     out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
                 states_append(r)
-                computed_append(c)
                 tables_append(table)
-                sampling_append(r)
                 n_dec += 1
                 sum_dec += c
                 budget -= 1
@@ -774,8 +777,7 @@ class Scheduler:
             r.num_computed = c + num_new
             new_ids = tuple(map(_block_id, new)) if new else _EMPTY
             if r.decoding:
-                extra[r.request_id] = (num_new, 0, spec, False, True, new_ids)
-                sampling_append(r)
+                extra[r.request_id] = (num_new, 0, spec, False, True, new_ids, c)
                 out.num_decode_seqs += 1
                 out.num_decode_tokens += num_new
                 out.sum_decode_context += c + num_new
@@ -786,16 +788,15 @@ class Scheduler:
                     self.num_spec_draft_tokens += spec
             else:
                 samples = c + num_new >= r.num_tokens
-                extra[r.request_id] = (num_new, 0, 0, True, samples, new_ids)
-                if samples:
-                    sampling_append(r)
+                extra[r.request_id] = (num_new, 0, 0, True, samples, new_ids, c)
+                if not samples:
+                    out._nonsampling.add(r.request_id)
                 out.num_prefill_tokens += num_new
                 out.num_prefill_seqs += 1
                 out.sum_prefill_context += c + num_new
                 out.num_batched_tokens += num_new
                 self.num_prompt_tokens_computed += num_new
             states_append(r)
-            computed_append(c)
             tables_append(r.block_ids)
             budget -= num_new
             i += 1
@@ -860,12 +861,11 @@ class Scheduler:
             r.num_computed = num_hit + num_new
             samples = r.num_computed >= r.num_tokens
             out._extra[r.request_id] = (num_new, num_hit, 0, True, samples,
-                                        tuple(map(_block_id, new)) if new else _EMPTY)
+                                        tuple(map(_block_id, new)) if new else _EMPTY, num_hit)
             out._states.append(r)
-            out._computed.append(num_hit)
             out._tables.append(r.block_ids)
-            if samples:
-                out._sampling.append(r)
+            if not samples:
+                out._nonsampling.add(r.request_id)
             out.num_prefill_tokens += num_new
             out.num_prefill_seqs += 1
             out.sum_prefill_context += num_hit + num_new
@@ -896,12 +896,13 @@ class Scheduler:
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})"
             )
         one_each = None  # engine fast case: one token id per sampling request, no drafts
+        sampling = out._sampling()
         if sampled is not None:
-            one_each = self._one_token_each(out, sampled)
+            one_each = self._one_token_each(out, sampling, sampled)
             if one_each is None:
-                self._check_sampled(out, sampled)
+                self._check_sampled(out, sampling, sampled)
         elif self._any_token_ids:
-            for r in out._sampling:
+            for r in sampling:
                 if r.token_ids is not None:
                     raise ValueError(
                         f"request {r.request_id} was added with prompt_token_ids, so "
@@ -918,7 +919,7 @@ class Scheduler:
         hot = sampled is None and not out.num_spec_tokens
         if hot:
             # Hot path (simulator): one token for every sampling request.
-            for r in out._sampling:
+            for r in sampling:
                 g = r.num_generated + 1
                 r.num_generated = g
                 r.num_tokens += 1
@@ -931,11 +932,11 @@ class Scheduler:
                     any_finished = True
                     results.append(RequestResult(
                         r.request_id, FINISHED, "length", g, r.num_preemptions, r.num_cached_tokens))
-            n_gen_total = len(out._sampling)
+            n_gen_total = len(sampling)
         elif one_each is not None:
             # Hot path (engine): one sampled token id each, no drafts.
             hot = True
-            for r, v in zip(out._sampling, one_each):
+            for r, v in zip(sampling, one_each):
                 g = r.num_generated + 1
                 r.num_generated = g
                 r.num_tokens += 1
@@ -952,8 +953,8 @@ class Scheduler:
                     results.append(RequestResult(
                         r.request_id, FINISHED, "stop" if stop else "length", g,
                         r.num_preemptions, r.num_cached_tokens))
-            n_gen_total = len(out._sampling)
-        for r in (() if hot else out._sampling):
+            n_gen_total = len(sampling)
+        for r in (() if hot else sampling):
             rid = r.request_id
             toks = None
             if sampled is None:
@@ -1010,13 +1011,13 @@ class Scheduler:
         return results
 
     @staticmethod
-    def _one_token_each(out: SchedulerOutput, sampled: dict) -> list | None:
+    def _one_token_each(out: SchedulerOutput, sampling: list, sampled: dict) -> list | None:
         """The sampled lists in batch order when every sampling request got exactly one
         token id and there were no drafts (checked at C speed); else None."""
-        if out.num_spec_tokens or len(sampled) != len(out._sampling):
+        if out.num_spec_tokens or len(sampled) != len(sampling):
             return None
         try:
-            vals = list(map(sampled.__getitem__, map(_request_id, out._sampling)))
+            vals = list(map(sampled.__getitem__, map(_request_id, sampling)))
             if list(map(len, vals)).count(1) == len(vals):
                 return vals
         except (KeyError, TypeError):
@@ -1024,10 +1025,10 @@ class Scheduler:
         return None
 
     @staticmethod
-    def _check_sampled(out: SchedulerOutput, sampled: dict) -> None:
+    def _check_sampled(out: SchedulerOutput, sampling: list, sampled: dict) -> None:
         """Validate `sampled` against the step before anything changes."""
         extra = out._extra
-        for r in out._sampling:
+        for r in sampling:
             rid = r.request_id
             v = sampled.get(rid)
             if v is None:
@@ -1048,8 +1049,8 @@ class Scheduler:
                     f"request {rid} was added with prompt_token_ids, so "
                     f"update_from_output needs its sampled token ids, not a count"
                 )
-        if len(sampled) != len(out._sampling):
-            want = {r.request_id for r in out._sampling}
+        if len(sampled) != len(sampling):
+            want = {r.request_id for r in sampling}
             extra_ids = sorted(set(sampled) - want)
             raise ValueError(
                 f"step {out.step_id}: sampled has entries for requests {extra_ids} that do not "
