@@ -187,10 +187,10 @@ class BlockPool:
 
     __slots__ = (
         "num_blocks", "block_size", "blocks", "free_queue", "cached",
-        "enable_caching", "num_allocated", "num_freed", "num_evictions", "num_revived",
+        "num_allocated", "num_freed", "num_evictions", "num_revived",
     )
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -200,7 +200,6 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[Hashable, KVBlock] = {}
-        self.enable_caching = enable_caching
         self.num_allocated = 0
         self.num_freed = 0
         self.num_evictions = 0

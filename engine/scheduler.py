@@ -308,7 +308,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.pool = BlockPool(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
         self.caching = config.enable_prefix_caching
         self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
         self._builtin_hash = config.prefix_caching_hash_algo == "builtin"  # inlined: no call
