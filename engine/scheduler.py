@@ -598,8 +598,11 @@ class Scheduler:
         need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
         if need < 0:
             need = 0
-        revive = list(map(_ref_cnt, hits)).count(0) if hits else 0
-        if need + revive > pool.free_queue.num_free:
+        free = pool.free_queue.num_free
+        if need > free:
+            return None
+        # hits that sit free in the queue leave it too; count them only when it matters
+        if hits and need + len(hits) > free and need + list(map(_ref_cnt, hits)).count(0) > free:
             return None
         if hits:
             pool.touch(hits)
