@@ -130,31 +130,45 @@ def _pack_ints(values: tuple) -> bytes:
         return repr(values).encode()
 
 
-def make_block_hasher(algo: str) -> Callable[[Hashable, tuple, tuple], Hashable]:
-    """`hasher(parent, content, extra) -> hash`. `content`/`extra` are flat tuples of ints."""
-    if algo == "builtin":
-        def h_builtin(parent: Hashable, content: tuple, extra: tuple) -> int:
-            return hash((parent, content, extra))
-        return h_builtin
+def make_bytes_hasher(algo: str) -> Callable[[Hashable, bytes, bytes], Hashable]:
+    """`hasher(parent, content_bytes, extra_bytes) -> hash` for the byte-level algorithms
+    (content = little-endian int64 token ids). The parent is the previous block's hash."""
     if algo == "xxhash":
         digest = xxhash.xxh3_64_intdigest
 
-        def h_xx(parent: int, content: tuple, extra: tuple) -> int:
-            data = parent.to_bytes(8, "little") + _pack_ints(content)
-            if extra:
-                data += b"|" + _pack_ints(extra)
-            return digest(data)
+        def h_xx(parent: int, content: bytes, extra: bytes) -> int:
+            return digest(parent.to_bytes(8, "little") + content + extra)
         return h_xx
     if algo == "sha256":
         sha = hashlib.sha256
 
-        def h_sha(parent: bytes, content: tuple, extra: tuple) -> bytes:
-            data = parent + _pack_ints(content)
-            if extra:
-                data += b"|" + _pack_ints(extra)
-            return sha(data).digest()
+        def h_sha(parent: bytes, content: bytes, extra: bytes) -> bytes:
+            return sha(parent + content + extra).digest()
         return h_sha
-    raise ValueError(f"prefix_caching_hash_algo must be one of {HASH_ALGOS}, got {algo!r}")
+    raise ValueError(f"no byte-level hasher for {algo!r}; use one of ('xxhash', 'sha256')")
+
+
+def pack_extra(extra: tuple) -> bytes:
+    """Extra keys as bytes, behind a separator so they cannot alias token content."""
+    return b"|" + _pack_ints(extra) if extra else b""
+
+
+def make_block_hasher(algo: str) -> Callable[[Hashable, tuple, tuple], Hashable]:
+    """`hasher(parent, content, extra) -> hash`. `content`/`extra` are flat tuples of ints.
+
+    `builtin` hashes the tuple itself; the byte-level algorithms hash its int64 packing
+    (so that hashing a run of token ids packed once gives the same values)."""
+    if algo == "builtin":
+        def h_builtin(parent: Hashable, content: tuple, extra: tuple) -> int:
+            return hash((parent, content, extra))
+        return h_builtin
+    if algo not in HASH_ALGOS:
+        raise ValueError(f"prefix_caching_hash_algo must be one of {HASH_ALGOS}, got {algo!r}")
+    hb = make_bytes_hasher(algo)
+
+    def h_tuple(parent: Hashable, content: tuple, extra: tuple) -> Hashable:
+        return hb(parent, _pack_ints(content), pack_extra(extra))
+    return h_tuple
 
 
 def root_hash(algo: str) -> Hashable:
@@ -164,17 +178,19 @@ def root_hash(algo: str) -> Hashable:
 class BlockPool:
     """`num_blocks` physical blocks, their free queue and the prefix-cache table.
 
-    Counters (cumulative): `num_allocated`, `num_freed` (blocks whose refcount went to 0),
+    Counters (cumulative): `num_allocated` (popped from the free queue), `num_revived` (free
+    cached blocks taken back by a prefix hit), `num_freed` (refcount went to 0), so that
+    `num_allocated + num_revived - num_freed` = blocks owned now,
     `num_evictions` (cached hashes dropped because their free block was reused),
     `num_hashed` is kept by the caller (hashing happens per request).
     """
 
     __slots__ = (
         "num_blocks", "block_size", "blocks", "free_queue", "cached",
-        "enable_caching", "num_allocated", "num_freed", "num_evictions",
+        "num_allocated", "num_freed", "num_evictions", "num_revived",
     )
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -184,10 +200,10 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[Hashable, KVBlock] = {}
-        self.enable_caching = enable_caching
         self.num_allocated = 0
         self.num_freed = 0
         self.num_evictions = 0
+        self.num_revived = 0  # free cached blocks taken back by a prefix hit
 
     @property
     def num_free(self) -> int:
@@ -199,26 +215,39 @@ class BlockPool:
         return 1.0 - self.free_queue.num_free / self.num_blocks
 
     def allocate(self, n: int) -> list[KVBlock]:
-        """Pop `n` blocks from the LRU head, evicting any cached hash they carry."""
-        blocks = self.free_queue.popleft_n(n)
+        """Pop `n` blocks from the LRU head, evicting any cached hash they carry.
+
+        One pass, no per-block calls: this and `free_reversed` are the per-block hot path.
+        (A block's free-queue links are meaningful only while it is free.)"""
+        fq = self.free_queue
+        if n > fq.num_free:
+            raise RuntimeError(f"asked for {n} free KV blocks, {fq.num_free} free")
+        out = []
+        append = out.append
         cached = self.cached
-        for b in blocks:
+        evicted = 0
+        b = fq.head.next_free
+        for _ in range(n):
             h = b.block_hash
             if h is not None:
-                if cached.get(h) is b:
-                    del cached[h]
+                del cached[h]  # invariant: cached[h] is b
                 b.block_hash = None
-                self.num_evictions += 1
+                evicted += 1
             b.ref_cnt = 1
+            append(b)
+            b = b.next_free
+        fq.head.next_free = b
+        b.prev_free = fq.head
+        fq.num_free -= n
+        self.num_evictions += evicted
         self.num_allocated += n
-        return blocks
+        return out
 
-    def allocate_one(self, ) -> KVBlock:
+    def allocate_one(self) -> KVBlock:
         b = self.free_queue.popleft()
         h = b.block_hash
         if h is not None:
-            if self.cached.get(h) is b:
-                del self.cached[h]
+            del self.cached[h]
             b.block_hash = None
             self.num_evictions += 1
         b.ref_cnt = 1
@@ -231,17 +260,27 @@ class BlockPool:
         for b in blocks:
             if b.ref_cnt == 0:
                 fq.remove(b)
+                self.num_revived += 1
             b.ref_cnt += 1
 
     def free_reversed(self, blocks: list[KVBlock]) -> int:
-        """Drop one reference on each of `blocks`, tail first; returns blocks made free."""
+        """Drop one reference on each of `blocks`, tail first; those left unowned are spliced
+        onto the queue tail in that order. Returns how many became free."""
         fq = self.free_queue
+        tail = fq.tail
+        last = tail.prev_free
         n = 0
         for b in reversed(blocks):
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
-                fq.append(b)
+            rc = b.ref_cnt - 1
+            b.ref_cnt = rc
+            if rc == 0:
+                last.next_free = b
+                b.prev_free = last
+                last = b
                 n += 1
+        last.next_free = tail
+        tail.prev_free = last
+        fq.num_free += n
         self.num_freed += n
         return n
 

@@ -37,14 +37,25 @@ blocks and would inflate the hit rate; those go to `prefix_cache_preempted_*`.
 from __future__ import annotations
 
 import heapq
+import operator
+from array import array
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice, takewhile
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.block_manager import BlockPool, KVBlock, make_block_hasher, root_hash
+from engine.block_manager import (
+    BlockPool,
+    KVBlock,
+    make_block_hasher,
+    make_bytes_hasher,
+    pack_extra,
+    root_hash,
+)
 from engine.request import Request
 
 WAITING = "waiting"
@@ -59,6 +70,11 @@ REJECTED = "rejected"
 GEN_TAG = -1
 
 _EMPTY: tuple[int, ...] = ()
+_not_none = partial(operator.is_not, None)
+_ref_cnt = operator.attrgetter("ref_cnt")
+_block_id = operator.attrgetter("block_id")
+_request_id = operator.attrgetter("request_id")
+_OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
 
 class SchedulerConfig(BaseModel):
@@ -123,13 +139,15 @@ class RequestResult:
 class SchedulerOutput:
     """One step's decisions, plain data for a cost model or a GPU runner.
 
+    `scheduled` (a list of `ScheduledRequest`, in batch order: running requests first,
+    then new admissions) is built on first access, so a cost model that reads only the
+    totals below never pays for per-request objects. Read it before the next `schedule()`.
     Context sums count each request's KV length after this step (`num_computed_tokens +
     num_new_tokens`). `num_blocks_freed` is final only after `update_from_output` (which
     adds the blocks that finishing requests and rejected drafts release).
     """
 
     step_id: int
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
     num_batched_tokens: int = 0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
@@ -143,8 +161,43 @@ class SchedulerOutput:
     num_blocks_allocated: int = 0
     num_blocks_freed: int = 0
     num_blocks_hashed: int = 0
-    _states: list = field(default_factory=list, repr=False)  # aligned with `scheduled`
+    # Compact per-request records (batch order). A plain decode (1 token, no new block) is
+    # just (state, table), its computed count being state.num_computed - 1 until the next
+    # schedule(); anything else also has an `_extra` entry keyed by request id:
+    # (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids, num_computed).
+    _states: list = field(default_factory=list, repr=False)
+    _tables: list = field(default_factory=list, repr=False)
+    _extra: dict = field(default_factory=dict, repr=False)
+    _nonsampling: set = field(default_factory=set, repr=False)  # ids of partial prefill chunks
+    _scheduled: list | None = field(default=None, repr=False)
     _updated: bool = field(default=False, repr=False)
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        if self._scheduled is None:
+            extra = self._extra
+            out = []
+            for r, table in zip(self._states, self._tables):
+                rid = r.request_id
+                e = extra.get(rid)
+                if e is None:
+                    out.append(ScheduledRequest(rid, 1, r.num_computed - 1, 0, 0, False, True,
+                                                table, _EMPTY))
+                else:
+                    out.append(ScheduledRequest(rid, e[0], e[6], e[1], e[2], e[3], e[4], table, e[5]))
+            self._scheduled = out
+        return self._scheduled
+
+    @property
+    def num_scheduled(self) -> int:
+        return len(self._states)
+
+    def _sampling(self) -> list:
+        """States that produce tokens this step, in batch order."""
+        if not self._nonsampling:
+            return self._states
+        skip = self._nonsampling
+        return [r for r in self._states if r.request_id not in skip]
 
 
 @dataclass(slots=True)
@@ -186,6 +239,7 @@ class SchedulerStats:
     num_evictions: int
     num_blocks_allocated: int
     num_blocks_freed: int
+    num_blocks_revived: int  # free cached blocks taken back by prefix hits
     num_blocks_hashed: int
     num_cached_blocks: int  # blocks in the prefix-cache table (owned or free)
     num_free_blocks: int
@@ -211,7 +265,7 @@ class _ReqState:
         "req", "request_id", "arrival_s", "priority", "prompt_len", "output_len",
         "hash_ids", "hash_block_size", "token_ids", "extra",
         "num_tokens", "num_computed", "num_generated", "blocks", "block_ids",
-        "block_hashes", "num_cached_blocks", "status", "decoding",
+        "block_hashes", "hash_chain", "num_cached_blocks", "status", "decoding",
         "num_preemptions", "num_cached_tokens", "seq",
     )
 
@@ -231,7 +285,8 @@ class _ReqState:
         self.num_generated = 0
         self.blocks: list[KVBlock] = []
         self.block_ids: list[int] = []
-        self.block_hashes: list[Hashable] = []  # chained hashes of full blocks, kept on preemption
+        self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
+        self.hash_chain: list[Hashable] = []  # simulator: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
         self.status = WAITING
         self.decoding = False  # produced a token since its last admission
@@ -240,15 +295,26 @@ class _ReqState:
         self.seq = seq  # add order, the FCFS tie-break
 
 
+def _retire(r: _ReqState) -> None:
+    """Drop a finished request's bulky state (block keys, token ids); counters stay."""
+    r.block_hashes = []
+    r.hash_chain = []
+    r.token_ids = None
+
+
 class Scheduler:
     """vLLM-V1-style scheduler over a `BlockPool`. See the module docstring."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.pool = BlockPool(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
         self.caching = config.enable_prefix_caching
         self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
+        self._builtin_hash = config.prefix_caching_hash_algo == "builtin"  # inlined: no call
+        self._int_chain = config.prefix_caching_hash_algo != "sha256"  # chain hashes are ints
+        self._bytes_hasher = (None if self._builtin_hash
+                              else make_bytes_hasher(config.prefix_caching_hash_algo))
         self._root = root_hash(config.prefix_caching_hash_algo)
         self.requests: dict[int, _ReqState] = {}
         self.running: list[_ReqState] = []
@@ -257,6 +323,7 @@ class Scheduler:
         self._heap_waiting: list[tuple[int, float, int, _ReqState]] = []
         self._pending_rejected: list[RequestResult] = []  # reported in the next step
         self._last_out: SchedulerOutput | None = None
+        self._any_token_ids = False  # some request was added with token ids (engine)
         self._seq = 0
         self.step_id = 0
         # counters
@@ -298,6 +365,8 @@ class Scheduler:
                     f"request {rid}: {len(prompt_token_ids)} prompt_token_ids for prompt_len "
                     f"{req.prompt_len}; pass exactly the prompt's token ids"
                 )
+        if prompt_token_ids is not None:
+            self._any_token_ids = True
         r = _ReqState(req, prompt_token_ids, tuple(extra_keys), self._seq)
         self._seq += 1
         self.requests[rid] = r
@@ -381,56 +450,138 @@ class Scheduler:
             return tuple(out)
         return (GEN_TAG, r.request_id, i)
 
-    def _hash_upto(self, r: _ReqState, n: int) -> None:
-        """Make sure `r.block_hashes` covers its first `n` blocks (lazily, chained)."""
+    def _contents(self, r: _ReqState, start: int, stop: int) -> list[tuple]:
+        """`_content(r, i)` for i in [start, stop), in bulk (the per-block hot path)."""
+        bs = self.block_size
+        if r.token_ids is not None:
+            t = r.token_ids
+            return [tuple(t[i * bs:(i + 1) * bs]) for i in range(start, stop)]
+        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
+        out: list[tuple] = []
+        if start < in_prompt:
+            hbs = r.hash_block_size
+            hid = r.hash_ids
+            if hbs == bs:
+                out = [(hid[i], 0) for i in range(start, in_prompt)]
+            elif hbs % bs == 0:
+                out = [(hid[(i * bs) // hbs], (i * bs) % hbs) for i in range(start, in_prompt)]
+            else:
+                out = [self._content(r, i) for i in range(start, in_prompt)]
+        gen_from = max(start, in_prompt)
+        if stop > gen_from:
+            rid = r.request_id
+            out += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
+        return out
+
+    def _hash_upto(self, r: _ReqState, n: int) -> int:
+        """Make sure `r.block_hashes` covers its first `n` blocks; returns how many blocks
+        were keyed now (counted in `num_blocks_hashed`: the per-block hashing work a real
+        engine pays, whichever shortcut the simulator takes below)."""
         hashes = r.block_hashes
         i = len(hashes)
         if i >= n:
-            return
-        parent = hashes[-1] if hashes else self._root
-        hasher = self._hasher
-        extra = r.extra
-        while i < n:
-            parent = hasher(parent, self._content(r, i), extra)
-            hashes.append(parent)
-            i += 1
-
-    def _hash_upto_counted(self, r: _ReqState, n: int) -> int:
-        before = len(r.block_hashes)
-        if before >= n:
             return 0
-        self._hash_upto(r, n)
-        self.num_blocks_hashed += n - before
-        return n - before
+        if r.token_ids is None and r.hash_block_size % self.block_size == 0:
+            hashes += self._sim_keys(r, i, n)
+        elif r.token_ids is not None and not self._builtin_hash:
+            # pack the whole run of token ids once, hash byte slices of it
+            bs = self.block_size
+            step = 8 * bs
+            buf = array("q", r.token_ids[i * bs:n * bs]).tobytes()
+            extra = pack_extra(r.extra)
+            hb = self._bytes_hasher
+            parent = hashes[-1] if hashes else self._root
+            append = hashes.append
+            for off in range(0, len(buf), step):
+                parent = hb(parent, buf[off:off + step], extra)
+                append(parent)
+        else:
+            parent = hashes[-1] if hashes else self._root
+            extra = r.extra
+            append = hashes.append
+            if self._builtin_hash:
+                for key in self._contents(r, i, n):
+                    parent = hash((parent, key, extra))
+                    append(parent)
+            else:
+                hasher = self._hasher
+                for key in self._contents(r, i, n):
+                    parent = hasher(parent, key, extra)
+                    append(parent)
+        self.num_blocks_hashed += n - i
+        return n - i
+
+    def _sim_keys(self, r: _ReqState, start: int, stop: int) -> list:
+        """Keys of blocks [start, stop) of a request without token ids whose hash blocks are
+        whole multiples of the KV block (Mooncake: 512 vs 16).
+
+        The chain is hashed once per *hash block* (`r.hash_chain[h]` = H(chain[h-1],
+        hash_ids[h], extra)), and KV block i inside hash block h is keyed by
+        (chain[h], i mod blocks-per-hash-block): equal keys iff equal whole prefixes, as with
+        per-block chaining, at 1/32 of the hashing. Blocks holding generated tokens are keyed
+        by (GEN_TAG, request_id, i): only this request (after a preemption) re-finds them.
+        """
+        bs = self.block_size
+        per = r.hash_block_size // bs
+        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
+        keys: list = []
+        if start < in_prompt:
+            chain = r.hash_chain
+            need = (in_prompt - 1) // per + 1
+            if len(chain) < need:
+                h = len(chain)
+                parent = chain[-1] if chain else self._root
+                hid = r.hash_ids
+                extra = r.extra
+                if self._builtin_hash:
+                    for x in hid[h:need]:
+                        parent = hash((parent, x, extra))
+                        chain.append(parent)
+                else:
+                    hasher = self._hasher
+                    for x in hid[h:need]:
+                        parent = hasher(parent, (x,), extra)
+                        chain.append(parent)
+            if per == 1:
+                keys = chain[start:in_prompt]
+            elif self._int_chain:
+                # int keys hash to themselves: every later dict operation on them is cheap
+                # (a (chain, offset) tuple would be re-hashed on each lookup). The offset
+                # flips low bits of a 64-bit chain hash: a clash needs two chains that
+                # differ only there.
+                keys = [chain[i // per] ^ (i % per) for i in range(start, in_prompt)]
+            else:  # sha256: bytes cache their hash too
+                ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
+                    j.to_bytes(8, "little") for j in range(per)]
+                keys = [chain[i // per] + ob[i % per] for i in range(start, in_prompt)]
+        gen_from = max(start, in_prompt)
+        if stop > gen_from:
+            rid = r.request_id
+            keys += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
+        return keys
 
     def _lookup(self, r: _ReqState) -> tuple[list[KVBlock], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
-        Returns (hit blocks, blocks hashed)."""
-        max_blocks = (r.num_tokens - 1) // self.block_size
-        hits: list[KVBlock] = []
-        hashed = 0
-        if max_blocks <= 0:
-            return hits, 0
-        cached = self.pool.cached
-        hashes = r.block_hashes
-        for i in range(max_blocks):
-            if i >= len(hashes):
-                hashed += self._hash_upto_counted(r, i + 1)
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            hits.append(b)
+        Returns (hit blocks, blocks hashed now). Like vLLM, all full blocks up to that
+        limit are hashed on the first lookup (later lookups reuse the hashes)."""
+        m = (r.num_tokens - 1) // self.block_size
+        if m <= 0:
+            return [], 0
+        hashed = self._hash_upto(r, m)
+        # C-level scan: stop at the first hash not in the cache
+        hits = list(takewhile(_not_none, map(self.pool.cached.get, islice(r.block_hashes, m))))
         return hits, hashed
 
     def _cache_full(self, r: _ReqState, num_full: int) -> int:
-        """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed."""
+        """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
+        First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
-        hashed = self._hash_upto_counted(r, num_full)
-        hashes = r.block_hashes
-        blocks = r.blocks
-        cache_block = self.pool.cache_block
-        for i in range(start, num_full):
-            cache_block(blocks[i], hashes[i])
+        hashed = self._hash_upto(r, num_full)
+        setdefault = self.pool.cached.setdefault
+        # blocks past num_cached_blocks are never registered yet (fresh allocations)
+        for b, h in zip(islice(r.blocks, start, num_full), islice(r.block_hashes, start, num_full)):
+            if setdefault(h, b) is b:
+                b.block_hash = h
         r.num_cached_blocks = num_full
         return hashed
 
@@ -447,22 +598,21 @@ class Scheduler:
         need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
         if need < 0:
             need = 0
-        revive = 0
-        if hits:
-            for b in hits:
-                if b.ref_cnt == 0:
-                    revive += 1
-        if need + revive > pool.free_queue.num_free:
+        free = pool.free_queue.num_free
+        if need > free:
+            return None
+        # hits that sit free in the queue leave it too; count them only when it matters
+        if hits and need + len(hits) > free and need + list(map(_ref_cnt, hits)).count(0) > free:
             return None
         if hits:
             pool.touch(hits)
             r.blocks.extend(hits)
-            r.block_ids.extend([b.block_id for b in hits])
+            r.block_ids.extend(map(_block_id, hits))
             r.num_cached_blocks = len(r.blocks)
         new = pool.allocate(need) if need else []
         if need:
             r.blocks.extend(new)
-            r.block_ids.extend([b.block_id for b in new])
+            r.block_ids.extend(map(_block_id, new))
             out.num_blocks_allocated += need
         if self.caching:
             num_full = (computed + num_new - num_spec) // bs
@@ -493,31 +643,31 @@ class Scheduler:
         out.preempted_ids.append(v.request_id)
         self._requeue_preempted(v)
 
-    def _unschedule(self, v: _ReqState, out: SchedulerOutput) -> int:
-        """Drop `v`'s entry from this step (it was preempted after being scheduled);
-        returns the tokens given back to the budget."""
-        for idx, st in enumerate(out._states):
-            if st is v:
-                sr = out.scheduled.pop(idx)
-                out._states.pop(idx)
-                n = sr.num_new_tokens
-                out.num_batched_tokens -= n
-                ctx = sr.num_computed_tokens + n
-                if sr.is_prefill:
-                    out.num_prefill_tokens -= n
-                    out.num_prefill_seqs -= 1
-                    out.sum_prefill_context -= ctx
-                    self.num_prompt_tokens_computed -= n
-                else:
-                    out.num_decode_tokens -= n
-                    out.num_decode_seqs -= 1
-                    out.sum_decode_context -= ctx
-                    out.num_spec_tokens -= sr.num_spec_tokens
-                    if sr.num_spec_tokens:
-                        self.num_spec_drafts -= 1
-                        self.num_spec_draft_tokens -= sr.num_spec_tokens
-                return n
-        return 0
+    def _unschedule(self, v: _ReqState, out: SchedulerOutput) -> None:
+        """Drop `v`'s entry from this step (it was preempted after being scheduled). The
+        caller has flushed its running totals into `out` and recomputes its budget."""
+        idx = next(j for j, st in enumerate(out._states) if st is v)
+        out._states.pop(idx)
+        out._tables.pop(idx)
+        out._scheduled = None
+        out._nonsampling.discard(v.request_id)
+        e = out._extra.pop(v.request_id, None)
+        n, spec, is_prefill, c = (e[0], e[2], e[3], e[6]) if e is not None else (
+            1, 0, False, v.num_computed - 1)
+        out.num_batched_tokens -= n
+        if is_prefill:
+            out.num_prefill_tokens -= n
+            out.num_prefill_seqs -= 1
+            out.sum_prefill_context -= c + n
+            self.num_prompt_tokens_computed -= n
+        else:
+            out.num_decode_tokens -= n
+            out.num_decode_seqs -= 1
+            out.sum_decode_context -= c + n
+            out.num_spec_tokens -= spec
+            if spec:
+                self.num_spec_drafts -= 1
+                self.num_spec_draft_tokens -= spec
 
     # ------------------------------------------------------------------ schedule
 
@@ -549,44 +699,56 @@ class Scheduler:
         pool = self.pool
         fq = pool.free_queue
         bs = self.block_size
+        bs1 = bs - 1
         caching = self.caching
         k = self.config.num_speculative_tokens
+        plain = k == 0
         thr = self.config.long_prefill_token_threshold if self.config.enable_chunked_prefill else 0
-        scheduled = out.scheduled
-        states = out._states
+        states_append = out._states.append
+        tables_append = out._tables.append
+        extra = out._extra
         max_tokens = self.config.max_num_batched_tokens
+        # plain-decode totals kept in locals (the hot loop), flushed into `out` before any
+        # preemption and at the end
+        n_dec = sum_dec = 0
+        n_run = len(running)
         i = 0
-        while i < len(running) and budget > 0:
+        while i < n_run and budget > 0:
             r = running[i]
-            c = r.num_computed
-            if r.decoding and k == 0:
+            if plain and r.decoding:
                 # Fast path: one decode token; a block only at a boundary.
-                new_ids = _EMPTY
-                if c >= len(r.block_ids) * bs:
+                c = r.num_computed
+                table = r.block_ids
+                if c >= len(table) * bs:
                     if fq.num_free == 0:
-                        if not self._make_room(r, out, i):
+                        out.num_decode_seqs += n_dec
+                        out.num_decode_tokens += n_dec
+                        out.num_batched_tokens += n_dec
+                        out.sum_decode_context += sum_dec + n_dec
+                        n_dec = sum_dec = 0
+                        ok = self._make_room(r, out)
+                        n_run = len(running)
+                        budget = max_tokens - out.num_batched_tokens
+                        if not ok:
                             break
                         i = running.index(r)
-                        budget = max_tokens - out.num_batched_tokens
                     b = pool.allocate_one()
                     r.blocks.append(b)
-                    r.block_ids.append(b.block_id)
+                    table.append(b.block_id)
                     out.num_blocks_allocated += 1
-                    new_ids = (b.block_id,)
+                    extra[r.request_id] = (1, 0, 0, False, True, (b.block_id,), c)
                 r.num_computed = c + 1
-                if caching and (c + 1) % bs == 0 and (c + 1) // bs > r.num_cached_blocks:
-                    out.num_blocks_hashed += self._cache_full(r, (c + 1) // bs)
-                scheduled.append(ScheduledRequest(
-                    r.request_id, 1, c, 0, 0, False, True, r.block_ids, new_ids))
-                states.append(r)
-                out.num_decode_seqs += 1
-                out.num_decode_tokens += 1
-                out.sum_decode_context += c + 1
-                out.num_batched_tokens += 1
+                if caching and c % bs == bs1 and c // bs >= r.num_cached_blocks:
+                    out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
+                states_append(r)
+                tables_append(table)
+                n_dec += 1
+                sum_dec += c
                 budget -= 1
                 i += 1
                 continue
             # General path: spec decode or a continuing prefill chunk.
+            c = r.num_computed
             if r.decoding:
                 spec = min(k, r.output_len - r.num_generated - 1)
                 num_new = min(1 + spec, budget)
@@ -602,19 +764,23 @@ class Scheduler:
                 new = self._allocate(r, num_new, spec, [], out)
                 if new is not None:
                     break
-                if not self._make_room(r, out, i, allocate=False):
-                    new = None
-                    break
-                # _make_room may have given budget back from unscheduled victims
+                out.num_decode_seqs += n_dec
+                out.num_decode_tokens += n_dec
+                out.num_batched_tokens += n_dec
+                out.sum_decode_context += sum_dec + n_dec
+                n_dec = sum_dec = 0
+                ok = self._make_room(r, out, allocate=False)
+                n_run = len(running)
                 budget = max_tokens - out.num_batched_tokens
+                if not ok:
+                    break
                 i = running.index(r)  # victims before r may have left the list
             if new is None:
                 break
             r.num_computed = c + num_new
-            new_ids = tuple([b.block_id for b in new]) if new else _EMPTY
+            new_ids = tuple(map(_block_id, new)) if new else _EMPTY
             if r.decoding:
-                scheduled.append(ScheduledRequest(
-                    r.request_id, num_new, c, 0, spec, False, True, r.block_ids, new_ids))
+                extra[r.request_id] = (num_new, 0, spec, False, True, new_ids, c)
                 out.num_decode_seqs += 1
                 out.num_decode_tokens += num_new
                 out.sum_decode_context += c + num_new
@@ -624,26 +790,32 @@ class Scheduler:
                     self.num_spec_drafts += 1
                     self.num_spec_draft_tokens += spec
             else:
-                scheduled.append(ScheduledRequest(
-                    r.request_id, num_new, c, 0, 0, True, c + num_new >= r.num_tokens,
-                    r.block_ids, new_ids))
+                samples = c + num_new >= r.num_tokens
+                extra[r.request_id] = (num_new, 0, 0, True, samples, new_ids, c)
+                if not samples:
+                    out._nonsampling.add(r.request_id)
                 out.num_prefill_tokens += num_new
                 out.num_prefill_seqs += 1
                 out.sum_prefill_context += c + num_new
                 out.num_batched_tokens += num_new
                 self.num_prompt_tokens_computed += num_new
-            states.append(r)
+            states_append(r)
+            tables_append(r.block_ids)
             budget -= num_new
             i += 1
+        out.num_decode_seqs += n_dec
+        out.num_decode_tokens += n_dec
+        out.num_batched_tokens += n_dec
+        out.sum_decode_context += sum_dec + n_dec
         return budget
 
-    def _make_room(self, r: _ReqState, out: SchedulerOutput, i: int, allocate: bool = True) -> bool:
-        """Preempt victims until one block is free for `r` (fast path) or until the caller
-        may retry (`allocate=False`). False if `r` itself was the victim."""
+    def _make_room(self, r: _ReqState, out: SchedulerOutput, allocate: bool = True) -> bool:
+        """Preempt victims until one block is free for `r` (decode fast path) or until the
+        caller may retry its allocation (`allocate=False`). False if `r` itself was the victim."""
         while True:
             v = self._pick_victim()
             if any(st is v for st in out._states):
-                self._unschedule(v, out)  # the caller recomputes its budget
+                self._unschedule(v, out)
             self._preempt(v, out)
             if v is r:
                 return False
@@ -690,10 +862,13 @@ class Scheduler:
             r.status = RUNNING
             running.append(r)
             r.num_computed = num_hit + num_new
-            out.scheduled.append(ScheduledRequest(
-                r.request_id, num_new, num_hit, num_hit, 0, True, r.num_computed >= r.num_tokens,
-                r.block_ids, tuple([b.block_id for b in new]) if new else _EMPTY))
+            samples = r.num_computed >= r.num_tokens
+            out._extra[r.request_id] = (num_new, num_hit, 0, True, samples,
+                                        tuple(map(_block_id, new)) if new else _EMPTY, num_hit)
             out._states.append(r)
+            out._tables.append(r.block_ids)
+            if not samples:
+                out._nonsampling.add(r.request_id)
             out.num_prefill_tokens += num_new
             out.num_prefill_seqs += 1
             out.sum_prefill_context += num_hit + num_new
@@ -723,8 +898,19 @@ class Scheduler:
                 f"update_from_output() must be called once, for the latest schedule() output "
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})"
             )
+        one_each = None  # engine fast case: one token id per sampling request, no drafts
+        sampling = out._sampling()
         if sampled is not None:
-            self._check_sampled(out, sampled)
+            one_each = self._one_token_each(out, sampling, sampled)
+            if one_each is None:
+                self._check_sampled(out, sampling, sampled)
+        elif self._any_token_ids:
+            for r in sampling:
+                if r.token_ids is not None:
+                    raise ValueError(
+                        f"request {r.request_id} was added with prompt_token_ids, so "
+                        f"update_from_output needs its sampled token ids (sampled=None given)"
+                    )
         out._updated = True
         results = self._pending_rejected
         self._pending_rejected = []
@@ -732,20 +918,59 @@ class Scheduler:
         pool = self.pool
         any_finished = False
         n_gen_total = 0
-        for sr, r in zip(out.scheduled, out._states):
-            if not sr.samples:
-                continue
+        extra = out._extra
+        hot = sampled is None and not out.num_spec_tokens
+        if hot:
+            # Hot path (simulator): one token for every sampling request.
+            for r in sampling:
+                g = r.num_generated + 1
+                r.num_generated = g
+                r.num_tokens += 1
+                r.decoding = True
+                if g >= r.output_len:
+                    out.num_blocks_freed += self._free_all(r)
+                    r.status = FINISHED
+                    _retire(r)
+                    self.num_finished += 1
+                    any_finished = True
+                    results.append(RequestResult(
+                        r.request_id, FINISHED, "length", g, r.num_preemptions, r.num_cached_tokens))
+            n_gen_total = len(sampling)
+        elif one_each is not None:
+            # Hot path (engine): one sampled token id each, no drafts.
+            hot = True
+            for r, v in zip(sampling, one_each):
+                g = r.num_generated + 1
+                r.num_generated = g
+                r.num_tokens += 1
+                r.decoding = True
+                if r.token_ids is not None:
+                    r.token_ids.append(v[0])
+                stop = bool(eos_ids) and v[0] in eos_ids
+                if stop or g >= r.output_len:
+                    out.num_blocks_freed += self._free_all(r)
+                    r.status = FINISHED
+                    _retire(r)
+                    self.num_finished += 1
+                    any_finished = True
+                    results.append(RequestResult(
+                        r.request_id, FINISHED, "stop" if stop else "length", g,
+                        r.num_preemptions, r.num_cached_tokens))
+            n_gen_total = len(sampling)
+        for r in (() if hot else sampling):
+            rid = r.request_id
             toks = None
             if sampled is None:
                 n = 1
             else:
-                v = sampled[sr.request_id]
+                v = sampled[rid]
                 if isinstance(v, int):
                     n = v
                 else:
                     toks = v
                     n = len(v)
-            spec = sr.num_spec_tokens
+            e = extra.get(rid)
+            spec = e[2] if e is not None else 0
             if spec:
                 rejected = spec - (n - 1)
                 self.num_spec_accepted_tokens += n - 1
@@ -771,21 +996,17 @@ class Scheduler:
             r.num_generated += n
             r.num_tokens += n
             n_gen_total += n
-            if r.token_ids is not None:
-                if toks is None:  # sampled=None: the engine must pass token ids
-                    raise ValueError(
-                        f"request {sr.request_id} was added with prompt_token_ids, so "
-                        f"update_from_output needs its sampled token ids"
-                    )
+            if r.token_ids is not None:  # validated above: toks is a list here
                 r.token_ids.extend(toks[:n])
             r.decoding = True
             if reason is not None:
                 out.num_blocks_freed += self._free_all(r)
                 r.status = FINISHED
+                _retire(r)
                 self.num_finished += 1
                 any_finished = True
                 results.append(RequestResult(
-                    r.request_id, FINISHED, reason, r.num_generated, r.num_preemptions,
+                    rid, FINISHED, reason, r.num_generated, r.num_preemptions,
                     r.num_cached_tokens))
         self.num_generated_tokens += n_gen_total
         if any_finished:
@@ -793,28 +1014,51 @@ class Scheduler:
         return results
 
     @staticmethod
-    def _check_sampled(out: SchedulerOutput, sampled: dict) -> None:
+    def _one_token_each(out: SchedulerOutput, sampling: list, sampled: dict) -> list | None:
+        """The sampled lists in batch order when every sampling request got exactly one
+        token id and there were no drafts (checked at C speed); else None."""
+        if out.num_spec_tokens or len(sampled) != len(sampling):
+            return None
+        try:
+            vals = list(map(sampled.__getitem__, map(_request_id, sampling)))
+            if list(map(len, vals)).count(1) == len(vals):
+                return vals
+        except (KeyError, TypeError):
+            pass
+        return None
+
+    @staticmethod
+    def _check_sampled(out: SchedulerOutput, sampling: list, sampled: dict) -> None:
         """Validate `sampled` against the step before anything changes."""
-        for sr, r in zip(out.scheduled, out._states):
-            if not sr.samples:
-                continue
-            v = sampled.get(sr.request_id)
+        extra = out._extra
+        for r in sampling:
+            rid = r.request_id
+            v = sampled.get(rid)
             if v is None:
                 raise ValueError(
-                    f"step {out.step_id}: no sampled entry for request {sr.request_id}, "
+                    f"step {out.step_id}: no sampled entry for request {rid}, "
                     f"which was scheduled with samples=True"
                 )
             n = v if isinstance(v, int) else len(v)
-            if not 1 <= n <= 1 + sr.num_spec_tokens:
+            e = extra.get(rid)
+            spec = e[2] if e is not None else 0
+            if not 1 <= n <= 1 + spec:
                 raise ValueError(
-                    f"step {out.step_id}: request {sr.request_id} sampled {n} tokens; expected "
-                    f"1..{1 + sr.num_spec_tokens} (1 + accepted drafts of {sr.num_spec_tokens})"
+                    f"step {out.step_id}: request {rid} sampled {n} tokens; expected "
+                    f"1..{1 + spec} (1 + accepted drafts of {spec})"
                 )
             if r.token_ids is not None and isinstance(v, int):
                 raise ValueError(
-                    f"request {sr.request_id} was added with prompt_token_ids, so "
+                    f"request {rid} was added with prompt_token_ids, so "
                     f"update_from_output needs its sampled token ids, not a count"
                 )
+        if len(sampled) != len(sampling):
+            want = {r.request_id for r in sampling}
+            extra_ids = sorted(set(sampled) - want)
+            raise ValueError(
+                f"step {out.step_id}: sampled has entries for requests {extra_ids} that do not "
+                f"sample this step (samples=False or not scheduled)"
+            )
 
     # ------------------------------------------------------------------ bulk decode
 
@@ -909,6 +1153,7 @@ class Scheduler:
             if r.num_generated >= r.output_len:
                 freed += self._free_all(r)
                 r.status = FINISHED
+                _retire(r)
                 self.num_finished += 1
                 finished.append(RequestResult(
                     r.request_id, FINISHED, "length", r.num_generated, r.num_preemptions,
@@ -947,6 +1192,7 @@ class Scheduler:
             num_evictions=pool.num_evictions,
             num_blocks_allocated=pool.num_allocated,
             num_blocks_freed=pool.num_freed,
+            num_blocks_revived=pool.num_revived,
             num_blocks_hashed=self.num_blocks_hashed,
             num_cached_blocks=len(pool.cached),
             num_free_blocks=pool.num_free,
@@ -978,7 +1224,8 @@ class Scheduler:
             assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
             assert [b.block_id for b in r.blocks] == r.block_ids, f"request {r.request_id}: ids drift"
             assert r.num_computed <= len(r.blocks) * bs, f"request {r.request_id}: KV overflow"
-            assert len(r.blocks) <= -(-r.num_computed // bs) or not r.decoding or True
+            assert len(r.blocks) == -(-r.num_computed // bs), (
+                f"request {r.request_id}: {len(r.blocks)} blocks for {r.num_computed} tokens")
             assert r.num_cached_blocks <= len(r.blocks)
             assert len(set(r.block_ids)) == len(r.block_ids), f"request {r.request_id}: dup block"
             for bid in r.block_ids:
