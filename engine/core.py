@@ -8,6 +8,7 @@ unchanged; this module only executes them and keeps each request's tokens and ti
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,15 @@ class _Pending:
     prepare_s: float
     launch_s: float
     finished: list = field(default_factory=list)  # RequestResults waiting for these tokens
+
+
+def content_hash_ids(token_ids: Sequence[int], block: int = 16) -> tuple[int, ...]:
+    """Chained hash ids of `block`-token chunks, so equal token prefixes get equal leading ids."""
+    out, prev = [], 0
+    for i in range(0, len(token_ids), block):
+        prev = hash((prev, tuple(token_ids[i: i + block]))) & 0x7FFF_FFFF_FFFF_FFFF
+        out.append(prev)
+    return tuple(out)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -166,21 +176,20 @@ class EngineCore:
                     arrival_s: float | None = None) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id} was already added")
+        if self.async_scheduling and (
+                params.stop_token_ids or (self.eos_token_ids and not params.ignore_eos)):
+            raise ValueError(
+                f"request {request.request_id}: async scheduling cannot stop on EOS/stop tokens "
+                "(the scheduler learns of a token a step late); use ignore_eos=True or "
+                "async_scheduling=False")
         st = RequestState(request=request, params=params, token_ids=list(prompt_token_ids),
                           num_prompt_tokens=len(prompt_token_ids),
                           arrival_s=self.now() if arrival_s is None else arrival_s)
         self.requests[request.request_id] = st
         self.sampler.add_request(request.request_id, params)
         if self.async_scheduling:
-            if (params.stop_token_ids or (self.eos_token_ids and not params.ignore_eos)):
-                raise ValueError(
-                    f"request {request.request_id}: async scheduling cannot stop on EOS/stop tokens "
-                    "(the scheduler learns of a token a step late); use ignore_eos=True or "
-                    "async_scheduling=False")
             # The scheduler is told token counts, not ids (they are still on the GPU when it
             # runs), so it keys the prefix cache by content hash ids of the prompt instead.
-            from engine.llm import content_hash_ids
-
             bs = self.config.block_size  # hash at KV-block granularity: every full block can hit
             request = dataclasses.replace(
                 request, prompt_token_ids=None, hash_block_size=bs,

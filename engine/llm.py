@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.core import EngineCore, RequestState
+from engine.core import EngineCore, RequestState, content_hash_ids
 from engine.model import LlamaModel
 from engine.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.sampling import SamplingParams
@@ -28,15 +28,6 @@ class RequestOutput:
     status: str  # the scheduler's final status ("finished", "rejected", ...)
     num_cached_tokens: int
     num_preemptions: int
-
-
-def content_hash_ids(token_ids: Sequence[int], block: int = HASH_BLOCK_TOKENS) -> tuple[int, ...]:
-    """Chained hash ids of `block`-token chunks, so equal token prefixes get equal leading ids."""
-    out, prev = [], 0
-    for i in range(0, len(token_ids), block):
-        prev = hash((prev, tuple(token_ids[i: i + block]))) & 0x7FFF_FFFF_FFFF_FFFF
-        out.append(prev)
-    return tuple(out)
 
 
 def encode_prompt(prompt: Any, vocab_size: int) -> list[int]:
@@ -86,7 +77,7 @@ class LLM:
             rid = self._next_id
             self._next_id += 1
             req = Request(request_id=rid, arrival_s=0.0, prompt_len=len(tok), output_len=p.max_tokens,
-                          hash_ids=content_hash_ids(tok), prompt_token_ids=tuple(tok))
+                          hash_ids=content_hash_ids(tok, HASH_BLOCK_TOKENS), prompt_token_ids=tuple(tok))
             self.engine.add_request(req, p, tok)
             ids.append(rid)
         done: dict[int, RequestState] = {}
