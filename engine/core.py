@@ -8,8 +8,8 @@ unchanged; this module only executes them and keeps each request's tokens and ti
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
