@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from advisor.commands import engine as engine_cmd
 from advisor.commands import workload
 
 app = typer.Typer(
@@ -16,6 +17,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(workload.app, name="workload")
+app.add_typer(engine_cmd.app, name="engine")
 
 
 @app.command()

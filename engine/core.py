@@ -1,0 +1,392 @@
+"""The engine loop: scheduler -> input preparation -> forward -> sampling -> scheduler update.
+
+`EngineCore.step()` runs one iteration and returns what it produced plus one step-trace row
+(docs/interfaces.md, "Engine step trace"). Scheduling decisions are the shared `Scheduler`'s,
+unchanged; this module only executes them and keeps each request's tokens and timestamps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.model import TORCH_DTYPES, LlamaModel
+from engine.model_spec import ModelSpec, get_model
+from engine.request import Request
+from engine.runner import ModelRunner
+from engine.sampling import Sampler, SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig
+
+TRACE_FIELDS = (
+    "step_id", "t_start_s", "schedule_s", "prepare_s", "forward_s", "sample_s", "total_s",
+    "num_prefill_tokens", "num_decode_seqs", "num_prefill_seqs", "sum_decode_context",
+    "sum_prefill_context", "num_spec_tokens", "num_batched_tokens", "num_blocks_allocated",
+    "num_blocks_hashed",
+)
+
+
+@dataclass
+class RequestState:
+    """What the engine tracks for one request (the scheduler keeps the scheduling state)."""
+
+    request: Request
+    params: SamplingParams
+    token_ids: list[int]  # prompt, then generated tokens
+    num_prompt_tokens: int
+    arrival_s: float  # engine clock
+    first_scheduled_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    finished_s: float | None = None
+    status: str = "running"
+    finish_reason: str | None = None  # "length", "stop", or the rejection reason
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    stop_len: int | None = None  # len(token_ids) when a stop token was sampled
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens: self.stop_len]
+
+
+@dataclass
+class StepResult:
+    new_tokens: dict[int, list[int]]
+    finished: list[RequestState]
+    trace: dict | None  # None when nothing was scheduled
+
+
+@dataclass
+class _Pending:
+    """A launched step whose sampled tokens are not yet on the host (async scheduling)."""
+
+    out: object  # SchedulerOutput
+    sample_ids: list[int]
+    row_of: dict[int, int]
+    tokens_dev: torch.Tensor | None
+    tokens_host: torch.Tensor | None
+    done: object  # torch.cuda.Event or None
+    events: tuple | None
+    t0: float
+    schedule_s: float
+    prepare_s: float
+    launch_s: float
+    finished: list = field(default_factory=list)  # RequestResults waiting for these tokens
+
+
+def content_hash_ids(token_ids: Sequence[int], block: int = 16) -> tuple[int, ...]:
+    """Chained hash ids of `block`-token chunks, so equal token prefixes get equal leading ids."""
+    out, prev = [], 0
+    for i in range(0, len(token_ids), block):
+        prev = hash((prev, tuple(token_ids[i: i + block]))) & 0x7FFF_FFFF_FFFF_FFFF
+        out.append(prev)
+    return tuple(out)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def build_model(config: EngineConfig, device: torch.device, max_model_len: int | None = None
+                ) -> LlamaModel:
+    """A preset with seeded random weights, or a checkpoint directory."""
+    path = Path(config.model)
+    dtype = None if config.dtype == "auto" else TORCH_DTYPES[config.dtype]
+    backend = config.attention_backend
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" else "torch"
+    if path.is_dir():
+        from engine.loader import load_model
+
+        return load_model(path, device=device, dtype=dtype, attention_backend=backend,
+                          max_positions=max_model_len)
+    spec = get_model(config.model)
+    return LlamaModel(spec, max_positions=max_model_len or _default_max_len(spec), device=device,
+                      dtype=dtype, attention_backend=backend, seed=config.seed)
+
+
+def _default_max_len(spec: ModelSpec) -> int:
+    return min(spec.max_position_embeddings, 8192)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, model: LlamaModel | None = None,
+                 eos_token_ids: tuple[int, ...] = ()) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        if model is None:
+            spec = get_model(config.model) if not Path(config.model).is_dir() else None
+            mml = config.max_model_len or (_default_max_len(spec) if spec else None)
+            model = build_model(config, self.device, mml)
+        self.model = model
+        self.spec = model.spec
+        self.max_model_len = config.max_model_len or min(model.rotary.cos.shape[0], 8192)
+        if self.max_model_len > model.rotary.cos.shape[0]:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's rotary table "
+                             f"({model.rotary.cos.shape[0]} positions)")
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.async_scheduling = config.async_scheduling
+        self.runner = ModelRunner(
+            model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
+        self.num_gpu_blocks = self.runner.allocate_kv_cache(
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            num_gpu_blocks_override=config.num_gpu_blocks_override,
+            cpu_kv_cache_bytes=config.cpu_kv_cache_bytes)
+        self.graph_capture_s = 0.0
+        if self.runner.is_cuda and not config.enforce_eager and model.attn.name == "triton":
+            self.graph_capture_s = self.runner.capture_decode_graphs()
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
+            block_size=config.block_size,
+            num_gpu_blocks=self.num_gpu_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            scheduling_policy=config.scheduling_policy,
+        ))
+        self.sampler = Sampler(self.device, default_seed=config.seed)
+        self.requests: dict[int, RequestState] = {}
+        self.epoch = time.perf_counter()
+        self._use_events = self.runner.is_cuda
+        self._pending: _Pending | None = None
+        b = config.max_num_seqs
+        self._token_bufs = [torch.zeros(b, dtype=torch.int64, pin_memory=self.runner.is_cuda)
+                            for _ in range(2)]
+        self._token_buf_idx = 0
+
+    def now(self) -> float:
+        """Seconds on the engine clock (since construction or `reset_clock`)."""
+        return time.perf_counter() - self.epoch
+
+    def reset_clock(self) -> None:
+        self.epoch = time.perf_counter()
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request: Request, params: SamplingParams, prompt_token_ids: list[int],
+                    arrival_s: float | None = None) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id} was already added")
+        if self.async_scheduling and (
+                params.stop_token_ids or (self.eos_token_ids and not params.ignore_eos)):
+            raise ValueError(
+                f"request {request.request_id}: async scheduling cannot stop on EOS/stop tokens "
+                "(the scheduler learns of a token a step late); use ignore_eos=True or "
+                "async_scheduling=False")
+        st = RequestState(request=request, params=params, token_ids=list(prompt_token_ids),
+                          num_prompt_tokens=len(prompt_token_ids),
+                          arrival_s=self.now() if arrival_s is None else arrival_s)
+        self.requests[request.request_id] = st
+        self.sampler.add_request(request.request_id, params)
+        if self.async_scheduling:
+            # The scheduler is told token counts, not ids (they are still on the GPU when it
+            # runs), so it keys the prefix cache by content hash ids of the prompt instead.
+            bs = self.config.block_size  # hash at KV-block granularity: every full block can hit
+            request = dataclasses.replace(
+                request, prompt_token_ids=None, hash_block_size=bs,
+                hash_ids=content_hash_ids(prompt_token_ids, bs))
+            self.scheduler.add_request(request)
+        else:
+            self.scheduler.add_request(request, prompt_token_ids=list(prompt_token_ids))
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or self._pending is not None
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> StepResult:
+        return self._step_async() if self.async_scheduling else self._step_sync()
+
+    def _step_sync(self) -> StepResult:
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        finished: list[RequestState] = []
+        if not out.scheduled:
+            # Still report what the scheduler finished or rejected (rejections come back here).
+            for res in self.scheduler.update_from_output(out, {}):
+                finished.append(self._finish(res.request_id, res.status, res.reason, res))
+            return StepResult({}, finished, None)
+        now = t1 - self.epoch
+        for s in out.scheduled:
+            st = self.requests[s.request_id]
+            if st.first_scheduled_s is None:
+                st.first_scheduled_s = now
+                st.num_cached_tokens = s.num_cached_tokens
+        inp = self.runner.prepare(out.scheduled, {s.request_id: self.requests[s.request_id].token_ids
+                                                  for s in out.scheduled})
+        t2 = time.perf_counter()
+        if self._use_events:
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+        logits = self.runner.forward(inp)
+        if self._use_events:
+            ev1.record()
+        t3 = time.perf_counter()
+        sample_ids = inp.sample_request_ids
+        tokens: list[int] = []
+        if sample_ids:
+            params = [self.requests[r].params for r in sample_ids]
+            tokens = self.sampler.sample(logits, sample_ids, params).tolist()  # the step's one sync
+        t4 = time.perf_counter()
+        t_tok = t4 - self.epoch
+        sampled: dict[int, list[int]] = {}
+        stopping: list[int] = []  # requests the user sees as stopped, not yet ended by the scheduler
+        keep_going: set[int] = set()  # tokens sampled by requests that must not stop
+        num_visible = 0
+        for rid, tok in zip(sample_ids, tokens):
+            st = self.requests[rid]
+            st.token_ids.append(tok)
+            sampled[rid] = [tok]
+            if st.stop_len is not None:  # stopped earlier; its extra tokens stay hidden
+                stopping.append(rid)
+                continue
+            st.token_times_s.append(t_tok)
+            num_visible += 1
+            p = st.params
+            if (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids:
+                st.stop_len = len(st.token_ids)
+                stopping.append(rid)
+            else:
+                keep_going.add(tok)
+        # The scheduler takes one eos_ids set per step, for every request. A stop token that
+        # another request sampled without stopping cannot go in; that request's end is then
+        # deferred to a later step (its extra tokens are hidden from the user).
+        eos = {sampled[r][0] for r in stopping} - keep_going
+        for res in self.scheduler.update_from_output(out, sampled, eos_ids=eos):
+            finished.append(self._finish(res.request_id, res.status, res.reason, res))
+        t5 = time.perf_counter()
+        if self._use_events:
+            forward_s = ev0.elapsed_time(ev1) / 1e3  # GPU time; both events are done after .tolist()
+            # The forward's launch overlaps its GPU execution; the rest of t2..t4 is sampling+sync.
+            sample_s = max(0.0, (t4 - t2) - forward_s)
+        else:
+            forward_s, sample_s = t3 - t2, t4 - t3
+        trace = self._trace_row(out, t0, t1 - t0, t2 - t1 + (t5 - t4), forward_s, sample_s, t5 - t0)
+        trace["num_output_tokens"] = num_visible
+        return StepResult(sampled, finished, trace)
+
+    def _finish(self, rid: int, status: str, reason: str | None, res=None) -> RequestState:
+        st = self.requests[rid]
+        st.status = status
+        st.finish_reason = "stop" if st.stop_len is not None else reason
+        if res is not None:
+            st.num_preemptions = res.num_preemptions
+            st.num_cached_tokens = res.num_cached_tokens
+        st.finished_s = self.now()
+        self.sampler.remove_request(rid)
+        return st
+
+    def _trace_row(self, out, t0, schedule_s, prepare_s, forward_s, sample_s, total_s) -> dict:
+        # Batch composition as the scheduler counted it (the simulator's cost model reads the
+        # same fields); context sums are KV lengths after the step.
+        return {
+            "step_id": out.step_id, "t_start_s": t0 - self.epoch, "schedule_s": schedule_s,
+            "prepare_s": prepare_s, "forward_s": forward_s, "sample_s": sample_s, "total_s": total_s,
+            "num_prefill_tokens": out.num_prefill_tokens, "num_decode_seqs": out.num_decode_seqs,
+            "num_prefill_seqs": out.num_prefill_seqs, "sum_decode_context": out.sum_decode_context,
+            "sum_prefill_context": out.sum_prefill_context, "num_spec_tokens": out.num_spec_tokens,
+            "num_batched_tokens": out.num_batched_tokens,
+            "num_blocks_allocated": out.num_blocks_allocated,
+            "num_blocks_hashed": out.num_blocks_hashed,
+        }
+
+    # ------------------------------------------------------------------ async scheduling
+    def _step_async(self) -> StepResult:
+        """Schedule and launch step N, then collect step N-1's tokens while the GPU runs N.
+
+        The scheduler is updated with token counts right after the launch, so the next
+        schedule() runs on the host while this step computes; decodes read their in-flight
+        input token on the device (runner.prepare's gather). Returns step N-1's results.
+        """
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        immediate: list[RequestState] = []
+        if not out.scheduled:
+            for res in self.scheduler.update_from_output(out, {}):
+                immediate.append(self._finish(res.request_id, res.status, res.reason, res))
+            prev = self._collect(t0)
+            prev.finished[:0] = immediate
+            return prev
+        now = t1 - self.epoch
+        for s in out.scheduled:
+            st = self.requests[s.request_id]
+            if st.first_scheduled_s is None:
+                st.first_scheduled_s = now
+                st.num_cached_tokens = s.num_cached_tokens
+        p = self._pending
+        inflight = (p.row_of, p.tokens_dev) if p is not None and p.tokens_dev is not None else None
+        inp = self.runner.prepare(out.scheduled, {s.request_id: self.requests[s.request_id].token_ids
+                                                  for s in out.scheduled}, inflight)
+        t2 = time.perf_counter()
+        events = None
+        if self._use_events:
+            events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
+            events[0].record()
+        logits = self.runner.forward(inp)
+        if events:
+            events[1].record()
+        sample_ids = inp.sample_request_ids
+        tokens_dev = tokens_host = done = None
+        if sample_ids:
+            params = [self.requests[r].params for r in sample_ids]
+            tokens_dev = self.sampler.sample(logits, sample_ids, params)
+            self._token_buf_idx ^= 1
+            tokens_host = self._token_bufs[self._token_buf_idx][: len(sample_ids)]
+            tokens_host.copy_(tokens_dev, non_blocking=True)
+        if events:
+            events[2].record()
+            done = events[2]
+        t3 = time.perf_counter()
+        # While the GPU runs this step: collect the previous one, then tell the scheduler.
+        prev = self._collect(t0)
+        pend = _Pending(out=out, sample_ids=sample_ids, row_of={r: i for i, r in enumerate(sample_ids)},
+                        tokens_dev=tokens_dev, tokens_host=tokens_host, done=done, events=events,
+                        t0=t0, schedule_s=t1 - t0, prepare_s=t2 - t1, launch_s=t3 - t2)
+        for res in self.scheduler.update_from_output(out, {r: 1 for r in sample_ids}):
+            if res.status == "rejected":
+                prev.finished.append(self._finish(res.request_id, res.status, res.reason, res))
+            else:
+                pend.finished.append(res)  # its last token is still in flight
+        self._pending = pend
+        prev.finished[:0] = immediate
+        return prev
+
+    def _collect(self, next_t0: float) -> StepResult:
+        """Wait for the pending step's tokens, record them, finish what it finished."""
+        p = self._pending
+        if p is None:
+            return StepResult({}, [], None)
+        self._pending = None
+        tokens: list[int] = []
+        if p.tokens_host is not None:
+            if p.done is not None:
+                p.done.synchronize()
+            tokens = p.tokens_host.tolist()
+        t_tok = time.perf_counter() - self.epoch
+        sampled: dict[int, list[int]] = {}
+        for rid, tok in zip(p.sample_ids, tokens):
+            st = self.requests[rid]
+            st.token_ids.append(tok)
+            st.token_times_s.append(t_tok)
+            sampled[rid] = [tok]
+        finished = [self._finish(r.request_id, r.status, r.reason, r) for r in p.finished]
+        if p.events is not None:
+            forward_s = p.events[0].elapsed_time(p.events[1]) / 1e3
+            sample_s = p.events[1].elapsed_time(p.events[2]) / 1e3
+        else:
+            forward_s, sample_s = p.launch_s, 0.0
+        # total_s: the step's period (its start to the next step's start, or to its collection).
+        end = next_t0 if next_t0 > p.t0 else time.perf_counter()
+        trace = self._trace_row(p.out, p.t0, p.schedule_s, p.prepare_s, forward_s, sample_s, end - p.t0)
+        trace["num_output_tokens"] = len(tokens)
+        return StepResult(sampled, finished, trace)

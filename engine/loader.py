@@ -1,0 +1,204 @@
+"""Load and save Hugging Face-style model directories: `config.json` plus safetensors.
+
+Reads Llama-family configs (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), single-file
+(`model.safetensors`) or sharded (`model.safetensors.index.json` + shards). HF keeps q/k/v and
+gate/up as separate matrices; the engine fuses them at load and splits them again at save.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.model import TORCH_DTYPES, LlamaModel
+from engine.model_spec import ModelSpec, RopeScaling
+
+SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def spec_from_hf_config(cfg: dict, name: str = "hf") -> ModelSpec:
+    """A ModelSpec from a parsed HF config.json; clear errors for what the engine lacks."""
+    arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"config.json architectures={arch!r} is not supported; use one of {SUPPORTED_ARCHS}")
+    if cfg.get("attention_bias") and arch != "Qwen2ForCausalLM":
+        raise ValueError("config.json attention_bias=true (a bias on o_proj too) is not supported")
+    # transformers 5 nests rope settings in rope_parameters; older configs use rope_theta/rope_scaling.
+    rope = dict(cfg.get("rope_scaling") or {})
+    rope.update(cfg.get("rope_parameters") or {})
+    theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None
+    if rope_type == "llama3":
+        scaling = RopeScaling(
+            factor=rope["factor"], low_freq_factor=rope["low_freq_factor"],
+            high_freq_factor=rope["high_freq_factor"],
+            original_max_position_embeddings=rope["original_max_position_embeddings"])
+    elif rope_type != "default":
+        raise ValueError(f"config.json rope type {rope_type!r} is not supported (only 'llama3' or none)")
+    heads = cfg["num_attention_heads"]
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    return ModelSpec(
+        name=name,
+        num_layers=cfg["num_hidden_layers"],
+        hidden_size=cfg["hidden_size"],
+        num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads", heads),
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        intermediate_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+        qkv_bias=arch == "Qwen2ForCausalLM",
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+        max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+        dtype=dtype if dtype in TORCH_DTYPES else "bfloat16",
+    )
+
+
+def hf_config_from_spec(spec: ModelSpec) -> dict:
+    arch = "Qwen2ForCausalLM" if spec.qkv_bias else "LlamaForCausalLM"
+    cfg = {
+        "architectures": [arch],
+        "model_type": "qwen2" if spec.qkv_bias else "llama",
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": spec.dtype,
+    }
+    if spec.rope_scaling is not None:
+        rs = spec.rope_scaling
+        cfg["rope_scaling"] = {
+            "rope_type": "llama3", "factor": rs.factor, "low_freq_factor": rs.low_freq_factor,
+            "high_freq_factor": rs.high_freq_factor,
+            "original_max_position_embeddings": rs.original_max_position_embeddings,
+        }
+    return cfg
+
+
+def _hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
+    """The model's weights under HF names, q/k/v and gate/up split apart."""
+    s = model.spec
+    out = {"model.embed_tokens.weight": model.embed_tokens, "model.norm.weight": model.norm.weight}
+    if model.lm_head is not None:
+        out["lm_head.weight"] = model.lm_head
+    q_n, kv_n = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        q, k, v = layer.qkv_proj.weight.split([q_n, kv_n, kv_n])
+        out |= {p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
+                p + "self_attn.v_proj.weight": v}
+        if layer.qkv_proj.bias is not None:
+            qb, kb, vb = layer.qkv_proj.bias.split([q_n, kv_n, kv_n])
+            out |= {p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb,
+                    p + "self_attn.v_proj.bias": vb}
+        gate, up = layer.gate_up_proj.weight.chunk(2)
+        out |= {
+            p + "self_attn.o_proj.weight": layer.o_proj.weight,
+            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+            p + "mlp.down_proj.weight": layer.down_proj.weight,
+            p + "input_layernorm.weight": layer.input_layernorm.weight,
+            p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
+        }
+    return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+
+def save_model(model: LlamaModel, path: str | Path, max_shard_bytes: int | None = None) -> None:
+    """Write config.json and safetensors; sharded with an index when over `max_shard_bytes`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(hf_config_from_spec(model.spec), indent=2))
+    tensors = _hf_tensors(model)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    if max_shard_bytes is None or total <= max_shard_bytes:
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / fname), metadata={"format": "pt"})
+        weight_map |= {name: fname for name in shard}
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    single = path / "model.safetensors"
+    index = path / "model.safetensors.index.json"
+    if single.exists():
+        return load_file(str(single))
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        out: dict[str, torch.Tensor] = {}
+        for f in files:
+            out |= load_file(str(path / f))
+        return out
+    raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json found")
+
+
+def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               attention_backend: str = "torch", max_positions: int | None = None) -> LlamaModel:
+    """Build the model a HF-style directory describes and copy its weights in."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face-style model directory)")
+    spec = spec_from_hf_config(json.loads(cfg_file.read_text()), name=path.name)
+    model = LlamaModel(spec, max_positions=max_positions or min(spec.max_position_embeddings, 8192),
+                       device=device, dtype=dtype, attention_backend=attention_backend, seed=None)
+    tensors = _read_tensors(path)
+    want = _hf_tensors(model).keys()
+    if spec.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
+    extra = [e for e in extra if not e.endswith("rotary_emb.inv_freq")]
+    if missing or extra:
+        raise ValueError(f"{path}: checkpoint does not match the config: missing {missing[:5]}, "
+                         f"unexpected {extra[:5]}")
+    with torch.no_grad():
+        model.embed_tokens.copy_(tensors["model.embed_tokens.weight"])
+        model.norm.weight.copy_(tensors["model.norm.weight"])
+        if model.lm_head is not None:
+            model.lm_head.copy_(tensors["lm_head.weight"])
+        for i, layer in enumerate(model.layers):
+            p = f"model.layers.{i}."
+            g = lambda n, p=p: tensors[p + n]
+            layer.qkv_proj.weight.copy_(torch.cat([g("self_attn.q_proj.weight"),
+                                                   g("self_attn.k_proj.weight"),
+                                                   g("self_attn.v_proj.weight")]))
+            if layer.qkv_proj.bias is not None:
+                layer.qkv_proj.bias.copy_(torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"),
+                                                     g("self_attn.v_proj.bias")]))
+            layer.o_proj.weight.copy_(g("self_attn.o_proj.weight"))
+            layer.gate_up_proj.weight.copy_(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]))
+            layer.down_proj.weight.copy_(g("mlp.down_proj.weight"))
+            layer.input_layernorm.weight.copy_(g("input_layernorm.weight"))
+            layer.post_attention_layernorm.weight.copy_(g("post_attention_layernorm.weight"))
+    return model
+
+
+__all__ = ["TORCH_DTYPES", "hf_config_from_spec", "load_model", "save_model", "spec_from_hf_config"]

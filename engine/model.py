@@ -1,0 +1,167 @@
+"""A Llama-family decoder that runs one flattened mixed batch per call over a paged KV cache.
+
+Built from a `ModelSpec`: RMSNorm, rotary embeddings (with Llama-3 frequency scaling when the
+spec says so), grouped-query attention, SwiGLU MLP, tied or untied embeddings, optional q/k/v
+biases (Qwen2). Q, K and V share one fused projection and gate/up another, so a layer issues
+four GEMMs. Weights are seeded random unless a checkpoint is loaded (`engine.loader`).
+
+The batch is flat: `input_ids[T]` and `positions[T]` for all tokens of all sequences of the
+step, prefill chunks and decodes together; `AttentionMetadata` says which tokens belong to
+which sequence and where their K/V live.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata
+from engine.model_spec import ModelSpec
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+INIT_STD = 0.02  # Hugging Face's initializer_range default for Llama
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse rotary frequencies [head_dim/2] in float64, Llama-3 scaled when the spec asks."""
+    d = spec.head_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = spec.rope_scaling
+    if rs is None:
+        return inv
+    # Llama 3: long wavelengths are slowed by `factor`, short ones kept, the band between
+    # interpolated linearly in 1/wavelength.
+    low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+    high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+        rs.high_freq_factor - rs.low_freq_factor
+    )
+    mid = (1 - smooth) * inv / rs.factor + smooth * inv
+    out = torch.where(wavelen > low_wavelen, inv / rs.factor, inv)
+    return torch.where((wavelen <= low_wavelen) & (wavelen >= high_wavelen), mid, out)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for positions [0, max_positions); applied in the rotate-half convention."""
+
+    def __init__(self, spec: ModelSpec, max_positions: int, device: torch.device) -> None:
+        super().__init__()
+        inv = rope_inv_freq(spec).to(device)
+        t = torch.arange(max_positions, dtype=torch.float64, device=device)
+        freqs = torch.outer(t, inv)
+        self.register_buffer("cos", freqs.cos().float(), persistent=False)  # [P, D/2]
+        self.register_buffer("sin", freqs.sin().float(), persistent=False)
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, D/2] in the model dtype, gathered once per forward for all layers."""
+        return (self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate-half rotary on x [T, H, D] in five kernels (fewer launches matter at decode)."""
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((torch.addcmul(x1 * cos, x2, sin, value=-1.0),
+                          torch.addcmul(x2 * cos, x1, sin)), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, device, dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # torch's fused RMSNorm (accumulates in fp32 for half types).
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, device, dtype) -> None:
+        super().__init__()
+        h, d = spec.hidden_size, spec.head_dim
+        self.hq, self.hkv, self.d = spec.num_heads, spec.num_kv_heads, d
+        self.scale = d**-0.5
+        kw = {"device": device, "dtype": dtype}
+        self.input_layernorm = RMSNorm(h, spec.rms_norm_eps, **kw)
+        self.qkv_proj = nn.Linear(h, (self.hq + 2 * self.hkv) * d, bias=spec.qkv_bias, **kw)
+        self.o_proj = nn.Linear(self.hq * d, h, bias=False, **kw)
+        self.post_attention_layernorm = RMSNorm(h, spec.rms_norm_eps, **kw)
+        self.gate_up_proj = nn.Linear(h, 2 * spec.intermediate_size, bias=False, **kw)
+        self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False, **kw)
+
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionBackend, k_cache,
+                v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
+        qkv = self.qkv_proj(self.input_layernorm(x))
+        # Rotate q and k together: one rotary application per layer, not two.
+        qk = Rotary.apply(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)
+        q, k = qk[:, :hq], qk[:, hq:]
+        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
+        # Residual adds fused into the GEMMs (addmm: x + a @ W^T in one cuBLAS call).
+        x = torch.addmm(x, o.reshape(t, hq * d), self.o_proj.weight.t())
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return torch.addmm(x, F.silu(gate) * up, self.down_proj.weight.t())
+
+
+class LlamaModel(nn.Module):
+    """Decoder + LM head. `forward` gives hidden states; `compute_logits` the fp32 logits."""
+
+    def __init__(self, spec: ModelSpec, *, max_positions: int, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None, attention_backend: str = "torch",
+                 seed: int | None = 0) -> None:
+        super().__init__()
+        self.spec = spec
+        device = torch.device(device)
+        dtype = dtype or TORCH_DTYPES[spec.dtype]
+        self.dtype = dtype
+        kw = {"device": device, "dtype": dtype}
+        self.embed_tokens = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, **kw))
+        self.layers = nn.ModuleList(DecoderLayer(spec, device, dtype) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw)
+        self.lm_head = (
+            None if spec.tie_word_embeddings
+            else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, **kw))
+        )
+        self.rotary = Rotary(spec, max_positions, device)
+        self.attn = AttentionBackend(attention_backend)  # type: ignore[arg-type]
+        if seed is not None:
+            self.init_random(seed)
+
+    @torch.no_grad()
+    def init_random(self, seed: int) -> None:
+        """Seeded random weights: N(0, 0.02) for matrices and biases, ones for norms."""
+        g = torch.Generator(device=self.embed_tokens.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, INIT_STD, generator=g)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens if self.lm_head is None else self.lm_head
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm.
+
+        kv_caches: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim].
+        """
+        x = F.embedding(input_ids, self.embed_tokens)
+        rope = self.rotary.lookup(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head_weight).float()

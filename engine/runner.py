@@ -1,0 +1,374 @@
+"""The model runner: KV cache sizing, input preparation, the forward pass, CUDA graphs.
+
+One step = one flattened batch: every scheduled request contributes `num_new_tokens` tokens
+(a prefill chunk, a recomputation after preemption, or one decode token). Inputs are built with
+numpy on the host, staged in pinned memory and copied to persistent device buffers without a
+sync; the only sync of a step is the sampler's read-back of the sampled tokens.
+
+On a GPU, pure-decode batches (every request computes exactly one token) replay a CUDA graph
+captured for the next bucket size up; mixed batches run eagerly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.model import LlamaModel
+
+
+# Decode batch sizes that get a CUDA graph (vLLM's pattern: 1, 2, 4, then steps of 8).
+def decode_graph_buckets(max_num_seqs: int) -> list[int]:
+    sizes = [b for b in (1, 2, 4) if b <= max_num_seqs]
+    sizes += list(range(8, max_num_seqs + 1, 8))
+    if sizes[-1] != max_num_seqs:
+        sizes.append(max_num_seqs)
+    return sizes
+
+
+@dataclass
+class StepInputs:
+    """Host-side description of one prepared step (the tensors are in the runner's buffers)."""
+
+    request_ids: list[int]  # scheduled order
+    sample_request_ids: list[int]  # requests that produce a token this step, in logits-row order
+    num_tokens: int
+    num_padded_tokens: int
+    graph_size: int | None  # the decode CUDA graph to replay, None = eager
+    max_query_len: int
+    max_seq_len: int
+    num_seqs: int
+
+
+class ModelRunner:
+    """Owns the KV cache and the device-side input buffers of one model."""
+
+    def __init__(self, model: LlamaModel, *, block_size: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int) -> None:
+        self.model = model
+        self.spec = model.spec
+        self.device = model.embed_tokens.device
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.kv_caches: torch.Tensor | None = None
+        self.num_blocks = 0
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graph_logits: dict[int, torch.Tensor] = {}
+        self.is_cuda = self.device.type == "cuda"
+        self._alloc_buffers()
+
+    # ------------------------------------------------------------------ buffers
+    def _alloc_buffers(self) -> None:
+        t = max(self.max_num_batched_tokens, self.max_num_seqs)
+        b = self.max_num_seqs
+        pin = self.is_cuda
+
+        def host(n, dtype):
+            return torch.zeros(n, dtype=dtype, pin_memory=pin)
+
+        # Host staging, pinned on GPU machines so the copies are truly asynchronous. Two sets,
+        # used alternately, so that preparing step N+1 never overwrites what step N's copies
+        # may still be reading (with async scheduling the host runs a step ahead).
+        self._stages = []
+        for _ in range(2):
+            self._stages.append({
+                "ids": host(t, torch.int64), "pos": host(t, torch.int64), "slots": host(t, torch.int64),
+                "seq_lens": host(b, torch.int32), "qsl": host(b + 1, torch.int32),
+                "logits_idx": host(b, torch.int64), "gather_dst": host(b, torch.int64),
+                "gather_src": host(b, torch.int64),
+                "block_tables": torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
+            })
+        self._stage_done: list[torch.cuda.Event | None] = [None, None]
+        self._stage_idx = 0
+        self._use_stage(0)
+        dev = self.device
+        self.d_input_ids = torch.zeros(t, dtype=torch.int64, device=dev)
+        self.d_positions = torch.zeros(t, dtype=torch.int64, device=dev)
+        self.d_slots = torch.full((t,), -1, dtype=torch.int64, device=dev)
+        self.d_seq_lens = torch.zeros(b, dtype=torch.int32, device=dev)
+        self.d_qsl = torch.zeros(b + 1, dtype=torch.int32, device=dev)
+        self.d_logits_idx = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.d_block_tables = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        self.d_gather_dst = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.d_gather_src = torch.zeros(b, dtype=torch.int64, device=dev)
+
+    def _use_stage(self, i: int) -> None:
+        st = self._stages[i]
+        self.h_input_ids, self.h_positions, self.h_slots = st["ids"], st["pos"], st["slots"]
+        self.h_seq_lens, self.h_qsl, self.h_logits_idx = st["seq_lens"], st["qsl"], st["logits_idx"]
+        self.h_gather_dst, self.h_gather_src = st["gather_dst"], st["gather_src"]
+        self.h_block_tables = st["block_tables"]
+
+    # ------------------------------------------------------------------ KV cache
+    def block_bytes(self) -> int:
+        """Bytes one KV block takes over all layers (K and V)."""
+        s = self.spec
+        return (2 * s.num_layers * self.block_size * s.num_kv_heads * s.head_dim
+                * torch.finfo(self.model.dtype).bits // 8)
+
+    def _new_kv(self, num_blocks: int) -> torch.Tensor:
+        s = self.spec
+        return torch.zeros((s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim),
+                           dtype=self.model.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def profile_peak_bytes(self) -> tuple[int, int]:
+        """Run the largest batch once; return (peak bytes allocated, of which temporary KV bytes).
+
+        The largest batch is `max_num_batched_tokens` prompt tokens split over up to
+        `max_num_seqs` sequences, with logits for every sequence.
+        """
+        seqs = max(1, min(self.max_num_seqs, self.max_num_batched_tokens))
+        tokens = self.max_num_batched_tokens
+        lens = np.full(seqs, tokens // seqs, dtype=np.int64)
+        lens[: tokens - int(lens.sum())] += 1
+        blocks_needed = int(sum(-(-int(n) // self.block_size) for n in lens))
+        kv = self._new_kv(blocks_needed)
+        kv_bytes = kv.numel() * kv.element_size()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        qsl = np.concatenate([[0], np.cumsum(lens)])
+        positions = np.concatenate([np.arange(n) for n in lens])
+        bt = np.zeros((seqs, self.max_blocks_per_seq), dtype=np.int32)
+        nxt = 0
+        for i, n in enumerate(lens):
+            nb = -(-int(n) // self.block_size)
+            bt[i, :nb] = np.arange(nxt, nxt + nb)
+            nxt += nb
+        seq_idx = np.repeat(np.arange(seqs), lens)
+        slots = bt[seq_idx, positions // self.block_size].astype(np.int64) * self.block_size + positions % self.block_size
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            block_tables=torch.from_numpy(bt).to(dev),
+            seq_lens=torch.from_numpy(lens.astype(np.int32)).to(dev),
+            query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
+            max_query_len=int(lens.max()), max_seq_len=int(lens.max()),
+        )
+        ids = torch.zeros(tokens, dtype=torch.int64, device=dev)
+        hidden = self.model(ids, torch.from_numpy(positions).to(dev), kv, meta)
+        self.model.compute_logits(hidden[torch.from_numpy(qsl[1:] - 1).to(dev)])
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev)
+        del kv, hidden
+        torch.cuda.empty_cache()
+        return peak, kv_bytes
+
+    def allocate_kv_cache(self, *, gpu_memory_utilization: float = 0.9,
+                          num_gpu_blocks_override: int | None = None,
+                          cpu_kv_cache_bytes: int = 256 << 20) -> int:
+        """Size and allocate the KV cache; returns the number of blocks.
+
+        GPU: blocks = (total memory x utilization - peak of the profiling forward, less its own
+        temporary KV - memory used outside this process's torch allocator) / block bytes.
+        CPU: `cpu_kv_cache_bytes` (vLLM's VLLM_CPU_KVCACHE_SPACE), capped at what
+        `max_num_seqs` full-length sequences could use.
+        """
+        if num_gpu_blocks_override is not None:
+            n = num_gpu_blocks_override
+        elif self.is_cuda:
+            peak, tmp_kv = self.profile_peak_bytes()
+            free, total = torch.cuda.mem_get_info(self.device)
+            other = (total - free) - torch.cuda.memory_reserved(self.device)  # other processes, CUDA ctx
+            budget = total * gpu_memory_utilization - (peak - tmp_kv) - max(other, 0)
+            n = int(budget // self.block_bytes())
+        else:
+            cap = self.max_num_seqs * self.max_blocks_per_seq + 1
+            n = min(cpu_kv_cache_bytes // self.block_bytes(), cap)
+        if n < 1:
+            raise ValueError(
+                f"no memory left for the KV cache (computed {n} blocks); raise "
+                "--gpu-memory-utilization, lower --max-num-batched-tokens, or use a smaller model"
+            )
+        self.kv_caches = self._new_kv(n)
+        self.num_blocks = n
+        return n
+
+    # ------------------------------------------------------------------ inputs
+    def prepare(self, scheduled, token_ids: dict[int, list[int]],
+                inflight: tuple[dict[int, int], torch.Tensor] | None = None) -> StepInputs:
+        """Fill the device buffers from the scheduler's output; no device sync.
+
+        `scheduled`: the SchedulerOutput's per-request entries. `token_ids[rid]` holds the
+        request's prompt then its generated tokens. A request samples a token when this step
+        reaches the end of the tokens it holds (end of prefill, a decode, or the end of a
+        recomputation after preemption).
+
+        `inflight` (async scheduling): (row of each request in the previous step's sampled
+        tokens, those tokens on the device). A decode whose input token is still in flight gets
+        it by a device-side gather, so the host never waits for it.
+        """
+        self._stage_idx ^= 1
+        done = self._stage_done[self._stage_idx]
+        if done is not None:
+            done.synchronize()  # the copies that last read this staging set have finished
+        self._use_stage(self._stage_idx)
+        n = len(scheduled)
+        q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=n)
+        starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64, count=n)
+        rids = [s.request_id for s in scheduled]
+        flat_ids: list[int] = []
+        gather_dst: list[int] = []
+        gather_src: list[int] = []
+        for s, c, q in zip(scheduled, starts.tolist(), q_lens.tolist()):
+            toks = token_ids[s.request_id]
+            if q == 1:
+                if c < len(toks):
+                    flat_ids.append(toks[c])
+                else:  # sampled by the previous step, not yet on the host
+                    if inflight is None or c != len(toks) or s.request_id not in inflight[0]:
+                        raise RuntimeError(f"request {s.request_id}: input token {c} is unknown")
+                    gather_dst.append(len(flat_ids))
+                    gather_src.append(inflight[0][s.request_id])
+                    flat_ids.append(0)
+            else:
+                if c + q > len(toks):
+                    raise RuntimeError(f"request {s.request_id}: tokens {c}..{c + q} not all known")
+                flat_ids.extend(toks[c: c + q])
+        sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
+        sample_rids = [rids[i] for i in sample_rows]
+        # Block tables: one flat list and one scatter instead of a numpy call per request.
+        tables = [s.block_ids for s in scheduled]
+        nbs = np.fromiter(map(len, tables), dtype=np.int64, count=n)
+        bt = self.h_block_tables.numpy()
+        flat_blocks = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32,
+                                  count=int(nbs.sum()))
+        rows = np.repeat(np.arange(n), nbs)
+        cols = np.arange(len(flat_blocks)) - np.repeat(np.cumsum(nbs) - nbs, nbs)
+        bt[rows, cols] = flat_blocks
+        max_blocks = max(1, int(nbs.max()) if n else 1)
+        seq_lens = starts + q_lens
+        num_tokens = int(q_lens.sum())
+        pure_decode = bool((q_lens == 1).all()) and len(sample_rows) == n
+        graph_size = None
+        if pure_decode and self.graphs:
+            graph_size = next((b for b in sorted(self.graphs) if b >= n), None)
+        padded_seqs = graph_size or n
+        padded_tokens = graph_size or num_tokens
+
+        qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=qsl[1: n + 1])
+        qsl[n + 1:] = num_tokens + np.arange(1, padded_seqs - n + 1)  # padding: one dummy token each
+        positions = np.repeat(starts - qsl[:n], q_lens) + np.arange(num_tokens)
+        seq_idx = np.repeat(np.arange(n), q_lens)
+        bs = self.block_size
+        slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
+
+        h_ids, h_pos, h_slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
+        h_ids[:num_tokens] = flat_ids
+        h_pos[:num_tokens] = positions
+        h_slots[:num_tokens] = slots
+        if padded_tokens > num_tokens:
+            h_ids[num_tokens:padded_tokens] = 0
+            h_pos[num_tokens:padded_tokens] = 0
+            h_slots[num_tokens:padded_tokens] = -1
+        h_sl = self.h_seq_lens.numpy()
+        h_sl[:n] = seq_lens
+        h_sl[n:padded_seqs] = 1  # dummy sequences attend to one (garbage) slot; output dropped
+        self.h_qsl.numpy()[: padded_seqs + 1] = qsl
+        if padded_seqs > n:
+            bt[n:padded_seqs, 0] = 0
+        h_li = self.h_logits_idx.numpy()
+        h_li[: len(sample_rows)] = qsl[1:][sample_rows] - 1
+
+        nb_cols = self.max_blocks_per_seq if graph_size else max_blocks
+        nb_tok = padded_tokens
+        self.d_input_ids[:nb_tok].copy_(self.h_input_ids[:nb_tok], non_blocking=True)
+        self.d_positions[:nb_tok].copy_(self.h_positions[:nb_tok], non_blocking=True)
+        self.d_slots[:nb_tok].copy_(self.h_slots[:nb_tok], non_blocking=True)
+        self.d_seq_lens[:padded_seqs].copy_(self.h_seq_lens[:padded_seqs], non_blocking=True)
+        self.d_qsl[: padded_seqs + 1].copy_(self.h_qsl[: padded_seqs + 1], non_blocking=True)
+        self.d_logits_idx[: len(sample_rows)].copy_(self.h_logits_idx[: len(sample_rows)], non_blocking=True)
+        self.d_block_tables[:padded_seqs, :nb_cols].copy_(
+            self.h_block_tables[:padded_seqs, :nb_cols], non_blocking=True)
+        if gather_dst:
+            g = len(gather_dst)
+            self.h_gather_dst.numpy()[:g] = gather_dst
+            self.h_gather_src.numpy()[:g] = gather_src
+            self.d_gather_dst[:g].copy_(self.h_gather_dst[:g], non_blocking=True)
+            self.d_gather_src[:g].copy_(self.h_gather_src[:g], non_blocking=True)
+            self.d_input_ids.index_copy_(0, self.d_gather_dst[:g],
+                                         inflight[1].index_select(0, self.d_gather_src[:g]))
+        if self.is_cuda:
+            ev = torch.cuda.Event()
+            ev.record()
+            self._stage_done[self._stage_idx] = ev
+        return StepInputs(
+            request_ids=rids, sample_request_ids=sample_rids, num_tokens=num_tokens,
+            num_padded_tokens=padded_tokens, graph_size=graph_size,
+            max_query_len=int(q_lens.max()) if n else 0, max_seq_len=int(seq_lens.max()) if n else 0,
+            num_seqs=n,
+        )
+
+    def _meta(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
+              nb_cols: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.d_slots[:num_tokens],
+            block_tables=self.d_block_tables[:num_seqs, :nb_cols],
+            seq_lens=self.d_seq_lens[:num_seqs],
+            query_start_loc=self.d_qsl[: num_seqs + 1],
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+        )
+
+    # ------------------------------------------------------------------ forward
+    @torch.inference_mode()
+    def forward(self, inp: StepInputs) -> torch.Tensor:
+        """fp32 logits [len(sample_request_ids), vocab] of the requests that sample this step."""
+        assert self.kv_caches is not None, "allocate_kv_cache() first"
+        if inp.graph_size is not None:
+            self.graphs[inp.graph_size].replay()
+            return self._graph_logits[inp.graph_size][: inp.num_seqs]
+        t = inp.num_tokens
+        meta = self._meta(t, inp.num_seqs, inp.max_query_len, inp.max_seq_len,
+                          int(self._max_cols(inp)))
+        hidden = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
+        k = len(inp.sample_request_ids)
+        return self.model.compute_logits(hidden[self.d_logits_idx[:k]])
+
+    def _max_cols(self, inp: StepInputs) -> int:
+        return max(1, -(-inp.max_seq_len // self.block_size))
+
+    @torch.inference_mode()
+    def capture_decode_graphs(self, sizes: list[int] | None = None) -> float:
+        """Capture one CUDA graph per decode bucket (largest first, one memory pool); returns seconds.
+
+        Captured with max_seq_len = max_model_len and the full block-table width, so any decode
+        batch of at most that size can replay it.
+        """
+        assert self.is_cuda and self.kv_caches is not None
+        t0 = time.perf_counter()
+        sizes = sorted(sizes or decode_graph_buckets(self.max_num_seqs), reverse=True)
+        # Safe dummy inputs: one token per sequence at position 0, written nowhere.
+        self.d_input_ids.zero_()
+        self.d_positions.zero_()
+        self.d_slots.fill_(-1)
+        self.d_seq_lens.fill_(1)
+        self.d_qsl.copy_(torch.arange(self.max_num_seqs + 1, dtype=torch.int32, device=self.device))
+        self.d_block_tables.zero_()
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        for b in sizes:
+            meta = self._meta(b, b, 1, self.max_model_len, self.max_blocks_per_seq)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up (Triton autotuning/compilation happens here)
+                    h = self.model(self.d_input_ids[:b], self.d_positions[:b], self.kv_caches, meta)
+                    self.model.compute_logits(h)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                h = self.model(self.d_input_ids[:b], self.d_positions[:b], self.kv_caches, meta)
+                logits = self.model.compute_logits(h)
+            pool = g.pool()
+            self.graphs[b] = g
+            self._graph_logits[b] = logits
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
