@@ -456,17 +456,11 @@ class Scheduler:
         if r.token_ids is not None:
             t = r.token_ids
             return [tuple(t[i * bs:(i + 1) * bs]) for i in range(start, stop)]
+        # (hash blocks that are multiples of the KV block take `_sim_keys` instead)
         in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
         out: list[tuple] = []
         if start < in_prompt:
-            hbs = r.hash_block_size
-            hid = r.hash_ids
-            if hbs == bs:
-                out = [(hid[i], 0) for i in range(start, in_prompt)]
-            elif hbs % bs == 0:
-                out = [(hid[(i * bs) // hbs], (i * bs) % hbs) for i in range(start, in_prompt)]
-            else:
-                out = [self._content(r, i) for i in range(start, in_prompt)]
+            out = [self._content(r, i) for i in range(start, in_prompt)]
         gen_from = max(start, in_prompt)
         if stop > gen_from:
             rid = r.request_id
