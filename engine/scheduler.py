@@ -908,6 +908,8 @@ class Scheduler:
         out._updated = True
         results = self._pending_rejected
         self._pending_rejected = []
+        if len(results) > len(out.rejected):  # rejected by add_request() during the step
+            out.rejected += [(x.request_id, x.reason) for x in results[len(out.rejected):]]
         bs = self.block_size
         pool = self.pool
         any_finished = False

@@ -200,3 +200,18 @@ def test_config_errors_name_the_field():
         SchedulerConfig(num_gpu_blocks=4, scheduling_policy="lifo")
     with pytest.raises(ValueError, match="max_num_seq"):
         SchedulerConfig(num_gpu_blocks=4, max_num_seq=3)  # typo: extra fields are refused
+
+
+def test_requests_added_during_a_step():
+    # the simulator adds arrivals while a step runs: they wait for the next schedule(),
+    # and a rejection made then is reported by this step's update, in out.rejected too
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4, max_model_len=64))
+    s.add_request(req(0, 4, 2))
+    out = s.schedule()
+    s.add_request(req(1, 4, 2))
+    s.add_request(req(2, 60, 10))  # too long
+    res = s.update_from_output(out)
+    assert [(r.request_id, r.status) for r in res] == [(2, REJECTED)]
+    assert [rid for rid, _ in out.rejected] == [2]
+    out = s.schedule()
+    assert [x.request_id for x in out.scheduled] == [0, 1] and out.rejected == []
