@@ -28,6 +28,18 @@ Semantics (vLLM V1, `vllm/v1/core/sched/scheduler.py`, re-derived, not copied):
   than `max_model_len`, or more blocks than the pool has. Reported as a `RequestResult`
   with a reason, never dropped.
 
+Driving it (simulator; the engine passes token ids to `add_request` and sampled token ids
+to `update_from_output`, and reads `out.scheduled`):
+
+    sched = Scheduler(SchedulerConfig(num_gpu_blocks=40_000))
+    sched.add_request(req)                        # at its arrival
+    n = sched.uniform_decode_steps()              # skip ahead while nothing else can happen
+    if n > 1:
+        adv = sched.advance_decode(min(n, steps_until_next_arrival))
+    else:
+        out = sched.schedule()                    # cost model reads out.num_batched_tokens, ...
+        done = sched.update_from_output(out)      # or {request_id: 1 + accepted drafts}
+
 Prefix-cache counters follow vLLM >= 0.11 (vllm#25787, fixing vllm#25780): `queries`
 and `hits` (tokens) are recorded once per request, at admission (vllm#48860), and
 exclude re-admissions after preemption, whose lookups mostly re-find the request's own
