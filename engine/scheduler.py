@@ -274,11 +274,29 @@ class _ReqState:
     """The scheduler's mutable record of one request."""
 
     __slots__ = (
-        "req", "request_id", "arrival_s", "priority", "prompt_len", "output_len",
-        "hash_ids", "hash_block_size", "token_ids", "extra",
-        "num_tokens", "num_computed", "num_generated", "blocks", "block_ids",
-        "block_hashes", "hash_chain", "num_cached_blocks", "status", "decoding",
-        "num_preemptions", "num_cached_tokens", "seq",
+        "arrival_s",
+        "block_hashes",
+        "block_ids",
+        "blocks",
+        "decoding",
+        "extra",
+        "hash_block_size",
+        "hash_chain",
+        "hash_ids",
+        "num_cached_blocks",
+        "num_cached_tokens",
+        "num_computed",
+        "num_generated",
+        "num_preemptions",
+        "num_tokens",
+        "output_len",
+        "priority",
+        "prompt_len",
+        "req",
+        "request_id",
+        "seq",
+        "status",
+        "token_ids",
     )
 
     def __init__(self, req: Request, token_ids: list[int] | None, extra: tuple, seq: int) -> None:
@@ -602,8 +620,7 @@ class Scheduler:
         pool = self.pool
         computed = r.num_computed + len(hits) * bs
         need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
-        if need < 0:
-            need = 0
+        need = max(need, 0)
         free = pool.free_queue.num_free
         if need > free:
             return None
@@ -764,8 +781,7 @@ class Scheduler:
                 num_new = r.num_tokens - c
                 if 0 < thr < num_new:
                     num_new = thr
-                if num_new > budget:
-                    num_new = budget
+                num_new = min(num_new, budget)
             while True:
                 new = self._allocate(r, num_new, spec, [], out)
                 if new is not None:

@@ -169,7 +169,7 @@ def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, len
     if n == 0:
         return
     n = min(n, take)
-    totals = dict(alloc=0, freed=0, hashed=0, tokens=0, finished=[], ctx=[])
+    totals = {"alloc": 0, "freed": 0, "hashed": 0, "tokens": 0, "finished": [], "ctx": []}
     for _ in range(n):
         out = a.schedule()
         assert out.num_prefill_seqs == 0 and not out.preempted_ids
@@ -209,7 +209,7 @@ def test_uniform_decode_steps_is_maximal():
 def test_random_streams_exercise_every_mechanism():
     """The random streams above really preempt, hit, evict, reject and speculate."""
     rng = random.Random(7)
-    tot = dict(pre=0, hit=0, ev=0, rej=0, acc=0, stop=0)
+    tot = {"pre": 0, "hit": 0, "ev": 0, "rej": 0, "acc": 0, "stop": 0}
     for seed in range(150):
         cfg = SchedulerConfig(
             max_num_batched_tokens=rng.randint(4, 48), max_num_seqs=rng.randint(1, 6),
