@@ -85,6 +85,7 @@ _EMPTY: tuple[int, ...] = ()
 _not_none = partial(operator.is_not, None)
 _ref_cnt = operator.attrgetter("ref_cnt")
 _block_id = operator.attrgetter("block_id")
+_block_hash = operator.attrgetter("block_hash")
 _request_id = operator.attrgetter("request_id")
 _OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
@@ -283,6 +284,7 @@ class _ReqState:
         "hash_block_size",
         "hash_chain",
         "hash_ids",
+        "last_hits",
         "num_cached_blocks",
         "num_cached_tokens",
         "num_computed",
@@ -318,6 +320,7 @@ class _ReqState:
         self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
         self.hash_chain: list[Hashable] = []  # simulator: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
+        self.last_hits: list[KVBlock] | None = None  # prefix hits of a failed admission
         self.status = WAITING
         self.decoding = False  # produced a token since its last admission
         self.num_preemptions = 0
@@ -592,9 +595,19 @@ class Scheduler:
         if m <= 0:
             return [], 0
         hashed = self._hash_upto(r, m)
-        # C-level scan: stop at the first hash not in the cache
-        hits = list(takewhile(_not_none, map(self.pool.cached.get, islice(r.block_hashes, m))))
-        return hits, hashed
+        keys = r.block_hashes
+        get = self.pool.cached.get
+        prev = r.last_hits
+        if prev is not None:
+            # A queue head that could not be admitted is looked up again every step. If
+            # its previous hits are all still registered under their keys, the scan would
+            # return them again: check that (3x cheaper than probing the table) and scan
+            # only past them.
+            n = len(prev)
+            if n <= m and list(map(_block_hash, prev)) == keys[:n]:
+                return prev + list(takewhile(_not_none, map(get, islice(keys, n, m)))), hashed
+        # C-level scan: stop at the first key not in the cache
+        return list(takewhile(_not_none, map(get, islice(keys, m)))), hashed
 
     def _cache_full(self, r: _ReqState, num_full: int) -> int:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
@@ -872,7 +885,9 @@ class Scheduler:
                 num_new = budget
             new = self._allocate(r, num_new, 0, hits, out)
             if new is None:
+                r.last_hits = hits
                 break
+            r.last_hits = None
             self._pop_waiting()
             if r.num_preemptions == 0:
                 self.pc_queries += r.num_tokens

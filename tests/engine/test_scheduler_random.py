@@ -63,6 +63,17 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000):
             s.add_request(r, prompt_token_ids=toks)
         step += 1
         assert step < max_steps, "scheduler made no progress"
+        head = s._peek_waiting()
+        if head is not None and head.last_hits is not None:
+            # the memoized re-lookup of a blocked queue head equals a plain scan
+            m = (head.num_tokens - 1) // cfg.block_size
+            ref = []
+            for k in head.block_hashes[:m]:
+                b = s.pool.cached.get(k)
+                if b is None:
+                    break
+                ref.append(b)
+            assert s._lookup(head)[0] == ref
         out = s.schedule()
         # budget and caps
         assert out.num_batched_tokens == sum(x.num_new_tokens for x in out.scheduled)
