@@ -129,7 +129,7 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000):
     return s
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs, specs=request_specs, hbs=st.sampled_from([2, 4, 8]), seed=st.integers(0, 99),
        with_tokens=st.booleans())
 def test_random_streams_keep_invariants(cfg, specs, hbs, seed, with_tokens):
@@ -150,7 +150,7 @@ def state_of(s: Scheduler):
              st_.num_generated_tokens, st_.num_steps, st_.fragmentation_slots))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     block_size=st.sampled_from([1, 2, 4, 16]),
     num_gpu_blocks=st.integers(4, 60),
