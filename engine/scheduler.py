@@ -267,8 +267,20 @@ class SchedulerStats:
 
     @property
     def prefix_cache_hit_rate(self) -> float:
+        """vLLM's hit rate: hits / queries over first admissions."""
         q = self.prefix_cache_queries_tokens
         return self.prefix_cache_hits_tokens / q if q else 0.0
+
+    @property
+    def prefix_cache_queries_tokens_incl_preempted(self) -> int:
+        """Queries as vLLM counted them before vllm#25787 (re-admissions included)."""
+        return self.prefix_cache_queries_tokens + self.prefix_cache_preempted_queries_tokens
+
+    @property
+    def prefix_cache_hits_tokens_incl_preempted(self) -> int:
+        """Hits as vLLM counted them before vllm#25787: a preempted request re-finding its
+        own blocks counts as a hit, which inflates the rate under preemption (vllm#25780)."""
+        return self.prefix_cache_hits_tokens + self.prefix_cache_preempted_hits_tokens
 
 
 class _ReqState:
