@@ -450,6 +450,16 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self._heap_waiting) if self._priority else len(self._fcfs_waiting)
 
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks owned by requests (vllm:kv_cache_usage_perc); O(1)."""
+        return self.pool.usage()
+
+    def running_context_lens(self) -> list[int]:
+        """KV tokens each running request holds (its num_computed_tokens), in batch order:
+        what a cost model needs before a skip-ahead."""
+        return [r.num_computed for r in self.running]
+
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0 or bool(self._pending_rejected)
 
