@@ -14,8 +14,9 @@ Design (vLLM V1's, re-derived):
 - A request frees its blocks tail first, so the heads of shared prefixes reach the
   head of the queue last and survive longest.
 - One block per key: when two requests compute the same block concurrently, the first
-  registration wins and the duplicate stays an uncached block (vLLM keeps both under the
-  key; either serves a hit, so hits are the same, only which block id serves them differs).
+  registration wins and the duplicate stays an uncached block. vLLM keeps both under the
+  key, so it can still hit after the first copy is evicted while the duplicate lives; that
+  rare case is the only way hits differ.
 
 Hash algorithms (`prefix_caching_hash_algo`): `builtin` (Python's `hash` of a tuple of
 ints: fast and deterministic across processes for ints, 64-bit, not collision-resistant
