@@ -13,6 +13,10 @@ Design (vLLM V1's, re-derived):
   `H(parent_hash, block content, extra keys)`, so equal hashes mean equal whole prefixes.
 - A request frees its blocks tail first, so the heads of shared prefixes reach the
   head of the queue last and survive longest.
+- One block per key: when two requests compute the same block concurrently, the first
+  registration wins and the duplicate stays an uncached block. vLLM keeps both under the
+  key, so it can still hit after the first copy is evicted while the duplicate lives; that
+  rare case is the only way hits differ.
 
 Hash algorithms (`prefix_caching_hash_algo`): `builtin` (Python's `hash` of a tuple of
 ints: fast and deterministic across processes for ints, 64-bit, not collision-resistant
@@ -41,7 +45,7 @@ ROOT_HASH_BYTES = b""
 class KVBlock:
     """One physical KV block. `prev_free`/`next_free` link it into the free queue."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+    __slots__ = ("block_hash", "block_id", "next_free", "prev_free", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -60,7 +64,7 @@ class FreeBlockQueue:
     O(1) popleft, append and removal from the middle; sentinels keep the code branch-free.
     """
 
-    __slots__ = ("head", "tail", "num_free")
+    __slots__ = ("head", "num_free", "tail")
 
     def __init__(self, blocks: Iterable[KVBlock]) -> None:
         self.head = KVBlock(-1)
@@ -181,13 +185,20 @@ class BlockPool:
     Counters (cumulative): `num_allocated` (popped from the free queue), `num_revived` (free
     cached blocks taken back by a prefix hit), `num_freed` (refcount went to 0), so that
     `num_allocated + num_revived - num_freed` = blocks owned now,
-    `num_evictions` (cached hashes dropped because their free block was reused),
-    `num_hashed` is kept by the caller (hashing happens per request).
+    `num_evictions` (cached hashes dropped because their free block was reused). Blocks
+    hashed are counted by the scheduler, which keys blocks per request.
     """
 
     __slots__ = (
-        "num_blocks", "block_size", "blocks", "free_queue", "cached",
-        "num_allocated", "num_freed", "num_evictions", "num_revived",
+        "block_size",
+        "blocks",
+        "cached",
+        "free_queue",
+        "num_allocated",
+        "num_blocks",
+        "num_evictions",
+        "num_freed",
+        "num_revived",
     )
 
     def __init__(self, num_blocks: int, block_size: int) -> None:

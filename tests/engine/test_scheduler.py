@@ -60,7 +60,7 @@ def test_three_requests_budget_8_chunked_exact_steps():
     assert [(r.request_id, r.num_generated, r.reason) for r in results] == [
         (0, 3, "length"), (1, 2, "length"), (2, 4, "length")]
     st = s.stats
-    assert st.num_free_blocks == 20 and st.kv_usage == 0.0
+    assert st.num_free_blocks == 20 and st.kv_usage == 0.0 and s.kv_usage == 0.0
     assert st.num_prompt_tokens_computed == 14 and st.num_generated_tokens == 9
 
 
@@ -182,3 +182,45 @@ def test_eos_on_plain_decode_and_on_last_token():
     res = s.update_from_output(out, {0: [2], 1: [2]}, eos_ids={2})
     # request 1 hit EOS on its last allowed token: EOS wins the reason
     assert [(r.request_id, r.reason, r.num_generated) for r in res] == [(0, "stop", 2), (1, "stop", 2)]
+
+
+def test_prompt_token_ids_from_the_request_and_length_checked():
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=2))
+    r = Request(0, 0.0, 3, 1, (1,), hash_block_size=4, prompt_token_ids=(4, 5, 6))
+    s.add_request(r)
+    assert s.requests[0].token_ids == [4, 5, 6]
+    with pytest.raises(ValueError, match="prompt_token_ids for prompt_len"):
+        s.add_request(req(1, 3, 1), prompt_token_ids=[1, 2])
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="num_gpu_blocks"):
+        SchedulerConfig(num_gpu_blocks=0)
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        SchedulerConfig(num_gpu_blocks=4, scheduling_policy="lifo")
+    with pytest.raises(ValueError, match="max_num_seq"):
+        SchedulerConfig(num_gpu_blocks=4, max_num_seq=3)  # typo: extra fields are refused
+
+
+def test_requests_added_during_a_step():
+    # the simulator adds arrivals while a step runs: they wait for the next schedule(),
+    # and a rejection made then is reported by this step's update, in out.rejected too
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4, max_model_len=64))
+    s.add_request(req(0, 4, 2))
+    out = s.schedule()
+    s.add_request(req(1, 4, 2))
+    s.add_request(req(2, 60, 10))  # too long
+    res = s.update_from_output(out)
+    assert [(r.request_id, r.status) for r in res] == [(2, REJECTED)]
+    assert [rid for rid, _ in out.rejected] == [2]
+    out = s.schedule()
+    assert [x.request_id for x in out.scheduled] == [0, 1] and out.rejected == []
+
+
+def test_running_context_lens_and_kv_usage_mid_run():
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=8, num_gpu_blocks=20, block_size=4))
+    for r in (req(0, 5, 3), req(1, 6, 2)):
+        s.add_request(r)
+    s.update_from_output(s.schedule())
+    assert s.running_context_lens() == [5, 3]
+    assert s.kv_usage == pytest.approx(3 / 20)  # blocks: 2 for request 0, 1 for request 1
