@@ -207,6 +207,10 @@ class CostModel:
         return (self._cpu_step_s + self._cpu_seq_s * seqs + self._cpu_blk_s * b.num_blocks_allocated
                 + self._cpu_hash_s * b.num_blocks_hashed + self._ngram_s_per_seq * b.num_decode_seqs)
 
+    def block_cpu_s(self, num_blocks_allocated: int, num_blocks_hashed: int) -> float:
+        """CPU seconds of block allocation and hashing (charged apart in skip-ahead)."""
+        return self._cpu_blk_s * num_blocks_allocated + self._cpu_hash_s * num_blocks_hashed
+
     def combine(self, gpu_s: float, cpu_s: float) -> float:
         return max(gpu_s, cpu_s) if self.async_scheduling else gpu_s + cpu_s
 
