@@ -1,0 +1,991 @@
+"""Continuous-batching scheduler with vLLM V1 semantics, shared by the simulator and the engine.
+
+One `Scheduler` per replica. Each step: `schedule()` decides which requests compute how
+many tokens and hands back a plain `SchedulerOutput`; the caller runs the step (a cost
+model or a GPU forward) and calls `update_from_output(out, sampled)`. No torch here.
+
+Semantics (vLLM V1, `vllm/v1/core/sched/scheduler.py`, re-derived, not copied):
+- Token budget `max_num_batched_tokens` per step, at most `max_num_seqs` running.
+- Running requests first, in running order: a decode computes 1 token (1 + k with
+  `num_speculative_tokens`), a partially prefilled request continues its prompt.
+  `num_computed_tokens` advances when a step is scheduled, like vLLM.
+- Then waiting requests, FCFS (arrival order) or `priority` (lower value first, then
+  arrival), head-of-line blocking: the first one that does not fit stops admission.
+  Its longest cached prefix (full blocks, never the whole prompt: one token must be
+  computed to produce logits) is skipped from compute.
+- No waiting request is admitted in a step that preempted (vLLM V1 does the same).
+- Chunked prefill off: whole prompts only, and a step that admits prompts does prefill
+  only (vLLM V0's prefill-first order; this is what chunking is compared against). As in
+  vLLM, `max_num_batched_tokens` is raised to `max_model_len` then, so every prompt fits.
+  `long_prefill_token_threshold` only applies with chunking on.
+- Preemption by recompute when a running request needs a block and none is free. Victim:
+  largest (priority value under "priority", then) arrival time. vLLM's FCFS pops the tail
+  of its running list, which is the latest arrival except after resumes; we use the
+  arrival rule always, so the choice does not depend on resume history. The victim's
+  blocks are freed (its cached full blocks stay findable until evicted), its computed
+  tokens reset to 0, and it goes back to the front of the waiting queue.
+- Rejection at `add_request` of a request that can never fit: prompt + output longer
+  than `max_model_len`, or more blocks than the pool has. Reported as a `RequestResult`
+  with a reason, never dropped.
+
+Prefix-cache counters follow vLLM >= 0.11 (vllm#25787, fixing vllm#25780): `queries`
+and `hits` (tokens) are recorded once per request, at admission (vllm#48860), and
+exclude re-admissions after preemption, whose lookups mostly re-find the request's own
+blocks and would inflate the hit rate; those go to `prefix_cache_preempted_*`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from engine.block_manager import BlockPool, KVBlock, make_block_hasher, root_hash
+from engine.request import Request
+
+WAITING = "waiting"
+RUNNING = "running"
+PREEMPTED = "preempted"  # waiting again, after preemption
+FINISHED = "finished"
+REJECTED = "rejected"
+
+# Content key tag for blocks that hold generated tokens in the simulator (no token ids):
+# such a block is keyed by (GEN_TAG, request_id, block index), so only the request that
+# produced it (e.g. after a preemption) can hit it. Hash ids are non-negative.
+GEN_TAG = -1
+
+_EMPTY: tuple[int, ...] = ()
+
+
+class SchedulerConfig(BaseModel):
+    """Scheduler and KV-cache knobs, with vLLM's names and meanings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget per step")
+    max_num_seqs: int = Field(256, ge=1, description="cap on running requests")
+    max_model_len: int = Field(32768, ge=1, description="prompt + output cap per request")
+    block_size: int = Field(16, ge=1, description="tokens per KV block")
+    num_gpu_blocks: int = Field(ge=1, description="KV blocks in the pool (--num-gpu-blocks-override)")
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: Literal["builtin", "xxhash", "sha256"] = "builtin"
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = Field(0, ge=0, description="0 = no per-request cap per step")
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    num_speculative_tokens: int = Field(0, ge=0, description="k draft tokens per decode per step")
+
+    @model_validator(mode="after")
+    def _vllm_budget_without_chunking(self) -> SchedulerConfig:
+        # vLLM raises the budget to max_model_len when chunked prefill is off, so that any
+        # admissible prompt fits in one step; do the same (visibly: the field changes).
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            object.__setattr__(self, "max_num_batched_tokens", self.max_model_len)
+        return self
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """What one request computes in one step. Plain data.
+
+    `block_ids` is the request's live block table (read only; valid until the next
+    `schedule()`/`update_from_output()`; copy it to keep it). `new_block_ids` are the
+    blocks allocated to it in this step (prefix-cache hits not included).
+    """
+
+    request_id: int
+    num_new_tokens: int  # tokens computed this step: a prefill chunk, 1, or 1 + num_spec_tokens
+    num_computed_tokens: int  # tokens already in KV before this step (prefix hits included)
+    num_cached_tokens: int  # prefix-cache hit tokens; non-zero only on an admission step
+    num_spec_tokens: int  # draft tokens among num_new_tokens (verified this step)
+    is_prefill: bool  # still computing prompt (or, after preemption, recomputing) tokens
+    samples: bool  # produces output token(s) this step: must appear in `sampled`
+    block_ids: list[int]
+    new_block_ids: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """A request leaving the scheduler: `status` is "finished" or "rejected"."""
+
+    request_id: int
+    status: str
+    reason: str  # finished: "length" (output_len reached) or "stop" (EOS); rejected: why
+    num_generated: int
+    num_preemptions: int
+    num_cached_tokens: int  # prefix-cache hit tokens at first admission
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's decisions, plain data for a cost model or a GPU runner.
+
+    Context sums count each request's KV length after this step (`num_computed_tokens +
+    num_new_tokens`). `num_blocks_freed` is final only after `update_from_output` (which
+    adds the blocks that finishing requests and rejected drafts release).
+    """
+
+    step_id: int
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_prefill_seqs: int = 0
+    num_decode_seqs: int = 0
+    sum_prefill_context: int = 0
+    sum_decode_context: int = 0
+    num_spec_tokens: int = 0
+    preempted_ids: list[int] = field(default_factory=list)
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+    num_blocks_allocated: int = 0
+    num_blocks_freed: int = 0
+    num_blocks_hashed: int = 0
+    _states: list = field(default_factory=list, repr=False)  # aligned with `scheduled`
+    _updated: bool = field(default=False, repr=False)
+
+
+@dataclass(slots=True)
+class DecodeAdvance:
+    """Totals of `advance_decode(n)`: what n single pure-decode steps would have produced.
+
+    Step i (0-based) of the n has `num_seqs` decodes and a decode context sum of
+    `sum_decode_context_first_step + i * num_seqs`.
+    """
+
+    num_steps: int
+    num_seqs: int
+    first_step_id: int
+    num_batched_tokens: int
+    sum_decode_context_first_step: int
+    num_blocks_allocated: int
+    num_blocks_freed: int
+    num_blocks_hashed: int
+    finished: list[RequestResult]
+
+    def sum_decode_context(self, i: int) -> int:
+        return self.sum_decode_context_first_step + i * self.num_seqs
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Cumulative counters and current gauges (a snapshot)."""
+
+    num_steps: int
+    num_running: int
+    num_waiting: int
+    num_finished: int
+    num_rejected: int
+    num_preemptions: int
+    prefix_cache_queries_tokens: int  # vLLM's vllm:prefix_cache_queries (first admissions)
+    prefix_cache_hits_tokens: int  # vLLM's vllm:prefix_cache_hits
+    prefix_cache_preempted_queries_tokens: int  # re-admissions after preemption
+    prefix_cache_preempted_hits_tokens: int
+    num_evictions: int
+    num_blocks_allocated: int
+    num_blocks_freed: int
+    num_blocks_hashed: int
+    num_cached_blocks: int  # blocks in the prefix-cache table (owned or free)
+    num_free_blocks: int
+    num_gpu_blocks: int
+    kv_usage: float  # fraction of blocks owned by requests (vllm:kv_cache_usage_perc)
+    fragmentation_slots: int  # allocated slots not holding a computed token
+    num_prompt_tokens_computed: int
+    num_generated_tokens: int
+    num_spec_drafts: int
+    num_spec_draft_tokens: int
+    num_spec_accepted_tokens: int
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        q = self.prefix_cache_queries_tokens
+        return self.prefix_cache_hits_tokens / q if q else 0.0
+
+
+class _ReqState:
+    """The scheduler's mutable record of one request."""
+
+    __slots__ = (
+        "req", "request_id", "arrival_s", "priority", "prompt_len", "output_len",
+        "hash_ids", "hash_block_size", "token_ids", "extra",
+        "num_tokens", "num_computed", "num_generated", "blocks", "block_ids",
+        "block_hashes", "num_cached_blocks", "status", "decoding",
+        "num_preemptions", "num_cached_tokens", "seq",
+    )
+
+    def __init__(self, req: Request, token_ids: list[int] | None, extra: tuple, seq: int) -> None:
+        self.req = req
+        self.request_id = req.request_id
+        self.arrival_s = req.arrival_s
+        self.priority = req.priority
+        self.prompt_len = req.prompt_len
+        self.output_len = req.output_len
+        self.hash_ids = req.hash_ids
+        self.hash_block_size = req.hash_block_size
+        self.token_ids = token_ids
+        self.extra = extra
+        self.num_tokens = req.prompt_len  # prompt + generated so far
+        self.num_computed = 0  # tokens whose KV is (being) computed
+        self.num_generated = 0
+        self.blocks: list[KVBlock] = []
+        self.block_ids: list[int] = []
+        self.block_hashes: list[Hashable] = []  # chained hashes of full blocks, kept on preemption
+        self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
+        self.status = WAITING
+        self.decoding = False  # produced a token since its last admission
+        self.num_preemptions = 0
+        self.num_cached_tokens = 0
+        self.seq = seq  # add order, the FCFS tie-break
+
+
+class Scheduler:
+    """vLLM-V1-style scheduler over a `BlockPool`. See the module docstring."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self.caching = config.enable_prefix_caching
+        self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
+        self._root = root_hash(config.prefix_caching_hash_algo)
+        self.requests: dict[int, _ReqState] = {}
+        self.running: list[_ReqState] = []
+        self._priority = config.scheduling_policy == "priority"
+        self._fcfs_waiting: deque[_ReqState] = deque()
+        self._heap_waiting: list[tuple[int, float, int, _ReqState]] = []
+        self._pending_rejected: list[RequestResult] = []  # reported in the next step
+        self._last_out: SchedulerOutput | None = None
+        self._seq = 0
+        self.step_id = 0
+        # counters
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self.num_finished = 0
+        self.num_rejected = 0
+        self.num_blocks_hashed = 0
+        self.pc_queries = 0
+        self.pc_hits = 0
+        self.pc_preempted_queries = 0
+        self.pc_preempted_hits = 0
+        self.num_prompt_tokens_computed = 0
+        self.num_generated_tokens = 0
+        self.num_spec_drafts = 0
+        self.num_spec_draft_tokens = 0
+        self.num_spec_accepted_tokens = 0
+
+    # ------------------------------------------------------------------ intake
+
+    def add_request(
+        self,
+        req: Request,
+        prompt_token_ids: list[int] | None = None,
+        extra_keys: tuple[int, ...] = (),
+    ) -> None:
+        """Queue `req`. `prompt_token_ids` (engine) key the prefix cache by real tokens;
+        without them (simulator) block content comes from `req.hash_ids`. `extra_keys`
+        (ints, e.g. a LoRA id) enter every block hash."""
+        rid = req.request_id
+        if rid in self.requests:
+            raise ValueError(f"request_id {rid} was already added to this scheduler")
+        if prompt_token_ids is None and req.prompt_token_ids is not None:
+            prompt_token_ids = list(req.prompt_token_ids)
+        if prompt_token_ids is not None:
+            prompt_token_ids = list(prompt_token_ids)
+            if len(prompt_token_ids) != req.prompt_len:
+                raise ValueError(
+                    f"request {rid}: {len(prompt_token_ids)} prompt_token_ids for prompt_len "
+                    f"{req.prompt_len}; pass exactly the prompt's token ids"
+                )
+        r = _ReqState(req, prompt_token_ids, tuple(extra_keys), self._seq)
+        self._seq += 1
+        self.requests[rid] = r
+        cfg = self.config
+        total = req.prompt_len + req.output_len
+        reason = None
+        if total > cfg.max_model_len:
+            reason = (
+                f"prompt_len + output_len = {total} tokens exceeds max_model_len = "
+                f"{cfg.max_model_len}"
+            )
+        else:
+            # The last sampled token is never written to KV: a request holds at most
+            # total - 1 tokens (drafts are capped by the remaining output, so no more).
+            need = -(-(total - 1) // self.block_size)
+            if need > cfg.num_gpu_blocks:
+                reason = (
+                    f"needs {need} KV blocks of {self.block_size} tokens for {total - 1} tokens "
+                    f"but num_gpu_blocks = {cfg.num_gpu_blocks}"
+                )
+        if reason is not None:
+            r.status = REJECTED
+            self.num_rejected += 1
+            self._pending_rejected.append(RequestResult(rid, REJECTED, reason, 0, 0, 0))
+            return
+        if self._priority:
+            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.seq, r))
+        else:
+            self._fcfs_waiting.append(r)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._heap_waiting) if self._priority else len(self._fcfs_waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or self.num_waiting > 0 or bool(self._pending_rejected)
+
+    def _peek_waiting(self) -> _ReqState | None:
+        if self._priority:
+            return self._heap_waiting[0][3] if self._heap_waiting else None
+        return self._fcfs_waiting[0] if self._fcfs_waiting else None
+
+    def _pop_waiting(self) -> None:
+        if self._priority:
+            heapq.heappop(self._heap_waiting)
+        else:
+            self._fcfs_waiting.popleft()
+
+    def _requeue_preempted(self, r: _ReqState) -> None:
+        if self._priority:
+            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.seq, r))
+        else:
+            self._fcfs_waiting.appendleft(r)
+
+    # ------------------------------------------------------------------ hashing
+
+    def _content(self, r: _ReqState, i: int) -> tuple:
+        """Flat tuple of ints identifying the tokens of block `i` of request `r`."""
+        bs = self.block_size
+        s = i * bs
+        e = s + bs
+        if r.token_ids is not None:
+            return tuple(r.token_ids[s:e])
+        if e <= r.prompt_len:
+            hbs = r.hash_block_size
+            if hbs % bs == 0:  # the block lies inside one hash block
+                return (r.hash_ids[s // hbs], s % hbs)
+            if bs % hbs == 0:  # the block is a run of whole hash blocks
+                return tuple(r.hash_ids[s // hbs : e // hbs])
+            out: list[int] = []
+            p = s
+            while p < e:
+                h = p // hbs
+                q = min(e, (h + 1) * hbs)
+                out += (r.hash_ids[h], p - h * hbs, q - h * hbs)
+                p = q
+            return tuple(out)
+        return (GEN_TAG, r.request_id, i)
+
+    def _hash_upto(self, r: _ReqState, n: int) -> None:
+        """Make sure `r.block_hashes` covers its first `n` blocks (lazily, chained)."""
+        hashes = r.block_hashes
+        i = len(hashes)
+        if i >= n:
+            return
+        parent = hashes[-1] if hashes else self._root
+        hasher = self._hasher
+        extra = r.extra
+        while i < n:
+            parent = hasher(parent, self._content(r, i), extra)
+            hashes.append(parent)
+            i += 1
+
+    def _hash_upto_counted(self, r: _ReqState, n: int) -> int:
+        before = len(r.block_hashes)
+        if before >= n:
+            return 0
+        self._hash_upto(r, n)
+        self.num_blocks_hashed += n - before
+        return n - before
+
+    def _lookup(self, r: _ReqState) -> tuple[list[KVBlock], int]:
+        """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
+        Returns (hit blocks, blocks hashed)."""
+        max_blocks = (r.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        hashed = 0
+        if max_blocks <= 0:
+            return hits, 0
+        cached = self.pool.cached
+        hashes = r.block_hashes
+        for i in range(max_blocks):
+            if i >= len(hashes):
+                hashed += self._hash_upto_counted(r, i + 1)
+            b = cached.get(hashes[i])
+            if b is None:
+                break
+            hits.append(b)
+        return hits, hashed
+
+    def _cache_full(self, r: _ReqState, num_full: int) -> int:
+        """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed."""
+        start = r.num_cached_blocks
+        hashed = self._hash_upto_counted(r, num_full)
+        hashes = r.block_hashes
+        blocks = r.blocks
+        cache_block = self.pool.cache_block
+        for i in range(start, num_full):
+            cache_block(blocks[i], hashes[i])
+        r.num_cached_blocks = num_full
+        return hashed
+
+    # ------------------------------------------------------------------ allocation
+
+    def _allocate(
+        self, r: _ReqState, num_new: int, num_spec: int, hits: list[KVBlock], out: SchedulerOutput
+    ) -> list[KVBlock] | None:
+        """Give `r` the slots for `num_new` more tokens (after its prefix hits `hits`);
+        None if the pool cannot. Caches the blocks this step fills with known tokens."""
+        bs = self.block_size
+        pool = self.pool
+        computed = r.num_computed + len(hits) * bs
+        need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
+        if need < 0:
+            need = 0
+        revive = 0
+        if hits:
+            for b in hits:
+                if b.ref_cnt == 0:
+                    revive += 1
+        if need + revive > pool.free_queue.num_free:
+            return None
+        if hits:
+            pool.touch(hits)
+            r.blocks.extend(hits)
+            r.block_ids.extend([b.block_id for b in hits])
+            r.num_cached_blocks = len(r.blocks)
+        new = pool.allocate(need) if need else []
+        if need:
+            r.blocks.extend(new)
+            r.block_ids.extend([b.block_id for b in new])
+            out.num_blocks_allocated += need
+        if self.caching:
+            num_full = (computed + num_new - num_spec) // bs
+            if num_full > r.num_cached_blocks:
+                out.num_blocks_hashed += self._cache_full(r, num_full)
+        return new
+
+    def _free_all(self, r: _ReqState) -> int:
+        freed = self.pool.free_reversed(r.blocks)
+        r.blocks = []
+        r.block_ids = []  # a new list: earlier outputs keep the table they were given
+        r.num_cached_blocks = 0
+        return freed
+
+    def _pick_victim(self) -> _ReqState:
+        if self._priority:
+            return max(self.running, key=lambda x: (x.priority, x.arrival_s, x.seq))
+        return max(self.running, key=lambda x: (x.arrival_s, x.seq))
+
+    def _preempt(self, v: _ReqState, out: SchedulerOutput) -> None:
+        self.running.remove(v)
+        out.num_blocks_freed += self._free_all(v)
+        v.num_computed = 0
+        v.decoding = False
+        v.status = PREEMPTED
+        v.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted_ids.append(v.request_id)
+        self._requeue_preempted(v)
+
+    def _unschedule(self, v: _ReqState, out: SchedulerOutput) -> int:
+        """Drop `v`'s entry from this step (it was preempted after being scheduled);
+        returns the tokens given back to the budget."""
+        for idx, st in enumerate(out._states):
+            if st is v:
+                sr = out.scheduled.pop(idx)
+                out._states.pop(idx)
+                n = sr.num_new_tokens
+                out.num_batched_tokens -= n
+                ctx = sr.num_computed_tokens + n
+                if sr.is_prefill:
+                    out.num_prefill_tokens -= n
+                    out.num_prefill_seqs -= 1
+                    out.sum_prefill_context -= ctx
+                    self.num_prompt_tokens_computed -= n
+                else:
+                    out.num_decode_tokens -= n
+                    out.num_decode_seqs -= 1
+                    out.sum_decode_context -= ctx
+                    out.num_spec_tokens -= sr.num_spec_tokens
+                    if sr.num_spec_tokens:
+                        self.num_spec_drafts -= 1
+                        self.num_spec_draft_tokens -= sr.num_spec_tokens
+                return n
+        return 0
+
+    # ------------------------------------------------------------------ schedule
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide one step. See the module docstring for the rules."""
+        if self._last_out is not None and not self._last_out._updated:
+            raise RuntimeError(
+                f"schedule() called again before update_from_output() for step "
+                f"{self._last_out.step_id}"
+            )
+        self.step_id += 1
+        self.num_steps += 1
+        out = SchedulerOutput(self.step_id)
+        if self._pending_rejected:
+            out.rejected = [(x.request_id, x.reason) for x in self._pending_rejected]
+        budget = self.config.max_num_batched_tokens
+        if self.config.enable_chunked_prefill:
+            budget = self._schedule_running(out, budget)
+            if not out.preempted_ids:
+                self._schedule_waiting(out, budget)
+        else:
+            if not self._schedule_waiting(out, budget):
+                self._schedule_running(out, budget)
+        self._last_out = out
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        running = self.running
+        pool = self.pool
+        fq = pool.free_queue
+        bs = self.block_size
+        caching = self.caching
+        k = self.config.num_speculative_tokens
+        thr = self.config.long_prefill_token_threshold if self.config.enable_chunked_prefill else 0
+        scheduled = out.scheduled
+        states = out._states
+        max_tokens = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            c = r.num_computed
+            if r.decoding and k == 0:
+                # Fast path: one decode token; a block only at a boundary.
+                new_ids = _EMPTY
+                if c >= len(r.block_ids) * bs:
+                    if fq.num_free == 0:
+                        if not self._make_room(r, out, i):
+                            break
+                        i = running.index(r)
+                        budget = max_tokens - out.num_batched_tokens
+                    b = pool.allocate_one()
+                    r.blocks.append(b)
+                    r.block_ids.append(b.block_id)
+                    out.num_blocks_allocated += 1
+                    new_ids = (b.block_id,)
+                r.num_computed = c + 1
+                if caching and (c + 1) % bs == 0 and (c + 1) // bs > r.num_cached_blocks:
+                    out.num_blocks_hashed += self._cache_full(r, (c + 1) // bs)
+                scheduled.append(ScheduledRequest(
+                    r.request_id, 1, c, 0, 0, False, True, r.block_ids, new_ids))
+                states.append(r)
+                out.num_decode_seqs += 1
+                out.num_decode_tokens += 1
+                out.sum_decode_context += c + 1
+                out.num_batched_tokens += 1
+                budget -= 1
+                i += 1
+                continue
+            # General path: spec decode or a continuing prefill chunk.
+            if r.decoding:
+                spec = min(k, r.output_len - r.num_generated - 1)
+                num_new = min(1 + spec, budget)
+                spec = num_new - 1
+            else:
+                spec = 0
+                num_new = r.num_tokens - c
+                if 0 < thr < num_new:
+                    num_new = thr
+                if num_new > budget:
+                    num_new = budget
+            while True:
+                new = self._allocate(r, num_new, spec, [], out)
+                if new is not None:
+                    break
+                if not self._make_room(r, out, i, allocate=False):
+                    new = None
+                    break
+                # _make_room may have given budget back from unscheduled victims
+                budget = max_tokens - out.num_batched_tokens
+                i = running.index(r)  # victims before r may have left the list
+            if new is None:
+                break
+            r.num_computed = c + num_new
+            new_ids = tuple([b.block_id for b in new]) if new else _EMPTY
+            if r.decoding:
+                scheduled.append(ScheduledRequest(
+                    r.request_id, num_new, c, 0, spec, False, True, r.block_ids, new_ids))
+                out.num_decode_seqs += 1
+                out.num_decode_tokens += num_new
+                out.sum_decode_context += c + num_new
+                out.num_spec_tokens += spec
+                out.num_batched_tokens += num_new
+                if spec:
+                    self.num_spec_drafts += 1
+                    self.num_spec_draft_tokens += spec
+            else:
+                scheduled.append(ScheduledRequest(
+                    r.request_id, num_new, c, 0, 0, True, c + num_new >= r.num_tokens,
+                    r.block_ids, new_ids))
+                out.num_prefill_tokens += num_new
+                out.num_prefill_seqs += 1
+                out.sum_prefill_context += c + num_new
+                out.num_batched_tokens += num_new
+                self.num_prompt_tokens_computed += num_new
+            states.append(r)
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _make_room(self, r: _ReqState, out: SchedulerOutput, i: int, allocate: bool = True) -> bool:
+        """Preempt victims until one block is free for `r` (fast path) or until the caller
+        may retry (`allocate=False`). False if `r` itself was the victim."""
+        while True:
+            v = self._pick_victim()
+            if any(st is v for st in out._states):
+                self._unschedule(v, out)  # the caller recomputes its budget
+            self._preempt(v, out)
+            if v is r:
+                return False
+            if not allocate or self.pool.free_queue.num_free > 0:
+                return True
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> bool:
+        """Admit waiting requests in policy order; returns whether any was admitted."""
+        cfg = self.config
+        bs = self.block_size
+        chunked = cfg.enable_chunked_prefill
+        thr = cfg.long_prefill_token_threshold if chunked else 0
+        running = self.running
+        admitted = False
+        while budget > 0 and len(running) < cfg.max_num_seqs:
+            r = self._peek_waiting()
+            if r is None:
+                break
+            hashed = 0
+            if self.caching:
+                hits, hashed = self._lookup(r)
+            else:
+                hits = []
+            out.num_blocks_hashed += hashed
+            num_hit = len(hits) * bs
+            num_new = r.num_tokens - num_hit
+            if 0 < thr < num_new:
+                num_new = thr
+            if num_new > budget:
+                if not chunked:
+                    break
+                num_new = budget
+            new = self._allocate(r, num_new, 0, hits, out)
+            if new is None:
+                break
+            self._pop_waiting()
+            if r.num_preemptions == 0:
+                self.pc_queries += r.num_tokens
+                self.pc_hits += num_hit
+                r.num_cached_tokens = num_hit
+            else:
+                self.pc_preempted_queries += r.num_tokens
+                self.pc_preempted_hits += num_hit
+            r.status = RUNNING
+            running.append(r)
+            r.num_computed = num_hit + num_new
+            out.scheduled.append(ScheduledRequest(
+                r.request_id, num_new, num_hit, num_hit, 0, True, r.num_computed >= r.num_tokens,
+                r.block_ids, tuple([b.block_id for b in new]) if new else _EMPTY))
+            out._states.append(r)
+            out.num_prefill_tokens += num_new
+            out.num_prefill_seqs += 1
+            out.sum_prefill_context += num_hit + num_new
+            out.num_batched_tokens += num_new
+            self.num_prompt_tokens_computed += num_new
+            budget -= num_new
+            admitted = True
+        return admitted
+
+    # ------------------------------------------------------------------ update
+
+    def update_from_output(
+        self,
+        out: SchedulerOutput,
+        sampled: dict[int, list[int]] | dict[int, int] | None = None,
+        eos_ids: set[int] | frozenset[int] | None = None,
+    ) -> list[RequestResult]:
+        """Apply the step's sampled tokens; return requests that finished or were rejected.
+
+        `sampled[request_id]`: the token ids produced (engine) or their count (simulator),
+        for every scheduled request with `samples=True`; `None` means 1 token each. With
+        speculation the count is 1 + accepted drafts; the rejected drafts' slots (and any
+        block they alone occupied) are released.
+        """
+        if out is not self._last_out or out._updated:
+            raise RuntimeError(
+                f"update_from_output() must be called once, for the latest schedule() output "
+                f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})"
+            )
+        if sampled is not None:
+            self._check_sampled(out, sampled)
+        out._updated = True
+        results = self._pending_rejected
+        self._pending_rejected = []
+        bs = self.block_size
+        pool = self.pool
+        any_finished = False
+        n_gen_total = 0
+        for sr, r in zip(out.scheduled, out._states):
+            if not sr.samples:
+                continue
+            toks = None
+            if sampled is None:
+                n = 1
+            else:
+                v = sampled[sr.request_id]
+                if isinstance(v, int):
+                    n = v
+                else:
+                    toks = v
+                    n = len(v)
+            spec = sr.num_spec_tokens
+            if spec:
+                rejected = spec - (n - 1)
+                self.num_spec_accepted_tokens += n - 1
+                if rejected:
+                    r.num_computed -= rejected
+                    keep = -(-r.num_computed // bs)
+                    if len(r.blocks) > keep:
+                        tail = r.blocks[keep:]
+                        del r.blocks[keep:]
+                        del r.block_ids[keep:]
+                        out.num_blocks_freed += pool.free_reversed(tail)
+            remaining = r.output_len - r.num_generated
+            reason = None
+            if n >= remaining:
+                n = remaining
+                reason = "length"
+            if toks is not None and eos_ids:
+                for j in range(n):
+                    if toks[j] in eos_ids:
+                        n = j + 1
+                        reason = "stop"
+                        break
+            r.num_generated += n
+            r.num_tokens += n
+            n_gen_total += n
+            if r.token_ids is not None:
+                if toks is None:  # sampled=None: the engine must pass token ids
+                    raise ValueError(
+                        f"request {sr.request_id} was added with prompt_token_ids, so "
+                        f"update_from_output needs its sampled token ids"
+                    )
+                r.token_ids.extend(toks[:n])
+            r.decoding = True
+            if reason is not None:
+                out.num_blocks_freed += self._free_all(r)
+                r.status = FINISHED
+                self.num_finished += 1
+                any_finished = True
+                results.append(RequestResult(
+                    r.request_id, FINISHED, reason, r.num_generated, r.num_preemptions,
+                    r.num_cached_tokens))
+        self.num_generated_tokens += n_gen_total
+        if any_finished:
+            self.running = [x for x in self.running if x.status == RUNNING]
+        return results
+
+    @staticmethod
+    def _check_sampled(out: SchedulerOutput, sampled: dict) -> None:
+        """Validate `sampled` against the step before anything changes."""
+        for sr, r in zip(out.scheduled, out._states):
+            if not sr.samples:
+                continue
+            v = sampled.get(sr.request_id)
+            if v is None:
+                raise ValueError(
+                    f"step {out.step_id}: no sampled entry for request {sr.request_id}, "
+                    f"which was scheduled with samples=True"
+                )
+            n = v if isinstance(v, int) else len(v)
+            if not 1 <= n <= 1 + sr.num_spec_tokens:
+                raise ValueError(
+                    f"step {out.step_id}: request {sr.request_id} sampled {n} tokens; expected "
+                    f"1..{1 + sr.num_spec_tokens} (1 + accepted drafts of {sr.num_spec_tokens})"
+                )
+            if r.token_ids is not None and isinstance(v, int):
+                raise ValueError(
+                    f"request {sr.request_id} was added with prompt_token_ids, so "
+                    f"update_from_output needs its sampled token ids, not a count"
+                )
+
+    # ------------------------------------------------------------------ bulk decode
+
+    def uniform_decode_steps(self) -> int:
+        """How many further steps would be pure decode of exactly the current running set:
+        nothing waiting, no drafts, no request finishing before the last of them, and enough
+        free blocks for every block boundary crossed."""
+        if self._pending_rejected or self.num_waiting or not self.running:
+            return 0
+        if self.config.num_speculative_tokens:
+            return 0
+        if self._last_out is not None and not self._last_out._updated:
+            return 0
+        running = self.running
+        if len(running) > self.config.max_num_batched_tokens:
+            return 0
+        n_max = None
+        for r in running:
+            if not r.decoding or r.num_tokens - r.num_computed != 1 or r.token_ids is not None:
+                return 0
+            rem = r.output_len - r.num_generated
+            if n_max is None or rem < n_max:
+                n_max = rem
+        free = self.pool.free_queue.num_free
+        bs = self.block_size
+        comp = [(r.num_computed, len(r.blocks)) for r in running]
+
+        def blocks_needed(n: int) -> int:
+            tot = 0
+            for c, nb in comp:
+                x = -(-(c + n) // bs) - nb
+                if x > 0:
+                    tot += x
+            return tot
+
+        if blocks_needed(n_max) <= free:
+            return n_max
+        lo, hi = 0, n_max  # blocks_needed(lo) <= free < blocks_needed(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if blocks_needed(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def advance_decode(self, n: int) -> DecodeAdvance:
+        """Apply `n` pure-decode steps at once (n <= uniform_decode_steps()), with the very
+        same block allocations, prefix-cache entries and counters as n single steps."""
+        m = self.uniform_decode_steps()
+        if not 1 <= n <= m:
+            raise ValueError(f"advance_decode({n}): only 1..{m} uniform decode steps are possible now")
+        running = self.running
+        bs = self.block_size
+        pool = self.pool
+        caching = self.caching
+        first_step = self.step_id + 1
+        events: list[tuple[int, int, int]] = []
+        sum_ctx = 0
+        for j, r in enumerate(running):
+            c = r.num_computed
+            sum_ctx += c + 1
+            last = c + n - 1  # last position computed
+            p = len(r.blocks) * bs  # first position needing a new block
+            while p <= last:
+                events.append((p - c + 1, j, 0))
+                p += bs
+            if caching:
+                p = c + (bs - 1 - c) % bs  # first position that completes a block
+                while p <= last:
+                    events.append((p - c + 1, j, 1))
+                    p += bs
+        events.sort()
+        allocated = hashed = 0
+        for s, j, kind in events:
+            r = running[j]
+            if kind == 0:
+                b = pool.allocate_one()
+                r.blocks.append(b)
+                r.block_ids.append(b.block_id)
+                allocated += 1
+            else:
+                full = (r.num_computed + s) // bs
+                if full > r.num_cached_blocks:
+                    hashed += self._cache_full(r, full)
+        freed = 0
+        finished: list[RequestResult] = []
+        for r in running:
+            r.num_computed += n
+            r.num_generated += n
+            r.num_tokens += n
+            if r.num_generated >= r.output_len:
+                freed += self._free_all(r)
+                r.status = FINISHED
+                self.num_finished += 1
+                finished.append(RequestResult(
+                    r.request_id, FINISHED, "length", r.num_generated, r.num_preemptions,
+                    r.num_cached_tokens))
+        if finished:
+            self.running = [x for x in running if x.status == RUNNING]
+        self.step_id += n
+        self.num_steps += n
+        self.num_generated_tokens += n * len(running)
+        return DecodeAdvance(
+            num_steps=n, num_seqs=len(running), first_step_id=first_step,
+            num_batched_tokens=n * len(running), sum_decode_context_first_step=sum_ctx,
+            num_blocks_allocated=allocated, num_blocks_freed=freed, num_blocks_hashed=hashed,
+            finished=finished)
+
+    # ------------------------------------------------------------------ stats, checks
+
+    @property
+    def stats(self) -> SchedulerStats:
+        pool = self.pool
+        bs = self.block_size
+        frag = 0
+        for r in self.running:
+            frag += len(r.blocks) * bs - r.num_computed
+        return SchedulerStats(
+            num_steps=self.num_steps,
+            num_running=len(self.running),
+            num_waiting=self.num_waiting,
+            num_finished=self.num_finished,
+            num_rejected=self.num_rejected,
+            num_preemptions=self.num_preemptions,
+            prefix_cache_queries_tokens=self.pc_queries,
+            prefix_cache_hits_tokens=self.pc_hits,
+            prefix_cache_preempted_queries_tokens=self.pc_preempted_queries,
+            prefix_cache_preempted_hits_tokens=self.pc_preempted_hits,
+            num_evictions=pool.num_evictions,
+            num_blocks_allocated=pool.num_allocated,
+            num_blocks_freed=pool.num_freed,
+            num_blocks_hashed=self.num_blocks_hashed,
+            num_cached_blocks=len(pool.cached),
+            num_free_blocks=pool.num_free,
+            num_gpu_blocks=pool.num_blocks,
+            kv_usage=pool.usage(),
+            fragmentation_slots=frag,
+            num_prompt_tokens_computed=self.num_prompt_tokens_computed,
+            num_generated_tokens=self.num_generated_tokens,
+            num_spec_drafts=self.num_spec_drafts,
+            num_spec_draft_tokens=self.num_spec_draft_tokens,
+            num_spec_accepted_tokens=self.num_spec_accepted_tokens,
+        )
+
+    def num_preemptions_of(self, request_id: int) -> int:
+        return self.requests[request_id].num_preemptions
+
+    def status_of(self, request_id: int) -> str:
+        return self.requests[request_id].status
+
+    def block_ids_of(self, request_id: int) -> list[int]:
+        return list(self.requests[request_id].block_ids)
+
+    def check_invariants(self) -> None:
+        """AssertionError unless every block's refcount equals its owners and each request's
+        bookkeeping is consistent. O(all blocks): for tests."""
+        owners: dict[int, int] = {}
+        bs = self.block_size
+        for r in self.running:
+            assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
+            assert [b.block_id for b in r.blocks] == r.block_ids, f"request {r.request_id}: ids drift"
+            assert r.num_computed <= len(r.blocks) * bs, f"request {r.request_id}: KV overflow"
+            assert len(r.blocks) <= -(-r.num_computed // bs) or not r.decoding or True
+            assert r.num_cached_blocks <= len(r.blocks)
+            assert len(set(r.block_ids)) == len(r.block_ids), f"request {r.request_id}: dup block"
+            for bid in r.block_ids:
+                owners[bid] = owners.get(bid, 0) + 1
+        assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
+        waiting = ([x[3] for x in self._heap_waiting] if self._priority else list(self._fcfs_waiting))
+        for r in waiting:
+            assert not r.blocks and r.num_computed == 0, f"waiting request {r.request_id} holds KV"
+            assert r.status in (WAITING, PREEMPTED)
+        self.pool.check_invariants(owners)
