@@ -1,0 +1,445 @@
+"""Real-trace loaders (Mooncake JSONL, Azure LLM inference CSV 2023/2024, BurstGPT CSV) and a
+Mooncake JSONL exporter.
+
+Every loader returns a `Workload` whose first request arrives at 0 s. A malformed row raises
+`TraceFormatError` naming the file, line, field and fix; with `lenient=True` bad rows are skipped
+and counted by reason in `Workload.skipped_rows` instead. Nothing is dropped silently.
+
+Prefix information
+- Mooncake: `hash_ids` at 512 tokens per block (inferred from the rows when they fit another
+  size, e.g. a file our exporter wrote at 16).
+- Azure and BurstGPT carry none: every block of every request gets a fresh id, so the
+  workload shows no prefix reuse, which is what the trace can vouch for.
+
+Mooncake's 3-second timestamp steps (see ../shared/traces/README.md): the default replays them
+as-is (bursts of simultaneous arrivals every ~3 s, as the trace records). `spread_ties` instead
+spreads each group of equal timestamps uniformly over the gap to the next distinct timestamp,
+with a seed; use it when the quantisation, not the traffic, would drive queueing.
+
+BurstGPT failures (`Response tokens` = 0): such a request produced no output, and a `Request`
+needs at least one output token; by default they are excluded and counted under
+"failed request" in `skipped_rows` (also in strict mode: they are part of the format, not a
+defect). `keep_failed=True` keeps them as requests with a 1-token output instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from sim.workload import Workload
+
+TraceFormat = Literal["auto", "mooncake", "azure", "burstgpt"]
+FORMATS = ("mooncake", "azure", "burstgpt")
+MOONCAKE_BLOCK_TOKENS = 512
+_BLOCK_SIZE_CANDIDATES = (512, 16, 32, 64, 128, 256, 1024, 8, 2048)
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
+
+
+class TraceFormatError(ValueError):
+    """A trace that cannot be read as it is; says where, what and how to fix it."""
+
+    def __init__(self, path: str | Path, line: int | None, field: str | None, problem: str, fix: str) -> None:
+        self.path, self.line, self.field, self.problem, self.fix = str(path), line, field, problem, fix
+        where = self.path + (f", line {line}" if line is not None else "")
+        what = f"field '{field}': " if field else ""
+        super().__init__(f"{where}: {what}{problem}. Fix: {fix}")
+
+
+@dataclass
+class _Rows:
+    """Collects valid rows; in lenient mode turns row errors into counted skips."""
+
+    path: Path
+    lenient: bool
+    skipped: Counter[str]
+
+    def bad(self, line: int, field: str | None, problem: str, fix: str, reason: str) -> None:
+        if not self.lenient:
+            raise TraceFormatError(self.path, line, field, problem, fix)
+        self.skipped[reason] += 1
+
+
+def _finish(path: Path, fmt: str, arrival_s: list[float], prompt: list[int], output: list[int],
+            ids: np.ndarray | None, id_counts: list[int] | None, block_size: int, category: list[str] | str,
+            session: list[int] | None, skipped: Counter[str], bad_rows_total: int) -> Workload:
+    if not arrival_s:
+        detail = f" ({bad_rows_total} rows skipped: {dict(skipped)})" if bad_rows_total else ""
+        raise TraceFormatError(path, None, None, f"no usable requests in this {fmt} trace{detail}",
+                               "check that the file is the trace you meant and is not truncated")
+    t = np.asarray(arrival_s, dtype=np.float64)
+    p = np.asarray(prompt, dtype=np.int64)
+    if ids is None:  # no prefix information: one fresh id per block
+        counts = -(-p // block_size)
+        ids = np.arange(int(counts.sum()), dtype=np.int64)
+    else:
+        counts = np.asarray(id_counts, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    wl = Workload.from_columns(
+        arrival_s=t - t[0], prompt_len=p, output_len=np.asarray(output, dtype=np.int64),
+        hash_ids=ids, hash_offsets=offsets, hash_block_size=block_size, category=category,
+        session_id=None if session is None else np.asarray(session, dtype=np.int64), name=path.name,
+    )
+    wl.skipped_rows = dict(skipped)
+    wl.notes.append(f"loaded {len(wl)} requests from {path.name} ({fmt})")
+    if skipped:
+        wl.notes.append(f"skipped {sum(skipped.values())} rows: "
+                        + "; ".join(f"{n} x {why}" for why, n in skipped.most_common()))
+    return wl
+
+
+def _as_count(value: object) -> int | None:
+    """A JSON/CSV token count as int, or None if it is not a whole number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        s = value.strip()
+        if re.fullmatch(r"[+-]?\d+", s):
+            return int(s)
+        if re.fullmatch(r"[+-]?\d+\.0*", s):
+            return int(float(s))
+    return None
+
+
+# --------------------------------------------------------------------------- Mooncake
+
+
+def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: int | None = None) -> Workload:
+    """Mooncake / `timed_trace` JSONL: timestamp (ms), input_length, output_length, hash_ids.
+
+    `hash_block_size` None: 512 (Mooncake's) unless the rows fit another size and not 512."""
+    path = Path(path)
+    rows = _Rows(path, lenient, Counter())
+    parsed: list[tuple[int, dict]] = []
+    with path.open("r", encoding="utf-8") as f:
+        for lineno, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                rows.bad(lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})",
+                         'each line must be one JSON object such as {"timestamp": 0, "input_length": 600, '
+                         '"output_length": 20, "hash_ids": [0, 1]}', "bad JSON")
+                continue
+            if not isinstance(obj, dict):
+                rows.bad(lineno, None, f"a JSON {type(obj).__name__}, not an object",
+                         "each line must be one JSON object", "not a JSON object")
+                continue
+            parsed.append((lineno, obj))
+    if not parsed and not rows.skipped:
+        raise TraceFormatError(path, None, None, "the file is empty", "give a trace with one JSON request per line")
+
+    bs = hash_block_size or _infer_block_size(parsed)
+    arrival: list[float] = []
+    prompt: list[int] = []
+    output: list[int] = []
+    id_lists: list[list[int]] = []
+    last_ms: float | None = None
+    last_line = 0
+    for lineno, obj in parsed:
+        missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj]
+        if missing:
+            rows.bad(lineno, missing[0], "missing", f"every row needs timestamp (ms), input_length, output_length "
+                     f"and hash_ids; add '{missing[0]}'", f"missing field {missing[0]}")
+            continue
+        ts = obj["timestamp"]
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
+            rows.bad(lineno, "timestamp", f"{ts!r} is not a non-negative number of milliseconds",
+                     "write the arrival time in ms since the trace start, e.g. 3000", "bad timestamp")
+            continue
+        n_in = _as_count(obj["input_length"])
+        n_out = _as_count(obj["output_length"])
+        if n_in is None or n_in < 1:
+            rows.bad(lineno, "input_length", f"{obj['input_length']!r} is not a whole number of tokens >= 1",
+                     "give the prompt length in tokens as a positive integer", "bad input_length")
+            continue
+        if n_out is None or n_out < 1:
+            rows.bad(lineno, "output_length", f"{obj['output_length']!r} is not a whole number of tokens >= 1",
+                     "give the output length in tokens as a positive integer (a request generates >= 1 token)",
+                     "bad output_length")
+            continue
+        hid = obj["hash_ids"]
+        if not isinstance(hid, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+                                                for h in hid):
+            rows.bad(lineno, "hash_ids", "must be a list of non-negative integers",
+                     "write the prompt's block hash ids as a JSON list of integers", "bad hash_ids")
+            continue
+        want = -(-n_in // bs)
+        if len(hid) != want:
+            rows.bad(lineno, "hash_ids", f"{len(hid)} ids for input_length {n_in}, but at {bs} tokens per block "
+                     f"there must be ceil({n_in}/{bs}) = {want}",
+                     "fix input_length or hash_ids, or pass the block size the trace was made with "
+                     "(--hash-block-size; Mooncake uses 512)", "hash_ids inconsistent with input_length")
+            continue
+        if last_ms is not None and ts < last_ms:
+            rows.bad(lineno, "timestamp", f"{ts} ms is earlier than {last_ms} ms on line {last_line} "
+                     "(timestamps go backwards)", "sort the file by timestamp (e.g. `sort` the rows by that "
+                     "field) or pass --lenient to skip such rows", "timestamp going backwards")
+            continue
+        last_ms, last_line = ts, lineno
+        arrival.append(ts / 1000.0)
+        prompt.append(n_in)
+        output.append(n_out)
+        id_lists.append(hid)
+    counts = [len(h) for h in id_lists]
+    flat = np.fromiter((h for lst in id_lists for h in lst), dtype=np.int64, count=sum(counts))
+    return _finish(path, "mooncake", arrival, prompt, output, flat, counts, bs, "default", None,
+                   rows.skipped, sum(rows.skipped.values()))
+
+
+def _infer_block_size(parsed: list[tuple[int, dict]]) -> int:
+    """512 if the first rows fit it; else the first candidate size that fits them all."""
+    sample = []
+    for _, obj in parsed[:200]:
+        n_in, hid = _as_count(obj.get("input_length")), obj.get("hash_ids")
+        if n_in is not None and n_in >= 1 and isinstance(hid, list):
+            sample.append((n_in, len(hid)))
+    for bs in _BLOCK_SIZE_CANDIDATES:
+        if sample and all(-(-n // bs) == k for n, k in sample):
+            return bs
+    return MOONCAKE_BLOCK_TOKENS
+
+
+# --------------------------------------------------------------------------- CSV traces
+
+_TS_RE = re.compile(r"^\s*(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?\s*(Z|[+-]\d{2}:?\d{2})?\s*$")
+
+
+def _parse_wallclock_ns(text: str) -> int | None:
+    """`YYYY-MM-DD HH:MM:SS[.f{1,9}][Z|+HH:MM]` as ns since the epoch (UTC if an offset is given).
+
+    Azure 2023 writes 7 fractional digits (100 ns), which many datetime parsers reject."""
+    m = _TS_RE.match(text)
+    if m is None:
+        return None
+    date, clock, frac, tz = m.groups()
+    try:
+        secs = int(np.datetime64(f"{date}T{clock}", "s").astype(np.int64))
+    except ValueError:
+        return None
+    ns = secs * 1_000_000_000 + (int(frac.ljust(9, "0")) if frac else 0)
+    if tz and tz != "Z":
+        sign = -1 if tz[0] == "-" else 1
+        hh, mm = int(tz[1:3]), int(tz[-2:])
+        ns -= sign * (hh * 3600 + mm * 60) * 1_000_000_000
+    return ns
+
+
+def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    text = path.read_text(encoding="utf-8-sig")
+    if not text.strip():
+        raise TraceFormatError(path, None, None, "the file is empty", "give a CSV trace with a header row and one row per request")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader)
+    rows = [(reader.line_num, r) for r in reader if r and any(c.strip() for c in r)]
+    return [h.strip() for h in header], rows
+
+
+def _require_columns(path: Path, header: list[str], needed: tuple[str, ...], fmt: str) -> dict[str, int]:
+    for col in needed:
+        if col not in header:
+            raise TraceFormatError(path, 1, col, f"missing column (header has {', '.join(header)})",
+                                   f"a {fmt} trace needs the columns {', '.join(needed)}")
+    return {c: header.index(c) for c in header}
+
+
+def load_azure(path: str | Path, *, lenient: bool = False, hash_block_size: int = 16) -> Workload:
+    """Azure LLM inference trace CSV (2023 Splitwise and 2024 DynamoLLM): TIMESTAMP,
+    ContextTokens, GeneratedTokens. Arrival = TIMESTAMP - first TIMESTAMP. No prefix info."""
+    path = Path(path)
+    header, body = _csv_rows(path)
+    col = _require_columns(path, header, AZURE_COLUMNS, "Azure LLM inference")
+    rows = _Rows(path, lenient, Counter())
+    t_ns: list[int] = []
+    prompt: list[int] = []
+    output: list[int] = []
+    last: tuple[int, int] | None = None
+    for lineno, r in body:
+        if len(r) < len(header):
+            rows.bad(lineno, header[len(r)], f"missing (the row has {len(r)} of {len(header)} fields)",
+                     "give every row all columns of the header", "short row")
+            continue
+        ns = _parse_wallclock_ns(r[col["TIMESTAMP"]])
+        if ns is None:
+            rows.bad(lineno, "TIMESTAMP", f"{r[col['TIMESTAMP']]!r} is not a date-time",
+                     "write it as YYYY-MM-DD HH:MM:SS.fffffff (an optional +HH:MM offset is allowed)", "bad TIMESTAMP")
+            continue
+        n_in, n_out = _as_count(r[col["ContextTokens"]]), _as_count(r[col["GeneratedTokens"]])
+        if n_in is None or n_in < 1:
+            rows.bad(lineno, "ContextTokens", f"{r[col['ContextTokens']]!r} is not a whole number of tokens >= 1",
+                     "give the prompt length as a positive integer", "bad ContextTokens")
+            continue
+        if n_out is None or n_out < 1:
+            rows.bad(lineno, "GeneratedTokens", f"{r[col['GeneratedTokens']]!r} is not a whole number of tokens >= 1",
+                     "give the output length as a positive integer", "bad GeneratedTokens")
+            continue
+        if last is not None and ns < last[0]:
+            rows.bad(lineno, "TIMESTAMP", f"{r[col['TIMESTAMP']]} is earlier than the row on line {last[1]} "
+                     "(timestamps go backwards)", "sort the file by TIMESTAMP or pass --lenient to skip such rows",
+                     "timestamp going backwards")
+            continue
+        last = (ns, lineno)
+        t_ns.append(ns)
+        prompt.append(n_in)
+        output.append(n_out)
+    arrival = [] if not t_ns else ((np.asarray(t_ns, dtype=np.int64) - t_ns[0]) / 1e9).tolist()
+    return _finish(path, "azure", arrival, prompt, output, None, None, hash_block_size, "default", None,
+                   rows.skipped, sum(rows.skipped.values()))
+
+
+def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: int = 16,
+                  keep_failed: bool = False) -> Workload:
+    """BurstGPT CSV: Timestamp (s), Model, Request tokens, Response tokens, Total tokens, Log Type
+    (and `Session ID` in later releases). Category = the log type ('conversation' or 'api')."""
+    path = Path(path)
+    header, body = _csv_rows(path)
+    col = _require_columns(path, header, ("Timestamp", "Request tokens", "Response tokens"), "BurstGPT")
+    rows = _Rows(path, lenient, Counter())
+    arrival: list[float] = []
+    prompt: list[int] = []
+    output: list[int] = []
+    category: list[str] = []
+    session: list[int] = []
+    has_session = "Session ID" in col
+    last: tuple[float, int] | None = None
+    for lineno, r in body:
+        if len(r) < len(header):
+            rows.bad(lineno, header[len(r)], f"missing (the row has {len(r)} of {len(header)} fields)",
+                     "give every row all columns of the header", "short row")
+            continue
+        try:
+            ts = float(r[col["Timestamp"]])
+        except ValueError:
+            ts = float("nan")
+        if not math.isfinite(ts) or ts < 0:
+            rows.bad(lineno, "Timestamp", f"{r[col['Timestamp']]!r} is not a non-negative number of seconds",
+                     "write the arrival time in seconds since the trace start", "bad Timestamp")
+            continue
+        n_in, n_out = _as_count(r[col["Request tokens"]]), _as_count(r[col["Response tokens"]])
+        if n_in is None or n_in < 1:
+            rows.bad(lineno, "Request tokens", f"{r[col['Request tokens']]!r} is not a whole number of tokens >= 1",
+                     "give the prompt length as a positive integer", "bad Request tokens")
+            continue
+        if n_out is None or n_out < 0:
+            rows.bad(lineno, "Response tokens", f"{r[col['Response tokens']]!r} is not a whole number of tokens >= 0",
+                     "give the output length as a non-negative integer (0 marks a failed request)",
+                     "bad Response tokens")
+            continue
+        if n_out == 0 and not keep_failed:
+            rows.skipped["failed request (Response tokens = 0), excluded"] += 1
+            continue
+        if last is not None and ts < last[0]:
+            rows.bad(lineno, "Timestamp", f"{ts} s is earlier than {last[0]} s on line {last[1]} "
+                     "(timestamps go backwards)", "sort the file by Timestamp or pass --lenient to skip such rows",
+                     "timestamp going backwards")
+            continue
+        last = (ts, lineno)
+        arrival.append(ts)
+        prompt.append(n_in)
+        output.append(max(n_out, 1))
+        kind = r[col["Log Type"]].strip().lower() if "Log Type" in col else ""
+        category.append("api" if kind.startswith("api") else "conversation" if kind.startswith("conv") else "default")
+        if has_session:
+            sid = _as_count(r[col["Session ID"]])
+            session.append(-1 if sid is None else sid)
+    return _finish(path, "burstgpt", arrival, prompt, output, None, None, hash_block_size, category,
+                   session if has_session else None, rows.skipped,
+                   sum(v for k, v in rows.skipped.items() if not k.startswith("failed")))
+
+
+# --------------------------------------------------------------------------- detection, options
+
+
+def detect_format(path: str | Path) -> str:
+    """'mooncake', 'azure' or 'burstgpt' from the first bytes; TraceFormatError otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceFormatError(path, None, None, "no such file", "check the path (or name a preset: "
+                               "`costline workload presets` lists them)")
+    with path.open("r", encoding="utf-8-sig", errors="replace") as f:
+        head = f.read(4096)
+    if not head.strip():
+        raise TraceFormatError(path, None, None, "the file is empty", "give a non-empty trace file")
+    first = head.lstrip().splitlines()[0]
+    if first.startswith("{"):
+        return "mooncake"
+    cols = [c.strip() for c in next(csv.reader([first]))]
+    if all(c in cols for c in AZURE_COLUMNS):
+        return "azure"
+    if "Timestamp" in cols and "Request tokens" in cols:
+        return "burstgpt"
+    raise TraceFormatError(
+        path, 1, None, f"unknown trace format (first line: {first[:80]!r})",
+        "use Mooncake JSONL (timestamp, input_length, output_length, hash_ids), an Azure CSV "
+        f"({','.join(AZURE_COLUMNS)}) or a BurstGPT CSV ({','.join(BURSTGPT_COLUMNS)}), "
+        "or name the format with --format")
+
+
+def load_trace(path: str | Path, fmt: TraceFormat = "auto", *, lenient: bool = False,
+               hash_block_size: int | None = None, keep_failed: bool = False) -> Workload:
+    """Load a trace file in any supported format (auto-detected by default)."""
+    kind = detect_format(path) if fmt == "auto" else fmt
+    if kind == "mooncake":
+        return load_mooncake(path, lenient=lenient, hash_block_size=hash_block_size)
+    if kind == "azure":
+        return load_azure(path, lenient=lenient, hash_block_size=hash_block_size or 16)
+    if kind == "burstgpt":
+        return load_burstgpt(path, lenient=lenient, hash_block_size=hash_block_size or 16, keep_failed=keep_failed)
+    raise TraceFormatError(path, None, None, f"unknown format {fmt!r}", f"use one of auto, {', '.join(FORMATS)}")
+
+
+def spread_ties(wl: Workload, seed: int = 0) -> Workload:
+    """Spread requests that share a timestamp uniformly over [t, next distinct timestamp), seeded.
+
+    For the last group the window is the median step between distinct timestamps. Requests are
+    re-sorted by their new times (request ids follow the new order)."""
+    t = wl.arrival_s
+    distinct, first_idx, inverse = np.unique(t, return_index=True, return_inverse=True)
+    if distinct.size == t.size:
+        return wl
+    steps = np.diff(distinct)
+    last_step = float(np.median(steps)) if steps.size else 1.0
+    width = np.append(steps, last_step)[inverse]
+    rng = np.random.default_rng(seed)
+    new_t = t + rng.random(t.size) * width
+    new_t -= new_t.min()
+    order = np.argsort(new_t, kind="stable")
+    out = wl.take(order)
+    out.arrival_s = new_t[order]
+    out.notes.append(f"spread {t.size} arrivals over {distinct.size} distinct timestamps uniformly within each "
+                     f"step to the next (median step {last_step:.3f} s, seed {seed})")
+    return out
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_mooncake(wl: Workload, path: str | Path) -> Path:
+    """Write `wl` as Mooncake JSONL (timestamp in integer ms), replayable by
+    `vllm bench serve --dataset-name timed_trace --dataset-path FILE
+     --timed-trace-sec-multiplier 0.001 --timed-trace-chunk-hash-size <wl.hash_block_size>`."""
+    path = Path(path)
+    ids, offs = wl.flat_hash_ids()
+    ts_ms = np.rint((wl.arrival_s - wl.arrival_s[0]) * 1000.0).astype(np.int64).tolist()
+    ids_l, offs_l = ids.tolist(), offs.tolist()
+    with path.open("w", encoding="utf-8") as f:
+        for i, (t, p, o) in enumerate(zip(ts_ms, wl.prompt_len.tolist(), wl.output_len.tolist(), strict=True)):
+            f.write(json.dumps({"timestamp": t, "input_length": p, "output_length": o,
+                                "hash_ids": ids_l[offs_l[i]:offs_l[i + 1]]}, separators=(", ", ": ")) + "\n")
+    return path
