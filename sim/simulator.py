@@ -66,6 +66,8 @@ class _Replica:
             scheduling_policy=engine.scheduling_policy,
             num_speculative_tokens=engine.num_speculative_tokens))
         self.wake: simpy.Event | None = None
+        self.skipping = False
+        self.pending: list[Request] = []
         self.kv_len: dict[int, int] = {}  # running request -> tokens in KV after its last step
         self.external: dict[int, int] = {}  # request -> prompt tokens whose KV arrived by transfer
         self.link = simpy.Resource(sim.env, capacity=1) if role == "prefill" else None
@@ -73,16 +75,21 @@ class _Replica:
 
     # --- intake -------------------------------------------------------------------
     def add(self, req: Request, external_tokens: int = 0) -> None:
-        self.sched.add_request(req)
         if external_tokens:
             self.external[req.request_id] = external_tokens
+        if self.skipping:
+            # the scheduler is mid-way through a bulk decode: hand it over once the steps
+            # that started before this arrival are applied (as a step boundary would)
+            self.pending.append(req)
+        else:
+            self.sched.add_request(req)
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
 
     @property
     def load(self) -> int:
         """vLLM's data-parallel balancing score: 4 x waiting + running."""
-        return 4 * self.sched.num_waiting + self.sched.num_running
+        return 4 * (self.sched.num_waiting + len(self.pending)) + self.sched.num_running
 
     # --- the step loop --------------------------------------------------------------
     def run(self):
@@ -179,16 +186,22 @@ class _Replica:
         run = cost.decode_run(B, ctx0, n)
         t0 = env.now
         self.wake = env.event()
+        self.skipping = True
         yield env.timeout(run.elapsed_s(n)) | self.wake
         woke = self.wake.triggered
         self.wake = None
         m = n
         if woke:
             m = run.steps_started_before(env.now - t0)
-            if m == 0:
-                return
-            yield env.timeout(max(t0 + run.elapsed_s(m) - env.now, 0.0))
-        adv = sched.advance_decode(m)
+            if m:
+                yield env.timeout(max(t0 + run.elapsed_s(m) - env.now, 0.0))
+        self.skipping = False
+        adv = sched.advance_decode(m) if m else None
+        for req in self.pending:
+            sched.add_request(req)
+        self.pending.clear()
+        if adv is None:
+            return
         extra = cost.block_cpu_s(adv.num_blocks_allocated, adv.num_blocks_hashed)
         if extra and not cost.async_scheduling:
             yield env.timeout(extra)
