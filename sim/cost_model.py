@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -271,12 +272,17 @@ class DecodeRun:
         k = m - i_star
         return i_star * self.cpu + k * self.g0 + self.slope * (i_star * k + k * (k - 1) / 2)
 
-    def steps_started_before(self, elapsed: float) -> int:
-        """How many of the n steps start strictly before `elapsed` seconds into the run."""
+    def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None) -> int:
+        """How many of the n steps start strictly before `elapsed` seconds into the run.
+
+        `extra_s(m)`, if given, adds time spent in the first m steps beyond the closed form
+        (the CPU cost of the blocks they allocate and hash); it must be non-decreasing.
+        """
         lo, hi = 0, self.n  # invariant: step lo-1 starts before `elapsed` (or lo == 0)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.elapsed_s(mid - 1) < elapsed:
+            start = self.elapsed_s(mid - 1) + (extra_s(mid - 1) if extra_s else 0.0)
+            if start < elapsed:
                 lo = mid
             else:
                 hi = mid - 1

@@ -182,19 +182,21 @@ class _Replica:
         """Sleep through up to n pure-decode steps; stop early at a wake-up (new work)."""
         env, sim, sched, cost = self.sim.env, self.sim, self.sched, self.cost
         B = sched.num_running
-        ctx0 = sum(self.kv_len.values()) + B  # context of the first skipped step
-        run = cost.decode_run(B, ctx0, n)
+        ctx = np.fromiter(self.kv_len.values(), dtype=np.int64, count=B)  # KV tokens before the skip
+        run = cost.decode_run(B, int(ctx.sum()) + B, n)
+        block_s = None if cost.async_scheduling else self._block_cpu_fn(ctx)
         t0 = env.now
         self.wake = env.event()
         self.skipping = True
-        yield env.timeout(run.elapsed_s(n)) | self.wake
+        yield env.timeout(run.elapsed_s(n) + (block_s(n) if block_s else 0.0)) | self.wake
         woke = self.wake.triggered
         self.wake = None
         m = n
         if woke:
-            m = run.steps_started_before(env.now - t0)
+            m = run.steps_started_before(env.now - t0, block_s)
             if m:
-                yield env.timeout(max(t0 + run.elapsed_s(m) - env.now, 0.0))
+                end = t0 + run.elapsed_s(m) + (block_s(m) if block_s else 0.0)
+                yield env.timeout(max(end - env.now, 0.0))
         self.skipping = False
         adv = sched.advance_decode(m) if m else None
         for req in self.pending:
@@ -202,9 +204,7 @@ class _Replica:
         self.pending.clear()
         if adv is None:
             return
-        extra = cost.block_cpu_s(adv.num_blocks_allocated, adv.num_blocks_hashed)
-        if extra and not cost.async_scheduling:
-            yield env.timeout(extra)
+        extra = 0.0 if block_s is None else cost.block_cpu_s(adv.num_blocks_allocated, adv.num_blocks_hashed)
         for rid in self.kv_len:
             self.kv_len[rid] += m
         t1 = env.now
@@ -215,6 +215,27 @@ class _Replica:
         sim.steps.append((self.idx, t0, dt, m, run.dt(0), run.dt(m - 1), gpu_s, cpu_s, 0, 0, B, m * B,
                           adv.sum_decode_context_first_step, adv.num_batched_tokens, adv.num_blocks_allocated,
                           adv.num_blocks_hashed, 0, sched.num_running, sched.num_waiting, self._kv_usage(), 0, 0))
+
+    def _block_cpu_fn(self, ctx: np.ndarray) -> Callable[[int], float]:
+        """CPU seconds of the blocks allocated and hashed in the first m decode steps.
+
+        Sequence j (ctx[j] tokens in KV) needs a new block at every step i where position
+        ctx[j] + i starts a block, and completes (hashes) one where ctx[j] + i + 1 ends one.
+        """
+        bs = self.engine.block_size
+        first_alloc = (-ctx) % bs
+        first_hash = (bs - 1 - ctx) % bs if self.engine.enable_prefix_caching else None
+        blk_s, hash_s = self.cost.block_cpu_s(1, 0), self.cost.block_cpu_s(0, 1)
+
+        def block_s(m: int) -> float:
+            if m <= 0:
+                return 0.0
+            t = blk_s * float(np.maximum((m - 1 - first_alloc) // bs + 1, 0).sum())
+            if first_hash is not None:
+                t += hash_s * float(np.maximum((m - 1 - first_hash) // bs + 1, 0).sum())
+            return t
+
+        return block_s
 
     def _finish(self, results, t: float) -> None:
         for r in results:
@@ -337,27 +358,23 @@ class Simulation:
         loads = [r.load for r in pool]
         lo = min(loads)
         ok = {r.idx for r, ld in zip(pool, loads) if ld <= lo + 8}
-        best, depth, key = None, 0, 0
         idx = self._prefix_index
-        keys = []
-        cand = ok
+        keys, key = [], 0
+        cand: set[int] | None = ok  # replicas holding every block matched so far
         for h in req.hash_ids:
             key = hash((key, h))
             keys.append(key)
-            holders = idx.get(key)
-            if not holders or cand is None:
-                cand = None
+            if cand is None:
                 continue
-            inter = cand & holders
+            inter = cand & idx.get(key, set())
             if inter:
                 cand = inter
-                depth += 1
             else:
+                best_set = cand
                 cand = None
-        if depth and cand:
-            best = min((r for r in pool if r.idx in cand), key=lambda r: r.load)
-        else:
-            best = min(pool, key=lambda r: r.load)
+        if cand is not None:
+            best_set = cand
+        best = min((r for r in pool if r.idx in best_set), key=lambda r: r.load)
         for k in keys:
             idx.setdefault(k, set()).add(best.idx)
         return best
