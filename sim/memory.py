@@ -89,10 +89,15 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> MemoryP
     wdt = engine.weight_dtype
     draft = draft_weight_bytes(model, engine.speculative_config, wdt)
     reserve = activation_reserve_bytes(model, engine)
-    tokens = kv_capacity_tokens(model, gpu, num_gpus=tp,
-                                gpu_memory_utilization=engine.gpu_memory_utilization,
-                                kv_cache_dtype=engine.kv_cache_dtype, weight_dtype=wdt,
-                                extra_weight_bytes=draft, activation_reserve_bytes=reserve)
+    # the proposer keeps KV for its own layers too: each token costs target + draft KV bytes
+    d = draft_spec(model, engine.speculative_config)
+    kv_tok = model.kv_bytes_per_token(engine.kv_cache_dtype) + (
+        d.kv_bytes_per_token(engine.kv_cache_dtype) if d is not None else 0.0)
+    target_tokens = kv_capacity_tokens(model, gpu, num_gpus=tp,
+                                       gpu_memory_utilization=engine.gpu_memory_utilization,
+                                       kv_cache_dtype=engine.kv_cache_dtype, weight_dtype=wdt,
+                                       extra_weight_bytes=draft, activation_reserve_bytes=reserve)
+    tokens = int(target_tokens * model.kv_bytes_per_token(engine.kv_cache_dtype) // kv_tok)
     blocks = kv_capacity_blocks(tokens, engine.block_size)
     if engine.num_gpu_blocks_override is not None:
         blocks = engine.num_gpu_blocks_override
@@ -106,7 +111,7 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> MemoryP
             f"{budget / 1e9:.1f} GB; raise --tensor-parallel-size, use --quantization fp8, or a bigger GPU")
     return MemoryPlan(budget_bytes=budget, weight_bytes=model.weight_bytes(wdt),
                       draft_weight_bytes=draft, activation_reserve_bytes=reserve,
-                      kv_bytes_per_token=model.kv_bytes_per_token(engine.kv_cache_dtype),
+                      kv_bytes_per_token=kv_tok,
                       kv_capacity_tokens=tokens, num_gpu_blocks=blocks, block_size=engine.block_size)
 
 
