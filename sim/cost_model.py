@@ -268,7 +268,8 @@ class DecodeRun:
         elif self.slope <= 0:
             i_star = m
         else:
-            i_star = min(m, math.ceil((self.cpu - self.g0) / self.slope))
+            x = (self.cpu - self.g0) / self.slope
+            i_star = m if x >= m else math.ceil(x)
         k = m - i_star
         return i_star * self.cpu + k * self.g0 + self.slope * (i_star * k + k * (k - 1) / 2)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from engine.model_spec import ModelSpec, dtype_bytes, get_model
 from sim.config import EngineConfig, SpeculativeConfig
-from sim.hardware import GPUSpec, kv_capacity_blocks, kv_capacity_tokens
+from sim.hardware import GPUSpec, kv_capacity_blocks
 
 # CUDA context + cuBLAS workspaces + CUDA graphs + NCCL buffers per GPU, outside torch's
 # allocator; vLLM's profiler counts it against gpu_memory_utilization. ~1.5 GiB is what
@@ -93,11 +93,9 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> MemoryP
     d = draft_spec(model, engine.speculative_config)
     kv_tok = model.kv_bytes_per_token(engine.kv_cache_dtype) + (
         d.kv_bytes_per_token(engine.kv_cache_dtype) if d is not None else 0.0)
-    target_tokens = kv_capacity_tokens(model, gpu, num_gpus=tp,
-                                       gpu_memory_utilization=engine.gpu_memory_utilization,
-                                       kv_cache_dtype=engine.kv_cache_dtype, weight_dtype=wdt,
-                                       extra_weight_bytes=draft, activation_reserve_bytes=reserve)
-    tokens = int(target_tokens * model.kv_bytes_per_token(engine.kv_cache_dtype) // kv_tok)
+    # the same arithmetic as sim.hardware.kv_capacity_tokens, with the draft's KV per token added
+    free = (tp * gpu.hbm_bytes * engine.gpu_memory_utilization - model.weight_bytes(wdt) - draft - reserve)
+    tokens = max(int(free // kv_tok), 0)
     blocks = kv_capacity_blocks(tokens, engine.block_size)
     if engine.num_gpu_blocks_override is not None:
         blocks = engine.num_gpu_blocks_override
