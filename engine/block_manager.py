@@ -164,14 +164,16 @@ def root_hash(algo: str) -> Hashable:
 class BlockPool:
     """`num_blocks` physical blocks, their free queue and the prefix-cache table.
 
-    Counters (cumulative): `num_allocated`, `num_freed` (blocks whose refcount went to 0),
+    Counters (cumulative): `num_allocated` (popped from the free queue), `num_revived` (free
+    cached blocks taken back by a prefix hit), `num_freed` (refcount went to 0), so that
+    `num_allocated + num_revived - num_freed` = blocks owned now,
     `num_evictions` (cached hashes dropped because their free block was reused),
     `num_hashed` is kept by the caller (hashing happens per request).
     """
 
     __slots__ = (
         "num_blocks", "block_size", "blocks", "free_queue", "cached",
-        "enable_caching", "num_allocated", "num_freed", "num_evictions",
+        "enable_caching", "num_allocated", "num_freed", "num_evictions", "num_revived",
     )
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -188,6 +190,7 @@ class BlockPool:
         self.num_allocated = 0
         self.num_freed = 0
         self.num_evictions = 0
+        self.num_revived = 0  # free cached blocks taken back by a prefix hit
 
     @property
     def num_free(self) -> int:
@@ -199,26 +202,39 @@ class BlockPool:
         return 1.0 - self.free_queue.num_free / self.num_blocks
 
     def allocate(self, n: int) -> list[KVBlock]:
-        """Pop `n` blocks from the LRU head, evicting any cached hash they carry."""
-        blocks = self.free_queue.popleft_n(n)
+        """Pop `n` blocks from the LRU head, evicting any cached hash they carry.
+
+        One pass, no per-block calls: this and `free_reversed` are the per-block hot path.
+        (A block's free-queue links are meaningful only while it is free.)"""
+        fq = self.free_queue
+        if n > fq.num_free:
+            raise RuntimeError(f"asked for {n} free KV blocks, {fq.num_free} free")
+        out = []
+        append = out.append
         cached = self.cached
-        for b in blocks:
+        evicted = 0
+        b = fq.head.next_free
+        for _ in range(n):
             h = b.block_hash
             if h is not None:
-                if cached.get(h) is b:
-                    del cached[h]
+                del cached[h]  # invariant: cached[h] is b
                 b.block_hash = None
-                self.num_evictions += 1
+                evicted += 1
             b.ref_cnt = 1
+            append(b)
+            b = b.next_free
+        fq.head.next_free = b
+        b.prev_free = fq.head
+        fq.num_free -= n
+        self.num_evictions += evicted
         self.num_allocated += n
-        return blocks
+        return out
 
-    def allocate_one(self, ) -> KVBlock:
+    def allocate_one(self) -> KVBlock:
         b = self.free_queue.popleft()
         h = b.block_hash
         if h is not None:
-            if self.cached.get(h) is b:
-                del self.cached[h]
+            del self.cached[h]
             b.block_hash = None
             self.num_evictions += 1
         b.ref_cnt = 1
@@ -231,17 +247,27 @@ class BlockPool:
         for b in blocks:
             if b.ref_cnt == 0:
                 fq.remove(b)
+                self.num_revived += 1
             b.ref_cnt += 1
 
     def free_reversed(self, blocks: list[KVBlock]) -> int:
-        """Drop one reference on each of `blocks`, tail first; returns blocks made free."""
+        """Drop one reference on each of `blocks`, tail first; those left unowned are spliced
+        onto the queue tail in that order. Returns how many became free."""
         fq = self.free_queue
+        tail = fq.tail
+        last = tail.prev_free
         n = 0
         for b in reversed(blocks):
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
-                fq.append(b)
+            rc = b.ref_cnt - 1
+            b.ref_cnt = rc
+            if rc == 0:
+                last.next_free = b
+                b.prev_free = last
+                last = b
                 n += 1
+        last.next_free = tail
+        tail.prev_free = last
+        fq.num_free += n
         self.num_freed += n
         return n
 

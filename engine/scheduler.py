@@ -37,9 +37,12 @@ blocks and would inflate the hit rate; those go to `prefix_cache_preempted_*`.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice, takewhile
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -59,6 +62,9 @@ REJECTED = "rejected"
 GEN_TAG = -1
 
 _EMPTY: tuple[int, ...] = ()
+_not_none = partial(operator.is_not, None)
+_ref_cnt = operator.attrgetter("ref_cnt")
+_block_id = operator.attrgetter("block_id")
 
 
 class SchedulerConfig(BaseModel):
@@ -123,13 +129,15 @@ class RequestResult:
 class SchedulerOutput:
     """One step's decisions, plain data for a cost model or a GPU runner.
 
+    `scheduled` (a list of `ScheduledRequest`, in batch order: running requests first,
+    then new admissions) is built on first access, so a cost model that reads only the
+    totals below never pays for per-request objects. Read it before the next `schedule()`.
     Context sums count each request's KV length after this step (`num_computed_tokens +
     num_new_tokens`). `num_blocks_freed` is final only after `update_from_output` (which
     adds the blocks that finishing requests and rejected drafts release).
     """
 
     step_id: int
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
     num_batched_tokens: int = 0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
@@ -143,8 +151,35 @@ class SchedulerOutput:
     num_blocks_allocated: int = 0
     num_blocks_freed: int = 0
     num_blocks_hashed: int = 0
-    _states: list = field(default_factory=list, repr=False)  # aligned with `scheduled`
+    # Compact per-request records (batch order). A plain decode (1 token, no new block) is
+    # just (state, computed, table); anything else also has an `_extra` entry keyed by
+    # request id: (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids).
+    _states: list = field(default_factory=list, repr=False)
+    _computed: list = field(default_factory=list, repr=False)
+    _tables: list = field(default_factory=list, repr=False)
+    _extra: dict = field(default_factory=dict, repr=False)
+    _sampling: list = field(default_factory=list, repr=False)  # states that sample, in order
+    _scheduled: list | None = field(default=None, repr=False)
     _updated: bool = field(default=False, repr=False)
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        if self._scheduled is None:
+            extra = self._extra
+            out = []
+            for r, c, table in zip(self._states, self._computed, self._tables):
+                rid = r.request_id
+                e = extra.get(rid)
+                if e is None:
+                    out.append(ScheduledRequest(rid, 1, c, 0, 0, False, True, table, _EMPTY))
+                else:
+                    out.append(ScheduledRequest(rid, e[0], c, e[1], e[2], e[3], e[4], table, e[5]))
+            self._scheduled = out
+        return self._scheduled
+
+    @property
+    def num_scheduled(self) -> int:
+        return len(self._states)
 
 
 @dataclass(slots=True)
@@ -186,6 +221,7 @@ class SchedulerStats:
     num_evictions: int
     num_blocks_allocated: int
     num_blocks_freed: int
+    num_blocks_revived: int  # free cached blocks taken back by prefix hits
     num_blocks_hashed: int
     num_cached_blocks: int  # blocks in the prefix-cache table (owned or free)
     num_free_blocks: int
@@ -249,6 +285,7 @@ class Scheduler:
         self.pool = BlockPool(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
         self.caching = config.enable_prefix_caching
         self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
+        self._builtin_hash = config.prefix_caching_hash_algo == "builtin"  # inlined: no call
         self._root = root_hash(config.prefix_caching_hash_algo)
         self.requests: dict[int, _ReqState] = {}
         self.running: list[_ReqState] = []
@@ -381,56 +418,73 @@ class Scheduler:
             return tuple(out)
         return (GEN_TAG, r.request_id, i)
 
-    def _hash_upto(self, r: _ReqState, n: int) -> None:
-        """Make sure `r.block_hashes` covers its first `n` blocks (lazily, chained)."""
+    def _contents(self, r: _ReqState, start: int, stop: int) -> list[tuple]:
+        """`_content(r, i)` for i in [start, stop), in bulk (the per-block hot path)."""
+        bs = self.block_size
+        if r.token_ids is not None:
+            t = r.token_ids
+            return [tuple(t[i * bs:(i + 1) * bs]) for i in range(start, stop)]
+        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
+        out: list[tuple] = []
+        if start < in_prompt:
+            hbs = r.hash_block_size
+            hid = r.hash_ids
+            if hbs == bs:
+                out = [(hid[i], 0) for i in range(start, in_prompt)]
+            elif hbs % bs == 0:
+                out = [(hid[(i * bs) // hbs], (i * bs) % hbs) for i in range(start, in_prompt)]
+            else:
+                out = [self._content(r, i) for i in range(start, in_prompt)]
+        gen_from = max(start, in_prompt)
+        if stop > gen_from:
+            rid = r.request_id
+            out += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
+        return out
+
+    def _hash_upto(self, r: _ReqState, n: int) -> int:
+        """Make sure `r.block_hashes` covers its first `n` blocks (chained); returns how
+        many blocks were hashed now (counted in `num_blocks_hashed`)."""
         hashes = r.block_hashes
         i = len(hashes)
         if i >= n:
-            return
-        parent = hashes[-1] if hashes else self._root
-        hasher = self._hasher
-        extra = r.extra
-        while i < n:
-            parent = hasher(parent, self._content(r, i), extra)
-            hashes.append(parent)
-            i += 1
-
-    def _hash_upto_counted(self, r: _ReqState, n: int) -> int:
-        before = len(r.block_hashes)
-        if before >= n:
             return 0
-        self._hash_upto(r, n)
-        self.num_blocks_hashed += n - before
-        return n - before
+        parent = hashes[-1] if hashes else self._root
+        extra = r.extra
+        append = hashes.append
+        if self._builtin_hash:
+            for key in self._contents(r, i, n):
+                parent = hash((parent, key, extra))
+                append(parent)
+        else:
+            hasher = self._hasher
+            for key in self._contents(r, i, n):
+                parent = hasher(parent, key, extra)
+                append(parent)
+        self.num_blocks_hashed += n - i
+        return n - i
 
     def _lookup(self, r: _ReqState) -> tuple[list[KVBlock], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
-        Returns (hit blocks, blocks hashed)."""
-        max_blocks = (r.num_tokens - 1) // self.block_size
-        hits: list[KVBlock] = []
-        hashed = 0
-        if max_blocks <= 0:
-            return hits, 0
-        cached = self.pool.cached
-        hashes = r.block_hashes
-        for i in range(max_blocks):
-            if i >= len(hashes):
-                hashed += self._hash_upto_counted(r, i + 1)
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            hits.append(b)
+        Returns (hit blocks, blocks hashed now). Like vLLM, all full blocks up to that
+        limit are hashed on the first lookup (later lookups reuse the hashes)."""
+        m = (r.num_tokens - 1) // self.block_size
+        if m <= 0:
+            return [], 0
+        hashed = self._hash_upto(r, m)
+        # C-level scan: stop at the first hash not in the cache
+        hits = list(takewhile(_not_none, map(self.pool.cached.get, islice(r.block_hashes, m))))
         return hits, hashed
 
     def _cache_full(self, r: _ReqState, num_full: int) -> int:
-        """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed."""
+        """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
+        First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
-        hashed = self._hash_upto_counted(r, num_full)
-        hashes = r.block_hashes
-        blocks = r.blocks
-        cache_block = self.pool.cache_block
-        for i in range(start, num_full):
-            cache_block(blocks[i], hashes[i])
+        hashed = self._hash_upto(r, num_full)
+        setdefault = self.pool.cached.setdefault
+        # blocks past num_cached_blocks are never registered yet (fresh allocations)
+        for b, h in zip(islice(r.blocks, start, num_full), islice(r.block_hashes, start, num_full)):
+            if setdefault(h, b) is b:
+                b.block_hash = h
         r.num_cached_blocks = num_full
         return hashed
 
@@ -447,22 +501,18 @@ class Scheduler:
         need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
         if need < 0:
             need = 0
-        revive = 0
-        if hits:
-            for b in hits:
-                if b.ref_cnt == 0:
-                    revive += 1
+        revive = list(map(_ref_cnt, hits)).count(0) if hits else 0
         if need + revive > pool.free_queue.num_free:
             return None
         if hits:
             pool.touch(hits)
             r.blocks.extend(hits)
-            r.block_ids.extend([b.block_id for b in hits])
+            r.block_ids.extend(map(_block_id, hits))
             r.num_cached_blocks = len(r.blocks)
         new = pool.allocate(need) if need else []
         if need:
             r.blocks.extend(new)
-            r.block_ids.extend([b.block_id for b in new])
+            r.block_ids.extend(map(_block_id, new))
             out.num_blocks_allocated += need
         if self.caching:
             num_full = (computed + num_new - num_spec) // bs
@@ -493,31 +543,32 @@ class Scheduler:
         out.preempted_ids.append(v.request_id)
         self._requeue_preempted(v)
 
-    def _unschedule(self, v: _ReqState, out: SchedulerOutput) -> int:
-        """Drop `v`'s entry from this step (it was preempted after being scheduled);
-        returns the tokens given back to the budget."""
-        for idx, st in enumerate(out._states):
-            if st is v:
-                sr = out.scheduled.pop(idx)
-                out._states.pop(idx)
-                n = sr.num_new_tokens
-                out.num_batched_tokens -= n
-                ctx = sr.num_computed_tokens + n
-                if sr.is_prefill:
-                    out.num_prefill_tokens -= n
-                    out.num_prefill_seqs -= 1
-                    out.sum_prefill_context -= ctx
-                    self.num_prompt_tokens_computed -= n
-                else:
-                    out.num_decode_tokens -= n
-                    out.num_decode_seqs -= 1
-                    out.sum_decode_context -= ctx
-                    out.num_spec_tokens -= sr.num_spec_tokens
-                    if sr.num_spec_tokens:
-                        self.num_spec_drafts -= 1
-                        self.num_spec_draft_tokens -= sr.num_spec_tokens
-                return n
-        return 0
+    def _unschedule(self, v: _ReqState, out: SchedulerOutput) -> None:
+        """Drop `v`'s entry from this step (it was preempted after being scheduled). The
+        caller has flushed its running totals into `out` and recomputes its budget."""
+        idx = next(j for j, st in enumerate(out._states) if st is v)
+        c = out._computed.pop(idx)
+        out._states.pop(idx)
+        out._tables.pop(idx)
+        out._scheduled = None
+        if v in out._sampling:
+            out._sampling.remove(v)
+        e = out._extra.pop(v.request_id, None)
+        n, spec, is_prefill = (e[0], e[2], e[3]) if e is not None else (1, 0, False)
+        out.num_batched_tokens -= n
+        if is_prefill:
+            out.num_prefill_tokens -= n
+            out.num_prefill_seqs -= 1
+            out.sum_prefill_context -= c + n
+            self.num_prompt_tokens_computed -= n
+        else:
+            out.num_decode_tokens -= n
+            out.num_decode_seqs -= 1
+            out.sum_decode_context -= c + n
+            out.num_spec_tokens -= spec
+            if spec:
+                self.num_spec_drafts -= 1
+                self.num_spec_draft_tokens -= spec
 
     # ------------------------------------------------------------------ schedule
 
@@ -549,44 +600,60 @@ class Scheduler:
         pool = self.pool
         fq = pool.free_queue
         bs = self.block_size
+        bs1 = bs - 1
         caching = self.caching
         k = self.config.num_speculative_tokens
+        plain = k == 0
         thr = self.config.long_prefill_token_threshold if self.config.enable_chunked_prefill else 0
-        scheduled = out.scheduled
-        states = out._states
+        states_append = out._states.append
+        computed_append = out._computed.append
+        tables_append = out._tables.append
+        sampling_append = out._sampling.append
+        extra = out._extra
         max_tokens = self.config.max_num_batched_tokens
+        # plain-decode totals kept in locals (the hot loop), flushed into `out` before any
+        # preemption and at the end
+        n_dec = sum_dec = 0
+        n_run = len(running)
         i = 0
-        while i < len(running) and budget > 0:
+        while i < n_run and budget > 0:
             r = running[i]
-            c = r.num_computed
-            if r.decoding and k == 0:
+            if plain and r.decoding:
                 # Fast path: one decode token; a block only at a boundary.
-                new_ids = _EMPTY
-                if c >= len(r.block_ids) * bs:
+                c = r.num_computed
+                table = r.block_ids
+                if c >= len(table) * bs:
                     if fq.num_free == 0:
-                        if not self._make_room(r, out, i):
+                        out.num_decode_seqs += n_dec
+                        out.num_decode_tokens += n_dec
+                        out.num_batched_tokens += n_dec
+                        out.sum_decode_context += sum_dec + n_dec
+                        n_dec = sum_dec = 0
+                        ok = self._make_room(r, out)
+                        n_run = len(running)
+                        budget = max_tokens - out.num_batched_tokens
+                        if not ok:
                             break
                         i = running.index(r)
-                        budget = max_tokens - out.num_batched_tokens
                     b = pool.allocate_one()
                     r.blocks.append(b)
-                    r.block_ids.append(b.block_id)
+                    table.append(b.block_id)
                     out.num_blocks_allocated += 1
-                    new_ids = (b.block_id,)
+                    extra[r.request_id] = (1, 0, 0, False, True, (b.block_id,))
                 r.num_computed = c + 1
-                if caching and (c + 1) % bs == 0 and (c + 1) // bs > r.num_cached_blocks:
-                    out.num_blocks_hashed += self._cache_full(r, (c + 1) // bs)
-                scheduled.append(ScheduledRequest(
-                    r.request_id, 1, c, 0, 0, False, True, r.block_ids, new_ids))
-                states.append(r)
-                out.num_decode_seqs += 1
-                out.num_decode_tokens += 1
-                out.sum_decode_context += c + 1
-                out.num_batched_tokens += 1
+                if caching and c % bs == bs1 and c // bs >= r.num_cached_blocks:
+                    out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
+                states_append(r)
+                computed_append(c)
+                tables_append(table)
+                sampling_append(r)
+                n_dec += 1
+                sum_dec += c
                 budget -= 1
                 i += 1
                 continue
             # General path: spec decode or a continuing prefill chunk.
+            c = r.num_computed
             if r.decoding:
                 spec = min(k, r.output_len - r.num_generated - 1)
                 num_new = min(1 + spec, budget)
@@ -602,19 +669,24 @@ class Scheduler:
                 new = self._allocate(r, num_new, spec, [], out)
                 if new is not None:
                     break
-                if not self._make_room(r, out, i, allocate=False):
-                    new = None
-                    break
-                # _make_room may have given budget back from unscheduled victims
+                out.num_decode_seqs += n_dec
+                out.num_decode_tokens += n_dec
+                out.num_batched_tokens += n_dec
+                out.sum_decode_context += sum_dec + n_dec
+                n_dec = sum_dec = 0
+                ok = self._make_room(r, out, allocate=False)
+                n_run = len(running)
                 budget = max_tokens - out.num_batched_tokens
+                if not ok:
+                    break
                 i = running.index(r)  # victims before r may have left the list
             if new is None:
                 break
             r.num_computed = c + num_new
-            new_ids = tuple([b.block_id for b in new]) if new else _EMPTY
+            new_ids = tuple(map(_block_id, new)) if new else _EMPTY
             if r.decoding:
-                scheduled.append(ScheduledRequest(
-                    r.request_id, num_new, c, 0, spec, False, True, r.block_ids, new_ids))
+                extra[r.request_id] = (num_new, 0, spec, False, True, new_ids)
+                sampling_append(r)
                 out.num_decode_seqs += 1
                 out.num_decode_tokens += num_new
                 out.sum_decode_context += c + num_new
@@ -624,26 +696,33 @@ class Scheduler:
                     self.num_spec_drafts += 1
                     self.num_spec_draft_tokens += spec
             else:
-                scheduled.append(ScheduledRequest(
-                    r.request_id, num_new, c, 0, 0, True, c + num_new >= r.num_tokens,
-                    r.block_ids, new_ids))
+                samples = c + num_new >= r.num_tokens
+                extra[r.request_id] = (num_new, 0, 0, True, samples, new_ids)
+                if samples:
+                    sampling_append(r)
                 out.num_prefill_tokens += num_new
                 out.num_prefill_seqs += 1
                 out.sum_prefill_context += c + num_new
                 out.num_batched_tokens += num_new
                 self.num_prompt_tokens_computed += num_new
-            states.append(r)
+            states_append(r)
+            computed_append(c)
+            tables_append(r.block_ids)
             budget -= num_new
             i += 1
+        out.num_decode_seqs += n_dec
+        out.num_decode_tokens += n_dec
+        out.num_batched_tokens += n_dec
+        out.sum_decode_context += sum_dec + n_dec
         return budget
 
-    def _make_room(self, r: _ReqState, out: SchedulerOutput, i: int, allocate: bool = True) -> bool:
-        """Preempt victims until one block is free for `r` (fast path) or until the caller
-        may retry (`allocate=False`). False if `r` itself was the victim."""
+    def _make_room(self, r: _ReqState, out: SchedulerOutput, allocate: bool = True) -> bool:
+        """Preempt victims until one block is free for `r` (decode fast path) or until the
+        caller may retry its allocation (`allocate=False`). False if `r` itself was the victim."""
         while True:
             v = self._pick_victim()
             if any(st is v for st in out._states):
-                self._unschedule(v, out)  # the caller recomputes its budget
+                self._unschedule(v, out)
             self._preempt(v, out)
             if v is r:
                 return False
@@ -690,10 +769,14 @@ class Scheduler:
             r.status = RUNNING
             running.append(r)
             r.num_computed = num_hit + num_new
-            out.scheduled.append(ScheduledRequest(
-                r.request_id, num_new, num_hit, num_hit, 0, True, r.num_computed >= r.num_tokens,
-                r.block_ids, tuple([b.block_id for b in new]) if new else _EMPTY))
+            samples = r.num_computed >= r.num_tokens
+            out._extra[r.request_id] = (num_new, num_hit, 0, True, samples,
+                                        tuple(map(_block_id, new)) if new else _EMPTY)
             out._states.append(r)
+            out._computed.append(num_hit)
+            out._tables.append(r.block_ids)
+            if samples:
+                out._sampling.append(r)
             out.num_prefill_tokens += num_new
             out.num_prefill_seqs += 1
             out.sum_prefill_context += num_hit + num_new
@@ -732,20 +815,42 @@ class Scheduler:
         pool = self.pool
         any_finished = False
         n_gen_total = 0
-        for sr, r in zip(out.scheduled, out._states):
-            if not sr.samples:
-                continue
+        extra = out._extra
+        hot = sampled is None and not out.num_spec_tokens
+        if hot:
+            # Hot path (simulator): one token for every sampling request.
+            for r in out._sampling:
+                if r.token_ids is not None:
+                    raise ValueError(
+                        f"request {r.request_id} was added with prompt_token_ids, so "
+                        f"update_from_output needs its sampled token ids"
+                    )
+                g = r.num_generated + 1
+                r.num_generated = g
+                r.num_tokens += 1
+                r.decoding = True
+                if g >= r.output_len:
+                    out.num_blocks_freed += self._free_all(r)
+                    r.status = FINISHED
+                    self.num_finished += 1
+                    any_finished = True
+                    results.append(RequestResult(
+                        r.request_id, FINISHED, "length", g, r.num_preemptions, r.num_cached_tokens))
+            n_gen_total = len(out._sampling)
+        for r in (() if hot else out._sampling):
+            rid = r.request_id
             toks = None
             if sampled is None:
                 n = 1
             else:
-                v = sampled[sr.request_id]
+                v = sampled[rid]
                 if isinstance(v, int):
                     n = v
                 else:
                     toks = v
                     n = len(v)
-            spec = sr.num_spec_tokens
+            e = extra.get(rid)
+            spec = e[2] if e is not None else 0
             if spec:
                 rejected = spec - (n - 1)
                 self.num_spec_accepted_tokens += n - 1
@@ -774,7 +879,7 @@ class Scheduler:
             if r.token_ids is not None:
                 if toks is None:  # sampled=None: the engine must pass token ids
                     raise ValueError(
-                        f"request {sr.request_id} was added with prompt_token_ids, so "
+                        f"request {rid} was added with prompt_token_ids, so "
                         f"update_from_output needs its sampled token ids"
                     )
                 r.token_ids.extend(toks[:n])
@@ -785,7 +890,7 @@ class Scheduler:
                 self.num_finished += 1
                 any_finished = True
                 results.append(RequestResult(
-                    r.request_id, FINISHED, reason, r.num_generated, r.num_preemptions,
+                    rid, FINISHED, reason, r.num_generated, r.num_preemptions,
                     r.num_cached_tokens))
         self.num_generated_tokens += n_gen_total
         if any_finished:
@@ -795,26 +900,35 @@ class Scheduler:
     @staticmethod
     def _check_sampled(out: SchedulerOutput, sampled: dict) -> None:
         """Validate `sampled` against the step before anything changes."""
-        for sr, r in zip(out.scheduled, out._states):
-            if not sr.samples:
-                continue
-            v = sampled.get(sr.request_id)
+        extra = out._extra
+        for r in out._sampling:
+            rid = r.request_id
+            v = sampled.get(rid)
             if v is None:
                 raise ValueError(
-                    f"step {out.step_id}: no sampled entry for request {sr.request_id}, "
+                    f"step {out.step_id}: no sampled entry for request {rid}, "
                     f"which was scheduled with samples=True"
                 )
             n = v if isinstance(v, int) else len(v)
-            if not 1 <= n <= 1 + sr.num_spec_tokens:
+            e = extra.get(rid)
+            spec = e[2] if e is not None else 0
+            if not 1 <= n <= 1 + spec:
                 raise ValueError(
-                    f"step {out.step_id}: request {sr.request_id} sampled {n} tokens; expected "
-                    f"1..{1 + sr.num_spec_tokens} (1 + accepted drafts of {sr.num_spec_tokens})"
+                    f"step {out.step_id}: request {rid} sampled {n} tokens; expected "
+                    f"1..{1 + spec} (1 + accepted drafts of {spec})"
                 )
             if r.token_ids is not None and isinstance(v, int):
                 raise ValueError(
-                    f"request {sr.request_id} was added with prompt_token_ids, so "
+                    f"request {rid} was added with prompt_token_ids, so "
                     f"update_from_output needs its sampled token ids, not a count"
                 )
+        if len(sampled) != len(out._sampling):
+            want = {r.request_id for r in out._sampling}
+            extra_ids = sorted(set(sampled) - want)
+            raise ValueError(
+                f"step {out.step_id}: sampled has entries for requests {extra_ids} that do not "
+                f"sample this step (samples=False or not scheduled)"
+            )
 
     # ------------------------------------------------------------------ bulk decode
 
@@ -947,6 +1061,7 @@ class Scheduler:
             num_evictions=pool.num_evictions,
             num_blocks_allocated=pool.num_allocated,
             num_blocks_freed=pool.num_freed,
+            num_blocks_revived=pool.num_revived,
             num_blocks_hashed=self.num_blocks_hashed,
             num_cached_blocks=len(pool.cached),
             num_free_blocks=pool.num_free,

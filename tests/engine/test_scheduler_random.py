@@ -1,0 +1,210 @@
+"""Random streams (hypothesis): invariants after every step; bulk decode == single steps."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from engine.request import Request
+from engine.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
+
+configs = st.builds(
+    SchedulerConfig,
+    max_num_batched_tokens=st.integers(1, 48),
+    max_num_seqs=st.integers(1, 6),
+    max_model_len=st.integers(8, 80),
+    block_size=st.sampled_from([1, 2, 3, 4, 8]),
+    num_gpu_blocks=st.integers(2, 40),
+    enable_prefix_caching=st.booleans(),
+    prefix_caching_hash_algo=st.sampled_from(["builtin", "xxhash", "sha256"]),
+    enable_chunked_prefill=st.booleans(),
+    long_prefill_token_threshold=st.sampled_from([0, 0, 3, 7]),
+    scheduling_policy=st.sampled_from(["fcfs", "priority"]),
+    num_speculative_tokens=st.sampled_from([0, 0, 1, 3]),
+)
+
+request_specs = st.lists(
+    st.tuples(
+        st.integers(0, 12),  # arrival step
+        st.integers(1, 40),  # prompt length
+        st.integers(1, 12),  # output length
+        st.integers(0, 3),  # prefix family
+        st.integers(0, 2),  # priority
+    ),
+    min_size=1, max_size=14,
+)
+
+
+def build_requests(specs, hbs: int, with_tokens: bool):
+    reqs = []
+    for rid, (arr, p, o, fam, prio) in enumerate(sorted(specs, key=lambda x: x[0])):
+        nh = -(-p // hbs)
+        # family members share leading hash ids; the tail is private to the request
+        hash_ids = tuple(fam * 100 + j if j < 3 else 10_000 + rid * 100 + j for j in range(nh))
+        toks = None
+        if with_tokens:
+            toks = [h % 7 + 1 for h in hash_ids for _ in range(hbs)][:p]
+        reqs.append((arr, Request(rid, float(arr), p, o, hash_ids, hash_block_size=hbs,
+                                  priority=prio), toks))
+    return reqs
+
+
+def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000):
+    rng = random.Random(seed)
+    s = Scheduler(cfg)
+    results = {}
+    pending = list(reqs)
+    step = 0
+    while pending or s.has_unfinished():
+        while pending and pending[0][0] <= step:
+            _, r, toks = pending.pop(0)
+            s.add_request(r, prompt_token_ids=toks)
+        step += 1
+        assert step < max_steps, "scheduler made no progress"
+        out = s.schedule()
+        # budget and caps
+        assert out.num_batched_tokens == sum(x.num_new_tokens for x in out.scheduled)
+        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+        assert len(out.scheduled) <= cfg.max_num_seqs
+        assert len({x.request_id for x in out.scheduled}) == len(out.scheduled)
+        assert all(x.num_new_tokens >= 1 for x in out.scheduled)
+        assert out.num_prefill_tokens + out.num_decode_tokens == out.num_batched_tokens
+        sampled = {}
+        for x in out.scheduled:
+            if x.samples:
+                n = 1 + rng.randint(0, x.num_spec_tokens)
+                sampled[x.request_id] = ([rng.randint(1, 9) for _ in range(n)] if with_tokens else n)
+        res = s.update_from_output(out, sampled, eos_ids={9} if with_tokens else None)
+        s.check_invariants()
+        for r in res:
+            assert r.request_id not in results, "request reported twice"
+            results[r.request_id] = r
+    # nothing lost, all blocks home
+    assert sorted(results) == [r.request_id for _, r, _ in reqs]
+    for _, r, _ in reqs:
+        res = results[r.request_id]
+        assert res.status in (FINISHED, REJECTED)
+        if res.status == REJECTED:
+            assert res.reason
+        elif res.reason == "length":
+            assert res.num_generated == r.output_len
+        else:
+            assert with_tokens and res.reason == "stop" and res.num_generated <= r.output_len
+    st_ = s.stats
+    assert st_.num_free_blocks == cfg.num_gpu_blocks and st_.kv_usage == 0.0
+    assert st_.num_blocks_allocated + st_.num_blocks_revived == st_.num_blocks_freed
+    assert st_.prefix_cache_hits_tokens <= st_.prefix_cache_queries_tokens
+    return s
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs, specs=request_specs, hbs=st.sampled_from([2, 4, 8]), seed=st.integers(0, 99),
+       with_tokens=st.booleans())
+def test_random_streams_keep_invariants(cfg, specs, hbs, seed, with_tokens):
+    run_stream(cfg, build_requests(specs, hbs, with_tokens), seed, with_tokens)
+
+
+def state_of(s: Scheduler):
+    reqs = tuple(
+        (rid, r.status, r.num_tokens, r.num_computed, r.num_generated, tuple(r.block_ids),
+         tuple(r.block_hashes), r.num_cached_blocks)
+        for rid, r in sorted(s.requests.items()))
+    pool = s.pool
+    st_ = s.stats
+    return (reqs, tuple(pool.free_queue.block_ids()),
+            tuple(sorted((repr(h), b.block_id) for h, b in pool.cached.items())),
+            [r.request_id for r in s.running], s.step_id,
+            (st_.num_evictions, st_.num_blocks_allocated, st_.num_blocks_freed, st_.num_blocks_hashed,
+             st_.num_generated_tokens, st_.num_steps, st_.fragmentation_slots))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    num_gpu_blocks=st.integers(4, 60),
+    caching=st.booleans(),
+    lens=st.lists(st.tuples(st.integers(1, 30), st.integers(2, 40), st.integers(0, 2)),
+                  min_size=1, max_size=6),
+    warm=st.integers(1, 8),
+    take=st.integers(1, 50),
+)
+def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, lens, warm, take):
+    def fresh():
+        s = Scheduler(SchedulerConfig(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+                                      enable_prefix_caching=caching, max_num_batched_tokens=64))
+        for rid, (p, o, fam) in enumerate(lens):
+            s.add_request(Request(rid, 0.0, p, o, tuple(fam * 50 + j for j in range(-(-p // 4))),
+                                  hash_block_size=4))
+        for _ in range(warm):  # reach a mid-run state, possibly with a cache and free cached blocks
+            if s.has_unfinished():
+                s.update_from_output(s.schedule())
+        return s
+
+    a, b = fresh(), fresh()
+    assert state_of(a) == state_of(b)
+    n = a.uniform_decode_steps()
+    assert n == b.uniform_decode_steps()
+    event(f"uniform steps > 0: {n > 0}")
+    if n == 0:
+        return
+    n = min(n, take)
+    totals = dict(alloc=0, freed=0, hashed=0, tokens=0, finished=[], ctx=[])
+    for _ in range(n):
+        out = a.schedule()
+        assert out.num_prefill_seqs == 0 and not out.preempted_ids
+        totals["ctx"].append(out.sum_decode_context)
+        res = a.update_from_output(out)
+        totals["alloc"] += out.num_blocks_allocated
+        totals["freed"] += out.num_blocks_freed
+        totals["hashed"] += out.num_blocks_hashed
+        totals["tokens"] += out.num_batched_tokens
+        totals["finished"] += res
+    adv = b.advance_decode(n)
+    assert state_of(a) == state_of(b)
+    assert (adv.num_blocks_allocated, adv.num_blocks_freed, adv.num_blocks_hashed,
+            adv.num_batched_tokens) == (totals["alloc"], totals["freed"], totals["hashed"], totals["tokens"])
+    assert adv.finished == totals["finished"]
+    assert [adv.sum_decode_context(i) for i in range(n)] == totals["ctx"]
+    b.check_invariants()
+
+
+def test_uniform_decode_steps_is_maximal():
+    # one more step than uniform_decode_steps() must break uniformity (a finish or no block)
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=6, block_size=4))
+    s.add_request(Request(0, 0.0, 4, 10, (1,), hash_block_size=4))
+    s.add_request(Request(1, 0.0, 4, 9, (2,), hash_block_size=4))
+    s.update_from_output(s.schedule())
+    # request 1 has 8 tokens left to generate -> at most 8 steps; blocks: 4 free,
+    # each request crosses boundaries at positions 4, 8: needs 2 each within 8 steps -> ok
+    assert s.uniform_decode_steps() == 8
+    s2 = Scheduler(SchedulerConfig(num_gpu_blocks=4, block_size=4))
+    s2.add_request(Request(0, 0.0, 4, 10, (1,), hash_block_size=4))
+    s2.add_request(Request(1, 0.0, 4, 9, (2,), hash_block_size=4))
+    s2.update_from_output(s2.schedule())
+    # 2 free blocks: one boundary each (positions 4..7); position 8 would need 2 more -> 4 steps
+    assert s2.uniform_decode_steps() == 4
+
+
+def test_random_streams_exercise_every_mechanism():
+    """The random streams above really preempt, hit, evict, reject and speculate."""
+    rng = random.Random(7)
+    tot = dict(pre=0, hit=0, ev=0, rej=0, acc=0, stop=0)
+    for seed in range(150):
+        cfg = SchedulerConfig(
+            max_num_batched_tokens=rng.randint(4, 48), max_num_seqs=rng.randint(1, 6),
+            max_model_len=rng.randint(20, 80), block_size=rng.choice([2, 4]),
+            num_gpu_blocks=rng.randint(6, 30), num_speculative_tokens=rng.choice([0, 2]),
+            scheduling_policy=rng.choice(["fcfs", "priority"]))
+        specs = [(rng.randint(0, 8), rng.randint(1, 40), rng.randint(1, 12), rng.randint(0, 2),
+                  rng.randint(0, 2)) for _ in range(10)]
+        with_tokens = seed % 2 == 0
+        s = run_stream(cfg, build_requests(specs, 4, with_tokens), seed, with_tokens)
+        st_ = s.stats
+        tot["pre"] += st_.num_preemptions
+        tot["hit"] += st_.prefix_cache_hits_tokens
+        tot["ev"] += st_.num_evictions
+        tot["rej"] += st_.num_rejected
+        tot["acc"] += st_.num_spec_accepted_tokens
+    assert all(v > 0 for k, v in tot.items() if k != "stop"), tot
