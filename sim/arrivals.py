@@ -99,6 +99,18 @@ def arrival_times(arrival: Arrival, n: int, rng: np.random.Generator) -> np.ndar
     raise TypeError(f"unknown arrival kind {arrival!r}")
 
 
+def scale_rate(arrival: Arrival, factor: float) -> Arrival:
+    """The same traffic shape at `factor` times the rate ("my traffic, doubled" = 2): every rate is
+    multiplied; Gamma burstiness, on/off period lengths and the ramp duration are kept."""
+    if not factor > 0:
+        raise ValueError(f"rate factor must be > 0, got {factor}")
+    d = arrival.model_dump()
+    for key in ("rate_rps", "on_rate_rps", "off_rate_rps", "start_rps", "end_rps"):
+        if key in d:
+            d[key] = d[key] * factor
+    return type(arrival).model_validate(d)
+
+
 def mean_rate_rps(arrival: Arrival) -> float:
     """Long-run mean rate (for a ramp: the end rate it settles at)."""
     if isinstance(arrival, RampArrival):

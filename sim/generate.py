@@ -84,7 +84,7 @@ def _generate_sessions(spec: WorkloadSpec, ss: Sessions, rngs: dict[str, np.rand
 
     Sessions not generated start after the last generated one, so the first n turns are exact as
     long as the n-th earliest turn arrives no later than the last generated session start."""
-    n, bs = spec.num_requests, spec.hash_block_size
+    n = spec.num_requests
     mean_turns = max(1.0, mean_length(ss.turns))
     n_sessions = int(n / mean_turns * 1.2) + 16
     while True:

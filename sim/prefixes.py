@@ -53,7 +53,8 @@ def single_turn_runs(
     Returns run_start, run_len, run_offsets and the next unused id."""
     n_fresh = ceil_div(prompt_len, block_size) - n_shared
     fresh_start = fresh_base + np.cumsum(n_fresh) - n_fresh
-    starts = np.stack([np.where(sys_choice >= 0, sys_base[np.maximum(sys_choice, 0)], 0), fresh_start], axis=1)
+    sys_start = sys_base[np.maximum(sys_choice, 0)] if sys_base.size else np.zeros_like(prompt_len)
+    starts = np.stack([np.where(sys_choice >= 0, sys_start, 0), fresh_start], axis=1)
     lens = np.stack([n_shared, n_fresh], axis=1)
     keep = lens > 0
     counts = keep.sum(axis=1)

@@ -408,17 +408,17 @@ def spread_ties(wl: Workload, seed: int = 0) -> Workload:
     """Spread requests that share a timestamp uniformly over [t, next distinct timestamp), seeded.
 
     For the last group the window is the median step between distinct timestamps. Requests are
-    re-sorted by their new times (request ids follow the new order)."""
+    re-sorted by their new times (request ids follow the new order); the first no longer arrives
+    exactly at 0."""
     t = wl.arrival_s
-    distinct, first_idx, inverse = np.unique(t, return_index=True, return_inverse=True)
+    distinct, inverse = np.unique(t, return_inverse=True)
     if distinct.size == t.size:
         return wl
     steps = np.diff(distinct)
     last_step = float(np.median(steps)) if steps.size else 1.0
     width = np.append(steps, last_step)[inverse]
     rng = np.random.default_rng(seed)
-    new_t = t + rng.random(t.size) * width
-    new_t -= new_t.min()
+    new_t = t + rng.random(t.size) * width  # not re-zeroed: each request stays inside its own step
     order = np.argsort(new_t, kind="stable")
     out = wl.take(order)
     out.arrival_s = new_t[order]

@@ -18,6 +18,7 @@ Conventions
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -222,7 +223,15 @@ class WorkloadSpec(_Strict):
         return self
 
     def to_json(self) -> str:
-        return self.model_dump_json(indent=2, exclude_defaults=False)
+        """Indented JSON with each distribution's `kind` first and number lists on one line."""
+        def kind_first(x: object) -> object:
+            if isinstance(x, dict):
+                keys = sorted(x, key=lambda k: k != "kind")  # stable: only moves "kind" to the front
+                return {k: kind_first(x[k]) for k in keys}
+            return x
+
+        text = json.dumps(kind_first(self.model_dump(mode="json")), indent=2)
+        return re.sub(r"\[([-0-9.,\s]+)\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)).strip() + "]", text)
 
     @classmethod
     def from_file(cls, path: str | Path) -> WorkloadSpec:

@@ -1,0 +1,261 @@
+"""Trace loaders: the shared real traces' published figures, formats, bad input, export round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from sim.describe import describe_workload, index_of_dispersion
+from sim.generate import generate
+from sim.traces import TraceFormatError, detect_format, export_mooncake, load_trace, spread_ties
+from sim.workload_presets import get_preset
+
+MOONCAKE = "mooncake_conversation_trace.jsonl"
+AZURE = "AzureLLMInferenceTrace_code.csv"
+runner = CliRunner()
+
+
+# ----------------------------------------------------------------------------- the shared real traces
+
+
+def test_mooncake_figures_match_its_readme(traces_dir):
+    d = describe_workload(load_trace(traces_dir / MOONCAKE))
+    assert d["requests"] == 12_031
+    assert round(d["duration_s"], 1) == 3537.0
+    assert round(d["mean_rate_rps"], 2) == 3.40
+    p, o = d["prompt_tokens"], d["output_tokens"]
+    assert (round(p["mean"], 1), p["p50"], round(p["p90"]), round(p["p99"]), p["min"], p["max"]) == (
+        12035.1, 6909, 27367, 85400, 891, 126195)
+    assert (round(o["mean"], 1), o["p50"], round(o["p90"]), round(o["p99"]), o["min"], o["max"]) == (
+        342.6, 350, 597, 1119, 1, 2000)
+    assert (d["total_prompt_tokens"], d["total_output_tokens"]) == (144_793_823, 4_122_048)
+    assert round(100 * d["prefix_reuse"]["token_fraction"], 1) == 37.4
+    assert round(100 * d["prefix_reuse"]["block_fraction"], 1) == 36.6
+    assert round(d["index_of_dispersion_1s"], 1) == 7.9
+    assert d["distinct_arrival_times"] == 1180
+    assert d["hash_block_size"] == 512
+
+
+def test_azure_figures_match_its_readme(traces_dir):
+    d = describe_workload(load_trace(traces_dir / AZURE))
+    assert d["requests"] == 8_819
+    assert round(d["duration_s"], 1) == 3435.9
+    assert round(d["mean_rate_rps"], 2) == 2.57
+    p, o = d["prompt_tokens"], d["output_tokens"]
+    assert (round(p["mean"], 1), p["p50"], round(p["p90"]), round(p["p99"]), p["min"], p["max"]) == (
+        2047.8, 1469, 5188, 7436, 3, 7437)
+    assert (round(o["mean"], 1), o["p50"], round(o["p90"]), round(o["p99"]), o["min"], o["max"]) == (
+        27.9, 13, 55, 251, 6, 1899)
+    assert (d["total_prompt_tokens"], d["total_output_tokens"]) == (18_059_974, 245_896)
+    assert round(d["index_of_dispersion_1s"], 1) == 13.2
+    assert d["distinct_arrival_times"] == 8_819  # no duplicate timestamps
+    assert d["prefix_reuse"]["token_fraction"] == 0.0  # no prefix info: every block is its own
+
+
+@pytest.mark.parametrize("name, figures", [
+    (MOONCAKE, ["12,031", "3,537.0 s", "3.40 req/s", "index of dispersion 7.9", "37.4% of prompt tokens",
+                "36.6% of block", "mean 12,035.1", "p50 6,909", "p90 27,367", "p99 85,400", "mean 342.6",
+                "p50 350", "p90 597", "p99 1,119", "CV 3.03"]),
+    (AZURE, ["8,819", "3,435.9 s", "2.57 req/s", "index of dispersion 13.2", "mean 2,047.8", "p50 1,469",
+             "p90 5,188", "p99 7,436", "mean 27.9", "p50 13 ", "p90 55 ", "p99 251 ", "CV 13.15"]),
+])
+def test_cli_describe_prints_the_readme_figures(traces_dir, name, figures):
+    res = runner.invoke(app, ["workload", "describe", str(traces_dir / name)], terminal_width=250)
+    assert res.exit_code == 0, res.output
+    for f in figures:
+        assert f in res.output, f
+    js = runner.invoke(app, ["workload", "describe", str(traces_dir / name), "--json"])
+    assert json.loads(js.output)["requests"] in (12_031, 8_819)
+
+
+def test_spread_ties_keeps_counts_and_stays_within_each_step(traces_dir):
+    wl = load_trace(traces_dir / MOONCAKE)
+    sp = spread_ties(wl, seed=1)
+    assert len(sp) == len(wl) and np.all(np.diff(sp.arrival_s) >= 0)
+    assert np.unique(sp.arrival_s).size == len(wl)
+    assert np.array_equal(np.sort(sp.prompt_len), np.sort(wl.prompt_len))
+    # every request stays inside its own step: floor to the original grid gives the original times
+    grid = np.unique(wl.arrival_s)
+    step_of = np.searchsorted(grid, sp.arrival_s, side="right") - 1
+    assert np.array_equal(np.sort(grid[step_of]), wl.arrival_s)
+    assert index_of_dispersion(sp.arrival_s) < 0.5 * index_of_dispersion(wl.arrival_s)
+    assert np.array_equal(spread_ties(wl, seed=1).arrival_s, sp.arrival_s)  # seeded
+    assert not np.array_equal(spread_ties(wl, seed=2).arrival_s, sp.arrival_s)
+
+
+def test_real_mooncake_export_round_trip(traces_dir, tmp_path):
+    wl = load_trace(traces_dir / MOONCAKE)
+    out = export_mooncake(wl, tmp_path / "m.jsonl")
+    back = load_trace(out)
+    assert back.hash_block_size == 512
+    for a, b in zip(_cols(wl), _cols(back), strict=True):
+        assert np.array_equal(a, b)
+    # byte-for-byte the same rows as the source (same keys, order and values)
+    src = [json.loads(x) for x in (traces_dir / MOONCAKE).read_text().splitlines()[:50]]
+    assert [json.loads(x) for x in out.read_text().splitlines()[:50]] == src
+
+
+# ----------------------------------------------------------------------------- formats
+
+
+def _cols(wl):
+    ids, offs = wl.flat_hash_ids()
+    return wl.arrival_s, wl.prompt_len, wl.output_len, ids, offs
+
+
+def test_generated_workload_export_round_trip(tmp_path):
+    wl = generate(get_preset("agent-multiturn").with_overrides(num_requests=500))
+    back = load_trace(export_mooncake(wl, tmp_path / "g.jsonl"))
+    assert back.hash_block_size == 16  # inferred: 512 does not fit these rows
+    np.testing.assert_allclose(back.arrival_s, wl.arrival_s, atol=0.5e-3)  # whole milliseconds
+    for a, b in zip(_cols(wl)[1:], _cols(back)[1:], strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_cli_export_prints_the_vllm_replay_command(tmp_path):
+    out = tmp_path / "x.jsonl"
+    res = runner.invoke(app, ["workload", "export", "lab-poisson", "-n", "50", "-o", str(out)], terminal_width=300)
+    assert res.exit_code == 0, res.output
+    assert "--timed-trace-chunk-hash-size 16" in res.output
+    assert len(out.read_text().splitlines()) == 50
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_bytes(text.encode())
+    return path
+
+
+def test_azure_2023_crlf_without_trailing_newline(tmp_path):
+    p = write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+              "2023-11-16 18:17:03.9799600,4808,10\r\n2023-11-16 18:17:04.0000001,100,2\r\n"
+              "2023-11-16 18:17:05.5,7,1")
+    assert detect_format(p) == "azure"
+    wl = load_trace(p)
+    np.testing.assert_allclose(wl.arrival_s, [0.0, 0.0200401, 1.5200400], atol=1e-9)
+    assert wl.prompt_len.tolist() == [4808, 100, 7] and wl.output_len.tolist() == [10, 2, 1]
+
+
+def test_azure_2024_timestamps_with_utc_offsets(tmp_path):
+    p = write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+              "2024-05-10 00:00:00.009930+00:00,10,5\n2024-05-10 02:00:01+02:00,20,6\n2024-05-10T00:00:03Z,30,7\n")
+    wl = load_trace(p)
+    np.testing.assert_allclose(wl.arrival_s, [0.0, 1.0 - 0.00993, 3.0 - 0.00993], atol=1e-9)
+
+
+def test_burstgpt_failures_are_excluded_and_counted(tmp_path):
+    p = write(tmp_path / "b.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+              "5,ChatGPT,472,18,490,Conversation log\n9,GPT-4,1087,0,1087,API log\n"
+              "12,GPT-4,300,25,325,API log\n")
+    assert detect_format(p) == "burstgpt"
+    wl = load_trace(p)
+    assert len(wl) == 2 and wl.arrival_s.tolist() == [0.0, 7.0]
+    assert wl.category.tolist() == ["conversation", "api"]
+    assert wl.skipped_rows == {"failed request (Response tokens = 0), excluded": 1}
+    kept = load_trace(p, keep_failed=True)
+    assert len(kept) == 3 and kept.output_len.tolist() == [18, 1, 25]
+
+
+def test_burstgpt_session_ids(tmp_path):
+    p = write(tmp_path / "b.csv", "Timestamp,Session ID,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+              "0,7,GPT-4,10,5,15,Conversation log\n1,7,GPT-4,30,5,35,Conversation log\n")
+    assert load_trace(p).session_id.tolist() == [7, 7]
+
+
+def test_time_options_in_the_cli(traces_dir):
+    res = runner.invoke(app, ["workload", "describe", str(traces_dir / AZURE), "--json", "--start-s", "600",
+                              "--end-s", "1200", "--first", "500", "--rate", "10"])
+    d = json.loads(res.output)
+    assert d["requests"] == 500 and d["mean_rate_rps"] == pytest.approx(10.0)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [0, 1]}\n'
+
+
+@pytest.mark.parametrize("text, line, field, words", [
+    (GOOD + '{"timestamp": 5, "input_length": \n', 2, None, "not valid JSON"),
+    (GOOD + '{"timestamp": 5, "input_length": 600, "hash_ids": [0, 1]}\n', 2, "output_length", "missing"),
+    (GOOD + '{"timestamp": 5, "input_length": -3, "output_length": 2, "hash_ids": []}\n', 2, "input_length", ">= 1"),
+    (GOOD + '{"timestamp": 5, "input_length": 12.5, "output_length": 2, "hash_ids": [0]}\n', 2, "input_length",
+     "whole number"),
+    (GOOD + '{"timestamp": 5, "input_length": 600, "output_length": 2, "hash_ids": [0, 1, 2]}\n', 2, "hash_ids",
+     "ceil(600/512) = 2"),
+    (GOOD + GOOD.replace('"timestamp": 0', '"timestamp": 9') + GOOD, 3, "timestamp", "backwards"),
+])
+def test_bad_mooncake_rows_name_line_field_and_fix(tmp_path, text, line, field, words):
+    p = write(tmp_path / "t.jsonl", text)
+    with pytest.raises(TraceFormatError) as e:
+        load_trace(p)
+    err = e.value
+    assert (err.line, err.field) == (line, field) and words in str(err)
+    assert str(p) in str(err) and "Fix:" in str(err)
+    # the command line prints the same message, no traceback, and exits 2
+    res = runner.invoke(app, ["workload", "describe", str(p)], terminal_width=400)
+    assert res.exit_code == 2 and "Traceback" not in res.output and f"line {line}" in res.output
+    # --lenient skips the bad row and says so
+    wl = load_trace(p, lenient=True)
+    assert sum(wl.skipped_rows.values()) == 1 and len(wl) == text.count("\n") - 1
+
+
+def test_lenient_reports_counts_and_reasons(tmp_path):
+    rows = [GOOD, '{"bad json\n', '{"timestamp": 1, "input_length": 0, "output_length": 1, "hash_ids": []}\n',
+            '{"bad json\n', GOOD.replace('"timestamp": 0', '"timestamp": 2')]
+    p = write(tmp_path / "t.jsonl", "".join(rows))
+    wl = load_trace(p, lenient=True)
+    assert len(wl) == 2
+    assert wl.skipped_rows == {"bad JSON": 2, "bad input_length": 1}
+    res = runner.invoke(app, ["workload", "describe", str(p), "--lenient"], terminal_width=300)
+    assert res.exit_code == 0 and "skipped 3 rows: 2 x bad JSON; 1 x bad input_length" in res.output
+
+
+@pytest.mark.parametrize("name, text, field, words", [
+    ("empty.jsonl", "", None, "empty"),
+    ("blank.csv", "\n\n", None, "empty"),
+    ("x.csv", "a,b,c\n1,2,3\n", None, "unknown trace format"),
+    ("az.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,5\n", None, "unknown trace format"),
+])
+def test_bad_files(tmp_path, name, text, field, words):
+    p = write(tmp_path / name, text)
+    with pytest.raises(TraceFormatError, match=words) as e:
+        load_trace(p)
+    assert e.value.field == field
+    res = runner.invoke(app, ["workload", "describe", str(p)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+def test_forced_format_with_a_missing_column(tmp_path):
+    p = write(tmp_path / "az.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,5\n")
+    with pytest.raises(TraceFormatError, match="GeneratedTokens") as e:
+        load_trace(p, "azure")
+    assert (e.value.line, e.value.field) == (1, "GeneratedTokens")
+
+
+@pytest.mark.parametrize("row, field", [
+    ("2023-11-16 25:17:03.97,5,1", "TIMESTAMP"),
+    ("yesterday,5,1", "TIMESTAMP"),
+    ("2023-11-16 18:17:03.97,-5,1", "ContextTokens"),
+    ("2023-11-16 18:17:03.97,5,x", "GeneratedTokens"),
+    ("2023-11-16 18:17:03.97,5", "GeneratedTokens"),
+    ("2023-11-16 18:17:01.00,5,1", "TIMESTAMP"),  # earlier than the row before
+])
+def test_bad_azure_rows(tmp_path, row, field):
+    p = write(tmp_path / "a.csv", f"TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:17:02.00,4,1\r\n{row}")
+    with pytest.raises(TraceFormatError) as e:
+        load_trace(p)
+    assert (e.value.line, e.value.field) == (3, field)
+
+
+def test_cli_unknown_preset_and_bad_spec_exit_2(tmp_path):
+    res = runner.invoke(app, ["workload", "describe", "no-such-preset"])
+    assert res.exit_code == 2 and "neither a preset" in res.output
+    p = write(tmp_path / "s.json", json.dumps({"arrival": {"kind": "poisson", "rate_rps": 0},
+                                               "prompt_tokens": {"kind": "fixed", "tokens": 4},
+                                               "output_tokens": {"kind": "fixed", "tokens": 4}}))
+    res = runner.invoke(app, ["workload", "describe", str(p)], terminal_width=300)
+    assert res.exit_code == 2 and "arrival.poisson.rate_rps" in res.output and "Traceback" not in res.output
