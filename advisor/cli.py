@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from advisor.commands import workload
+from advisor.commands import simulate, workload
 
 app = typer.Typer(
     help="costline: what each LLM-serving optimization really buys under your traffic.",
@@ -16,12 +16,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(workload.app, name="workload")
+app.command("simulate")(simulate.simulate)
 
 
 @app.command()
 def demo() -> None:
-    """The main job on a built-in default: describe the bundled production-like chat workload."""
+    """The main job on a built-in default: the production-like chat workload on one H200 serving Llama-3.1-8B."""
     workload.describe("chat-production", as_json=False)
+    simulate.simulate(workload="chat-production", model="llama-3.1-8b", gpu="h200", num_gpus=1,
+                      goodput="ttft:500 tpot:50", label="demo: chat-production")
 
 
 def main() -> None:

@@ -131,10 +131,14 @@ class EngineConfig(BaseModel):
     def num_speculative_tokens(self) -> int:
         return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
 
-    def to_vllm_args(self) -> list[str]:
-        """Flags that differ from vLLM's defaults, as `vllm serve` arguments."""
+    def to_vllm_args(self, baseline: "EngineConfig | None" = None) -> list[str]:
+        """Flags that differ from vLLM's defaults, as `vllm serve` arguments.
+
+        `baseline`: the defaults to compare with, e.g. `EngineConfig().resolved_for(gpu, model)`
+        when this config was resolved too (vLLM's defaults depend on the GPU).
+        """
         args: list[str] = []
-        d = EngineConfig()
+        d = baseline or EngineConfig()
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
                      "long_prefill_token_threshold", "scheduling_policy", "gpu_memory_utilization",
                      "kv_cache_dtype", "quantization", "num_gpu_blocks_override",

@@ -493,7 +493,8 @@ class Simulation:
                 "num_replicas": len(self.replicas), "deployment": dep.describe(), "seed": self.seed,
                 "label": self.label, "request_rate": rate, "slo": self.slo,
                 "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks,
-                "vllm_args": " ".join(self.replicas[0].engine.to_vllm_args())} | self.extra_meta
+                "vllm_args": " ".join(self.replicas[0].engine.to_vllm_args(
+                    EngineConfig().resolved_for(dep.gpu, dep.model)))} | self.extra_meta
         return SimResult(requests=requests, steps=steps, meta=meta, counters=counters, wall_s=wall_s)
 
 

@@ -30,17 +30,17 @@ def _beta(mean: float, concentration: float = 20.0) -> tuple[float, float]:
 # Mean per-token acceptance by method and task category. First-principles priors in the
 # range public reports give (EAGLE acceptance length ~1.9-2.1 at k=2..4 on chat, n-gram
 # good on extractive/code and poor on open chat); a calibration issue will replace them.
+_CATS = ("default", "chat", "code", "json", "reasoning", "summarize", "qa", "agent")
+_MEANS: dict[str, dict[str, float]] = {
+    #                          default chat  code  json  reasoning summarize qa  agent
+    "ngram":       dict(zip(_CATS, (0.25, 0.20, 0.45, 0.50, 0.20, 0.55, 0.55, 0.35))),
+    "draft_model": dict(zip(_CATS, (0.65, 0.62, 0.72, 0.75, 0.58, 0.68, 0.70, 0.66))),
+    "eagle":       dict(zip(_CATS, (0.60, 0.58, 0.68, 0.70, 0.55, 0.62, 0.64, 0.62))),
+    "eagle3":      dict(zip(_CATS, (0.68, 0.66, 0.75, 0.78, 0.62, 0.70, 0.72, 0.70))),
+    "mtp":         dict(zip(_CATS, (0.75, 0.72, 0.80, 0.82, 0.70, 0.76, 0.78, 0.76))),
+}
 DEFAULT_ACCEPTANCE: dict[str, dict[str, tuple[float, float]]] = {
-    "ngram": {"default": _beta(0.25), "chat": _beta(0.20), "code": _beta(0.45), "rag": _beta(0.55),
-              "summarization": _beta(0.55), "agent": _beta(0.35)},
-    "draft_model": {"default": _beta(0.65), "chat": _beta(0.62), "code": _beta(0.72), "rag": _beta(0.70),
-                    "summarization": _beta(0.68), "agent": _beta(0.66)},
-    "eagle": {"default": _beta(0.60), "chat": _beta(0.58), "code": _beta(0.68), "rag": _beta(0.64),
-              "summarization": _beta(0.62), "agent": _beta(0.62)},
-    "eagle3": {"default": _beta(0.68), "chat": _beta(0.66), "code": _beta(0.75), "rag": _beta(0.72),
-               "summarization": _beta(0.70), "agent": _beta(0.70)},
-    "mtp": {"default": _beta(0.75), "chat": _beta(0.72), "code": _beta(0.80), "rag": _beta(0.78),
-            "summarization": _beta(0.76), "agent": _beta(0.76)},
+    method: {cat: _beta(m) for cat, m in means.items()} for method, means in _MEANS.items()
 }
 
 ALPHA_MIN, ALPHA_MAX = 1e-6, 1 - 1e-6
