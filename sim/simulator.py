@@ -68,7 +68,6 @@ class _Replica:
         self.wake: simpy.Event | None = None
         self.skipping = False
         self.pending: list[Request] = []
-        self.kv_len: dict[int, int] = {}  # running request -> tokens in KV after its last step
         self.external: dict[int, int] = {}  # request -> prompt tokens whose KV arrived by transfer
         self.link = simpy.Resource(sim.env, capacity=1) if role == "prefill" else None
         self.proc = sim.env.process(self.run())
@@ -119,7 +118,12 @@ class _Replica:
                     yield self.wake
                     self.wake = None
                 continue
-            batch, samplers = self._compose(out, t0)
+            if out.num_prefill_seqs or cost.k:
+                batch, samplers = self._compose(out, t0)
+            else:  # pure decode: the totals say it all, no per-request records needed
+                batch, samplers = StepBatch(0, 0, 0.0, 0, out.num_decode_seqs, out.num_decode_tokens,
+                                            out.sum_decode_context, out.num_blocks_allocated,
+                                            out.num_blocks_hashed), None
             gpu_s, cpu_s = cost.gpu_time_s(batch), cost.cpu_time_s(batch)
             dt = cost.combine(gpu_s, cpu_s)
             yield env.timeout(dt)
@@ -129,15 +133,16 @@ class _Replica:
             if cost.k and samplers:
                 counts, drafted, accepted = sim._spec_counts(out, samplers, t1)
             res = sched.update_from_output(out, counts)
-            n_out = sum(counts.values()) if counts is not None else len(samplers)
-            if self.role != "prefill":
+            if samplers is None:
+                n_out = out.num_decode_seqs
+            else:
+                n_out = sum(counts.values()) if counts is not None else len(samplers)
+            if samplers and self.role != "prefill":
                 ft = sim.first_token_s
                 for sr in samplers:
                     i = sim.idx(sr.request_id)
                     if ft[i] != ft[i]:  # NaN: this is the request's first token
                         ft[i] = t1
-            for rid in out.preempted_ids:
-                self.kv_len.pop(rid, None)
             self._finish(res, t1)
             sim.steps.append((self.idx, t0, dt, 1, dt, dt, gpu_s, cpu_s, batch.num_prefill_tokens,
                               batch.num_prefill_seqs, batch.num_decode_seqs, n_out, batch.sum_decode_context,
@@ -151,10 +156,9 @@ class _Replica:
         npt = nps = nds = dq = sctx = pkv = 0
         pairs = 0.0
         samplers = []
-        kv_len, external, scheduled_s = self.kv_len, self.external, sim.scheduled_s
+        external, scheduled_s = self.external, sim.scheduled_s
         for sr in out.scheduled:
             rid, q, c = sr.request_id, sr.num_new_tokens, sr.num_computed_tokens
-            kv_len[rid] = c + q
             if sr.samples:
                 samplers.append(sr)
             if sr.is_prefill:
@@ -182,7 +186,9 @@ class _Replica:
         """Sleep through up to n pure-decode steps; stop early at a wake-up (new work)."""
         env, sim, sched, cost = self.sim.env, self.sim, self.sched, self.cost
         B = sched.num_running
-        ctx = np.fromiter(self.kv_len.values(), dtype=np.int64, count=B)  # KV tokens before the skip
+        # KV tokens of each running request before the skip. The scheduler has no public
+        # accessor for this yet, so read its running records (num_computed) directly.
+        ctx = np.fromiter((r.num_computed for r in sched.running), dtype=np.int64, count=B)
         run = cost.decode_run(B, int(ctx.sum()) + B, n)
         block_s = None if cost.async_scheduling else self._block_cpu_fn(ctx)
         t0 = env.now
@@ -205,8 +211,6 @@ class _Replica:
         if adv is None:
             return
         extra = 0.0 if block_s is None else cost.block_cpu_s(adv.num_blocks_allocated, adv.num_blocks_hashed)
-        for rid in self.kv_len:
-            self.kv_len[rid] += m
         t1 = env.now
         self._finish(adv.finished, t1)
         dt = t1 - t0
@@ -239,7 +243,6 @@ class _Replica:
 
     def _finish(self, results, t: float) -> None:
         for r in results:
-            self.kv_len.pop(r.request_id, None)
             self.external.pop(r.request_id, None)
             self.sim._done(self, r, t)
 
