@@ -1,0 +1,108 @@
+"""Simulator speed: the full Mooncake conversation trace on 1, 8 and 64 replicas.
+
+    PYTHONPATH=. python benchmarks/sim/bench_simulator.py            # writes results.json + results.md here
+    PYTHONPATH=. python benchmarks/sim/bench_simulator.py --profile  # where the time goes (cProfile, by layer)
+
+Each run: llama-3.1-8b on H200 replicas (vLLM defaults: 8192 batched tokens, 1024 seqs,
+block 16, prefix caching on), least-loaded router, the trace replayed as recorded
+(timestamps quantised to 3 s, not spread). Wall time counts only `Simulation.run()`
+(the trace is loaded and the replicas built before the clock starts). One process, one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import simpy
+
+HERE = Path(__file__).resolve().parent
+# ../shared/traces beside the checkout (a worktree sits one level deeper)
+TRACE = next((p for p in (HERE.parents[2] / "shared", HERE.parents[3] / "shared")
+              if (p / "traces").is_dir()), HERE.parents[2] / "shared") / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+def run_one(reqs, replicas: int, profile: bool = False) -> dict:
+    from engine.model_spec import get_model
+    from sim.config import DeploymentConfig
+    from sim.hardware import get_gpu
+    from sim.simulator import Simulation
+
+    dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"), num_replicas=replicas)
+    sim = Simulation(dep, reqs)
+    prof = cProfile.Profile() if profile else None
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    res = sim.run()
+    if prof:
+        prof.disable()
+    wall = time.perf_counter() - t0
+    s = res.summary()
+    out = {"replicas": replicas, "wall_s": wall, "requests": s["num_prompts"],
+           "simulated_requests_per_wall_s": s["num_prompts"] / wall,
+           "output_tokens": s["total_output_tokens"], "engine_steps": s["num_engine_steps"],
+           "step_rows": int(res.steps["n_steps"].size), "completed": s["completed"],
+           "simulated_duration_s": s["duration"], "mean_ttft_ms": s["mean_ttft_ms"],
+           "p99_ttft_ms": s["p99_ttft_ms"], "mean_tpot_ms": s["mean_tpot_ms"],
+           "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "gpu_busy_share": s["gpu_busy_share"]}
+    if prof:
+        st = pstats.Stats(prof)
+        by_layer: dict[str, float] = {}
+        for (file, _, _), (_, _, tt, _, _) in st.stats.items():
+            layer = ("engine/" if "/engine/" in file else "sim/" if "/sim/" in file
+                     else "simpy" if "simpy" in file else "other")
+            by_layer[layer] = by_layer.get(layer, 0.0) + tt
+        total = sum(by_layer.values())
+        out["profile_share_by_layer"] = {k: round(v / total, 3) for k, v in sorted(by_layer.items())}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--replicas", default="1,8,64")
+    ap.add_argument("--profile", action="store_true", help="cProfile each run and split time by layer")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    from sim.traces import load_mooncake
+
+    reqs = load_mooncake(TRACE).requests
+    rows = []
+    for n in (int(x) for x in args.replicas.split(",")):
+        r = run_one(reqs, n, args.profile)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    if args.no_write or args.profile:
+        return
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": commit,
+            "command": "PYTHONPATH=. python benchmarks/sim/bench_simulator.py",
+            "machine": f"{cpu}, {os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.2f}",
+            "python": sys.version.split()[0], "numpy": np.__version__, "simpy": simpy.__version__,
+            "trace": "mooncake_conversation_trace.jsonl (12,031 requests, 4.12 M output tokens)",
+            "deployment": "llama-3.1-8b on N x h200, TP1, vLLM defaults, least-loaded router"}
+    (HERE / "results.json").write_text(json.dumps({"meta": meta, "runs": rows}, indent=2) + "\n")
+    lines = ["# Simulator speed: full Mooncake conversation trace", "",
+             *(f"- {k}: {v}" for k, v in meta.items()), "",
+             "| replicas | wall s | simulated requests / wall s | engine steps | step rows (after skip-ahead) "
+             "| mean TTFT ms | completed |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['replicas']} | {r['wall_s']:.2f} | {r['simulated_requests_per_wall_s']:,.0f} | "
+                     f"{r['engine_steps']:,} | {r['step_rows']:,} | {r['mean_ttft_ms']:,.0f} | {r['completed']:,} |")
+    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
