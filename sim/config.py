@@ -43,7 +43,7 @@ class SpeculativeConfig(BaseModel):
     acceptance_drift_per_s: float = 0.0  # alpha changes by this much per simulated second
 
     @model_validator(mode="after")
-    def _check(self) -> "SpeculativeConfig":
+    def _check(self) -> SpeculativeConfig:
         if self.method == "draft_model" and not self.model:
             raise ValueError('speculative_config: method "draft_model" needs "model" (a model preset name)')
         return self
@@ -111,7 +111,7 @@ class EngineConfig(BaseModel):
                                  """e.g. '{"method":"ngram","num_speculative_tokens":4}'""") from None
         return v
 
-    def resolved_for(self, gpu: GPUSpec, model: ModelSpec) -> "EngineConfig":
+    def resolved_for(self, gpu: GPUSpec, model: ModelSpec) -> EngineConfig:
         """Fill the GPU-dependent defaults as `vllm serve` 0.33 does (vllm-conventions 1.1)."""
         big = gpu.hbm_bytes >= 70 * 2**30 and not gpu.name.startswith("a100")
         huge = gpu.hbm_bytes >= 160 * 2**30
@@ -131,7 +131,7 @@ class EngineConfig(BaseModel):
     def num_speculative_tokens(self) -> int:
         return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
 
-    def to_vllm_args(self, baseline: "EngineConfig | None" = None) -> list[str]:
+    def to_vllm_args(self, baseline: EngineConfig | None = None) -> list[str]:
         """Flags that differ from vLLM's defaults, as `vllm serve` arguments.
 
         `baseline`: the defaults to compare with, e.g. `EngineConfig().resolved_for(gpu, model)`
@@ -185,4 +185,4 @@ class DeploymentConfig(BaseModel):
                 f"(TP{self.engine.tensor_parallel_size}, {layout}, router {self.router})")
 
 
-__all__ = ["SpeculativeConfig", "DisaggConfig", "EngineConfig", "DeploymentConfig", "GB"]
+__all__ = ["GB", "DeploymentConfig", "DisaggConfig", "EngineConfig", "SpeculativeConfig"]

@@ -75,7 +75,7 @@ class CostProfile(BaseModel):
     ngram_cpu_per_seq_s: float = Field(default=2.0e-5, ge=0)
 
     @classmethod
-    def load(cls, name_or_path: str | Path = "default") -> "CostProfile":
+    def load(cls, name_or_path: str | Path = "default") -> CostProfile:
         """A profile from a JSON path, or a name under sim/profiles/."""
         p = Path(name_or_path)
         if not p.suffix:
@@ -232,7 +232,7 @@ class CostModel:
         cpu = self._cpu_step_s + self._cpu_seq_s * num_seqs
         return a, per_ctx, cpu
 
-    def decode_run(self, num_seqs: int, sum_context: int, num_steps: int) -> "DecodeRun":
+    def decode_run(self, num_seqs: int, sum_context: int, num_steps: int) -> DecodeRun:
         """`num_steps` pure-decode steps; the first sees `sum_context` tokens of context."""
         a, per_ctx, cpu = self.decode_linear(num_seqs)
         return DecodeRun(g0=a + per_ctx * sum_context, slope=per_ctx * num_seqs, cpu=cpu,
@@ -290,4 +290,4 @@ class DecodeRun:
         return lo
 
 
-__all__ = ["CostProfile", "CostModel", "StepBatch", "DecodeRun", "PROFILES_DIR"]
+__all__ = ["PROFILES_DIR", "CostModel", "CostProfile", "DecodeRun", "StepBatch"]

@@ -113,5 +113,11 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> MemoryP
                       kv_capacity_tokens=tokens, num_gpu_blocks=blocks, block_size=engine.block_size)
 
 
-__all__ = ["MemoryPlan", "plan_memory", "draft_spec", "draft_weight_bytes", "activation_reserve_bytes",
-           "NON_TORCH_BYTES_PER_GPU"]
+__all__ = [
+    "NON_TORCH_BYTES_PER_GPU",
+    "MemoryPlan",
+    "activation_reserve_bytes",
+    "draft_spec",
+    "draft_weight_bytes",
+    "plan_memory",
+]

@@ -59,7 +59,7 @@ class SLO:
     e2el_ms: float | None = None
 
     @classmethod
-    def parse(cls, text: str | None) -> "SLO | None":
+    def parse(cls, text: str | None) -> SLO | None:
         if not text:
             return None
         slo = cls()
@@ -358,5 +358,14 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
     return json.loads(p.read_text())
 
 
-__all__ = ["SimResult", "SLO", "weighted_percentiles", "load_summary", "STEP_COLUMNS", "REQUEST_COLUMNS",
-           "TTFT_BUCKETS", "ITL_BUCKETS", "E2E_BUCKETS"]
+__all__ = [
+    "E2E_BUCKETS",
+    "ITL_BUCKETS",
+    "REQUEST_COLUMNS",
+    "SLO",
+    "STEP_COLUMNS",
+    "TTFT_BUCKETS",
+    "SimResult",
+    "load_summary",
+    "weighted_percentiles",
+]

@@ -53,7 +53,7 @@ NAN = math.nan
 class _Replica:
     """One vLLM instance: a scheduler, a cost model and the SimPy process driving them."""
 
-    def __init__(self, sim: "Simulation", idx: int, role: str, engine: EngineConfig, plan: MemoryPlan,
+    def __init__(self, sim: Simulation, idx: int, role: str, engine: EngineConfig, plan: MemoryPlan,
                  cost: CostModel) -> None:
         self.sim, self.idx, self.role, self.engine, self.plan, self.cost = sim, idx, role, engine, plan, cost
         self.sched = Scheduler(SchedulerConfig(

@@ -96,4 +96,4 @@ class AcceptanceModel:
         return sample_accepted(self.rng, alphas, self.k) + 1
 
 
-__all__ = ["AcceptanceModel", "DEFAULT_ACCEPTANCE", "expected_tokens_per_step", "sample_accepted"]
+__all__ = ["DEFAULT_ACCEPTANCE", "AcceptanceModel", "expected_tokens_per_step", "sample_accepted"]

@@ -22,8 +22,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from advisor.commands.workload import (BlockSize, EndS, First, Fmt, KeepFailed, Lenient, NumReq, Rate, Spread,
-                                       Speedup, StartS, _clean_errors)
+from advisor.commands.workload import (
+    BlockSize,
+    EndS,
+    First,
+    Fmt,
+    KeepFailed,
+    Lenient,
+    NumReq,
+    Rate,
+    Speedup,
+    Spread,
+    StartS,
+    _clean_errors,
+)
 
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
 
@@ -202,17 +214,19 @@ def simulate(
     spec = json.loads(speculative_config) if speculative_config else None
     if spec is not None and not isinstance(spec, dict):
         raise ValueError("--speculative-config must be a JSON object")
-    engine = dict(
-        max_num_batched_tokens=parse_size(max_num_batched_tokens, "--max-num-batched-tokens"),
-        max_num_seqs=parse_size(max_num_seqs, "--max-num-seqs"),
-        max_model_len=parse_size(max_model_len, "--max-model-len"), block_size=block_size,
-        enable_prefix_caching=enable_prefix_caching and not no_enable_prefix_caching,
-        prefix_caching_hash_algo=prefix_caching_hash_algo,
-        enable_chunked_prefill=enable_chunked_prefill and not no_enable_chunked_prefill,
-        long_prefill_token_threshold=long_prefill_token_threshold, scheduling_policy=scheduling_policy,
-        gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype, quantization=quantization,
-        num_gpu_blocks_override=num_gpu_blocks_override, tensor_parallel_size=tensor_parallel_size,
-        async_scheduling=async_scheduling, speculative_config=spec)
+    engine = {
+        "max_num_batched_tokens": parse_size(max_num_batched_tokens, "--max-num-batched-tokens"),
+        "max_num_seqs": parse_size(max_num_seqs, "--max-num-seqs"),
+        "max_model_len": parse_size(max_model_len, "--max-model-len"), "block_size": block_size,
+        "enable_prefix_caching": enable_prefix_caching and not no_enable_prefix_caching,
+        "prefix_caching_hash_algo": prefix_caching_hash_algo,
+        "enable_chunked_prefill": enable_chunked_prefill and not no_enable_chunked_prefill,
+        "long_prefill_token_threshold": long_prefill_token_threshold, "scheduling_policy": scheduling_policy,
+        "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
+        "quantization": quantization, "num_gpu_blocks_override": num_gpu_blocks_override,
+        "tensor_parallel_size": tensor_parallel_size, "async_scheduling": async_scheduling,
+        "speculative_config": spec,
+    }
     dep = build_deployment(model=model, gpu=gpu, num_gpus=num_gpus, router=router, disagg=disagg,
                            kv_link=kv_link, link_gbps=link_gbps, link_latency_ms=link_latency_ms, engine=engine)
     wl = load_workload(workload, SourceOptions(
@@ -244,4 +258,4 @@ def simulate(
         print_summary(summary, console)
 
 
-__all__ = ["simulate", "build_deployment", "parse_size", "compare_runs"]
+__all__ = ["build_deployment", "compare_runs", "parse_size", "simulate"]

@@ -84,7 +84,7 @@ def main() -> None:
     if args.no_write or args.profile:
         return
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+                            cwd=HERE, check=False).stdout.strip()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
     meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": commit,
@@ -96,8 +96,8 @@ def main() -> None:
     (HERE / "results.json").write_text(json.dumps({"meta": meta, "runs": rows}, indent=2) + "\n")
     lines = ["# Simulator speed: full Mooncake conversation trace", "",
              *(f"- {k}: {v}" for k, v in meta.items()), "",
-             "| replicas | wall s | simulated requests / wall s | engine steps | step rows (after skip-ahead) "
-             "| mean TTFT ms | completed |", "|---:|---:|---:|---:|---:|---:|---:|"]
+             ("| replicas | wall s | simulated requests / wall s | engine steps | step rows (after skip-ahead) "
+              "| mean TTFT ms | completed |"), "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['replicas']} | {r['wall_s']:.2f} | {r['simulated_requests_per_wall_s']:,.0f} | "
                      f"{r['engine_steps']:,} | {r['step_rows']:,} | {r['mean_ttft_ms']:,.0f} | {r['completed']:,} |")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.model_spec import ModelSpec, get_model
+from engine.model_spec import get_model
 from sim.config import EngineConfig, SpeculativeConfig
 from sim.cost_model import CostModel, CostProfile, DecodeRun, StepBatch
 from sim.hardware import get_gpu
@@ -97,9 +97,8 @@ def test_async_scheduling_overlaps_cpu():
 
 
 def test_speculative_costs():
-    eng = dict(speculative_config=SpeculativeConfig(method="draft_model", model="llama-3.2-1b",
-                                                    num_speculative_tokens=4))
-    e = EngineConfig(**eng).resolved_for(H200, M8)
+    sc = SpeculativeConfig(method="draft_model", model="llama-3.2-1b", num_speculative_tokens=4)
+    e = EngineConfig(speculative_config=sc).resolved_for(H200, M8)
     draft = get_model("llama-3.2-1b")
     m = CostModel(M8, H200, e, P, draft)
     b = StepBatch(num_decode_seqs=4, decode_query_tokens=20, sum_decode_context=4000)
@@ -192,4 +191,3 @@ def test_vllm_defaults_and_args():
                     """'{"method":"ngram","num_speculative_tokens":4}'"""]
     with pytest.raises(ValueError, match="speculative_config is not valid JSON"):
         EngineConfig(speculative_config="{bad")
-    _ = ModelSpec  # noqa: re-exported type used in annotations elsewhere

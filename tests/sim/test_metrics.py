@@ -11,7 +11,15 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 from advisor.commands.simulate import parse_size
-from sim.metrics import ITL_BUCKETS, SLO, STEP_COLUMNS, TTFT_BUCKETS, SimResult, load_summary, weighted_percentiles
+from sim.metrics import (
+    ITL_BUCKETS,
+    SLO,
+    STEP_COLUMNS,
+    TTFT_BUCKETS,
+    SimResult,
+    load_summary,
+    weighted_percentiles,
+)
 from sim.simulator import simulate
 from tests.sim.simhelpers import deployment, poisson
 
