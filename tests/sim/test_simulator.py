@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.model_spec import ModelSpec
 from engine.request import Request
@@ -192,3 +194,45 @@ def test_prefix_aware_router_keeps_sessions_together():
         dep = deployment(replicas=2, router=router, num_gpu_blocks_override=700)
         hit[router] = simulate(dep, reqs).summary()["prefix_cache_hit_rate"]
     assert hit["prefix_aware"] > hit["round_robin"] + 0.05, hit
+
+
+def test_disaggregated_lone_request_ttft_is_prefill_plus_transfer_plus_one_token():
+    dep = _disagg(link_gbps=50.0, latency=1e-3)
+    sim = Simulation(dep, [Request(0, 0.0, 4096, 8, tuple(range(256)))])
+    res = sim.run()
+    pre, dec = sim.prefill_pool[0].cost, sim.decode_pool[0].cost
+    pairs, kv = StepBatch.prefill_chunk(4096, 0)
+    prefill_s = pre.step_time_s(StepBatch(4096, 1, pairs, kv, num_blocks_allocated=256))
+    transfer_s = 4096 * MHA.kv_bytes_per_token() / 50e9 + 1e-3
+    # decode side: the KV arrived, only the last prompt token is computed (context 4095)
+    first_s = dec.step_time_s(StepBatch(1, 1, *StepBatch.prefill_chunk(1, 4095), num_blocks_allocated=256))
+    r = res.requests
+    assert r["kv_transfer_s"][0] == pytest.approx(transfer_s, rel=1e-12)
+    assert r["ttft_s"][0] == pytest.approx(prefill_s + transfer_s + first_s, rel=1e-9)
+    assert r["num_generated"][0] == 8
+
+
+def test_acceptance_drift_lowers_acceptance():
+    base = {"method": "ngram", "num_speculative_tokens": 4, "acceptance_beta": {"default": (700.0, 300.0)}}
+    reqs = [req(i, 0.0, 100, 1500) for i in range(4)]
+    flat = simulate(deployment(speculative_config=base), reqs, seed=0).summary()
+    drift = simulate(deployment(speculative_config=base | {"acceptance_drift_per_s": -0.2}), reqs,
+                     seed=0).summary()
+    assert drift["spec_decode_acceptance_rate"] < flat["spec_decode_acceptance_rate"] - 0.1
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 3), st.integers(1, 2500), st.integers(1, 300)), min_size=1, max_size=40),
+       st.integers(40, 400), st.sampled_from([1, 2]), st.booleans())
+def test_random_workloads_finish_or_reject(rows, blocks, replicas, chunked):
+    dep = deployment(replicas=replicas, num_gpu_blocks_override=blocks, max_model_len=2048, max_num_seqs=8,
+                     enable_chunked_prefill=chunked, max_num_batched_tokens=1024)
+    reqs = [req(i, t, p, o, tuple(range(8))) for i, (t, p, o) in enumerate(rows)]
+    r = simulate(dep, reqs).requests
+    assert set(r["status"]) <= {"finished", "rejected"}
+    fin = r["status"] == "finished"
+    assert np.all(r["num_generated"][fin] == r["output_len"][fin])
+    assert np.all(r["first_token_s"][fin] <= r["finish_s"][fin])
+    assert np.all(r["scheduled_s"][fin] >= r["arrival_s"][fin])
+    too_long = (r["prompt_len"] + r["output_len"]) > 2048
+    assert np.all(~fin[too_long])
