@@ -130,31 +130,45 @@ def _pack_ints(values: tuple) -> bytes:
         return repr(values).encode()
 
 
-def make_block_hasher(algo: str) -> Callable[[Hashable, tuple, tuple], Hashable]:
-    """`hasher(parent, content, extra) -> hash`. `content`/`extra` are flat tuples of ints."""
-    if algo == "builtin":
-        def h_builtin(parent: Hashable, content: tuple, extra: tuple) -> int:
-            return hash((parent, content, extra))
-        return h_builtin
+def make_bytes_hasher(algo: str) -> Callable[[Hashable, bytes, bytes], Hashable]:
+    """`hasher(parent, content_bytes, extra_bytes) -> hash` for the byte-level algorithms
+    (content = little-endian int64 token ids). The parent is the previous block's hash."""
     if algo == "xxhash":
         digest = xxhash.xxh3_64_intdigest
 
-        def h_xx(parent: int, content: tuple, extra: tuple) -> int:
-            data = parent.to_bytes(8, "little") + _pack_ints(content)
-            if extra:
-                data += b"|" + _pack_ints(extra)
-            return digest(data)
+        def h_xx(parent: int, content: bytes, extra: bytes) -> int:
+            return digest(parent.to_bytes(8, "little") + content + extra)
         return h_xx
     if algo == "sha256":
         sha = hashlib.sha256
 
-        def h_sha(parent: bytes, content: tuple, extra: tuple) -> bytes:
-            data = parent + _pack_ints(content)
-            if extra:
-                data += b"|" + _pack_ints(extra)
-            return sha(data).digest()
+        def h_sha(parent: bytes, content: bytes, extra: bytes) -> bytes:
+            return sha(parent + content + extra).digest()
         return h_sha
-    raise ValueError(f"prefix_caching_hash_algo must be one of {HASH_ALGOS}, got {algo!r}")
+    raise ValueError(f"no byte-level hasher for {algo!r}; use one of ('xxhash', 'sha256')")
+
+
+def pack_extra(extra: tuple) -> bytes:
+    """Extra keys as bytes, behind a separator so they cannot alias token content."""
+    return b"|" + _pack_ints(extra) if extra else b""
+
+
+def make_block_hasher(algo: str) -> Callable[[Hashable, tuple, tuple], Hashable]:
+    """`hasher(parent, content, extra) -> hash`. `content`/`extra` are flat tuples of ints.
+
+    `builtin` hashes the tuple itself; the byte-level algorithms hash its int64 packing
+    (so that hashing a run of token ids packed once gives the same values)."""
+    if algo == "builtin":
+        def h_builtin(parent: Hashable, content: tuple, extra: tuple) -> int:
+            return hash((parent, content, extra))
+        return h_builtin
+    if algo not in HASH_ALGOS:
+        raise ValueError(f"prefix_caching_hash_algo must be one of {HASH_ALGOS}, got {algo!r}")
+    hb = make_bytes_hasher(algo)
+
+    def h_tuple(parent: Hashable, content: tuple, extra: tuple) -> Hashable:
+        return hb(parent, _pack_ints(content), pack_extra(extra))
+    return h_tuple
 
 
 def root_hash(algo: str) -> Hashable:

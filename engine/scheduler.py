@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import operator
+from array import array
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -47,7 +48,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.block_manager import BlockPool, KVBlock, make_block_hasher, root_hash
+from engine.block_manager import (
+    BlockPool,
+    KVBlock,
+    make_block_hasher,
+    make_bytes_hasher,
+    pack_extra,
+    root_hash,
+)
 from engine.request import Request
 
 WAITING = "waiting"
@@ -65,6 +73,8 @@ _EMPTY: tuple[int, ...] = ()
 _not_none = partial(operator.is_not, None)
 _ref_cnt = operator.attrgetter("ref_cnt")
 _block_id = operator.attrgetter("block_id")
+_request_id = operator.attrgetter("request_id")
+_OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
 
 class SchedulerConfig(BaseModel):
@@ -152,13 +162,13 @@ class SchedulerOutput:
     num_blocks_freed: int = 0
     num_blocks_hashed: int = 0
     # Compact per-request records (batch order). A plain decode (1 token, no new block) is
-    # just (state, computed, table); anything else also has an `_extra` entry keyed by
-    # request id: (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids).
+    # just (state, table), its computed count being state.num_computed - 1 until the next
+    # schedule(); anything else also has an `_extra` entry keyed by request id:
+    # (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids, num_computed).
     _states: list = field(default_factory=list, repr=False)
-    _computed: list = field(default_factory=list, repr=False)
     _tables: list = field(default_factory=list, repr=False)
     _extra: dict = field(default_factory=dict, repr=False)
-    _sampling: list = field(default_factory=list, repr=False)  # states that sample, in order
+    _nonsampling: set = field(default_factory=set, repr=False)  # ids of partial prefill chunks
     _scheduled: list | None = field(default=None, repr=False)
     _updated: bool = field(default=False, repr=False)
 
@@ -167,19 +177,27 @@ class SchedulerOutput:
         if self._scheduled is None:
             extra = self._extra
             out = []
-            for r, c, table in zip(self._states, self._computed, self._tables):
+            for r, table in zip(self._states, self._tables):
                 rid = r.request_id
                 e = extra.get(rid)
                 if e is None:
-                    out.append(ScheduledRequest(rid, 1, c, 0, 0, False, True, table, _EMPTY))
+                    out.append(ScheduledRequest(rid, 1, r.num_computed - 1, 0, 0, False, True,
+                                                table, _EMPTY))
                 else:
-                    out.append(ScheduledRequest(rid, e[0], c, e[1], e[2], e[3], e[4], table, e[5]))
+                    out.append(ScheduledRequest(rid, e[0], e[6], e[1], e[2], e[3], e[4], table, e[5]))
             self._scheduled = out
         return self._scheduled
 
     @property
     def num_scheduled(self) -> int:
         return len(self._states)
+
+    def _sampling(self) -> list:
+        """States that produce tokens this step, in batch order."""
+        if not self._nonsampling:
+            return self._states
+        skip = self._nonsampling
+        return [r for r in self._states if r.request_id not in skip]
 
 
 @dataclass(slots=True)
@@ -247,7 +265,7 @@ class _ReqState:
         "req", "request_id", "arrival_s", "priority", "prompt_len", "output_len",
         "hash_ids", "hash_block_size", "token_ids", "extra",
         "num_tokens", "num_computed", "num_generated", "blocks", "block_ids",
-        "block_hashes", "num_cached_blocks", "status", "decoding",
+        "block_hashes", "hash_chain", "num_cached_blocks", "status", "decoding",
         "num_preemptions", "num_cached_tokens", "seq",
     )
 
@@ -267,13 +285,21 @@ class _ReqState:
         self.num_generated = 0
         self.blocks: list[KVBlock] = []
         self.block_ids: list[int] = []
-        self.block_hashes: list[Hashable] = []  # chained hashes of full blocks, kept on preemption
+        self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
+        self.hash_chain: list[Hashable] = []  # simulator: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
         self.status = WAITING
         self.decoding = False  # produced a token since its last admission
         self.num_preemptions = 0
         self.num_cached_tokens = 0
         self.seq = seq  # add order, the FCFS tie-break
+
+
+def _retire(r: _ReqState) -> None:
+    """Drop a finished request's bulky state (block keys, token ids); counters stay."""
+    r.block_hashes = []
+    r.hash_chain = []
+    r.token_ids = None
 
 
 class Scheduler:
@@ -286,6 +312,9 @@ class Scheduler:
         self.caching = config.enable_prefix_caching
         self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
         self._builtin_hash = config.prefix_caching_hash_algo == "builtin"  # inlined: no call
+        self._int_chain = config.prefix_caching_hash_algo != "sha256"  # chain hashes are ints
+        self._bytes_hasher = (None if self._builtin_hash
+                              else make_bytes_hasher(config.prefix_caching_hash_algo))
         self._root = root_hash(config.prefix_caching_hash_algo)
         self.requests: dict[int, _ReqState] = {}
         self.running: list[_ReqState] = []
@@ -294,6 +323,7 @@ class Scheduler:
         self._heap_waiting: list[tuple[int, float, int, _ReqState]] = []
         self._pending_rejected: list[RequestResult] = []  # reported in the next step
         self._last_out: SchedulerOutput | None = None
+        self._any_token_ids = False  # some request was added with token ids (engine)
         self._seq = 0
         self.step_id = 0
         # counters
@@ -335,6 +365,8 @@ class Scheduler:
                     f"request {rid}: {len(prompt_token_ids)} prompt_token_ids for prompt_len "
                     f"{req.prompt_len}; pass exactly the prompt's token ids"
                 )
+        if prompt_token_ids is not None:
+            self._any_token_ids = True
         r = _ReqState(req, prompt_token_ids, tuple(extra_keys), self._seq)
         self._seq += 1
         self.requests[rid] = r
@@ -442,26 +474,91 @@ class Scheduler:
         return out
 
     def _hash_upto(self, r: _ReqState, n: int) -> int:
-        """Make sure `r.block_hashes` covers its first `n` blocks (chained); returns how
-        many blocks were hashed now (counted in `num_blocks_hashed`)."""
+        """Make sure `r.block_hashes` covers its first `n` blocks; returns how many blocks
+        were keyed now (counted in `num_blocks_hashed`: the per-block hashing work a real
+        engine pays, whichever shortcut the simulator takes below)."""
         hashes = r.block_hashes
         i = len(hashes)
         if i >= n:
             return 0
-        parent = hashes[-1] if hashes else self._root
-        extra = r.extra
-        append = hashes.append
-        if self._builtin_hash:
-            for key in self._contents(r, i, n):
-                parent = hash((parent, key, extra))
+        if r.token_ids is None and r.hash_block_size % self.block_size == 0:
+            hashes += self._sim_keys(r, i, n)
+        elif r.token_ids is not None and not self._builtin_hash:
+            # pack the whole run of token ids once, hash byte slices of it
+            bs = self.block_size
+            step = 8 * bs
+            buf = array("q", r.token_ids[i * bs:n * bs]).tobytes()
+            extra = pack_extra(r.extra)
+            hb = self._bytes_hasher
+            parent = hashes[-1] if hashes else self._root
+            append = hashes.append
+            for off in range(0, len(buf), step):
+                parent = hb(parent, buf[off:off + step], extra)
                 append(parent)
         else:
-            hasher = self._hasher
-            for key in self._contents(r, i, n):
-                parent = hasher(parent, key, extra)
-                append(parent)
+            parent = hashes[-1] if hashes else self._root
+            extra = r.extra
+            append = hashes.append
+            if self._builtin_hash:
+                for key in self._contents(r, i, n):
+                    parent = hash((parent, key, extra))
+                    append(parent)
+            else:
+                hasher = self._hasher
+                for key in self._contents(r, i, n):
+                    parent = hasher(parent, key, extra)
+                    append(parent)
         self.num_blocks_hashed += n - i
         return n - i
+
+    def _sim_keys(self, r: _ReqState, start: int, stop: int) -> list:
+        """Keys of blocks [start, stop) of a request without token ids whose hash blocks are
+        whole multiples of the KV block (Mooncake: 512 vs 16).
+
+        The chain is hashed once per *hash block* (`r.hash_chain[h]` = H(chain[h-1],
+        hash_ids[h], extra)), and KV block i inside hash block h is keyed by
+        (chain[h], i mod blocks-per-hash-block): equal keys iff equal whole prefixes, as with
+        per-block chaining, at 1/32 of the hashing. Blocks holding generated tokens are keyed
+        by (GEN_TAG, request_id, i): only this request (after a preemption) re-finds them.
+        """
+        bs = self.block_size
+        per = r.hash_block_size // bs
+        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
+        keys: list = []
+        if start < in_prompt:
+            chain = r.hash_chain
+            need = (in_prompt - 1) // per + 1
+            if len(chain) < need:
+                h = len(chain)
+                parent = chain[-1] if chain else self._root
+                hid = r.hash_ids
+                extra = r.extra
+                if self._builtin_hash:
+                    for x in hid[h:need]:
+                        parent = hash((parent, x, extra))
+                        chain.append(parent)
+                else:
+                    hasher = self._hasher
+                    for x in hid[h:need]:
+                        parent = hasher(parent, (x,), extra)
+                        chain.append(parent)
+            if per == 1:
+                keys = chain[start:in_prompt]
+            elif self._int_chain:
+                # int keys hash to themselves: every later dict operation on them is cheap
+                # (a (chain, offset) tuple would be re-hashed on each lookup). The offset
+                # flips low bits of a 64-bit chain hash: a clash needs two chains that
+                # differ only there.
+                keys = [chain[i // per] ^ (i % per) for i in range(start, in_prompt)]
+            else:  # sha256: bytes cache their hash too
+                ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
+                    j.to_bytes(8, "little") for j in range(per)]
+                keys = [chain[i // per] + ob[i % per] for i in range(start, in_prompt)]
+        gen_from = max(start, in_prompt)
+        if stop > gen_from:
+            rid = r.request_id
+            keys += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
+        return keys
 
     def _lookup(self, r: _ReqState) -> tuple[list[KVBlock], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
@@ -547,14 +644,13 @@ class Scheduler:
         """Drop `v`'s entry from this step (it was preempted after being scheduled). The
         caller has flushed its running totals into `out` and recomputes its budget."""
         idx = next(j for j, st in enumerate(out._states) if st is v)
-        c = out._computed.pop(idx)
         out._states.pop(idx)
         out._tables.pop(idx)
         out._scheduled = None
-        if v in out._sampling:
-            out._sampling.remove(v)
+        out._nonsampling.discard(v.request_id)
         e = out._extra.pop(v.request_id, None)
-        n, spec, is_prefill = (e[0], e[2], e[3]) if e is not None else (1, 0, False)
+        n, spec, is_prefill, c = (e[0], e[2], e[3], e[6]) if e is not None else (
+            1, 0, False, v.num_computed - 1)
         out.num_batched_tokens -= n
         if is_prefill:
             out.num_prefill_tokens -= n
@@ -606,9 +702,7 @@ class Scheduler:
         plain = k == 0
         thr = self.config.long_prefill_token_threshold if self.config.enable_chunked_prefill else 0
         states_append = out._states.append
-        computed_append = out._computed.append
         tables_append = out._tables.append
-        sampling_append = out._sampling.append
         extra = out._extra
         max_tokens = self.config.max_num_batched_tokens
         # plain-decode totals kept in locals (the hot loop), flushed into `out` before any
@@ -639,14 +733,12 @@ class Scheduler:
                     r.blocks.append(b)
                     table.append(b.block_id)
                     out.num_blocks_allocated += 1
-                    extra[r.request_id] = (1, 0, 0, False, True, (b.block_id,))
+                    extra[r.request_id] = (1, 0, 0, False, True, (b.block_id,), c)
                 r.num_computed = c + 1
                 if caching and c % bs == bs1 and c // bs >= r.num_cached_blocks:
                     out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
                 states_append(r)
-                computed_append(c)
                 tables_append(table)
-                sampling_append(r)
                 n_dec += 1
                 sum_dec += c
                 budget -= 1
@@ -685,8 +777,7 @@ class Scheduler:
             r.num_computed = c + num_new
             new_ids = tuple(map(_block_id, new)) if new else _EMPTY
             if r.decoding:
-                extra[r.request_id] = (num_new, 0, spec, False, True, new_ids)
-                sampling_append(r)
+                extra[r.request_id] = (num_new, 0, spec, False, True, new_ids, c)
                 out.num_decode_seqs += 1
                 out.num_decode_tokens += num_new
                 out.sum_decode_context += c + num_new
@@ -697,16 +788,15 @@ class Scheduler:
                     self.num_spec_draft_tokens += spec
             else:
                 samples = c + num_new >= r.num_tokens
-                extra[r.request_id] = (num_new, 0, 0, True, samples, new_ids)
-                if samples:
-                    sampling_append(r)
+                extra[r.request_id] = (num_new, 0, 0, True, samples, new_ids, c)
+                if not samples:
+                    out._nonsampling.add(r.request_id)
                 out.num_prefill_tokens += num_new
                 out.num_prefill_seqs += 1
                 out.sum_prefill_context += c + num_new
                 out.num_batched_tokens += num_new
                 self.num_prompt_tokens_computed += num_new
             states_append(r)
-            computed_append(c)
             tables_append(r.block_ids)
             budget -= num_new
             i += 1
@@ -771,12 +861,11 @@ class Scheduler:
             r.num_computed = num_hit + num_new
             samples = r.num_computed >= r.num_tokens
             out._extra[r.request_id] = (num_new, num_hit, 0, True, samples,
-                                        tuple(map(_block_id, new)) if new else _EMPTY)
+                                        tuple(map(_block_id, new)) if new else _EMPTY, num_hit)
             out._states.append(r)
-            out._computed.append(num_hit)
             out._tables.append(r.block_ids)
-            if samples:
-                out._sampling.append(r)
+            if not samples:
+                out._nonsampling.add(r.request_id)
             out.num_prefill_tokens += num_new
             out.num_prefill_seqs += 1
             out.sum_prefill_context += num_hit + num_new
@@ -806,8 +895,19 @@ class Scheduler:
                 f"update_from_output() must be called once, for the latest schedule() output "
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})"
             )
+        one_each = None  # engine fast case: one token id per sampling request, no drafts
+        sampling = out._sampling()
         if sampled is not None:
-            self._check_sampled(out, sampled)
+            one_each = self._one_token_each(out, sampling, sampled)
+            if one_each is None:
+                self._check_sampled(out, sampling, sampled)
+        elif self._any_token_ids:
+            for r in sampling:
+                if r.token_ids is not None:
+                    raise ValueError(
+                        f"request {r.request_id} was added with prompt_token_ids, so "
+                        f"update_from_output needs its sampled token ids (sampled=None given)"
+                    )
         out._updated = True
         results = self._pending_rejected
         self._pending_rejected = []
@@ -819,12 +919,7 @@ class Scheduler:
         hot = sampled is None and not out.num_spec_tokens
         if hot:
             # Hot path (simulator): one token for every sampling request.
-            for r in out._sampling:
-                if r.token_ids is not None:
-                    raise ValueError(
-                        f"request {r.request_id} was added with prompt_token_ids, so "
-                        f"update_from_output needs its sampled token ids"
-                    )
+            for r in sampling:
                 g = r.num_generated + 1
                 r.num_generated = g
                 r.num_tokens += 1
@@ -832,12 +927,34 @@ class Scheduler:
                 if g >= r.output_len:
                     out.num_blocks_freed += self._free_all(r)
                     r.status = FINISHED
+                    _retire(r)
                     self.num_finished += 1
                     any_finished = True
                     results.append(RequestResult(
                         r.request_id, FINISHED, "length", g, r.num_preemptions, r.num_cached_tokens))
-            n_gen_total = len(out._sampling)
-        for r in (() if hot else out._sampling):
+            n_gen_total = len(sampling)
+        elif one_each is not None:
+            # Hot path (engine): one sampled token id each, no drafts.
+            hot = True
+            for r, v in zip(sampling, one_each):
+                g = r.num_generated + 1
+                r.num_generated = g
+                r.num_tokens += 1
+                r.decoding = True
+                if r.token_ids is not None:
+                    r.token_ids.append(v[0])
+                stop = bool(eos_ids) and v[0] in eos_ids
+                if stop or g >= r.output_len:
+                    out.num_blocks_freed += self._free_all(r)
+                    r.status = FINISHED
+                    _retire(r)
+                    self.num_finished += 1
+                    any_finished = True
+                    results.append(RequestResult(
+                        r.request_id, FINISHED, "stop" if stop else "length", g,
+                        r.num_preemptions, r.num_cached_tokens))
+            n_gen_total = len(sampling)
+        for r in (() if hot else sampling):
             rid = r.request_id
             toks = None
             if sampled is None:
@@ -876,17 +993,13 @@ class Scheduler:
             r.num_generated += n
             r.num_tokens += n
             n_gen_total += n
-            if r.token_ids is not None:
-                if toks is None:  # sampled=None: the engine must pass token ids
-                    raise ValueError(
-                        f"request {rid} was added with prompt_token_ids, so "
-                        f"update_from_output needs its sampled token ids"
-                    )
+            if r.token_ids is not None:  # validated above: toks is a list here
                 r.token_ids.extend(toks[:n])
             r.decoding = True
             if reason is not None:
                 out.num_blocks_freed += self._free_all(r)
                 r.status = FINISHED
+                _retire(r)
                 self.num_finished += 1
                 any_finished = True
                 results.append(RequestResult(
@@ -898,10 +1011,24 @@ class Scheduler:
         return results
 
     @staticmethod
-    def _check_sampled(out: SchedulerOutput, sampled: dict) -> None:
+    def _one_token_each(out: SchedulerOutput, sampling: list, sampled: dict) -> list | None:
+        """The sampled lists in batch order when every sampling request got exactly one
+        token id and there were no drafts (checked at C speed); else None."""
+        if out.num_spec_tokens or len(sampled) != len(sampling):
+            return None
+        try:
+            vals = list(map(sampled.__getitem__, map(_request_id, sampling)))
+            if list(map(len, vals)).count(1) == len(vals):
+                return vals
+        except (KeyError, TypeError):
+            pass
+        return None
+
+    @staticmethod
+    def _check_sampled(out: SchedulerOutput, sampling: list, sampled: dict) -> None:
         """Validate `sampled` against the step before anything changes."""
         extra = out._extra
-        for r in out._sampling:
+        for r in sampling:
             rid = r.request_id
             v = sampled.get(rid)
             if v is None:
@@ -922,8 +1049,8 @@ class Scheduler:
                     f"request {rid} was added with prompt_token_ids, so "
                     f"update_from_output needs its sampled token ids, not a count"
                 )
-        if len(sampled) != len(out._sampling):
-            want = {r.request_id for r in out._sampling}
+        if len(sampled) != len(sampling):
+            want = {r.request_id for r in sampling}
             extra_ids = sorted(set(sampled) - want)
             raise ValueError(
                 f"step {out.step_id}: sampled has entries for requests {extra_ids} that do not "
@@ -1023,6 +1150,7 @@ class Scheduler:
             if r.num_generated >= r.output_len:
                 freed += self._free_all(r)
                 r.status = FINISHED
+                _retire(r)
                 self.num_finished += 1
                 finished.append(RequestResult(
                     r.request_id, FINISHED, "length", r.num_generated, r.num_preemptions,
@@ -1093,7 +1221,8 @@ class Scheduler:
             assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
             assert [b.block_id for b in r.blocks] == r.block_ids, f"request {r.request_id}: ids drift"
             assert r.num_computed <= len(r.blocks) * bs, f"request {r.request_id}: KV overflow"
-            assert len(r.blocks) <= -(-r.num_computed // bs) or not r.decoding or True
+            assert len(r.blocks) == -(-r.num_computed // bs), (
+                f"request {r.request_id}: {len(r.blocks)} blocks for {r.num_computed} tokens")
             assert r.num_cached_blocks <= len(r.blocks)
             assert len(set(r.block_ids)) == len(r.block_ids), f"request {r.request_id}: dup block"
             for bid in r.block_ids:

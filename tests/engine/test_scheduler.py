@@ -156,3 +156,29 @@ def test_bad_sampled_changes_nothing():
     with pytest.raises(ValueError, match="expected 1..1"):
         s.update_from_output(out, {0: 2})
     assert s.update_from_output(out, {0: 1}) == []
+
+
+def test_engine_requests_need_token_ids_back():
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4))
+    s.add_request(req(0, 3, 2), prompt_token_ids=[5, 6, 7])
+    out = s.schedule()
+    with pytest.raises(ValueError, match="token ids"):
+        s.update_from_output(out)
+    with pytest.raises(ValueError, match="token ids"):
+        s.update_from_output(out, {0: 1})
+    with pytest.raises(ValueError, match="do not sample"):
+        s.update_from_output(out, {0: [9], 5: [1]})
+    assert s.update_from_output(out, {0: [9]}) == []
+    assert s.requests[0].token_ids == [5, 6, 7, 9]
+
+
+def test_eos_on_plain_decode_and_on_last_token():
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4))
+    s.add_request(req(0, 2, 5), prompt_token_ids=[5, 6])
+    s.add_request(req(1, 2, 2), prompt_token_ids=[5, 7])
+    out = s.schedule()
+    assert s.update_from_output(out, {0: [3], 1: [3]}, eos_ids={2}) == []
+    out = s.schedule()
+    res = s.update_from_output(out, {0: [2], 1: [2]}, eos_ids={2})
+    # request 1 hit EOS on its last allowed token: EOS wins the reason
+    assert [(r.request_id, r.reason, r.num_generated) for r in res] == [(0, "stop", 2), (1, "stop", 2)]

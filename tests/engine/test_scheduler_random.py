@@ -71,13 +71,32 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000):
         assert len({x.request_id for x in out.scheduled}) == len(out.scheduled)
         assert all(x.num_new_tokens >= 1 for x in out.scheduled)
         assert out.num_prefill_tokens + out.num_decode_tokens == out.num_batched_tokens
+        pre = [x for x in out.scheduled if x.is_prefill]
+        dec = [x for x in out.scheduled if not x.is_prefill]
+        assert (out.num_prefill_seqs, out.num_decode_seqs) == (len(pre), len(dec))
+        assert out.num_prefill_tokens == sum(x.num_new_tokens for x in pre)
+        assert out.sum_prefill_context == sum(x.num_computed_tokens + x.num_new_tokens for x in pre)
+        assert out.sum_decode_context == sum(x.num_computed_tokens + x.num_new_tokens for x in dec)
+        assert out.num_spec_tokens == sum(x.num_spec_tokens for x in out.scheduled)
+        assert all(x.num_spec_tokens == 0 for x in pre)
+        n_new = sum(len(x.new_block_ids) for x in out.scheduled)
+        # a request preempted later in the same step took its fresh blocks with it
+        assert out.num_blocks_allocated == n_new if not out.preempted_ids else out.num_blocks_allocated >= n_new
         sampled = {}
         for x in out.scheduled:
             if x.samples:
                 n = 1 + rng.randint(0, x.num_spec_tokens)
                 sampled[x.request_id] = ([rng.randint(1, 9) for _ in range(n)] if with_tokens else n)
+        before = [(x.request_id, x.num_new_tokens, x.num_computed_tokens, x.num_cached_tokens,
+                   x.num_spec_tokens, x.is_prefill, x.samples, tuple(x.block_ids), x.new_block_ids)
+                  for x in out.scheduled]
         res = s.update_from_output(out, sampled, eos_ids={9} if with_tokens else None)
         s.check_invariants()
+        out._scheduled = None  # rebuilt after the update: the records must not have moved
+        after = [(x.request_id, x.num_new_tokens, x.num_computed_tokens, x.num_cached_tokens,
+                  x.num_spec_tokens, x.is_prefill, x.samples, x.new_block_ids)
+                 for x in out.scheduled]
+        assert after == [b[:7] + b[8:] for b in before]
         for r in res:
             assert r.request_id not in results, "request reported twice"
             results[r.request_id] = r
