@@ -87,11 +87,15 @@ def session_runs(
     n_cand = turn + 2
     row = np.repeat(np.arange(prompt_len.size), n_cand)
     j = segment_arange(n_cand) - 1  # -1 = system run, 0..turn = turn j's run
-    src = first_of_session[row] + np.maximum(j, 0)  # the row of turn j in this session
-    is_sys = j < 0
-    is_own = j == turn[row]
-    starts = np.where(is_sys, sys_start_first[first_of_session[row]], own_start[src])
-    lens = np.where(is_sys, n_shared_first[first_of_session[row]], np.where(is_own, own_len[src], kept_len[src]))
+    first = first_of_session[row]
+    src = first + np.maximum(j, 0)  # the row of turn j in this session
+    kind = (j >= 0).astype(np.int64) + (j == turn[row])  # 0 system, 1 kept part of turn j, 2 own run
+    src[kind == 0] = first[kind == 0]
+    n_rows = prompt_len.size
+    start_table = np.concatenate([sys_start_first, own_start, own_start])
+    len_table = np.concatenate([n_shared_first, kept_len, own_len])
+    flat = kind * n_rows + src  # one gather instead of nested selects over every candidate
+    starts, lens = start_table[flat], len_table[flat]
     keep = lens > 0
     counts = np.bincount(row[keep], minlength=prompt_len.size)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

@@ -47,19 +47,35 @@ def _clean_errors(fn: F) -> F:
 
 # Options shared by every command that reads a source. Annotated defaults keep the functions
 # callable from Python with plain values (`costline demo` calls `describe` directly).
-Source = Annotated[str, typer.Argument(help="preset name, spec file (.json) or trace file (Mooncake JSONL, Azure or BurstGPT CSV)")]
+Source = Annotated[str, typer.Argument(
+    help="preset name, spec file (.json) or trace file (Mooncake JSONL, Azure or BurstGPT CSV)")]
 Fmt = Annotated[str, typer.Option("--format", help="trace format: auto, mooncake, azure, burstgpt")]
 Lenient = Annotated[bool, typer.Option("--lenient", help="skip bad trace rows (reported with counts and reasons)")]
-BlockSize = Annotated[int | None, typer.Option("--hash-block-size", help="tokens per hash id of a trace (Mooncake: 512, inferred)")]
-KeepFailed = Annotated[bool, typer.Option("--keep-failed", help="BurstGPT: keep failed rows (Response tokens = 0) as 1-token outputs")]
-Spread = Annotated[bool, typer.Option("--spread", help="spread tied timestamps (Mooncake's 3-s steps) uniformly within each step, seeded")]
+BlockSize = Annotated[int | None, typer.Option(
+    "--hash-block-size", help="tokens per hash id of a trace (Mooncake: 512, inferred)")]
+KeepFailed = Annotated[bool, typer.Option(
+    "--keep-failed", help="BurstGPT: keep failed rows (Response tokens = 0) as 1-token outputs")]
+Spread = Annotated[bool, typer.Option(
+    "--spread", help="spread tied timestamps (Mooncake's 3-s steps) uniformly within each step, seeded")]
 Seed = Annotated[int | None, typer.Option("--seed", help="seed for a spec/preset (overrides its own) and for --spread")]
 NumReq = Annotated[int | None, typer.Option("--num-requests", "-n", help="requests to generate from a spec/preset")]
 StartS = Annotated[float | None, typer.Option("--start-s", help="keep arrivals at or after this time (s)")]
 EndS = Annotated[float | None, typer.Option("--end-s", help="keep arrivals before this time (s)")]
 First = Annotated[int | None, typer.Option("--first", help="keep only the first N requests (after the window)")]
-Speedup = Annotated[float | None, typer.Option("--speedup", help="divide arrival times by this factor (2 = twice the rate)")]
+Speedup = Annotated[float | None, typer.Option(
+    "--speedup", help="divide arrival times by this factor (2 = twice the rate)")]
 Rate = Annotated[float | None, typer.Option("--rate", help="rescale time to this mean rate (req/s)")]
+
+
+def _json_safe(x: Any) -> Any:
+    """NaN (e.g. the CV of a one-request workload) as null, so the output stays valid JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
 
 
 def _options(**kw: Any) -> SourceOptions:
@@ -114,7 +130,7 @@ def describe(
         speedup=speedup, rate_rps=rate))
     d = describe_workload(wl)
     if as_json:
-        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+        sys.stdout.write(json.dumps(_json_safe(d), indent=2) + "\n")
     else:
         print_description(d)
 

@@ -51,6 +51,7 @@ def cpu_name() -> str:
 
 
 def main() -> None:
+    load_at_start = os.getloadavg()[0]  # the machine is shared: a busy one slows every figure
     rows: list[dict] = []
     for name in preset_names():
         spec = get_preset(name).with_overrides(num_requests=1_000_000)
@@ -61,7 +62,6 @@ def main() -> None:
     s, _ = timed(lambda: describe_workload(big), repeats=3)
     rows.append({"case": "describe 1,000,000 generated requests: chat-production (prefix reuse over "
                          f"{big.run_len.sum() / 1e6:.0f}M block references)", "seconds": s})
-    del big
     spec = get_preset("chat-production").with_overrides(num_requests=100_000)
     wl = generate(spec)
     s, _ = timed(lambda: wl.take(np.arange(len(wl))).requests, repeats=3)
@@ -91,7 +91,8 @@ def main() -> None:
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S"),
         "command": "PYTHONPATH=. python benchmarks/workload/bench_workload.py",
         "machine": {"cpu": cpu_name(), "logical_cores": os.cpu_count(),
-                    "platform": platform.platform()},
+                    "platform": platform.platform(),
+                    "load_average_1min_at_start_and_end": [load_at_start, os.getloadavg()[0]]},
         "versions": {"python": sys.version.split()[0], "numpy": np.__version__, "pydantic": pydantic.VERSION},
         "repeats": "median of 5 (3 for generation, 1 for the 1M-object build)",
         "results": rows,
@@ -101,7 +102,9 @@ def main() -> None:
         "# Workload benchmarks", "",
         f"Command: `{result['command']}` (from the repository root). Date: {result['date_utc']} UTC.",
         (f"Machine: {result['machine']['cpu']}, {result['machine']['logical_cores']} logical cores, "
-         f"{result['machine']['platform']}. Python {result['versions']['python']}, numpy "
+         f"{result['machine']['platform']}, load average "
+         f"{result['machine']['load_average_1min_at_start_and_end'][0]:.1f} -> "
+         f"{result['machine']['load_average_1min_at_start_and_end'][1]:.1f}. Python {result['versions']['python']}, numpy "
          f"{result['versions']['numpy']}, pydantic {result['versions']['pydantic']}. {result['repeats']}."), "",
         "| case | seconds | target | note |", "|---|---:|---:|---|",
     ]

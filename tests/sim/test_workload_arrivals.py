@@ -99,3 +99,26 @@ def test_same_seed_same_times_and_different_seed_differs():
     b = arrival_times(spec, 1000, np.random.default_rng(7))
     c = arrival_times(spec, 1000, np.random.default_rng(8))
     assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_falling_ramp_counts():
+    spec = RampArrival(start_rps=20.0, end_rps=2.0, ramp_s=100.0)
+    t = arrival_times(spec, 3000, np.random.default_rng(9))
+    # integral of 20 - 0.18 t over [0, 50) = 1000 - 225 = 775; over [50, 100) = 1100 - 775 = 325
+    for lo, hi, want in [(0, 50, 775.0), (50, 100, 325.0)]:
+        got = np.count_nonzero((t >= lo) & (t < hi))
+        assert abs(got - want) < K * math.sqrt(want), (lo, hi, got, want)
+
+
+def test_scale_rate_keeps_the_shape():
+    from sim.arrivals import scale_rate
+
+    g = scale_rate(GammaArrival(rate_rps=2, burstiness=0.3), 2.5)
+    assert (g.rate_rps, g.burstiness) == (5.0, 0.3)
+    o = scale_rate(OnOffArrival(on_rate_rps=10, off_rate_rps=1, mean_on_s=3, mean_off_s=7), 2)
+    assert (o.on_rate_rps, o.off_rate_rps, o.mean_on_s, o.mean_off_s) == (20, 2, 3, 7)
+    assert o.rate_rps == pytest.approx(2 * (10 * 3 + 7) / 10)
+    r = scale_rate(RampArrival(start_rps=1, end_rps=4, ramp_s=60), 3)
+    assert (r.start_rps, r.end_rps, r.ramp_s) == (3, 12, 60)
+    with pytest.raises(ValueError):
+        scale_rate(PoissonArrival(rate_rps=1), 0)

@@ -179,3 +179,13 @@ def test_run_based_reuse_matches_the_reference_on_generated_sessions():
     got = prefix_reuse(wl)
     assert got["token_fraction"] == pytest.approx(want_tokens, abs=1e-12)
     assert got["block_fraction"] == pytest.approx(want_blocks, abs=1e-12)
+
+
+def test_demo_describes_the_bundled_chat_workload():
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+
+    res = CliRunner().invoke(app, ["demo"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "chat-production" in res.output and "2,000" in res.output and "prefix reuse" in res.output

@@ -106,3 +106,23 @@ def test_invalid_length_specs_name_the_field():
         UniformLength(low=10, high=5)
     with pytest.raises(ValidationError, match="tokens"):
         FixedLength(tokens=0)
+
+
+def test_lognormal_fit_recovers_its_parameters():
+    from sim.fit import fit_lengths
+
+    x = draw(LognormalLength(median=300, sigma=0.8), seed=3)
+    d = fit_lengths(x, "lognormal")
+    assert isinstance(d, LognormalLength) and (d.min_tokens, d.max_tokens) == (x.min(), x.max())
+    # log-mean SE sigma/sqrt(n); log-std SE sigma/sqrt(2n); rounding to whole tokens shifts little at 300
+    assert abs(math.log(d.median) - math.log(300)) < K * 0.8 / math.sqrt(N)
+    assert abs(d.sigma - 0.8) < K * 0.8 / math.sqrt(2 * N) + 1e-3
+
+
+def test_empirical_fit_keeps_the_quantiles():
+    from sim.fit import fit_lengths
+
+    x = draw(ParetoLength(alpha=1.2, scale=50), seed=4)
+    d = fit_lengths(x)
+    assert isinstance(d, EmpiricalLength) and len(d.values) == 1001
+    assert d.values[500] == np.percentile(x, 50, method="inverted_cdf") and d.values[-1] == x.max()
