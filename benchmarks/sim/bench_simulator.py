@@ -40,15 +40,18 @@ def run_one(reqs, replicas: int, profile: bool = False) -> dict:
     dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"), num_replicas=replicas)
     sim = Simulation(dep, reqs)
     prof = cProfile.Profile() if profile else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
     res = sim.run()
     if prof:
         prof.disable()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = res.summary()
-    out = {"replicas": replicas, "wall_s": wall, "requests": s["num_prompts"],
+    # CPU time of this process is the figure to quote on a shared machine (wall time
+    # includes waiting for a core); both are recorded.
+    out = {"replicas": replicas, "cpu_s": cpu, "wall_s": wall, "requests": s["num_prompts"],
+           "simulated_requests_per_cpu_s": s["num_prompts"] / cpu,
            "simulated_requests_per_wall_s": s["num_prompts"] / wall,
            "output_tokens": s["total_output_tokens"], "engine_steps": s["num_engine_steps"],
            "step_rows": int(res.steps["n_steps"].size), "completed": s["completed"],
@@ -96,10 +99,11 @@ def main() -> None:
     (HERE / "results.json").write_text(json.dumps({"meta": meta, "runs": rows}, indent=2) + "\n")
     lines = ["# Simulator speed: full Mooncake conversation trace", "",
              *(f"- {k}: {v}" for k, v in meta.items()), "",
-             ("| replicas | wall s | simulated requests / wall s | engine steps | step rows (after skip-ahead) "
-              "| mean TTFT ms | completed |"), "|---:|---:|---:|---:|---:|---:|---:|"]
+             ("| replicas | CPU s | wall s | simulated requests / CPU s | engine steps | step rows (after "
+              "skip-ahead) | mean TTFT ms | completed |"), "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['replicas']} | {r['wall_s']:.2f} | {r['simulated_requests_per_wall_s']:,.0f} | "
+        lines.append(f"| {r['replicas']} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} | "
+                     f"{r['simulated_requests_per_cpu_s']:,.0f} | "
                      f"{r['engine_steps']:,} | {r['step_rows']:,} | {r['mean_ttft_ms']:,.0f} | {r['completed']:,} |")
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
 
