@@ -109,7 +109,7 @@ class _Replica:
             out = sched.schedule()
             for rid, reason in out.rejected:
                 sim._reject(rid, reason, t0)
-            if not out.scheduled:
+            if not out.num_batched_tokens:
                 # nothing runnable (e.g. only rejections this step); wait for new work
                 res = sched.update_from_output(out, None)
                 self._finish(res, t0)
