@@ -113,7 +113,10 @@ class _Replica:
                 # nothing runnable (e.g. only rejections this step); wait for new work
                 res = sched.update_from_output(out, None)
                 self._finish(res, t0)
-                if sched.num_running == 0 and sched.num_waiting:
+                if sched.num_running:  # would spin forever at one instant: a scheduler bug
+                    raise RuntimeError(f"replica {self.idx}: scheduler returned an empty step with "
+                                       f"{sched.num_running} running requests at t={t0:.6f} s")
+                if sched.num_waiting:
                     self.wake = env.event()
                     yield self.wake
                     self.wake = None
