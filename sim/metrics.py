@@ -212,7 +212,7 @@ class SimResult:
             "mean_kv_transfer_ms": float(np.nanmean(r["kv_transfer_s"]) * 1e3)
             if np.isfinite(r["kv_transfer_s"]).any() else None,
             "kv_cache_usage_max": float(s["kv_usage"].max()) if s["kv_usage"].size else 0.0,
-            "num_gpu_blocks": m.get("num_gpu_blocks"),
+            "num_gpu_blocks": m.get("num_gpu_blocks"), "kv_block_coarsening": m.get("kv_block_coarsening", 1),
             "wall_s": self.wall_s,
             "simulated_requests_per_wall_s": r["request_id"].size / self.wall_s if self.wall_s else None,
         }

@@ -54,12 +54,16 @@ class _Replica:
     """One vLLM instance: a scheduler, a cost model and the SimPy process driving them."""
 
     def __init__(self, sim: Simulation, idx: int, role: str, engine: EngineConfig, plan: MemoryPlan,
-                 cost: CostModel) -> None:
+                 cost: CostModel, coarsen: int = 1) -> None:
         self.sim, self.idx, self.role, self.engine, self.plan, self.cost = sim, idx, role, engine, plan, cost
+        # KV block coarsening (a speed option): the scheduler tracks blocks of `coarsen` engine
+        # blocks; CPU costs are charged per engine block (counts x coarsen).
+        self.coarsen = coarsen
         self.sched = Scheduler(SchedulerConfig(
             max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs,
-            max_model_len=engine.max_model_len, block_size=engine.block_size,
-            num_gpu_blocks=plan.num_gpu_blocks, enable_prefix_caching=engine.enable_prefix_caching,
+            max_model_len=engine.max_model_len, block_size=engine.block_size * coarsen,
+            num_gpu_blocks=max(plan.num_gpu_blocks // coarsen, 1),
+            enable_prefix_caching=engine.enable_prefix_caching,
             prefix_caching_hash_algo=engine.prefix_caching_hash_algo,
             enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold,
@@ -124,9 +128,10 @@ class _Replica:
             if out.num_prefill_seqs or cost.k:
                 batch, samplers = self._compose(out, t0)
             else:  # pure decode: the totals say it all, no per-request records needed
+                f = self.coarsen
                 batch, samplers = StepBatch(0, 0, 0.0, 0, out.num_decode_seqs, out.num_decode_tokens,
-                                            out.sum_decode_context, out.num_blocks_allocated,
-                                            out.num_blocks_hashed), None
+                                            out.sum_decode_context, out.num_blocks_allocated * f,
+                                            out.num_blocks_hashed * f), None
             gpu_s, cpu_s = cost.gpu_time_s(batch), cost.cpu_time_s(batch)
             dt = cost.combine(gpu_s, cpu_s)
             yield env.timeout(dt)
@@ -182,8 +187,9 @@ class _Replica:
                 nds += 1
                 dq += q
                 sctx += c + q
-        return StepBatch(npt, nps, pairs, pkv, nds, dq, sctx, out.num_blocks_allocated,
-                         out.num_blocks_hashed), samplers
+        f = self.coarsen
+        return StepBatch(npt, nps, pairs, pkv, nds, dq, sctx, out.num_blocks_allocated * f,
+                         out.num_blocks_hashed * f), samplers
 
     def _skip(self, n: int):
         """Sleep through up to n pure-decode steps; stop early at a wake-up (new work)."""
@@ -213,7 +219,9 @@ class _Replica:
         self.pending.clear()
         if adv is None:
             return
-        extra = 0.0 if block_s is None else cost.block_cpu_s(adv.num_blocks_allocated, adv.num_blocks_hashed)
+        f = self.coarsen
+        extra = 0.0 if block_s is None else cost.block_cpu_s(adv.num_blocks_allocated * f,
+                                                             adv.num_blocks_hashed * f)
         t1 = env.now
         self._finish(adv.finished, t1)
         dt = t1 - t0
@@ -229,10 +237,10 @@ class _Replica:
         Sequence j (ctx[j] tokens in KV) needs a new block at every step i where position
         ctx[j] + i starts a block, and completes (hashes) one where ctx[j] + i + 1 ends one.
         """
-        bs = self.engine.block_size
+        bs = self.engine.block_size * self.coarsen  # the scheduler's block
         first_alloc = (-ctx) % bs
         first_hash = (bs - 1 - ctx) % bs if self.engine.enable_prefix_caching else None
-        blk_s, hash_s = self.cost.block_cpu_s(1, 0), self.cost.block_cpu_s(0, 1)
+        blk_s, hash_s = self.cost.block_cpu_s(self.coarsen, 0), self.cost.block_cpu_s(0, self.coarsen)
 
         def block_s(m: int) -> float:
             if m <= 0:
@@ -260,7 +268,7 @@ class Simulation:
     def __init__(self, deployment: DeploymentConfig, requests: Sequence[Request], *, seed: int = 0,
                  profile: CostProfile | None = None, slo: SLO | None = None, skip_ahead: bool = True,
                  progress: Callable[[float], None] | None = None, label: str | None = None,
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, kv_block_coarsening: int | str = 1) -> None:
         if not requests:
             raise ValueError("the workload has no requests")
         self.dep = deployment
@@ -275,6 +283,7 @@ class Simulation:
         self.label, self.extra_meta = label, meta or {}
         self.env = simpy.Environment()
         self.profile = profile or CostProfile.load("default")
+        self.coarsen = self._coarsening(kv_block_coarsening)
         # per-request outcome arrays
         self.scheduled_s = np.full(n, NAN)
         self.first_token_s = np.full(n, NAN)
@@ -293,6 +302,25 @@ class Simulation:
         self._prefix_index: dict[int, set[int]] = {}
 
     # --- construction -------------------------------------------------------------------
+    def _coarsening(self, want: int | str) -> int:
+        """Engine blocks per scheduler block. "auto": as many as fit in the workload's hash
+        block (its prefix structure is no finer than that), at most 64.
+
+        Coarse blocks make the simulation faster (the scheduler's work is per block) at the
+        price of fragmentation: a request's last block wastes up to coarsen x block_size - 1
+        slots instead of block_size - 1, and prefix hits end on coarse-block boundaries.
+        """
+        if want == "auto":
+            bs = self.dep.engine.block_size
+            hbs = min(r.hash_block_size for r in self.requests)
+            f = 1
+            while f < 64 and hbs % (bs * f * 2) == 0:
+                f *= 2
+            return f
+        if not isinstance(want, int) or want < 1:
+            raise ValueError(f"kv_block_coarsening must be a positive integer or 'auto', got {want!r}")
+        return want
+
     def _build_replicas(self) -> None:
         dep = self.dep
         base = dep.engine.resolved_for(dep.gpu, dep.model)
@@ -307,7 +335,7 @@ class Simulation:
             plan = plan_memory(dep.model, dep.gpu, base)
             cost = CostModel(dep.model, dep.gpu, base, self.profile, draft)
             for i in range(dep.num_replicas):
-                self.replicas.append(_Replica(self, i, "mixed", base, plan, cost))
+                self.replicas.append(_Replica(self, i, "mixed", base, plan, cost, self.coarsen))
             self.front = self.replicas
         else:
             d = dep.disaggregation
@@ -320,9 +348,10 @@ class Simulation:
             pcost = CostModel(dep.model, dep.gpu, pe, self.profile)
             dcost = CostModel(dep.model, dep.gpu, de, self.profile, draft)
             for i in range(d.num_prefill_replicas):
-                self.prefill_pool.append(_Replica(self, i, "prefill", pe, pplan, pcost))
+                self.prefill_pool.append(_Replica(self, i, "prefill", pe, pplan, pcost, self.coarsen))
             for j in range(d.num_decode_replicas):
-                self.decode_pool.append(_Replica(self, d.num_prefill_replicas + j, "decode", de, dplan, dcost))
+                self.decode_pool.append(_Replica(self, d.num_prefill_replicas + j, "decode", de, dplan, dcost,
+                                                 self.coarsen))
             self.replicas = self.prefill_pool + self.decode_pool
             self.front = self.prefill_pool
             self.link_bytes_per_s = d.link_bandwidth_gbps(dep.gpu) * 1e9
@@ -498,7 +527,7 @@ class Simulation:
         meta = {"model": dep.model.name, "gpu": dep.gpu.name, "num_gpus": dep.num_gpus,
                 "num_replicas": len(self.replicas), "deployment": dep.describe(), "seed": self.seed,
                 "label": self.label, "request_rate": rate, "slo": self.slo,
-                "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks,
+                "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks, "kv_block_coarsening": self.coarsen,
                 "vllm_args": " ".join(self.replicas[0].engine.to_vllm_args(
                     EngineConfig().resolved_for(dep.gpu, dep.model)))} | self.extra_meta
         return SimResult(requests=requests, steps=steps, meta=meta, counters=counters, wall_s=wall_s)

@@ -125,8 +125,10 @@ def print_summary(s: dict[str, Any], console: Console) -> None:
         g.add_row("KV transfer", f"mean {s['mean_kv_transfer_ms']:.2f} ms per request (queueing included)")
     if s.get("vllm_args") is not None:
         g.add_row("vllm serve", s["vllm_args"] or "(defaults)")
+    coarse = s.get("kv_block_coarsening") or 1
     g.add_row("simulated", f"{s['num_engine_steps']:,} engine steps in {s['wall_s']:.2f} s wall "
-              f"({s['simulated_requests_per_wall_s']:,.0f} requests/s)")
+              f"({s['simulated_requests_per_wall_s']:,.0f} requests/s)"
+              + (f"; KV blocks coarsened x{coarse}" if coarse > 1 else ""))
     console.print(g)
 
 
@@ -192,6 +194,7 @@ def simulate(
     out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here")] = None,
     label: Annotated[str | None, typer.Option("--label")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON")] = False,
+    sim_block_coarsening: Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")] = "1",
     no_skip_ahead: Annotated[bool, typer.Option("--no-skip-ahead", help="step every decode step (slow; for checks)")] = False,
     compare: Annotated[tuple[str, str] | None, typer.Option("--compare", help="two saved run directories: A B")] = None,
     trace_format: Fmt = "auto", lenient: Lenient = False, hash_block_size: BlockSize = None,
@@ -235,8 +238,14 @@ def simulate(
         speedup=speedup, rate_rps=rate))
     reqs = wl.requests
     meta = {"workload": workload, "workload_notes": list(wl.notes)}
+    coarsen: int | str = sim_block_coarsening
+    if sim_block_coarsening != "auto":
+        if not sim_block_coarsening.isdigit() or int(sim_block_coarsening) < 1:
+            raise ValueError(f"--sim-block-coarsening {sim_block_coarsening!r}: use a positive integer or 'auto'")
+        coarsen = int(sim_block_coarsening)
     sim = Simulation(dep, reqs, seed=seed, profile=CostProfile.load(profile), slo=SLO.parse(goodput),
-                     skip_ahead=not no_skip_ahead, label=label or Path(workload).stem, meta=meta)
+                     skip_ahead=not no_skip_ahead, label=label or Path(workload).stem, meta=meta,
+                     kv_block_coarsening=coarsen)
     if len(reqs) >= 5000 and not as_json and sys.stderr.isatty():
         from rich.progress import Progress
         with Progress(console=Console(stderr=True), transient=True) as bar:
