@@ -487,6 +487,18 @@ class Simulation:
         wall = time.perf_counter() - t_wall
         return self._result(wall)
 
+    def _vllm_args(self) -> str:
+        """The `vllm serve` flags of this run (the decode side's, plus the connector, for P/D)."""
+        dep = self.dep
+        eng = (self.decode_pool or self.replicas)[0].engine
+        if dep.disaggregation is not None:  # the decode side's budget is a simulator device
+            eng = eng.model_copy(update={"max_num_batched_tokens": dep.engine.resolved_for(
+                dep.gpu, dep.model).max_num_batched_tokens})
+        args = " ".join(eng.to_vllm_args(EngineConfig().resolved_for(dep.gpu, dep.model)))
+        if dep.disaggregation is not None:
+            args = (args + " " + _kv_transfer_arg(dep.disaggregation.kv_connector)).strip()
+        return args
+
     def _result(self, wall_s: float) -> SimResult:
         reqs = self.requests
         arrival = np.array([r.arrival_s for r in reqs])
@@ -528,9 +540,12 @@ class Simulation:
                 "num_replicas": len(self.replicas), "deployment": dep.describe(), "seed": self.seed,
                 "label": self.label, "request_rate": rate, "slo": self.slo,
                 "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks, "kv_block_coarsening": self.coarsen,
-                "vllm_args": " ".join(self.replicas[0].engine.to_vllm_args(
-                    EngineConfig().resolved_for(dep.gpu, dep.model)))} | self.extra_meta
+                "vllm_args": self._vllm_args()} | self.extra_meta
         return SimResult(requests=requests, steps=steps, meta=meta, counters=counters, wall_s=wall_s)
+
+
+def _kv_transfer_arg(connector: str) -> str:
+    return f"""--kv-transfer-config '{{"kv_connector":"{connector}","kv_role":"kv_both"}}'"""
 
 
 def simulate(deployment: DeploymentConfig, requests: Sequence[Request], **kw: Any) -> SimResult:
