@@ -12,7 +12,8 @@ gets its next token at the end of each step, so the ITL distribution is the step
 durations weighted by the number of sequences decoding in them. Skipped-ahead decode
 stretches are stored as one row whose n step durations grow linearly from `first_dt_s`
 to `last_dt_s` (sim/cost_model.py `DecodeRun`), and are expanded exactly here.
-A preempted request's stall is in its TPOT and e2e latency, not in the ITL histogram.
+A request resumed after a preemption adds one sample: the gap from its last token before
+the preemption to its first token after (the jitter preemption causes).
 """
 
 from __future__ import annotations
@@ -120,23 +121,25 @@ class SimResult:
     meta: dict[str, Any]
     counters: dict[str, float]
     wall_s: float = 0.0
+    stall_itl_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # gaps across preemptions
     _summary: dict[str, Any] | None = field(default=None, repr=False)
 
     # --- derived ----------------------------------------------------------------
     def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
-        """(step duration, weight = sequences decoding in it), skip rows expanded exactly."""
+        """(inter-token gap, weight): each step's duration weighted by the sequences decoding
+        in it (skip rows expanded exactly), plus one sample per resume after a preemption."""
         s = self.steps
-        if s["n_steps"].size == 0:
-            return np.zeros(0), np.zeros(0)
-        dec = s["num_decode_seqs"] > 0
-        n = s["n_steps"][dec]
-        single = n == 1
-        vals = [s["dt_s"][dec][single]]
-        wts = [s["num_decode_seqs"][dec][single]]
-        for f, l, k, b in zip(s["first_dt_s"][dec][~single], s["last_dt_s"][dec][~single], n[~single],
-                              s["num_decode_seqs"][dec][~single]):
-            vals.append(np.linspace(f, l, int(k)))
-            wts.append(np.full(int(k), b))
+        vals, wts = [self.stall_itl_s], [np.ones(self.stall_itl_s.size)]
+        if s["n_steps"].size:
+            dec = s["num_decode_seqs"] > 0
+            n = s["n_steps"][dec]
+            single = n == 1
+            vals.append(s["dt_s"][dec][single])
+            wts.append(s["num_decode_seqs"][dec][single])
+            for f, l, k, b in zip(s["first_dt_s"][dec][~single], s["last_dt_s"][dec][~single], n[~single],
+                                  s["num_decode_seqs"][dec][~single]):
+                vals.append(np.linspace(f, l, int(k)))
+                wts.append(np.full(int(k), b))
         return np.concatenate(vals), np.concatenate(wts).astype(np.float64)
 
     def good_mask(self, slo: SLO | None) -> np.ndarray:

@@ -73,6 +73,7 @@ class _Replica:
         self.skipping = False
         self.pending: list[Request] = []
         self.external: dict[int, int] = {}  # request -> prompt tokens whose KV arrived by transfer
+        self.stalled: dict[int, float] = {}  # preempted request -> time of its last token
         self.link = simpy.Resource(sim.env, capacity=1) if role == "prefill" else None
         self.proc = sim.env.process(self.run())
 
@@ -146,11 +147,19 @@ class _Replica:
             else:
                 n_out = sum(counts.values()) if counts is not None else len(samplers)
             if samplers and self.role != "prefill":
-                ft = sim.first_token_s
+                ft, stalled = sim.first_token_s, self.stalled
                 for sr in samplers:
-                    i = sim.idx(sr.request_id)
+                    rid = sr.request_id
+                    i = sim.idx(rid)
                     if ft[i] != ft[i]:  # NaN: this is the request's first token
                         ft[i] = t1
+                    elif stalled and rid in stalled:  # resumed after a preemption: one long gap
+                        sim.stall_itl_s.append(t1 - stalled.pop(rid))
+            for rid in out.preempted_ids:
+                # its last token came at the end of the previous step; the gap until its next
+                # token is an inter-token latency the step-weighted ITL does not see
+                if rid not in self.stalled and sim.first_token_s[sim.idx(rid)] == sim.first_token_s[sim.idx(rid)]:
+                    self.stalled[rid] = t0
             self._finish(res, t1)
             sim.steps.append((self.idx, t0, dt, 1, dt, dt, gpu_s, cpu_s, batch.num_prefill_tokens,
                               batch.num_prefill_seqs, batch.num_decode_seqs, n_out, batch.sum_decode_context,
@@ -296,6 +305,7 @@ class Simulation:
         self.reason = np.full(n, "", dtype=object)
         self.kv_transfer_s = np.full(n, NAN)
         self.steps: list[tuple] = []
+        self.stall_itl_s: list[float] = []  # token gaps of requests resumed after preemption
         self.spec_counters = {"spec_num_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
         self._build_replicas()
         self._rr = 0
@@ -541,7 +551,8 @@ class Simulation:
                 "label": self.label, "request_rate": rate, "slo": self.slo,
                 "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks, "kv_block_coarsening": self.coarsen,
                 "vllm_args": self._vllm_args()} | self.extra_meta
-        return SimResult(requests=requests, steps=steps, meta=meta, counters=counters, wall_s=wall_s)
+        return SimResult(requests=requests, steps=steps, meta=meta, counters=counters, wall_s=wall_s,
+                         stall_itl_s=np.asarray(self.stall_itl_s, dtype=np.float64))
 
 
 def _kv_transfer_arg(connector: str) -> str:
