@@ -41,7 +41,7 @@ ROOT_HASH_BYTES = b""
 class KVBlock:
     """One physical KV block. `prev_free`/`next_free` link it into the free queue."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+    __slots__ = ("block_hash", "block_id", "next_free", "prev_free", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -60,7 +60,7 @@ class FreeBlockQueue:
     O(1) popleft, append and removal from the middle; sentinels keep the code branch-free.
     """
 
-    __slots__ = ("head", "tail", "num_free")
+    __slots__ = ("head", "num_free", "tail")
 
     def __init__(self, blocks: Iterable[KVBlock]) -> None:
         self.head = KVBlock(-1)
@@ -186,11 +186,18 @@ class BlockPool:
     """
 
     __slots__ = (
-        "num_blocks", "block_size", "blocks", "free_queue", "cached",
-        "enable_caching", "num_allocated", "num_freed", "num_evictions", "num_revived",
+        "block_size",
+        "blocks",
+        "cached",
+        "free_queue",
+        "num_allocated",
+        "num_blocks",
+        "num_evictions",
+        "num_freed",
+        "num_revived",
     )
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -200,7 +207,6 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[Hashable, KVBlock] = {}
-        self.enable_caching = enable_caching
         self.num_allocated = 0
         self.num_freed = 0
         self.num_evictions = 0

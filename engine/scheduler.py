@@ -28,6 +28,18 @@ Semantics (vLLM V1, `vllm/v1/core/sched/scheduler.py`, re-derived, not copied):
   than `max_model_len`, or more blocks than the pool has. Reported as a `RequestResult`
   with a reason, never dropped.
 
+Driving it (simulator; the engine passes token ids to `add_request` and sampled token ids
+to `update_from_output`, and reads `out.scheduled`):
+
+    sched = Scheduler(SchedulerConfig(num_gpu_blocks=40_000))
+    sched.add_request(req)                        # at its arrival
+    n = sched.uniform_decode_steps()              # skip ahead while nothing else can happen
+    if n > 1:
+        adv = sched.advance_decode(min(n, steps_until_next_arrival))
+    else:
+        out = sched.schedule()                    # cost model reads out.num_batched_tokens, ...
+        done = sched.update_from_output(out)      # or {request_id: 1 + accepted drafts}
+
 Prefix-cache counters follow vLLM >= 0.11 (vllm#25787, fixing vllm#25780): `queries`
 and `hits` (tokens) are recorded once per request, at admission (vllm#48860), and
 exclude re-admissions after preemption, whose lookups mostly re-find the request's own
@@ -73,6 +85,7 @@ _EMPTY: tuple[int, ...] = ()
 _not_none = partial(operator.is_not, None)
 _ref_cnt = operator.attrgetter("ref_cnt")
 _block_id = operator.attrgetter("block_id")
+_block_hash = operator.attrgetter("block_hash")
 _request_id = operator.attrgetter("request_id")
 _OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
@@ -262,11 +275,30 @@ class _ReqState:
     """The scheduler's mutable record of one request."""
 
     __slots__ = (
-        "req", "request_id", "arrival_s", "priority", "prompt_len", "output_len",
-        "hash_ids", "hash_block_size", "token_ids", "extra",
-        "num_tokens", "num_computed", "num_generated", "blocks", "block_ids",
-        "block_hashes", "hash_chain", "num_cached_blocks", "status", "decoding",
-        "num_preemptions", "num_cached_tokens", "seq",
+        "arrival_s",
+        "block_hashes",
+        "block_ids",
+        "blocks",
+        "decoding",
+        "extra",
+        "hash_block_size",
+        "hash_chain",
+        "hash_ids",
+        "last_hits",
+        "num_cached_blocks",
+        "num_cached_tokens",
+        "num_computed",
+        "num_generated",
+        "num_preemptions",
+        "num_tokens",
+        "output_len",
+        "priority",
+        "prompt_len",
+        "req",
+        "request_id",
+        "seq",
+        "status",
+        "token_ids",
     )
 
     def __init__(self, req: Request, token_ids: list[int] | None, extra: tuple, seq: int) -> None:
@@ -288,6 +320,7 @@ class _ReqState:
         self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
         self.hash_chain: list[Hashable] = []  # simulator: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
+        self.last_hits: list[KVBlock] | None = None  # prefix hits of a failed admission
         self.status = WAITING
         self.decoding = False  # produced a token since its last admission
         self.num_preemptions = 0
@@ -308,7 +341,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.pool = BlockPool(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
         self.caching = config.enable_prefix_caching
         self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
         self._builtin_hash = config.prefix_caching_hash_algo == "builtin"  # inlined: no call
@@ -456,17 +489,11 @@ class Scheduler:
         if r.token_ids is not None:
             t = r.token_ids
             return [tuple(t[i * bs:(i + 1) * bs]) for i in range(start, stop)]
+        # (hash blocks that are multiples of the KV block take `_sim_keys` instead)
         in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
         out: list[tuple] = []
         if start < in_prompt:
-            hbs = r.hash_block_size
-            hid = r.hash_ids
-            if hbs == bs:
-                out = [(hid[i], 0) for i in range(start, in_prompt)]
-            elif hbs % bs == 0:
-                out = [(hid[(i * bs) // hbs], (i * bs) % hbs) for i in range(start, in_prompt)]
-            else:
-                out = [self._content(r, i) for i in range(start, in_prompt)]
+            out = [self._content(r, i) for i in range(start, in_prompt)]
         gen_from = max(start, in_prompt)
         if stop > gen_from:
             rid = r.request_id
@@ -568,9 +595,19 @@ class Scheduler:
         if m <= 0:
             return [], 0
         hashed = self._hash_upto(r, m)
-        # C-level scan: stop at the first hash not in the cache
-        hits = list(takewhile(_not_none, map(self.pool.cached.get, islice(r.block_hashes, m))))
-        return hits, hashed
+        keys = r.block_hashes
+        get = self.pool.cached.get
+        prev = r.last_hits
+        if prev is not None:
+            # A queue head that could not be admitted is looked up again every step. If
+            # its previous hits are all still registered under their keys, the scan would
+            # return them again: check that (3x cheaper than probing the table) and scan
+            # only past them.
+            n = len(prev)
+            if n <= m and list(map(_block_hash, prev)) == keys[:n]:
+                return prev + list(takewhile(_not_none, map(get, islice(keys, n, m)))), hashed
+        # C-level scan: stop at the first key not in the cache
+        return list(takewhile(_not_none, map(get, islice(keys, m)))), hashed
 
     def _cache_full(self, r: _ReqState, num_full: int) -> int:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
@@ -596,10 +633,12 @@ class Scheduler:
         pool = self.pool
         computed = r.num_computed + len(hits) * bs
         need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
-        if need < 0:
-            need = 0
-        revive = list(map(_ref_cnt, hits)).count(0) if hits else 0
-        if need + revive > pool.free_queue.num_free:
+        need = max(need, 0)
+        free = pool.free_queue.num_free
+        if need > free:
+            return None
+        # hits that sit free in the queue leave it too; count them only when it matters
+        if hits and need + len(hits) > free and need + list(map(_ref_cnt, hits)).count(0) > free:
             return None
         if hits:
             pool.touch(hits)
@@ -755,8 +794,7 @@ class Scheduler:
                 num_new = r.num_tokens - c
                 if 0 < thr < num_new:
                     num_new = thr
-                if num_new > budget:
-                    num_new = budget
+                num_new = min(num_new, budget)
             while True:
                 new = self._allocate(r, num_new, spec, [], out)
                 if new is not None:
@@ -847,7 +885,9 @@ class Scheduler:
                 num_new = budget
             new = self._allocate(r, num_new, 0, hits, out)
             if new is None:
+                r.last_hits = hits
                 break
+            r.last_hits = None
             self._pop_waiting()
             if r.num_preemptions == 0:
                 self.pc_queries += r.num_tokens
@@ -911,6 +951,8 @@ class Scheduler:
         out._updated = True
         results = self._pending_rejected
         self._pending_rejected = []
+        if len(results) > len(out.rejected):  # rejected by add_request() during the step
+            out.rejected += [(x.request_id, x.reason) for x in results[len(out.rejected):]]
         bs = self.block_size
         pool = self.pool
         any_finished = False

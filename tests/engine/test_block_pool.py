@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import HASH_ALGOS, BlockPool, FreeBlockQueue, KVBlock, make_block_hasher, root_hash
+from engine.block_manager import (
+    HASH_ALGOS,
+    BlockPool,
+    FreeBlockQueue,
+    KVBlock,
+    make_block_hasher,
+    root_hash,
+)
 
 
 def test_free_queue_fifo_remove_middle_and_append():

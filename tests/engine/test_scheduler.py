@@ -182,3 +182,36 @@ def test_eos_on_plain_decode_and_on_last_token():
     res = s.update_from_output(out, {0: [2], 1: [2]}, eos_ids={2})
     # request 1 hit EOS on its last allowed token: EOS wins the reason
     assert [(r.request_id, r.reason, r.num_generated) for r in res] == [(0, "stop", 2), (1, "stop", 2)]
+
+
+def test_prompt_token_ids_from_the_request_and_length_checked():
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=2))
+    r = Request(0, 0.0, 3, 1, (1,), hash_block_size=4, prompt_token_ids=(4, 5, 6))
+    s.add_request(r)
+    assert s.requests[0].token_ids == [4, 5, 6]
+    with pytest.raises(ValueError, match="prompt_token_ids for prompt_len"):
+        s.add_request(req(1, 3, 1), prompt_token_ids=[1, 2])
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="num_gpu_blocks"):
+        SchedulerConfig(num_gpu_blocks=0)
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        SchedulerConfig(num_gpu_blocks=4, scheduling_policy="lifo")
+    with pytest.raises(ValueError, match="max_num_seq"):
+        SchedulerConfig(num_gpu_blocks=4, max_num_seq=3)  # typo: extra fields are refused
+
+
+def test_requests_added_during_a_step():
+    # the simulator adds arrivals while a step runs: they wait for the next schedule(),
+    # and a rejection made then is reported by this step's update, in out.rejected too
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4, max_model_len=64))
+    s.add_request(req(0, 4, 2))
+    out = s.schedule()
+    s.add_request(req(1, 4, 2))
+    s.add_request(req(2, 60, 10))  # too long
+    res = s.update_from_output(out)
+    assert [(r.request_id, r.status) for r in res] == [(2, REJECTED)]
+    assert [rid for rid, _ in out.rejected] == [2]
+    out = s.schedule()
+    assert [x.request_id for x in out.scheduled] == [0, 1] and out.rejected == []

@@ -241,3 +241,29 @@ def test_determinism_same_stream_same_schedule():
                           out.preempted_ids, [r.request_id for r in res]))
         return trace, s.stats
     assert run() == run()
+
+
+def test_victim_already_scheduled_this_step_is_taken_back():
+    # Priority policy: A (priority 9) prefills 2 tokens a step; B (priority 0) decodes.
+    # Step 4: A's chunk takes the last free block, then B crosses a block boundary: the
+    # victim is A (largest priority value), already in this step's batch: its entry and
+    # its tokens leave the batch again.
+    cfg = SchedulerConfig(num_gpu_blocks=5, block_size=2, long_prefill_token_threshold=2,
+                          scheduling_policy="priority")
+    s = Scheduler(cfg)
+    s.add_request(mk(0, 8, 1, (1, 2), priority=9))
+    step(s)
+    s.add_request(mk(1, 1, 4, (3,), priority=0))
+    out, _ = step(s)
+    assert [(x.request_id, x.num_new_tokens) for x in out.scheduled] == [(0, 2), (1, 1)]
+    out, _ = step(s)
+    assert [(x.request_id, x.num_new_tokens) for x in out.scheduled] == [(0, 2), (1, 1)]
+    out, _ = step(s)
+    assert out.preempted_ids == [0]
+    assert [(x.request_id, x.num_new_tokens, x.num_computed_tokens) for x in out.scheduled] == [(1, 1, 2)]
+    assert (out.num_batched_tokens, out.num_prefill_seqs, out.num_prefill_tokens) == (1, 0, 0)
+    assert out.sum_prefill_context == 0 and out.sum_decode_context == 3
+    # A's fresh block was allocated and freed within the step
+    assert out.num_blocks_allocated == 2 and out.num_blocks_freed == 4
+    drain(s)
+    assert s.num_preemptions_of(0) == 1 and s.stats.num_prompt_tokens_computed >= 8 + 1

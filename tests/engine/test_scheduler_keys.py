@@ -46,7 +46,7 @@ def run(reqs, cfg, with_tokens):
     return trace, (st_.prefix_cache_hits_tokens, st_.num_evictions, st_.num_blocks_hashed)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     specs=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 6), st.integers(1, 60),
                              st.integers(1, 6)), min_size=1, max_size=10),

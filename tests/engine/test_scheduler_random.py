@@ -63,6 +63,17 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000):
             s.add_request(r, prompt_token_ids=toks)
         step += 1
         assert step < max_steps, "scheduler made no progress"
+        head = s._peek_waiting()
+        if head is not None and head.last_hits is not None:
+            # the memoized re-lookup of a blocked queue head equals a plain scan
+            m = (head.num_tokens - 1) // cfg.block_size
+            ref = []
+            for k in head.block_hashes[:m]:
+                b = s.pool.cached.get(k)
+                if b is None:
+                    break
+                ref.append(b)
+            assert s._lookup(head)[0] == ref
         out = s.schedule()
         # budget and caps
         assert out.num_batched_tokens == sum(x.num_new_tokens for x in out.scheduled)
@@ -118,7 +129,7 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000):
     return s
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs, specs=request_specs, hbs=st.sampled_from([2, 4, 8]), seed=st.integers(0, 99),
        with_tokens=st.booleans())
 def test_random_streams_keep_invariants(cfg, specs, hbs, seed, with_tokens):
@@ -139,7 +150,7 @@ def state_of(s: Scheduler):
              st_.num_generated_tokens, st_.num_steps, st_.fragmentation_slots))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     block_size=st.sampled_from([1, 2, 4, 16]),
     num_gpu_blocks=st.integers(4, 60),
@@ -169,7 +180,7 @@ def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, len
     if n == 0:
         return
     n = min(n, take)
-    totals = dict(alloc=0, freed=0, hashed=0, tokens=0, finished=[], ctx=[])
+    totals = {"alloc": 0, "freed": 0, "hashed": 0, "tokens": 0, "finished": [], "ctx": []}
     for _ in range(n):
         out = a.schedule()
         assert out.num_prefill_seqs == 0 and not out.preempted_ids
@@ -209,7 +220,7 @@ def test_uniform_decode_steps_is_maximal():
 def test_random_streams_exercise_every_mechanism():
     """The random streams above really preempt, hit, evict, reject and speculate."""
     rng = random.Random(7)
-    tot = dict(pre=0, hit=0, ev=0, rej=0, acc=0, stop=0)
+    tot = {"pre": 0, "hit": 0, "ev": 0, "rej": 0, "acc": 0, "stop": 0}
     for seed in range(150):
         cfg = SchedulerConfig(
             max_num_batched_tokens=rng.randint(4, 48), max_num_seqs=rng.randint(1, 6),
