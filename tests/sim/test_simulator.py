@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -156,10 +157,12 @@ def test_same_seed_same_results():
     assert a.summary()["spec_decode_accepted_tokens"] != c.summary()["spec_decode_accepted_tokens"]
 
 
-@pytest.mark.parametrize("router", ["round_robin", "least_loaded", "prefix_aware"])
-def test_skipping_equals_stepping(router):
-    """Skip-ahead over pure-decode stretches gives the very same timeline as stepping."""
-    dep = deployment(replicas=2, router=router, num_gpu_blocks_override=4000)
+@pytest.mark.parametrize("router, overlap", [("round_robin", False), ("least_loaded", False),
+                                             ("prefix_aware", False), ("least_loaded", True)])
+def test_skipping_equals_stepping(router, overlap):
+    """Skip-ahead over pure-decode stretches gives the very same timeline as stepping
+    (with async scheduling too: GPU-bound steps hide the block CPU in both)."""
+    dep = deployment(replicas=2, router=router, num_gpu_blocks_override=4000, async_scheduling=overlap)
     reqs = poisson(80, 4.0, 700, 300, seed=4, prefix=tuple(range(20)))
     a = simulate(dep, reqs, skip_ahead=True)
     b = simulate(dep, reqs, skip_ahead=False)
@@ -264,3 +267,18 @@ def test_skipping_equals_stepping_with_coarse_blocks():
     a = simulate(dep, reqs, kv_block_coarsening=4)
     b = simulate(dep, reqs, kv_block_coarsening=4, skip_ahead=False)
     np.testing.assert_allclose(a.requests["finish_s"], b.requests["finish_s"], rtol=1e-9)
+
+
+def test_cli_disaggregation_flags():
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+
+    r = CliRunner().invoke(app, ["simulate", "-w", "lab-poisson", "-n", "30", "--disagg", "1:1", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert s["num_gpus"] == 2 and s["mean_kv_transfer_ms"] > 0 and "NixlConnector" in s["vllm_args"]
+    bad = CliRunner().invoke(app, ["simulate", "-w", "lab-poisson", "--disagg", "3-1"])
+    assert bad.exit_code == 2 and "--disagg" in bad.output
+    clash = CliRunner().invoke(app, ["simulate", "-w", "lab-poisson", "--disagg", "1:1", "--num-gpus", "3"])
+    assert clash.exit_code == 2 and "does not match" in clash.output
