@@ -48,6 +48,10 @@ from sim.metrics import SLO, STEP_COLUMNS, SimResult
 from sim.speculative import AcceptanceModel
 
 NAN = math.nan
+# The prefix-aware router only considers replicas whose load score (4 x waiting + running) is
+# within this of the least loaded one, so cache affinity never piles a queue onto one replica
+# (8 = two waiting requests more than the least loaded replica).
+PREFIX_ROUTER_LOAD_SLACK = 8
 
 
 class _Replica:
@@ -402,7 +406,7 @@ class Simulation:
         """
         loads = [r.load for r in pool]
         lo = min(loads)
-        ok = {r.idx for r, ld in zip(pool, loads) if ld <= lo + 8}
+        ok = {r.idx for r, ld in zip(pool, loads) if ld <= lo + PREFIX_ROUTER_LOAD_SLACK}
         idx = self._prefix_index
         keys, key = [], 0
         cand: set[int] | None = ok  # replicas holding every block matched so far
