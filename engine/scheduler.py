@@ -267,8 +267,20 @@ class SchedulerStats:
 
     @property
     def prefix_cache_hit_rate(self) -> float:
+        """vLLM's hit rate: hits / queries over first admissions."""
         q = self.prefix_cache_queries_tokens
         return self.prefix_cache_hits_tokens / q if q else 0.0
+
+    @property
+    def prefix_cache_queries_tokens_incl_preempted(self) -> int:
+        """Queries as vLLM counted them before vllm#25787 (re-admissions included)."""
+        return self.prefix_cache_queries_tokens + self.prefix_cache_preempted_queries_tokens
+
+    @property
+    def prefix_cache_hits_tokens_incl_preempted(self) -> int:
+        """Hits as vLLM counted them before vllm#25787: a preempted request re-finding its
+        own blocks counts as a hit, which inflates the rate under preemption (vllm#25780)."""
+        return self.prefix_cache_hits_tokens + self.prefix_cache_preempted_hits_tokens
 
 
 class _ReqState:
@@ -437,6 +449,16 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._heap_waiting) if self._priority else len(self._fcfs_waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks owned by requests (vllm:kv_cache_usage_perc); O(1)."""
+        return self.pool.usage()
+
+    def running_context_lens(self) -> list[int]:
+        """KV tokens each running request holds (its num_computed_tokens), in batch order:
+        what a cost model needs before a skip-ahead."""
+        return [r.num_computed for r in self.running]
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0 or bool(self._pending_rejected)

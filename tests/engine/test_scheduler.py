@@ -60,7 +60,7 @@ def test_three_requests_budget_8_chunked_exact_steps():
     assert [(r.request_id, r.num_generated, r.reason) for r in results] == [
         (0, 3, "length"), (1, 2, "length"), (2, 4, "length")]
     st = s.stats
-    assert st.num_free_blocks == 20 and st.kv_usage == 0.0
+    assert st.num_free_blocks == 20 and st.kv_usage == 0.0 and s.kv_usage == 0.0
     assert st.num_prompt_tokens_computed == 14 and st.num_generated_tokens == 9
 
 
@@ -215,3 +215,12 @@ def test_requests_added_during_a_step():
     assert [rid for rid, _ in out.rejected] == [2]
     out = s.schedule()
     assert [x.request_id for x in out.scheduled] == [0, 1] and out.rejected == []
+
+
+def test_running_context_lens_and_kv_usage_mid_run():
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=8, num_gpu_blocks=20, block_size=4))
+    for r in (req(0, 5, 3), req(1, 6, 2)):
+        s.add_request(r)
+    s.update_from_output(s.schedule())
+    assert s.running_context_lens() == [5, 3]
+    assert s.kv_usage == 3 / 20  # blocks: 2 for request 0, 1 for request 1

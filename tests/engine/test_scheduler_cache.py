@@ -136,6 +136,8 @@ def test_preemption_victim_is_latest_arrival_and_resumes_first():
     assert st.prefix_cache_preempted_queries_tokens == 3
     assert st.prefix_cache_preempted_hits_tokens == 2
     assert st.prefix_cache_queries_tokens == 8 and st.prefix_cache_hits_tokens == 0
+    assert st.prefix_cache_queries_tokens_incl_preempted == 11
+    assert st.prefix_cache_hits_tokens_incl_preempted == 2
 
 
 def test_preempted_request_goes_to_front_of_waiting():
