@@ -208,9 +208,7 @@ class _Replica:
         """Sleep through up to n pure-decode steps; stop early at a wake-up (new work)."""
         env, sim, sched, cost = self.sim.env, self.sim, self.sched, self.cost
         B = sched.num_running
-        # KV tokens of each running request before the skip. The scheduler has no public
-        # accessor for this yet, so read its running records (num_computed) directly.
-        ctx = np.fromiter((r.num_computed for r in sched.running), dtype=np.int64, count=B)
+        ctx = np.asarray(sched.running_context_lens(), dtype=np.int64)  # KV tokens before the skip
         run = cost.decode_run(B, int(ctx.sum()) + B, n)
         block_s = None if cost.async_scheduling else self._block_cpu_fn(ctx)
         t0 = env.now
@@ -271,8 +269,7 @@ class _Replica:
             self.sim._done(self, r, t)
 
     def _kv_usage(self) -> float:
-        pool = self.sched.pool
-        return pool.usage if not callable(pool.usage) else pool.usage()
+        return self.sched.kv_usage
 
 
 class Simulation:
@@ -543,7 +540,7 @@ class Simulation:
         counters: dict[str, float] = dict(self.spec_counters)
         q = h = 0
         for rep in self.replicas:
-            st = rep.sched.stats() if callable(rep.sched.stats) else rep.sched.stats
+            st = rep.sched.stats
             if rep.role != "decode":  # transferred prompts are not cache lookups
                 q += st.prefix_cache_queries_tokens
                 h += st.prefix_cache_hits_tokens
