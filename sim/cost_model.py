@@ -282,11 +282,15 @@ class DecodeRun:
         lo, hi = 0, self.n  # invariant: step lo-1 starts before `elapsed` (or lo == 0)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            start = self.elapsed_s(mid - 1) + (extra_s(mid - 1) if extra_s else 0.0)
-            if start < elapsed:
+            if self.elapsed_s(mid - 1) < elapsed:
                 lo = mid
             else:
                 hi = mid - 1
+        if extra_s is not None:
+            # extra time only delays starts, so the answer is at most lo; it is tiny (block CPU
+            # time), so stepping down rarely takes more than one check
+            while lo > 0 and self.elapsed_s(lo - 1) + extra_s(lo - 1) >= elapsed:
+                lo -= 1
         return lo
 
 

@@ -81,7 +81,7 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, pcts: tuple[fl
     """Smallest value whose cumulative weight reaches p% (numpy's 'inverted_cdf', weighted)."""
     if values.size == 0 or weights.sum() <= 0:
         return [math.nan] * len(pcts)
-    order = np.argsort(values, kind="stable")
+    order = np.argsort(values)
     v, cw = values[order], np.cumsum(weights[order], dtype=np.float64)
     total = cw[-1]
     return [float(v[min(np.searchsorted(cw, p / 100 * total, side="left"), v.size - 1)]) for p in pcts]
@@ -132,14 +132,19 @@ class SimResult:
         vals, wts = [self.stall_itl_s], [np.ones(self.stall_itl_s.size)]
         if s["n_steps"].size:
             dec = s["num_decode_seqs"] > 0
-            n = s["n_steps"][dec]
+            n = s["n_steps"][dec].astype(np.int64)
+            b = s["num_decode_seqs"][dec]
             single = n == 1
             vals.append(s["dt_s"][dec][single])
-            wts.append(s["num_decode_seqs"][dec][single])
-            for f, l, k, b in zip(s["first_dt_s"][dec][~single], s["last_dt_s"][dec][~single], n[~single],
-                                  s["num_decode_seqs"][dec][~single]):
-                vals.append(np.linspace(f, l, int(k)))
-                wts.append(np.full(int(k), b))
+            wts.append(b[single])
+            # a skip row of k steps: durations first + (last - first) * i / (k - 1), i = 0..k-1
+            k = n[~single]
+            if k.size:
+                first, last = s["first_dt_s"][dec][~single], s["last_dt_s"][dec][~single]
+                i = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+                kk = np.repeat(k, k)
+                vals.append(np.repeat(first, k) + np.repeat(last - first, k) * i / np.maximum(kk - 1, 1))
+                wts.append(np.repeat(b[~single], k))
         return np.concatenate(vals), np.concatenate(wts).astype(np.float64)
 
     def good_mask(self, slo: SLO | None) -> np.ndarray:
