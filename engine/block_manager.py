@@ -13,6 +13,10 @@ Design (vLLM V1's, re-derived):
   `H(parent_hash, block content, extra keys)`, so equal hashes mean equal whole prefixes.
 - A request frees its blocks tail first, so the heads of shared prefixes reach the
   head of the queue last and survive longest.
+- One block per key: when two requests compute the same block concurrently, the first
+  registration wins and the duplicate stays an uncached block. vLLM keeps both under the
+  key, so it can still hit after the first copy is evicted while the duplicate lives; that
+  rare case is the only way hits differ.
 
 Hash algorithms (`prefix_caching_hash_algo`): `builtin` (Python's `hash` of a tuple of
 ints: fast and deterministic across processes for ints, 64-bit, not collision-resistant
@@ -181,8 +185,8 @@ class BlockPool:
     Counters (cumulative): `num_allocated` (popped from the free queue), `num_revived` (free
     cached blocks taken back by a prefix hit), `num_freed` (refcount went to 0), so that
     `num_allocated + num_revived - num_freed` = blocks owned now,
-    `num_evictions` (cached hashes dropped because their free block was reused),
-    `num_hashed` is kept by the caller (hashing happens per request).
+    `num_evictions` (cached hashes dropped because their free block was reused). Blocks
+    hashed are counted by the scheduler, which keys blocks per request.
     """
 
     __slots__ = (
