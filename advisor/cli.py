@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from advisor.commands import engine as engine_cmd
-from advisor.commands import workload
+from advisor.commands import simulate, workload
 
 app = typer.Typer(
     help="costline: what each LLM-serving optimization really buys under your traffic.",
@@ -17,13 +17,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(workload.app, name="workload")
+app.command("simulate")(simulate.simulate)
 app.add_typer(engine_cmd.app, name="engine")
 
 
 @app.command()
 def demo() -> None:
-    """The main job on a built-in default: describe the bundled production-like chat workload."""
+    """The main job on a built-in default: the production-like chat workload on one H200 serving Llama-3.1-8B."""
     workload.describe("chat-production", as_json=False)
+    simulate.simulate(workload="chat-production", model="llama-3.1-8b", gpu="h200", num_gpus=1,
+                      goodput="ttft:500 tpot:50", label="demo: chat-production")
 
 
 def main() -> None:

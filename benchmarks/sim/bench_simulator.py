@@ -1,0 +1,139 @@
+"""Simulator speed: the full Mooncake conversation trace on 1, 8 and 64 replicas.
+
+    PYTHONPATH=. python benchmarks/sim/bench_simulator.py            # writes results.json + results.md here
+    PYTHONPATH=. python benchmarks/sim/bench_simulator.py --profile  # where the time goes (cProfile, by layer)
+
+Each run, exact (scheduler blocks = vLLM's 16-token blocks) and with KV block coarsening
+"auto" (32 x 16 = 512-token scheduler blocks, the trace's own prefix granularity; see
+`Simulation._coarsening`): llama-3.1-8b on H200 replicas (vLLM defaults: 8192 batched tokens, 1024 seqs,
+block 16, prefix caching on), least-loaded router, the trace replayed as recorded
+(timestamps quantised to 3 s, not spread). Wall time counts only `Simulation.run()`
+(the trace is loaded and the replicas built before the clock starts). One process, one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import simpy
+
+HERE = Path(__file__).resolve().parent
+# ../shared/traces beside the checkout (a worktree sits one level deeper)
+TRACE = next((p for p in (HERE.parents[2] / "shared", HERE.parents[3] / "shared")
+              if (p / "traces").is_dir()), HERE.parents[2] / "shared") / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+def run_one(reqs, replicas: int, profile: bool = False, coarsening: int | str = 1) -> dict:
+    from engine.model_spec import get_model
+    from sim.config import DeploymentConfig
+    from sim.hardware import get_gpu
+    from sim.simulator import Simulation
+
+    dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"), num_replicas=replicas)
+    sim = Simulation(dep, reqs, kv_block_coarsening=coarsening)
+    prof = cProfile.Profile() if profile else None
+    t0, c0 = time.perf_counter(), time.process_time()
+    if prof:
+        prof.enable()
+    res = sim.run()
+    if prof:
+        prof.disable()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s = res.summary()
+    # CPU time of this process is the figure to quote on a shared machine (wall time
+    # includes waiting for a core); both are recorded.
+    out = {"replicas": replicas, "kv_block_coarsening": sim.coarsen, "cpu_s": cpu, "wall_s": wall, "requests": s["num_prompts"],
+           "simulated_requests_per_cpu_s": s["num_prompts"] / cpu,
+           "simulated_requests_per_wall_s": s["num_prompts"] / wall,
+           "output_tokens": s["total_output_tokens"], "engine_steps": s["num_engine_steps"],
+           "step_rows": int(res.steps["n_steps"].size), "completed": s["completed"],
+           "simulated_duration_s": s["duration"], "mean_ttft_ms": s["mean_ttft_ms"],
+           "p99_ttft_ms": s["p99_ttft_ms"], "mean_tpot_ms": s["mean_tpot_ms"],
+           "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "gpu_busy_share": s["gpu_busy_share"]}
+    if prof:
+        st = pstats.Stats(prof)
+        by_layer: dict[str, float] = {}
+        for (file, _, _), (_, _, tt, _, _) in st.stats.items():
+            layer = ("engine/" if "/engine/" in file else "sim/" if "/sim/" in file
+                     else "simpy" if "simpy" in file else "other")
+            by_layer[layer] = by_layer.get(layer, 0.0) + tt
+        total = sum(by_layer.values())
+        out["profile_share_by_layer"] = {k: round(v / total, 3) for k, v in sorted(by_layer.items())}
+    return out
+
+
+def write_md(meta: dict, rows: list[dict], split: dict) -> None:
+    """results.md from the figures (also: `--md-only` rewrites it from results.json)."""
+    lines = ["# Simulator speed: full Mooncake conversation trace", "",
+             *(f"- {k}: {v}" for k, v in meta.items()), "",
+             ("| replicas | KV block coarsening | CPU s | wall s | simulated requests / CPU s | engine steps "
+              "| step rows (after skip-ahead) | simulated s | mean TTFT ms | completed |"),
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['replicas']} | x{r['kv_block_coarsening']} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} | "
+                     f"{r['simulated_requests_per_cpu_s']:,.0f} | {r['engine_steps']:,} | {r['step_rows']:,} | "
+                     f"{r['simulated_duration_s']:,.0f} | {r['mean_ttft_ms']:,.0f} | {r['completed']:,} |")
+    lines += ["", ("One replica cannot keep up with the trace (its 3,537 s of arrivals take ~7,900 s to serve); "
+              "8 and 64 can. x1 is exact (vLLM's 16-token blocks in the scheduler); x32 tracks 512-token "
+              "blocks, the trace's own prefix granularity; against x1 it moves mean TTFT and TPOT by < 0.1 % "
+              "and the prefix hit rate by ~1.3 % (relative) at 8 and 64 replicas, and mean TTFT by 1.6 % on "
+              "the overloaded single replica (tests/sim/test_simulator.py checks 3 % on a synthetic "
+              "512-token-hash workload)."),
+              "", "Share of profiled time by layer (8 replicas, x1; 'other' is mostly builtins called from "
+              "engine/): " + ", ".join(f"{k} {v:.0%}" for k, v in split.items())]
+    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--replicas", default="1,8,64")
+    ap.add_argument("--coarsening", default="1,auto", help="KV block coarsening modes to time (1 = exact)")
+    ap.add_argument("--profile", action="store_true", help="cProfile each run and split time by layer")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--md-only", action="store_true", help="rewrite results.md from results.json")
+    args = ap.parse_args()
+    if args.md_only:
+        data = json.loads((HERE / "results.json").read_text())
+        write_md(data["meta"], data["runs"], data["profile_share_by_layer_8_replicas"])
+        return
+    from sim.traces import load_mooncake
+
+    reqs = load_mooncake(TRACE).requests
+    rows = []
+    for mode in args.coarsening.split(","):
+        for n in (int(x) for x in args.replicas.split(",")):
+            r = run_one(reqs, n, args.profile, mode if mode == "auto" else int(mode))
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    if args.no_write or args.profile:
+        return
+    # where the time goes: one profiled run (cProfile inflates the total, the split is what counts)
+    split = run_one(reqs, 8, profile=True)["profile_share_by_layer"]
+    print(json.dumps({"profile_share_by_layer_8_replicas": split}), flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE, check=False).stdout.strip()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": commit,
+            "command": "PYTHONPATH=. python benchmarks/sim/bench_simulator.py",
+            "machine": f"{cpu}, {os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.2f}",
+            "python": sys.version.split()[0], "numpy": np.__version__, "simpy": simpy.__version__,
+            "trace": "mooncake_conversation_trace.jsonl (12,031 requests, 4.12 M output tokens)",
+            "deployment": "llama-3.1-8b on N x h200, TP1, vLLM defaults, least-loaded router"}
+    (HERE / "results.json").write_text(json.dumps({"meta": meta, "runs": rows,
+                                                   "profile_share_by_layer_8_replicas": split}, indent=2) + "\n")
+    write_md(meta, rows, split)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Engine and deployment configuration, spelled with vLLM's flag names.
+
+`EngineConfig` holds what one `vllm serve` instance is started with; `DeploymentConfig`
+adds the model, the GPU, how many replicas and how requests are routed, and the
+disaggregated prefill/decode split. Every field name is the vLLM engine argument
+with dashes turned to underscores, so that a configuration prints as a runnable
+`vllm serve` command (`EngineConfig.to_vllm_args`).
+
+Defaults that vLLM resolves at start-up from the GPU (`max_num_batched_tokens`,
+`max_num_seqs`) are `None` here and resolved by `resolved_for` the same way
+(vllm-conventions.md section 1.1).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from engine.model_spec import ModelSpec
+from sim.hardware import GB, GPUSpec
+
+SpecMethod = Literal["draft_model", "ngram", "eagle", "eagle3", "mtp"]
+RouterPolicy = Literal["round_robin", "least_loaded", "prefix_aware"]
+
+
+class SpeculativeConfig(BaseModel):
+    """vLLM's `--speculative-config` JSON (the keys the simulator uses, plus acceptance)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: SpecMethod
+    num_speculative_tokens: int = Field(ge=1, le=16)
+    model: str | None = None  # draft model preset name (draft_model) / head repo (ignored)
+    prompt_lookup_max: int | None = None  # ngram only
+    prompt_lookup_min: int | None = None
+    draft_tensor_parallel_size: int | None = None
+    # Not vLLM keys: the acceptance model of the simulated workload. Per task category,
+    # (a, b) of the Beta distribution each request's per-token acceptance alpha is drawn from.
+    # None = the built-in table for the method (sim/speculative.py).
+    acceptance_beta: dict[str, tuple[float, float]] | None = None
+    acceptance_drift_per_s: float = 0.0  # alpha changes by this much per simulated second
+
+    @model_validator(mode="after")
+    def _check(self) -> SpeculativeConfig:
+        if self.method == "draft_model" and not self.model:
+            raise ValueError('speculative_config: method "draft_model" needs "model" (a model preset name)')
+        return self
+
+    def vllm_json(self) -> str:
+        """The JSON to paste after `--speculative-config` (simulator-only keys left out)."""
+        keep = self.model_dump(exclude_none=True, exclude={"acceptance_beta", "acceptance_drift_per_s"})
+        return json.dumps(keep, separators=(",", ":"))
+
+
+class DisaggConfig(BaseModel):
+    """Disaggregated prefill: P prefill replicas feed D decode replicas over a KV link.
+
+    vLLM configures each instance with `--kv-transfer-config` (a connector and a role);
+    the pool sizes and the link are deployment facts, named here.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_prefill_replicas: int = Field(ge=1)
+    num_decode_replicas: int = Field(ge=1)
+    kv_connector: str = "NixlConnector"
+    link: Literal["nvlink", "network"] = "network"
+    link_gbps: float | None = Field(default=None, gt=0)  # per GPU, GB/s; None = from the GPU spec
+    link_latency_s: float = Field(default=5e-4, ge=0)  # per transfer (handshake, RDMA setup)
+    prefill_max_num_batched_tokens: int | None = None  # per-role budgets (vllm PR #6170)
+    decode_max_num_batched_tokens: int | None = None
+
+    def link_bandwidth_gbps(self, gpu: GPUSpec) -> float:
+        if self.link_gbps is not None:
+            return self.link_gbps
+        return gpu.interconnect_gbps if self.link == "nvlink" else gpu.network_gbps
+
+
+class EngineConfig(BaseModel):
+    """One vLLM instance's engine arguments (the ones that change serving behaviour)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=16)
+    block_size: int = Field(default=16, ge=1)
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: Literal["builtin", "xxhash", "sha256"] = "builtin"
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = Field(default=0, ge=0)
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    quantization: Literal["fp8"] | None = None  # dynamic FP8 weights (W8A8) on a BF16 checkpoint
+    num_gpu_blocks_override: int | None = Field(default=None, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    async_scheduling: bool = False  # overlap the CPU's step work with the GPU's
+    speculative_config: SpeculativeConfig | None = None
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _parse_spec(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return json.loads(v)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not valid JSON ({e.msg}); "
+                                 """e.g. '{"method":"ngram","num_speculative_tokens":4}'""") from None
+        return v
+
+    def resolved_for(self, gpu: GPUSpec, model: ModelSpec) -> EngineConfig:
+        """Fill the GPU-dependent defaults as `vllm serve` 0.33 does (vllm-conventions 1.1)."""
+        big = gpu.hbm_bytes >= 70 * 2**30 and not gpu.name.startswith("a100")
+        huge = gpu.hbm_bytes >= 160 * 2**30
+        mnbt = self.max_num_batched_tokens or (16384 if huge else 8192 if big else 2048)
+        mns = self.max_num_seqs or (1024 if big else 256)
+        mml = self.max_model_len or model.max_position_embeddings
+        if not self.enable_chunked_prefill:
+            mnbt = max(mnbt, mml)  # without chunking a whole prompt must fit one step
+        return self.model_copy(update={"max_num_batched_tokens": mnbt, "max_num_seqs": mns,
+                                       "max_model_len": mml})
+
+    @property
+    def weight_dtype(self) -> str | None:
+        return "fp8" if self.quantization == "fp8" else None
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+
+    def to_vllm_args(self, baseline: EngineConfig | None = None) -> list[str]:
+        """Flags that differ from vLLM's defaults, as `vllm serve` arguments.
+
+        `baseline`: the defaults to compare with, e.g. `EngineConfig().resolved_for(gpu, model)`
+        when this config was resolved too (vLLM's defaults depend on the GPU).
+        """
+        args: list[str] = []
+        d = baseline or EngineConfig()
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
+                     "long_prefill_token_threshold", "scheduling_policy", "gpu_memory_utilization",
+                     "kv_cache_dtype", "quantization", "num_gpu_blocks_override",
+                     "tensor_parallel_size"):
+            v = getattr(self, name)
+            if v is not None and v != getattr(d, name):
+                args += [f"--{name.replace('_', '-')}", str(v)]
+        if not self.enable_prefix_caching:
+            args.append("--disable-prefix-caching")
+        if not self.enable_chunked_prefill:
+            args.append("--disable-chunked-prefill")
+        if self.async_scheduling:
+            args.append("--async-scheduling")
+        if self.speculative_config:
+            args += ["--speculative-config", f"'{self.speculative_config.vllm_json()}'"]
+        return args
+
+
+class DeploymentConfig(BaseModel):
+    """What runs where: model, GPU, engine flags, replica count, routing, P/D split."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    model: ModelSpec
+    gpu: GPUSpec
+    engine: EngineConfig = EngineConfig()
+    num_replicas: int = Field(default=1, ge=1)  # data-parallel replicas (aggregated serving)
+    router: RouterPolicy = "least_loaded"
+    disaggregation: DisaggConfig | None = None
+
+    @property
+    def num_gpus(self) -> int:
+        tp = self.engine.tensor_parallel_size
+        if self.disaggregation:
+            d = self.disaggregation
+            return (d.num_prefill_replicas + d.num_decode_replicas) * tp
+        return self.num_replicas * tp
+
+    def describe(self) -> str:
+        pd = self.disaggregation
+        layout = (f"{pd.num_prefill_replicas}P+{pd.num_decode_replicas}D" if pd
+                  else f"{self.num_replicas} replica(s)")
+        return (f"{self.model.name} on {self.num_gpus}x {self.gpu.name} "
+                f"(TP{self.engine.tensor_parallel_size}, {layout}, router {self.router})")
+
+
+__all__ = ["GB", "DeploymentConfig", "DisaggConfig", "EngineConfig", "SpeculativeConfig"]

@@ -1,0 +1,123 @@
+"""GPU memory plan of one replica: weights, draft weights, activation reserve, KV blocks.
+
+vLLM sizes its KV cache as `gpu_memory_utilization x HBM` minus what the model run
+needs: weights, the peak activations of a profiling forward pass at
+`max_num_batched_tokens`, and non-torch memory (CUDA context, NCCL buffers, CUDA
+graphs). Whatever is left becomes `num_gpu_blocks` blocks of `block_size` tokens.
+A draft model or EAGLE head is loaded on the same GPUs, so its weights come out of
+the KV budget (the "10-15% of memory" cost line of speculative decoding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.model_spec import ModelSpec, dtype_bytes, get_model
+from sim.config import EngineConfig, SpeculativeConfig
+from sim.hardware import GPUSpec, kv_capacity_blocks
+
+# CUDA context + cuBLAS workspaces + CUDA graphs + NCCL buffers per GPU, outside torch's
+# allocator; vLLM's profiler counts it against gpu_memory_utilization. ~1.5 GiB is what
+# vLLM start-up logs typically report as "non-torch memory" on Hopper-class GPUs.
+NON_TORCH_BYTES_PER_GPU = 1.5 * 2**30
+
+
+def draft_spec(target: ModelSpec, spec: SpeculativeConfig | None) -> ModelSpec | None:
+    """The model the proposer runs on the GPU, or None for proposers without one (n-gram).
+
+    EAGLE / MTP heads are one decoder layer of the target's shape (plus an input
+    projection of 2h x h) that reuse the target's embedding and LM head.
+    """
+    if spec is None or spec.method == "ngram":
+        return None
+    if spec.method == "draft_model":
+        return get_model(spec.model or "")
+    return target.model_copy(update={"name": f"{target.name}-{spec.method}-head", "num_layers": 1})
+
+
+def draft_weight_bytes(target: ModelSpec, spec: SpeculativeConfig | None, weight_dtype: str | None) -> float:
+    """Extra weight bytes the proposer puts on the replica's GPUs (all of them together)."""
+    d = draft_spec(target, spec)
+    if d is None:
+        return 0.0
+    if spec is not None and spec.method == "draft_model":
+        return d.weight_bytes(weight_dtype)
+    # a head: one layer + the fusion projection; embedding and LM head are shared
+    per_elem = dtype_bytes(weight_dtype or target.dtype)
+    return (d.params_per_layer + 2 * target.hidden_size**2) * per_elem
+
+
+def activation_reserve_bytes(model: ModelSpec, engine: EngineConfig) -> float:
+    """Peak activations of vLLM's profiling run plus non-torch memory, all GPUs together.
+
+    The profiling forward runs `max_num_batched_tokens` tokens: the widest live tensors
+    are the MLP's gate/up outputs (2 x intermediate) and a few hidden-size buffers per
+    token, sharded by TP; the sampler holds fp32 logits for up to `max_num_seqs` rows.
+    """
+    tp = engine.tensor_parallel_size
+    tokens = engine.max_num_batched_tokens or 8192
+    act_elem = dtype_bytes(model.dtype)
+    per_token = (2 * model.intermediate_size / tp + 4 * model.hidden_size) * act_elem
+    logits = min(engine.max_num_seqs or 256, tokens) * model.vocab_size * 4
+    return tp * (tokens * per_token + logits + NON_TORCH_BYTES_PER_GPU)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per replica (summed over its TP GPUs) and the resulting KV blocks."""
+
+    budget_bytes: float
+    weight_bytes: float
+    draft_weight_bytes: float
+    activation_reserve_bytes: float
+    kv_bytes_per_token: float
+    kv_capacity_tokens: int
+    num_gpu_blocks: int
+    block_size: int
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.kv_capacity_tokens * self.kv_bytes_per_token
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"kv_bytes": self.kv_bytes}
+
+
+def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> MemoryPlan:
+    """Size one replica's KV cache; raises with the fix when the model does not fit."""
+    tp = engine.tensor_parallel_size
+    wdt = engine.weight_dtype
+    draft = draft_weight_bytes(model, engine.speculative_config, wdt)
+    reserve = activation_reserve_bytes(model, engine)
+    # the proposer keeps KV for its own layers too: each token costs target + draft KV bytes
+    d = draft_spec(model, engine.speculative_config)
+    kv_tok = model.kv_bytes_per_token(engine.kv_cache_dtype) + (
+        d.kv_bytes_per_token(engine.kv_cache_dtype) if d is not None else 0.0)
+    # the same arithmetic as sim.hardware.kv_capacity_tokens, with the draft's KV per token added
+    free = (tp * gpu.hbm_bytes * engine.gpu_memory_utilization - model.weight_bytes(wdt) - draft - reserve)
+    tokens = max(int(free // kv_tok), 0)
+    blocks = kv_capacity_blocks(tokens, engine.block_size)
+    if engine.num_gpu_blocks_override is not None:
+        blocks = engine.num_gpu_blocks_override
+        tokens = blocks * engine.block_size
+    budget = tp * gpu.hbm_bytes * engine.gpu_memory_utilization
+    if blocks < 1:
+        need = (model.weight_bytes(wdt) + draft + reserve) / 1e9
+        raise ValueError(
+            f"{model.name} does not fit on {tp}x {gpu.name} at gpu_memory_utilization="
+            f"{engine.gpu_memory_utilization}: weights+draft+activations need {need:.1f} GB of "
+            f"{budget / 1e9:.1f} GB; raise --tensor-parallel-size, use --quantization fp8, or a bigger GPU")
+    return MemoryPlan(budget_bytes=budget, weight_bytes=model.weight_bytes(wdt),
+                      draft_weight_bytes=draft, activation_reserve_bytes=reserve,
+                      kv_bytes_per_token=kv_tok,
+                      kv_capacity_tokens=tokens, num_gpu_blocks=blocks, block_size=engine.block_size)
+
+
+__all__ = [
+    "NON_TORCH_BYTES_PER_GPU",
+    "MemoryPlan",
+    "activation_reserve_bytes",
+    "draft_spec",
+    "draft_weight_bytes",
+    "plan_memory",
+]

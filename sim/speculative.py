@@ -1,0 +1,99 @@
+"""Speculative decoding's acceptance model: how many tokens each verification step yields.
+
+Each request gets a per-token acceptance probability alpha, drawn once from a Beta
+distribution chosen by its task category (code is more predictable than open chat;
+n-gram lookup only pays where the output copies the prompt). Drafts are accepted one
+by one until the first rejection, so with k drafts the number accepted X follows the
+truncated geometric law P(X >= j) = alpha^j (j <= k), and the step emits X + 1 tokens
+(the accepted drafts plus the target model's corrected/bonus token):
+
+    E[tokens per step] = (1 - alpha^(k+1)) / (1 - alpha)
+
+Alpha may drift with simulated time (a task mix or a model that drifts away from the
+draft), by `acceptance_drift_per_s` per second.
+
+The proposer's *cost* (draft model forwards, EAGLE head, n-gram CPU time) is the cost
+model's business (sim/cost_model.py); its *memory* is sim/memory.py's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.config import SpeculativeConfig
+
+
+def _beta(mean: float, concentration: float = 20.0) -> tuple[float, float]:
+    return (mean * concentration, (1 - mean) * concentration)
+
+
+# Mean per-token acceptance by method and task category. First-principles priors in the
+# range public reports give (EAGLE acceptance length ~1.9-2.1 at k=2..4 on chat, n-gram
+# good on extractive/code and poor on open chat); a calibration issue will replace them.
+_CATS = ("default", "chat", "code", "json", "reasoning", "summarize", "qa", "agent")
+_MEANS: dict[str, dict[str, float]] = {
+    #                          default chat  code  json  reasoning summarize qa  agent
+    "ngram":       dict(zip(_CATS, (0.25, 0.20, 0.45, 0.50, 0.20, 0.55, 0.55, 0.35))),
+    "draft_model": dict(zip(_CATS, (0.65, 0.62, 0.72, 0.75, 0.58, 0.68, 0.70, 0.66))),
+    "eagle":       dict(zip(_CATS, (0.60, 0.58, 0.68, 0.70, 0.55, 0.62, 0.64, 0.62))),
+    "eagle3":      dict(zip(_CATS, (0.68, 0.66, 0.75, 0.78, 0.62, 0.70, 0.72, 0.70))),
+    "mtp":         dict(zip(_CATS, (0.75, 0.72, 0.80, 0.82, 0.70, 0.76, 0.78, 0.76))),
+}
+DEFAULT_ACCEPTANCE: dict[str, dict[str, tuple[float, float]]] = {
+    method: {cat: _beta(m) for cat, m in means.items()} for method, means in _MEANS.items()
+}
+
+ALPHA_MIN, ALPHA_MAX = 1e-6, 1 - 1e-6
+
+
+def expected_tokens_per_step(alpha: float | np.ndarray, k: int) -> float | np.ndarray:
+    """(1 - alpha^(k+1)) / (1 - alpha): mean tokens one verification step emits."""
+    a = np.clip(alpha, ALPHA_MIN, ALPHA_MAX)
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+def sample_accepted(rng: np.random.Generator, alpha: np.ndarray, k: int) -> np.ndarray:
+    """Accepted drafts per request (0..k), truncated geometric: P(X >= j) = alpha^j.
+
+    Inverse transform: X = floor(log U / log alpha) has P(X >= j) = P(U <= alpha^j).
+    """
+    a = np.clip(alpha, ALPHA_MIN, ALPHA_MAX)
+    u = 1.0 - rng.random(a.shape)  # in (0, 1]: log is finite
+    x = np.floor(np.log(u) / np.log(a))
+    return np.minimum(x, k).astype(np.int64)
+
+
+class AcceptanceModel:
+    """Per-request alphas and per-step accepted counts for one simulation (seeded)."""
+
+    def __init__(self, spec: SpeculativeConfig, seed: int) -> None:
+        self.k = spec.num_speculative_tokens
+        table = dict(DEFAULT_ACCEPTANCE.get(spec.method, DEFAULT_ACCEPTANCE["eagle"]))
+        if spec.acceptance_beta:
+            table |= spec.acceptance_beta
+        for cat, (a, b) in table.items():
+            if a <= 0 or b <= 0:
+                raise ValueError(f"speculative_config.acceptance_beta[{cat!r}] = ({a}, {b}): "
+                                 "both Beta parameters must be > 0")
+        self.table = table
+        self.drift_per_s = spec.acceptance_drift_per_s
+        self.rng = np.random.default_rng([seed, 0x5BEC])
+        self._alpha: dict[int, float] = {}
+
+    def alpha(self, request_id: int, category: str) -> float:
+        """This request's base alpha, drawn on first use from its category's Beta."""
+        a = self._alpha.get(request_id)
+        if a is None:
+            ab = self.table.get(category) or self.table["default"]
+            a = float(self.rng.beta(*ab))
+            self._alpha[request_id] = a
+        return a
+
+    def tokens_per_step(self, alphas: np.ndarray, now_s: float) -> np.ndarray:
+        """Tokens emitted this step by each decoding request (1..k+1)."""
+        if self.drift_per_s:
+            alphas = np.clip(alphas + self.drift_per_s * now_s, ALPHA_MIN, ALPHA_MAX)
+        return sample_accepted(self.rng, alphas, self.k) + 1
+
+
+__all__ = ["DEFAULT_ACCEPTANCE", "AcceptanceModel", "expected_tokens_per_step", "sample_accepted"]

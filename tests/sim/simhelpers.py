@@ -1,0 +1,46 @@
+"""Small workload builders for the simulator tests (Request lists built directly)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.model_spec import get_model
+from engine.request import Request
+from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
+from sim.hardware import get_gpu
+
+_NEXT_ID = [10**9]
+
+
+def fresh_ids(n_blocks: int) -> tuple[int, ...]:
+    """Hash ids nobody else uses (unique content)."""
+    start = _NEXT_ID[0]
+    _NEXT_ID[0] += n_blocks
+    return tuple(range(start, start + n_blocks))
+
+
+def req(i: int, t: float, prompt: int, out: int, prefix: tuple[int, ...] = (), category: str = "default",
+        hbs: int = 16) -> Request:
+    """A request whose prompt starts with the hash ids `prefix` (whole blocks) then unique content."""
+    n_blocks = -(-prompt // hbs)
+    ids = tuple(prefix[:n_blocks]) + fresh_ids(n_blocks - min(len(prefix), n_blocks))
+    return Request(i, t, prompt, out, ids, hbs, category)
+
+
+def poisson(n: int, rate: float, prompt: int, out: int, seed: int = 0, burstiness: float = 1.0,
+            prefix: tuple[int, ...] = ()) -> list[Request]:
+    """vLLM bench's arrivals: gaps ~ Gamma(burstiness, 1/(rate*burstiness)); 1 = Poisson."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), n)
+    t = np.cumsum(gaps) - gaps[0]
+    return [req(i, float(t[i]), prompt, out, prefix) for i in range(n)]
+
+
+def deployment(model: str = "llama-3.1-8b", gpu: str = "h200", replicas: int = 1,
+               disagg: tuple[int, int] | None = None, router: str = "least_loaded", **engine) -> DeploymentConfig:
+    d = None
+    if disagg:
+        extra = {k: engine.pop(k) for k in list(engine) if k.startswith("link")}
+        d = DisaggConfig(num_prefill_replicas=disagg[0], num_decode_replicas=disagg[1], **extra)
+    return DeploymentConfig(model=get_model(model), gpu=get_gpu(gpu), engine=EngineConfig(**engine),
+                            num_replicas=replicas, router=router, disaggregation=d)

@@ -1,0 +1,284 @@
+"""Simulator validation: values against closed forms and the cost model, not smoke."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.model_spec import ModelSpec
+from engine.request import Request
+from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
+from sim.cost_model import CostModel, StepBatch
+from sim.hardware import get_gpu
+from sim.simulator import Simulation, simulate
+from sim.speculative import expected_tokens_per_step, sample_accepted
+from tests.sim.simhelpers import deployment, poisson, req
+
+
+def _cost(dep) -> CostModel:
+    return Simulation(dep, [req(0, 0.0, 16, 1)]).replicas[0].cost
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_lone_request_ttft_and_tpot_equal_step_times(skip):
+    dep = deployment(enable_prefix_caching=False)
+    P, O = 1000, 20
+    res = simulate(dep, [req(0, 2.5, P, O)], skip_ahead=skip)
+    cost = _cost(dep)
+    pairs, kv = StepBatch.prefill_chunk(P, 0)
+    prefill_s = cost.step_time_s(StepBatch(P, 1, pairs, kv, num_blocks_allocated=math.ceil(P / 16)))
+    decode_s = []
+    for j in range(1, O):  # decode step j: the KV holds P + j tokens after it
+        new_blocks = math.ceil((P + j) / 16) - math.ceil((P + j - 1) / 16)
+        decode_s.append(cost.step_time_s(StepBatch(num_decode_seqs=1, decode_query_tokens=1,
+                                                   sum_decode_context=P + j, num_blocks_allocated=new_blocks)))
+    r = res.requests
+    assert r["ttft_s"][0] == pytest.approx(prefill_s, rel=1e-12)
+    assert r["queue_s"][0] == 0.0
+    assert r["tpot_s"][0] == pytest.approx(sum(decode_s) / (O - 1), rel=1e-9)
+    assert r["e2e_s"][0] == pytest.approx(prefill_s + sum(decode_s), rel=1e-9)
+    assert r["num_generated"][0] == O and r["status"][0] == "finished"
+
+
+def test_md1_queueing_delay_at_low_load():
+    """One server, deterministic service D, Poisson arrivals at rho = 0.5:
+    M/D/1 mean wait = rho D / (2 (1 - rho)). Batching is switched off (max_num_seqs=1)."""
+    dep = deployment(enable_prefix_caching=False, max_num_seqs=1)
+    D = _cost(dep).step_time_s(StepBatch(512, 1, *StepBatch.prefill_chunk(512, 0), num_blocks_allocated=32))
+    rho, n = 0.5, 6000
+    reqs = poisson(n, rho / D, 512, 1, seed=7)
+    r = simulate(dep, reqs).requests
+    assert np.allclose(r["e2e_s"] - r["queue_s"], D, rtol=1e-9)  # service is deterministic
+    w = r["queue_s"]
+    want = rho * D / (2 * (1 - rho))
+    # waits are autocorrelated: tolerance from the spread of 30 batch means
+    means = np.array([b.mean() for b in np.array_split(w, 30)])
+    tol = 4 * means.std(ddof=1) / math.sqrt(len(means))
+    assert abs(w.mean() - want) < tol, (w.mean(), want, tol)
+    assert tol < 0.25 * want  # the check is tight enough to mean something
+
+
+MHA = ModelSpec(name="mha-7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, head_dim=128,
+                intermediate_size=11008, vocab_size=32000, dtype="float16")
+
+
+def _disagg(link_gbps=900.0, latency=0.0, p=1, d=1, **engine) -> DeploymentConfig:
+    return DeploymentConfig(model=MHA, gpu=get_gpu("h200"),
+                            engine=EngineConfig(max_model_len=40000, enable_prefix_caching=False, **engine),
+                            disaggregation=DisaggConfig(num_prefill_replicas=p, num_decode_replicas=d,
+                                                        link_gbps=link_gbps, link_latency_s=latency))
+
+
+def test_kv_transfer_time_textbook_case():
+    # 32 layers x 32 KV heads x 128 x 32,768 tokens x 2 bytes x 2 (K, V) = 17.18 GB over 900 GB/s
+    res = simulate(_disagg(latency=2e-4), [Request(0, 0.0, 32768, 4, tuple(range(2048)))])
+    nbytes = 2 * 32 * 32 * 128 * 32768 * 2
+    assert nbytes == 17_179_869_184
+    t = res.requests["kv_transfer_s"][0]
+    assert t == pytest.approx(nbytes / 900e9 + 2e-4, rel=1e-12)
+    assert t == pytest.approx(0.0191 + 2e-4, abs=1e-4)
+
+
+def test_kv_transfers_queue_on_a_busy_link():
+    reqs = [Request(i, 0.0, 4096, 2, tuple(range(i * 256, i * 256 + 256))) for i in range(2)]
+    res = simulate(_disagg(link_gbps=10.0, latency=0.0), reqs)
+    one = 4096 * 2 * 32 * 32 * 128 * 2 / 10e9
+    # both prompts finish prefill in the same step; the second waits for the first on the link
+    assert sorted(res.requests["kv_transfer_s"]) == pytest.approx([one, 2 * one], rel=1e-9)
+    # decode-side TTFT includes the prefill step, the transfer and a 1-token step
+    r = res.requests
+    assert np.all(r["ttft_s"] > r["kv_transfer_s"])
+
+
+def test_sampled_acceptance_is_truncated_geometric():
+    rng = np.random.default_rng(3)
+    for alpha, k in [(0.3, 2), (0.7, 4), (0.9, 7)]:
+        x = sample_accepted(rng, np.full(200_000, alpha), k)
+        for j in range(k + 1):  # P(X >= j) = alpha^j
+            assert (x >= j).mean() == pytest.approx(alpha**j, abs=5 * math.sqrt(alpha**j / 200_000) + 1e-3)
+        assert (x + 1).mean() == pytest.approx(expected_tokens_per_step(alpha, k), rel=0.01)
+
+
+def test_simulated_tokens_per_spec_step_match_formula():
+    a, k = 0.7, 4
+    spec = {"method": "ngram", "num_speculative_tokens": k, "acceptance_beta": {"default": (7000.0, 3000.0)}}
+    dep = deployment(speculative_config=spec, enable_prefix_caching=False)
+    reqs = [req(i, 0.0, 200, 3000) for i in range(8)]
+    s = simulate(dep, reqs, seed=1).summary()
+    drafts = s["spec_decode_num_drafts"]
+    length = s["spec_decode_acceptance_length"]
+    want = expected_tokens_per_step(a, k)
+    # std of tokens per step for a truncated geometric, and the alpha spread of Beta(7000, 3000)
+    x = np.arange(k + 1)
+    p = np.array([a**j * (1 - a) for j in range(k)] + [a**k])
+    sd = math.sqrt((p * (x + 1 - want) ** 2).sum())
+    assert abs(length - want) < 4 * sd / math.sqrt(drafts) + 0.01, (length, want, drafts)
+    assert s["completed"] == 8 and s["total_output_tokens"] == 8 * 3000
+
+
+def test_every_request_finishes_or_is_rejected():
+    dep = deployment(max_model_len=4096, num_gpu_blocks_override=300, max_num_seqs=16)
+    rng = np.random.default_rng(5)
+    reqs = [req(i, float(t), int(p), int(o)) for i, (t, p, o) in
+            enumerate(zip(np.sort(rng.uniform(0, 5, 150)), rng.integers(1, 3000, 150), rng.integers(1, 600, 150)))]
+    reqs.append(req(150, 1.0, 4000, 200))  # longer than max_model_len
+    reqs.append(req(151, 1.5, 1000, 4000))  # needs more blocks than the pool has
+    res = simulate(dep, reqs)
+    r = res.requests
+    assert set(r["status"]) <= {"finished", "rejected"}
+    fin = r["status"] == "finished"
+    assert np.all(r["num_generated"][fin] == r["output_len"][fin])
+    assert sorted(r["request_id"][~fin]) == [150, 151]
+    assert "max_model_len" in r["reason"][r["request_id"] == 150][0]
+    assert res.summary()["num_preemptions"] > 0  # the small pool made it work for that
+
+
+def _tables_equal(a, b) -> None:
+    for k in a.requests:
+        x, y = a.requests[k], b.requests[k]
+        if x.dtype.kind == "f":
+            np.testing.assert_array_equal(np.nan_to_num(x, nan=-1), np.nan_to_num(y, nan=-1))
+        else:
+            np.testing.assert_array_equal(x, y)
+
+
+def test_same_seed_same_results():
+    spec = {"method": "eagle", "num_speculative_tokens": 3}
+    dep = deployment(replicas=2, speculative_config=spec)
+    reqs = poisson(120, 20.0, 500, 100, seed=2)
+    a, b, c = (simulate(dep, reqs, seed=s) for s in (11, 11, 12))
+    _tables_equal(a, b)
+    assert a.summary()["spec_decode_accepted_tokens"] == b.summary()["spec_decode_accepted_tokens"]
+    assert a.summary()["spec_decode_accepted_tokens"] != c.summary()["spec_decode_accepted_tokens"]
+
+
+@pytest.mark.parametrize("router, overlap", [("round_robin", False), ("least_loaded", False),
+                                             ("prefix_aware", False), ("least_loaded", True)])
+def test_skipping_equals_stepping(router, overlap):
+    """Skip-ahead over pure-decode stretches gives the very same timeline as stepping
+    (with async scheduling too: GPU-bound steps hide the block CPU in both)."""
+    dep = deployment(replicas=2, router=router, num_gpu_blocks_override=4000, async_scheduling=overlap)
+    reqs = poisson(80, 4.0, 700, 300, seed=4, prefix=tuple(range(20)))
+    a = simulate(dep, reqs, skip_ahead=True)
+    b = simulate(dep, reqs, skip_ahead=False)
+    for k in ("first_token_s", "finish_s", "scheduled_s"):
+        np.testing.assert_allclose(a.requests[k], b.requests[k], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(a.requests["replica"], b.requests["replica"])
+    assert a.steps["n_steps"].sum() == b.steps["n_steps"].sum()
+    assert len(a.steps["n_steps"]) < len(b.steps["n_steps"]) / 3  # it did skip
+    va, wa = a.itl_samples()
+    vb, wb = b.itl_samples()
+    # ITL samples agree up to where block-allocation CPU time lands (per step vs per stretch)
+    assert sorted(np.repeat(va, wa.astype(int))) == pytest.approx(sorted(np.repeat(vb, wb.astype(int))), abs=2e-5)
+    assert a.steps["dt_s"].sum() == pytest.approx(b.steps["dt_s"].sum(), rel=1e-9)
+
+
+def test_round_robin_and_least_loaded_spread_requests():
+    reqs = poisson(40, 50.0, 300, 50, seed=1)
+    rr = simulate(deployment(replicas=4, router="round_robin"), reqs).requests["replica"]
+    assert list(rr[:8]) == [0, 1, 2, 3, 0, 1, 2, 3]
+    ll = simulate(deployment(replicas=4, router="least_loaded"), reqs).requests["replica"]
+    assert set(ll) == {0, 1, 2, 3}
+
+
+def test_prefix_aware_router_keeps_sessions_together():
+    # 8 distinct 2K system prompts, 2 replicas whose caches hold ~5 each: prefix-aware routing
+    # keeps each prompt on one replica, round-robin makes both caches thrash
+    rng = np.random.default_rng(0)
+    prefixes = [tuple(range(1000 * g, 1000 * g + 128)) for g in range(8)]
+    reqs = [req(i, i * 0.05, 2100, 20, prefixes[int(rng.integers(8))]) for i in range(200)]
+    hit = {}
+    for router in ("round_robin", "prefix_aware"):
+        dep = deployment(replicas=2, router=router, num_gpu_blocks_override=700)
+        hit[router] = simulate(dep, reqs).summary()["prefix_cache_hit_rate"]
+    assert hit["prefix_aware"] > hit["round_robin"] + 0.05, hit
+
+
+def test_disaggregated_lone_request_ttft_is_prefill_plus_transfer_plus_one_token():
+    dep = _disagg(link_gbps=50.0, latency=1e-3)
+    sim = Simulation(dep, [Request(0, 0.0, 4096, 8, tuple(range(256)))])
+    res = sim.run()
+    pre, dec = sim.prefill_pool[0].cost, sim.decode_pool[0].cost
+    pairs, kv = StepBatch.prefill_chunk(4096, 0)
+    prefill_s = pre.step_time_s(StepBatch(4096, 1, pairs, kv, num_blocks_allocated=256))
+    transfer_s = 4096 * MHA.kv_bytes_per_token() / 50e9 + 1e-3
+    # decode side: the KV arrived, only the last prompt token is computed (context 4095)
+    first_s = dec.step_time_s(StepBatch(1, 1, *StepBatch.prefill_chunk(1, 4095), num_blocks_allocated=256))
+    r = res.requests
+    assert r["kv_transfer_s"][0] == pytest.approx(transfer_s, rel=1e-12)
+    assert r["ttft_s"][0] == pytest.approx(prefill_s + transfer_s + first_s, rel=1e-9)
+    assert r["num_generated"][0] == 8
+
+
+def test_acceptance_drift_lowers_acceptance():
+    base = {"method": "ngram", "num_speculative_tokens": 4, "acceptance_beta": {"default": (700.0, 300.0)}}
+    reqs = [req(i, 0.0, 100, 1500) for i in range(4)]
+    flat = simulate(deployment(speculative_config=base), reqs, seed=0).summary()
+    drift = simulate(deployment(speculative_config=base | {"acceptance_drift_per_s": -0.2}), reqs,
+                     seed=0).summary()
+    assert drift["spec_decode_acceptance_rate"] < flat["spec_decode_acceptance_rate"] - 0.1
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 3), st.integers(1, 2500), st.integers(1, 300)), min_size=1, max_size=40),
+       st.integers(40, 400), st.sampled_from([1, 2]), st.booleans())
+def test_random_workloads_finish_or_reject(rows, blocks, replicas, chunked):
+    dep = deployment(replicas=replicas, num_gpu_blocks_override=blocks, max_model_len=2048, max_num_seqs=8,
+                     enable_chunked_prefill=chunked, max_num_batched_tokens=1024)
+    reqs = [req(i, t, p, o, tuple(range(8))) for i, (t, p, o) in enumerate(rows)]
+    r = simulate(dep, reqs).requests
+    assert set(r["status"]) <= {"finished", "rejected"}
+    fin = r["status"] == "finished"
+    assert np.all(r["num_generated"][fin] == r["output_len"][fin])
+    assert np.all(r["first_token_s"][fin] <= r["finish_s"][fin])
+    assert np.all(r["scheduled_s"][fin] >= r["arrival_s"][fin])
+    too_long = (r["prompt_len"] + r["output_len"]) > 2048
+    assert np.all(~fin[too_long])
+
+
+def test_kv_block_coarsening_keeps_metrics_on_coarse_prefix_structure():
+    """A trace whose prefixes are known per 512-token block loses nothing to 512-token
+    scheduler blocks but fragmentation; with ample KV the metrics agree closely."""
+    rng = np.random.default_rng(2)
+    shared = [tuple(range(100 * g, 100 * g + 8)) for g in range(5)]  # 5 prefixes of 4K tokens
+    reqs = []
+    t = 0.0
+    for i in range(150):
+        t += float(rng.exponential(0.25))
+        p = int(rng.integers(4200, 9000))
+        reqs.append(req(i, t, p, int(rng.integers(50, 300)), shared[int(rng.integers(5))], hbs=512))
+    dep = deployment(replicas=2, router="prefix_aware")
+    sim = Simulation(dep, reqs, kv_block_coarsening="auto")
+    assert sim.coarsen == 32
+    fine, coarse = simulate(dep, reqs).summary(), sim.run().summary()
+    for k in ("mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "prefix_cache_hit_rate", "output_throughput"):
+        assert coarse[k] == pytest.approx(fine[k], rel=0.03), k
+    assert coarse["prefix_cache_hit_rate"] > 0.3
+
+
+def test_skipping_equals_stepping_with_coarse_blocks():
+    dep = deployment(num_gpu_blocks_override=3000)
+    reqs = poisson(40, 3.0, 900, 200, seed=9)
+    a = simulate(dep, reqs, kv_block_coarsening=4)
+    b = simulate(dep, reqs, kv_block_coarsening=4, skip_ahead=False)
+    np.testing.assert_allclose(a.requests["finish_s"], b.requests["finish_s"], rtol=1e-9)
+
+
+def test_cli_disaggregation_flags():
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+
+    r = CliRunner().invoke(app, ["simulate", "-w", "lab-poisson", "-n", "30", "--disagg", "1:1", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert s["num_gpus"] == 2 and s["mean_kv_transfer_ms"] > 0 and "NixlConnector" in s["vllm_args"]
+    bad = CliRunner().invoke(app, ["simulate", "-w", "lab-poisson", "--disagg", "3-1"])
+    assert bad.exit_code == 2 and "--disagg" in bad.output
+    clash = CliRunner().invoke(app, ["simulate", "-w", "lab-poisson", "--disagg", "1:1", "--num-gpus", "3"])
+    assert clash.exit_code == 2 and "does not match" in clash.output
