@@ -98,23 +98,38 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(h, 2 * spec.intermediate_size, bias=False, **kw)
         self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False, **kw)
 
-    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionBackend, k_cache,
+    def forward(self, x, rope: tuple, attn: AttentionBackend, k_cache,
                 v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """`rope`: (cos, sin) gathered for this batch (plain path), or ("fused", positions,
+        cos table, sin table) for the fused Triton kernels (engine.fused_ops)."""
         t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
         qkv = self.qkv_proj(self.input_layernorm(x))
-        # Rotate q and k together: one rotary application per layer, not two.
-        qk = Rotary.apply(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)
-        q, k = qk[:, :hq], qk[:, hq:]
-        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
-        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
+        fused = isinstance(rope[0], str)
+        if fused:
+            from engine.fused_ops import rope_store_kv, silu_mul
+
+            q = rope_store_kv(qkv, rope[1], rope[2], rope[3], k_cache, v_cache, meta.slot_mapping,
+                              hq, hkv, d)
+            o = attn.attend(q, k_cache, v_cache, meta, self.scale)
+        else:
+            # Rotate q and k together: one rotary application per layer, not two.
+            qk = Rotary.apply(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)
+            q, k = qk[:, :hq], qk[:, hq:]
+            v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+            o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         # Residual adds fused into the GEMMs (addmm: x + a @ W^T in one cuBLAS call).
         x = torch.addmm(x, o.reshape(t, hq * d), self.o_proj.weight.t())
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return torch.addmm(x, F.silu(gate) * up, self.down_proj.weight.t())
+        gate_up = self.gate_up_proj(self.post_attention_layernorm(x))
+        if fused:
+            act = silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        return torch.addmm(x, act, self.down_proj.weight.t())
 
 
 class LlamaModel(nn.Module):
-    """Decoder + LM head. `forward` gives hidden states; `compute_logits` the fp32 logits."""
+    """Decoder + LM head. `forward` gives hidden states; `compute_logits` the logits."""
 
     def __init__(self, spec: ModelSpec, *, max_positions: int, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, attention_backend: str = "torch",
@@ -134,6 +149,11 @@ class LlamaModel(nn.Module):
         )
         self.rotary = Rotary(spec, max_positions, device)
         self.attn = AttentionBackend(attention_backend)  # type: ignore[arg-type]
+        # Fused Triton element-wise kernels (engine.fused_ops) ride with the Triton backend;
+        # the torch backend keeps the plain PyTorch layer (the reference). Settable (benchmarks).
+        from engine.fused_ops_gate import fused_ops_available
+
+        self.fused_ops = self.attn.name == "triton" and fused_ops_available(spec.head_dim)
         if seed is not None:
             self.init_random(seed)
 
@@ -158,10 +178,16 @@ class LlamaModel(nn.Module):
         kv_caches: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim].
         """
         x = F.embedding(input_ids, self.embed_tokens)
-        rope = self.rotary.lookup(positions, x.dtype)
+        if self.fused_ops:
+            rope: tuple = ("fused", positions, self.rotary.cos, self.rotary.sin)
+        else:
+            rope = self.rotary.lookup(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_weight).float()
+        """Logits in the model dtype. Not upcast here: a greedy argmax over bf16 logits picks
+        what it would over their exact fp32 copies, and at batch 128 x 128k vocab the upcast
+        is a 64 MB write per step; the sampler upcasts only the rows it samples at random."""
+        return F.linear(hidden, self.lm_head_weight)

@@ -321,7 +321,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(self, inp: StepInputs) -> torch.Tensor:
-        """fp32 logits [len(sample_request_ids), vocab] of the requests that sample this step."""
+        """Logits [len(sample_request_ids), vocab] (model dtype) of the requests that sample."""
         assert self.kv_caches is not None, "allocate_kv_cache() first"
         if inp.graph_size is not None:
             self.graphs[inp.graph_size].replay()
