@@ -15,7 +15,7 @@ from engine.model_spec import get_model
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
-from engine.fused_ops import rope_store_kv, silu_mul  # noqa: E402
+from engine.fused_ops import rope_store_kv, silu_mul
 
 
 @pytest.mark.parametrize("hq,hkv,d", [(4, 2, 16), (2, 2, 8)])
