@@ -154,6 +154,7 @@ class LlamaModel(nn.Module):
         from engine.fused_ops_gate import fused_ops_available
 
         self.fused_ops = self.attn.name == "triton" and fused_ops_available(spec.head_dim)
+        self.logits_fp32 = False  # upcast logits in the forward (the old behaviour; benchmarks)
         if seed is not None:
             self.init_random(seed)
 
@@ -190,4 +191,5 @@ class LlamaModel(nn.Module):
         """Logits in the model dtype. Not upcast here: a greedy argmax over bf16 logits picks
         what it would over their exact fp32 copies, and at batch 128 x 128k vocab the upcast
         is a 64 MB write per step; the sampler upcasts only the rows it samples at random."""
-        return F.linear(hidden, self.lm_head_weight)
+        logits = F.linear(hidden, self.lm_head_weight)
+        return logits.float() if self.logits_fp32 else logits
