@@ -98,34 +98,36 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(h, 2 * spec.intermediate_size, bias=False, **kw)
         self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False, **kw)
 
-    def forward(self, x, rope: tuple, attn: AttentionBackend, k_cache,
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionBackend, k_cache,
                 v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """`rope`: (cos, sin) gathered for this batch (plain path), or ("fused", positions,
-        cos table, sin table) for the fused Triton kernels (engine.fused_ops)."""
+        """The plain PyTorch layer (the reference; the torch backend runs it)."""
         t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
         qkv = self.qkv_proj(self.input_layernorm(x))
-        fused = isinstance(rope[0], str)
-        if fused:
-            from engine.fused_ops import rope_store_kv, silu_mul
-
-            q = rope_store_kv(qkv, rope[1], rope[2], rope[3], k_cache, v_cache, meta.slot_mapping,
-                              hq, hkv, d)
-            o = attn.attend(q, k_cache, v_cache, meta, self.scale)
-        else:
-            # Rotate q and k together: one rotary application per layer, not two.
-            qk = Rotary.apply(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)
-            q, k = qk[:, :hq], qk[:, hq:]
-            v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
-            o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
+        # Rotate q and k together: one rotary application per layer, not two.
+        qk = Rotary.apply(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)
+        q, k = qk[:, :hq], qk[:, hq:]
+        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         # Residual adds fused into the GEMMs (addmm: x + a @ W^T in one cuBLAS call).
         x = torch.addmm(x, o.reshape(t, hq * d), self.o_proj.weight.t())
-        gate_up = self.gate_up_proj(self.post_attention_layernorm(x))
-        if fused:
-            act = silu_mul(gate_up)
-        else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-        return torch.addmm(x, act, self.down_proj.weight.t())
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return torch.addmm(x, F.silu(gate) * up, self.down_proj.weight.t())
+
+    def forward_fused(self, x, h, rope: tuple, attn: AttentionBackend, k_cache, v_cache,
+                      meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer through engine.fused_ops: `h` is input_layernorm(x), computed by the
+        caller together with the previous residual add; returns (x after attention, MLP output),
+        whose sum (and the next norm) the caller computes in one kernel."""
+        from engine.fused_ops import add_rms_norm, rope_store_kv, silu_mul
+
+        t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
+        positions, cos, sin = rope
+        q = rope_store_kv(self.qkv_proj(h), positions, cos, sin, k_cache, v_cache,
+                          meta.slot_mapping, hq, hkv, d)
+        o = attn.attend(q, k_cache, v_cache, meta, self.scale)
+        x, h = add_rms_norm(x, F.linear(o.reshape(t, hq * d), self.o_proj.weight),
+                            self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return x, F.linear(silu_mul(self.gate_up_proj(h)), self.down_proj.weight)
 
 
 class LlamaModel(nn.Module):
@@ -180,12 +182,23 @@ class LlamaModel(nn.Module):
         """
         x = F.embedding(input_ids, self.embed_tokens)
         if self.fused_ops:
-            rope: tuple = ("fused", positions, self.rotary.cos, self.rotary.sin)
-        else:
-            rope = self.rotary.lookup(positions, x.dtype)
+            return self._forward_fused(x, positions, kv_caches, meta)
+        rope = self.rotary.lookup(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
         return self.norm(x)
+
+    def _forward_fused(self, x, positions, kv_caches, meta) -> torch.Tensor:
+        from engine.fused_ops import add_rms_norm
+
+        rope = (positions, self.rotary.cos, self.rotary.sin)
+        n = len(self.layers)
+        h = self.layers[0].input_layernorm(x)
+        for i, layer in enumerate(self.layers):
+            x, delta = layer.forward_fused(x, h, rope, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
+            norm = self.layers[i + 1].input_layernorm if i + 1 < n else self.norm
+            x, h = add_rms_norm(x, delta, norm.weight, norm.eps)
+        return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model dtype. Not upcast here: a greedy argmax over bf16 logits picks

@@ -53,3 +53,14 @@ def test_silu_mul_matches_torch():
     x = torch.randn(5, 2 * 1500, generator=g) * 4  # 1500: two column blocks, the second partial
     gate, up = x.chunk(2, dim=-1)
     torch.testing.assert_close(silu_mul(x), F.silu(gate) * up, atol=1e-5, rtol=1e-5)
+
+
+def test_add_rms_norm_matches_torch():
+    from engine.fused_ops import add_rms_norm
+
+    g = torch.Generator().manual_seed(2)
+    x, d = torch.randn(4, 48, generator=g), torch.randn(4, 48, generator=g)  # 48: padded to 64
+    w = torch.rand(48, generator=g) + 0.5
+    s, h = add_rms_norm(x, d, w, 1e-5)
+    torch.testing.assert_close(s, x + d, atol=0, rtol=0)
+    torch.testing.assert_close(h, F.rms_norm(x + d, (48,), w, 1e-5), atol=1e-6, rtol=1e-5)
