@@ -178,6 +178,9 @@ class ModelRunner:
             n = num_gpu_blocks_override
         elif self.is_cuda:
             peak, tmp_kv = self.profile_peak_bytes()
+            # Blocks cached by torch's allocator but unused are counted as free below; hand them
+            # back first, else one large KV allocation can fail against a fragmented cache.
+            torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
             other = (total - free) - torch.cuda.memory_reserved(self.device)  # other processes, CUDA ctx
             budget = total * gpu_memory_utilization - (peak - tmp_kv) - max(other, 0)

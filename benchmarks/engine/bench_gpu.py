@@ -180,7 +180,9 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
         "wall_in_decode_only_steps_s": float(sum(s["total_s"] for s in dec)),
         "wall_in_prefill_steps_s": float(sum(s["total_s"] for s in tr if s["num_prefill_seqs"])),
     }
-    del llm, outs
+    # `runner` too: a live reference kept the old engine's KV cache (and graph pools) reserved
+    # until a later collection, and the next engine's KV allocation ran out of memory (run 5).
+    del llm, outs, runner
     gc.collect()
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return res
@@ -524,6 +526,8 @@ def mooncake_requests(n: int, prompt_cap: int, time_scale: float) -> tuple[list[
 def run_mooncake(model: str, device: str, dtype: str, n: int, prompt_cap: int, time_scale: float,
                  max_model_len: int, max_wall_s: float, out_dir: Path) -> dict:
     reqs, info = mooncake_requests(n, prompt_cap, time_scale)
+    gc.collect()  # whatever earlier parts left must be gone before this engine sizes its cache
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
     t = time.perf_counter()
     core = EngineCore(EngineConfig(model=model, device=device, dtype=dtype, max_model_len=max_model_len,
                                    max_num_seqs=256, max_num_batched_tokens=8192,
