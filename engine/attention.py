@@ -53,6 +53,11 @@ class AttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         self._write(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend(q, k_cache, v_cache, meta, scale)
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Attention only: this step's K/V are already in the cache (a fused kernel put them)."""
         return self._attn(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
             scale, meta.max_query_len, meta.max_seq_len,

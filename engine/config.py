@@ -28,6 +28,7 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = Field(False, description="no CUDA graphs")
     async_scheduling: bool = Field(
         False, description="schedule step N+1 on the host while the GPU runs step N "
-        "(vLLM's --async-scheduling); requests must not stop on EOS")
+        "(vLLM's --async-scheduling); a stop token is seen one step late, so that step's "
+        "token for the stopped request is computed and discarded, as in vLLM")
     attention_backend: Literal["auto", "torch", "triton"] = Field(
         "auto", description="'auto' = triton on the GPU, the torch reference on the CPU")

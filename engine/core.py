@@ -159,6 +159,7 @@ class EngineCore:
         self.epoch = time.perf_counter()
         self._use_events = self.runner.is_cuda
         self._pending: _Pending | None = None
+        self._stopped_ids: list[int] = []  # async: stopped by tokens collected, not yet ended
         b = config.max_num_seqs
         self._token_bufs = [torch.zeros(b, dtype=torch.int64, pin_memory=self.runner.is_cuda)
                             for _ in range(2)]
@@ -176,12 +177,6 @@ class EngineCore:
                     arrival_s: float | None = None) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id} was already added")
-        if self.async_scheduling and (
-                params.stop_token_ids or (self.eos_token_ids and not params.ignore_eos)):
-            raise ValueError(
-                f"request {request.request_id}: async scheduling cannot stop on EOS/stop tokens "
-                "(the scheduler learns of a token a step late); use ignore_eos=True or "
-                "async_scheduling=False")
         st = RequestState(request=request, params=params, token_ids=list(prompt_token_ids),
                           num_prompt_tokens=len(prompt_token_ids),
                           arrival_s=self.now() if arrival_s is None else arrival_s)
@@ -239,29 +234,17 @@ class EngineCore:
         t4 = time.perf_counter()
         t_tok = t4 - self.epoch
         sampled: dict[int, list[int]] = {}
-        stopping: list[int] = []  # requests the user sees as stopped, not yet ended by the scheduler
-        keep_going: set[int] = set()  # tokens sampled by requests that must not stop
-        num_visible = 0
+        stopped: set[int] = set()  # decided per request, from its own sampling params
         for rid, tok in zip(sample_ids, tokens):
             st = self.requests[rid]
             st.token_ids.append(tok)
-            sampled[rid] = [tok]
-            if st.stop_len is not None:  # stopped earlier; its extra tokens stay hidden
-                stopping.append(rid)
-                continue
             st.token_times_s.append(t_tok)
-            num_visible += 1
-            p = st.params
-            if (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids:
+            sampled[rid] = [tok]
+            if self._is_stop(st, tok):
                 st.stop_len = len(st.token_ids)
-                stopping.append(rid)
-            else:
-                keep_going.add(tok)
-        # The scheduler takes one eos_ids set per step, for every request. A stop token that
-        # another request sampled without stopping cannot go in; that request's end is then
-        # deferred to a later step (its extra tokens are hidden from the user).
-        eos = {sampled[r][0] for r in stopping} - keep_going
-        for res in self.scheduler.update_from_output(out, sampled, eos_ids=eos):
+                stopped.add(rid)
+        num_visible = len(tokens)
+        for res in self.scheduler.update_from_output(out, sampled, stopped=stopped):
             finished.append(self._finish(res.request_id, res.status, res.reason, res))
         t5 = time.perf_counter()
         if self._use_events:
@@ -273,6 +256,11 @@ class EngineCore:
         trace = self._trace_row(out, t0, t1 - t0, t2 - t1 + (t5 - t4), forward_s, sample_s, t5 - t0)
         trace["num_output_tokens"] = num_visible
         return StepResult(sampled, finished, trace)
+
+    def _is_stop(self, st: RequestState, tok: int) -> bool:
+        """Whether `tok` ends this request: EOS unless its ignore_eos, or one of its stop ids."""
+        p = st.params
+        return (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids
 
     def _finish(self, rid: int, status: str, reason: str | None, res=None) -> RequestState:
         st = self.requests[rid]
@@ -315,6 +303,7 @@ class EngineCore:
             for res in self.scheduler.update_from_output(out, {}):
                 immediate.append(self._finish(res.request_id, res.status, res.reason, res))
             prev = self._collect(t0)
+            self._end_stopped(prev)
             prev.finished[:0] = immediate
             return prev
         now = t1 - self.epoch
@@ -353,13 +342,23 @@ class EngineCore:
                         tokens_dev=tokens_dev, tokens_host=tokens_host, done=done, events=events,
                         t0=t0, schedule_s=t1 - t0, prepare_s=t2 - t1, launch_s=t3 - t2)
         for res in self.scheduler.update_from_output(out, {r: 1 for r in sample_ids}):
-            if res.status == "rejected":
+            if res.status == "rejected" or self.requests[res.request_id].stop_len is not None:
+                # rejected, or stopped by a token collected just now: nothing visible in flight
                 prev.finished.append(self._finish(res.request_id, res.status, res.reason, res))
             else:
                 pend.finished.append(res)  # its last token is still in flight
+        self._end_stopped(prev)
         self._pending = pend
         prev.finished[:0] = immediate
         return prev
+
+    def _end_stopped(self, prev: StepResult) -> None:
+        """Async: requests whose stop token was collected just now were already scheduled
+        (and maybe launched) for one more step, as vLLM's async scheduling does; end them in
+        the scheduler now. That step's token for them is discarded when collected."""
+        ids, self._stopped_ids = self._stopped_ids, []
+        for res in self.scheduler.finish_requests(ids, "stop"):
+            prev.finished.append(self._finish(res.request_id, res.status, res.reason, res))
 
     def _collect(self, next_t0: float) -> StepResult:
         """Wait for the pending step's tokens, record them, finish what it finished."""
@@ -376,9 +375,14 @@ class EngineCore:
         sampled: dict[int, list[int]] = {}
         for rid, tok in zip(p.sample_ids, tokens):
             st = self.requests[rid]
+            if st.stop_len is not None:  # the wasted lookahead token after a stop: discarded
+                continue
             st.token_ids.append(tok)
             st.token_times_s.append(t_tok)
             sampled[rid] = [tok]
+            if self._is_stop(st, tok):
+                st.stop_len = len(st.token_ids)
+                self._stopped_ids.append(rid)
         finished = [self._finish(r.request_id, r.status, r.reason, r) for r in p.finished]
         if p.events is not None:
             forward_s = p.events[0].elapsed_time(p.events[1]) / 1e3
@@ -388,5 +392,5 @@ class EngineCore:
         # total_s: the step's period (its start to the next step's start, or to its collection).
         end = next_t0 if next_t0 > p.t0 else time.perf_counter()
         trace = self._trace_row(p.out, p.t0, p.schedule_s, p.prepare_s, forward_s, sample_s, end - p.t0)
-        trace["num_output_tokens"] = len(tokens)
+        trace["num_output_tokens"] = len(sampled)
         return StepResult(sampled, finished, trace)

@@ -100,6 +100,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionBackend, k_cache,
                 v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """The plain PyTorch layer (the reference; the torch backend runs it)."""
         t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
         qkv = self.qkv_proj(self.input_layernorm(x))
         # Rotate q and k together: one rotary application per layer, not two.
@@ -112,9 +113,25 @@ class DecoderLayer(nn.Module):
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return torch.addmm(x, F.silu(gate) * up, self.down_proj.weight.t())
 
+    def forward_fused(self, x, h, rope: tuple, attn: AttentionBackend, k_cache, v_cache,
+                      meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer through engine.fused_ops: `h` is input_layernorm(x), computed by the
+        caller together with the previous residual add; returns (x after attention, MLP output),
+        whose sum (and the next norm) the caller computes in one kernel."""
+        from engine.fused_ops import add_rms_norm, rope_store_kv, silu_mul
+
+        t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
+        positions, cos, sin = rope
+        q = rope_store_kv(self.qkv_proj(h), positions, cos, sin, k_cache, v_cache,
+                          meta.slot_mapping, hq, hkv, d)
+        o = attn.attend(q, k_cache, v_cache, meta, self.scale)
+        x, h = add_rms_norm(x, F.linear(o.reshape(t, hq * d), self.o_proj.weight),
+                            self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return x, F.linear(silu_mul(self.gate_up_proj(h)), self.down_proj.weight)
+
 
 class LlamaModel(nn.Module):
-    """Decoder + LM head. `forward` gives hidden states; `compute_logits` the fp32 logits."""
+    """Decoder + LM head. `forward` gives hidden states; `compute_logits` the logits."""
 
     def __init__(self, spec: ModelSpec, *, max_positions: int, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, attention_backend: str = "torch",
@@ -134,6 +151,12 @@ class LlamaModel(nn.Module):
         )
         self.rotary = Rotary(spec, max_positions, device)
         self.attn = AttentionBackend(attention_backend)  # type: ignore[arg-type]
+        # Fused Triton element-wise kernels (engine.fused_ops) ride with the Triton backend;
+        # the torch backend keeps the plain PyTorch layer (the reference). Settable (benchmarks).
+        from engine.fused_ops_gate import fused_ops_available
+
+        self.fused_ops = self.attn.name == "triton" and fused_ops_available(spec.head_dim)
+        self.logits_fp32 = False  # upcast logits in the forward (the old behaviour; benchmarks)
         if seed is not None:
             self.init_random(seed)
 
@@ -158,10 +181,28 @@ class LlamaModel(nn.Module):
         kv_caches: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim].
         """
         x = F.embedding(input_ids, self.embed_tokens)
+        if self.fused_ops:
+            return self._forward_fused(x, positions, kv_caches, meta)
         rope = self.rotary.lookup(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
         return self.norm(x)
 
+    def _forward_fused(self, x, positions, kv_caches, meta) -> torch.Tensor:
+        from engine.fused_ops import add_rms_norm
+
+        rope = (positions, self.rotary.cos, self.rotary.sin)
+        n = len(self.layers)
+        h = self.layers[0].input_layernorm(x)
+        for i, layer in enumerate(self.layers):
+            x, delta = layer.forward_fused(x, h, rope, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
+            norm = self.layers[i + 1].input_layernorm if i + 1 < n else self.norm
+            x, h = add_rms_norm(x, delta, norm.weight, norm.eps)
+        return h
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_weight).float()
+        """Logits in the model dtype. Not upcast here: a greedy argmax over bf16 logits picks
+        what it would over their exact fp32 copies, and at batch 128 x 128k vocab the upcast
+        is a 64 MB write per step; the sampler upcasts only the rows it samples at random."""
+        logits = F.linear(hidden, self.lm_head_weight)
+        return logits.float() if self.logits_fp32 else logits

@@ -61,6 +61,9 @@ class ModelRunner:
         self.kv_caches: torch.Tensor | None = None
         self.num_blocks = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.num_graph_replays = 0  # decode steps served by a captured graph
+        self.num_graph_captures = 0  # graphs captured (only capture_decode_graphs does it)
+        self.num_eager_forwards = 0
         self._graph_logits: dict[int, torch.Tensor] = {}
         self.is_cuda = self.device.type == "cuda"
         self._alloc_buffers()
@@ -175,6 +178,9 @@ class ModelRunner:
             n = num_gpu_blocks_override
         elif self.is_cuda:
             peak, tmp_kv = self.profile_peak_bytes()
+            # Blocks cached by torch's allocator but unused are counted as free below; hand them
+            # back first, else one large KV allocation can fail against a fragmented cache.
+            torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
             other = (total - free) - torch.cuda.memory_reserved(self.device)  # other processes, CUDA ctx
             budget = total * gpu_memory_utilization - (peak - tmp_kv) - max(other, 0)
@@ -321,11 +327,13 @@ class ModelRunner:
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(self, inp: StepInputs) -> torch.Tensor:
-        """fp32 logits [len(sample_request_ids), vocab] of the requests that sample this step."""
+        """Logits [len(sample_request_ids), vocab] (model dtype) of the requests that sample."""
         assert self.kv_caches is not None, "allocate_kv_cache() first"
         if inp.graph_size is not None:
+            self.num_graph_replays += 1
             self.graphs[inp.graph_size].replay()
             return self._graph_logits[inp.graph_size][: inp.num_seqs]
+        self.num_eager_forwards += 1
         t = inp.num_tokens
         meta = self._meta(t, inp.num_seqs, inp.max_query_len, inp.max_seq_len,
                           int(self._max_cols(inp)))
@@ -368,6 +376,7 @@ class ModelRunner:
                 h = self.model(self.d_input_ids[:b], self.d_positions[:b], self.kv_caches, meta)
                 logits = self.model.compute_logits(h)
             pool = g.pool()
+            self.num_graph_captures += 1
             self.graphs[b] = g
             self._graph_logits[b] = logits
         torch.cuda.synchronize(self.device)

@@ -63,12 +63,13 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, request_ids: list[int],
                params: list[SamplingParams]) -> torch.Tensor:
-        """Token ids [rows] on the device (int64); the caller reads them back once per step."""
+        """Token ids [rows] on the device (int64); the caller reads them back once per step.
+        `logits` may be bf16: argmax is exact on them, random rows are upcast to fp32 first."""
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         for i in random_rows:
             p = params[i]
-            row = _filter_top_k_top_p(logits[i] / p.temperature, p.top_k, p.top_p)
+            row = _filter_top_k_top_p(logits[i].float() / p.temperature, p.top_k, p.top_p)
             probs = row.softmax(-1)
             noise = torch.empty_like(probs).exponential_(generator=self._generators[request_ids[i]])
             tokens[i] = (probs / noise).argmax()

@@ -87,6 +87,7 @@ _ref_cnt = operator.attrgetter("ref_cnt")
 _block_id = operator.attrgetter("block_id")
 _block_hash = operator.attrgetter("block_hash")
 _request_id = operator.attrgetter("request_id")
+_NO_IDS: frozenset[int] = frozenset()
 _OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
 
@@ -944,6 +945,7 @@ class Scheduler:
         out: SchedulerOutput,
         sampled: dict[int, list[int]] | dict[int, int] | None = None,
         eos_ids: set[int] | frozenset[int] | None = None,
+        stopped: set[int] | frozenset[int] | None = None,
     ) -> list[RequestResult]:
         """Apply the step's sampled tokens; return requests that finished or were rejected.
 
@@ -951,6 +953,11 @@ class Scheduler:
         for every scheduled request with `samples=True`; `None` means 1 token each. With
         speculation the count is 1 + accepted drafts; the rejected drafts' slots (and any
         block they alone occupied) are released.
+
+        Stops (reason "stop"): `stopped` holds the ids of sampling requests whose last token
+        this step ends them, as their caller decided from each request's own sampling
+        params (EOS unless ignore_eos, stop token ids); their tokens are all kept. `eos_ids`
+        is the older whole-step form: any request sampling one of these ids stops at it.
         """
         if out is not self._last_out or out._updated:
             raise RuntimeError(
@@ -970,6 +977,15 @@ class Scheduler:
                         f"request {r.request_id} was added with prompt_token_ids, so "
                         f"update_from_output needs its sampled token ids (sampled=None given)"
                     )
+        if stopped:
+            stray = set(stopped).difference(map(_request_id, sampling))
+            if stray:
+                raise ValueError(
+                    f"step {out.step_id}: stopped names requests {sorted(stray)} that do not "
+                    f"sample this step; end those with finish_requests() between steps"
+                )
+        else:
+            stopped = _NO_IDS
         out._updated = True
         results = self._pending_rejected
         self._pending_rejected = []
@@ -980,7 +996,7 @@ class Scheduler:
         any_finished = False
         n_gen_total = 0
         extra = out._extra
-        hot = sampled is None and not out.num_spec_tokens
+        hot = sampled is None and not out.num_spec_tokens and not stopped
         if hot:
             # Hot path (simulator): one token for every sampling request.
             for r in sampling:
@@ -1007,7 +1023,7 @@ class Scheduler:
                 r.decoding = True
                 if r.token_ids is not None:
                     r.token_ids.append(v[0])
-                stop = bool(eos_ids) and v[0] in eos_ids
+                stop = r.request_id in stopped or (bool(eos_ids) and v[0] in eos_ids)
                 if stop or g >= r.output_len:
                     out.num_blocks_freed += self._free_all(r)
                     r.status = FINISHED
@@ -1054,6 +1070,8 @@ class Scheduler:
                         n = j + 1
                         reason = "stop"
                         break
+            if rid in stopped:
+                reason = "stop"
             r.num_generated += n
             r.num_tokens += n
             n_gen_total += n
@@ -1071,6 +1089,46 @@ class Scheduler:
                     r.num_cached_tokens))
         self.num_generated_tokens += n_gen_total
         if any_finished:
+            self.running = [x for x in self.running if x.status == RUNNING]
+        return results
+
+    def finish_requests(self, request_ids, reason: str = "stop") -> list[RequestResult]:
+        """End requests between steps, whatever their state: the engine's stop a step late
+        under async scheduling (the stop token was still on the device when the next step
+        was scheduled, so that step's token for it is discarded), or an abort. A running
+        request's blocks are freed (its full cached blocks stay findable); a waiting or
+        preempted one leaves the queue. Already finished or rejected ids are skipped.
+        Returns a `RequestResult` per request ended now, in the order given."""
+        if self._last_out is not None and not self._last_out._updated:
+            raise RuntimeError(
+                f"finish_requests() between schedule() and update_from_output() of step "
+                f"{self._last_out.step_id}: call it after update_from_output()"
+            )
+        unknown = [rid for rid in request_ids if rid not in self.requests]
+        if unknown:
+            raise ValueError(f"finish_requests: unknown request ids {unknown}")
+        results = []
+        any_running = False
+        for rid in request_ids:
+            r = self.requests[rid]
+            if r.status in (FINISHED, REJECTED):
+                continue
+            if r.status == RUNNING:
+                self._free_all(r)
+                any_running = True
+            else:  # waiting or preempted: holds no blocks
+                if self._priority:
+                    self._heap_waiting = [e for e in self._heap_waiting if e[3] is not r]
+                    heapq.heapify(self._heap_waiting)
+                else:
+                    self._fcfs_waiting.remove(r)
+                r.last_hits = None
+            r.status = FINISHED
+            _retire(r)
+            self.num_finished += 1
+            results.append(RequestResult(rid, FINISHED, reason, r.num_generated,
+                                         r.num_preemptions, r.num_cached_tokens))
+        if any_running:
             self.running = [x for x in self.running if x.status == RUNNING]
         return results
 

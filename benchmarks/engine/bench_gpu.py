@@ -121,15 +121,33 @@ def workload_a(n: int, seed: int, vocab: int, p_lo: int, p_hi: int, o_lo: int, o
     return prompts, [int(o) for o in olens]
 
 
+def engine_args(device: str, dtype: str, util: float, **kw) -> dict:
+    return {"device": device, "dtype": dtype, "gpu_memory_utilization": util, "max_model_len": 2048,
+            "max_num_seqs": 256, "max_num_batched_tokens": 8192, **kw}
+
+
+def make_llm(model: str, args: dict, legacy: bool = False) -> LLM:
+    """`legacy`: the decode path as it was before the fused kernels (plain PyTorch rotary,
+    separate K/V store and SiLU*up, fp32 logits), for a before/after in one run."""
+    if not legacy:
+        return LLM(model, **args)
+    from engine.core import build_model, resolve_device
+
+    cfg = EngineConfig(model=model, **args)
+    m = build_model(cfg, resolve_device(cfg.device), cfg.max_model_len)
+    m.fused_ops, m.logits_fp32 = False, True
+    return LLM(model, llm_model=m, **args)
+
+
 def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
-             async_scheduling: bool) -> dict:
+             async_scheduling: bool, legacy: bool = False) -> dict:
     t = time.perf_counter()
-    llm = LLM(model, device=device, dtype=dtype, gpu_memory_utilization=util, max_model_len=2048,
-              max_num_seqs=256, max_num_batched_tokens=8192, async_scheduling=async_scheduling)
+    llm = make_llm(model, engine_args(device, dtype, util, async_scheduling=async_scheduling), legacy)
     init_s = time.perf_counter() - t
     # Warm-up: compile the prefill/mixed-batch kernel shapes outside the timed region.
     llm.generate(prompts[:4], [SamplingParams(max_tokens=4, ignore_eos=True)] * 4)
     llm.step_traces.clear()
+    llm.engine.runner.num_graph_replays = llm.engine.runner.num_eager_forwards = 0
     sync()
     t = time.perf_counter()
     outs = llm.generate(prompts, [SamplingParams(max_tokens=o, ignore_eos=True) for o in outputs])
@@ -143,8 +161,12 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
     def mean_ms(rows, k):
         return 1e3 * float(np.mean([r[k] for r in rows])) if rows else None
 
+    runner = llm.engine.runner
     res = {
-        "async_scheduling": async_scheduling,
+        "async_scheduling": async_scheduling, "legacy_decode_path": legacy,
+        "fused_ops": llm.engine.model.fused_ops,
+        "graph_replays": runner.num_graph_replays, "graph_captures": runner.num_graph_captures,
+        "eager_forwards": runner.num_eager_forwards,
         "wall_s": wall, "output_tokens": gen, "output_tokens_per_s": gen / wall,
         "init_s": init_s, "graph_capture_s": llm.engine.graph_capture_s,
         "num_gpu_blocks": llm.engine.num_gpu_blocks, "num_steps": len(tr),
@@ -158,7 +180,9 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
         "wall_in_decode_only_steps_s": float(sum(s["total_s"] for s in dec)),
         "wall_in_prefill_steps_s": float(sum(s["total_s"] for s in tr if s["num_prefill_seqs"])),
     }
-    del llm, outs
+    # `runner` too: a live reference kept the old engine's KV cache (and graph pools) reserved
+    # until a later collection, and the next engine's KV allocation ran out of memory (run 5).
+    del llm, outs, runner
     gc.collect()
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return res
@@ -212,36 +236,270 @@ def run_hf_static(spec, prompts, outputs, device, dtype, batch: int = 64) -> dic
             "generated_tokens_incl_padding_per_s": generated / wall, "batch_size": batch}
 
 
-def run_hf_cb(spec, prompts, outputs, device, dtype) -> dict:
-    """generate_batch takes one max_new_tokens for all requests: max(outputs). Throughput is
-    reported for the requested tokens (useful) and for everything it generated."""
+def run_hf_cb(spec, prompts, outputs, device, dtype, max_wall_s: float = 90.0) -> dict:
+    """HF continuous batching (transformers 5.x `ContinuousBatchingManager`, what `generate_batch`
+    runs), each request with its own max_new_tokens, greedy, no EOS.
+
+    The manager is built and warmed up (its CUDA graphs captured) outside the timed region, as
+    our engine's init and graph capture are; the timed region is start, add the requests, wait
+    for all results. Not under torch.inference_mode: the manager's thread updates tensors that
+    the main thread allocated, which inference tensors forbid (every request failed that way in
+    an earlier run of this script); transformers runs it under no_grad itself.
+    """
     from transformers import GenerationConfig
+    from transformers.generation.continuous_batching.utils import WorkloadHints
 
     model = hf_model(spec, device, dtype, "paged|sdpa")
-    m = max(outputs)
-    gc_ = GenerationConfig(max_new_tokens=m, do_sample=False, eos_token_id=None, pad_token_id=0)
-    # Not under torch.inference_mode: generate_batch's own loop updates its static tensors in
-    # place, which inference tensors forbid (every request failed that way in one run).
-    model.generate_batch(inputs=prompts[:2], generation_config=GenerationConfig(
-        max_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0))
+    gc_ = GenerationConfig(max_new_tokens=max(outputs), do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+    hints = WorkloadHints(max_prompt_length=max(map(len, prompts)),
+                          max_generated_length=max(outputs), num_requests=len(prompts))
+    t = time.perf_counter()
+    manager = model.init_continuous_batching(generation_config=gc_, workload_hints=hints)
+    manager.warmup()
+    setup_s = time.perf_counter() - t
     sync()
     t = time.perf_counter()
-    res = model.generate_batch(inputs=prompts, generation_config=gc_)
-    sync()
-    wall = time.perf_counter() - t
-    generated = 0
-    for r in res.values():
-        toks = getattr(r, "generated_tokens", None)
-        generated += len(toks) if toks is not None else 0
-    del model
+    manager.start()
+    try:
+        for i, (p, o) in enumerate(zip(prompts, outputs)):
+            manager.add_request(list(p), request_id=f"r{i}", max_new_tokens=o)
+        done: dict[str, int] = {}
+        failed: list[str] = []
+        while len(done) < len(prompts) and time.perf_counter() - t < max_wall_s:
+            r = manager.get_result(timeout=1)
+            if r is None:
+                if not manager.is_running():
+                    break
+                continue
+            if r.is_finished():
+                done[r.request_id] = len(r.generated_tokens)
+                if getattr(r, "error", None):
+                    failed.append(f"{r.request_id}: {r.error}")
+        sync()
+        wall = time.perf_counter() - t
+    finally:
+        manager.stop(block=True, timeout=10)
+        manager.destroy()
+    del model, manager
     gc.collect()
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    if generated < sum(outputs):
-        raise RuntimeError(f"generate_batch returned {generated} tokens for {len(res)} results; "
-                           f"{sum(outputs)} were requested (failed requests)")
+    generated = sum(done.values())
+    exact = sum(done.get(f"r{i}") == o for i, o in enumerate(outputs))
+    if generated < sum(outputs) or failed:
+        raise RuntimeError(f"HF continuous batching returned {generated} of {sum(outputs)} tokens "
+                           f"({len(done)} of {len(prompts)} requests finished; failures: {failed[:3]})")
     return {"wall_s": wall, "useful_output_tokens_per_s": sum(outputs) / wall,
-            "generated_tokens_per_s": generated / wall, "max_new_tokens": m,
-            "num_results": len(res)}
+            "generated_tokens_per_s": generated / wall, "generated_tokens": generated,
+            "requests_with_exact_length": exact, "setup_and_warmup_s": setup_s,
+            "attn_implementation": "paged|sdpa", "api": "ContinuousBatchingManager (generate_batch's)"}
+
+
+# ---------------------------------------------------------------------- decode profile
+class _Eager:
+    """Stands in for a CUDA graph on the CPU (smoke test): replay() just calls fn."""
+
+    def __init__(self, fn) -> None:
+        self.replay = fn
+
+
+def _capture(fn):
+    """A CUDA graph of fn() (warmed up on a side stream first, as the runner does)."""
+    if not torch.cuda.is_available():
+        return _Eager(fn)
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(st)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def _time_ms(fn, iters: int = 40, warm: int = 5) -> float:
+    for _ in range(warm):
+        fn()
+    if not torch.cuda.is_available():
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t) / iters * 1e3
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def decode_state(runner, batch: int, seed: int = 1):
+    """A pure-decode step of `batch` sequences with Part-A-like contexts (prompt U[64,1024] plus
+    ~75 generated tokens), prepared through the runner as the engine would."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(seed)
+    ctx = rng.integers(64, 1025, batch) + 75
+    sched, toks, nxt = [], {}, 0
+    for i, c in enumerate(ctx.tolist()):
+        nb = -(-(c + 1) // runner.block_size)
+        sched.append(SimpleNamespace(request_id=i, num_new_tokens=1, num_computed_tokens=c,
+                                     block_ids=list(range(nxt, nxt + nb)), samples=True))
+        toks[i] = [17] * (c + 1)
+        nxt += nb
+    inp = runner.prepare(sched, toks)
+    return inp, ctx
+
+
+@torch.inference_mode()
+def profile_decode(model: str, dtype: str, batch: int, copy_gbps: float, out_dir: Path,
+                   device: str = "cuda") -> dict:
+    """Where a decode step's GPU time goes: torch.profiler over CUDA-graph replays of the
+    engine's own decode graph (top kernels), then variants captured the same way, each timed
+    over graph replays: old path (unfused element-wise, fp32 logits), attention removed, the
+    layers without the LM head, the LM head alone, attention alone, the GEMMs alone, and the
+    sampler (eager, as the engine runs it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    llm = LLM(model, **engine_args(device, dtype, 0.3))
+    core, runner, m = llm.engine, llm.engine.runner, llm.engine.model
+    spec = m.spec
+    inp, ctx = decode_state(runner, batch)
+    if cuda and inp.graph_size is None:
+        raise RuntimeError("the decode batch did not map to a CUDA graph")
+    res: dict = {"batch": batch, "graph_size": inp.graph_size, "mean_context": float(ctx.mean()),
+                 "fused_ops": m.fused_ops}
+    g = runner.graphs[inp.graph_size] if cuda else _Eager(lambda: runner.forward(inp))
+    res["full_step_ms"] = _time_ms(g.replay)
+    kv_bytes = float((ctx + 1).sum()) * spec.kv_bytes_per_token()
+    w_bytes = spec.weight_bytes()
+    res["bytes_weights"], res["bytes_kv"] = w_bytes, kv_bytes
+    res["bound_ms_at_copy_bw"] = (w_bytes + kv_bytes) / (copy_gbps * 1e9) * 1e3
+    res["achieved_gbps"] = (w_bytes + kv_bytes) / (res["full_step_ms"] / 1e3) / 1e9
+    n_prof = 5
+    prof = None
+    try:  # a profiler failure must not lose the timed variants below
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            for _ in range(n_prof):
+                g.replay()
+            sync()
+
+        def dev_us(k):
+            if not cuda:
+                return k.self_cpu_time_total
+            return getattr(k, "device_time_total", None) or getattr(k, "cuda_time_total", 0.0)
+
+        rows = sorted(prof.key_averages(), key=dev_us, reverse=True)
+        total_us = sum(dev_us(k) for k in rows) / n_prof
+        res["profile_total_kernel_us_per_step"] = total_us
+        res["top_kernels"] = [{"name": k.key[:110], "us_per_step": dev_us(k) / n_prof,
+                               "calls_per_step": k.count / n_prof} for k in rows[:25] if dev_us(k) > 0]
+        log(f"decode profile, batch {batch}: full step {res['full_step_ms']:.3f} ms (graph), kernels "
+            f"{total_us / 1e3:.3f} ms; top kernels (us/step, calls/step):")
+        for r in res["top_kernels"]:
+            log(f"  {r['us_per_step']:9.1f}  {r['calls_per_step']:6.1f}  {r['name']}")
+        try:
+            table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40)
+        except Exception:  # noqa: BLE001 - older torch spells it self_cuda_time_total
+            table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
+        with open(out_dir / "decode_profile.txt", "a") as f:  # one file for every batch size
+            f.write(f"==== decode step, batch {batch}, {n_prof} CUDA-graph replays ====\n{table}\n")
+    except Exception as e:  # noqa: BLE001
+        res["profile_error"] = f"{type(e).__name__}: {e}"
+        log("profiler failed:", res["profile_error"])
+
+    b = inp.graph_size or inp.num_tokens
+    ids, pos = runner.d_input_ids[:b], runner.d_positions[:b]
+    meta = runner._meta(b, b, 1, runner.max_model_len, runner.max_blocks_per_seq)
+    kv = runner.kv_caches
+    variants: dict[str, float] = {}
+
+    def full():
+        m.compute_logits(m(ids, pos, kv, meta))
+
+    def layers():
+        m(ids, pos, kv, meta)
+
+    hidden = torch.randn(b, spec.hidden_size, dtype=m.dtype, device=device)
+    qbuf = torch.randn(b, spec.num_heads, spec.head_dim, dtype=m.dtype, device=device)
+
+    def lm_head():
+        m.compute_logits(hidden)
+
+    def attn_only():
+        for i in range(spec.num_layers):
+            m.attn.attend(qbuf, kv[i, 0], kv[i, 1], meta, 0.125)
+
+    lay = m.layers[0]
+    inter = torch.randn(b, spec.intermediate_size, dtype=m.dtype, device=device)
+    attn_out = torch.randn(b, spec.num_heads * spec.head_dim, dtype=m.dtype, device=device)
+
+    def gemms():
+        for _ in range(spec.num_layers):
+            lay.qkv_proj(hidden)
+            torch.addmm(hidden, attn_out, lay.o_proj.weight.t())
+            lay.gate_up_proj(hidden)
+            torch.addmm(hidden, inter, lay.down_proj.weight.t())
+        m.compute_logits(hidden)
+
+    def timed(name, fn):
+        try:
+            gr = _capture(fn)
+            variants[name] = _time_ms(gr.replay)
+            del gr
+        except Exception as e:  # noqa: BLE001 - one failed variant must not lose the others
+            variants[name] = float("nan")
+            log(f"variant {name} failed: {type(e).__name__}: {e}")
+
+    fused0 = m.fused_ops
+    timed(f"full ({'fused' if fused0 else 'unfused'}, bf16 logits)", full)
+    m.fused_ops, m.logits_fp32 = False, True
+    timed("full, old path (unfused, fp32 logits)", full)
+    m.logits_fp32 = False
+    timed("full, unfused element-wise, bf16 logits", full)
+    m.fused_ops = fused0
+    timed("layers only (no LM head)", layers)
+    timed("LM head only", lm_head)
+    timed("attention kernels only (all layers)", attn_only)
+    timed("GEMMs only (4 per layer + LM head)", gemms)
+    if cuda:  # decode tile shapes for this model's head_dim (the kernels were tuned at D=128)
+        from kernels.paged_attention import AttentionConfig, paged_attention
+
+        for tn, nw, ns in ((128, 4, 3), (64, 4, 3), (256, 4, 3), (128, 8, 3), (128, 2, 3), (64, 2, 2)):
+            cfg = AttentionConfig(16, tn, nw, ns)
+
+            def attn_cfg(cfg=cfg):
+                for i in range(spec.num_layers):
+                    paged_attention(qbuf, kv[i, 0], kv[i, 1], meta.block_tables, meta.seq_lens,
+                                    meta.query_start_loc, 0.125, 1, meta.max_seq_len, config=cfg)
+
+            timed(f"attention only, tile_n {tn}, warps {nw}, stages {ns}", attn_cfg)
+    real_attend, real_forward = m.attn.attend, m.attn.forward
+    m.attn.attend = lambda q, *a, **k: q
+    timed("full without attention kernels", full)
+    m.attn.attend = real_attend
+    m.attn.forward = real_forward
+    sample_ids = list(range(inp.num_seqs))
+    params = [SamplingParams(max_tokens=8)] * inp.num_seqs
+    logits_bf16 = torch.randn(inp.num_seqs, spec.vocab_size, dtype=m.dtype, device=device)
+    logits_fp32 = logits_bf16.float()
+    variants["sampling, greedy, bf16 logits (eager)"] = _time_ms(
+        lambda: core.sampler.sample(logits_bf16, sample_ids, params))
+    variants["sampling, greedy, fp32 logits (eager)"] = _time_ms(
+        lambda: core.sampler.sample(logits_fp32, sample_ids, params))
+    t = time.perf_counter()
+    for _ in range(20):
+        decode_state(runner, batch)
+    sync()
+    variants["host: runner.prepare (batch decode, CPU ms)"] = (time.perf_counter() - t) / 20 * 1e3
+    res["variants_ms"] = variants
+    for k, v in variants.items():
+        log(f"  variant {k:48s} {v:8.3f} ms")
+    return res
 
 
 # ---------------------------------------------------------------------- part B
@@ -268,6 +526,8 @@ def mooncake_requests(n: int, prompt_cap: int, time_scale: float) -> tuple[list[
 def run_mooncake(model: str, device: str, dtype: str, n: int, prompt_cap: int, time_scale: float,
                  max_model_len: int, max_wall_s: float, out_dir: Path) -> dict:
     reqs, info = mooncake_requests(n, prompt_cap, time_scale)
+    gc.collect()  # whatever earlier parts left must be gone before this engine sizes its cache
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
     t = time.perf_counter()
     core = EngineCore(EngineConfig(model=model, device=device, dtype=dtype, max_model_len=max_model_len,
                                    max_num_seqs=256, max_num_batched_tokens=8192,
@@ -324,7 +584,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tiny", action="store_true", help="small shapes: a smoke test in seconds")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: ours,hf_static,hf_cb,mooncake")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: profile,ours,hf_static,hf_cb,mooncake")
     ap.add_argument("--mooncake-n", type=int, default=1000)
     ap.add_argument("--prompt-cap", type=int, default=2048)
     ap.add_argument("--time-scale", type=float, default=0.25)
@@ -361,12 +621,27 @@ def main() -> None:
                              result["copy_gbps"], result["matmul_tflops_bf16"])
     result["part_a"] = a
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    for name, fn in (("ours_sync", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, False)),
-                     ("ours", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, True)),
+    if "profile" not in skip:
+        for batch in ((128, 32) if not args.tiny else (8,)):
+            try:
+                result.setdefault("decode_profile", {})[str(batch)] = with_timeout(
+                    lambda b=batch: profile_decode(model_a, dtype, b, result["copy_gbps"], args.out,
+                                                   device), 120)
+                gc.collect()  # the profiled engine's KV cache goes before Part A allocates its own
+                torch.cuda.empty_cache() if device == "cuda" else None
+            except Exception as e:  # noqa: BLE001
+                result.setdefault("decode_profile", {})[str(batch)] = {
+                    "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+                log("profile failed", e)
+            save()
+    for name, fn in (("ours", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, True)),
+                     ("ours_sync", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, False)),
+                     ("ours_old_decode_path", lambda: run_ours(model_a, prompts, outputs, device, dtype,
+                                                               0.5, True, legacy=True)),
                      ("hf_static", lambda: run_hf_static(spec_a, prompts, outputs, device, torch_dtype)),
                      ("hf_generate_batch", lambda: run_hf_cb(spec_a, prompts, outputs, device, torch_dtype))):
         if name in skip or (name == "hf_generate_batch" and "hf_cb" in skip) or (
-                name == "ours_sync" and "ours" in skip):
+                name in ("ours_sync", "ours_old_decode_path") and "ours" in skip):
             continue
         log("part A:", name)
         try:
@@ -384,6 +659,8 @@ def main() -> None:
         a["ratio_vs_hf_generate_batch"] = (ours / cb["useful_output_tokens_per_s"]
                                            if "useful_output_tokens_per_s" in cb else None)
         a["fraction_of_roofline_sum"] = ours / a["roofline"]["output_tokens_per_s_bound_sum"]
+        old = a.get("ours_old_decode_path", {}).get("output_tokens_per_s")
+        a["speedup_vs_old_decode_path"] = ours / old if old else None
         a["fraction_of_roofline_max"] = ours / a["roofline"]["output_tokens_per_s_bound_max"]
     save()
     if "mooncake" not in skip:
@@ -400,7 +677,37 @@ def main() -> None:
         log("part B", json.dumps({k: v for k, v in result["part_b"].items() if k != "scheduler_stats"},
                                  default=float)[:1500])
     save()
+    summary_table(result)
     log("done")
+
+
+def summary_table(result: dict) -> None:
+    """The figures that matter, last in the log."""
+    a = result.get("part_a", {})
+    rows = []
+    for k in ("ours", "ours_sync", "ours_old_decode_path", "hf_static", "hf_generate_batch"):
+        v = a.get(k, {})
+        tps = v.get("output_tokens_per_s") or v.get("useful_output_tokens_per_s")
+        dec = (v.get("decode_step_ms") or {}).get("forward_s")
+        rows.append(f"{k:22s} {'n/a' if tps is None else round(tps):>8} tok/s"
+                    + (f"  decode fwd {dec:.3f} ms" if dec else "") + (f"  ERROR {v['error'][:80]}"
+                                                                     if "error" in v else ""))
+    for k in ("ratio_vs_hf_static_measured", "ratio_vs_hf_generate_batch", "fraction_of_roofline_sum",
+              "speedup_vs_old_decode_path"):
+        if a.get(k) is not None:
+            rows.append(f"{k:30s} {a[k]:.3f}")
+    for b, p in (result.get("decode_profile") or {}).items():
+        if "variants_ms" in p:
+            rows.append(f"profile batch {b}: step {p['full_step_ms']:.3f} ms, bound "
+                        f"{p['bound_ms_at_copy_bw']:.3f} ms, {p['achieved_gbps']:.0f} GB/s")
+            rows += [f"   {k:48s} {v:8.3f}" for k, v in p["variants_ms"].items()]
+    pb = result.get("part_b", {})
+    if "output_tokens_per_s" in pb:
+        rows.append(f"mooncake 8B: {pb['output_tokens_per_s']:.0f} out tok/s, TTFT p50/p99 "
+                    f"{pb['ttft_p50_s']:.3f}/{pb['ttft_p99_s']:.3f} s, TPOT p50/p99 "
+                    f"{pb['tpot_p50_s'] * 1e3:.1f}/{pb['tpot_p99_s'] * 1e3:.1f} ms, preempt "
+                    f"{pb['num_preemptions']}, hit {pb['prefix_cache_hit_rate']:.3f}")
+    print("\n".join(["==== summary ===="] + rows), flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,15 @@ def main() -> None:
         if first_diff is not None:
             print("first diff", first_diff, cpu[first_diff].token_ids, gpu[first_diff].token_ids)
         del gpu_llm
+    # Per-request stops under async scheduling: EOS honoured by even requests, ignored by odd ones.
+    eos = cpu[0].token_ids[min(3, len(cpu[0].token_ids) - 1)]
+    sp_eos = [SamplingParams(max_tokens=s.max_tokens, ignore_eos=i % 2 == 1) for i, s in enumerate(sp)]
+    cpu_e = LLM("tiny", device="cpu", eos_token_id=eos, **kw).generate(prompts, sp_eos)
+    gpu_e = LLM("tiny", device="cuda", gpu_memory_utilization=0.2, llm_model=gpu_model,
+                async_scheduling=True, eos_token_id=eos, **kw).generate(prompts, sp_eos)
+    same = [(a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason) for a, b in zip(cpu_e, gpu_e)]
+    print(json.dumps({"mode": "async+eos", "cuda_async_equals_cpu_sync": all(same), "num_equal": sum(same),
+                      "n": len(same), "num_stopped": sum(o.finish_reason == "stop" for o in gpu_e)}))
 
 
 if __name__ == "__main__":

@@ -160,10 +160,31 @@ def test_async_scheduling_matches_dense_reference(base, extra):
         assert llm.engine.scheduler.stats.prefix_cache_hits_tokens >= 24
 
 
-def test_async_scheduling_refuses_eos_stops():
-    llm = make_llm(async_scheduling=True, eos_token_id=3)
-    with pytest.raises(ValueError, match="ignore_eos"):
-        llm.generate([[20, 21, 22]], SamplingParams(max_tokens=4))
+@pytest.mark.parametrize("extra", [{}, {"async_scheduling": True},
+                                   {"async_scheduling": True, "num_gpu_blocks_override": 12}],
+                         ids=["sync", "async", "async-preempting"])
+def test_same_token_stops_one_request_and_not_another(base, extra):
+    """Identical prompts in one batch sample the same tokens: the EOS ends the request that
+    honours it, not its ignore_eos twin; a per-request stop id ends a third. Async scheduling
+    stops too (its one lookahead token is discarded), and the trace counts what is returned."""
+    llm0, w = base
+    prompt = prompts_of(6, [10])[0]
+    ref = greedy_reference(llm0.engine.spec, w, prompt, 8)
+    eos, stop = ref[2], ref[4]
+    others = prompts_of(14, [9, 13])
+    llm = make_llm(eos_token_id=eos, **extra)
+    params = [SamplingParams(max_tokens=8), SamplingParams(max_tokens=8, ignore_eos=True),
+              SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=(stop,)),
+              SamplingParams(max_tokens=6, ignore_eos=True), SamplingParams(max_tokens=7, ignore_eos=True)]
+    outs = llm.generate([prompt, prompt, prompt] + others, params)
+    assert outs[0].token_ids == ref[: ref.index(eos) + 1] and outs[0].finish_reason == "stop"
+    assert outs[1].token_ids == ref and outs[1].finish_reason == "length"
+    assert outs[2].token_ids == ref[: ref.index(stop) + 1] and outs[2].finish_reason == "stop"
+    for p, o, m in zip(others, outs[3:], (6, 7)):
+        assert o.token_ids == greedy_reference(llm0.engine.spec, w, p, m)
+    assert sum(t["num_output_tokens"] for t in llm.step_traces) == sum(len(o.token_ids) for o in outs)
+    assert not llm.engine.has_unfinished() and llm.engine.scheduler.num_running == 0
+    llm.engine.scheduler.check_invariants()
 
 
 def test_triton_kernels_give_the_same_tokens(base):

@@ -224,3 +224,68 @@ def test_running_context_lens_and_kv_usage_mid_run():
     s.update_from_output(s.schedule())
     assert s.running_context_lens() == [5, 3]
     assert s.kv_usage == pytest.approx(3 / 20)  # blocks: 2 for request 0, 1 for request 1
+
+
+def test_stopped_is_per_request_for_the_same_token():
+    """Both requests sample token 2 in one step: it stops request 0 (its caller said so) and
+    not request 1 (ignore_eos), which runs on to its length."""
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4))
+    s.add_request(req(0, 3, 5), prompt_token_ids=[5, 6, 7])
+    s.add_request(req(1, 3, 2), prompt_token_ids=[5, 6, 8])
+    out = s.schedule()
+    res = s.update_from_output(out, {0: [2], 1: [2]}, stopped={0})
+    assert [(r.request_id, r.reason, r.num_generated) for r in res] == [(0, "stop", 1)]
+    assert s.status_of(0) == FINISHED and s.num_running == 1
+    s.check_invariants()
+    out = s.schedule()
+    assert [x.request_id for x in out.scheduled] == [1]
+    res = s.update_from_output(out, {1: [2]})
+    assert [(r.request_id, r.reason, r.num_generated) for r in res] == [(1, "length", 2)]
+    assert s.stats.num_free_blocks == 8
+
+
+def test_stopped_must_name_sampling_requests():
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4))
+    s.add_request(req(0, 3, 5), prompt_token_ids=[5, 6, 7])
+    out = s.schedule()
+    with pytest.raises(ValueError, match=r"stopped names requests \[4\]"):
+        s.update_from_output(out, {0: [9]}, stopped={4})
+    assert s.update_from_output(out, {0: [9]}) == []  # nothing changed by the refused call
+
+
+def test_finish_requests_between_steps():
+    """Running: blocks freed; waiting: leaves the queue; finished: skipped; mid-step: refused."""
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=3, block_size=4, max_num_seqs=1))
+    s.add_request(req(0, 6, 4), prompt_token_ids=[5, 6, 7, 8, 9, 10])
+    s.add_request(req(1, 2, 4), prompt_token_ids=[5, 11])
+    s.add_request(req(2, 2, 1), prompt_token_ids=[5, 12])
+    out = s.schedule()
+    with pytest.raises(RuntimeError, match="after update_from_output"):
+        s.finish_requests([0])
+    s.update_from_output(out, {0: [3]})
+    assert s.stats.num_free_blocks == 1
+    with pytest.raises(ValueError, match=r"unknown request ids \[9\]"):
+        s.finish_requests([9])
+    res = s.finish_requests([1, 0], "abort")
+    assert [(r.request_id, r.reason, r.num_generated) for r in res] == [(1, "abort", 0), (0, "abort", 1)]
+    assert s.num_running == 0 and s.num_waiting == 1 and s.stats.num_free_blocks == 3
+    assert s.finish_requests([0, 1]) == []
+    out = s.schedule()
+    assert [x.request_id for x in out.scheduled] == [2]
+    assert [r.request_id for r in s.update_from_output(out, {2: [4]})] == [2]
+    assert not s.has_unfinished()
+    s.check_invariants()
+
+
+def test_finish_requests_priority_queue():
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4, max_num_seqs=1,
+                                  scheduling_policy="priority"))
+    for rid in range(3):
+        s.add_request(req(rid, 2, 1, arrival=float(rid)), prompt_token_ids=[5, 20 + rid])
+    assert [r.request_id for r in s.finish_requests([1])] == [1]
+    order = []
+    while s.has_unfinished():
+        out = s.schedule()
+        order += [x.request_id for x in out.scheduled]
+        s.update_from_output(out, {x.request_id: [4] for x in out.scheduled})
+    assert order == [0, 2]
