@@ -33,6 +33,16 @@ def _fail(msg: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _require_torch() -> None:
+    """The engine needs torch (and triton on a GPU); the core install has neither."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        _fail("the engine needs PyTorch, which this install lacks: pip install 'costline[engine]' "
+              "(on a CPU-only machine install a CPU build first, e.g. pip install torch==2.13.0; "
+              "`bash dev.sh test` sets up both)")
+
+
 @app.command("run")
 def run(
     model: Model = "tiny",
@@ -54,14 +64,15 @@ def run(
     block_size: Annotated[int, typer.Option("--block-size")] = 16,
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
     num_gpu_blocks_override: Annotated[int | None, typer.Option("--num-gpu-blocks-override")] = None,
-    enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")] = True,
-    enable_chunked_prefill: Annotated[bool, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill")] = True,
+    enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--disable-prefix-caching")] = True,
+    enable_chunked_prefill: Annotated[bool, typer.Option("--enable-chunked-prefill/--disable-chunked-prefill")] = True,
     long_prefill_token_threshold: Annotated[int, typer.Option("--long-prefill-token-threshold")] = 0,
     scheduling_policy: Annotated[str, typer.Option("--scheduling-policy")] = "fcfs",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
     async_scheduling: Annotated[bool, typer.Option("--async-scheduling")] = False,
 ) -> None:
     """Timed replay of a workload: per-request TTFT/TPOT/ITL/e2e/queue, a per-step trace."""
+    _require_torch()
     import dataclasses
 
     from engine.core import EngineCore
@@ -120,6 +131,7 @@ def bench(
     async_scheduling: Annotated[bool, typer.Option("--async-scheduling")] = False,
 ) -> None:
     """Offline throughput: N random prompts of fixed lengths, all at once, ignore_eos."""
+    _require_torch()
     import time
 
     import numpy as np
