@@ -264,6 +264,9 @@ class SchedulerStats:
     num_spec_drafts: int
     num_spec_draft_tokens: int
     num_spec_accepted_tokens: int
+    external_computed_tokens: int = 0  # prompt tokens admitted with KV from elsewhere (P/D)
+    num_held_requests: int = 0  # finished, blocks kept for a KV transfer (hold_blocks_on_finish)
+    num_held_blocks: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -292,10 +295,12 @@ class _ReqState:
         "block_ids",
         "blocks",
         "decoding",
+        "ext_tokens",
         "extra",
         "hash_block_size",
         "hash_chain",
         "hash_ids",
+        "hold",
         "last_hits",
         "num_cached_blocks",
         "num_cached_tokens",
@@ -338,6 +343,8 @@ class _ReqState:
         self.num_preemptions = 0
         self.num_cached_tokens = 0
         self.seq = seq  # add order, the FCFS tie-break
+        self.ext_tokens = 0  # prompt tokens whose KV arrived by transfer (until admitted)
+        self.hold = False  # keep blocks after finishing until release_held()
 
 
 def _retire(r: _ReqState) -> None:
@@ -386,6 +393,8 @@ class Scheduler:
         self.num_spec_drafts = 0
         self.num_spec_draft_tokens = 0
         self.num_spec_accepted_tokens = 0
+        self.external_computed_tokens = 0  # KV tokens admitted from a transfer, not computed
+        self._held: dict[int, _ReqState] = {}  # finished, blocks kept until release_held()
 
     # ------------------------------------------------------------------ intake
 
@@ -394,13 +403,48 @@ class Scheduler:
         req: Request,
         prompt_token_ids: list[int] | None = None,
         extra_keys: tuple[int, ...] = (),
+        *,
+        num_external_computed_tokens: int = 0,
+        hold_blocks_on_finish: bool = False,
     ) -> None:
         """Queue `req`. `prompt_token_ids` (engine) key the prefix cache by real tokens;
         without them (simulator) block content comes from `req.hash_ids`. `extra_keys`
-        (ints, e.g. a LoRA id) enter every block hash."""
+        (ints, e.g. a LoRA id) enter every block hash.
+
+        Disaggregated prefill (vLLM's KV-connector notions):
+        - `num_external_computed_tokens=N`: the KV of the first N prompt tokens arrived from
+          elsewhere (a prefill replica). At admission their blocks are allocated (and, with
+          prefix caching, registered) without computing them; local prefix-cache hits are
+          looked up first and only the rest counts as external (`external_computed_tokens`).
+          They are neither hits nor computed tokens of the step, and cost no token budget.
+          N = prompt_len - 1 is what vLLM's connectors do (the decode side recomputes the
+          last prompt token to get its logits: the first output token comes from that step).
+          N = prompt_len models a decode side that starts with decode: the first output
+          token came with the KV (it counts as generated, output_len must be >= 2) and the
+          first step computes that token's KV and samples the 2nd output token.
+          After a preemption the request recomputes everything locally (the transfer is
+          spent), as in vLLM.
+        - `hold_blocks_on_finish=True` (the prefill side): when the request finishes it is
+          returned as usual but its blocks stay allocated until `release_held(request_id)`
+          (the KV transfer is done)."""
         rid = req.request_id
         if rid in self.requests:
             raise ValueError(f"request_id {rid} was already added to this scheduler")
+        ext = num_external_computed_tokens
+        if not isinstance(ext, int) or not 0 <= ext <= req.prompt_len:
+            raise ValueError(
+                f"request {rid}: num_external_computed_tokens = {ext!r} must be an int in "
+                f"0..prompt_len ({req.prompt_len})")
+        if ext == req.prompt_len and ext:
+            if req.output_len < 2:
+                raise ValueError(
+                    f"request {rid}: num_external_computed_tokens = prompt_len means the first "
+                    f"output token came with the KV, so output_len must be >= 2 "
+                    f"(got {req.output_len}); pass prompt_len - 1 to recompute the last token")
+            if prompt_token_ids is not None or req.prompt_token_ids is not None:
+                raise ValueError(
+                    f"request {rid}: num_external_computed_tokens = prompt_len needs the first "
+                    f"output token's id, which add_request cannot take; pass prompt_len - 1")
         if prompt_token_ids is None and req.prompt_token_ids is not None:
             prompt_token_ids = list(req.prompt_token_ids)
         if prompt_token_ids is not None:
@@ -414,6 +458,12 @@ class Scheduler:
             self._any_token_ids = True
         r = _ReqState(req, prompt_token_ids, tuple(extra_keys), self._seq)
         self._seq += 1
+        r.hold = bool(hold_blocks_on_finish)
+        if ext:
+            r.ext_tokens = ext
+            if ext == req.prompt_len:  # the first output token came with the KV
+                r.num_generated = 1
+                r.num_tokens += 1
         self.requests[rid] = r
         cfg = self.config
         total = req.prompt_len + req.output_len
@@ -647,13 +697,15 @@ class Scheduler:
     # ------------------------------------------------------------------ allocation
 
     def _allocate(
-        self, r: _ReqState, num_new: int, num_spec: int, hits: list[KVBlock], out: SchedulerOutput
+        self, r: _ReqState, num_new: int, num_spec: int, hits: list[KVBlock], out: SchedulerOutput,
+        num_external: int = 0,
     ) -> list[KVBlock] | None:
-        """Give `r` the slots for `num_new` more tokens (after its prefix hits `hits`);
-        None if the pool cannot. Caches the blocks this step fills with known tokens."""
+        """Give `r` the slots for `num_new` more tokens (after its prefix hits `hits` and
+        `num_external` tokens whose KV was transferred in); None if the pool cannot. Caches
+        the blocks this step fills with known tokens."""
         bs = self.block_size
         pool = self.pool
-        computed = r.num_computed + len(hits) * bs
+        computed = r.num_computed + len(hits) * bs + num_external
         need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
         need = max(need, 0)
         free = pool.free_queue.num_free
@@ -684,6 +736,31 @@ class Scheduler:
         r.block_ids = []  # a new list: earlier outputs keep the table they were given
         r.num_cached_blocks = 0
         return freed
+
+    def _free_finished(self, r: _ReqState) -> int:
+        """Free a finishing request's blocks, or hold them for its KV transfer."""
+        if r.hold:
+            self._held[r.request_id] = r
+            return 0
+        return self._free_all(r)
+
+    def release_held(self, request_id: int) -> int:
+        """Free the blocks of a finished request added with `hold_blocks_on_finish=True`
+        (its KV transfer is done); returns how many blocks became free. Tail first, like any
+        free, and its cached blocks stay findable until evicted."""
+        r = self._held.pop(request_id, None)
+        if r is None:
+            st = self.requests[request_id].status if request_id in self.requests else "unknown"
+            raise ValueError(
+                f"release_held({request_id}): no held blocks for that request (status {st}); "
+                f"only finished requests added with hold_blocks_on_finish=True hold blocks, "
+                f"and only until their first release")
+        return self._free_all(r)
+
+    @property
+    def num_held(self) -> int:
+        """Finished requests whose blocks are held for a KV transfer."""
+        return len(self._held)
 
     def _pick_victim(self) -> _ReqState:
         if self._priority:
@@ -898,19 +975,25 @@ class Scheduler:
                 hits = []
             out.num_blocks_hashed += hashed
             num_hit = len(hits) * bs
-            num_new = r.num_tokens - num_hit
+            # KV transferred in (P/D) beyond the local hits: present, not computed
+            num_ext = r.ext_tokens - num_hit if r.ext_tokens > num_hit else 0
+            base = num_hit + num_ext  # tokens in KV before this step
+            num_new = r.num_tokens - base
             if 0 < thr < num_new:
                 num_new = thr
             if num_new > budget:
                 if not chunked:
                     break
                 num_new = budget
-            new = self._allocate(r, num_new, 0, hits, out)
+            new = self._allocate(r, num_new, 0, hits, out, num_ext)
             if new is None:
                 r.last_hits = hits
                 break
             r.last_hits = None
             self._pop_waiting()
+            if r.ext_tokens:
+                r.ext_tokens = 0  # spent: a preempted request recomputes locally
+                self.external_computed_tokens += num_ext
             if r.num_preemptions == 0:
                 self.pc_queries += r.num_tokens
                 self.pc_hits += num_hit
@@ -920,21 +1003,28 @@ class Scheduler:
                 self.pc_preempted_hits += num_hit
             r.status = RUNNING
             running.append(r)
-            r.num_computed = num_hit + num_new
+            r.num_computed = base + num_new
             samples = r.num_computed >= r.num_tokens
-            out._extra[r.request_id] = (num_new, num_hit, 0, True, samples,
-                                        tuple(map(_block_id, new)) if new else _EMPTY, num_hit)
+            # decode from the start: the whole prompt's KV and the first token arrived (P/D)
+            is_decode = r.num_generated > 0 and not r.num_preemptions
+            out._extra[r.request_id] = (num_new, num_hit, 0, not is_decode, samples,
+                                        tuple(map(_block_id, new)) if new else _EMPTY, base)
             out._states.append(r)
             out._tables.append(r.block_ids)
             if not samples:
                 out._nonsampling.add(r.request_id)
-            out.num_prefill_tokens += num_new
-            out.num_prefill_seqs += 1
-            out.sum_prefill_context += num_hit + num_new
             out.num_batched_tokens += num_new
-            self.num_prompt_tokens_computed += num_new
             budget -= num_new
             admitted = True
+            if is_decode:
+                out.num_decode_tokens += num_new
+                out.num_decode_seqs += 1
+                out.sum_decode_context += base + num_new
+                continue
+            out.num_prefill_tokens += num_new
+            out.num_prefill_seqs += 1
+            out.sum_prefill_context += base + num_new
+            self.num_prompt_tokens_computed += num_new
         return admitted
 
     # ------------------------------------------------------------------ update
@@ -989,7 +1079,7 @@ class Scheduler:
                 r.num_tokens += 1
                 r.decoding = True
                 if g >= r.output_len:
-                    out.num_blocks_freed += self._free_all(r)
+                    out.num_blocks_freed += self._free_finished(r)
                     r.status = FINISHED
                     _retire(r)
                     self.num_finished += 1
@@ -1009,7 +1099,7 @@ class Scheduler:
                     r.token_ids.append(v[0])
                 stop = bool(eos_ids) and v[0] in eos_ids
                 if stop or g >= r.output_len:
-                    out.num_blocks_freed += self._free_all(r)
+                    out.num_blocks_freed += self._free_finished(r)
                     r.status = FINISHED
                     _retire(r)
                     self.num_finished += 1
@@ -1061,7 +1151,7 @@ class Scheduler:
                 r.token_ids.extend(toks[:n])
             r.decoding = True
             if reason is not None:
-                out.num_blocks_freed += self._free_all(r)
+                out.num_blocks_freed += self._free_finished(r)
                 r.status = FINISHED
                 _retire(r)
                 self.num_finished += 1
@@ -1212,7 +1302,7 @@ class Scheduler:
             r.num_generated += n
             r.num_tokens += n
             if r.num_generated >= r.output_len:
-                freed += self._free_all(r)
+                freed += self._free_finished(r)
                 r.status = FINISHED
                 _retire(r)
                 self.num_finished += 1
@@ -1265,6 +1355,9 @@ class Scheduler:
             num_spec_drafts=self.num_spec_drafts,
             num_spec_draft_tokens=self.num_spec_draft_tokens,
             num_spec_accepted_tokens=self.num_spec_accepted_tokens,
+            external_computed_tokens=self.external_computed_tokens,
+            num_held_requests=len(self._held),
+            num_held_blocks=sum(len(r.blocks) for r in self._held.values()),
         )
 
     def num_preemptions_of(self, request_id: int) -> int:
@@ -1289,6 +1382,11 @@ class Scheduler:
                 f"request {r.request_id}: {len(r.blocks)} blocks for {r.num_computed} tokens")
             assert r.num_cached_blocks <= len(r.blocks)
             assert len(set(r.block_ids)) == len(r.block_ids), f"request {r.request_id}: dup block"
+            for bid in r.block_ids:
+                owners[bid] = owners.get(bid, 0) + 1
+        for r in self._held.values():
+            assert r.status == FINISHED, f"held request {r.request_id} has status {r.status}"
+            assert [b.block_id for b in r.blocks] == r.block_ids, f"request {r.request_id}: ids drift"
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
         assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
