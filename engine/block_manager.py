@@ -5,10 +5,17 @@ ever sees block ids; which block holds what is decided here.
 
 Design (vLLM V1's, re-derived):
 - A block is *free* when no request owns it (`ref_cnt == 0`). Free blocks sit in a
-  doubly linked queue in LRU order; allocation pops from the head.
-- A free block may still hold a cached prefix (`block_hash` set). A prefix-cache hit on
-  such a block takes it out of the middle of the queue in O(1) ("revives" it); popping
-  it for a new allocation evicts its hash (counted).
+  queue in LRU order; allocation pops from the head.
+- A free block may still hold a cached prefix (a hash). A prefix-cache hit on such a
+  block takes it out of the middle of the queue in O(1) ("revives" it); popping it for a
+  new allocation evicts its hash (counted).
+- Representation (for speed: the simulator moves millions of blocks): blocks are ints,
+  their state lives in numpy arrays indexed by block id, so that a request's n blocks are
+  allocated, freed and registered with a few array operations instead of n Python-level
+  object updates. The LRU queue is an append-only list of block ids in which each free
+  block's *latest* entry is the live one: `stamp[b]` holds the absolute position of that
+  entry. Removal from the middle just invalidates it (`stamp[b] = -1`); the head skips
+  dead entries. Same order, same evictions as a doubly linked list, O(1) amortized.
 - Prefix caching keys *full* blocks only, by a chained hash
   `H(parent_hash, block content, extra keys)`, so equal hashes mean equal whole prefixes.
 - A request frees its blocks tail first, so the heads of shared prefixes reach the
@@ -28,9 +35,11 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Callable, Hashable, Iterable
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Literal
 
+import numpy as np
 import xxhash
 
 HashAlgo = Literal["builtin", "xxhash", "sha256"]
@@ -40,90 +49,6 @@ HASH_ALGOS: tuple[str, ...] = ("builtin", "xxhash", "sha256")
 # hash(None) is address-based and would differ between processes.
 ROOT_HASH_INT = 0
 ROOT_HASH_BYTES = b""
-
-
-class KVBlock:
-    """One physical KV block. `prev_free`/`next_free` link it into the free queue."""
-
-    __slots__ = ("block_hash", "block_id", "next_free", "prev_free", "ref_cnt")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: Hashable | None = None  # set while the block is in the prefix cache
-        self.prev_free: KVBlock | None = None
-        self.next_free: KVBlock | None = None
-
-    def __repr__(self) -> str:
-        return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash!r})"
-
-
-class FreeBlockQueue:
-    """Doubly linked list of free blocks in eviction order (head = evicted first).
-
-    O(1) popleft, append and removal from the middle; sentinels keep the code branch-free.
-    """
-
-    __slots__ = ("head", "num_free", "tail")
-
-    def __init__(self, blocks: Iterable[KVBlock]) -> None:
-        self.head = KVBlock(-1)
-        self.tail = KVBlock(-2)
-        self.head.next_free = self.tail
-        self.tail.prev_free = self.head
-        self.num_free = 0
-        for b in blocks:
-            self.append(b)
-
-    def popleft(self) -> KVBlock:
-        b = self.head.next_free
-        if b is self.tail:
-            raise RuntimeError("no free KV block (caller must check num_free first)")
-        nxt = b.next_free
-        self.head.next_free = nxt
-        nxt.prev_free = self.head
-        b.prev_free = b.next_free = None
-        self.num_free -= 1
-        return b
-
-    def popleft_n(self, n: int) -> list[KVBlock]:
-        if n > self.num_free:
-            raise RuntimeError(f"asked for {n} free KV blocks, {self.num_free} free")
-        out = []
-        b = self.head.next_free
-        for _ in range(n):
-            out.append(b)
-            nxt = b.next_free
-            b.prev_free = b.next_free = None
-            b = nxt
-        self.head.next_free = b
-        b.prev_free = self.head
-        self.num_free -= n
-        return out
-
-    def remove(self, b: KVBlock) -> None:
-        p, n = b.prev_free, b.next_free
-        p.next_free = n
-        n.prev_free = p
-        b.prev_free = b.next_free = None
-        self.num_free -= 1
-
-    def append(self, b: KVBlock) -> None:
-        last = self.tail.prev_free
-        last.next_free = b
-        b.prev_free = last
-        b.next_free = self.tail
-        self.tail.prev_free = b
-        self.num_free += 1
-
-    def __iter__(self):
-        b = self.head.next_free
-        while b is not self.tail:
-            yield b
-            b = b.next_free
-
-    def block_ids(self) -> list[int]:
-        return [b.block_id for b in self]
 
 
 def _pack_ints(values: tuple) -> bytes:
@@ -180,7 +105,9 @@ def root_hash(algo: str) -> Hashable:
 
 
 class BlockPool:
-    """`num_blocks` physical blocks, their free queue and the prefix-cache table.
+    """`num_blocks` physical blocks (ids 0..num_blocks-1), their LRU free queue and the
+    prefix-cache table (`cached`: key -> block id; `key_of[b]`: block b's key while
+    `has_hash[b]`).
 
     Counters (cumulative): `num_allocated` (popped from the free queue), `num_revived` (free
     cached blocks taken back by a prefix hit), `num_freed` (refcount went to 0), so that
@@ -191,14 +118,21 @@ class BlockPool:
 
     __slots__ = (
         "block_size",
-        "blocks",
         "cached",
-        "free_queue",
+        "compact_at",
+        "has_hash",
+        "head",
+        "key_of",
         "num_allocated",
         "num_blocks",
         "num_evictions",
+        "num_free",
         "num_freed",
         "num_revived",
+        "qbase",
+        "queue",
+        "ref",
+        "stamp",
     )
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -208,124 +142,202 @@ class BlockPool:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
-        self.cached: dict[Hashable, KVBlock] = {}
+        self.ref = np.zeros(num_blocks, dtype=np.int64)  # owners per block
+        self.stamp = np.arange(num_blocks, dtype=np.int64)  # live queue position, -1 if none
+        self.has_hash = np.zeros(num_blocks, dtype=bool)
+        self.queue: list[int] = list(range(num_blocks))  # block ids, LRU first (with dead entries)
+        self.qbase = 0  # absolute position of queue[0]
+        self.head = 0  # index in `queue` of the first entry not yet consumed
+        self.num_free = num_blocks
+        self.cached: dict[Hashable, int] = {}
+        self.key_of = np.full(num_blocks, None, dtype=object)  # valid where has_hash
         self.num_allocated = 0
         self.num_freed = 0
         self.num_evictions = 0
         self.num_revived = 0  # free cached blocks taken back by a prefix hit
-
-    @property
-    def num_free(self) -> int:
-        return self.free_queue.num_free
+        # drop consumed queue entries once this many have piled up (and they are most of it)
+        self.compact_at = 1 << 16
 
     def usage(self) -> float:
         """Fraction of blocks owned by some request (vLLM's kv_cache_usage_perc; free cached
         blocks count as free)."""
-        return 1.0 - self.free_queue.num_free / self.num_blocks
+        return 1.0 - self.num_free / self.num_blocks
 
-    def allocate(self, n: int) -> list[KVBlock]:
-        """Pop `n` blocks from the LRU head, evicting any cached hash they carry.
+    def free_block_ids(self) -> list[int]:
+        """Free blocks in eviction order (head first)."""
+        q, h, stamp = self.queue, self.head, self.stamp
+        base = self.qbase + h
+        return [b for i, b in enumerate(q[h:]) if stamp[b] == base + i]
 
-        One pass, no per-block calls: this and `free_reversed` are the per-block hot path.
-        (A block's free-queue links are meaningful only while it is free.)"""
-        fq = self.free_queue
-        if n > fq.num_free:
-            raise RuntimeError(f"asked for {n} free KV blocks, {fq.num_free} free")
-        out = []
-        append = out.append
-        cached = self.cached
-        evicted = 0
-        b = fq.head.next_free
-        for _ in range(n):
-            h = b.block_hash
-            if h is not None:
-                del cached[h]  # invariant: cached[h] is b
-                b.block_hash = None
-                evicted += 1
-            b.ref_cnt = 1
-            append(b)
-            b = b.next_free
-        fq.head.next_free = b
-        b.prev_free = fq.head
-        fq.num_free -= n
-        self.num_evictions += evicted
+    def allocate(self, n: int) -> list[int]:
+        """Pop `n` blocks from the LRU head, evicting any cached hash they carry."""
+        if n > self.num_free:
+            raise RuntimeError(f"asked for {n} free KV blocks, {self.num_free} free")
+        if n <= 0:
+            return []
+        if n == 1:
+            return [self.allocate_one()]
+        q, stamp = self.queue, self.stamp
+        h = self.head
+        arr = np.array(q[h:h + n], dtype=np.int64)
+        pos = self.qbase + h
+        live = stamp[arr] == np.arange(pos, pos + n)
+        h += n
+        if not live.all():
+            # dead entries (revived blocks) in the way: keep the live ones, take more
+            parts = [arr[live]]
+            need = n - len(parts[0])
+            while need:
+                w = np.array(q[h:h + need], dtype=np.int64)
+                pos = self.qbase + h
+                sel = w[stamp[w] == np.arange(pos, pos + len(w))]
+                parts.append(sel)
+                need -= len(sel)
+                h += len(w)
+            arr = np.concatenate(parts)
+        self.head = h
+        self.ref[arr] = 1
+        hh = self.has_hash[arr]
+        if hh.any():
+            ev = arr[hh]
+            self.has_hash[ev] = False
+            # invariant: cached[key_of[b]] == b; delete them at C speed
+            deque(map(self.cached.__delitem__, self.key_of[ev].tolist()), maxlen=0)
+            self.num_evictions += len(ev)
+        self.num_free -= n
         self.num_allocated += n
-        return out
+        if h >= self.compact_at and 2 * h >= len(q):
+            self._compact()
+        return arr.tolist()
 
-    def allocate_one(self) -> KVBlock:
-        b = self.free_queue.popleft()
-        h = b.block_hash
-        if h is not None:
-            del self.cached[h]
-            b.block_hash = None
+    def allocate_one(self) -> int:
+        if self.num_free <= 0:
+            raise RuntimeError("no free KV block (caller must check num_free first)")
+        q, stamp = self.queue, self.stamp
+        h = self.head
+        p = self.qbase + h
+        b = q[h]
+        while stamp[b] != p:  # dead entry
+            h += 1
+            p += 1
+            b = q[h]
+        self.head = h + 1
+        self.ref[b] = 1
+        if self.has_hash[b]:
+            self.has_hash[b] = False
+            del self.cached[self.key_of[b]]
             self.num_evictions += 1
-        b.ref_cnt = 1
+        self.num_free -= 1
         self.num_allocated += 1
+        if h >= self.compact_at and 2 * h >= len(q):
+            self._compact()
         return b
 
-    def touch(self, blocks: Iterable[KVBlock]) -> None:
-        """Take a reference on prefix-cache hits, reviving free ones out of the queue."""
-        fq = self.free_queue
-        for b in blocks:
-            if b.ref_cnt == 0:
-                fq.remove(b)
-                self.num_revived += 1
-            b.ref_cnt += 1
+    def _compact(self) -> None:
+        h = self.head
+        del self.queue[:h]
+        self.qbase += h
+        self.head = 0
 
-    def free_reversed(self, blocks: list[KVBlock]) -> int:
-        """Drop one reference on each of `blocks`, tail first; those left unowned are spliced
-        onto the queue tail in that order. Returns how many became free."""
-        fq = self.free_queue
-        tail = fq.tail
-        last = tail.prev_free
-        n = 0
-        for b in reversed(blocks):
-            rc = b.ref_cnt - 1
-            b.ref_cnt = rc
-            if rc == 0:
-                last.next_free = b
-                b.prev_free = last
-                last = b
-                n += 1
-        last.next_free = tail
-        tail.prev_free = last
-        fq.num_free += n
-        self.num_freed += n
+    def touch(self, blocks: Sequence[int]) -> None:
+        """Take a reference on prefix-cache hits, reviving free ones out of the queue."""
+        if not blocks:
+            return
+        arr = np.array(blocks, dtype=np.int64)
+        ref = self.ref
+        z = arr[ref[arr] == 0]
+        if len(z):
+            self.stamp[z] = -1  # their queue entries are dead now
+            self.num_free -= len(z)
+            self.num_revived += len(z)
+        ref[arr] += 1  # a request's hits are distinct blocks
+
+    def num_unowned(self, blocks: Sequence[int]) -> int:
+        """How many of `blocks` are free (would leave the queue if touched)."""
+        return int((self.ref[np.array(blocks, dtype=np.int64)] == 0).sum())
+
+    def free_reversed(self, blocks: Sequence[int]) -> int:
+        """Drop one reference on each of `blocks` (distinct), tail first; those left unowned
+        are appended to the queue tail in that order. Returns how many became free."""
+        if not blocks:
+            return 0
+        arr = np.array(blocks[::-1], dtype=np.int64)
+        ref = self.ref
+        ref[arr] -= 1
+        freed = arr[ref[arr] == 0]
+        n = len(freed)
+        if n:
+            q = self.queue
+            p = self.qbase + len(q)
+            self.stamp[freed] = np.arange(p, p + n)
+            q.extend(freed.tolist())
+            self.num_free += n
+            self.num_freed += n
         return n
 
-    def cache_block(self, b: KVBlock, h: Hashable) -> None:
-        """Register a full block under hash `h` (first writer wins: a duplicate with the same
-        content stays uncached and simply becomes a plain free block later)."""
-        if b.block_hash is None and h not in self.cached:
-            b.block_hash = h
-            self.cached[h] = b
+    def register(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """Register full blocks under their keys (first writer wins: a block whose key is
+        already cached stays uncached and becomes a plain free block later). The blocks
+        must not be registered yet."""
+        cached = self.cached
+        if cached.keys().isdisjoint(keys):
+            # keys are distinct within a request (its chain), so all are new: bulk insert
+            cached.update(zip(keys, blocks))
+            arr = np.array(blocks, dtype=np.int64)
+            self.key_of[arr] = np.fromiter(keys, dtype=object, count=len(arr))
+            self.has_hash[arr] = True
+            return
+        setdefault = cached.setdefault
+        key_of = self.key_of
+        has_hash = self.has_hash
+        for b, h in zip(blocks, keys):
+            if setdefault(h, b) == b:
+                key_of[b] = h
+                has_hash[b] = True
 
-    def lookup(self, h: Hashable) -> KVBlock | None:
+    def cache_block(self, b: int, h: Hashable) -> None:
+        """Register one full block under hash `h` (first writer wins)."""
+        if not self.has_hash[b] and h not in self.cached:
+            self.cached[h] = b
+            self.key_of[b] = h
+            self.has_hash[b] = True
+
+    def lookup(self, h: Hashable) -> int | None:
         return self.cached.get(h)
+
+    def ref_cnt(self, b: int) -> int:
+        return int(self.ref[b])
+
+    def block_hash(self, b: int) -> Hashable | None:
+        return self.key_of[b] if self.has_hash[b] else None
+
+    def keys_of(self, blocks: Sequence[int]) -> list:
+        """`block_hash` of each of `blocks` (None where uncached)."""
+        arr = np.array(blocks, dtype=np.int64)
+        ks = self.key_of[arr]
+        ks[~self.has_hash[arr]] = None
+        return ks.tolist()
 
     def check_invariants(self, owners: dict[int, int]) -> None:
         """Raise AssertionError unless refcounts, free queue and cache table agree.
 
         `owners[block_id]` = how many request block tables hold that block.
         """
-        for b in self.blocks:
-            want = owners.get(b.block_id, 0)
-            assert b.ref_cnt == want, f"block {b.block_id}: ref_cnt {b.ref_cnt} != {want} owners"
-        free_ids = []
-        prev = self.free_queue.head
-        b = prev.next_free
-        while b is not self.free_queue.tail:
-            assert b.prev_free is prev, f"free queue back link broken at block {b.block_id}"
-            assert b.ref_cnt == 0, f"block {b.block_id} in the free queue with ref_cnt {b.ref_cnt}"
-            free_ids.append(b.block_id)
-            prev, b = b, b.next_free
+        ref = self.ref.tolist()
+        for b in range(self.num_blocks):
+            want = owners.get(b, 0)
+            assert ref[b] == want, f"block {b}: ref_cnt {ref[b]} != {want} owners"
+        free_ids = self.free_block_ids()
         assert len(free_ids) == len(set(free_ids)), "a block is twice in the free queue"
-        assert len(free_ids) == self.free_queue.num_free, "free queue count is off"
-        n_zero = sum(1 for b in self.blocks if b.ref_cnt == 0)
+        assert len(free_ids) == self.num_free, "free queue count is off"
+        for b in free_ids:
+            assert ref[b] == 0, f"block {b} in the free queue with ref_cnt {ref[b]}"
+        n_zero = ref.count(0)
         assert n_zero == len(free_ids), f"{n_zero} blocks with ref 0 but {len(free_ids)} queued"
+        for b in range(self.num_blocks):
+            if ref[b] > 0:
+                assert self.stamp[b] == -1 or self.stamp[b] < self.qbase + self.head or \
+                    self.queue[self.stamp[b] - self.qbase] != b, f"owned block {b} has a live entry"
         for h, b in self.cached.items():
-            assert b.block_hash == h, f"cache entry for block {b.block_id} has a stale hash"
-        n_hashed = sum(1 for b in self.blocks if b.block_hash is not None)
-        assert n_hashed == len(self.cached), "a block carries a hash the cache table lacks"
+            assert self.has_hash[b] and self.key_of[b] == h, f"cache entry for block {b} has a stale hash"
+        assert int(self.has_hash.sum()) == len(self.cached), "a block carries a hash the cache table lacks"

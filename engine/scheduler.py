@@ -58,11 +58,11 @@ from functools import partial
 from itertools import islice, takewhile
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.block_manager import (
     BlockPool,
-    KVBlock,
     make_block_hasher,
     make_bytes_hasher,
     pack_extra,
@@ -83,9 +83,6 @@ GEN_TAG = -1
 
 _EMPTY: tuple[int, ...] = ()
 _not_none = partial(operator.is_not, None)
-_ref_cnt = operator.attrgetter("ref_cnt")
-_block_id = operator.attrgetter("block_id")
-_block_hash = operator.attrgetter("block_hash")
 _request_id = operator.attrgetter("request_id")
 _OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
@@ -293,7 +290,6 @@ class _ReqState:
         "arrival_s",
         "block_hashes",
         "block_ids",
-        "blocks",
         "decoding",
         "ext_tokens",
         "extra",
@@ -332,12 +328,11 @@ class _ReqState:
         self.num_tokens = req.prompt_len  # prompt + generated so far
         self.num_computed = 0  # tokens whose KV is (being) computed
         self.num_generated = 0
-        self.blocks: list[KVBlock] = []
-        self.block_ids: list[int] = []
+        self.block_ids: list[int] = []  # the block table
         self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
         self.hash_chain: list[Hashable] = []  # simulator: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
-        self.last_hits: list[KVBlock] | None = None  # prefix hits of a failed admission
+        self.last_hits: list[int] | None = None  # prefix hits of a failed admission
         self.status = WAITING
         self.decoding = False  # produced a token since its last admission
         self.num_preemptions = 0
@@ -581,6 +576,16 @@ class Scheduler:
         if i >= n:
             return 0
         if r.token_ids is None and r.hash_block_size % self.block_size == 0:
+            if i >= r.prompt_len // self.block_size:
+                # only blocks of generated tokens (a decode crossing a block): their keys
+                # are (GEN_TAG, request_id, index), as in _sim_keys, without its set-up
+                rid = r.request_id
+                if n - i == 1:
+                    hashes.append((GEN_TAG, rid, i))
+                else:
+                    hashes += [(GEN_TAG, rid, j) for j in range(i, n)]
+                self.num_blocks_hashed += n - i
+                return n - i
             hashes += self._sim_keys(r, i, n)
         elif r.token_ids is not None and not self._builtin_hash:
             # pack the whole run of token ids once, hash byte slices of it
@@ -647,8 +652,13 @@ class Scheduler:
                 # int keys hash to themselves: every later dict operation on them is cheap
                 # (a (chain, offset) tuple would be re-hashed on each lookup). The offset
                 # flips low bits of a 64-bit chain hash: a clash needs two chains that
-                # differ only there.
-                keys = [chain[i // per] ^ (i % per) for i in range(start, in_prompt)]
+                # differ only there. Vectorized (two's-complement XOR = Python's int XOR):
+                # builtin hashes are signed 64-bit, xxh3 digests unsigned.
+                h0 = start // per
+                ch = np.array(chain[h0:(in_prompt - 1) // per + 1],
+                              dtype=np.int64 if self._builtin_hash else np.uint64)
+                idx = np.arange(start, in_prompt, dtype=np.int64)
+                keys = (ch[idx // per - h0] ^ (idx % per).astype(ch.dtype)).tolist()
             else:  # sha256: bytes cache their hash too
                 ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
                     j.to_bytes(8, "little") for j in range(per)]
@@ -659,7 +669,7 @@ class Scheduler:
             keys += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
         return keys
 
-    def _lookup(self, r: _ReqState) -> tuple[list[KVBlock], int]:
+    def _lookup(self, r: _ReqState) -> tuple[list[int], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
         Returns (hit blocks, blocks hashed now). Like vLLM, all full blocks up to that
         limit are hashed on the first lookup (later lookups reuse the hashes)."""
@@ -676,7 +686,7 @@ class Scheduler:
             # return them again: check that (3x cheaper than probing the table) and scan
             # only past them.
             n = len(prev)
-            if n <= m and list(map(_block_hash, prev)) == keys[:n]:
+            if n <= m and self.pool.keys_of(prev) == keys[:n]:
                 return prev + list(takewhile(_not_none, map(get, islice(keys, n, m)))), hashed
         # C-level scan: stop at the first key not in the cache
         return list(takewhile(_not_none, map(get, islice(keys, m)))), hashed
@@ -686,43 +696,41 @@ class Scheduler:
         First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
         hashed = self._hash_upto(r, num_full)
-        setdefault = self.pool.cached.setdefault
         # blocks past num_cached_blocks are never registered yet (fresh allocations)
-        for b, h in zip(islice(r.blocks, start, num_full), islice(r.block_hashes, start, num_full)):
-            if setdefault(h, b) is b:
-                b.block_hash = h
+        if num_full - start == 1:
+            self.pool.cache_block(r.block_ids[start], r.block_hashes[start])
+        else:
+            self.pool.register(r.block_ids[start:num_full], r.block_hashes[start:num_full])
         r.num_cached_blocks = num_full
         return hashed
 
     # ------------------------------------------------------------------ allocation
 
     def _allocate(
-        self, r: _ReqState, num_new: int, num_spec: int, hits: list[KVBlock], out: SchedulerOutput,
+        self, r: _ReqState, num_new: int, num_spec: int, hits: list[int], out: SchedulerOutput,
         num_external: int = 0,
-    ) -> list[KVBlock] | None:
+    ) -> list[int] | None:
         """Give `r` the slots for `num_new` more tokens (after its prefix hits `hits` and
         `num_external` tokens whose KV was transferred in); None if the pool cannot. Caches
         the blocks this step fills with known tokens."""
         bs = self.block_size
         pool = self.pool
         computed = r.num_computed + len(hits) * bs + num_external
-        need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
+        need = -(-(computed + num_new) // bs) - len(r.block_ids) - len(hits)
         need = max(need, 0)
-        free = pool.free_queue.num_free
+        free = pool.num_free
         if need > free:
             return None
         # hits that sit free in the queue leave it too; count them only when it matters
-        if hits and need + len(hits) > free and need + list(map(_ref_cnt, hits)).count(0) > free:
+        if hits and need + len(hits) > free and need + pool.num_unowned(hits) > free:
             return None
         if hits:
             pool.touch(hits)
-            r.blocks.extend(hits)
-            r.block_ids.extend(map(_block_id, hits))
-            r.num_cached_blocks = len(r.blocks)
+            r.block_ids.extend(hits)
+            r.num_cached_blocks = len(r.block_ids)
         new = pool.allocate(need) if need else []
         if need:
-            r.blocks.extend(new)
-            r.block_ids.extend(map(_block_id, new))
+            r.block_ids.extend(new)
             out.num_blocks_allocated += need
         if self.caching:
             num_full = (computed + num_new - num_spec) // bs
@@ -731,8 +739,7 @@ class Scheduler:
         return new
 
     def _free_all(self, r: _ReqState) -> int:
-        freed = self.pool.free_reversed(r.blocks)
-        r.blocks = []
+        freed = self.pool.free_reversed(r.block_ids)
         r.block_ids = []  # a new list: earlier outputs keep the table they were given
         r.num_cached_blocks = 0
         return freed
@@ -832,7 +839,6 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         running = self.running
         pool = self.pool
-        fq = pool.free_queue
         bs = self.block_size
         bs1 = bs - 1
         caching = self.caching
@@ -855,7 +861,7 @@ class Scheduler:
                 c = r.num_computed
                 table = r.block_ids
                 if c >= len(table) * bs:
-                    if fq.num_free == 0:
+                    if pool.num_free == 0:
                         out.num_decode_seqs += n_dec
                         out.num_decode_tokens += n_dec
                         out.num_batched_tokens += n_dec
@@ -868,10 +874,9 @@ class Scheduler:
                             break
                         i = running.index(r)
                     b = pool.allocate_one()
-                    r.blocks.append(b)
-                    table.append(b.block_id)
+                    table.append(b)
                     out.num_blocks_allocated += 1
-                    extra[r.request_id] = (1, 0, 0, False, True, (b.block_id,), c)
+                    extra[r.request_id] = (1, 0, 0, False, True, (b,), c)
                 r.num_computed = c + 1
                 if caching and c % bs == bs1 and c // bs >= r.num_cached_blocks:
                     out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
@@ -912,7 +917,7 @@ class Scheduler:
             if new is None:
                 break
             r.num_computed = c + num_new
-            new_ids = tuple(map(_block_id, new)) if new else _EMPTY
+            new_ids = tuple(new) if new else _EMPTY
             if r.decoding:
                 extra[r.request_id] = (num_new, 0, spec, False, True, new_ids, c)
                 out.num_decode_seqs += 1
@@ -953,7 +958,7 @@ class Scheduler:
             self._preempt(v, out)
             if v is r:
                 return False
-            if not allocate or self.pool.free_queue.num_free > 0:
+            if not allocate or self.pool.num_free > 0:
                 return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> bool:
@@ -1008,7 +1013,7 @@ class Scheduler:
             # decode from the start: the whole prompt's KV and the first token arrived (P/D)
             is_decode = r.num_generated > 0 and not r.num_preemptions
             out._extra[r.request_id] = (num_new, num_hit, 0, not is_decode, samples,
-                                        tuple(map(_block_id, new)) if new else _EMPTY, base)
+                                        tuple(new) if new else _EMPTY, base)
             out._states.append(r)
             out._tables.append(r.block_ids)
             if not samples:
@@ -1128,9 +1133,8 @@ class Scheduler:
                 if rejected:
                     r.num_computed -= rejected
                     keep = -(-r.num_computed // bs)
-                    if len(r.blocks) > keep:
-                        tail = r.blocks[keep:]
-                        del r.blocks[keep:]
+                    if len(r.block_ids) > keep:
+                        tail = r.block_ids[keep:]
                         del r.block_ids[keep:]
                         out.num_blocks_freed += pool.free_reversed(tail)
             remaining = r.output_len - r.num_generated
@@ -1233,9 +1237,9 @@ class Scheduler:
             rem = r.output_len - r.num_generated
             if n_max is None or rem < n_max:
                 n_max = rem
-        free = self.pool.free_queue.num_free
+        free = self.pool.num_free
         bs = self.block_size
-        comp = [(r.num_computed, len(r.blocks)) for r in running]
+        comp = [(r.num_computed, len(r.block_ids)) for r in running]
 
         def blocks_needed(n: int) -> int:
             tot = 0
@@ -1267,34 +1271,39 @@ class Scheduler:
         pool = self.pool
         caching = self.caching
         first_step = self.step_id + 1
-        events: list[tuple[int, int, int]] = []
-        sum_ctx = 0
-        for j, r in enumerate(running):
-            c = r.num_computed
-            sum_ctx += c + 1
-            last = c + n - 1  # last position computed
-            p = len(r.blocks) * bs  # first position needing a new block
-            while p <= last:
-                events.append((p - c + 1, j, 0))
-                p += bs
-            if caching:
-                p = c + (bs - 1 - c) % bs  # first position that completes a block
-                while p <= last:
-                    events.append((p - c + 1, j, 1))
-                    p += bs
-        events.sort()
-        allocated = hashed = 0
-        for s, j, kind in events:
-            r = running[j]
-            if kind == 0:
-                b = pool.allocate_one()
-                r.blocks.append(b)
-                r.block_ids.append(b.block_id)
-                allocated += 1
-            else:
-                full = (r.num_computed + s) // bs
-                if full > r.num_cached_blocks:
-                    hashed += self._cache_full(r, full)
+        # Step s (1-based) of the n computes position c + s - 1 of each request (c = its
+        # num_computed): it needs a new block where that position starts one, and completes
+        # (caches) a block where the position ends one. Allocation order is (step, batch
+        # position), as n single steps would pop the free queue; registrations cannot clash
+        # with anything (decode blocks are keyed by the request's own generated-token keys,
+        # never registered before: a re-admission recomputes every earlier one), nor with
+        # the evictions those allocations make, so each request registers its completed
+        # blocks in one call, with the very same keys and counts.
+        c = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=len(running))
+        nb = np.fromiter((len(r.block_ids) for r in running), dtype=np.int64, count=len(running))
+        sum_ctx = int(c.sum()) + len(running)
+        cnt = np.maximum((c + n - 1 - nb * bs) // bs + 1, 0)  # blocks each request needs
+        allocated = int(cnt.sum())
+        if allocated:
+            owner = np.repeat(np.arange(len(running)), cnt)
+            first = np.cumsum(cnt) - cnt
+            k = np.arange(allocated) - np.repeat(first, cnt)
+            step = nb[owner] * bs + k * bs - c[owner]  # 0-based step of each allocation
+            order = np.lexsort((owner, step))
+            ids = np.empty(allocated, dtype=np.int64)
+            ids[order] = pool.allocate(allocated)
+            ids = ids.tolist()
+            for j in np.flatnonzero(cnt).tolist():
+                f = int(first[j])
+                running[j].block_ids.extend(ids[f:f + int(cnt[j])])
+        hashed = 0
+        if caching:
+            full_end = ((c + n) // bs).tolist()
+            full_now = (c // bs).tolist()
+            for j, r in enumerate(running):
+                fe = full_end[j]
+                if fe > full_now[j] and fe > r.num_cached_blocks:
+                    hashed += self._cache_full(r, fe)
         freed = 0
         finished: list[RequestResult] = []
         for r in running:
@@ -1328,7 +1337,7 @@ class Scheduler:
         bs = self.block_size
         frag = 0
         for r in self.running:
-            frag += len(r.blocks) * bs - r.num_computed
+            frag += len(r.block_ids) * bs - r.num_computed
         return SchedulerStats(
             num_steps=self.num_steps,
             num_running=len(self.running),
@@ -1357,7 +1366,7 @@ class Scheduler:
             num_spec_accepted_tokens=self.num_spec_accepted_tokens,
             external_computed_tokens=self.external_computed_tokens,
             num_held_requests=len(self._held),
-            num_held_blocks=sum(len(r.blocks) for r in self._held.values()),
+            num_held_blocks=sum(len(r.block_ids) for r in self._held.values()),
         )
 
     def num_preemptions_of(self, request_id: int) -> int:
@@ -1376,22 +1385,20 @@ class Scheduler:
         bs = self.block_size
         for r in self.running:
             assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
-            assert [b.block_id for b in r.blocks] == r.block_ids, f"request {r.request_id}: ids drift"
-            assert r.num_computed <= len(r.blocks) * bs, f"request {r.request_id}: KV overflow"
-            assert len(r.blocks) == -(-r.num_computed // bs), (
-                f"request {r.request_id}: {len(r.blocks)} blocks for {r.num_computed} tokens")
-            assert r.num_cached_blocks <= len(r.blocks)
+            assert r.num_computed <= len(r.block_ids) * bs, f"request {r.request_id}: KV overflow"
+            assert len(r.block_ids) == -(-r.num_computed // bs), (
+                f"request {r.request_id}: {len(r.block_ids)} blocks for {r.num_computed} tokens")
+            assert r.num_cached_blocks <= len(r.block_ids)
             assert len(set(r.block_ids)) == len(r.block_ids), f"request {r.request_id}: dup block"
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
         for r in self._held.values():
             assert r.status == FINISHED, f"held request {r.request_id} has status {r.status}"
-            assert [b.block_id for b in r.blocks] == r.block_ids, f"request {r.request_id}: ids drift"
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
         assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
         waiting = ([x[3] for x in self._heap_waiting] if self._priority else list(self._fcfs_waiting))
         for r in waiting:
-            assert not r.blocks and r.num_computed == 0, f"waiting request {r.request_id} holds KV"
+            assert not r.block_ids and r.num_computed == 0, f"waiting request {r.request_id} holds KV"
             assert r.status in (WAITING, PREEMPTED)
         self.pool.check_invariants(owners)

@@ -171,8 +171,8 @@ def state_of(s: Scheduler):
         for rid, r in sorted(s.requests.items()))
     pool = s.pool
     st_ = s.stats
-    return (reqs, tuple(pool.free_queue.block_ids()),
-            tuple(sorted((repr(h), b.block_id) for h, b in pool.cached.items())),
+    return (reqs, tuple(pool.free_block_ids()),
+            tuple(sorted((repr(h), b) for h, b in pool.cached.items())),
             [r.request_id for r in s.running], s.step_id,
             (st_.num_evictions, st_.num_blocks_allocated, st_.num_blocks_freed, st_.num_blocks_hashed,
              st_.num_generated_tokens, st_.num_steps, st_.fragmentation_slots))
