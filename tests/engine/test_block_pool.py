@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine import block_manager
 from engine.block_manager import (
     HASH_ALGOS,
     BlockPool,
@@ -33,11 +34,20 @@ def test_free_queue_fifo_revive_middle_and_free_to_tail():
     pool.check_invariants({1: 1, 2: 1, 3: 1, 4: 1})
 
 
-@settings(max_examples=80, deadline=None)
+@pytest.mark.parametrize("small", [1, 8])  # 1: every operation takes the numpy path
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["pop", "popn", "revive", "free"]), st.integers(0, 40)),
                 max_size=80))
-def test_free_queue_matches_a_list_model(ops):
+def test_free_queue_matches_a_list_model(small, ops):
     # the append-only queue with dead entries behaves like a plain LRU list
+    default, block_manager._SMALL = block_manager._SMALL, small
+    try:
+        _list_model(ops)
+    finally:
+        block_manager._SMALL = default
+
+
+def _list_model(ops):
     pool = BlockPool(12, 1)
     pool.compact_at = 4  # exercise compaction too
     model = list(range(12))
