@@ -10,9 +10,8 @@ Design (vLLM V1's, re-derived):
   block takes it out of the middle of the queue in O(1) ("revives" it); popping it for a
   new allocation evicts its hash (counted).
 - Representation (for speed: the simulator moves millions of blocks): blocks are ints,
-  their state lives in numpy arrays indexed by block id, so that a request's n blocks are
-  allocated, freed and registered with a few array operations instead of n Python-level
-  object updates. The LRU queue is an append-only list of block ids in which each free
+  their state lives in plain lists indexed by block id (no per-block objects; bulk reads
+  go through C-level map/slices). The LRU queue is an append-only list of block ids in which each free
   block's *latest* entry is the live one: `stamp[b]` holds the absolute position of that
   entry. Removal from the middle just invalidates it (`stamp[b] = -1`); the head skips
   dead entries. Same order, same evictions as a doubly linked list, O(1) amortized.
@@ -37,9 +36,10 @@ import hashlib
 from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from functools import partial
+from operator import is_not
 from typing import Literal
 
-import numpy as np
 import xxhash
 
 HashAlgo = Literal["builtin", "xxhash", "sha256"]
@@ -104,15 +104,15 @@ def root_hash(algo: str) -> Hashable:
     return ROOT_HASH_BYTES if algo == "sha256" else ROOT_HASH_INT
 
 
-# below this many blocks an operation loops in Python (numpy's fixed cost per call is
-# ~1 us, a scalar loop ~0.3 us per block)
+# below this many blocks an operation takes a plain per-block loop (the bulk forms' fixed
+# cost is not worth it)
 _SMALL = 8
+_not_none = partial(is_not, None)
 
 
 class BlockPool:
     """`num_blocks` physical blocks (ids 0..num_blocks-1), their LRU free queue and the
-    prefix-cache table (`cached`: key -> block id; `key_of[b]`: block b's key while
-    `has_hash[b]`).
+    prefix-cache table (`cached`: key -> block id; `key_of[b]`: block b's key or None).
 
     Counters (cumulative): `num_allocated` (popped from the free queue), `num_revived` (free
     cached blocks taken back by a prefix hit), `num_freed` (refcount went to 0), so that
@@ -125,7 +125,6 @@ class BlockPool:
         "block_size",
         "cached",
         "compact_at",
-        "has_hash",
         "head",
         "key_of",
         "num_allocated",
@@ -147,15 +146,14 @@ class BlockPool:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.ref = np.zeros(num_blocks, dtype=np.int64)  # owners per block
-        self.stamp = np.arange(num_blocks, dtype=np.int64)  # live queue position, -1 if none
-        self.has_hash = np.zeros(num_blocks, dtype=bool)
+        self.ref = [0] * num_blocks  # owners per block
+        self.stamp = list(range(num_blocks))  # absolute position of the block's live queue entry
+        self.key_of: list[Hashable | None] = [None] * num_blocks  # prefix-cache key, if cached
         self.queue: list[int] = list(range(num_blocks))  # block ids, LRU first (with dead entries)
         self.qbase = 0  # absolute position of queue[0]
         self.head = 0  # index in `queue` of the first entry not yet consumed
         self.num_free = num_blocks
         self.cached: dict[Hashable, int] = {}
-        self.key_of = np.full(num_blocks, None, dtype=object)  # valid where has_hash
         self.num_allocated = 0
         self.num_freed = 0
         self.num_evictions = 0
@@ -175,46 +173,40 @@ class BlockPool:
         return [b for i, b in enumerate(q[h:]) if stamp[b] == base + i]
 
     def allocate(self, n: int) -> list[int]:
-        """Pop `n` blocks from the LRU head, evicting any cached hash they carry."""
+        """Pop `n` blocks from the LRU head, evicting any cached key they carry."""
         if n > self.num_free:
             raise RuntimeError(f"asked for {n} free KV blocks, {self.num_free} free")
-        if n <= 0:
-            return []
-        if n < _SMALL:  # numpy's per-call overhead beats its per-block gain
-            one = self.allocate_one
-            return [one() for _ in range(n)]
         q, stamp = self.queue, self.stamp
         h = self.head
-        arr = np.array(q[h:h + n], dtype=np.int64)
-        pos = self.qbase + h
-        live = stamp[arr] == np.arange(pos, pos + n)
-        h += n
-        if not live.all():
-            # dead entries (revived blocks) in the way: keep the live ones, take more
-            parts = [arr[live]]
-            need = n - len(parts[0])
-            while need:
-                w = np.array(q[h:h + need], dtype=np.int64)
-                pos = self.qbase + h
-                sel = w[stamp[w] == np.arange(pos, pos + len(w))]
-                parts.append(sel)
-                need -= len(sel)
-                h += len(w)
-            arr = np.concatenate(parts)
+        p = self.qbase + h
+        # Take entries from the head, keeping the live ones (dead ones: revived blocks); each
+        # round takes exactly as many entries as blocks are still missing. A plain loop:
+        # CPython's specialised list/dict bytecodes beat map() over slot wrappers here.
+        ref, key_of, cached = self.ref, self.key_of, self.cached
+        out: list[int] = []
+        append = out.append
+        evicted = 0
+        need = n
+        while need:
+            for b in q[h:h + need]:
+                if stamp[b] == p:
+                    ref[b] = 1
+                    k = key_of[b]
+                    if k is not None:  # evict (invariant: cached[key_of[b]] == b)
+                        del cached[k]
+                        key_of[b] = None
+                        evicted += 1
+                    append(b)
+                p += 1
+            h += need
+            need = n - len(out)
         self.head = h
-        self.ref[arr] = 1
-        hh = self.has_hash[arr]
-        if hh.any():
-            ev = arr[hh]
-            self.has_hash[ev] = False
-            # invariant: cached[key_of[b]] == b; delete them at C speed
-            deque(map(self.cached.__delitem__, self.key_of[ev].tolist()), maxlen=0)
-            self.num_evictions += len(ev)
+        self.num_evictions += evicted
         self.num_free -= n
         self.num_allocated += n
         if h >= self.compact_at and 2 * h >= len(q):
             self._compact()
-        return arr.tolist()
+        return out
 
     def allocate_one(self) -> int:
         if self.num_free <= 0:
@@ -227,11 +219,13 @@ class BlockPool:
             h += 1
             p += 1
             b = q[h]
-        self.head = h + 1
+        h += 1
+        self.head = h
         self.ref[b] = 1
-        if self.has_hash[b]:
-            self.has_hash[b] = False
-            del self.cached[self.key_of[b]]
+        k = self.key_of[b]
+        if k is not None:
+            del self.cached[k]
+            self.key_of[b] = None
             self.num_evictions += 1
         self.num_free -= 1
         self.num_allocated += 1
@@ -245,58 +239,39 @@ class BlockPool:
         self.qbase += h
         self.head = 0
 
-    def touch(self, blocks: Sequence[int]) -> None:
+    def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-cache hits, reviving free ones out of the queue."""
-        if len(blocks) < _SMALL:
-            ref, stamp = self.ref, self.stamp
-            for b in blocks:
-                if ref[b] == 0:
-                    stamp[b] = -1
-                    self.num_free -= 1
-                    self.num_revived += 1
-                ref[b] += 1
-            return
-        arr = np.array(blocks, dtype=np.int64)
-        ref = self.ref
-        z = arr[ref[arr] == 0]
-        if len(z):
-            self.stamp[z] = -1  # their queue entries are dead now
-            self.num_free -= len(z)
-            self.num_revived += len(z)
-        ref[arr] += 1  # a request's hits are distinct blocks
+        ref, stamp = self.ref, self.stamp
+        revived = 0
+        for b in blocks:
+            if ref[b] == 0:
+                stamp[b] = -1  # its queue entry is dead now
+                revived += 1
+            ref[b] += 1
+        self.num_free -= revived
+        self.num_revived += revived
 
-    def num_unowned(self, blocks: Sequence[int]) -> int:
+    def num_unowned(self, blocks: Iterable[int]) -> int:
         """How many of `blocks` are free (would leave the queue if touched)."""
-        return int((self.ref[np.array(blocks, dtype=np.int64)] == 0).sum())
+        return list(map(self.ref.__getitem__, blocks)).count(0)
 
     def free_reversed(self, blocks: Sequence[int]) -> int:
         """Drop one reference on each of `blocks` (distinct), tail first; those left unowned
         are appended to the queue tail in that order. Returns how many became free."""
-        if len(blocks) < _SMALL:
-            ref, stamp, q = self.ref, self.stamp, self.queue
-            p = self.qbase + len(q)
-            n = 0
-            for b in reversed(blocks):
-                ref[b] -= 1
-                if ref[b] == 0:
-                    stamp[b] = p + n
-                    q.append(b)
-                    n += 1
-            self.num_free += n
-            self.num_freed += n
-            return n
-        arr = np.array(blocks[::-1], dtype=np.int64)
-        ref = self.ref
-        ref[arr] -= 1
-        freed = arr[ref[arr] == 0]
-        n = len(freed)
-        if n:
-            q = self.queue
-            p = self.qbase + len(q)
-            self.stamp[freed] = np.arange(p, p + n)
-            q.extend(freed.tolist())
-            self.num_free += n
-            self.num_freed += n
+        ref, stamp, q = self.ref, self.stamp, self.queue
+        p = self.qbase + len(q)
+        start = len(q)
+        append = q.append
+        for b in reversed(blocks):
+            rc = ref[b] - 1
+            ref[b] = rc
+            if not rc:
+                stamp[b] = p
+                p += 1
+                append(b)
+        n = len(q) - start
+        self.num_free += n
+        self.num_freed += n
         return n
 
     def register(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
@@ -304,57 +279,43 @@ class BlockPool:
         already cached stays uncached and becomes a plain free block later). The blocks
         must not be registered yet."""
         cached = self.cached
-        if len(keys) < _SMALL:
-            for b, h in zip(blocks, keys):
-                if h not in cached:
-                    cached[h] = b
-                    self.key_of[b] = h
-                    self.has_hash[b] = True
-            return
-        if cached.keys().isdisjoint(keys):
+        key_of = self.key_of
+        if len(keys) >= _SMALL and cached.keys().isdisjoint(keys):
             # keys are distinct within a request (its chain), so all are new: bulk insert
             cached.update(zip(keys, blocks))
-            arr = np.array(blocks, dtype=np.int64)
-            self.key_of[arr] = np.fromiter(keys, dtype=object, count=len(arr))
-            self.has_hash[arr] = True
+            for b, h in zip(blocks, keys):
+                key_of[b] = h
             return
         setdefault = cached.setdefault
-        key_of = self.key_of
-        has_hash = self.has_hash
         for b, h in zip(blocks, keys):
             if setdefault(h, b) == b:
                 key_of[b] = h
-                has_hash[b] = True
 
     def cache_block(self, b: int, h: Hashable) -> None:
-        """Register one full block under hash `h` (first writer wins)."""
-        if not self.has_hash[b] and h not in self.cached:
+        """Register one full block under key `h` (first writer wins)."""
+        if self.key_of[b] is None and h not in self.cached:
             self.cached[h] = b
             self.key_of[b] = h
-            self.has_hash[b] = True
 
     def lookup(self, h: Hashable) -> int | None:
         return self.cached.get(h)
 
     def ref_cnt(self, b: int) -> int:
-        return int(self.ref[b])
+        return self.ref[b]
 
     def block_hash(self, b: int) -> Hashable | None:
-        return self.key_of[b] if self.has_hash[b] else None
+        return self.key_of[b]
 
-    def keys_of(self, blocks: Sequence[int]) -> list:
+    def keys_of(self, blocks: Iterable[int]) -> list:
         """`block_hash` of each of `blocks` (None where uncached)."""
-        arr = np.array(blocks, dtype=np.int64)
-        ks = self.key_of[arr]
-        ks[~self.has_hash[arr]] = None
-        return ks.tolist()
+        return list(map(self.key_of.__getitem__, blocks))
 
     def check_invariants(self, owners: dict[int, int]) -> None:
         """Raise AssertionError unless refcounts, free queue and cache table agree.
 
         `owners[block_id]` = how many request block tables hold that block.
         """
-        ref = self.ref.tolist()
+        ref = self.ref
         for b in range(self.num_blocks):
             want = owners.get(b, 0)
             assert ref[b] == want, f"block {b}: ref_cnt {ref[b]} != {want} owners"
@@ -365,10 +326,12 @@ class BlockPool:
             assert ref[b] == 0, f"block {b} in the free queue with ref_cnt {ref[b]}"
         n_zero = ref.count(0)
         assert n_zero == len(free_ids), f"{n_zero} blocks with ref 0 but {len(free_ids)} queued"
+        live_from = self.qbase + self.head
         for b in range(self.num_blocks):
-            if ref[b] > 0:
-                assert self.stamp[b] == -1 or self.stamp[b] < self.qbase + self.head or \
-                    self.queue[self.stamp[b] - self.qbase] != b, f"owned block {b} has a live entry"
+            st = self.stamp[b]
+            if ref[b] > 0 and live_from <= st < self.qbase + len(self.queue):
+                assert self.queue[st - self.qbase] != b, f"owned block {b} has a live queue entry"
         for h, b in self.cached.items():
-            assert self.has_hash[b] and self.key_of[b] == h, f"cache entry for block {b} has a stale hash"
-        assert int(self.has_hash.sum()) == len(self.cached), "a block carries a hash the cache table lacks"
+            assert self.key_of[b] == h, f"cache entry for block {b} has a stale key"
+        n_keyed = sum(1 for k in self.key_of if k is not None)
+        assert n_keyed == len(self.cached), "a block carries a key the cache table lacks"

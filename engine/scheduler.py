@@ -654,11 +654,14 @@ class Scheduler:
                 # flips low bits of a 64-bit chain hash: a clash needs two chains that
                 # differ only there. Vectorized (two's-complement XOR = Python's int XOR):
                 # builtin hashes are signed 64-bit, xxh3 digests unsigned.
-                h0 = start // per
-                ch = np.array(chain[h0:(in_prompt - 1) // per + 1],
-                              dtype=np.int64 if self._builtin_hash else np.uint64)
-                idx = np.arange(start, in_prompt, dtype=np.int64)
-                keys = (ch[idx // per - h0] ^ (idx % per).astype(ch.dtype)).tolist()
+                if in_prompt - start < 64:  # numpy's fixed cost outweighs its gain
+                    keys = [chain[i // per] ^ (i % per) for i in range(start, in_prompt)]
+                else:
+                    h0 = start // per
+                    ch = np.array(chain[h0:(in_prompt - 1) // per + 1],
+                                  dtype=np.int64 if self._builtin_hash else np.uint64)
+                    idx = np.arange(start, in_prompt, dtype=np.int64)
+                    keys = (ch[idx // per - h0] ^ (idx % per).astype(ch.dtype)).tolist()
             else:  # sha256: bytes cache their hash too
                 ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
                     j.to_bytes(8, "little") for j in range(per)]
@@ -1279,30 +1282,27 @@ class Scheduler:
         # never registered before: a re-admission recomputes every earlier one), nor with
         # the evictions those allocations make, so each request registers its completed
         # blocks in one call, with the very same keys and counts.
-        c = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=len(running))
-        nb = np.fromiter((len(r.block_ids) for r in running), dtype=np.int64, count=len(running))
-        sum_ctx = int(c.sum()) + len(running)
-        cnt = np.maximum((c + n - 1 - nb * bs) // bs + 1, 0)  # blocks each request needs
-        allocated = int(cnt.sum())
+        allocs: list[tuple[int, int]] = []  # (0-based step, batch position) per new block
+        sum_ctx = 0
+        for j, r in enumerate(running):
+            c = r.num_computed
+            sum_ctx += c + 1
+            p = len(r.block_ids) * bs  # first position needing a new block
+            last = c + n - 1  # last position computed
+            while p <= last:
+                allocs.append((p - c, j))
+                p += bs
+        allocated = len(allocs)
         if allocated:
-            owner = np.repeat(np.arange(len(running)), cnt)
-            first = np.cumsum(cnt) - cnt
-            k = np.arange(allocated) - np.repeat(first, cnt)
-            step = nb[owner] * bs + k * bs - c[owner]  # 0-based step of each allocation
-            order = np.lexsort((owner, step))
-            ids = np.empty(allocated, dtype=np.int64)
-            ids[order] = pool.allocate(allocated)
-            ids = ids.tolist()
-            for j in np.flatnonzero(cnt).tolist():
-                f = int(first[j])
-                running[j].block_ids.extend(ids[f:f + int(cnt[j])])
+            allocs.sort()
+            for (_, j), b in zip(allocs, pool.allocate(allocated)):
+                running[j].block_ids.append(b)
         hashed = 0
         if caching:
-            full_end = ((c + n) // bs).tolist()
-            full_now = (c // bs).tolist()
-            for j, r in enumerate(running):
-                fe = full_end[j]
-                if fe > full_now[j] and fe > r.num_cached_blocks:
+            for r in running:
+                c = r.num_computed
+                fe = (c + n) // bs
+                if fe > c // bs and fe > r.num_cached_blocks:
                     hashed += self._cache_full(r, fe)
         freed = 0
         finished: list[RequestResult] = []
