@@ -184,11 +184,13 @@ class BlockPool:
         # CPython's specialised list/dict bytecodes beat map() over slot wrappers here.
         ref, key_of, cached = self.ref, self.key_of, self.cached
         out: list[int] = []
-        append = out.append
         evicted = 0
         need = n
         while need:
-            for b in q[h:h + need]:
+            w = q[h:h + need]
+            p0 = p
+            dead = 0
+            for b in w:
                 if stamp[b] == p:
                     ref[b] = 1
                     k = key_of[b]
@@ -196,8 +198,12 @@ class BlockPool:
                         del cached[k]
                         key_of[b] = None
                         evicted += 1
-                    append(b)
+                else:
+                    dead += 1
                 p += 1
+            if dead:  # (stamps are untouched above, so liveness can be re-read)
+                w = [b for i, b in enumerate(w, p0) if stamp[b] == i]
+            out += w
             h += need
             need = n - len(out)
         self.head = h
