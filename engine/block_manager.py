@@ -34,10 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from functools import partial
-from operator import is_not
 from typing import Literal
 
 import xxhash
@@ -107,7 +104,6 @@ def root_hash(algo: str) -> Hashable:
 # below this many blocks an operation takes a plain per-block loop (the bulk forms' fixed
 # cost is not worth it)
 _SMALL = 8
-_not_none = partial(is_not, None)
 
 
 class BlockPool:

@@ -50,25 +50,30 @@ from __future__ import annotations
 
 import heapq
 import operator
-from array import array
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice, takewhile
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.block_keys import GEN_TAG, BlockKeyer
 from engine.block_manager import (
     BlockPool,
     make_block_hasher,
     make_bytes_hasher,
-    pack_extra,
     root_hash,
 )
 from engine.request import Request
+from engine.scheduler_output import (
+    _EMPTY,
+    DecodeAdvance,
+    RequestResult,
+    ScheduledRequest,
+    SchedulerOutput,
+    SchedulerStats,
+)
 
 WAITING = "waiting"
 RUNNING = "running"
@@ -76,15 +81,8 @@ PREEMPTED = "preempted"  # waiting again, after preemption
 FINISHED = "finished"
 REJECTED = "rejected"
 
-# Content key tag for blocks that hold generated tokens in the simulator (no token ids):
-# such a block is keyed by (GEN_TAG, request_id, block index), so only the request that
-# produced it (e.g. after a preemption) can hit it. Hash ids are non-negative.
-GEN_TAG = -1
-
-_EMPTY: tuple[int, ...] = ()
 _not_none = partial(operator.is_not, None)
 _request_id = operator.attrgetter("request_id")
-_OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
 
 class SchedulerConfig(BaseModel):
@@ -111,176 +109,6 @@ class SchedulerConfig(BaseModel):
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             object.__setattr__(self, "max_num_batched_tokens", self.max_model_len)
         return self
-
-
-@dataclass(slots=True)
-class ScheduledRequest:
-    """What one request computes in one step. Plain data.
-
-    `block_ids` is the request's live block table (read only; valid until the next
-    `schedule()`/`update_from_output()`; copy it to keep it). `new_block_ids` are the
-    blocks allocated to it in this step (prefix-cache hits not included).
-    """
-
-    request_id: int
-    num_new_tokens: int  # tokens computed this step: a prefill chunk, 1, or 1 + num_spec_tokens
-    num_computed_tokens: int  # tokens already in KV before this step (prefix hits included)
-    num_cached_tokens: int  # prefix-cache hit tokens; non-zero only on an admission step
-    num_spec_tokens: int  # draft tokens among num_new_tokens (verified this step)
-    is_prefill: bool  # still computing prompt (or, after preemption, recomputing) tokens
-    samples: bool  # produces output token(s) this step: must appear in `sampled`
-    block_ids: list[int]
-    new_block_ids: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class RequestResult:
-    """A request leaving the scheduler: `status` is "finished" or "rejected"."""
-
-    request_id: int
-    status: str
-    reason: str  # finished: "length" (output_len reached) or "stop" (EOS); rejected: why
-    num_generated: int
-    num_preemptions: int
-    num_cached_tokens: int  # prefix-cache hit tokens at first admission
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """One step's decisions, plain data for a cost model or a GPU runner.
-
-    `scheduled` (a list of `ScheduledRequest`, in batch order: running requests first,
-    then new admissions) is built on first access, so a cost model that reads only the
-    totals below never pays for per-request objects. Read it before the next `schedule()`.
-    Context sums count each request's KV length after this step (`num_computed_tokens +
-    num_new_tokens`). `num_blocks_freed` is final only after `update_from_output` (which
-    adds the blocks that finishing requests and rejected drafts release).
-    """
-
-    step_id: int
-    num_batched_tokens: int = 0
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    num_prefill_seqs: int = 0
-    num_decode_seqs: int = 0
-    sum_prefill_context: int = 0
-    sum_decode_context: int = 0
-    num_spec_tokens: int = 0
-    preempted_ids: list[int] = field(default_factory=list)
-    rejected: list[tuple[int, str]] = field(default_factory=list)
-    num_blocks_allocated: int = 0
-    num_blocks_freed: int = 0
-    num_blocks_hashed: int = 0
-    # Compact per-request records (batch order). A plain decode (1 token, no new block) is
-    # just (state, table), its computed count being state.num_computed - 1 until the next
-    # schedule(); anything else also has an `_extra` entry keyed by request id:
-    # (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids, num_computed).
-    _states: list = field(default_factory=list, repr=False)
-    _tables: list = field(default_factory=list, repr=False)
-    _extra: dict = field(default_factory=dict, repr=False)
-    _nonsampling: set = field(default_factory=set, repr=False)  # ids of partial prefill chunks
-    _scheduled: list | None = field(default=None, repr=False)
-    _updated: bool = field(default=False, repr=False)
-
-    @property
-    def scheduled(self) -> list[ScheduledRequest]:
-        if self._scheduled is None:
-            extra = self._extra
-            out = []
-            for r, table in zip(self._states, self._tables):
-                rid = r.request_id
-                e = extra.get(rid)
-                if e is None:
-                    out.append(ScheduledRequest(rid, 1, r.num_computed - 1, 0, 0, False, True,
-                                                table, _EMPTY))
-                else:
-                    out.append(ScheduledRequest(rid, e[0], e[6], e[1], e[2], e[3], e[4], table, e[5]))
-            self._scheduled = out
-        return self._scheduled
-
-    @property
-    def num_scheduled(self) -> int:
-        return len(self._states)
-
-    def _sampling(self) -> list:
-        """States that produce tokens this step, in batch order."""
-        if not self._nonsampling:
-            return self._states
-        skip = self._nonsampling
-        return [r for r in self._states if r.request_id not in skip]
-
-
-@dataclass(slots=True)
-class DecodeAdvance:
-    """Totals of `advance_decode(n)`: what n single pure-decode steps would have produced.
-
-    Step i (0-based) of the n has `num_seqs` decodes and a decode context sum of
-    `sum_decode_context_first_step + i * num_seqs`.
-    """
-
-    num_steps: int
-    num_seqs: int
-    first_step_id: int
-    num_batched_tokens: int
-    sum_decode_context_first_step: int
-    num_blocks_allocated: int
-    num_blocks_freed: int
-    num_blocks_hashed: int
-    finished: list[RequestResult]
-
-    def sum_decode_context(self, i: int) -> int:
-        return self.sum_decode_context_first_step + i * self.num_seqs
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    """Cumulative counters and current gauges (a snapshot)."""
-
-    num_steps: int
-    num_running: int
-    num_waiting: int
-    num_finished: int
-    num_rejected: int
-    num_preemptions: int
-    prefix_cache_queries_tokens: int  # vLLM's vllm:prefix_cache_queries (first admissions)
-    prefix_cache_hits_tokens: int  # vLLM's vllm:prefix_cache_hits
-    prefix_cache_preempted_queries_tokens: int  # re-admissions after preemption
-    prefix_cache_preempted_hits_tokens: int
-    num_evictions: int
-    num_blocks_allocated: int
-    num_blocks_freed: int
-    num_blocks_revived: int  # free cached blocks taken back by prefix hits
-    num_blocks_hashed: int
-    num_cached_blocks: int  # blocks in the prefix-cache table (owned or free)
-    num_free_blocks: int
-    num_gpu_blocks: int
-    kv_usage: float  # fraction of blocks owned by requests (vllm:kv_cache_usage_perc)
-    fragmentation_slots: int  # allocated slots not holding a computed token
-    num_prompt_tokens_computed: int
-    num_generated_tokens: int
-    num_spec_drafts: int
-    num_spec_draft_tokens: int
-    num_spec_accepted_tokens: int
-    external_computed_tokens: int = 0  # prompt tokens admitted with KV from elsewhere (P/D)
-    num_held_requests: int = 0  # finished, blocks kept for a KV transfer (hold_blocks_on_finish)
-    num_held_blocks: int = 0
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        """vLLM's hit rate: hits / queries over first admissions."""
-        q = self.prefix_cache_queries_tokens
-        return self.prefix_cache_hits_tokens / q if q else 0.0
-
-    @property
-    def prefix_cache_queries_tokens_incl_preempted(self) -> int:
-        """Queries as vLLM counted them before vllm#25787 (re-admissions included)."""
-        return self.prefix_cache_queries_tokens + self.prefix_cache_preempted_queries_tokens
-
-    @property
-    def prefix_cache_hits_tokens_incl_preempted(self) -> int:
-        """Hits as vLLM counted them before vllm#25787: a preempted request re-finding its
-        own blocks counts as a hit, which inflates the rate under preemption (vllm#25780)."""
-        return self.prefix_cache_hits_tokens + self.prefix_cache_preempted_hits_tokens
 
 
 class _ReqState:
@@ -349,7 +177,7 @@ def _retire(r: _ReqState) -> None:
     r.token_ids = None
 
 
-class Scheduler:
+class Scheduler(BlockKeyer):
     """vLLM-V1-style scheduler over a `BlockPool`. See the module docstring."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -526,151 +354,6 @@ class Scheduler:
             self._fcfs_waiting.appendleft(r)
 
     # ------------------------------------------------------------------ hashing
-
-    def _content(self, r: _ReqState, i: int) -> tuple:
-        """Flat tuple of ints identifying the tokens of block `i` of request `r`."""
-        bs = self.block_size
-        s = i * bs
-        e = s + bs
-        if r.token_ids is not None:
-            return tuple(r.token_ids[s:e])
-        if e <= r.prompt_len:
-            hbs = r.hash_block_size
-            if hbs % bs == 0:  # the block lies inside one hash block
-                return (r.hash_ids[s // hbs], s % hbs)
-            if bs % hbs == 0:  # the block is a run of whole hash blocks
-                return tuple(r.hash_ids[s // hbs : e // hbs])
-            out: list[int] = []
-            p = s
-            while p < e:
-                h = p // hbs
-                q = min(e, (h + 1) * hbs)
-                out += (r.hash_ids[h], p - h * hbs, q - h * hbs)
-                p = q
-            return tuple(out)
-        return (GEN_TAG, r.request_id, i)
-
-    def _contents(self, r: _ReqState, start: int, stop: int) -> list[tuple]:
-        """`_content(r, i)` for i in [start, stop), in bulk (the per-block hot path)."""
-        bs = self.block_size
-        if r.token_ids is not None:
-            t = r.token_ids
-            return [tuple(t[i * bs:(i + 1) * bs]) for i in range(start, stop)]
-        # (hash blocks that are multiples of the KV block take `_sim_keys` instead)
-        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
-        out: list[tuple] = []
-        if start < in_prompt:
-            out = [self._content(r, i) for i in range(start, in_prompt)]
-        gen_from = max(start, in_prompt)
-        if stop > gen_from:
-            rid = r.request_id
-            out += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
-        return out
-
-    def _hash_upto(self, r: _ReqState, n: int) -> int:
-        """Make sure `r.block_hashes` covers its first `n` blocks; returns how many blocks
-        were keyed now (counted in `num_blocks_hashed`: the per-block hashing work a real
-        engine pays, whichever shortcut the simulator takes below)."""
-        hashes = r.block_hashes
-        i = len(hashes)
-        if i >= n:
-            return 0
-        if r.token_ids is None and r.hash_block_size % self.block_size == 0:
-            if i >= r.prompt_len // self.block_size:
-                # only blocks of generated tokens (a decode crossing a block): their keys
-                # are (GEN_TAG, request_id, index), as in _sim_keys, without its set-up
-                rid = r.request_id
-                if n - i == 1:
-                    hashes.append((GEN_TAG, rid, i))
-                else:
-                    hashes += [(GEN_TAG, rid, j) for j in range(i, n)]
-                self.num_blocks_hashed += n - i
-                return n - i
-            hashes += self._sim_keys(r, i, n)
-        elif r.token_ids is not None and not self._builtin_hash:
-            # pack the whole run of token ids once, hash byte slices of it
-            bs = self.block_size
-            step = 8 * bs
-            buf = array("q", r.token_ids[i * bs:n * bs]).tobytes()
-            extra = pack_extra(r.extra)
-            hb = self._bytes_hasher
-            parent = hashes[-1] if hashes else self._root
-            append = hashes.append
-            for off in range(0, len(buf), step):
-                parent = hb(parent, buf[off:off + step], extra)
-                append(parent)
-        else:
-            parent = hashes[-1] if hashes else self._root
-            extra = r.extra
-            append = hashes.append
-            if self._builtin_hash:
-                for key in self._contents(r, i, n):
-                    parent = hash((parent, key, extra))
-                    append(parent)
-            else:
-                hasher = self._hasher
-                for key in self._contents(r, i, n):
-                    parent = hasher(parent, key, extra)
-                    append(parent)
-        self.num_blocks_hashed += n - i
-        return n - i
-
-    def _sim_keys(self, r: _ReqState, start: int, stop: int) -> list:
-        """Keys of blocks [start, stop) of a request without token ids whose hash blocks are
-        whole multiples of the KV block (Mooncake: 512 vs 16).
-
-        The chain is hashed once per *hash block* (`r.hash_chain[h]` = H(chain[h-1],
-        hash_ids[h], extra)), and KV block i inside hash block h is keyed by
-        (chain[h], i mod blocks-per-hash-block): equal keys iff equal whole prefixes, as with
-        per-block chaining, at 1/32 of the hashing. Blocks holding generated tokens are keyed
-        by (GEN_TAG, request_id, i): only this request (after a preemption) re-finds them.
-        """
-        bs = self.block_size
-        per = r.hash_block_size // bs
-        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
-        keys: list = []
-        if start < in_prompt:
-            chain = r.hash_chain
-            need = (in_prompt - 1) // per + 1
-            if len(chain) < need:
-                h = len(chain)
-                parent = chain[-1] if chain else self._root
-                hid = r.hash_ids
-                extra = r.extra
-                if self._builtin_hash:
-                    for x in hid[h:need]:
-                        parent = hash((parent, x, extra))
-                        chain.append(parent)
-                else:
-                    hasher = self._hasher
-                    for x in hid[h:need]:
-                        parent = hasher(parent, (x,), extra)
-                        chain.append(parent)
-            if per == 1:
-                keys = chain[start:in_prompt]
-            elif self._int_chain:
-                # int keys hash to themselves: every later dict operation on them is cheap
-                # (a (chain, offset) tuple would be re-hashed on each lookup). The offset
-                # flips low bits of a 64-bit chain hash: a clash needs two chains that
-                # differ only there. Vectorized (two's-complement XOR = Python's int XOR):
-                # builtin hashes are signed 64-bit, xxh3 digests unsigned.
-                if in_prompt - start < 64:  # numpy's fixed cost outweighs its gain
-                    keys = [chain[i // per] ^ (i % per) for i in range(start, in_prompt)]
-                else:
-                    h0 = start // per
-                    ch = np.array(chain[h0:(in_prompt - 1) // per + 1],
-                                  dtype=np.int64 if self._builtin_hash else np.uint64)
-                    idx = np.arange(start, in_prompt, dtype=np.int64)
-                    keys = (ch[idx // per - h0] ^ (idx % per).astype(ch.dtype)).tolist()
-            else:  # sha256: bytes cache their hash too
-                ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
-                    j.to_bytes(8, "little") for j in range(per)]
-                keys = [chain[i // per] + ob[i % per] for i in range(start, in_prompt)]
-        gen_from = max(start, in_prompt)
-        if stop > gen_from:
-            rid = r.request_id
-            keys += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
-        return keys
 
     def _lookup(self, r: _ReqState) -> tuple[list[int], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
@@ -1402,3 +1085,22 @@ class Scheduler:
             assert not r.block_ids and r.num_computed == 0, f"waiting request {r.request_id} holds KV"
             assert r.status in (WAITING, PREEMPTED)
         self.pool.check_invariants(owners)
+
+
+# what other layers import from here (records live in engine/scheduler_output.py, keys in
+# engine/block_keys.py)
+__all__ = [
+    "FINISHED",
+    "GEN_TAG",
+    "PREEMPTED",
+    "REJECTED",
+    "RUNNING",
+    "WAITING",
+    "DecodeAdvance",
+    "RequestResult",
+    "ScheduledRequest",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "SchedulerStats",
+]
