@@ -126,6 +126,7 @@ class _ReqState:
         "hash_ids",
         "hold",
         "last_hits",
+        "last_hits_evictions",
         "num_cached_blocks",
         "num_cached_tokens",
         "num_computed",
@@ -161,6 +162,7 @@ class _ReqState:
         self.hash_chain: list[Hashable] = []  # simulator: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
         self.last_hits: list[int] | None = None  # prefix hits of a failed admission
+        self.last_hits_evictions = -1  # the pool's eviction count when they were found
         self.status = WAITING
         self.decoding = False  # produced a token since its last admission
         self.num_preemptions = 0
@@ -369,10 +371,12 @@ class Scheduler(BlockKeyer):
         if prev is not None:
             # A queue head that could not be admitted is looked up again every step. If
             # its previous hits are all still registered under their keys, the scan would
-            # return them again: check that (3x cheaper than probing the table) and scan
+            # return them again: check that (3x cheaper than probing the table; free when
+            # nothing was evicted since, as only an eviction unregisters a key) and scan
             # only past them.
             n = len(prev)
-            if n <= m and self.pool.keys_of(prev) == keys[:n]:
+            if n <= m and (r.last_hits_evictions == self.pool.num_evictions
+                           or self.pool.keys_of(prev) == keys[:n]):
                 return prev + list(takewhile(_not_none, map(get, islice(keys, n, m)))), hashed
         # C-level scan: stop at the first key not in the cache
         return list(takewhile(_not_none, map(get, islice(keys, m)))), hashed
@@ -679,6 +683,7 @@ class Scheduler(BlockKeyer):
             new = self._allocate(r, num_new, 0, hits, out, num_ext)
             if new is None:
                 r.last_hits = hits
+                r.last_hits_evictions = self.pool.num_evictions
                 break
             r.last_hits = None
             self._pop_waiting()
