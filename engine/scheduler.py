@@ -24,6 +24,10 @@ Semantics (vLLM V1, `vllm/v1/core/sched/scheduler.py`, re-derived, not copied):
   arrival rule always, so the choice does not depend on resume history. The victim's
   blocks are freed (its cached full blocks stay findable until evicted), its computed
   tokens reset to 0, and it goes back to the front of the waiting queue.
+- Disaggregated prefill (`add_request` keywords): `num_external_computed_tokens` admits a
+  request whose first prompt tokens' KV arrived from a prefill replica (blocks taken, not
+  computed); `hold_blocks_on_finish` keeps a finished request's blocks until
+  `release_held(request_id)` (its KV transfer is done).
 - Rejection at `add_request` of a request that can never fit: prompt + output longer
   than `max_model_len`, or more blocks than the pool has. Reported as a `RequestResult`
   with a reason, never dropped.
