@@ -101,8 +101,8 @@ def root_hash(algo: str) -> Hashable:
     return ROOT_HASH_BYTES if algo == "sha256" else ROOT_HASH_INT
 
 
-# below this many blocks an operation takes a plain per-block loop (the bulk forms' fixed
-# cost is not worth it)
+# below this many blocks `register` takes its per-block loop (the bulk check + insert has a
+# fixed cost not worth paying)
 _SMALL = 8
 
 

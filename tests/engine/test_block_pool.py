@@ -34,7 +34,7 @@ def test_free_queue_fifo_revive_middle_and_free_to_tail():
     pool.check_invariants({1: 1, 2: 1, 3: 1, 4: 1})
 
 
-@pytest.mark.parametrize("small", [1, 8])  # 1: every operation takes the numpy path
+@pytest.mark.parametrize("small", [1, 8])  # 1: registration always takes its bulk path
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["pop", "popn", "revive", "free"]), st.integers(0, 40)),
                 max_size=80))

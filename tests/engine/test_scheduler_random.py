@@ -154,7 +154,7 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
 @given(cfg=configs, specs=request_specs, hbs=st.sampled_from([2, 4, 8]), seed=st.integers(0, 99),
        with_tokens=st.booleans(), small=st.sampled_from([1, block_manager._SMALL]))
 def test_random_streams_keep_invariants(cfg, specs, hbs, seed, with_tokens, small):
-    # small = 1: every pool operation takes its numpy path (these pools are small)
+    # small = 1: block registration always takes its bulk path (these pools are small)
     default, block_manager._SMALL = block_manager._SMALL, small
     try:
         run_stream(cfg, build_requests(specs, hbs, with_tokens), seed, with_tokens)
