@@ -5,10 +5,16 @@ ever sees block ids; which block holds what is decided here.
 
 Design (vLLM V1's, re-derived):
 - A block is *free* when no request owns it (`ref_cnt == 0`). Free blocks sit in a
-  doubly linked queue in LRU order; allocation pops from the head.
-- A free block may still hold a cached prefix (`block_hash` set). A prefix-cache hit on
-  such a block takes it out of the middle of the queue in O(1) ("revives" it); popping
-  it for a new allocation evicts its hash (counted).
+  queue in LRU order; allocation pops from the head.
+- A free block may still hold a cached prefix (a hash). A prefix-cache hit on such a
+  block takes it out of the middle of the queue in O(1) ("revives" it); popping it for a
+  new allocation evicts its hash (counted).
+- Representation (for speed: the simulator moves millions of blocks): blocks are ints,
+  their state lives in plain lists indexed by block id (no per-block objects; bulk reads
+  go through C-level map/slices). The LRU queue is an append-only list of block ids in which each free
+  block's *latest* entry is the live one: `stamp[b]` holds the absolute position of that
+  entry. Removal from the middle just invalidates it (`stamp[b] = -1`); the head skips
+  dead entries. Same order, same evictions as a doubly linked list, O(1) amortized.
 - Prefix caching keys *full* blocks only, by a chained hash
   `H(parent_hash, block content, extra keys)`, so equal hashes mean equal whole prefixes.
 - A request frees its blocks tail first, so the heads of shared prefixes reach the
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Literal
 
 import xxhash
@@ -40,90 +46,6 @@ HASH_ALGOS: tuple[str, ...] = ("builtin", "xxhash", "sha256")
 # hash(None) is address-based and would differ between processes.
 ROOT_HASH_INT = 0
 ROOT_HASH_BYTES = b""
-
-
-class KVBlock:
-    """One physical KV block. `prev_free`/`next_free` link it into the free queue."""
-
-    __slots__ = ("block_hash", "block_id", "next_free", "prev_free", "ref_cnt")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: Hashable | None = None  # set while the block is in the prefix cache
-        self.prev_free: KVBlock | None = None
-        self.next_free: KVBlock | None = None
-
-    def __repr__(self) -> str:
-        return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash!r})"
-
-
-class FreeBlockQueue:
-    """Doubly linked list of free blocks in eviction order (head = evicted first).
-
-    O(1) popleft, append and removal from the middle; sentinels keep the code branch-free.
-    """
-
-    __slots__ = ("head", "num_free", "tail")
-
-    def __init__(self, blocks: Iterable[KVBlock]) -> None:
-        self.head = KVBlock(-1)
-        self.tail = KVBlock(-2)
-        self.head.next_free = self.tail
-        self.tail.prev_free = self.head
-        self.num_free = 0
-        for b in blocks:
-            self.append(b)
-
-    def popleft(self) -> KVBlock:
-        b = self.head.next_free
-        if b is self.tail:
-            raise RuntimeError("no free KV block (caller must check num_free first)")
-        nxt = b.next_free
-        self.head.next_free = nxt
-        nxt.prev_free = self.head
-        b.prev_free = b.next_free = None
-        self.num_free -= 1
-        return b
-
-    def popleft_n(self, n: int) -> list[KVBlock]:
-        if n > self.num_free:
-            raise RuntimeError(f"asked for {n} free KV blocks, {self.num_free} free")
-        out = []
-        b = self.head.next_free
-        for _ in range(n):
-            out.append(b)
-            nxt = b.next_free
-            b.prev_free = b.next_free = None
-            b = nxt
-        self.head.next_free = b
-        b.prev_free = self.head
-        self.num_free -= n
-        return out
-
-    def remove(self, b: KVBlock) -> None:
-        p, n = b.prev_free, b.next_free
-        p.next_free = n
-        n.prev_free = p
-        b.prev_free = b.next_free = None
-        self.num_free -= 1
-
-    def append(self, b: KVBlock) -> None:
-        last = self.tail.prev_free
-        last.next_free = b
-        b.prev_free = last
-        b.next_free = self.tail
-        self.tail.prev_free = b
-        self.num_free += 1
-
-    def __iter__(self):
-        b = self.head.next_free
-        while b is not self.tail:
-            yield b
-            b = b.next_free
-
-    def block_ids(self) -> list[int]:
-        return [b.block_id for b in self]
 
 
 def _pack_ints(values: tuple) -> bytes:
@@ -179,8 +101,14 @@ def root_hash(algo: str) -> Hashable:
     return ROOT_HASH_BYTES if algo == "sha256" else ROOT_HASH_INT
 
 
+# below this many blocks `register` takes its per-block loop (the bulk check + insert has a
+# fixed cost not worth paying)
+_SMALL = 8
+
+
 class BlockPool:
-    """`num_blocks` physical blocks, their free queue and the prefix-cache table.
+    """`num_blocks` physical blocks (ids 0..num_blocks-1), their LRU free queue and the
+    prefix-cache table (`cached`: key -> block id; `key_of[b]`: block b's key or None).
 
     Counters (cumulative): `num_allocated` (popped from the free queue), `num_revived` (free
     cached blocks taken back by a prefix hit), `num_freed` (refcount went to 0), so that
@@ -191,14 +119,20 @@ class BlockPool:
 
     __slots__ = (
         "block_size",
-        "blocks",
         "cached",
-        "free_queue",
+        "compact_at",
+        "head",
+        "key_of",
         "num_allocated",
         "num_blocks",
         "num_evictions",
+        "num_free",
         "num_freed",
         "num_revived",
+        "qbase",
+        "queue",
+        "ref",
+        "stamp",
     )
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -208,124 +142,198 @@ class BlockPool:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
-        self.cached: dict[Hashable, KVBlock] = {}
+        self.ref = [0] * num_blocks  # owners per block
+        self.stamp = list(range(num_blocks))  # absolute position of the block's live queue entry
+        self.key_of: list[Hashable | None] = [None] * num_blocks  # prefix-cache key, if cached
+        self.queue: list[int] = list(range(num_blocks))  # block ids, LRU first (with dead entries)
+        self.qbase = 0  # absolute position of queue[0]
+        self.head = 0  # index in `queue` of the first entry not yet consumed
+        self.num_free = num_blocks
+        self.cached: dict[Hashable, int] = {}
         self.num_allocated = 0
         self.num_freed = 0
         self.num_evictions = 0
         self.num_revived = 0  # free cached blocks taken back by a prefix hit
-
-    @property
-    def num_free(self) -> int:
-        return self.free_queue.num_free
+        # drop consumed queue entries once this many have piled up (and they are most of it)
+        self.compact_at = 1 << 16
 
     def usage(self) -> float:
         """Fraction of blocks owned by some request (vLLM's kv_cache_usage_perc; free cached
         blocks count as free)."""
-        return 1.0 - self.free_queue.num_free / self.num_blocks
+        return 1.0 - self.num_free / self.num_blocks
 
-    def allocate(self, n: int) -> list[KVBlock]:
-        """Pop `n` blocks from the LRU head, evicting any cached hash they carry.
+    def free_block_ids(self) -> list[int]:
+        """Free blocks in eviction order (head first)."""
+        q, h, stamp = self.queue, self.head, self.stamp
+        base = self.qbase + h
+        return [b for i, b in enumerate(q[h:]) if stamp[b] == base + i]
 
-        One pass, no per-block calls: this and `free_reversed` are the per-block hot path.
-        (A block's free-queue links are meaningful only while it is free.)"""
-        fq = self.free_queue
-        if n > fq.num_free:
-            raise RuntimeError(f"asked for {n} free KV blocks, {fq.num_free} free")
-        out = []
-        append = out.append
-        cached = self.cached
+    def allocate(self, n: int) -> list[int]:
+        """Pop `n` blocks from the LRU head, evicting any cached key they carry."""
+        if n > self.num_free:
+            raise RuntimeError(f"asked for {n} free KV blocks, {self.num_free} free")
+        q, stamp = self.queue, self.stamp
+        h = self.head
+        p = self.qbase + h
+        # Take entries from the head, keeping the live ones (dead ones: revived blocks); each
+        # round takes exactly as many entries as blocks are still missing. A plain loop:
+        # CPython's specialised list/dict bytecodes beat map() over slot wrappers here.
+        ref, key_of, cached = self.ref, self.key_of, self.cached
+        out: list[int] = []
         evicted = 0
-        b = fq.head.next_free
-        for _ in range(n):
-            h = b.block_hash
-            if h is not None:
-                del cached[h]  # invariant: cached[h] is b
-                b.block_hash = None
-                evicted += 1
-            b.ref_cnt = 1
-            append(b)
-            b = b.next_free
-        fq.head.next_free = b
-        b.prev_free = fq.head
-        fq.num_free -= n
+        need = n
+        while need:
+            w = q[h:h + need]
+            p0 = p
+            dead = 0
+            for b in w:
+                if stamp[b] == p:
+                    ref[b] = 1
+                    k = key_of[b]
+                    if k is not None:  # evict (invariant: cached[key_of[b]] == b)
+                        del cached[k]
+                        key_of[b] = None
+                        evicted += 1
+                else:
+                    dead += 1
+                p += 1
+            if dead:  # (stamps are untouched above, so liveness can be re-read)
+                w = [b for i, b in enumerate(w, p0) if stamp[b] == i]
+            out += w
+            h += need
+            need = n - len(out)
+        self.head = h
         self.num_evictions += evicted
+        self.num_free -= n
         self.num_allocated += n
+        if h >= self.compact_at and 2 * h >= len(q):
+            self._compact()
         return out
 
-    def allocate_one(self) -> KVBlock:
-        b = self.free_queue.popleft()
-        h = b.block_hash
-        if h is not None:
-            del self.cached[h]
-            b.block_hash = None
+    def allocate_one(self) -> int:
+        if self.num_free <= 0:
+            raise RuntimeError("no free KV block (caller must check num_free first)")
+        q, stamp = self.queue, self.stamp
+        h = self.head
+        p = self.qbase + h
+        b = q[h]
+        while stamp[b] != p:  # dead entry
+            h += 1
+            p += 1
+            b = q[h]
+        h += 1
+        self.head = h
+        self.ref[b] = 1
+        k = self.key_of[b]
+        if k is not None:
+            del self.cached[k]
+            self.key_of[b] = None
             self.num_evictions += 1
-        b.ref_cnt = 1
+        self.num_free -= 1
         self.num_allocated += 1
+        if h >= self.compact_at and 2 * h >= len(q):
+            self._compact()
         return b
 
-    def touch(self, blocks: Iterable[KVBlock]) -> None:
-        """Take a reference on prefix-cache hits, reviving free ones out of the queue."""
-        fq = self.free_queue
-        for b in blocks:
-            if b.ref_cnt == 0:
-                fq.remove(b)
-                self.num_revived += 1
-            b.ref_cnt += 1
+    def _compact(self) -> None:
+        h = self.head
+        del self.queue[:h]
+        self.qbase += h
+        self.head = 0
 
-    def free_reversed(self, blocks: list[KVBlock]) -> int:
-        """Drop one reference on each of `blocks`, tail first; those left unowned are spliced
-        onto the queue tail in that order. Returns how many became free."""
-        fq = self.free_queue
-        tail = fq.tail
-        last = tail.prev_free
-        n = 0
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Take a reference on prefix-cache hits, reviving free ones out of the queue."""
+        ref, stamp = self.ref, self.stamp
+        revived = 0
+        for b in blocks:
+            if ref[b] == 0:
+                stamp[b] = -1  # its queue entry is dead now
+                revived += 1
+            ref[b] += 1
+        self.num_free -= revived
+        self.num_revived += revived
+
+    def num_unowned(self, blocks: Iterable[int]) -> int:
+        """How many of `blocks` are free (would leave the queue if touched)."""
+        return list(map(self.ref.__getitem__, blocks)).count(0)
+
+    def free_reversed(self, blocks: Sequence[int]) -> int:
+        """Drop one reference on each of `blocks` (distinct), tail first; those left unowned
+        are appended to the queue tail in that order. Returns how many became free."""
+        ref, stamp, q = self.ref, self.stamp, self.queue
+        p = self.qbase + len(q)
+        start = len(q)
+        append = q.append
         for b in reversed(blocks):
-            rc = b.ref_cnt - 1
-            b.ref_cnt = rc
-            if rc == 0:
-                last.next_free = b
-                b.prev_free = last
-                last = b
-                n += 1
-        last.next_free = tail
-        tail.prev_free = last
-        fq.num_free += n
+            rc = ref[b] - 1
+            ref[b] = rc
+            if not rc:
+                stamp[b] = p
+                p += 1
+                append(b)
+        n = len(q) - start
+        self.num_free += n
         self.num_freed += n
         return n
 
-    def cache_block(self, b: KVBlock, h: Hashable) -> None:
-        """Register a full block under hash `h` (first writer wins: a duplicate with the same
-        content stays uncached and simply becomes a plain free block later)."""
-        if b.block_hash is None and h not in self.cached:
-            b.block_hash = h
-            self.cached[h] = b
+    def register(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """Register full blocks under their keys (first writer wins: a block whose key is
+        already cached stays uncached and becomes a plain free block later). The blocks
+        must not be registered yet."""
+        cached = self.cached
+        key_of = self.key_of
+        if len(keys) >= _SMALL and cached.keys().isdisjoint(keys):
+            # keys are distinct within a request (its chain), so all are new: bulk insert
+            cached.update(zip(keys, blocks))
+            for b, h in zip(blocks, keys):
+                key_of[b] = h
+            return
+        setdefault = cached.setdefault
+        for b, h in zip(blocks, keys):
+            if setdefault(h, b) == b:
+                key_of[b] = h
 
-    def lookup(self, h: Hashable) -> KVBlock | None:
+    def cache_block(self, b: int, h: Hashable) -> None:
+        """Register one full block under key `h` (first writer wins)."""
+        if self.key_of[b] is None and h not in self.cached:
+            self.cached[h] = b
+            self.key_of[b] = h
+
+    def lookup(self, h: Hashable) -> int | None:
         return self.cached.get(h)
+
+    def ref_cnt(self, b: int) -> int:
+        return self.ref[b]
+
+    def block_hash(self, b: int) -> Hashable | None:
+        return self.key_of[b]
+
+    def keys_of(self, blocks: Iterable[int]) -> list:
+        """`block_hash` of each of `blocks` (None where uncached)."""
+        return list(map(self.key_of.__getitem__, blocks))
 
     def check_invariants(self, owners: dict[int, int]) -> None:
         """Raise AssertionError unless refcounts, free queue and cache table agree.
 
         `owners[block_id]` = how many request block tables hold that block.
         """
-        for b in self.blocks:
-            want = owners.get(b.block_id, 0)
-            assert b.ref_cnt == want, f"block {b.block_id}: ref_cnt {b.ref_cnt} != {want} owners"
-        free_ids = []
-        prev = self.free_queue.head
-        b = prev.next_free
-        while b is not self.free_queue.tail:
-            assert b.prev_free is prev, f"free queue back link broken at block {b.block_id}"
-            assert b.ref_cnt == 0, f"block {b.block_id} in the free queue with ref_cnt {b.ref_cnt}"
-            free_ids.append(b.block_id)
-            prev, b = b, b.next_free
+        ref = self.ref
+        for b in range(self.num_blocks):
+            want = owners.get(b, 0)
+            assert ref[b] == want, f"block {b}: ref_cnt {ref[b]} != {want} owners"
+        free_ids = self.free_block_ids()
         assert len(free_ids) == len(set(free_ids)), "a block is twice in the free queue"
-        assert len(free_ids) == self.free_queue.num_free, "free queue count is off"
-        n_zero = sum(1 for b in self.blocks if b.ref_cnt == 0)
+        assert len(free_ids) == self.num_free, "free queue count is off"
+        for b in free_ids:
+            assert ref[b] == 0, f"block {b} in the free queue with ref_cnt {ref[b]}"
+        n_zero = ref.count(0)
         assert n_zero == len(free_ids), f"{n_zero} blocks with ref 0 but {len(free_ids)} queued"
+        live_from = self.qbase + self.head
+        for b in range(self.num_blocks):
+            st = self.stamp[b]
+            if ref[b] > 0 and live_from <= st < self.qbase + len(self.queue):
+                assert self.queue[st - self.qbase] != b, f"owned block {b} has a live queue entry"
         for h, b in self.cached.items():
-            assert b.block_hash == h, f"cache entry for block {b.block_id} has a stale hash"
-        n_hashed = sum(1 for b in self.blocks if b.block_hash is not None)
-        assert n_hashed == len(self.cached), "a block carries a hash the cache table lacks"
+            assert self.key_of[b] == h, f"cache entry for block {b} has a stale key"
+        n_keyed = sum(1 for k in self.key_of if k is not None)
+        assert n_keyed == len(self.cached), "a block carries a key the cache table lacks"

@@ -24,6 +24,10 @@ Semantics (vLLM V1, `vllm/v1/core/sched/scheduler.py`, re-derived, not copied):
   arrival rule always, so the choice does not depend on resume history. The victim's
   blocks are freed (its cached full blocks stay findable until evicted), its computed
   tokens reset to 0, and it goes back to the front of the waiting queue.
+- Disaggregated prefill (`add_request` keywords): `num_external_computed_tokens` admits a
+  request whose first prompt tokens' KV arrived from a prefill replica (blocks taken, not
+  computed); `hold_blocks_on_finish` keeps a finished request's blocks until
+  `release_held(request_id)` (its KV transfer is done).
 - Rejection at `add_request` of a request that can never fit: prompt + output longer
   than `max_model_len`, or more blocks than the pool has. Reported as a `RequestResult`
   with a reason, never dropped.
@@ -50,25 +54,30 @@ from __future__ import annotations
 
 import heapq
 import operator
-from array import array
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice, takewhile
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.block_keys import GEN_TAG, BlockKeyer
 from engine.block_manager import (
     BlockPool,
-    KVBlock,
     make_block_hasher,
     make_bytes_hasher,
-    pack_extra,
     root_hash,
 )
 from engine.request import Request
+from engine.scheduler_output import (
+    _EMPTY,
+    DecodeAdvance,
+    RequestResult,
+    ScheduledRequest,
+    SchedulerOutput,
+    SchedulerStats,
+)
 
 WAITING = "waiting"
 RUNNING = "running"
@@ -76,19 +85,9 @@ PREEMPTED = "preempted"  # waiting again, after preemption
 FINISHED = "finished"
 REJECTED = "rejected"
 
-# Content key tag for blocks that hold generated tokens in the simulator (no token ids):
-# such a block is keyed by (GEN_TAG, request_id, block index), so only the request that
-# produced it (e.g. after a preemption) can hit it. Hash ids are non-negative.
-GEN_TAG = -1
-
-_EMPTY: tuple[int, ...] = ()
 _not_none = partial(operator.is_not, None)
-_ref_cnt = operator.attrgetter("ref_cnt")
-_block_id = operator.attrgetter("block_id")
-_block_hash = operator.attrgetter("block_hash")
 _request_id = operator.attrgetter("request_id")
 _NO_IDS: frozenset[int] = frozenset()
-_OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
 
 class SchedulerConfig(BaseModel):
@@ -117,173 +116,6 @@ class SchedulerConfig(BaseModel):
         return self
 
 
-@dataclass(slots=True)
-class ScheduledRequest:
-    """What one request computes in one step. Plain data.
-
-    `block_ids` is the request's live block table (read only; valid until the next
-    `schedule()`/`update_from_output()`; copy it to keep it). `new_block_ids` are the
-    blocks allocated to it in this step (prefix-cache hits not included).
-    """
-
-    request_id: int
-    num_new_tokens: int  # tokens computed this step: a prefill chunk, 1, or 1 + num_spec_tokens
-    num_computed_tokens: int  # tokens already in KV before this step (prefix hits included)
-    num_cached_tokens: int  # prefix-cache hit tokens; non-zero only on an admission step
-    num_spec_tokens: int  # draft tokens among num_new_tokens (verified this step)
-    is_prefill: bool  # still computing prompt (or, after preemption, recomputing) tokens
-    samples: bool  # produces output token(s) this step: must appear in `sampled`
-    block_ids: list[int]
-    new_block_ids: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class RequestResult:
-    """A request leaving the scheduler: `status` is "finished" or "rejected"."""
-
-    request_id: int
-    status: str
-    reason: str  # finished: "length" (output_len reached) or "stop" (EOS); rejected: why
-    num_generated: int
-    num_preemptions: int
-    num_cached_tokens: int  # prefix-cache hit tokens at first admission
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """One step's decisions, plain data for a cost model or a GPU runner.
-
-    `scheduled` (a list of `ScheduledRequest`, in batch order: running requests first,
-    then new admissions) is built on first access, so a cost model that reads only the
-    totals below never pays for per-request objects. Read it before the next `schedule()`.
-    Context sums count each request's KV length after this step (`num_computed_tokens +
-    num_new_tokens`). `num_blocks_freed` is final only after `update_from_output` (which
-    adds the blocks that finishing requests and rejected drafts release).
-    """
-
-    step_id: int
-    num_batched_tokens: int = 0
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    num_prefill_seqs: int = 0
-    num_decode_seqs: int = 0
-    sum_prefill_context: int = 0
-    sum_decode_context: int = 0
-    num_spec_tokens: int = 0
-    preempted_ids: list[int] = field(default_factory=list)
-    rejected: list[tuple[int, str]] = field(default_factory=list)
-    num_blocks_allocated: int = 0
-    num_blocks_freed: int = 0
-    num_blocks_hashed: int = 0
-    # Compact per-request records (batch order). A plain decode (1 token, no new block) is
-    # just (state, table), its computed count being state.num_computed - 1 until the next
-    # schedule(); anything else also has an `_extra` entry keyed by request id:
-    # (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids, num_computed).
-    _states: list = field(default_factory=list, repr=False)
-    _tables: list = field(default_factory=list, repr=False)
-    _extra: dict = field(default_factory=dict, repr=False)
-    _nonsampling: set = field(default_factory=set, repr=False)  # ids of partial prefill chunks
-    _scheduled: list | None = field(default=None, repr=False)
-    _updated: bool = field(default=False, repr=False)
-
-    @property
-    def scheduled(self) -> list[ScheduledRequest]:
-        if self._scheduled is None:
-            extra = self._extra
-            out = []
-            for r, table in zip(self._states, self._tables):
-                rid = r.request_id
-                e = extra.get(rid)
-                if e is None:
-                    out.append(ScheduledRequest(rid, 1, r.num_computed - 1, 0, 0, False, True,
-                                                table, _EMPTY))
-                else:
-                    out.append(ScheduledRequest(rid, e[0], e[6], e[1], e[2], e[3], e[4], table, e[5]))
-            self._scheduled = out
-        return self._scheduled
-
-    @property
-    def num_scheduled(self) -> int:
-        return len(self._states)
-
-    def _sampling(self) -> list:
-        """States that produce tokens this step, in batch order."""
-        if not self._nonsampling:
-            return self._states
-        skip = self._nonsampling
-        return [r for r in self._states if r.request_id not in skip]
-
-
-@dataclass(slots=True)
-class DecodeAdvance:
-    """Totals of `advance_decode(n)`: what n single pure-decode steps would have produced.
-
-    Step i (0-based) of the n has `num_seqs` decodes and a decode context sum of
-    `sum_decode_context_first_step + i * num_seqs`.
-    """
-
-    num_steps: int
-    num_seqs: int
-    first_step_id: int
-    num_batched_tokens: int
-    sum_decode_context_first_step: int
-    num_blocks_allocated: int
-    num_blocks_freed: int
-    num_blocks_hashed: int
-    finished: list[RequestResult]
-
-    def sum_decode_context(self, i: int) -> int:
-        return self.sum_decode_context_first_step + i * self.num_seqs
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    """Cumulative counters and current gauges (a snapshot)."""
-
-    num_steps: int
-    num_running: int
-    num_waiting: int
-    num_finished: int
-    num_rejected: int
-    num_preemptions: int
-    prefix_cache_queries_tokens: int  # vLLM's vllm:prefix_cache_queries (first admissions)
-    prefix_cache_hits_tokens: int  # vLLM's vllm:prefix_cache_hits
-    prefix_cache_preempted_queries_tokens: int  # re-admissions after preemption
-    prefix_cache_preempted_hits_tokens: int
-    num_evictions: int
-    num_blocks_allocated: int
-    num_blocks_freed: int
-    num_blocks_revived: int  # free cached blocks taken back by prefix hits
-    num_blocks_hashed: int
-    num_cached_blocks: int  # blocks in the prefix-cache table (owned or free)
-    num_free_blocks: int
-    num_gpu_blocks: int
-    kv_usage: float  # fraction of blocks owned by requests (vllm:kv_cache_usage_perc)
-    fragmentation_slots: int  # allocated slots not holding a computed token
-    num_prompt_tokens_computed: int
-    num_generated_tokens: int
-    num_spec_drafts: int
-    num_spec_draft_tokens: int
-    num_spec_accepted_tokens: int
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        """vLLM's hit rate: hits / queries over first admissions."""
-        q = self.prefix_cache_queries_tokens
-        return self.prefix_cache_hits_tokens / q if q else 0.0
-
-    @property
-    def prefix_cache_queries_tokens_incl_preempted(self) -> int:
-        """Queries as vLLM counted them before vllm#25787 (re-admissions included)."""
-        return self.prefix_cache_queries_tokens + self.prefix_cache_preempted_queries_tokens
-
-    @property
-    def prefix_cache_hits_tokens_incl_preempted(self) -> int:
-        """Hits as vLLM counted them before vllm#25787: a preempted request re-finding its
-        own blocks counts as a hit, which inflates the rate under preemption (vllm#25780)."""
-        return self.prefix_cache_hits_tokens + self.prefix_cache_preempted_hits_tokens
-
-
 class _ReqState:
     """The scheduler's mutable record of one request."""
 
@@ -291,13 +123,15 @@ class _ReqState:
         "arrival_s",
         "block_hashes",
         "block_ids",
-        "blocks",
         "decoding",
+        "ext_tokens",
         "extra",
         "hash_block_size",
         "hash_chain",
         "hash_ids",
+        "hold",
         "last_hits",
+        "last_hits_evictions",
         "num_cached_blocks",
         "num_cached_tokens",
         "num_computed",
@@ -328,17 +162,19 @@ class _ReqState:
         self.num_tokens = req.prompt_len  # prompt + generated so far
         self.num_computed = 0  # tokens whose KV is (being) computed
         self.num_generated = 0
-        self.blocks: list[KVBlock] = []
-        self.block_ids: list[int] = []
+        self.block_ids: list[int] = []  # the block table
         self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
         self.hash_chain: list[Hashable] = []  # simulator: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
-        self.last_hits: list[KVBlock] | None = None  # prefix hits of a failed admission
+        self.last_hits: list[int] | None = None  # prefix hits of a failed admission
+        self.last_hits_evictions = -1  # the pool's eviction count when they were found
         self.status = WAITING
         self.decoding = False  # produced a token since its last admission
         self.num_preemptions = 0
         self.num_cached_tokens = 0
         self.seq = seq  # add order, the FCFS tie-break
+        self.ext_tokens = 0  # prompt tokens whose KV arrived by transfer (until admitted)
+        self.hold = False  # keep blocks after finishing until release_held()
 
 
 def _retire(r: _ReqState) -> None:
@@ -348,7 +184,7 @@ def _retire(r: _ReqState) -> None:
     r.token_ids = None
 
 
-class Scheduler:
+class Scheduler(BlockKeyer):
     """vLLM-V1-style scheduler over a `BlockPool`. See the module docstring."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -387,6 +223,8 @@ class Scheduler:
         self.num_spec_drafts = 0
         self.num_spec_draft_tokens = 0
         self.num_spec_accepted_tokens = 0
+        self.external_computed_tokens = 0  # KV tokens admitted from a transfer, not computed
+        self._held: dict[int, _ReqState] = {}  # finished, blocks kept until release_held()
 
     # ------------------------------------------------------------------ intake
 
@@ -395,13 +233,48 @@ class Scheduler:
         req: Request,
         prompt_token_ids: list[int] | None = None,
         extra_keys: tuple[int, ...] = (),
+        *,
+        num_external_computed_tokens: int = 0,
+        hold_blocks_on_finish: bool = False,
     ) -> None:
         """Queue `req`. `prompt_token_ids` (engine) key the prefix cache by real tokens;
         without them (simulator) block content comes from `req.hash_ids`. `extra_keys`
-        (ints, e.g. a LoRA id) enter every block hash."""
+        (ints, e.g. a LoRA id) enter every block hash.
+
+        Disaggregated prefill (vLLM's KV-connector notions):
+        - `num_external_computed_tokens=N`: the KV of the first N prompt tokens arrived from
+          elsewhere (a prefill replica). At admission their blocks are allocated (and, with
+          prefix caching, registered) without computing them; local prefix-cache hits are
+          looked up first and only the rest counts as external (`external_computed_tokens`).
+          They are neither hits nor computed tokens of the step, and cost no token budget.
+          N = prompt_len - 1 is what vLLM's connectors do (the decode side recomputes the
+          last prompt token to get its logits: the first output token comes from that step).
+          N = prompt_len models a decode side that starts with decode: the first output
+          token came with the KV (it counts as generated, output_len must be >= 2) and the
+          first step computes that token's KV and samples the 2nd output token.
+          After a preemption the request recomputes everything locally (the transfer is
+          spent), as in vLLM.
+        - `hold_blocks_on_finish=True` (the prefill side): when the request finishes it is
+          returned as usual but its blocks stay allocated until `release_held(request_id)`
+          (the KV transfer is done)."""
         rid = req.request_id
         if rid in self.requests:
             raise ValueError(f"request_id {rid} was already added to this scheduler")
+        ext = num_external_computed_tokens
+        if not isinstance(ext, int) or not 0 <= ext <= req.prompt_len:
+            raise ValueError(
+                f"request {rid}: num_external_computed_tokens = {ext!r} must be an int in "
+                f"0..prompt_len ({req.prompt_len})")
+        if ext == req.prompt_len and ext:
+            if req.output_len < 2:
+                raise ValueError(
+                    f"request {rid}: num_external_computed_tokens = prompt_len means the first "
+                    f"output token came with the KV, so output_len must be >= 2 "
+                    f"(got {req.output_len}); pass prompt_len - 1 to recompute the last token")
+            if prompt_token_ids is not None or req.prompt_token_ids is not None:
+                raise ValueError(
+                    f"request {rid}: num_external_computed_tokens = prompt_len needs the first "
+                    f"output token's id, which add_request cannot take; pass prompt_len - 1")
         if prompt_token_ids is None and req.prompt_token_ids is not None:
             prompt_token_ids = list(req.prompt_token_ids)
         if prompt_token_ids is not None:
@@ -415,6 +288,12 @@ class Scheduler:
             self._any_token_ids = True
         r = _ReqState(req, prompt_token_ids, tuple(extra_keys), self._seq)
         self._seq += 1
+        r.hold = bool(hold_blocks_on_finish)
+        if ext:
+            r.ext_tokens = ext
+            if ext == req.prompt_len:  # the first output token came with the KV
+                r.num_generated = 1
+                r.num_tokens += 1
         self.requests[rid] = r
         cfg = self.config
         total = req.prompt_len + req.output_len
@@ -483,134 +362,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ hashing
 
-    def _content(self, r: _ReqState, i: int) -> tuple:
-        """Flat tuple of ints identifying the tokens of block `i` of request `r`."""
-        bs = self.block_size
-        s = i * bs
-        e = s + bs
-        if r.token_ids is not None:
-            return tuple(r.token_ids[s:e])
-        if e <= r.prompt_len:
-            hbs = r.hash_block_size
-            if hbs % bs == 0:  # the block lies inside one hash block
-                return (r.hash_ids[s // hbs], s % hbs)
-            if bs % hbs == 0:  # the block is a run of whole hash blocks
-                return tuple(r.hash_ids[s // hbs : e // hbs])
-            out: list[int] = []
-            p = s
-            while p < e:
-                h = p // hbs
-                q = min(e, (h + 1) * hbs)
-                out += (r.hash_ids[h], p - h * hbs, q - h * hbs)
-                p = q
-            return tuple(out)
-        return (GEN_TAG, r.request_id, i)
-
-    def _contents(self, r: _ReqState, start: int, stop: int) -> list[tuple]:
-        """`_content(r, i)` for i in [start, stop), in bulk (the per-block hot path)."""
-        bs = self.block_size
-        if r.token_ids is not None:
-            t = r.token_ids
-            return [tuple(t[i * bs:(i + 1) * bs]) for i in range(start, stop)]
-        # (hash blocks that are multiples of the KV block take `_sim_keys` instead)
-        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
-        out: list[tuple] = []
-        if start < in_prompt:
-            out = [self._content(r, i) for i in range(start, in_prompt)]
-        gen_from = max(start, in_prompt)
-        if stop > gen_from:
-            rid = r.request_id
-            out += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
-        return out
-
-    def _hash_upto(self, r: _ReqState, n: int) -> int:
-        """Make sure `r.block_hashes` covers its first `n` blocks; returns how many blocks
-        were keyed now (counted in `num_blocks_hashed`: the per-block hashing work a real
-        engine pays, whichever shortcut the simulator takes below)."""
-        hashes = r.block_hashes
-        i = len(hashes)
-        if i >= n:
-            return 0
-        if r.token_ids is None and r.hash_block_size % self.block_size == 0:
-            hashes += self._sim_keys(r, i, n)
-        elif r.token_ids is not None and not self._builtin_hash:
-            # pack the whole run of token ids once, hash byte slices of it
-            bs = self.block_size
-            step = 8 * bs
-            buf = array("q", r.token_ids[i * bs:n * bs]).tobytes()
-            extra = pack_extra(r.extra)
-            hb = self._bytes_hasher
-            parent = hashes[-1] if hashes else self._root
-            append = hashes.append
-            for off in range(0, len(buf), step):
-                parent = hb(parent, buf[off:off + step], extra)
-                append(parent)
-        else:
-            parent = hashes[-1] if hashes else self._root
-            extra = r.extra
-            append = hashes.append
-            if self._builtin_hash:
-                for key in self._contents(r, i, n):
-                    parent = hash((parent, key, extra))
-                    append(parent)
-            else:
-                hasher = self._hasher
-                for key in self._contents(r, i, n):
-                    parent = hasher(parent, key, extra)
-                    append(parent)
-        self.num_blocks_hashed += n - i
-        return n - i
-
-    def _sim_keys(self, r: _ReqState, start: int, stop: int) -> list:
-        """Keys of blocks [start, stop) of a request without token ids whose hash blocks are
-        whole multiples of the KV block (Mooncake: 512 vs 16).
-
-        The chain is hashed once per *hash block* (`r.hash_chain[h]` = H(chain[h-1],
-        hash_ids[h], extra)), and KV block i inside hash block h is keyed by
-        (chain[h], i mod blocks-per-hash-block): equal keys iff equal whole prefixes, as with
-        per-block chaining, at 1/32 of the hashing. Blocks holding generated tokens are keyed
-        by (GEN_TAG, request_id, i): only this request (after a preemption) re-finds them.
-        """
-        bs = self.block_size
-        per = r.hash_block_size // bs
-        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
-        keys: list = []
-        if start < in_prompt:
-            chain = r.hash_chain
-            need = (in_prompt - 1) // per + 1
-            if len(chain) < need:
-                h = len(chain)
-                parent = chain[-1] if chain else self._root
-                hid = r.hash_ids
-                extra = r.extra
-                if self._builtin_hash:
-                    for x in hid[h:need]:
-                        parent = hash((parent, x, extra))
-                        chain.append(parent)
-                else:
-                    hasher = self._hasher
-                    for x in hid[h:need]:
-                        parent = hasher(parent, (x,), extra)
-                        chain.append(parent)
-            if per == 1:
-                keys = chain[start:in_prompt]
-            elif self._int_chain:
-                # int keys hash to themselves: every later dict operation on them is cheap
-                # (a (chain, offset) tuple would be re-hashed on each lookup). The offset
-                # flips low bits of a 64-bit chain hash: a clash needs two chains that
-                # differ only there.
-                keys = [chain[i // per] ^ (i % per) for i in range(start, in_prompt)]
-            else:  # sha256: bytes cache their hash too
-                ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
-                    j.to_bytes(8, "little") for j in range(per)]
-                keys = [chain[i // per] + ob[i % per] for i in range(start, in_prompt)]
-        gen_from = max(start, in_prompt)
-        if stop > gen_from:
-            rid = r.request_id
-            keys += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
-        return keys
-
-    def _lookup(self, r: _ReqState) -> tuple[list[KVBlock], int]:
+    def _lookup(self, r: _ReqState) -> tuple[list[int], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
         Returns (hit blocks, blocks hashed now). Like vLLM, all full blocks up to that
         limit are hashed on the first lookup (later lookups reuse the hashes)."""
@@ -624,10 +376,12 @@ class Scheduler:
         if prev is not None:
             # A queue head that could not be admitted is looked up again every step. If
             # its previous hits are all still registered under their keys, the scan would
-            # return them again: check that (3x cheaper than probing the table) and scan
+            # return them again: check that (3x cheaper than probing the table; free when
+            # nothing was evicted since, as only an eviction unregisters a key) and scan
             # only past them.
             n = len(prev)
-            if n <= m and list(map(_block_hash, prev)) == keys[:n]:
+            if n <= m and (r.last_hits_evictions == self.pool.num_evictions
+                           or self.pool.keys_of(prev) == keys[:n]):
                 return prev + list(takewhile(_not_none, map(get, islice(keys, n, m)))), hashed
         # C-level scan: stop at the first key not in the cache
         return list(takewhile(_not_none, map(get, islice(keys, m)))), hashed
@@ -637,41 +391,41 @@ class Scheduler:
         First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
         hashed = self._hash_upto(r, num_full)
-        setdefault = self.pool.cached.setdefault
         # blocks past num_cached_blocks are never registered yet (fresh allocations)
-        for b, h in zip(islice(r.blocks, start, num_full), islice(r.block_hashes, start, num_full)):
-            if setdefault(h, b) is b:
-                b.block_hash = h
+        if num_full - start == 1:
+            self.pool.cache_block(r.block_ids[start], r.block_hashes[start])
+        else:
+            self.pool.register(r.block_ids[start:num_full], r.block_hashes[start:num_full])
         r.num_cached_blocks = num_full
         return hashed
 
     # ------------------------------------------------------------------ allocation
 
     def _allocate(
-        self, r: _ReqState, num_new: int, num_spec: int, hits: list[KVBlock], out: SchedulerOutput
-    ) -> list[KVBlock] | None:
-        """Give `r` the slots for `num_new` more tokens (after its prefix hits `hits`);
-        None if the pool cannot. Caches the blocks this step fills with known tokens."""
+        self, r: _ReqState, num_new: int, num_spec: int, hits: list[int], out: SchedulerOutput,
+        num_external: int = 0,
+    ) -> list[int] | None:
+        """Give `r` the slots for `num_new` more tokens (after its prefix hits `hits` and
+        `num_external` tokens whose KV was transferred in); None if the pool cannot. Caches
+        the blocks this step fills with known tokens."""
         bs = self.block_size
         pool = self.pool
-        computed = r.num_computed + len(hits) * bs
-        need = -(-(computed + num_new) // bs) - len(r.blocks) - len(hits)
+        computed = r.num_computed + len(hits) * bs + num_external
+        need = -(-(computed + num_new) // bs) - len(r.block_ids) - len(hits)
         need = max(need, 0)
-        free = pool.free_queue.num_free
+        free = pool.num_free
         if need > free:
             return None
         # hits that sit free in the queue leave it too; count them only when it matters
-        if hits and need + len(hits) > free and need + list(map(_ref_cnt, hits)).count(0) > free:
+        if hits and need + len(hits) > free and need + pool.num_unowned(hits) > free:
             return None
         if hits:
             pool.touch(hits)
-            r.blocks.extend(hits)
-            r.block_ids.extend(map(_block_id, hits))
-            r.num_cached_blocks = len(r.blocks)
+            r.block_ids.extend(hits)
+            r.num_cached_blocks = len(r.block_ids)
         new = pool.allocate(need) if need else []
         if need:
-            r.blocks.extend(new)
-            r.block_ids.extend(map(_block_id, new))
+            r.block_ids.extend(new)
             out.num_blocks_allocated += need
         if self.caching:
             num_full = (computed + num_new - num_spec) // bs
@@ -680,11 +434,35 @@ class Scheduler:
         return new
 
     def _free_all(self, r: _ReqState) -> int:
-        freed = self.pool.free_reversed(r.blocks)
-        r.blocks = []
+        freed = self.pool.free_reversed(r.block_ids)
         r.block_ids = []  # a new list: earlier outputs keep the table they were given
         r.num_cached_blocks = 0
         return freed
+
+    def _free_finished(self, r: _ReqState) -> int:
+        """Free a finishing request's blocks, or hold them for its KV transfer."""
+        if r.hold:
+            self._held[r.request_id] = r
+            return 0
+        return self._free_all(r)
+
+    def release_held(self, request_id: int) -> int:
+        """Free the blocks of a finished request added with `hold_blocks_on_finish=True`
+        (its KV transfer is done); returns how many blocks became free. Tail first, like any
+        free, and its cached blocks stay findable until evicted."""
+        r = self._held.pop(request_id, None)
+        if r is None:
+            st = self.requests[request_id].status if request_id in self.requests else "unknown"
+            raise ValueError(
+                f"release_held({request_id}): no held blocks for that request (status {st}); "
+                f"only finished requests added with hold_blocks_on_finish=True hold blocks, "
+                f"and only until their first release")
+        return self._free_all(r)
+
+    @property
+    def num_held(self) -> int:
+        """Finished requests whose blocks are held for a KV transfer."""
+        return len(self._held)
 
     def _pick_victim(self) -> _ReqState:
         if self._priority:
@@ -756,7 +534,6 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         running = self.running
         pool = self.pool
-        fq = pool.free_queue
         bs = self.block_size
         bs1 = bs - 1
         caching = self.caching
@@ -779,7 +556,7 @@ class Scheduler:
                 c = r.num_computed
                 table = r.block_ids
                 if c >= len(table) * bs:
-                    if fq.num_free == 0:
+                    if pool.num_free == 0:
                         out.num_decode_seqs += n_dec
                         out.num_decode_tokens += n_dec
                         out.num_batched_tokens += n_dec
@@ -792,10 +569,9 @@ class Scheduler:
                             break
                         i = running.index(r)
                     b = pool.allocate_one()
-                    r.blocks.append(b)
-                    table.append(b.block_id)
+                    table.append(b)
                     out.num_blocks_allocated += 1
-                    extra[r.request_id] = (1, 0, 0, False, True, (b.block_id,), c)
+                    extra[r.request_id] = (1, 0, 0, False, True, (b,), c)
                 r.num_computed = c + 1
                 if caching and c % bs == bs1 and c // bs >= r.num_cached_blocks:
                     out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
@@ -836,7 +612,7 @@ class Scheduler:
             if new is None:
                 break
             r.num_computed = c + num_new
-            new_ids = tuple(map(_block_id, new)) if new else _EMPTY
+            new_ids = tuple(new) if new else _EMPTY
             if r.decoding:
                 extra[r.request_id] = (num_new, 0, spec, False, True, new_ids, c)
                 out.num_decode_seqs += 1
@@ -877,7 +653,7 @@ class Scheduler:
             self._preempt(v, out)
             if v is r:
                 return False
-            if not allocate or self.pool.free_queue.num_free > 0:
+            if not allocate or self.pool.num_free > 0:
                 return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> bool:
@@ -899,19 +675,26 @@ class Scheduler:
                 hits = []
             out.num_blocks_hashed += hashed
             num_hit = len(hits) * bs
-            num_new = r.num_tokens - num_hit
+            # KV transferred in (P/D) beyond the local hits: present, not computed
+            num_ext = r.ext_tokens - num_hit if r.ext_tokens > num_hit else 0
+            base = num_hit + num_ext  # tokens in KV before this step
+            num_new = r.num_tokens - base
             if 0 < thr < num_new:
                 num_new = thr
             if num_new > budget:
                 if not chunked:
                     break
                 num_new = budget
-            new = self._allocate(r, num_new, 0, hits, out)
+            new = self._allocate(r, num_new, 0, hits, out, num_ext)
             if new is None:
                 r.last_hits = hits
+                r.last_hits_evictions = self.pool.num_evictions
                 break
             r.last_hits = None
             self._pop_waiting()
+            if r.ext_tokens:
+                r.ext_tokens = 0  # spent: a preempted request recomputes locally
+                self.external_computed_tokens += num_ext
             if r.num_preemptions == 0:
                 self.pc_queries += r.num_tokens
                 self.pc_hits += num_hit
@@ -921,21 +704,28 @@ class Scheduler:
                 self.pc_preempted_hits += num_hit
             r.status = RUNNING
             running.append(r)
-            r.num_computed = num_hit + num_new
+            r.num_computed = base + num_new
             samples = r.num_computed >= r.num_tokens
-            out._extra[r.request_id] = (num_new, num_hit, 0, True, samples,
-                                        tuple(map(_block_id, new)) if new else _EMPTY, num_hit)
+            # decode from the start: the whole prompt's KV and the first token arrived (P/D)
+            is_decode = r.num_generated > 0 and not r.num_preemptions
+            out._extra[r.request_id] = (num_new, num_hit, 0, not is_decode, samples,
+                                        tuple(new) if new else _EMPTY, base)
             out._states.append(r)
             out._tables.append(r.block_ids)
             if not samples:
                 out._nonsampling.add(r.request_id)
-            out.num_prefill_tokens += num_new
-            out.num_prefill_seqs += 1
-            out.sum_prefill_context += num_hit + num_new
             out.num_batched_tokens += num_new
-            self.num_prompt_tokens_computed += num_new
             budget -= num_new
             admitted = True
+            if is_decode:
+                out.num_decode_tokens += num_new
+                out.num_decode_seqs += 1
+                out.sum_decode_context += base + num_new
+                continue
+            out.num_prefill_tokens += num_new
+            out.num_prefill_seqs += 1
+            out.sum_prefill_context += base + num_new
+            self.num_prompt_tokens_computed += num_new
         return admitted
 
     # ------------------------------------------------------------------ update
@@ -1005,7 +795,7 @@ class Scheduler:
                 r.num_tokens += 1
                 r.decoding = True
                 if g >= r.output_len:
-                    out.num_blocks_freed += self._free_all(r)
+                    out.num_blocks_freed += self._free_finished(r)
                     r.status = FINISHED
                     _retire(r)
                     self.num_finished += 1
@@ -1025,7 +815,7 @@ class Scheduler:
                     r.token_ids.append(v[0])
                 stop = r.request_id in stopped or (bool(eos_ids) and v[0] in eos_ids)
                 if stop or g >= r.output_len:
-                    out.num_blocks_freed += self._free_all(r)
+                    out.num_blocks_freed += self._free_finished(r)
                     r.status = FINISHED
                     _retire(r)
                     self.num_finished += 1
@@ -1054,9 +844,8 @@ class Scheduler:
                 if rejected:
                     r.num_computed -= rejected
                     keep = -(-r.num_computed // bs)
-                    if len(r.blocks) > keep:
-                        tail = r.blocks[keep:]
-                        del r.blocks[keep:]
+                    if len(r.block_ids) > keep:
+                        tail = r.block_ids[keep:]
                         del r.block_ids[keep:]
                         out.num_blocks_freed += pool.free_reversed(tail)
             remaining = r.output_len - r.num_generated
@@ -1079,7 +868,7 @@ class Scheduler:
                 r.token_ids.extend(toks[:n])
             r.decoding = True
             if reason is not None:
-                out.num_blocks_freed += self._free_all(r)
+                out.num_blocks_freed += self._free_finished(r)
                 r.status = FINISHED
                 _retire(r)
                 self.num_finished += 1
@@ -1201,9 +990,9 @@ class Scheduler:
             rem = r.output_len - r.num_generated
             if n_max is None or rem < n_max:
                 n_max = rem
-        free = self.pool.free_queue.num_free
+        free = self.pool.num_free
         bs = self.block_size
-        comp = [(r.num_computed, len(r.blocks)) for r in running]
+        comp = [(r.num_computed, len(r.block_ids)) for r in running]
 
         def blocks_needed(n: int) -> int:
             tot = 0
@@ -1235,34 +1024,36 @@ class Scheduler:
         pool = self.pool
         caching = self.caching
         first_step = self.step_id + 1
-        events: list[tuple[int, int, int]] = []
+        # Step s (1-based) of the n computes position c + s - 1 of each request (c = its
+        # num_computed): it needs a new block where that position starts one, and completes
+        # (caches) a block where the position ends one. Allocation order is (step, batch
+        # position), as n single steps would pop the free queue; registrations cannot clash
+        # with anything (decode blocks are keyed by the request's own generated-token keys,
+        # never registered before: a re-admission recomputes every earlier one), nor with
+        # the evictions those allocations make, so each request registers its completed
+        # blocks in one call, with the very same keys and counts.
+        allocs: list[tuple[int, int]] = []  # (0-based step, batch position) per new block
         sum_ctx = 0
         for j, r in enumerate(running):
             c = r.num_computed
             sum_ctx += c + 1
+            p = len(r.block_ids) * bs  # first position needing a new block
             last = c + n - 1  # last position computed
-            p = len(r.blocks) * bs  # first position needing a new block
             while p <= last:
-                events.append((p - c + 1, j, 0))
+                allocs.append((p - c, j))
                 p += bs
-            if caching:
-                p = c + (bs - 1 - c) % bs  # first position that completes a block
-                while p <= last:
-                    events.append((p - c + 1, j, 1))
-                    p += bs
-        events.sort()
-        allocated = hashed = 0
-        for s, j, kind in events:
-            r = running[j]
-            if kind == 0:
-                b = pool.allocate_one()
-                r.blocks.append(b)
-                r.block_ids.append(b.block_id)
-                allocated += 1
-            else:
-                full = (r.num_computed + s) // bs
-                if full > r.num_cached_blocks:
-                    hashed += self._cache_full(r, full)
+        allocated = len(allocs)
+        if allocated:
+            allocs.sort()
+            for (_, j), b in zip(allocs, pool.allocate(allocated)):
+                running[j].block_ids.append(b)
+        hashed = 0
+        if caching:
+            for r in running:
+                c = r.num_computed
+                fe = (c + n) // bs
+                if fe > c // bs and fe > r.num_cached_blocks:
+                    hashed += self._cache_full(r, fe)
         freed = 0
         finished: list[RequestResult] = []
         for r in running:
@@ -1270,7 +1061,7 @@ class Scheduler:
             r.num_generated += n
             r.num_tokens += n
             if r.num_generated >= r.output_len:
-                freed += self._free_all(r)
+                freed += self._free_finished(r)
                 r.status = FINISHED
                 _retire(r)
                 self.num_finished += 1
@@ -1296,7 +1087,7 @@ class Scheduler:
         bs = self.block_size
         frag = 0
         for r in self.running:
-            frag += len(r.blocks) * bs - r.num_computed
+            frag += len(r.block_ids) * bs - r.num_computed
         return SchedulerStats(
             num_steps=self.num_steps,
             num_running=len(self.running),
@@ -1323,6 +1114,9 @@ class Scheduler:
             num_spec_drafts=self.num_spec_drafts,
             num_spec_draft_tokens=self.num_spec_draft_tokens,
             num_spec_accepted_tokens=self.num_spec_accepted_tokens,
+            external_computed_tokens=self.external_computed_tokens,
+            num_held_requests=len(self._held),
+            num_held_blocks=sum(len(r.block_ids) for r in self._held.values()),
         )
 
     def num_preemptions_of(self, request_id: int) -> int:
@@ -1341,17 +1135,39 @@ class Scheduler:
         bs = self.block_size
         for r in self.running:
             assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
-            assert [b.block_id for b in r.blocks] == r.block_ids, f"request {r.request_id}: ids drift"
-            assert r.num_computed <= len(r.blocks) * bs, f"request {r.request_id}: KV overflow"
-            assert len(r.blocks) == -(-r.num_computed // bs), (
-                f"request {r.request_id}: {len(r.blocks)} blocks for {r.num_computed} tokens")
-            assert r.num_cached_blocks <= len(r.blocks)
+            assert r.num_computed <= len(r.block_ids) * bs, f"request {r.request_id}: KV overflow"
+            assert len(r.block_ids) == -(-r.num_computed // bs), (
+                f"request {r.request_id}: {len(r.block_ids)} blocks for {r.num_computed} tokens")
+            assert r.num_cached_blocks <= len(r.block_ids)
             assert len(set(r.block_ids)) == len(r.block_ids), f"request {r.request_id}: dup block"
+            for bid in r.block_ids:
+                owners[bid] = owners.get(bid, 0) + 1
+        for r in self._held.values():
+            assert r.status == FINISHED, f"held request {r.request_id} has status {r.status}"
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
         assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
         waiting = ([x[3] for x in self._heap_waiting] if self._priority else list(self._fcfs_waiting))
         for r in waiting:
-            assert not r.blocks and r.num_computed == 0, f"waiting request {r.request_id} holds KV"
+            assert not r.block_ids and r.num_computed == 0, f"waiting request {r.request_id} holds KV"
             assert r.status in (WAITING, PREEMPTED)
         self.pool.check_invariants(owners)
+
+
+# what other layers import from here (records live in engine/scheduler_output.py, keys in
+# engine/block_keys.py)
+__all__ = [
+    "FINISHED",
+    "GEN_TAG",
+    "PREEMPTED",
+    "REJECTED",
+    "RUNNING",
+    "WAITING",
+    "DecodeAdvance",
+    "RequestResult",
+    "ScheduledRequest",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "SchedulerStats",
+]

@@ -18,13 +18,15 @@ started before the arrival, exactly as stepping would (a request that arrives mi
 is scheduled at the next step boundary). Speculative decoding draws random accepted
 counts per step, so it always steps.
 
-Disaggregated prefill: prefill replicas run each request with output_len = 1; its KV
-(whole blocks x KV bytes per token, each TP rank its shard over its own link) then
-queues for the prefill replica's link (a SimPy Resource: bandwidth + latency, one
-transfer at a time), and the decode pool admits it with the prompt's KV present. The
-scheduler has no hook for externally computed KV yet, so the decode replica schedules
-the prompt as usual (blocks and token budget are taken as they would be) but the cost
-model charges only the last prompt token, which is what vLLM's KV connectors compute.
+Disaggregated prefill: prefill replicas run each request with output_len = 1 and hold its
+blocks when it finishes (`hold_blocks_on_finish`); its KV (whole blocks x KV bytes per
+token, each TP rank its shard over its own link) then queues for the prefill replica's
+link (a SimPy Resource: bandwidth + latency, one transfer at a time), whose end releases
+the held blocks (`release_held`). The decode pool admits the request with
+`num_external_computed_tokens = prompt_len - 1`: blocks for the whole prompt are taken,
+and its first step computes only the last prompt token, to get the logits of the first
+output token, which is what vLLM's KV connectors do (the scheduler's
+`_update_waiting_for_remote_kv` backs one token off a fully transferred prompt).
 """
 
 from __future__ import annotations
@@ -75,24 +77,35 @@ class _Replica:
             num_speculative_tokens=engine.num_speculative_tokens))
         self.wake: simpy.Event | None = None
         self.skipping = False
-        self.pending: list[Request] = []
-        self.external: dict[int, int] = {}  # request -> prompt tokens whose KV arrived by transfer
+        self.pending: list[tuple[Request, int]] = []  # (request, external tokens) while skipping
         self.stalled: dict[int, float] = {}  # preempted request -> time of its last token
         self.link = simpy.Resource(sim.env, capacity=1) if role == "prefill" else None
         self.proc = sim.env.process(self.run())
 
     # --- intake -------------------------------------------------------------------
     def add(self, req: Request, external_tokens: int = 0) -> None:
-        if external_tokens:
-            self.external[req.request_id] = external_tokens
         if self.skipping:
             # the scheduler is mid-way through a bulk decode: hand it over once the steps
             # that started before this arrival are applied (as a step boundary would)
-            self.pending.append(req)
+            self.pending.append((req, external_tokens))
         else:
-            self.sched.add_request(req)
+            self._admit(req, external_tokens)
+        self.kick()
+
+    def _admit(self, req: Request, external_tokens: int) -> None:
+        # a prefill replica keeps the blocks of a finished prompt until its KV transfer ends
+        self.sched.add_request(req, num_external_computed_tokens=external_tokens,
+                               hold_blocks_on_finish=self.role == "prefill")
+
+    def kick(self) -> None:
+        """Wake the step loop if it sleeps waiting for work (or for free blocks)."""
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
+
+    def release(self, request_id: int) -> None:
+        """The KV transfer of a finished prompt is done: its held blocks return to the pool."""
+        self.sched.release_held(request_id)
+        self.kick()
 
     @property
     def load(self) -> int:
@@ -177,7 +190,7 @@ class _Replica:
         npt = nps = nds = dq = sctx = pkv = 0
         pairs = 0.0
         samplers = []
-        external, scheduled_s = self.external, sim.scheduled_s
+        scheduled_s = sim.scheduled_s
         for sr in out.scheduled:
             rid, q, c = sr.request_id, sr.num_new_tokens, sr.num_computed_tokens
             if sr.samples:
@@ -186,12 +199,6 @@ class _Replica:
                 i = sim.idx(rid)
                 if scheduled_s[i] != scheduled_s[i]:  # NaN: first time scheduled
                     scheduled_s[i] = t0
-                ext = external.get(rid, 0)
-                if ext:  # KV of the first `ext` prompt tokens arrived by transfer: not computed here
-                    free = min(max(ext - c, 0), q)
-                    c, q = c + free, q - free
-                    if q == 0:
-                        continue
                 npt += q
                 nps += 1
                 pairs += q * c + q * (q + 1) / 2
@@ -225,8 +232,8 @@ class _Replica:
                 yield env.timeout(max(end - env.now, 0.0))
         self.skipping = False
         adv = sched.advance_decode(m) if m else None
-        for req in self.pending:
-            sched.add_request(req)
+        for req, ext in self.pending:
+            self._admit(req, ext)
         self.pending.clear()
         if adv is None:
             return
@@ -265,7 +272,6 @@ class _Replica:
 
     def _finish(self, results, t: float) -> None:
         for r in results:
-            self.external.pop(r.request_id, None)
             self.sim._done(self, r, t)
 
     def _kv_usage(self) -> float:
@@ -352,9 +358,8 @@ class Simulation:
             d = dep.disaggregation
             pe = base.model_copy(update={"max_num_batched_tokens": d.prefill_max_num_batched_tokens
                                          or base.max_num_batched_tokens, "speculative_config": None})
-            # the decode side must fit a transferred prompt in one step (its tokens cost nothing)
             de = base.model_copy(update={"max_num_batched_tokens": d.decode_max_num_batched_tokens
-                                         or max(base.max_num_batched_tokens, base.max_model_len)})
+                                         or base.max_num_batched_tokens})
             pplan, dplan = plan_memory(dep.model, dep.gpu, pe), plan_memory(dep.model, dep.gpu, de)
             pcost = CostModel(dep.model, dep.gpu, pe, self.profile)
             dcost = CostModel(dep.model, dep.gpu, de, self.profile, draft)
@@ -455,6 +460,7 @@ class Simulation:
         with src.link.request() as slot:
             yield slot
             yield self.env.timeout(nbytes / self.link_bytes_per_s + self.link_latency_s)
+        src.release(req.request_id)
         i = self.idx(req.request_id)
         self.kv_transfer_s[i] = self.env.now - t_ready
         dst = self._route(req, self.decode_pool)
@@ -502,9 +508,6 @@ class Simulation:
         """The `vllm serve` flags of this run (the decode side's, plus the connector, for P/D)."""
         dep = self.dep
         eng = (self.decode_pool or self.replicas)[0].engine
-        if dep.disaggregation is not None:  # the decode side's budget is a simulator device
-            eng = eng.model_copy(update={"max_num_batched_tokens": dep.engine.resolved_for(
-                dep.gpu, dep.model).max_num_batched_tokens})
         args = " ".join(eng.to_vllm_args(EngineConfig().resolved_for(dep.gpu, dep.model)))
         if dep.disaggregation is not None:
             args = (args + " " + _kv_transfer_arg(dep.disaggregation.kv_connector)).strip()

@@ -75,3 +75,23 @@ def test_extra_keys_separate_caches():
     s.add_request(Request(2, 0.0, 9, 1, (1, 2, 3), hash_block_size=4), extra_keys=(7,))
     out = s.schedule()
     assert [x.num_cached_tokens for x in out.scheduled] == [0, 8]
+
+
+def test_bulk_sim_keys_equal_the_per_block_formula():
+    # long prompts take the vectorized path (>= 64 blocks): keys must equal chain[h] ^ offset,
+    # for signed (builtin) and unsigned (xxhash) 64-bit chain values, from any start block
+    for algo in ("builtin", "xxhash"):
+        s = Scheduler(SchedulerConfig(num_gpu_blocks=1000, block_size=4, prefix_caching_hash_algo=algo))
+        req = Request(0, 0.0, 4 * 300 + 2, 2, tuple(range(7, 7 + 76)), hash_block_size=16)
+        s.add_request(req)
+        r = s.requests[0]
+        short = s._sim_keys(r, 0, 10)  # scalar path; also builds chain[0:3]
+        keys = s._sim_keys(r, 5, 300)
+        chain = r.hash_chain
+        assert len(chain) == 75 and short == [chain[i // 4] ^ (i % 4) for i in range(10)]
+        assert keys == [chain[i // 4] ^ (i % 4) for i in range(5, 300)]
+        assert all(type(k) is int for k in keys)
+        if algo == "xxhash":
+            assert any(k >= 1 << 63 for k in keys)  # unsigned values survive
+        else:
+            assert any(k < 0 for k in keys)

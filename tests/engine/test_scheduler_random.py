@@ -7,6 +7,7 @@ import random
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from engine import block_manager
 from engine.request import Request
 from engine.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
 
@@ -51,16 +52,31 @@ def build_requests(specs, hbs: int, with_tokens: bool):
     return reqs
 
 
-def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000):
+def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, pd: bool = False):
+    """`pd`: requests randomly arrive with external KV (prompt_len - 1, or prompt_len without
+    token ids) and/or hold their blocks on finish, released 0-2 steps later."""
     rng = random.Random(seed)
+    pd_rng = random.Random(seed + 1)
     s = Scheduler(cfg)
     results = {}
     pending = list(reqs)
+    held: dict[int, int] = {}  # request -> step at which its transfer completes
+    ext_of: dict[int, int] = {}
     step = 0
-    while pending or s.has_unfinished():
+    while pending or s.has_unfinished() or held:
+        for rid in [k for k, t in held.items() if t <= step]:
+            del held[rid]
+            s.release_held(rid)
         while pending and pending[0][0] <= step:
             _, r, toks = pending.pop(0)
-            s.add_request(r, prompt_token_ids=toks)
+            if pd:
+                choices = [0, r.prompt_len - 1] + ([r.prompt_len] if toks is None and r.output_len >= 2 else [])
+                ext = pd_rng.choice(choices)
+                ext_of[r.request_id] = ext
+                s.add_request(r, prompt_token_ids=toks, num_external_computed_tokens=ext,
+                              hold_blocks_on_finish=pd_rng.random() < 0.5)
+            else:
+                s.add_request(r, prompt_token_ids=toks)
         step += 1
         assert step < max_steps, "scheduler made no progress"
         head = s._peek_waiting()
@@ -111,6 +127,8 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000):
         for r in res:
             assert r.request_id not in results, "request reported twice"
             results[r.request_id] = r
+            if r.status == FINISHED and s.requests[r.request_id].hold:
+                held[r.request_id] = step + pd_rng.randint(0, 2)
     # nothing lost, all blocks home
     assert sorted(results) == [r.request_id for _, r, _ in reqs]
     for _, r, _ in reqs:
@@ -126,14 +144,30 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000):
     assert st_.num_free_blocks == cfg.num_gpu_blocks and st_.kv_usage == 0.0
     assert st_.num_blocks_allocated + st_.num_blocks_revived == st_.num_blocks_freed
     assert st_.prefix_cache_hits_tokens <= st_.prefix_cache_queries_tokens
+    assert st_.num_held_requests == 0 and st_.num_held_blocks == 0
+    # external tokens: at most what was announced, and only on first admissions
+    assert st_.external_computed_tokens <= sum(ext_of.values())
     return s
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs, specs=request_specs, hbs=st.sampled_from([2, 4, 8]), seed=st.integers(0, 99),
+       with_tokens=st.booleans(), small=st.sampled_from([1, block_manager._SMALL]))
+def test_random_streams_keep_invariants(cfg, specs, hbs, seed, with_tokens, small):
+    # small = 1: block registration always takes its bulk path (these pools are small)
+    default, block_manager._SMALL = block_manager._SMALL, small
+    try:
+        run_stream(cfg, build_requests(specs, hbs, with_tokens), seed, with_tokens)
+    finally:
+        block_manager._SMALL = default
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs, specs=request_specs, hbs=st.sampled_from([2, 4, 8]), seed=st.integers(0, 99),
        with_tokens=st.booleans())
-def test_random_streams_keep_invariants(cfg, specs, hbs, seed, with_tokens):
-    run_stream(cfg, build_requests(specs, hbs, with_tokens), seed, with_tokens)
+def test_random_streams_with_external_kv_and_held_blocks_keep_invariants(cfg, specs, hbs, seed,
+                                                                         with_tokens):
+    run_stream(cfg, build_requests(specs, hbs, with_tokens), seed, with_tokens, pd=True)
 
 
 def state_of(s: Scheduler):
@@ -143,8 +177,8 @@ def state_of(s: Scheduler):
         for rid, r in sorted(s.requests.items()))
     pool = s.pool
     st_ = s.stats
-    return (reqs, tuple(pool.free_queue.block_ids()),
-            tuple(sorted((repr(h), b.block_id) for h, b in pool.cached.items())),
+    return (reqs, tuple(pool.free_block_ids()),
+            tuple(sorted((repr(h), b) for h, b in pool.cached.items())),
             [r.request_id for r in s.running], s.step_id,
             (st_.num_evictions, st_.num_blocks_allocated, st_.num_blocks_freed, st_.num_blocks_hashed,
              st_.num_generated_tokens, st_.num_steps, st_.fragmentation_slots))

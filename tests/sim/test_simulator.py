@@ -282,3 +282,22 @@ def test_cli_disaggregation_flags():
     assert bad.exit_code == 2 and "--disagg" in bad.output
     clash = CliRunner().invoke(app, ["simulate", "-w", "lab-poisson", "--disagg", "1:1", "--num-gpus", "3"])
     assert clash.exit_code == 2 and "does not match" in clash.output
+
+
+def test_prefill_replica_holds_blocks_until_the_transfer_ends():
+    # 2 prompts of 4,096 tokens prefilled in one step; each transfer takes 2.15 s on a 1 GB/s
+    # link (one at a time). At 1 s both prompts' blocks (2 x 256) are still held on the prefill
+    # replica; at the end every block is back and nothing is held.
+    reqs = [Request(i, 0.0, 4096, 2, tuple(range(i * 256, i * 256 + 256))) for i in range(2)]
+    sim = Simulation(_disagg(link_gbps=1.0, latency=0.0), reqs)
+    pre = sim.prefill_pool[0].sched
+    sim.env.run(until=1.0)
+    st = pre.stats
+    assert (st.num_held_requests, st.num_held_blocks, st.num_running) == (2, 512, 0)
+    assert st.num_free_blocks == st.num_gpu_blocks - 512
+    res = sim.run()
+    assert list(res.requests["status"]) == ["finished", "finished"]
+    for rep in sim.replicas:
+        st = rep.sched.stats
+        assert st.num_held_requests == 0 and st.num_free_blocks == st.num_gpu_blocks
+    assert sim.decode_pool[0].sched.stats.external_computed_tokens == 2 * 4095
