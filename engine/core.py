@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineArgs, scheduler_config
 from engine.model import TORCH_DTYPES, LlamaModel
 from engine.model_spec import ModelSpec, get_model
 from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler
 
 TRACE_FIELDS = (
     "step_id", "t_start_s", "schedule_s", "prepare_s", "forward_s", "sample_s", "total_s",
@@ -94,7 +94,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_model(config: EngineConfig, device: torch.device, max_model_len: int | None = None
+def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None
                 ) -> LlamaModel:
     """A preset with seeded random weights, or a checkpoint directory."""
     path = Path(config.model)
@@ -117,7 +117,7 @@ def _default_max_len(spec: ModelSpec) -> int:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, model: LlamaModel | None = None,
+    def __init__(self, config: EngineArgs, model: LlamaModel | None = None,
                  eos_token_ids: tuple[int, ...] = ()) -> None:
         self.config = config
         self.device = resolve_device(config.device)
@@ -143,17 +143,8 @@ class EngineCore:
         self.graph_capture_s = 0.0
         if self.runner.is_cuda and not config.enforce_eager and model.attn.name == "triton":
             self.graph_capture_s = self.runner.capture_decode_graphs()
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=self.max_model_len,
-            block_size=config.block_size,
-            num_gpu_blocks=self.num_gpu_blocks,
-            enable_prefix_caching=config.enable_prefix_caching,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            long_prefill_token_threshold=config.long_prefill_token_threshold,
-            scheduling_policy=config.scheduling_policy,
-        ))
+        self.scheduler = Scheduler(scheduler_config(config, num_gpu_blocks=self.num_gpu_blocks,
+                                                    max_model_len=self.max_model_len))
         self.sampler = Sampler(self.device, default_seed=config.seed)
         self.requests: dict[int, RequestState] = {}
         self.epoch = time.perf_counter()

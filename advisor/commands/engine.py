@@ -20,10 +20,10 @@ Model = Annotated[str, typer.Option("--model", help="model preset (llama-3.2-1b,
 def _engine_config(**kw):
     from pydantic import ValidationError
 
-    from engine.config import EngineConfig
+    from engine.config import EngineArgs
 
     try:
-        return EngineConfig(**kw)
+        return EngineArgs(**kw)
     except ValidationError as exc:  # the message names the field (= the flag)
         raise typer.BadParameter(str(exc)) from None
 

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineArgs
 from engine.core import EngineCore
 from engine.metrics import EngineMetrics, build_1_2_5_buckets
 from engine.model import LlamaModel
@@ -85,7 +85,7 @@ def test_metric_buckets_follow_vllm():
 
 
 def test_replay_honors_arrivals_and_writes_metrics(tmp_path):
-    core = EngineCore(EngineConfig(model="tiny", device="cpu", max_model_len=128, block_size=4,
+    core = EngineCore(EngineArgs(model="tiny", device="cpu", max_model_len=128, block_size=4,
                                    max_num_batched_tokens=32, seed=0))
     reqs = [Request(0, 0.0, 9, 4, (1, 2, 3), hash_block_size=4),
             Request(1, 0.25, 9, 3, (1, 2, 4), hash_block_size=4),  # shares 8 prompt tokens with 0
