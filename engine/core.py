@@ -195,18 +195,9 @@ class EngineCore:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
-        finished: list[RequestState] = []
         if not out.scheduled:
-            # Still report what the scheduler finished or rejected (rejections come back here).
-            for res in self.scheduler.update_from_output(out, {}):
-                finished.append(self._finish(res.request_id, res.status, res.reason, res))
-            return StepResult({}, finished, None)
-        now = t1 - self.epoch
-        for s in out.scheduled:
-            st = self.requests[s.request_id]
-            if st.first_scheduled_s is None:
-                st.first_scheduled_s = now
-                st.num_cached_tokens = s.num_cached_tokens
+            return StepResult({}, self._finish_unscheduled(out), None)
+        self._note_first_scheduled(out, t1 - self.epoch)
         inp = self.runner.prepare(out.scheduled, {s.request_id: self.requests[s.request_id].token_ids
                                                   for s in out.scheduled})
         t2 = time.perf_counter()
@@ -235,8 +226,8 @@ class EngineCore:
                 st.stop_len = len(st.token_ids)
                 stopped.add(rid)
         num_visible = len(tokens)
-        for res in self.scheduler.update_from_output(out, sampled, stopped=stopped):
-            finished.append(self._finish(res.request_id, res.status, res.reason, res))
+        finished = [self._finish(res.request_id, res.status, res.reason, res)
+                    for res in self.scheduler.update_from_output(out, sampled, stopped=stopped)]
         t5 = time.perf_counter()
         if self._use_events:
             forward_s = ev0.elapsed_time(ev1) / 1e3  # GPU time; both events are done after .tolist()
@@ -252,6 +243,19 @@ class EngineCore:
         """Whether `tok` ends this request: EOS unless its ignore_eos, or one of its stop ids."""
         p = st.params
         return (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids
+
+    def _finish_unscheduled(self, out) -> list[RequestState]:
+        """Finish what an empty step still reports (rejections come back from the scheduler here)."""
+        return [self._finish(res.request_id, res.status, res.reason, res)
+                for res in self.scheduler.update_from_output(out, {})]
+
+    def _note_first_scheduled(self, out, now_s: float) -> None:
+        """Stamp each request's first scheduling time and the prefix-cache hit it was admitted with."""
+        for s in out.scheduled:
+            st = self.requests[s.request_id]
+            if st.first_scheduled_s is None:
+                st.first_scheduled_s = now_s
+                st.num_cached_tokens = s.num_cached_tokens
 
     def _finish(self, rid: int, status: str, reason: str | None, res=None) -> RequestState:
         st = self.requests[rid]
@@ -289,20 +293,13 @@ class EngineCore:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
-        immediate: list[RequestState] = []
         if not out.scheduled:
-            for res in self.scheduler.update_from_output(out, {}):
-                immediate.append(self._finish(res.request_id, res.status, res.reason, res))
+            immediate = self._finish_unscheduled(out)
             prev = self._collect(t0)
             self._end_stopped(prev)
             prev.finished[:0] = immediate
             return prev
-        now = t1 - self.epoch
-        for s in out.scheduled:
-            st = self.requests[s.request_id]
-            if st.first_scheduled_s is None:
-                st.first_scheduled_s = now
-                st.num_cached_tokens = s.num_cached_tokens
+        self._note_first_scheduled(out, t1 - self.epoch)
         p = self._pending
         inflight = (p.row_of, p.tokens_dev) if p is not None and p.tokens_dev is not None else None
         inp = self.runner.prepare(out.scheduled, {s.request_id: self.requests[s.request_id].token_ids
@@ -340,7 +337,6 @@ class EngineCore:
                 pend.finished.append(res)  # its last token is still in flight
         self._end_stopped(prev)
         self._pending = pend
-        prev.finished[:0] = immediate
         return prev
 
     def _end_stopped(self, prev: StepResult) -> None:
