@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineArgs, scheduler_config
 from engine.model import TORCH_DTYPES, LlamaModel
 from engine.model_spec import ModelSpec, get_model
 from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler
 
 TRACE_FIELDS = (
     "step_id", "t_start_s", "schedule_s", "prepare_s", "forward_s", "sample_s", "total_s",
@@ -94,7 +94,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_model(config: EngineConfig, device: torch.device, max_model_len: int | None = None
+def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None
                 ) -> LlamaModel:
     """A preset with seeded random weights, or a checkpoint directory."""
     path = Path(config.model)
@@ -117,7 +117,7 @@ def _default_max_len(spec: ModelSpec) -> int:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, model: LlamaModel | None = None,
+    def __init__(self, config: EngineArgs, model: LlamaModel | None = None,
                  eos_token_ids: tuple[int, ...] = ()) -> None:
         self.config = config
         self.device = resolve_device(config.device)
@@ -143,17 +143,8 @@ class EngineCore:
         self.graph_capture_s = 0.0
         if self.runner.is_cuda and not config.enforce_eager and model.attn.name == "triton":
             self.graph_capture_s = self.runner.capture_decode_graphs()
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=self.max_model_len,
-            block_size=config.block_size,
-            num_gpu_blocks=self.num_gpu_blocks,
-            enable_prefix_caching=config.enable_prefix_caching,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            long_prefill_token_threshold=config.long_prefill_token_threshold,
-            scheduling_policy=config.scheduling_policy,
-        ))
+        self.scheduler = Scheduler(scheduler_config(config, num_gpu_blocks=self.num_gpu_blocks,
+                                                    max_model_len=self.max_model_len))
         self.sampler = Sampler(self.device, default_seed=config.seed)
         self.requests: dict[int, RequestState] = {}
         self.epoch = time.perf_counter()
@@ -204,18 +195,9 @@ class EngineCore:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
-        finished: list[RequestState] = []
         if not out.scheduled:
-            # Still report what the scheduler finished or rejected (rejections come back here).
-            for res in self.scheduler.update_from_output(out, {}):
-                finished.append(self._finish(res.request_id, res.status, res.reason, res))
-            return StepResult({}, finished, None)
-        now = t1 - self.epoch
-        for s in out.scheduled:
-            st = self.requests[s.request_id]
-            if st.first_scheduled_s is None:
-                st.first_scheduled_s = now
-                st.num_cached_tokens = s.num_cached_tokens
+            return StepResult({}, self._finish_unscheduled(out), None)
+        self._note_first_scheduled(out, t1 - self.epoch)
         inp = self.runner.prepare(out.scheduled, {s.request_id: self.requests[s.request_id].token_ids
                                                   for s in out.scheduled})
         t2 = time.perf_counter()
@@ -244,8 +226,8 @@ class EngineCore:
                 st.stop_len = len(st.token_ids)
                 stopped.add(rid)
         num_visible = len(tokens)
-        for res in self.scheduler.update_from_output(out, sampled, stopped=stopped):
-            finished.append(self._finish(res.request_id, res.status, res.reason, res))
+        finished = [self._finish(res.request_id, res.status, res.reason, res)
+                    for res in self.scheduler.update_from_output(out, sampled, stopped=stopped)]
         t5 = time.perf_counter()
         if self._use_events:
             forward_s = ev0.elapsed_time(ev1) / 1e3  # GPU time; both events are done after .tolist()
@@ -261,6 +243,19 @@ class EngineCore:
         """Whether `tok` ends this request: EOS unless its ignore_eos, or one of its stop ids."""
         p = st.params
         return (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids
+
+    def _finish_unscheduled(self, out) -> list[RequestState]:
+        """Finish what an empty step still reports (rejections come back from the scheduler here)."""
+        return [self._finish(res.request_id, res.status, res.reason, res)
+                for res in self.scheduler.update_from_output(out, {})]
+
+    def _note_first_scheduled(self, out, now_s: float) -> None:
+        """Stamp each request's first scheduling time and the prefix-cache hit it was admitted with."""
+        for s in out.scheduled:
+            st = self.requests[s.request_id]
+            if st.first_scheduled_s is None:
+                st.first_scheduled_s = now_s
+                st.num_cached_tokens = s.num_cached_tokens
 
     def _finish(self, rid: int, status: str, reason: str | None, res=None) -> RequestState:
         st = self.requests[rid]
@@ -298,20 +293,13 @@ class EngineCore:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
-        immediate: list[RequestState] = []
         if not out.scheduled:
-            for res in self.scheduler.update_from_output(out, {}):
-                immediate.append(self._finish(res.request_id, res.status, res.reason, res))
+            immediate = self._finish_unscheduled(out)
             prev = self._collect(t0)
             self._end_stopped(prev)
             prev.finished[:0] = immediate
             return prev
-        now = t1 - self.epoch
-        for s in out.scheduled:
-            st = self.requests[s.request_id]
-            if st.first_scheduled_s is None:
-                st.first_scheduled_s = now
-                st.num_cached_tokens = s.num_cached_tokens
+        self._note_first_scheduled(out, t1 - self.epoch)
         p = self._pending
         inflight = (p.row_of, p.tokens_dev) if p is not None and p.tokens_dev is not None else None
         inp = self.runner.prepare(out.scheduled, {s.request_id: self.requests[s.request_id].token_ids
@@ -349,7 +337,6 @@ class EngineCore:
                 pend.finished.append(res)  # its last token is still in flight
         self._end_stopped(prev)
         self._pending = pend
-        prev.finished[:0] = immediate
         return prev
 
     def _end_stopped(self, prev: StepResult) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import EngineConfig
+from engine.config import EngineArgs
 from engine.core import EngineCore, RequestState, content_hash_ids
 from engine.model import LlamaModel
 from engine.request import FIRST_CONTENT_TOKEN_ID, Request
@@ -48,11 +48,11 @@ def encode_prompt(prompt: Any, vocab_size: int) -> list[int]:
 
 
 class LLM:
-    """Offline batched generation. Keyword arguments are `EngineConfig` fields (vLLM names)."""
+    """Offline batched generation. Keyword arguments are `EngineArgs` fields (vLLM names)."""
 
     def __init__(self, model: str = "tiny", *, llm_model: LlamaModel | None = None,
                  eos_token_id: int | None = None, **engine_args: Any) -> None:
-        self.config = EngineConfig(model=model, **engine_args)
+        self.config = EngineArgs(model=model, **engine_args)
         eos = (eos_token_id,) if eos_token_id is not None else ()
         self.engine = EngineCore(self.config, model=llm_model, eos_token_ids=eos)
         self._next_id = 0

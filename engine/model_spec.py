@@ -61,7 +61,7 @@ class ModelSpec(BaseModel):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
 
     @model_validator(mode="after")
-    def _check_gqa(self) -> "ModelSpec":
+    def _check_gqa(self) -> ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels import _interpreter_compat
-from kernels.paged_attention import next_pow2
+from kernels.paged_attention import check_kv_cache_shapes, next_pow2
 
 _interpreter_compat.apply()
 
@@ -80,11 +80,7 @@ def _check_write_inputs(
             f"k and v must both be [num_tokens, num_kv_heads, head_dim]; got k {tuple(k.shape)}, "
             f"v {tuple(v.shape)}"
         )
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim]; "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
+    check_kv_cache_shapes(k_cache, v_cache)
     if k.shape[1:] != k_cache.shape[2:]:
         raise ValueError(
             f"k's (num_kv_heads, head_dim) {tuple(k.shape[1:])} must match the cache's "

@@ -343,6 +343,15 @@ def _merge_splits_kernel(
     )
 
 
+def check_kv_cache_shapes(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Both caches `[num_blocks, block_size, num_kv_heads, head_dim]`, of one shape."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim]; "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+
+
 def _check_inputs(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -353,11 +362,7 @@ def _check_inputs(
 ) -> None:
     if q.dim() != 3:
         raise ValueError(f"q must be [num_tokens, num_q_heads, head_dim]; got {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim]; "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
+    check_kv_cache_shapes(k_cache, v_cache)
     cache_strides = k_cache.stride()
     if cache_strides != v_cache.stride():
         raise ValueError("k_cache and v_cache must have the same strides")

@@ -43,9 +43,7 @@ def paged_attention_ref(
     signature parity and not needed here.
     """
     del max_query_len, max_seq_len
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    group = num_q_heads // num_kv_heads
+    group = q.shape[1] // k_cache.shape[2]  # query heads per KV head
     if out is None:
         out = torch.empty_like(q)
     starts = query_start_loc.tolist()

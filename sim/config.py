@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.config import SchedulingArgs
 from engine.model_spec import ModelSpec
 from sim.hardware import GB, GPUSpec
 
@@ -78,26 +79,19 @@ class DisaggConfig(BaseModel):
         return gpu.interconnect_gbps if self.link == "nvlink" else gpu.network_gbps
 
 
-class EngineConfig(BaseModel):
-    """One vLLM instance's engine arguments (the ones that change serving behaviour)."""
+class EngineConfig(SchedulingArgs):
+    """One simulated vLLM instance's engine arguments (the ones that change serving behaviour).
+
+    `max_num_batched_tokens`, `max_num_seqs` and `max_model_len` left None are resolved for
+    the GPU and model by `resolved_for`.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    max_num_seqs: int | None = Field(default=None, ge=1)
     max_model_len: int | None = Field(default=None, ge=16)
-    block_size: int = Field(default=16, ge=1)
-    enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: Literal["builtin", "xxhash", "sha256"] = "builtin"
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = Field(default=0, ge=0)
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     quantization: Literal["fp8"] | None = None  # dynamic FP8 weights (W8A8) on a BF16 checkpoint
-    num_gpu_blocks_override: int | None = Field(default=None, ge=1)
     tensor_parallel_size: int = Field(default=1, ge=1)
-    async_scheduling: bool = False  # overlap the CPU's step work with the GPU's
     speculative_config: SpeculativeConfig | None = None
 
     @field_validator("speculative_config", mode="before")

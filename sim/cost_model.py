@@ -218,11 +218,6 @@ class CostModel:
     def step_time_s(self, b: StepBatch) -> float:
         return self.combine(self.gpu_time_s(b), self.cpu_time_s(b))
 
-    def breakdown(self, b: StepBatch) -> dict[str, float]:
-        g, c = self.gpu_time_s(b), self.cpu_time_s(b)
-        return {"gpu_s": g, "cpu_s": c, "proposer_gpu_s": self.proposer_gpu_s(b),
-                "step_s": self.combine(g, c)}
-
     # --- closed forms ---------------------------------------------------------------
     def decode_linear(self, num_seqs: int) -> tuple[float, float, float]:
         """(a, b, cpu) with GPU time = a + b * sum_context for a pure decode of `num_seqs`

@@ -108,6 +108,11 @@ def transfer_time_s(num_bytes: float, link_gbps: float, latency_s: float = 0.0) 
 
 
 __all__ = [
-    "GPUSpec", "GPU_PRESETS", "get_gpu", "kv_capacity_tokens", "kv_capacity_blocks",
-    "transfer_time_s", "blocks_for_tokens",
+    "GPU_PRESETS",
+    "GPUSpec",
+    "blocks_for_tokens",
+    "get_gpu",
+    "kv_capacity_blocks",
+    "kv_capacity_tokens",
+    "transfer_time_s",
 ]

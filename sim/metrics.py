@@ -27,17 +27,16 @@ from typing import Any
 
 import numpy as np
 
-PERCENTILES = (50, 90, 95, 99)
+from engine.vllm_metrics import (
+    E2E_BUCKETS_S,
+    HELP,
+    ITERATION_TOKENS_BUCKETS,
+    ITL_BUCKETS_S,
+    PREEMPTION_BUCKETS,
+    TTFT_BUCKETS_S,
+)
 
-# vLLM 0.33 buckets (vllm/v1/metrics/buckets.py, via vllm-conventions.md)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
-ITERATION_TOKEN_BUCKETS = (1,) + tuple(2**i for i in range(3, 15))  # 1, 8, 16, ..., 16384
+PERCENTILES = (50, 90, 95, 99)
 
 STEP_COLUMNS = ("replica", "t_start_s", "dt_s", "n_steps", "first_dt_s", "last_dt_s", "gpu_s", "cpu_s",
                 "num_prefill_tokens", "num_prefill_seqs", "num_decode_seqs", "num_output_tokens",
@@ -250,59 +249,48 @@ class SimResult:
         lab = f'engine="sim",model_name="{m["model"]}"'
         lines: list[str] = []
 
-        def hist(name: str, helptext: str, values: np.ndarray, buckets: tuple, weights=None) -> None:
+        def hist(name: str, values: np.ndarray, buckets: tuple, weights=None) -> None:
             w = np.ones(values.size) if weights is None else weights
-            lines.extend([f"# HELP {name} {helptext}", f"# TYPE {name} histogram"])
+            lines.extend([f"# HELP {name} {HELP[name]}", f"# TYPE {name} histogram"])
             for b in buckets:
                 lines.append(f'{name}_bucket{{{lab},le="{float(b)}"}} {float(w[values <= b].sum())}')
             lines.append(f'{name}_bucket{{{lab},le="+Inf"}} {float(w.sum())}')
             lines.append(f"{name}_count{{{lab}}} {float(w.sum())}")
             lines.append(f"{name}_sum{{{lab}}} {float((values * w).sum())}")
 
-        def counter(name: str, helptext: str, value: float, extra: str = "") -> None:
-            lines.extend([f"# HELP {name} {helptext}", f"# TYPE {name} counter",
+        def counter(name: str, value: float, extra: str = "") -> None:
+            lines.extend([f"# HELP {name} {HELP[name]}", f"# TYPE {name} counter",
                           f"{name}_total{{{lab}{extra}}} {float(value)}"])
 
-        def gauge(name: str, helptext: str, value: float) -> None:
-            lines.extend([f"# HELP {name} {helptext}", f"# TYPE {name} gauge", f"{name}{{{lab}}} {float(value)}"])
+        def gauge(name: str, value: float) -> None:
+            lines.extend([f"# HELP {name} {HELP[name]}", f"# TYPE {name} gauge", f"{name}{{{lab}}} {float(value)}"])
 
         s = self.steps
         last = {k: (float(s[k][-1]) if s[k].size else 0.0) for k in ("num_running", "num_waiting", "kv_usage")}
-        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", last["num_running"])
-        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", last["num_waiting"])
-        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", last["kv_usage"])
-        counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                c.get("prefix_cache_queries_tokens", 0))
-        counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                c.get("prefix_cache_hits_tokens", 0))
-        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                r["num_preemptions"].sum())
-        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", r["prompt_len"][done].sum())
-        counter("vllm:generation_tokens", "Number of generation tokens processed.", r["num_generated"].sum())
-        counter("vllm:request_success", "Count of successfully processed requests.", done.sum(),
-                ',finished_reason="length"')
+        gauge("vllm:num_requests_running", last["num_running"])
+        gauge("vllm:num_requests_waiting", last["num_waiting"])
+        gauge("vllm:kv_cache_usage_perc", last["kv_usage"])
+        counter("vllm:prefix_cache_queries", c.get("prefix_cache_queries_tokens", 0))
+        counter("vllm:prefix_cache_hits", c.get("prefix_cache_hits_tokens", 0))
+        counter("vllm:num_preemptions", r["num_preemptions"].sum())
+        counter("vllm:prompt_tokens", r["prompt_len"][done].sum())
+        counter("vllm:generation_tokens", r["num_generated"].sum())
+        counter("vllm:request_success", done.sum(), ',finished_reason="length"')
         if c.get("spec_num_drafts"):
-            counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", c["spec_num_drafts"])
-            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", c["spec_draft_tokens"])
-            counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                    c["spec_accepted_tokens"])
-        hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-             r["ttft_s"][done], TTFT_BUCKETS)
+            counter("vllm:spec_decode_num_drafts", c["spec_num_drafts"])
+            counter("vllm:spec_decode_num_draft_tokens", c["spec_draft_tokens"])
+            counter("vllm:spec_decode_num_accepted_tokens", c["spec_accepted_tokens"])
+        hist("vllm:time_to_first_token_seconds", r["ttft_s"][done], TTFT_BUCKETS_S)
         v, w = self.itl_samples()
-        hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", v, ITL_BUCKETS, w)
+        hist("vllm:inter_token_latency_seconds", v, ITL_BUCKETS_S, w)
         tp = r["tpot_s"][done]
-        hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
-             tp[~np.isnan(tp)], ITL_BUCKETS)
-        hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-             r["e2e_s"][done], E2E_BUCKETS)
-        hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-             r["queue_s"][done], E2E_BUCKETS)
+        hist("vllm:request_time_per_output_token_seconds", tp[~np.isnan(tp)], ITL_BUCKETS_S)
+        hist("vllm:e2e_request_latency_seconds", r["e2e_s"][done], E2E_BUCKETS_S)
+        hist("vllm:request_queue_time_seconds", r["queue_s"][done], E2E_BUCKETS_S)
         pre = r["num_preemptions"][done]
-        hist("vllm:request_num_preemptions", "Number of preemptions per request.", pre[pre > 0].astype(float),
-             PREEMPTION_BUCKETS)
+        hist("vllm:request_num_preemptions", pre[pre > 0].astype(float), PREEMPTION_BUCKETS)
         it = s["num_batched_tokens"].astype(float)
-        hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", it,
-             ITERATION_TOKEN_BUCKETS, s["n_steps"].astype(float))
+        hist("vllm:iteration_tokens_total", it, ITERATION_TOKENS_BUCKETS, s["n_steps"].astype(float))
         return "\n".join(lines) + "\n"
 
     def save(self, out_dir: str | Path, fmt: str = "auto") -> dict[str, Path]:
@@ -367,12 +355,9 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
 
 
 __all__ = [
-    "E2E_BUCKETS",
-    "ITL_BUCKETS",
     "REQUEST_COLUMNS",
     "SLO",
     "STEP_COLUMNS",
-    "TTFT_BUCKETS",
     "SimResult",
     "load_summary",
     "weighted_percentiles",

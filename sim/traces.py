@@ -70,6 +70,23 @@ class _Rows:
             raise TraceFormatError(self.path, line, field, problem, fix)
         self.skipped[reason] += 1
 
+    def short(self, line: int, header: list[str], row: list[str]) -> bool:
+        """Whether a CSV row lacks some of the header's fields (then reported as bad)."""
+        if len(row) >= len(header):
+            return False
+        self.bad(line, header[len(row)], f"missing (the row has {len(row)} of {len(header)} fields)",
+                 "give every row all columns of the header", "short row")
+        return True
+
+    def count(self, line: int, field: str, raw: object, min_tokens: int, fix: str) -> int | None:
+        """`raw` as a token count >= `min_tokens`, or None once reported as a bad `field`."""
+        n = _as_count(raw)
+        if n is None or n < min_tokens:
+            self.bad(line, field, f"{raw!r} is not a whole number of tokens >= {min_tokens}", fix,
+                     f"bad {field}")
+            return None
+        return n
+
 
 def _finish(path: Path, fmt: str, arrival_s: list[float], prompt: list[int], output: list[int],
             ids: np.ndarray | None, id_counts: list[int] | None, block_size: int, category: list[str] | str,
@@ -163,16 +180,13 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
             rows.bad(lineno, "timestamp", f"{ts!r} is not a non-negative number of milliseconds",
                      "write the arrival time in ms since the trace start, e.g. 3000", "bad timestamp")
             continue
-        n_in = _as_count(obj["input_length"])
-        n_out = _as_count(obj["output_length"])
-        if n_in is None or n_in < 1:
-            rows.bad(lineno, "input_length", f"{obj['input_length']!r} is not a whole number of tokens >= 1",
-                     "give the prompt length in tokens as a positive integer", "bad input_length")
+        n_in = rows.count(lineno, "input_length", obj["input_length"], 1,
+                          "give the prompt length in tokens as a positive integer")
+        if n_in is None:
             continue
-        if n_out is None or n_out < 1:
-            rows.bad(lineno, "output_length", f"{obj['output_length']!r} is not a whole number of tokens >= 1",
-                     "give the output length in tokens as a positive integer (a request generates >= 1 token)",
-                     "bad output_length")
+        n_out = rows.count(lineno, "output_length", obj["output_length"], 1,
+                           "give the output length in tokens as a positive integer (a request generates >= 1 token)")
+        if n_out is None:
             continue
         hid = obj["hash_ids"]
         if not isinstance(hid, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
@@ -271,23 +285,20 @@ def load_azure(path: str | Path, *, lenient: bool = False, hash_block_size: int 
     output: list[int] = []
     last: tuple[int, int] | None = None
     for lineno, r in body:
-        if len(r) < len(header):
-            rows.bad(lineno, header[len(r)], f"missing (the row has {len(r)} of {len(header)} fields)",
-                     "give every row all columns of the header", "short row")
+        if rows.short(lineno, header, r):
             continue
         ns = _parse_wallclock_ns(r[col["TIMESTAMP"]])
         if ns is None:
             rows.bad(lineno, "TIMESTAMP", f"{r[col['TIMESTAMP']]!r} is not a date-time",
                      "write it as YYYY-MM-DD HH:MM:SS.fffffff (an optional +HH:MM offset is allowed)", "bad TIMESTAMP")
             continue
-        n_in, n_out = _as_count(r[col["ContextTokens"]]), _as_count(r[col["GeneratedTokens"]])
-        if n_in is None or n_in < 1:
-            rows.bad(lineno, "ContextTokens", f"{r[col['ContextTokens']]!r} is not a whole number of tokens >= 1",
-                     "give the prompt length as a positive integer", "bad ContextTokens")
+        n_in = rows.count(lineno, "ContextTokens", r[col["ContextTokens"]], 1,
+                          "give the prompt length as a positive integer")
+        if n_in is None:
             continue
-        if n_out is None or n_out < 1:
-            rows.bad(lineno, "GeneratedTokens", f"{r[col['GeneratedTokens']]!r} is not a whole number of tokens >= 1",
-                     "give the output length as a positive integer", "bad GeneratedTokens")
+        n_out = rows.count(lineno, "GeneratedTokens", r[col["GeneratedTokens"]], 1,
+                           "give the output length as a positive integer")
+        if n_out is None:
             continue
         if last is not None and ns < last[0]:
             rows.bad(lineno, "TIMESTAMP", f"{r[col['TIMESTAMP']]} is earlier than the row on line {last[1]} "
@@ -319,9 +330,7 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
     has_session = "Session ID" in col
     last: tuple[float, int] | None = None
     for lineno, r in body:
-        if len(r) < len(header):
-            rows.bad(lineno, header[len(r)], f"missing (the row has {len(r)} of {len(header)} fields)",
-                     "give every row all columns of the header", "short row")
+        if rows.short(lineno, header, r):
             continue
         try:
             ts = float(r[col["Timestamp"]])
@@ -331,15 +340,13 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
             rows.bad(lineno, "Timestamp", f"{r[col['Timestamp']]!r} is not a non-negative number of seconds",
                      "write the arrival time in seconds since the trace start", "bad Timestamp")
             continue
-        n_in, n_out = _as_count(r[col["Request tokens"]]), _as_count(r[col["Response tokens"]])
-        if n_in is None or n_in < 1:
-            rows.bad(lineno, "Request tokens", f"{r[col['Request tokens']]!r} is not a whole number of tokens >= 1",
-                     "give the prompt length as a positive integer", "bad Request tokens")
+        n_in = rows.count(lineno, "Request tokens", r[col["Request tokens"]], 1,
+                          "give the prompt length as a positive integer")
+        if n_in is None:
             continue
-        if n_out is None or n_out < 0:
-            rows.bad(lineno, "Response tokens", f"{r[col['Response tokens']]!r} is not a whole number of tokens >= 0",
-                     "give the output length as a non-negative integer (0 marks a failed request)",
-                     "bad Response tokens")
+        n_out = rows.count(lineno, "Response tokens", r[col["Response tokens"]], 0,
+                           "give the output length as a non-negative integer (0 marks a failed request)")
+        if n_out is None:
             continue
         if n_out == 0 and not keep_failed:
             rows.skipped["failed request (Response tokens = 0), excluded"] += 1

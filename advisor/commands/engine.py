@@ -17,13 +17,13 @@ app = typer.Typer(help="Run the real engine (paged KV, continuous batching) on a
 Model = Annotated[str, typer.Option("--model", help="model preset (llama-3.2-1b, tiny, ...) or a HF-style directory")]
 
 
-def _engine_config(**kw):
+def _engine_args(**kw):
     from pydantic import ValidationError
 
-    from engine.config import EngineConfig
+    from engine.config import EngineArgs
 
     try:
-        return EngineConfig(**kw)
+        return EngineArgs(**kw)
     except ValidationError as exc:  # the message names the field (= the flag)
         raise typer.BadParameter(str(exc)) from None
 
@@ -80,7 +80,7 @@ def run(
     from engine.replay import replay
     from sim.workload_source import SourceOptions, load_workload
 
-    cfg = _engine_config(
+    cfg = _engine_args(
         model=model, dtype=dtype, device=device, seed=seed, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
         gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks_override=num_gpu_blocks_override,
@@ -139,7 +139,7 @@ def bench(
     from engine.llm import LLM
     from engine.sampling import SamplingParams
 
-    cfg = _engine_config(model=model, dtype=dtype, device=device, seed=seed, max_num_seqs=max_num_seqs,
+    cfg = _engine_args(model=model, dtype=dtype, device=device, seed=seed, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
                          gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                          async_scheduling=async_scheduling)

@@ -78,10 +78,6 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
-def _options(**kw: Any) -> SourceOptions:
-    return SourceOptions(**kw)
-
-
 def _fmt_int(x: float) -> str:
     return f"{math.floor(x + 0.5):,}"  # half up, as the README rounds
 
@@ -124,7 +120,7 @@ def describe(
     start_s: StartS = None, end_s: EndS = None, first: First = None, speedup: Speedup = None, rate: Rate = None,
 ) -> None:
     """Request count, duration, rate, burstiness, length percentiles, prefix reuse and task mix."""
-    wl = load_workload(source, _options(
+    wl = load_workload(source, SourceOptions(
         trace_format=trace_format, lenient=lenient, hash_block_size=hash_block_size, keep_failed=keep_failed,
         spread=spread, seed=seed, num_requests=num_requests, start_s=start_s, end_s=end_s, first=first,
         speedup=speedup, rate_rps=rate))
@@ -151,7 +147,7 @@ def fit(
         raise typer.BadParameter("--lengths must be 'empirical' or 'lognormal'")
     if not rate_scale > 0:
         raise typer.BadParameter("--rate-scale must be > 0")
-    wl = load_workload(source, _options(
+    wl = load_workload(source, SourceOptions(
         trace_format=trace_format, lenient=lenient, hash_block_size=hash_block_size, keep_failed=keep_failed,
         spread=spread, seed=seed, start_s=start_s, end_s=end_s, first=first))
     spec = fit_spec(wl, lengths=lengths, seed=seed or 0)  # type: ignore[arg-type]
@@ -178,7 +174,7 @@ def export(
     start_s: StartS = None, end_s: EndS = None, first: First = None, speedup: Speedup = None, rate: Rate = None,
 ) -> None:
     """Write any workload as Mooncake JSONL, replayable by `vllm bench serve --dataset-name timed_trace`."""
-    wl = load_workload(source, _options(
+    wl = load_workload(source, SourceOptions(
         trace_format=trace_format, lenient=lenient, hash_block_size=hash_block_size, keep_failed=keep_failed,
         spread=spread, seed=seed, num_requests=num_requests, start_s=start_s, end_s=end_s, first=first,
         speedup=speedup, rate_rps=rate))

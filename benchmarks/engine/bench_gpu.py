@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineConfig
+from engine.config import EngineArgs
 from engine.core import EngineCore
 from engine.llm import LLM
 from engine.model_spec import ModelSpec, get_model
@@ -133,7 +133,7 @@ def make_llm(model: str, args: dict, legacy: bool = False) -> LLM:
         return LLM(model, **args)
     from engine.core import build_model, resolve_device
 
-    cfg = EngineConfig(model=model, **args)
+    cfg = EngineArgs(model=model, **args)
     m = build_model(cfg, resolve_device(cfg.device), cfg.max_model_len)
     m.fused_ops, m.logits_fp32 = False, True
     return LLM(model, llm_model=m, **args)
@@ -529,7 +529,7 @@ def run_mooncake(model: str, device: str, dtype: str, n: int, prompt_cap: int, t
     gc.collect()  # whatever earlier parts left must be gone before this engine sizes its cache
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     t = time.perf_counter()
-    core = EngineCore(EngineConfig(model=model, device=device, dtype=dtype, max_model_len=max_model_len,
+    core = EngineCore(EngineArgs(model=model, device=device, dtype=dtype, max_model_len=max_model_len,
                                    max_num_seqs=256, max_num_batched_tokens=8192,
                                    gpu_memory_utilization=0.9, async_scheduling=True))
     init_s = time.perf_counter() - t

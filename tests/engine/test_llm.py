@@ -82,8 +82,8 @@ def test_forced_preemption_gives_identical_tokens(base):
     sp = SamplingParams(max_tokens=16)
     tight = make_llm(num_gpu_blocks_override=12)  # 48 slots for 4 requests growing to ~30 tokens
     outs = tight.generate(prompts, sp)
-    assert sum(o.num_preemptions for o in outs) > 0
-    assert tight.engine.scheduler.stats.num_preemptions > 0
+    # preemption happened, and the per-request counts add up to the scheduler's own counter
+    assert 0 < sum(o.num_preemptions for o in outs) == tight.engine.scheduler.stats.num_preemptions
     for p, o in zip(prompts, outs):
         assert o.token_ids == greedy_reference(llm.engine.spec, w, p, 16)
 

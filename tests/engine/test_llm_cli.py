@@ -19,7 +19,10 @@ def test_engine_bench_reports_throughput():
                                    "--num-prompts", "3", "--input-len", "8", "--output-len", "4"])
     assert res.exit_code == 0, res.output
     out = _json_head(res.output)
-    assert out["num_prompts"] == 3 and out["output_tokens_per_s"] > 0
+    assert out["num_prompts"] == 3 and out["wall_s"] > 0
+    # every prompt generates exactly --output-len tokens (vllm bench throughput ignores EOS)
+    assert out["output_tokens_per_s"] == pytest.approx(3 * 4 / out["wall_s"])
+    assert out["total_tokens_per_s"] == pytest.approx(3 * (8 + 4) / out["wall_s"])
 
 
 def test_engine_run_replays_a_workload(tmp_path):

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineArgs
 from engine.core import EngineCore
 from engine.metrics import EngineMetrics, build_1_2_5_buckets
 from engine.model import LlamaModel
@@ -85,7 +85,7 @@ def test_metric_buckets_follow_vllm():
 
 
 def test_replay_honors_arrivals_and_writes_metrics(tmp_path):
-    core = EngineCore(EngineConfig(model="tiny", device="cpu", max_model_len=128, block_size=4,
+    core = EngineCore(EngineArgs(model="tiny", device="cpu", max_model_len=128, block_size=4,
                                    max_num_batched_tokens=32, seed=0))
     reqs = [Request(0, 0.0, 9, 4, (1, 2, 3), hash_block_size=4),
             Request(1, 0.25, 9, 3, (1, 2, 4), hash_block_size=4),  # shares 8 prompt tokens with 0
@@ -97,8 +97,10 @@ def test_replay_honors_arrivals_and_writes_metrics(tmp_path):
     assert rows[0]["num_output_tokens"] == 4 and rows[1]["num_output_tokens"] == 3
     assert rows[1]["arrival_s"] == 0.25
     # Request 1 was not admitted before it arrived: its first step starts after 0.25 s.
-    first_step_of_1 = min(s["t_start_s"] for s in res.steps if s["t_start_s"] >= 0.25)
-    assert first_step_of_1 >= 0.25 and rows[1]["queue_s"] >= 0
+    first_step_of_1 = min((s for s in res.steps if s["t_start_s"] >= 0.25), key=lambda s: s["t_start_s"])
+    # ... and it was scheduled by that step: queued from its arrival to the end of that schedule()
+    assert rows[1]["queue_s"] == pytest.approx(
+        first_step_of_1["t_start_s"] + first_step_of_1["schedule_s"] - 0.25, abs=1e-9)
     assert rows[1]["ttft_s"] >= rows[1]["queue_s"] and rows[1]["e2e_s"] >= rows[1]["ttft_s"]
     assert rows[1]["num_cached_tokens"] == 8
     assert len(rows[0]["itl_s"]) == 3 and rows[0]["tpot_s"] == pytest.approx(sum(rows[0]["itl_s"]) / 3)

@@ -54,8 +54,9 @@ def test_gathered_sequence_reads_back_what_was_written():
     table = torch.tensor([5, 0, 3, 6], dtype=torch.int32)
     positions = torch.arange(num_tokens)
     slots = table[positions // block_size].long() * block_size + positions % block_size
-    k = torch.randn(num_tokens, 2, 64, dtype=torch.bfloat16)
-    v = torch.randn(num_tokens, 2, 64, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(num_tokens, 2, 64, generator=gen).to(torch.bfloat16)
+    v = torch.randn(num_tokens, 2, 64, generator=gen).to(torch.bfloat16)
     k_cache = torch.zeros(8, block_size, 2, 64, dtype=torch.bfloat16)
     v_cache = torch.zeros_like(k_cache)
     write_kv_cache(k, v, k_cache, v_cache, slots.to(torch.int32))
@@ -68,3 +69,9 @@ def test_bad_slot_mapping_is_named():
     cache = torch.zeros(2, 8, 1, 64)
     with pytest.raises(ValueError, match="slot_mapping"):
         write_kv_cache(k, k, cache, cache.clone(), torch.zeros(4, dtype=torch.int64))
+
+
+def test_mismatched_caches_are_named():
+    k = torch.zeros(3, 1, 64)
+    with pytest.raises(ValueError, match="k_cache and v_cache must both be"):
+        write_kv_cache(k, k, torch.zeros(2, 8, 1, 64), torch.zeros(2, 8, 1, 32), torch.zeros(3, dtype=torch.int64))

@@ -23,7 +23,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # small tiles keep the CPU interpreter quick and make tiles smaller/larger than the block size
 SMALL_DECODE = AttentionConfig(block_m=16, tile_n=16, num_warps=4, num_stages=2)
 SMALL_PREFILL = AttentionConfig(block_m=32, tile_n=32, num_warps=4, num_stages=2)
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
 
 
 def reference(batch: PagedBatch) -> torch.Tensor:
@@ -52,16 +52,16 @@ def mixed_batches(draw, max_seqs: int = 4, decode_only: bool = False):
             draw(st.sampled_from([1, 1, 2, 3, draw(st.integers(4, 40))])) for _ in range(num_seqs)
         ]
     context_lens = [draw(st.integers(0, 90)) for _ in range(num_seqs)]
-    return dict(
-        query_lens=query_lens,
-        context_lens=context_lens,
-        num_kv_heads=draw(st.sampled_from([1, 2])),
-        queries_per_kv=draw(st.sampled_from([1, 4, 8])),
-        head_dim=draw(st.sampled_from([64, 128])),
-        block_size=draw(st.sampled_from([8, 16, 32, 64])),
-        dtype=draw(st.sampled_from(DTYPES)),
-        seed=draw(st.integers(0, 2**16)),
-    )
+    return {
+        "query_lens": query_lens,
+        "context_lens": context_lens,
+        "num_kv_heads": draw(st.sampled_from([1, 2])),
+        "queries_per_kv": draw(st.sampled_from([1, 4, 8])),
+        "head_dim": draw(st.sampled_from([64, 128])),
+        "block_size": draw(st.sampled_from([8, 16, 32, 64])),
+        "dtype": draw(st.sampled_from(DTYPES)),
+        "seed": draw(st.integers(0, 2**16)),
+    }
 
 
 @settings(max_examples=30, **SETTINGS)

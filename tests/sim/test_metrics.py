@@ -12,10 +12,8 @@ from typer.testing import CliRunner
 from advisor.cli import app
 from advisor.commands.simulate import parse_size
 from sim.metrics import (
-    ITL_BUCKETS,
     SLO,
     STEP_COLUMNS,
-    TTFT_BUCKETS,
     SimResult,
     load_summary,
     weighted_percentiles,
@@ -91,8 +89,10 @@ def test_prometheus_names_and_buckets():
     assert bucket("vllm:time_to_first_token_seconds", 0.1) == 1
     assert bucket("vllm:time_to_first_token_seconds", 0.75) == 2
     assert bucket("vllm:time_to_first_token_seconds", "+Inf") == 2
-    assert sum(1 for x in lines if x.startswith("vllm:time_to_first_token_seconds_bucket")) == len(TTFT_BUCKETS) + 1
-    assert sum(1 for x in lines if x.startswith("vllm:inter_token_latency_seconds_bucket")) == len(ITL_BUCKETS) + 1
+    # vllm-conventions.md lists 22 TTFT and 19 ITL bounds; +Inf adds one
+    assert sum(1 for x in lines if x.startswith("vllm:time_to_first_token_seconds_bucket")) == 22 + 1
+    assert sum(1 for x in lines if x.startswith("vllm:inter_token_latency_seconds_bucket")) == 19 + 1
+    assert bucket("vllm:time_to_first_token_seconds", 2560.0) == 2  # the largest bound
     assert bucket("vllm:inter_token_latency_seconds", 0.01) == 1  # the 10 ms step
     assert bucket("vllm:inter_token_latency_seconds", 0.025) == 4  # + 20 ms in the skip, 2 decoders at 20 ms
     assert f"vllm:prefix_cache_hits_total{{{lab}}} 64.0" in lines

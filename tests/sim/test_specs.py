@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from pydantic import ValidationError
 
@@ -74,4 +72,4 @@ def test_materialize_shares_exactly_the_shared_prefix():
     assert sum(x == y for x, y in zip(ta[32:], tb[32:])) < 4  # different content after the shared blocks
     assert min(ta) >= 16 and max(ta) < 1000
     assert materialize_prompt(a, 1000) == ta  # deterministic
-    assert len(set(ta[:16])) > 10 and not math.isnan(sum(ta))
+    assert len(set(ta[:16])) > 10
