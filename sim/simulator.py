@@ -40,9 +40,10 @@ from typing import Any
 import numpy as np
 import simpy
 
+from engine.config import scheduler_config
 from engine.model_spec import blocks_for_tokens
 from engine.request import Request
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler
 from sim.config import DeploymentConfig, EngineConfig
 from sim.cost_model import CostModel, CostProfile, StepBatch
 from sim.memory import MemoryPlan, draft_spec, plan_memory
@@ -65,16 +66,9 @@ class _Replica:
         # KV block coarsening (a speed option): the scheduler tracks blocks of `coarsen` engine
         # blocks; CPU costs are charged per engine block (counts x coarsen).
         self.coarsen = coarsen
-        self.sched = Scheduler(SchedulerConfig(
-            max_num_batched_tokens=engine.max_num_batched_tokens, max_num_seqs=engine.max_num_seqs,
-            max_model_len=engine.max_model_len, block_size=engine.block_size * coarsen,
-            num_gpu_blocks=max(plan.num_gpu_blocks // coarsen, 1),
-            enable_prefix_caching=engine.enable_prefix_caching,
-            prefix_caching_hash_algo=engine.prefix_caching_hash_algo,
-            enable_chunked_prefill=engine.enable_chunked_prefill,
-            long_prefill_token_threshold=engine.long_prefill_token_threshold,
-            scheduling_policy=engine.scheduling_policy,
-            num_speculative_tokens=engine.num_speculative_tokens))
+        self.sched = Scheduler(scheduler_config(
+            engine, num_gpu_blocks=max(plan.num_gpu_blocks // coarsen, 1),
+            block_size=engine.block_size * coarsen, num_speculative_tokens=engine.num_speculative_tokens))
         self.wake: simpy.Event | None = None
         self.skipping = False
         self.pending: list[tuple[Request, int]] = []  # (request, external tokens) while skipping
@@ -198,7 +192,9 @@ class _Replica:
             if sr.is_prefill:
                 i = sim.idx(rid)
                 if scheduled_s[i] != scheduled_s[i]:  # NaN: first time scheduled
-                    scheduled_s[i] = t0
+                    # SimPy timeouts are relative: `now + (arrival - now)` can land one ulp before
+                    # the arrival, so a step starting "at" the arrival may read as earlier.
+                    scheduled_s[i] = max(t0, sim.requests[i].arrival_s)
                 npt += q
                 nps += 1
                 pairs += q * c + q * (q + 1) / 2
