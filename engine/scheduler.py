@@ -446,6 +446,14 @@ class Scheduler(BlockKeyer):
             return 0
         return self._free_all(r)
 
+    def _finish(self, r: _ReqState, reason: str) -> RequestResult:
+        """Mark `r` finished (its blocks already freed or held by the caller) and count it."""
+        r.status = FINISHED
+        _retire(r)
+        self.num_finished += 1
+        return RequestResult(r.request_id, FINISHED, reason, r.num_generated, r.num_preemptions,
+                             r.num_cached_tokens)
+
     def release_held(self, request_id: int) -> int:
         """Free the blocks of a finished request added with `hold_blocks_on_finish=True`
         (its KV transfer is done); returns how many blocks became free. Tail first, like any
@@ -796,12 +804,8 @@ class Scheduler(BlockKeyer):
                 r.decoding = True
                 if g >= r.output_len:
                     out.num_blocks_freed += self._free_finished(r)
-                    r.status = FINISHED
-                    _retire(r)
-                    self.num_finished += 1
+                    results.append(self._finish(r, "length"))
                     any_finished = True
-                    results.append(RequestResult(
-                        r.request_id, FINISHED, "length", g, r.num_preemptions, r.num_cached_tokens))
             n_gen_total = len(sampling)
         elif one_each is not None:
             # Hot path (engine): one sampled token id each, no drafts.
@@ -816,13 +820,8 @@ class Scheduler(BlockKeyer):
                 stop = r.request_id in stopped or (bool(eos_ids) and v[0] in eos_ids)
                 if stop or g >= r.output_len:
                     out.num_blocks_freed += self._free_finished(r)
-                    r.status = FINISHED
-                    _retire(r)
-                    self.num_finished += 1
+                    results.append(self._finish(r, "stop" if stop else "length"))
                     any_finished = True
-                    results.append(RequestResult(
-                        r.request_id, FINISHED, "stop" if stop else "length", g,
-                        r.num_preemptions, r.num_cached_tokens))
             n_gen_total = len(sampling)
         for r in (() if hot else sampling):
             rid = r.request_id
@@ -869,13 +868,8 @@ class Scheduler(BlockKeyer):
             r.decoding = True
             if reason is not None:
                 out.num_blocks_freed += self._free_finished(r)
-                r.status = FINISHED
-                _retire(r)
-                self.num_finished += 1
+                results.append(self._finish(r, reason))
                 any_finished = True
-                results.append(RequestResult(
-                    rid, FINISHED, reason, r.num_generated, r.num_preemptions,
-                    r.num_cached_tokens))
         self.num_generated_tokens += n_gen_total
         if any_finished:
             self.running = [x for x in self.running if x.status == RUNNING]
@@ -912,11 +906,7 @@ class Scheduler(BlockKeyer):
                 else:
                     self._fcfs_waiting.remove(r)
                 r.last_hits = None
-            r.status = FINISHED
-            _retire(r)
-            self.num_finished += 1
-            results.append(RequestResult(rid, FINISHED, reason, r.num_generated,
-                                         r.num_preemptions, r.num_cached_tokens))
+            results.append(self._finish(r, reason))
         if any_running:
             self.running = [x for x in self.running if x.status == RUNNING]
         return results
@@ -1062,12 +1052,7 @@ class Scheduler(BlockKeyer):
             r.num_tokens += n
             if r.num_generated >= r.output_len:
                 freed += self._free_finished(r)
-                r.status = FINISHED
-                _retire(r)
-                self.num_finished += 1
-                finished.append(RequestResult(
-                    r.request_id, FINISHED, "length", r.num_generated, r.num_preemptions,
-                    r.num_cached_tokens))
+                finished.append(self._finish(r, "length"))
         if finished:
             self.running = [x for x in running if x.status == RUNNING]
         self.step_id += n
