@@ -8,7 +8,7 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
-stamp() { echo "$1-$(cat pyproject.toml | sha1sum | cut -c1-12)"; }
+stamp() { echo "$1-$(sha1sum < pyproject.toml | cut -c1-12)"; }
 install() {  # install once per pyproject version and extras set
   local want; want=$(stamp "$1")
   if [ "$(cat .venv/.costline-installed-"$1" 2>/dev/null)" != "$want" ]; then
