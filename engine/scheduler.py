@@ -504,6 +504,7 @@ class Scheduler(BlockKeyer):
             out.num_prefill_tokens -= n
             out.num_prefill_seqs -= 1
             out.sum_prefill_context -= c + n
+            out.prefill_attn_pairs -= n * c + n * (n + 1) // 2
             self.num_prompt_tokens_computed -= n
         else:
             out.num_decode_tokens -= n
@@ -639,6 +640,7 @@ class Scheduler(BlockKeyer):
                 out.num_prefill_tokens += num_new
                 out.num_prefill_seqs += 1
                 out.sum_prefill_context += c + num_new
+                out.prefill_attn_pairs += num_new * c + num_new * (num_new + 1) // 2
                 out.num_batched_tokens += num_new
                 self.num_prompt_tokens_computed += num_new
             states_append(r)
@@ -733,6 +735,7 @@ class Scheduler(BlockKeyer):
             out.num_prefill_tokens += num_new
             out.num_prefill_seqs += 1
             out.sum_prefill_context += base + num_new
+            out.prefill_attn_pairs += num_new * base + num_new * (num_new + 1) // 2
             self.num_prompt_tokens_computed += num_new
         return admitted
 

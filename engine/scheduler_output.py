@@ -61,6 +61,9 @@ class SchedulerOutput:
     num_decode_seqs: int = 0
     sum_prefill_context: int = 0
     sum_decode_context: int = 0
+    # prefill attention work: sum over prefill entries of q*c + q*(q+1)/2 (q new tokens over
+    # c already in KV), the query-key pairs of causal attention; the cost model's FLOP term
+    prefill_attn_pairs: int = 0
     num_spec_tokens: int = 0
     preempted_ids: list[int] = field(default_factory=list)
     rejected: list[tuple[int, str]] = field(default_factory=list)

@@ -103,6 +103,8 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
         assert (out.num_prefill_seqs, out.num_decode_seqs) == (len(pre), len(dec))
         assert out.num_prefill_tokens == sum(x.num_new_tokens for x in pre)
         assert out.sum_prefill_context == sum(x.num_computed_tokens + x.num_new_tokens for x in pre)
+        assert out.prefill_attn_pairs == sum(x.num_new_tokens * x.num_computed_tokens
+                                             + x.num_new_tokens * (x.num_new_tokens + 1) // 2 for x in pre)
         assert out.sum_decode_context == sum(x.num_computed_tokens + x.num_new_tokens for x in dec)
         assert out.num_spec_tokens == sum(x.num_spec_tokens for x in out.scheduled)
         assert all(x.num_spec_tokens == 0 for x in pre)
