@@ -30,10 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _interpreter_compat
-
-_interpreter_compat.apply()
-
 LOG2E = 1.4426950408889634
 
 
