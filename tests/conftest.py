@@ -15,7 +15,7 @@ import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels import _interpreter_compat  # noqa: E402 - after TRITON_INTERPRET is set
+from kernels import _interpreter_compat
 
 _interpreter_compat.apply()
 

@@ -73,10 +73,13 @@ def test_prefill_logits_match_dense(variant, tmp_path):
     torch.testing.assert_close(logits.double(), ref, atol=2e-4, rtol=1e-4)
 
 
-def test_mixed_batch_chunk_and_decode_match_dense(tmp_path):
-    """A prefill continuing from cached context and a fresh prompt, flattened into one step."""
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_mixed_batch_chunk_and_decode_match_dense(tmp_path, backend):
+    """A prefill continuing from cached context and a fresh prompt, flattened into one step,
+    through either kernel backend (Triton on the CPU interpreter here)."""
     spec = VARIANTS["llama3-rope-tied"]
-    model = LlamaModel(spec, max_positions=256, seed=5)
+    model = LlamaModel(spec, max_positions=256, seed=5, attention_backend=backend)
+    assert model.backend.name == backend
     w = hf_weights(model, tmp_path)
     g = torch.Generator().manual_seed(2)
     a = torch.randint(16, spec.vocab_size, (17,), generator=g).tolist()
