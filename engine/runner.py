@@ -341,31 +341,31 @@ class ModelRunner:
             sample_rows=sample_rows, block_cols=self.max_blocks_per_seq if graph_size else max_blocks,
         )
 
-    def _stage_host(self, lay: _StepLayout, flat_ids: list[int]) -> None:
+    def _stage_host(self, layout: _StepLayout, flat_ids: list[int]) -> None:
         """Write the step's ids, positions, slots, lengths and logits rows into the host
         staging set; padding tokens write nowhere and padding sequences attend to one slot."""
-        n, num_tokens, padded_tokens = lay.num_seqs, lay.num_tokens, lay.padded_tokens
+        n, num_tokens, padded_tokens = layout.num_seqs, layout.num_tokens, layout.padded_tokens
         h_ids, h_pos, h_slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
         h_ids[:num_tokens] = flat_ids
-        h_pos[:num_tokens] = lay.positions
-        h_slots[:num_tokens] = lay.slots
+        h_pos[:num_tokens] = layout.positions
+        h_slots[:num_tokens] = layout.slots
         if padded_tokens > num_tokens:
             h_ids[num_tokens:padded_tokens] = 0
             h_pos[num_tokens:padded_tokens] = 0
             h_slots[num_tokens:padded_tokens] = -1
         h_sl = self.h_seq_lens.numpy()
-        h_sl[:n] = lay.seq_lens
-        h_sl[n:lay.padded_seqs] = 1  # dummy sequences attend to one (garbage) slot; output dropped
-        self.h_qsl.numpy()[: lay.padded_seqs + 1] = lay.qsl
-        if lay.padded_seqs > n:
-            self.h_block_tables.numpy()[n:lay.padded_seqs, 0] = 0
+        h_sl[:n] = layout.seq_lens
+        h_sl[n:layout.padded_seqs] = 1  # dummy sequences attend to one (garbage) slot; output dropped
+        self.h_qsl.numpy()[: layout.padded_seqs + 1] = layout.qsl
+        if layout.padded_seqs > n:
+            self.h_block_tables.numpy()[n:layout.padded_seqs, 0] = 0
         h_li = self.h_logits_idx.numpy()
-        h_li[: len(lay.sample_rows)] = lay.qsl[1:][lay.sample_rows] - 1
+        h_li[: len(layout.sample_rows)] = layout.qsl[1:][layout.sample_rows] - 1
 
-    def _copy_to_device(self, lay: _StepLayout) -> None:
+    def _copy_to_device(self, layout: _StepLayout) -> None:
         """Asynchronous copies of the staged inputs into the persistent device buffers."""
-        nb_tok, seqs, cols = lay.padded_tokens, lay.padded_seqs, lay.block_cols
-        num_sampled = len(lay.sample_rows)
+        nb_tok, seqs, cols = layout.padded_tokens, layout.padded_seqs, layout.block_cols
+        num_sampled = len(layout.sample_rows)
         self.d_input_ids[:nb_tok].copy_(self.h_input_ids[:nb_tok], non_blocking=True)
         self.d_positions[:nb_tok].copy_(self.h_positions[:nb_tok], non_blocking=True)
         self.d_slots[:nb_tok].copy_(self.h_slots[:nb_tok], non_blocking=True)

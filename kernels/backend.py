@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 BackendName = Literal["torch", "triton"]
 BACKEND_NAMES: tuple[str, ...] = ("torch", "triton")
@@ -24,13 +27,14 @@ class Backend:
     """
 
     name: str
-    paged_attention: Callable[..., object]  # (q, k_cache, v_cache, block_tables, seq_lens,
+    paged_attention: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, block_tables, seq_lens,
     #   query_start_loc, scale, max_query_len, max_seq_len, out=None) -> out
     write_kv_cache: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping)
-    rope_store_kv: Callable[..., object]  # (qkv, positions, cos, sin, k_cache, v_cache,
+    rope_store_kv: Callable[..., torch.Tensor]  # (qkv, positions, cos, sin, k_cache, v_cache,
     #   slot_mapping, num_q_heads, num_kv_heads, head_dim) -> rotated q
-    add_rms_norm: Callable[..., tuple]  # (x, delta, weight, eps) -> (x + delta, RMSNorm(x + delta))
-    silu_mul: Callable[..., object]  # (gate_up) -> SiLU(gate) * up
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    #   (x, delta, weight, eps) -> (x + delta, RMSNorm(x + delta) * weight)
+    silu_mul: Callable[..., torch.Tensor]  # (gate_up) -> SiLU(gate) * up
 
 
 def get_backend(name: str) -> Backend:
