@@ -138,7 +138,7 @@ def rope_store_kv_ref(
 
 
 def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up for ``gate_up [T, 2 I]`` (gate first), in float32: ``[T, I]``."""
+    """SiLU(gate) * up for ``gate_up [T, 2 I]`` (gate first): ``[T, I]``, computed in float32."""
     gate, up = gate_up.float().chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
 
