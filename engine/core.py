@@ -141,7 +141,7 @@ class EngineCore:
             num_gpu_blocks_override=config.num_gpu_blocks_override,
             cpu_kv_cache_bytes=config.cpu_kv_cache_bytes)
         self.graph_capture_s = 0.0
-        if self.runner.is_cuda and not config.enforce_eager and model.attn.name == "triton":
+        if self.runner.is_cuda and not config.enforce_eager and model.backend.name == "triton":
             self.graph_capture_s = self.runner.capture_decode_graphs()
         self.scheduler = Scheduler(scheduler_config(config, num_gpu_blocks=self.num_gpu_blocks,
                                                     max_model_len=self.max_model_len))

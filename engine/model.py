@@ -3,7 +3,10 @@
 Built from a `ModelSpec`: RMSNorm, rotary embeddings (with Llama-3 frequency scaling when the
 spec says so), grouped-query attention, SwiGLU MLP, tied or untied embeddings, optional q/k/v
 biases (Qwen2). Q, K and V share one fused projection and gate/up another, so a layer issues
-four GEMMs. Weights are seeded random unless a checkpoint is loaded (`engine.loader`).
+four GEMMs; every other step (rotary + KV-cache store, paged attention, residual add + RMSNorm,
+SiLU * up) is an entry of the model's `kernels.Backend`: the plain-PyTorch references ("torch")
+or the Triton kernels ("triton"), one code path either way. Weights are seeded random unless a
+checkpoint is loaded (`engine.loader`).
 
 The batch is flat: `input_ids[T]` and `positions[T]` for all tokens of all sequences of the
 step, prefill chunks and decodes together; `AttentionMetadata` says which tokens belong to
@@ -18,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend, AttentionMetadata
+from engine.attention import AttentionMetadata
 from engine.model_spec import ModelSpec
+from kernels import Backend, get_backend
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -51,7 +55,8 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for positions [0, max_positions); applied in the rotate-half convention."""
+    """fp32 cos/sin tables [max_positions, head_dim/2] that the backend's `rope_store_kv` indexes
+    by position (rotate-half convention)."""
 
     def __init__(self, spec: ModelSpec, max_positions: int, device: torch.device) -> None:
         super().__init__()
@@ -60,17 +65,6 @@ class Rotary(nn.Module):
         freqs = torch.outer(t, inv)
         self.register_buffer("cos", freqs.cos().float(), persistent=False)  # [P, D/2]
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
-
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, D/2] in the model dtype, gathered once per forward for all layers."""
-        return (self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
-
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate-half rotary on x [T, H, D] in five kernels (fewer launches matter at decode)."""
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((torch.addcmul(x1 * cos, x2, sin, value=-1.0),
-                          torch.addcmul(x2 * cos, x1, sin)), dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -98,40 +92,30 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(h, 2 * spec.intermediate_size, bias=False, **kw)
         self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False, **kw)
 
-    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionBackend, k_cache,
-                v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """The plain PyTorch layer (the reference; the torch backend runs it)."""
+    def forward(self, x: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
+                backend: Backend, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer. `h` is input_layernorm(x), computed by the caller together with the previous
+        residual add; returns (x after attention, MLP output), whose sum (and the next norm) the
+        caller computes in one `add_rms_norm`."""
         t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
-        qkv = self.qkv_proj(self.input_layernorm(x))
-        # Rotate q and k together: one rotary application per layer, not two.
-        qk = Rotary.apply(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)
-        q, k = qk[:, :hq], qk[:, hq:]
-        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
-        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
-        # Residual adds fused into the GEMMs (addmm: x + a @ W^T in one cuBLAS call).
-        x = torch.addmm(x, o.reshape(t, hq * d), self.o_proj.weight.t())
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return torch.addmm(x, F.silu(gate) * up, self.down_proj.weight.t())
-
-    def forward_fused(self, x, h, rope: tuple, attn: AttentionBackend, k_cache, v_cache,
-                      meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same layer through engine.fused_ops: `h` is input_layernorm(x), computed by the
-        caller together with the previous residual add; returns (x after attention, MLP output),
-        whose sum (and the next norm) the caller computes in one kernel."""
-        from engine.fused_ops import add_rms_norm, rope_store_kv, silu_mul
-
-        t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
-        positions, cos, sin = rope
-        q = rope_store_kv(self.qkv_proj(h), positions, cos, sin, k_cache, v_cache,
-                          meta.slot_mapping, hq, hkv, d)
-        o = attn.attend(q, k_cache, v_cache, meta, self.scale)
-        x, h = add_rms_norm(x, F.linear(o.reshape(t, hq * d), self.o_proj.weight),
-                            self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        return x, F.linear(silu_mul(self.gate_up_proj(h)), self.down_proj.weight)
+        q = backend.rope_store_kv(self.qkv_proj(h), positions, rotary.cos, rotary.sin, k_cache,
+                                  v_cache, meta.slot_mapping, hq, hkv, d)
+        o = backend.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                    meta.query_start_loc, self.scale, meta.max_query_len,
+                                    meta.max_seq_len)
+        x, h = backend.add_rms_norm(x, F.linear(o.reshape(t, hq * d), self.o_proj.weight),
+                                    self.post_attention_layernorm.weight,
+                                    self.post_attention_layernorm.eps)
+        return x, F.linear(backend.silu_mul(self.gate_up_proj(h)), self.down_proj.weight)
 
 
 class LlamaModel(nn.Module):
-    """Decoder + LM head. `forward` gives hidden states; `compute_logits` the logits."""
+    """Decoder + LM head. `forward` gives hidden states; `compute_logits` the logits.
+
+    `attention_backend` names the `kernels.Backend` every kernel call goes to ("torch" or
+    "triton"; the engine config's field of the same name).
+    """
 
     def __init__(self, spec: ModelSpec, *, max_positions: int, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, attention_backend: str = "torch",
@@ -150,13 +134,7 @@ class LlamaModel(nn.Module):
             else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, **kw))
         )
         self.rotary = Rotary(spec, max_positions, device)
-        self.attn = AttentionBackend(attention_backend)  # type: ignore[arg-type]
-        # Fused Triton element-wise kernels (engine.fused_ops) ride with the Triton backend;
-        # the torch backend keeps the plain PyTorch layer (the reference). Settable (benchmarks).
-        from engine.fused_ops_gate import fused_ops_available
-
-        self.fused_ops = self.attn.name == "triton" and fused_ops_available(spec.head_dim)
-        self.logits_fp32 = False  # upcast logits in the forward (the old behaviour; benchmarks)
+        self.backend = get_backend(attention_backend)
         if seed is not None:
             self.init_random(seed)
 
@@ -181,28 +159,17 @@ class LlamaModel(nn.Module):
         kv_caches: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim].
         """
         x = F.embedding(input_ids, self.embed_tokens)
-        if self.fused_ops:
-            return self._forward_fused(x, positions, kv_caches, meta)
-        rope = self.rotary.lookup(positions, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
-        return self.norm(x)
-
-    def _forward_fused(self, x, positions, kv_caches, meta) -> torch.Tensor:
-        from engine.fused_ops import add_rms_norm
-
-        rope = (positions, self.rotary.cos, self.rotary.sin)
-        n = len(self.layers)
         h = self.layers[0].input_layernorm(x)
+        n = len(self.layers)
         for i, layer in enumerate(self.layers):
-            x, delta = layer.forward_fused(x, h, rope, self.attn, kv_caches[i, 0], kv_caches[i, 1], meta)
+            x, delta = layer(x, h, positions, self.rotary, self.backend, kv_caches[i, 0],
+                             kv_caches[i, 1], meta)
             norm = self.layers[i + 1].input_layernorm if i + 1 < n else self.norm
-            x, h = add_rms_norm(x, delta, norm.weight, norm.eps)
+            x, h = self.backend.add_rms_norm(x, delta, norm.weight, norm.eps)
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model dtype. Not upcast here: a greedy argmax over bf16 logits picks
         what it would over their exact fp32 copies, and at batch 128 x 128k vocab the upcast
         is a 64 MB write per step; the sampler upcasts only the rows it samples at random."""
-        logits = F.linear(hidden, self.lm_head_weight)
-        return logits.float() if self.logits_fp32 else logits
+        return F.linear(hidden, self.lm_head_weight)

@@ -45,6 +45,58 @@ class StepInputs:
     num_seqs: int
 
 
+@dataclass(slots=True)
+class _InputTokens:
+    """The step's input token ids, flattened; a decode whose input token the previous step
+    sampled but the host has not read yet holds a 0 at `gather_dst[i]`, filled on the device
+    from row `gather_src[i]` of the previous step's sampled tokens."""
+
+    flat_ids: list[int]
+    gather_dst: list[int]
+    gather_src: list[int]
+
+
+@dataclass(slots=True)
+class _StepLayout:
+    """Host arrays of one step: where each token and sequence goes, padding included."""
+
+    num_seqs: int
+    num_tokens: int
+    padded_seqs: int  # = graph_size on a graph replay (dummy sequences of one token), else num_seqs
+    padded_tokens: int
+    graph_size: int | None
+    seq_lens: np.ndarray  # [num_seqs] context including this step's tokens
+    qsl: np.ndarray  # [padded_seqs + 1] query start offsets
+    positions: np.ndarray  # [num_tokens]
+    slots: np.ndarray  # [num_tokens] flat KV-cache slots
+    sample_rows: list[int]  # scheduled rows that sample a token
+    block_cols: int  # block-table columns to copy (the full width for a graph)
+
+
+def _input_tokens(scheduled, starts: list[int], q_lens: list[int], token_ids: dict[int, list[int]],
+                  inflight: tuple[dict[int, int], torch.Tensor] | None) -> _InputTokens:
+    """Each request's tokens [start, start + q_len) from `token_ids`, or from `inflight` for a
+    decode whose input token was sampled by the previous step and is not on the host yet."""
+    tokens = _InputTokens([], [], [])
+    flat_ids = tokens.flat_ids
+    for s, c, q in zip(scheduled, starts, q_lens):
+        toks = token_ids[s.request_id]
+        if q == 1:
+            if c < len(toks):
+                flat_ids.append(toks[c])
+            else:  # sampled by the previous step, not yet on the host
+                if inflight is None or c != len(toks) or s.request_id not in inflight[0]:
+                    raise RuntimeError(f"request {s.request_id}: input token {c} is unknown")
+                tokens.gather_dst.append(len(flat_ids))
+                tokens.gather_src.append(inflight[0][s.request_id])
+                flat_ids.append(0)
+        else:
+            if c + q > len(toks):
+                raise RuntimeError(f"request {s.request_id}: tokens {c}..{c + q} not all known")
+            flat_ids.extend(toks[c: c + q])
+    return tokens
+
+
 class ModelRunner:
     """Owns the KV cache and the device-side input buffers of one model."""
 
@@ -211,37 +263,49 @@ class ModelRunner:
         tokens, those tokens on the device). A decode whose input token is still in flight gets
         it by a device-side gather, so the host never waits for it.
         """
+        self._next_stage()
+        n = len(scheduled)
+        q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=n)
+        starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64, count=n)
+        tokens = _input_tokens(scheduled, starts.tolist(), q_lens.tolist(), token_ids, inflight)
+        max_blocks = self._stage_block_tables([s.block_ids for s in scheduled])
+        sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
+        layout = self._layout(q_lens, starts, sample_rows, max_blocks)
+        self._stage_host(layout, tokens.flat_ids)
+        self._copy_to_device(layout)
+        if tokens.gather_dst:
+            assert inflight is not None  # _input_tokens gathers only from inflight tokens
+            self._gather_inflight(tokens, inflight[1])
+        self._record_stage_done()
+        rids = [s.request_id for s in scheduled]
+        return StepInputs(
+            request_ids=rids, sample_request_ids=[rids[i] for i in sample_rows],
+            num_tokens=layout.num_tokens, num_padded_tokens=layout.padded_tokens,
+            graph_size=layout.graph_size,
+            max_query_len=int(q_lens.max()) if n else 0,
+            max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n,
+        )
+
+    def _next_stage(self) -> None:
+        """Switch to the other host staging set, once the copies that last read it are done."""
         self._stage_idx ^= 1
         done = self._stage_done[self._stage_idx]
         if done is not None:
             done.synchronize()  # the copies that last read this staging set have finished
         self._use_stage(self._stage_idx)
-        n = len(scheduled)
-        q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=n)
-        starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64, count=n)
-        rids = [s.request_id for s in scheduled]
-        flat_ids: list[int] = []
-        gather_dst: list[int] = []
-        gather_src: list[int] = []
-        for s, c, q in zip(scheduled, starts.tolist(), q_lens.tolist()):
-            toks = token_ids[s.request_id]
-            if q == 1:
-                if c < len(toks):
-                    flat_ids.append(toks[c])
-                else:  # sampled by the previous step, not yet on the host
-                    if inflight is None or c != len(toks) or s.request_id not in inflight[0]:
-                        raise RuntimeError(f"request {s.request_id}: input token {c} is unknown")
-                    gather_dst.append(len(flat_ids))
-                    gather_src.append(inflight[0][s.request_id])
-                    flat_ids.append(0)
-            else:
-                if c + q > len(toks):
-                    raise RuntimeError(f"request {s.request_id}: tokens {c}..{c + q} not all known")
-                flat_ids.extend(toks[c: c + q])
-        sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
-        sample_rids = [rids[i] for i in sample_rows]
-        # Block tables: one flat list and one scatter instead of a numpy call per request.
-        tables = [s.block_ids for s in scheduled]
+
+    def _record_stage_done(self) -> None:
+        """Mark (on the GPU stream) where this step's copies out of the staging set end."""
+        if self.is_cuda:
+            ev = torch.cuda.Event()
+            ev.record()
+            self._stage_done[self._stage_idx] = ev
+
+    def _stage_block_tables(self, tables: list[list[int]]) -> int:
+        """Write each request's block ids into its row of the host block table; the widest row.
+
+        One flat list and one scatter instead of a numpy call per request."""
+        n = len(tables)
         nbs = np.fromiter(map(len, tables), dtype=np.int64, count=n)
         bt = self.h_block_tables.numpy()
         flat_blocks = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32,
@@ -249,69 +313,76 @@ class ModelRunner:
         rows = np.repeat(np.arange(n), nbs)
         cols = np.arange(len(flat_blocks)) - np.repeat(np.cumsum(nbs) - nbs, nbs)
         bt[rows, cols] = flat_blocks
-        max_blocks = max(1, int(nbs.max()) if n else 1)
-        seq_lens = starts + q_lens
+        return max(1, int(nbs.max()) if n else 1)
+
+    def _layout(self, q_lens: np.ndarray, starts: np.ndarray, sample_rows: list[int],
+                max_blocks: int) -> _StepLayout:
+        """Where every token of the step goes: the CUDA graph (if any), padding, positions,
+        query offsets and KV slots (from the block table already staged)."""
+        n = len(q_lens)
         num_tokens = int(q_lens.sum())
         pure_decode = bool((q_lens == 1).all()) and len(sample_rows) == n
         graph_size = None
         if pure_decode and self.graphs:
             graph_size = next((b for b in sorted(self.graphs) if b >= n), None)
         padded_seqs = graph_size or n
-        padded_tokens = graph_size or num_tokens
-
         qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
         np.cumsum(q_lens, out=qsl[1: n + 1])
         qsl[n + 1:] = num_tokens + np.arange(1, padded_seqs - n + 1)  # padding: one dummy token each
         positions = np.repeat(starts - qsl[:n], q_lens) + np.arange(num_tokens)
         seq_idx = np.repeat(np.arange(n), q_lens)
         bs = self.block_size
+        bt = self.h_block_tables.numpy()
         slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
+        return _StepLayout(
+            num_seqs=n, num_tokens=num_tokens, padded_seqs=padded_seqs,
+            padded_tokens=graph_size or num_tokens, graph_size=graph_size,
+            seq_lens=starts + q_lens, qsl=qsl, positions=positions, slots=slots,
+            sample_rows=sample_rows, block_cols=self.max_blocks_per_seq if graph_size else max_blocks,
+        )
 
+    def _stage_host(self, layout: _StepLayout, flat_ids: list[int]) -> None:
+        """Write the step's ids, positions, slots, lengths and logits rows into the host
+        staging set; padding tokens write nowhere and padding sequences attend to one slot."""
+        n, num_tokens, padded_tokens = layout.num_seqs, layout.num_tokens, layout.padded_tokens
         h_ids, h_pos, h_slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
         h_ids[:num_tokens] = flat_ids
-        h_pos[:num_tokens] = positions
-        h_slots[:num_tokens] = slots
+        h_pos[:num_tokens] = layout.positions
+        h_slots[:num_tokens] = layout.slots
         if padded_tokens > num_tokens:
             h_ids[num_tokens:padded_tokens] = 0
             h_pos[num_tokens:padded_tokens] = 0
             h_slots[num_tokens:padded_tokens] = -1
         h_sl = self.h_seq_lens.numpy()
-        h_sl[:n] = seq_lens
-        h_sl[n:padded_seqs] = 1  # dummy sequences attend to one (garbage) slot; output dropped
-        self.h_qsl.numpy()[: padded_seqs + 1] = qsl
-        if padded_seqs > n:
-            bt[n:padded_seqs, 0] = 0
+        h_sl[:n] = layout.seq_lens
+        h_sl[n:layout.padded_seqs] = 1  # dummy sequences attend to one (garbage) slot; output dropped
+        self.h_qsl.numpy()[: layout.padded_seqs + 1] = layout.qsl
+        if layout.padded_seqs > n:
+            self.h_block_tables.numpy()[n:layout.padded_seqs, 0] = 0
         h_li = self.h_logits_idx.numpy()
-        h_li[: len(sample_rows)] = qsl[1:][sample_rows] - 1
+        h_li[: len(layout.sample_rows)] = layout.qsl[1:][layout.sample_rows] - 1
 
-        nb_cols = self.max_blocks_per_seq if graph_size else max_blocks
-        nb_tok = padded_tokens
+    def _copy_to_device(self, layout: _StepLayout) -> None:
+        """Asynchronous copies of the staged inputs into the persistent device buffers."""
+        nb_tok, seqs, cols = layout.padded_tokens, layout.padded_seqs, layout.block_cols
+        num_sampled = len(layout.sample_rows)
         self.d_input_ids[:nb_tok].copy_(self.h_input_ids[:nb_tok], non_blocking=True)
         self.d_positions[:nb_tok].copy_(self.h_positions[:nb_tok], non_blocking=True)
         self.d_slots[:nb_tok].copy_(self.h_slots[:nb_tok], non_blocking=True)
-        self.d_seq_lens[:padded_seqs].copy_(self.h_seq_lens[:padded_seqs], non_blocking=True)
-        self.d_qsl[: padded_seqs + 1].copy_(self.h_qsl[: padded_seqs + 1], non_blocking=True)
-        self.d_logits_idx[: len(sample_rows)].copy_(self.h_logits_idx[: len(sample_rows)], non_blocking=True)
-        self.d_block_tables[:padded_seqs, :nb_cols].copy_(
-            self.h_block_tables[:padded_seqs, :nb_cols], non_blocking=True)
-        if gather_dst:
-            g = len(gather_dst)
-            self.h_gather_dst.numpy()[:g] = gather_dst
-            self.h_gather_src.numpy()[:g] = gather_src
-            self.d_gather_dst[:g].copy_(self.h_gather_dst[:g], non_blocking=True)
-            self.d_gather_src[:g].copy_(self.h_gather_src[:g], non_blocking=True)
-            self.d_input_ids.index_copy_(0, self.d_gather_dst[:g],
-                                         inflight[1].index_select(0, self.d_gather_src[:g]))
-        if self.is_cuda:
-            ev = torch.cuda.Event()
-            ev.record()
-            self._stage_done[self._stage_idx] = ev
-        return StepInputs(
-            request_ids=rids, sample_request_ids=sample_rids, num_tokens=num_tokens,
-            num_padded_tokens=padded_tokens, graph_size=graph_size,
-            max_query_len=int(q_lens.max()) if n else 0, max_seq_len=int(seq_lens.max()) if n else 0,
-            num_seqs=n,
-        )
+        self.d_seq_lens[:seqs].copy_(self.h_seq_lens[:seqs], non_blocking=True)
+        self.d_qsl[: seqs + 1].copy_(self.h_qsl[: seqs + 1], non_blocking=True)
+        self.d_logits_idx[:num_sampled].copy_(self.h_logits_idx[:num_sampled], non_blocking=True)
+        self.d_block_tables[:seqs, :cols].copy_(self.h_block_tables[:seqs, :cols], non_blocking=True)
+
+    def _gather_inflight(self, tokens: _InputTokens, inflight_tokens: torch.Tensor) -> None:
+        """Put the previous step's sampled tokens, still on the device, into this step's ids."""
+        g = len(tokens.gather_dst)
+        self.h_gather_dst.numpy()[:g] = tokens.gather_dst
+        self.h_gather_src.numpy()[:g] = tokens.gather_src
+        self.d_gather_dst[:g].copy_(self.h_gather_dst[:g], non_blocking=True)
+        self.d_gather_src[:g].copy_(self.h_gather_src[:g], non_blocking=True)
+        self.d_input_ids.index_copy_(0, self.d_gather_dst[:g],
+                                     inflight_tokens.index_select(0, self.d_gather_src[:g]))
 
     def _meta(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
               nb_cols: int) -> AttentionMetadata:

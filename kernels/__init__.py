@@ -1,21 +1,12 @@
-"""Triton paged-attention kernels and their plain-PyTorch references.
+"""Kernels of the engine's forward: Triton versions and their plain-PyTorch references.
 
-``paged_attention`` / ``write_kv_cache`` are the Triton kernels; ``paged_attention_ref`` /
-``write_kv_cache_ref`` compute the same thing in plain PyTorch. ``get_backend("triton" | "torch")``
-returns either pair behind one interface so callers choose at run time.
+- ``kernels.reference``: the references (plain PyTorch; the tests' yardstick and the CPU path).
+- ``kernels.paged_attention``, ``kernels.cache_write``, ``kernels.fused``: the Triton kernels.
+- ``get_backend("torch" | "triton") -> Backend``: one set or the other behind one interface.
+
+Importing this package imports neither torch nor triton; each set is imported when chosen.
 """
 
-from kernels.backend import AttentionBackend, get_backend
-from kernels.cache_write import write_kv_cache
-from kernels.paged_attention import AttentionConfig, paged_attention
-from kernels.reference import paged_attention_ref, write_kv_cache_ref
+from kernels.backend import BACKEND_NAMES, Backend, BackendName, get_backend
 
-__all__ = [
-    "AttentionBackend",
-    "AttentionConfig",
-    "get_backend",
-    "paged_attention",
-    "paged_attention_ref",
-    "write_kv_cache",
-    "write_kv_cache_ref",
-]
+__all__ = ["BACKEND_NAMES", "Backend", "BackendName", "get_backend"]

@@ -8,7 +8,9 @@ re-register ``__index__`` the same way.
    bits as integers. We widen bf16 operands to float32 first (exact: every bf16 is a float32),
    which is what the tensor cores compute with a float32 accumulator.
 
-Compiled (GPU) runs are untouched.
+Compiled (GPU) runs are untouched. This is test and benchmark scaffolding, tied to the
+``triton==3.6.0`` pin: tests/conftest.py and the benchmarks' CPU dry runs call ``apply()``; no
+production module imports it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ _applied = False
 
 
 def apply() -> None:
-    """Install the ``__index__`` fix into the interpreter's per-launch patch (idempotent)."""
+    """Install both fixes into the interpreter (idempotent; a no-op unless TRITON_INTERPRET=1)."""
     global _applied
     if _applied or os.environ.get("TRITON_INTERPRET") != "1":
         return

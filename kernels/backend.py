@@ -1,33 +1,57 @@
-"""Run-time choice between the Triton kernels and the plain-PyTorch references."""
+"""One backend object: every kernel the model calls, as plain-PyTorch references or Triton kernels.
+
+``get_backend("torch")`` returns the references of ``kernels.reference`` (any device, no Triton);
+``get_backend("triton")`` the Triton kernels (a GPU, or the CPU under ``TRITON_INTERPRET=1``).
+Both sets share signatures, so a model calls ``backend.<entry>(...)`` and never knows which it has.
+This module imports neither torch nor triton: the chosen set is imported when it is asked for.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-BackendName = Literal["triton", "torch"]
-BACKEND_NAMES: tuple[str, ...] = ("triton", "torch")
+if TYPE_CHECKING:
+    import torch
+
+BackendName = Literal["torch", "triton"]
+BACKEND_NAMES: tuple[str, ...] = ("torch", "triton")
 
 
-@dataclass(frozen=True)
-class AttentionBackend:
-    """The two calls an engine needs, both with the signatures of docs/interfaces.md."""
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """The kernels of one decoder forward; signatures are those of ``kernels.reference``.
+
+    Frozen: a variant (a benchmark that drops attention, say) is a ``dataclasses.replace`` copy.
+    """
 
     name: str
-    paged_attention: Callable[..., object]
-    write_kv_cache: Callable[..., None]
+    paged_attention: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, block_tables, seq_lens,
+    #   query_start_loc, scale, max_query_len, max_seq_len, out=None) -> out
+    write_kv_cache: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping)
+    rope_store_kv: Callable[..., torch.Tensor]  # (qkv, positions, cos, sin, k_cache, v_cache,
+    #   slot_mapping, num_q_heads, num_kv_heads, head_dim) -> rotated q
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    #   (x, delta, weight, eps) -> (x + delta, RMSNorm(x + delta) * weight)
+    silu_mul: Callable[..., torch.Tensor]  # (gate_up) -> SiLU(gate) * up
 
 
-def get_backend(name: str) -> AttentionBackend:
-    """``"triton"``: the kernels (GPU, or CPU under TRITON_INTERPRET=1); ``"torch"``: references."""
+def get_backend(name: str) -> Backend:
+    """``"torch"``: the plain-PyTorch references; ``"triton"``: the Triton kernels."""
+    if name == "torch":
+        from kernels import reference as ref
+
+        return Backend(
+            "torch", ref.paged_attention_ref, ref.write_kv_cache_ref, ref.rope_store_kv_ref,
+            ref.add_rms_norm_ref, ref.silu_mul_ref,
+        )  # fmt: skip
     if name == "triton":
         from kernels.cache_write import write_kv_cache
+        from kernels.fused import add_rms_norm, rope_store_kv, silu_mul
         from kernels.paged_attention import paged_attention
 
-        return AttentionBackend("triton", paged_attention, write_kv_cache)
-    if name == "torch":
-        from kernels.reference import paged_attention_ref, write_kv_cache_ref
-
-        return AttentionBackend("torch", paged_attention_ref, write_kv_cache_ref)
-    raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKEND_NAMES}")
+        return Backend(
+            "triton", paged_attention, write_kv_cache, rope_store_kv, add_rms_norm, silu_mul
+        )
+    raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKEND_NAMES}")

@@ -6,10 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _interpreter_compat
 from kernels.paged_attention import check_kv_cache_shapes, next_pow2
-
-_interpreter_compat.apply()
 
 
 @triton.jit

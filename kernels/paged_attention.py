@@ -30,10 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _interpreter_compat
-
-_interpreter_compat.apply()
-
 LOG2E = 1.4426950408889634
 
 
@@ -391,6 +387,37 @@ def _check_inputs(
         raise ValueError("block_tables must be contiguous along its last axis")
 
 
+@dataclass(slots=True)
+class _LaunchPlan:  # built once per call on the host: no frozen-init overhead
+    config: AttentionConfig
+    block_q: int  # query tokens per Q block
+    num_q_blocks: int  # grid axis 0: a static upper bound, no device sync
+    splits: int  # KV segments per sequence (1 = no split-KV)
+
+
+def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_len: int,
+                 max_seq_len: int, num_splits: int | None,
+                 config: AttentionConfig | None) -> _LaunchPlan:
+    """Tile shape, grid size and split-KV count of one call (overrides checked, not trusted)."""
+    queries_per_kv = q.shape[1] // num_kv_heads
+    cfg = config or choose_config(max_query_len, queries_per_kv)
+    if cfg.block_m < queries_per_kv:
+        raise ValueError(f"config.block_m {cfg.block_m} < query heads per KV head {queries_per_kv}")
+    block_q = cfg.block_m // queries_per_kv
+    num_q_blocks = q.shape[0] // block_q + num_seqs  # static upper bound, no device sync
+    splits = num_splits
+    if splits is None:
+        splits = choose_num_splits(
+            num_q_blocks, num_kv_heads, max_query_len, max_seq_len, block_q, num_sms_of(q.device)
+        )
+    if splits > 1 and max_query_len > block_q:
+        raise ValueError(
+            f"split-KV needs every sequence in one Q block: max_query_len {max_query_len} > "
+            f"block_q {block_q}"
+        )
+    return _LaunchPlan(cfg, block_q, num_q_blocks, splits)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -427,21 +454,8 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     queries_per_kv = num_q_heads // num_kv_heads
-    cfg = config or choose_config(max_query_len, queries_per_kv)
-    if cfg.block_m < queries_per_kv:
-        raise ValueError(f"config.block_m {cfg.block_m} < query heads per KV head {queries_per_kv}")
-    block_q = cfg.block_m // queries_per_kv
-    num_q_blocks = num_tokens // block_q + num_seqs  # static upper bound, no device sync
-    splits = num_splits
-    if splits is None:
-        splits = choose_num_splits(
-            num_q_blocks, num_kv_heads, max_query_len, max_seq_len, block_q, num_sms_of(q.device)
-        )
-    if splits > 1 and max_query_len > block_q:
-        raise ValueError(
-            f"split-KV needs every sequence in one Q block: max_query_len {max_query_len} > "
-            f"block_q {block_q}"
-        )
+    plan = _plan_launch(q, num_kv_heads, num_seqs, max_query_len, max_seq_len, num_splits, config)
+    cfg, block_q, num_q_blocks, splits = plan.config, plan.block_q, plan.num_q_blocks, plan.splits
     head_dim_pad = next_pow2(head_dim)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if splits > 1:  # one allocation for both scratch buffers: fewer calls on the decode path

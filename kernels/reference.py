@@ -1,7 +1,10 @@
-"""Plain-PyTorch paged attention and KV-cache write: the tests' reference and a run-time fallback.
+"""Plain-PyTorch versions of every kernel: the tests' reference and the "torch" backend.
 
-Written for clarity, not speed: one sequence at a time, gather the pages it owns, compute the
-softmax in float32. Same signatures as the Triton versions (see docs/interfaces.md, "Kernels").
+Written for clarity, not speed: attention goes one sequence at a time, gathers the pages it owns
+and computes the softmax in float32; the element-wise steps compute in float32 and round once,
+as the Triton kernels do. Same signatures as the Triton versions (see docs/interfaces.md).
+There is one KV-cache writer here, `write_kv_cache_ref`; `rope_store_kv_ref` rotates and then
+calls it.
 """
 
 from __future__ import annotations
@@ -84,3 +87,68 @@ def write_kv_cache_ref(
     blocks, rows = slots // block_size, slots % block_size
     k_cache[blocks, rows] = k[keep].to(k_cache.dtype)
     v_cache[blocks, rows] = v[keep].to(v_cache.dtype)
+
+
+def rotate_half_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary in the rotate-half convention, in float32: x [T, H, D], cos/sin [T, D/2]."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def rotate_qkv_ref(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rotated q ``[T, Hq, D]``, rotated k ``[T, Hkv, D]``, v ``[T, Hkv, D]``) of a fused qkv.
+
+    ``qkv [T, (Hq + 2 Hkv) D]`` holds q heads, then k heads, then v heads (a fused projection's
+    output); ``cos``/``sin`` are float32 tables ``[max_positions, D/2]`` indexed by ``positions``.
+    """
+    heads = qkv.unflatten(1, (num_q_heads + 2 * num_kv_heads, head_dim))
+    num_qk = num_q_heads + num_kv_heads
+    rotated = rotate_half_ref(heads[:, :num_qk], cos[positions], sin[positions]).to(qkv.dtype)
+    return rotated[:, :num_q_heads].contiguous(), rotated[:, num_q_heads:], heads[:, num_qk:]
+
+
+def rope_store_kv_ref(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> torch.Tensor:
+    """Rotated q ``[T, Hq, D]``; rotated k and plain v stored at ``slot_mapping`` (< 0: padding).
+
+    Layouts as in `rotate_qkv_ref`; the caches are ``[num_blocks, block_size, Hkv, D]``.
+    """
+    q, k, v = rotate_qkv_ref(qkv, positions, cos, sin, num_q_heads, num_kv_heads, head_dim)
+    write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up for ``gate_up [T, 2 I]`` (gate first): ``[T, I]``, computed in float32."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
+
+
+def add_rms_norm_ref(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + delta, RMSNorm(x + delta) * weight)``; the sum is rounded to x's dtype first,
+    because the residual stream is kept in the model dtype and the norm reads that."""
+    total = (x.float() + delta.float()).to(x.dtype)
+    t = total.float()
+    inv_rms = torch.rsqrt(t.square().mean(dim=-1, keepdim=True) + eps)
+    return total, (t * inv_rms * weight.float()).to(x.dtype)

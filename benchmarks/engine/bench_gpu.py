@@ -14,6 +14,7 @@ time-scaled), timed replay: throughput, TTFT/TPOT percentiles, preemptions, pref
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import gc
 import json
@@ -37,6 +38,8 @@ from engine.model_spec import ModelSpec, get_model
 from engine.replay import replay
 from engine.request import Request
 from engine.sampling import SamplingParams
+from kernels import Backend
+from kernels.reference import add_rms_norm_ref, rotate_qkv_ref, silu_mul_ref
 
 HERE = Path(__file__).resolve().parent
 
@@ -126,16 +129,36 @@ def engine_args(device: str, dtype: str, util: float, **kw) -> dict:
             "max_num_seqs": 256, "max_num_batched_tokens": 8192, **kw}
 
 
+def unfused_backend(backend: Backend) -> Backend:
+    """`backend` with the element-wise steps as separate PyTorch kernels (rotary, then the
+    backend's own K/V-cache write; SiLU * up; residual add + RMSNorm), attention unchanged:
+    the decode path before the fused kernels, for a before/after in one run."""
+
+    def rope_then_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                           num_q_heads, num_kv_heads, head_dim):
+        q, k, v = rotate_qkv_ref(qkv, positions, cos, sin, num_q_heads, num_kv_heads, head_dim)
+        backend.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        return q
+
+    return dataclasses.replace(backend, rope_store_kv=rope_then_write_kv,
+                               add_rms_norm=add_rms_norm_ref, silu_mul=silu_mul_ref)
+
+
+def fused_element_wise(backend: Backend) -> bool:
+    """Whether the element-wise steps run the fused Triton kernels."""
+    return backend.name == "triton" and backend.silu_mul is not silu_mul_ref
+
+
 def make_llm(model: str, args: dict, legacy: bool = False) -> LLM:
-    """`legacy`: the decode path as it was before the fused kernels (plain PyTorch rotary,
-    separate K/V store and SiLU*up, fp32 logits), for a before/after in one run."""
+    """`legacy`: the element-wise steps unfused (`unfused_backend`), for a before/after in one
+    run. (Runs before the fused kernels also upcast the logits to fp32; that is gone.)"""
     if not legacy:
         return LLM(model, **args)
     from engine.core import build_model, resolve_device
 
     cfg = EngineArgs(model=model, **args)
     m = build_model(cfg, resolve_device(cfg.device), cfg.max_model_len)
-    m.fused_ops, m.logits_fp32 = False, True
+    m.backend = unfused_backend(m.backend)
     return LLM(model, llm_model=m, **args)
 
 
@@ -164,14 +187,14 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
     runner = llm.engine.runner
     res = {
         "async_scheduling": async_scheduling, "legacy_decode_path": legacy,
-        "fused_ops": llm.engine.model.fused_ops,
+        "fused_ops": fused_element_wise(llm.engine.model.backend),
         "graph_replays": runner.num_graph_replays, "graph_captures": runner.num_graph_captures,
         "eager_forwards": runner.num_eager_forwards,
         "wall_s": wall, "output_tokens": gen, "output_tokens_per_s": gen / wall,
         "init_s": init_s, "graph_capture_s": llm.engine.graph_capture_s,
         "num_gpu_blocks": llm.engine.num_gpu_blocks, "num_steps": len(tr),
         "num_decode_only_steps": len(dec),
-        "attention_backend": llm.engine.model.attn.name,
+        "attention_backend": llm.engine.model.backend.name,
         "cuda_graphs": bool(llm.engine.runner.graphs),
         "decode_step_ms": {k: mean_ms(dec, k) for k in ("schedule_s", "prepare_s", "forward_s",
                                                         "sample_s", "total_s")},
@@ -372,7 +395,7 @@ def profile_decode(model: str, dtype: str, batch: int, copy_gbps: float, out_dir
     if cuda and inp.graph_size is None:
         raise RuntimeError("the decode batch did not map to a CUDA graph")
     res: dict = {"batch": batch, "graph_size": inp.graph_size, "mean_context": float(ctx.mean()),
-                 "fused_ops": m.fused_ops}
+                 "fused_ops": fused_element_wise(m.backend)}
     g = runner.graphs[inp.graph_size] if cuda else _Eager(lambda: runner.forward(inp))
     res["full_step_ms"] = _time_ms(g.replay)
     kv_bytes = float((ctx + 1).sum()) * spec.kv_bytes_per_token()
@@ -432,7 +455,9 @@ def profile_decode(model: str, dtype: str, batch: int, copy_gbps: float, out_dir
 
     def attn_only():
         for i in range(spec.num_layers):
-            m.attn.attend(qbuf, kv[i, 0], kv[i, 1], meta, 0.125)
+            m.backend.paged_attention(qbuf, kv[i, 0], kv[i, 1], meta.block_tables, meta.seq_lens,
+                                      meta.query_start_loc, 0.125, meta.max_query_len,
+                                      meta.max_seq_len)
 
     lay = m.layers[0]
     inter = torch.randn(b, spec.intermediate_size, dtype=m.dtype, device=device)
@@ -455,13 +480,13 @@ def profile_decode(model: str, dtype: str, batch: int, copy_gbps: float, out_dir
             variants[name] = float("nan")
             log(f"variant {name} failed: {type(e).__name__}: {e}")
 
-    fused0 = m.fused_ops
-    timed(f"full ({'fused' if fused0 else 'unfused'}, bf16 logits)", full)
-    m.fused_ops, m.logits_fp32 = False, True
-    timed("full, old path (unfused, fp32 logits)", full)
-    m.logits_fp32 = False
+    backend0 = m.backend
+    timed(f"full ({'fused' if fused_element_wise(backend0) else 'unfused'}, bf16 logits)", full)
+    m.backend = unfused_backend(backend0)
+    timed("full, old path (unfused, fp32 logits)",
+          lambda: m.compute_logits(m(ids, pos, kv, meta)).float())
     timed("full, unfused element-wise, bf16 logits", full)
-    m.fused_ops = fused0
+    m.backend = backend0
     timed("layers only (no LM head)", layers)
     timed("LM head only", lm_head)
     timed("attention kernels only (all layers)", attn_only)
@@ -478,11 +503,9 @@ def profile_decode(model: str, dtype: str, batch: int, copy_gbps: float, out_dir
                                     meta.query_start_loc, 0.125, 1, meta.max_seq_len, config=cfg)
 
             timed(f"attention only, tile_n {tn}, warps {nw}, stages {ns}", attn_cfg)
-    real_attend, real_forward = m.attn.attend, m.attn.forward
-    m.attn.attend = lambda q, *a, **k: q
+    m.backend = dataclasses.replace(backend0, paged_attention=lambda q, *a, **k: q)
     timed("full without attention kernels", full)
-    m.attn.attend = real_attend
-    m.attn.forward = real_forward
+    m.backend = backend0
     sample_ids = list(range(inp.num_seqs))
     params = [SamplingParams(max_tokens=8)] * inp.num_seqs
     logits_bf16 = torch.randn(inp.num_seqs, spec.vocab_size, dtype=m.dtype, device=device)

@@ -35,7 +35,7 @@ def main() -> None:
         graphs = sorted(gpu_llm.engine.runner.graphs)
         decode_steps = sum(1 for t in gpu_llm.step_traces if t["num_prefill_seqs"] == 0)
         print(json.dumps({"mode": mode, "tiny_fp32_cuda_equals_cpu": all(same), "num_equal": sum(same),
-                          "n": len(same), "backend": gpu_llm.engine.model.attn.name,
+                          "n": len(same), "backend": gpu_llm.engine.model.backend.name,
                           "num_graphs": len(graphs), "decode_only_steps": decode_steps}))
         first_diff = next((i for i, s in enumerate(same) if not s), None)
         if first_diff is not None:

@@ -56,13 +56,18 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from kernels import paged_attention, paged_attention_ref, write_kv_cache
+from kernels import _interpreter_compat
+from kernels.cache_write import write_kv_cache
 from kernels.paged_attention import (
     AttentionConfig,
     choose_config,
     choose_num_splits,
     num_sms_of,
+    paged_attention,
 )
+from kernels.reference import paged_attention_ref
+
+_interpreter_compat.apply()  # a no-op unless TRITON_INTERPRET=1 (the CPU dry run)
 
 DEVICE = "cpu" if ARGS.dry_run else "cuda"
 DTYPE = torch.bfloat16

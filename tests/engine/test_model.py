@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import itertools
 import json
 
@@ -73,10 +75,13 @@ def test_prefill_logits_match_dense(variant, tmp_path):
     torch.testing.assert_close(logits.double(), ref, atol=2e-4, rtol=1e-4)
 
 
-def test_mixed_batch_chunk_and_decode_match_dense(tmp_path):
-    """A prefill continuing from cached context and a fresh prompt, flattened into one step."""
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_mixed_batch_chunk_and_decode_match_dense(tmp_path, backend):
+    """A prefill continuing from cached context and a fresh prompt, flattened into one step,
+    through either kernel backend (Triton on the CPU interpreter here)."""
     spec = VARIANTS["llama3-rope-tied"]
-    model = LlamaModel(spec, max_positions=256, seed=5)
+    model = LlamaModel(spec, max_positions=256, seed=5, attention_backend=backend)
+    assert model.backend.name == backend
     w = hf_weights(model, tmp_path)
     g = torch.Generator().manual_seed(2)
     a = torch.randint(16, spec.vocab_size, (17,), generator=g).tolist()
@@ -89,6 +94,28 @@ def test_mixed_batch_chunk_and_decode_match_dense(tmp_path):
     torch.testing.assert_close(logits[qsl[0]:qsl[1]].double(), dense_logits(spec, w, a)[10:], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(logits[qsl[1]:qsl[2]].double(), dense_logits(spec, w, b), atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(logits[qsl[2]:qsl[3]].double(), dense_logits(spec, w, c)[8:], atol=2e-4, rtol=1e-4)
+
+
+def test_every_kernel_call_goes_through_the_backend():
+    """With each backend entry recorded, one forward calls rotary + KV store, attention and
+    SiLU * up once per layer and add + RMSNorm twice (after attention, after the MLP); the
+    separate KV writer never (rope_store_kv stores K and V)."""
+    model = LlamaModel(TINY, max_positions=64, seed=0)
+    calls: collections.Counter[str] = collections.Counter()
+
+    def recorded(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    entries = [f.name for f in dataclasses.fields(model.backend) if f.name != "name"]
+    model.backend = dataclasses.replace(
+        model.backend, **{e: recorded(e, getattr(model.backend, e)) for e in entries})
+    run_paged(model, new_kv(TINY), [(list(range(20, 29)), 0, [3, 1, 0])])
+    layers = TINY.num_layers
+    assert calls == {"rope_store_kv": layers, "paged_attention": layers, "silu_mul": layers,
+                     "add_rms_norm": 2 * layers}
 
 
 @pytest.mark.parametrize("shard_bytes", [None, 40_000])

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import write_kv_cache, write_kv_cache_ref
-from kernels.reference import gather_context
+from kernels.cache_write import write_kv_cache
+from kernels.reference import gather_context, write_kv_cache_ref
 
 
 @settings(max_examples=12, deadline=None, derandomize=True)

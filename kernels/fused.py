@@ -1,4 +1,4 @@
-"""Triton kernels that fuse the small element-wise steps of a decoder layer (GPU path).
+"""Triton kernels that fuse the small element-wise steps of a decoder layer.
 
 At decode the matmuls and attention stream bytes; what is left are element-wise steps on a few
 hundred KB each, and every one is a kernel of a few microseconds even inside a CUDA graph. The
@@ -9,12 +9,16 @@ to store K/V in the paged cache, and two for SiLU(gate) * up. Here:
   out for attention, rotated k and v stored in the paged cache: one kernel instead of six (and
   no per-forward cos/sin gather: positions index the fp32 tables in the kernel).
 - `silu_mul`: SiLU(gate) * up of the fused gate/up projection in one kernel.
-- `add_rms_norm`: the residual add and the next RMSNorm in one kernel (the plain layer folds
+- `add_rms_norm`: the residual add and the next RMSNorm in one kernel (a plain layer folds
   the add into cuBLAS addmm, which first copies the residual into its output).
 
-Both compute in fp32 and round once (the PyTorch path rounds after each step in bf16), so
-bf16 outputs differ from it in the last bit now and then; fp32 outputs agree to rounding.
-Used when the model runs the Triton attention backend; the torch path stays the reference.
+All compute in fp32 and round once, like their references in `kernels.reference`.
+
+Why a second KV-cache writer besides `kernels.cache_write.write_kv_cache`: the rotated k exists
+only in registers here; storing it through the separate writer would mean writing it to memory,
+launching a second kernel and reading it back, which is the traffic and the launch this kernel
+removes. Both writers address the cache the same way (slot // block_size, slot % block_size,
+slots < 0 skipped), and tests/kernels/test_fused.py checks them against each other bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernels.cache_write import write_kv_cache
+from kernels.reference import rotate_qkv_ref
 
 
 @triton.jit
@@ -67,6 +74,12 @@ def _rope_store_kv_kernel(
         tl.store(v_cache_ptr + voff, v.to(v_cache_ptr.dtype.element_ty), mask=in_kv)
 
 
+def rope_fusable(head_dim: int) -> bool:
+    """The fused rotary kernel tiles a head as two halves of a power-of-two width."""
+    half = head_dim // 2
+    return head_dim % 2 == 0 and half > 0 and half & (half - 1) == 0
+
+
 def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                   num_q_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
@@ -74,7 +87,29 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
 
     qkv: [T, (Hq + 2 Hkv) D] (q heads, then k heads, then v heads); cos/sin: fp32 [P, D/2];
     caches: [num_blocks, block_size, Hkv, D], contiguous in D, k and v with the same strides.
+    A head_dim whose half is not a power of two rotates in PyTorch and stores with
+    `write_kv_cache` (same result, two more passes over k).
     """
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim
+    if qkv.dim() != 2 or qkv.shape[1] != width:
+        raise ValueError(f"rope_store_kv: qkv must be [num_tokens, (Hq + 2 Hkv) * head_dim="
+                         f"{width}]; got {tuple(qkv.shape)}")
+    if not rope_fusable(head_dim):
+        return _rope_then_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                                   num_q_heads, num_kv_heads, head_dim)
+    return _rope_store_kv_fused(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                                num_q_heads, num_kv_heads, head_dim)
+
+
+def _rope_then_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                        num_q_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    q, k, v = rotate_qkv_ref(qkv, positions, cos, sin, num_q_heads, num_kv_heads, head_dim)
+    write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+def _rope_store_kv_fused(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                         num_q_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
     t = qkv.shape[0]
     q = torch.empty((t, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
