@@ -22,7 +22,7 @@ def test_engine_and_sim_args_give_the_same_scheduler_config():
 def test_overrides_and_defaults_kept_per_side():
     sc = scheduler_config(EngineArgs(), num_gpu_blocks=10, max_model_len=300, block_size=32)
     assert (sc.max_num_batched_tokens, sc.max_num_seqs, sc.max_model_len, sc.block_size) == (8192, 256, 300, 32)
-    assert EngineArgs().gpu_memory_utilization == 0.9 and EngineConfig().gpu_memory_utilization == 0.92
+    assert EngineArgs().gpu_memory_utilization == 0.92 == EngineConfig().gpu_memory_utilization
     # the simulator's budgets are GPU-dependent: unresolved, they cannot become a scheduler config
     with pytest.raises(ValueError, match="resolve"):
         scheduler_config(EngineConfig(), num_gpu_blocks=10)
