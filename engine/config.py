@@ -35,7 +35,7 @@ class _SchedulingRules(BaseModel):
     @model_validator(mode="after")
     def _batch_rules(self) -> Any:
         budget, seqs = self.max_num_batched_tokens, self.max_num_seqs  # type: ignore[attr-defined]
-        if budget is not None and seqs is not None:
+        if budget is not None:
             check_batch(budget, seqs, max_model_len=self.max_model_len,  # type: ignore[attr-defined]
                         enable_chunked_prefill=self.enable_chunked_prefill)  # type: ignore[attr-defined]
         return self

@@ -238,10 +238,11 @@ def resolve_batch(max_num_batched_tokens: int | None, max_num_seqs: int | None, 
     return BatchLimits(budget, seqs)
 
 
-def check_batch(max_num_batched_tokens: int, max_num_seqs: int, *, max_model_len: int | None,
+def check_batch(max_num_batched_tokens: int, max_num_seqs: int | None, *, max_model_len: int | None,
                 enable_chunked_prefill: bool, budget_is_default: bool = False) -> None:
-    """vLLM config/scheduler.py `SchedulerConfig._verify_args` / `verify_max_model_len`."""
-    if max_num_batched_tokens < max_num_seqs:
+    """vLLM config/scheduler.py `SchedulerConfig._verify_args` / `verify_max_model_len`; a value
+    still None (resolved later) is not checked yet."""
+    if max_num_seqs is not None and max_num_batched_tokens < max_num_seqs:
         if budget_is_default:
             raise FlagError("max_num_seqs", max_num_seqs,
                             f"must be <= {{max_num_batched_tokens}} ({max_num_batched_tokens}, the "
