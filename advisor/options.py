@@ -54,8 +54,8 @@ def _with_parameters(extra: Sequence[inspect.Parameter], into: str,
 
 
 # --------------------------------------------------------------------------- engine flags
-def _flag_parameter(flag: Flag, help_note: str = "") -> inspect.Parameter:
-    text = flag.help + (f" {help_note}" if help_note else "")
+def _flag_parameter(flag: Flag) -> inspect.Parameter:
+    text = flag.help
     shown = False if flag.default is None else str(flag.default).lower()
     if flag.type is bool:
         decls = [f"{flag.cli}/{flag.negatives[0]}", *(f" /{n}" for n in flag.negatives[1:])]
@@ -79,11 +79,9 @@ def given_flags(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def flag_options(flags: Iterable[Flag], into: str = "flags",
-                 notes: dict[str, str] | None = None) -> Callable[[F], F]:
+def flag_options(flags: Iterable[Flag], into: str = "flags") -> Callable[[F], F]:
     """One option per flag; the command receives `into`: {field: value} of the flags given."""
-    notes = notes or {}
-    params = [_flag_parameter(f, notes.get(f.name, "")) for f in flags]
+    params = [_flag_parameter(f) for f in flags]
     return _with_parameters(params, into, given_flags)
 
 
