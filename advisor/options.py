@@ -13,6 +13,7 @@ stays a plain function that Python can call with keywords.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from functools import wraps
 from typing import Annotated, Any, TypeVar
@@ -127,12 +128,17 @@ OPTION_OF_FIELD = {"disaggregation": "--disagg", "kv_block_coarsening": "--sim-b
                    "trace_format": "--format", "slo": "--goodput"}
 
 
-def cli_spelling(field: str) -> str:
-    """The option a field is typed as: `gpu_memory_utilization` -> `--gpu-memory-utilization`."""
+def cli_spelling(field: str, argv: Sequence[str] | None = None) -> str:
+    """The option a field was typed as: the alias found on the command line (`-tp`), else the
+    primary spelling (`gpu_memory_utilization` -> `--gpu-memory-utilization`). Click records no
+    alias once parsed, hence the look at argv."""
     if field in OPTION_OF_FIELD:
         return OPTION_OF_FIELD[field]
     flag = ALL_FLAGS.get(field)
-    return flag.cli if flag else "--" + field.replace("_", "-")
+    if flag is None:
+        return "--" + field.replace("_", "-")
+    typed = set(sys.argv[1:] if argv is None else argv)
+    return next((s for s in (*flag.spellings, *flag.negatives) if s in typed), flag.cli)
 
 
 def cli_message(exc: Exception) -> str:

@@ -149,3 +149,11 @@ def test_simulate_help_says_it_models_vllm_serve():
     spellings = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
     assert {s for f in ENGINE_CONFIG_FLAGS for s in f.spellings} <= spellings
     assert {"--kv-link-gb-per-s", "--format", "--num-requests", "--rate"} <= spellings
+
+
+def test_an_error_names_the_alias_the_user_typed(monkeypatch):
+    args = ["simulate", "-w", "lab-poisson", "-n", "5", "-tp", "3"]
+    monkeypatch.setattr("sys.argv", ["costline", *args])
+    res = runner.invoke(app, args, terminal_width=300)
+    assert res.exit_code == 2 and "-tp 3: must divide the model's 32 attention heads" in res.output
+    assert "--tensor-parallel-size" not in res.output

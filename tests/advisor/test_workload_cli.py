@@ -68,3 +68,32 @@ def test_demo_describes_the_bundled_chat_workload():
     res = CliRunner().invoke(app, ["demo"], terminal_width=200)
     assert res.exit_code == 0, res.output
     assert "chat-production" in res.output and "2,000" in res.output and "prefix reuse" in res.output
+
+
+def test_every_command_reading_a_source_has_the_same_source_options():
+    import typer
+
+    root = typer.main.get_command(app)
+    workload, engine = root.commands["workload"], root.commands["engine"]
+
+    def options(command) -> set[str]:
+        return {o for p in command.params for o in p.opts if o.startswith("-")}
+
+    full = options(workload.commands["describe"])
+    assert {"--format", "--lenient", "--hash-block-size", "--keep-failed", "--spread", "--seed", "--num-requests",
+            "--start-s", "--end-s", "--first", "--speedup", "--rate"} <= full
+    assert full - {"--json"} <= options(workload.commands["export"]) | {"--json"}
+    # simulate and engine run take --seed for the run itself (it also seeds a generated workload)
+    for command in (root.commands["simulate"], engine.commands["run"]):
+        assert full - {"--json", "--seed"} <= options(command)
+    assert options(workload.commands["fit"]) >= full - {"--json", "--num-requests", "-n", "--speedup", "--rate"}
+
+
+def test_source_options_reach_the_loader(tmp_path):
+    from sim.workload_source import SourceOptions, load_workload
+
+    res = runner.invoke(app, ["workload", "describe", "lab-poisson", "-n", "77", "--seed", "4", "--speedup", "2",
+                              "--json"])
+    d = json.loads(res.output)
+    wl = load_workload("lab-poisson", SourceOptions(num_requests=77, seed=4, speedup=2.0))
+    assert d["requests"] == 77 and d["duration_s"] == pytest.approx(float(wl.arrival_s[-1] - wl.arrival_s[0]))
