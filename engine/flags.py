@@ -178,6 +178,7 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
          choices=("auto", "torch", "triton"), in_vllm=False),
 )
 
+# The flags defined here; the simulator adds its own (`sim.config.SIM_ONLY_FLAGS`).
 FLAGS_BY_NAME: dict[str, Flag] = {f.name: f for f in SCHEDULING_FLAGS + ENGINE_ONLY_FLAGS}
 
 
