@@ -1,86 +1,99 @@
 """Engine arguments, with vLLM's names (`--max-num-seqs` -> `max_num_seqs`, ...).
 
 `SchedulingArgs` holds vLLM's scheduling and KV-cache flags; both the real engine's
-`EngineArgs` (here) and the simulated instance's `sim.config.EngineConfig` extend it, and
-`scheduler_config` turns either into the `SchedulerConfig` the shared scheduler runs with.
-No torch here: the simulator imports this module.
+`EngineArgs` (here) and the simulated instance's `sim.config.EngineConfig` extend it, so the two
+resolve their GPU-dependent defaults with the same `resolve_limits`. Fields come from the flag
+records of `engine.flags`. `scheduler_config` turns either into the `SchedulerConfig` the shared
+scheduler runs with. No torch here: the simulator imports this module.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.flags import (
+    ENGINE_ONLY_FLAGS,
+    SCHEDULING_FLAGS,
+    UsageContext,
+    batch_defaults,
+    check_batch,
+    check_max_model_len,
+    default_max_model_len,
+    flag_model,
+    resolve_batch,
+)
 from engine.scheduler import SchedulerConfig
 
 
-class SchedulingArgs(BaseModel):
-    """vLLM's scheduling and KV-cache engine arguments.
-
-    `max_num_batched_tokens`, `max_num_seqs` and `max_model_len` may be None here: each
-    subclass says how it resolves them (the engine has concrete defaults, the simulator
-    resolves them per GPU as vLLM does).
-    """
+class _SchedulingRules(BaseModel):
+    """vLLM's cross-flag rules that need neither the GPU nor the model."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_num_batched_tokens: int | None = Field(None, ge=1, description="token budget per step")
-    max_num_seqs: int | None = Field(None, ge=1, description="cap on running requests")
-    max_model_len: int | None = Field(None, ge=1, description="prompt + output cap per request")
-    block_size: int = Field(16, ge=1, description="tokens per KV block")
-    gpu_memory_utilization: float = Field(0.92, gt=0.0, le=1.0, description="vLLM 0.33's default")
-    num_gpu_blocks_override: int | None = Field(None, ge=1)
-    enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: Literal["builtin", "xxhash", "sha256"] = "builtin"
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = Field(0, ge=0, description="0 = no per-request cap per step")
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    async_scheduling: bool = Field(
-        False, description="schedule step N+1 on the host while the GPU runs step N "
-        "(vLLM's --async-scheduling); a stop token is seen one step late, so that step's "
-        "token for the stopped request is computed and discarded, as in vLLM")
+    @model_validator(mode="after")
+    def _batch_rules(self) -> Any:
+        budget, seqs = self.max_num_batched_tokens, self.max_num_seqs  # type: ignore[attr-defined]
+        if budget is not None:
+            check_batch(budget, seqs, max_model_len=self.max_model_len,  # type: ignore[attr-defined]
+                        enable_chunked_prefill=self.enable_chunked_prefill)  # type: ignore[attr-defined]
+        return self
+
+    def resolve_limits(self, *, device_name: str, device_memory_bytes: float,
+                       max_position_embeddings: int, usage: UsageContext) -> Any:
+        """A copy with `max_model_len`, `max_num_batched_tokens` and `max_num_seqs` filled as vLLM
+        fills them for this device and entry point, after its start-up checks."""
+        f: Any = self
+        mml = f.max_model_len or default_max_model_len(max_position_embeddings)
+        check_max_model_len(mml, max_position_embeddings)
+        limits = resolve_batch(f.max_num_batched_tokens, f.max_num_seqs, max_model_len=mml,
+                               enable_chunked_prefill=f.enable_chunked_prefill,
+                               defaults=batch_defaults(device_name, device_memory_bytes, usage))
+        return self.model_copy(update={"max_model_len": mml, "max_num_seqs": limits.max_num_seqs,
+                                       "max_num_batched_tokens": limits.max_num_batched_tokens})
+
+
+class SchedulingArgs(flag_model("_SchedulingFields", SCHEDULING_FLAGS, _SchedulingRules)):  # type: ignore[misc]
+    """vLLM's scheduling and KV-cache engine arguments (`engine.flags.SCHEDULING_FLAGS`).
+
+    `max_num_batched_tokens`, `max_num_seqs` and `max_model_len` may be None: `resolve_limits`
+    fills them for the device, the model and the entry point, as vLLM does at start-up.
+    """
 
 
 def scheduler_config(args: SchedulingArgs, *, num_gpu_blocks: int, max_model_len: int | None = None,
                      block_size: int | None = None, num_speculative_tokens: int = 0) -> SchedulerConfig:
     """The scheduler's configuration for `args`, with the KV pool size known at start-up.
 
-    `max_model_len` / `block_size` override the args' values (a resolved length, a coarsened
-    block); the budgets must be resolved by then.
+    `max_model_len` / `block_size` override the args' values (a coarsened block in the
+    simulator); the budgets must be resolved by then.
     """
-    mml = max_model_len or args.max_model_len
-    if args.max_num_batched_tokens is None or args.max_num_seqs is None or mml is None:
-        raise ValueError("scheduler_config: resolve max_num_batched_tokens, max_num_seqs and "
-                         "max_model_len first (e.g. sim EngineConfig.resolved_for(gpu, model))")
-    return SchedulerConfig(
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=mml,
-        block_size=block_size or args.block_size,
-        num_gpu_blocks=num_gpu_blocks,
-        enable_prefix_caching=args.enable_prefix_caching,
-        prefix_caching_hash_algo=args.prefix_caching_hash_algo,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        scheduling_policy=args.scheduling_policy,
-        num_speculative_tokens=num_speculative_tokens,
-    )
+    a: Any = args
+    fields = a.model_dump(include=set(SchedulerConfig.model_fields))
+    fields["max_model_len"] = max_model_len or a.max_model_len
+    if None in (fields["max_model_len"], a.max_num_batched_tokens, a.max_num_seqs):
+        raise ValueError("scheduler_config: max_num_batched_tokens, max_num_seqs and max_model_len are "
+                         "unresolved; call resolve_limits (or EngineArgs.resolved) first")
+    fields["block_size"] = block_size or a.block_size
+    return SchedulerConfig(num_gpu_blocks=num_gpu_blocks, num_speculative_tokens=num_speculative_tokens,
+                           **fields)
 
 
-class EngineArgs(SchedulingArgs):
-    """What the real engine (`engine.core.EngineCore`, `engine.llm.LLM`) is started with."""
+class EngineArgs(flag_model("_EngineFields", ENGINE_ONLY_FLAGS, SchedulingArgs)):  # type: ignore[misc]
+    """What the real engine (`engine.core.EngineCore`, `engine.llm.LLM`) is started with.
 
-    model: str = Field("tiny", description="model preset name or a Hugging Face-style directory")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    seed: int = 0
-    device: str = Field("auto", description="'auto' = cuda when available, else cpu")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget per step")
-    max_num_seqs: int = Field(256, ge=1, description="cap on running requests")
-    max_model_len: int | None = Field(None, description="None = min(model max positions, 8192)")
-    # 0.9 (vLLM's default before 0.33) has been the engine's default: kept, so runs stay comparable.
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
-    cpu_kv_cache_bytes: int = Field(256 << 20, ge=1, description="KV cache size on the CPU")
-    enforce_eager: bool = Field(False, description="no CUDA graphs")
-    attention_backend: Literal["auto", "torch", "triton"] = Field(
-        "auto", description="'auto' = triton on the GPU, the torch reference on the CPU")
+    `usage_context` picks vLLM's defaults: "api_server" models `vllm serve` (`costline engine
+    run`), "offline" the `LLM` class (`engine.llm.LLM`, `costline engine bench`).
+    """
+
+    usage_context: UsageContext = Field("api_server", description="vllm serve or the offline LLM class")
+
+    def resolved(self, *, device_name: str, device_memory_bytes: float,
+                 max_position_embeddings: int) -> EngineArgs:
+        return self.resolve_limits(device_name=device_name, device_memory_bytes=device_memory_bytes,
+                                   max_position_embeddings=max_position_embeddings,
+                                   usage=self.usage_context)
+
+
+__all__ = ["EngineArgs", "SchedulingArgs", "scheduler_config"]

@@ -17,7 +17,7 @@ import torch
 
 from engine.config import EngineArgs, scheduler_config
 from engine.model import TORCH_DTYPES, LlamaModel
-from engine.model_spec import ModelSpec, get_model
+from engine.model_spec import get_model
 from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
@@ -108,29 +108,31 @@ def build_model(config: EngineArgs, device: torch.device, max_model_len: int | N
         return load_model(path, device=device, dtype=dtype, attention_backend=backend,
                           max_positions=max_model_len)
     spec = get_model(config.model)
-    return LlamaModel(spec, max_positions=max_model_len or _default_max_len(spec), device=device,
+    return LlamaModel(spec, max_positions=max_model_len or spec.max_position_embeddings, device=device,
                       dtype=dtype, attention_backend=backend, seed=config.seed)
 
 
-def _default_max_len(spec: ModelSpec) -> int:
-    return min(spec.max_position_embeddings, 8192)
+def device_facts(device: torch.device) -> tuple[str, float]:
+    """(name, total memory in bytes) of `device`: what vLLM's batch defaults depend on."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return props.name, float(props.total_memory)
+    return device.type, 0.0
 
 
 class EngineCore:
     def __init__(self, config: EngineArgs, model: LlamaModel | None = None,
                  eos_token_ids: tuple[int, ...] = ()) -> None:
-        self.config = config
         self.device = resolve_device(config.device)
         if model is None:
-            spec = get_model(config.model) if not Path(config.model).is_dir() else None
-            mml = config.max_model_len or (_default_max_len(spec) if spec else None)
-            model = build_model(config, self.device, mml)
+            model = build_model(config, self.device, config.max_model_len)
         self.model = model
         self.spec = model.spec
-        self.max_model_len = config.max_model_len or min(model.rotary.cos.shape[0], 8192)
-        if self.max_model_len > model.rotary.cos.shape[0]:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's rotary table "
-                             f"({model.rotary.cos.shape[0]} positions)")
+        name, memory_bytes = device_facts(self.device)
+        config = config.resolved(device_name=name, device_memory_bytes=memory_bytes,
+                                 max_position_embeddings=model.rotary.cos.shape[0])
+        self.config = config
+        self.max_model_len = config.max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.async_scheduling = config.async_scheduling
         self.runner = ModelRunner(

@@ -52,6 +52,7 @@ class LLM:
 
     def __init__(self, model: str = "tiny", *, llm_model: LlamaModel | None = None,
                  eos_token_id: int | None = None, **engine_args: Any) -> None:
+        engine_args.setdefault("usage_context", "offline")  # vLLM's LLM class has its own defaults
         self.config = EngineArgs(model=model, **engine_args)
         eos = (eos_token_id,) if eos_token_id is not None else ()
         self.engine = EngineCore(self.config, model=llm_model, eos_token_ids=eos)

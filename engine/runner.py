@@ -216,7 +216,7 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak, kv_bytes
 
-    def allocate_kv_cache(self, *, gpu_memory_utilization: float = 0.9,
+    def allocate_kv_cache(self, *, gpu_memory_utilization: float = 0.92,
                           num_gpu_blocks_override: int | None = None,
                           cpu_kv_cache_bytes: int = 256 << 20) -> int:
         """Size and allocate the KV cache; returns the number of blocks.

@@ -6,9 +6,9 @@ disaggregated prefill/decode split. Every field name is the vLLM engine argument
 with dashes turned to underscores, so that a configuration prints as a runnable
 `vllm serve` command (`EngineConfig.to_vllm_args`).
 
-Defaults that vLLM resolves at start-up from the GPU (`max_num_batched_tokens`,
-`max_num_seqs`) are `None` here and resolved by `resolved_for` the same way
-(vllm-conventions.md section 1.1).
+Defaults that vLLM resolves at start-up from the GPU and model (`max_num_batched_tokens`,
+`max_num_seqs`, `max_model_len`) are `None` here and resolved by `resolved_for` with the
+engine's own rules (`engine.flags`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.config import SchedulingArgs
+from engine.flags import SCHEDULING_FLAGS, Flag, check_block_size, check_tensor_parallel, flag_model
 from engine.model_spec import ModelSpec
 from sim.hardware import GB, GPUSpec
 
@@ -68,31 +69,41 @@ class DisaggConfig(BaseModel):
     num_decode_replicas: int = Field(ge=1)
     kv_connector: str = "NixlConnector"
     link: Literal["nvlink", "network"] = "network"
-    link_gbps: float | None = Field(default=None, gt=0)  # per GPU, GB/s; None = from the GPU spec
+    link_gb_per_s: float | None = Field(default=None, gt=0)  # per GPU; None = from the GPU spec
     link_latency_s: float = Field(default=5e-4, ge=0)  # per transfer (handshake, RDMA setup)
     prefill_max_num_batched_tokens: int | None = None  # per-role budgets (vllm PR #6170)
     decode_max_num_batched_tokens: int | None = None
 
-    def link_bandwidth_gbps(self, gpu: GPUSpec) -> float:
-        if self.link_gbps is not None:
-            return self.link_gbps
-        return gpu.interconnect_gbps if self.link == "nvlink" else gpu.network_gbps
+    def link_bandwidth_gb_per_s(self, gpu: GPUSpec) -> float:
+        if self.link_gb_per_s is not None:
+            return self.link_gb_per_s
+        return gpu.interconnect_gb_per_s if self.link == "nvlink" else gpu.network_gb_per_s
 
 
-class EngineConfig(SchedulingArgs):
-    """One simulated vLLM instance's engine arguments (the ones that change serving behaviour).
+SIM_ONLY_FLAGS: tuple[Flag, ...] = (
+    Flag("kv_cache_dtype", str, "auto", "KV cache element type (auto = the model's dtype)",
+         choices=("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    Flag("quantization", str, None, "fp8 = dynamic FP8 weights (W8A8) on a BF16 checkpoint",
+         choices=("fp8",), aliases=("-q",)),
+    Flag("tensor_parallel_size", int, 1, "GPUs per replica (must divide the attention heads)", ge=1,
+         aliases=("-tp",)),
+    Flag("speculative_config", str, None, 'JSON, e.g. \'{"method":"ngram","num_speculative_tokens":4}\'',
+         aliases=("-sc",), annotation=SpeculativeConfig | None),
+)
+# Every flag of a simulated `vllm serve` instance, in `to_vllm_args` order; the dashboard's controls.
+ENGINE_CONFIG_FLAGS: tuple[Flag, ...] = SCHEDULING_FLAGS + SIM_ONLY_FLAGS
+# The simulator models vLLM's default attention backend on NVIDIA GPUs.
+SIM_ATTENTION_BACKEND = "flash_attn"
+
+
+class EngineConfig(flag_model("_EngineConfigFields", SIM_ONLY_FLAGS, SchedulingArgs)):  # type: ignore[misc]
+    """One simulated `vllm serve` instance's engine arguments (`ENGINE_CONFIG_FLAGS`).
 
     `max_num_batched_tokens`, `max_num_seqs` and `max_model_len` left None are resolved for
-    the GPU and model by `resolved_for`.
+    the GPU and model by `resolved_for`, with the same rules as the real engine.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_model_len: int | None = Field(default=None, ge=16)
-    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
-    quantization: Literal["fp8"] | None = None  # dynamic FP8 weights (W8A8) on a BF16 checkpoint
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    speculative_config: SpeculativeConfig | None = None
 
     @field_validator("speculative_config", mode="before")
     @classmethod
@@ -105,17 +116,17 @@ class EngineConfig(SchedulingArgs):
                                  """e.g. '{"method":"ngram","num_speculative_tokens":4}'""") from None
         return v
 
+    @model_validator(mode="after")
+    def _block_size_rule(self) -> EngineConfig:
+        check_block_size(self.block_size, SIM_ATTENTION_BACKEND)
+        return self
+
     def resolved_for(self, gpu: GPUSpec, model: ModelSpec) -> EngineConfig:
-        """Fill the GPU-dependent defaults as `vllm serve` 0.33 does (vllm-conventions 1.1)."""
-        big = gpu.hbm_bytes >= 70 * 2**30 and not gpu.name.startswith("a100")
-        huge = gpu.hbm_bytes >= 160 * 2**30
-        mnbt = self.max_num_batched_tokens or (16384 if huge else 8192 if big else 2048)
-        mns = self.max_num_seqs or (1024 if big else 256)
-        mml = self.max_model_len or model.max_position_embeddings
-        if not self.enable_chunked_prefill:
-            mnbt = max(mnbt, mml)  # without chunking a whole prompt must fit one step
-        return self.model_copy(update={"max_num_batched_tokens": mnbt, "max_num_seqs": mns,
-                                       "max_model_len": mml})
+        """Fill the GPU-dependent defaults as `vllm serve` does, after vLLM's start-up checks."""
+        check_tensor_parallel(model.num_heads, self.tensor_parallel_size)
+        return self.resolve_limits(device_name=gpu.name, device_memory_bytes=gpu.hbm_bytes,
+                                   max_position_embeddings=model.max_position_embeddings,
+                                   usage="api_server")
 
     @property
     def weight_dtype(self) -> str | None:
@@ -131,23 +142,12 @@ class EngineConfig(SchedulingArgs):
         `baseline`: the defaults to compare with, e.g. `EngineConfig().resolved_for(gpu, model)`
         when this config was resolved too (vLLM's defaults depend on the GPU).
         """
+        base = baseline or EngineConfig()
         args: list[str] = []
-        d = baseline or EngineConfig()
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size",
-                     "long_prefill_token_threshold", "scheduling_policy", "gpu_memory_utilization",
-                     "kv_cache_dtype", "quantization", "num_gpu_blocks_override",
-                     "tensor_parallel_size"):
-            v = getattr(self, name)
-            if v is not None and v != getattr(d, name):
-                args += [f"--{name.replace('_', '-')}", str(v)]
-        if not self.enable_prefix_caching:
-            args.append("--disable-prefix-caching")
-        if not self.enable_chunked_prefill:
-            args.append("--disable-chunked-prefill")
-        if self.async_scheduling:
-            args.append("--async-scheduling")
-        if self.speculative_config:
-            args += ["--speculative-config", f"'{self.speculative_config.vllm_json()}'"]
+        for flag in ENGINE_CONFIG_FLAGS:
+            value = getattr(self, flag.name)
+            if value != getattr(base, flag.name):
+                args += flag.vllm_args(value)
         return args
 
 
@@ -179,4 +179,5 @@ class DeploymentConfig(BaseModel):
                 f"(TP{self.engine.tensor_parallel_size}, {layout}, router {self.router})")
 
 
-__all__ = ["GB", "DeploymentConfig", "DisaggConfig", "EngineConfig", "SpeculativeConfig"]
+__all__ = ["ENGINE_CONFIG_FLAGS", "GB", "SIM_ONLY_FLAGS", "DeploymentConfig", "DisaggConfig", "EngineConfig",
+           "SpeculativeConfig"]

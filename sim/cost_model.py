@@ -131,7 +131,7 @@ class CostModel:
         act_b = dtype_bytes(model.dtype)
         gemm_rate = gpu.tflops(wdt) * 1e12 * p.gemm_compute_efficiency
         attn_rate = gpu.bf16_tflops * 1e12 * p.attn_compute_efficiency
-        bw = gpu.hbm_gbps * GB
+        bw = gpu.hbm_gb_per_s * GB
         L, h = model.num_layers, model.hidden_size
         layer_params = L * model.params_per_layer
         head_params = model.vocab_size * h
@@ -148,7 +148,7 @@ class CostModel:
         self._ew_s_per_token = ew_bytes / (bw * p.elementwise_memory_efficiency)
         # two all-reduces per layer of tokens x hidden activations (ring: 2 (tp-1)/tp of the bytes)
         if tp > 1:
-            link = gpu.interconnect_gbps * GB * p.allreduce_efficiency
+            link = gpu.interconnect_gb_per_s * GB * p.allreduce_efficiency
             self._ar_fixed_s = 2 * L * p.allreduce_latency_s
             self._ar_s_per_token = 2 * L * 2 * (tp - 1) / tp * h * act_b / link
         else:

@@ -16,18 +16,18 @@ class GPUSpec(BaseModel):
 
     name: str
     hbm_bytes: float = Field(gt=0)
-    hbm_gbps: float = Field(gt=0)  # GB/s (1e9 bytes/s)
+    hbm_gb_per_s: float = Field(gt=0)  # GB/s (1e9 bytes/s)
     bf16_tflops: float = Field(gt=0)  # dense
     fp8_tflops: float | None = None  # dense; None where the chip has no FP8 tensor cores
-    nvlink_gbps: float = 0.0  # per-GPU NVLink bandwidth, GB/s, one direction; 0 = none (PCIe)
-    pcie_gbps: float = 32.0
-    network_gbps: float = 25.0  # per-GPU scale-out NIC, GB/s
+    nvlink_gb_per_s: float = 0.0  # per-GPU NVLink bandwidth, GB/s, one direction; 0 = none (PCIe)
+    pcie_gb_per_s: float = 32.0
+    network_gb_per_s: float = 25.0  # per-GPU scale-out NIC, GB/s
     source: str = ""
 
     @property
-    def interconnect_gbps(self) -> float:
+    def interconnect_gb_per_s(self) -> float:
         """Bandwidth between GPUs of one host: NVLink if present, else PCIe."""
-        return self.nvlink_gbps or self.pcie_gbps
+        return self.nvlink_gb_per_s or self.pcie_gb_per_s
 
     def tflops(self, dtype: str) -> float:
         """Dense matmul rate for `dtype`; FP8 falls back to bf16 where the chip lacks it."""
@@ -40,26 +40,26 @@ GPU_PRESETS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
         # NVIDIA T4 datasheet: 16 GB GDDR6, 320 GB/s, 65 TFLOPS FP16 mixed precision (no bf16, no fp8).
-        GPUSpec(name="t4", hbm_bytes=16 * GB, hbm_gbps=320, bf16_tflops=65, pcie_gbps=16,
-                network_gbps=3.125, source="NVIDIA T4 datasheet"),
+        GPUSpec(name="t4", hbm_bytes=16 * GB, hbm_gb_per_s=320, bf16_tflops=65, pcie_gb_per_s=16,
+                network_gb_per_s=3.125, source="NVIDIA T4 datasheet"),
         # NVIDIA L4 datasheet: 24 GB, 300 GB/s, BF16 242 / FP8 485 TFLOPS with sparsity -> half dense.
-        GPUSpec(name="l4", hbm_bytes=24 * GB, hbm_gbps=300, bf16_tflops=121, fp8_tflops=242.5,
-                pcie_gbps=32, network_gbps=12.5, source="NVIDIA L4 datasheet"),
+        GPUSpec(name="l4", hbm_bytes=24 * GB, hbm_gb_per_s=300, bf16_tflops=121, fp8_tflops=242.5,
+                pcie_gb_per_s=32, network_gb_per_s=12.5, source="NVIDIA L4 datasheet"),
         # NVIDIA A100 datasheet (80GB SXM): 2,039 GB/s, BF16 312 TFLOPS dense, NVLink 600 GB/s.
-        GPUSpec(name="a100-80gb", hbm_bytes=80 * GB, hbm_gbps=2039, bf16_tflops=312,
-                nvlink_gbps=300, pcie_gbps=32, network_gbps=25, source="NVIDIA A100 datasheet"),
+        GPUSpec(name="a100-80gb", hbm_bytes=80 * GB, hbm_gb_per_s=2039, bf16_tflops=312,
+                nvlink_gb_per_s=300, pcie_gb_per_s=32, network_gb_per_s=25, source="NVIDIA A100 datasheet"),
         # NVIDIA H100 datasheet (SXM): 80 GB, 3.35 TB/s, BF16 989 / FP8 1,979 TFLOPS dense, NVLink 900 GB/s.
-        GPUSpec(name="h100-sxm", hbm_bytes=80 * GB, hbm_gbps=3350, bf16_tflops=989.5,
-                fp8_tflops=1979, nvlink_gbps=450, pcie_gbps=64, network_gbps=50,
+        GPUSpec(name="h100-sxm", hbm_bytes=80 * GB, hbm_gb_per_s=3350, bf16_tflops=989.5,
+                fp8_tflops=1979, nvlink_gb_per_s=450, pcie_gb_per_s=64, network_gb_per_s=50,
                 source="NVIDIA H100 datasheet"),
         # NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, compute as H100, NVLink 900 GB/s.
-        GPUSpec(name="h200", hbm_bytes=141 * GB, hbm_gbps=4800, bf16_tflops=989.5,
-                fp8_tflops=1979, nvlink_gbps=450, pcie_gbps=64, network_gbps=50,
+        GPUSpec(name="h200", hbm_bytes=141 * GB, hbm_gb_per_s=4800, bf16_tflops=989.5,
+                fp8_tflops=1979, nvlink_gb_per_s=450, pcie_gb_per_s=64, network_gb_per_s=50,
                 source="NVIDIA H200 datasheet"),
         # NVIDIA HGX B200 datasheet: 180 GB HBM3e and 8 TB/s per GPU, FP16/BF16 2.25 / FP8 4.5
         # PFLOPS dense per GPU, NVLink 5 at 1.8 TB/s.
-        GPUSpec(name="b200", hbm_bytes=180 * GB, hbm_gbps=8000, bf16_tflops=2250, fp8_tflops=4500,
-                nvlink_gbps=900, pcie_gbps=64, network_gbps=50, source="NVIDIA HGX B200 datasheet"),
+        GPUSpec(name="b200", hbm_bytes=180 * GB, hbm_gb_per_s=8000, bf16_tflops=2250, fp8_tflops=4500,
+                nvlink_gb_per_s=900, pcie_gb_per_s=64, network_gb_per_s=50, source="NVIDIA HGX B200 datasheet"),
     ]
 }
 # NVLink figures above are per direction (the datasheets quote the bidirectional total).
@@ -102,9 +102,9 @@ def kv_capacity_blocks(capacity_tokens: int, block_size: int) -> int:
     return capacity_tokens // block_size
 
 
-def transfer_time_s(num_bytes: float, link_gbps: float, latency_s: float = 0.0) -> float:
-    """Seconds to move `num_bytes` over a link of `link_gbps` GB/s plus a fixed latency."""
-    return num_bytes / (link_gbps * GB) + latency_s
+def transfer_time_s(num_bytes: float, link_gb_per_s: float, latency_s: float = 0.0) -> float:
+    """Seconds to move `num_bytes` over a link of `link_gb_per_s` GB/s plus a fixed latency."""
+    return num_bytes / (link_gb_per_s * GB) + latency_s
 
 
 __all__ = [

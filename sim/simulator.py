@@ -366,7 +366,7 @@ class Simulation:
                                                  self.coarsen))
             self.replicas = self.prefill_pool + self.decode_pool
             self.front = self.prefill_pool
-            self.link_bytes_per_s = d.link_bandwidth_gbps(dep.gpu) * 1e9
+            self.link_bytes_per_s = d.link_bandwidth_gb_per_s(dep.gpu) * 1e9
             self.link_latency_s = d.link_latency_s
         self.env.process(self._arrivals())
 

@@ -88,25 +88,28 @@ class _Rows:
         return n
 
 
-def _finish(path: Path, fmt: str, arrival_s: list[float], prompt: list[int], output: list[int],
-            ids: np.ndarray | None, id_counts: list[int] | None, block_size: int, category: list[str] | str,
-            session: list[int] | None, skipped: Counter[str], bad_rows_total: int) -> Workload:
+def _trace_workload(*, path: Path, fmt: str, arrival_s: list[float], prompt_len: list[int],
+                    output_len: list[int], hash_block_size: int, skipped: Counter[str], bad_rows_total: int,
+                    hash_ids: np.ndarray | None = None, hash_counts: list[int] | None = None,
+                    category: list[str] | str = "default", session_id: list[int] | None = None) -> Workload:
+    """The Workload of a loaded trace's rows, with notes on what was skipped. Without `hash_ids`
+    (no prefix information) every block gets a fresh id."""
     if not arrival_s:
         detail = f" ({bad_rows_total} rows skipped: {dict(skipped)})" if bad_rows_total else ""
         raise TraceFormatError(path, None, None, f"no usable requests in this {fmt} trace{detail}",
                                "check that the file is the trace you meant and is not truncated")
     t = np.asarray(arrival_s, dtype=np.float64)
-    p = np.asarray(prompt, dtype=np.int64)
-    if ids is None:  # no prefix information: one fresh id per block
-        counts = -(-p // block_size)
-        ids = np.arange(int(counts.sum()), dtype=np.int64)
+    p = np.asarray(prompt_len, dtype=np.int64)
+    if hash_ids is None:
+        counts = -(-p // hash_block_size)
+        hash_ids = np.arange(int(counts.sum()), dtype=np.int64)
     else:
-        counts = np.asarray(id_counts, dtype=np.int64)
+        counts = np.asarray(hash_counts, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     wl = Workload.from_columns(
-        arrival_s=t - t[0], prompt_len=p, output_len=np.asarray(output, dtype=np.int64),
-        hash_ids=ids, hash_offsets=offsets, hash_block_size=block_size, category=category,
-        session_id=None if session is None else np.asarray(session, dtype=np.int64), name=path.name,
+        arrival_s=t - t[0], prompt_len=p, output_len=np.asarray(output_len, dtype=np.int64),
+        hash_ids=hash_ids, hash_offsets=offsets, hash_block_size=hash_block_size, category=category,
+        session_id=None if session_id is None else np.asarray(session_id, dtype=np.int64), name=path.name,
     )
     wl.skipped_rows = dict(skipped)
     wl.notes.append(f"loaded {len(wl)} requests from {path.name} ({fmt})")
@@ -213,8 +216,9 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
         id_lists.append(hid)
     counts = [len(h) for h in id_lists]
     flat = np.fromiter((h for lst in id_lists for h in lst), dtype=np.int64, count=sum(counts))
-    return _finish(path, "mooncake", arrival, prompt, output, flat, counts, bs, "default", None,
-                   rows.skipped, sum(rows.skipped.values()))
+    return _trace_workload(path=path, fmt="mooncake", arrival_s=arrival, prompt_len=prompt, output_len=output,
+                           hash_block_size=bs, hash_ids=flat, hash_counts=counts, skipped=rows.skipped,
+                           bad_rows_total=sum(rows.skipped.values()))
 
 
 def _infer_block_size(parsed: list[tuple[int, dict]]) -> int:
@@ -310,8 +314,9 @@ def load_azure(path: str | Path, *, lenient: bool = False, hash_block_size: int 
         prompt.append(n_in)
         output.append(n_out)
     arrival = [] if not t_ns else ((np.asarray(t_ns, dtype=np.int64) - t_ns[0]) / 1e9).tolist()
-    return _finish(path, "azure", arrival, prompt, output, None, None, hash_block_size, "default", None,
-                   rows.skipped, sum(rows.skipped.values()))
+    return _trace_workload(path=path, fmt="azure", arrival_s=arrival, prompt_len=prompt, output_len=output,
+                           hash_block_size=hash_block_size, skipped=rows.skipped,
+                           bad_rows_total=sum(rows.skipped.values()))
 
 
 def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: int = 16,
@@ -365,9 +370,10 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
         if has_session:
             sid = _as_count(r[col["Session ID"]])
             session.append(-1 if sid is None else sid)
-    return _finish(path, "burstgpt", arrival, prompt, output, None, None, hash_block_size, category,
-                   session if has_session else None, rows.skipped,
-                   sum(v for k, v in rows.skipped.items() if not k.startswith("failed")))
+    return _trace_workload(path=path, fmt="burstgpt", arrival_s=arrival, prompt_len=prompt, output_len=output,
+                           hash_block_size=hash_block_size, category=category,
+                           session_id=session if has_session else None, skipped=rows.skipped,
+                           bad_rows_total=sum(v for k, v in rows.skipped.items() if not k.startswith("failed")))
 
 
 # --------------------------------------------------------------------------- detection, options

@@ -6,7 +6,8 @@
 
 Engine flags carry vLLM's names and spellings (`--disable-prefix-caching`,
 `--speculative-config '{...}'`, sizes like `8k`), so a run's configuration pastes into
-`vllm serve`. Files under `--out`: requests and steps tables (Parquet when pyarrow is
+`vllm serve`; they are built from `engine.flags`, and the command only turns options into a
+`sim.run.SimConfig` and calls `sim.run.run`. Files under `--out`: requests and steps tables (Parquet when pyarrow is
 installed, else CSV), `summary.json` (`vllm bench serve` keys) and `metrics.prom`.
 """
 
@@ -22,70 +23,32 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from advisor.commands.workload import (
-    BlockSize,
-    EndS,
-    First,
-    Fmt,
-    KeepFailed,
-    Lenient,
-    NumReq,
-    Rate,
-    Speedup,
-    Spread,
-    StartS,
-    _clean_errors,
-)
-
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
+from advisor.options import clean_errors, flag_options, source_options
+from engine.flags import FlagError
+from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
+from sim.metrics import _jsonable as jsonable  # the summary as strict JSON (NaN -> null)
+from sim.run import LoadedWorkload, SimConfig, kv_block_coarsening_for, load, run, summarize
+from sim.workload_source import SourceOptions
 
 
-def parse_size(text: str | None, flag: str) -> int | None:
-    """vLLM's human-readable integers: `8k` = 8000, `8K` = 8192 (lower case decimal, upper binary)."""
-    if text is None:
-        return None
-    m = SIZE.match(str(text))
-    if not m:
-        raise ValueError(f"{flag} {text!r}: use an integer, optionally with k/K, m/M or g/G (e.g. 8K = 8192)")
-    num, unit = float(m.group(1)), m.group(2)
-    mult = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}[unit]
-    return int(num * mult)
-
-
-def parse_disagg(text: str | None) -> tuple[int, int] | None:
+def parse_disagg(text: str | None, *, link: str, link_gb_per_s: float | None,
+                 link_latency_ms: float) -> DisaggConfig | None:
+    """`--disagg 3:1` (prefill:decode replica counts) and its link options as a DisaggConfig."""
     if not text:
         return None
     m = re.fullmatch(r"\s*(\d+)\s*[:Pp]\s*(\d+)\s*[Dd]?\s*", text)
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise ValueError(f"--disagg {text!r}: give prefill:decode replica counts, e.g. --disagg 3:1")
-    return int(m.group(1)), int(m.group(2))
+        raise FlagError("disaggregation", repr(text), "give prefill:decode replica counts, e.g. {disaggregation} 3:1")
+    return DisaggConfig(num_prefill_replicas=int(m.group(1)), num_decode_replicas=int(m.group(2)), link=link,
+                        link_gb_per_s=link_gb_per_s, link_latency_s=link_latency_ms / 1e3)
 
 
-def build_deployment(*, model: str, gpu: str, num_gpus: int | None, router: str, disagg: str | None,
-                     kv_link: str, link_gbps: float | None, link_latency_ms: float,
-                     engine: dict[str, Any]):
-    """A DeploymentConfig from command-line values (errors name the flag and the fix)."""
-    from engine.model_spec import get_model
-    from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
-    from sim.hardware import get_gpu
-
-    eng = EngineConfig(**{k: v for k, v in engine.items() if v is not None})
-    tp = eng.tensor_parallel_size
-    pd = parse_disagg(disagg)
-    if pd:
-        need = (pd[0] + pd[1]) * tp
-        if num_gpus is not None and num_gpus != need:
-            raise ValueError(f"--num-gpus {num_gpus} does not match --disagg {pd[0]}:{pd[1]} at "
-                             f"--tensor-parallel-size {tp} ({need} GPUs); drop --num-gpus or make them agree")
-        d = DisaggConfig(num_prefill_replicas=pd[0], num_decode_replicas=pd[1], link=kv_link,
-                         link_gbps=link_gbps, link_latency_s=link_latency_ms / 1e3)
-        return DeploymentConfig(model=get_model(model), gpu=get_gpu(gpu), engine=eng, router=router,
-                                disaggregation=d)
-    n = num_gpus or tp
-    if n % tp:
-        raise ValueError(f"--num-gpus {n} is not a multiple of --tensor-parallel-size {tp}")
-    return DeploymentConfig(model=get_model(model), gpu=get_gpu(gpu), engine=eng, num_replicas=n // tp,
-                            router=router)
+def parse_coarsening(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise FlagError("kv_block_coarsening", repr(text), "use a positive integer or 'auto'")
+    return int(text)
 
 
 def _ms(x: Any) -> str:
@@ -159,7 +122,9 @@ def compare_runs(a_dir: str, b_dir: str, console: Console) -> None:
     console.print(t)
 
 
-@_clean_errors
+@clean_errors
+@flag_options(ENGINE_CONFIG_FLAGS, into="engine_flags")
+@source_options(exclude=("seed",))
 def simulate(
     workload: Annotated[str | None, typer.Option("--workload", "-w", help="preset name, spec file (.json) or trace file")] = None,
     model: Annotated[str, typer.Option("--model", help="model preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, ...)")] = "llama-3.1-8b",
@@ -169,26 +134,8 @@ def simulate(
     router: Annotated[str, typer.Option("--router", help="round_robin, least_loaded or prefix_aware")] = "least_loaded",
     disagg: Annotated[str | None, typer.Option("--disagg", help="disaggregated prefill: P:D replica counts, e.g. 3:1")] = None,
     kv_link: Annotated[str, typer.Option("--kv-link", help="P/D KV link: network (NIC) or nvlink")] = "network",
-    link_gbps: Annotated[float | None, typer.Option("--link-gbps", help="P/D link bandwidth per GPU, GB/s (default: from the GPU)")] = None,
+    kv_link_gb_per_s: Annotated[float | None, typer.Option("--kv-link-gb-per-s", help="P/D link bandwidth per GPU in GB/s (bytes, not bits; a 400 Gbit/s NIC is 50); default: from the GPU")] = None,
     link_latency_ms: Annotated[float, typer.Option("--link-latency-ms", help="fixed cost per KV transfer")] = 0.5,
-    max_num_batched_tokens: Annotated[str | None, typer.Option("--max-num-batched-tokens")] = None,
-    max_num_seqs: Annotated[str | None, typer.Option("--max-num-seqs")] = None,
-    max_model_len: Annotated[str | None, typer.Option("--max-model-len")] = None,
-    block_size: Annotated[int, typer.Option("--block-size")] = 16,
-    enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--disable-prefix-caching")] = True,
-    no_enable_prefix_caching: Annotated[bool, typer.Option("--no-enable-prefix-caching", hidden=True)] = False,
-    prefix_caching_hash_algo: Annotated[str, typer.Option("--prefix-caching-hash-algo")] = "builtin",
-    enable_chunked_prefill: Annotated[bool, typer.Option("--enable-chunked-prefill/--disable-chunked-prefill")] = True,
-    no_enable_chunked_prefill: Annotated[bool, typer.Option("--no-enable-chunked-prefill", hidden=True)] = False,
-    long_prefill_token_threshold: Annotated[int, typer.Option("--long-prefill-token-threshold")] = 0,
-    scheduling_policy: Annotated[str, typer.Option("--scheduling-policy")] = "fcfs",
-    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.92,
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
-    quantization: Annotated[str | None, typer.Option("--quantization", "-q", help="fp8 (dynamic FP8 weights)")] = None,
-    num_gpu_blocks_override: Annotated[int | None, typer.Option("--num-gpu-blocks-override")] = None,
-    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp")] = 1,
-    async_scheduling: Annotated[bool, typer.Option("--async-scheduling/--no-async-scheduling")] = False,
-    speculative_config: Annotated[str | None, typer.Option("--speculative-config", "-sc", help="JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4}'")] = None,
     goodput: Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")] = None,
     profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path")] = "default",
     out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here")] = None,
@@ -197,11 +144,10 @@ def simulate(
     sim_block_coarsening: Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")] = "1",
     no_skip_ahead: Annotated[bool, typer.Option("--no-skip-ahead", help="step every decode step (slow; for checks)")] = False,
     compare: Annotated[tuple[str, str] | None, typer.Option("--compare", help="two saved run directories: A B")] = None,
-    trace_format: Fmt = "auto", lenient: Lenient = False, hash_block_size: BlockSize = None,
-    keep_failed: KeepFailed = False, spread: Spread = False, num_requests: NumReq = None,
-    start_s: StartS = None, end_s: EndS = None, first: First = None, speedup: Speedup = None, rate: Rate = None,
+    engine_flags: dict[str, Any] | None = None,
+    source: SourceOptions | None = None,
 ) -> None:
-    """Simulate a workload on a vLLM-style deployment; print a summary, optionally save the run."""
+    """Simulate a workload on `vllm serve` replicas (server defaults); print a summary, optionally save the run."""
     console = Console()
     if compare:
         compare_runs(compare[0], compare[1], console)
@@ -209,66 +155,41 @@ def simulate(
     if workload is None:
         raise ValueError("--workload is required (a preset such as chat-production, a spec .json or a trace file); "
                          "or use --compare A B")
-    from sim.cost_model import CostProfile
-    from sim.metrics import SLO
-    from sim.simulator import Simulation
-    from sim.workload_source import SourceOptions, load_workload
-
-    spec = json.loads(speculative_config) if speculative_config else None
-    if spec is not None and not isinstance(spec, dict):
-        raise ValueError("--speculative-config must be a JSON object")
-    engine = {
-        "max_num_batched_tokens": parse_size(max_num_batched_tokens, "--max-num-batched-tokens"),
-        "max_num_seqs": parse_size(max_num_seqs, "--max-num-seqs"),
-        "max_model_len": parse_size(max_model_len, "--max-model-len"), "block_size": block_size,
-        "enable_prefix_caching": enable_prefix_caching and not no_enable_prefix_caching,
-        "prefix_caching_hash_algo": prefix_caching_hash_algo,
-        "enable_chunked_prefill": enable_chunked_prefill and not no_enable_chunked_prefill,
-        "long_prefill_token_threshold": long_prefill_token_threshold, "scheduling_policy": scheduling_policy,
-        "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
-        "quantization": quantization, "num_gpu_blocks_override": num_gpu_blocks_override,
-        "tensor_parallel_size": tensor_parallel_size, "async_scheduling": async_scheduling,
-        "speculative_config": spec,
-    }
-    dep = build_deployment(model=model, gpu=gpu, num_gpus=num_gpus, router=router, disagg=disagg,
-                           kv_link=kv_link, link_gbps=link_gbps, link_latency_ms=link_latency_ms, engine=engine)
-    wl = load_workload(workload, SourceOptions(
-        trace_format=trace_format, lenient=lenient, hash_block_size=hash_block_size, keep_failed=keep_failed,
-        spread=spread, seed=seed, num_requests=num_requests, start_s=start_s, end_s=end_s, first=first,
-        speedup=speedup, rate_rps=rate))
-    reqs = wl.requests
-    meta = {"workload": workload, "workload_notes": list(wl.notes)}
-    coarsen: int | str = sim_block_coarsening
-    if sim_block_coarsening != "auto":
-        if not sim_block_coarsening.isdigit() or int(sim_block_coarsening) < 1:
-            raise ValueError(f"--sim-block-coarsening {sim_block_coarsening!r}: use a positive integer or 'auto'")
-        coarsen = int(sim_block_coarsening)
-    sim = Simulation(dep, reqs, seed=seed, profile=CostProfile.load(profile), slo=SLO.parse(goodput),
-                     skip_ahead=not no_skip_ahead, label=label or Path(workload).stem, meta=meta,
-                     kv_block_coarsening=coarsen)
-    if len(reqs) >= 5000 and not as_json and sys.stderr.isatty():
-        from rich.progress import Progress
-        with Progress(console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task(f"simulating {len(reqs):,} requests", total=1.0)
-            sim.progress = lambda f: bar.update(task, completed=f)
-            result = sim.run()
-    else:
-        result = sim.run()
-    summary = result.summary()
-    summary["vllm_args"] = result.meta.get("vllm_args")
+    config = SimConfig(
+        model=model, gpu=gpu, num_gpus=num_gpus, engine=EngineConfig(**(engine_flags or {})), router=router,
+        disaggregation=parse_disagg(disagg, link=kv_link, link_gb_per_s=kv_link_gb_per_s,
+                                    link_latency_ms=link_latency_ms),
+        seed=seed, profile=profile, slo=goodput, skip_ahead=not no_skip_ahead,
+        kv_block_coarsening=parse_coarsening(sim_block_coarsening), label=label)
+    config.deployment()  # configuration errors before the workload is built
+    loaded = load(workload, source, seed=seed)
+    result = _run_with_progress(loaded, config, show=not as_json)
+    summary = summarize(result)
     if out is not None:
         paths = result.save(out)
         if not as_json:
             console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False)
     if as_json:
-        from sim.metrics import _jsonable
-        sys.stdout.write(json.dumps(_jsonable(summary), indent=2) + "\n")
-    else:
-        print_summary(summary, console)
-        if sim.coarsen == 1 and result.wall_s > 5 and sim._coarsening("auto") > 1:
-            console.print(f"hint: this workload's prefixes are known per {reqs[0].hash_block_size}-token block; "
-                          "--sim-block-coarsening auto simulates it several times faster "
-                          "(benchmarks/sim/results.md)", style="dim", highlight=False)
+        sys.stdout.write(json.dumps(jsonable(summary), indent=2) + "\n")
+        return
+    print_summary(summary, console)
+    block_size = config.engine.block_size
+    if (result.meta.get("kv_block_coarsening") == 1 and result.wall_s > 5
+            and kv_block_coarsening_for("auto", block_size, loaded.requests) > 1):
+        console.print(f"hint: this workload's prefixes are known per {loaded.requests[0].hash_block_size}-token "
+                      "block; --sim-block-coarsening auto simulates it several times faster "
+                      "(benchmarks/sim/results.md)", style="dim", highlight=False)
 
 
-__all__ = ["build_deployment", "compare_runs", "parse_size", "simulate"]
+def _run_with_progress(loaded: LoadedWorkload, config: SimConfig, *, show: bool):
+    """`run`, with a progress bar on a terminal when the workload is large."""
+    if not (show and len(loaded.requests) >= 5000 and sys.stderr.isatty()):
+        return run(loaded, config)
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"simulating {len(loaded.requests):,} requests", total=1.0)
+        return run(loaded, config, progress=lambda f: bar.update(task, completed=f))
+
+
+__all__ = ["compare_runs", "parse_coarsening", "parse_disagg", "simulate"]

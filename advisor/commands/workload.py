@@ -9,62 +9,25 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from advisor.options import clean_errors, source_options
 from sim.arrivals import scale_rate
 from sim.describe import describe_workload
 from sim.fit import fit_spec
-from sim.traces import TraceFormatError, export_mooncake
+from sim.traces import export_mooncake
 from sim.workload_presets import get_preset, preset_names
-from sim.workload_source import SourceOptions, SpecFileError, load_workload
+from sim.workload_source import SourceOptions, load_workload
 
 app = typer.Typer(help="Describe, fit and export workloads and real traces.", no_args_is_help=True)
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _clean_errors(fn: F) -> F:
-    """Turn input errors into one message on stderr and exit status 2."""
-
-    @wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (TraceFormatError, SpecFileError, ValueError, KeyError, OSError) as exc:
-            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-            Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False, markup=True, soft_wrap=True)
-            raise typer.Exit(code=2) from None
-
-    return run  # type: ignore[return-value]
-
-
-# Options shared by every command that reads a source. Annotated defaults keep the functions
-# callable from Python with plain values (`costline demo` calls `describe` directly).
 Source = Annotated[str, typer.Argument(
     help="preset name, spec file (.json) or trace file (Mooncake JSONL, Azure or BurstGPT CSV)")]
-Fmt = Annotated[str, typer.Option("--format", help="trace format: auto, mooncake, azure, burstgpt")]
-Lenient = Annotated[bool, typer.Option("--lenient", help="skip bad trace rows (reported with counts and reasons)")]
-BlockSize = Annotated[int | None, typer.Option(
-    "--hash-block-size", help="tokens per hash id of a trace (Mooncake: 512, inferred)")]
-KeepFailed = Annotated[bool, typer.Option(
-    "--keep-failed", help="BurstGPT: keep failed rows (Response tokens = 0) as 1-token outputs")]
-Spread = Annotated[bool, typer.Option(
-    "--spread", help="spread tied timestamps (Mooncake's 3-s steps) uniformly within each step, seeded")]
-Seed = Annotated[int | None, typer.Option("--seed", help="seed for a spec/preset (overrides its own) and for --spread")]
-NumReq = Annotated[int | None, typer.Option("--num-requests", "-n", help="requests to generate from a spec/preset")]
-StartS = Annotated[float | None, typer.Option("--start-s", help="keep arrivals at or after this time (s)")]
-EndS = Annotated[float | None, typer.Option("--end-s", help="keep arrivals before this time (s)")]
-First = Annotated[int | None, typer.Option("--first", help="keep only the first N requests (after the window)")]
-Speedup = Annotated[float | None, typer.Option(
-    "--speedup", help="divide arrival times by this factor (2 = twice the rate)")]
-Rate = Annotated[float | None, typer.Option("--rate", help="rescale time to this mean rate (req/s)")]
 
 
 def _json_safe(x: Any) -> Any:
@@ -112,18 +75,14 @@ def print_description(d: dict[str, Any], console: Console | None = None) -> None
 
 
 @app.command("describe")
-@_clean_errors
+@clean_errors
+@source_options(into="options")
 def describe(
     source: Source, as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
-    trace_format: Fmt = "auto", lenient: Lenient = False, hash_block_size: BlockSize = None,
-    keep_failed: KeepFailed = False, spread: Spread = False, seed: Seed = None, num_requests: NumReq = None,
-    start_s: StartS = None, end_s: EndS = None, first: First = None, speedup: Speedup = None, rate: Rate = None,
+    options: SourceOptions | None = None,
 ) -> None:
     """Request count, duration, rate, burstiness, length percentiles, prefix reuse and task mix."""
-    wl = load_workload(source, SourceOptions(
-        trace_format=trace_format, lenient=lenient, hash_block_size=hash_block_size, keep_failed=keep_failed,
-        spread=spread, seed=seed, num_requests=num_requests, start_s=start_s, end_s=end_s, first=first,
-        speedup=speedup, rate_rps=rate))
+    wl = load_workload(source, options)
     d = describe_workload(wl)
     if as_json:
         sys.stdout.write(json.dumps(_json_safe(d), indent=2) + "\n")
@@ -132,25 +91,23 @@ def describe(
 
 
 @app.command("fit")
-@_clean_errors
+@clean_errors
+@source_options(exclude=("num_requests", "speedup", "rate_rps"), into="options")
 def fit(
     source: Source,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the spec here (default: stdout)")] = None,
     lengths: Annotated[str, typer.Option("--lengths", help="empirical (trace quantiles) or lognormal")] = "empirical",
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the fitted rate ('my traffic, doubled' = 2)")] = 1.0,
-    trace_format: Fmt = "auto", lenient: Lenient = False, hash_block_size: BlockSize = None,
-    keep_failed: KeepFailed = False, spread: Spread = False, seed: Seed = None,
-    start_s: StartS = None, end_s: EndS = None, first: First = None,
+    options: SourceOptions | None = None,
 ) -> None:
     """Write a WorkloadSpec that reproduces the source's rate, burstiness, lengths and reuse."""
     if lengths not in ("empirical", "lognormal"):
         raise typer.BadParameter("--lengths must be 'empirical' or 'lognormal'")
     if not rate_scale > 0:
         raise typer.BadParameter("--rate-scale must be > 0")
-    wl = load_workload(source, SourceOptions(
-        trace_format=trace_format, lenient=lenient, hash_block_size=hash_block_size, keep_failed=keep_failed,
-        spread=spread, seed=seed, start_s=start_s, end_s=end_s, first=first))
-    spec = fit_spec(wl, lengths=lengths, seed=seed or 0)  # type: ignore[arg-type]
+    opts = options or SourceOptions()
+    wl = load_workload(source, opts)
+    spec = fit_spec(wl, lengths=lengths, seed=opts.seed or 0)  # type: ignore[arg-type]
     if rate_scale != 1.0:
         # same duration at the higher rate: scale the request count with the rate
         spec = spec.with_overrides(arrival=scale_rate(spec.arrival, rate_scale).model_dump(),
@@ -165,19 +122,15 @@ def fit(
 
 
 @app.command("export")
-@_clean_errors
+@clean_errors
+@source_options(into="options")
 def export(
     source: Source,
     output: Annotated[Path, typer.Option("--output", "-o", help="Mooncake JSONL file to write")],
-    trace_format: Fmt = "auto", lenient: Lenient = False, hash_block_size: BlockSize = None,
-    keep_failed: KeepFailed = False, spread: Spread = False, seed: Seed = None, num_requests: NumReq = None,
-    start_s: StartS = None, end_s: EndS = None, first: First = None, speedup: Speedup = None, rate: Rate = None,
+    options: SourceOptions | None = None,
 ) -> None:
     """Write any workload as Mooncake JSONL, replayable by `vllm bench serve --dataset-name timed_trace`."""
-    wl = load_workload(source, SourceOptions(
-        trace_format=trace_format, lenient=lenient, hash_block_size=hash_block_size, keep_failed=keep_failed,
-        spread=spread, seed=seed, num_requests=num_requests, start_s=start_s, end_s=end_s, first=first,
-        speedup=speedup, rate_rps=rate))
+    wl = load_workload(source, options)
     export_mooncake(wl, output)
     Console(stderr=True).print(
         f"wrote {len(wl):,} requests to {output}; replay with: vllm bench serve --dataset-name timed_trace "

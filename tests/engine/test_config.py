@@ -1,16 +1,30 @@
-"""The shared vLLM scheduling flags: one translation to SchedulerConfig for engine and simulator."""
+"""vLLM flags defined once: defaults per GPU and entry point, start-up rules, identical in engine and sim."""
+
+from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.config import EngineArgs, scheduler_config
+from engine.flags import (
+    FLAGS_BY_NAME,
+    GIB,
+    SCHEDULING_FLAGS,
+    FlagError,
+    batch_defaults,
+    parse_size,
+    resolve_batch,
+)
 from engine.model_spec import get_model
 from engine.scheduler import SchedulerConfig
-from sim.config import EngineConfig
-from sim.hardware import get_gpu
+from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
+from sim.hardware import GPU_PRESETS, get_gpu
 
-FLAGS = {"max_num_batched_tokens": 512, "max_num_seqs": 7, "max_model_len": 1024, "block_size": 8,
+FLAGS = {"max_num_batched_tokens": 512, "max_num_seqs": 7, "max_model_len": 1024, "block_size": 32,
          "enable_prefix_caching": False, "prefix_caching_hash_algo": "sha256",
          "enable_chunked_prefill": True, "long_prefill_token_threshold": 64, "scheduling_policy": "priority"}
+M8 = get_model("llama-3.1-8b")  # 32 attention heads, 131,072 positions
 
 
 def test_engine_and_sim_args_give_the_same_scheduler_config():
@@ -19,13 +33,162 @@ def test_engine_and_sim_args_give_the_same_scheduler_config():
         assert scheduler_config(args, num_gpu_blocks=99, num_speculative_tokens=2) == expected
 
 
-def test_overrides_and_defaults_kept_per_side():
-    sc = scheduler_config(EngineArgs(), num_gpu_blocks=10, max_model_len=300, block_size=32)
-    assert (sc.max_num_batched_tokens, sc.max_num_seqs, sc.max_model_len, sc.block_size) == (8192, 256, 300, 32)
-    assert EngineArgs().gpu_memory_utilization == 0.9 and EngineConfig().gpu_memory_utilization == 0.92
-    # the simulator's budgets are GPU-dependent: unresolved, they cannot become a scheduler config
-    with pytest.raises(ValueError, match="resolve"):
+def test_one_definition_per_flag_and_its_model_field():
+    assert EngineArgs().gpu_memory_utilization == 0.92 == EngineConfig().gpu_memory_utilization
+    for flag in ENGINE_CONFIG_FLAGS:
+        field = EngineConfig.model_fields[flag.name]
+        assert field.default == flag.default and field.description == flag.help
+    for flag in SCHEDULING_FLAGS:  # the engine's copy of each shared flag is the same field
+        assert EngineArgs.model_fields[flag.name].default == flag.default
+    # what a dashboard needs to draw a control
+    gmu = FLAGS_BY_NAME["gpu_memory_utilization"]
+    assert (gmu.type, gmu.default, gmu.gt, gmu.le, gmu.expectation()) == (float, 0.92, 0.0, 1.0, "must be in (0, 1]")
+    assert FLAGS_BY_NAME["scheduling_policy"].choices == ("fcfs", "priority")
+
+
+@pytest.mark.parametrize("name, memory_bytes, usage, expected", [
+    # field-figures-2026.md: >= 70 GiB other than A100 -> 8192/1024 served, 16384/1024 offline;
+    # everything else (A100 included) -> 2048/256 served, 8192/256 offline. No >= 160 GiB tier.
+    ("NVIDIA H200", 141e9, "api_server", (8192, 1024)),
+    ("NVIDIA H200", 141e9, "offline", (16384, 1024)),
+    ("b200", 180e9, "api_server", (8192, 1024)),
+    ("NVIDIA A100-SXM4-80GB", 80e9, "api_server", (2048, 256)),
+    ("NVIDIA A100-SXM4-80GB", 80e9, "offline", (8192, 256)),
+    ("l4", 24e9, "api_server", (2048, 256)),
+    ("x", 70 * GIB, "api_server", (8192, 1024)),
+    ("x", 70 * GIB - 1, "api_server", (2048, 256)),
+    ("cpu", 0.0, "offline", (8192, 256)),
+])
+def test_batch_defaults_by_gpu_and_entry_point(name, memory_bytes, usage, expected):
+    d = batch_defaults(name, memory_bytes, usage)
+    assert (d.max_num_batched_tokens, d.max_num_seqs) == expected
+
+
+@pytest.mark.parametrize("gpu", sorted(GPU_PRESETS))
+def test_engine_and_simulator_resolve_identical_defaults(gpu):
+    g = get_gpu(gpu)
+    sim = EngineConfig().resolved_for(g, M8)
+    eng = EngineArgs().resolved(device_name=g.name, device_memory_bytes=g.hbm_bytes,
+                                max_position_embeddings=M8.max_position_embeddings)
+    assert sim.max_model_len == eng.max_model_len == 131072
+    assert (sim.max_num_batched_tokens, sim.max_num_seqs) == (eng.max_num_batched_tokens, eng.max_num_seqs)
+    assert eng.gpu_memory_utilization == sim.gpu_memory_utilization == 0.92
+
+
+@settings(max_examples=60, deadline=None)
+@given(budget=st.one_of(st.none(), st.integers(1, 40000)), seqs=st.one_of(st.none(), st.integers(1, 3000)),
+       mml=st.integers(1, 40000), chunked=st.booleans(), large=st.booleans(), offline=st.booleans())
+def test_resolve_batch_obeys_vllm_rules(budget, seqs, mml, chunked, large, offline):
+    defaults = batch_defaults("h200" if large else "l4", 141e9 if large else 24e9,
+                              "offline" if offline else "api_server")
+    try:
+        got = resolve_batch(budget, seqs, max_model_len=mml, enable_chunked_prefill=chunked, defaults=defaults)
+    except FlagError as e:
+        # an error only where a rule is broken, naming a flag the user can change
+        b = budget if budget is not None else None
+        assert e.field in ("max_num_batched_tokens", "max_num_seqs")
+        assert (b is not None and seqs is not None and b < seqs) or (b is not None and not chunked and b < mml) \
+            or (b is None and seqs is not None)
+        return
+    assert got.max_num_batched_tokens >= got.max_num_seqs  # SchedulerConfig._verify_args
+    if not chunked:
+        assert got.max_num_batched_tokens >= mml  # verify_max_model_len
+    if budget is not None:
+        assert got.max_num_batched_tokens == budget  # a value the user set is never changed
+    else:  # default, raised to max_model_len without chunking, capped at max_num_seqs x max_model_len
+        want = defaults.max_num_batched_tokens if chunked else max(defaults.max_num_batched_tokens, mml)
+        assert got.max_num_batched_tokens == min(want, (seqs or defaults.max_num_seqs) * mml)
+    if seqs is not None:
+        assert got.max_num_seqs == seqs
+    else:
+        assert got.max_num_seqs == min(defaults.max_num_seqs, got.max_num_batched_tokens)
+
+
+def test_resolution_by_hand():
+    h200 = get_gpu("h200")
+    off = EngineConfig(enable_chunked_prefill=False, max_model_len=32768).resolved_for(h200, M8)
+    assert (off.max_num_batched_tokens, off.max_num_seqs) == (32768, 1024)  # raised to max_model_len
+    short = EngineConfig(max_num_seqs=2, max_model_len=1000).resolved_for(h200, M8)
+    assert short.max_num_batched_tokens == 2000  # capped at 2 x 1000
+    tight = EngineConfig(max_num_batched_tokens=512).resolved_for(h200, M8)
+    assert tight.max_num_seqs == 512  # capped at the budget
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_num_batched_tokens": 100, "max_num_seqs": 200},
+     r"max_num_batched_tokens 100: must be >= max_num_seqs \(200\)"),
+    ({"max_num_batched_tokens": 1024, "max_model_len": 2048, "enable_chunked_prefill": False},
+     r"max_num_batched_tokens 1024: must be >= max_model_len \(2048\) when chunked prefill is off"),
+    ({"gpu_memory_utilization": 1.5}, r"gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 0.0}, r"gpu_memory_utilization"),
+    ({"block_size": 0}, r"block_size"),
+    ({"max_num_seqs": 0}, r"max_num_seqs"),
+    ({"scheduling_policy": "lifo"}, r"scheduling_policy"),
+])
+def test_bad_values_raise_value_errors_naming_the_field(kwargs, match):
+    for cls in (EngineArgs, EngineConfig):
+        with pytest.raises(ValueError, match=match):
+            cls(**kwargs)
+
+
+def test_gpu_memory_utilization_upper_bound_is_inclusive():
+    assert EngineConfig(gpu_memory_utilization=1.0).gpu_memory_utilization == 1.0
+
+
+def test_rules_that_need_the_gpu_or_the_model():
+    h200 = get_gpu("h200")
+    with pytest.raises(ValueError, match=r"max_num_seqs 4096: must be <= max_num_batched_tokens \(2048"):
+        EngineConfig(max_num_seqs=4096).resolved_for(get_gpu("a100-80gb"), M8)  # default budget 2048
+    with pytest.raises(ValueError, match=r"tensor_parallel_size 3: must divide the model's 32 attention heads"):
+        EngineConfig(tensor_parallel_size=3).resolved_for(h200, M8)
+    assert EngineConfig(tensor_parallel_size=4).resolved_for(h200, M8).tensor_parallel_size == 4
+    with pytest.raises(ValueError, match=r"max_model_len 200000: exceeds the model's max_position_embeddings"):
+        EngineConfig(max_model_len=200000).resolved_for(h200, M8)
+    with pytest.raises(ValueError, match=r"resolve_limits"):
         scheduler_config(EngineConfig(), num_gpu_blocks=10)
-    resolved = EngineConfig().resolved_for(get_gpu("h200"), get_model("llama-3.1-8b"))
-    sc = scheduler_config(resolved, num_gpu_blocks=10)
-    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == (8192, 1024)
+
+
+def test_block_size_per_attention_backend():
+    # the simulator models vLLM's FlashAttention (multiples of 16); the engine's kernels take any size
+    with pytest.raises(ValueError, match=r"block_size 8: must be a multiple of 16 for the flash_attn"):
+        EngineConfig(block_size=8)
+    assert EngineConfig(block_size=32).block_size == 32
+    assert EngineArgs(block_size=4).block_size == 4
+
+
+@given(st.integers(0, 10**6))
+def test_human_sizes(n):
+    assert parse_size(str(n), "x") == n
+    assert parse_size(f"{n}k", "x") == n * 1000 and parse_size(f"{n}K", "x") == n * 1024
+    assert parse_size(f"{n}M", "x") == n * 2**20 and parse_size(f"{n}g", "x") == n * 10**9
+
+
+def test_bad_size_names_the_field():
+    assert parse_size("1.5k", "x") == 1500
+    with pytest.raises(FlagError, match=r"max_model_len 'lots': use an integer"):
+        parse_size("lots", "max_model_len")
+
+
+def test_to_vllm_args_prints_each_changed_flag_with_its_vllm_spelling():
+    base = EngineConfig()
+    changed = {"max_num_batched_tokens": 16384, "max_num_seqs": 64, "max_model_len": 8192, "block_size": 32,
+               "gpu_memory_utilization": 0.8, "num_gpu_blocks_override": 100, "enable_prefix_caching": False,
+               "prefix_caching_hash_algo": "xxhash", "enable_chunked_prefill": False,
+               "long_prefill_token_threshold": 256, "scheduling_policy": "priority", "async_scheduling": True,
+               "kv_cache_dtype": "fp8", "quantization": "fp8", "tensor_parallel_size": 2,
+               "speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}
+    assert set(changed) == {f.name for f in ENGINE_CONFIG_FLAGS}  # every flag is exercised
+    args = EngineConfig(**changed).to_vllm_args(base)
+    assert args == [
+        "--max-num-batched-tokens", "16384", "--max-num-seqs", "64", "--max-model-len", "8192",
+        "--block-size", "32", "--gpu-memory-utilization", "0.8", "--num-gpu-blocks-override", "100",
+        "--disable-prefix-caching", "--prefix-caching-hash-algo", "xxhash", "--disable-chunked-prefill",
+        "--long-prefill-token-threshold", "256", "--scheduling-policy", "priority", "--async-scheduling",
+        "--kv-cache-dtype", "fp8", "--quantization", "fp8", "--tensor-parallel-size", "2",
+        "--speculative-config", """'{"method":"ngram","num_speculative_tokens":4}'"""]
+    assert EngineConfig().to_vllm_args() == []
+    # costline's own hash key has no vLLM spelling: never printed
+    assert EngineConfig(prefix_caching_hash_algo="sha256").to_vllm_args(
+        EngineConfig(prefix_caching_hash_algo="builtin")) == ["--prefix-caching-hash-algo", "sha256"]
+    assert EngineConfig(prefix_caching_hash_algo="builtin").to_vllm_args(
+        EngineConfig(prefix_caching_hash_algo="sha256")) == []

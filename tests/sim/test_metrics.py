@@ -7,10 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from advisor.cli import app
-from advisor.commands.simulate import parse_size
 from sim.metrics import (
     SLO,
     STEP_COLUMNS,
@@ -132,28 +129,3 @@ def test_slo_parse_errors():
         SLO.parse("latency:5")
 
 
-def test_vllm_sizes():
-    assert parse_size("8k", "--x") == 8000 and parse_size("8K", "--x") == 8192 and parse_size("512", "--x") == 512
-    with pytest.raises(ValueError, match="--x"):
-        parse_size("lots", "--x")
-
-
-def test_cli_simulate_and_compare(tmp_path):
-    runner = CliRunner()
-    a, b = tmp_path / "a", tmp_path / "b"
-    r1 = runner.invoke(app, ["simulate", "-w", "lab-poisson", "-n", "60", "--num-gpus", "2", "--out", str(a),
-                             "--goodput", "ttft:200 tpot:20"])
-    assert r1.exit_code == 0, r1.output
-    assert "TTFT (ms)" in r1.output and "goodput" in r1.output
-    r2 = runner.invoke(app, ["simulate", "-w", "lab-poisson", "-n", "60", "--disable-prefix-caching",
-                             "--max-num-batched-tokens", "2K", "--out", str(b), "--json"])
-    assert r2.exit_code == 0, r2.output
-    s = json.loads(r2.output)
-    assert s["num_gpus"] == 1 and "--disable-prefix-caching" in s["vllm_args"]
-    assert "--max-num-batched-tokens 2048" in s["vllm_args"]
-    r3 = runner.invoke(app, ["simulate", "--compare", str(a), str(b)])
-    assert r3.exit_code == 0 and "p99_ttft_ms" in r3.output
-    bad = runner.invoke(app, ["simulate", "-w", "lab-poisson", "--speculative-config", "{oops"])
-    assert bad.exit_code == 2 and "error" in bad.output
-    bad2 = runner.invoke(app, ["simulate", "-w", "lab-poisson", "--model", "gpt-9"])
-    assert bad2.exit_code == 2 and "unknown model preset" in bad2.output

@@ -57,22 +57,6 @@ def test_azure_figures_match_its_readme(traces_dir):
     assert d["prefix_reuse"]["token_fraction"] == 0.0  # no prefix info: every block is its own
 
 
-@pytest.mark.parametrize("name, figures", [
-    (MOONCAKE, ["12,031", "3,537.0 s", "3.40 req/s", "index of dispersion 7.9", "37.4% of prompt tokens",
-                "36.6% of block", "mean 12,035.1", "p50 6,909", "p90 27,367", "p99 85,400", "mean 342.6",
-                "p50 350", "p90 597", "p99 1,119", "CV 3.03"]),
-    (AZURE, ["8,819", "3,435.9 s", "2.57 req/s", "index of dispersion 13.2", "mean 2,047.8", "p50 1,469",
-             "p90 5,188", "p99 7,436", "mean 27.9", "p50 13 ", "p90 55 ", "p99 251 ", "CV 13.15"]),
-])
-def test_cli_describe_prints_the_readme_figures(traces_dir, name, figures):
-    res = runner.invoke(app, ["workload", "describe", str(traces_dir / name)], terminal_width=250)
-    assert res.exit_code == 0, res.output
-    for f in figures:
-        assert f in res.output, f
-    js = runner.invoke(app, ["workload", "describe", str(traces_dir / name), "--json"])
-    assert json.loads(js.output)["requests"] in (12_031, 8_819)
-
-
 def test_spread_ties_keeps_counts_and_stays_within_each_step(traces_dir):
     wl = load_trace(traces_dir / MOONCAKE)
     sp = spread_ties(wl, seed=1)
@@ -117,14 +101,6 @@ def test_generated_workload_export_round_trip(tmp_path):
         assert np.array_equal(a, b)
 
 
-def test_cli_export_prints_the_vllm_replay_command(tmp_path):
-    out = tmp_path / "x.jsonl"
-    res = runner.invoke(app, ["workload", "export", "lab-poisson", "-n", "50", "-o", str(out)], terminal_width=300)
-    assert res.exit_code == 0, res.output
-    assert "--timed-trace-chunk-hash-size 16" in res.output
-    assert len(out.read_text().splitlines()) == 50
-
-
 def write(path: Path, text: str) -> Path:
     path.write_bytes(text.encode())
     return path
@@ -165,15 +141,6 @@ def test_burstgpt_session_ids(tmp_path):
               "0,7,GPT-4,10,5,15,Conversation log\n1,7,GPT-4,30,5,35,Conversation log\n")
     assert load_trace(p).session_id.tolist() == [7, 7]
 
-
-def test_time_options_in_the_cli(traces_dir):
-    res = runner.invoke(app, ["workload", "describe", str(traces_dir / AZURE), "--json", "--start-s", "600",
-                              "--end-s", "1200", "--first", "500", "--rate", "10"])
-    d = json.loads(res.output)
-    assert d["requests"] == 500 and d["mean_rate_rps"] == pytest.approx(10.0)
-
-
-# ----------------------------------------------------------------------------- bad input
 
 GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [0, 1]}\n'
 
@@ -251,11 +218,3 @@ def test_bad_azure_rows(tmp_path, row, field):
     assert (e.value.line, e.value.field) == (3, field)
 
 
-def test_cli_unknown_preset_and_bad_spec_exit_2(tmp_path):
-    res = runner.invoke(app, ["workload", "describe", "no-such-preset"])
-    assert res.exit_code == 2 and "neither a preset" in res.output
-    p = write(tmp_path / "s.json", json.dumps({"arrival": {"kind": "poisson", "rate_rps": 0},
-                                               "prompt_tokens": {"kind": "fixed", "tokens": 4},
-                                               "output_tokens": {"kind": "fixed", "tokens": 4}}))
-    res = runner.invoke(app, ["workload", "describe", str(p)], terminal_width=300)
-    assert res.exit_code == 2 and "arrival.poisson.rate_rps" in res.output and "Traceback" not in res.output

@@ -181,11 +181,3 @@ def test_run_based_reuse_matches_the_reference_on_generated_sessions():
     assert got["block_fraction"] == pytest.approx(want_blocks, abs=1e-12)
 
 
-def test_demo_describes_the_bundled_chat_workload():
-    from typer.testing import CliRunner
-
-    from advisor.cli import app
-
-    res = CliRunner().invoke(app, ["demo"], terminal_width=200)
-    assert res.exit_code == 0, res.output
-    assert "chat-production" in res.output and "2,000" in res.output and "prefix reuse" in res.output

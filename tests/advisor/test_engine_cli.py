@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from advisor.cli import app
+from advisor.commands.engine import ENGINE_CLI_FLAGS
 
 
 def _json_head(text: str) -> dict:
@@ -42,7 +44,30 @@ def test_engine_run_replays_a_workload(tmp_path):
     assert "vllm:e2e_request_latency_seconds_bucket" in prom.read_text()
 
 
-def test_engine_run_bad_flag_names_it():
-    res = CliRunner().invoke(app, ["engine", "run", "--model", "tiny", "--max-num-seqs", "0"])
-    assert res.exit_code != 0
-    assert "max_num_seqs" in res.output
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("args, message", [
+    (["--max-num-seqs", "0"], "--max-num-seqs 0: must be an integer >= 1"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: must be in (0, 1]"),
+    (["--max-num-batched-tokens", "16", "--max-num-seqs", "32"],
+     "--max-num-batched-tokens 16: must be >= --max-num-seqs (32)"),
+    (["--max-num-batched-tokens", "lots"], "--max-num-batched-tokens 'lots': use an integer"),
+    (["--dtype", "int3"], "--dtype int3: must be one of auto, bfloat16, float16, float32"),
+])
+def test_bad_engine_flags_are_named_as_typed(command, args, message):
+    res = CliRunner().invoke(app, ["engine", command, "--model", "tiny", "--device", "cpu", *args],
+                             terminal_width=300)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert "max_num_seqs" not in res.output and "gpu_memory_utilization" not in res.output
+
+
+def test_run_and_bench_share_the_engine_options_and_say_which_defaults():
+    engine = typer.main.get_command(app).commands["engine"]
+
+    def options(command: str) -> set[str]:
+        return {o for p in engine.commands[command].params for o in (*p.opts, *p.secondary_opts)}
+
+    shared = {s for f in ENGINE_CLI_FLAGS for s in f.spellings} | {"--disable-prefix-caching",
+                                                                    "--no-enable-prefix-caching"}
+    assert shared <= options("run") and shared <= options("bench")
+    assert "vllm serve" in engine.commands["run"].help and "LLM" in engine.commands["bench"].help

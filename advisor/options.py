@@ -1,0 +1,183 @@
+"""Command-line options built from definitions, shared by several commands.
+
+`flag_options(flags)` adds one option per `engine.flags.Flag` (its vLLM spellings, help and
+default) to a command and hands the command a dict of the values the user gave; the model the
+command builds (`EngineConfig`, `EngineArgs`) fills the rest, so defaults live in one place.
+`source_options()` adds the workload-source options and hands over a `SourceOptions`.
+`cli_message` turns a validation failure into one line naming the flag as typed.
+
+Both decorators rewrite the command's signature (typer reads parameters from it), so a command
+stays a plain function that Python can call with keywords.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from functools import wraps
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+
+from engine.flags import FLAGS_BY_NAME, Flag, FlagError, parse_size
+from sim.config import SIM_ONLY_FLAGS
+from sim.traces import TraceFormatError
+from sim.workload_source import SourceOptions, SpecFileError
+
+F = TypeVar("F", bound=Callable[..., Any])
+_KW = inspect.Parameter.KEYWORD_ONLY
+
+
+def _with_parameters(extra: Sequence[inspect.Parameter], into: str,
+                     collect: Callable[[dict[str, Any]], Any]) -> Callable[[F], F]:
+    """Replace the command's parameter `into` by the `extra` ones; `collect` turns their values
+    into the object the command receives as `into`."""
+
+    def decorate(fn: F) -> F:
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p.replace(kind=_KW) for p in sig.parameters.values() if p.name != into]
+
+        @wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            values = {p.name: kwargs.pop(p.name, p.default) for p in extra}
+            return fn(*args, **kwargs, **{into: collect(values)})
+
+        params = own + list(extra)
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+# --------------------------------------------------------------------------- engine flags
+def _flag_parameter(flag: Flag) -> inspect.Parameter:
+    text = flag.help
+    shown = False if flag.default is None else str(flag.default).lower()
+    if flag.type is bool:
+        decls = [f"{flag.cli}/{flag.negatives[0]}", *(f" /{n}" for n in flag.negatives[1:])]
+        option = typer.Option(*decls, help=text, show_default=shown)
+        return inspect.Parameter(flag.name, _KW, default=None, annotation=Annotated[bool | None, option])
+    metavar = "|".join(flag.choices) if flag.choices else {int: "INTEGER", float: "FLOAT"}.get(flag.type, "TEXT")
+    if flag.human_size:
+        metavar += " (8k, 8K)"
+    option = typer.Option(*flag.spellings, help=text, show_default=shown, metavar=metavar)
+    return inspect.Parameter(flag.name, _KW, default=None, annotation=Annotated[str | None, option])
+
+
+def given_flags(values: dict[str, Any]) -> dict[str, Any]:
+    """The flags the user typed (None = not given), human sizes parsed."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        flag = FLAGS_BY_NAME.get(name)
+        out[name] = parse_size(value, name) if flag is not None and flag.human_size else value
+    return out
+
+
+def flag_options(flags: Iterable[Flag], into: str = "flags") -> Callable[[F], F]:
+    """One option per flag; the command receives `into`: {field: value} of the flags given."""
+    params = [_flag_parameter(f) for f in flags]
+    return _with_parameters(params, into, given_flags)
+
+
+# --------------------------------------------------------------------------- workload sources
+_SOURCE_HELP: dict[str, tuple[tuple[str, ...], str]] = {
+    "trace_format": (("--format",), "trace format: auto, mooncake, azure, burstgpt"),
+    "lenient": (("--lenient",), "skip bad trace rows (reported with counts and reasons)"),
+    "hash_block_size": (("--hash-block-size",), "tokens per hash id of a trace (Mooncake: 512, inferred)"),
+    "keep_failed": (("--keep-failed",), "BurstGPT: keep failed rows (Response tokens = 0) as 1-token outputs"),
+    "spread": (("--spread",), "spread tied timestamps (Mooncake's 3-s steps) uniformly within each step, seeded"),
+    "seed": (("--seed",), "seed for a spec/preset (overrides its own) and for --spread"),
+    "num_requests": (("--num-requests", "-n"), "requests to generate from a spec/preset"),
+    "start_s": (("--start-s",), "keep arrivals at or after this time (s)"),
+    "end_s": (("--end-s",), "keep arrivals before this time (s)"),
+    "first": (("--first",), "keep only the first N requests (after the window)"),
+    "speedup": (("--speedup",), "divide arrival times by this factor (2 = twice the rate)"),
+    "rate_rps": (("--rate",), "rescale time to this mean rate (req/s)"),
+}
+
+
+def _source_parameter(name: str) -> inspect.Parameter:
+    spellings, text = _SOURCE_HELP[name]
+    info = SourceOptions.model_fields[name]
+    annotation = info.annotation
+    if annotation is not bool:  # typer needs a plain type: the model validates the rest
+        annotation = {"trace_format": str}.get(name, annotation)
+    return inspect.Parameter(name, _KW, default=info.default,
+                             annotation=Annotated[annotation, typer.Option(*spellings, help=text)])
+
+
+def source_options(exclude: Iterable[str] = (), into: str = "source") -> Callable[[F], F]:
+    """The workload-source options; the command receives `into`: a `SourceOptions`."""
+    skip = set(exclude)
+    params = [_source_parameter(n) for n in _SOURCE_HELP if n not in skip]
+    return _with_parameters(params, into, lambda values: SourceOptions(**values))
+
+
+# --------------------------------------------------------------------------- errors
+ALL_FLAGS: dict[str, Flag] = FLAGS_BY_NAME | {f.name: f for f in SIM_ONLY_FLAGS}
+# Config fields whose option is not spelled like the field.
+OPTION_OF_FIELD = {"disaggregation": "--disagg", "kv_block_coarsening": "--sim-block-coarsening",
+                   "link_gb_per_s": "--kv-link-gb-per-s", "link": "--kv-link", "rate_rps": "--rate",
+                   "trace_format": "--format", "slo": "--goodput"}
+
+
+def cli_spelling(field: str, argv: Sequence[str] | None = None) -> str:
+    """The option a field was typed as: the alias found on the command line (`-tp`), else the
+    primary spelling (`gpu_memory_utilization` -> `--gpu-memory-utilization`). Click records no
+    alias once parsed, hence the look at argv."""
+    if field in OPTION_OF_FIELD:
+        return OPTION_OF_FIELD[field]
+    flag = ALL_FLAGS.get(field)
+    if flag is None:
+        return "--" + field.replace("_", "-")
+    typed = set(sys.argv[1:] if argv is None else argv)
+    return next((s for s in (*flag.spellings, *flag.negatives) if s in typed), flag.cli)
+
+
+def cli_message(exc: Exception) -> str:
+    """One line per problem, naming the option as typed and what it must be."""
+    spell = cli_spelling
+
+    if isinstance(exc, FlagError):
+        return exc.render(spell)
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    lines = []
+    for err in exc.errors():
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FlagError):
+            lines.append(cause.render(spell))
+            continue
+        field = str(err["loc"][-1]) if err["loc"] else ""
+        if err["type"] == "value_error":
+            lines.append(f"{spell(field)} {err['input']!r}: {cause or err['msg']}" if field else str(cause))
+        elif field in ALL_FLAGS:
+            lines.append(f"{spell(field)} {err['input']}: {ALL_FLAGS[field].expectation()}")
+        else:
+            lines.append(f"{spell(field)} {err['input']!r}: {err['msg']}" if field else err["msg"])
+    return "\n".join(lines)
+
+
+def clean_errors(fn: F) -> F:
+    """Turn input errors into one message on stderr and exit status 2, never a traceback."""
+
+    @wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (TraceFormatError, SpecFileError, ValueError, KeyError, OSError) as exc:
+            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else cli_message(exc)
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(msg)}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(code=2) from None
+
+    return command  # type: ignore[return-value]
+
+
+__all__ = ["ALL_FLAGS", "clean_errors", "cli_message", "cli_spelling", "flag_options", "given_flags", "source_options"]

@@ -1,0 +1,150 @@
+"""The public simulation API: a workload and a `SimConfig` in, a `SimResult` out.
+
+    from sim.run import SimConfig, run
+    result = run("chat-production", SimConfig(gpu="h200", num_gpus=2, slo="ttft:500 tpot:50"))
+    result.summary()            # `vllm bench serve` keys plus costline extras
+    result.requests, result.steps, result.prometheus_text(), result.save("runs/a")
+
+`costline simulate`, the advisor's search and the dashboard all call `run`; nobody else chains
+configure -> simulate -> summarise. `SimConfig` is plain data (JSON and pickle round-trip), so a
+search can ship configurations to other processes. A search that simulates one workload many
+times loads it once with `load` and passes the `LoadedWorkload` to each `run`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.flags import FlagError
+from engine.model_spec import get_model
+from engine.request import Request
+from sim.config import DeploymentConfig, DisaggConfig, EngineConfig, RouterPolicy
+from sim.cost_model import CostProfile
+from sim.hardware import get_gpu
+from sim.metrics import SLO, SimResult
+from sim.simulator import Simulation
+from sim.workload import Workload
+from sim.workload_source import SourceOptions, load_workload
+
+
+class SimConfig(BaseModel):
+    """Everything a simulation run needs besides the workload."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field("llama-3.1-8b", description="model preset name")
+    gpu: str = Field("h200", description="GPU preset name")
+    num_gpus: int | None = Field(None, ge=1, description="GPUs in total; None = one replica, or what "
+                                 "the P/D split needs")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="vllm serve flags")
+    router: RouterPolicy = "least_loaded"
+    disaggregation: DisaggConfig | None = None
+    seed: int = Field(0, description="seed of the simulation's draws and of a generated workload")
+    profile: str = Field("default", description="cost profile name (sim/profiles) or JSON path")
+    slo: SLO | None = Field(None, description="goodput targets; also accepts 'ttft:500 tpot:50'")
+    skip_ahead: bool = Field(True, description="jump over decode-only stretches (results identical)")
+    kv_block_coarsening: int | Literal["auto"] = Field(
+        1, description="engine KV blocks per simulated block (speed option); 'auto' = as coarse as "
+        "the workload's hash blocks allow")
+    label: str | None = None
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _parse_slo(cls, v: Any) -> Any:
+        return SLO.parse(v) if isinstance(v, str) else v
+
+    @field_validator("kv_block_coarsening")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"kv_block_coarsening {v}: use a positive integer or 'auto'")
+        return v
+
+    def deployment(self) -> DeploymentConfig:
+        """The deployment this config describes; num_gpus must fit the TP size and the P/D split."""
+        tp = self.engine.tensor_parallel_size
+        common = {"model": get_model(self.model), "gpu": get_gpu(self.gpu), "engine": self.engine,
+                  "router": self.router}
+        d = self.disaggregation
+        if d is not None:
+            need = (d.num_prefill_replicas + d.num_decode_replicas) * tp
+            if self.num_gpus is not None and self.num_gpus != need:
+                raise FlagError("num_gpus", self.num_gpus,
+                                f"does not match {{disaggregation}} {d.num_prefill_replicas}:"
+                                f"{d.num_decode_replicas} at {{tensor_parallel_size}} {tp} ({need} GPUs); "
+                                "drop {num_gpus} or make them agree")
+            return DeploymentConfig(disaggregation=d, **common)
+        n = self.num_gpus or tp
+        if n % tp:
+            raise FlagError("num_gpus", n, f"is not a multiple of {{tensor_parallel_size}} {tp}")
+        return DeploymentConfig(num_replicas=n // tp, **common)
+
+
+@dataclass(slots=True)
+class LoadedWorkload:
+    """Requests ready to simulate, with the name and notes a run records about them."""
+
+    requests: list[Request]
+    name: str
+    notes: list[str] = field(default_factory=list)
+
+
+WorkloadInput = str | Path | Workload | Sequence[Request] | LoadedWorkload
+
+
+def load(workload: WorkloadInput, source: SourceOptions | None = None, *, seed: int = 0) -> LoadedWorkload:
+    """`workload` as requests: a preset name, a spec or trace path (read with `source`), a
+    `Workload` or a list of `Request`s. `seed` seeds a generated workload unless `source` does."""
+    if isinstance(workload, LoadedWorkload):
+        return workload
+    if isinstance(workload, (str, Path)):
+        opts = source or SourceOptions()
+        if opts.seed is None:
+            opts = opts.model_copy(update={"seed": seed})
+        wl = load_workload(str(workload), opts)
+        return LoadedWorkload(list(wl.requests), Path(workload).stem, list(wl.notes))
+    if isinstance(workload, Workload):
+        return LoadedWorkload(list(workload.requests), workload.name, list(workload.notes))
+    return LoadedWorkload(list(workload), "requests")
+
+
+def kv_block_coarsening_for(want: int | str, block_size: int, requests: Sequence[Request]) -> int:
+    """Engine blocks per simulated block. 'auto': the largest power of two (at most 64) whose
+    coarse block still divides every request's hash block, so no prefix structure is lost."""
+    if want != "auto":
+        if not isinstance(want, int) or want < 1:
+            raise ValueError(f"kv_block_coarsening {want!r}: use a positive integer or 'auto'")
+        return want
+    hash_block = min(r.hash_block_size for r in requests)
+    factor = 1
+    while factor < 64 and hash_block % (block_size * factor * 2) == 0:
+        factor *= 2
+    return factor
+
+
+def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | None = None,
+        progress: Callable[[float], None] | None = None) -> SimResult:
+    """Simulate `workload` on the deployment `config` describes (same inputs, same result)."""
+    loaded = load(workload, source, seed=config.seed)
+    coarsening = kv_block_coarsening_for(config.kv_block_coarsening, config.engine.block_size,
+                                         loaded.requests)
+    sim = Simulation(config.deployment(), loaded.requests, seed=config.seed,
+                     profile=CostProfile.load(config.profile), slo=config.slo, skip_ahead=config.skip_ahead,
+                     progress=progress, label=config.label or loaded.name,
+                     meta={"workload": loaded.name, "workload_notes": loaded.notes},
+                     kv_block_coarsening=coarsening)
+    return sim.run()
+
+
+def summarize(result: SimResult, slo: SLO | None = None) -> dict[str, Any]:
+    """The run's summary plus the `vllm serve` flags it modelled (what `costline simulate` prints)."""
+    return result.summary(slo) | {"vllm_args": result.meta.get("vllm_args")}
+
+
+__all__ = ["LoadedWorkload", "SimConfig", "WorkloadInput", "kv_block_coarsening_for", "load", "run",
+           "summarize"]

@@ -1,0 +1,1 @@
+"""Tests of the advisor layer: the command line and the public simulation API it calls."""
