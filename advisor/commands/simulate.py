@@ -261,8 +261,8 @@ def simulate(
         if not as_json:
             console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False)
     if as_json:
-        from sim.metrics import _jsonable
-        sys.stdout.write(json.dumps(_jsonable(summary), indent=2) + "\n")
+        from sim.metrics import jsonable
+        sys.stdout.write(json.dumps(jsonable(summary), indent=2) + "\n")
     else:
         print_summary(summary, console)
         if sim.coarsen == 1 and result.wall_s > 5 and sim._coarsening("auto") > 1:
