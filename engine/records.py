@@ -11,7 +11,8 @@ batch-composition columns describe each one of its steps (they are equal), excep
 `sum_decode_context`, which is the first step's (it grows by `num_decode_seqs` per step); the
 additive columns are totals over the row: timings (`total_s`, `gpu_s`, `cpu_s`), outputs
 (`num_output_tokens`, `drafted`, `accepted`) and block work (`num_blocks_allocated`,
-`num_blocks_hashed`). Step durations in a row grow linearly from `first_dt_s` to `last_dt_s`.
+`num_blocks_hashed`); the gauges (`num_running`, `num_waiting`, `kv_usage`) are those after its
+last step. Step durations in a row grow linearly from `first_dt_s` to `last_dt_s`.
 """
 
 from __future__ import annotations
