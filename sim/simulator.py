@@ -41,6 +41,7 @@ import numpy as np
 import simpy
 
 from engine.config import scheduler_config
+from engine.decode_skip import advance_decode, uniform_decode_steps
 from engine.model_spec import blocks_for_tokens
 from engine.request import Request
 from engine.scheduler import Scheduler
@@ -117,7 +118,7 @@ class _Replica:
                 self.wake = None
                 continue
             if skip:
-                n = sched.uniform_decode_steps()
+                n = uniform_decode_steps(sched, through_finishes=False)
                 if n >= 2:
                     yield from self._skip(n)
                     continue
@@ -227,7 +228,7 @@ class _Replica:
                 end = t0 + run.elapsed_s(m) + (block_s(m) if block_s else 0.0)
                 yield env.timeout(max(end - env.now, 0.0))
         self.skipping = False
-        adv = sched.advance_decode(m) if m else None
+        adv = advance_decode(sched, m) if m else None
         for req, ext in self.pending:
             self._admit(req, ext)
         self.pending.clear()
