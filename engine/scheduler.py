@@ -37,9 +37,9 @@ to `update_from_output`, and reads `out.scheduled`):
 
     sched = Scheduler(SchedulerConfig(num_gpu_blocks=40_000))
     sched.add_request(req)                        # at its arrival
-    n = sched.uniform_decode_steps()              # skip ahead while nothing else can happen
-    if n > 1:
-        adv = sched.advance_decode(min(n, steps_until_next_arrival))
+    n = uniform_decode_steps(sched)               # engine/decode_skip.py: skip ahead while
+    if n > 1:                                     # nothing else can happen
+        adv = advance_decode(sched, min(n, steps_until_next_arrival))
     else:
         out = sched.schedule()                    # cost model reads out.num_batched_tokens, ...
         done = sched.update_from_output(out)      # or {request_id: 1 + accepted drafts}
@@ -72,7 +72,6 @@ from engine.block_manager import (
 from engine.request import Request
 from engine.scheduler_output import (
     _EMPTY,
-    DecodeAdvance,
     RequestResult,
     ScheduledRequest,
     SchedulerOutput,
@@ -134,7 +133,7 @@ class _ReqState:
         "last_hits_evictions",
         "num_cached_blocks",
         "num_cached_tokens",
-        "num_computed",
+        "num_computed_tokens",
         "num_generated",
         "num_preemptions",
         "num_tokens",
@@ -160,7 +159,7 @@ class _ReqState:
         self.token_ids = token_ids
         self.extra = extra
         self.num_tokens = req.prompt_len  # prompt + generated so far
-        self.num_computed = 0  # tokens whose KV is (being) computed
+        self.num_computed_tokens = 0  # tokens whose KV is (being) computed
         self.num_generated = 0
         self.block_ids: list[int] = []  # the block table
         self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
@@ -338,7 +337,11 @@ class Scheduler(BlockKeyer):
     def running_context_lens(self) -> list[int]:
         """KV tokens each running request holds (its num_computed_tokens), in batch order:
         what a cost model needs before a skip-ahead."""
-        return [r.num_computed for r in self.running]
+        return [r.num_computed_tokens for r in self.running]
+
+    def between_steps(self) -> bool:
+        """Whether the latest schedule() output has been applied (or none was made)."""
+        return self._last_out is None or self._last_out._updated
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0 or bool(self._pending_rejected)
@@ -410,7 +413,7 @@ class Scheduler(BlockKeyer):
         the blocks this step fills with known tokens."""
         bs = self.block_size
         pool = self.pool
-        computed = r.num_computed + len(hits) * bs + num_external
+        computed = r.num_computed_tokens + len(hits) * bs + num_external
         need = -(-(computed + num_new) // bs) - len(r.block_ids) - len(hits)
         need = max(need, 0)
         free = pool.num_free
@@ -480,7 +483,7 @@ class Scheduler(BlockKeyer):
     def _preempt(self, v: _ReqState, out: SchedulerOutput) -> None:
         self.running.remove(v)
         out.num_blocks_freed += self._free_all(v)
-        v.num_computed = 0
+        v.num_computed_tokens = 0
         v.decoding = False
         v.status = PREEMPTED
         v.num_preemptions += 1
@@ -498,7 +501,7 @@ class Scheduler(BlockKeyer):
         out._nonsampling.discard(v.request_id)
         e = out._extra.pop(v.request_id, None)
         n, spec, is_prefill, c = (e[0], e[2], e[3], e[6]) if e is not None else (
-            1, 0, False, v.num_computed - 1)
+            1, 0, False, v.num_computed_tokens - 1)
         out.num_batched_tokens -= n
         if is_prefill:
             out.num_prefill_tokens -= n
@@ -562,7 +565,7 @@ class Scheduler(BlockKeyer):
             r = running[i]
             if plain and r.decoding:
                 # Fast path: one decode token; a block only at a boundary.
-                c = r.num_computed
+                c = r.num_computed_tokens
                 table = r.block_ids
                 if c >= len(table) * bs:
                     if pool.num_free == 0:
@@ -581,7 +584,7 @@ class Scheduler(BlockKeyer):
                     table.append(b)
                     out.num_blocks_allocated += 1
                     extra[r.request_id] = (1, 0, 0, False, True, (b,), c)
-                r.num_computed = c + 1
+                r.num_computed_tokens = c + 1
                 if caching and c % bs == bs1 and c // bs >= r.num_cached_blocks:
                     out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
                 states_append(r)
@@ -592,7 +595,7 @@ class Scheduler(BlockKeyer):
                 i += 1
                 continue
             # General path: spec decode or a continuing prefill chunk.
-            c = r.num_computed
+            c = r.num_computed_tokens
             if r.decoding:
                 spec = min(k, r.output_len - r.num_generated - 1)
                 num_new = min(1 + spec, budget)
@@ -620,7 +623,7 @@ class Scheduler(BlockKeyer):
                 i = running.index(r)  # victims before r may have left the list
             if new is None:
                 break
-            r.num_computed = c + num_new
+            r.num_computed_tokens = c + num_new
             new_ids = tuple(new) if new else _EMPTY
             if r.decoding:
                 extra[r.request_id] = (num_new, 0, spec, False, True, new_ids, c)
@@ -714,8 +717,8 @@ class Scheduler(BlockKeyer):
                 self.pc_preempted_hits += num_hit
             r.status = RUNNING
             running.append(r)
-            r.num_computed = base + num_new
-            samples = r.num_computed >= r.num_tokens
+            r.num_computed_tokens = base + num_new
+            samples = r.num_computed_tokens >= r.num_tokens
             # decode from the start: the whole prompt's KV and the first token arrived (P/D)
             is_decode = r.num_generated > 0 and not r.num_preemptions
             out._extra[r.request_id] = (num_new, num_hit, 0, not is_decode, samples,
@@ -844,8 +847,8 @@ class Scheduler(BlockKeyer):
                 rejected = spec - (n - 1)
                 self.num_spec_accepted_tokens += n - 1
                 if rejected:
-                    r.num_computed -= rejected
-                    keep = -(-r.num_computed // bs)
+                    r.num_computed_tokens -= rejected
+                    keep = -(-r.num_computed_tokens // bs)
                     if len(r.block_ids) > keep:
                         tail = r.block_ids[keep:]
                         del r.block_ids[keep:]
@@ -961,112 +964,6 @@ class Scheduler(BlockKeyer):
                 f"sample this step (samples=False or not scheduled)"
             )
 
-    # ------------------------------------------------------------------ bulk decode
-
-    def uniform_decode_steps(self) -> int:
-        """How many further steps would be pure decode of exactly the current running set:
-        nothing waiting, no drafts, no request finishing before the last of them, and enough
-        free blocks for every block boundary crossed."""
-        if self._pending_rejected or self.num_waiting or not self.running:
-            return 0
-        if self.config.num_speculative_tokens:
-            return 0
-        if self._last_out is not None and not self._last_out._updated:
-            return 0
-        running = self.running
-        if len(running) > self.config.max_num_batched_tokens:
-            return 0
-        n_max = None
-        for r in running:
-            if not r.decoding or r.num_tokens - r.num_computed != 1 or r.token_ids is not None:
-                return 0
-            rem = r.output_len - r.num_generated
-            if n_max is None or rem < n_max:
-                n_max = rem
-        free = self.pool.num_free
-        bs = self.block_size
-        comp = [(r.num_computed, len(r.block_ids)) for r in running]
-
-        def blocks_needed(n: int) -> int:
-            tot = 0
-            for c, nb in comp:
-                x = -(-(c + n) // bs) - nb
-                if x > 0:
-                    tot += x
-            return tot
-
-        if blocks_needed(n_max) <= free:
-            return n_max
-        lo, hi = 0, n_max  # blocks_needed(lo) <= free < blocks_needed(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if blocks_needed(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def advance_decode(self, n: int) -> DecodeAdvance:
-        """Apply `n` pure-decode steps at once (n <= uniform_decode_steps()), with the very
-        same block allocations, prefix-cache entries and counters as n single steps."""
-        m = self.uniform_decode_steps()
-        if not 1 <= n <= m:
-            raise ValueError(f"advance_decode({n}): only 1..{m} uniform decode steps are possible now")
-        running = self.running
-        bs = self.block_size
-        pool = self.pool
-        caching = self.caching
-        first_step = self.step_id + 1
-        # Step s (1-based) of the n computes position c + s - 1 of each request (c = its
-        # num_computed): it needs a new block where that position starts one, and completes
-        # (caches) a block where the position ends one. Allocation order is (step, batch
-        # position), as n single steps would pop the free queue; registrations cannot clash
-        # with anything (decode blocks are keyed by the request's own generated-token keys,
-        # never registered before: a re-admission recomputes every earlier one), nor with
-        # the evictions those allocations make, so each request registers its completed
-        # blocks in one call, with the very same keys and counts.
-        allocs: list[tuple[int, int]] = []  # (0-based step, batch position) per new block
-        sum_ctx = 0
-        for j, r in enumerate(running):
-            c = r.num_computed
-            sum_ctx += c + 1
-            p = len(r.block_ids) * bs  # first position needing a new block
-            last = c + n - 1  # last position computed
-            while p <= last:
-                allocs.append((p - c, j))
-                p += bs
-        allocated = len(allocs)
-        if allocated:
-            allocs.sort()
-            for (_, j), b in zip(allocs, pool.allocate(allocated)):
-                running[j].block_ids.append(b)
-        hashed = 0
-        if caching:
-            for r in running:
-                c = r.num_computed
-                fe = (c + n) // bs
-                if fe > c // bs and fe > r.num_cached_blocks:
-                    hashed += self._cache_full(r, fe)
-        freed = 0
-        finished: list[RequestResult] = []
-        for r in running:
-            r.num_computed += n
-            r.num_generated += n
-            r.num_tokens += n
-            if r.num_generated >= r.output_len:
-                freed += self._free_finished(r)
-                finished.append(self._finish(r, "length"))
-        if finished:
-            self.running = [x for x in running if x.status == RUNNING]
-        self.step_id += n
-        self.num_steps += n
-        self.num_generated_tokens += n * len(running)
-        return DecodeAdvance(
-            num_steps=n, num_seqs=len(running), first_step_id=first_step,
-            num_batched_tokens=n * len(running), sum_decode_context_first_step=sum_ctx,
-            num_blocks_allocated=allocated, num_blocks_freed=freed, num_blocks_hashed=hashed,
-            finished=finished)
-
     # ------------------------------------------------------------------ stats, checks
 
     @property
@@ -1075,7 +972,7 @@ class Scheduler(BlockKeyer):
         bs = self.block_size
         frag = 0
         for r in self.running:
-            frag += len(r.block_ids) * bs - r.num_computed
+            frag += len(r.block_ids) * bs - r.num_computed_tokens
         return SchedulerStats(
             num_steps=self.num_steps,
             num_running=len(self.running),
@@ -1123,9 +1020,9 @@ class Scheduler(BlockKeyer):
         bs = self.block_size
         for r in self.running:
             assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
-            assert r.num_computed <= len(r.block_ids) * bs, f"request {r.request_id}: KV overflow"
-            assert len(r.block_ids) == -(-r.num_computed // bs), (
-                f"request {r.request_id}: {len(r.block_ids)} blocks for {r.num_computed} tokens")
+            assert r.num_computed_tokens <= len(r.block_ids) * bs, f"request {r.request_id}: KV overflow"
+            assert len(r.block_ids) == -(-r.num_computed_tokens // bs), (
+                f"request {r.request_id}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens")
             assert r.num_cached_blocks <= len(r.block_ids)
             assert len(set(r.block_ids)) == len(r.block_ids), f"request {r.request_id}: dup block"
             for bid in r.block_ids:
@@ -1137,7 +1034,7 @@ class Scheduler(BlockKeyer):
         assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
         waiting = ([x[3] for x in self._heap_waiting] if self._priority else list(self._fcfs_waiting))
         for r in waiting:
-            assert not r.block_ids and r.num_computed == 0, f"waiting request {r.request_id} holds KV"
+            assert not r.block_ids and r.num_computed_tokens == 0, f"waiting request {r.request_id} holds KV"
             assert r.status in (WAITING, PREEMPTED)
         self.pool.check_invariants(owners)
 
@@ -1151,7 +1048,6 @@ __all__ = [
     "REJECTED",
     "RUNNING",
     "WAITING",
-    "DecodeAdvance",
     "RequestResult",
     "ScheduledRequest",
     "Scheduler",

@@ -1,6 +1,6 @@
-"""What the scheduler hands back: per-step decisions, finished requests, bulk-decode totals and
-counters. Plain data (no scheduler internals to reach into), shared by the simulator's cost model
-and the engine's GPU runner. `engine.scheduler` re-exports every name here."""
+"""What the scheduler hands back: per-step decisions, finished requests and counters. Plain
+data (no scheduler internals to reach into), shared by the simulator's cost model and the
+engine's GPU runner. `engine.scheduler` re-exports every name here."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class SchedulerOutput:
     num_blocks_freed: int = 0
     num_blocks_hashed: int = 0
     # Compact per-request records (batch order). A plain decode (1 token, no new block) is
-    # just (state, table), its computed count being state.num_computed - 1 until the next
+    # just (state, table), its computed count being state.num_computed_tokens - 1 until the next
     # schedule(); anything else also has an `_extra` entry keyed by request id:
     # (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids, num_computed).
     _states: list = field(default_factory=list, repr=False)
@@ -90,7 +90,7 @@ class SchedulerOutput:
                 rid = r.request_id
                 e = extra.get(rid)
                 if e is None:
-                    out.append(ScheduledRequest(rid, 1, r.num_computed - 1, 0, 0, False, True,
+                    out.append(ScheduledRequest(rid, 1, r.num_computed_tokens - 1, 0, 0, False, True,
                                                 table, _EMPTY))
                 else:
                     out.append(ScheduledRequest(rid, e[0], e[6], e[1], e[2], e[3], e[4], table, e[5]))
@@ -107,28 +107,6 @@ class SchedulerOutput:
             return self._states
         skip = self._nonsampling
         return [r for r in self._states if r.request_id not in skip]
-
-
-@dataclass(slots=True)
-class DecodeAdvance:
-    """Totals of `advance_decode(n)`: what n single pure-decode steps would have produced.
-
-    Step i (0-based) of the n has `num_seqs` decodes and a decode context sum of
-    `sum_decode_context_first_step + i * num_seqs`.
-    """
-
-    num_steps: int
-    num_seqs: int
-    first_step_id: int
-    num_batched_tokens: int
-    sum_decode_context_first_step: int
-    num_blocks_allocated: int
-    num_blocks_freed: int
-    num_blocks_hashed: int
-    finished: list[RequestResult]
-
-    def sum_decode_context(self, i: int) -> int:
-        return self.sum_decode_context_first_step + i * self.num_seqs
 
 
 @dataclass(slots=True)

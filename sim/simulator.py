@@ -43,6 +43,7 @@ import numpy as np
 import simpy
 
 from engine.config import scheduler_config
+from engine.decode_skip import advance_decode, uniform_decode_steps
 from engine.model_spec import blocks_for_tokens
 from engine.records import StepRecord
 from engine.request import Request
@@ -141,7 +142,7 @@ class _Replica:
                 yield from self._wait_for_work()
                 continue
             if self.skip_ahead:
-                n = sched.uniform_decode_steps()
+                n = uniform_decode_steps(sched, through_finishes=False)
                 if n >= 2:
                     yield from self._skip(n)
                     continue
@@ -238,7 +239,7 @@ class _Replica:
         block_s = None if cost.async_scheduling else self._block_cpu_fn(ctx)
         t0 = self.env.now
         m = yield from self._sleep_through(run, block_s, n)
-        adv = sched.advance_decode(m) if m else None
+        adv = advance_decode(sched, m) if m else None
         for req, ext in self.pending:
             self._admit(req, ext)
         self.pending.clear()

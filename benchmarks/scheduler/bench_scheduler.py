@@ -22,6 +22,7 @@ from pathlib import Path
 import pydantic
 import xxhash
 
+from engine.decode_skip import advance_decode, uniform_decode_steps
 from engine.request import Request
 from engine.scheduler import Scheduler, SchedulerConfig
 
@@ -222,13 +223,13 @@ def replay_mooncake(path: Path, num_gpu_blocks: int, skip: bool) -> dict:
             t_sim = reqs[nxt].arrival_s
             continue
         if skip:
-            n = s.uniform_decode_steps()
+            n = uniform_decode_steps(s, through_finishes=False)  # the crude clock assumes one batch
             if n > 1:
                 step_s = 0.005 + 20e-6 * s.num_running
                 if nxt < len(reqs):
                     n = min(n, max(1, int((reqs[nxt].arrival_s - t_sim) / step_s)))
                 if n > 1:
-                    s.advance_decode(n)
+                    advance_decode(s, n)
                     t_sim += n * step_s
                     steps += n
                     bulk_steps += n
