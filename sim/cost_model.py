@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -227,6 +229,10 @@ class CostModel:
         return DecodeRun(g0=a + per_ctx * sum_context, slope=per_ctx * num_seqs, cpu=cpu,
                          n=num_steps, overlap=self.async_scheduling)
 
+    def decode_stretch(self, segments: Sequence[tuple[int, int, int]]) -> DecodeRuns:
+        """Consecutive pure-decode segments, each (num_seqs, sum_context of its first step, num_steps)."""
+        return DecodeRuns([self.decode_run(b, c, k) for b, c, k in segments])
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeRun:
@@ -268,19 +274,57 @@ class DecodeRun:
         `extra_s(m)`, if given, adds time spent in the first m steps beyond the closed form
         (the CPU cost of the blocks they allocate and hash); it must be non-decreasing.
         """
-        lo, hi = 0, self.n  # invariant: step lo-1 starts before `elapsed` (or lo == 0)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.elapsed_s(mid - 1) < elapsed:
-                lo = mid
-            else:
-                hi = mid - 1
-        if extra_s is not None:
-            # extra time only delays starts, so the answer is at most lo; it is tiny (block CPU
-            # time), so stepping down rarely takes more than one check
-            while lo > 0 and self.elapsed_s(lo - 1) + extra_s(lo - 1) >= elapsed:
-                lo -= 1
-        return lo
+        return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s)
+
+
+class DecodeRuns:
+    """Consecutive `DecodeRun`s: a decode stretch whose batch shrinks where requests finish
+    (one run per constant batch), timed as one sequence of steps."""
+
+    def __init__(self, runs: Sequence[DecodeRun]) -> None:
+        self.runs = list(runs)
+        self.first_steps = [0, *accumulate(r.n for r in self.runs)]  # step index where each run starts
+        self.n = self.first_steps[-1]
+        self._elapsed_before = [0.0, *accumulate(r.elapsed_s(r.n) for r in self.runs)]
+
+    def _run_of(self, i: int) -> int:
+        return bisect_right(self.first_steps, i) - 1
+
+    def dt(self, i: int) -> float:
+        k = self._run_of(i)
+        return self.runs[k].dt(i - self.first_steps[k])
+
+    def elapsed_s(self, m: int) -> float:
+        """Seconds taken by the first m steps."""
+        if m <= 0:
+            return 0.0
+        if m >= self.n:
+            return self._elapsed_before[-1]
+        k = self._run_of(m)
+        return self._elapsed_before[k] + self.runs[k].elapsed_s(m - self.first_steps[k])
+
+    def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None) -> int:
+        """As `DecodeRun.steps_started_before`, over the whole stretch."""
+        return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s)
+
+
+def _steps_started_before(elapsed_s: Callable[[int], float], n: int, elapsed: float,
+                          extra_s: Callable[[int], float] | None) -> int:
+    """How many of n steps start strictly before `elapsed`, step m starting at
+    elapsed_s(m) (+ extra_s(m)); both non-decreasing in m."""
+    lo, hi = 0, n  # invariant: step lo-1 starts before `elapsed` (or lo == 0)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if elapsed_s(mid - 1) < elapsed:
+            lo = mid
+        else:
+            hi = mid - 1
+    if extra_s is not None:
+        # extra time only delays starts, so the answer is at most lo; it is tiny (block CPU
+        # time), so stepping down rarely takes more than one check
+        while lo > 0 and elapsed_s(lo - 1) + extra_s(lo - 1) >= elapsed:
+            lo -= 1
+    return lo
 
 
 __all__ = ["PROFILES_DIR", "BatchComposition", "CostModel", "CostProfile", "DecodeRun"]

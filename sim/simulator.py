@@ -43,14 +43,14 @@ import numpy as np
 import simpy
 
 from engine.config import scheduler_config
-from engine.decode_skip import advance_decode, uniform_decode_steps
+from engine.decode_skip import DecodeAdvance, DecodeStretch, advance_decode, uniform_decode_steps
 from engine.model_spec import blocks_for_tokens
 from engine.records import StepRecord
 from engine.request import Request
 from engine.scheduler import Scheduler
 from engine.scheduler_output import RequestResult, SchedulerOutput
 from sim.config import DeploymentConfig, EngineConfig
-from sim.cost_model import CostModel, CostProfile, DecodeRun
+from sim.cost_model import CostModel, CostProfile, DecodeRuns
 from sim.hardware import transfer_time_s
 from sim.memory import MemoryPlan, draft_spec, plan_memory
 from sim.metrics import SLO, SimResult
@@ -80,6 +80,7 @@ class _Outputs:
     steps: StepLog
     spec: SpecTokens | None
     on_prefilled: Callable[[_Replica, Request, float], None] | None  # a prefill replica's finish
+    next_arrival_s: Callable[[], float]  # when the next request enters the deployment (inf: none)
 
 
 class _Replica:
@@ -90,6 +91,7 @@ class _Replica:
         self.env, self.idx, self.role, self.engine, self.plan, self.cost = env, idx, role, engine, plan, cost
         self.log, self.step_log, self.spec, self.on_prefilled = (
             outputs.requests, outputs.steps, outputs.spec, outputs.on_prefilled)
+        self.next_arrival_s = outputs.next_arrival_s
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
@@ -100,6 +102,8 @@ class _Replica:
         self.skip_ahead = skip_ahead and not cost.k  # speculative steps draw at random: always step
         self.wake: simpy.Event | None = None
         self.skipping = False
+        self._skip_plan: _Stretch | None = None  # the skip in progress, started at _skip_t0
+        self._skip_t0 = 0.0
         self.pending: list[tuple[Request, int]] = []  # (request, external tokens) while skipping
         self.link = simpy.Resource(env, capacity=1) if role == "prefill" else None
         self.proc = env.process(self.run())
@@ -131,8 +135,12 @@ class _Replica:
 
     @property
     def load(self) -> int:
-        """vLLM's data-parallel balancing score: 4 x waiting + running."""
-        return 4 * (self.sched.num_waiting + len(self.pending)) + self.sched.num_running
+        """vLLM's data-parallel balancing score: 4 x waiting + running. Mid-skip, requests whose
+        last step has ended are no longer running (stepping would have finished them by now)."""
+        running = self.sched.num_running
+        if self.skipping:
+            running -= self._skip_plan.num_finished_by(self.env.now - self._skip_t0)
+        return 4 * (self.sched.num_waiting + len(self.pending)) + running
 
     # --- the step loop --------------------------------------------------------------
     def run(self) -> Process:
@@ -142,7 +150,7 @@ class _Replica:
                 yield from self._wait_for_work()
                 continue
             if self.skip_ahead:
-                n = uniform_decode_steps(sched, through_finishes=False)
+                n = uniform_decode_steps(sched)
                 if n >= 2:
                     yield from self._skip(n)
                     continue
@@ -231,74 +239,140 @@ class _Replica:
 
     # --- skip-ahead ---------------------------------------------------------------------
     def _skip(self, n: int) -> Process:
-        """Sleep through up to n pure-decode steps; stop early at a wake-up (new work)."""
-        sched, cost = self.sched, self.cost
-        ctx = np.asarray(sched.running_context_lens(), dtype=np.int64)  # KV tokens before the skip
-        num_seqs = ctx.size
-        run = cost.decode_run(num_seqs, int(ctx.sum()) + num_seqs, n)
-        block_s = None if cost.async_scheduling else self._block_cpu_fn(ctx)
+        """Sleep through up to n pure-decode steps (the batch shrinking where requests finish);
+        stop early at a wake-up (new work), then apply the steps that started before it."""
         t0 = self.env.now
-        m = yield from self._sleep_through(run, block_s, n)
-        adv = advance_decode(sched, m) if m else None
+        plan = self._plan_stretch(n, self.next_arrival_s() - t0)
+        self._skip_plan, self._skip_t0 = plan, t0
+        m = yield from self._sleep_through(plan, plan.runs.n)
+        for k, first, num_steps in plan.segments_within(m):
+            adv = advance_decode(self.sched, num_steps)
+            for res, s in zip(adv.finished, adv.finish_steps):
+                self._ended([res], t0 + plan.step_start_s(first + s + 1))
+            self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
         for req, ext in self.pending:
             self._admit(req, ext)
         self.pending.clear()
-        if adv is None:
-            return
-        t1 = self.env.now
-        self._ended(adv.finished, t1)
-        extra = 0.0 if block_s is None else cost.block_cpu_s(adv.num_blocks_allocated * self.coarsening,
-                                                             adv.num_blocks_hashed * self.coarsening)
-        cpu_s = m * run.cpu + extra
-        gpu_s = run.elapsed_s(m) - (0.0 if cost.async_scheduling else m * run.cpu)
-        self.step_log.append(StepRecord(
-            replica=self.idx, step_id=adv.first_step_id, n_steps=m, t_start_s=t0, total_s=t1 - t0,
-            first_dt_s=run.dt(0), last_dt_s=run.dt(m - 1), gpu_s=gpu_s, cpu_s=cpu_s,
-            num_batched_tokens=num_seqs, num_decode_tokens=num_seqs, num_decode_seqs=num_seqs,
-            sum_decode_context=adv.sum_decode_context_first_step,
-            num_blocks_allocated=adv.num_blocks_allocated, num_blocks_hashed=adv.num_blocks_hashed,
-            num_output_tokens=m * num_seqs, num_running=sched.num_running, num_waiting=sched.num_waiting,
-            kv_usage=sched.kv_usage))
+        if m:  # the gauges after the stretch: what was admitted at the wake-up is waiting
+            last = self.step_log.records[-1]
+            last.num_running, last.num_waiting, last.kv_usage = (
+                self.sched.num_running, self.sched.num_waiting, self.sched.kv_usage)
 
-    def _sleep_through(self, run: DecodeRun, block_s: Callable[[int], float] | None, n: int) -> Process:
+    def _plan_stretch(self, n: int, horizon_s: float) -> _Stretch:
+        """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
+        next arrival, which will most likely wake the replica: steps past it are rarely used)."""
+        sched = self.sched
+        ctx = np.asarray(sched.running_context_lens(), dtype=np.int64)  # KV tokens before the skip
+        remaining = np.asarray([r.output_len - r.num_generated for r in sched.running], dtype=np.int64)
+        stretch = DecodeStretch(n, ctx.tolist(), np.minimum(remaining, n).tolist())
+        runs, elapsed_s, first = [], 0.0, 0
+        for end in [*np.unique(remaining[remaining < n]).tolist(), n]:  # the batch shrinks after each
+            if end > first:
+                runs.append(self.cost.decode_run(stretch.num_seqs_at(first), stretch.sum_decode_context_at(first),
+                                                 end - first))
+                elapsed_s += runs[-1].elapsed_s(end - first)
+                first = end
+            if elapsed_s > horizon_s:
+                break
+        n = first
+        steps_each = np.minimum(remaining, n)
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(ctx, steps_each)
+        return _Stretch(DecodeRuns(runs), block_s, sorted(remaining[remaining <= n].tolist()))
+
+    def _sleep_through(self, plan: _Stretch, n: int) -> Process:
         """Sleep until n steps are done or new work arrives; returns how many steps to apply:
         those that started before the wake-up, whose end it then waits for."""
         env = self.env
         t0 = env.now
         self.wake = env.event()
         self.skipping = True
-        yield env.timeout(run.elapsed_s(n) + (block_s(n) if block_s else 0.0)) | self.wake
+        yield env.timeout(plan.step_start_s(n)) | self.wake
         woke = self.wake.triggered
         self.wake = None
         m = n
         if woke:
-            m = run.steps_started_before(env.now - t0, block_s)
+            m = plan.runs.steps_started_before(env.now - t0, plan.block_s)
             if m:
-                end = t0 + run.elapsed_s(m) + (block_s(m) if block_s else 0.0)
-                yield env.timeout(max(end - env.now, 0.0))
+                yield env.timeout(max(t0 + plan.step_start_s(m) - env.now, 0.0))
         self.skipping = False
         return m
 
-    def _block_cpu_fn(self, ctx: np.ndarray) -> Callable[[int], float]:
-        """CPU seconds of the blocks allocated and hashed in the first m decode steps.
+    def _skip_record(self, plan: _Stretch, adv: DecodeAdvance, t0: float, k: int, num_steps: int) -> StepRecord:
+        """One step-table row: the first `num_steps` steps of the stretch's segment k (one batch)."""
+        runs = plan.runs
+        first = runs.first_steps[k]
+        end = first + num_steps
+        cpu_s = runs.runs[k].cpu * num_steps
+        gpu_s = runs.elapsed_s(end) - runs.elapsed_s(first) - (0.0 if self.cost.async_scheduling else cpu_s)
+        if plan.block_s is not None:
+            cpu_s += plan.block_s(end) - plan.block_s(first)
+        b = adv.num_seqs
+        return StepRecord(
+            replica=self.idx, step_id=adv.first_step_id, n_steps=num_steps, t_start_s=t0 + plan.step_start_s(first),
+            total_s=plan.step_start_s(end) - plan.step_start_s(first), first_dt_s=runs.dt(first),
+            last_dt_s=runs.dt(end - 1), gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=b, num_decode_tokens=b,
+            num_decode_seqs=b, sum_decode_context=adv.sum_decode_context_first_step,
+            num_blocks_allocated=adv.num_blocks_allocated, num_blocks_hashed=adv.num_blocks_hashed,
+            num_output_tokens=num_steps * b, num_running=self.sched.num_running,
+            num_waiting=self.sched.num_waiting, kv_usage=self.sched.kv_usage)
 
-        Sequence j (ctx[j] tokens in KV) needs a new block at every step i where position
-        ctx[j] + i starts a block, and completes (hashes) one where ctx[j] + i + 1 ends one.
+    def _block_cpu_fn(self, ctx: np.ndarray, steps_each: np.ndarray) -> Callable[[int], float]:
+        """CPU seconds of the blocks allocated and hashed in the first m steps of a stretch.
+
+        Sequence j (ctx[j] tokens in KV, decoding in the stretch's first steps_each[j] steps)
+        needs a new block at every step i where position ctx[j] + i starts a block, and
+        completes (hashes) one where ctx[j] + i + 1 ends one.
         """
         bs = self.engine.block_size * self.coarsening  # the scheduler's block
         first_alloc = (-ctx) % bs
         first_hash = (bs - 1 - ctx) % bs if self.engine.enable_prefix_caching else None
         blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
 
+        memo: dict[int, float] = {0: 0.0}  # a skip asks for the same few m several times
+
         def block_s(m: int) -> float:
-            if m <= 0:
-                return 0.0
-            t = blk_s * float(np.maximum((m - 1 - first_alloc) // bs + 1, 0).sum())
-            if first_hash is not None:
-                t += hash_s * float(np.maximum((m - 1 - first_hash) // bs + 1, 0).sum())
+            t = memo.get(m)
+            if t is None:
+                last = np.minimum(steps_each, m) - 1  # each sequence's last step among the first m
+                t = blk_s * float(np.maximum((last - first_alloc) // bs + 1, 0).sum())
+                if first_hash is not None:
+                    t += hash_s * float(np.maximum((last - first_hash) // bs + 1, 0).sum())
+                memo[m] = t
             return t
 
         return block_s
+
+
+@dataclasses.dataclass(slots=True)
+class _Stretch:
+    """A skip's plan: step durations (one DecodeRun per constant batch, `runs.first_steps` where
+    each starts), the CPU time of the blocks its first m steps allocate and hash (None when
+    async scheduling hides it), and after how many steps each finishing request is done."""
+
+    runs: DecodeRuns
+    block_s: Callable[[int], float] | None
+    finish_after_steps: list[int]  # sorted
+
+    def step_start_s(self, m: int) -> float:
+        """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
+        return self.runs.elapsed_s(m) + (self.block_s(m) if self.block_s is not None else 0.0)
+
+    def num_finished_by(self, elapsed_s: float) -> int:
+        """Finishing requests whose last step has ended `elapsed_s` into the stretch."""
+        steps = self.finish_after_steps
+        lo, hi = 0, len(steps)  # finishes [0, lo) are done by then, [hi, end) are not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.step_start_s(steps[mid]) <= elapsed_s:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def segments_within(self, m: int) -> list[tuple[int, int, int]]:
+        """(segment index, first step, steps) of the segments, cut to the first m steps."""
+        return [(k, f, min(r.n, m - f)) for k, (f, r) in enumerate(zip(self.runs.first_steps, self.runs.runs))
+                if f < m]
 
 
 class Simulation:
@@ -320,6 +394,7 @@ class Simulation:
         self.env = simpy.Environment()
         self.profile = profile or CostProfile.load("default")
         self.coarsen = self._coarsening(kv_block_coarsening)
+        self._next_arrival = 0  # index of the next request to arrive
         self._build_replicas()
         self.env.process(self._arrivals())
 
@@ -351,7 +426,7 @@ class Simulation:
         category = {r.request_id: r.category for r in self.requests}
         self.spec = (SpecTokens(AcceptanceModel(base.speculative_config, self.seed), category.__getitem__)
                      if base.speculative_config else None)
-        outputs = _Outputs(self.log, self.step_log, self.spec, self._start_transfer)
+        outputs = _Outputs(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s)
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
 
@@ -384,6 +459,7 @@ class Simulation:
         every = max(n // 100, 1)
         disagg = self.dep.disaggregation is not None
         for i, req in enumerate(reqs):
+            self._next_arrival = i
             if req.arrival_s > env.now:
                 yield env.timeout(delay_until(env.now, req.arrival_s))
             rep = self.router.pick(req, self.front)
@@ -391,6 +467,11 @@ class Simulation:
             rep.add(dataclasses.replace(req, output_len=1) if disagg else req)
             if self.progress is not None and i % every == 0:
                 self.progress(i / n)
+        self._next_arrival = n
+
+    def _next_arrival_s(self) -> float:
+        i = self._next_arrival
+        return self.requests[i].arrival_s if i < len(self.requests) else math.inf
 
     def _start_transfer(self, src: _Replica, req: Request, t_ready: float) -> None:
         self.env.process(self._transfer(src, req, t_ready))
