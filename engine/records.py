@@ -125,7 +125,7 @@ def empty_table(columns: Iterable[str], dtypes: dict[str, Any]) -> dict[str, np.
 def expand_step_rows(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One row per engine step: a row of n_steps equal decode steps becomes n rows with that
     composition (sum_decode_context growing by num_decode_seqs per step), per-step durations
-    (linear from first_dt_s to last_dt_s) and num_output_tokens (each step of such a row emits one
+    (linear from first_dt_s to last_dt_s; starts accumulate them) and num_output_tokens (each step of such a row emits one
     token per sequence). What a row only knows as a total stays unsplit: block counts stay on its
     first step (zero on the others), and the GPU/CPU split of its steps is NaN."""
     n = steps["n_steps"].astype(np.int64)
@@ -138,6 +138,8 @@ def expand_step_rows(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out["sum_decode_context"] = out["sum_decode_context"] + i * out["num_decode_seqs"]
     dt = out["first_dt_s"] + (out["last_dt_s"] - out["first_dt_s"]) * i / np.maximum(k - 1, 1)
     out["total_s"], out["first_dt_s"], out["last_dt_s"] = dt, dt.copy(), dt.copy()
+    before = np.cumsum(dt) - dt  # durations of the earlier steps, then of the earlier rows too
+    out["t_start_s"] = out["t_start_s"] + before - np.repeat(before[np.cumsum(n) - n], n)
     out["num_output_tokens"] = out["num_output_tokens"] // k
     for c in ("gpu_s", "cpu_s"):
         out[c] = np.where(k > 1, NAN, out[c])

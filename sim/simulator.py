@@ -62,13 +62,12 @@ Process = Generator[simpy.Event, Any, Any]
 
 
 def delay_until(now: float, t: float) -> float:
-    """The timeout that lands exactly on t: SimPy adds delays to `now`, and `now + (t - now)` can
-    round one ulp below t; step the delay up (or down) until the sum is t."""
+    """The timeout that lands on the clock's first time not before t. SimPy adds delays to `now`,
+    and `now + (t - now)` can round one ulp below t (and t itself may be unreachable from now by
+    rounding), so the delay is stepped up until the sum is >= t: nothing happens before its time."""
     d = t - now
     while now + d < t:
         d = math.nextafter(d, math.inf)
-    while d > 0 and now + d > t:
-        d = math.nextafter(d, -math.inf)
     return d
 
 

@@ -132,6 +132,7 @@ def test_expanded_step_rows_are_single_steps():
     one = expand_step_rows(steps)
     assert list(one["n_steps"]) == [1] * 5 and list(one) == list(STEP_COLUMNS)
     assert one["total_s"].tolist() == pytest.approx([0.02, 0.01, 0.02, 0.03, 0.1])
+    assert one["t_start_s"].tolist() == pytest.approx([0.0, 0.02, 0.03, 0.05, 0.08])
     assert one["sum_decode_context"].tolist() == [500, 300, 301, 302, 0]
     assert one["num_output_tokens"].tolist() == [2, 1, 1, 1, 1]
     assert one["total_s"].sum() == pytest.approx(steps["total_s"].sum())

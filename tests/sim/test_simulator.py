@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.model_spec import ModelSpec
+from engine.records import expand_step_rows
 from engine.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
 from sim.cost_model import CostModel
 from sim.hardware import get_gpu
-from sim.simulator import Simulation, simulate
+from sim.simulator import Simulation, delay_until, simulate
 from sim.speculative import sample_accepted
 from tests.sim.simhelpers import decode_batch, deployment, poisson, prefill_batch, req, step_s
 
@@ -181,6 +182,39 @@ def test_skipping_equals_stepping(router, overlap):
     assert a.steps["total_s"].sum() == pytest.approx(b.steps["total_s"].sum(), rel=1e-9)
 
 
+@pytest.mark.parametrize("replicas, router, overlap", [(1, "least_loaded", False), (2, "least_loaded", False),
+                                                     (2, "prefix_aware", False), (2, "round_robin", True)])
+def test_skipping_through_finishes_equals_stepping(replicas, router, overlap):
+    """A skip runs through requests finishing mid-stretch (the batch shrinks; one step row per
+    constant batch): request times, routing and every step's composition equal stepping."""
+    rng = np.random.default_rng(7)
+    arrivals = np.cumsum(rng.exponential(0.5, 60))
+    reqs = [req(i, float(t), int(rng.integers(50, 900)), int(rng.integers(5, 400)), tuple(range(10)))
+            for i, t in enumerate(arrivals)]
+    dep = deployment(replicas=replicas, router=router, num_gpu_blocks_override=3000, async_scheduling=overlap)
+    a = simulate(dep, reqs, skip_ahead=True)
+    b = simulate(dep, reqs, skip_ahead=False)
+    for k in ("first_token_s", "finish_s", "scheduled_s"):
+        np.testing.assert_allclose(a.requests[k], b.requests[k], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(a.requests["replica"], b.requests["replica"])
+    through = 0
+    cols = ("step_id", "num_batched_tokens", "num_prefill_tokens", "num_decode_seqs", "sum_decode_context",
+            "num_output_tokens", "num_preempted")
+    for rep in range(replicas):
+        sa = {c: v[a.steps["replica"] == rep] for c, v in a.steps.items()}
+        sb = {c: v[b.steps["replica"] == rep] for c, v in b.steps.items()}
+        one = expand_step_rows(sa)
+        for c in cols:
+            np.testing.assert_array_equal(one[c], sb[c], err_msg=c)
+        # consecutive skip rows with no step between them and a smaller batch: a finish mid-stretch
+        multi = sa["n_steps"] > 1
+        back_to_back = np.isclose(sa["t_start_s"][1:], (sa["t_start_s"] + sa["total_s"])[:-1], rtol=0, atol=1e-12)
+        through += int((multi[1:] & multi[:-1] & back_to_back
+                        & (sa["num_decode_seqs"][1:] < sa["num_decode_seqs"][:-1])).sum())
+    assert through > 5, through
+    assert len(a.steps["n_steps"]) < len(b.steps["n_steps"]) / 3
+
+
 def test_round_robin_and_least_loaded_spread_requests():
     reqs = poisson(40, 50.0, 300, 50, seed=1)
     rr = simulate(deployment(replicas=4, router="round_robin"), reqs).requests["replica"]
@@ -303,3 +337,15 @@ def test_prefill_replica_holds_blocks_until_the_transfer_ends():
         st = rep.sched.stats
         assert st.num_held_requests == 0 and st.num_free_blocks == st.num_gpu_blocks
     assert sim.decode_pool[0].sched.stats.external_computed_tokens == 2 * 4095
+
+
+def test_arrivals_never_land_before_their_time():
+    """SimPy adds delays to the clock: 0.2740583980656664 + (0.92 - 0.2740583980656664) is one ulp
+    below 0.92, and no delay reaches 0.92 exactly; the arrival lands on the next clock time."""
+    now, t = 0.2740583980656664, 0.92
+    assert now + (t - now) < t
+    d = delay_until(now, t)
+    assert now + d >= t and now + math.nextafter(d, -math.inf) < t
+    dep = deployment(num_gpu_blocks_override=40, max_model_len=2048, max_num_batched_tokens=1024)
+    r = simulate(dep, [req(0, t, 1, 1), req(1, now, 1, 1)]).requests
+    assert np.all(r["scheduled_s"] >= r["arrival_s"]) and r["queue_s"].max() < 1e-15
