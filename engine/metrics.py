@@ -54,6 +54,9 @@ class EngineMetrics:
         self.preemptions = counter("vllm:num_preemptions")
         self.prompt_tokens = counter("vllm:prompt_tokens")
         self.generation_tokens = counter("vllm:generation_tokens")
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens")
+        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens")
         self.success = Counter("vllm:request_success", HELP["vllm:request_success"],
                                ["model_name", "finished_reason"], registry=r)
         self.rejections = Counter("vllm:admission_rejections", HELP["vllm:admission_rejections"],
@@ -75,7 +78,6 @@ class EngineMetrics:
 
     def observe_step(self, step: StepRecord, scheduler) -> None:
         self.iteration_tokens.observe(step.num_batched_tokens)
-        self.prompt_tokens.inc(step.num_prefill_tokens)
         self.generation_tokens.inc(step.num_output_tokens)
         self.running.set(scheduler.num_running)
         self.waiting.set(scheduler.num_waiting)
@@ -83,7 +85,9 @@ class EngineMetrics:
         self.kv_usage.set(stats.kv_usage)
         for key, counter in (("prefix_cache_queries_tokens", self.prefix_queries),
                              ("prefix_cache_hits_tokens", self.prefix_hits),
-                             ("num_preemptions", self.preemptions)):
+                             ("num_preemptions", self.preemptions), ("num_spec_drafts", self.spec_drafts),
+                             ("num_spec_draft_tokens", self.spec_draft_tokens),
+                             ("num_spec_accepted_tokens", self.spec_accepted_tokens)):
             now = float(getattr(stats, key))
             counter.inc(max(0.0, now - self._last_stats.get(key, 0.0)))
             self._last_stats[key] = now
@@ -94,6 +98,7 @@ class EngineMetrics:
             self.rejections.labels(self.model_name, rec.finish_reason or "unknown").inc()
             return
         self.success.labels(self.model_name, rec.finish_reason or "length").inc()
+        self.prompt_tokens.inc(rec.prompt_len)  # as vLLM: a request's whole prompt, cached tokens included
         for hist, value in ((self.ttft, rec.ttft_s), (self.tpot, rec.tpot_s), (self.e2e, rec.e2e_s),
                             (self.queue, rec.queue_s), (self.inference, rec.finish_s - rec.scheduled_s),
                             (self.prefill_time, rec.first_token_s - rec.scheduled_s),

@@ -16,10 +16,12 @@ import pytest
 
 pytest.importorskip("torch")
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineArgs
 from engine.core import EngineCore
+from engine.metrics import EngineMetrics
 from engine.model_spec import get_model
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS, expand_step_rows
 from engine.replay import replay
@@ -59,7 +61,10 @@ def workload(n: int = 28, seed: int = 3) -> list[Request]:
 def _engine(reqs, num_gpu_blocks):
     core = EngineCore(EngineArgs(model="tiny", device="cpu", seed=0, num_gpu_blocks_override=num_gpu_blocks,
                                  **FLAGS))
-    return core, replay(core, reqs, honor_arrivals=False)
+    live = EngineMetrics("tiny", FLAGS["max_model_len"])
+    res = replay(core, reqs, honor_arrivals=False, metrics=live)
+    res.live_metrics = live
+    return core, res
 
 
 def _sim(reqs, num_gpu_blocks, skip_ahead):
@@ -79,7 +84,17 @@ def runs(request):
 
 
 def _metric_names(text: str) -> set[str]:
-    return {fam.name for fam in text_string_to_metric_families(text)}
+    return {fam.name for fam in text_string_to_metric_families(text)} - _created(text)
+
+
+def _created(text: str) -> set[str]:
+    """prometheus_client's creation-time series of a live exporter (wall clock, not a run figure)."""
+    return {fam.name for fam in text_string_to_metric_families(text) if fam.name.endswith("_created")}
+
+
+def _samples(text: str) -> dict[tuple, float]:
+    return {(x.name, tuple(sorted(x.labels.items()))): x.value for fam in text_string_to_metric_families(text)
+            for x in fam.samples if not x.name.endswith("_created")}
 
 
 def test_same_scheduler_configuration(runs):
@@ -93,6 +108,11 @@ def test_same_columns_summary_keys_and_metric_set(runs):
         assert tuple(res.requests) == REQUEST_COLUMNS and tuple(res.steps) == STEP_COLUMNS
     assert set(eng.summary()) == set(stepped.summary()) == set(skipped.summary())
     assert _metric_names(eng.prometheus_text()) == _metric_names(stepped.prometheus_text())
+    # the engine's live exporter (a running server's /metrics) has the same metric set
+    live, table = _samples(generate_latest(eng.live_metrics.registry).decode()), _samples(eng.prometheus_text())
+    assert set(live) == set(table)
+    for key, value in table.items():
+        assert live[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
 def test_same_decisions_step_by_step(runs):
