@@ -12,13 +12,17 @@ Each replica writes what happens to a request into the `RequestLog` (scheduled, 
 finished, rejected) and one `StepRecord` per step (or per skipped stretch) into the `StepLog`;
 those become the result's request and step tables, with the engine's column names.
 
-Skip-ahead: when the scheduler says the next n steps are pure decode of an unchanged
-running set (`uniform_decode_steps`), the replica sleeps through all n at once (their
-durations have a closed form, `DecodeRun`) and applies them with `advance_decode`. An
-arrival routed to a sleeping replica wakes it: it then applies only the steps that
-started before the arrival, exactly as stepping would (a request that arrives mid-step
-is scheduled at the next step boundary). Speculative decoding draws random accepted
-counts per step, so it always steps.
+Skip-ahead (engine/decode_skip.py): when the next n steps can only be pure decode of the
+running requests (`uniform_decode_steps`; requests reaching their output length leave the
+batch on the way), the replica sleeps through them at once: between two finishes the batch
+is constant and the step durations have a closed form (`DecodeRun`, one per segment,
+`DecodeRuns` for the stretch). It then applies them with `advance_decode`, one step-table
+row per constant-batch segment, each finish reported at the end of its last step. An
+arrival routed to a sleeping replica wakes it: it then applies only the steps that started
+before the arrival, exactly as stepping would (a request that arrives mid-step is
+scheduled at the next step boundary); the router sees the replica's load as stepping would
+(`load` discounts requests whose last step has ended). Speculative decoding draws random
+accepted counts per step, so it always steps.
 
 Disaggregated prefill: prefill replicas run each request with output_len = 1 and hold its
 blocks when it finishes (`hold_blocks_on_finish`); its KV (whole blocks x KV bytes per

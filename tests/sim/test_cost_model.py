@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from engine.model_spec import get_model
 from sim.config import EngineConfig, SpeculativeConfig
-from sim.cost_model import CostModel, CostProfile, DecodeRun
+from sim.cost_model import CostModel, CostProfile, DecodeRun, DecodeRuns
 from sim.hardware import get_gpu
 from sim.memory import NON_TORCH_BYTES_PER_GPU, plan_memory
 from tests.sim.simhelpers import decode_batch, prefill_batch, step_s
@@ -126,6 +126,21 @@ def test_decode_run_closed_form(g0, slope, cpu, n, overlap, frac):
     want = sum(1 for s in starts if s < t)
     got = run.steps_started_before(t)
     assert abs(got - want) <= (1 if any(abs(s - t) < 1e-12 for s in starts) else 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(parts=st.lists(st.tuples(st.floats(1e-4, 0.05), st.floats(0, 1e-4), st.integers(1, 40)), min_size=1,
+                      max_size=5), cpu=st.floats(0, 0.02), overlap=st.booleans(), frac=st.floats(0, 1.1))
+def test_decode_runs_chain_their_segments(parts, cpu, overlap, frac):
+    runs = DecodeRuns([DecodeRun(g0, slope, cpu, n, overlap) for g0, slope, n in parts])
+    dts = [r.dt(i) for r in runs.runs for i in range(r.n)]  # every step, in order
+    assert runs.n == len(dts) and [runs.dt(i) for i in range(runs.n)] == dts
+    for m in (0, 1, runs.n // 2, runs.n):
+        assert runs.elapsed_s(m) == pytest.approx(sum(dts[:m]), rel=1e-9, abs=1e-15)
+    t = frac * sum(dts)
+    starts = [sum(dts[:i]) for i in range(runs.n)]
+    want = sum(1 for x in starts if x < t)
+    assert abs(runs.steps_started_before(t) - want) <= (1 if any(abs(x - t) < 1e-12 for x in starts) else 0)
 
 
 def test_decode_linear_matches_step_time():
