@@ -24,7 +24,7 @@ from engine.core import EngineCore, RequestState
 from engine.metrics import EngineMetrics
 from engine.records import RequestRecord, StepRecord, to_columns
 from engine.request import Request, materialize_prompt
-from engine.run_summary import RunTables
+from engine.run_summary import RunTables, jsonable
 from engine.sampling import SamplingParams
 
 NAN = math.nan
@@ -79,27 +79,14 @@ class ReplayResult(RunTables):
         for name, rows in (("requests", self.request_rows()), ("steps", self.step_rows())):
             with open(out / f"{name}.jsonl", "w") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows)
-        (out / "summary.json").write_text(json.dumps(_json_safe(self.summary()), indent=2) + "\n")
+        (out / "summary.json").write_text(json.dumps(jsonable(self.summary()), indent=2) + "\n")
         (out / "metrics.prom").write_text(self.prometheus_text())
         (out / "scheduler_stats.json").write_text(json.dumps(self.scheduler_stats, indent=2, default=float))
 
 
-def _json_safe(x: Any) -> Any:
-    """Plain Python values for JSON: numpy scalars unwrapped, NaN/inf as None."""
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def _rows(table: dict[str, np.ndarray]) -> list[dict]:
     cols = list(table)
-    return [_json_safe(dict(zip(cols, row))) for row in zip(*(table[c].tolist() for c in cols))]
+    return [jsonable(dict(zip(cols, row))) for row in zip(*(table[c].tolist() for c in cols))]
 
 
 _GAUGES = {"num_running", "num_waiting", "num_cached_blocks", "num_free_blocks", "num_gpu_blocks",
@@ -183,7 +170,7 @@ class _Run:
         if res.trace is not None:
             self.steps.append(res.trace)
             if sink:
-                sink.write(json.dumps(_json_safe(dataclasses.asdict(res.trace))) + "\n")
+                sink.write(json.dumps(jsonable(dataclasses.asdict(res.trace))) + "\n")
             if self.metrics:
                 self.metrics.observe_step(res.trace, self.core.scheduler)
         for st in res.finished:

@@ -317,6 +317,19 @@ def prometheus_text(requests: dict[str, np.ndarray], steps: dict[str, np.ndarray
     return generate_latest(registry).decode()
 
 
+def jsonable(x: Any) -> Any:
+    """`x` with numpy scalars made plain and NaN/inf made None (strict JSON has neither)."""
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
 # --- a run's result ----------------------------------------------------------------------------------
 @dataclass
 class RunTables:
@@ -354,6 +367,7 @@ __all__ = [
     "SLO",
     "RunTables",
     "good_mask",
+    "jsonable",
     "latency_stats",
     "peaks",
     "prometheus_text",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
-from engine.run_summary import SLO, RunTables, weighted_percentiles
+from engine.run_summary import SLO, RunTables, jsonable, weighted_percentiles
 
 
 @dataclass
@@ -68,20 +68,6 @@ def _write_csv(path: Path, table: dict[str, np.ndarray]) -> None:
         f.write(",".join(cols) + "\n")
         for row in zip(*(table[c].tolist() for c in cols)):
             f.write(",".join("" if (isinstance(x, float) and math.isnan(x)) else str(x) for x in row) + "\n")
-
-
-def jsonable(x: Any) -> Any:
-    """`x` with numpy scalars made plain and NaN/inf made None (strict JSON has neither)."""
-    if isinstance(x, dict):
-        return {k: jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        f = float(x)
-        return None if math.isnan(f) or math.isinf(f) else f
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
 
 
 _jsonable = jsonable  # alias: callers written against the private name keep working
