@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.block_manager import pack_extra
+from engine.block_pool import pack_extra
 
 if TYPE_CHECKING:
     from engine.scheduler import _ReqState

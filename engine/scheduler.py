@@ -63,7 +63,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.block_keys import GEN_TAG, BlockKeyer
-from engine.block_manager import (
+from engine.block_pool import (
     BlockPool,
     make_block_hasher,
     make_bytes_hasher,
@@ -398,7 +398,7 @@ class Scheduler(BlockKeyer):
         if num_full - start == 1:
             self.pool.cache_block(r.block_ids[start], r.block_hashes[start])
         else:
-            self.pool.register(r.block_ids[start:num_full], r.block_hashes[start:num_full])
+            self.pool.cache_blocks(r.block_ids[start:num_full], r.block_hashes[start:num_full])
         r.num_cached_blocks = num_full
         return hashed
 
@@ -437,7 +437,7 @@ class Scheduler(BlockKeyer):
         return new
 
     def _free_all(self, r: _ReqState) -> int:
-        freed = self.pool.free_reversed(r.block_ids)
+        freed = self.pool.free_tail_first(r.block_ids)
         r.block_ids = []  # a new list: earlier outputs keep the table they were given
         r.num_cached_blocks = 0
         return freed
@@ -852,7 +852,7 @@ class Scheduler(BlockKeyer):
                     if len(r.block_ids) > keep:
                         tail = r.block_ids[keep:]
                         del r.block_ids[keep:]
-                        out.num_blocks_freed += pool.free_reversed(tail)
+                        out.num_blocks_freed += pool.free_tail_first(tail)
             remaining = r.output_len - r.num_generated
             reason = None
             if n >= remaining:

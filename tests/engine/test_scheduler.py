@@ -34,7 +34,7 @@ def run_all(s: Scheduler, sampled=None, max_steps: int = 10_000):
 
 
 def test_import_does_not_pull_torch():
-    code = "import sys, engine.scheduler, engine.block_manager; assert 'torch' not in sys.modules; " \
+    code = "import sys, engine.scheduler, engine.block_pool; assert 'torch' not in sys.modules; " \
            "assert 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 

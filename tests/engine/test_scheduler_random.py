@@ -7,7 +7,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import block_manager
+from engine import block_pool
 from engine.request import Request
 from engine.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
 
@@ -154,14 +154,14 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs, specs=request_specs, hbs=st.sampled_from([2, 4, 8]), seed=st.integers(0, 99),
-       with_tokens=st.booleans(), small=st.sampled_from([1, block_manager._SMALL]))
+       with_tokens=st.booleans(), small=st.sampled_from([1, block_pool._SMALL]))
 def test_random_streams_keep_invariants(cfg, specs, hbs, seed, with_tokens, small):
     # small = 1: block registration always takes its bulk path (these pools are small)
-    default, block_manager._SMALL = block_manager._SMALL, small
+    default, block_pool._SMALL = block_pool._SMALL, small
     try:
         run_stream(cfg, build_requests(specs, hbs, with_tokens), seed, with_tokens)
     finally:
-        block_manager._SMALL = default
+        block_pool._SMALL = default
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
