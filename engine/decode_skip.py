@@ -134,7 +134,8 @@ def _remaining_if_uniform(sched: Scheduler) -> list[int] | None:
         return None
     remaining = []
     for r in running:
-        if not r.decoding or r.num_tokens - r.num_computed_tokens != 1 or r.token_ids is not None:
+        if (not r.sampled_since_admission or r.num_tokens - r.num_computed_tokens != 1
+                or r.token_ids is not None):
             return None
         remaining.append(r.output_len - r.num_generated)
     return remaining
@@ -200,7 +201,7 @@ def _block_limited_steps(sched: Scheduler, remaining: list[int], n_max: int) -> 
         while k < len(order) and remaining[order[k]] == end:
             r = active.pop(order[k])
             done_alloc += _blocks_new(r.num_computed_tokens, len(r.block_ids), end, bs)
-            if not r.hold:
+            if not r.hold_blocks_on_finish:
                 freed += _blocks_freed_at_finish(r, end, pool.ref, drops, bs)
             k += 1
         prev = end
@@ -327,6 +328,6 @@ def _apply_decodes(sched: Scheduler, reqs: list, steps_each: list[int]) -> int:
 def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:
     """`r` generated its last token in step `last_step`: free (or hold) its blocks and report
     it, as update_from_output does at that step's end."""
-    adv.num_blocks_freed += sched._free_finished(r)
-    adv.finished.append(sched._finish(r, "length"))
+    adv.num_blocks_freed += sched._free_or_hold(r)
+    adv.finished.append(sched._mark_finished(r, "length"))
     adv.finish_steps.append(last_step)
