@@ -18,7 +18,7 @@ stepping frees them. `DecodeAdvance` reports each step's batch (`num_seqs_at`,
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -51,28 +51,32 @@ class DecodeStretch:
     context_lens: list[int]  # KV tokens of each running request before the stretch
     steps_each: list[int]  # steps each request runs: min(num_steps, its remaining output)
     # requests ordered by steps_each: the steps (ascending) and suffix sums of their contexts,
-    # so a step's batch is a suffix of that order (who is still running)
-    _sorted_steps: list[int] = field(init=False, repr=False)
-    _ctx_suffix: list[int] = field(init=False, repr=False)
+    # so a step's batch is a suffix of that order (who is still running); built on first use
+    _sorted_steps: list[int] | None = field(default=None, init=False, repr=False)
+    _ctx_suffix: list[int] = field(default_factory=list, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        order = sorted(range(len(self.steps_each)), key=self.steps_each.__getitem__)
-        self._sorted_steps = [self.steps_each[j] for j in order]
-        ctx = [self.context_lens[j] for j in reversed(order)]
-        self._ctx_suffix = [*reversed(list(accumulate(ctx))), 0]
+    def _index(self) -> list[int]:
+        if self._sorted_steps is None:
+            order = sorted(range(len(self.steps_each)), key=self.steps_each.__getitem__)
+            self._sorted_steps = [self.steps_each[j] for j in order]
+            ctx = [self.context_lens[j] for j in reversed(order)]
+            self._ctx_suffix = [*reversed(list(accumulate(ctx))), 0]
+        return self._sorted_steps
 
     def num_seqs_at(self, i: int) -> int:
         """Requests decoding in step i (0-based)."""
-        return len(self._sorted_steps) - bisect_right(self._sorted_steps, i)
+        steps = self._index()
+        return len(steps) - bisect_right(steps, i)
 
     def sum_decode_context_at(self, i: int) -> int:
         """KV tokens after step i, summed over the requests decoding in step i."""
-        k = bisect_right(self._sorted_steps, i)
-        return self._ctx_suffix[k] + (i + 1) * (len(self._sorted_steps) - k)
+        steps = self._index()
+        k = bisect_right(steps, i)
+        return self._ctx_suffix[k] + (i + 1) * (len(steps) - k)
 
     def segments(self) -> list[DecodeSegment]:
         """The stretch cut where the batch shrinks: one entry per constant batch."""
-        ends = sorted({s for s in self._sorted_steps if s < self.num_steps}) + [self.num_steps]
+        ends = sorted({s for s in self.steps_each if s < self.num_steps}) + [self.num_steps]
         out, start = [], 0
         for end in ends:
             if end > start and self.num_seqs_at(start):
@@ -109,7 +113,7 @@ class DecodeAdvance:
 
     @property
     def sum_decode_context_first_step(self) -> int:
-        return self.stretch.sum_decode_context_at(0)
+        return sum(self.stretch.context_lens) + len(self.stretch.context_lens)
 
     def num_seqs_at(self, i: int) -> int:
         return self.stretch.num_seqs_at(i)
@@ -118,18 +122,23 @@ class DecodeAdvance:
         return self.stretch.sum_decode_context_at(i)
 
 
-def _decode_only_running(sched: Scheduler) -> bool:
-    """Whether the next step is a plain decode of every running request and nothing else."""
+def _remaining_if_uniform(sched: Scheduler) -> list[int] | None:
+    """Tokens each running request has left to generate (batch order) when the next step is
+    a plain decode of every running request and nothing else; else None."""
     if sched._pending_rejected or sched.num_waiting or not sched.running:
-        return False
+        return None
     if sched.config.num_speculative_tokens or not sched.between_steps():
-        return False
-    if len(sched.running) > sched.config.max_num_batched_tokens:
-        return False
-    for r in sched.running:
-        if not r.decoding or r.num_tokens - r.num_computed_tokens != 1 or r.token_ids is not None:
-            return False
-    return True
+        return None
+    running = sched.running
+    if len(running) > sched.config.max_num_batched_tokens:
+        return None
+    remaining = []
+    for r in running:
+        if (not r.sampled_since_admission or r.num_tokens - r.num_computed_tokens != 1
+                or r.token_ids is not None):
+            return None
+        remaining.append(r.output_len - r.num_generated)
+    return remaining
 
 
 def _blocks_new(ctx: int, num_blocks: int, steps: int, block_size: int) -> int:
@@ -144,16 +153,24 @@ def uniform_decode_steps(sched: Scheduler, *, through_finishes: bool = True) -> 
     requests free for later steps). 0 when the next step is anything else.
 
     `through_finishes=False` stops at the first finish (a constant batch throughout)."""
-    if not _decode_only_running(sched):
+    remaining = _remaining_if_uniform(sched)
+    if remaining is None:
         return 0
-    remaining = [r.output_len - r.num_generated for r in sched.running]
     n_max = max(remaining) if through_finishes else min(remaining)
+    return n_max if _fits(sched, remaining, n_max) else _block_limited_steps(sched, remaining, n_max)
+
+
+def _fits(sched: Scheduler, remaining: list[int], n: int) -> bool:
+    """Whether the free blocks cover every block that n steps open, before any finish frees
+    one (the common case: a sufficient condition checked in one pass)."""
     bs = sched.block_size
-    need = sum(_blocks_new(r.num_computed_tokens, len(r.block_ids), min(n_max, rem), bs)
-               for r, rem in zip(sched.running, remaining))
-    if need <= sched.pool.num_free:  # enough even before any finish frees a block
-        return n_max
-    return _block_limited_steps(sched, remaining, n_max)
+    need = 0
+    for r, m in zip(sched.running, remaining):
+        steps = n if n < m else m  # noqa: FURB136 (min() costs a call per request here)
+        x = (r.num_computed_tokens + steps + bs - 1) // bs - len(r.block_ids)
+        if x > 0:
+            need += x
+    return need <= sched.pool.num_free
 
 
 def _block_limited_steps(sched: Scheduler, remaining: list[int], n_max: int) -> int:
@@ -184,7 +201,7 @@ def _block_limited_steps(sched: Scheduler, remaining: list[int], n_max: int) -> 
         while k < len(order) and remaining[order[k]] == end:
             r = active.pop(order[k])
             done_alloc += _blocks_new(r.num_computed_tokens, len(r.block_ids), end, bs)
-            if not r.hold:
+            if not r.hold_blocks_on_finish:
                 freed += _blocks_freed_at_finish(r, end, pool.ref, drops, bs)
             k += 1
         prev = end
@@ -214,74 +231,103 @@ def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:
     """Apply `n` pure-decode steps at once (1 <= n <= uniform_decode_steps(sched)), with the
     very same block allocations, free-queue order, prefix-cache entries, finishes and counters
     as n single schedule()/update_from_output() steps."""
-    m = uniform_decode_steps(sched)
-    if not 1 <= n <= m:
-        raise ValueError(f"advance_decode(sched, {n}): only 1..{m} uniform decode steps are "
-                         f"possible now; ask uniform_decode_steps(sched) first")
+    remaining = _remaining_if_uniform(sched)
+    if remaining is None or not 1 <= n <= max(remaining) or not (
+            _fits(sched, remaining, n) or _block_limited_steps(sched, remaining, n) == n):
+        raise ValueError(f"advance_decode(sched, {n}): only 1..{uniform_decode_steps(sched)} "
+                         f"uniform decode steps are possible now; ask uniform_decode_steps(sched)")
     running = sched.running
-    stretch = DecodeStretch(n, [r.num_computed_tokens for r in running],
-                            [min(n, r.output_len - r.num_generated) for r in running])
+    fewest = min(remaining)
+    steps_each = [n] * len(remaining) if fewest >= n else [min(n, m) for m in remaining]
+    stretch = DecodeStretch(n, [r.num_computed_tokens for r in running], steps_each)
     adv = DecodeAdvance(stretch, sched.step_id + 1, 0, 0, 0, [], [])
-    start = 0
-    for end in sorted({s for s in stretch.steps_each if s < n}) + [n]:
-        active = [j for j, s in enumerate(stretch.steps_each) if s >= end]
-        adv.num_blocks_allocated += _allocate_steps(sched, active, start, end)
-        for j, s in enumerate(stretch.steps_each):
-            if s == end and running[j].output_len - running[j].num_generated == s:
-                _finish_at(sched, running[j], s, end - 1, adv)
-        start = end
-    for j, r in enumerate(running):
-        if r.status == "running":
-            adv.num_blocks_hashed += _apply_decodes(sched, r, stretch.steps_each[j])
-    sched.running = [r for r in running if r.status == "running"]
+    allocs = _new_block_steps(sched, steps_each)
+    if fewest > n:  # nobody finishes: one batch throughout
+        _take_blocks(sched, allocs, adv)
+    else:
+        _advance_through_finishes(sched, remaining, steps_each, allocs, adv)
+    adv.num_blocks_hashed += _apply_decodes(sched, running, steps_each)
+    if adv.finished:
+        sched.running = [r for r in running if r.status == "running"]
     sched.step_id += n
     sched.num_steps += n
     sched.num_generated_tokens += adv.num_batched_tokens
     return adv
 
 
-def _allocate_steps(sched: Scheduler, active: list[int], start: int, end: int) -> int:
-    """Give the running requests `active` (indices) the blocks that steps start..end-1 open,
-    in the order single steps pop them from the free queue: by step, then batch position."""
+def _advance_through_finishes(sched: Scheduler, remaining: list[int], steps_each: list[int],
+                              allocs: list[tuple[int, int]], adv: DecodeAdvance) -> None:
+    """Walk the stretch from finish to finish: the blocks opened before each finish step's
+    end, then the requests finishing there (batch order), whose freed blocks serve later
+    allocations."""
     running = sched.running
-    bs = sched.block_size
-    allocs: list[tuple[int, int]] = []  # (0-based step, batch position) per new block
-    for j in active:
-        r = running[j]
-        c = r.num_computed_tokens
-        p = len(r.block_ids) * bs  # first position needing a new block; step s computes c + s
-        while p < c + end:
-            if p >= c + start:
-                allocs.append((p - c, j))
-            p += bs
-    if allocs:
-        allocs.sort()
-        for (_, j), b in zip(allocs, sched.pool.allocate(len(allocs))):
+    order = sorted(range(len(running)), key=steps_each.__getitem__)  # stable: batch order in ties
+    taken = k = 0
+    for end in sorted(set(steps_each)):
+        taken = _take_blocks(sched, allocs, adv, taken, bisect_left(allocs, (end, -1)))
+        while k < len(order) and steps_each[order[k]] == end:
+            j = order[k]
+            if remaining[j] == end:
+                adv.num_blocks_hashed += _apply_decodes(sched, [running[j]], [end])
+                _finish_at(sched, running[j], end - 1, adv)
+            k += 1
+
+
+def _take_blocks(sched: Scheduler, allocs: list[tuple[int, int]], adv: DecodeAdvance,
+                 start: int = 0, stop: int | None = None) -> int:
+    """Pop the blocks of allocs[start:stop] from the free queue into their requests' block
+    tables; returns stop."""
+    stop = len(allocs) if stop is None else stop
+    if stop > start:
+        running = sched.running
+        for (_, j), b in zip(allocs[start:stop], sched.pool.allocate(stop - start)):
             running[j].block_ids.append(b)
-    return len(allocs)
+        adv.num_blocks_allocated += stop - start
+    return stop
 
 
-def _apply_decodes(sched: Scheduler, r, steps: int) -> int:
-    """Advance `r` by `steps` decoded tokens (blocks already allocated) and register the
-    blocks they complete; returns blocks hashed. Decode blocks carry the request's own
-    generated-token keys, never registered before, so registering them in one call gives
-    the very keys single steps would, and nothing else touches them before `r` frees them."""
-    c = r.num_computed_tokens
+def _new_block_steps(sched: Scheduler, steps_each: list[int]) -> list[tuple[int, int]]:
+    """(0-based step, batch position) of every block the running requests open in their
+    steps, sorted: the order single steps pop them from the free queue."""
+    bs = sched.block_size
+    allocs: list[tuple[int, int]] = []
+    for j, r in enumerate(sched.running):
+        c = r.num_computed_tokens  # step s computes position c + s
+        p = len(r.block_ids) * bs  # the first position that needs a new block
+        last = c + steps_each[j]
+        while p < last:
+            allocs.append((p - c, j))
+            p += bs
+    allocs.sort()
+    return allocs
+
+
+def _apply_decodes(sched: Scheduler, reqs: list, steps_each: list[int]) -> int:
+    """Advance each request of `reqs` still running by its `steps_each` decoded tokens (blocks
+    already allocated) and register the blocks they complete; returns blocks hashed. Decode
+    blocks carry the request's own generated-token keys, never registered before, so
+    registering them in one call gives the very keys single steps would, and nothing else
+    touches them before the request frees them."""
+    bs = sched.block_size
+    caching = sched.caching
     hashed = 0
-    if sched.caching:
-        num_full = (c + steps) // sched.block_size
-        if num_full > c // sched.block_size and num_full > r.num_cached_blocks:
-            hashed = sched._cache_full(r, num_full)
-    r.num_computed_tokens = c + steps
-    r.num_generated += steps
-    r.num_tokens += steps
+    for r, steps in zip(reqs, steps_each):
+        if r.status != "running":  # finished within the stretch: applied at its finish
+            continue
+        c = r.num_computed_tokens
+        if caching:
+            num_full = (c + steps) // bs
+            if num_full > c // bs and num_full > r.num_cached_blocks:
+                hashed += sched._cache_full(r, num_full)
+        r.num_computed_tokens = c + steps
+        r.num_generated += steps
+        r.num_tokens += steps
     return hashed
 
 
-def _finish_at(sched: Scheduler, r, steps: int, last_step: int, adv: DecodeAdvance) -> None:
-    """`r` generates its last token in step `last_step`: apply its decodes, free (or hold) its
-    blocks and report it, as update_from_output does at that step's end."""
-    adv.num_blocks_hashed += _apply_decodes(sched, r, steps)
-    adv.num_blocks_freed += sched._free_finished(r)
-    adv.finished.append(sched._finish(r, "length"))
+def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:
+    """`r` generated its last token in step `last_step`: free (or hold) its blocks and report
+    it, as update_from_output does at that step's end."""
+    adv.num_blocks_freed += sched._free_or_hold(r)
+    adv.finished.append(sched._mark_finished(r, "length"))
     adv.finish_steps.append(last_step)

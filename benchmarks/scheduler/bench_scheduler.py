@@ -87,7 +87,7 @@ def decode_step_cost_us(
         else:
             s.update_from_output(out)
 
-    while s.num_waiting or any(not r.decoding for r in s.running):
+    while s.num_waiting or any(not r.sampled_since_admission for r in s.running):
         one_step()
     for _ in range(bs):  # warm
         one_step()
@@ -179,7 +179,7 @@ def hash_ns_per_block(algo: str, engine_view: bool, n_blocks: int, repeats: int)
             states.append(s.requests[i])
         t0 = _clock()
         for r in states:
-            s._hash_upto(r, n_blocks)
+            s._key_blocks(r, n_blocks)
         return (_clock() - t0) / (n_req * n_blocks) * 1e9
 
     return _best_of(run, repeats)

@@ -7,7 +7,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import block_manager
+from engine import block_pool
 from engine.request import Request
 from engine.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
 
@@ -80,7 +80,7 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
         step += 1
         assert step < max_steps, "scheduler made no progress"
         head = s._peek_waiting()
-        if head is not None and head.last_hits is not None:
+        if head is not None and head.failed_admission_hits is not None:
             # the memoized re-lookup of a blocked queue head equals a plain scan
             m = (head.num_tokens - 1) // cfg.block_size
             ref = []
@@ -119,7 +119,14 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
         before = [(x.request_id, x.num_new_tokens, x.num_computed_tokens, x.num_cached_tokens,
                    x.num_spec_tokens, x.is_prefill, x.samples, tuple(x.block_ids), x.new_block_ids)
                   for x in out.scheduled]
-        res = s.update_from_output(out, sampled, eos_ids={9} if with_tokens else None)
+        # the engine's stop rule (token 9 = EOS here): keep tokens up to the stop, name it
+        stopped = set()
+        if with_tokens:
+            for rid, toks in sampled.items():
+                if 9 in toks:
+                    del toks[toks.index(9) + 1:]
+                    stopped.add(rid)
+        res = s.update_from_output(out, sampled, stopped)
         s.check_invariants()
         out._scheduled = None  # rebuilt after the update: the records must not have moved
         after = [(x.request_id, x.num_new_tokens, x.num_computed_tokens, x.num_cached_tokens,
@@ -129,7 +136,7 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
         for r in res:
             assert r.request_id not in results, "request reported twice"
             results[r.request_id] = r
-            if r.status == FINISHED and s.requests[r.request_id].hold:
+            if r.status == FINISHED and s.requests[r.request_id].hold_blocks_on_finish:
                 held[r.request_id] = step + pd_rng.randint(0, 2)
     # nothing lost, all blocks home
     assert sorted(results) == [r.request_id for _, r, _ in reqs]
@@ -154,14 +161,14 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs, specs=request_specs, hbs=st.sampled_from([2, 4, 8]), seed=st.integers(0, 99),
-       with_tokens=st.booleans(), small=st.sampled_from([1, block_manager._SMALL]))
+       with_tokens=st.booleans(), small=st.sampled_from([1, block_pool._SMALL]))
 def test_random_streams_keep_invariants(cfg, specs, hbs, seed, with_tokens, small):
     # small = 1: block registration always takes its bulk path (these pools are small)
-    default, block_manager._SMALL = block_manager._SMALL, small
+    default, block_pool._SMALL = block_pool._SMALL, small
     try:
         run_stream(cfg, build_requests(specs, hbs, with_tokens), seed, with_tokens)
     finally:
-        block_manager._SMALL = default
+        block_pool._SMALL = default
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
