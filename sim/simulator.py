@@ -265,22 +265,21 @@ class _Replica:
         """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
         next arrival, which will most likely wake the replica: steps past it are rarely used)."""
         sched = self.sched
-        ctx = np.asarray(sched.running_context_lens(), dtype=np.int64)  # KV tokens before the skip
-        remaining = np.asarray([r.output_len - r.num_generated for r in sched.running], dtype=np.int64)
-        stretch = DecodeStretch(n, ctx.tolist(), np.minimum(remaining, n).tolist())
+        ctx = sched.running_context_lens()  # KV tokens before the skip
+        remaining = [r.output_len - r.num_generated for r in sched.running]
+        stretch = DecodeStretch(n, ctx, [min(x, n) for x in remaining])
         runs, elapsed_s, first = [], 0.0, 0
-        for end in [*np.unique(remaining[remaining < n]).tolist(), n]:  # the batch shrinks after each
-            if end > first:
-                runs.append(self.cost.decode_run(stretch.num_seqs_at(first), stretch.sum_decode_context_at(first),
-                                                 end - first))
-                elapsed_s += runs[-1].elapsed_s(end - first)
-                first = end
+        for end in [*sorted({x for x in remaining if x < n}), n]:  # the batch shrinks after each
+            runs.append(self.cost.decode_run(stretch.num_seqs_at(first), stretch.sum_decode_context_at(first),
+                                             end - first))
+            elapsed_s += runs[-1].elapsed_s(end - first)
+            first = end
             if elapsed_s > horizon_s:
                 break
         n = first
-        steps_each = np.minimum(remaining, n)
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(ctx, steps_each)
-        return _Stretch(DecodeRuns(runs), block_s, sorted(remaining[remaining <= n].tolist()))
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(
+            np.asarray(ctx, dtype=np.int64), np.minimum(remaining, n))
+        return _Stretch(DecodeRuns(runs), block_s, sorted(x for x in remaining if x <= n))
 
     def _sleep_through(self, plan: _Stretch, n: int) -> Process:
         """Sleep until n steps are done or new work arrives; returns how many steps to apply:
@@ -305,14 +304,15 @@ class _Replica:
         runs = plan.runs
         first = runs.first_steps[k]
         end = first + num_steps
+        start_s, end_s = plan.step_start_s(first), plan.step_start_s(end)
         cpu_s = runs.runs[k].cpu * num_steps
-        gpu_s = runs.elapsed_s(end) - runs.elapsed_s(first) - (0.0 if self.cost.async_scheduling else cpu_s)
+        gpu_s = runs.runs[k].elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
         if plan.block_s is not None:
             cpu_s += plan.block_s(end) - plan.block_s(first)
         b = adv.num_seqs
         return StepRecord(
-            replica=self.idx, step_id=adv.first_step_id, n_steps=num_steps, t_start_s=t0 + plan.step_start_s(first),
-            total_s=plan.step_start_s(end) - plan.step_start_s(first), first_dt_s=runs.dt(first),
+            replica=self.idx, step_id=adv.first_step_id, n_steps=num_steps, t_start_s=t0 + start_s,
+            total_s=end_s - start_s, first_dt_s=runs.dt(first),
             last_dt_s=runs.dt(end - 1), gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=b, num_decode_tokens=b,
             num_decode_seqs=b, sum_decode_context=adv.sum_decode_context_first_step,
             num_blocks_allocated=adv.num_blocks_allocated, num_blocks_hashed=adv.num_blocks_hashed,
