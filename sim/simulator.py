@@ -76,8 +76,9 @@ def delay_until(now: float, t: float) -> float:
 
 
 @dataclasses.dataclass(slots=True)
-class _Outputs:
-    """Where a replica reports: request events, step rows, speculative draws, P/D hand-off."""
+class _ReplicaContext:
+    """What a replica shares with the simulation: where it reports (request events, step rows,
+    speculative draws, the P/D hand-off) and when the next request arrives."""
 
     requests: RequestLog
     steps: StepLog
@@ -90,11 +91,10 @@ class _Replica:
     """One vLLM instance: a scheduler, a cost model and the SimPy process driving them."""
 
     def __init__(self, env: simpy.Environment, idx: int, role: str, engine: EngineConfig, plan: MemoryPlan,
-                 cost: CostModel, outputs: _Outputs, *, skip_ahead: bool, kv_block_coarsening: int = 1) -> None:
+                 cost: CostModel, ctx: _ReplicaContext, *, skip_ahead: bool, kv_block_coarsening: int = 1) -> None:
         self.env, self.idx, self.role, self.engine, self.plan, self.cost = env, idx, role, engine, plan, cost
-        self.log, self.step_log, self.spec, self.on_prefilled = (
-            outputs.requests, outputs.steps, outputs.spec, outputs.on_prefilled)
-        self.next_arrival_s = outputs.next_arrival_s
+        self.log, self.step_log, self.spec, self.on_prefilled = ctx.requests, ctx.steps, ctx.spec, ctx.on_prefilled
+        self.next_arrival_s = ctx.next_arrival_s
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
@@ -429,13 +429,13 @@ class Simulation:
         category = {r.request_id: r.category for r in self.requests}
         self.spec = (SpecTokens(AcceptanceModel(base.speculative_config, self.seed), category.__getitem__)
                      if base.speculative_config else None)
-        outputs = _Outputs(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s)
+        ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s)
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
 
         def replica(idx: int, role: str, engine: EngineConfig, with_draft: bool) -> _Replica:
             cost = CostModel(dep.model, dep.gpu, engine, self.profile, draft if with_draft else None)
-            return _Replica(self.env, idx, role, engine, plan_memory(dep.model, dep.gpu, engine), cost, outputs,
+            return _Replica(self.env, idx, role, engine, plan_memory(dep.model, dep.gpu, engine), cost, ctx,
                             skip_ahead=self.skip_ahead, kv_block_coarsening=self.coarsen)
 
         if dep.disaggregation is None:
