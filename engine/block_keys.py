@@ -1,23 +1,22 @@
-"""Prefix-cache keys of a request's KV blocks, as a mixin of `Scheduler`.
+"""Prefix-cache keys of a request's KV blocks: one strategy object per kind of content.
 
-With token ids (engine) a block's key is a chained hash of its ids (+ extra keys); without
-(simulator) content comes from the request's hash ids: see `_sim_keys`. Every block keyed is
-counted in `num_blocks_hashed` (the per-block hashing work a real engine pays), whichever
-shortcut the simulator takes.
+`TokenKeys` (the engine: requests with token ids) keys a block by a chained hash of its
+token ids (+ extra keys). `HashIdKeys` (the simulator: no token ids) takes block content
+from the request's hash ids. Both fill `req.block_hashes` (the keys of its first full blocks,
+kept across preemptions) and return how many blocks they keyed, which the scheduler counts
+in `num_blocks_hashed` (the per-block hashing work a real engine pays), whichever shortcut
+the simulator takes.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Sequence
+from typing import Protocol
 
 import numpy as np
 
-from engine.block_manager import pack_extra
-
-if TYPE_CHECKING:
-    from engine.scheduler import _ReqState
+from engine.block_pool import make_block_hasher, make_bytes_hasher, pack_extra, root_hash
 
 # Content key tag for blocks that hold generated tokens in the simulator (no token ids):
 # such a block is keyed by (GEN_TAG, request_id, block index), so only the request that
@@ -27,158 +26,166 @@ GEN_TAG = -1
 _OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
 
 
-class BlockKeyer:
-    """Key builders; the host class sets the attributes below (see `Scheduler.__init__`)."""
+class KeyedRequest(Protocol):
+    """What a key strategy reads (and, for the two key lists, fills) of a request."""
 
-    block_size: int
-    num_blocks_hashed: int
-    _builtin_hash: bool
-    _int_chain: bool
-    _hasher: Callable
-    _bytes_hasher: Callable | None
-    _root: Hashable
+    request_id: int
+    prompt_len: int
+    hash_ids: Sequence[int]
+    hash_block_size: int
+    token_ids: list[int] | None
+    extra_keys: tuple[int, ...]
+    block_hashes: list[Hashable]  # keys of the request's first full blocks
+    hash_chain: list[Hashable]  # HashIdKeys: chained hash per hash block
 
-    def _content(self, r: _ReqState, i: int) -> tuple:
-        """Flat tuple of ints identifying the tokens of block `i` of request `r`."""
+
+class BlockKeys:
+    """Shared set-up: block size and the chained hasher of `prefix_caching_hash_algo`."""
+
+    def __init__(self, block_size: int, algo: str) -> None:
+        self.block_size = block_size
+        self.hasher = make_block_hasher(algo)
+        self.builtin = algo == "builtin"  # Python's hash of a tuple, inlined in the loops
+        self.int_chain = algo != "sha256"  # chain hashes are ints
+        self.bytes_hasher = None if self.builtin else make_bytes_hasher(algo)
+        self.root = root_hash(algo)
+
+    def extend(self, r: KeyedRequest, n: int) -> int:
+        """Make `r.block_hashes` cover its first `n` full blocks; returns blocks keyed now."""
+        i = len(r.block_hashes)
+        if i >= n:
+            return 0
+        self._append_keys(r, i, n)
+        return n - i
+
+    def _append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
+        raise NotImplementedError
+
+    def _chain(self, r: KeyedRequest, contents: list[tuple]) -> None:
+        """Append H(parent, content, extra) per content to r.block_hashes, chained."""
+        hashes = r.block_hashes
+        parent = hashes[-1] if hashes else self.root
+        extra = r.extra_keys
+        append = hashes.append
+        if self.builtin:
+            for key in contents:
+                parent = hash((parent, key, extra))
+                append(parent)
+        else:
+            hasher = self.hasher
+            for key in contents:
+                parent = hasher(parent, key, extra)
+                append(parent)
+
+
+class TokenKeys(BlockKeys):
+    """Keys from token ids: block i's key chains the ids of tokens [i*bs, (i+1)*bs)."""
+
+    def _append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
+        bs = self.block_size
+        t = r.token_ids
+        if self.builtin:
+            self._chain(r, [tuple(t[i * bs:(i + 1) * bs]) for i in range(start, stop)])
+            return
+        # pack the whole run of token ids once, hash byte slices of it
+        step = 8 * bs
+        buf = array("q", t[start * bs:stop * bs]).tobytes()
+        extra = pack_extra(r.extra_keys)
+        hb = self.bytes_hasher
+        hashes = r.block_hashes
+        parent = hashes[-1] if hashes else self.root
+        for off in range(0, len(buf), step):
+            parent = hb(parent, buf[off:off + step], extra)
+            hashes.append(parent)
+
+
+class HashIdKeys(BlockKeys):
+    """Keys from hash ids (no token ids). A block wholly inside the prompt is keyed by the
+    hash ids it covers; a block holding generated tokens by (GEN_TAG, request_id, index)."""
+
+    def _append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
+        if r.hash_block_size % self.block_size == 0:
+            if start >= r.prompt_len // self.block_size and stop - start == 1:
+                # a decode completing a block of generated tokens: the hot case, no set-up
+                r.block_hashes.append((GEN_TAG, r.request_id, start))
+            else:
+                r.block_hashes += self.aligned_keys(r, start, stop)
+        else:
+            self._chain(r, [self._content(r, i) for i in range(start, stop)])
+
+    def _content(self, r: KeyedRequest, i: int) -> tuple:
+        """Flat tuple of ints identifying the tokens of block `i` of `r`."""
         bs = self.block_size
         s = i * bs
         e = s + bs
-        if r.token_ids is not None:
-            return tuple(r.token_ids[s:e])
-        if e <= r.prompt_len:
-            hbs = r.hash_block_size
-            if hbs % bs == 0:  # the block lies inside one hash block
-                return (r.hash_ids[s // hbs], s % hbs)
-            if bs % hbs == 0:  # the block is a run of whole hash blocks
-                return tuple(r.hash_ids[s // hbs : e // hbs])
-            out: list[int] = []
-            p = s
-            while p < e:
-                h = p // hbs
-                q = min(e, (h + 1) * hbs)
-                out += (r.hash_ids[h], p - h * hbs, q - h * hbs)
-                p = q
-            return tuple(out)
-        return (GEN_TAG, r.request_id, i)
+        if e > r.prompt_len:
+            return (GEN_TAG, r.request_id, i)
+        hbs = r.hash_block_size
+        if bs % hbs == 0:  # the block is a run of whole hash blocks
+            return tuple(r.hash_ids[s // hbs: e // hbs])
+        out: list[int] = []  # (hash id, first offset, end offset) per hash block it overlaps
+        p = s
+        while p < e:
+            h = p // hbs
+            q = min(e, (h + 1) * hbs)
+            out += (r.hash_ids[h], p - h * hbs, q - h * hbs)
+            p = q
+        return tuple(out)
 
-    def _contents(self, r: _ReqState, start: int, stop: int) -> list[tuple]:
-        """`_content(r, i)` for i in [start, stop), in bulk (the per-block hot path)."""
-        bs = self.block_size
-        if r.token_ids is not None:
-            t = r.token_ids
-            return [tuple(t[i * bs:(i + 1) * bs]) for i in range(start, stop)]
-        # (hash blocks that are multiples of the KV block take `_sim_keys` instead)
-        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
-        out: list[tuple] = []
-        if start < in_prompt:
-            out = [self._content(r, i) for i in range(start, in_prompt)]
-        gen_from = max(start, in_prompt)
-        if stop > gen_from:
-            rid = r.request_id
-            out += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
-        return out
-
-    def _hash_upto(self, r: _ReqState, n: int) -> int:
-        """Make sure `r.block_hashes` covers its first `n` blocks; returns how many blocks
-        were keyed now (counted in `num_blocks_hashed`: the per-block hashing work a real
-        engine pays, whichever shortcut the simulator takes below)."""
-        hashes = r.block_hashes
-        i = len(hashes)
-        if i >= n:
-            return 0
-        if r.token_ids is None and r.hash_block_size % self.block_size == 0:
-            if i >= r.prompt_len // self.block_size:
-                # only blocks of generated tokens (a decode crossing a block): their keys
-                # are (GEN_TAG, request_id, index), as in _sim_keys, without its set-up
-                rid = r.request_id
-                if n - i == 1:
-                    hashes.append((GEN_TAG, rid, i))
-                else:
-                    hashes += [(GEN_TAG, rid, j) for j in range(i, n)]
-                self.num_blocks_hashed += n - i
-                return n - i
-            hashes += self._sim_keys(r, i, n)
-        elif r.token_ids is not None and not self._builtin_hash:
-            # pack the whole run of token ids once, hash byte slices of it
-            bs = self.block_size
-            step = 8 * bs
-            buf = array("q", r.token_ids[i * bs:n * bs]).tobytes()
-            extra = pack_extra(r.extra)
-            hb = self._bytes_hasher
-            parent = hashes[-1] if hashes else self._root
-            append = hashes.append
-            for off in range(0, len(buf), step):
-                parent = hb(parent, buf[off:off + step], extra)
-                append(parent)
-        else:
-            parent = hashes[-1] if hashes else self._root
-            extra = r.extra
-            append = hashes.append
-            if self._builtin_hash:
-                for key in self._contents(r, i, n):
-                    parent = hash((parent, key, extra))
-                    append(parent)
-            else:
-                hasher = self._hasher
-                for key in self._contents(r, i, n):
-                    parent = hasher(parent, key, extra)
-                    append(parent)
-        self.num_blocks_hashed += n - i
-        return n - i
-
-    def _sim_keys(self, r: _ReqState, start: int, stop: int) -> list:
-        """Keys of blocks [start, stop) of a request without token ids whose hash blocks are
-        whole multiples of the KV block (Mooncake: 512 vs 16).
+    def aligned_keys(self, r: KeyedRequest, start: int, stop: int) -> list:
+        """Keys of blocks [start, stop) when hash blocks are whole multiples of the KV block
+        (Mooncake: 512 vs 16).
 
         The chain is hashed once per *hash block* (`r.hash_chain[h]` = H(chain[h-1],
         hash_ids[h], extra)), and KV block i inside hash block h is keyed by
         (chain[h], i mod blocks-per-hash-block): equal keys iff equal whole prefixes, as with
-        per-block chaining, at 1/32 of the hashing. Blocks holding generated tokens are keyed
-        by (GEN_TAG, request_id, i): only this request (after a preemption) re-finds them.
-        """
+        per-block chaining, at 1/32 of the hashing."""
         bs = self.block_size
-        per = r.hash_block_size // bs
         in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
         keys: list = []
         if start < in_prompt:
-            chain = r.hash_chain
-            need = (in_prompt - 1) // per + 1
-            if len(chain) < need:
-                h = len(chain)
-                parent = chain[-1] if chain else self._root
-                hid = r.hash_ids
-                extra = r.extra
-                if self._builtin_hash:
-                    for x in hid[h:need]:
-                        parent = hash((parent, x, extra))
-                        chain.append(parent)
-                else:
-                    hasher = self._hasher
-                    for x in hid[h:need]:
-                        parent = hasher(parent, (x,), extra)
-                        chain.append(parent)
-            if per == 1:
-                keys = chain[start:in_prompt]
-            elif self._int_chain:
-                # int keys hash to themselves: every later dict operation on them is cheap
-                # (a (chain, offset) tuple would be re-hashed on each lookup). The offset
-                # flips low bits of a 64-bit chain hash: a clash needs two chains that
-                # differ only there. Vectorized (two's-complement XOR = Python's int XOR):
-                # builtin hashes are signed 64-bit, xxh3 digests unsigned.
-                if in_prompt - start < 64:  # numpy's fixed cost outweighs its gain
-                    keys = [chain[i // per] ^ (i % per) for i in range(start, in_prompt)]
-                else:
-                    h0 = start // per
-                    ch = np.array(chain[h0:(in_prompt - 1) // per + 1],
-                                  dtype=np.int64 if self._builtin_hash else np.uint64)
-                    idx = np.arange(start, in_prompt, dtype=np.int64)
-                    keys = (ch[idx // per - h0] ^ (idx % per).astype(ch.dtype)).tolist()
-            else:  # sha256: bytes cache their hash too
-                ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
-                    j.to_bytes(8, "little") for j in range(per)]
-                keys = [chain[i // per] + ob[i % per] for i in range(start, in_prompt)]
+            keys = self._prompt_keys(r, start, in_prompt)
         gen_from = max(start, in_prompt)
         if stop > gen_from:
             rid = r.request_id
             keys += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
         return keys
+
+    def _extend_chain(self, r: KeyedRequest, num_hash_blocks: int) -> list:
+        chain = r.hash_chain
+        h = len(chain)
+        if h < num_hash_blocks:
+            parent = chain[-1] if chain else self.root
+            extra = r.extra_keys
+            if self.builtin:
+                for x in r.hash_ids[h:num_hash_blocks]:
+                    parent = hash((parent, x, extra))
+                    chain.append(parent)
+            else:
+                hasher = self.hasher
+                for x in r.hash_ids[h:num_hash_blocks]:
+                    parent = hasher(parent, (x,), extra)
+                    chain.append(parent)
+        return chain
+
+    def _prompt_keys(self, r: KeyedRequest, start: int, stop: int) -> list:
+        per = r.hash_block_size // self.block_size
+        chain = self._extend_chain(r, (stop - 1) // per + 1)
+        if per == 1:
+            return chain[start:stop]
+        if not self.int_chain:  # sha256: bytes cache their hash too
+            ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
+                j.to_bytes(8, "little") for j in range(per)]
+            return [chain[i // per] + ob[i % per] for i in range(start, stop)]
+        # Int keys hash to themselves: every later dict operation on them is cheap (a
+        # (chain, offset) tuple would be re-hashed on each lookup). The offset flips low bits
+        # of a 64-bit chain hash: a clash needs two chains that differ only there.
+        if stop - start < 64:  # numpy's fixed cost outweighs its gain
+            return [chain[i // per] ^ (i % per) for i in range(start, stop)]
+        # vectorized (two's-complement XOR = Python's int XOR): builtin hashes are signed
+        # 64-bit, xxh3 digests unsigned
+        h0 = start // per
+        ch = np.array(chain[h0:(stop - 1) // per + 1],
+                      dtype=np.int64 if self.builtin else np.uint64)
+        idx = np.arange(start, stop, dtype=np.int64)
+        return (ch[idx // per - h0] ^ (idx % per).astype(ch.dtype)).tolist()

@@ -1,7 +1,7 @@
 """The engine loop: scheduler -> input preparation -> forward -> sampling -> scheduler update.
 
-`EngineCore.step()` runs one iteration and returns what it produced plus one step-trace row
-(docs/interfaces.md, "Engine step trace"). Scheduling decisions are the shared `Scheduler`'s,
+`EngineCore.step()` runs one iteration and returns what it produced plus one `StepRecord`
+(engine/records.py: the step table's columns, shared with the simulator). Scheduling decisions are the shared `Scheduler`'s,
 unchanged; this module only executes them and keeps each request's tokens and timestamps.
 """
 
@@ -18,17 +18,12 @@ import torch
 from engine.config import EngineArgs, scheduler_config
 from engine.model import TORCH_DTYPES, LlamaModel
 from engine.model_spec import get_model
+from engine.records import StepRecord
 from engine.request import Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
 from engine.scheduler import Scheduler
-
-TRACE_FIELDS = (
-    "step_id", "t_start_s", "schedule_s", "prepare_s", "forward_s", "sample_s", "total_s",
-    "num_prefill_tokens", "num_decode_seqs", "num_prefill_seqs", "sum_decode_context",
-    "sum_prefill_context", "num_spec_tokens", "num_batched_tokens", "num_blocks_allocated",
-    "num_blocks_hashed",
-)
+from engine.scheduler_output import RequestResult, SchedulerOutput
 
 
 @dataclass
@@ -58,7 +53,7 @@ class RequestState:
 class StepResult:
     new_tokens: dict[int, list[int]]
     finished: list[RequestState]
-    trace: dict | None  # None when nothing was scheduled
+    trace: StepRecord | None  # None when nothing was scheduled
 
 
 @dataclass
@@ -220,15 +215,11 @@ class EngineCore:
         sampled: dict[int, list[int]] = {}
         stopped: set[int] = set()  # decided per request, from its own sampling params
         for rid, tok in zip(sample_ids, tokens):
-            st = self.requests[rid]
-            st.token_ids.append(tok)
-            st.token_times_s.append(t_tok)
             sampled[rid] = [tok]
-            if self._is_stop(st, tok):
-                st.stop_len = len(st.token_ids)
+            if self._record_token(self.requests[rid], tok, t_tok):
                 stopped.add(rid)
         num_visible = len(tokens)
-        finished = [self._finish(res.request_id, res.status, res.reason, res)
+        finished = [self._end_request(res)
                     for res in self.scheduler.update_from_output(out, sampled, stopped=stopped)]
         t5 = time.perf_counter()
         if self._use_events:
@@ -237,8 +228,8 @@ class EngineCore:
             sample_s = max(0.0, (t4 - t2) - forward_s)
         else:
             forward_s, sample_s = t3 - t2, t4 - t3
-        trace = self._trace_row(out, t0, t1 - t0, t2 - t1 + (t5 - t4), forward_s, sample_s, t5 - t0)
-        trace["num_output_tokens"] = num_visible
+        trace = self._step_record(out, t0, t1 - t0, t2 - t1 + (t5 - t4), forward_s, sample_s, t5 - t0,
+                                  num_visible)
         return StepResult(sampled, finished, trace)
 
     def _is_stop(self, st: RequestState, tok: int) -> bool:
@@ -248,7 +239,7 @@ class EngineCore:
 
     def _finish_unscheduled(self, out) -> list[RequestState]:
         """Finish what an empty step still reports (rejections come back from the scheduler here)."""
-        return [self._finish(res.request_id, res.status, res.reason, res)
+        return [self._end_request(res)
                 for res in self.scheduler.update_from_output(out, {})]
 
     def _note_first_scheduled(self, out, now_s: float) -> None:
@@ -259,30 +250,42 @@ class EngineCore:
                 st.first_scheduled_s = now_s
                 st.num_cached_tokens = s.num_cached_tokens
 
-    def _finish(self, rid: int, status: str, reason: str | None, res=None) -> RequestState:
-        st = self.requests[rid]
-        st.status = status
-        st.finish_reason = "stop" if st.stop_len is not None else reason
-        if res is not None:
-            st.num_preemptions = res.num_preemptions
-            st.num_cached_tokens = res.num_cached_tokens
+    def _end_request(self, res: RequestResult) -> RequestState:
+        """The scheduler let this request go (finished or rejected): final state, sampler freed."""
+        st = self.requests[res.request_id]
+        st.status = res.status
+        st.finish_reason = "stop" if st.stop_len is not None else res.reason
+        st.num_preemptions = res.num_preemptions
+        st.num_cached_tokens = res.num_cached_tokens
         st.finished_s = self.now()
-        self.sampler.remove_request(rid)
+        self.sampler.remove_request(res.request_id)
         return st
 
-    def _trace_row(self, out, t0, schedule_s, prepare_s, forward_s, sample_s, total_s) -> dict:
-        # Batch composition as the scheduler counted it (the simulator's cost model reads the
-        # same fields); context sums are KV lengths after the step.
-        return {
-            "step_id": out.step_id, "t_start_s": t0 - self.epoch, "schedule_s": schedule_s,
-            "prepare_s": prepare_s, "forward_s": forward_s, "sample_s": sample_s, "total_s": total_s,
-            "num_prefill_tokens": out.num_prefill_tokens, "num_decode_seqs": out.num_decode_seqs,
-            "num_prefill_seqs": out.num_prefill_seqs, "sum_decode_context": out.sum_decode_context,
-            "sum_prefill_context": out.sum_prefill_context, "num_spec_tokens": out.num_spec_tokens,
-            "num_batched_tokens": out.num_batched_tokens,
-            "num_blocks_allocated": out.num_blocks_allocated,
-            "num_blocks_hashed": out.num_blocks_hashed,
-        }
+    def _step_record(self, out: SchedulerOutput, t0: float, schedule_s: float, prepare_s: float, gpu_s: float,
+                     sample_s: float, total_s: float, num_output_tokens: int) -> StepRecord:
+        """The step's row: batch composition as the scheduler counted it (the simulator's cost
+        model reads the same fields), timings, and the scheduler's gauges after the step."""
+        sched = self.scheduler
+        return StepRecord(
+            step_id=out.step_id, t_start_s=t0 - self.epoch, total_s=total_s, first_dt_s=total_s,
+            last_dt_s=total_s, gpu_s=gpu_s, cpu_s=schedule_s + prepare_s + sample_s, schedule_s=schedule_s,
+            prepare_s=prepare_s, sample_s=sample_s, num_batched_tokens=out.num_batched_tokens,
+            num_prefill_tokens=out.num_prefill_tokens, num_prefill_seqs=out.num_prefill_seqs,
+            sum_prefill_context=out.sum_prefill_context, prefill_attn_pairs=out.prefill_attn_pairs,
+            num_decode_tokens=out.num_decode_tokens, num_decode_seqs=out.num_decode_seqs,
+            sum_decode_context=out.sum_decode_context, num_spec_tokens=out.num_spec_tokens,
+            num_blocks_allocated=out.num_blocks_allocated, num_blocks_hashed=out.num_blocks_hashed,
+            num_preempted=len(out.preempted_ids), num_output_tokens=num_output_tokens,
+            num_running=sched.num_running, num_waiting=sched.num_waiting, kv_usage=sched.kv_usage)
+
+    def _record_token(self, st: RequestState, tok: int, t_s: float) -> bool:
+        """Append a sampled token to its request; whether it stops the request."""
+        st.token_ids.append(tok)
+        st.token_times_s.append(t_s)
+        if self._is_stop(st, tok):
+            st.stop_len = len(st.token_ids)
+            return True
+        return False
 
     # ------------------------------------------------------------------ async scheduling
     def _step_async(self) -> StepResult:
@@ -334,7 +337,7 @@ class EngineCore:
         for res in self.scheduler.update_from_output(out, {r: 1 for r in sample_ids}):
             if res.status == "rejected" or self.requests[res.request_id].stop_len is not None:
                 # rejected, or stopped by a token collected just now: nothing visible in flight
-                prev.finished.append(self._finish(res.request_id, res.status, res.reason, res))
+                prev.finished.append(self._end_request(res))
             else:
                 pend.finished.append(res)  # its last token is still in flight
         self._end_stopped(prev)
@@ -347,7 +350,7 @@ class EngineCore:
         the scheduler now. That step's token for them is discarded when collected."""
         ids, self._stopped_ids = self._stopped_ids, []
         for res in self.scheduler.finish_requests(ids, "stop"):
-            prev.finished.append(self._finish(res.request_id, res.status, res.reason, res))
+            prev.finished.append(self._end_request(res))
 
     def _collect(self, next_t0: float) -> StepResult:
         """Wait for the pending step's tokens, record them, finish what it finished."""
@@ -366,13 +369,10 @@ class EngineCore:
             st = self.requests[rid]
             if st.stop_len is not None:  # the wasted lookahead token after a stop: discarded
                 continue
-            st.token_ids.append(tok)
-            st.token_times_s.append(t_tok)
             sampled[rid] = [tok]
-            if self._is_stop(st, tok):
-                st.stop_len = len(st.token_ids)
+            if self._record_token(st, tok, t_tok):
                 self._stopped_ids.append(rid)
-        finished = [self._finish(r.request_id, r.status, r.reason, r) for r in p.finished]
+        finished = [self._end_request(r) for r in p.finished]
         if p.events is not None:
             forward_s = p.events[0].elapsed_time(p.events[1]) / 1e3
             sample_s = p.events[1].elapsed_time(p.events[2]) / 1e3
@@ -380,6 +380,6 @@ class EngineCore:
             forward_s, sample_s = p.launch_s, 0.0
         # total_s: the step's period (its start to the next step's start, or to its collection).
         end = next_t0 if next_t0 > p.t0 else time.perf_counter()
-        trace = self._trace_row(p.out, p.t0, p.schedule_s, p.prepare_s, forward_s, sample_s, end - p.t0)
-        trace["num_output_tokens"] = len(sampled)
+        trace = self._step_record(p.out, p.t0, p.schedule_s, p.prepare_s, forward_s, sample_s, end - p.t0,
+                                  len(sampled))
         return StepResult(sampled, finished, trace)

@@ -259,7 +259,7 @@ def check_batch(max_num_batched_tokens: int, max_num_seqs: int | None, *, max_mo
 
 # Block sizes an attention backend accepts: vLLM's FlashAttention / FlashInfer backends want a
 # multiple of 16 (field-figures-2026.md); costline's torch and Triton kernels take any size.
-BLOCK_SIZE_MULTIPLE = {"flash_attn": 16, "torch": 1, "triton": 1}
+BLOCK_SIZE_MULTIPLE = {"flash_attn": 16, "flashinfer": 16, "costline": 1, "torch": 1, "triton": 1}
 
 
 def check_block_size(block_size: int, backend: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from engine.config import EngineArgs
 from engine.core import EngineCore, RequestState, content_hash_ids
 from engine.model import LlamaModel
+from engine.records import StepRecord
 from engine.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.sampling import SamplingParams
 
@@ -57,7 +58,7 @@ class LLM:
         eos = (eos_token_id,) if eos_token_id is not None else ()
         self.engine = EngineCore(self.config, model=llm_model, eos_token_ids=eos)
         self._next_id = 0
-        self.step_traces: list[dict] = []
+        self.step_traces: list[StepRecord] = []
 
     def generate(self, prompts: Sequence[Any],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None

@@ -7,6 +7,9 @@ Written to a text file (`write(path)`, the node-exporter textfile format) or ser
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -16,6 +19,7 @@ from prometheus_client import (
     write_to_textfile,
 )
 
+from engine.records import RequestRecord, StepRecord
 from engine.vllm_metrics import (
     E2E_BUCKETS_S,
     HELP,
@@ -50,6 +54,9 @@ class EngineMetrics:
         self.preemptions = counter("vllm:num_preemptions")
         self.prompt_tokens = counter("vllm:prompt_tokens")
         self.generation_tokens = counter("vllm:generation_tokens")
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens")
+        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens")
         self.success = Counter("vllm:request_success", HELP["vllm:request_success"],
                                ["model_name", "finished_reason"], registry=r)
         self.rejections = Counter("vllm:admission_rejections", HELP["vllm:admission_rejections"],
@@ -69,38 +76,40 @@ class EngineMetrics:
         self.req_preemptions = hist("vllm:request_num_preemptions", PREEMPTION_BUCKETS)
         self._last_stats: dict[str, float] = {}
 
-    def observe_step(self, trace: dict, scheduler) -> None:
-        self.iteration_tokens.observe(trace["num_batched_tokens"])
-        self.prompt_tokens.inc(trace["num_prefill_tokens"])
-        self.generation_tokens.inc(trace.get("num_output_tokens", 0))
+    def observe_step(self, step: StepRecord, scheduler) -> None:
+        self.iteration_tokens.observe(step.num_batched_tokens)
+        self.generation_tokens.inc(step.num_output_tokens)
         self.running.set(scheduler.num_running)
         self.waiting.set(scheduler.num_waiting)
         stats = scheduler.stats
-        get = (lambda k: stats[k]) if isinstance(stats, dict) else (lambda k: getattr(stats, k))
-        self.kv_usage.set(get("kv_usage"))
+        self.kv_usage.set(stats.kv_usage)
         for key, counter in (("prefix_cache_queries_tokens", self.prefix_queries),
                              ("prefix_cache_hits_tokens", self.prefix_hits),
-                             ("num_preemptions", self.preemptions)):
-            now = float(get(key))
+                             ("num_preemptions", self.preemptions), ("num_spec_drafts", self.spec_drafts),
+                             ("num_spec_draft_tokens", self.spec_draft_tokens),
+                             ("num_spec_accepted_tokens", self.spec_accepted_tokens)):
+            now = float(getattr(stats, key))
             counter.inc(max(0.0, now - self._last_stats.get(key, 0.0)))
             self._last_stats[key] = now
 
-    def observe_request(self, row: dict) -> None:
-        """One finished/rejected request, as `replay.request_row` gives it."""
-        if row["status"] == "rejected":
-            self.rejections.labels(self.model_name, row["finish_reason"] or "unknown").inc()
+    def observe_request(self, rec: RequestRecord, itl_gaps_s: Sequence[float] = ()) -> None:
+        """One finished or rejected request (`replay.request_record`) and its token gaps."""
+        if rec.status == "rejected":
+            self.rejections.labels(self.model_name, rec.finish_reason or "unknown").inc()
             return
-        self.success.labels(self.model_name, row["finish_reason"] or "length").inc()
-        for hist, key in ((self.ttft, "ttft_s"), (self.tpot, "tpot_s"), (self.e2e, "e2e_s"),
-                          (self.queue, "queue_s"), (self.inference, "inference_s"),
-                          (self.prefill_time, "prefill_s"), (self.decode_time, "decode_s")):
-            if row.get(key) is not None:
-                hist.observe(row[key])
-        for gap in row.get("itl_s", []):
+        self.success.labels(self.model_name, rec.finish_reason or "length").inc()
+        self.prompt_tokens.inc(rec.prompt_len)  # as vLLM: a request's whole prompt, cached tokens included
+        for hist, value in ((self.ttft, rec.ttft_s), (self.tpot, rec.tpot_s), (self.e2e, rec.e2e_s),
+                            (self.queue, rec.queue_s), (self.inference, rec.finish_s - rec.scheduled_s),
+                            (self.prefill_time, rec.first_token_s - rec.scheduled_s),
+                            (self.decode_time, rec.finish_s - rec.first_token_s)):
+            if not math.isnan(value):
+                hist.observe(value)
+        for gap in itl_gaps_s:
             self.itl.observe(gap)
-        self.req_prompt.observe(row["prompt_len"])
-        self.req_gen.observe(row["num_output_tokens"])
-        self.req_preemptions.observe(row["num_preemptions"])
+        self.req_prompt.observe(rec.prompt_len)
+        self.req_gen.observe(rec.num_output_tokens)
+        self.req_preemptions.observe(rec.num_preemptions)
 
     def write(self, path: str) -> None:
         write_to_textfile(path, self.registry)

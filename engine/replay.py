@@ -1,26 +1,33 @@
 """Timed replay: feed a workload's requests to the engine at their arrival times, in wall time.
 
 Each request enters the scheduler once the engine clock passes its `arrival_s` (times
-`time_scale`); when nothing is running the loop sleeps until the next arrival. Records, per
-request, TTFT, TPOT, ITL, end-to-end and queue time (all measured from the intended arrival),
-and one step-trace row per engine step (docs/interfaces.md, "Engine step trace").
+`time_scale`); when nothing is running the loop sleeps until the next arrival. Records one
+`RequestRecord` per request (TTFT, TPOT, end-to-end and queue time, all measured from the
+intended arrival), one `StepRecord` per engine step, and every inter-token gap; the result has the
+simulator's tables, summary keys and Prometheus metric set (engine/run_summary.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from engine.core import EngineCore, RequestState
 from engine.metrics import EngineMetrics
+from engine.records import RequestRecord, StepRecord, to_columns
 from engine.request import Request, materialize_prompt
+from engine.run_summary import RunTables, jsonable
 from engine.sampling import SamplingParams
+
+NAN = math.nan
 
 
 def default_params(req: Request) -> SamplingParams:
@@ -28,74 +35,58 @@ def default_params(req: Request) -> SamplingParams:
     return SamplingParams(max_tokens=req.output_len, ignore_eos=True)
 
 
-def request_row(st: RequestState) -> dict:
-    """Per-request metrics (seconds) of a finished or rejected request."""
+def request_record(st: RequestState) -> RequestRecord:
+    """A finished or rejected request's row (seconds on the engine clock; latencies from arrival)."""
     r = st.request
     times = st.token_times_s
-    row = {
-        "request_id": r.request_id, "status": st.status, "finish_reason": st.finish_reason,
-        "arrival_s": st.arrival_s, "prompt_len": st.num_prompt_tokens,
-        "num_output_tokens": len(st.output_token_ids), "num_cached_tokens": st.num_cached_tokens,
-        "num_preemptions": st.num_preemptions,
-        "queue_s": None if st.first_scheduled_s is None else st.first_scheduled_s - st.arrival_s,
-        "ttft_s": times[0] - st.arrival_s if times else None,
-        "e2e_s": None if st.finished_s is None or not times else times[-1] - st.arrival_s,
-        "tpot_s": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None,
-        "itl_s": list(np.diff(times)) if len(times) > 1 else [],
-        "inference_s": (times[-1] - st.first_scheduled_s) if times and st.first_scheduled_s is not None else None,
-        "prefill_s": (times[0] - st.first_scheduled_s) if times and st.first_scheduled_s is not None else None,
-        "decode_s": times[-1] - times[0] if times else None,
-    }
-    return row
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
+    first, last = (times[0], times[-1]) if times else (NAN, NAN)
+    scheduled = NAN if st.first_scheduled_s is None else st.first_scheduled_s
+    n_out = len(st.output_token_ids)
+    done = st.status == "finished"
+    return RequestRecord(
+        request_id=r.request_id, category=r.category, replica=0, status=st.status,
+        finish_reason=st.finish_reason or "", arrival_s=st.arrival_s, scheduled_s=scheduled,
+        first_token_s=first, finish_s=last if done else NAN, prompt_len=st.num_prompt_tokens,
+        output_len=r.output_len, num_output_tokens=n_out, num_cached_tokens=st.num_cached_tokens,
+        num_preemptions=st.num_preemptions, queue_s=scheduled - st.arrival_s,
+        ttft_s=first - st.arrival_s if done else NAN,
+        tpot_s=(last - first) / (len(times) - 1) if done and len(times) > 1 else NAN,
+        e2e_s=last - st.arrival_s if done else NAN)
 
 
 @dataclass
-class ReplayResult:
-    requests: list[dict]
-    steps: list[dict]
-    wall_s: float
+class ReplayResult(RunTables):
+    """An engine replay's tables, summary and exposition, in the simulator's schema (RunTables).
+    `itl_gaps_s` holds every measured inter-token gap, so ITL comes from tokens, not steps."""
+
     scheduler_stats: dict = field(default_factory=dict)
     unfinished_ids: list[int] = field(default_factory=list)  # cut off by max_wall_s
 
-    def summary(self) -> dict:
-        done = [r for r in self.requests if r["status"] != "rejected"]
-        out_tokens = sum(r["num_output_tokens"] for r in done)
-        prompt_tokens = sum(r["prompt_len"] for r in done)
-        s = {
-            "num_requests": len(self.requests), "num_finished": len(done),
-            "num_rejected": len(self.requests) - len(done),
-            "num_unfinished_at_cutoff": len(self.unfinished_ids),
-            "wall_s": self.wall_s, "output_tokens": out_tokens, "prompt_tokens": prompt_tokens,
-            "output_tokens_per_s": out_tokens / self.wall_s if self.wall_s > 0 else None,
-            "total_tokens_per_s": (out_tokens + prompt_tokens) / self.wall_s if self.wall_s > 0 else None,
-            "num_steps": len(self.steps),
-            "num_preemptions": sum(r["num_preemptions"] for r in self.requests),
-        }
-        for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
-            vals = [r[key] for r in done if r[key] is not None]
-            for q in (50, 90, 99):
-                s[f"{key[:-2]}_p{q}_s"] = _pct(vals, q)
-            s[f"{key[:-2]}_mean_s"] = float(np.mean(vals)) if vals else None
-        itl = [g for r in done for g in r["itl_s"]]
-        s["itl_p50_s"], s["itl_p99_s"] = _pct(itl, 50), _pct(itl, 99)
-        st = self.scheduler_stats
-        q, h = st.get("prefix_cache_queries_tokens"), st.get("prefix_cache_hits_tokens")
-        s["prefix_cache_hit_rate"] = (h / q) if q else None
-        s["scheduler_stats"] = st
-        return s
+    def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.itl_gaps_s, np.ones(self.itl_gaps_s.size)
+
+    def request_rows(self) -> list[dict]:
+        """The request table as JSON-ready dicts, one per request."""
+        return _rows(self.requests)
+
+    def step_rows(self) -> list[dict]:
+        return _rows(self.steps)
 
     def write(self, out_dir: str | Path) -> None:
+        """requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / "requests.jsonl", "w") as f:
-            f.writelines(json.dumps({k: v for k, v in r.items() if k != "itl_s"}) + "\n" for r in self.requests)
-        with open(out / "steps.jsonl", "w") as f:
-            f.writelines(json.dumps(s) + "\n" for s in self.steps)
-        (out / "summary.json").write_text(json.dumps(self.summary(), indent=2, default=float))
+        for name, rows in (("requests", self.request_rows()), ("steps", self.step_rows())):
+            with open(out / f"{name}.jsonl", "w") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
+        (out / "summary.json").write_text(json.dumps(jsonable(self.summary()), indent=2) + "\n")
+        (out / "metrics.prom").write_text(self.prometheus_text())
+        (out / "scheduler_stats.json").write_text(json.dumps(self.scheduler_stats, indent=2, default=float))
+
+
+def _rows(table: dict[str, np.ndarray]) -> list[dict]:
+    cols = list(table)
+    return [jsonable(dict(zip(cols, row))) for row in zip(*(table[c].tolist() for c in cols))]
 
 
 _GAUGES = {"num_running", "num_waiting", "num_cached_blocks", "num_free_blocks", "num_gpu_blocks",
@@ -118,53 +109,96 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
            metrics: EngineMetrics | None = None,
            trace_file: str | Path | None = None,
            max_wall_s: float | None = None) -> ReplayResult:
-    """Run `requests` (sorted by arrival) through `core`; returns per-request rows and the trace.
+    """Run `requests` (sorted by arrival) through `core`; returns its tables and summary.
 
     `honor_arrivals=False` submits everything at t=0 (an offline throughput run).
-    `trace_file`: the step trace is also streamed there as JSONL while it runs.
-    `max_wall_s`: stop after this long; requests not done are listed in `unfinished_ids`.
+    `trace_file`: the step table is also streamed there as JSONL while it runs.
+    `max_wall_s`: stop after this long; requests not done are listed in `unfinished_ids` (and
+    are "unfinished" rows of the request table).
     """
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
-    vocab = core.spec.vocab_size
-    prompts = [materialize_prompt(r, vocab) for r in reqs]  # before the clock starts
-    params = [params_for(r) for r in reqs]
-    arrivals = [r.arrival_s * time_scale if honor_arrivals else 0.0 for r in reqs]
-    steps: list[dict] = []
-    rows: dict[int, dict] = {}
-    sink = open(trace_file, "w") if trace_file else None  # noqa: SIM115 - closed in finally
+    run = _Run(core, reqs, [r.arrival_s * time_scale if honor_arrivals else 0.0 for r in reqs],
+               [params_for(r) for r in reqs], metrics)
     stats_before = _stats_dict(core.scheduler)
-    core.reset_clock()
-    i, n = 0, len(reqs)
+    sink = open(trace_file, "w") if trace_file else None  # noqa: SIM115 - closed in finally
     try:
+        run.loop(max_wall_s, sink)
+    finally:
+        if sink:
+            sink.close()
+    wall = core.now()
+    missing = [r.request_id for r in reqs if r.request_id not in run.records]
+    if missing and max_wall_s is None:
+        raise RuntimeError(f"requests {missing[:5]} neither finished nor were rejected")
+    records = [run.records.get(r.request_id) or _unfinished(r, a) for r, a in zip(reqs, run.arrivals)]
+    return ReplayResult(
+        requests=to_columns(records, RequestRecord), steps=to_columns(run.steps, StepRecord),
+        meta=_meta(core, run.arrivals), counters=_counters(stats_before, _stats_dict(core.scheduler)),
+        wall_s=wall, itl_gaps_s=np.asarray(run.itl_gaps_s, dtype=np.float64),
+        scheduler_stats=_stats_delta(stats_before, _stats_dict(core.scheduler)), unfinished_ids=missing)
+
+
+class _Run:
+    """The replay loop's state: what is due, and what came out."""
+
+    def __init__(self, core: EngineCore, reqs: list[Request], arrivals: list[float],
+                 params: list[SamplingParams], metrics: EngineMetrics | None) -> None:
+        self.core, self.reqs, self.arrivals, self.params, self.metrics = core, reqs, arrivals, params, metrics
+        vocab = core.spec.vocab_size
+        self.prompts = [materialize_prompt(r, vocab) for r in reqs]  # before the clock starts
+        self.steps: list[StepRecord] = []
+        self.records: dict[int, RequestRecord] = {}
+        self.itl_gaps_s: list[float] = []
+
+    def loop(self, max_wall_s: float | None, sink) -> None:
+        core, reqs, arrivals = self.core, self.reqs, self.arrivals
+        core.reset_clock()
+        i, n = 0, len(reqs)
         while i < n or core.has_unfinished():
             now = core.now()
             if max_wall_s is not None and now > max_wall_s:
                 break
             while i < n and arrivals[i] <= now:
-                core.add_request(reqs[i], params[i], prompts[i], arrival_s=arrivals[i])
+                core.add_request(reqs[i], self.params[i], self.prompts[i], arrival_s=arrivals[i])
                 i += 1
             if not core.has_unfinished():
                 time.sleep(max(0.0, arrivals[i] - core.now()))
                 continue
-            res = core.step()
-            if res.trace is not None:
-                steps.append(res.trace)
-                if sink:
-                    sink.write(json.dumps(res.trace) + "\n")
-                if metrics:
-                    metrics.observe_step(res.trace, core.scheduler)
-            for st in res.finished:
-                row = request_row(st)
-                rows[st.request.request_id] = row
-                if metrics:
-                    metrics.observe_request(row)
-    finally:
-        if sink:
-            sink.close()
-    wall = core.now()
-    missing = [r.request_id for r in reqs if r.request_id not in rows]
-    if missing and max_wall_s is None:
-        raise RuntimeError(f"requests {missing[:5]} neither finished nor were rejected")
-    return ReplayResult(requests=[rows[r.request_id] for r in reqs if r.request_id in rows],
-                        steps=steps, wall_s=wall, scheduler_stats=_stats_delta(stats_before, _stats_dict(core.scheduler)),
-                        unfinished_ids=missing)
+            self._collect(core.step(), sink)
+
+    def _collect(self, res, sink) -> None:
+        if res.trace is not None:
+            self.steps.append(res.trace)
+            if sink:
+                sink.write(json.dumps(jsonable(dataclasses.asdict(res.trace))) + "\n")
+            if self.metrics:
+                self.metrics.observe_step(res.trace, self.core.scheduler)
+        for st in res.finished:
+            rec = request_record(st)
+            self.records[rec.request_id] = rec
+            gaps = np.diff(st.token_times_s).tolist() if st.status == "finished" else []
+            self.itl_gaps_s.extend(gaps)
+            if self.metrics:
+                self.metrics.observe_request(rec, gaps)
+
+
+def _unfinished(req: Request, arrival_s: float) -> RequestRecord:
+    return RequestRecord(request_id=req.request_id, category=req.category, arrival_s=arrival_s,
+                         prompt_len=req.prompt_len, output_len=req.output_len)
+
+
+def _meta(core: EngineCore, arrivals: list[float]) -> dict[str, Any]:
+    span = arrivals[-1] - arrivals[0] if arrivals else 0.0
+    return {"endpoint_type": "engine", "backend": "costline-engine", "model": core.config.model,
+            "gpu": str(core.device), "num_gpus": 1, "num_replicas": 1,
+            "deployment": f"{core.config.model} on {core.device}",
+            "request_rate": (len(arrivals) - 1) / span if span > 0 else "inf",
+            "num_gpu_blocks": core.num_gpu_blocks, "max_model_len": core.max_model_len}
+
+
+def _counters(before: dict, after: dict) -> dict[str, float]:
+    """The run-wide counters the summary reads (engine/run_summary.COUNTER_KEYS), this replay only."""
+    names = {"prefix_cache_queries_tokens": "prefix_cache_queries_tokens",
+             "prefix_cache_hits_tokens": "prefix_cache_hits_tokens", "spec_num_drafts": "num_spec_drafts",
+             "spec_draft_tokens": "num_spec_draft_tokens", "spec_accepted_tokens": "num_spec_accepted_tokens"}
+    return {key: after.get(stat, 0) - before.get(stat, 0) for key, stat in names.items()}

@@ -33,13 +33,13 @@ Semantics (vLLM V1, `vllm/v1/core/sched/scheduler.py`, re-derived, not copied):
   with a reason, never dropped.
 
 Driving it (simulator; the engine passes token ids to `add_request` and sampled token ids
-to `update_from_output`, and reads `out.scheduled`):
+to `update_from_output`, and reads `out.scheduled`; skip-ahead lives in engine/decode_skip.py):
 
     sched = Scheduler(SchedulerConfig(num_gpu_blocks=40_000))
     sched.add_request(req)                        # at its arrival
-    n = sched.uniform_decode_steps()              # skip ahead while nothing else can happen
-    if n > 1:
-        adv = sched.advance_decode(min(n, steps_until_next_arrival))
+    n = uniform_decode_steps(sched)               # engine/decode_skip.py: skip ahead while
+    if n > 1:                                     # nothing else can happen
+        adv = advance_decode(sched, min(n, steps_until_next_arrival))
     else:
         out = sched.schedule()                    # cost model reads out.num_batched_tokens, ...
         done = sched.update_from_output(out)      # or {request_id: 1 + accepted drafts}
@@ -62,17 +62,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.block_keys import GEN_TAG, BlockKeyer
-from engine.block_manager import (
-    BlockPool,
-    make_block_hasher,
-    make_bytes_hasher,
-    root_hash,
-)
+from engine.block_keys import GEN_TAG, BlockKeys, HashIdKeys, TokenKeys
+from engine.block_pool import BlockPool
 from engine.request import Request
 from engine.scheduler_output import (
     _EMPTY,
-    DecodeAdvance,
     RequestResult,
     ScheduledRequest,
     SchedulerOutput,
@@ -87,7 +81,6 @@ REJECTED = "rejected"
 
 _not_none = partial(operator.is_not, None)
 _request_id = operator.attrgetter("request_id")
-_NO_IDS: frozenset[int] = frozenset()
 
 
 class SchedulerConfig(BaseModel):
@@ -120,36 +113,36 @@ class _ReqState:
     """The scheduler's mutable record of one request."""
 
     __slots__ = (
+        "add_order",
         "arrival_s",
         "block_hashes",
         "block_ids",
-        "decoding",
-        "ext_tokens",
-        "extra",
+        "extra_keys",
+        "failed_admission_evictions",
+        "failed_admission_hits",
         "hash_block_size",
         "hash_chain",
         "hash_ids",
-        "hold",
-        "last_hits",
-        "last_hits_evictions",
+        "hold_blocks_on_finish",
+        "keys",
         "num_cached_blocks",
         "num_cached_tokens",
-        "num_computed",
+        "num_computed_tokens",
+        "num_external_computed_tokens",
         "num_generated",
         "num_preemptions",
         "num_tokens",
         "output_len",
         "priority",
         "prompt_len",
-        "req",
         "request_id",
-        "seq",
+        "sampled_since_admission",
         "status",
         "token_ids",
     )
 
-    def __init__(self, req: Request, token_ids: list[int] | None, extra: tuple, seq: int) -> None:
-        self.req = req
+    def __init__(self, req: Request, token_ids: list[int] | None, extra_keys: tuple,
+                 add_order: int, keys: BlockKeys) -> None:
         self.request_id = req.request_id
         self.arrival_s = req.arrival_s
         self.priority = req.priority
@@ -158,33 +151,79 @@ class _ReqState:
         self.hash_ids = req.hash_ids
         self.hash_block_size = req.hash_block_size
         self.token_ids = token_ids
-        self.extra = extra
+        self.extra_keys = extra_keys
+        self.keys = keys  # how its blocks are keyed: by token ids or by hash ids
         self.num_tokens = req.prompt_len  # prompt + generated so far
-        self.num_computed = 0  # tokens whose KV is (being) computed
+        self.num_computed_tokens = 0  # tokens whose KV is (being) computed
         self.num_generated = 0
         self.block_ids: list[int] = []  # the block table
         self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
-        self.hash_chain: list[Hashable] = []  # simulator: chained hash per hash block
+        self.hash_chain: list[Hashable] = []  # HashIdKeys: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
-        self.last_hits: list[int] | None = None  # prefix hits of a failed admission
-        self.last_hits_evictions = -1  # the pool's eviction count when they were found
+        self.failed_admission_hits: list[int] | None = None  # prefix hits of a failed admission
+        self.failed_admission_evictions = -1  # the pool's eviction count when they were found
         self.status = WAITING
-        self.decoding = False  # produced a token since its last admission
+        self.sampled_since_admission = False  # decodes from its next step on
         self.num_preemptions = 0
-        self.num_cached_tokens = 0
-        self.seq = seq  # add order, the FCFS tie-break
-        self.ext_tokens = 0  # prompt tokens whose KV arrived by transfer (until admitted)
-        self.hold = False  # keep blocks after finishing until release_held()
+        self.num_cached_tokens = 0  # prefix-cache hit tokens at first admission
+        self.add_order = add_order  # the FCFS tie-break
+        self.num_external_computed_tokens = 0  # prompt tokens whose KV arrives by transfer
+        self.hold_blocks_on_finish = False  # keep blocks after finishing until release_held()
+
+    def drop_bulky_state(self) -> None:
+        """A finished request keeps its counters, not its block keys or token ids."""
+        self.block_hashes = []
+        self.hash_chain = []
+        self.token_ids = None
 
 
-def _retire(r: _ReqState) -> None:
-    """Drop a finished request's bulky state (block keys, token ids); counters stay."""
-    r.block_hashes = []
-    r.hash_chain = []
-    r.token_ids = None
+def _rejection_reason(cfg: SchedulerConfig, req: Request) -> str | None:
+    """Why `req` can never run under `cfg`, or None."""
+    total = req.prompt_len + req.output_len
+    if total > cfg.max_model_len:
+        return f"prompt_len + output_len = {total} tokens exceeds max_model_len = {cfg.max_model_len}"
+    # The last sampled token is never written to KV: a request holds at most total - 1
+    # tokens (drafts are capped by the remaining output, so no more).
+    need = -(-(total - 1) // cfg.block_size)
+    if need > cfg.num_gpu_blocks:
+        return (f"needs {need} KV blocks of {cfg.block_size} tokens for {total - 1} tokens "
+                f"but num_gpu_blocks = {cfg.num_gpu_blocks}")
+    return None
 
 
-class Scheduler(BlockKeyer):
+def _check_external(req: Request, ext, prompt_token_ids) -> None:
+    rid = req.request_id
+    if not isinstance(ext, int) or not 0 <= ext <= req.prompt_len:
+        raise ValueError(
+            f"request {rid}: num_external_computed_tokens = {ext!r} must be an int in "
+            f"0..prompt_len ({req.prompt_len})")
+    if ext == req.prompt_len and ext:
+        if req.output_len < 2:
+            raise ValueError(
+                f"request {rid}: num_external_computed_tokens = prompt_len means the first "
+                f"output token came with the KV, so output_len must be >= 2 "
+                f"(got {req.output_len}); pass prompt_len - 1 to recompute the last token")
+        if prompt_token_ids is not None or req.prompt_token_ids is not None:
+            raise ValueError(
+                f"request {rid}: num_external_computed_tokens = prompt_len needs the first "
+                f"output token's id, which add_request cannot take; pass prompt_len - 1")
+
+
+def _prompt_ids(req: Request, prompt_token_ids) -> list[int] | None:
+    """The prompt's token ids as a fresh list (the request's own if none passed), or None."""
+    if prompt_token_ids is None:
+        prompt_token_ids = req.prompt_token_ids
+    if prompt_token_ids is None:
+        return None
+    ids = list(prompt_token_ids)
+    if len(ids) != req.prompt_len:
+        raise ValueError(
+            f"request {req.request_id}: {len(ids)} prompt_token_ids for prompt_len "
+            f"{req.prompt_len}; pass exactly the prompt's token ids")
+    return ids
+
+
+class Scheduler:
     """vLLM-V1-style scheduler over a `BlockPool`. See the module docstring."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -192,21 +231,18 @@ class Scheduler(BlockKeyer):
         self.block_size = config.block_size
         self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
         self.caching = config.enable_prefix_caching
-        self._hasher = make_block_hasher(config.prefix_caching_hash_algo)
-        self._builtin_hash = config.prefix_caching_hash_algo == "builtin"  # inlined: no call
-        self._int_chain = config.prefix_caching_hash_algo != "sha256"  # chain hashes are ints
-        self._bytes_hasher = (None if self._builtin_hash
-                              else make_bytes_hasher(config.prefix_caching_hash_algo))
-        self._root = root_hash(config.prefix_caching_hash_algo)
+        self._token_keys = TokenKeys(config.block_size, config.prefix_caching_hash_algo)
+        self._hash_id_keys = HashIdKeys(config.block_size, config.prefix_caching_hash_algo)
         self.requests: dict[int, _ReqState] = {}
         self.running: list[_ReqState] = []
         self._priority = config.scheduling_policy == "priority"
         self._fcfs_waiting: deque[_ReqState] = deque()
         self._heap_waiting: list[tuple[int, float, int, _ReqState]] = []
         self._pending_rejected: list[RequestResult] = []  # reported in the next step
+        self._held: dict[int, _ReqState] = {}  # finished, blocks kept until release_held()
         self._last_out: SchedulerOutput | None = None
         self._any_token_ids = False  # some request was added with token ids (engine)
-        self._seq = 0
+        self._num_added = 0
         self.step_id = 0
         # counters
         self.num_steps = 0
@@ -214,17 +250,16 @@ class Scheduler(BlockKeyer):
         self.num_finished = 0
         self.num_rejected = 0
         self.num_blocks_hashed = 0
-        self.pc_queries = 0
-        self.pc_hits = 0
-        self.pc_preempted_queries = 0
-        self.pc_preempted_hits = 0
+        self.prefix_cache_queries_tokens = 0
+        self.prefix_cache_hits_tokens = 0
+        self.prefix_cache_preempted_queries_tokens = 0
+        self.prefix_cache_preempted_hits_tokens = 0
         self.num_prompt_tokens_computed = 0
         self.num_generated_tokens = 0
         self.num_spec_drafts = 0
         self.num_spec_draft_tokens = 0
         self.num_spec_accepted_tokens = 0
         self.external_computed_tokens = 0  # KV tokens admitted from a transfer, not computed
-        self._held: dict[int, _ReqState] = {}  # finished, blocks kept until release_held()
 
     # ------------------------------------------------------------------ intake
 
@@ -261,64 +296,25 @@ class Scheduler(BlockKeyer):
         if rid in self.requests:
             raise ValueError(f"request_id {rid} was already added to this scheduler")
         ext = num_external_computed_tokens
-        if not isinstance(ext, int) or not 0 <= ext <= req.prompt_len:
-            raise ValueError(
-                f"request {rid}: num_external_computed_tokens = {ext!r} must be an int in "
-                f"0..prompt_len ({req.prompt_len})")
-        if ext == req.prompt_len and ext:
-            if req.output_len < 2:
-                raise ValueError(
-                    f"request {rid}: num_external_computed_tokens = prompt_len means the first "
-                    f"output token came with the KV, so output_len must be >= 2 "
-                    f"(got {req.output_len}); pass prompt_len - 1 to recompute the last token")
-            if prompt_token_ids is not None or req.prompt_token_ids is not None:
-                raise ValueError(
-                    f"request {rid}: num_external_computed_tokens = prompt_len needs the first "
-                    f"output token's id, which add_request cannot take; pass prompt_len - 1")
-        if prompt_token_ids is None and req.prompt_token_ids is not None:
-            prompt_token_ids = list(req.prompt_token_ids)
-        if prompt_token_ids is not None:
-            prompt_token_ids = list(prompt_token_ids)
-            if len(prompt_token_ids) != req.prompt_len:
-                raise ValueError(
-                    f"request {rid}: {len(prompt_token_ids)} prompt_token_ids for prompt_len "
-                    f"{req.prompt_len}; pass exactly the prompt's token ids"
-                )
-        if prompt_token_ids is not None:
-            self._any_token_ids = True
-        r = _ReqState(req, prompt_token_ids, tuple(extra_keys), self._seq)
-        self._seq += 1
-        r.hold = bool(hold_blocks_on_finish)
-        if ext:
-            r.ext_tokens = ext
-            if ext == req.prompt_len:  # the first output token came with the KV
-                r.num_generated = 1
-                r.num_tokens += 1
+        _check_external(req, ext, prompt_token_ids)
+        token_ids = _prompt_ids(req, prompt_token_ids)
+        self._any_token_ids |= token_ids is not None
+        keys = self._hash_id_keys if token_ids is None else self._token_keys
+        r = _ReqState(req, token_ids, tuple(extra_keys), self._num_added, keys)
+        self._num_added += 1
+        r.hold_blocks_on_finish = bool(hold_blocks_on_finish)
+        r.num_external_computed_tokens = ext
+        if ext and ext == req.prompt_len:  # the first output token came with the KV
+            r.num_generated = 1
+            r.num_tokens += 1
         self.requests[rid] = r
-        cfg = self.config
-        total = req.prompt_len + req.output_len
-        reason = None
-        if total > cfg.max_model_len:
-            reason = (
-                f"prompt_len + output_len = {total} tokens exceeds max_model_len = "
-                f"{cfg.max_model_len}"
-            )
-        else:
-            # The last sampled token is never written to KV: a request holds at most
-            # total - 1 tokens (drafts are capped by the remaining output, so no more).
-            need = -(-(total - 1) // self.block_size)
-            if need > cfg.num_gpu_blocks:
-                reason = (
-                    f"needs {need} KV blocks of {self.block_size} tokens for {total - 1} tokens "
-                    f"but num_gpu_blocks = {cfg.num_gpu_blocks}"
-                )
+        reason = _rejection_reason(self.config, req)
         if reason is not None:
             r.status = REJECTED
             self.num_rejected += 1
             self._pending_rejected.append(RequestResult(rid, REJECTED, reason, 0, 0, 0))
-            return
-        if self._priority:
-            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.seq, r))
+        elif self._priority:
+            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.add_order, r))
         else:
             self._fcfs_waiting.append(r)
 
@@ -338,10 +334,22 @@ class Scheduler(BlockKeyer):
     def running_context_lens(self) -> list[int]:
         """KV tokens each running request holds (its num_computed_tokens), in batch order:
         what a cost model needs before a skip-ahead."""
-        return [r.num_computed for r in self.running]
+        return [r.num_computed_tokens for r in self.running]
+
+    def between_steps(self) -> bool:
+        """Whether the latest schedule() output has been applied (or none was made)."""
+        return self._last_out is None or self._last_out._updated
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0 or bool(self._pending_rejected)
+
+    def status_of(self, request_id: int) -> str:
+        """"waiting", "running", "preempted", "finished" or "rejected"."""
+        return self.requests[request_id].status
+
+    def block_ids_of(self, request_id: int) -> list[int]:
+        """A copy of the request's block table: what a KV connector sends for a held request."""
+        return list(self.requests[request_id].block_ids)
 
     def _peek_waiting(self) -> _ReqState | None:
         if self._priority:
@@ -356,11 +364,26 @@ class Scheduler(BlockKeyer):
 
     def _requeue_preempted(self, r: _ReqState) -> None:
         if self._priority:
-            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.seq, r))
+            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.add_order, r))
         else:
             self._fcfs_waiting.appendleft(r)
 
-    # ------------------------------------------------------------------ hashing
+    def _remove_waiting(self, r: _ReqState) -> None:
+        if self._priority:
+            self._heap_waiting = [e for e in self._heap_waiting if e[3] is not r]
+            heapq.heapify(self._heap_waiting)
+        else:
+            self._fcfs_waiting.remove(r)
+        r.failed_admission_hits = None
+
+    # ------------------------------------------------------------------ prefix cache
+
+    def _key_blocks(self, r: _ReqState, n: int) -> int:
+        """Make sure `r.block_hashes` covers its first `n` full blocks; returns (and counts)
+        the blocks keyed now."""
+        hashed = r.keys.extend(r, n)
+        self.num_blocks_hashed += hashed
+        return hashed
 
     def _lookup(self, r: _ReqState) -> tuple[list[int], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
@@ -369,10 +392,10 @@ class Scheduler(BlockKeyer):
         m = (r.num_tokens - 1) // self.block_size
         if m <= 0:
             return [], 0
-        hashed = self._hash_upto(r, m)
+        hashed = self._key_blocks(r, m)
         keys = r.block_hashes
         get = self.pool.cached.get
-        prev = r.last_hits
+        prev = r.failed_admission_hits
         if prev is not None:
             # A queue head that could not be admitted is looked up again every step. If
             # its previous hits are all still registered under their keys, the scan would
@@ -380,7 +403,7 @@ class Scheduler(BlockKeyer):
             # nothing was evicted since, as only an eviction unregisters a key) and scan
             # only past them.
             n = len(prev)
-            if n <= m and (r.last_hits_evictions == self.pool.num_evictions
+            if n <= m and (r.failed_admission_evictions == self.pool.num_evictions
                            or self.pool.keys_of(prev) == keys[:n]):
                 return prev + list(takewhile(_not_none, map(get, islice(keys, n, m)))), hashed
         # C-level scan: stop at the first key not in the cache
@@ -390,16 +413,16 @@ class Scheduler(BlockKeyer):
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
         First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
-        hashed = self._hash_upto(r, num_full)
+        hashed = self._key_blocks(r, num_full)
         # blocks past num_cached_blocks are never registered yet (fresh allocations)
         if num_full - start == 1:
             self.pool.cache_block(r.block_ids[start], r.block_hashes[start])
         else:
-            self.pool.register(r.block_ids[start:num_full], r.block_hashes[start:num_full])
+            self.pool.cache_blocks(r.block_ids[start:num_full], r.block_hashes[start:num_full])
         r.num_cached_blocks = num_full
         return hashed
 
-    # ------------------------------------------------------------------ allocation
+    # ------------------------------------------------------------------ blocks
 
     def _allocate(
         self, r: _ReqState, num_new: int, num_spec: int, hits: list[int], out: SchedulerOutput,
@@ -407,12 +430,11 @@ class Scheduler(BlockKeyer):
     ) -> list[int] | None:
         """Give `r` the slots for `num_new` more tokens (after its prefix hits `hits` and
         `num_external` tokens whose KV was transferred in); None if the pool cannot. Caches
-        the blocks this step fills with known tokens."""
+        the blocks this step fills with known tokens (not with drafts)."""
         bs = self.block_size
         pool = self.pool
-        computed = r.num_computed + len(hits) * bs + num_external
-        need = -(-(computed + num_new) // bs) - len(r.block_ids) - len(hits)
-        need = max(need, 0)
+        computed = r.num_computed_tokens + len(hits) * bs + num_external
+        need = max(-(-(computed + num_new) // bs) - len(r.block_ids) - len(hits), 0)
         free = pool.num_free
         if need > free:
             return None
@@ -433,23 +455,36 @@ class Scheduler(BlockKeyer):
                 out.num_blocks_hashed += self._cache_full(r, num_full)
         return new
 
+    def _allocate_or_preempt(self, r: _ReqState, num_new: int, num_spec: int,
+                             out: SchedulerOutput) -> list[int] | None:
+        """`_allocate` for a running request, preempting victims one at a time until it fits;
+        None if `r` itself had to be preempted."""
+        while True:
+            new = self._allocate(r, num_new, num_spec, [], out)
+            if new is not None:
+                return new
+            victim = self._pick_victim()
+            self._preempt(victim, out)
+            if victim is r:
+                return None
+
     def _free_all(self, r: _ReqState) -> int:
-        freed = self.pool.free_reversed(r.block_ids)
+        freed = self.pool.free_tail_first(r.block_ids)
         r.block_ids = []  # a new list: earlier outputs keep the table they were given
         r.num_cached_blocks = 0
         return freed
 
-    def _free_finished(self, r: _ReqState) -> int:
+    def _free_or_hold(self, r: _ReqState) -> int:
         """Free a finishing request's blocks, or hold them for its KV transfer."""
-        if r.hold:
+        if r.hold_blocks_on_finish:
             self._held[r.request_id] = r
             return 0
         return self._free_all(r)
 
-    def _finish(self, r: _ReqState, reason: str) -> RequestResult:
+    def _mark_finished(self, r: _ReqState, reason: str) -> RequestResult:
         """Mark `r` finished (its blocks already freed or held by the caller) and count it."""
         r.status = FINISHED
-        _retire(r)
+        r.drop_bulky_state()
         self.num_finished += 1
         return RequestResult(r.request_id, FINISHED, reason, r.num_generated, r.num_preemptions,
                              r.num_cached_tokens)
@@ -467,63 +502,35 @@ class Scheduler(BlockKeyer):
                 f"and only until their first release")
         return self._free_all(r)
 
-    @property
-    def num_held(self) -> int:
-        """Finished requests whose blocks are held for a KV transfer."""
-        return len(self._held)
-
     def _pick_victim(self) -> _ReqState:
         if self._priority:
-            return max(self.running, key=lambda x: (x.priority, x.arrival_s, x.seq))
-        return max(self.running, key=lambda x: (x.arrival_s, x.seq))
+            return max(self.running, key=lambda x: (x.priority, x.arrival_s, x.add_order))
+        return max(self.running, key=lambda x: (x.arrival_s, x.add_order))
 
     def _preempt(self, v: _ReqState, out: SchedulerOutput) -> None:
+        """Preempt `v` by recompute: drop it from this step if it was scheduled already, free
+        its blocks and requeue it at the front."""
+        if v in out._batch:
+            out._batch.remove(v)
+            out._entries.pop(v.request_id, None)
         self.running.remove(v)
         out.num_blocks_freed += self._free_all(v)
-        v.num_computed = 0
-        v.decoding = False
+        v.num_computed_tokens = 0
+        v.sampled_since_admission = False
         v.status = PREEMPTED
         v.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_ids.append(v.request_id)
         self._requeue_preempted(v)
 
-    def _unschedule(self, v: _ReqState, out: SchedulerOutput) -> None:
-        """Drop `v`'s entry from this step (it was preempted after being scheduled). The
-        caller has flushed its running totals into `out` and recomputes its budget."""
-        idx = next(j for j, st in enumerate(out._states) if st is v)
-        out._states.pop(idx)
-        out._tables.pop(idx)
-        out._scheduled = None
-        out._nonsampling.discard(v.request_id)
-        e = out._extra.pop(v.request_id, None)
-        n, spec, is_prefill, c = (e[0], e[2], e[3], e[6]) if e is not None else (
-            1, 0, False, v.num_computed - 1)
-        out.num_batched_tokens -= n
-        if is_prefill:
-            out.num_prefill_tokens -= n
-            out.num_prefill_seqs -= 1
-            out.sum_prefill_context -= c + n
-            out.prefill_attn_pairs -= n * c + n * (n + 1) // 2
-            self.num_prompt_tokens_computed -= n
-        else:
-            out.num_decode_tokens -= n
-            out.num_decode_seqs -= 1
-            out.sum_decode_context -= c + n
-            out.num_spec_tokens -= spec
-            if spec:
-                self.num_spec_drafts -= 1
-                self.num_spec_draft_tokens -= spec
-
     # ------------------------------------------------------------------ schedule
 
     def schedule(self) -> SchedulerOutput:
         """Decide one step. See the module docstring for the rules."""
-        if self._last_out is not None and not self._last_out._updated:
+        if not self.between_steps():
             raise RuntimeError(
                 f"schedule() called again before update_from_output() for step "
-                f"{self._last_out.step_id}"
-            )
+                f"{self._last_out.step_id}")
         self.step_id += 1
         self.num_steps += 1
         out = SchedulerOutput(self.step_id)
@@ -534,210 +541,175 @@ class Scheduler(BlockKeyer):
             budget = self._schedule_running(out, budget)
             if not out.preempted_ids:
                 self._schedule_waiting(out, budget)
-        else:
-            if not self._schedule_waiting(out, budget):
-                self._schedule_running(out, budget)
+        elif not self._schedule_waiting(out, budget):
+            self._schedule_running(out, budget)
+        self._count_step(out)
         self._last_out = out
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Running requests in order until the budget runs out; returns the budget left."""
         running = self.running
+        batch = out._batch
         pool = self.pool
         bs = self.block_size
-        bs1 = bs - 1
+        plain = not self.config.num_speculative_tokens
         caching = self.caching
-        k = self.config.num_speculative_tokens
-        plain = k == 0
-        thr = self.config.long_prefill_token_threshold if self.config.enable_chunked_prefill else 0
-        states_append = out._states.append
-        tables_append = out._tables.append
-        extra = out._extra
-        max_tokens = self.config.max_num_batched_tokens
-        # plain-decode totals kept in locals (the hot loop), flushed into `out` before any
-        # preemption and at the end
-        n_dec = sum_dec = 0
-        n_run = len(running)
         i = 0
-        while i < n_run and budget > 0:
+        num_running = len(running)
+        while i < num_running and budget > 0:
             r = running[i]
-            if plain and r.decoding:
-                # Fast path: one decode token; a block only at a boundary.
-                c = r.num_computed
-                table = r.block_ids
-                if c >= len(table) * bs:
-                    if pool.num_free == 0:
-                        out.num_decode_seqs += n_dec
-                        out.num_decode_tokens += n_dec
-                        out.num_batched_tokens += n_dec
-                        out.sum_decode_context += sum_dec + n_dec
-                        n_dec = sum_dec = 0
-                        ok = self._make_room(r, out)
-                        n_run = len(running)
-                        budget = max_tokens - out.num_batched_tokens
-                        if not ok:
-                            break
-                        i = running.index(r)
+            c = r.num_computed_tokens
+            table = r.block_ids
+            # The bulk of a busy step, kept inline: one decode token, into a block the request
+            # holds or, at a block boundary, a free one.
+            held = len(table) * bs
+            if plain and r.sampled_since_admission and (c < held or pool.num_free):
+                if c == held:
                     b = pool.allocate_one()
                     table.append(b)
                     out.num_blocks_allocated += 1
-                    extra[r.request_id] = (1, 0, 0, False, True, (b,), c)
-                r.num_computed = c + 1
-                if caching and c % bs == bs1 and c // bs >= r.num_cached_blocks:
+                    out._entries[r.request_id] = ScheduledRequest(
+                        r.request_id, 1, c, 0, 0, False, True, table, (b,))
+                r.num_computed_tokens = c + 1
+                if caching and c % bs == bs - 1 and c // bs >= r.num_cached_blocks:
                     out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
-                states_append(r)
-                tables_append(table)
-                n_dec += 1
-                sum_dec += c
+                batch.append(r)
                 budget -= 1
                 i += 1
                 continue
-            # General path: spec decode or a continuing prefill chunk.
-            c = r.num_computed
-            if r.decoding:
-                spec = min(k, r.output_len - r.num_generated - 1)
-                num_new = min(1 + spec, budget)
-                spec = num_new - 1
-            else:
-                spec = 0
-                num_new = r.num_tokens - c
-                if 0 < thr < num_new:
-                    num_new = thr
-                num_new = min(num_new, budget)
-            while True:
-                new = self._allocate(r, num_new, spec, [], out)
-                if new is not None:
-                    break
-                out.num_decode_seqs += n_dec
-                out.num_decode_tokens += n_dec
-                out.num_batched_tokens += n_dec
-                out.sum_decode_context += sum_dec + n_dec
-                n_dec = sum_dec = 0
-                ok = self._make_room(r, out, allocate=False)
-                n_run = len(running)
-                budget = max_tokens - out.num_batched_tokens
-                if not ok:
-                    break
-                i = running.index(r)  # victims before r may have left the list
-            if new is None:
-                break
-            r.num_computed = c + num_new
-            new_ids = tuple(new) if new else _EMPTY
-            if r.decoding:
-                extra[r.request_id] = (num_new, 0, spec, False, True, new_ids, c)
-                out.num_decode_seqs += 1
-                out.num_decode_tokens += num_new
-                out.sum_decode_context += c + num_new
-                out.num_spec_tokens += spec
-                out.num_batched_tokens += num_new
-                if spec:
-                    self.num_spec_drafts += 1
-                    self.num_spec_draft_tokens += spec
-            else:
-                samples = c + num_new >= r.num_tokens
-                extra[r.request_id] = (num_new, 0, 0, True, samples, new_ids, c)
-                if not samples:
-                    out._nonsampling.add(r.request_id)
-                out.num_prefill_tokens += num_new
-                out.num_prefill_seqs += 1
-                out.sum_prefill_context += c + num_new
-                out.prefill_attn_pairs += num_new * c + num_new * (num_new + 1) // 2
-                out.num_batched_tokens += num_new
-                self.num_prompt_tokens_computed += num_new
-            states_append(r)
-            tables_append(r.block_ids)
-            budget -= num_new
-            i += 1
-        out.num_decode_seqs += n_dec
-        out.num_decode_tokens += n_dec
-        out.num_batched_tokens += n_dec
-        out.sum_decode_context += sum_dec + n_dec
+            num_preempted = len(out.preempted_ids)
+            if not self._schedule_chunk(r, budget, out):
+                break  # r itself was preempted: nothing after it fits either
+            if len(out.preempted_ids) == num_preempted:
+                budget -= out._entries[r.request_id].num_new_tokens
+                i += 1
+            else:  # victims scheduled before r gave their tokens back and left the list
+                budget = self.config.max_num_batched_tokens - out._num_tokens_so_far()
+                i = running.index(r) + 1
+                num_running = len(running)
         return budget
 
-    def _make_room(self, r: _ReqState, out: SchedulerOutput, allocate: bool = True) -> bool:
-        """Preempt victims until one block is free for `r` (decode fast path) or until the
-        caller may retry its allocation (`allocate=False`). False if `r` itself was the victim."""
-        while True:
-            v = self._pick_victim()
-            if any(st is v for st in out._states):
-                self._unschedule(v, out)
-            self._preempt(v, out)
-            if v is r:
-                return False
-            if not allocate or self.pool.num_free > 0:
-                return True
+    def _schedule_chunk(self, r: _ReqState, budget: int, out: SchedulerOutput) -> bool:
+        """A running request's step other than a plain decode that fits: a decode with
+        drafts or that must preempt for a block, or a continuing prefill chunk. False if no
+        room could be made (`r` was preempted)."""
+        c = r.num_computed_tokens
+        decoding = r.sampled_since_admission
+        if decoding:
+            spec = min(self.config.num_speculative_tokens, r.output_len - r.num_generated - 1)
+            num_new = min(1 + spec, budget)
+            spec = num_new - 1
+        else:
+            spec = 0
+            num_new = min(self._prefill_cap(r.num_tokens - c), budget)
+        new = self._allocate_or_preempt(r, num_new, spec, out)
+        if new is None:
+            return False
+        r.num_computed_tokens = c + num_new
+        samples = decoding or c + num_new >= r.num_tokens
+        out._entries[r.request_id] = ScheduledRequest(
+            r.request_id, num_new, c, 0, spec, not decoding, samples, r.block_ids,
+            tuple(new) if new else _EMPTY)
+        out._batch.append(r)
+        return True
+
+    def _prefill_cap(self, num_tokens: int) -> int:
+        """Prompt tokens one request may compute in a step (long_prefill_token_threshold)."""
+        thr = self.config.long_prefill_token_threshold if self.config.enable_chunked_prefill else 0
+        return thr if 0 < thr < num_tokens else num_tokens
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> bool:
         """Admit waiting requests in policy order; returns whether any was admitted."""
-        cfg = self.config
-        bs = self.block_size
-        chunked = cfg.enable_chunked_prefill
-        thr = cfg.long_prefill_token_threshold if chunked else 0
-        running = self.running
         admitted = False
-        while budget > 0 and len(running) < cfg.max_num_seqs:
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
             r = self._peek_waiting()
-            if r is None:
-                break
-            hashed = 0
-            if self.caching:
-                hits, hashed = self._lookup(r)
-            else:
-                hits = []
-            out.num_blocks_hashed += hashed
-            num_hit = len(hits) * bs
-            # KV transferred in (P/D) beyond the local hits: present, not computed
-            num_ext = r.ext_tokens - num_hit if r.ext_tokens > num_hit else 0
-            base = num_hit + num_ext  # tokens in KV before this step
-            num_new = r.num_tokens - base
-            if 0 < thr < num_new:
-                num_new = thr
-            if num_new > budget:
-                if not chunked:
-                    break
-                num_new = budget
-            new = self._allocate(r, num_new, 0, hits, out, num_ext)
-            if new is None:
-                r.last_hits = hits
-                r.last_hits_evictions = self.pool.num_evictions
-                break
-            r.last_hits = None
-            self._pop_waiting()
-            if r.ext_tokens:
-                r.ext_tokens = 0  # spent: a preempted request recomputes locally
-                self.external_computed_tokens += num_ext
-            if r.num_preemptions == 0:
-                self.pc_queries += r.num_tokens
-                self.pc_hits += num_hit
-                r.num_cached_tokens = num_hit
-            else:
-                self.pc_preempted_queries += r.num_tokens
-                self.pc_preempted_hits += num_hit
-            r.status = RUNNING
-            running.append(r)
-            r.num_computed = base + num_new
-            samples = r.num_computed >= r.num_tokens
-            # decode from the start: the whole prompt's KV and the first token arrived (P/D)
-            is_decode = r.num_generated > 0 and not r.num_preemptions
-            out._extra[r.request_id] = (num_new, num_hit, 0, not is_decode, samples,
-                                        tuple(new) if new else _EMPTY, base)
-            out._states.append(r)
-            out._tables.append(r.block_ids)
-            if not samples:
-                out._nonsampling.add(r.request_id)
-            out.num_batched_tokens += num_new
+            num_new = 0 if r is None else self._admit(r, budget, out)
+            if not num_new:
+                break  # head-of-line blocking: the first that does not fit stops admission
             budget -= num_new
             admitted = True
-            if is_decode:
-                out.num_decode_tokens += num_new
-                out.num_decode_seqs += 1
-                out.sum_decode_context += base + num_new
-                continue
-            out.num_prefill_tokens += num_new
-            out.num_prefill_seqs += 1
-            out.sum_prefill_context += base + num_new
-            out.prefill_attn_pairs += num_new * base + num_new * (num_new + 1) // 2
-            self.num_prompt_tokens_computed += num_new
         return admitted
+
+    def _admit(self, r: _ReqState, budget: int, out: SchedulerOutput) -> int:
+        """Admit the waiting queue's head if it fits: its prefix hits, external KV and the
+        tokens it computes now. Returns those tokens, or 0 if it does not fit."""
+        bs = self.block_size
+        hits, hashed = self._lookup(r) if self.caching else ([], 0)
+        out.num_blocks_hashed += hashed
+        num_hit = len(hits) * bs
+        # KV transferred in (P/D) beyond the local hits: present, not computed
+        num_ext = max(r.num_external_computed_tokens - num_hit, 0)
+        base = num_hit + num_ext  # tokens in KV before this step
+        num_new = self._prefill_cap(r.num_tokens - base)
+        if num_new > budget:
+            if not self.config.enable_chunked_prefill:
+                return 0
+            num_new = budget
+        new = self._allocate(r, num_new, 0, hits, out, num_ext)
+        if new is None:
+            r.failed_admission_hits = hits
+            r.failed_admission_evictions = self.pool.num_evictions
+            return 0
+        r.failed_admission_hits = None
+        self._pop_waiting()
+        self._count_admission(r, num_hit, num_ext)
+        r.status = RUNNING
+        self.running.append(r)
+        r.num_computed_tokens = base + num_new
+        # decode from the start: the whole prompt's KV and the first token arrived (P/D)
+        is_prefill = not (r.num_generated > 0 and not r.num_preemptions)
+        out._entries[r.request_id] = ScheduledRequest(
+            r.request_id, num_new, base, num_hit, 0, is_prefill, r.num_computed_tokens >= r.num_tokens,
+            r.block_ids, tuple(new) if new else _EMPTY)
+        out._batch.append(r)
+        return num_new
+
+    def _count_admission(self, r: _ReqState, num_hit: int, num_ext: int) -> None:
+        if r.num_external_computed_tokens:
+            r.num_external_computed_tokens = 0  # spent: a preempted request recomputes locally
+            self.external_computed_tokens += num_ext
+        if r.num_preemptions == 0:
+            self.prefix_cache_queries_tokens += r.num_tokens
+            self.prefix_cache_hits_tokens += num_hit
+            r.num_cached_tokens = num_hit
+        else:
+            self.prefix_cache_preempted_queries_tokens += r.num_tokens
+            self.prefix_cache_preempted_hits_tokens += num_hit
+
+    def _count_step(self, out: SchedulerOutput) -> None:
+        """The step's totals, from its entries, once."""
+        entries = out._entries
+        num_plain = len(out._batch) - len(entries)  # one decode token each
+        kv_after = sum(map(_kv_tokens, out._batch))
+        pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
+        for e in entries.values():
+            q = e.num_new_tokens
+            out._num_silent += not e.samples
+            if e.is_prefill:
+                c = e.num_computed_tokens
+                pre_tokens += q
+                pre_seqs += 1
+                pre_ctx += c + q
+                pairs += q * c + q * (q + 1) // 2
+            else:
+                dec_tokens += q
+                dec_seqs += 1
+                if e.num_spec_tokens:
+                    spec += e.num_spec_tokens
+                    drafts += 1
+        out.num_batched_tokens = pre_tokens + dec_tokens + num_plain
+        out.num_prefill_tokens = pre_tokens
+        out.num_prefill_seqs = pre_seqs
+        out.sum_prefill_context = pre_ctx
+        out.prefill_attn_pairs = pairs
+        out.num_decode_tokens = dec_tokens + num_plain
+        out.num_decode_seqs = dec_seqs + num_plain
+        out.sum_decode_context = kv_after - pre_ctx
+        out.num_spec_tokens = spec
+        self.num_prompt_tokens_computed += pre_tokens
+        self.num_spec_drafts += drafts
+        self.num_spec_draft_tokens += spec
 
     # ------------------------------------------------------------------ update
 
@@ -745,7 +717,6 @@ class Scheduler(BlockKeyer):
         self,
         out: SchedulerOutput,
         sampled: dict[int, list[int]] | dict[int, int] | None = None,
-        eos_ids: set[int] | frozenset[int] | None = None,
         stopped: set[int] | frozenset[int] | None = None,
     ) -> list[RequestResult]:
         """Apply the step's sampled tokens; return requests that finished or were rejected.
@@ -757,126 +728,131 @@ class Scheduler(BlockKeyer):
 
         Stops (reason "stop"): `stopped` holds the ids of sampling requests whose last token
         this step ends them, as their caller decided from each request's own sampling
-        params (EOS unless ignore_eos, stop token ids); their tokens are all kept. `eos_ids`
-        is the older whole-step form: any request sampling one of these ids stops at it.
+        params (EOS unless ignore_eos, stop token ids); their tokens are all kept.
         """
         if out is not self._last_out or out._updated:
             raise RuntimeError(
                 f"update_from_output() must be called once, for the latest schedule() output "
-                f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})"
-            )
-        one_each = None  # engine fast case: one token id per sampling request, no drafts
+                f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})")
         sampling = out._sampling()
-        if sampled is not None:
-            one_each = self._one_token_each(out, sampling, sampled)
-            if one_each is None:
-                self._check_sampled(out, sampling, sampled)
-        elif self._any_token_ids:
-            for r in sampling:
-                if r.token_ids is not None:
-                    raise ValueError(
-                        f"request {r.request_id} was added with prompt_token_ids, so "
-                        f"update_from_output needs its sampled token ids (sampled=None given)"
-                    )
-        if stopped:
-            stray = set(stopped).difference(map(_request_id, sampling))
-            if stray:
-                raise ValueError(
-                    f"step {out.step_id}: stopped names requests {sorted(stray)} that do not "
-                    f"sample this step; end those with finish_requests() between steps"
-                )
-        else:
-            stopped = _NO_IDS
+        self._check_sampled(out, sampling, sampled)
+        stopped = self._check_stopped(out, sampling, stopped)
         out._updated = True
+        results = self._take_rejected(out)
+        counts, token_ids = _counts_and_token_ids(sampled)
+        drafts = out._entries if out.num_spec_tokens else None
+        num_generated = len(sampling) if counts is None else sum(counts.values())
+        any_finished = False
+        for r in sampling:
+            n = 1 if counts is None else counts[r.request_id]
+            if drafts is not None:
+                self._release_rejected_drafts(r, drafts[r.request_id].num_spec_tokens, n, out)
+            r.sampled_since_admission = True
+            g = r.num_generated + n
+            if g < r.output_len and not (stopped and r.request_id in stopped):
+                r.num_generated = g
+                r.num_tokens += n
+                if token_ids is not None and r.token_ids is not None:
+                    r.token_ids += token_ids[r.request_id]
+                continue
+            num_generated -= self._finish_sampled(r, n, bool(stopped) and r.request_id in stopped,
+                                                  token_ids, out, results)
+            any_finished = True
+        self.num_generated_tokens += num_generated
+        if any_finished:
+            self.running = [x for x in self.running if x.status == RUNNING]
+        return results
+
+    def _finish_sampled(self, r: _ReqState, n: int, stop: bool, token_ids: dict | None,
+                        out: SchedulerOutput, results: list[RequestResult]) -> int:
+        """The end of `update_from_output` for a request that reached its output length or
+        stops: keep its tokens up to output_len, free (or hold) its blocks, report it.
+        Returns how many sampled tokens were dropped past output_len."""
+        dropped = max(r.num_generated + n - r.output_len, 0)
+        n -= dropped
+        r.num_generated += n
+        r.num_tokens += n
+        if token_ids is not None and r.token_ids is not None:
+            r.token_ids += token_ids[r.request_id][:n]
+        out.num_blocks_freed += self._free_or_hold(r)
+        results.append(self._mark_finished(r, "stop" if stop else "length"))
+        return dropped
+
+    def _take_rejected(self, out: SchedulerOutput) -> list[RequestResult]:
+        """The rejections to report with this step (some may be added during the step)."""
         results = self._pending_rejected
         self._pending_rejected = []
         if len(results) > len(out.rejected):  # rejected by add_request() during the step
             out.rejected += [(x.request_id, x.reason) for x in results[len(out.rejected):]]
-        bs = self.block_size
-        pool = self.pool
-        any_finished = False
-        n_gen_total = 0
-        extra = out._extra
-        hot = sampled is None and not out.num_spec_tokens and not stopped
-        if hot:
-            # Hot path (simulator): one token for every sampling request.
-            for r in sampling:
-                g = r.num_generated + 1
-                r.num_generated = g
-                r.num_tokens += 1
-                r.decoding = True
-                if g >= r.output_len:
-                    out.num_blocks_freed += self._free_finished(r)
-                    results.append(self._finish(r, "length"))
-                    any_finished = True
-            n_gen_total = len(sampling)
-        elif one_each is not None:
-            # Hot path (engine): one sampled token id each, no drafts.
-            hot = True
-            for r, v in zip(sampling, one_each):
-                g = r.num_generated + 1
-                r.num_generated = g
-                r.num_tokens += 1
-                r.decoding = True
-                if r.token_ids is not None:
-                    r.token_ids.append(v[0])
-                stop = r.request_id in stopped or (bool(eos_ids) and v[0] in eos_ids)
-                if stop or g >= r.output_len:
-                    out.num_blocks_freed += self._free_finished(r)
-                    results.append(self._finish(r, "stop" if stop else "length"))
-                    any_finished = True
-            n_gen_total = len(sampling)
-        for r in (() if hot else sampling):
-            rid = r.request_id
-            toks = None
-            if sampled is None:
-                n = 1
-            else:
-                v = sampled[rid]
-                if isinstance(v, int):
-                    n = v
-                else:
-                    toks = v
-                    n = len(v)
-            e = extra.get(rid)
-            spec = e[2] if e is not None else 0
-            if spec:
-                rejected = spec - (n - 1)
-                self.num_spec_accepted_tokens += n - 1
-                if rejected:
-                    r.num_computed -= rejected
-                    keep = -(-r.num_computed // bs)
-                    if len(r.block_ids) > keep:
-                        tail = r.block_ids[keep:]
-                        del r.block_ids[keep:]
-                        out.num_blocks_freed += pool.free_reversed(tail)
-            remaining = r.output_len - r.num_generated
-            reason = None
-            if n >= remaining:
-                n = remaining
-                reason = "length"
-            if toks is not None and eos_ids:
-                for j in range(n):
-                    if toks[j] in eos_ids:
-                        n = j + 1
-                        reason = "stop"
-                        break
-            if rid in stopped:
-                reason = "stop"
-            r.num_generated += n
-            r.num_tokens += n
-            n_gen_total += n
-            if r.token_ids is not None:  # validated above: toks is a list here
-                r.token_ids.extend(toks[:n])
-            r.decoding = True
-            if reason is not None:
-                out.num_blocks_freed += self._free_finished(r)
-                results.append(self._finish(r, reason))
-                any_finished = True
-        self.num_generated_tokens += n_gen_total
-        if any_finished:
-            self.running = [x for x in self.running if x.status == RUNNING]
         return results
+
+    def _release_rejected_drafts(self, r: _ReqState, spec: int, n: int, out: SchedulerOutput) -> None:
+        """`r` verified `spec` drafts and kept n - 1: give back the rejected ones' slots, and
+        any block only they occupied."""
+        if not spec:
+            return
+        self.num_spec_accepted_tokens += n - 1
+        rejected = spec - (n - 1)
+        if rejected:
+            r.num_computed_tokens -= rejected
+            keep = -(-r.num_computed_tokens // self.block_size)
+            if len(r.block_ids) > keep:
+                tail = r.block_ids[keep:]
+                del r.block_ids[keep:]
+                out.num_blocks_freed += self.pool.free_tail_first(tail)
+
+    def _check_sampled(self, out: SchedulerOutput, sampling: list, sampled: dict | None) -> None:
+        """Validate `sampled` against the step before anything changes."""
+        if sampled is None:
+            if self._any_token_ids:
+                for r in sampling:
+                    if r.token_ids is not None:
+                        raise ValueError(
+                            f"request {r.request_id} was added with prompt_token_ids, so "
+                            f"update_from_output needs its sampled token ids (sampled=None given)")
+            return
+        if not out.num_spec_tokens and len(sampled) == len(sampling):
+            # the common shape, checked at C speed: one token (id list or count) each
+            try:
+                vals = list(map(sampled.__getitem__, map(_request_id, sampling)))
+                if list(map(len, vals)).count(1) == len(vals):
+                    return
+            except (KeyError, TypeError):  # a missing entry or a count: the full check says
+                pass
+        for r in sampling:
+            self._check_one_sampled(out, r, sampled.get(r.request_id))
+        if len(sampled) != len(sampling):
+            stray = sorted(set(sampled) - set(map(_request_id, sampling)))
+            raise ValueError(
+                f"step {out.step_id}: sampled has entries for requests {stray} that do not "
+                f"sample this step (samples=False or not scheduled)")
+
+    @staticmethod
+    def _check_one_sampled(out: SchedulerOutput, r: _ReqState, v) -> None:
+        rid = r.request_id
+        if v is None:
+            raise ValueError(f"step {out.step_id}: no sampled entry for request {rid}, "
+                             f"which was scheduled with samples=True")
+        n = v if isinstance(v, int) else len(v)
+        e = out._entries.get(rid)
+        spec = e.num_spec_tokens if e is not None else 0
+        if not 1 <= n <= 1 + spec:
+            raise ValueError(f"step {out.step_id}: request {rid} sampled {n} tokens; expected "
+                             f"1..{1 + spec} (1 + accepted drafts of {spec})")
+        if r.token_ids is not None and isinstance(v, int):
+            raise ValueError(f"request {rid} was added with prompt_token_ids, so "
+                             f"update_from_output needs its sampled token ids, not a count")
+
+    @staticmethod
+    def _check_stopped(out: SchedulerOutput, sampling: list, stopped) -> frozenset[int] | set[int]:
+        if not stopped:
+            return stopped
+        stray = set(stopped).difference(map(_request_id, sampling))
+        if stray:
+            raise ValueError(
+                f"step {out.step_id}: stopped names requests {sorted(stray)} that do not "
+                f"sample this step; end those with finish_requests() between steps")
+        return stopped
 
     def finish_requests(self, request_ids, reason: str = "stop") -> list[RequestResult]:
         """End requests between steps, whatever their state: the engine's stop a step late
@@ -885,11 +861,10 @@ class Scheduler(BlockKeyer):
         request's blocks are freed (its full cached blocks stay findable); a waiting or
         preempted one leaves the queue. Already finished or rejected ids are skipped.
         Returns a `RequestResult` per request ended now, in the order given."""
-        if self._last_out is not None and not self._last_out._updated:
+        if not self.between_steps():
             raise RuntimeError(
                 f"finish_requests() between schedule() and update_from_output() of step "
-                f"{self._last_out.step_id}: call it after update_from_output()"
-            )
+                f"{self._last_out.step_id}: call it after update_from_output()")
         unknown = [rid for rid in request_ids if rid not in self.requests]
         if unknown:
             raise ValueError(f"finish_requests: unknown request ids {unknown}")
@@ -903,179 +878,19 @@ class Scheduler(BlockKeyer):
                 self._free_all(r)
                 any_running = True
             else:  # waiting or preempted: holds no blocks
-                if self._priority:
-                    self._heap_waiting = [e for e in self._heap_waiting if e[3] is not r]
-                    heapq.heapify(self._heap_waiting)
-                else:
-                    self._fcfs_waiting.remove(r)
-                r.last_hits = None
-            results.append(self._finish(r, reason))
+                self._remove_waiting(r)
+            results.append(self._mark_finished(r, reason))
         if any_running:
             self.running = [x for x in self.running if x.status == RUNNING]
         return results
-
-    @staticmethod
-    def _one_token_each(out: SchedulerOutput, sampling: list, sampled: dict) -> list | None:
-        """The sampled lists in batch order when every sampling request got exactly one
-        token id and there were no drafts (checked at C speed); else None."""
-        if out.num_spec_tokens or len(sampled) != len(sampling):
-            return None
-        try:
-            vals = list(map(sampled.__getitem__, map(_request_id, sampling)))
-            if list(map(len, vals)).count(1) == len(vals):
-                return vals
-        except (KeyError, TypeError):
-            pass
-        return None
-
-    @staticmethod
-    def _check_sampled(out: SchedulerOutput, sampling: list, sampled: dict) -> None:
-        """Validate `sampled` against the step before anything changes."""
-        extra = out._extra
-        for r in sampling:
-            rid = r.request_id
-            v = sampled.get(rid)
-            if v is None:
-                raise ValueError(
-                    f"step {out.step_id}: no sampled entry for request {rid}, "
-                    f"which was scheduled with samples=True"
-                )
-            n = v if isinstance(v, int) else len(v)
-            e = extra.get(rid)
-            spec = e[2] if e is not None else 0
-            if not 1 <= n <= 1 + spec:
-                raise ValueError(
-                    f"step {out.step_id}: request {rid} sampled {n} tokens; expected "
-                    f"1..{1 + spec} (1 + accepted drafts of {spec})"
-                )
-            if r.token_ids is not None and isinstance(v, int):
-                raise ValueError(
-                    f"request {rid} was added with prompt_token_ids, so "
-                    f"update_from_output needs its sampled token ids, not a count"
-                )
-        if len(sampled) != len(sampling):
-            want = {r.request_id for r in sampling}
-            extra_ids = sorted(set(sampled) - want)
-            raise ValueError(
-                f"step {out.step_id}: sampled has entries for requests {extra_ids} that do not "
-                f"sample this step (samples=False or not scheduled)"
-            )
-
-    # ------------------------------------------------------------------ bulk decode
-
-    def uniform_decode_steps(self) -> int:
-        """How many further steps would be pure decode of exactly the current running set:
-        nothing waiting, no drafts, no request finishing before the last of them, and enough
-        free blocks for every block boundary crossed."""
-        if self._pending_rejected or self.num_waiting or not self.running:
-            return 0
-        if self.config.num_speculative_tokens:
-            return 0
-        if self._last_out is not None and not self._last_out._updated:
-            return 0
-        running = self.running
-        if len(running) > self.config.max_num_batched_tokens:
-            return 0
-        n_max = None
-        for r in running:
-            if not r.decoding or r.num_tokens - r.num_computed != 1 or r.token_ids is not None:
-                return 0
-            rem = r.output_len - r.num_generated
-            if n_max is None or rem < n_max:
-                n_max = rem
-        free = self.pool.num_free
-        bs = self.block_size
-        comp = [(r.num_computed, len(r.block_ids)) for r in running]
-
-        def blocks_needed(n: int) -> int:
-            tot = 0
-            for c, nb in comp:
-                x = -(-(c + n) // bs) - nb
-                if x > 0:
-                    tot += x
-            return tot
-
-        if blocks_needed(n_max) <= free:
-            return n_max
-        lo, hi = 0, n_max  # blocks_needed(lo) <= free < blocks_needed(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if blocks_needed(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def advance_decode(self, n: int) -> DecodeAdvance:
-        """Apply `n` pure-decode steps at once (n <= uniform_decode_steps()), with the very
-        same block allocations, prefix-cache entries and counters as n single steps."""
-        m = self.uniform_decode_steps()
-        if not 1 <= n <= m:
-            raise ValueError(f"advance_decode({n}): only 1..{m} uniform decode steps are possible now")
-        running = self.running
-        bs = self.block_size
-        pool = self.pool
-        caching = self.caching
-        first_step = self.step_id + 1
-        # Step s (1-based) of the n computes position c + s - 1 of each request (c = its
-        # num_computed): it needs a new block where that position starts one, and completes
-        # (caches) a block where the position ends one. Allocation order is (step, batch
-        # position), as n single steps would pop the free queue; registrations cannot clash
-        # with anything (decode blocks are keyed by the request's own generated-token keys,
-        # never registered before: a re-admission recomputes every earlier one), nor with
-        # the evictions those allocations make, so each request registers its completed
-        # blocks in one call, with the very same keys and counts.
-        allocs: list[tuple[int, int]] = []  # (0-based step, batch position) per new block
-        sum_ctx = 0
-        for j, r in enumerate(running):
-            c = r.num_computed
-            sum_ctx += c + 1
-            p = len(r.block_ids) * bs  # first position needing a new block
-            last = c + n - 1  # last position computed
-            while p <= last:
-                allocs.append((p - c, j))
-                p += bs
-        allocated = len(allocs)
-        if allocated:
-            allocs.sort()
-            for (_, j), b in zip(allocs, pool.allocate(allocated)):
-                running[j].block_ids.append(b)
-        hashed = 0
-        if caching:
-            for r in running:
-                c = r.num_computed
-                fe = (c + n) // bs
-                if fe > c // bs and fe > r.num_cached_blocks:
-                    hashed += self._cache_full(r, fe)
-        freed = 0
-        finished: list[RequestResult] = []
-        for r in running:
-            r.num_computed += n
-            r.num_generated += n
-            r.num_tokens += n
-            if r.num_generated >= r.output_len:
-                freed += self._free_finished(r)
-                finished.append(self._finish(r, "length"))
-        if finished:
-            self.running = [x for x in running if x.status == RUNNING]
-        self.step_id += n
-        self.num_steps += n
-        self.num_generated_tokens += n * len(running)
-        return DecodeAdvance(
-            num_steps=n, num_seqs=len(running), first_step_id=first_step,
-            num_batched_tokens=n * len(running), sum_decode_context_first_step=sum_ctx,
-            num_blocks_allocated=allocated, num_blocks_freed=freed, num_blocks_hashed=hashed,
-            finished=finished)
 
     # ------------------------------------------------------------------ stats, checks
 
     @property
     def stats(self) -> SchedulerStats:
         pool = self.pool
-        bs = self.block_size
-        frag = 0
-        for r in self.running:
-            frag += len(r.block_ids) * bs - r.num_computed
+        frag = sum(len(r.block_ids) for r in self.running) * self.block_size - sum(
+            map(_kv_tokens, self.running))
         return SchedulerStats(
             num_steps=self.num_steps,
             num_running=len(self.running),
@@ -1083,10 +898,10 @@ class Scheduler(BlockKeyer):
             num_finished=self.num_finished,
             num_rejected=self.num_rejected,
             num_preemptions=self.num_preemptions,
-            prefix_cache_queries_tokens=self.pc_queries,
-            prefix_cache_hits_tokens=self.pc_hits,
-            prefix_cache_preempted_queries_tokens=self.pc_preempted_queries,
-            prefix_cache_preempted_hits_tokens=self.pc_preempted_hits,
+            prefix_cache_queries_tokens=self.prefix_cache_queries_tokens,
+            prefix_cache_hits_tokens=self.prefix_cache_hits_tokens,
+            prefix_cache_preempted_queries_tokens=self.prefix_cache_preempted_queries_tokens,
+            prefix_cache_preempted_hits_tokens=self.prefix_cache_preempted_hits_tokens,
             num_evictions=pool.num_evictions,
             num_blocks_allocated=pool.num_allocated,
             num_blocks_freed=pool.num_freed,
@@ -1107,27 +922,18 @@ class Scheduler(BlockKeyer):
             num_held_blocks=sum(len(r.block_ids) for r in self._held.values()),
         )
 
-    def num_preemptions_of(self, request_id: int) -> int:
-        return self.requests[request_id].num_preemptions
-
-    def status_of(self, request_id: int) -> str:
-        return self.requests[request_id].status
-
-    def block_ids_of(self, request_id: int) -> list[int]:
-        return list(self.requests[request_id].block_ids)
-
     def check_invariants(self) -> None:
         """AssertionError unless every block's refcount equals its owners and each request's
         bookkeeping is consistent. O(all blocks): for tests."""
         owners: dict[int, int] = {}
         bs = self.block_size
         for r in self.running:
-            assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
-            assert r.num_computed <= len(r.block_ids) * bs, f"request {r.request_id}: KV overflow"
-            assert len(r.block_ids) == -(-r.num_computed // bs), (
-                f"request {r.request_id}: {len(r.block_ids)} blocks for {r.num_computed} tokens")
+            rid = r.request_id
+            assert r.status == RUNNING, f"request {rid} in running with status {r.status}"
+            assert len(r.block_ids) == -(-r.num_computed_tokens // bs), (
+                f"request {rid}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens")
             assert r.num_cached_blocks <= len(r.block_ids)
-            assert len(set(r.block_ids)) == len(r.block_ids), f"request {r.request_id}: dup block"
+            assert len(set(r.block_ids)) == len(r.block_ids), f"request {rid}: dup block"
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
         for r in self._held.values():
@@ -1135,12 +941,26 @@ class Scheduler(BlockKeyer):
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
         assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
-        waiting = ([x[3] for x in self._heap_waiting] if self._priority else list(self._fcfs_waiting))
+        waiting = [x[3] for x in self._heap_waiting] if self._priority else list(self._fcfs_waiting)
         for r in waiting:
-            assert not r.block_ids and r.num_computed == 0, f"waiting request {r.request_id} holds KV"
+            assert not r.block_ids and r.num_computed_tokens == 0, (
+                f"waiting request {r.request_id} holds KV")
             assert r.status in (WAITING, PREEMPTED)
         self.pool.check_invariants(owners)
 
+
+_kv_tokens = operator.attrgetter("num_computed_tokens")
+
+
+def _counts_and_token_ids(sampled: dict | None) -> tuple[dict[int, int] | None, dict | None]:
+    """`update_from_output`'s `sampled` as counts (None: one token each) and the token id
+    lists where it carries them (None for counts)."""
+    if sampled is None:
+        return None, None
+    values = sampled.values()
+    if all(isinstance(v, int) for v in values):
+        return sampled, None
+    return {rid: v if isinstance(v, int) else len(v) for rid, v in sampled.items()}, sampled
 
 # what other layers import from here (records live in engine/scheduler_output.py, keys in
 # engine/block_keys.py)
@@ -1151,7 +971,6 @@ __all__ = [
     "REJECTED",
     "RUNNING",
     "WAITING",
-    "DecodeAdvance",
     "RequestResult",
     "ScheduledRequest",
     "Scheduler",

@@ -1,6 +1,6 @@
-"""What the scheduler hands back: per-step decisions, finished requests, bulk-decode totals and
-counters. Plain data (no scheduler internals to reach into), shared by the simulator's cost model
-and the engine's GPU runner. `engine.scheduler` re-exports every name here."""
+"""What the scheduler hands back: per-step decisions, finished requests and counters. Plain
+data (no scheduler internals to reach into), shared by the simulator's cost model and the
+engine's GPU runner. `engine.scheduler` re-exports every name here."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ _EMPTY: tuple[int, ...] = ()
 class ScheduledRequest:
     """What one request computes in one step. Plain data.
 
-    `block_ids` is the request's live block table (read only; valid until the next
-    `schedule()`/`update_from_output()`; copy it to keep it). `new_block_ids` are the
+    `block_ids` is the request's live block table (read only; valid until
+    `update_from_output()`; copy it to keep it). `new_block_ids` are the
     blocks allocated to it in this step (prefix-cache hits not included).
     """
 
@@ -46,8 +46,8 @@ class SchedulerOutput:
     """One step's decisions, plain data for a cost model or a GPU runner.
 
     `scheduled` (a list of `ScheduledRequest`, in batch order: running requests first,
-    then new admissions) is built on first access, so a cost model that reads only the
-    totals below never pays for per-request objects. Read it before the next `schedule()`.
+    then new admissions) is completed on first access, so a cost model that reads only the
+    totals below never pays for per-request objects. Read it before `update_from_output`.
     Context sums count each request's KV length after this step (`num_computed_tokens +
     num_new_tokens`). `num_blocks_freed` is final only after `update_from_output` (which
     adds the blocks that finishing requests and rejected drafts release).
@@ -70,65 +70,40 @@ class SchedulerOutput:
     num_blocks_allocated: int = 0
     num_blocks_freed: int = 0
     num_blocks_hashed: int = 0
-    # Compact per-request records (batch order). A plain decode (1 token, no new block) is
-    # just (state, table), its computed count being state.num_computed - 1 until the next
-    # schedule(); anything else also has an `_extra` entry keyed by request id:
-    # (num_new, num_cached, num_spec, is_prefill, samples, new_block_ids, num_computed).
-    _states: list = field(default_factory=list, repr=False)
-    _tables: list = field(default_factory=list, repr=False)
-    _extra: dict = field(default_factory=dict, repr=False)
-    _nonsampling: set = field(default_factory=set, repr=False)  # ids of partial prefill chunks
-    _scheduled: list | None = field(default=None, repr=False)
+    # The scheduled requests' scheduler records, in batch order, and an entry for each of
+    # them except plain decodes (one token into a block the request holds: the bulk of a
+    # busy step), whose entries `scheduled` builds from the record on first access.
+    _batch: list = field(default_factory=list, repr=False)
+    _entries: dict[int, ScheduledRequest] = field(default_factory=dict, repr=False)
+    _num_silent: int = field(default=0, repr=False)  # entries that do not sample
+    _scheduled: list[ScheduledRequest] | None = field(default=None, repr=False)
     _updated: bool = field(default=False, repr=False)
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:
         if self._scheduled is None:
-            extra = self._extra
-            out = []
-            for r, table in zip(self._states, self._tables):
-                rid = r.request_id
-                e = extra.get(rid)
-                if e is None:
-                    out.append(ScheduledRequest(rid, 1, r.num_computed - 1, 0, 0, False, True,
-                                                table, _EMPTY))
-                else:
-                    out.append(ScheduledRequest(rid, e[0], e[6], e[1], e[2], e[3], e[4], table, e[5]))
-            self._scheduled = out
+            get = self._entries.get
+            self._scheduled = [
+                get(r.request_id) or ScheduledRequest(r.request_id, 1, r.num_computed_tokens - 1, 0, 0,
+                                                      False, True, r.block_ids, _EMPTY)
+                for r in self._batch]
         return self._scheduled
 
     @property
     def num_scheduled(self) -> int:
-        return len(self._states)
+        return len(self._batch)
 
     def _sampling(self) -> list:
-        """States that produce tokens this step, in batch order."""
-        if not self._nonsampling:
-            return self._states
-        skip = self._nonsampling
-        return [r for r in self._states if r.request_id not in skip]
+        """Records of the requests that produce tokens this step, in batch order."""
+        if not self._num_silent:
+            return self._batch
+        entries = self._entries
+        return [r for r in self._batch if (e := entries.get(r.request_id)) is None or e.samples]
 
-
-@dataclass(slots=True)
-class DecodeAdvance:
-    """Totals of `advance_decode(n)`: what n single pure-decode steps would have produced.
-
-    Step i (0-based) of the n has `num_seqs` decodes and a decode context sum of
-    `sum_decode_context_first_step + i * num_seqs`.
-    """
-
-    num_steps: int
-    num_seqs: int
-    first_step_id: int
-    num_batched_tokens: int
-    sum_decode_context_first_step: int
-    num_blocks_allocated: int
-    num_blocks_freed: int
-    num_blocks_hashed: int
-    finished: list[RequestResult]
-
-    def sum_decode_context(self, i: int) -> int:
-        return self.sum_decode_context_first_step + i * self.num_seqs
+    def _num_tokens_so_far(self) -> int:
+        """Tokens scheduled so far (while schedule() runs, before the totals are set)."""
+        entries = self._entries
+        return len(self._batch) - len(entries) + sum(e.num_new_tokens for e in entries.values())
 
 
 @dataclass(slots=True)

@@ -1,9 +1,9 @@
 """vLLM's Prometheus metric names, help texts and histogram buckets (vLLM 0.33; the shared
 reference vllm-conventions.md, section 2).
 
-Defined once, without prometheus_client (an engine-only dependency), so that the real
-engine's live metrics (`engine/metrics.py`) and the simulator's exposition
-(`sim/metrics.py`) print the same names and bucket bounds.
+Defined once, so that the real engine's live metrics (`engine/metrics.py`) and the run
+exposition computed from a run's tables (`engine/run_summary.py`, used by the simulator and the
+engine's replay) print the same names and bucket bounds.
 """
 
 from __future__ import annotations

@@ -110,9 +110,3 @@ def scale_rate(arrival: Arrival, factor: float) -> Arrival:
             d[key] = d[key] * factor
     return type(arrival).model_validate(d)
 
-
-def mean_rate_rps(arrival: Arrival) -> float:
-    """Long-run mean rate (for a ramp: the end rate it settles at)."""
-    if isinstance(arrival, RampArrival):
-        return arrival.end_rps
-    return arrival.rate_rps

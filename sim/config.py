@@ -89,13 +89,15 @@ SIM_ONLY_FLAGS: tuple[Flag, ...] = (
          aliases=("-tp",)),
     Flag("speculative_config", str, None, 'JSON, e.g. \'{"method":"ngram","num_speculative_tokens":4}\'',
          aliases=("-sc",), annotation=SpeculativeConfig | None),
+    # Only the block-size rule depends on it: simulating costline's own engine (calibration,
+    # the engine-vs-simulator cross-check) needs the block sizes its kernels accept.
+    Flag("attention_backend", str, "flash_attn",
+         "attention kernels of the simulated engine: vLLM's flash_attn / flashinfer (block size a "
+         "multiple of 16) or costline's own engine (any block size)",
+         choices=("flash_attn", "flashinfer", "costline"), in_vllm=False),
 )
 # Every flag of a simulated `vllm serve` instance, in `to_vllm_args` order; the dashboard's controls.
 ENGINE_CONFIG_FLAGS: tuple[Flag, ...] = SCHEDULING_FLAGS + SIM_ONLY_FLAGS
-# The simulator models vLLM's default attention backend on NVIDIA GPUs.
-SIM_ATTENTION_BACKEND = "flash_attn"
-
-
 class EngineConfig(flag_model("_EngineConfigFields", SIM_ONLY_FLAGS, SchedulingArgs)):  # type: ignore[misc]
     """One simulated `vllm serve` instance's engine arguments (`ENGINE_CONFIG_FLAGS`).
 
@@ -118,7 +120,7 @@ class EngineConfig(flag_model("_EngineConfigFields", SIM_ONLY_FLAGS, SchedulingA
 
     @model_validator(mode="after")
     def _block_size_rule(self) -> EngineConfig:
-        check_block_size(self.block_size, SIM_ATTENTION_BACKEND)
+        check_block_size(self.block_size, self.attention_backend)
         return self
 
     def resolved_for(self, gpu: GPUSpec, model: ModelSpec) -> EngineConfig:

@@ -19,7 +19,7 @@ takes the larger of the two.
 
 The coefficients (efficiencies, overheads) live in a versioned `CostProfile` JSON that
 states which hardware, model and engine it describes. `sim/profiles/default.json` is a
-first-principles profile from datasheet rates; a later issue fits them from engine traces.
+first-principles profile from datasheet rates; fitted profiles replace it per hardware and model.
 
 For the simulator's skip-ahead, a pure-decode step of B sequences with total context c
 costs `a(B) + b * c` GPU seconds exactly (decode attention is linear in c), so the time
@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -93,32 +95,26 @@ class CostProfile(BaseModel):
         Path(path).write_text(json.dumps(self.model_dump(), indent=2) + "\n")
 
 
-@dataclass(frozen=True, slots=True)
-class StepBatch:
-    """What one engine step computes (the engine step trace's composition fields)."""
+class BatchComposition(Protocol):
+    """What the cost model reads of a step: the scheduler's `SchedulerOutput` and the step table's
+    `StepRecord` both have these fields (context sums are KV lengths after the step)."""
 
-    num_prefill_tokens: int = 0
-    num_prefill_seqs: int = 0
-    prefill_attn_pairs: float = 0.0  # sum over chunks of q*c + q*(q+1)/2 (causal pairs)
-    prefill_kv_tokens: int = 0  # sum over chunks of c + q: KV the chunk's attention reads
-    num_decode_seqs: int = 0
-    decode_query_tokens: int = 0  # decode seqs x (1 + k): verification tokens included
-    sum_decode_context: int = 0  # tokens in KV of the decoding sequences
-    num_blocks_allocated: int = 0
-    num_blocks_hashed: int = 0
-
-    @staticmethod
-    def prefill_chunk(num_new_tokens: int, num_computed_tokens: int) -> tuple[float, int]:
-        """(attention pairs, KV tokens read) of one causal prefill chunk."""
-        q, c = num_new_tokens, num_computed_tokens
-        return q * c + q * (q + 1) / 2, c + q
+    num_prefill_tokens: int
+    num_prefill_seqs: int
+    prefill_attn_pairs: int  # sum over prefill chunks of q*c + q*(q+1)/2 (causal pairs)
+    sum_prefill_context: int  # KV the prefill chunks' attention reads
+    num_decode_seqs: int
+    num_decode_tokens: int  # decode seqs x (1 + k): verification tokens included
+    sum_decode_context: int
+    num_blocks_allocated: int
+    num_blocks_hashed: int
 
 
 class CostModel:
     """Step time of one replica (a TP group) running `model` on `gpu` with `engine` flags.
 
-    Coefficients are folded into plain floats once, so `step_time_s` is a handful of
-    multiply-adds (the simulator calls it once per step).
+    Coefficients are folded into plain floats once, so a step's time is a handful of
+    multiply-adds (the simulator asks once per step).
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
@@ -180,43 +176,43 @@ class CostModel:
         return (gemm + pre + dec + self._ew_s_per_token * num_tokens
                 + self._ar_fixed_s + self._ar_s_per_token * num_tokens + self._gpu_fixed_s)
 
-    def gpu_time_s(self, b: StepBatch) -> float:
+    def gpu_time_s(self, b: BatchComposition) -> float:
         """Target forward plus the proposer's forwards."""
-        tokens = b.num_prefill_tokens + b.decode_query_tokens
-        q_per_seq = b.decode_query_tokens / b.num_decode_seqs if b.num_decode_seqs else 0.0
-        t = self.forward_s(tokens, b.num_prefill_seqs + b.decode_query_tokens, b.prefill_attn_pairs,
-                           b.prefill_kv_tokens, q_per_seq * b.sum_decode_context, b.sum_decode_context)
+        tokens = b.num_prefill_tokens + b.num_decode_tokens
+        q_per_seq = b.num_decode_tokens / b.num_decode_seqs if b.num_decode_seqs else 0.0
+        t = self.forward_s(tokens, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
+                           b.sum_prefill_context, q_per_seq * b.sum_decode_context, b.sum_decode_context)
         if self.draft is not None:
             t += self.proposer_gpu_s(b)
         return t
 
-    def proposer_gpu_s(self, b: StepBatch) -> float:
+    def proposer_gpu_s(self, b: BatchComposition) -> float:
         """Draft model / EAGLE head: one pass over the prefill chunks, k passes over the decodes."""
         d = self.draft
         if d is None:
             return 0.0
         t = d.forward_s(b.num_prefill_tokens, b.num_prefill_seqs, b.prefill_attn_pairs,
-                        b.prefill_kv_tokens, 0.0, 0.0) if b.num_prefill_tokens else 0.0
+                        b.sum_prefill_context, 0.0, 0.0) if b.num_prefill_tokens else 0.0
         if b.num_decode_seqs:
             n, c = b.num_decode_seqs, b.sum_decode_context
             t += self.k * d.forward_s(n, n, 0.0, 0.0, c, c)
         return t
 
     # --- CPU ----------------------------------------------------------------------
-    def cpu_time_s(self, b: StepBatch) -> float:
+    def cpu_time_s(self, b: BatchComposition, block_scale: int = 1) -> float:
+        """Host seconds of the step. `block_scale`: engine blocks per scheduler block (the
+        simulator's KV block coarsening), as the CPU cost is per engine block."""
         seqs = b.num_prefill_seqs + b.num_decode_seqs
-        return (self._cpu_step_s + self._cpu_seq_s * seqs + self._cpu_blk_s * b.num_blocks_allocated
-                + self._cpu_hash_s * b.num_blocks_hashed + self._ngram_s_per_seq * b.num_decode_seqs)
+        return (self._cpu_step_s + self._cpu_seq_s * seqs + self._ngram_s_per_seq * b.num_decode_seqs
+                + self.block_cpu_s(b.num_blocks_allocated * block_scale, b.num_blocks_hashed * block_scale))
 
     def block_cpu_s(self, num_blocks_allocated: int, num_blocks_hashed: int) -> float:
         """CPU seconds of block allocation and hashing (charged apart in skip-ahead)."""
         return self._cpu_blk_s * num_blocks_allocated + self._cpu_hash_s * num_blocks_hashed
 
     def combine(self, gpu_s: float, cpu_s: float) -> float:
+        """A step's duration: CPU and GPU add, or overlap with async scheduling."""
         return max(gpu_s, cpu_s) if self.async_scheduling else gpu_s + cpu_s
-
-    def step_time_s(self, b: StepBatch) -> float:
-        return self.combine(self.gpu_time_s(b), self.cpu_time_s(b))
 
     # --- closed forms ---------------------------------------------------------------
     def decode_linear(self, num_seqs: int) -> tuple[float, float, float]:
@@ -232,6 +228,10 @@ class CostModel:
         a, per_ctx, cpu = self.decode_linear(num_seqs)
         return DecodeRun(g0=a + per_ctx * sum_context, slope=per_ctx * num_seqs, cpu=cpu,
                          n=num_steps, overlap=self.async_scheduling)
+
+    def decode_stretch(self, segments: Sequence[tuple[int, int, int]]) -> DecodeRuns:
+        """Consecutive pure-decode segments, each (num_seqs, sum_context of its first step, num_steps)."""
+        return DecodeRuns([self.decode_run(b, c, k) for b, c, k in segments])
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,19 +274,57 @@ class DecodeRun:
         `extra_s(m)`, if given, adds time spent in the first m steps beyond the closed form
         (the CPU cost of the blocks they allocate and hash); it must be non-decreasing.
         """
-        lo, hi = 0, self.n  # invariant: step lo-1 starts before `elapsed` (or lo == 0)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.elapsed_s(mid - 1) < elapsed:
-                lo = mid
-            else:
-                hi = mid - 1
-        if extra_s is not None:
-            # extra time only delays starts, so the answer is at most lo; it is tiny (block CPU
-            # time), so stepping down rarely takes more than one check
-            while lo > 0 and self.elapsed_s(lo - 1) + extra_s(lo - 1) >= elapsed:
-                lo -= 1
-        return lo
+        return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s)
 
 
-__all__ = ["PROFILES_DIR", "CostModel", "CostProfile", "DecodeRun", "StepBatch"]
+class DecodeRuns:
+    """Consecutive `DecodeRun`s: a decode stretch whose batch shrinks where requests finish
+    (one run per constant batch), timed as one sequence of steps."""
+
+    def __init__(self, runs: Sequence[DecodeRun]) -> None:
+        self.runs = list(runs)
+        self.first_steps = [0, *accumulate(r.n for r in self.runs)]  # step index where each run starts
+        self.n = self.first_steps[-1]
+        self._elapsed_before = [0.0, *accumulate(r.elapsed_s(r.n) for r in self.runs)]
+
+    def _run_of(self, i: int) -> int:
+        return bisect_right(self.first_steps, i) - 1
+
+    def dt(self, i: int) -> float:
+        k = self._run_of(i)
+        return self.runs[k].dt(i - self.first_steps[k])
+
+    def elapsed_s(self, m: int) -> float:
+        """Seconds taken by the first m steps."""
+        if m <= 0:
+            return 0.0
+        if m >= self.n:
+            return self._elapsed_before[-1]
+        k = self._run_of(m)
+        return self._elapsed_before[k] + self.runs[k].elapsed_s(m - self.first_steps[k])
+
+    def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None) -> int:
+        """As `DecodeRun.steps_started_before`, over the whole stretch."""
+        return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s)
+
+
+def _steps_started_before(elapsed_s: Callable[[int], float], n: int, elapsed: float,
+                          extra_s: Callable[[int], float] | None) -> int:
+    """How many of n steps start strictly before `elapsed`, step m starting at
+    elapsed_s(m) (+ extra_s(m)); both non-decreasing in m."""
+    lo, hi = 0, n  # invariant: step lo-1 starts before `elapsed` (or lo == 0)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if elapsed_s(mid - 1) < elapsed:
+            lo = mid
+        else:
+            hi = mid - 1
+    if extra_s is not None:
+        # extra time only delays starts, so the answer is at most lo; it is tiny (block CPU
+        # time), so stepping down rarely takes more than one check
+        while lo > 0 and elapsed_s(lo - 1) + extra_s(lo - 1) >= elapsed:
+            lo -= 1
+    return lo
+
+
+__all__ = ["PROFILES_DIR", "BatchComposition", "CostModel", "CostProfile", "DecodeRun"]

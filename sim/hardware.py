@@ -82,11 +82,13 @@ def kv_capacity_tokens(
     weight_dtype: str | None = None,
     extra_weight_bytes: float = 0.0,
     activation_reserve_bytes: float = 0.0,
+    extra_kv_bytes_per_token: float = 0.0,
 ) -> int:
     """Tokens of KV cache that fit once weights and reserves are taken out.
 
     Weights and KV are sharded across `num_gpus` (tensor parallelism); the budget is
-    `gpu_memory_utilization` of each GPU's HBM, as in vLLM.
+    `gpu_memory_utilization` of each GPU's HBM, as in vLLM. `extra_kv_bytes_per_token`: KV a
+    speculative proposer keeps per token beside the target's.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -94,7 +96,7 @@ def kv_capacity_tokens(
     free = budget - model.weight_bytes(weight_dtype) - extra_weight_bytes - activation_reserve_bytes
     if free <= 0:
         return 0
-    return int(free // model.kv_bytes_per_token(kv_cache_dtype))
+    return int(free // (model.kv_bytes_per_token(kv_cache_dtype) + extra_kv_bytes_per_token))
 
 
 def kv_capacity_blocks(capacity_tokens: int, block_size: int) -> int:

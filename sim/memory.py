@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from engine.model_spec import ModelSpec, dtype_bytes, get_model
 from sim.config import EngineConfig, SpeculativeConfig
-from sim.hardware import GPUSpec, kv_capacity_blocks
+from sim.hardware import GPUSpec, kv_capacity_blocks, kv_capacity_tokens
 
 # CUDA context + cuBLAS workspaces + CUDA graphs + NCCL buffers per GPU, outside torch's
 # allocator; vLLM's profiler counts it against gpu_memory_utilization. ~1.5 GiB is what
@@ -91,11 +91,11 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> MemoryP
     reserve = activation_reserve_bytes(model, engine)
     # the proposer keeps KV for its own layers too: each token costs target + draft KV bytes
     d = draft_spec(model, engine.speculative_config)
-    kv_tok = model.kv_bytes_per_token(engine.kv_cache_dtype) + (
-        d.kv_bytes_per_token(engine.kv_cache_dtype) if d is not None else 0.0)
-    # the same arithmetic as sim.hardware.kv_capacity_tokens, with the draft's KV per token added
-    free = (tp * gpu.hbm_bytes * engine.gpu_memory_utilization - model.weight_bytes(wdt) - draft - reserve)
-    tokens = max(int(free // kv_tok), 0)
+    draft_kv = d.kv_bytes_per_token(engine.kv_cache_dtype) if d is not None else 0.0
+    kv_tok = model.kv_bytes_per_token(engine.kv_cache_dtype) + draft_kv
+    tokens = kv_capacity_tokens(model, gpu, num_gpus=tp, gpu_memory_utilization=engine.gpu_memory_utilization,
+                                kv_cache_dtype=engine.kv_cache_dtype, weight_dtype=wdt, extra_weight_bytes=draft,
+                                activation_reserve_bytes=reserve, extra_kv_bytes_per_token=draft_kv)
     blocks = kv_capacity_blocks(tokens, engine.block_size)
     if engine.num_gpu_blocks_override is not None:
         blocks = engine.num_gpu_blocks_override

@@ -3,20 +3,26 @@
 One process feeds arrivals (in trace order) to a router; the router picks a replica
 (round-robin, least-loaded, or prefix-aware); each replica is one process that loops
 
-    out = scheduler.schedule()                  # engine/scheduler.py, the same object the engine drives
-    dt  = cost_model.step_time_s(composition)   # sim/cost_model.py
-    yield env.timeout(dt)
-    scheduler.update_from_output(out, counts)   # token counts, no token ids in the simulator
+    out = scheduler.schedule()                     # engine/scheduler.py, the object the engine drives
+    gpu_s, cpu_s = cost.gpu_time_s(out), cost.cpu_time_s(out)   # sim/cost_model.py
+    yield env.timeout(cost.combine(gpu_s, cpu_s))
+    scheduler.update_from_output(out, counts)      # token counts, no token ids in the simulator
 
-and records when each request gets its first token and finishes.
+Each replica writes what happens to a request into the `RequestLog` (scheduled, first token,
+finished, rejected) and one `StepRecord` per step (or per skipped stretch) into the `StepLog`;
+those become the result's request and step tables, with the engine's column names.
 
-Skip-ahead: when the scheduler says the next n steps are pure decode of an unchanged
-running set (`uniform_decode_steps`), the replica sleeps through all n at once (their
-durations have a closed form, `DecodeRun`) and applies them with `advance_decode`. An
-arrival routed to a sleeping replica wakes it: it then applies only the steps that
-started before the arrival, exactly as stepping would (a request that arrives mid-step
-is scheduled at the next step boundary). Speculative decoding draws random accepted
-counts per step, so it always steps.
+Skip-ahead (engine/decode_skip.py): when the next n steps can only be pure decode of the
+running requests (`uniform_decode_steps`; requests reaching their output length leave the
+batch on the way), the replica sleeps through them at once: between two finishes the batch
+is constant and the step durations have a closed form (`DecodeRun`, one per segment,
+`DecodeRuns` for the stretch). It then applies them with `advance_decode`, one step-table
+row per constant-batch segment, each finish reported at the end of its last step. An
+arrival routed to a sleeping replica wakes it: it then applies only the steps that started
+before the arrival, exactly as stepping would (a request that arrives mid-step is
+scheduled at the next step boundary); the router sees the replica's load as stepping would
+(`load` discounts requests whose last step has ended). Speculative decoding draws random
+accepted counts per step, so it always steps.
 
 Disaggregated prefill: prefill replicas run each request with output_len = 1 and hold its
 blocks when it finishes (`hold_blocks_on_finish`); its KV (whole blocks x KV bytes per
@@ -34,47 +40,76 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import numpy as np
 import simpy
 
 from engine.config import scheduler_config
+from engine.decode_skip import DecodeAdvance, DecodeStretch, advance_decode, uniform_decode_steps
 from engine.model_spec import blocks_for_tokens
+from engine.records import StepRecord
 from engine.request import Request
 from engine.scheduler import Scheduler
+from engine.scheduler_output import RequestResult, SchedulerOutput
 from sim.config import DeploymentConfig, EngineConfig
-from sim.cost_model import CostModel, CostProfile, StepBatch
+from sim.cost_model import CostModel, CostProfile, DecodeRuns
+from sim.hardware import transfer_time_s
 from sim.memory import MemoryPlan, draft_spec, plan_memory
-from sim.metrics import SLO, STEP_COLUMNS, SimResult
-from sim.speculative import AcceptanceModel
+from sim.metrics import SLO, SimResult
+from sim.router import Router
+from sim.run_log import RequestLog, StepLog
+from sim.speculative import AcceptanceModel, SpecTokens
 
-NAN = math.nan
-# The prefix-aware router only considers replicas whose load score (4 x waiting + running) is
-# within this of the least loaded one, so cache affinity never piles a queue onto one replica
-# (8 = two waiting requests more than the least loaded replica).
-PREFIX_ROUTER_LOAD_SLACK = 8
+Process = Generator[simpy.Event, Any, Any]
+
+
+def delay_until(now: float, t: float) -> float:
+    """The timeout that lands on the clock's first time not before t. SimPy adds delays to `now`,
+    and `now + (t - now)` can round one ulp below t (and t itself may be unreachable from now by
+    rounding), so the delay is stepped up until the sum is >= t: nothing happens before its time."""
+    d = t - now
+    while now + d < t:
+        d = math.nextafter(d, math.inf)
+    return d
+
+
+@dataclasses.dataclass(slots=True)
+class _ReplicaContext:
+    """What a replica shares with the simulation: where it reports (request events, step rows,
+    speculative draws, the P/D hand-off) and when the next request arrives."""
+
+    requests: RequestLog
+    steps: StepLog
+    spec: SpecTokens | None
+    on_prefilled: Callable[[_Replica, Request, float], None] | None  # a prefill replica's finish
+    next_arrival_s: Callable[[], float]  # when the next request enters the deployment (inf: none)
 
 
 class _Replica:
     """One vLLM instance: a scheduler, a cost model and the SimPy process driving them."""
 
-    def __init__(self, sim: Simulation, idx: int, role: str, engine: EngineConfig, plan: MemoryPlan,
-                 cost: CostModel, coarsen: int = 1) -> None:
-        self.sim, self.idx, self.role, self.engine, self.plan, self.cost = sim, idx, role, engine, plan, cost
-        # KV block coarsening (a speed option): the scheduler tracks blocks of `coarsen` engine
-        # blocks; CPU costs are charged per engine block (counts x coarsen).
-        self.coarsen = coarsen
+    def __init__(self, env: simpy.Environment, idx: int, role: str, engine: EngineConfig, plan: MemoryPlan,
+                 cost: CostModel, ctx: _ReplicaContext, *, skip_ahead: bool, kv_block_coarsening: int = 1) -> None:
+        self.env, self.idx, self.role, self.engine, self.plan, self.cost = env, idx, role, engine, plan, cost
+        self.log, self.step_log, self.spec, self.on_prefilled = ctx.requests, ctx.steps, ctx.spec, ctx.on_prefilled
+        self.next_arrival_s = ctx.next_arrival_s
+        # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
+        # blocks; CPU costs are charged per engine block (counts x coarsening).
+        self.coarsening = kv_block_coarsening
         self.sched = Scheduler(scheduler_config(
-            engine, num_gpu_blocks=max(plan.num_gpu_blocks // coarsen, 1),
-            block_size=engine.block_size * coarsen, num_speculative_tokens=engine.num_speculative_tokens))
+            engine, num_gpu_blocks=max(plan.num_gpu_blocks // kv_block_coarsening, 1),
+            block_size=engine.block_size * kv_block_coarsening,
+            num_speculative_tokens=engine.num_speculative_tokens))
+        self.skip_ahead = skip_ahead and not cost.k  # speculative steps draw at random: always step
         self.wake: simpy.Event | None = None
         self.skipping = False
+        self._skip_plan: _Stretch | None = None  # the skip in progress, started at _skip_t0
+        self._skip_t0 = 0.0
         self.pending: list[tuple[Request, int]] = []  # (request, external tokens) while skipping
-        self.stalled: dict[int, float] = {}  # preempted request -> time of its last token
-        self.link = simpy.Resource(sim.env, capacity=1) if role == "prefill" else None
-        self.proc = sim.env.process(self.run())
+        self.link = simpy.Resource(env, capacity=1) if role == "prefill" else None
+        self.proc = env.process(self.run())
 
     # --- intake -------------------------------------------------------------------
     def add(self, req: Request, external_tokens: int = 0) -> None:
@@ -103,175 +138,244 @@ class _Replica:
 
     @property
     def load(self) -> int:
-        """vLLM's data-parallel balancing score: 4 x waiting + running."""
-        return 4 * (self.sched.num_waiting + len(self.pending)) + self.sched.num_running
+        """vLLM's data-parallel balancing score: 4 x waiting + running. Mid-skip, requests whose
+        last step has ended are no longer running (stepping would have finished them by now)."""
+        running = self.sched.num_running
+        if self.skipping:
+            running -= self._skip_plan.num_finished_by(self.env.now - self._skip_t0)
+        return 4 * (self.sched.num_waiting + len(self.pending)) + running
 
     # --- the step loop --------------------------------------------------------------
-    def run(self):
-        env, sim, sched, cost = self.sim.env, self.sim, self.sched, self.cost
-        skip = sim.skip_ahead and not cost.k
+    def run(self) -> Process:
+        sched = self.sched
         while True:
             if not sched.has_unfinished():
-                self.wake = env.event()
-                yield self.wake
-                self.wake = None
+                yield from self._wait_for_work()
                 continue
-            if skip:
-                n = sched.uniform_decode_steps()
+            if self.skip_ahead:
+                n = uniform_decode_steps(sched)
                 if n >= 2:
                     yield from self._skip(n)
                     continue
-            t0 = env.now
-            out = sched.schedule()
-            for rid, reason in out.rejected:
-                sim._reject(rid, reason, t0)
-            if not out.num_batched_tokens:
-                # nothing runnable (e.g. only rejections this step); wait for new work
-                res = sched.update_from_output(out, None)
-                self._finish(res, t0)
-                if sched.num_running:  # would spin forever at one instant: a scheduler bug
-                    raise RuntimeError(f"replica {self.idx}: scheduler returned an empty step with "
-                                       f"{sched.num_running} running requests at t={t0:.6f} s")
-                if sched.num_waiting:
-                    self.wake = env.event()
-                    yield self.wake
-                    self.wake = None
-                continue
-            if out.num_prefill_seqs or cost.k:
-                batch, samplers = self._compose(out, t0)
-            else:  # pure decode: the totals say it all, no per-request records needed
-                f = self.coarsen
-                batch, samplers = StepBatch(0, 0, 0.0, 0, out.num_decode_seqs, out.num_decode_tokens,
-                                            out.sum_decode_context, out.num_blocks_allocated * f,
-                                            out.num_blocks_hashed * f), None
-            gpu_s, cpu_s = cost.gpu_time_s(batch), cost.cpu_time_s(batch)
-            dt = cost.combine(gpu_s, cpu_s)
-            yield env.timeout(dt)
-            t1 = env.now
-            counts = None
-            drafted = accepted = 0
-            if cost.k and samplers:
-                counts, drafted, accepted = sim._spec_counts(out, samplers, t1)
-            res = sched.update_from_output(out, counts)
-            if samplers is None:
-                n_out = out.num_decode_seqs
-            else:
-                n_out = sum(counts.values()) if counts is not None else len(samplers)
-            if samplers and self.role != "prefill":
-                ft, stalled = sim.first_token_s, self.stalled
-                for sr in samplers:
-                    rid = sr.request_id
-                    i = sim.idx(rid)
-                    if ft[i] != ft[i]:  # NaN: this is the request's first token
-                        ft[i] = t1
-                    elif stalled and rid in stalled:  # resumed after a preemption: one long gap
-                        sim.stall_itl_s.append(t1 - stalled.pop(rid))
-            for rid in out.preempted_ids:
-                # its last token came at the end of the previous step; the gap until its next
-                # token is an inter-token latency the step-weighted ITL does not see
-                if rid not in self.stalled and sim.first_token_s[sim.idx(rid)] == sim.first_token_s[sim.idx(rid)]:
-                    self.stalled[rid] = t0
-            self._finish(res, t1)
-            sim.steps.append((self.idx, t0, dt, 1, dt, dt, gpu_s, cpu_s, batch.num_prefill_tokens,
-                              batch.num_prefill_seqs, batch.num_decode_seqs, n_out, batch.sum_decode_context,
-                              out.num_batched_tokens, out.num_blocks_allocated, out.num_blocks_hashed,
-                              len(out.preempted_ids), sched.num_running, sched.num_waiting,
-                              self._kv_usage(), drafted, accepted))
+            yield from self._one_step()
 
-    def _compose(self, out, t0: float) -> tuple[StepBatch, list]:
-        """The cost model's view of a step, and the scheduled entries that emit tokens."""
-        sim = self.sim
-        npt = nps = nds = dq = sctx = pkv = 0
-        pairs = 0.0
+    def _wait_for_work(self) -> Process:
+        self.wake = self.env.event()
+        yield self.wake
+        self.wake = None
+
+    def _one_step(self) -> Process:
+        env, sched, cost = self.env, self.sched, self.cost
+        t0 = env.now
+        out = sched.schedule()
+        for rid, reason in out.rejected:
+            self.log.rejected(rid, reason)
+        if not out.num_batched_tokens:
+            yield from self._empty_step(out, t0)
+            return
+        # a pure decode step has no first-scheduled or first-token events: skip the per-request view
+        samplers = self._samplers(out, t0) if out.num_prefill_seqs or cost.k else None
+        gpu_s, cpu_s = cost.gpu_time_s(out), cost.cpu_time_s(out, self.coarsening)
+        dt = cost.combine(gpu_s, cpu_s)
+        yield env.timeout(dt)
+        t1 = env.now
+        counts, drafted, accepted = None, 0, 0
+        if cost.k and samplers:
+            counts, drafted, accepted = self.spec.counts(samplers, t1)
+        results = sched.update_from_output(out, counts)
+        if samplers is None:
+            n_out = out.num_decode_seqs
+        else:
+            n_out = sum(counts.values()) if counts is not None else len(samplers)
+            if self.role != "prefill":
+                for sr in samplers:
+                    self.log.token(sr.request_id, t1)
+        for rid in out.preempted_ids:
+            # its last token came at the end of the previous step; the gap until its next token
+            # is an inter-token latency the step-weighted ITL does not see
+            self.log.preempted(rid, t0)
+        self._ended(results, t1)
+        self.step_log.append(self._step_record(out, t0, dt, gpu_s, cpu_s, n_out, drafted, accepted))
+
+    def _empty_step(self, out: SchedulerOutput, t0: float) -> Process:
+        """Nothing runnable (e.g. only rejections this step): report, then wait for new work."""
+        self._ended(self.sched.update_from_output(out, None), t0)
+        if self.sched.num_running:  # would spin forever at one instant: a scheduler bug
+            raise RuntimeError(f"replica {self.idx}: scheduler returned an empty step with "
+                               f"{self.sched.num_running} running requests at t={t0:.6f} s")
+        if self.sched.num_waiting:
+            yield from self._wait_for_work()
+
+    def _samplers(self, out: SchedulerOutput, t0: float) -> list:
+        """The scheduled entries that emit tokens; stamps first scheduling of prefills."""
         samplers = []
-        scheduled_s = sim.scheduled_s
         for sr in out.scheduled:
-            rid, q, c = sr.request_id, sr.num_new_tokens, sr.num_computed_tokens
             if sr.samples:
                 samplers.append(sr)
             if sr.is_prefill:
-                i = sim.idx(rid)
-                if scheduled_s[i] != scheduled_s[i]:  # NaN: first time scheduled
-                    # SimPy timeouts are relative: `now + (arrival - now)` can land one ulp before
-                    # the arrival, so a step starting "at" the arrival may read as earlier.
-                    scheduled_s[i] = max(t0, sim.requests[i].arrival_s)
-                npt += q
-                nps += 1
-                pairs += q * c + q * (q + 1) / 2
-                pkv += c + q
-            else:
-                nds += 1
-                dq += q
-                sctx += c + q
-        f = self.coarsen
-        return StepBatch(npt, nps, pairs, pkv, nds, dq, sctx, out.num_blocks_allocated * f,
-                         out.num_blocks_hashed * f), samplers
+                self.log.scheduled(sr.request_id, t0)
+        return samplers
 
-    def _skip(self, n: int):
-        """Sleep through up to n pure-decode steps; stop early at a wake-up (new work)."""
-        env, sim, sched, cost = self.sim.env, self.sim, self.sched, self.cost
-        B = sched.num_running
-        ctx = np.asarray(sched.running_context_lens(), dtype=np.int64)  # KV tokens before the skip
-        run = cost.decode_run(B, int(ctx.sum()) + B, n)
-        block_s = None if cost.async_scheduling else self._block_cpu_fn(ctx)
+    def _step_record(self, out: SchedulerOutput, t0: float, dt: float, gpu_s: float, cpu_s: float,
+                     n_out: int, drafted: int, accepted: int) -> StepRecord:
+        sched = self.sched
+        return StepRecord(
+            replica=self.idx, step_id=out.step_id, n_steps=1, t_start_s=t0, total_s=dt, first_dt_s=dt,
+            last_dt_s=dt, gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=out.num_batched_tokens,
+            num_prefill_tokens=out.num_prefill_tokens, num_prefill_seqs=out.num_prefill_seqs,
+            sum_prefill_context=out.sum_prefill_context, prefill_attn_pairs=out.prefill_attn_pairs,
+            num_decode_tokens=out.num_decode_tokens, num_decode_seqs=out.num_decode_seqs,
+            sum_decode_context=out.sum_decode_context, num_spec_tokens=out.num_spec_tokens,
+            num_blocks_allocated=out.num_blocks_allocated, num_blocks_hashed=out.num_blocks_hashed,
+            num_preempted=len(out.preempted_ids), num_output_tokens=n_out, drafted=drafted,
+            accepted=accepted, num_running=sched.num_running, num_waiting=sched.num_waiting,
+            kv_usage=sched.kv_usage)
+
+    def _ended(self, results: list[RequestResult], t: float) -> None:
+        """Report requests that left the scheduler at t."""
+        for res in results:
+            if self.role == "prefill" and res.status == "finished":
+                self.log.prefilled(res)
+                self.on_prefilled(self, self.log.requests[self.log.index(res.request_id)], t)
+            else:
+                self.log.finished(res, t, cache_hits_here=self.role == "mixed")
+
+    # --- skip-ahead ---------------------------------------------------------------------
+    def _skip(self, n: int) -> Process:
+        """Sleep through up to n pure-decode steps (the batch shrinking where requests finish);
+        stop early at a wake-up (new work), then apply the steps that started before it."""
+        t0 = self.env.now
+        plan = self._plan_stretch(n, self.next_arrival_s() - t0)
+        self._skip_plan, self._skip_t0 = plan, t0
+        m = yield from self._sleep_through(plan, plan.runs.n)
+        for k, first, num_steps in plan.segments_within(m):
+            adv = advance_decode(self.sched, num_steps)
+            for res, s in zip(adv.finished, adv.finish_steps):
+                self._ended([res], t0 + plan.step_start_s(first + s + 1))
+            self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
+        for req, ext in self.pending:
+            self._admit(req, ext)
+        self.pending.clear()
+        if m:  # the gauges after the stretch: what was admitted at the wake-up is waiting
+            last = self.step_log.records[-1]
+            last.num_running, last.num_waiting, last.kv_usage = (
+                self.sched.num_running, self.sched.num_waiting, self.sched.kv_usage)
+
+    def _plan_stretch(self, n: int, horizon_s: float) -> _Stretch:
+        """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
+        next arrival, which will most likely wake the replica: steps past it are rarely used)."""
+        sched = self.sched
+        ctx = sched.running_context_lens()  # KV tokens before the skip
+        remaining = [r.output_len - r.num_generated for r in sched.running]
+        stretch = DecodeStretch(n, ctx, [min(x, n) for x in remaining])
+        runs, elapsed_s, first = [], 0.0, 0
+        for end in [*sorted({x for x in remaining if x < n}), n]:  # the batch shrinks after each
+            runs.append(self.cost.decode_run(stretch.num_seqs_at(first), stretch.sum_decode_context_at(first),
+                                             end - first))
+            elapsed_s += runs[-1].elapsed_s(end - first)
+            first = end
+            if elapsed_s > horizon_s:
+                break
+        n = first
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(
+            np.asarray(ctx, dtype=np.int64), np.minimum(remaining, n))
+        return _Stretch(DecodeRuns(runs), block_s, sorted(x for x in remaining if x <= n))
+
+    def _sleep_through(self, plan: _Stretch, n: int) -> Process:
+        """Sleep until n steps are done or new work arrives; returns how many steps to apply:
+        those that started before the wake-up, whose end it then waits for."""
+        env = self.env
         t0 = env.now
         self.wake = env.event()
         self.skipping = True
-        yield env.timeout(run.elapsed_s(n) + (block_s(n) if block_s else 0.0)) | self.wake
+        yield env.timeout(plan.step_start_s(n)) | self.wake
         woke = self.wake.triggered
         self.wake = None
         m = n
         if woke:
-            m = run.steps_started_before(env.now - t0, block_s)
+            m = plan.runs.steps_started_before(env.now - t0, plan.block_s)
             if m:
-                end = t0 + run.elapsed_s(m) + (block_s(m) if block_s else 0.0)
-                yield env.timeout(max(end - env.now, 0.0))
+                yield env.timeout(max(t0 + plan.step_start_s(m) - env.now, 0.0))
         self.skipping = False
-        adv = sched.advance_decode(m) if m else None
-        for req, ext in self.pending:
-            self._admit(req, ext)
-        self.pending.clear()
-        if adv is None:
-            return
-        f = self.coarsen
-        extra = 0.0 if block_s is None else cost.block_cpu_s(adv.num_blocks_allocated * f,
-                                                             adv.num_blocks_hashed * f)
-        t1 = env.now
-        self._finish(adv.finished, t1)
-        dt = t1 - t0
-        gpu_s = run.elapsed_s(m) - (0.0 if cost.async_scheduling else m * run.cpu)
-        cpu_s = m * run.cpu + extra
-        sim.steps.append((self.idx, t0, dt, m, run.dt(0), run.dt(m - 1), gpu_s, cpu_s, 0, 0, B, m * B,
-                          adv.sum_decode_context_first_step, adv.num_batched_tokens, adv.num_blocks_allocated,
-                          adv.num_blocks_hashed, 0, sched.num_running, sched.num_waiting, self._kv_usage(), 0, 0))
+        return m
 
-    def _block_cpu_fn(self, ctx: np.ndarray) -> Callable[[int], float]:
-        """CPU seconds of the blocks allocated and hashed in the first m decode steps.
+    def _skip_record(self, plan: _Stretch, adv: DecodeAdvance, t0: float, k: int, num_steps: int) -> StepRecord:
+        """One step-table row: the first `num_steps` steps of the stretch's segment k (one batch)."""
+        runs = plan.runs
+        first = runs.first_steps[k]
+        end = first + num_steps
+        start_s, end_s = plan.step_start_s(first), plan.step_start_s(end)
+        cpu_s = runs.runs[k].cpu * num_steps
+        gpu_s = runs.runs[k].elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
+        if plan.block_s is not None:
+            cpu_s += plan.block_s(end) - plan.block_s(first)
+        b = adv.num_seqs
+        return StepRecord(
+            replica=self.idx, step_id=adv.first_step_id, n_steps=num_steps, t_start_s=t0 + start_s,
+            total_s=end_s - start_s, first_dt_s=runs.dt(first),
+            last_dt_s=runs.dt(end - 1), gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=b, num_decode_tokens=b,
+            num_decode_seqs=b, sum_decode_context=adv.sum_decode_context_first_step,
+            num_blocks_allocated=adv.num_blocks_allocated, num_blocks_hashed=adv.num_blocks_hashed,
+            num_output_tokens=num_steps * b, num_running=self.sched.num_running,
+            num_waiting=self.sched.num_waiting, kv_usage=self.sched.kv_usage)
 
-        Sequence j (ctx[j] tokens in KV) needs a new block at every step i where position
-        ctx[j] + i starts a block, and completes (hashes) one where ctx[j] + i + 1 ends one.
+    def _block_cpu_fn(self, ctx: np.ndarray, steps_each: np.ndarray) -> Callable[[int], float]:
+        """CPU seconds of the blocks allocated and hashed in the first m steps of a stretch.
+
+        Sequence j (ctx[j] tokens in KV, decoding in the stretch's first steps_each[j] steps)
+        needs a new block at every step i where position ctx[j] + i starts a block, and
+        completes (hashes) one where ctx[j] + i + 1 ends one.
         """
-        bs = self.engine.block_size * self.coarsen  # the scheduler's block
+        bs = self.engine.block_size * self.coarsening  # the scheduler's block
         first_alloc = (-ctx) % bs
         first_hash = (bs - 1 - ctx) % bs if self.engine.enable_prefix_caching else None
-        blk_s, hash_s = self.cost.block_cpu_s(self.coarsen, 0), self.cost.block_cpu_s(0, self.coarsen)
+        blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
+
+        memo: dict[int, float] = {0: 0.0}  # a skip asks for the same few m several times
 
         def block_s(m: int) -> float:
-            if m <= 0:
-                return 0.0
-            t = blk_s * float(np.maximum((m - 1 - first_alloc) // bs + 1, 0).sum())
-            if first_hash is not None:
-                t += hash_s * float(np.maximum((m - 1 - first_hash) // bs + 1, 0).sum())
+            t = memo.get(m)
+            if t is None:
+                last = np.minimum(steps_each, m) - 1  # each sequence's last step among the first m
+                t = blk_s * float(np.maximum((last - first_alloc) // bs + 1, 0).sum())
+                if first_hash is not None:
+                    t += hash_s * float(np.maximum((last - first_hash) // bs + 1, 0).sum())
+                memo[m] = t
             return t
 
         return block_s
 
-    def _finish(self, results, t: float) -> None:
-        for r in results:
-            self.sim._done(self, r, t)
 
-    def _kv_usage(self) -> float:
-        return self.sched.kv_usage
+@dataclasses.dataclass(slots=True)
+class _Stretch:
+    """A skip's plan: step durations (one DecodeRun per constant batch, `runs.first_steps` where
+    each starts), the CPU time of the blocks its first m steps allocate and hash (None when
+    async scheduling hides it), and after how many steps each finishing request is done."""
+
+    runs: DecodeRuns
+    block_s: Callable[[int], float] | None
+    finish_after_steps: list[int]  # sorted
+
+    def step_start_s(self, m: int) -> float:
+        """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
+        return self.runs.elapsed_s(m) + (self.block_s(m) if self.block_s is not None else 0.0)
+
+    def num_finished_by(self, elapsed_s: float) -> int:
+        """Finishing requests whose last step has ended `elapsed_s` into the stretch."""
+        steps = self.finish_after_steps
+        lo, hi = 0, len(steps)  # finishes [0, lo) are done by then, [hi, end) are not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.step_start_s(steps[mid]) <= elapsed_s:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def segments_within(self, m: int) -> list[tuple[int, int, int]]:
+        """(segment index, first step, steps) of the segments, cut to the first m steps."""
+        return [(k, f, min(r.n, m - f)) for k, (f, r) in enumerate(zip(self.runs.first_steps, self.runs.runs))
+                if f < m]
 
 
 class Simulation:
@@ -285,34 +389,17 @@ class Simulation:
             raise ValueError("the workload has no requests")
         self.dep = deployment
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
-        ids = [r.request_id for r in self.requests]
-        if len(set(ids)) != len(ids):
-            raise ValueError("request_id values must be unique within a workload")
-        n = len(self.requests)
-        self._pos = {rid: i for i, rid in enumerate(ids)}
-        self.idx = self._pos.__getitem__
+        self.log = RequestLog(self.requests)
+        self.step_log = StepLog()
+        self.router = Router(deployment.router)
         self.seed, self.slo, self.skip_ahead, self.progress = seed, slo, skip_ahead, progress
         self.label, self.extra_meta = label, meta or {}
         self.env = simpy.Environment()
         self.profile = profile or CostProfile.load("default")
         self.coarsen = self._coarsening(kv_block_coarsening)
-        # per-request outcome arrays
-        self.scheduled_s = np.full(n, NAN)
-        self.first_token_s = np.full(n, NAN)
-        self.finish_s = np.full(n, NAN)
-        self.replica_of = np.full(n, -1, dtype=np.int64)
-        self.num_generated = np.zeros(n, dtype=np.int64)
-        self.num_cached = np.zeros(n, dtype=np.int64)
-        self.num_preempt = np.zeros(n, dtype=np.int64)
-        self.status = np.full(n, "unfinished", dtype=object)
-        self.reason = np.full(n, "", dtype=object)
-        self.kv_transfer_s = np.full(n, NAN)
-        self.steps: list[tuple] = []
-        self.stall_itl_s: list[float] = []  # token gaps of requests resumed after preemption
-        self.spec_counters = {"spec_num_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
+        self._next_arrival = 0  # index of the next request to arrive
         self._build_replicas()
-        self._rr = 0
-        self._prefix_index: dict[int, set[int]] = {}
+        self.env.process(self._arrivals())
 
     # --- construction -------------------------------------------------------------------
     def _coarsening(self, want: int | str) -> int:
@@ -320,7 +407,7 @@ class Simulation:
         block (its prefix structure is no finer than that), at most 64.
 
         Coarse blocks make the simulation faster (the scheduler's work is per block) at the
-        price of fragmentation: a request's last block wastes up to coarsen x block_size - 1
+        price of fragmentation: a request's last block wastes up to coarsening x block_size - 1
         slots instead of block_size - 1, and prefix hits end on coarse-block boundaries.
         """
         if want == "auto":
@@ -337,161 +424,74 @@ class Simulation:
     def _build_replicas(self) -> None:
         dep = self.dep
         base = dep.engine.resolved_for(dep.gpu, dep.model)
+        self.max_model_len = base.max_model_len
         draft = draft_spec(dep.model, base.speculative_config)
-        self.acceptance = (AcceptanceModel(base.speculative_config, self.seed)
-                           if base.speculative_config else None)
-        self._alpha: dict[int, float] = {}
-        self.replicas: list[_Replica] = []
+        category = {r.request_id: r.category for r in self.requests}
+        self.spec = (SpecTokens(AcceptanceModel(base.speculative_config, self.seed), category.__getitem__)
+                     if base.speculative_config else None)
+        ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s)
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
-        if dep.disaggregation is None:
-            plan = plan_memory(dep.model, dep.gpu, base)
-            cost = CostModel(dep.model, dep.gpu, base, self.profile, draft)
-            for i in range(dep.num_replicas):
-                self.replicas.append(_Replica(self, i, "mixed", base, plan, cost, self.coarsen))
-            self.front = self.replicas
-        else:
-            d = dep.disaggregation
-            pe = base.model_copy(update={"max_num_batched_tokens": d.prefill_max_num_batched_tokens
-                                         or base.max_num_batched_tokens, "speculative_config": None})
-            de = base.model_copy(update={"max_num_batched_tokens": d.decode_max_num_batched_tokens
-                                         or base.max_num_batched_tokens})
-            pplan, dplan = plan_memory(dep.model, dep.gpu, pe), plan_memory(dep.model, dep.gpu, de)
-            pcost = CostModel(dep.model, dep.gpu, pe, self.profile)
-            dcost = CostModel(dep.model, dep.gpu, de, self.profile, draft)
-            for i in range(d.num_prefill_replicas):
-                self.prefill_pool.append(_Replica(self, i, "prefill", pe, pplan, pcost, self.coarsen))
-            for j in range(d.num_decode_replicas):
-                self.decode_pool.append(_Replica(self, d.num_prefill_replicas + j, "decode", de, dplan, dcost,
-                                                 self.coarsen))
-            self.replicas = self.prefill_pool + self.decode_pool
-            self.front = self.prefill_pool
-            self.link_bytes_per_s = d.link_bandwidth_gb_per_s(dep.gpu) * 1e9
-            self.link_latency_s = d.link_latency_s
-        self.env.process(self._arrivals())
 
-    # --- arrivals and routing -------------------------------------------------------------
-    def _arrivals(self):
+        def replica(idx: int, role: str, engine: EngineConfig, with_draft: bool) -> _Replica:
+            cost = CostModel(dep.model, dep.gpu, engine, self.profile, draft if with_draft else None)
+            return _Replica(self.env, idx, role, engine, plan_memory(dep.model, dep.gpu, engine), cost, ctx,
+                            skip_ahead=self.skip_ahead, kv_block_coarsening=self.coarsen)
+
+        if dep.disaggregation is None:
+            self.replicas = [replica(i, "mixed", base, True) for i in range(dep.num_replicas)]
+            self.front = self.replicas
+            return
+        d = dep.disaggregation
+        pe = base.model_copy(update={"max_num_batched_tokens": d.prefill_max_num_batched_tokens
+                                     or base.max_num_batched_tokens, "speculative_config": None})
+        de = base.model_copy(update={"max_num_batched_tokens": d.decode_max_num_batched_tokens
+                                     or base.max_num_batched_tokens})
+        self.prefill_pool = [replica(i, "prefill", pe, False) for i in range(d.num_prefill_replicas)]
+        self.decode_pool = [replica(d.num_prefill_replicas + j, "decode", de, True)
+                            for j in range(d.num_decode_replicas)]
+        self.replicas = self.prefill_pool + self.decode_pool
+        self.front = self.prefill_pool
+        self.link_gb_per_s = d.link_bandwidth_gb_per_s(dep.gpu)
+        self.link_latency_s = d.link_latency_s
+
+    # --- arrivals and disaggregated hand-off ------------------------------------------------
+    def _arrivals(self) -> Process:
         env, reqs = self.env, self.requests
         n = len(reqs)
         every = max(n // 100, 1)
         disagg = self.dep.disaggregation is not None
         for i, req in enumerate(reqs):
+            self._next_arrival = i
             if req.arrival_s > env.now:
-                yield env.timeout(req.arrival_s - env.now)
-            rep = self._route(req, self.front)
-            self.replica_of[i] = rep.idx
+                yield env.timeout(delay_until(env.now, req.arrival_s))
+            rep = self.router.pick(req, self.front)
+            self.log.routed(req.request_id, rep.idx)
             rep.add(dataclasses.replace(req, output_len=1) if disagg else req)
             if self.progress is not None and i % every == 0:
                 self.progress(i / n)
+        self._next_arrival = n
 
-    def _route(self, req: Request, pool: list[_Replica]) -> _Replica:
-        policy = self.dep.router
-        if len(pool) == 1:
-            return pool[0]
-        if policy == "round_robin":
-            self._rr = (self._rr + 1) % len(pool)
-            return pool[self._rr - 1]
-        if policy == "least_loaded":
-            return min(pool, key=lambda r: r.load)
-        return self._route_prefix(req, pool)
+    def _next_arrival_s(self) -> float:
+        i = self._next_arrival
+        return self.requests[i].arrival_s if i < len(self.requests) else math.inf
 
-    def _route_prefix(self, req: Request, pool: list[_Replica]) -> _Replica:
-        """Longest known prefix among replicas whose load is near the minimum.
+    def _start_transfer(self, src: _Replica, req: Request, t_ready: float) -> None:
+        self.env.process(self._transfer(src, req, t_ready))
 
-        The router keeps an approximate index (prefix-hash chain -> replicas that were sent
-        it), like llm-d's approximate prefix-cache scorer: it does not see evictions.
-        """
-        loads = [r.load for r in pool]
-        lo = min(loads)
-        ok = {r.idx for r, ld in zip(pool, loads) if ld <= lo + PREFIX_ROUTER_LOAD_SLACK}
-        idx = self._prefix_index
-        keys, key = [], 0
-        cand: set[int] | None = ok  # replicas holding every block matched so far
-        for h in req.hash_ids:
-            key = hash((key, h))
-            keys.append(key)
-            if cand is None:
-                continue
-            inter = cand & idx.get(key, set())
-            if inter:
-                cand = inter
-            else:
-                best_set = cand
-                cand = None
-        if cand is not None:
-            best_set = cand
-        best = min((r for r in pool if r.idx in best_set), key=lambda r: r.load)
-        for k in keys:
-            idx.setdefault(k, set()).add(best.idx)
-        return best
-
-    # --- outcomes --------------------------------------------------------------------------
-    def _reject(self, rid: int, reason: str, t: float) -> None:
-        i = self.idx(rid)
-        self.status[i], self.reason[i] = "rejected", reason
-
-    def _done(self, rep: _Replica, res, t: float) -> None:
-        i = self.idx(res.request_id)
-        if res.status != "finished":
-            self.status[i], self.reason[i] = res.status, res.reason
-            return
-        if rep.role == "prefill":
-            self.num_cached[i] = res.num_cached_tokens
-            self.num_preempt[i] += res.num_preemptions
-            self.env.process(self._transfer(rep, self.requests[i], t))
-            return
-        self.finish_s[i] = t
-        self.num_generated[i] = res.num_generated
-        self.num_preempt[i] += res.num_preemptions
-        if rep.role == "mixed":
-            self.num_cached[i] = res.num_cached_tokens
-        self.status[i], self.reason[i] = "finished", res.reason
-
-    def _transfer(self, src: _Replica, req: Request, t_ready: float):
+    def _transfer(self, src: _Replica, req: Request, t_ready: float) -> Process:
         """Move the prompt's KV (whole blocks; each TP rank its shard) over src's link."""
-        tp = src.engine.tensor_parallel_size
-        nbytes = blocks_for_tokens(req.prompt_len, src.engine.block_size) * src.engine.block_size \
-            * src.plan.kv_bytes_per_token / tp
+        nbytes = (blocks_for_tokens(req.prompt_len, src.engine.block_size) * src.engine.block_size
+                  * src.plan.kv_bytes_per_token / src.engine.tensor_parallel_size)
         with src.link.request() as slot:
             yield slot
-            yield self.env.timeout(nbytes / self.link_bytes_per_s + self.link_latency_s)
+            yield self.env.timeout(transfer_time_s(nbytes, self.link_gb_per_s, self.link_latency_s))
         src.release(req.request_id)
-        i = self.idx(req.request_id)
-        self.kv_transfer_s[i] = self.env.now - t_ready
-        dst = self._route(req, self.decode_pool)
-        self.replica_of[i] = dst.idx
+        self.log.transferred(req.request_id, self.env.now - t_ready)
+        dst = self.router.pick(req, self.decode_pool)
+        self.log.routed(req.request_id, dst.idx)
         # the last prompt token is recomputed on the decode side to produce logits
         dst.add(req, external_tokens=req.prompt_len - 1)
-
-    def _spec_counts(self, out, samplers, now: float) -> tuple[dict[int, int], int, int]:
-        """Tokens per sampling request this step (1 + accepted drafts for verified decodes)."""
-        acc, reqs = self.acceptance, self.requests
-        counts: dict[int, int] = {}
-        spec_rows, alphas = [], []
-        for sr in samplers:
-            if sr.num_spec_tokens:
-                rid = sr.request_id
-                spec_rows.append(sr)
-                a = self._alpha.get(rid)
-                if a is None:
-                    a = self._alpha[rid] = acc.alpha(rid, reqs[self.idx(rid)].category)
-                alphas.append(a)
-            else:
-                counts[sr.request_id] = 1
-        drafted = accepted = 0
-        if spec_rows:
-            toks = acc.tokens_per_step(np.asarray(alphas), now)
-            for sr, t in zip(spec_rows, toks.tolist()):
-                t = min(t, sr.num_spec_tokens + 1)
-                counts[sr.request_id] = t
-                drafted += sr.num_spec_tokens
-                accepted += t - 1
-            c = self.spec_counters
-            c["spec_num_drafts"] += len(spec_rows)
-            c["spec_draft_tokens"] += drafted
-            c["spec_accepted_tokens"] += accepted
-        return counts, drafted, accepted
 
     # --- run ---------------------------------------------------------------------------------
     def run(self, until_s: float | None = None) -> SimResult:
@@ -509,60 +509,47 @@ class Simulation:
             args = (args + " " + _kv_transfer_arg(dep.disaggregation.kv_connector)).strip()
         return args
 
-    def _result(self, wall_s: float) -> SimResult:
-        reqs = self.requests
-        arrival = np.array([r.arrival_s for r in reqs])
-        prompt = np.array([r.prompt_len for r in reqs], dtype=np.int64)
-        output = np.array([r.output_len for r in reqs], dtype=np.int64)
-        done = self.status == "finished"
-        ttft = self.first_token_s - arrival
-        e2e = self.finish_s - arrival
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(self.num_generated > 1, (self.finish_s - self.first_token_s)
-                            / (self.num_generated - 1), NAN)
-        requests = {
-            "request_id": np.array([r.request_id for r in reqs], dtype=np.int64),
-            "category": np.array([r.category for r in reqs], dtype=object),
-            "replica": self.replica_of, "arrival_s": arrival, "scheduled_s": self.scheduled_s,
-            "first_token_s": self.first_token_s, "finish_s": self.finish_s,
-            "prompt_len": prompt, "output_len": output, "num_generated": self.num_generated,
-            "num_cached_tokens": self.num_cached, "num_preemptions": self.num_preempt,
-            "status": self.status.astype(str), "reason": self.reason.astype(str),
-            "kv_transfer_s": self.kv_transfer_s, "ttft_s": np.where(done, ttft, NAN),
-            "tpot_s": np.where(done, tpot, NAN), "e2e_s": np.where(done, e2e, NAN),
-            "queue_s": self.scheduled_s - arrival,
-        }
-        cols = list(zip(*self.steps)) if self.steps else [[] for _ in STEP_COLUMNS]
-        steps = {name: np.asarray(col, dtype=np.float64 if name in {"t_start_s", "dt_s", "first_dt_s",
-                                                                     "last_dt_s", "gpu_s", "cpu_s", "kv_usage"}
-                                  else np.int64) for name, col in zip(STEP_COLUMNS, cols)}
-        counters: dict[str, float] = dict(self.spec_counters)
+    def _counters(self) -> dict[str, float]:
         q = h = 0
         for rep in self.replicas:
-            st = rep.sched.stats
             if rep.role != "decode":  # transferred prompts are not cache lookups
-                q += st.prefix_cache_queries_tokens
-                h += st.prefix_cache_hits_tokens
-        counters["prefix_cache_queries_tokens"], counters["prefix_cache_hits_tokens"] = q, h
-        dep = self.dep
-        rate = (len(reqs) - 1) / (arrival[-1] - arrival[0]) if len(reqs) > 1 and arrival[-1] > arrival[0] else "inf"
-        meta = {"model": dep.model.name, "gpu": dep.gpu.name, "num_gpus": dep.num_gpus,
-                "num_replicas": len(self.replicas), "deployment": dep.describe(), "seed": self.seed,
-                "label": self.label, "request_rate": rate, "slo": self.slo,
-                "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks, "kv_block_coarsening": self.coarsen,
+                q += rep.sched.stats.prefix_cache_queries_tokens
+                h += rep.sched.stats.prefix_cache_hits_tokens
+        sp = self.spec
+        return {"prefix_cache_queries_tokens": q, "prefix_cache_hits_tokens": h,
+                "spec_num_drafts": sp.num_drafts if sp else 0, "spec_draft_tokens": sp.draft_tokens if sp else 0,
+                "spec_accepted_tokens": sp.accepted_tokens if sp else 0}
+
+    def _meta(self) -> dict[str, Any]:
+        dep, reqs = self.dep, self.requests
+        first, last = reqs[0].arrival_s, reqs[-1].arrival_s
+        rate = (len(reqs) - 1) / (last - first) if len(reqs) > 1 and last > first else "inf"
+        return {"endpoint_type": "simulated", "backend": "costline-sim", "model": dep.model.name,
+                "gpu": dep.gpu.name, "num_gpus": dep.num_gpus, "num_replicas": len(self.replicas),
+                "deployment": dep.describe(), "seed": self.seed, "label": self.label, "request_rate": rate,
+                "slo": self.slo, "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks,
+                "max_model_len": self.max_model_len, "kv_block_coarsening": self.coarsen,
                 "vllm_args": self._vllm_args()} | self.extra_meta
-        return SimResult(requests=requests, steps=steps, meta=meta, counters=counters, wall_s=wall_s,
-                         stall_itl_s=np.asarray(self.stall_itl_s, dtype=np.float64))
+
+    def _result(self, wall_s: float) -> SimResult:
+        return SimResult(requests=self.log.table(), steps=self.step_log.table(), meta=self._meta(),
+                         counters=self._counters(), wall_s=wall_s,
+                         itl_gaps_s=np.asarray(self.log.stall_gaps_s, dtype=np.float64))
 
 
 def _kv_transfer_arg(connector: str) -> str:
     return f"""--kv-transfer-config '{{"kv_connector":"{connector}","kv_role":"kv_both"}}'"""
 
 
-def simulate(deployment: DeploymentConfig, requests: Sequence[Request], **kw: Any) -> SimResult:
-    """Run one simulation (see `Simulation`)."""
-    until = kw.pop("until_s", None)
-    return Simulation(deployment, requests, **kw).run(until_s=until)
+def simulate(deployment: DeploymentConfig, requests: Sequence[Request], *, seed: int = 0,
+             profile: CostProfile | None = None, slo: SLO | None = None, skip_ahead: bool = True,
+             progress: Callable[[float], None] | None = None, label: str | None = None,
+             meta: dict[str, Any] | None = None, kv_block_coarsening: int | str = 1,
+             until_s: float | None = None) -> SimResult:
+    """Run one simulation (see `Simulation`); `until_s` stops the clock early."""
+    return Simulation(deployment, requests, seed=seed, profile=profile, slo=slo, skip_ahead=skip_ahead,
+                      progress=progress, label=label, meta=meta,
+                      kv_block_coarsening=kv_block_coarsening).run(until_s=until_s)
 
 
-__all__ = ["Simulation", "simulate"]
+__all__ = ["Simulation", "delay_until", "simulate"]

@@ -9,6 +9,8 @@ truncated geometric law P(X >= j) = alpha^j (j <= k), and the step emits X + 1 t
 
     E[tokens per step] = (1 - alpha^(k+1)) / (1 - alpha)
 
+(the simulator draws per step and never needs the mean; tests check the draws against it).
+
 Alpha may drift with simulated time (a task mix or a model that drifts away from the
 draft), by `acceptance_drift_per_s` per second.
 
@@ -18,8 +20,11 @@ model's business (sim/cost_model.py); its *memory* is sim/memory.py's.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
+from engine.scheduler_output import ScheduledRequest
 from sim.config import SpeculativeConfig
 
 
@@ -29,7 +34,8 @@ def _beta(mean: float, concentration: float = 20.0) -> tuple[float, float]:
 
 # Mean per-token acceptance by method and task category. First-principles priors in the
 # range public reports give (EAGLE acceptance length ~1.9-2.1 at k=2..4 on chat, n-gram
-# good on extractive/code and poor on open chat); a calibration issue will replace them.
+# good on extractive/code and poor on open chat); calibrated tables override them through
+# `speculative_config.acceptance_beta`.
 _CATS = ("default", "chat", "code", "json", "reasoning", "summarize", "qa", "agent")
 _MEANS: dict[str, dict[str, float]] = {
     #                          default chat  code  json  reasoning summarize qa  agent
@@ -44,12 +50,6 @@ DEFAULT_ACCEPTANCE: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 ALPHA_MIN, ALPHA_MAX = 1e-6, 1 - 1e-6
-
-
-def expected_tokens_per_step(alpha: float | np.ndarray, k: int) -> float | np.ndarray:
-    """(1 - alpha^(k+1)) / (1 - alpha): mean tokens one verification step emits."""
-    a = np.clip(alpha, ALPHA_MIN, ALPHA_MAX)
-    return (1 - a ** (k + 1)) / (1 - a)
 
 
 def sample_accepted(rng: np.random.Generator, alpha: np.ndarray, k: int) -> np.ndarray:
@@ -96,4 +96,38 @@ class AcceptanceModel:
         return sample_accepted(self.rng, alphas, self.k) + 1
 
 
-__all__ = ["DEFAULT_ACCEPTANCE", "AcceptanceModel", "expected_tokens_per_step", "sample_accepted"]
+class SpecTokens:
+    """Tokens each sampling request emits in a step with speculative decoding, and run totals
+    (vLLM's spec_decode counters). One per simulation, shared by its replicas: the draws come
+    from one seeded stream in step order, so the same seed gives the same run."""
+
+    def __init__(self, acceptance: AcceptanceModel, category_of: Callable[[int], str]) -> None:
+        self.acceptance = acceptance
+        self.category_of = category_of
+        self.num_drafts = self.draft_tokens = self.accepted_tokens = 0
+
+    def counts(self, samplers: Sequence[ScheduledRequest], now_s: float) -> tuple[dict[int, int], int, int]:
+        """(tokens per sampling request, drafted, accepted) for one step ending at `now_s`."""
+        acc = self.acceptance
+        counts: dict[int, int] = {}
+        verified, alphas = [], []
+        for sr in samplers:
+            if sr.num_spec_tokens:
+                verified.append(sr)
+                alphas.append(acc.alpha(sr.request_id, self.category_of(sr.request_id)))
+            else:
+                counts[sr.request_id] = 1
+        drafted = accepted = 0
+        if verified:
+            for sr, t in zip(verified, acc.tokens_per_step(np.asarray(alphas), now_s).tolist()):
+                t = min(t, sr.num_spec_tokens + 1)
+                counts[sr.request_id] = t
+                drafted += sr.num_spec_tokens
+                accepted += t - 1
+            self.num_drafts += len(verified)
+            self.draft_tokens += drafted
+            self.accepted_tokens += accepted
+        return counts, drafted, accepted
+
+
+__all__ = ["DEFAULT_ACCEPTANCE", "AcceptanceModel", "SpecTokens", "sample_accepted"]

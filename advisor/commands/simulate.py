@@ -26,7 +26,7 @@ from rich.table import Table
 from advisor.options import clean_errors, flag_options, source_options
 from engine.flags import FlagError
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
-from sim.metrics import _jsonable as jsonable  # the summary as strict JSON (NaN -> null)
+from sim.metrics import jsonable  # the summary as strict JSON (NaN -> null)
 from sim.run import LoadedWorkload, SimConfig, kv_block_coarsening_for, load, run, summarize
 from sim.workload_source import SourceOptions
 

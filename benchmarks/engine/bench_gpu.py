@@ -179,10 +179,10 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
     gen = sum(len(o.token_ids) for o in outs)
     assert gen == sum(outputs), (gen, sum(outputs))
     tr = llm.step_traces
-    dec = [s for s in tr if s["num_prefill_seqs"] == 0]
+    dec = [s for s in tr if s.num_prefill_seqs == 0]
 
     def mean_ms(rows, k):
-        return 1e3 * float(np.mean([r[k] for r in rows])) if rows else None
+        return 1e3 * float(np.mean([getattr(r, k) for r in rows])) if rows else None
 
     runner = llm.engine.runner
     res = {
@@ -196,12 +196,12 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
         "num_decode_only_steps": len(dec),
         "attention_backend": llm.engine.model.backend.name,
         "cuda_graphs": bool(llm.engine.runner.graphs),
-        "decode_step_ms": {k: mean_ms(dec, k) for k in ("schedule_s", "prepare_s", "forward_s",
+        "decode_step_ms": {k: mean_ms(dec, k) for k in ("schedule_s", "prepare_s", "gpu_s",
                                                         "sample_s", "total_s")},
-        "mixed_step_ms": {k: mean_ms([s for s in tr if s["num_prefill_seqs"]], k)
-                          for k in ("schedule_s", "prepare_s", "forward_s", "sample_s", "total_s")},
-        "wall_in_decode_only_steps_s": float(sum(s["total_s"] for s in dec)),
-        "wall_in_prefill_steps_s": float(sum(s["total_s"] for s in tr if s["num_prefill_seqs"])),
+        "mixed_step_ms": {k: mean_ms([s for s in tr if s.num_prefill_seqs], k)
+                          for k in ("schedule_s", "prepare_s", "gpu_s", "sample_s", "total_s")},
+        "wall_in_decode_only_steps_s": float(sum(s.total_s for s in dec)),
+        "wall_in_prefill_steps_s": float(sum(s.total_s for s in tr if s.num_prefill_seqs)),
     }
     # `runner` too: a live reference kept the old engine's KV cache (and graph pools) reserved
     # until a later collection, and the next engine's KV allocation ran out of memory (run 5).
@@ -711,7 +711,7 @@ def summary_table(result: dict) -> None:
     for k in ("ours", "ours_sync", "ours_old_decode_path", "hf_static", "hf_generate_batch"):
         v = a.get(k, {})
         tps = v.get("output_tokens_per_s") or v.get("useful_output_tokens_per_s")
-        dec = (v.get("decode_step_ms") or {}).get("forward_s")
+        dec = (v.get("decode_step_ms") or {}).get("gpu_s")
         rows.append(f"{k:22s} {'n/a' if tps is None else round(tps):>8} tok/s"
                     + (f"  decode fwd {dec:.3f} ms" if dec else "") + (f"  ERROR {v['error'][:80]}"
                                                                      if "error" in v else ""))

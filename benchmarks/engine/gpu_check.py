@@ -33,7 +33,7 @@ def main() -> None:
         gpu = gpu_llm.generate(prompts, sp)
         same = [a.token_ids == b.token_ids for a, b in zip(cpu, gpu)]
         graphs = sorted(gpu_llm.engine.runner.graphs)
-        decode_steps = sum(1 for t in gpu_llm.step_traces if t["num_prefill_seqs"] == 0)
+        decode_steps = sum(1 for t in gpu_llm.step_traces if t.num_prefill_seqs == 0)
         print(json.dumps({"mode": mode, "tiny_fp32_cuda_equals_cpu": all(same), "num_equal": sum(same),
                           "n": len(same), "backend": gpu_llm.engine.model.backend.name,
                           "num_graphs": len(graphs), "decode_only_steps": decode_steps}))

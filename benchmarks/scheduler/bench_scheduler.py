@@ -22,6 +22,7 @@ from pathlib import Path
 import pydantic
 import xxhash
 
+from engine.decode_skip import advance_decode, uniform_decode_steps
 from engine.request import Request
 from engine.scheduler import Scheduler, SchedulerConfig
 
@@ -86,7 +87,7 @@ def decode_step_cost_us(
         else:
             s.update_from_output(out)
 
-    while s.num_waiting or any(not r.decoding for r in s.running):
+    while s.num_waiting or any(not r.sampled_since_admission for r in s.running):
         one_step()
     for _ in range(bs):  # warm
         one_step()
@@ -178,7 +179,7 @@ def hash_ns_per_block(algo: str, engine_view: bool, n_blocks: int, repeats: int)
             states.append(s.requests[i])
         t0 = _clock()
         for r in states:
-            s._hash_upto(r, n_blocks)
+            s._key_blocks(r, n_blocks)
         return (_clock() - t0) / (n_req * n_blocks) * 1e9
 
     return _best_of(run, repeats)
@@ -222,13 +223,13 @@ def replay_mooncake(path: Path, num_gpu_blocks: int, skip: bool) -> dict:
             t_sim = reqs[nxt].arrival_s
             continue
         if skip:
-            n = s.uniform_decode_steps()
+            n = uniform_decode_steps(s, through_finishes=False)  # the crude clock assumes one batch
             if n > 1:
                 step_s = 0.005 + 20e-6 * s.num_running
                 if nxt < len(reqs):
                     n = min(n, max(1, int((reqs[nxt].arrival_s - t_sim) / step_s)))
                 if n > 1:
-                    s.advance_decode(n)
+                    advance_decode(s, n)
                     t_sim += n * step_s
                     steps += n
                     bulk_steps += n

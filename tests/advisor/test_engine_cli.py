@@ -38,7 +38,7 @@ def test_engine_run_replays_a_workload(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     rows = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
     steps = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
-    assert summary["num_requests"] == 3 == len(rows)
+    assert summary["num_prompts"] == 3 == len(rows)
     assert all(r["prompt_len"] <= 48 for r in rows)
     assert sum(s["num_output_tokens"] for s in steps) == sum(r["num_output_tokens"] for r in rows)
     assert "vllm:e2e_request_latency_seconds_bucket" in prom.read_text()

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from advisor.cli import app
 from advisor.options import clean_errors, flag_options
 from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
-from sim.metrics import _jsonable as jsonable
+from sim.metrics import jsonable
 from sim.run import SimConfig, run, summarize
 from sim.workload_source import SourceOptions
 

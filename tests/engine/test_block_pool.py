@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import block_manager
-from engine.block_manager import (
+from engine import block_pool
+from engine.block_pool import (
     HASH_ALGOS,
     BlockPool,
     make_block_hasher,
@@ -23,7 +23,7 @@ def test_free_queue_fifo_revive_middle_and_free_to_tail():
     assert pool.free_block_ids() == [0, 1, 2, 3, 4] and pool.num_free == 5
     assert pool.allocate(1) == [0]
     pool.cache_block(0, "x")
-    assert pool.free_reversed([0]) == 1
+    assert pool.free_tail_first([0]) == 1
     assert pool.free_block_ids() == [1, 2, 3, 4, 0]
     pool.touch([3])  # revive from the middle
     assert pool.free_block_ids() == [1, 2, 4, 0] and pool.num_free == 4
@@ -35,62 +35,94 @@ def test_free_queue_fifo_revive_middle_and_free_to_tail():
 
 
 @pytest.mark.parametrize("small", [1, 8])  # 1: registration always takes its bulk path
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["pop", "popn", "revive", "free"]), st.integers(0, 40)),
-                max_size=80))
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["pop", "popn", "revive", "share", "cache", "free"]),
+                          st.integers(0, 40)), max_size=80))
 def test_free_queue_matches_a_list_model(small, ops):
     # the append-only queue with dead entries behaves like a plain LRU list
-    default, block_manager._SMALL = block_manager._SMALL, small
+    default, block_pool._SMALL = block_pool._SMALL, small
     try:
         _list_model(ops)
     finally:
-        block_manager._SMALL = default
+        block_pool._SMALL = default
 
 
 def _list_model(ops):
     pool = BlockPool(12, 1)
     pool.compact_at = 4  # exercise compaction too
-    model = list(range(12))
-    owned: list[int] = []
+    model = list(range(12))  # free blocks, LRU first
+    refs = dict.fromkeys(range(12), 0)
+    keys: dict[int, int] = {}  # block -> cached key (a block keeps it while free, until reused)
+
+    def take(blocks):
+        for b in blocks:
+            keys.pop(b, None)  # reuse evicts
+            refs[b] = 1
+
     for op, x in ops:
+        owned = [i for i in range(12) if refs[i]]
         if op == "pop" and model:
-            assert pool.allocate_one() == model.pop(0)
+            b = model.pop(0)
+            assert pool.allocate_one() == b
+            take([b])
         elif op == "popn" and model:
             n = x % (len(model) + 1)
             assert pool.allocate(n) == model[:n]
+            take(model[:n])
             del model[:n]
         elif op == "revive" and model:
             bid = model[x % len(model)]
             pool.touch([bid])
             model.remove(bid)
-        elif op == "free":
-            owned = [i for i in range(12) if i not in model]
-            if owned:
-                run = owned[x % len(owned):][:1 + x % 3]
-                assert pool.free_reversed(run) == len(run)
-                model += run[::-1]
+            refs[bid] = 1
+        elif op == "share" and owned:
+            bid = owned[x % len(owned)]
+            pool.touch([bid])
+            refs[bid] += 1
+        elif op == "cache" and owned:
+            bid = owned[x % len(owned)]
+            if bid not in keys:
+                pool.cache_block(bid, 100 + x)
+                if 100 + x not in keys.values():
+                    keys[bid] = 100 + x
+        elif op == "free" and owned:
+            run = owned[x % len(owned):][:1 + x % 3]
+            gone = []
+            for b in reversed(run):
+                refs[b] -= 1
+                if not refs[b]:
+                    gone.append(b)
+            assert pool.free_tail_first(run) == len(gone)
+            model += gone
         assert pool.free_block_ids() == model and pool.num_free == len(model)
-    pool.check_invariants({i: 1 for i in range(12) if i not in model})
+        assert pool.cached == {k: b for b, k in keys.items()}
+    pool.check_invariants({i: refs[i] for i in range(12) if refs[i]})
+
+
+def test_pack_ints_rejects_ints_beyond_int64():
+    h = make_block_hasher("xxhash")
+    with pytest.raises(ValueError, match="int64"):
+        h(root_hash("xxhash"), (1, 2**63), ())
 
 
 def test_pool_eviction_order_revive_and_counters():
     pool = BlockPool(4, 2)
     a = pool.allocate(2)  # blocks 0, 1
-    pool.register(a, ["h0", "h1"])
+    pool.cache_blocks(a, ["h0", "h1"])
     # free tail first: block 1 then block 0 go to the queue tail -> [2, 3, 1, 0]
-    assert pool.free_reversed(a) == 2
+    assert pool.free_tail_first(a) == 2
     assert pool.free_block_ids() == [2, 3, 1, 0]
     pool.check_invariants({})
     # a prefix hit revives block 0 from the middle/tail
-    hit = pool.lookup("h0")
+    hit = pool.cached.get("h0")
     assert hit == a[0] == 0
     pool.touch([hit])
-    assert pool.free_block_ids() == [2, 3, 1] and pool.ref_cnt(hit) == 1
+    assert pool.free_block_ids() == [2, 3, 1] and pool.ref[hit] == 1
     # allocating 3 evicts cached block 1 (its hash leaves the table), not the live block 0
     got = pool.allocate(3)
     assert got == [2, 3, 1]
-    assert pool.num_evictions == 1 and pool.lookup("h1") is None and pool.lookup("h0") == hit
-    assert pool.block_hash(1) is None and pool.block_hash(0) == "h0"
+    assert pool.num_evictions == 1 and pool.cached.get("h1") is None and pool.cached.get("h0") == hit
+    assert pool.key_of[1] is None and pool.key_of[0] == "h0"
     owners = {0: 1, 1: 1, 2: 1, 3: 1}
     pool.check_invariants(owners)
     assert pool.usage() == 1.0
@@ -104,9 +136,9 @@ def test_shared_block_freed_only_when_last_owner_leaves():
     (b,) = pool.allocate(1)
     pool.cache_block(b, 7)
     pool.touch([b])  # second owner
-    assert pool.free_reversed([b]) == 0 and pool.ref_cnt(b) == 1
-    assert pool.free_reversed([b]) == 1 and pool.ref_cnt(b) == 0
-    assert pool.num_freed == 1 and pool.lookup(7) == b
+    assert pool.free_tail_first([b]) == 0 and pool.ref[b] == 1
+    assert pool.free_tail_first([b]) == 1 and pool.ref[b] == 0
+    assert pool.num_freed == 1 and pool.cached.get(7) == b
 
 
 def test_duplicate_content_keeps_first_block_cached():
@@ -114,9 +146,9 @@ def test_duplicate_content_keeps_first_block_cached():
     x, y, z = pool.allocate(3)
     pool.cache_block(x, 5)
     pool.cache_block(y, 5)
-    assert pool.lookup(5) == x and pool.block_hash(y) is None
-    pool.register([z, y], [6, 5])  # not disjoint: the slow path, first writer still wins
-    assert pool.lookup(6) == z and pool.lookup(5) == x and pool.block_hash(y) is None
+    assert pool.cached.get(5) == x and pool.key_of[y] is None
+    pool.cache_blocks([z, y], [6, 5])  # not disjoint: the slow path, first writer still wins
+    assert pool.cached.get(6) == z and pool.cached.get(5) == x and pool.key_of[y] is None
     pool.check_invariants({0: 1, 1: 1, 2: 1})
 
 
@@ -133,7 +165,7 @@ def test_chained_hash_depends_on_parent_content_and_extra(algo):
 
 @pytest.mark.parametrize("algo", HASH_ALGOS)
 def test_hashes_are_identical_across_processes(algo):
-    code = ("from engine.block_manager import make_block_hasher as m, root_hash as r; "
+    code = ("from engine.block_pool import make_block_hasher as m, root_hash as r; "
             f"h=m('{algo}'); x=h(r('{algo}'), (3, 1, 4, 1, 5), (2,)); print(repr(h(x, (9, 2, 6), ())))")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONPATH": ".", "PYTHONHASHSEED": seed}).stdout

@@ -154,6 +154,10 @@ def test_block_size_per_attention_backend():
         EngineConfig(block_size=8)
     assert EngineConfig(block_size=32).block_size == 32
     assert EngineArgs(block_size=4).block_size == 4
+    # simulating costline's own engine (calibration, cross-check) takes its kernels' rule
+    assert EngineConfig(block_size=4, attention_backend="costline").block_size == 4
+    with pytest.raises(ValueError, match=r"block_size 8: must be a multiple of 16 for the flashinfer"):
+        EngineConfig(block_size=8, attention_backend="flashinfer")
 
 
 @given(st.integers(0, 10**6))
@@ -176,7 +180,8 @@ def test_to_vllm_args_prints_each_changed_flag_with_its_vllm_spelling():
                "prefix_caching_hash_algo": "xxhash", "enable_chunked_prefill": False,
                "long_prefill_token_threshold": 256, "scheduling_policy": "priority", "async_scheduling": True,
                "kv_cache_dtype": "fp8", "quantization": "fp8", "tensor_parallel_size": 2,
-               "speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}
+               "speculative_config": {"method": "ngram", "num_speculative_tokens": 4},
+               "attention_backend": "costline"}
     assert set(changed) == {f.name for f in ENGINE_CONFIG_FLAGS}  # every flag is exercised
     args = EngineConfig(**changed).to_vllm_args(base)
     assert args == [
@@ -185,7 +190,7 @@ def test_to_vllm_args_prints_each_changed_flag_with_its_vllm_spelling():
         "--disable-prefix-caching", "--prefix-caching-hash-algo", "xxhash", "--disable-chunked-prefill",
         "--long-prefill-token-threshold", "256", "--scheduling-policy", "priority", "--async-scheduling",
         "--kv-cache-dtype", "fp8", "--quantization", "fp8", "--tensor-parallel-size", "2",
-        "--speculative-config", """'{"method":"ngram","num_speculative_tokens":4}'"""]
+        "--speculative-config", """'{"method":"ngram","num_speculative_tokens":4}'"""]  # no attention_backend
     assert EngineConfig().to_vllm_args() == []
     # costline's own hash key has no vLLM spelling: never printed
     assert EngineConfig(prefix_caching_hash_algo="sha256").to_vllm_args(

@@ -71,8 +71,8 @@ def test_prefix_caching_same_tokens_and_hits_counted():
     assert stats_off.prefix_cache_hits_tokens == 0
     assert [o.num_cached_tokens for o in outs_on][1:] == [24, 24, 24]
     # Hit tokens are not recomputed: the engine computed fewer prompt tokens with caching on.
-    pre_on = sum(t["num_prefill_tokens"] for t in on.step_traces)
-    pre_off = sum(t["num_prefill_tokens"] for t in off.step_traces)
+    pre_on = sum(t.num_prefill_tokens for t in on.step_traces)
+    pre_off = sum(t.num_prefill_tokens for t in off.step_traces)
     assert pre_off - pre_on == sum(o.num_cached_tokens for o in outs_on)
 
 
@@ -103,13 +103,13 @@ def test_trace_counts_match_returned_tokens():
     prompts = prompts_of(5, [7, 30, 19])
     outs = llm.generate(prompts, [SamplingParams(max_tokens=n) for n in (3, 9, 5)])
     tr = llm.step_traces
-    assert sum(t["num_output_tokens"] for t in tr) == sum(len(o.token_ids) for o in outs) == 17
-    assert sum(t["num_prefill_tokens"] for t in tr) == sum(map(len, prompts))
+    assert sum(t.num_output_tokens for t in tr) == sum(len(o.token_ids) for o in outs) == 17
+    assert sum(t.num_prefill_tokens for t in tr) == sum(map(len, prompts))
     for t in tr:
-        assert t["num_batched_tokens"] == t["num_prefill_tokens"] + t["num_decode_seqs"] <= 32
-        assert t["total_s"] >= t["forward_s"] >= 0
+        assert t.num_batched_tokens == t.num_prefill_tokens + t.num_decode_seqs <= 32
+        assert t.total_s >= t.gpu_s >= 0 and t.cpu_s == t.schedule_s + t.prepare_s + t.sample_s
     # Decode steps: one token per decoding request; they produce exactly the non-first tokens.
-    assert sum(t["num_decode_seqs"] for t in tr) == sum(len(o.token_ids) - 1 for o in outs)
+    assert sum(t.num_decode_seqs for t in tr) == sum(len(o.token_ids) - 1 for o in outs)
 
 
 def test_eos_stops_unless_ignored(base):
@@ -153,7 +153,7 @@ def test_async_scheduling_matches_dense_reference(base, extra):
     outs = llm.generate(prompts, [SamplingParams(max_tokens=m, ignore_eos=True) for m in maxes])
     for p, m, o in zip(prompts, maxes, outs):
         assert o.token_ids == greedy_reference(llm0.engine.spec, w, p, m)
-    assert sum(t["num_output_tokens"] for t in llm.step_traces) == sum(maxes)
+    assert sum(t.num_output_tokens for t in llm.step_traces) == sum(maxes)
     if "num_gpu_blocks_override" in extra:
         assert sum(o.num_preemptions for o in outs) > 0
     if "max_num_seqs" in extra:
@@ -182,7 +182,7 @@ def test_same_token_stops_one_request_and_not_another(base, extra):
     assert outs[2].token_ids == ref[: ref.index(stop) + 1] and outs[2].finish_reason == "stop"
     for p, o, m in zip(others, outs[3:], (6, 7)):
         assert o.token_ids == greedy_reference(llm0.engine.spec, w, p, m)
-    assert sum(t["num_output_tokens"] for t in llm.step_traces) == sum(len(o.token_ids) for o in outs)
+    assert sum(t.num_output_tokens for t in llm.step_traces) == sum(len(o.token_ids) for o in outs)
     assert not llm.engine.has_unfinished() and llm.engine.scheduler.num_running == 0
     llm.engine.scheduler.check_invariants()
 

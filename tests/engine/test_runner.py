@@ -92,23 +92,23 @@ def test_replay_honors_arrivals_and_writes_metrics(tmp_path):
             Request(2, 0.25, 120, 20, tuple(range(30)), hash_block_size=4)]  # 140 > max_model_len
     metrics = EngineMetrics("tiny", 128)
     res = replay(core, reqs, metrics=metrics, trace_file=tmp_path / "steps.jsonl")
-    rows = {r["request_id"]: r for r in res.requests}
+    rows = {r["request_id"]: r for r in res.request_rows()}
     assert rows[2]["status"] == "rejected" and "max_model_len" in rows[2]["finish_reason"]
     assert rows[0]["num_output_tokens"] == 4 and rows[1]["num_output_tokens"] == 3
     assert rows[1]["arrival_s"] == 0.25
     # Request 1 was not admitted before it arrived: its first step starts after 0.25 s.
-    first_step_of_1 = min((s for s in res.steps if s["t_start_s"] >= 0.25), key=lambda s: s["t_start_s"])
+    first_step_of_1 = min((s for s in res.step_rows() if s["t_start_s"] >= 0.25), key=lambda s: s["t_start_s"])
     # ... and it was scheduled by that step: queued from its arrival to the end of that schedule()
     assert rows[1]["queue_s"] == pytest.approx(
         first_step_of_1["t_start_s"] + first_step_of_1["schedule_s"] - 0.25, abs=1e-9)
     assert rows[1]["ttft_s"] >= rows[1]["queue_s"] and rows[1]["e2e_s"] >= rows[1]["ttft_s"]
     assert rows[1]["num_cached_tokens"] == 8
-    assert len(rows[0]["itl_s"]) == 3 and rows[0]["tpot_s"] == pytest.approx(sum(rows[0]["itl_s"]) / 3)
+    assert rows[0]["tpot_s"] == pytest.approx((rows[0]["finish_s"] - rows[0]["first_token_s"]) / 3)
     lines = (tmp_path / "steps.jsonl").read_text().splitlines()
-    assert len(lines) == len(res.steps)
+    assert len(lines) == len(res.step_rows())
     assert sum(json.loads(x)["num_output_tokens"] for x in lines) == 7
     s = res.summary()
-    assert s["num_finished"] == 2 and s["num_rejected"] == 1 and s["output_tokens"] == 7
+    assert s["completed"] == 2 and s["rejected"] == 1 and s["total_output_tokens"] == 7
     assert s["prefix_cache_hit_rate"] == pytest.approx(8 / 18)
     metrics.write(str(tmp_path / "metrics.prom"))
     text = (tmp_path / "metrics.prom").read_text()

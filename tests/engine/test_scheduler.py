@@ -34,7 +34,7 @@ def run_all(s: Scheduler, sampled=None, max_steps: int = 10_000):
 
 
 def test_import_does_not_pull_torch():
-    code = "import sys, engine.scheduler, engine.block_manager; assert 'torch' not in sys.modules; " \
+    code = "import sys, engine.scheduler, engine.block_pool; assert 'torch' not in sys.modules; " \
            "assert 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -172,15 +172,15 @@ def test_engine_requests_need_token_ids_back():
     assert s.requests[0].token_ids == [5, 6, 7, 9]
 
 
-def test_eos_on_plain_decode_and_on_last_token():
+def test_stop_on_plain_decode_and_on_last_token():
     s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4))
     s.add_request(req(0, 2, 5), prompt_token_ids=[5, 6])
     s.add_request(req(1, 2, 2), prompt_token_ids=[5, 7])
     out = s.schedule()
-    assert s.update_from_output(out, {0: [3], 1: [3]}, eos_ids={2}) == []
+    assert s.update_from_output(out, {0: [3], 1: [3]}) == []
     out = s.schedule()
-    res = s.update_from_output(out, {0: [2], 1: [2]}, eos_ids={2})
-    # request 1 hit EOS on its last allowed token: EOS wins the reason
+    res = s.update_from_output(out, {0: [2], 1: [2]}, stopped={0, 1})
+    # request 1 stopped on its last allowed token: the stop wins the reason
     assert [(r.request_id, r.reason, r.num_generated) for r in res] == [(0, "stop", 2), (1, "stop", 2)]
 
 

@@ -119,7 +119,7 @@ def test_preemption_victim_is_latest_arrival_and_resumes_first():
     assert [x.request_id for x in out.scheduled] == [0, 1, 2, 3]
     out, _ = step(s)
     assert out.preempted_ids == [2]
-    assert s.status_of(2) == PREEMPTED and s.num_preemptions_of(2) == 1
+    assert s.status_of(2) == PREEMPTED and s.requests[2].num_preemptions == 1
     assert [x.request_id for x in out.scheduled] == [0, 1]
     out, res = step(s)
     assert [x.request_id for x in out.scheduled] == [0, 1]  # no admission of 2 yet
@@ -219,13 +219,15 @@ def test_spec_tokens_trimmed_by_budget():
     assert [(x.num_new_tokens, x.num_spec_tokens) for x in out.scheduled] == [(5, 4), (1, 0)]
 
 
-def test_eos_stops_engine_requests():
+def test_stop_with_accepted_drafts_keeps_its_tokens_and_frees_blocks():
     s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4, num_speculative_tokens=2))
     s.add_request(mk(0, 2, 10, (1,)), prompt_token_ids=[5, 6])
     out = s.schedule()
-    s.update_from_output(out, {0: [7]}, eos_ids={2})
+    s.update_from_output(out, {0: [7]})
     out = s.schedule()
-    res = s.update_from_output(out, {0: [8, 2, 9]}, eos_ids={2})
+    # 1 + 2 drafts verified; the caller found its stop token at the 2nd: it passes the
+    # tokens up to the stop and names the request in `stopped`
+    res = s.update_from_output(out, {0: [8, 2]}, stopped={0})
     assert [(r.reason, r.num_generated) for r in res] == [("stop", 3)]
     assert s.stats.num_free_blocks == 8
 
@@ -268,4 +270,4 @@ def test_victim_already_scheduled_this_step_is_taken_back():
     # A's fresh block was allocated and freed within the step
     assert out.num_blocks_allocated == 2 and out.num_blocks_freed == 4
     drain(s)
-    assert s.num_preemptions_of(0) == 1 and s.stats.num_prompt_tokens_computed >= 8 + 1
+    assert s.requests[0].num_preemptions == 1 and s.stats.num_prompt_tokens_computed >= 8 + 1

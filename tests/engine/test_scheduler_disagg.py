@@ -94,7 +94,7 @@ def test_preempted_external_request_recomputes_everything():
     assert rows == [(0, 4, 0, 0, True, True, (0,)), (1, 1, 7, 0, True, True, (1, 2))]
     _, rows, _ = _step(s)  # r0 at 4 needs block 3; r1 at 8 needs a block: none left -> r1 preempted
     assert rows == [(0, 1, 4, 0, False, True, (3,))]
-    assert s.num_preemptions_of(1) == 1 and s.stats.external_computed_tokens == 7
+    assert s.requests[1].num_preemptions == 1 and s.stats.external_computed_tokens == 7
     while s.status_of(1) != "running":
         _, rows, _ = _step(s)
     assert rows[-1][:3] == (1, 9, 0)  # recomputed locally: prompt 8 + its 1 output token
@@ -108,7 +108,7 @@ def test_held_blocks_stay_until_release():
     s.add_request(Request(0, 0.0, 8, 1, (1, 2), hash_block_size=4), hold_blocks_on_finish=True)
     out, rows, res = _step(s)
     assert [(r.request_id, r.status) for r in res] == [(0, FINISHED)]
-    assert out.num_blocks_freed == 0 and s.num_held == 1
+    assert out.num_blocks_freed == 0 and s.stats.num_held_requests == 1
     st = s.stats
     assert (st.num_free_blocks, st.kv_usage, st.num_held_blocks, st.num_held_requests) == (2, 0.5, 2, 1)
     assert s.block_ids_of(0) == [0, 1]  # what a KV connector would send
@@ -117,7 +117,7 @@ def test_held_blocks_stay_until_release():
     out, rows, _ = _step(s)
     assert rows == [] and out.num_batched_tokens == 0
     assert s.release_held(0) == 2
-    assert s.stats.num_free_blocks == 4 and s.num_held == 0
+    assert s.stats.num_free_blocks == 4 and s.stats.num_held_requests == 0
     out, rows, _ = _step(s)
     assert rows[0][:2] == (1, 12)
     with pytest.raises(ValueError, match="no held blocks"):
@@ -135,7 +135,7 @@ def test_held_blocks_remain_prefix_hits_and_free_tail_first():
     s.add_request(Request(1, 0.0, 9, 1, (1, 2, 3), hash_block_size=4))
     _, rows, _ = _step(s)
     assert rows == [(1, 1, 8, 8, True, True, (2,))]
-    assert s.pool.ref_cnt(0) == 1 and s.pool.ref_cnt(1) == 1  # r1 finished; r0 holds
+    assert s.pool.ref[0] == 1 and s.pool.ref[1] == 1  # r1 finished; r0 holds
     assert s.release_held(0) == 2
     assert s.stats.num_free_blocks == 6
     s.check_invariants()

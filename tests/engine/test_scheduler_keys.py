@@ -85,8 +85,8 @@ def test_bulk_sim_keys_equal_the_per_block_formula():
         req = Request(0, 0.0, 4 * 300 + 2, 2, tuple(range(7, 7 + 76)), hash_block_size=16)
         s.add_request(req)
         r = s.requests[0]
-        short = s._sim_keys(r, 0, 10)  # scalar path; also builds chain[0:3]
-        keys = s._sim_keys(r, 5, 300)
+        short = r.keys.aligned_keys(r, 0, 10)  # scalar path; also builds chain[0:3]
+        keys = r.keys.aligned_keys(r, 5, 300)
         chain = r.hash_chain
         assert len(chain) == 75 and short == [chain[i // 4] ^ (i % 4) for i in range(10)]
         assert keys == [chain[i // 4] ^ (i % 4) for i in range(5, 300)]

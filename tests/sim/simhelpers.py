@@ -6,6 +6,7 @@ import numpy as np
 
 from engine.model_spec import get_model
 from engine.request import Request
+from engine.scheduler_output import SchedulerOutput
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
 from sim.hardware import get_gpu
 
@@ -44,3 +45,22 @@ def deployment(model: str = "llama-3.1-8b", gpu: str = "h200", replicas: int = 1
         d = DisaggConfig(num_prefill_replicas=disagg[0], num_decode_replicas=disagg[1], **extra)
     return DeploymentConfig(model=get_model(model), gpu=get_gpu(gpu), engine=EngineConfig(**engine),
                             num_replicas=replicas, router=router, disaggregation=d)
+
+
+def prefill_batch(q: int, c: int = 0, blocks: int = 0) -> SchedulerOutput:
+    """One prefill chunk of q new tokens over c already in KV (causal pairs by hand)."""
+    return SchedulerOutput(step_id=0, num_batched_tokens=q, num_prefill_tokens=q, num_prefill_seqs=1,
+                           sum_prefill_context=c + q, prefill_attn_pairs=q * c + q * (q + 1) // 2,
+                           num_blocks_allocated=blocks)
+
+
+def decode_batch(seqs: int, sum_context: int, tokens: int | None = None, blocks: int = 0) -> SchedulerOutput:
+    """`seqs` decodes (`tokens` query tokens in all, drafts included) over `sum_context` KV tokens."""
+    tokens = seqs if tokens is None else tokens
+    return SchedulerOutput(step_id=0, num_batched_tokens=tokens, num_decode_tokens=tokens, num_decode_seqs=seqs,
+                           sum_decode_context=sum_context, num_blocks_allocated=blocks)
+
+
+def step_s(cost, batch) -> float:
+    """A step's duration as the simulator charges it."""
+    return cost.combine(cost.gpu_time_s(batch), cost.cpu_time_s(batch))

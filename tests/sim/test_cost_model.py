@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from engine.model_spec import get_model
 from sim.config import EngineConfig, SpeculativeConfig
-from sim.cost_model import CostModel, CostProfile, DecodeRun, StepBatch
+from sim.cost_model import CostModel, CostProfile, DecodeRun, DecodeRuns
 from sim.hardware import get_gpu
 from sim.memory import NON_TORCH_BYTES_PER_GPU, plan_memory
+from tests.sim.simhelpers import decode_batch, prefill_batch, step_s
 
 M8 = get_model("llama-3.1-8b")
 H200 = get_gpu("h200")
@@ -23,13 +24,12 @@ def cm(**engine) -> CostModel:
     return CostModel(M8, H200, EngineConfig(**engine).resolved_for(H200, M8), P)
 
 
-def prefill(q: int, c: int = 0) -> StepBatch:
-    pairs, kv = StepBatch.prefill_chunk(q, c)
-    return StepBatch(num_prefill_tokens=q, num_prefill_seqs=1, prefill_attn_pairs=pairs, prefill_kv_tokens=kv)
+def prefill(q: int, c: int = 0):
+    return prefill_batch(q, c)
 
 
-def decode(b: int, ctx_each: int) -> StepBatch:
-    return StepBatch(num_decode_seqs=b, decode_query_tokens=b, sum_decode_context=b * ctx_each)
+def decode(b: int, ctx_each: int):
+    return decode_batch(b, b * ctx_each)
 
 
 def test_large_prefill_is_compute_bound_by_hand():
@@ -44,7 +44,7 @@ def test_large_prefill_is_compute_bound_by_hand():
     elementwise = q * L * (8 * h + 3 * inter) * 2 / (4800e9 * 0.70)
     gpu = gemm + attn + elementwise + 1.5e-4
     cpu = 4e-4 + 1.2e-5
-    assert cm().step_time_s(prefill(q)) == pytest.approx(gpu + cpu, rel=1e-12)
+    assert step_s(cm(), prefill(q)) == pytest.approx(gpu + cpu, rel=1e-12)
     assert gemm == pytest.approx(gemm_flops / (989.5e12 * 0.70))  # compute side wins
 
 
@@ -88,12 +88,14 @@ def test_async_scheduling_overlaps_cpu():
     b = decode(256, 500)
     sync, asy = cm(), cm(async_scheduling=True)
     g, c = sync.gpu_time_s(b), sync.cpu_time_s(b)
-    assert sync.step_time_s(b) == pytest.approx(g + c)
-    assert asy.step_time_s(b) == pytest.approx(max(g, c))
+    assert step_s(sync, b) == pytest.approx(g + c)
+    assert step_s(asy, b) == pytest.approx(max(g, c))
     # CPU terms: per step, per sequence, per block allocated and hashed
-    b2 = StepBatch(num_decode_seqs=10, decode_query_tokens=10, sum_decode_context=1000,
-                   num_blocks_allocated=7, num_blocks_hashed=3)
+    b2 = decode_batch(10, 1000, blocks=7)
+    b2.num_blocks_hashed = 3
     assert sync.cpu_time_s(b2) == pytest.approx(4e-4 + 10 * 1.2e-5 + 7 * 1.5e-6 + 3 * 1e-6)
+    # KV block coarsening: the scheduler's blocks are `block_scale` engine blocks each
+    assert sync.cpu_time_s(b2, block_scale=4) == pytest.approx(4e-4 + 10 * 1.2e-5 + 28 * 1.5e-6 + 12 * 1e-6)
 
 
 def test_speculative_costs():
@@ -101,7 +103,7 @@ def test_speculative_costs():
     e = EngineConfig(speculative_config=sc).resolved_for(H200, M8)
     draft = get_model("llama-3.2-1b")
     m = CostModel(M8, H200, e, P, draft)
-    b = StepBatch(num_decode_seqs=4, decode_query_tokens=20, sum_decode_context=4000)
+    b = decode_batch(4, 4000, tokens=20)
     d = CostModel(draft, H200, EngineConfig(), P.model_copy(update={"gpu_step_overhead_s": 8e-5}))
     assert m.proposer_gpu_s(b) == pytest.approx(4 * d.forward_s(4, 4, 0, 0, 4000, 4000))
     # the target verifies 5 tokens per sequence: attention sees 5 queries per context token
@@ -126,12 +128,26 @@ def test_decode_run_closed_form(g0, slope, cpu, n, overlap, frac):
     assert abs(got - want) <= (1 if any(abs(s - t) < 1e-12 for s in starts) else 0)
 
 
+@settings(max_examples=40, deadline=None)
+@given(parts=st.lists(st.tuples(st.floats(1e-4, 0.05), st.floats(0, 1e-4), st.integers(1, 40)), min_size=1,
+                      max_size=5), cpu=st.floats(0, 0.02), overlap=st.booleans(), frac=st.floats(0, 1.1))
+def test_decode_runs_chain_their_segments(parts, cpu, overlap, frac):
+    runs = DecodeRuns([DecodeRun(g0, slope, cpu, n, overlap) for g0, slope, n in parts])
+    dts = [r.dt(i) for r in runs.runs for i in range(r.n)]  # every step, in order
+    assert runs.n == len(dts) and [runs.dt(i) for i in range(runs.n)] == dts
+    for m in (0, 1, runs.n // 2, runs.n):
+        assert runs.elapsed_s(m) == pytest.approx(sum(dts[:m]), rel=1e-9, abs=1e-15)
+    t = frac * sum(dts)
+    starts = [sum(dts[:i]) for i in range(runs.n)]
+    want = sum(1 for x in starts if x < t)
+    assert abs(runs.steps_started_before(t) - want) <= (1 if any(abs(x - t) < 1e-12 for x in starts) else 0)
+
+
 def test_decode_linear_matches_step_time():
     m = cm()
     run = m.decode_run(16, 16 * 300, 50)
     for i in (0, 17, 49):
-        assert run.dt(i) == pytest.approx(m.step_time_s(
-            StepBatch(num_decode_seqs=16, decode_query_tokens=16, sum_decode_context=16 * 300 + 16 * i)))
+        assert run.dt(i) == pytest.approx(step_s(m, decode_batch(16, 16 * 300 + 16 * i)))
 
 
 def test_profile_roundtrip_and_errors(tmp_path):

@@ -1,4 +1,4 @@
-"""Metrics: aggregates against hand computation, vLLM names and buckets, files, the CLI."""
+"""Metrics: aggregates against hand computation, vLLM names and buckets, files."""
 
 from __future__ import annotations
 
@@ -8,13 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from sim.metrics import (
-    SLO,
-    STEP_COLUMNS,
-    SimResult,
-    load_summary,
-    weighted_percentiles,
-)
+from engine.records import REQUEST_COLUMNS, STEP_COLUMNS, StepRecord, expand_step_rows, to_columns
+from sim.metrics import SLO, SimResult, jsonable, load_summary, weighted_percentiles
 from sim.simulator import simulate
 from tests.sim.simhelpers import deployment, poisson
 
@@ -24,24 +19,32 @@ def _result() -> SimResult:
     nan = math.nan
     req = {
         "request_id": np.array([0, 1, 2]), "category": np.array(["a", "a", "b"], dtype=object),
-        "replica": np.array([0, 0, 0]), "arrival_s": np.array([0.0, 1.0, 2.0]),
+        "replica": np.array([0, 0, 0]), "status": np.array(["finished", "finished", "rejected"]),
+        "finish_reason": np.array(["length", "stop", "too long"]), "arrival_s": np.array([0.0, 1.0, 2.0]),
         "scheduled_s": np.array([0.0, 1.5, nan]), "first_token_s": np.array([0.1, 1.7, nan]),
         "finish_s": np.array([1.1, 2.7, nan]), "prompt_len": np.array([100, 200, 300]),
-        "output_len": np.array([11, 6, 5]), "num_generated": np.array([11, 6, 0]),
+        "output_len": np.array([11, 6, 5]), "num_output_tokens": np.array([11, 6, 0]),
         "num_cached_tokens": np.array([0, 64, 0]), "num_preemptions": np.array([0, 2, 0]),
-        "status": np.array(["finished", "finished", "rejected"]), "reason": np.array(["length", "length", "x"]),
-        "kv_transfer_s": np.full(3, nan), "ttft_s": np.array([0.1, 0.7, nan]),
+        "queue_s": np.array([0.0, 0.5, nan]), "ttft_s": np.array([0.1, 0.7, nan]),
         "tpot_s": np.array([0.1, 0.2, nan]), "e2e_s": np.array([1.1, 1.7, nan]),
-        "queue_s": np.array([0.0, 0.5, nan]),
+        "kv_transfer_s": np.full(3, nan),
     }
+    assert tuple(req) == REQUEST_COLUMNS
     rows = [  # one single step with 2 decoders, one 3-step skip from 0.01 to 0.03 s with 1 decoder
-        (0, 0.0, 0.02, 1, 0.02, 0.02, 0.015, 0.005, 100, 1, 2, 2, 500, 102, 7, 6, 0, 2, 0, 0.5, 0, 0),
-        (0, 0.02, 0.06, 3, 0.01, 0.03, 0.05, 0.01, 0, 0, 1, 3, 300, 3, 0, 0, 0, 1, 0, 0.25, 0, 0),
-        (0, 0.08, 0.1, 1, 0.1, 0.1, 0.1, 0.0, 200, 1, 0, 1, 0, 200, 13, 12, 1, 1, 0, 0.75, 0, 0),
+        StepRecord(t_start_s=0.0, total_s=0.02, first_dt_s=0.02, last_dt_s=0.02, gpu_s=0.015, cpu_s=0.005,
+                   num_prefill_tokens=100, num_prefill_seqs=1, num_decode_seqs=2, num_decode_tokens=2,
+                   num_output_tokens=2, sum_decode_context=500, num_batched_tokens=102, num_blocks_allocated=7,
+                   num_blocks_hashed=6, num_running=2, kv_usage=0.5),
+        StepRecord(t_start_s=0.02, total_s=0.06, n_steps=3, first_dt_s=0.01, last_dt_s=0.03, gpu_s=0.05,
+                   cpu_s=0.01, num_decode_seqs=1, num_decode_tokens=1, num_output_tokens=3,
+                   sum_decode_context=300, num_batched_tokens=1, num_running=1, kv_usage=0.25),
+        StepRecord(t_start_s=0.08, total_s=0.1, first_dt_s=0.1, last_dt_s=0.1, gpu_s=0.1, cpu_s=0.0,
+                   num_prefill_tokens=200, num_prefill_seqs=1, num_output_tokens=1, num_batched_tokens=200,
+                   num_blocks_allocated=13, num_blocks_hashed=12, num_preempted=1, num_running=1, kv_usage=0.75),
     ]
-    steps = {c: np.array([r[i] for r in rows], dtype=float) for i, c in enumerate(STEP_COLUMNS)}
-    meta = {"model": "m", "num_gpus": 2, "num_replicas": 1, "num_gpu_blocks": 100}
-    return SimResult(req, steps, meta, {"prefix_cache_queries_tokens": 300, "prefix_cache_hits_tokens": 64})
+    meta = {"model": "m", "num_gpus": 2, "num_replicas": 1, "num_gpu_blocks": 100, "max_model_len": 1000}
+    return SimResult(req, to_columns(rows, StepRecord), meta,
+                     {"prefix_cache_queries_tokens": 300, "prefix_cache_hits_tokens": 64})
 
 
 def test_weighted_percentiles_match_numpy_inverted_cdf():
@@ -75,31 +78,66 @@ def test_summary_values_by_hand():
     assert s["max_output_tokens_per_s"] == 6  # all three rows end within the first second
 
 
+def samples(text: str) -> dict[tuple, float]:
+    """{(sample name, sorted labels): value} of a Prometheus exposition (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(x.name, tuple(sorted(x.labels.items()))): x.value
+            for fam in text_string_to_metric_families(text) for x in fam.samples}
+
+
 def test_prometheus_names_and_buckets():
     text = _result().prometheus_text()
-    lines = text.splitlines()
-    lab = 'engine="sim",model_name="m"'
-    # TTFT 0.1 s and 0.7 s: cumulative buckets in vLLM's bounds
+    got = samples(text)
+
     def bucket(name, le):
-        return float(next(x for x in lines if x.startswith(f'{name}_bucket{{{lab},le="{le}"}}')).split()[-1])
-    assert bucket("vllm:time_to_first_token_seconds", 0.08) == 0
-    assert bucket("vllm:time_to_first_token_seconds", 0.1) == 1
-    assert bucket("vllm:time_to_first_token_seconds", 0.75) == 2
+        return got[(f"{name}_bucket", (("le", le), ("model_name", "m")))]
+
+    # TTFT 0.1 s and 0.7 s: cumulative buckets in vLLM's bounds
+    assert bucket("vllm:time_to_first_token_seconds", "0.08") == 0
+    assert bucket("vllm:time_to_first_token_seconds", "0.1") == 1
+    assert bucket("vllm:time_to_first_token_seconds", "0.75") == 2
     assert bucket("vllm:time_to_first_token_seconds", "+Inf") == 2
     # vllm-conventions.md lists 22 TTFT and 19 ITL bounds; +Inf adds one
-    assert sum(1 for x in lines if x.startswith("vllm:time_to_first_token_seconds_bucket")) == 22 + 1
-    assert sum(1 for x in lines if x.startswith("vllm:inter_token_latency_seconds_bucket")) == 19 + 1
-    assert bucket("vllm:time_to_first_token_seconds", 2560.0) == 2  # the largest bound
-    assert bucket("vllm:inter_token_latency_seconds", 0.01) == 1  # the 10 ms step
-    assert bucket("vllm:inter_token_latency_seconds", 0.025) == 4  # + 20 ms in the skip, 2 decoders at 20 ms
-    assert f"vllm:prefix_cache_hits_total{{{lab}}} 64.0" in lines
-    assert f'vllm:request_success_total{{{lab},finished_reason="length"}} 2.0' in lines
-    assert f"vllm:num_preemptions_total{{{lab}}} 2.0" in lines
+    assert sum(1 for k in got if k[0] == "vllm:time_to_first_token_seconds_bucket") == 22 + 1
+    assert sum(1 for k in got if k[0] == "vllm:inter_token_latency_seconds_bucket") == 19 + 1
+    assert bucket("vllm:time_to_first_token_seconds", "2560.0") == 2  # the largest bound
+    assert bucket("vllm:inter_token_latency_seconds", "0.01") == 1  # the 10 ms step
+    assert bucket("vllm:inter_token_latency_seconds", "0.025") == 4  # + 20 ms in the skip, 2 decoders at 20 ms
+    assert got[("vllm:inter_token_latency_seconds_sum", (("model_name", "m"),))] == pytest.approx(0.1)
+    # iteration tokens: one observation per engine step (the 3-step row counts 3 times)
+    assert bucket("vllm:iteration_tokens_total", "1.0") == 3 and bucket("vllm:iteration_tokens_total", "+Inf") == 5
+    m = (("model_name", "m"),)
+    assert got[("vllm:prefix_cache_hits_total", m)] == 64
+    assert got[("vllm:request_success_total", (("finished_reason", "length"), ("model_name", "m")))] == 1
+    assert got[("vllm:request_success_total", (("finished_reason", "stop"), ("model_name", "m")))] == 1
+    assert got[("vllm:admission_rejections_total", (("model_name", "m"), ("reason", "too long")))] == 1
+    assert got[("vllm:num_preemptions_total", m)] == 2
+    assert got[("vllm:generation_tokens_total", m)] == 17
+    # inference time = finish - first scheduled: 1.1 s and 1.2 s
+    assert got[("vllm:request_inference_time_seconds_sum", m)] == pytest.approx(2.3)
     for name in ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
                  "vllm:request_time_per_output_token_seconds", "vllm:iteration_tokens_total",
                  "vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting"):
         assert f"# TYPE {name} " in text
+    assert got[("vllm:kv_cache_usage_perc", m)] == 0.75  # the gauge after the last step
     assert "gpu_cache_usage_perc" not in text  # removed in vLLM (#29330)
+
+
+def test_expanded_step_rows_are_single_steps():
+    steps = _result().steps
+    one = expand_step_rows(steps)
+    assert list(one["n_steps"]) == [1] * 5 and list(one) == list(STEP_COLUMNS)
+    assert one["total_s"].tolist() == pytest.approx([0.02, 0.01, 0.02, 0.03, 0.1])
+    assert one["t_start_s"].tolist() == pytest.approx([0.0, 0.02, 0.03, 0.05, 0.08])
+    assert one["sum_decode_context"].tolist() == [500, 300, 301, 302, 0]
+    assert one["num_output_tokens"].tolist() == [2, 1, 1, 1, 1]
+    assert one["total_s"].sum() == pytest.approx(steps["total_s"].sum())
+
+
+def test_jsonable_is_strict_json():
+    x = jsonable({"a": np.float64("nan"), "b": [np.int64(3), math.inf], "c": np.float32(0.5)})
+    assert json.dumps(x, allow_nan=False) == '{"a": null, "b": [3, null], "c": 0.5}'
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])

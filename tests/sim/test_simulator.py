@@ -10,13 +10,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.model_spec import ModelSpec
+from engine.records import expand_step_rows
 from engine.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
-from sim.cost_model import CostModel, StepBatch
+from sim.cost_model import CostModel
 from sim.hardware import get_gpu
-from sim.simulator import Simulation, simulate
-from sim.speculative import expected_tokens_per_step, sample_accepted
-from tests.sim.simhelpers import deployment, poisson, req
+from sim.simulator import Simulation, delay_until, simulate
+from sim.speculative import sample_accepted
+from tests.sim.simhelpers import decode_batch, deployment, poisson, prefill_batch, req, step_s
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """(1 - alpha^(k+1)) / (1 - alpha): mean tokens of one verification step (the closed form)."""
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def _cost(dep) -> CostModel:
@@ -29,26 +35,24 @@ def test_lone_request_ttft_and_tpot_equal_step_times(skip):
     P, O = 1000, 20
     res = simulate(dep, [req(0, 2.5, P, O)], skip_ahead=skip)
     cost = _cost(dep)
-    pairs, kv = StepBatch.prefill_chunk(P, 0)
-    prefill_s = cost.step_time_s(StepBatch(P, 1, pairs, kv, num_blocks_allocated=math.ceil(P / 16)))
+    prefill_s = step_s(cost, prefill_batch(P, 0, blocks=math.ceil(P / 16)))
     decode_s = []
     for j in range(1, O):  # decode step j: the KV holds P + j tokens after it
         new_blocks = math.ceil((P + j) / 16) - math.ceil((P + j - 1) / 16)
-        decode_s.append(cost.step_time_s(StepBatch(num_decode_seqs=1, decode_query_tokens=1,
-                                                   sum_decode_context=P + j, num_blocks_allocated=new_blocks)))
+        decode_s.append(step_s(cost, decode_batch(1, P + j, blocks=new_blocks)))
     r = res.requests
     assert r["ttft_s"][0] == pytest.approx(prefill_s, rel=1e-12)
     assert r["queue_s"][0] == 0.0
     assert r["tpot_s"][0] == pytest.approx(sum(decode_s) / (O - 1), rel=1e-9)
     assert r["e2e_s"][0] == pytest.approx(prefill_s + sum(decode_s), rel=1e-9)
-    assert r["num_generated"][0] == O and r["status"][0] == "finished"
+    assert r["num_output_tokens"][0] == O and r["status"][0] == "finished"
 
 
 def test_md1_queueing_delay_at_low_load():
     """One server, deterministic service D, Poisson arrivals at rho = 0.5:
     M/D/1 mean wait = rho D / (2 (1 - rho)). Batching is switched off (max_num_seqs=1)."""
     dep = deployment(enable_prefix_caching=False, max_num_seqs=1)
-    D = _cost(dep).step_time_s(StepBatch(512, 1, *StepBatch.prefill_chunk(512, 0), num_blocks_allocated=32))
+    D = step_s(_cost(dep), prefill_batch(512, 0, blocks=32))
     rho, n = 0.5, 6000
     reqs = poisson(n, rho / D, 512, 1, seed=7)
     r = simulate(dep, reqs).requests
@@ -131,9 +135,9 @@ def test_every_request_finishes_or_is_rejected():
     r = res.requests
     assert set(r["status"]) <= {"finished", "rejected"}
     fin = r["status"] == "finished"
-    assert np.all(r["num_generated"][fin] == r["output_len"][fin])
+    assert np.all(r["num_output_tokens"][fin] == r["output_len"][fin])
     assert sorted(r["request_id"][~fin]) == [150, 151]
-    assert "max_model_len" in r["reason"][r["request_id"] == 150][0]
+    assert "max_model_len" in r["finish_reason"][r["request_id"] == 150][0]
     assert res.summary()["num_preemptions"] > 0  # the small pool made it work for that
 
 
@@ -174,7 +178,40 @@ def test_skipping_equals_stepping(router, overlap):
     vb, wb = b.itl_samples()
     # ITL samples agree up to where block-allocation CPU time lands (per step vs per stretch)
     assert sorted(np.repeat(va, wa.astype(int))) == pytest.approx(sorted(np.repeat(vb, wb.astype(int))), abs=2e-5)
-    assert a.steps["dt_s"].sum() == pytest.approx(b.steps["dt_s"].sum(), rel=1e-9)
+    assert a.steps["total_s"].sum() == pytest.approx(b.steps["total_s"].sum(), rel=1e-9)
+
+
+@pytest.mark.parametrize("replicas, router, overlap", [(1, "least_loaded", False), (2, "least_loaded", False),
+                                                     (2, "prefix_aware", False), (2, "round_robin", True)])
+def test_skipping_through_finishes_equals_stepping(replicas, router, overlap):
+    """A skip runs through requests finishing mid-stretch (the batch shrinks; one step row per
+    constant batch): request times, routing and every step's composition equal stepping."""
+    rng = np.random.default_rng(7)
+    arrivals = np.cumsum(rng.exponential(0.5, 60))
+    reqs = [req(i, float(t), int(rng.integers(50, 900)), int(rng.integers(5, 400)), tuple(range(10)))
+            for i, t in enumerate(arrivals)]
+    dep = deployment(replicas=replicas, router=router, num_gpu_blocks_override=3000, async_scheduling=overlap)
+    a = simulate(dep, reqs, skip_ahead=True)
+    b = simulate(dep, reqs, skip_ahead=False)
+    for k in ("first_token_s", "finish_s", "scheduled_s"):
+        np.testing.assert_allclose(a.requests[k], b.requests[k], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(a.requests["replica"], b.requests["replica"])
+    through = 0
+    cols = ("step_id", "num_batched_tokens", "num_prefill_tokens", "num_decode_seqs", "sum_decode_context",
+            "num_output_tokens", "num_preempted")
+    for rep in range(replicas):
+        sa = {c: v[a.steps["replica"] == rep] for c, v in a.steps.items()}
+        sb = {c: v[b.steps["replica"] == rep] for c, v in b.steps.items()}
+        one = expand_step_rows(sa)
+        for c in cols:
+            np.testing.assert_array_equal(one[c], sb[c], err_msg=c)
+        # consecutive skip rows with no step between them and a smaller batch: a finish mid-stretch
+        multi = sa["n_steps"] > 1
+        back_to_back = np.isclose(sa["t_start_s"][1:], (sa["t_start_s"] + sa["total_s"])[:-1], rtol=0, atol=1e-12)
+        through += int((multi[1:] & multi[:-1] & back_to_back
+                        & (sa["num_decode_seqs"][1:] < sa["num_decode_seqs"][:-1])).sum())
+    assert through > 5, through
+    assert len(a.steps["n_steps"]) < len(b.steps["n_steps"]) / 3
 
 
 def test_round_robin_and_least_loaded_spread_requests():
@@ -203,15 +240,14 @@ def test_disaggregated_lone_request_ttft_is_prefill_plus_transfer_plus_one_token
     sim = Simulation(dep, [Request(0, 0.0, 4096, 8, tuple(range(256)))])
     res = sim.run()
     pre, dec = sim.prefill_pool[0].cost, sim.decode_pool[0].cost
-    pairs, kv = StepBatch.prefill_chunk(4096, 0)
-    prefill_s = pre.step_time_s(StepBatch(4096, 1, pairs, kv, num_blocks_allocated=256))
+    prefill_s = step_s(pre, prefill_batch(4096, 0, blocks=256))
     transfer_s = 4096 * MHA.kv_bytes_per_token() / 50e9 + 1e-3
     # decode side: the KV arrived, only the last prompt token is computed (context 4095)
-    first_s = dec.step_time_s(StepBatch(1, 1, *StepBatch.prefill_chunk(1, 4095), num_blocks_allocated=256))
+    first_s = step_s(dec, prefill_batch(1, 4095, blocks=256))
     r = res.requests
     assert r["kv_transfer_s"][0] == pytest.approx(transfer_s, rel=1e-12)
     assert r["ttft_s"][0] == pytest.approx(prefill_s + transfer_s + first_s, rel=1e-9)
-    assert r["num_generated"][0] == 8
+    assert r["num_output_tokens"][0] == 8
 
 
 def test_acceptance_drift_lowers_acceptance():
@@ -233,7 +269,7 @@ def test_random_workloads_finish_or_reject(rows, blocks, replicas, chunked):
     r = simulate(dep, reqs).requests
     assert set(r["status"]) <= {"finished", "rejected"}
     fin = r["status"] == "finished"
-    assert np.all(r["num_generated"][fin] == r["output_len"][fin])
+    assert np.all(r["num_output_tokens"][fin] == r["output_len"][fin])
     assert np.all(r["first_token_s"][fin] <= r["finish_s"][fin])
     assert np.all(r["scheduled_s"][fin] >= r["arrival_s"][fin])
     too_long = (r["prompt_len"] + r["output_len"]) > 2048
@@ -285,3 +321,15 @@ def test_prefill_replica_holds_blocks_until_the_transfer_ends():
         st = rep.sched.stats
         assert st.num_held_requests == 0 and st.num_free_blocks == st.num_gpu_blocks
     assert sim.decode_pool[0].sched.stats.external_computed_tokens == 2 * 4095
+
+
+def test_arrivals_never_land_before_their_time():
+    """SimPy adds delays to the clock: 0.2740583980656664 + (0.92 - 0.2740583980656664) is one ulp
+    below 0.92, and no delay reaches 0.92 exactly; the arrival lands on the next clock time."""
+    now, t = 0.2740583980656664, 0.92
+    assert now + (t - now) < t
+    d = delay_until(now, t)
+    assert now + d >= t and now + math.nextafter(d, -math.inf) < t
+    dep = deployment(num_gpu_blocks_override=40, max_model_len=2048, max_num_batched_tokens=1024)
+    r = simulate(dep, [req(0, t, 1, 1), req(1, now, 1, 1)]).requests
+    assert np.all(r["scheduled_s"] >= r["arrival_s"]) and r["queue_s"].max() < 1e-15

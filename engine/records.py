@@ -1,0 +1,160 @@
+"""One step record and one request record: the columns of the engine's step trace and request
+table AND of the simulator's, with one meaning and one unit per name (seconds, tokens, blocks).
+
+Calibration fits the simulator's step times to the engine's steps and validation compares the
+two runs request by request; both read these columns, so neither needs a mapping layer.
+Torch-free: the simulator imports it.
+
+A step-table row may stand for `n_steps` consecutive steps of the same batch (the simulator's
+skip-ahead through a pure-decode stretch; engine rows always have n_steps = 1). In such a row the
+batch-composition columns describe each one of its steps (they are equal), except
+`sum_decode_context`, which is the first step's (it grows by `num_decode_seqs` per step); the
+additive columns are totals over the row: timings (`total_s`, `gpu_s`, `cpu_s`), outputs
+(`num_output_tokens`, `drafted`, `accepted`) and block work (`num_blocks_allocated`,
+`num_blocks_hashed`); the gauges (`num_running`, `num_waiting`, `kv_usage`) are those after its
+last step. Step durations in a row grow linearly from `first_dt_s` to `last_dt_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+NAN = math.nan
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One engine step (or a run of `n_steps` equal decode steps, see the module docstring)."""
+
+    replica: int = 0
+    step_id: int = 0  # the scheduler's step counter (of the row's first step)
+    n_steps: int = 1
+    # timing, seconds
+    t_start_s: float = 0.0
+    total_s: float = 0.0  # wall (engine) or simulated (sim) duration of the step(s)
+    first_dt_s: float = 0.0  # duration of the row's first step
+    last_dt_s: float = 0.0  # duration of the row's last step
+    gpu_s: float = 0.0  # forward pass(es) on the device, proposer included
+    cpu_s: float = 0.0  # host: schedule + prepare inputs + sample/output processing
+    schedule_s: float = NAN  # the engine's split of cpu_s; NaN in the simulator, which models the sum
+    prepare_s: float = NAN
+    sample_s: float = NAN
+    # batch composition, as the scheduler's SchedulerOutput counted it (KV lengths after the step)
+    num_batched_tokens: int = 0
+    num_prefill_tokens: int = 0
+    num_prefill_seqs: int = 0
+    sum_prefill_context: int = 0
+    prefill_attn_pairs: int = 0
+    num_decode_tokens: int = 0
+    num_decode_seqs: int = 0
+    sum_decode_context: int = 0
+    num_spec_tokens: int = 0
+    num_blocks_allocated: int = 0  # scheduler blocks (the simulator's may be coarsened)
+    num_blocks_hashed: int = 0
+    num_preempted: int = 0
+    # outputs
+    num_output_tokens: int = 0  # tokens produced (visible to clients)
+    drafted: int = 0  # speculative tokens verified
+    accepted: int = 0  # of which accepted
+    # gauges after the step
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request's outcome. Times are on the run's clock (seconds since its start); latencies
+    are measured from `arrival_s`. NaN where a time does not apply (a rejected request's TTFT,
+    an unfinished one's e2e, the engine's kv_transfer_s)."""
+
+    request_id: int
+    category: str = ""
+    replica: int = 0
+    status: str = "unfinished"  # finished / rejected / unfinished
+    finish_reason: str = ""  # finished: length / stop; rejected: why
+    arrival_s: float = NAN
+    scheduled_s: float = NAN  # first scheduled
+    first_token_s: float = NAN
+    finish_s: float = NAN  # last token
+    prompt_len: int = 0
+    output_len: int = 0  # tokens asked for
+    num_output_tokens: int = 0  # tokens produced
+    num_cached_tokens: int = 0  # prefix-cache hit tokens at first admission
+    num_preemptions: int = 0
+    queue_s: float = NAN  # arrival to first scheduled
+    ttft_s: float = NAN
+    tpot_s: float = NAN  # (finish - first token) / (num_output_tokens - 1)
+    e2e_s: float = NAN
+    kv_transfer_s: float = NAN  # disaggregated prefill: prompt KV over the link
+
+
+STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepRecord))
+REQUEST_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+
+
+def _dtype(cls: type, name: str) -> Any:
+    kind = cls.__annotations__[name]
+    return {"int": np.int64, "float": np.float64}.get(kind, object)
+
+
+STEP_DTYPES: dict[str, Any] = {c: _dtype(StepRecord, c) for c in STEP_COLUMNS}
+REQUEST_DTYPES: dict[str, Any] = {c: _dtype(RequestRecord, c) for c in REQUEST_COLUMNS}
+
+
+def to_columns(records: Sequence[Any], cls: type[StepRecord | RequestRecord]) -> dict[str, np.ndarray]:
+    """Records -> a column table (dict of numpy arrays, one per field, in field order)."""
+    names = STEP_COLUMNS if cls is StepRecord else REQUEST_COLUMNS
+    dtypes = STEP_DTYPES if cls is StepRecord else REQUEST_DTYPES
+    if not records:
+        return {n: np.zeros(0, dtype=dtypes[n]) for n in names}
+    rows = list(map(attrgetter(*names), records))
+    return {n: np.asarray(col, dtype=dtypes[n]) for n, col in zip(names, zip(*rows))}
+
+
+def empty_table(columns: Iterable[str], dtypes: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {c: np.zeros(0, dtype=dtypes[c]) for c in columns}
+
+
+def expand_step_rows(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One row per engine step: a row of n_steps equal decode steps becomes n rows with that
+    composition (sum_decode_context growing by num_decode_seqs per step), per-step durations
+    (linear from first_dt_s to last_dt_s; starts accumulate them) and num_output_tokens (each step of such a row emits one
+    token per sequence). What a row only knows as a total stays unsplit: block counts stay on its
+    first step (zero on the others), and the GPU/CPU split of its steps is NaN."""
+    n = steps["n_steps"].astype(np.int64)
+    idx = np.repeat(np.arange(n.size), n)
+    i = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # position within the row
+    k = n[idx]
+    out = {c: v[idx] for c, v in steps.items()}
+    out["n_steps"] = np.ones(idx.size, dtype=np.int64)
+    out["step_id"] = out["step_id"] + i
+    out["sum_decode_context"] = out["sum_decode_context"] + i * out["num_decode_seqs"]
+    dt = out["first_dt_s"] + (out["last_dt_s"] - out["first_dt_s"]) * i / np.maximum(k - 1, 1)
+    out["total_s"], out["first_dt_s"], out["last_dt_s"] = dt, dt.copy(), dt.copy()
+    before = np.cumsum(dt) - dt  # durations of the earlier steps, then of the earlier rows too
+    out["t_start_s"] = out["t_start_s"] + before - np.repeat(before[np.cumsum(n) - n], n)
+    out["num_output_tokens"] = out["num_output_tokens"] // k
+    for c in ("gpu_s", "cpu_s"):
+        out[c] = np.where(k > 1, NAN, out[c])
+    for c in ("num_blocks_allocated", "num_blocks_hashed", "drafted", "accepted"):
+        out[c] = np.where(i == 0, out[c], 0)
+    return out
+
+
+__all__ = [
+    "REQUEST_COLUMNS",
+    "REQUEST_DTYPES",
+    "STEP_COLUMNS",
+    "STEP_DTYPES",
+    "RequestRecord",
+    "StepRecord",
+    "expand_step_rows",
+    "to_columns",
+]

@@ -1,0 +1,139 @@
+"""What the simulator's replicas write down as a run goes: a `RequestLog` (one row per request,
+in arrival order) and a `StepLog` (one `StepRecord` per step or skipped stretch). They become the
+result's request and step tables, with engine/records.py's columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.records import REQUEST_COLUMNS, StepRecord, to_columns
+from engine.request import Request
+from engine.scheduler_output import RequestResult
+
+NAN = math.nan
+
+
+class RequestLog:
+    """Per-request outcome arrays, indexed by arrival order; replicas report events by request id."""
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        self.requests = requests
+        n = len(requests)
+        self._pos = {r.request_id: i for i, r in enumerate(requests)}
+        if len(self._pos) != n:
+            raise ValueError("request_id values must be unique within a workload")
+        self.replica = np.full(n, -1, dtype=np.int64)
+        self.scheduled_s = np.full(n, NAN)
+        self.first_token_s = np.full(n, NAN)
+        self.finish_s = np.full(n, NAN)
+        self.kv_transfer_s = np.full(n, NAN)
+        self.num_output_tokens = np.zeros(n, dtype=np.int64)
+        self.num_cached_tokens = np.zeros(n, dtype=np.int64)
+        self.num_preemptions = np.zeros(n, dtype=np.int64)
+        self.status = np.full(n, "unfinished", dtype=object)
+        self.finish_reason = np.full(n, "", dtype=object)
+        self._was_scheduled = np.zeros(n, dtype=bool)
+        self._has_token = np.zeros(n, dtype=bool)
+        self._last_token_before_preemption_s: dict[int, float] = {}
+        self.stall_gaps_s: list[float] = []  # token gaps of requests resumed after a preemption
+
+    def index(self, request_id: int) -> int:
+        return self._pos[request_id]
+
+    # --- events ----------------------------------------------------------------------
+    def routed(self, request_id: int, replica: int) -> None:
+        self.replica[self._pos[request_id]] = replica
+
+    def scheduled(self, request_id: int, t: float) -> None:
+        """A (prefill) step including this request started at t; the first one counts."""
+        i = self._pos[request_id]
+        if not self._was_scheduled[i]:
+            self._was_scheduled[i] = True
+            self.scheduled_s[i] = t
+
+    def token(self, request_id: int, t: float) -> None:
+        """A step that ended at t gave this request a token after its prefill: its first token,
+        or the first after a preemption (one long inter-token gap)."""
+        i = self._pos[request_id]
+        if not self._has_token[i]:
+            self._has_token[i] = True
+            self.first_token_s[i] = t
+            return
+        last = self._last_token_before_preemption_s.pop(request_id, None)
+        if last is not None:
+            self.stall_gaps_s.append(t - last)
+
+    def preempted(self, request_id: int, last_token_s: float) -> None:
+        """Preempted after producing tokens, the last at `last_token_s` (its step's start)."""
+        if self._has_token[self._pos[request_id]]:
+            self._last_token_before_preemption_s.setdefault(request_id, last_token_s)
+
+    def rejected(self, request_id: int, reason: str) -> None:
+        i = self._pos[request_id]
+        self.status[i], self.finish_reason[i] = "rejected", reason
+
+    def prefilled(self, res: RequestResult) -> None:
+        """The prefill side of disaggregated serving is done with this request."""
+        i = self._pos[res.request_id]
+        self.num_cached_tokens[i] = res.num_cached_tokens
+        self.num_preemptions[i] += res.num_preemptions
+
+    def finished(self, res: RequestResult, t: float, *, cache_hits_here: bool = True) -> None:
+        """The request left its (last) scheduler at t. `cache_hits_here`: its prefix-cache hits
+        happened on this replica (not on a disaggregated prefill replica)."""
+        i = self._pos[res.request_id]
+        if res.status != "finished":
+            self.status[i], self.finish_reason[i] = res.status, res.reason
+            return
+        self.finish_s[i] = t
+        self.num_output_tokens[i] = res.num_generated
+        self.num_preemptions[i] += res.num_preemptions
+        if cache_hits_here:
+            self.num_cached_tokens[i] = res.num_cached_tokens
+        self.status[i], self.finish_reason[i] = "finished", res.reason
+
+    def transferred(self, request_id: int, seconds: float) -> None:
+        self.kv_transfer_s[self._pos[request_id]] = seconds
+
+    # --- the table -------------------------------------------------------------------------
+    def table(self) -> dict[str, np.ndarray]:
+        reqs = self.requests
+        arrival = np.array([r.arrival_s for r in reqs], dtype=np.float64)
+        done = self.status == "finished"
+        gen = self.num_output_tokens
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(gen > 1, (self.finish_s - self.first_token_s) / (gen - 1), NAN)
+        table = {
+            "request_id": np.array([r.request_id for r in reqs], dtype=np.int64),
+            "category": np.array([r.category for r in reqs], dtype=object),
+            "replica": self.replica, "status": self.status.astype(str),
+            "finish_reason": self.finish_reason.astype(str), "arrival_s": arrival,
+            "scheduled_s": self.scheduled_s, "first_token_s": self.first_token_s, "finish_s": self.finish_s,
+            "prompt_len": np.array([r.prompt_len for r in reqs], dtype=np.int64),
+            "output_len": np.array([r.output_len for r in reqs], dtype=np.int64),
+            "num_output_tokens": gen, "num_cached_tokens": self.num_cached_tokens,
+            "num_preemptions": self.num_preemptions, "queue_s": self.scheduled_s - arrival,
+            "ttft_s": np.where(done, self.first_token_s - arrival, NAN), "tpot_s": np.where(done, tpot, NAN),
+            "e2e_s": np.where(done, self.finish_s - arrival, NAN), "kv_transfer_s": self.kv_transfer_s,
+        }
+        return {c: table[c] for c in REQUEST_COLUMNS}
+
+
+class StepLog:
+    """The step table's rows as they happen."""
+
+    def __init__(self) -> None:
+        self.records: list[StepRecord] = []
+
+    def append(self, record: StepRecord) -> None:
+        self.records.append(record)
+
+    def table(self) -> dict[str, np.ndarray]:
+        return to_columns(self.records, StepRecord)
+
+
+__all__ = ["RequestLog", "StepLog"]
