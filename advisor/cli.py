@@ -1,4 +1,4 @@
-"""The `costline` command line: the top of the stack (DESIGN.md).
+"""The `costline` command line: the top of the stack (docs/design.md).
 
 Command groups live in `advisor/commands/`, one module each, so that the light
 commands start without importing the heavy layers (torch, triton) they do not use.

@@ -134,7 +134,7 @@ def parse_size(text: str | int, field: str) -> int:
 
 
 # --------------------------------------------------------------------------- the flags
-# vLLM 0.33 `vllm serve --help=all` (vllm-conventions.md 1.1, 1.2); defaults there unless noted.
+# vLLM 0.33 `vllm serve --help=all` (vllm/engine/arg_utils.py); defaults there unless noted.
 SCHEDULING_FLAGS: tuple[Flag, ...] = (
     Flag("max_num_batched_tokens", int, None, "token budget per step; default from the GPU and the "
          "entry point: vllm serve 8192 on GPUs of >= 70 GiB other than A100, else 2048; the offline "
@@ -190,8 +190,8 @@ class BatchDefaults:
 
 
 def batch_defaults(device_name: str, device_memory_bytes: float, usage: UsageContext) -> BatchDefaults:
-    """vLLM's GPU-dependent batch defaults (`EngineArgs.get_batch_defaults`, arg_utils.py;
-    field-figures-2026.md): GPUs of >= 70 GiB other than A100 get the large tier."""
+    """vLLM's GPU-dependent batch defaults (`EngineArgs.get_batch_defaults`, vllm/engine/arg_utils.py,
+    2026): GPUs of >= 70 GiB other than A100 get the large tier."""
     large = device_memory_bytes >= 70 * GIB and "a100" not in device_name.lower()
     if usage == "offline":
         return BatchDefaults(16384 if large else 8192, 1024 if large else 256)
@@ -258,7 +258,7 @@ def check_batch(max_num_batched_tokens: int, max_num_seqs: int | None, *, max_mo
 
 
 # Block sizes an attention backend accepts: vLLM's FlashAttention / FlashInfer backends want a
-# multiple of 16 (field-figures-2026.md); costline's torch and Triton kernels take any size.
+# multiple of 16 (their `get_supported_kernel_block_sizes`); costline's torch and Triton kernels take any size.
 BLOCK_SIZE_MULTIPLE = {"flash_attn": 16, "flashinfer": 16, "costline": 1, "torch": 1, "triton": 1}
 
 

@@ -1,7 +1,7 @@
 """Model-architecture spec: what the engine builds and what the cost model counts.
 
 It lives in `engine/` (not `sim/`) because the engine builds models from it and
-`engine/` may not import `sim/` (see DESIGN.md, layers). No torch import here.
+`engine/` may not import `sim/` (docs/design.md, layers). No torch import here.
 """
 
 from __future__ import annotations

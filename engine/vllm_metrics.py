@@ -1,5 +1,5 @@
-"""vLLM's Prometheus metric names, help texts and histogram buckets (vLLM 0.33; the shared
-reference vllm-conventions.md, section 2).
+"""vLLM's Prometheus metric names, help texts and histogram buckets (vLLM 0.33,
+vllm/v1/metrics/loggers.py).
 
 Defined once, so that the real engine's live metrics (`engine/metrics.py`) and the run
 exposition computed from a run's tables (`engine/run_summary.py`, used by the simulator and the

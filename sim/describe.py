@@ -1,6 +1,6 @@
 """Workload statistics: the figures `costline workload describe` prints.
 
-Definitions (the same as ../shared/traces/README.md):
+Definitions (the figures sim/traces_data/README.md quotes):
 - mean rate = requests / (last arrival - first arrival);
 - inter-arrival CV = std / mean of the gaps between consecutive arrivals (population std);
 - index of dispersion = variance / mean of the request counts in 1-second bins laid from the

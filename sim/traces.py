@@ -11,7 +11,7 @@ Prefix information
 - Azure and BurstGPT carry none: every block of every request gets a fresh id, so the
   workload shows no prefix reuse, which is what the trace can vouch for.
 
-Mooncake's 3-second timestamp steps (see ../shared/traces/README.md): the default replays them
+Mooncake's 3-second timestamp steps (sim/traces_data/README.md): the default replays them
 as-is (bursts of simultaneous arrivals every ~3 s, as the trace records). `spread_ties` instead
 spreads each group of equal timestamps uniformly over the gap to the next distinct timestamp,
 with a seed; use it when the quantisation, not the traffic, would drive queueing.
@@ -25,6 +25,7 @@ defect). `keep_failed=True` keeps them as requests with a 1-token output instead
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import math
@@ -32,7 +33,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TextIO
 
 import numpy as np
 
@@ -146,7 +147,7 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
     path = Path(path)
     rows = _Rows(path, lenient, Counter())
     parsed: list[tuple[int, dict]] = []
-    with path.open("r", encoding="utf-8") as f:
+    with open_text(path, encoding="utf-8") as f:
         for lineno, text in enumerate(f, start=1):
             if not text.strip():
                 continue
@@ -260,7 +261,8 @@ def _parse_wallclock_ns(text: str) -> int | None:
 
 
 def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    text = path.read_text(encoding="utf-8-sig")
+    with open_text(path, encoding="utf-8-sig") as f:
+        text = f.read()
     if not text.strip():
         raise TraceFormatError(path, None, None, "the file is empty", "give a CSV trace with a header row and one row per request")
     reader = csv.reader(io.StringIO(text, newline=""))
@@ -379,13 +381,20 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
 # --------------------------------------------------------------------------- detection, options
 
 
+def open_text(path: Path, encoding: str, errors: str = "strict") -> TextIO:
+    """A trace file as text; `.gz` files are decompressed on the fly (traces are often shipped so)."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding=encoding, errors=errors)
+    return path.open("r", encoding=encoding, errors=errors)
+
+
 def detect_format(path: str | Path) -> str:
     """'mooncake', 'azure' or 'burstgpt' from the first bytes; TraceFormatError otherwise."""
     path = Path(path)
     if not path.is_file():
         raise TraceFormatError(path, None, None, "no such file", "check the path (or name a preset: "
                                "`costline workload presets` lists them)")
-    with path.open("r", encoding="utf-8-sig", errors="replace") as f:
+    with open_text(path, encoding="utf-8-sig", errors="replace") as f:
         head = f.read(4096)
     if not head.strip():
         raise TraceFormatError(path, None, None, "the file is empty", "give a non-empty trace file")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sim.builtin_traces import BUILTIN_TRACES, builtin_trace_path
 from sim.generate import generate
 from sim.traces import TraceFormat, load_trace, spread_ties
 from sim.workload import Workload
@@ -92,9 +93,14 @@ def load_workload(source: str, opts: SourceOptions | None = None) -> Workload:
         wl = generate(spec)
         wl.notes.append(f"generated from {'preset' if source in preset_names() else 'spec'} {spec.name!r} "
                         f"(seed {spec.seed})")
+    elif builtin_trace_path(source) is not None:
+        wl = load_trace(builtin_trace_path(source), opts.trace_format, lenient=opts.lenient,
+                        hash_block_size=opts.hash_block_size, keep_failed=opts.keep_failed)
+        wl.notes.append(f"built-in trace {source!r} (sim/traces_data/README.md: source and licence)")
     elif not Path(source).exists():
-        raise FileNotFoundError(f"{source}: neither a preset ({', '.join(preset_names())}) nor an existing file. "
-                                "Fix: name a preset or give the path of a spec or trace file")
+        raise FileNotFoundError(f"{source}: neither a preset ({', '.join(preset_names())}), a built-in trace "
+                                f"({', '.join(BUILTIN_TRACES)}) nor an existing file. "
+                                "Fix: name a preset or built-in trace, or give the path of a spec or trace file")
     else:
         wl = load_trace(source, opts.trace_format, lenient=opts.lenient,
                         hash_block_size=opts.hash_block_size, keep_failed=opts.keep_failed)

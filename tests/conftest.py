@@ -13,20 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from sim.builtin_traces import TRACES_DIR
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernels import _interpreter_compat
 
 _interpreter_compat.apply()
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-TRACES = SHARED / "traces"
-
-
 @pytest.fixture
 def traces_dir() -> Path:
-    """../shared/traces beside the checkout; skip (saying why) where it is absent."""
-    if not TRACES.is_dir():
-        pytest.skip(f"real traces not found at {TRACES} (../shared/traces beside the checkout)")
-    return TRACES
+    """The real traces shipped in the package (sim/traces_data, gzip-compressed)."""
+    return TRACES_DIR

@@ -21,6 +21,7 @@ from sim.arrivals import scale_rate
 from sim.describe import describe_workload
 from sim.fit import fit_spec
 from sim.traces import export_mooncake
+from sim.builtin_traces import BUILTIN_TRACES
 from sim.workload_presets import get_preset, preset_names
 from sim.workload_source import SourceOptions, load_workload
 
@@ -51,7 +52,7 @@ def _lengths_line(s: dict[str, float]) -> str:
 
 
 def print_description(d: dict[str, Any], console: Console | None = None) -> None:
-    """The human-readable describe report (the figures of ../shared/traces/README.md)."""
+    """The human-readable describe report (the figures sim/traces_data/README.md quotes)."""
     console = console or Console()
     t = Table(show_header=False, box=None, pad_edge=False, title=f"[bold]{d['name']}[/]", title_justify="left")
     t.add_column(style="bold cyan", no_wrap=True)
@@ -140,10 +141,12 @@ def export(
 
 @app.command("presets")
 def presets() -> None:
-    """List the built-in workload presets, one line each."""
+    """List the built-in workloads (generated presets and shipped real traces), one line each."""
     t = Table(show_header=True, box=None)
-    t.add_column("preset", style="bold cyan", no_wrap=True)
+    t.add_column("workload", style="bold cyan", no_wrap=True)
     t.add_column("what it models")
     for name in preset_names():
         t.add_row(name, get_preset(name).description)
+    for trace in BUILTIN_TRACES.values():
+        t.add_row(trace.name, f"{trace.description} ({trace.licence})")
     Console().print(t, highlight=False)

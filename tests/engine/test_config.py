@@ -47,7 +47,7 @@ def test_one_definition_per_flag_and_its_model_field():
 
 
 @pytest.mark.parametrize("name, memory_bytes, usage, expected", [
-    # field-figures-2026.md: >= 70 GiB other than A100 -> 8192/1024 served, 16384/1024 offline;
+    # vLLM's get_batch_defaults: >= 70 GiB other than A100 -> 8192/1024 served, 16384/1024 offline;
     # everything else (A100 included) -> 2048/256 served, 8192/256 offline. No >= 160 GiB tier.
     ("NVIDIA H200", 141e9, "api_server", (8192, 1024)),
     ("NVIDIA H200", 141e9, "offline", (16384, 1024)),

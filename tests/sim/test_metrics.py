@@ -98,7 +98,7 @@ def test_prometheus_names_and_buckets():
     assert bucket("vllm:time_to_first_token_seconds", "0.1") == 1
     assert bucket("vllm:time_to_first_token_seconds", "0.75") == 2
     assert bucket("vllm:time_to_first_token_seconds", "+Inf") == 2
-    # vllm-conventions.md lists 22 TTFT and 19 ITL bounds; +Inf adds one
+    # vLLM 0.33's loggers.py has 22 TTFT and 19 ITL bounds; +Inf adds one
     assert sum(1 for k in got if k[0] == "vllm:time_to_first_token_seconds_bucket") == 22 + 1
     assert sum(1 for k in got if k[0] == "vllm:inter_token_latency_seconds_bucket") == 19 + 1
     assert bucket("vllm:time_to_first_token_seconds", "2560.0") == 2  # the largest bound

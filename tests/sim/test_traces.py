@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 from pathlib import Path
 
@@ -10,13 +12,15 @@ import pytest
 from typer.testing import CliRunner
 
 from advisor.cli import app
+from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload, index_of_dispersion
 from sim.generate import generate
 from sim.traces import TraceFormatError, detect_format, export_mooncake, load_trace, spread_ties
 from sim.workload_presets import get_preset
+from sim.workload_source import SourceOptions, load_workload
 
-MOONCAKE = "mooncake_conversation_trace.jsonl"
-AZURE = "AzureLLMInferenceTrace_code.csv"
+MOONCAKE = "mooncake_conversation_trace.jsonl.gz"
+AZURE = "AzureLLMInferenceTrace_code.csv.gz"
 runner = CliRunner()
 
 
@@ -57,6 +61,28 @@ def test_azure_figures_match_its_readme(traces_dir):
     assert d["prefix_reuse"]["token_fraction"] == 0.0  # no prefix info: every block is its own
 
 
+def test_shipped_traces_are_the_published_bytes(traces_dir):
+    """Decompressed, each shipped trace has the SHA-256 its README records (the published file)."""
+    readme = (traces_dir / "README.md").read_text()
+    for trace in BUILTIN_TRACES.values():
+        digest = hashlib.sha256(gzip.decompress(trace.path.read_bytes())).hexdigest()
+        row = next(line for line in readme.splitlines() if f"`{trace.file}`" in line)
+        assert digest in row, trace.name
+
+
+def test_builtin_traces_load_by_name_wherever_a_workload_is_taken():
+    moon = load_workload("mooncake-conversation", SourceOptions(first=100))
+    assert len(moon) == 100 and moon.hash_block_size == 512
+    assert any("built-in trace 'mooncake-conversation'" in n for n in moon.notes)
+    azure = load_workload("azure-code-2023")
+    assert len(azure) == 8_819 and int(azure.prompt_len.sum()) == 18_059_974
+    res = runner.invoke(app, ["workload", "presets"])
+    assert res.exit_code == 0
+    assert "mooncake-conversation" in res.output and "azure-code-2023" in res.output
+    with pytest.raises(FileNotFoundError, match="built-in trace"):
+        load_workload("mooncake-conversaton")
+
+
 def test_spread_ties_keeps_counts_and_stays_within_each_step(traces_dir):
     wl = load_trace(traces_dir / MOONCAKE)
     sp = spread_ties(wl, seed=1)
@@ -80,7 +106,7 @@ def test_real_mooncake_export_round_trip(traces_dir, tmp_path):
     for a, b in zip(_cols(wl), _cols(back), strict=True):
         assert np.array_equal(a, b)
     # byte-for-byte the same rows as the source (same keys, order and values)
-    src = [json.loads(x) for x in (traces_dir / MOONCAKE).read_text().splitlines()[:50]]
+    src = [json.loads(x) for x in gzip.decompress((traces_dir / MOONCAKE).read_bytes()).decode().splitlines()[:50]]
     assert [json.loads(x) for x in out.read_text().splitlines()[:50]] == src
 
 

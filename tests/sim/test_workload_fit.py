@@ -58,8 +58,8 @@ def reuse_se(wl, prefix_tokens: int) -> float:
     return float(np.std(x - r * wl.prompt_len) / np.sqrt(len(wl)) / wl.prompt_len.mean())
 
 
-@pytest.mark.parametrize("name, kind", [("mooncake_conversation_trace.jsonl", "gamma"),
-                                        ("AzureLLMInferenceTrace_code.csv", "onoff")])
+@pytest.mark.parametrize("name, kind", [("mooncake_conversation_trace.jsonl.gz", "gamma"),
+                                        ("AzureLLMInferenceTrace_code.csv.gz", "onoff")])
 def test_fitted_spec_regenerates_the_trace(traces_dir, name, kind):
     trace = load_trace(traces_dir / name)
     spec = fit_spec(trace)
@@ -110,10 +110,10 @@ def test_shared_prefix_length_solves_the_reuse_equation():
 def test_cli_fit_writes_a_spec_that_scales(traces_dir, tmp_path):
     out = tmp_path / "spec.json"
     runner = CliRunner()
-    res = runner.invoke(app, ["workload", "fit", str(traces_dir / "AzureLLMInferenceTrace_code.csv"), "-o", str(out)])
+    res = runner.invoke(app, ["workload", "fit", str(traces_dir / "AzureLLMInferenceTrace_code.csv.gz"), "-o", str(out)])
     assert res.exit_code == 0, res.output
     spec = WorkloadSpec.model_validate(json.loads(out.read_text()))
-    res2 = runner.invoke(app, ["workload", "fit", str(traces_dir / "AzureLLMInferenceTrace_code.csv"), "--rate-scale", "2"])
+    res2 = runner.invoke(app, ["workload", "fit", str(traces_dir / "AzureLLMInferenceTrace_code.csv.gz"), "--rate-scale", "2"])
     doubled = WorkloadSpec.model_validate_json(res2.output)
     assert doubled.arrival.kind == spec.arrival.kind == "onoff"
     assert doubled.arrival.rate_rps == pytest.approx(2 * spec.arrival.rate_rps)  # long-run rate
