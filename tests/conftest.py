@@ -21,6 +21,9 @@ from kernels import _interpreter_compat
 
 _interpreter_compat.apply()
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 @pytest.fixture
 def traces_dir() -> Path:
     """The real traces shipped in the package (sim/traces_data, gzip-compressed)."""

@@ -18,10 +18,10 @@ from rich.table import Table
 
 from advisor.options import clean_errors, source_options
 from sim.arrivals import scale_rate
+from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload
 from sim.fit import fit_spec
 from sim.traces import export_mooncake
-from sim.builtin_traces import BUILTIN_TRACES
 from sim.workload_presets import get_preset, preset_names
 from sim.workload_source import SourceOptions, load_workload
 
