@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 
-MOONCAKE = "mooncake_conversation_trace.jsonl"
-AZURE = "AzureLLMInferenceTrace_code.csv"
+MOONCAKE = "mooncake_conversation_trace.jsonl.gz"
+AZURE = "AzureLLMInferenceTrace_code.csv.gz"
 runner = CliRunner()
 
 
@@ -44,8 +44,8 @@ def test_cli_export_prints_the_vllm_replay_command(tmp_path):
     assert len(out.read_text().splitlines()) == 50
 
 
-def test_time_options_in_the_cli(traces_dir):
-    res = runner.invoke(app, ["workload", "describe", str(traces_dir / AZURE), "--json", "--start-s", "600",
+def test_time_options_in_the_cli():
+    res = runner.invoke(app, ["workload", "describe", "azure-code-2023", "--json", "--start-s", "600",
                               "--end-s", "1200", "--first", "500", "--rate", "10"])
     d = json.loads(res.output)
     assert d["requests"] == 500 and d["mean_rate_rps"] == pytest.approx(10.0)
