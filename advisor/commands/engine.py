@@ -14,6 +14,7 @@ import typer
 from advisor.options import clean_errors, flag_options, source_options
 from engine.config import EngineArgs
 from engine.flags import ENGINE_ONLY_FLAGS, SCHEDULING_FLAGS
+from engine.run_summary import jsonable
 from sim.workload_source import SourceOptions
 
 app = typer.Typer(help="Run the real engine (paged KV, continuous batching) on a workload.",
@@ -82,8 +83,8 @@ def run(
         metrics.write(str(metrics_file))
     s = res.summary()
     s.pop("scheduler_stats", None)
-    typer.echo(json.dumps({k: v for k, v in s.items() if v is not None}, indent=2, default=float))
-    typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, summary.json")
+    typer.echo(json.dumps(jsonable({k: v for k, v in s.items() if v is not None}), indent=2))
+    typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json")
 
 
 @app.command("bench")

@@ -12,8 +12,13 @@ from advisor.cli import app
 from advisor.commands.engine import ENGINE_CLI_FLAGS
 
 
+def _reject_constant(name: str) -> None:
+    raise AssertionError(f"{name} in the output: not strict JSON")
+
+
 def _json_head(text: str) -> dict:
-    return json.loads(text[: text.rindex("}") + 1])
+    """The JSON object the command printed first; strict (NaN/Infinity fail)."""
+    return json.loads(text[: text.rindex("}") + 1], parse_constant=_reject_constant)
 
 
 def test_engine_bench_reports_throughput():
@@ -28,7 +33,6 @@ def test_engine_bench_reports_throughput():
 
 
 def test_engine_run_replays_a_workload(tmp_path):
-    pytest.importorskip("sim.workload_source", reason="workload loading comes from the foundation branch")
     prom = tmp_path / "m.prom"
     res = CliRunner().invoke(app, [
         "engine", "run", "--model", "tiny", "--device", "cpu", "--workload", "lab-random",
@@ -36,6 +40,8 @@ def test_engine_run_replays_a_workload(tmp_path):
         "--out", str(tmp_path), "--metrics-file", str(prom)])
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "summary.json").read_text())
+    printed = _json_head(res.output)  # the saved summary, None values left out
+    assert printed.pop("date") and printed == {k: v for k, v in summary.items() if v is not None and k != "date"}
     rows = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
     steps = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert summary["num_prompts"] == 3 == len(rows)
