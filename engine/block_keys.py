@@ -14,17 +14,12 @@ from array import array
 from collections.abc import Hashable, Sequence
 from typing import Protocol
 
-import numpy as np
-
 from engine.block_pool import make_block_hasher, make_bytes_hasher, pack_extra, root_hash
 
 # Content key tag for blocks that hold generated tokens in the simulator (no token ids):
 # such a block is keyed by (GEN_TAG, request_id, block index), so only the request that
 # produced it (e.g. after a preemption) can hit it. Hash ids are non-negative.
 GEN_TAG = -1
-
-_OFFSET_BYTES = [i.to_bytes(4, "little") for i in range(1 << 12)]  # KV blocks per hash block
-
 
 class KeyedRequest(Protocol):
     """What a key strategy reads (and, for the two key lists, fills) of a request."""
@@ -49,6 +44,10 @@ class BlockKeys:
         self.int_chain = algo != "sha256"  # chain hashes are ints
         self.bytes_hasher = None if self.builtin else make_bytes_hasher(algo)
         self.root = root_hash(algo)
+
+    def group_size(self, r: KeyedRequest) -> int:
+        """KV blocks per cache group for `r`'s prompt blocks (see HashIdKeys); 0: per block."""
+        return 0
 
     def extend(self, r: KeyedRequest, n: int) -> int:
         """Make `r.block_hashes` cover its first `n` full blocks; returns blocks keyed now."""
@@ -101,20 +100,40 @@ class TokenKeys(BlockKeys):
 
 class HashIdKeys(BlockKeys):
     """Keys from hash ids (no token ids). A block wholly inside the prompt is keyed by the
-    hash ids it covers; a block holding generated tokens by (GEN_TAG, request_id, index)."""
+    hash ids it covers; a block holding generated tokens by (GEN_TAG, request_id, index).
+
+    When hash blocks are whole multiples of the KV block (Mooncake: 512 vs 16), the prompt's
+    blocks are cached per hash block (`group_size`): the chain is hashed once per hash block
+    (`r.hash_chain[h]` = H(chain[h-1], hash_ids[h], extra)) and KV block i inside hash block
+    h is cached at offset i mod group_size of the pool's group chain[h]: equal entries iff
+    equal whole prefixes, as with per-block chaining, at 1/32 of the hashing and one table
+    entry per hash block. `r.block_hashes` then holds None for those blocks (their keys live
+    in the chain)."""
+
+    def group_size(self, r: KeyedRequest) -> int:
+        per, rest = divmod(r.hash_block_size, self.block_size)
+        return per if per > 1 and not rest else 0
 
     def _append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
-        if r.hash_block_size % self.block_size == 0:
-            if start >= r.prompt_len // self.block_size and stop - start == 1:
-                # a decode completing a block of generated tokens: the hot case, no set-up
-                r.block_hashes.append((GEN_TAG, r.request_id, start))
-            else:
-                r.block_hashes += self.aligned_keys(r, start, stop)
-        else:
+        bs = self.block_size
+        if r.hash_block_size % bs:
             self._chain(r, [self._content(r, i) for i in range(start, stop)])
+            return
+        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
+        if start < in_prompt:
+            per = r.hash_block_size // bs
+            chain = self._extend_chain(r, (in_prompt - 1) // per + 1)
+            r.block_hashes += [None] * (in_prompt - start) if per > 1 else chain[start:in_prompt]
+        gen_from = max(start, in_prompt)
+        if stop - gen_from == 1:  # a decode completing a block of generated tokens: the hot case
+            r.block_hashes.append((GEN_TAG, r.request_id, gen_from))
+        elif stop > gen_from:
+            rid = r.request_id
+            r.block_hashes += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
 
     def _content(self, r: KeyedRequest, i: int) -> tuple:
-        """Flat tuple of ints identifying the tokens of block `i` of `r`."""
+        """Flat tuple of ints identifying the tokens of block `i` of `r` (hash blocks that
+        are not multiples of the KV block)."""
         bs = self.block_size
         s = i * bs
         e = s + bs
@@ -132,25 +151,6 @@ class HashIdKeys(BlockKeys):
             p = q
         return tuple(out)
 
-    def aligned_keys(self, r: KeyedRequest, start: int, stop: int) -> list:
-        """Keys of blocks [start, stop) when hash blocks are whole multiples of the KV block
-        (Mooncake: 512 vs 16).
-
-        The chain is hashed once per *hash block* (`r.hash_chain[h]` = H(chain[h-1],
-        hash_ids[h], extra)), and KV block i inside hash block h is keyed by
-        (chain[h], i mod blocks-per-hash-block): equal keys iff equal whole prefixes, as with
-        per-block chaining, at 1/32 of the hashing."""
-        bs = self.block_size
-        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
-        keys: list = []
-        if start < in_prompt:
-            keys = self._prompt_keys(r, start, in_prompt)
-        gen_from = max(start, in_prompt)
-        if stop > gen_from:
-            rid = r.request_id
-            keys += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
-        return keys
-
     def _extend_chain(self, r: KeyedRequest, num_hash_blocks: int) -> list:
         chain = r.hash_chain
         h = len(chain)
@@ -167,25 +167,3 @@ class HashIdKeys(BlockKeys):
                     parent = hasher(parent, (x,), extra)
                     chain.append(parent)
         return chain
-
-    def _prompt_keys(self, r: KeyedRequest, start: int, stop: int) -> list:
-        per = r.hash_block_size // self.block_size
-        chain = self._extend_chain(r, (stop - 1) // per + 1)
-        if per == 1:
-            return chain[start:stop]
-        if not self.int_chain:  # sha256: bytes cache their hash too
-            ob = _OFFSET_BYTES if per <= len(_OFFSET_BYTES) else [
-                j.to_bytes(8, "little") for j in range(per)]
-            return [chain[i // per] + ob[i % per] for i in range(start, stop)]
-        # Int keys hash to themselves: every later dict operation on them is cheap (a
-        # (chain, offset) tuple would be re-hashed on each lookup). The offset flips low bits
-        # of a 64-bit chain hash: a clash needs two chains that differ only there.
-        if stop - start < 64:  # numpy's fixed cost outweighs its gain
-            return [chain[i // per] ^ (i % per) for i in range(start, stop)]
-        # vectorized (two's-complement XOR = Python's int XOR): builtin hashes are signed
-        # 64-bit, xxh3 digests unsigned
-        h0 = start // per
-        ch = np.array(chain[h0:(stop - 1) // per + 1],
-                      dtype=np.int64 if self.builtin else np.uint64)
-        idx = np.arange(start, stop, dtype=np.int64)
-        return (ch[idx // per - h0] ^ (idx % per).astype(ch.dtype)).tolist()

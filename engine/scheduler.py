@@ -393,6 +393,9 @@ class Scheduler:
         if m <= 0:
             return [], 0
         hashed = self._key_blocks(r, m)
+        per = r.keys.group_size(r)
+        if per:
+            return self._lookup_grouped(r, m, per), hashed
         keys = r.block_hashes
         get = self.pool.cached.get
         prev = r.failed_admission_hits
@@ -409,11 +412,33 @@ class Scheduler:
         # C-level scan: stop at the first key not in the cache
         return list(takewhile(_not_none, map(get, islice(keys, m)))), hashed
 
+    def _lookup_grouped(self, r: _ReqState, m: int, per: int) -> list[int]:
+        """`_lookup`'s scan when the prompt's blocks are cached per hash block (`per` blocks
+        each, see HashIdKeys): group by group, then the request's own generated blocks."""
+        pool = self.pool
+        in_prompt = min(m, r.prompt_len // self.block_size)
+        hits: list[int] = []
+        for h in range(-(-in_prompt // per)):
+            want = min(per, in_prompt - h * per)
+            run = pool.group_hits(r.hash_chain[h], want)
+            hits += run
+            if len(run) < want:
+                return hits
+        if m > in_prompt:
+            hits += takewhile(_not_none, map(pool.cached.get, islice(r.block_hashes, in_prompt, m)))
+        return hits
+
     def _cache_full(self, r: _ReqState, num_full: int) -> int:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
         First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
         hashed = self._key_blocks(r, num_full)
+        per = r.keys.group_size(r)
+        if per and start < r.prompt_len // self.block_size:
+            start = self._cache_grouped(r, start, num_full, per)
+            if start == num_full:
+                r.num_cached_blocks = num_full
+                return hashed
         # blocks past num_cached_blocks are never registered yet (fresh allocations)
         if num_full - start == 1:
             self.pool.cache_block(r.block_ids[start], r.block_hashes[start])
@@ -421,6 +446,19 @@ class Scheduler:
             self.pool.cache_blocks(r.block_ids[start:num_full], r.block_hashes[start:num_full])
         r.num_cached_blocks = num_full
         return hashed
+
+    def _cache_grouped(self, r: _ReqState, start: int, num_full: int, per: int) -> int:
+        """Register `r`'s prompt blocks from `start` (below num_full) in their hash blocks'
+        groups; returns the first block left (generated tokens, keyed per block)."""
+        stop = min(num_full, r.prompt_len // self.block_size)
+        chain, table = r.hash_chain, r.block_ids
+        i = start
+        while i < stop:
+            h = i // per
+            end = min(stop, (h + 1) * per)
+            self.pool.cache_group(chain[h], per, i - h * per, table[i:end])
+            i = end
+        return stop
 
     # ------------------------------------------------------------------ blocks
 
@@ -907,7 +945,7 @@ class Scheduler:
             num_blocks_freed=pool.num_freed,
             num_blocks_revived=pool.num_revived,
             num_blocks_hashed=self.num_blocks_hashed,
-            num_cached_blocks=len(pool.cached),
+            num_cached_blocks=pool.num_cached_blocks,
             num_free_blocks=pool.num_free,
             num_gpu_blocks=pool.num_blocks,
             kv_usage=pool.usage(),
