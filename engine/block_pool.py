@@ -205,8 +205,9 @@ class BlockPool:
         # (measured: 2x on the conversation benchmark). Most of the cost per block is the
         # eviction's dict delete (a cache miss on a large table), inherent to reusing a block.
         ref, key_of, cached = self.ref, self.key_of, self.cached
+        groups, offset = self.groups, self.group_offset
         out: list[int] = []
-        evicted = 0
+        evicted = ungrouped = 0
         need = n
         while need:
             w = q[h:h + need]
@@ -217,8 +218,12 @@ class BlockPool:
                     ref[b] = 1
                     k = key_of[b]
                     if k is not None:  # evict (invariant: cached[key_of[b]] == b)
-                        if k.__class__ is KeyGroup:
-                            self._ungroup(b, k)
+                        if k.__class__ is KeyGroup:  # (inlined _ungroup: the hot case)
+                            k.blocks[offset[b]] = -1
+                            k.num_cached -= 1
+                            if not k.num_cached:
+                                del groups[k.key]
+                            ungrouped += 1
                         else:
                             del cached[k]
                         key_of[b] = None
@@ -233,6 +238,7 @@ class BlockPool:
             need = n - len(out)
         self.head = h
         self.num_evictions += evicted
+        self.num_grouped -= ungrouped
         self.num_free -= n
         self.num_allocated += n
         if h >= self.compact_at and 2 * h >= len(q):
@@ -281,13 +287,21 @@ class BlockPool:
         if g is None:
             g = self.groups[key] = KeyGroup(key, size)
         gb, key_of, offset = g.blocks, self.key_of, self.group_offset
-        n = 0
-        for j, b in enumerate(blocks, first_offset):
-            if gb[j] < 0:
-                gb[j] = b
+        end = first_offset + len(blocks)
+        if gb[first_offset:end].count(-1) == len(blocks):  # all offsets free: the usual case
+            gb[first_offset:end] = blocks
+            for j, b in enumerate(blocks, first_offset):
                 key_of[b] = g
                 offset[b] = j
-                n += 1
+            n = len(blocks)
+        else:
+            n = 0
+            for j, b in enumerate(blocks, first_offset):
+                if gb[j] < 0:
+                    gb[j] = b
+                    key_of[b] = g
+                    offset[b] = j
+                    n += 1
         g.num_cached += n
         self.num_grouped += n
 
