@@ -2,9 +2,9 @@
 
 `TokenKeys` (the engine: requests with token ids) keys a block by a chained hash of its
 token ids (+ extra keys). `HashIdKeys` (the simulator: no token ids) takes block content
-from the request's hash ids. Both fill `req.block_hashes` (the keys of its first full blocks,
-kept across preemptions) and return how many blocks they keyed, which the scheduler counts
-in `num_blocks_hashed` (the per-block hashing work a real engine pays), whichever shortcut
+from the request's hash ids. Both append to `req.block_hashes` (the keys of its first full
+blocks, kept across preemptions); the scheduler counts every block keyed in
+`num_blocks_hashed` (the per-block hashing work a real engine pays), whichever shortcut
 the simulator takes.
 """
 
@@ -49,15 +49,9 @@ class BlockKeys:
         """KV blocks per cache group for `r`'s prompt blocks (see HashIdKeys); 0: per block."""
         return 0
 
-    def extend(self, r: KeyedRequest, n: int) -> int:
-        """Make `r.block_hashes` cover its first `n` full blocks; returns blocks keyed now."""
-        i = len(r.block_hashes)
-        if i >= n:
-            return 0
-        self._append_keys(r, i, n)
-        return n - i
-
-    def _append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
+    def append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
+        """Append the keys of `r`'s full blocks [start, stop) to `r.block_hashes` (which
+        holds the first `start`)."""
         raise NotImplementedError
 
     def _chain(self, r: KeyedRequest, contents: list[tuple]) -> None:
@@ -80,7 +74,7 @@ class BlockKeys:
 class TokenKeys(BlockKeys):
     """Keys from token ids: block i's key chains the ids of tokens [i*bs, (i+1)*bs)."""
 
-    def _append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
+    def append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
         bs = self.block_size
         t = r.token_ids
         if self.builtin:
@@ -114,20 +108,22 @@ class HashIdKeys(BlockKeys):
         per, rest = divmod(r.hash_block_size, self.block_size)
         return per if per > 1 and not rest else 0
 
-    def _append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
+    def append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
         bs = self.block_size
         if r.hash_block_size % bs:
             self._chain(r, [self._content(r, i) for i in range(start, stop)])
             return
-        in_prompt = min(stop, r.prompt_len // bs)  # blocks wholly inside the prompt
+        in_prompt = r.prompt_len // bs  # blocks wholly inside the prompt
+        if start >= in_prompt and stop - start == 1:  # a decode completing a block: the hot case
+            r.block_hashes.append((GEN_TAG, r.request_id, start))
+            return
+        in_prompt = min(stop, in_prompt)
         if start < in_prompt:
             per = r.hash_block_size // bs
             chain = self._extend_chain(r, (in_prompt - 1) // per + 1)
             r.block_hashes += [None] * (in_prompt - start) if per > 1 else chain[start:in_prompt]
         gen_from = max(start, in_prompt)
-        if stop - gen_from == 1:  # a decode completing a block of generated tokens: the hot case
-            r.block_hashes.append((GEN_TAG, r.request_id, gen_from))
-        elif stop > gen_from:
+        if stop > gen_from:
             rid = r.request_id
             r.block_hashes += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
 

@@ -120,6 +120,7 @@ class _ReqState:
         "extra_keys",
         "failed_admission_evictions",
         "failed_admission_hits",
+        "group_size",
         "hash_block_size",
         "hash_chain",
         "hash_ids",
@@ -153,6 +154,7 @@ class _ReqState:
         self.token_ids = token_ids
         self.extra_keys = extra_keys
         self.keys = keys  # how its blocks are keyed: by token ids or by hash ids
+        self.group_size = keys.group_size(self)  # prompt blocks per prefix-cache group, 0: none
         self.num_tokens = req.prompt_len  # prompt + generated so far
         self.num_computed_tokens = 0  # tokens whose KV is (being) computed
         self.num_generated = 0
@@ -381,9 +383,12 @@ class Scheduler:
     def _key_blocks(self, r: _ReqState, n: int) -> int:
         """Make sure `r.block_hashes` covers its first `n` full blocks; returns (and counts)
         the blocks keyed now."""
-        hashed = r.keys.extend(r, n)
-        self.num_blocks_hashed += hashed
-        return hashed
+        i = len(r.block_hashes)
+        if i >= n:
+            return 0
+        r.keys.append_keys(r, i, n)
+        self.num_blocks_hashed += n - i
+        return n - i
 
     def _lookup(self, r: _ReqState) -> tuple[list[int], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
@@ -393,9 +398,8 @@ class Scheduler:
         if m <= 0:
             return [], 0
         hashed = self._key_blocks(r, m)
-        per = r.keys.group_size(r)
-        if per:
-            return self._lookup_grouped(r, m, per), hashed
+        if r.group_size:
+            return self._lookup_grouped(r, m, r.group_size), hashed
         keys = r.block_hashes
         get = self.pool.cached.get
         prev = r.failed_admission_hits
@@ -433,9 +437,8 @@ class Scheduler:
         First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
         hashed = self._key_blocks(r, num_full)
-        per = r.keys.group_size(r)
-        if per and start < r.prompt_len // self.block_size:
-            start = self._cache_grouped(r, start, num_full, per)
+        if r.group_size and start < r.prompt_len // self.block_size:
+            start = self._cache_grouped(r, start, num_full, r.group_size)
             if start == num_full:
                 r.num_cached_blocks = num_full
                 return hashed
@@ -589,7 +592,6 @@ class Scheduler:
         """Running requests in order until the budget runs out; returns the budget left."""
         running = self.running
         batch = out._batch
-        pool = self.pool
         bs = self.block_size
         plain = not self.config.num_speculative_tokens
         caching = self.caching
@@ -601,14 +603,8 @@ class Scheduler:
             table = r.block_ids
             # The bulk of a busy step, kept inline: one decode token, into a block the request
             # holds or, at a block boundary, a free one.
-            held = len(table) * bs
-            if plain and r.sampled_since_admission and (c < held or pool.num_free):
-                if c == held:
-                    b = pool.allocate_one()
-                    table.append(b)
-                    out.num_blocks_allocated += 1
-                    out._entries[r.request_id] = ScheduledRequest(
-                        r.request_id, 1, c, 0, 0, False, True, table, (b,))
+            if plain and r.sampled_since_admission and (
+                    c < len(table) * bs or self._open_block(r, out)):
                 r.num_computed_tokens = c + 1
                 if caching and c % bs == bs - 1 and c // bs >= r.num_cached_blocks:
                     out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
@@ -627,6 +623,18 @@ class Scheduler:
                 i = running.index(r) + 1
                 num_running = len(running)
         return budget
+
+    def _open_block(self, r: _ReqState, out: SchedulerOutput) -> bool:
+        """A plain decode at a block boundary: give `r` a free block for its token; False if
+        none is free (the general path then preempts)."""
+        if not self.pool.num_free:
+            return False
+        b = self.pool.allocate_one()
+        r.block_ids.append(b)
+        out.num_blocks_allocated += 1
+        out._entries[r.request_id] = ScheduledRequest(
+            r.request_id, 1, r.num_computed_tokens, 0, 0, False, True, r.block_ids, (b,))
+        return True
 
     def _schedule_chunk(self, r: _ReqState, budget: int, out: SchedulerOutput) -> bool:
         """A running request's step other than a plain decode that fits: a decode with

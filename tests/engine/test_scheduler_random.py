@@ -84,7 +84,7 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
             # the memoized re-lookup of a blocked queue head equals a plain scan
             m = (head.num_tokens - 1) // cfg.block_size
             ref = []
-            if not head.keys.group_size(head):  # (grouped prompts are always scanned)
+            if not head.group_size:  # (grouped prompts are always scanned)
                 for k in head.block_hashes[:m]:
                     b = s.pool.cached.get(k)
                     if b is None:
