@@ -8,7 +8,8 @@ below) and then apply them in one call:
 
     n = uniform_decode_steps(sched)          # 0: step normally
     if n >= 2:
-        adv = advance_decode(sched, min(n, steps_before_next_arrival))
+        plan = plan_decode(sched, n)         # per-step batches: time the stretch
+        adv = advance_decode(sched, min(n, steps_started_before_next_event))
 
 A stretch runs THROUGH finishes: a request that reaches its output length leaves the batch
 after its last step and its freed blocks serve later steps' allocations, exactly as
@@ -225,6 +226,15 @@ def _blocks_freed_at_finish(r, steps: int, ref: list[int], drops: dict[int, int]
             drops[b] = d
             n += ref[b] == d
     return n
+
+
+def plan_decode(sched: Scheduler, n: int) -> DecodeStretch:
+    """Who decodes in which of the next `n` uniform steps, before applying them: what a
+    simulator needs to time a stretch (per-step batch sizes and context sums) and to pick
+    how many steps start before its next event. Call uniform_decode_steps() first."""
+    running = sched.running
+    return DecodeStretch(n, [r.num_computed_tokens for r in running],
+                         [min(n, r.output_len - r.num_generated) for r in running])
 
 
 def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.decode_skip import DecodeStretch, advance_decode, uniform_decode_steps
+from engine.decode_skip import DecodeStretch, advance_decode, plan_decode, uniform_decode_steps
 from engine.request import Request
 from engine.scheduler import Scheduler, SchedulerConfig
 from tests.engine.test_scheduler_random import state_of
@@ -60,6 +60,9 @@ def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, len
         tokens += out.num_batched_tokens
     event(f"finishes inside the advance: {len(finished) > 0}")
     event(f"batch shrinks before the last step: {len(set(seqs)) > 1}")
+    plan = plan_decode(b, n_take)
+    assert [plan.num_seqs_at(i) for i in range(n_take)] == seqs
+    assert [plan.sum_decode_context_at(i) for i in range(n_take)] == ctx
     adv = advance_decode(b, n_take)
     assert state_of(a) == state_of(b)
     assert (adv.num_blocks_allocated, adv.num_blocks_freed, adv.num_blocks_hashed,
