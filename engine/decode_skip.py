@@ -77,12 +77,18 @@ class DecodeStretch:
 
     def segments(self) -> list[DecodeSegment]:
         """The stretch cut where the batch shrinks: one entry per constant batch."""
-        ends = sorted({s for s in self.steps_each if s < self.num_steps}) + [self.num_steps]
-        out, start = [], 0
-        for end in ends:
-            if end > start and self.num_seqs_at(start):
-                out.append(DecodeSegment(start, end - start, self.num_seqs_at(start),
-                                         self.sum_decode_context_at(start)))
+        steps = self._index()
+        num = len(steps)
+        out: list[DecodeSegment] = []
+        start = k = 0  # requests k.. (in steps order) run in step `start`
+        while start < self.num_steps:
+            while k < num and steps[k] <= start:
+                k += 1
+            if k == num:
+                break
+            end = min(steps[k], self.num_steps)
+            out.append(DecodeSegment(start, end - start, num - k,
+                                     self._ctx_suffix[k] + (start + 1) * (num - k)))
             start = end
         return out
 

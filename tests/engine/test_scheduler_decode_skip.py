@@ -70,8 +70,9 @@ def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, len
     assert adv.finished == finished and adv.finish_steps == finish_steps
     assert [adv.num_seqs_at(i) for i in range(n_take)] == seqs
     assert [adv.sum_decode_context_at(i) for i in range(n_take)] == ctx
-    seg_seqs = [g.num_seqs for g in adv.stretch.segments() for _ in range(g.num_steps)]
-    assert seg_seqs == [x for x in seqs if x]
+    segments = adv.stretch.segments()
+    assert [g.num_seqs for g in segments for _ in range(g.num_steps)] == [x for x in seqs if x]
+    assert all(g.sum_decode_context_first_step == ctx[g.first_step] for g in segments)
     b.check_invariants()
     # maximal: after all n steps, the next one is not a plain decode of the same kind
     for _ in range(n - n_take):
