@@ -105,6 +105,19 @@ def root_hash(algo: str) -> Hashable:
     return ROOT_HASH_BYTES if algo == "sha256" else ROOT_HASH_INT
 
 
+class KeyGroup:
+    """Prefix-cache entries of consecutive blocks sharing one chained key (the simulator's
+    hash block: `size` KV blocks). Block at offset j is cached under (key, j): one table
+    entry per group instead of one per block, with the same first-writer-wins rule."""
+
+    __slots__ = ("blocks", "key", "num_cached")
+
+    def __init__(self, key: Hashable, size: int) -> None:
+        self.key = key
+        self.blocks = [-1] * size  # block id per offset, -1 where none is cached
+        self.num_cached = 0
+
+
 # below this many blocks `cache_blocks` takes its per-block loop (the bulk check + insert has a
 # fixed cost not worth paying)
 _SMALL = 8
@@ -112,7 +125,8 @@ _SMALL = 8
 
 class BlockPool:
     """`num_blocks` physical blocks (ids 0..num_blocks-1), their LRU free queue and the
-    prefix-cache table (`cached`: key -> block id; `key_of[b]`: block b's key or None).
+    prefix-cache tables (`cached`: key -> block id; `groups`: group key -> `KeyGroup`;
+    `key_of[b]`: block b's key, its KeyGroup, or None).
 
     Counters (cumulative): `num_allocated` (popped from the free queue), `num_revived` (free
     cached blocks taken back by a prefix hit), `num_freed` (refcount went to 0), so that
@@ -125,6 +139,8 @@ class BlockPool:
         "block_size",
         "cached",
         "compact_at",
+        "group_offset",
+        "groups",
         "head",
         "key_of",
         "num_allocated",
@@ -132,6 +148,7 @@ class BlockPool:
         "num_evictions",
         "num_free",
         "num_freed",
+        "num_grouped",
         "num_revived",
         "qbase",
         "queue",
@@ -154,6 +171,9 @@ class BlockPool:
         self.head = 0  # index in `queue` of the first entry not yet consumed
         self.num_free = num_blocks
         self.cached: dict[Hashable, int] = {}
+        self.groups: dict[Hashable, KeyGroup] = {}  # group key -> its cached blocks
+        self.group_offset = [0] * num_blocks  # offset of a grouped block in its KeyGroup
+        self.num_grouped = 0  # blocks cached in groups
         self.num_allocated = 0
         self.num_freed = 0
         self.num_evictions = 0
@@ -185,8 +205,9 @@ class BlockPool:
         # (measured: 2x on the conversation benchmark). Most of the cost per block is the
         # eviction's dict delete (a cache miss on a large table), inherent to reusing a block.
         ref, key_of, cached = self.ref, self.key_of, self.cached
+        groups, offset = self.groups, self.group_offset
         out: list[int] = []
-        evicted = 0
+        evicted = ungrouped = 0
         need = n
         while need:
             w = q[h:h + need]
@@ -197,7 +218,14 @@ class BlockPool:
                     ref[b] = 1
                     k = key_of[b]
                     if k is not None:  # evict (invariant: cached[key_of[b]] == b)
-                        del cached[k]
+                        if k.__class__ is KeyGroup:  # (inlined _ungroup: the hot case)
+                            k.blocks[offset[b]] = -1
+                            k.num_cached -= 1
+                            if not k.num_cached:
+                                del groups[k.key]
+                            ungrouped += 1
+                        else:
+                            del cached[k]
                         key_of[b] = None
                         evicted += 1
                 else:
@@ -210,6 +238,7 @@ class BlockPool:
             need = n - len(out)
         self.head = h
         self.num_evictions += evicted
+        self.num_grouped -= ungrouped
         self.num_free -= n
         self.num_allocated += n
         if h >= self.compact_at and 2 * h >= len(q):
@@ -232,7 +261,10 @@ class BlockPool:
         self.ref[b] = 1
         k = self.key_of[b]
         if k is not None:
-            del self.cached[k]
+            if k.__class__ is KeyGroup:
+                self._ungroup(b, k)
+            else:
+                del self.cached[k]
             self.key_of[b] = None
             self.num_evictions += 1
         self.num_free -= 1
@@ -240,6 +272,51 @@ class BlockPool:
         if h >= self.compact_at and 2 * h >= len(q):
             self._compact()
         return b
+
+    def _ungroup(self, b: int, g: KeyGroup) -> None:
+        g.blocks[self.group_offset[b]] = -1
+        g.num_cached -= 1
+        self.num_grouped -= 1
+        if not g.num_cached:
+            del self.groups[g.key]
+
+    def cache_group(self, key: Hashable, size: int, first_offset: int, blocks: Sequence[int]) -> None:
+        """Register full blocks at offsets first_offset.. of the group `key` (`size` blocks);
+        first writer wins per offset. The blocks must not be registered yet."""
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = KeyGroup(key, size)
+        gb, key_of, offset = g.blocks, self.key_of, self.group_offset
+        end = first_offset + len(blocks)
+        if gb[first_offset:end].count(-1) == len(blocks):  # all offsets free: the usual case
+            gb[first_offset:end] = blocks
+            for j, b in enumerate(blocks, first_offset):
+                key_of[b] = g
+                offset[b] = j
+            n = len(blocks)
+        else:
+            n = 0
+            for j, b in enumerate(blocks, first_offset):
+                if gb[j] < 0:
+                    gb[j] = b
+                    key_of[b] = g
+                    offset[b] = j
+                    n += 1
+        g.num_cached += n
+        self.num_grouped += n
+
+    def group_hits(self, key: Hashable, n: int) -> list[int]:
+        """The cached blocks at offsets 0, 1, ... of group `key`, up to the first gap or n."""
+        g = self.groups.get(key)
+        if g is None:
+            return []
+        run = g.blocks[:n]
+        return run[:run.index(-1)] if -1 in run else run
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache (owned or free)."""
+        return len(self.cached) + self.num_grouped
 
     def _compact(self) -> None:
         h = self.head
@@ -333,5 +410,13 @@ class BlockPool:
                 assert self.queue[st - self.qbase] != b, f"owned block {b} has a live queue entry"
         for h, b in self.cached.items():
             assert self.key_of[b] == h, f"cache entry for block {b} has a stale key"
+        n_grouped = 0
+        for h, g in self.groups.items():
+            assert g.key == h and g.num_cached == sum(b >= 0 for b in g.blocks) > 0
+            for j, b in enumerate(g.blocks):
+                if b >= 0:
+                    assert self.key_of[b] is g and self.group_offset[b] == j, f"block {b}: stale group"
+            n_grouped += g.num_cached
+        assert n_grouped == self.num_grouped, "grouped block count is off"
         n_keyed = sum(1 for k in self.key_of if k is not None)
-        assert n_keyed == len(self.cached), "a block carries a key the cache table lacks"
+        assert n_keyed == self.num_cached_blocks, "a block carries a key the cache tables lack"

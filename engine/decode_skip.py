@@ -8,7 +8,8 @@ below) and then apply them in one call:
 
     n = uniform_decode_steps(sched)          # 0: step normally
     if n >= 2:
-        adv = advance_decode(sched, min(n, steps_before_next_arrival))
+        plan = plan_decode(sched, n)         # per-step batches: time the stretch
+        adv = advance_decode(sched, min(n, steps_started_before_next_event))
 
 A stretch runs THROUGH finishes: a request that reaches its output length leaves the batch
 after its last step and its freed blocks serve later steps' allocations, exactly as
@@ -76,12 +77,18 @@ class DecodeStretch:
 
     def segments(self) -> list[DecodeSegment]:
         """The stretch cut where the batch shrinks: one entry per constant batch."""
-        ends = sorted({s for s in self.steps_each if s < self.num_steps}) + [self.num_steps]
-        out, start = [], 0
-        for end in ends:
-            if end > start and self.num_seqs_at(start):
-                out.append(DecodeSegment(start, end - start, self.num_seqs_at(start),
-                                         self.sum_decode_context_at(start)))
+        steps = self._index()
+        num = len(steps)
+        out: list[DecodeSegment] = []
+        start = k = 0  # requests k.. (in steps order) run in step `start`
+        while start < self.num_steps:
+            while k < num and steps[k] <= start:
+                k += 1
+            if k == num:
+                break
+            end = min(steps[k], self.num_steps)
+            out.append(DecodeSegment(start, end - start, num - k,
+                                     self._ctx_suffix[k] + (start + 1) * (num - k)))
             start = end
         return out
 
@@ -225,6 +232,15 @@ def _blocks_freed_at_finish(r, steps: int, ref: list[int], drops: dict[int, int]
             drops[b] = d
             n += ref[b] == d
     return n
+
+
+def plan_decode(sched: Scheduler, n: int) -> DecodeStretch:
+    """Who decodes in which of the next `n` uniform steps, before applying them: what a
+    simulator needs to time a stretch (per-step batch sizes and context sums) and to pick
+    how many steps start before its next event. Call uniform_decode_steps() first."""
+    running = sched.running
+    return DecodeStretch(n, [r.num_computed_tokens for r in running],
+                         [min(n, r.output_len - r.num_generated) for r in running])
 
 
 def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:

@@ -63,11 +63,6 @@ class Request:
                 f"tokens but prompt_len is {self.prompt_len}"
             )
 
-    @property
-    def total_len(self) -> int:
-        """Tokens the request holds in KV cache when it finishes."""
-        return self.prompt_len + self.output_len
-
 
 def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finalizer: a cheap, well-mixed, platform-independent integer hash."""

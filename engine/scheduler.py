@@ -120,6 +120,7 @@ class _ReqState:
         "extra_keys",
         "failed_admission_evictions",
         "failed_admission_hits",
+        "group_size",
         "hash_block_size",
         "hash_chain",
         "hash_ids",
@@ -153,6 +154,7 @@ class _ReqState:
         self.token_ids = token_ids
         self.extra_keys = extra_keys
         self.keys = keys  # how its blocks are keyed: by token ids or by hash ids
+        self.group_size = keys.group_size(self)  # prompt blocks per prefix-cache group, 0: none
         self.num_tokens = req.prompt_len  # prompt + generated so far
         self.num_computed_tokens = 0  # tokens whose KV is (being) computed
         self.num_generated = 0
@@ -381,9 +383,12 @@ class Scheduler:
     def _key_blocks(self, r: _ReqState, n: int) -> int:
         """Make sure `r.block_hashes` covers its first `n` full blocks; returns (and counts)
         the blocks keyed now."""
-        hashed = r.keys.extend(r, n)
-        self.num_blocks_hashed += hashed
-        return hashed
+        i = len(r.block_hashes)
+        if i >= n:
+            return 0
+        r.keys.append_keys(r, i, n)
+        self.num_blocks_hashed += n - i
+        return n - i
 
     def _lookup(self, r: _ReqState) -> tuple[list[int], int]:
         """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
@@ -393,6 +398,8 @@ class Scheduler:
         if m <= 0:
             return [], 0
         hashed = self._key_blocks(r, m)
+        if r.group_size:
+            return self._lookup_grouped(r, m, r.group_size), hashed
         keys = r.block_hashes
         get = self.pool.cached.get
         prev = r.failed_admission_hits
@@ -409,11 +416,32 @@ class Scheduler:
         # C-level scan: stop at the first key not in the cache
         return list(takewhile(_not_none, map(get, islice(keys, m)))), hashed
 
+    def _lookup_grouped(self, r: _ReqState, m: int, per: int) -> list[int]:
+        """`_lookup`'s scan when the prompt's blocks are cached per hash block (`per` blocks
+        each, see HashIdKeys): group by group, then the request's own generated blocks."""
+        pool = self.pool
+        in_prompt = min(m, r.prompt_len // self.block_size)
+        hits: list[int] = []
+        for h in range(-(-in_prompt // per)):
+            want = min(per, in_prompt - h * per)
+            run = pool.group_hits(r.hash_chain[h], want)
+            hits += run
+            if len(run) < want:
+                return hits
+        if m > in_prompt:
+            hits += takewhile(_not_none, map(pool.cached.get, islice(r.block_hashes, in_prompt, m)))
+        return hits
+
     def _cache_full(self, r: _ReqState, num_full: int) -> int:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
         First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
         hashed = self._key_blocks(r, num_full)
+        if r.group_size and start < r.prompt_len // self.block_size:
+            start = self._cache_grouped(r, start, num_full, r.group_size)
+            if start == num_full:
+                r.num_cached_blocks = num_full
+                return hashed
         # blocks past num_cached_blocks are never registered yet (fresh allocations)
         if num_full - start == 1:
             self.pool.cache_block(r.block_ids[start], r.block_hashes[start])
@@ -421,6 +449,19 @@ class Scheduler:
             self.pool.cache_blocks(r.block_ids[start:num_full], r.block_hashes[start:num_full])
         r.num_cached_blocks = num_full
         return hashed
+
+    def _cache_grouped(self, r: _ReqState, start: int, num_full: int, per: int) -> int:
+        """Register `r`'s prompt blocks from `start` (below num_full) in their hash blocks'
+        groups; returns the first block left (generated tokens, keyed per block)."""
+        stop = min(num_full, r.prompt_len // self.block_size)
+        chain, table = r.hash_chain, r.block_ids
+        i = start
+        while i < stop:
+            h = i // per
+            end = min(stop, (h + 1) * per)
+            self.pool.cache_group(chain[h], per, i - h * per, table[i:end])
+            i = end
+        return stop
 
     # ------------------------------------------------------------------ blocks
 
@@ -551,7 +592,6 @@ class Scheduler:
         """Running requests in order until the budget runs out; returns the budget left."""
         running = self.running
         batch = out._batch
-        pool = self.pool
         bs = self.block_size
         plain = not self.config.num_speculative_tokens
         caching = self.caching
@@ -563,14 +603,8 @@ class Scheduler:
             table = r.block_ids
             # The bulk of a busy step, kept inline: one decode token, into a block the request
             # holds or, at a block boundary, a free one.
-            held = len(table) * bs
-            if plain and r.sampled_since_admission and (c < held or pool.num_free):
-                if c == held:
-                    b = pool.allocate_one()
-                    table.append(b)
-                    out.num_blocks_allocated += 1
-                    out._entries[r.request_id] = ScheduledRequest(
-                        r.request_id, 1, c, 0, 0, False, True, table, (b,))
+            if plain and r.sampled_since_admission and (
+                    c < len(table) * bs or self._open_block(r, out)):
                 r.num_computed_tokens = c + 1
                 if caching and c % bs == bs - 1 and c // bs >= r.num_cached_blocks:
                     out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
@@ -589,6 +623,18 @@ class Scheduler:
                 i = running.index(r) + 1
                 num_running = len(running)
         return budget
+
+    def _open_block(self, r: _ReqState, out: SchedulerOutput) -> bool:
+        """A plain decode at a block boundary: give `r` a free block for its token; False if
+        none is free (the general path then preempts)."""
+        if not self.pool.num_free:
+            return False
+        b = self.pool.allocate_one()
+        r.block_ids.append(b)
+        out.num_blocks_allocated += 1
+        out._entries[r.request_id] = ScheduledRequest(
+            r.request_id, 1, r.num_computed_tokens, 0, 0, False, True, r.block_ids, (b,))
+        return True
 
     def _schedule_chunk(self, r: _ReqState, budget: int, out: SchedulerOutput) -> bool:
         """A running request's step other than a plain decode that fits: a decode with
@@ -907,7 +953,7 @@ class Scheduler:
             num_blocks_freed=pool.num_freed,
             num_blocks_revived=pool.num_revived,
             num_blocks_hashed=self.num_blocks_hashed,
-            num_cached_blocks=len(pool.cached),
+            num_cached_blocks=pool.num_cached_blocks,
             num_free_blocks=pool.num_free,
             num_gpu_blocks=pool.num_blocks,
             kv_usage=pool.usage(),

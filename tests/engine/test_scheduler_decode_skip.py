@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.decode_skip import DecodeStretch, advance_decode, uniform_decode_steps
+from engine.decode_skip import DecodeStretch, advance_decode, plan_decode, uniform_decode_steps
 from engine.request import Request
 from engine.scheduler import Scheduler, SchedulerConfig
 from tests.engine.test_scheduler_random import state_of
@@ -60,6 +60,9 @@ def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, len
         tokens += out.num_batched_tokens
     event(f"finishes inside the advance: {len(finished) > 0}")
     event(f"batch shrinks before the last step: {len(set(seqs)) > 1}")
+    plan = plan_decode(b, n_take)
+    assert [plan.num_seqs_at(i) for i in range(n_take)] == seqs
+    assert [plan.sum_decode_context_at(i) for i in range(n_take)] == ctx
     adv = advance_decode(b, n_take)
     assert state_of(a) == state_of(b)
     assert (adv.num_blocks_allocated, adv.num_blocks_freed, adv.num_blocks_hashed,
@@ -67,8 +70,9 @@ def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, len
     assert adv.finished == finished and adv.finish_steps == finish_steps
     assert [adv.num_seqs_at(i) for i in range(n_take)] == seqs
     assert [adv.sum_decode_context_at(i) for i in range(n_take)] == ctx
-    seg_seqs = [g.num_seqs for g in adv.stretch.segments() for _ in range(g.num_steps)]
-    assert seg_seqs == [x for x in seqs if x]
+    segments = adv.stretch.segments()
+    assert [g.num_seqs for g in segments for _ in range(g.num_steps)] == [x for x in seqs if x]
+    assert all(g.sum_decode_context_first_step == ctx[g.first_step] for g in segments)
     b.check_invariants()
     # maximal: after all n steps, the next one is not a plain decode of the same kind
     for _ in range(n - n_take):

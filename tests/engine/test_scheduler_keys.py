@@ -77,21 +77,19 @@ def test_extra_keys_separate_caches():
     assert [x.num_cached_tokens for x in out.scheduled] == [0, 8]
 
 
-def test_bulk_sim_keys_equal_the_per_block_formula():
-    # long prompts take the vectorized path (>= 64 blocks): keys must equal chain[h] ^ offset,
-    # for signed (builtin) and unsigned (xxhash) 64-bit chain values, from any start block
-    for algo in ("builtin", "xxhash"):
-        s = Scheduler(SchedulerConfig(num_gpu_blocks=1000, block_size=4, prefix_caching_hash_algo=algo))
-        req = Request(0, 0.0, 4 * 300 + 2, 2, tuple(range(7, 7 + 76)), hash_block_size=16)
-        s.add_request(req)
-        r = s.requests[0]
-        short = r.keys.aligned_keys(r, 0, 10)  # scalar path; also builds chain[0:3]
-        keys = r.keys.aligned_keys(r, 5, 300)
-        chain = r.hash_chain
-        assert len(chain) == 75 and short == [chain[i // 4] ^ (i % 4) for i in range(10)]
-        assert keys == [chain[i // 4] ^ (i % 4) for i in range(5, 300)]
-        assert all(type(k) is int for k in keys)
-        if algo == "xxhash":
-            assert any(k >= 1 << 63 for k in keys)  # unsigned values survive
-        else:
-            assert any(k < 0 for k in keys)
+def test_hash_blocks_are_cached_as_groups_of_kv_blocks():
+    # 16-token hash blocks over 4-token KV blocks: the pool holds one entry per hash block
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=64, block_size=4))
+    s.add_request(Request(0, 0.0, 40, 2, (1, 2, 3), hash_block_size=16))  # 10 full blocks
+    out = s.schedule()
+    s.update_from_output(out)
+    table = out.scheduled[0].block_ids[:10]
+    assert len(s.pool.groups) == 3 and not s.pool.cached  # hash blocks 0, 1 and half of 2
+    assert s.stats.num_cached_blocks == 10 and s.stats.num_blocks_hashed == 10
+    s.add_request(Request(1, 0.0, 36, 1, (1, 2, 9), hash_block_size=16))  # shares 2 hash blocks
+    s.add_request(Request(2, 0.0, 41, 1, (1, 2, 3), hash_block_size=16))  # shares all 10 blocks
+    out = s.schedule()
+    hit = {x.request_id: x for x in out.scheduled if x.request_id != 0}
+    assert hit[1].num_cached_tokens == 32 and hit[1].block_ids[:8] == table[:8]
+    assert hit[2].num_cached_tokens == 40 and hit[2].block_ids[:10] == table
+    s.check_invariants()

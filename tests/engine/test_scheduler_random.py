@@ -84,12 +84,13 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
             # the memoized re-lookup of a blocked queue head equals a plain scan
             m = (head.num_tokens - 1) // cfg.block_size
             ref = []
-            for k in head.block_hashes[:m]:
-                b = s.pool.cached.get(k)
-                if b is None:
-                    break
-                ref.append(b)
-            assert s._lookup(head)[0] == ref
+            if not head.group_size:  # (grouped prompts are always scanned)
+                for k in head.block_hashes[:m]:
+                    b = s.pool.cached.get(k)
+                    if b is None:
+                        break
+                    ref.append(b)
+                assert s._lookup(head)[0] == ref
         out = s.schedule()
         # budget and caps
         assert out.num_batched_tokens == sum(x.num_new_tokens for x in out.scheduled)
@@ -188,6 +189,7 @@ def state_of(s: Scheduler):
     st_ = s.stats
     return (reqs, tuple(pool.free_block_ids()),
             tuple(sorted((repr(h), b) for h, b in pool.cached.items())),
+            tuple(sorted((repr(h), tuple(g.blocks)) for h, g in pool.groups.items())),
             [r.request_id for r in s.running], s.step_id,
             (st_.num_evictions, st_.num_blocks_allocated, st_.num_blocks_freed, st_.num_blocks_hashed,
              st_.num_generated_tokens, st_.num_steps, st_.fragmentation_slots))
