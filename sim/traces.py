@@ -146,6 +146,39 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
     `hash_block_size` None: 512 (Mooncake's) unless the rows fit another size and not 512."""
     path = Path(path)
     rows = _Rows(path, lenient, Counter())
+    parsed = _json_lines(path, rows)
+    bs = hash_block_size or _infer_block_size(parsed)
+    kept: list[_MooncakeRow] = []
+    for lineno, obj in parsed:
+        row = _mooncake_row(lineno, obj, bs, rows)
+        if row is None:
+            continue
+        if kept and row.timestamp_ms < kept[-1].timestamp_ms:
+            prev = kept[-1]
+            rows.bad(lineno, "timestamp", f"{row.timestamp_ms} ms is earlier than {prev.timestamp_ms} ms on line "
+                     f"{prev.lineno} (timestamps go backwards)", "sort the file by timestamp (e.g. `sort` the "
+                     "rows by that field) or pass --lenient to skip such rows", "timestamp going backwards")
+            continue
+        kept.append(row)
+    counts = [len(r.hash_ids) for r in kept]
+    flat = np.fromiter((h for r in kept for h in r.hash_ids), dtype=np.int64, count=sum(counts))
+    return _trace_workload(path=path, fmt="mooncake", arrival_s=[r.timestamp_ms / 1000.0 for r in kept],
+                           prompt_len=[r.input_length for r in kept], output_len=[r.output_length for r in kept],
+                           hash_block_size=bs, hash_ids=flat, hash_counts=counts, skipped=rows.skipped,
+                           bad_rows_total=sum(rows.skipped.values()))
+
+
+@dataclass(frozen=True, slots=True)
+class _MooncakeRow:
+    lineno: int
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: list[int]
+
+
+def _json_lines(path: Path, rows: _Rows) -> list[tuple[int, dict]]:
+    """(line number, object) of every JSON-object line; bad lines go to `rows`."""
     parsed: list[tuple[int, dict]] = []
     with open_text(path, encoding="utf-8") as f:
         for lineno, text in enumerate(f, start=1):
@@ -165,61 +198,43 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
             parsed.append((lineno, obj))
     if not parsed and not rows.skipped:
         raise TraceFormatError(path, None, None, "the file is empty", "give a trace with one JSON request per line")
+    return parsed
 
-    bs = hash_block_size or _infer_block_size(parsed)
-    arrival: list[float] = []
-    prompt: list[int] = []
-    output: list[int] = []
-    id_lists: list[list[int]] = []
-    last_ms: float | None = None
-    last_line = 0
-    for lineno, obj in parsed:
-        missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj]
-        if missing:
-            rows.bad(lineno, missing[0], "missing", f"every row needs timestamp (ms), input_length, output_length "
-                     f"and hash_ids; add '{missing[0]}'", f"missing field {missing[0]}")
-            continue
-        ts = obj["timestamp"]
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
-            rows.bad(lineno, "timestamp", f"{ts!r} is not a non-negative number of milliseconds",
-                     "write the arrival time in ms since the trace start, e.g. 3000", "bad timestamp")
-            continue
-        n_in = rows.count(lineno, "input_length", obj["input_length"], 1,
-                          "give the prompt length in tokens as a positive integer")
-        if n_in is None:
-            continue
-        n_out = rows.count(lineno, "output_length", obj["output_length"], 1,
-                           "give the output length in tokens as a positive integer (a request generates >= 1 token)")
-        if n_out is None:
-            continue
-        hid = obj["hash_ids"]
-        if not isinstance(hid, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
-                                                for h in hid):
-            rows.bad(lineno, "hash_ids", "must be a list of non-negative integers",
-                     "write the prompt's block hash ids as a JSON list of integers", "bad hash_ids")
-            continue
-        want = -(-n_in // bs)
-        if len(hid) != want:
-            rows.bad(lineno, "hash_ids", f"{len(hid)} ids for input_length {n_in}, but at {bs} tokens per block "
-                     f"there must be ceil({n_in}/{bs}) = {want}",
-                     "fix input_length or hash_ids, or pass the block size the trace was made with "
-                     "(--hash-block-size; Mooncake uses 512)", "hash_ids inconsistent with input_length")
-            continue
-        if last_ms is not None and ts < last_ms:
-            rows.bad(lineno, "timestamp", f"{ts} ms is earlier than {last_ms} ms on line {last_line} "
-                     "(timestamps go backwards)", "sort the file by timestamp (e.g. `sort` the rows by that "
-                     "field) or pass --lenient to skip such rows", "timestamp going backwards")
-            continue
-        last_ms, last_line = ts, lineno
-        arrival.append(ts / 1000.0)
-        prompt.append(n_in)
-        output.append(n_out)
-        id_lists.append(hid)
-    counts = [len(h) for h in id_lists]
-    flat = np.fromiter((h for lst in id_lists for h in lst), dtype=np.int64, count=sum(counts))
-    return _trace_workload(path=path, fmt="mooncake", arrival_s=arrival, prompt_len=prompt, output_len=output,
-                           hash_block_size=bs, hash_ids=flat, hash_counts=counts, skipped=rows.skipped,
-                           bad_rows_total=sum(rows.skipped.values()))
+
+def _mooncake_row(lineno: int, obj: dict, bs: int, rows: _Rows) -> _MooncakeRow | None:
+    """One row's fields checked (bs tokens per hash block); None, with the reason in `rows`, if bad."""
+    missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj]
+    if missing:
+        rows.bad(lineno, missing[0], "missing", f"every row needs timestamp (ms), input_length, output_length "
+                 f"and hash_ids; add '{missing[0]}'", f"missing field {missing[0]}")
+        return None
+    ts = obj["timestamp"]
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
+        rows.bad(lineno, "timestamp", f"{ts!r} is not a non-negative number of milliseconds",
+                 "write the arrival time in ms since the trace start, e.g. 3000", "bad timestamp")
+        return None
+    n_in = rows.count(lineno, "input_length", obj["input_length"], 1,
+                      "give the prompt length in tokens as a positive integer")
+    if n_in is None:
+        return None
+    n_out = rows.count(lineno, "output_length", obj["output_length"], 1,
+                       "give the output length in tokens as a positive integer (a request generates >= 1 token)")
+    if n_out is None:
+        return None
+    hid = obj["hash_ids"]
+    if not isinstance(hid, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+                                            for h in hid):
+        rows.bad(lineno, "hash_ids", "must be a list of non-negative integers",
+                 "write the prompt's block hash ids as a JSON list of integers", "bad hash_ids")
+        return None
+    want = -(-n_in // bs)
+    if len(hid) != want:
+        rows.bad(lineno, "hash_ids", f"{len(hid)} ids for input_length {n_in}, but at {bs} tokens per block "
+                 f"there must be ceil({n_in}/{bs}) = {want}",
+                 "fix input_length or hash_ids, or pass the block size the trace was made with "
+                 "(--hash-block-size; Mooncake uses 512)", "hash_ids inconsistent with input_length")
+        return None
+    return _MooncakeRow(lineno, ts, n_in, n_out, hid)
 
 
 def _infer_block_size(parsed: list[tuple[int, dict]]) -> int:
