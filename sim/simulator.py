@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -47,7 +48,7 @@ import numpy as np
 import simpy
 
 from engine.config import scheduler_config
-from engine.decode_skip import DecodeAdvance, DecodeStretch, advance_decode, uniform_decode_steps
+from engine.decode_skip import DecodeAdvance, advance_decode, plan_decode, uniform_decode_steps
 from engine.model_spec import blocks_for_tokens
 from engine.records import StepRecord
 from engine.request import Request
@@ -265,21 +266,16 @@ class _Replica:
         """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
         next arrival, which will most likely wake the replica: steps past it are rarely used)."""
         sched = self.sched
-        ctx = sched.running_context_lens()  # KV tokens before the skip
         remaining = [r.output_len - r.num_generated for r in sched.running]
-        stretch = DecodeStretch(n, ctx, [min(x, n) for x in remaining])
-        runs, elapsed_s, first = [], 0.0, 0
-        for end in [*sorted({x for x in remaining if x < n}), n]:  # the batch shrinks after each
-            runs.append(self.cost.decode_run(stretch.num_seqs_at(first), stretch.sum_decode_context_at(first),
-                                             end - first))
-            elapsed_s += runs[-1].elapsed_s(end - first)
-            first = end
+        runs, elapsed_s, n_cut = [], 0.0, 0
+        for seg in plan_decode(sched, n).segments():  # the batch shrinks after each
+            runs.append(self.cost.decode_run(seg.num_seqs, seg.sum_decode_context_first_step, seg.num_steps))
+            elapsed_s += runs[-1].elapsed_s(seg.num_steps)
+            n_cut = seg.first_step + seg.num_steps
             if elapsed_s > horizon_s:
                 break
-        n = first
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(
-            np.asarray(ctx, dtype=np.int64), np.minimum(remaining, n))
-        return _Stretch(DecodeRuns(runs), block_s, sorted(x for x in remaining if x <= n))
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(sched.running, remaining, n_cut)
+        return _Stretch(DecodeRuns(runs), block_s, sorted(x for x in remaining if x <= n_cut))
 
     def _sleep_through(self, plan: _Stretch, n: int) -> Process:
         """Sleep until n steps are done or new work arrives; returns how many steps to apply:
@@ -312,35 +308,40 @@ class _Replica:
         b = adv.num_seqs
         return StepRecord(
             replica=self.idx, step_id=adv.first_step_id, n_steps=num_steps, t_start_s=t0 + start_s,
-            total_s=end_s - start_s, first_dt_s=runs.dt(first),
-            last_dt_s=runs.dt(end - 1), gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=b, num_decode_tokens=b,
+            total_s=end_s - start_s, first_dt_s=runs.runs[k].dt(0),
+            last_dt_s=runs.runs[k].dt(num_steps - 1), gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=b, num_decode_tokens=b,
             num_decode_seqs=b, sum_decode_context=adv.sum_decode_context_first_step,
             num_blocks_allocated=adv.num_blocks_allocated, num_blocks_hashed=adv.num_blocks_hashed,
             num_output_tokens=num_steps * b, num_running=self.sched.num_running,
             num_waiting=self.sched.num_waiting, kv_usage=self.sched.kv_usage)
 
-    def _block_cpu_fn(self, ctx: np.ndarray, steps_each: np.ndarray) -> Callable[[int], float]:
-        """CPU seconds of the blocks allocated and hashed in the first m steps of a stretch.
+    def _block_cpu_fn(self, running: list[Request], remaining: list[int], n: int) -> Callable[[int], float]:
+        """CPU seconds of the blocks allocated and hashed in the first m steps of an n-step stretch.
 
-        Sequence j (ctx[j] tokens in KV, decoding in the stretch's first steps_each[j] steps)
-        needs a new block at every step i where position ctx[j] + i starts a block, and
-        completes (hashes) one where ctx[j] + i + 1 ends one.
+        A running request with ctx tokens in KV, decoding in the stretch's first
+        min(remaining, n) steps, needs a new block at every step i where position ctx + i starts
+        a block, and completes (hashes) one where ctx + i + 1 ends one. Those steps, sorted,
+        count the blocks of the first m steps by bisection (no per-call pass over the batch).
         """
         bs = self.engine.block_size * self.coarsening  # the scheduler's block
-        first_alloc = (-ctx) % bs
-        first_hash = (bs - 1 - ctx) % bs if self.engine.enable_prefix_caching else None
+        caching = self.engine.enable_prefix_caching
+        alloc_steps: list[int] = []
+        hash_steps: list[int] = []
+        for r, rem in zip(running, remaining):
+            ctx, steps = r.num_computed_tokens, min(rem, n)
+            alloc_steps.extend(range((-ctx) % bs, steps, bs))
+            if caching:
+                hash_steps.extend(range((bs - 1 - ctx) % bs, steps, bs))
+        alloc_steps.sort()
+        hash_steps.sort()
         blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
 
-        memo: dict[int, float] = {0: 0.0}  # a skip asks for the same few m several times
-
         def block_s(m: int) -> float:
-            t = memo.get(m)
-            if t is None:
-                last = np.minimum(steps_each, m) - 1  # each sequence's last step among the first m
-                t = blk_s * float(np.maximum((last - first_alloc) // bs + 1, 0).sum())
-                if first_hash is not None:
-                    t += hash_s * float(np.maximum((last - first_hash) // bs + 1, 0).sum())
-                memo[m] = t
+            if m <= 0:
+                return 0.0
+            t = blk_s * bisect_left(alloc_steps, m)
+            if caching:
+                t += hash_s * bisect_left(hash_steps, m)
             return t
 
         return block_s
@@ -355,10 +356,17 @@ class _Stretch:
     runs: DecodeRuns
     block_s: Callable[[int], float] | None
     finish_after_steps: list[int]  # sorted
+    # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
+    # the router's load probes) many times
+    _starts: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
-        return self.runs.elapsed_s(m) + (self.block_s(m) if self.block_s is not None else 0.0)
+        t = self._starts.get(m)
+        if t is None:
+            t = self.runs.elapsed_s(m) + (self.block_s(m) if self.block_s is not None else 0.0)
+            self._starts[m] = t
+        return t
 
     def num_finished_by(self, elapsed_s: float) -> int:
         """Finishing requests whose last step has ended `elapsed_s` into the stretch."""
