@@ -48,7 +48,7 @@ import numpy as np
 import simpy
 
 from engine.config import scheduler_config
-from engine.decode_skip import DecodeAdvance, advance_decode, plan_decode, uniform_decode_steps
+from engine.decode_skip import DecodeAdvance, advance_decode, uniform_decode_steps
 from engine.model_spec import blocks_for_tokens
 from engine.records import StepRecord
 from engine.request import Request
@@ -267,15 +267,28 @@ class _Replica:
         next arrival, which will most likely wake the replica: steps past it are rarely used)."""
         sched = self.sched
         remaining = [r.output_len - r.num_generated for r in sched.running]
-        runs, elapsed_s, n_cut = [], 0.0, 0
-        for seg in plan_decode(sched, n).segments():  # the batch shrinks after each
-            runs.append(self.cost.decode_run(seg.num_seqs, seg.sum_decode_context_first_step, seg.num_steps))
-            elapsed_s += runs[-1].elapsed_s(seg.num_steps)
-            n_cut = seg.first_step + seg.num_steps
-            if elapsed_s > horizon_s:
-                break
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(sched.running, remaining, n_cut)
-        return _Stretch(DecodeRuns(runs), block_s, sorted(x for x in remaining if x <= n_cut))
+        runs = self._decode_runs(remaining, sched.running_context_lens(), n, horizon_s)
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(sched.running, remaining, runs.n)
+        return _Stretch(runs, block_s, sorted(x for x in remaining if x <= runs.n))
+
+    def _decode_runs(self, remaining: list[int], ctx: list[int], n: int, horizon_s: float) -> DecodeRuns:
+        """One DecodeRun per constant batch of the first n steps (the batch shrinks where
+        requests finish), until the one that passes `horizon_s`. Walks the requests in order of
+        remaining steps, as `plan_decode(sched, n).segments()` would, but stops at the horizon."""
+        by_remaining = sorted(zip(remaining, ctx))
+        num = len(by_remaining)
+        ctx_left = sum(ctx)  # KV tokens of the requests still decoding at step `first`
+        runs, elapsed_s, first, k = [], 0.0, 0, 0
+        while first < n and elapsed_s <= horizon_s:
+            while by_remaining[k][0] <= first:
+                ctx_left -= by_remaining[k][1]
+                k += 1
+            end = min(by_remaining[k][0], n)
+            b = num - k
+            runs.append(self.cost.decode_run(b, ctx_left + (first + 1) * b, end - first))
+            elapsed_s += runs[-1].elapsed_s(end - first)
+            first = end
+        return DecodeRuns(runs)
 
     def _sleep_through(self, plan: _Stretch, n: int) -> Process:
         """Sleep until n steps are done or new work arrives; returns how many steps to apply:
