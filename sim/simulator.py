@@ -68,6 +68,21 @@ from sim.speculative import AcceptanceModel, SpecTokens
 Process = Generator[simpy.Event, Any, Any]
 
 
+def _first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Event:
+    """An event that fires after whichever of a and b is processed first: SimPy's `a | b` with
+    the very same event order (one event scheduled when the first fires), without a Condition's
+    bookkeeping (value dicts, callback removal), which a skip pays at every wake-up."""
+    either = env.event()
+
+    def fire(_: simpy.Event) -> None:
+        if not either.triggered:
+            either.succeed()
+
+    a.callbacks.append(fire)
+    b.callbacks.append(fire)
+    return either
+
+
 def delay_until(now: float, t: float) -> float:
     """The timeout that lands on the clock's first time not before t. SimPy adds delays to `now`,
     and `now + (t - now)` can round one ulp below t (and t itself may be unreachable from now by
@@ -299,7 +314,7 @@ class _Replica:
         t0 = env.now
         self.wake = env.event()
         self.skipping = True
-        yield env.timeout(plan.step_start_s(n)) | self.wake
+        yield _first_of(env, env.timeout(plan.step_start_s(n)), self.wake)
         woke = self.wake.triggered
         self.wake = None
         m = n
