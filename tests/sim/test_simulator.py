@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -370,3 +371,43 @@ def test_a_run_creates_no_reference_cycles_and_restores_the_collector(variant):
         assert not gc.isenabled()  # a caller's choice is kept
     finally:
         gc.enable()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4) | st.none()), min_size=1, max_size=6),
+       st.lists(st.integers(0, 4), max_size=6))
+def test_first_of_keeps_simpy_event_order(sleepers, others):
+    """The skip's sleep (`_first_of(timeout, wake)`) resumes its process at the very place in
+    SimPy's event order that `timeout | wake` does, ties at one instant included: each sleeper
+    waits d or until kicked at k, among other processes logging at the same instants."""
+    from sim.simulator import _first_of
+
+    def trace(use_condition: bool) -> list:
+        env = simpy.Environment()
+        log = []
+
+        def sleeper(i, d, kick_at):
+            wake = env.event()
+            if kick_at is not None:
+                env.process(kicker(wake, kick_at))
+            to = env.timeout(d)
+            yield (to | wake) if use_condition else _first_of(env, to, wake)
+            log.append(("sleeper", i, env.now, wake.triggered))
+
+        def kicker(wake, t):
+            yield env.timeout(t)
+            log.append(("kick", t))
+            wake.succeed()
+
+        def other(j, t):
+            yield env.timeout(t)
+            log.append(("other", j, env.now))
+
+        for i, (d, k) in enumerate(sleepers):
+            env.process(sleeper(i, d, k))
+        for j, t in enumerate(others):
+            env.process(other(j, t))
+        env.run()
+        return log
+
+    assert trace(False) == trace(True)
