@@ -284,8 +284,9 @@ class _Replica:
         next arrival, which will most likely wake the replica: steps past it are rarely used)."""
         sched = self.sched
         remaining = [r.output_len - r.num_generated for r in sched.running]
-        runs = self._decode_runs(remaining, sched.running_context_lens(), n, horizon_s)
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(sched.running, remaining, runs.n)
+        ctx = sched.running_context_lens()  # KV tokens before the skip
+        runs = self._decode_runs(remaining, ctx, n, horizon_s)
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(ctx, remaining, runs.n)
         return _Stretch(runs, block_s, sorted(x for x in remaining if x <= runs.n))
 
     def _decode_runs(self, remaining: list[int], ctx: list[int], n: int, horizon_s: float) -> DecodeRuns:
@@ -327,41 +328,41 @@ class _Replica:
 
     def _skip_record(self, plan: _Stretch, adv: DecodeAdvance, t0: float, k: int, num_steps: int) -> StepRecord:
         """One step-table row: the first `num_steps` steps of the stretch's segment k (one batch)."""
-        runs = plan.runs
-        first = runs.first_steps[k]
+        run = plan.runs.runs[k]
+        first = plan.runs.first_steps[k]
         end = first + num_steps
         start_s, end_s = plan.step_start_s(first), plan.step_start_s(end)
-        cpu_s = runs.runs[k].cpu * num_steps
-        gpu_s = runs.runs[k].elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
+        cpu_s = run.cpu * num_steps
+        gpu_s = run.elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
         if plan.block_s is not None:
             cpu_s += plan.block_s(end) - plan.block_s(first)
         b = adv.num_seqs
         return StepRecord(
             replica=self.idx, step_id=adv.first_step_id, n_steps=num_steps, t_start_s=t0 + start_s,
-            total_s=end_s - start_s, first_dt_s=runs.runs[k].dt(0),
-            last_dt_s=runs.runs[k].dt(num_steps - 1), gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=b, num_decode_tokens=b,
+            total_s=end_s - start_s, first_dt_s=run.dt(0), last_dt_s=run.dt(num_steps - 1),
+            gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=b, num_decode_tokens=b,
             num_decode_seqs=b, sum_decode_context=adv.sum_decode_context_first_step,
             num_blocks_allocated=adv.num_blocks_allocated, num_blocks_hashed=adv.num_blocks_hashed,
             num_output_tokens=num_steps * b, num_running=self.sched.num_running,
             num_waiting=self.sched.num_waiting, kv_usage=self.sched.kv_usage)
 
-    def _block_cpu_fn(self, running: list[Request], remaining: list[int], n: int) -> Callable[[int], float]:
+    def _block_cpu_fn(self, ctx: list[int], remaining: list[int], n: int) -> Callable[[int], float]:
         """CPU seconds of the blocks allocated and hashed in the first m steps of an n-step stretch.
 
-        A running request with ctx tokens in KV, decoding in the stretch's first
-        min(remaining, n) steps, needs a new block at every step i where position ctx + i starts
-        a block, and completes (hashes) one where ctx + i + 1 ends one. Those steps, sorted,
-        count the blocks of the first m steps by bisection (no per-call pass over the batch).
+        Request j (ctx[j] tokens in KV, decoding in the stretch's first min(remaining[j], n)
+        steps) needs a new block at every step i where position ctx[j] + i starts a block, and
+        completes (hashes) one where ctx[j] + i + 1 ends one. Those steps, sorted, count the
+        blocks of the first m steps by bisection (no per-call pass over the batch).
         """
         bs = self.engine.block_size * self.coarsening  # the scheduler's block
         caching = self.engine.enable_prefix_caching
         alloc_steps: list[int] = []
         hash_steps: list[int] = []
-        for r, rem in zip(running, remaining):
-            ctx, steps = r.num_computed_tokens, min(rem, n)
-            alloc_steps.extend(range((-ctx) % bs, steps, bs))
+        for c, rem in zip(ctx, remaining):
+            steps = min(rem, n)
+            alloc_steps.extend(range((-c) % bs, steps, bs))
             if caching:
-                hash_steps.extend(range((bs - 1 - ctx) % bs, steps, bs))
+                hash_steps.extend(range((bs - 1 - c) % bs, steps, bs))
         alloc_steps.sort()
         hash_steps.sort()
         blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
@@ -388,7 +389,7 @@ class _Stretch:
     finish_after_steps: list[int]  # sorted
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
-    _starts: dict[int, float] = dataclasses.field(default_factory=dict)
+    _starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
