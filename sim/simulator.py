@@ -42,7 +42,7 @@ import dataclasses
 import gc
 import math
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -285,17 +285,20 @@ class _Replica:
         sched = self.sched
         remaining = [r.output_len - r.num_generated for r in sched.running]
         ctx = sched.running_context_lens()  # KV tokens before the skip
-        runs = self._decode_runs(remaining, ctx, n, horizon_s)
+        by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
+        runs = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
         block_s = None if self.cost.async_scheduling else self._block_cpu_fn(ctx, remaining, runs.n)
-        return _Stretch(runs, block_s, sorted(x for x in remaining if x <= runs.n))
+        finish_after_steps = [x for x, _ in by_remaining[:bisect_right(by_remaining, (runs.n, math.inf))]]
+        return _Stretch(runs, block_s, finish_after_steps)
 
-    def _decode_runs(self, remaining: list[int], ctx: list[int], n: int, horizon_s: float) -> DecodeRuns:
+    def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
+                     horizon_s: float) -> DecodeRuns:
         """One DecodeRun per constant batch of the first n steps (the batch shrinks where
-        requests finish), until the one that passes `horizon_s`. Walks the requests in order of
-        remaining steps, as `plan_decode(sched, n).segments()` would, but stops at the horizon."""
-        by_remaining = sorted(zip(remaining, ctx))
+        requests finish), until the one that passes `horizon_s`. Walks the (remaining steps,
+        KV tokens) of the requests in order, as `plan_decode(sched, n).segments()` would, but
+        stops at the horizon."""
         num = len(by_remaining)
-        ctx_left = sum(ctx)  # KV tokens of the requests still decoding at step `first`
+        ctx_left = sum_ctx  # KV tokens of the requests still decoding at step `first`
         runs, elapsed_s, first, k = [], 0.0, 0, 0
         while first < n and elapsed_s <= horizon_s:
             while by_remaining[k][0] <= first:
