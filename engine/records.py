@@ -114,8 +114,8 @@ def to_columns(records: Sequence[Any], cls: type[StepRecord | RequestRecord]) ->
     dtypes = STEP_DTYPES if cls is StepRecord else REQUEST_DTYPES
     if not records:
         return {n: np.zeros(0, dtype=dtypes[n]) for n in names}
-    rows = list(map(attrgetter(*names), records))
-    return {n: np.asarray(col, dtype=dtypes[n]) for n, col in zip(names, zip(*rows))}
+    # one pass per column straight into its array: no row tuples, no transposition
+    return {n: np.fromiter(map(attrgetter(n), records), dtype=dtypes[n], count=len(records)) for n in names}
 
 
 def empty_table(columns: Iterable[str], dtypes: dict[str, Any]) -> dict[str, np.ndarray]:

@@ -34,7 +34,6 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -150,6 +149,7 @@ class CostModel:
         else:
             self._ar_fixed_s = self._ar_s_per_token = 0.0
         self._gpu_fixed_s = p.gpu_step_overhead_s
+        self._decode_terms: dict[int, tuple[float, float, float]] = {}  # num_seqs -> decode_linear()
         self._cpu_step_s, self._cpu_seq_s = p.cpu_step_s, p.cpu_per_seq_s
         self._cpu_blk_s, self._cpu_hash_s = p.cpu_per_block_allocated_s, p.cpu_per_block_hashed_s
         # proposer
@@ -225,7 +225,11 @@ class CostModel:
 
     def decode_run(self, num_seqs: int, sum_context: int, num_steps: int) -> DecodeRun:
         """`num_steps` pure-decode steps; the first sees `sum_context` tokens of context."""
-        a, per_ctx, cpu = self.decode_linear(num_seqs)
+        # a skip-ahead asks for a few batch sizes thousands of times: their terms are kept
+        terms = self._decode_terms.get(num_seqs)
+        if terms is None:
+            terms = self._decode_terms[num_seqs] = self.decode_linear(num_seqs)
+        a, per_ctx, cpu = terms
         return DecodeRun(g0=a + per_ctx * sum_context, slope=per_ctx * num_seqs, cpu=cpu,
                          n=num_steps, overlap=self.async_scheduling)
 
@@ -283,9 +287,16 @@ class DecodeRuns:
 
     def __init__(self, runs: Sequence[DecodeRun]) -> None:
         self.runs = list(runs)
-        self.first_steps = [0, *accumulate(r.n for r in self.runs)]  # step index where each run starts
-        self.n = self.first_steps[-1]
-        self._elapsed_before = [0.0, *accumulate(r.elapsed_s(r.n) for r in self.runs)]
+        self.first_steps = [0]  # step index where each run starts (and, last, the end)
+        self._elapsed_before = [0.0]  # seconds before each run starts (and, last, the total)
+        n = 0
+        elapsed = 0.0
+        for r in self.runs:
+            n += r.n
+            elapsed += r.elapsed_s(r.n)
+            self.first_steps.append(n)
+            self._elapsed_before.append(elapsed)
+        self.n = n
 
     def _run_of(self, i: int) -> int:
         return bisect_right(self.first_steps, i) - 1

@@ -46,26 +46,44 @@ class Router:
         The router keeps an approximate index (prefix-hash chain -> replicas that were sent
         it), like llm-d's approximate prefix-cache scorer: it does not see evictions.
         """
-        loads = [r.load for r in pool]
+        loads = [r.load for r in pool]  # read once: each read of a skipping replica's load searches
         lo = min(loads)
-        holders: set[int] | None = {r.idx for r, ld in zip(pool, loads) if ld <= lo + PREFIX_ROUTER_LOAD_SLACK}
-        best_set = holders
+        near = {r.idx for r, ld in zip(pool, loads) if ld <= lo + PREFIX_ROUTER_LOAD_SLACK}
+        keys = self._chain_keys(req.hash_ids)
+        best_set = _longest_match(near, keys, self._prefix_index)
+        best = min((i for i, r in enumerate(pool) if r.idx in best_set), key=loads.__getitem__)
+        idx = pool[best].idx
         index = self._prefix_index
+        for k in keys:
+            holders = index.get(k)
+            if holders is None:
+                index[k] = {idx}
+            else:
+                holders.add(idx)
+        return pool[best]
+
+    @staticmethod
+    def _chain_keys(hash_ids: Sequence[int]) -> list[int]:
+        """One key per hash block, chaining all blocks before it (a prefix, not a block)."""
         keys, key = [], 0
-        for h in req.hash_ids:
+        for h in hash_ids:
             key = hash((key, h))
             keys.append(key)
-            if holders is None:
-                continue
-            inter = holders & index.get(key, set())
-            if inter:
-                holders = best_set = inter
-            else:
-                holders = None  # the longest match ended at the previous block
-        best = min((r for r in pool if r.idx in best_set), key=lambda r: r.load)
-        for k in keys:
-            index.setdefault(k, set()).add(best.idx)
-        return best
+        return keys
+
+
+def _longest_match(candidates: set[int], keys: list[int], index: dict[int, set[int]]) -> set[int]:
+    """The candidates that were sent the longest chain of `keys` (all of them if none was)."""
+    best = candidates
+    for key in keys:
+        inter = best & index.get(key, _NOBODY)
+        if not inter:
+            break
+        best = inter
+    return best
+
+
+_NOBODY: frozenset[int] = frozenset()
 
 
 __all__ = ["PREFIX_ROUTER_LOAD_SLACK", "Router"]

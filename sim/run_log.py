@@ -36,8 +36,9 @@ class RequestLog:
         self.num_preemptions = np.zeros(n, dtype=np.int64)
         self.status = np.full(n, "unfinished", dtype=object)
         self.finish_reason = np.full(n, "", dtype=object)
-        self._was_scheduled = np.zeros(n, dtype=bool)
-        self._has_token = np.zeros(n, dtype=bool)
+        # flags read on every sampled token: Python lists index faster than numpy arrays
+        self._was_scheduled = [False] * n
+        self._has_token = [False] * n
         self._last_token_before_preemption_s: dict[int, float] = {}
         self.stall_gaps_s: list[float] = []  # token gaps of requests resumed after a preemption
 
@@ -63,7 +64,8 @@ class RequestLog:
             self._has_token[i] = True
             self.first_token_s[i] = t
             return
-        last = self._last_token_before_preemption_s.pop(request_id, None)
+        gaps_open = self._last_token_before_preemption_s
+        last = gaps_open.pop(request_id, None) if gaps_open else None
         if last is not None:
             self.stall_gaps_s.append(t - last)
 
