@@ -1,14 +1,18 @@
-"""Simulator speed: the full Mooncake conversation trace on 1, 8 and 64 replicas.
+"""Simulator speed: the figures the advisor's search latency rides on.
 
     PYTHONPATH=. python benchmarks/sim/bench_simulator.py            # writes results.json + results.md here
     PYTHONPATH=. python benchmarks/sim/bench_simulator.py --profile  # where the time goes (cProfile, by layer)
 
-Each run, exact (scheduler blocks = vLLM's 16-token blocks) and with KV block coarsening
-"auto" (32 x 16 = 512-token scheduler blocks, the trace's own prefix granularity; see
-`Simulation._coarsening`): llama-3.1-8b on H200 replicas (vLLM defaults: 8192 batched tokens, 1024 seqs,
-block 16, prefix caching on), least-loaded router, the trace replayed as recorded
-(timestamps quantised to 3 s, not spread). Wall time counts only `Simulation.run()`
-(the trace is loaded and the replicas built before the clock starts). One process, one core.
+1. The conversation-like workload of `bench_conversation.py` (1 replica of llama-3.1-8b on an
+   A100-80GB, Poisson 4 req/s, 4,000 requests, prompt mean ~1,157 / output ~204 tokens), best of 3.
+2. The full Mooncake conversation trace (the built-in `mooncake-conversation`, 12,031 requests) on
+   1, 8 and 64 H200 replicas of llama-3.1-8b (vLLM defaults, prefix caching on), least-loaded
+   router, exact (scheduler blocks = vLLM's 16-token blocks) and with KV block coarsening "auto"
+   (32 x 16 = 512-token scheduler blocks, the trace's own prefix granularity); plus 8 replicas,
+   exact, with the prefix-aware router. The trace is replayed as recorded (timestamps quantised
+   to 3 s, not spread).
+Figures are CPU seconds of `Simulation.run()` only (the workload is loaded and the replicas built
+before the clock starts), one process: on a shared box CPU time is the figure to quote.
 """
 
 from __future__ import annotations
@@ -28,18 +32,17 @@ import numpy as np
 import simpy
 
 HERE = Path(__file__).resolve().parent
-# ../shared/traces beside the checkout (a worktree sits one level deeper)
-TRACE = next((p for p in (HERE.parents[2] / "shared", HERE.parents[3] / "shared")
-              if (p / "traces").is_dir()), HERE.parents[2] / "shared") / "traces" / "mooncake_conversation_trace.jsonl"
 
 
-def run_one(reqs, replicas: int, profile: bool = False, coarsening: int | str = 1) -> dict:
+def run_one(reqs, replicas: int, profile: bool = False, coarsening: int | str = 1,
+            router: str = "least_loaded") -> dict:
     from engine.model_spec import get_model
     from sim.config import DeploymentConfig
     from sim.hardware import get_gpu
     from sim.simulator import Simulation
 
-    dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"), num_replicas=replicas)
+    dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"), num_replicas=replicas,
+                           router=router)
     sim = Simulation(dep, reqs, kv_block_coarsening=coarsening)
     prof = cProfile.Profile() if profile else None
     t0, c0 = time.perf_counter(), time.process_time()
@@ -52,7 +55,7 @@ def run_one(reqs, replicas: int, profile: bool = False, coarsening: int | str = 
     s = res.summary()
     # CPU time of this process is the figure to quote on a shared machine (wall time
     # includes waiting for a core); both are recorded.
-    out = {"replicas": replicas, "kv_block_coarsening": sim.coarsen, "cpu_s": cpu, "wall_s": wall, "requests": s["num_prompts"],
+    out = {"replicas": replicas, "router": router, "kv_block_coarsening": sim.coarsen, "cpu_s": cpu, "wall_s": wall, "requests": s["num_prompts"],
            "simulated_requests_per_cpu_s": s["num_prompts"] / cpu,
            "simulated_requests_per_wall_s": s["num_prompts"] / wall,
            "output_tokens": s["total_output_tokens"], "engine_steps": s["num_engine_steps"],
@@ -72,15 +75,49 @@ def run_one(reqs, replicas: int, profile: bool = False, coarsening: int | str = 
     return out
 
 
-def write_md(meta: dict, rows: list[dict], split: dict) -> None:
+def conversation_run(repeat: int = 3) -> dict:
+    """The conversation-like workload of bench_conversation.py: best CPU time of `repeat` runs."""
+    sys.path.insert(0, str(HERE))
+    from bench_conversation import SPEC
+
+    from engine.model_spec import get_model
+    from sim.config import DeploymentConfig
+    from sim.generate import generate
+    from sim.hardware import get_gpu
+    from sim.simulator import Simulation
+    from sim.workload_spec import WorkloadSpec
+
+    reqs = generate(WorkloadSpec.model_validate(SPEC)).requests
+    dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu("a100-80gb"), num_replicas=1)
+    best = None
+    for _ in range(repeat):
+        sim = Simulation(dep, reqs)
+        c0 = time.process_time()
+        res = sim.run()
+        cpu = time.process_time() - c0
+        best = cpu if best is None else min(best, cpu)
+    s = res.summary()
+    return {"workload": SPEC["name"], "requests": len(reqs), "cpu_s": best,
+            "simulated_requests_per_cpu_s": len(reqs) / best, "engine_steps": s["num_engine_steps"],
+            "step_rows": int(res.steps["n_steps"].size), "mean_ttft_ms": s["mean_ttft_ms"],
+            "mean_tpot_ms": s["mean_tpot_ms"], "completed": s["completed"]}
+
+
+def write_md(meta: dict, conv: dict, rows: list[dict], split: dict) -> None:
     """results.md from the figures (also: `--md-only` rewrites it from results.json)."""
-    lines = ["# Simulator speed: full Mooncake conversation trace", "",
-             *(f"- {k}: {v}" for k, v in meta.items()), "",
-             ("| replicas | KV block coarsening | CPU s | wall s | simulated requests / CPU s | engine steps "
+    lines = ["# Simulator speed", "", *(f"- {k}: {v}" for k, v in meta.items()), "",
+             "## Conversation-like traffic, one replica (the advisor's search workload)", "",
+             ("| requests | CPU s (best of 3) | simulated requests / CPU s | engine steps | step rows | "
+             "mean TTFT ms | mean TPOT ms |"), "|---:|---:|---:|---:|---:|---:|---:|",
+             (f"| {conv['requests']:,} | {conv['cpu_s']:.3f} | {conv['simulated_requests_per_cpu_s']:,.0f} | "
+             f"{conv['engine_steps']:,} | {conv['step_rows']:,} | {conv['mean_ttft_ms']:.2f} | "
+             f"{conv['mean_tpot_ms']:.3f} |"), "",
+             "## Full Mooncake conversation trace", "",
+             ("| replicas | router | KV block coarsening | CPU s | simulated requests / CPU s | engine steps "
               "| step rows (after skip-ahead) | simulated s | mean TTFT ms | completed |"),
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['replicas']} | x{r['kv_block_coarsening']} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} | "
+        lines.append(f"| {r['replicas']} | {r['router']} | x{r['kv_block_coarsening']} | {r['cpu_s']:.2f} | "
                      f"{r['simulated_requests_per_cpu_s']:,.0f} | {r['engine_steps']:,} | {r['step_rows']:,} | "
                      f"{r['simulated_duration_s']:,.0f} | {r['mean_ttft_ms']:,.0f} | {r['completed']:,} |")
     lines += ["", ("One replica cannot keep up with the trace (its 3,537 s of arrivals take ~7,900 s to serve); "
@@ -89,8 +126,8 @@ def write_md(meta: dict, rows: list[dict], split: dict) -> None:
               "and the prefix hit rate by ~1.3 % (relative) at 8 and 64 replicas, and mean TTFT by 1.6 % on "
               "the overloaded single replica (tests/sim/test_simulator.py checks 3 % on a synthetic "
               "512-token-hash workload)."),
-              "", "Share of profiled time by layer (8 replicas, x1; 'other' is mostly builtins called from "
-              "engine/): " + ", ".join(f"{k} {v:.0%}" for k, v in split.items())]
+              "", "Share of profiled time by layer (8 replicas, x1, least-loaded; 'other' is mostly builtins "
+              "called from engine/): " + ", ".join(f"{k} {v:.0%}" for k, v in split.items())]
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
 
 
@@ -104,35 +141,43 @@ def main() -> None:
     args = ap.parse_args()
     if args.md_only:
         data = json.loads((HERE / "results.json").read_text())
-        write_md(data["meta"], data["runs"], data["profile_share_by_layer_8_replicas"])
+        write_md(data["meta"], data["conversation"], data["runs"], data["profile_share_by_layer_8_replicas"])
         return
+    from sim.builtin_traces import BUILTIN_TRACES
     from sim.traces import load_mooncake
 
-    reqs = load_mooncake(TRACE).requests
+    meta = run_meta()  # before the runs: the load average they started under
+    conv = conversation_run()
+    print(json.dumps(conv), flush=True)
+    reqs = load_mooncake(BUILTIN_TRACES["mooncake-conversation"].path).requests
     rows = []
     for mode in args.coarsening.split(","):
         for n in (int(x) for x in args.replicas.split(",")):
-            r = run_one(reqs, n, args.profile, mode if mode == "auto" else int(mode))
-            rows.append(r)
-            print(json.dumps(r), flush=True)
+            rows.append(run_one(reqs, n, args.profile, mode if mode == "auto" else int(mode)))
+            print(json.dumps(rows[-1]), flush=True)
+    rows.append(run_one(reqs, 8, args.profile, 1, router="prefix_aware"))  # the issue-9 target row
+    print(json.dumps(rows[-1]), flush=True)
     if args.no_write or args.profile:
         return
     # where the time goes: one profiled run (cProfile inflates the total, the split is what counts)
     split = run_one(reqs, 8, profile=True)["profile_share_by_layer"]
     print(json.dumps({"profile_share_by_layer_8_replicas": split}), flush=True)
+    (HERE / "results.json").write_text(json.dumps({"meta": meta, "conversation": conv, "runs": rows,
+                                                   "profile_share_by_layer_8_replicas": split}, indent=2) + "\n")
+    write_md(meta, conv, rows, split)
+
+
+def run_meta() -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE, check=False).stdout.strip()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
-    meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": commit,
+    return {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "commit": commit,
             "command": "PYTHONPATH=. python benchmarks/sim/bench_simulator.py",
             "machine": f"{cpu}, {os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.2f}",
             "python": sys.version.split()[0], "numpy": np.__version__, "simpy": simpy.__version__,
-            "trace": "mooncake_conversation_trace.jsonl (12,031 requests, 4.12 M output tokens)",
-            "deployment": "llama-3.1-8b on N x h200, TP1, vLLM defaults, least-loaded router"}
-    (HERE / "results.json").write_text(json.dumps({"meta": meta, "runs": rows,
-                                                   "profile_share_by_layer_8_replicas": split}, indent=2) + "\n")
-    write_md(meta, rows, split)
+            "mooncake trace": "built-in mooncake-conversation (12,031 requests, 4.12 M output tokens)",
+            "deployment": "llama-3.1-8b, TP1, vLLM defaults for the GPU"}
 
 
 if __name__ == "__main__":
