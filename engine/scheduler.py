@@ -120,6 +120,7 @@ class _ReqState:
         "extra_keys",
         "failed_admission_evictions",
         "failed_admission_hits",
+        "gen_keys_from",
         "group_size",
         "hash_block_size",
         "hash_chain",
@@ -155,6 +156,7 @@ class _ReqState:
         self.extra_keys = extra_keys
         self.keys = keys  # how its blocks are keyed: by token ids or by hash ids
         self.group_size = keys.group_size(self)  # prompt blocks per prefix-cache group, 0: none
+        self.gen_keys_from = keys.gen_keys_from(self)  # blocks from here keyed (GEN_TAG, id, index)
         self.num_tokens = req.prompt_len  # prompt + generated so far
         self.num_computed_tokens = 0  # tokens whose KV is (being) computed
         self.num_generated = 0
@@ -246,6 +248,7 @@ class Scheduler:
         self._any_token_ids = False  # some request was added with token ids (engine)
         self._num_added = 0
         self.step_id = 0
+        self._uniform_until = None  # engine/decode_skip.py: the latest uniform stretch found
         # counters
         self.num_steps = 0
         self.num_preemptions = 0
@@ -436,6 +439,19 @@ class Scheduler:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
         First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
+        if start >= r.gen_keys_from and len(r.block_hashes) == start:
+            # the hot case (a simulated decode completing a block): HashIdKeys' keys of
+            # generated blocks made here, saving the general path's calls
+            rid = r.request_id
+            keys = [(GEN_TAG, rid, i) for i in range(start, num_full)]
+            r.block_hashes += keys
+            self.num_blocks_hashed += num_full - start
+            if num_full - start == 1:
+                self.pool.cache_block(r.block_ids[start], keys[0])
+            else:
+                self.pool.cache_blocks(r.block_ids[start:num_full], keys)
+            r.num_cached_blocks = num_full
+            return num_full - start
         hashed = self._key_blocks(r, num_full)
         if r.group_size and start < r.prompt_len // self.block_size:
             start = self._cache_grouped(r, start, num_full, r.group_size)
