@@ -123,20 +123,6 @@ class KeyGroup:
 _SMALL = 8
 
 
-def _without(entries: list[int], first: int, dropped: list[int]) -> list[int]:
-    """`entries` (at absolute positions first, first + 1, ...) less those at the ascending
-    positions `dropped`: slices between them, so live entries are not scanned again."""
-    out: list[int] = []
-    i = 0
-    for d in dropped:
-        d -= first
-        if d > i:
-            out += entries[i:d]
-        i = d + 1
-    out += entries[i:]
-    return out
-
-
 class BlockPool:
     """`num_blocks` physical blocks (ids 0..num_blocks-1), their LRU free queue and the
     prefix-cache tables (`cached`: key -> block id; `groups`: group key -> `KeyGroup`;
@@ -178,7 +164,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref = [0] * num_blocks  # owners per block
-        self.stamp = array("q", range(num_blocks))  # absolute position of the block's live queue entry
+        self.stamp = list(range(num_blocks))  # absolute position of the block's live queue entry
         self.key_of: list[Hashable | None] = [None] * num_blocks  # prefix-cache key, if cached
         self.queue: list[int] = list(range(num_blocks))  # block ids, LRU first (with dead entries)
         self.qbase = 0  # absolute position of queue[0]
@@ -225,7 +211,8 @@ class BlockPool:
         need = n
         while need:
             w = q[h:h + need]
-            dead: list[int] = []  # positions of dead entries
+            p0 = p
+            dead = 0
             for b in w:
                 if stamp[b] == p:
                     ref[b] = 1
@@ -242,10 +229,10 @@ class BlockPool:
                         key_of[b] = None
                         evicted += 1
                 else:
-                    dead.append(p)
+                    dead += 1
                 p += 1
-            if dead:
-                w = _without(w, p - len(w), dead)
+            if dead:  # (stamps are untouched above, so liveness can be re-read)
+                w = [b for i, b in enumerate(w, p0) if stamp[b] == i]
             out += w
             h += need
             need = n - len(out)
