@@ -366,7 +366,7 @@ def _apply_decodes(sched: Scheduler, reqs: list, steps_each: list[int]) -> int:
     touches them before the request frees them."""
     bs = sched.block_size
     caching = sched.caching
-    hashed = 0
+    completed = []  # (request, its full blocks after the stretch) where that adds some
     for r, steps in zip(reqs, steps_each):
         if r.status != "running":  # finished within the stretch: applied at its finish
             continue
@@ -374,11 +374,11 @@ def _apply_decodes(sched: Scheduler, reqs: list, steps_each: list[int]) -> int:
         if caching:
             num_full = (c + steps) // bs
             if num_full > c // bs and num_full > r.num_cached_blocks:
-                hashed += sched._cache_full(r, num_full)
+                completed.append((r, num_full))
         r.num_computed_tokens = c + steps
         r.num_generated += steps
         r.num_tokens += steps
-    return hashed
+    return sched._cache_decoded(completed) if completed else 0
 
 
 def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:
