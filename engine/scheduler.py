@@ -439,7 +439,7 @@ class Scheduler:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
         First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
-        keys = self._key_generated(r, num_full)
+        keys = self._key_generated(r, num_full) if start >= r.gen_keys_from else None
         if keys is not None:
             if len(keys) == 1:
                 self.pool.cache_block(r.block_ids[start], keys[0])
@@ -470,7 +470,10 @@ class Scheduler:
         if start < r.gen_keys_from or len(r.block_hashes) != start:
             return None
         rid = r.request_id
-        keys = [(GEN_TAG, rid, i) for i in range(start, num_full)]
+        if num_full - start == 1:  # (a list display: no comprehension frame for the usual one)
+            keys = [(GEN_TAG, rid, start)]
+        else:
+            keys = [(GEN_TAG, rid, i) for i in range(start, num_full)]
         r.block_hashes += keys
         self.num_blocks_hashed += num_full - start
         r.num_cached_blocks = num_full
