@@ -276,7 +276,9 @@ def plan_decode(sched: Scheduler, n: int) -> DecodeStretch:
 def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:
     """Apply `n` pure-decode steps at once (1 <= n <= uniform_decode_steps(sched)), with the
     very same block allocations, free-queue order, prefix-cache entries, finishes and counters
-    as n single schedule()/update_from_output() steps."""
+    as n single schedule()/update_from_output() steps. Within a stretch uniform_decode_steps
+    found, with only advance_decode calls since (a simulator's segments), n is not checked
+    again; otherwise it is, and a bad n raises ValueError."""
     known = _known_uniform(sched, n)
     running = sched.running
     remaining = [r.output_len - r.num_generated for r in running] if known else _check_uniform(sched, n)
