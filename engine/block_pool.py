@@ -123,6 +123,20 @@ class KeyGroup:
 _SMALL = 8
 
 
+def _without(entries: list[int], first: int, dropped: list[int]) -> list[int]:
+    """`entries` (at absolute positions first, first + 1, ...) less those at the ascending
+    positions `dropped`: slices between them, so live entries are not scanned again."""
+    out: list[int] = []
+    i = 0
+    for d in dropped:
+        d -= first
+        if d > i:
+            out += entries[i:d]
+        i = d + 1
+    out += entries[i:]
+    return out
+
+
 class BlockPool:
     """`num_blocks` physical blocks (ids 0..num_blocks-1), their LRU free queue and the
     prefix-cache tables (`cached`: key -> block id; `groups`: group key -> `KeyGroup`;
@@ -211,8 +225,7 @@ class BlockPool:
         need = n
         while need:
             w = q[h:h + need]
-            p0 = p
-            dead = 0
+            dead: list[int] = []  # positions of dead entries
             for b in w:
                 if stamp[b] == p:
                     ref[b] = 1
@@ -229,10 +242,10 @@ class BlockPool:
                         key_of[b] = None
                         evicted += 1
                 else:
-                    dead += 1
+                    dead.append(p)
                 p += 1
-            if dead:  # (stamps are untouched above, so liveness can be re-read)
-                w = [b for i, b in enumerate(w, p0) if stamp[b] == i]
+            if dead:
+                w = _without(w, p - len(w), dead)
             out += w
             h += need
             need = n - len(out)
