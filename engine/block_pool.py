@@ -221,7 +221,8 @@ class BlockPool:
         ref, key_of, cached = self.ref, self.key_of, self.cached
         groups, offset = self.groups, self.group_offset
         out: list[int] = []
-        evicted = ungrouped = 0
+        ungrouped = 0
+        num_keyed = len(cached)  # evictions of plain keys: what the loop deletes from `cached`
         need = n
         while need:
             w = q[h:h + need]
@@ -240,7 +241,6 @@ class BlockPool:
                         else:
                             del cached[k]
                         key_of[b] = None
-                        evicted += 1
                 else:
                     dead.append(p)
                 p += 1
@@ -250,7 +250,7 @@ class BlockPool:
             h += need
             need = n - len(out)
         self.head = h
-        self.num_evictions += evicted
+        self.num_evictions += num_keyed - len(cached) + ungrouped
         self.num_grouped -= ungrouped
         self.num_free -= n
         self.num_allocated += n
