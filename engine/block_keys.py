@@ -20,6 +20,7 @@ from engine.block_pool import make_block_hasher, make_bytes_hasher, pack_extra, 
 # such a block is keyed by (GEN_TAG, request_id, block index), so only the request that
 # produced it (e.g. after a preemption) can hit it. Hash ids are non-negative.
 GEN_TAG = -1
+NO_GEN_KEYS = 1 << 62  # a block index no request reaches
 
 class KeyedRequest(Protocol):
     """What a key strategy reads (and, for the two key lists, fills) of a request."""
@@ -48,6 +49,11 @@ class BlockKeys:
     def group_size(self, r: KeyedRequest) -> int:
         """KV blocks per cache group for `r`'s prompt blocks (see HashIdKeys); 0: per block."""
         return 0
+
+    def gen_keys_from(self, r: KeyedRequest) -> int:
+        """The first block of `r` keyed by the plain tuple (GEN_TAG, request_id, index) (see
+        HashIdKeys); `NO_GEN_KEYS` when none is."""
+        return NO_GEN_KEYS
 
     def append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
         """Append the keys of `r`'s full blocks [start, stop) to `r.block_hashes` (which
@@ -107,6 +113,10 @@ class HashIdKeys(BlockKeys):
     def group_size(self, r: KeyedRequest) -> int:
         per, rest = divmod(r.hash_block_size, self.block_size)
         return per if per > 1 and not rest else 0
+
+    def gen_keys_from(self, r: KeyedRequest) -> int:
+        # blocks past the prompt, unless hash blocks do not tile KV blocks (chained keys then)
+        return NO_GEN_KEYS if r.hash_block_size % self.block_size else r.prompt_len // self.block_size
 
     def append_keys(self, r: KeyedRequest, start: int, stop: int) -> None:
         bs = self.block_size

@@ -123,6 +123,20 @@ class KeyGroup:
 _SMALL = 8
 
 
+def _without(entries: list[int], first: int, dropped: list[int]) -> list[int]:
+    """`entries` (at absolute positions first, first + 1, ...) less those at the ascending
+    positions `dropped`: slices between them, so live entries are not scanned again."""
+    out: list[int] = []
+    i = 0
+    for d in dropped:
+        d -= first
+        if d > i:
+            out += entries[i:d]
+        i = d + 1
+    out += entries[i:]
+    return out
+
+
 class BlockPool:
     """`num_blocks` physical blocks (ids 0..num_blocks-1), their LRU free queue and the
     prefix-cache tables (`cached`: key -> block id; `groups`: group key -> `KeyGroup`;
@@ -207,12 +221,12 @@ class BlockPool:
         ref, key_of, cached = self.ref, self.key_of, self.cached
         groups, offset = self.groups, self.group_offset
         out: list[int] = []
-        evicted = ungrouped = 0
+        ungrouped = 0
+        num_keyed = len(cached)  # evictions of plain keys: what the loop deletes from `cached`
         need = n
         while need:
             w = q[h:h + need]
-            p0 = p
-            dead = 0
+            dead: list[int] = []  # positions of dead entries
             for b in w:
                 if stamp[b] == p:
                     ref[b] = 1
@@ -227,17 +241,16 @@ class BlockPool:
                         else:
                             del cached[k]
                         key_of[b] = None
-                        evicted += 1
                 else:
-                    dead += 1
+                    dead.append(p)
                 p += 1
-            if dead:  # (stamps are untouched above, so liveness can be re-read)
-                w = [b for i, b in enumerate(w, p0) if stamp[b] == i]
+            if dead:
+                w = _without(w, p - len(w), dead)
             out += w
             h += need
             need = n - len(out)
         self.head = h
-        self.num_evictions += evicted
+        self.num_evictions += num_keyed - len(cached) + ungrouped
         self.num_grouped -= ungrouped
         self.num_free -= n
         self.num_allocated += n
@@ -379,8 +392,8 @@ class BlockPool:
 
     def cache_block(self, b: int, h: Hashable) -> None:
         """Register one full block under key `h` (first writer wins)."""
-        if self.key_of[b] is None and h not in self.cached:
-            self.cached[h] = b
+        # (setdefault: one hash of h, which a tuple key does not cache)
+        if self.key_of[b] is None and self.cached.setdefault(h, b) == b:
             self.key_of[b] = h
 
     def keys_of(self, blocks: Iterable[int]) -> list:

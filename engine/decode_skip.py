@@ -164,7 +164,37 @@ def uniform_decode_steps(sched: Scheduler, *, through_finishes: bool = True) -> 
     if remaining is None:
         return 0
     n_max = max(remaining) if through_finishes else min(remaining)
-    return n_max if _fits(sched, remaining, n_max) else _block_limited_steps(sched, remaining, n_max)
+    n = n_max if _fits(sched, remaining, n_max) else _block_limited_steps(sched, remaining, n_max)
+    if n:
+        sched._uniform_until = _UniformUntil(_state_key(sched), sched.step_id + n)
+    return n
+
+
+@dataclass(slots=True)
+class _UniformUntil:
+    """uniform_decode_steps' latest answer, so that advance_decode need not re-derive it: the
+    steps through `last_step_id` are uniform for as long as the scheduler is in `state`, or
+    in the state advance_decode left it in (a prefix of a uniform stretch leaves the rest
+    of it uniform)."""
+
+    state: tuple
+    last_step_id: int
+
+
+def _state_key(sched: Scheduler) -> tuple:
+    """Counters that every change of the scheduler outside advance_decode moves: a step
+    (step_id), an added request, a finish (finish_requests), blocks taken or given back
+    (release_held), a new running list."""
+    pool = sched.pool
+    return (sched.step_id, sched._num_added, sched.num_finished, pool.num_allocated,
+            pool.num_freed, pool.num_revived, id(sched.running), len(sched.running))
+
+
+def _known_uniform(sched: Scheduler, n: int) -> bool:
+    """Whether uniform_decode_steps already showed the next n steps uniform (no re-check)."""
+    u = sched._uniform_until
+    return (u is not None and 1 <= n and sched.step_id + n <= u.last_step_id
+            and u.state == _state_key(sched))
 
 
 def _fits(sched: Scheduler, remaining: list[int], n: int) -> bool:
@@ -246,13 +276,12 @@ def plan_decode(sched: Scheduler, n: int) -> DecodeStretch:
 def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:
     """Apply `n` pure-decode steps at once (1 <= n <= uniform_decode_steps(sched)), with the
     very same block allocations, free-queue order, prefix-cache entries, finishes and counters
-    as n single schedule()/update_from_output() steps."""
-    remaining = _remaining_if_uniform(sched)
-    if remaining is None or not 1 <= n <= max(remaining) or not (
-            _fits(sched, remaining, n) or _block_limited_steps(sched, remaining, n) == n):
-        raise ValueError(f"advance_decode(sched, {n}): only 1..{uniform_decode_steps(sched)} "
-                         f"uniform decode steps are possible now; ask uniform_decode_steps(sched)")
+    as n single schedule()/update_from_output() steps. Within a stretch uniform_decode_steps
+    found, with only advance_decode calls since (a simulator's segments), n is not checked
+    again; otherwise it is, and a bad n raises ValueError."""
+    known = _known_uniform(sched, n)
     running = sched.running
+    remaining = [r.output_len - r.num_generated for r in running] if known else _check_uniform(sched, n)
     fewest = min(remaining)
     steps_each = [n] * len(remaining) if fewest >= n else [min(n, m) for m in remaining]
     stretch = DecodeStretch(n, [r.num_computed_tokens for r in running], steps_each)
@@ -268,7 +297,20 @@ def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:
     sched.step_id += n
     sched.num_steps += n
     sched.num_generated_tokens += adv.num_batched_tokens
+    if known:
+        sched._uniform_until.state = _state_key(sched)
     return adv
+
+
+def _check_uniform(sched: Scheduler, n: int) -> list[int]:
+    """The running requests' remaining output tokens, after checking from scratch that the
+    next n steps are uniform decode steps (a clear error if not)."""
+    remaining = _remaining_if_uniform(sched)
+    if remaining is None or not 1 <= n <= max(remaining) or not (
+            _fits(sched, remaining, n) or _block_limited_steps(sched, remaining, n) == n):
+        raise ValueError(f"advance_decode(sched, {n}): only 1..{uniform_decode_steps(sched)} "
+                         f"uniform decode steps are possible now; ask uniform_decode_steps(sched)")
+    return remaining
 
 
 def _advance_through_finishes(sched: Scheduler, remaining: list[int], steps_each: list[int],
@@ -326,7 +368,7 @@ def _apply_decodes(sched: Scheduler, reqs: list, steps_each: list[int]) -> int:
     touches them before the request frees them."""
     bs = sched.block_size
     caching = sched.caching
-    hashed = 0
+    completed = []  # (request, its full blocks after the stretch) where that adds some
     for r, steps in zip(reqs, steps_each):
         if r.status != "running":  # finished within the stretch: applied at its finish
             continue
@@ -334,11 +376,11 @@ def _apply_decodes(sched: Scheduler, reqs: list, steps_each: list[int]) -> int:
         if caching:
             num_full = (c + steps) // bs
             if num_full > c // bs and num_full > r.num_cached_blocks:
-                hashed += sched._cache_full(r, num_full)
+                completed.append((r, num_full))
         r.num_computed_tokens = c + steps
         r.num_generated += steps
         r.num_tokens += steps
-    return hashed
+    return sched._cache_decoded(completed) if completed else 0
 
 
 def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:

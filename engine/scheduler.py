@@ -120,6 +120,7 @@ class _ReqState:
         "extra_keys",
         "failed_admission_evictions",
         "failed_admission_hits",
+        "gen_keys_from",
         "group_size",
         "hash_block_size",
         "hash_chain",
@@ -155,6 +156,7 @@ class _ReqState:
         self.extra_keys = extra_keys
         self.keys = keys  # how its blocks are keyed: by token ids or by hash ids
         self.group_size = keys.group_size(self)  # prompt blocks per prefix-cache group, 0: none
+        self.gen_keys_from = keys.gen_keys_from(self)  # blocks from here keyed (GEN_TAG, id, index)
         self.num_tokens = req.prompt_len  # prompt + generated so far
         self.num_computed_tokens = 0  # tokens whose KV is (being) computed
         self.num_generated = 0
@@ -246,6 +248,7 @@ class Scheduler:
         self._any_token_ids = False  # some request was added with token ids (engine)
         self._num_added = 0
         self.step_id = 0
+        self._uniform_until = None  # engine/decode_skip.py: the latest uniform stretch found
         # counters
         self.num_steps = 0
         self.num_preemptions = 0
@@ -436,6 +439,13 @@ class Scheduler:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
         First writer wins: a block whose content is already cached stays unregistered."""
         start = r.num_cached_blocks
+        keys = self._key_generated(r, num_full) if start >= r.gen_keys_from else None
+        if keys is not None:
+            if len(keys) == 1:
+                self.pool.cache_block(r.block_ids[start], keys[0])
+            else:
+                self.pool.cache_blocks(r.block_ids[start:num_full], keys)
+            return len(keys)
         hashed = self._key_blocks(r, num_full)
         if r.group_size and start < r.prompt_len // self.block_size:
             start = self._cache_grouped(r, start, num_full, r.group_size)
@@ -449,6 +459,44 @@ class Scheduler:
             self.pool.cache_blocks(r.block_ids[start:num_full], r.block_hashes[start:num_full])
         r.num_cached_blocks = num_full
         return hashed
+
+    def _key_generated(self, r: _ReqState, num_full: int) -> list[tuple] | None:
+        """The hot case of `_cache_full` (a simulated decode completing blocks): when all of
+        `r`'s blocks [r.num_cached_blocks, num_full) hold generated tokens keyed
+        (GEN_TAG, request_id, index) and are not keyed yet, key them here (no key strategy
+        calls), count them and mark them cached; returns their keys for the caller to
+        register. None otherwise (nothing done)."""
+        start = r.num_cached_blocks
+        if start < r.gen_keys_from or len(r.block_hashes) != start:
+            return None
+        rid = r.request_id
+        if num_full - start == 1:  # (a list display: no comprehension frame for the usual one)
+            keys = [(GEN_TAG, rid, start)]
+        else:
+            keys = [(GEN_TAG, rid, i) for i in range(start, num_full)]
+        r.block_hashes += keys
+        self.num_blocks_hashed += num_full - start
+        r.num_cached_blocks = num_full
+        return keys
+
+    def _cache_decoded(self, completed: list[tuple[_ReqState, int]]) -> int:
+        """`_cache_full(r, num_full)` for each (r, num_full) of a decode stretch, the blocks of
+        generated tokens of them all registered in one call (no lookup comes in between, and
+        their keys are distinct: each holds its request's id). Returns blocks hashed."""
+        blocks: list[int] = []
+        keys: list[tuple] = []
+        hashed = 0
+        for r, num_full in completed:
+            start = r.num_cached_blocks
+            new = self._key_generated(r, num_full)
+            if new is None:
+                hashed += self._cache_full(r, num_full)
+            else:
+                blocks += r.block_ids[start:num_full]
+                keys += new
+        if keys:
+            self.pool.cache_blocks(blocks, keys)
+        return hashed + len(keys)
 
     def _cache_grouped(self, r: _ReqState, start: int, num_full: int, per: int) -> int:
         """Register `r`'s prompt blocks from `start` (below num_full) in their hash blocks'

@@ -36,7 +36,7 @@ def test_free_queue_fifo_revive_middle_and_free_to_tail():
 
 @pytest.mark.parametrize("small", [1, 8])  # 1: registration always takes its bulk path
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["pop", "popn", "revive", "share", "cache", "free"]),
+@given(st.lists(st.tuples(st.sampled_from(["pop", "popn", "revive", "share", "cache", "group", "free"]),
                           st.integers(0, 40)), max_size=80))
 def test_free_queue_matches_a_list_model(small, ops):
     # the append-only queue with dead entries behaves like a plain LRU list
@@ -53,10 +53,21 @@ def _list_model(ops):
     model = list(range(12))  # free blocks, LRU first
     refs = dict.fromkeys(range(12), 0)
     keys: dict[int, int] = {}  # block -> cached key (a block keeps it while free, until reused)
+    groups: dict[int, list[int]] = {}  # group key -> block per offset (-1: none), 4 offsets
+    grouped: dict[int, tuple[int, int]] = {}  # block -> (group key, offset)
+    evictions = 0
 
     def take(blocks):
+        nonlocal evictions
         for b in blocks:
-            keys.pop(b, None)  # reuse evicts
+            if keys.pop(b, None) is not None:  # reuse evicts
+                evictions += 1
+            if b in grouped:
+                evictions += 1
+                g, off = grouped.pop(b)
+                groups[g][off] = -1
+                if groups[g] == [-1] * 4:
+                    del groups[g]
             refs[b] = 1
 
     for op, x in ops:
@@ -81,10 +92,19 @@ def _list_model(ops):
             refs[bid] += 1
         elif op == "cache" and owned:
             bid = owned[x % len(owned)]
-            if bid not in keys:
+            if bid not in keys and bid not in grouped:
                 pool.cache_block(bid, 100 + x)
                 if 100 + x not in keys.values():
                     keys[bid] = 100 + x
+        elif op == "group" and owned:  # offset x % 4 of group 200 + x % 3, first writer wins
+            bid = owned[x % len(owned)]
+            g, off = 200 + x % 3, x % 4
+            if bid not in keys and bid not in grouped:
+                pool.cache_group(g, 4, off, [bid])
+                slots = groups.setdefault(g, [-1] * 4)
+                if slots[off] < 0:
+                    slots[off] = bid
+                    grouped[bid] = (g, off)
         elif op == "free" and owned:
             run = owned[x % len(owned):][:1 + x % 3]
             gone = []
@@ -96,6 +116,8 @@ def _list_model(ops):
             model += gone
         assert pool.free_block_ids() == model and pool.num_free == len(model)
         assert pool.cached == {k: b for b, k in keys.items()}
+        assert {k: g.blocks for k, g in pool.groups.items()} == groups
+        assert pool.num_evictions == evictions
     pool.check_invariants({i: refs[i] for i in range(12) if refs[i]})
 
 

@@ -140,3 +140,48 @@ def test_shared_prefix_block_is_free_only_after_its_last_owner_finishes():
     assert uniform_decode_steps(s) == 13
     adv = advance_decode(s, 13)
     assert adv.finish_steps == [0, 0, 12] and adv.num_blocks_freed == 3 + 5
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    num_gpu_blocks=st.integers(4, 60),
+    caching=st.booleans(),
+    lens=st.lists(st.tuples(st.integers(1, 30), st.integers(2, 40), st.integers(0, 2), st.booleans()),
+                  min_size=1, max_size=6),
+    warm=st.integers(1, 8),
+    cut=st.floats(0.0, 1.0),
+)
+def test_advance_in_parts_equals_one_advance(block_size, num_gpu_blocks, caching, lens, warm, cut):
+    # advance_decode trusts the stretch uniform_decode_steps found while only advance_decode
+    # changed the scheduler since: the parts of one stretch (the simulator's segments) must
+    # give what one advance gives, and what parts checked from scratch give
+    whole, trusted, checked = (_warm_scheduler(block_size, num_gpu_blocks, caching, lens, warm)
+                               for _ in range(3))
+    n = uniform_decode_steps(whole)
+    if n == 0:
+        return
+    assert uniform_decode_steps(trusted) == n
+    k = min(max(1, round(cut * n)), n)
+    advance_decode(whole, n)
+    for part in (k, n - k):
+        if part:
+            advance_decode(trusted, part)
+            advance_decode(checked, part)  # never asked uniform_decode_steps: full check
+    assert state_of(whole) == state_of(trusted) == state_of(checked)
+    trusted.check_invariants()
+
+
+def test_advance_rechecks_after_a_change_outside_it():
+    s = _two_requests(num_gpu_blocks=6)
+    assert uniform_decode_steps(s) == 9
+    with pytest.raises(ValueError, match="uniform decode steps"):
+        advance_decode(s, 10)  # one step past the stretch found
+    advance_decode(s, 2)  # within it
+    with pytest.raises(ValueError, match="uniform decode steps"):
+        advance_decode(s, 8)  # past what is left of it
+    s.add_request(Request(2, 0.0, 4, 5, (3,), hash_block_size=4))  # now one waits
+    with pytest.raises(ValueError, match="uniform decode steps"):
+        advance_decode(s, 2)
+    s.update_from_output(s.schedule())  # admits request 2; a step invalidates the old stretch
+    assert s.step_id == 4 and uniform_decode_steps(s) > 0
