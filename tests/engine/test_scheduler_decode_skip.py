@@ -25,16 +25,19 @@ def _warm_scheduler(block_size, num_gpu_blocks, caching, lens, warm) -> Schedule
     return s
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    block_size=st.sampled_from([1, 2, 4, 16]),
-    num_gpu_blocks=st.integers(4, 60),
-    caching=st.booleans(),
-    lens=st.lists(st.tuples(st.integers(1, 30), st.integers(2, 40), st.integers(0, 2), st.booleans()),
+# mid-run schedulers: (prompt, output, prefix family, hold) per request, `warm` steps taken
+WARM_SCHEDULERS = {
+    "block_size": st.sampled_from([1, 2, 4, 16]),
+    "num_gpu_blocks": st.integers(4, 60),
+    "caching": st.booleans(),
+    "lens": st.lists(st.tuples(st.integers(1, 30), st.integers(2, 40), st.integers(0, 2), st.booleans()),
                   min_size=1, max_size=6),
-    warm=st.integers(1, 8),
-    take=st.integers(1, 60),
-)
+    "warm": st.integers(1, 8),
+}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**WARM_SCHEDULERS, take=st.integers(1, 60))
 def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, lens, warm, take):
     a = _warm_scheduler(block_size, num_gpu_blocks, caching, lens, warm)
     b = _warm_scheduler(block_size, num_gpu_blocks, caching, lens, warm)
@@ -143,15 +146,7 @@ def test_shared_prefix_block_is_free_only_after_its_last_owner_finishes():
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    block_size=st.sampled_from([1, 2, 4, 16]),
-    num_gpu_blocks=st.integers(4, 60),
-    caching=st.booleans(),
-    lens=st.lists(st.tuples(st.integers(1, 30), st.integers(2, 40), st.integers(0, 2), st.booleans()),
-                  min_size=1, max_size=6),
-    warm=st.integers(1, 8),
-    cut=st.floats(0.0, 1.0),
-)
+@given(**WARM_SCHEDULERS, cut=st.floats(0.0, 1.0))
 def test_advance_in_parts_equals_one_advance(block_size, num_gpu_blocks, caching, lens, warm, cut):
     # advance_decode trusts the stretch uniform_decode_steps found while only advance_decode
     # changed the scheduler since: the parts of one stretch (the simulator's segments) must
