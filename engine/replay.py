@@ -72,16 +72,19 @@ class ReplayResult(RunTables):
     def step_rows(self) -> list[dict]:
         return _rows(self.steps)
 
-    def write(self, out_dir: str | Path) -> None:
-        """requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json."""
+    def write(self, out_dir: str | Path) -> dict:
+        """requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json; returns
+        the summary written (strict JSON values: NaN as None)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         for name, rows in (("requests", self.request_rows()), ("steps", self.step_rows())):
             with open(out / f"{name}.jsonl", "w") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows)
-        (out / "summary.json").write_text(json.dumps(jsonable(self.summary()), indent=2) + "\n")
+        summary = jsonable(self.summary())
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         (out / "metrics.prom").write_text(self.prometheus_text())
         (out / "scheduler_stats.json").write_text(json.dumps(self.scheduler_stats, indent=2, default=float))
+        return summary
 
 
 def _rows(table: dict[str, np.ndarray]) -> list[dict]:

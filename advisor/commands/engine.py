@@ -14,7 +14,6 @@ import typer
 from advisor.options import clean_errors, flag_options, source_options
 from engine.config import EngineArgs
 from engine.flags import ENGINE_ONLY_FLAGS, SCHEDULING_FLAGS
-from engine.run_summary import jsonable
 from sim.workload_source import SourceOptions
 
 app = typer.Typer(help="Run the real engine (paged KV, continuous batching) on a workload.",
@@ -78,12 +77,10 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     res = replay(core, requests, honor_arrivals=not no_arrivals, metrics=metrics,
                  trace_file=out / "steps.jsonl")
-    res.write(out)
+    summary = res.write(out)
     if metrics and metrics_file:
         metrics.write(str(metrics_file))
-    s = res.summary()
-    s.pop("scheduler_stats", None)
-    typer.echo(json.dumps(jsonable({k: v for k, v in s.items() if v is not None}), indent=2))
+    typer.echo(json.dumps({k: v for k, v in summary.items() if v is not None}, indent=2))
     typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json")
 
 
