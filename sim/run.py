@@ -27,7 +27,7 @@ from sim.config import DeploymentConfig, DisaggConfig, EngineConfig, RouterPolic
 from sim.cost_model import CostProfile
 from sim.hardware import get_gpu
 from sim.metrics import SLO, SimResult
-from sim.simulator import Simulation
+from sim.simulator import Simulation, kv_block_coarsening_for
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
 
@@ -111,20 +111,6 @@ def load(workload: WorkloadInput, source: SourceOptions | None = None, *, seed: 
     if isinstance(workload, Workload):
         return LoadedWorkload(list(workload.requests), workload.name, list(workload.notes))
     return LoadedWorkload(list(workload), "requests")
-
-
-def kv_block_coarsening_for(want: int | str, block_size: int, requests: Sequence[Request]) -> int:
-    """Engine blocks per simulated block. 'auto': the largest power of two (at most 64) whose
-    coarse block still divides every request's hash block, so no prefix structure is lost."""
-    if want != "auto":
-        if not isinstance(want, int) or want < 1:
-            raise ValueError(f"kv_block_coarsening {want!r}: use a positive integer or 'auto'")
-        return want
-    hash_block = min(r.hash_block_size for r in requests)
-    factor = 1
-    while factor < 64 and hash_block % (block_size * factor * 2) == 0:
-        factor *= 2
-    return factor
 
 
 def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | None = None,

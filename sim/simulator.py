@@ -420,6 +420,25 @@ class _Stretch:
                 if f < m]
 
 
+def kv_block_coarsening_for(want: int | str, block_size: int, requests: Sequence[Request]) -> int:
+    """Engine blocks per scheduler block. "auto": as many as fit in the workload's hash block
+    (its prefix structure is no finer than that), a power of two, at most 64.
+
+    Coarse blocks make the simulation faster (the scheduler's work is per block) at the price of
+    fragmentation: a request's last block wastes up to coarsening x block_size - 1 slots instead
+    of block_size - 1, and prefix hits end on coarse-block boundaries.
+    """
+    if want == "auto":
+        hash_block = min(r.hash_block_size for r in requests)
+        factor = 1
+        while factor < 64 and hash_block % (block_size * factor * 2) == 0:
+            factor *= 2
+        return factor
+    if not isinstance(want, int) or want < 1:
+        raise ValueError(f"kv_block_coarsening {want!r}: use a positive integer or 'auto'")
+    return want
+
+
 class Simulation:
     """A deployment serving a list of requests; `run()` returns a `SimResult`."""
 
@@ -438,31 +457,13 @@ class Simulation:
         self.label, self.extra_meta = label, meta or {}
         self.env = simpy.Environment()
         self.profile = profile or CostProfile.load("default")
-        self.coarsen = self._coarsening(kv_block_coarsening)
+        self.coarsen = kv_block_coarsening_for(kv_block_coarsening, deployment.engine.block_size,
+                                              self.requests)
         self._next_arrival = 0  # index of the next request to arrive
         self._build_replicas()
         self.env.process(self._arrivals())
 
     # --- construction -------------------------------------------------------------------
-    def _coarsening(self, want: int | str) -> int:
-        """Engine blocks per scheduler block. "auto": as many as fit in the workload's hash
-        block (its prefix structure is no finer than that), at most 64.
-
-        Coarse blocks make the simulation faster (the scheduler's work is per block) at the
-        price of fragmentation: a request's last block wastes up to coarsening x block_size - 1
-        slots instead of block_size - 1, and prefix hits end on coarse-block boundaries.
-        """
-        if want == "auto":
-            bs = self.dep.engine.block_size
-            hbs = min(r.hash_block_size for r in self.requests)
-            f = 1
-            while f < 64 and hbs % (bs * f * 2) == 0:
-                f *= 2
-            return f
-        if not isinstance(want, int) or want < 1:
-            raise ValueError(f"kv_block_coarsening must be a positive integer or 'auto', got {want!r}")
-        return want
-
     def _build_replicas(self) -> None:
         dep = self.dep
         base = dep.engine.resolved_for(dep.gpu, dep.model)
@@ -611,4 +612,4 @@ def simulate(deployment: DeploymentConfig, requests: Sequence[Request], *, seed:
                       kv_block_coarsening=kv_block_coarsening).run(until_s=until_s)
 
 
-__all__ = ["Simulation", "delay_until", "simulate"]
+__all__ = ["Simulation", "delay_until", "kv_block_coarsening_for", "simulate"]
