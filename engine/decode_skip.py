@@ -7,9 +7,9 @@ through all of them (their durations follow from the per-step batch sizes and co
 below) and then apply them in one call:
 
     n = uniform_decode_steps(sched)          # 0: step normally
-    if n >= 2:
-        plan = plan_decode(sched, n)         # per-step batches: time the stretch
-        adv = advance_decode(sched, min(n, steps_started_before_next_event))
+    if n >= 2:                               # time the stretch from the running requests'
+        adv = advance_decode(sched, m)       # contexts and remaining outputs; apply the
+                                             # m <= n steps that start before the next event
 
 A stretch runs THROUGH finishes: a request that reaches its output length leaves the batch
 after its last step and its freed blocks serve later steps' allocations, exactly as
@@ -154,16 +154,14 @@ def _blocks_new(ctx: int, num_blocks: int, steps: int, block_size: int) -> int:
     return max(0, -(-(ctx + steps) // block_size) - num_blocks)
 
 
-def uniform_decode_steps(sched: Scheduler, *, through_finishes: bool = True) -> int:
+def uniform_decode_steps(sched: Scheduler) -> int:
     """How many further steps are pure decode with nothing else possible: nothing waiting, no
     drafts, and a free block for every block boundary crossed (counting the blocks finished
-    requests free for later steps). 0 when the next step is anything else.
-
-    `through_finishes=False` stops at the first finish (a constant batch throughout)."""
+    requests free for later steps). 0 when the next step is anything else."""
     remaining = _remaining_if_uniform(sched)
     if remaining is None:
         return 0
-    n_max = max(remaining) if through_finishes else min(remaining)
+    n_max = max(remaining)
     n = n_max if _fits(sched, remaining, n_max) else _block_limited_steps(sched, remaining, n_max)
     if n:
         sched._uniform_until = _UniformUntil(_state_key(sched), sched.step_id + n)
@@ -262,15 +260,6 @@ def _blocks_freed_at_finish(r, steps: int, ref: list[int], drops: dict[int, int]
             drops[b] = d
             n += ref[b] == d
     return n
-
-
-def plan_decode(sched: Scheduler, n: int) -> DecodeStretch:
-    """Who decodes in which of the next `n` uniform steps, before applying them: what a
-    simulator needs to time a stretch (per-step batch sizes and context sums) and to pick
-    how many steps start before its next event. Call uniform_decode_steps() first."""
-    running = sched.running
-    return DecodeStretch(n, [r.num_computed_tokens for r in running],
-                         [min(n, r.output_len - r.num_generated) for r in running])
 
 
 def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.decode_skip import DecodeStretch, advance_decode, plan_decode, uniform_decode_steps
+from engine.decode_skip import DecodeStretch, advance_decode, uniform_decode_steps
 from engine.request import Request
 from engine.scheduler import Scheduler, SchedulerConfig
 from tests.engine.test_scheduler_random import state_of
@@ -63,9 +63,6 @@ def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, len
         tokens += out.num_batched_tokens
     event(f"finishes inside the advance: {len(finished) > 0}")
     event(f"batch shrinks before the last step: {len(set(seqs)) > 1}")
-    plan = plan_decode(b, n_take)
-    assert [plan.num_seqs_at(i) for i in range(n_take)] == seqs
-    assert [plan.sum_decode_context_at(i) for i in range(n_take)] == ctx
     adv = advance_decode(b, n_take)
     assert state_of(a) == state_of(b)
     assert (adv.num_blocks_allocated, adv.num_blocks_freed, adv.num_blocks_hashed,
@@ -100,7 +97,6 @@ def test_uniform_decode_steps_by_hand():
     s = _two_requests(num_gpu_blocks=6)
     # blocks opened at positions 4 and 8: 2 each, 4 free -> through both finishes: 9 steps
     assert uniform_decode_steps(s) == 9
-    assert uniform_decode_steps(s, through_finishes=False) == 8
     # 4 blocks: 2 free -> both open position 4's block at step 0; position 8 (step 4) needs 2 more
     assert uniform_decode_steps(_two_requests(num_gpu_blocks=4)) == 4
     # 5 blocks, request 1 ends after 3 more steps (positions 4..6) and frees 2 blocks at
