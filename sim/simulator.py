@@ -295,8 +295,8 @@ class _Replica:
                      horizon_s: float) -> DecodeRuns:
         """One DecodeRun per constant batch of the first n steps (the batch shrinks where
         requests finish), until the one that passes `horizon_s`. Walks the (remaining steps,
-        KV tokens) of the requests in order, as `plan_decode(sched, n).segments()` would, but
-        stops at the horizon."""
+        KV tokens) of the requests in order, the batches `advance_decode` will report
+        (`DecodeAdvance.stretch.segments()`), but stops at the horizon."""
         num = len(by_remaining)
         ctx_left = sum_ctx  # KV tokens of the requests still decoding at step `first`
         runs, elapsed_s, first, k = [], 0.0, 0, 0
