@@ -120,6 +120,11 @@ def source_options(exclude: Iterable[str] = (), into: str = "source") -> Callabl
     return _with_parameters(params, into, lambda values: SourceOptions(**values))
 
 
+# --------------------------------------------------------------------------- outputs
+Force = Annotated[bool, typer.Option(
+    "--force", help="replace an existing output file or run folder (an input is never replaced)")]
+
+
 # --------------------------------------------------------------------------- errors
 ALL_FLAGS: dict[str, Flag] = FLAGS_BY_NAME | {f.name: f for f in SIM_ONLY_FLAGS}
 # Config fields whose option is not spelled like the field.
@@ -180,4 +185,4 @@ def clean_errors(fn: F) -> F:
     return command  # type: ignore[return-value]
 
 
-__all__ = ["ALL_FLAGS", "clean_errors", "cli_message", "cli_spelling", "flag_options", "given_flags", "source_options"]
+__all__ = ["ALL_FLAGS", "Force", "clean_errors", "cli_message", "cli_spelling", "flag_options", "given_flags", "source_options"]

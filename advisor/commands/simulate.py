@@ -23,8 +23,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from advisor.options import clean_errors, flag_options, source_options
+from advisor.options import Force, clean_errors, flag_options, source_options
 from engine.flags import FlagError
+from engine.outputs import check_output_dir
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
 from sim.metrics import jsonable  # the summary as strict JSON (NaN -> null)
 from sim.run import LoadedWorkload, SimConfig, kv_block_coarsening_for, load, run, summarize
@@ -144,6 +145,7 @@ def simulate(
     sim_block_coarsening: Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")] = "1",
     no_skip_ahead: Annotated[bool, typer.Option("--no-skip-ahead", help="step every decode step (slow; for checks)")] = False,
     compare: Annotated[tuple[str, str] | None, typer.Option("--compare", help="two saved run directories: A B")] = None,
+    force: Force = False,
     engine_flags: dict[str, Any] | None = None,
     source: SourceOptions | None = None,
 ) -> None:
@@ -155,6 +157,8 @@ def simulate(
     if workload is None:
         raise ValueError("--workload is required (a preset such as chat-production, a spec .json or a trace file); "
                          "or use --compare A B")
+    if out is not None:  # before any work: a refused --out must not cost a simulation
+        check_output_dir(out, flag="--out", force=force, inputs=[workload, profile])
     config = SimConfig(
         model=model, gpu=gpu, num_gpus=num_gpus, engine=EngineConfig(**(engine_flags or {})), router=router,
         disaggregation=parse_disagg(disagg, link=kv_link, link_gb_per_s=kv_link_gb_per_s,
@@ -166,7 +170,7 @@ def simulate(
     result = _run_with_progress(loaded, config, show=not as_json)
     summary = summarize(result)
     if out is not None:
-        paths = result.save(out)
+        paths = result.save(out, force=force)
         if not as_json:
             console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False)
     if as_json:

@@ -1,0 +1,159 @@
+"""Output files and run folders that never overwrite by accident and never end half-written.
+
+Checks run before any work (`check_output_file`, `check_output_dir`): an existing non-empty
+output is refused unless `force`, an output that is (or holds) an input is always refused, and
+the location must be writable. Writing goes to a temporary name in the same folder, renamed into
+place at the end (`staged_file`, `staged_dir`), so an interrupted run leaves the previous
+results as they were, and a replaced run folder never mixes two runs' files.
+
+Lives in engine/ because both the engine's `ReplayResult.write` and the simulator's
+`SimResult.save` use it (engine/ imports neither sim/ nor advisor/).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# Files a costline run folder holds (simulator and engine); --force replaces only such folders,
+# so a mistyped `--out .` cannot wipe a folder of other things.
+RUN_FILES = frozenset({
+    "requests.parquet", "requests.csv", "requests.jsonl", "steps.parquet", "steps.csv", "steps.jsonl",
+    "summary.json", "metrics.prom", "scheduler_stats.json",
+})
+
+
+class OutputPathError(ValueError):
+    """An output location that must not or cannot be written; the message names the option."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def _existing_inputs(inputs: Iterable[str | Path | None]) -> list[Path]:
+    """The inputs that name files or folders on disk (a preset name is not a path)."""
+    return [Path(p) for p in inputs if p is not None and str(p) and Path(p).exists()]
+
+
+def _probe_writable(folder: Path, flag: str, path: Path) -> None:
+    """Create and remove a file in `folder`: the only check that also holds for root and for
+    read-only mounts (os.access answers for permissions alone)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".costline-probe-", dir=folder)
+    except OSError as exc:
+        raise OutputPathError(f"{flag} {path}: cannot write in {folder} ({exc.strerror}); "
+                              f"choose a writable location") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_output_file(path: str | Path, *, flag: str, force: bool = False,
+                      inputs: Iterable[str | Path | None] = ()) -> Path:
+    """Refuse `path` as an output file unless it can be written now without losing anything."""
+    path = Path(path)
+    for src in _existing_inputs(inputs):
+        if _same_path(path, src):
+            raise OutputPathError(f"{flag} {path} is also the input {src}: writing it would destroy the "
+                                  f"input; choose another {flag}")
+    if path.is_dir():
+        raise OutputPathError(f"{flag} {path} is a folder; give a file name, e.g. {path / 'out.json'}")
+    if path.exists() and not path.is_file():
+        raise OutputPathError(f"{flag} {path} is not a regular file; give a file name in a folder")
+    if path.exists() and path.stat().st_size > 0 and not force:
+        raise OutputPathError(f"{flag} {path} already exists; pass --force to replace it, or choose another {flag}")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is a file" if parent.exists() else "does not exist"
+        raise OutputPathError(f"{flag} {path}: the folder {parent} {what}; create the folder first or "
+                              f"choose another {flag}")
+    _probe_writable(parent, flag, path)
+    return path
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path.absolute()
+    while not p.exists():
+        p = p.parent
+    return p
+
+
+def check_output_dir(path: str | Path, *, flag: str, force: bool = False,
+                     inputs: Iterable[str | Path | None] = ()) -> Path:
+    """Refuse `path` as a run folder unless it can be written now without losing anything.
+    A missing folder (and its parents) is created only when the run is written."""
+    path = Path(path)
+    for src in _existing_inputs(inputs):
+        if _same_path(path, src) or path.resolve() in src.resolve().parents:
+            raise OutputPathError(f"{flag} {path} holds the input {src}: replacing it would destroy the "
+                                  f"input; choose another {flag}")
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"{flag} {path} is a file; give a folder for the run's files")
+    if path.is_dir() and any(path.iterdir()):
+        if not force:
+            raise OutputPathError(f"{flag} {path} already holds a run; pass --force to replace it, "
+                                  f"or choose another {flag}")
+        foreign = sorted(p.name for p in path.iterdir() if p.name not in RUN_FILES or not p.is_file())
+        if foreign:
+            raise OutputPathError(f"{flag} {path} holds files no costline run wrote ({', '.join(foreign[:3])}); "
+                                  f"--force replaces only run folders: choose another {flag}")
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise OutputPathError(f"{flag} {path}: {base} is a file, so no folder can be made there; "
+                              f"choose another {flag}")
+    _probe_writable(base, flag, path)
+    return path
+
+
+@contextmanager
+def staged_file(path: str | Path) -> Iterator[Path]:
+    """A temporary file next to `path` (same name at the end, so its suffix still tells the
+    format); renamed onto `path` when the block ends normally, removed when it fails."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=".partial-", suffix="-" + path.name, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is not what a plain open() gives
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def staged_dir(path: str | Path) -> Iterator[Path]:
+    """A temporary folder next to `path`; when the block ends normally it takes `path`'s place
+    (a folder already there is renamed aside, then removed), when it fails it is removed.
+    Call `check_output_dir` first: this replaces whatever is at `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, old)  # onto the empty folder just made: a free, unique name
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+__all__ = ["RUN_FILES", "OutputPathError", "check_output_dir", "check_output_file", "staged_dir", "staged_file"]
