@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from advisor.options import Force, clean_errors, flag_options, source_options
+from advisor.report import warn_unserved
 from engine.config import EngineArgs
 from engine.flags import ENGINE_ONLY_FLAGS, SCHEDULING_FLAGS
 from engine.outputs import check_output_dir, check_output_file, staged_dir, staged_file
@@ -94,6 +95,7 @@ def run(
         with staged_file(metrics_file) as tmp:
             metrics.write(str(tmp))
     typer.echo(json.dumps({k: v for k, v in summary.items() if v is not None}, indent=2))
+    warn_unserved(summary)
     typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json")
 
 

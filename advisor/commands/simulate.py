@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.options import Force, clean_errors, flag_options, source_options
+from advisor.report import warn_unserved
 from engine.flags import FlagError
 from engine.outputs import check_output_dir
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
@@ -157,8 +158,6 @@ def simulate(
     if workload is None:
         raise ValueError("--workload is required (a preset such as chat-production, a spec .json or a trace file); "
                          "or use --compare A B")
-    if out is not None:  # before any work: a refused --out must not cost a simulation
-        check_output_dir(out, flag="--out", force=force, inputs=[workload, profile])
     config = SimConfig(
         model=model, gpu=gpu, num_gpus=num_gpus, engine=EngineConfig(**(engine_flags or {})), router=router,
         disaggregation=parse_disagg(disagg, link=kv_link, link_gb_per_s=kv_link_gb_per_s,
@@ -166,9 +165,12 @@ def simulate(
         seed=seed, profile=profile, slo=goodput, skip_ahead=not no_skip_ahead,
         kv_block_coarsening=parse_coarsening(sim_block_coarsening), label=label)
     config.deployment()  # configuration errors before the workload is built
+    if out is not None:  # before any work: a refused --out must not cost a simulation
+        check_output_dir(out, flag="--out", force=force, inputs=[workload, profile])
     loaded = load(workload, source, seed=seed)
     result = _run_with_progress(loaded, config, show=not as_json)
     summary = summarize(result)
+    warn_unserved(summary)
     if out is not None:
         paths = result.save(out, force=force)
         if not as_json:
