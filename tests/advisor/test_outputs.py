@@ -213,3 +213,45 @@ def test_engine_run_checks_its_outputs_first(tmp_path):
     refused(invoke("engine", "run", "--model", "tiny", "--device", "cpu", "-w", trace, "--out", run_dir),
             "--out", "already holds a run; pass --force")
     assert snapshot(run_dir) == {"summary.json": b"{}"} and trace.read_text() == TRACE
+
+
+# --------------------------------------------------------------------------- metrics server
+def test_metrics_server_listens_on_loopback_unless_told(tmp_path):
+    import urllib.request
+
+    from engine.metrics import EngineMetrics
+
+    metrics = EngineMetrics("m", 128)
+    server = metrics.serve(0)
+    try:
+        host, port = server.server_address[:2]
+        assert host == "127.0.0.1"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            assert b"vllm:num_requests_running" in reply.read()
+    finally:
+        server.shutdown()
+        server.server_close()
+    anywhere = metrics.serve(0, host="0.0.0.0")
+    try:
+        assert anywhere.server_address[0] == "0.0.0.0"
+    finally:
+        anywhere.shutdown()
+        anywhere.server_close()
+
+
+def test_engine_run_passes_metrics_host_and_force_replaces_a_run(tmp_path, monkeypatch):
+    from engine.metrics import EngineMetrics
+
+    seen: list[tuple[int, str]] = []
+    monkeypatch.setattr(EngineMetrics, "serve", lambda self, port, host="127.0.0.1": seen.append((port, host)))
+    trace = tmp_path / "x.jsonl"
+    trace.write_text(TRACE)
+    out = tmp_path / "e"
+    args = ["engine", "run", "--model", "tiny", "--device", "cpu", "-w", trace, "--first", "2", "--speedup", "1000",
+            "--out", out, "--metrics-port", "9999"]
+    assert invoke(*args).exit_code == 0
+    assert invoke(*args, "--metrics-host", "0.0.0.0", "--force").exit_code == 0
+    assert seen == [(9999, "127.0.0.1"), (9999, "0.0.0.0")]
+    assert set(snapshot(out)) == {"requests.jsonl", "steps.jsonl", "summary.json", "metrics.prom",
+                                  "scheduler_stats.json"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "x.jsonl"]
