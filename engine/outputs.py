@@ -61,8 +61,9 @@ def _probe_writable(folder: Path, flag: str, path: Path) -> None:
 
 
 def check_output_file(path: str | Path, *, flag: str, force: bool = False,
-                      inputs: Iterable[str | Path | None] = ()) -> Path:
-    """Refuse `path` as an output file unless it can be written now without losing anything."""
+                      inputs: Iterable[str | Path | None] = (), force_hint: str = "--force") -> Path:
+    """Refuse `path` as an output file unless it can be written now without losing anything.
+    `flag` and `force_hint` are how the caller spells the option and the override."""
     path = Path(path)
     for src in _existing_inputs(inputs):
         if _same_path(path, src):
@@ -73,7 +74,8 @@ def check_output_file(path: str | Path, *, flag: str, force: bool = False,
     if path.exists() and not path.is_file():
         raise OutputPathError(f"{flag} {path} is not a regular file; give a file name in a folder")
     if path.exists() and path.stat().st_size > 0 and not force:
-        raise OutputPathError(f"{flag} {path} already exists; pass --force to replace it, or choose another {flag}")
+        raise OutputPathError(f"{flag} {path} already exists; pass {force_hint} to replace it, "
+                              f"or choose another {flag}")
     parent = path.parent
     if not parent.is_dir():
         what = "is a file" if parent.exists() else "does not exist"
@@ -91,7 +93,7 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def check_output_dir(path: str | Path, *, flag: str, force: bool = False,
-                     inputs: Iterable[str | Path | None] = ()) -> Path:
+                     inputs: Iterable[str | Path | None] = (), force_hint: str = "--force") -> Path:
     """Refuse `path` as a run folder unless it can be written now without losing anything.
     A missing folder (and its parents) is created only when the run is written."""
     path = Path(path)
@@ -103,12 +105,12 @@ def check_output_dir(path: str | Path, *, flag: str, force: bool = False,
         raise OutputPathError(f"{flag} {path} is a file; give a folder for the run's files")
     if path.is_dir() and any(path.iterdir()):
         if not force:
-            raise OutputPathError(f"{flag} {path} already holds a run; pass --force to replace it, "
+            raise OutputPathError(f"{flag} {path} already holds a run; pass {force_hint} to replace it, "
                                   f"or choose another {flag}")
         foreign = sorted(p.name for p in path.iterdir() if p.name not in RUN_FILES or not p.is_file())
         if foreign:
             raise OutputPathError(f"{flag} {path} holds files no costline run wrote ({', '.join(foreign[:3])}); "
-                                  f"--force replaces only run folders: choose another {flag}")
+                                  f"{force_hint} replaces only run folders: choose another {flag}")
     base = _nearest_existing(path)
     if not base.is_dir():
         raise OutputPathError(f"{flag} {path}: {base} is a file, so no folder can be made there; "

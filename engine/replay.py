@@ -78,7 +78,7 @@ class ReplayResult(RunTables):
         the summary written (strict JSON values: NaN as None). A folder already holding a run is
         refused unless `force`; the files are written aside and then take `out_dir`'s place
         (engine/outputs.py), so an interrupted write leaves the previous run whole."""
-        out = check_output_dir(out_dir, flag="out_dir", force=force)
+        out = check_output_dir(out_dir, flag="out_dir", force=force, force_hint="force=True")
         with staged_dir(out) as tmp:
             return self.write_files(tmp)
 

@@ -38,7 +38,7 @@ class SimResult(RunTables):
         A folder already holding a run is refused unless `force` (engine/outputs.py); the files
         are written to a folder aside that then takes `out_dir`'s place, so an interrupted save
         leaves the previous run whole. Returns the final paths."""
-        out = check_output_dir(out_dir, flag="out_dir", force=force)
+        out = check_output_dir(out_dir, flag="out_dir", force=force, force_hint="force=True")
         with staged_dir(out) as tmp:
             names = self.write_files(tmp, fmt)
         return {key: out / name for key, name in names.items()}
@@ -90,7 +90,16 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ValueError(f"{run_dir}: no summary.json there; pass a directory written by "
                          "`costline simulate --out DIR`")
-    return json.loads(p.read_text())
+    try:
+        summary = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text (byte {exc.start}); pass the summary.json of a saved run") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: line {exc.lineno}: not valid JSON ({exc.msg}); the file is damaged or "
+                         "truncated: run the simulation again with --out") from None
+    if not isinstance(summary, dict):  # a bad file is an input error (ValueError: exit status 2)
+        raise ValueError(f"{p}: holds a JSON {type(summary).__name__}, not a run summary (an object)")  # noqa: TRY004
+    return summary
 
 
 __all__ = [

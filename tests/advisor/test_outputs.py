@@ -169,7 +169,7 @@ def test_the_api_save_refuses_too(tmp_path):
     result = run("lab-poisson", SimConfig(), source=SourceOptions(num_requests=20))
     paths = result.save(tmp_path / "r")
     assert {p.name for p in paths.values()} <= RUN_FILES and all(p.is_file() for p in paths.values())
-    with pytest.raises(OutputPathError, match="out_dir .* already holds a run; pass --force"):
+    with pytest.raises(OutputPathError, match="out_dir .* already holds a run; pass force=True"):
         result.save(tmp_path / "r")
     assert result.save(tmp_path / "r", force=True) == paths
 
@@ -255,3 +255,19 @@ def test_engine_run_passes_metrics_host_and_force_replaces_a_run(tmp_path, monke
     assert set(snapshot(out)) == {"requests.jsonl", "steps.jsonl", "summary.json", "metrics.prom",
                                   "scheduler_stats.json"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "x.jsonl"]
+
+
+# --------------------------------------------------------------------------- --compare inputs
+@pytest.mark.parametrize("content, needle", [
+    (b'{"completed": 3, "dura', "line 1: not valid JSON"),
+    (b"\xff\xfe{}", "not UTF-8 text"),
+    (b"[1, 2]", "holds a JSON list, not a run summary"),
+    (b"", "not valid JSON"),
+])
+def test_compare_names_a_damaged_summary(tmp_path, content, needle):
+    good = tmp_path / "good"
+    assert invoke("simulate", "-w", "lab-poisson", "-n", "10", "--out", good, "--json").exit_code == 0
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "summary.json").write_bytes(content)
+    refused(invoke("simulate", "--compare", good, bad), str(bad / "summary.json"), needle)
