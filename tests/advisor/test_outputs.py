@@ -3,6 +3,7 @@ interrupted write leaves the previous results whole (engine/outputs.py and the c
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -271,3 +272,72 @@ def test_compare_names_a_damaged_summary(tmp_path, content, needle):
     bad.mkdir()
     (bad / "summary.json").write_bytes(content)
     refused(invoke("simulate", "--compare", good, bad), str(bad / "summary.json"), needle)
+
+
+# --------------------------------------------------------------------------- fuzz: data lost
+STATES = ("missing", "empty_file", "file", "empty_dir", "run_dir", "foreign_dir", "the_input",
+          "parent_missing", "parent_is_file")
+
+
+def _make_state(base: Path, state: str) -> Path:
+    """Set up the output location in `state`; returns the path to pass as the output."""
+    trace = base / "in.jsonl"
+    out = base / "target"
+    if state == "the_input":
+        return trace
+    if state == "empty_file":
+        out.touch()
+    elif state == "file":
+        out.write_text("precious")
+    elif state in ("empty_dir", "run_dir", "foreign_dir"):
+        out.mkdir()
+        if state == "run_dir":
+            (out / "summary.json").write_text('{"old": 1}')
+        if state == "foreign_dir":
+            (out / "thesis.tex").write_text("precious")
+    elif state == "parent_missing":
+        return base / "nowhere" / "target"
+    elif state == "parent_is_file":
+        (base / "plain").write_text("precious")
+        return base / "plain" / "target"
+    return out
+
+
+def _expected_ok(kind: str, state: str, force: bool) -> bool:
+    """The rules, stated once per kind of output: a file, or a run folder."""
+    if kind == "file":
+        return state in ("missing", "empty_file") or (state == "file" and force)
+    return state in ("missing", "empty_dir", "parent_missing") or (state == "run_dir" and force)
+
+
+COMMANDS = {  # command line before the output option, the option, the kind of output
+    "export": (["workload", "export", "{trace}"], "-o", "file"),
+    "fit": (["workload", "fit", "{trace}"], "-o", "file"),
+    "simulate": (["simulate", "-w", "{trace}", "--json"], "--out", "dir"),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(command=st.sampled_from(sorted(COMMANDS)), state=st.sampled_from(STATES), force=st.booleans())
+def test_fuzz_an_output_is_never_lost(tmp_path_factory, command, state, force):
+    base = tmp_path_factory.mktemp("fuzz")
+    trace = base / "in.jsonl"
+    trace.write_text(TRACE)
+    target = _make_state(base, state)
+    words, option, kind = COMMANDS[command]
+    before = snapshot(base)
+    res = invoke(*(w.format(trace=trace) for w in words), option, target, *(["--force"] if force else []))
+    if not _expected_ok(kind, state, force):
+        refused(res, option)
+        assert snapshot(base) == before  # nothing changed, nothing left behind
+        return
+    assert res.exit_code == 0, res.output
+    after = snapshot(base)
+    written = {k for k in after if Path(k).parts[0] == target.relative_to(base).parts[0]}
+    assert {k: v for k, v in after.items() if k not in written} == {
+        k: v for k, v in before.items() if k not in written}  # only the output changed
+    assert written and all(not Path(k).name.startswith(".") for k in after)  # no temporary left
+    if kind == "dir":
+        rel = target.relative_to(base).as_posix()
+        assert {Path(k).name for k in written} <= RUN_FILES and f"{rel}/summary.json" in written
+        assert json.loads((target / "summary.json").read_text())["num_prompts"] == 20  # the new run, whole
