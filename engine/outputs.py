@@ -129,33 +129,53 @@ def staged_file(path: str | Path) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
+    except BaseException:  # an interrupt too: the previous file stays, no partial one is left
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is not what a plain open() gives
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise OutputPathError(f"could not move the finished {tmp} onto {path} ({exc.strerror}); "
+                              f"the output is in {tmp}") from None
 
 
 @contextmanager
 def staged_dir(path: str | Path) -> Iterator[Path]:
     """A temporary folder next to `path`; when the block ends normally it takes `path`'s place
     (a folder already there is renamed aside, then removed), when it fails it is removed.
-    Call `check_output_dir` first: this replaces whatever is at `path`."""
+    Call `check_output_dir` first: this replaces whatever is at `path`. A symbolic link is
+    followed: the run replaces the folder it points to."""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())
-        old = None
+    except BaseException:  # an interrupt too: the previous run stays, no partial one is left
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _swap_in(tmp, path)
+
+
+def _swap_in(tmp: Path, path: Path) -> None:
+    """Move the finished folder `tmp` to `path`, the folder there (if any) aside and away.
+    Two renames: between them `path` is briefly absent, never half-written."""
+    old = path.parent / f"{tmp.name.replace('.partial-', '.old-', 1)}"  # unique: mkdtemp chose tmp's name
+    moved_aside = False
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 is not what a plain mkdir gives
         if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old)  # onto the empty folder just made: a free, unique name
+            os.replace(path, old)
+            moved_aside = True
         os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    except OSError as exc:
+        if moved_aside and not path.exists():
+            os.replace(old, path)  # the previous run back where it was
+        raise OutputPathError(f"could not move the finished run from {tmp} to {path} ({exc.strerror}); "
+                              f"the results are in {tmp}") from None
+    shutil.rmtree(old, ignore_errors=True)
 
 
 __all__ = ["RUN_FILES", "OutputPathError", "check_output_dir", "check_output_file", "staged_dir", "staged_file"]

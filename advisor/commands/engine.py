@@ -55,7 +55,7 @@ def run(
     max_prompt_len: Annotated[int | None, typer.Option(
         "--max-prompt-len", help="truncate longer prompts (and their hash ids) to this many tokens")] = None,
     no_arrivals: Annotated[bool, typer.Option("--no-arrivals", help="submit everything at t=0 (offline)")] = False,
-    out: Annotated[Path, typer.Option("--out", help="folder for requests.jsonl, steps.jsonl, summary.json")] = Path("runs/engine"),
+    out: Annotated[Path, typer.Option("--out", help="folder for requests.jsonl, steps.jsonl, summary.json (a run already there needs --force; while running, the live steps.jsonl is in .NAME.partial-* beside it)")] = Path("runs/engine"),
     metrics_file: Annotated[Path | None, typer.Option("--metrics-file", help="write Prometheus text here")] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="serve Prometheus metrics on this port")] = None,
     metrics_host: Annotated[str, typer.Option(

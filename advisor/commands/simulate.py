@@ -140,7 +140,7 @@ def simulate(
     link_latency_ms: Annotated[float, typer.Option("--link-latency-ms", help="fixed cost per KV transfer")] = 0.5,
     goodput: Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")] = None,
     profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path")] = "default",
-    out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here (a run already there needs --force)")] = None,
     label: Annotated[str | None, typer.Option("--label")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON")] = False,
     sim_block_coarsening: Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")] = "1",

@@ -341,3 +341,34 @@ def test_fuzz_an_output_is_never_lost(tmp_path_factory, command, state, force):
         rel = target.relative_to(base).as_posix()
         assert {Path(k).name for k in written} <= RUN_FILES and f"{rel}/summary.json" in written
         assert json.loads((target / "summary.json").read_text())["num_prompts"] == 20  # the new run, whole
+
+
+def test_a_linked_run_folder_is_replaced_where_the_link_points(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "summary.json").write_text("{}")
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    ok = invoke("simulate", "-w", "lab-poisson", "-n", "7", "--out", link, "--force", "--json")
+    assert ok.exit_code == 0, ok.output
+    assert link.is_symlink() and json.loads((real / "summary.json").read_text())["num_prompts"] == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+
+
+def test_a_failed_swap_keeps_the_previous_run_and_says_where_the_new_one_is(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text("old")
+    real_replace = os.replace
+
+    def fail_second(src, dst):
+        if Path(src).name.startswith(".run.partial-"):
+            raise OSError(13, "Permission denied")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_second)
+    with pytest.raises(OutputPathError, match=r"the results are in .*\.run\.partial-"), staged_dir(out) as tmp:
+        (tmp / "summary.json").write_text("new")
+    assert (out / "summary.json").read_text() == "old"
+    leftovers = [p for p in tmp_path.iterdir() if p.name != "run"]
+    assert len(leftovers) == 1 and (leftovers[0] / "summary.json").read_text() == "new"
