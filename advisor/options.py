@@ -146,6 +146,24 @@ def cli_spelling(field: str, argv: Sequence[str] | None = None) -> str:
     return next((s for s in (*flag.spellings, *flag.negatives) if s in typed), flag.cli)
 
 
+# pydantic's error types in plain words (its own messages name internal types and add a URL).
+_PLAIN = {
+    "greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}", "less_than": "must be < {lt}",
+    "int_parsing": "use an integer", "int_from_float": "use a whole number", "float_parsing": "use a number",
+    "bool_parsing": "use true or false", "finite_number": "must be a finite number",
+    "literal_error": "must be one of {expected}", "missing": "is required",
+    "extra_forbidden": "is not a known field (check its spelling)",
+}
+
+
+def _plain(err: dict[str, Any]) -> str:
+    try:
+        return _PLAIN[err["type"]].format(**(err.get("ctx") or {}))
+    except (KeyError, IndexError):
+        return err["msg"]
+
+
 def cli_message(exc: Exception) -> str:
     """One line per problem, naming the option as typed and what it must be."""
     spell = cli_spelling
@@ -166,7 +184,7 @@ def cli_message(exc: Exception) -> str:
         elif field in ALL_FLAGS:
             lines.append(f"{spell(field)} {err['input']}: {ALL_FLAGS[field].expectation()}")
         else:
-            lines.append(f"{spell(field)} {err['input']!r}: {err['msg']}" if field else err["msg"])
+            lines.append(f"{spell(field)} {err['input']!r}: {_plain(err)}" if field else _plain(err))
     return "\n".join(lines)
 
 

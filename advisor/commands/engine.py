@@ -103,9 +103,9 @@ def run(
 @clean_errors
 @flag_options(ENGINE_CLI_FLAGS, into="engine_flags")
 def bench(
-    num_prompts: Annotated[int, typer.Option("--num-prompts")] = 64,
-    input_len: Annotated[int, typer.Option("--input-len")] = 128,
-    output_len: Annotated[int, typer.Option("--output-len")] = 64,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", min=1, help="prompts to generate")] = 64,
+    input_len: Annotated[int, typer.Option("--input-len", min=1, help="tokens per prompt")] = 128,
+    output_len: Annotated[int, typer.Option("--output-len", min=1, help="tokens generated per prompt")] = 64,
     engine_flags: dict | None = None,
 ) -> None:
     """Offline throughput as vLLM's `LLM` class sees it (offline defaults): N random prompts of
