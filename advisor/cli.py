@@ -6,6 +6,11 @@ commands start without importing the heavy layers (torch, triton) they do not us
 
 from __future__ import annotations
 
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Annotated
+
 import typer
 
 from advisor.commands import engine as engine_cmd
@@ -16,6 +21,17 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+DEBUG_FLAG = "--debug"
+
+
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option(DEBUG_FLAG, help="show the traceback of an unexpected error "
+                                        "(accepted anywhere on the command line)")] = False,
+) -> None:
+    """costline: what each LLM-serving optimization really buys under your traffic."""
+
+
 app.add_typer(workload.app, name="workload")
 app.command("simulate")(simulate.simulate)
 app.add_typer(engine_cmd.app, name="engine")
@@ -29,8 +45,22 @@ def demo() -> None:
                       goodput="ttft:500 tpot:50", label="demo: chat-production")
 
 
-def main() -> None:
-    app()
+def main(argv: Sequence[str] | None = None) -> None:
+    """The `costline` entry point. An input error already ends as one line and exit status 2
+    (advisor.options.clean_errors); anything else that escapes is a bug: one line and exit
+    status 1, the traceback only with --debug."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in args
+    try:
+        app(args=[a for a in args if a != DEBUG_FLAG], prog_name="costline")
+    except Exception as exc:  # noqa: BLE001 - the last line of defence, by design
+        if debug:
+            traceback.print_exc()
+        else:
+            what = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"error: unexpected {what}\nrun again with {DEBUG_FLAG} for the traceback, and please "
+                  "report it", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

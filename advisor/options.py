@@ -120,6 +120,11 @@ def source_options(exclude: Iterable[str] = (), into: str = "source") -> Callabl
     return _with_parameters(params, into, lambda values: SourceOptions(**values))
 
 
+# --------------------------------------------------------------------------- outputs
+Force = Annotated[bool, typer.Option(
+    "--force", help="replace an existing output file or run folder (an input is never replaced)")]
+
+
 # --------------------------------------------------------------------------- errors
 ALL_FLAGS: dict[str, Flag] = FLAGS_BY_NAME | {f.name: f for f in SIM_ONLY_FLAGS}
 # Config fields whose option is not spelled like the field.
@@ -139,6 +144,24 @@ def cli_spelling(field: str, argv: Sequence[str] | None = None) -> str:
         return "--" + field.replace("_", "-")
     typed = set(sys.argv[1:] if argv is None else argv)
     return next((s for s in (*flag.spellings, *flag.negatives) if s in typed), flag.cli)
+
+
+# pydantic's error types in plain words (its own messages name internal types and add a URL).
+_PLAIN = {
+    "greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}", "less_than": "must be < {lt}",
+    "int_parsing": "use an integer", "int_from_float": "use a whole number", "float_parsing": "use a number",
+    "bool_parsing": "use true or false", "finite_number": "must be a finite number",
+    "literal_error": "must be one of {expected}", "missing": "is required",
+    "extra_forbidden": "is not a known field (check its spelling)",
+}
+
+
+def _plain(err: dict[str, Any]) -> str:
+    try:
+        return _PLAIN[err["type"]].format(**(err.get("ctx") or {}))
+    except (KeyError, IndexError):
+        return err["msg"]
 
 
 def cli_message(exc: Exception) -> str:
@@ -161,7 +184,7 @@ def cli_message(exc: Exception) -> str:
         elif field in ALL_FLAGS:
             lines.append(f"{spell(field)} {err['input']}: {ALL_FLAGS[field].expectation()}")
         else:
-            lines.append(f"{spell(field)} {err['input']!r}: {err['msg']}" if field else err["msg"])
+            lines.append(f"{spell(field)} {err['input']!r}: {_plain(err)}" if field else _plain(err))
     return "\n".join(lines)
 
 
@@ -180,4 +203,4 @@ def clean_errors(fn: F) -> F:
     return command  # type: ignore[return-value]
 
 
-__all__ = ["ALL_FLAGS", "clean_errors", "cli_message", "cli_spelling", "flag_options", "given_flags", "source_options"]
+__all__ = ["ALL_FLAGS", "Force", "clean_errors", "cli_message", "cli_spelling", "flag_options", "given_flags", "source_options"]

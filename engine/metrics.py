@@ -114,5 +114,9 @@ class EngineMetrics:
     def write(self, path: str) -> None:
         write_to_textfile(path, self.registry)
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1"):
+        """Serve /metrics on `host:port` (the loopback address unless asked: prometheus-client's
+        own default, 0.0.0.0, would expose the engine's metrics to the whole network); returns
+        the HTTP server (`.shutdown()` stops it)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server

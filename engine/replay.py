@@ -22,6 +22,7 @@ import numpy as np
 
 from engine.core import EngineCore, RequestState
 from engine.metrics import EngineMetrics
+from engine.outputs import check_output_dir, staged_dir
 from engine.records import RequestRecord, StepRecord, to_columns
 from engine.request import Request, materialize_prompt
 from engine.run_summary import RunTables, jsonable
@@ -72,11 +73,17 @@ class ReplayResult(RunTables):
     def step_rows(self) -> list[dict]:
         return _rows(self.steps)
 
-    def write(self, out_dir: str | Path) -> dict:
+    def write(self, out_dir: str | Path, *, force: bool = False) -> dict:
         """requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json; returns
-        the summary written (strict JSON values: NaN as None)."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        the summary written (strict JSON values: NaN as None). A folder already holding a run is
+        refused unless `force`; the files are written aside and then take `out_dir`'s place
+        (engine/outputs.py), so an interrupted write leaves the previous run whole."""
+        out = check_output_dir(out_dir, flag="out_dir", force=force, force_hint="force=True")
+        with staged_dir(out) as tmp:
+            return self.write_files(tmp)
+
+    def write_files(self, out: Path) -> dict:
+        """`write`'s files straight into the folder `out` (no checks); returns the summary."""
         for name, rows in (("requests", self.request_rows()), ("steps", self.step_rows())):
             with open(out / f"{name}.jsonl", "w") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows)

@@ -13,7 +13,9 @@ Torch-free: the simulator imports it.
 from __future__ import annotations
 
 import math
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +148,26 @@ def peaks(requests: dict[str, np.ndarray], steps: dict[str, np.ndarray]) -> tupl
 
 
 # --- the summary ---------------------------------------------------------------------------------
+_LIMIT = re.compile(r"(\w+) = (\d+)\s*$")
+UNFINISHED_REASON = "still in flight when the run stopped"
+
+
+def rejection_kind(reason: str) -> str:
+    """A rejection reason without its per-request figures, so one cause counts once: the
+    scheduler ends each reason with the limit it broke ('... = 40000 tokens exceeds
+    max_model_len = 32768' -> 'exceeds max_model_len = 32768')."""
+    m = _LIMIT.search(reason)
+    return f"exceeds {m.group(1)} = {m.group(2)}" if m else (reason or "unknown")
+
+
+def reason_counts(r: dict[str, np.ndarray]) -> dict[str, dict[str, int]]:
+    """{"rejected_reasons": {kind: count}, "unfinished_reasons": {reason: count}}, most frequent first."""
+    status, reasons = r["status"], r["finish_reason"]
+    rejected = Counter(rejection_kind(str(x)) for x in reasons[status == "rejected"])
+    unfinished = Counter(str(x) or UNFINISHED_REASON for x in reasons[status == "unfinished"])
+    return {"rejected_reasons": dict(rejected.most_common()), "unfinished_reasons": dict(unfinished.most_common())}
+
+
 def summarize(requests: dict[str, np.ndarray], steps: dict[str, np.ndarray], *, meta: dict[str, Any],
               counters: dict[str, float], itl: tuple[np.ndarray, np.ndarray], wall_s: float,
               slo: SLO | None = None) -> dict[str, Any]:
@@ -208,6 +230,7 @@ def _extras(r: dict[str, np.ndarray], s: dict[str, np.ndarray], meta: dict[str, 
         "output_throughput_per_gpu": res["output_throughput"] / num_gpus,
         "rejected": int((r["status"] == "rejected").sum()),
         "unfinished": int((r["status"] == "unfinished").sum()),
+        **reason_counts(r),
         "num_preemptions": int(r["num_preemptions"].sum()),
         "prefix_cache_queries_tokens": q, "prefix_cache_hits_tokens": h,
         "prefix_cache_hit_rate": h / q if q else 0.0,
@@ -371,6 +394,8 @@ __all__ = [
     "latency_stats",
     "peaks",
     "prometheus_text",
+    "reason_counts",
+    "rejection_kind",
     "step_itl_samples",
     "summarize",
     "weighted_percentiles",

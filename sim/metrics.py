@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.outputs import check_output_dir, staged_dir
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
 from engine.run_summary import SLO, RunTables, jsonable, weighted_percentiles
 
@@ -31,20 +32,28 @@ class SimResult(RunTables):
     def stall_itl_s(self) -> np.ndarray:
         return self.itl_gaps_s
 
-    def save(self, out_dir: str | Path, fmt: str = "auto") -> dict[str, Path]:
-        """requests + steps tables (Parquet when pyarrow is there, else CSV), summary.json, metrics.prom."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+    def save(self, out_dir: str | Path, fmt: str = "auto", *, force: bool = False) -> dict[str, Path]:
+        """requests + steps tables (Parquet when pyarrow is there, else CSV), summary.json, metrics.prom.
+
+        A folder already holding a run is refused unless `force` (engine/outputs.py); the files
+        are written to a folder aside that then takes `out_dir`'s place, so an interrupted save
+        leaves the previous run whole. Returns the final paths."""
+        out = check_output_dir(out_dir, flag="out_dir", force=force, force_hint="force=True")
+        with staged_dir(out) as tmp:
+            names = self.write_files(tmp, fmt)
+        return {key: out / name for key, name in names.items()}
+
+    def write_files(self, folder: Path, fmt: str = "auto") -> dict[str, str]:
+        """The run's files written straight into `folder` (no checks); their names by kind."""
         use_parquet = fmt == "parquet" or (fmt == "auto" and _have_pyarrow())
-        paths: dict[str, Path] = {}
+        names: dict[str, str] = {}
         for name, table in (("requests", self.requests), ("steps", self.steps)):
-            paths[name] = out / f"{name}.{'parquet' if use_parquet else 'csv'}"
-            (_write_parquet if use_parquet else _write_csv)(paths[name], table)
-        paths["summary"] = out / "summary.json"
-        paths["summary"].write_text(json.dumps(jsonable(self.summary()), indent=2) + "\n")
-        paths["metrics"] = out / "metrics.prom"
-        paths["metrics"].write_text(self.prometheus_text())
-        return paths
+            names[name] = f"{name}.{'parquet' if use_parquet else 'csv'}"
+            (_write_parquet if use_parquet else _write_csv)(folder / names[name], table)
+        names["summary"], names["metrics"] = "summary.json", "metrics.prom"
+        (folder / "summary.json").write_text(json.dumps(jsonable(self.summary()), indent=2) + "\n")
+        (folder / "metrics.prom").write_text(self.prometheus_text())
+        return names
 
 
 def _have_pyarrow() -> bool:
@@ -81,7 +90,16 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ValueError(f"{run_dir}: no summary.json there; pass a directory written by "
                          "`costline simulate --out DIR`")
-    return json.loads(p.read_text())
+    try:
+        summary = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text (byte {exc.start}); pass the summary.json of a saved run") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: line {exc.lineno}: not valid JSON ({exc.msg}); the file is damaged or "
+                         "truncated: run the simulation again with --out") from None
+    if not isinstance(summary, dict):  # a bad file is an input error (ValueError: exit status 2)
+        raise ValueError(f"{p}: holds a JSON {type(summary).__name__}, not a run summary (an object)")  # noqa: TRY004
+    return summary
 
 
 __all__ = [

@@ -11,9 +11,11 @@ from typing import Annotated
 
 import typer
 
-from advisor.options import clean_errors, flag_options, source_options
+from advisor.options import Force, clean_errors, flag_options, source_options
+from advisor.report import warn_unserved
 from engine.config import EngineArgs
 from engine.flags import ENGINE_ONLY_FLAGS, SCHEDULING_FLAGS
+from engine.outputs import check_output_dir, check_output_file, staged_dir, staged_file
 from sim.workload_source import SourceOptions
 
 app = typer.Typer(help="Run the real engine (paged KV, continuous batching) on a workload.",
@@ -38,6 +40,12 @@ def _require_torch() -> None:
               "`bash dev.sh test` sets up both)")
 
 
+def _check_outputs(out: Path, metrics_file: Path | None, *, force: bool, inputs: list[str]) -> None:
+    check_output_dir(out, flag="--out", force=force, inputs=inputs)
+    if metrics_file is not None:
+        check_output_file(metrics_file, flag="--metrics-file", force=force, inputs=inputs)
+
+
 @app.command("run")
 @clean_errors
 @flag_options(ENGINE_CLI_FLAGS, into="engine_flags")
@@ -47,14 +55,19 @@ def run(
     max_prompt_len: Annotated[int | None, typer.Option(
         "--max-prompt-len", help="truncate longer prompts (and their hash ids) to this many tokens")] = None,
     no_arrivals: Annotated[bool, typer.Option("--no-arrivals", help="submit everything at t=0 (offline)")] = False,
-    out: Annotated[Path, typer.Option("--out", help="folder for requests.jsonl, steps.jsonl, summary.json")] = Path("runs/engine"),
+    out: Annotated[Path, typer.Option("--out", help="folder for requests.jsonl, steps.jsonl, summary.json (a run already there needs --force; while running, the live steps.jsonl is in .NAME.partial-* beside it)")] = Path("runs/engine"),
     metrics_file: Annotated[Path | None, typer.Option("--metrics-file", help="write Prometheus text here")] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="serve Prometheus metrics on this port")] = None,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", help="address --metrics-port listens on (0.0.0.0: every interface)")] = "127.0.0.1",
+    force: Force = False,
     engine_flags: dict | None = None,
     source: SourceOptions | None = None,
 ) -> None:
     """Timed replay of a workload as `vllm serve` would see it (server defaults): per-request
     TTFT/TPOT/ITL/e2e/queue and a per-step trace."""
+    cfg = EngineArgs(usage_context="api_server", **(engine_flags or {}))
+    _check_outputs(out, metrics_file, force=force, inputs=[workload])  # before any work
     _require_torch()
     import dataclasses
 
@@ -63,7 +76,6 @@ def run(
     from engine.replay import replay
     from sim.workload_source import load_workload
 
-    cfg = EngineArgs(usage_context="api_server", **(engine_flags or {}))
     wl = load_workload(workload, source)
     requests = list(wl.requests)
     if max_prompt_len is not None:
@@ -73,14 +85,17 @@ def run(
     core = EngineCore(cfg)
     metrics = EngineMetrics(cfg.model, core.max_model_len) if (metrics_file or metrics_port) else None
     if metrics and metrics_port:
-        metrics.serve(metrics_port)
-    out.mkdir(parents=True, exist_ok=True)
-    res = replay(core, requests, honor_arrivals=not no_arrivals, metrics=metrics,
-                 trace_file=out / "steps.jsonl")
-    summary = res.write(out)
+        metrics.serve(metrics_port, host=metrics_host)
+    _check_outputs(out, metrics_file, force=force, inputs=[workload])  # again: the model load took a while
+    with staged_dir(out) as folder:  # the live step trace streams into the folder aside
+        res = replay(core, requests, honor_arrivals=not no_arrivals, metrics=metrics,
+                     trace_file=folder / "steps.jsonl")
+        summary = res.write_files(folder)
     if metrics and metrics_file:
-        metrics.write(str(metrics_file))
+        with staged_file(metrics_file) as tmp:
+            metrics.write(str(tmp))
     typer.echo(json.dumps({k: v for k, v in summary.items() if v is not None}, indent=2))
+    warn_unserved(summary)
     typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json")
 
 
@@ -88,9 +103,9 @@ def run(
 @clean_errors
 @flag_options(ENGINE_CLI_FLAGS, into="engine_flags")
 def bench(
-    num_prompts: Annotated[int, typer.Option("--num-prompts")] = 64,
-    input_len: Annotated[int, typer.Option("--input-len")] = 128,
-    output_len: Annotated[int, typer.Option("--output-len")] = 64,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", min=1, help="prompts to generate")] = 64,
+    input_len: Annotated[int, typer.Option("--input-len", min=1, help="tokens per prompt")] = 128,
+    output_len: Annotated[int, typer.Option("--output-len", min=1, help="tokens generated per prompt")] = 64,
     engine_flags: dict | None = None,
 ) -> None:
     """Offline throughput as vLLM's `LLM` class sees it (offline defaults): N random prompts of

@@ -23,8 +23,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from advisor.options import clean_errors, flag_options, source_options
+from advisor.options import Force, clean_errors, flag_options, source_options
+from advisor.report import warn_unserved
 from engine.flags import FlagError
+from engine.outputs import check_output_dir
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
 from sim.metrics import jsonable  # the summary as strict JSON (NaN -> null)
 from sim.run import LoadedWorkload, SimConfig, kv_block_coarsening_for, load, run, summarize
@@ -138,12 +140,13 @@ def simulate(
     link_latency_ms: Annotated[float, typer.Option("--link-latency-ms", help="fixed cost per KV transfer")] = 0.5,
     goodput: Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")] = None,
     profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path")] = "default",
-    out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here (a run already there needs --force)")] = None,
     label: Annotated[str | None, typer.Option("--label")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON")] = False,
     sim_block_coarsening: Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")] = "1",
     no_skip_ahead: Annotated[bool, typer.Option("--no-skip-ahead", help="step every decode step (slow; for checks)")] = False,
     compare: Annotated[tuple[str, str] | None, typer.Option("--compare", help="two saved run directories: A B")] = None,
+    force: Force = False,
     engine_flags: dict[str, Any] | None = None,
     source: SourceOptions | None = None,
 ) -> None:
@@ -162,11 +165,14 @@ def simulate(
         seed=seed, profile=profile, slo=goodput, skip_ahead=not no_skip_ahead,
         kv_block_coarsening=parse_coarsening(sim_block_coarsening), label=label)
     config.deployment()  # configuration errors before the workload is built
+    if out is not None:  # before any work: a refused --out must not cost a simulation
+        check_output_dir(out, flag="--out", force=force, inputs=[workload, profile])
     loaded = load(workload, source, seed=seed)
     result = _run_with_progress(loaded, config, show=not as_json)
     summary = summarize(result)
+    warn_unserved(summary)
     if out is not None:
-        paths = result.save(out)
+        paths = result.save(out, force=force)
         if not as_json:
             console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False)
     if as_json:

@@ -16,7 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from advisor.options import clean_errors, source_options
+from advisor.options import Force, clean_errors, source_options
+from engine.outputs import check_output_file, staged_file
 from sim.arrivals import scale_rate
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload
@@ -99,6 +100,7 @@ def fit(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the spec here (default: stdout)")] = None,
     lengths: Annotated[str, typer.Option("--lengths", help="empirical (trace quantiles) or lognormal")] = "empirical",
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the fitted rate ('my traffic, doubled' = 2)")] = 1.0,
+    force: Force = False,
     options: SourceOptions | None = None,
 ) -> None:
     """Write a WorkloadSpec that reproduces the source's rate, burstiness, lengths and reuse."""
@@ -107,6 +109,8 @@ def fit(
     if not rate_scale > 0:
         raise typer.BadParameter("--rate-scale must be > 0")
     opts = options or SourceOptions()
+    if output is not None:
+        check_output_file(output, flag="--output", force=force, inputs=[source])
     wl = load_workload(source, opts)
     spec = fit_spec(wl, lengths=lengths, seed=opts.seed or 0)  # type: ignore[arg-type]
     if rate_scale != 1.0:
@@ -118,7 +122,8 @@ def fit(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
+        with staged_file(output) as tmp:
+            tmp.write_text(text)
         Console(stderr=True).print(f"wrote {output}: {spec.description}", highlight=False)
 
 
@@ -128,11 +133,14 @@ def fit(
 def export(
     source: Source,
     output: Annotated[Path, typer.Option("--output", "-o", help="Mooncake JSONL file to write")],
+    force: Force = False,
     options: SourceOptions | None = None,
 ) -> None:
     """Write any workload as Mooncake JSONL, replayable by `vllm bench serve --dataset-name timed_trace`."""
+    check_output_file(output, flag="--output", force=force, inputs=[source])
     wl = load_workload(source, options)
-    export_mooncake(wl, output)
+    with staged_file(output) as tmp:
+        export_mooncake(wl, tmp)
     Console(stderr=True).print(
         f"wrote {len(wl):,} requests to {output}; replay with: vllm bench serve --dataset-name timed_trace "
         f"--dataset-path {output} --timed-trace-sec-multiplier 0.001 "

@@ -1,0 +1,41 @@
+"""Terminal lines about a finished run that the summary table alone would let a user miss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+# What lifts each limit the scheduler rejects a request for (engine/run_summary.rejection_kind).
+_FIXES = {
+    "max_model_len": "raise --max-model-len (up to the model's context length) or send shorter requests",
+    "num_gpu_blocks": "give the KV cache more room: a higher --gpu-memory-utilization, a larger --gpu or "
+                      "--tensor-parallel-size, or --num-gpu-blocks-override",
+}
+
+
+def _fix_for(kind: str) -> str:
+    return next((fix for limit, fix in _FIXES.items() if limit in kind), "see the requests table for each reason")
+
+
+def unserved_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per reason some requests could never be served (or did not finish), with the fix;
+    empty when every request finished."""
+    total = summary.get("num_prompts") or 0
+    lines = []
+    for kind, count in (summary.get("rejected_reasons") or {}).items():
+        lines.append(f"{count:,} of {total:,} requests could never be served: {kind}; {_fix_for(kind)}")
+    for reason, count in (summary.get("unfinished_reasons") or {}).items():
+        lines.append(f"{count:,} of {total:,} requests did not finish: {reason}")
+    return lines
+
+
+def warn_unserved(summary: dict[str, Any]) -> None:
+    """`unserved_lines` on stderr (stdout may carry the summary JSON)."""
+    console = Console(stderr=True)
+    for line in unserved_lines(summary):
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
+
+
+__all__ = ["unserved_lines", "warn_unserved"]
