@@ -119,23 +119,43 @@ def _trace_workload(*, path: Path, fmt: str, arrival_s: list[float], prompt_len:
                                "check that the file is the trace you meant and is not truncated")
     t = np.asarray(arrival_s, dtype=np.float64)
     p = np.asarray(prompt_len, dtype=np.int64)
+    sessions = None if session_id is None else np.asarray(session_id, dtype=np.int64)
     if hash_ids is None:
-        counts = -(-p // hash_block_size)
-        hash_ids = np.arange(int(counts.sum()), dtype=np.int64)
+        wl = _fresh_blocks_workload(t - t[0], p, np.asarray(output_len, dtype=np.int64), hash_block_size,
+                                    category, sessions, path.name)
     else:
-        counts = np.asarray(hash_counts, dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    wl = Workload.from_columns(
-        arrival_s=t - t[0], prompt_len=p, output_len=np.asarray(output_len, dtype=np.int64),
-        hash_ids=hash_ids, hash_offsets=offsets, hash_block_size=hash_block_size, category=category,
-        session_id=None if session_id is None else np.asarray(session_id, dtype=np.int64), name=path.name,
-    )
+        offsets = np.concatenate([[0], np.cumsum(np.asarray(hash_counts, dtype=np.int64))]).astype(np.int64)
+        wl = Workload.from_columns(
+            arrival_s=t - t[0], prompt_len=p, output_len=np.asarray(output_len, dtype=np.int64),
+            hash_ids=hash_ids, hash_offsets=offsets, hash_block_size=hash_block_size, category=category,
+            session_id=sessions, name=path.name,
+        )
     wl.skipped_rows = dict(skipped)
     wl.notes.append(f"loaded {len(wl)} requests from {path.name} ({fmt})")
     if skipped:
         wl.notes.append(f"skipped {sum(skipped.values())} rows: "
                         + "; ".join(f"{n} x {why}" for why, n in skipped.most_common()))
     return wl
+
+
+def _fresh_blocks_workload(arrival_s: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray, bs: int,
+                           category: list[str] | str, session_id: np.ndarray | None, name: str) -> Workload:
+    """Rows with no prefix information: each request one run of fresh ids, built as runs
+    directly (memory per request, not per block: a 10M-token row would be 625k ids at 16)."""
+    n = arrival_s.size
+    counts = -(-prompt_len // bs)
+    if isinstance(category, str):
+        categories, codes = (category,), np.zeros(n, dtype=np.int32)
+    else:
+        names, codes = np.unique(np.asarray(category, dtype=str), return_inverse=True)
+        categories = tuple(str(c) for c in names)
+    return Workload(
+        arrival_s=arrival_s, prompt_len=prompt_len, output_len=output_len,
+        run_start=(np.cumsum(counts) - counts).astype(np.int64), run_len=counts.astype(np.int64),
+        run_offsets=np.arange(n + 1, dtype=np.int64), hash_block_size=int(bs),
+        category_code=np.asarray(codes, dtype=np.int32), categories=categories,
+        session_id=np.full(n, -1, dtype=np.int64) if session_id is None else session_id, name=name,
+    )
 
 
 def _finite(x: float) -> bool:
