@@ -21,7 +21,8 @@ from sim.workload_spec import MAX_REQUESTS, MAX_TOKENS, WorkloadSpec
 class SourceOptions(BaseModel):
     """How to read and reshape a source; every field maps to a `costline workload` option."""
 
-    model_config = ConfigDict(extra="forbid")
+    # `--speedup inf` would put every arrival at 0 s, `--start-s nan` empty the window
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     trace_format: TraceFormat = "auto"
     lenient: bool = False

@@ -215,3 +215,21 @@ def test_not_a_regular_file(tmp_path, monkeypatch, kind, command):
     res = runner.invoke(app, [*command, target], terminal_width=400)
     assert res.exit_code == 2 and said in res.output and "no such file" not in res.output, res.output
     assert "Traceback" not in res.output
+
+
+def test_spec_sessions_with_absurd_turns():
+    spec = {**BASE_SPEC, "sessions": {"turns": {"kind": "fixed", "tokens": 10_000_000}, "mean_think_time_s": 1,
+                                      "user_message_tokens": {"kind": "fixed", "tokens": 5}}}
+    refuse(("workload", "describe"), "s.json", json.dumps(spec).encode(), "field 'sessions'", "10,000")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--speedup", "inf"], "--speedup inf: must be a finite number"),
+    (["--rate", "nan"], "--rate nan: must be"),
+    (["--start-s", "nan"], "--start-s nan: must be a finite number"),
+    (["-n", "100000000000"], "--num-requests 100000000000: must be <= 10000000"),
+    (["--hash-block-size", "100000000000"], "--hash-block-size 100000000000: must be <= 10000000"),
+])
+def test_source_options_refuse_non_finite_and_huge(args, words):
+    res = runner.invoke(app, ["workload", "describe", "lab-poisson", *args], terminal_width=400)
+    assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output, res.output
