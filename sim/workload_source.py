@@ -49,12 +49,14 @@ _PLAIN = {
     "finite_number": "must be a finite number (NaN and Infinity are refused)",
     "literal_error": "must be one of {expected}", "missing": "is required",
     "extra_forbidden": "is not a known field (check its spelling)",
+    "model_type": "must be an object of named fields", "model_attributes_type": "must be an object of named fields",
+    "dict_type": "must be an object", "string_type": "use a string", "union_tag_invalid": "kind must be one of {expected_tags}",
 }
 
 
 def _is_spec_file(path: Path) -> bool:
-    """Whether `path` holds a spec rather than a trace: by extension (.yaml, .yml; .jsonl is a
-    trace), else by content: one JSON document (an object without Mooncake's `timestamp`), or a
+    """Whether `path` holds a spec rather than a trace: by extension (.yaml, .yml; .jsonl, .csv
+    and .gz are traces), else by content: a .json file not opening with `{`, one JSON document (an object without Mooncake's `timestamp`), or a
     file opening with `{` whose first line is not a complete JSON object (a spec spread over
     lines, perhaps broken) -- so a spec with a syntax error is reported as a spec."""
     suffixes = [x.lower() for x in path.suffixes]
@@ -65,9 +67,9 @@ def _is_spec_file(path: Path) -> bool:
     check_input_file(path)
     with path.open("rb") as f:
         head = f.read(65536)
-    text = head.decode("utf-8", errors="replace").lstrip()
+    text = head.decode("utf-8-sig", errors="replace").lstrip()
     if not text.startswith("{"):
-        return False
+        return suffixes[-1:] == [".json"]  # a .json document that is not an object: a spec in error
     first = text.splitlines()[0].strip()
     try:
         obj = json.loads(first)

@@ -329,6 +329,9 @@ def test_directory_and_device_are_named(tmp_path):
     ("t.json", '{"timestamp": 0, "input_length": 1 "output_length": 1}\n', False),  # a broken one-line row
     ("t.jsonl", '{\n', False),
     ("s.txt", '{"arrival": {"kind": "poisson", "rate_rps": 1}}', True),
+    ("s.json", '\ufeff{\n  "num_requests": 5\n}\n', True),  # a byte-order mark before the brace
+    ("s.json", '[1, 2]', True),
+    ("t.csv", '{\n', False),
 ])
 def test_spec_or_trace_by_extension_then_content(tmp_path, name, text, is_spec):
     p = tmp_path / name
