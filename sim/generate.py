@@ -60,6 +60,16 @@ def _task_codes(spec: WorkloadSpec, n: int, rng: np.random.Generator) -> tuple[n
 
 def generate(spec: WorkloadSpec) -> Workload:
     """The workload `spec` describes: `spec.num_requests` requests sorted by arrival."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        wl = _generate(spec)
+    if not np.isfinite(wl.arrival_s).all():
+        # a rate near the smallest float makes gaps of 1e308 s and more
+        raise ValueError(f"field 'arrival': arrival times overflow (the arrival rate is too small for "
+                         f"{spec.num_requests:,} requests). Fix: raise the arrival rate")
+    return wl
+
+
+def _generate(spec: WorkloadSpec) -> Workload:
     rngs = _rngs(spec.seed)
     if spec.sessions is not None:
         return _generate_sessions(spec, spec.sessions, rngs)

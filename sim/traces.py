@@ -11,6 +11,12 @@ Prefix information
 - Azure and BurstGPT carry none: every block of every request gets a fresh id, so the
   workload shows no prefix reuse, which is what the trace can vouch for.
 
+Limits, checked before any array is built: a request of more than `MAX_REQUEST_TOKENS` (10M,
+the longest context any served model offers, Llama 4 Scout's) is refused with its line, so a
+20-digit count never reaches numpy; hash ids must fit an int64. Only regular files are read (a
+directory or a device such as /dev/zero is named as such), at most `MAX_TRACE_BYTES` of text,
+and bytes that are not UTF-8 are reported with their line and column.
+
 Mooncake's 3-second timestamp steps (sim/traces_data/README.md): the default replays them
 as-is (bursts of simultaneous arrivals every ~3 s, as the trace records). `spread_ties` instead
 spreads each group of equal timestamps uniformly over the gap to the next distinct timestamp,
@@ -29,7 +35,10 @@ import gzip
 import io
 import json
 import math
+import os
 import re
+import stat
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +52,9 @@ TraceFormat = Literal["auto", "mooncake", "azure", "burstgpt"]
 FORMATS = ("mooncake", "azure", "burstgpt")
 MOONCAKE_BLOCK_TOKENS = 512
 _BLOCK_SIZE_CANDIDATES = (512, 16, 32, 64, 128, 256, 1024, 8, 2048)
+MAX_REQUEST_TOKENS = 10_000_000  # longest context of any served model (Llama 4 Scout: 10M)
+MAX_TRACE_BYTES = 4 << 30  # decompressed text; the largest public traces are well under 1 GiB
+_MAX_HASH_ID = 2**63 - 1
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
@@ -86,6 +98,12 @@ class _Rows:
             self.bad(line, field, f"{raw!r} is not a whole number of tokens >= {min_tokens}", fix,
                      f"bad {field}")
             return None
+        if n > MAX_REQUEST_TOKENS:
+            self.bad(line, field, f"{str(raw).strip()} tokens is above the per-request limit of {MAX_REQUEST_TOKENS:,} "
+                     "(the longest context any served model offers)",
+                     "check this row: the count is likely corrupt (or pass --lenient to skip such rows)",
+                     f"{field} above {MAX_REQUEST_TOKENS:,} tokens")
+            return None
         return n
 
 
@@ -101,23 +119,51 @@ def _trace_workload(*, path: Path, fmt: str, arrival_s: list[float], prompt_len:
                                "check that the file is the trace you meant and is not truncated")
     t = np.asarray(arrival_s, dtype=np.float64)
     p = np.asarray(prompt_len, dtype=np.int64)
+    sessions = None if session_id is None else np.asarray(session_id, dtype=np.int64)
     if hash_ids is None:
-        counts = -(-p // hash_block_size)
-        hash_ids = np.arange(int(counts.sum()), dtype=np.int64)
+        wl = _fresh_blocks_workload(t - t[0], p, np.asarray(output_len, dtype=np.int64), hash_block_size,
+                                    category, sessions, path.name)
     else:
-        counts = np.asarray(hash_counts, dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    wl = Workload.from_columns(
-        arrival_s=t - t[0], prompt_len=p, output_len=np.asarray(output_len, dtype=np.int64),
-        hash_ids=hash_ids, hash_offsets=offsets, hash_block_size=hash_block_size, category=category,
-        session_id=None if session_id is None else np.asarray(session_id, dtype=np.int64), name=path.name,
-    )
+        offsets = np.concatenate([[0], np.cumsum(np.asarray(hash_counts, dtype=np.int64))]).astype(np.int64)
+        wl = Workload.from_columns(
+            arrival_s=t - t[0], prompt_len=p, output_len=np.asarray(output_len, dtype=np.int64),
+            hash_ids=hash_ids, hash_offsets=offsets, hash_block_size=hash_block_size, category=category,
+            session_id=sessions, name=path.name,
+        )
     wl.skipped_rows = dict(skipped)
     wl.notes.append(f"loaded {len(wl)} requests from {path.name} ({fmt})")
     if skipped:
         wl.notes.append(f"skipped {sum(skipped.values())} rows: "
                         + "; ".join(f"{n} x {why}" for why, n in skipped.most_common()))
     return wl
+
+
+def _fresh_blocks_workload(arrival_s: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray, bs: int,
+                           category: list[str] | str, session_id: np.ndarray | None, name: str) -> Workload:
+    """Rows with no prefix information: each request one run of fresh ids, built as runs
+    directly (memory per request, not per block: a 10M-token row would be 625k ids at 16)."""
+    n = arrival_s.size
+    counts = -(-prompt_len // bs)
+    if isinstance(category, str):
+        categories, codes = (category,), np.zeros(n, dtype=np.int32)
+    else:
+        names, codes = np.unique(np.asarray(category, dtype=str), return_inverse=True)
+        categories = tuple(str(c) for c in names)
+    return Workload(
+        arrival_s=arrival_s, prompt_len=prompt_len, output_len=output_len,
+        run_start=(np.cumsum(counts) - counts).astype(np.int64), run_len=counts.astype(np.int64),
+        run_offsets=np.arange(n + 1, dtype=np.int64), hash_block_size=int(bs),
+        category_code=np.asarray(codes, dtype=np.int32), categories=categories,
+        session_id=np.full(n, -1, dtype=np.int64) if session_id is None else session_id, name=name,
+    )
+
+
+def _finite(x: float) -> bool:
+    """Whether `x` is a finite float (an int too large for a float is not)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def _as_count(value: object) -> int | None:
@@ -130,6 +176,8 @@ def _as_count(value: object) -> int | None:
         return int(value)
     if isinstance(value, str):
         s = value.strip()
+        if re.fullmatch(r"[+-]?\d{19,}", s):  # above every limit; int() refuses 4300+ digits
+            return -1 if s[0] == "-" else 10**18
         if re.fullmatch(r"[+-]?\d+", s):
             return int(s)
         if re.fullmatch(r"[+-]?\d+\.0*", s):
@@ -180,22 +228,26 @@ class _MooncakeRow:
 def _json_lines(path: Path, rows: _Rows) -> list[tuple[int, dict]]:
     """(line number, object) of every JSON-object line; bad lines go to `rows`."""
     parsed: list[tuple[int, dict]] = []
-    with open_text(path, encoding="utf-8") as f:
-        for lineno, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                rows.bad(lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})",
-                         'each line must be one JSON object such as {"timestamp": 0, "input_length": 600, '
-                         '"output_length": 20, "hash_ids": [0, 1]}', "bad JSON")
-                continue
-            if not isinstance(obj, dict):
-                rows.bad(lineno, None, f"a JSON {type(obj).__name__}, not an object",
-                         "each line must be one JSON object", "not a JSON object")
-                continue
-            parsed.append((lineno, obj))
+    for lineno, text in enumerate(read_text(path, "utf-8").split("\n"), start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except RecursionError:
+            rows.bad(lineno, None, "JSON nested too deeply", "each line must be one flat JSON object",
+                     "bad JSON")
+            continue
+        except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
+            where = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+            rows.bad(lineno, None, f"not valid JSON ({where})",
+                     'each line must be one JSON object such as {"timestamp": 0, "input_length": 600, '
+                     '"output_length": 20, "hash_ids": [0, 1]}', "bad JSON")
+            continue
+        if not isinstance(obj, dict):
+            rows.bad(lineno, None, f"a JSON {type(obj).__name__}, not an object",
+                     "each line must be one JSON object", "not a JSON object")
+            continue
+        parsed.append((lineno, obj))
     if not parsed and not rows.skipped:
         raise TraceFormatError(path, None, None, "the file is empty", "give a trace with one JSON request per line")
     return parsed
@@ -209,7 +261,7 @@ def _mooncake_row(lineno: int, obj: dict, bs: int, rows: _Rows) -> _MooncakeRow 
                  f"and hash_ids; add '{missing[0]}'", f"missing field {missing[0]}")
         return None
     ts = obj["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not _finite(ts) or ts < 0:
         rows.bad(lineno, "timestamp", f"{ts!r} is not a non-negative number of milliseconds",
                  "write the arrival time in ms since the trace start, e.g. 3000", "bad timestamp")
         return None
@@ -222,9 +274,9 @@ def _mooncake_row(lineno: int, obj: dict, bs: int, rows: _Rows) -> _MooncakeRow 
     if n_out is None:
         return None
     hid = obj["hash_ids"]
-    if not isinstance(hid, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+    if not isinstance(hid, list) or not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h <= _MAX_HASH_ID
                                             for h in hid):
-        rows.bad(lineno, "hash_ids", "must be a list of non-negative integers",
+        rows.bad(lineno, "hash_ids", f"must be a list of integers from 0 to {_MAX_HASH_ID} (2^63 - 1)",
                  "write the prompt's block hash ids as a JSON list of integers", "bad hash_ids")
         return None
     want = -(-n_in // bs)
@@ -276,13 +328,16 @@ def _parse_wallclock_ns(text: str) -> int | None:
 
 
 def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    with open_text(path, encoding="utf-8-sig") as f:
-        text = f.read()
+    text = read_text(path, "utf-8-sig")
     if not text.strip():
         raise TraceFormatError(path, None, None, "the file is empty", "give a CSV trace with a header row and one row per request")
     reader = csv.reader(io.StringIO(text, newline=""))
-    header = next(reader)
-    rows = [(reader.line_num, r) for r in reader if r and any(c.strip() for c in r)]
+    try:
+        header = next(reader)
+        rows = [(reader.line_num, r) for r in reader if r and any(c.strip() for c in r)]
+    except csv.Error as exc:  # a NUL byte, or a quoted field running past the size limit
+        raise TraceFormatError(path, reader.line_num, None, f"not readable as CSV ({exc})",
+                               "give a plain-text CSV file with a header row") from None
     return [h.strip() for h in header], rows
 
 
@@ -403,14 +458,71 @@ def open_text(path: Path, encoding: str, errors: str = "strict") -> TextIO:
     return path.open("r", encoding=encoding, errors=errors)
 
 
+def check_input_file(path: str | Path) -> Path:
+    """`path` if it is a regular file (or a link to one); TraceFormatError naming what it is otherwise.
+    Devices and pipes are refused: /dev/zero would be read forever."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise TraceFormatError(path, None, None, "no such file", "check the path (or name a preset: "
+                               "`costline workload presets` lists them)") from None
+    except OSError as exc:
+        raise TraceFormatError(path, None, None, f"cannot be read ({exc.strerror})",
+                               "check the path and its permissions") from None
+    if stat.S_ISDIR(mode):
+        raise TraceFormatError(path, None, None, "is a directory, not a trace or spec file",
+                               "name a file inside it")
+    if not stat.S_ISREG(mode):
+        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+                else "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise TraceFormatError(path, None, None, f"is {kind}, not a regular file",
+                               "save the trace to a file and give its path")
+    return path
+
+
+def _read_capped(f: io.BufferedIOBase) -> bytes:
+    """Up to MAX_TRACE_BYTES + 1 bytes, in chunks: one read of that size would reserve it all."""
+    chunks: list[bytes] = []
+    total = 0
+    while total <= MAX_TRACE_BYTES and (chunk := f.read(1 << 20)):
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def read_text(path: Path, encoding: str) -> str:
+    """The whole (decompressed) file as text, at most MAX_TRACE_BYTES; bytes that are not valid
+    in `encoding` are reported with their line and column."""
+    check_input_file(path)
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as f:
+            data = _read_capped(f)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceFormatError(path, None, None, f"cannot be read ({exc})",
+                               "check the file (a .gz file must be a complete gzip archive)") from None
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceFormatError(path, None, None, f"is larger than {MAX_TRACE_BYTES >> 30} GiB of text",
+                               "cut it into parts (e.g. with `split -l`) or window it before loading")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise TraceFormatError(path, line, None, f"byte 0x{data[exc.start]:02x} at column {col} is not {exc.encoding}",
+                               "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`) "
+                               "or remove the stray bytes") from None
+
+
 def detect_format(path: str | Path) -> str:
     """'mooncake', 'azure' or 'burstgpt' from the first bytes; TraceFormatError otherwise."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceFormatError(path, None, None, "no such file", "check the path (or name a preset: "
-                               "`costline workload presets` lists them)")
-    with open_text(path, encoding="utf-8-sig", errors="replace") as f:
-        head = f.read(4096)
+    path = check_input_file(path)
+    try:
+        with open_text(path, encoding="utf-8-sig", errors="replace") as f:
+            head = f.read(4096)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceFormatError(path, None, None, f"cannot be read ({exc})",
+                               "check the file (a .gz file must be a complete gzip archive)") from None
     if not head.strip():
         raise TraceFormatError(path, None, None, "the file is empty", "give a non-empty trace file")
     first = head.lstrip().splitlines()[0]

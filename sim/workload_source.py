@@ -12,24 +12,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.builtin_traces import BUILTIN_TRACES, builtin_trace_path
 from sim.generate import generate
-from sim.traces import TraceFormat, load_trace, spread_ties
+from sim.traces import TraceFormat, check_input_file, load_trace, spread_ties
 from sim.workload import Workload
 from sim.workload_presets import get_preset, preset_names
-from sim.workload_spec import WorkloadSpec
+from sim.workload_spec import MAX_REQUESTS, MAX_TOKENS, WorkloadSpec
 
 
 class SourceOptions(BaseModel):
     """How to read and reshape a source; every field maps to a `costline workload` option."""
 
-    model_config = ConfigDict(extra="forbid")
+    # `--speedup inf` would put every arrival at 0 s, `--start-s nan` empty the window
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     trace_format: TraceFormat = "auto"
     lenient: bool = False
-    hash_block_size: int | None = Field(None, ge=1)
+    hash_block_size: int | None = Field(None, ge=1, le=MAX_TOKENS)
     keep_failed: bool = False
     spread: bool = False  # spread tied timestamps (Mooncake's 3-s steps) within each step
     seed: int | None = None  # spec seed override; also seeds `spread`
-    num_requests: int | None = Field(None, ge=1)  # spec size override
+    num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS)  # spec size override
     start_s: float | None = None
     end_s: float | None = None
     first: int | None = Field(None, ge=1)
@@ -41,37 +42,125 @@ class SpecFileError(ValueError):
     """A spec file that does not validate; the message lists each field path and problem."""
 
 
+_PLAIN = {
+    "greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}", "less_than": "must be < {lt}",
+    "int_parsing": "use an integer", "int_from_float": "use a whole number", "float_parsing": "use a number",
+    "finite_number": "must be a finite number (NaN and Infinity are refused)",
+    "literal_error": "must be one of {expected}", "missing": "is required",
+    "extra_forbidden": "is not a known field (check its spelling)",
+    "model_type": "must be an object of named fields", "model_attributes_type": "must be an object of named fields",
+    "dict_type": "must be an object", "string_type": "use a string", "union_tag_invalid": "kind must be one of {expected_tags}",
+}
+
+
 def _is_spec_file(path: Path) -> bool:
-    if path.suffix.lower() in (".yaml", ".yml"):
+    """Whether `path` holds a spec rather than a trace: by extension (.yaml, .yml; .jsonl, .csv
+    and .gz are traces), else by content: a .json file not opening with `{`, one JSON document (an object without Mooncake's `timestamp`), or a
+    file opening with `{` whose first line is not a complete JSON object (a spec spread over
+    lines, perhaps broken) -- so a spec with a syntax error is reported as a spec."""
+    suffixes = [x.lower() for x in path.suffixes]
+    if suffixes[-1:] in (['.yaml'], ['.yml']):
         return True
-    if path.suffix.lower() != ".json":
+    if '.jsonl' in suffixes or suffixes[-1:] in (['.csv'], ['.gz']):
         return False
+    check_input_file(path)
+    with path.open("rb") as f:
+        head = f.read(65536)
+    text = head.decode("utf-8-sig", errors="replace").lstrip()
+    if not text.startswith("{"):
+        return suffixes[-1:] == [".json"]  # a .json document that is not an object: a spec in error
+    first = text.splitlines()[0].strip()
     try:
-        obj = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False  # a .json trace (one object per line) is not a single document
-    return isinstance(obj, dict) and "timestamp" not in obj
+        obj = json.loads(first)
+    except (ValueError, RecursionError):
+        # a one-line object that fails to parse is a broken trace row; an opening brace alone is a spec
+        return not first.endswith("}")
+    if not isinstance(obj, dict):
+        return False
+    return "timestamp" not in obj and not (set(obj) & {"input_length", "output_length", "hash_ids"})
+
+
+def _typed_loc(loc: tuple, data: object) -> str:
+    """pydantic's error location as the user wrote it: without the union tags (`poisson`) it
+    inserts for discriminated fields."""
+    parts: list[str] = []
+    for key in loc:
+        if isinstance(data, dict) and key not in data and data.get("kind") == key:
+            continue
+        parts.append(str(key))
+        data = data.get(key) if isinstance(data, dict) else (
+            data[key] if isinstance(data, list) and isinstance(key, int) and key < len(data) else None)
+    return ".".join(parts)
+
+
+def _plain(err: dict) -> str:
+    try:
+        return _PLAIN[err["type"]].format(**(err.get("ctx") or {}))
+    except (KeyError, IndexError):
+        return str(err["msg"]).removeprefix("Value error, ")
+
+
+def _parse_spec_text(path: Path) -> object:
+    """The spec file's document; SpecFileError with line and column when it does not parse."""
+    check_input_file(path)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise SpecFileError(f"{path}, line {line}: byte 0x{raw[exc.start]:02x} is not UTF-8. "
+                            "Fix: save the spec as UTF-8") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return _parse_yaml(path, text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecFileError(f"{path}, line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}). "
+                            "Fix: write the spec as one JSON object (`costline workload fit` writes one)") from None
+    except (ValueError, RecursionError) as exc:  # 4300+ digit integers, absurd nesting
+        raise SpecFileError(f"{path}: not a usable JSON document ({exc or 'nested too deeply'}). "
+                            "Fix: write the spec as one JSON object") from None
+
+
+def _parse_yaml(path: Path, text: str) -> object:
+    try:
+        import yaml  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise SpecFileError(f"{path}: YAML specs need PyYAML (pip install pyyaml). Fix: install it, "
+                            "or write the spec as JSON") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SpecFileError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}). "
+                            "Fix: correct the YAML syntax there") from None
 
 
 def load_spec(path: str | Path) -> WorkloadSpec:
+    """A spec file validated; SpecFileError names the file, the line or field path, and the fix."""
+    path = Path(path)
+    data = _parse_spec_text(path)
     try:
-        return WorkloadSpec.from_file(path)
+        return WorkloadSpec.model_validate(data)
     except ValidationError as exc:
         lines = [f"{path}: invalid workload spec ({exc.error_count()} problem(s))"]
         for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  field '{loc}': {err['msg']} (got {err.get('input')!r})")
+            loc = _typed_loc(err["loc"], data)
+            got = repr(err.get("input"))
+            got = got if len(got) <= 60 else got[:57] + "..."
+            lines.append(f"  field '{loc}': {_plain(err)} (got {got})" if loc else f"  {_plain(err)} (got {got})")
         lines.append("Fix: correct those fields; `costline workload presets` shows valid examples")
         raise SpecFileError("\n".join(lines)) from None
-    except json.JSONDecodeError as exc:
-        raise SpecFileError(f"{path}, line {exc.lineno}: not valid JSON ({exc.msg}). "
-                            "Fix: write the spec as one JSON object") from None
 
 
 def resolve_spec(source: str, opts: SourceOptions) -> WorkloadSpec | None:
     """The spec `source` names (preset or spec file) with size/seed overrides, or None for a trace."""
     if source in preset_names():
         spec = get_preset(source)
+    elif builtin_trace_path(source) is not None or not Path(source).exists():
+        return None
     elif _is_spec_file(Path(source)):
         spec = load_spec(source)
     else:
@@ -90,7 +179,10 @@ def load_workload(source: str, opts: SourceOptions | None = None) -> Workload:
     opts = opts or SourceOptions()
     spec = resolve_spec(source, opts)
     if spec is not None:
-        wl = generate(spec)
+        try:
+            wl = generate(spec)
+        except ValueError as exc:
+            raise SpecFileError(f"{source}: {exc}") from None
         wl.notes.append(f"generated from {'preset' if source in preset_names() else 'spec'} {spec.name!r} "
                         f"(seed {spec.seed})")
     elif builtin_trace_path(source) is not None:

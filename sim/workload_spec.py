@@ -5,6 +5,9 @@ A spec says how requests arrive (`arrival`), how long prompts and outputs are
 (`system_prompts`, `dynamic_prefix`, `sessions`) and what the requests are for
 (`task_mix`). `sim.generate.generate(spec)` turns it into a `Workload`.
 
+Limits: at most `MAX_REQUESTS` requests and `MAX_TOKENS` tokens per length parameter; every
+number must be finite (NaN and Infinity are refused).
+
 Conventions
 - `prompt_tokens` is the length of a whole single-turn (or first-turn) prompt,
   system prompt included: the system prompt is its leading part. So the length
@@ -27,8 +30,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # ----------------------------------------------------------------------------- arrivals
 
 
+MAX_REQUESTS = 10_000_000  # a generated workload's size cap: ~1 GiB of columns, minutes to simulate
+MAX_TURNS = 10_000  # per session: far beyond any real conversation
+MAX_TOKENS = 10_000_000  # per request: the longest context any served model offers (Llama 4 Scout)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN or Infinity (which Python's json accepts) would silently break arrivals and lengths
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PoissonArrival(_Strict):
@@ -60,6 +69,16 @@ class OnOffArrival(_Strict):
     off_rate_rps: float = Field(0.0, ge=0)
     mean_on_s: float = Field(gt=0)
     mean_off_s: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _cycle(self) -> OnOffArrival:
+        # the generator draws cycles in proportion to 1 / (requests per cycle): both ends would
+        # ask numpy for absurd arrays
+        per_cycle = self.on_rate_rps * self.mean_on_s + self.off_rate_rps * self.mean_off_s
+        if not 1e-3 <= per_cycle <= MAX_REQUESTS:
+            raise ValueError(f"one on/off cycle carries {per_cycle:.3g} requests on average; it must be "
+                             f"between 0.001 and {MAX_REQUESTS:,} (on_rate_rps x mean_on_s + off_rate_rps x mean_off_s)")
+        return self
 
     @property
     def rate_rps(self) -> float:
@@ -94,8 +113,8 @@ Arrival = Annotated[
 
 
 class _Clipped(_Strict):
-    min_tokens: int = Field(1, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
+    min_tokens: int = Field(1, ge=1, le=MAX_TOKENS)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _bounds(self) -> _Clipped:
@@ -106,15 +125,15 @@ class _Clipped(_Strict):
 
 class FixedLength(_Clipped):
     kind: Literal["fixed"] = "fixed"
-    tokens: int = Field(ge=1)
+    tokens: int = Field(ge=1, le=MAX_TOKENS)
 
 
 class UniformLength(_Clipped):
     """Integers uniform on [low, high], both included."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
+    low: int = Field(ge=1, le=MAX_TOKENS)
+    high: int = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _order(self) -> UniformLength:
@@ -125,7 +144,7 @@ class UniformLength(_Clipped):
 
 class NormalLength(_Clipped):
     kind: Literal["normal"] = "normal"
-    mean: float = Field(gt=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
     std: float = Field(ge=0)
 
 
@@ -133,7 +152,7 @@ class LognormalLength(_Clipped):
     """exp(N(log(median), sigma^2)); p90 = median * exp(1.2816 sigma)."""
 
     kind: Literal["lognormal"] = "lognormal"
-    median: float = Field(gt=0)
+    median: float = Field(gt=0, le=MAX_TOKENS)
     sigma: float = Field(ge=0)
 
 
@@ -142,7 +161,7 @@ class ParetoLength(_Clipped):
 
     kind: Literal["pareto"] = "pareto"
     alpha: float = Field(gt=0)
-    scale: float = Field(gt=0)
+    scale: float = Field(gt=0, le=MAX_TOKENS)
 
 
 class ZipfLength(_Clipped):
@@ -150,14 +169,14 @@ class ZipfLength(_Clipped):
 
     kind: Literal["zipf"] = "zipf"
     exponent: float = Field(gt=0)
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1, le=MAX_TOKENS)
 
 
 class EmpiricalLength(_Clipped):
     """Resample (uniformly, with replacement) from observed lengths, e.g. a trace's quantiles."""
 
     kind: Literal["empirical"] = "empirical"
-    values: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    values: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = Field(min_length=1, max_length=MAX_REQUESTS)
 
 
 LengthDist = Annotated[
@@ -172,7 +191,7 @@ class SystemPrompts(_Strict):
     """`count` system prompts; request i uses prompt k with probability proportional to
     (k+1)^-zipf_exponent (0 = equally popular). Each prompt's length is drawn once from `tokens`."""
 
-    count: int = Field(1, ge=1)
+    count: int = Field(1, ge=1, le=MAX_REQUESTS)
     tokens: LengthDist
     zipf_exponent: float = Field(1.0, ge=0)
     share_of_requests: float = Field(1.0, ge=0, le=1)  # requests without one start with their own content
@@ -184,7 +203,7 @@ class DynamicPrefix(_Strict):
     Position 0 means no sharing at all for those requests."""
 
     share_of_requests: float = Field(ge=0, le=1)
-    position_tokens: int = Field(ge=0)
+    position_tokens: int = Field(ge=0, le=MAX_TOKENS)
 
 
 class Sessions(_Strict):
@@ -194,7 +213,18 @@ class Sessions(_Strict):
     turns: LengthDist  # turns per session ("tokens" here count turns)
     mean_think_time_s: float = Field(gt=0)
     user_message_tokens: LengthDist
-    max_context_tokens: int | None = Field(None, ge=1)  # a session ends before a turn would exceed it
+    max_context_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)  # a session ends before a turn would exceed it
+
+    @model_validator(mode="after")
+    def _turns(self) -> Sessions:
+        # every turn of every drawn session becomes a row before the first num_requests are kept
+        t = self.turns
+        bound = max(float(v) for k, v in t.model_dump().items()
+                    if k in ("tokens", "high", "max_tokens", "mean", "median", "scale", "values") and v is not None
+                    for v in (v if isinstance(v, list) else [v]))
+        if bound > MAX_TURNS:
+            raise ValueError(f"turns reach {bound:g} per session; at most {MAX_TURNS:,} are allowed")
+        return self
 
 
 # ----------------------------------------------------------------------------- the spec
@@ -205,9 +235,9 @@ class WorkloadSpec(_Strict):
 
     name: str = "custom"
     description: str = ""
-    num_requests: int = Field(1000, ge=1)
-    seed: int = 0
-    hash_block_size: int = Field(16, ge=1)
+    num_requests: int = Field(1000, ge=1, le=MAX_REQUESTS)
+    seed: int = Field(0, ge=0, lt=2**63)
+    hash_block_size: int = Field(16, ge=1, le=MAX_TOKENS)
     arrival: Arrival
     prompt_tokens: LengthDist
     output_tokens: LengthDist

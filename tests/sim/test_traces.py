@@ -15,9 +15,18 @@ from advisor.cli import app
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload, index_of_dispersion
 from sim.generate import generate
-from sim.traces import TraceFormatError, detect_format, export_mooncake, load_trace, spread_ties
+from sim.traces import (
+    MAX_REQUEST_TOKENS,
+    TraceFormatError,
+    check_input_file,
+    detect_format,
+    export_mooncake,
+    load_trace,
+    spread_ties,
+)
+from sim.workload import Workload
 from sim.workload_presets import get_preset
-from sim.workload_source import SourceOptions, load_workload
+from sim.workload_source import SourceOptions, _is_spec_file, load_workload
 
 MOONCAKE = "mooncake_conversation_trace.jsonl.gz"
 AZURE = "AzureLLMInferenceTrace_code.csv.gz"
@@ -244,3 +253,87 @@ def test_bad_azure_rows(tmp_path, row, field):
     assert (e.value.line, e.value.field) == (3, field)
 
 
+
+
+# ----------------------------------------------------------------------------- limits and file kinds
+
+
+@pytest.mark.parametrize("n_in, ok", [(MAX_REQUEST_TOKENS, True), (MAX_REQUEST_TOKENS + 1, False)])
+def test_per_request_token_cap_is_inclusive(tmp_path, n_in, ok):
+    p = tmp_path / "t.csv"
+    p.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-01-01 00:00:00,5,1\n2023-01-01 00:00:01,{n_in},1\n")
+    if ok:
+        wl = load_trace(p)
+        # no prefix information: one run of fresh ids per request, not one id per block
+        assert wl.prompt_len.tolist() == [5, n_in] and wl.run_len.tolist() == [1, -(-n_in // 16)]
+        assert wl.run_start.tolist() == [0, 1]
+    else:
+        with pytest.raises(TraceFormatError, match=r"line 3: field 'ContextTokens': 10000001 tokens is above"):
+            load_trace(p)
+        assert load_trace(p, lenient=True).skipped_rows == {"ContextTokens above 10,000,000 tokens": 1}
+
+
+def test_fresh_block_runs_match_the_flat_id_layout(tmp_path):
+    p = tmp_path / "b.csv"
+    p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 "0,ChatGPT,33,2,35,Conversation log\n1,GPT-4,16,1,17,API log\n2,GPT-4,1,1,2,Conversation log\n")
+    wl = load_trace(p)
+    counts = np.array([3, 1, 1])  # ceil(33/16), ceil(16/16), ceil(1/16)
+    ids, offs = np.arange(counts.sum()), np.concatenate([[0], np.cumsum(counts)])
+    ref = Workload.from_columns(arrival_s=wl.arrival_s, prompt_len=wl.prompt_len, output_len=wl.output_len,
+                                hash_ids=ids, hash_offsets=offs, hash_block_size=16,
+                                category=["conversation", "api", "conversation"])
+    for col in ("run_start", "run_len", "run_offsets", "category_code"):
+        assert np.array_equal(getattr(wl, col), getattr(ref, col)), col
+    assert wl.categories == ref.categories
+
+
+@pytest.mark.parametrize("h, ok", [(2**63 - 1, True), (2**63, False)])
+def test_hash_ids_must_fit_int64(tmp_path, h, ok):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [h]}) + "\n")
+    if ok:
+        assert load_trace(p).flat_hash_ids()[0].tolist() == [h]
+    else:
+        with pytest.raises(TraceFormatError, match="line 1: field 'hash_ids'"):
+            load_trace(p)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_non_utf8_names_line_and_column(tmp_path, gz):
+    data = b'{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}\n{"timestamp": 1\xe9}\n'
+    p = tmp_path / ("t.jsonl.gz" if gz else "t.jsonl")
+    p.write_bytes(gzip.compress(data) if gz else data)
+    with pytest.raises(TraceFormatError, match=r"line 2: byte 0xe9 at column 16 is not utf-8.*iconv"):
+        load_trace(p, "mooncake")
+
+
+def test_truncated_gzip_is_named(tmp_path):
+    p = tmp_path / "t.csv.gz"
+    p.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n" * 50)[:30])
+    with pytest.raises(TraceFormatError, match="cannot be read.*complete gzip"):
+        load_trace(p, "azure")
+
+
+def test_directory_and_device_are_named(tmp_path):
+    with pytest.raises(TraceFormatError, match="is a directory"):
+        check_input_file(tmp_path)
+    with pytest.raises(TraceFormatError, match="is a character device"):
+        load_workload("/dev/zero")
+
+
+@pytest.mark.parametrize("name, text, is_spec", [
+    ("s.json", '{\n  "arrival": {"kind": "poisson" "rate_rps": 1}\n}\n', True),  # pretty-printed, broken
+    ("s", '{\n  "num_requests": 5,\n', True),  # no extension, cut short
+    ("t.json", '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}\n{"timestamp": 1}\n', False),
+    ("t.json", '{"timestamp": 0, "input_length": 1 "output_length": 1}\n', False),  # a broken one-line row
+    ("t.jsonl", '{\n', False),
+    ("s.txt", '{"arrival": {"kind": "poisson", "rate_rps": 1}}', True),
+    ("s.json", '\ufeff{\n  "num_requests": 5\n}\n', True),  # a byte-order mark before the brace
+    ("s.json", '[1, 2]', True),
+    ("t.csv", '{\n', False),
+])
+def test_spec_or_trace_by_extension_then_content(tmp_path, name, text, is_spec):
+    p = tmp_path / name
+    p.write_text(text)
+    assert _is_spec_file(p) is is_spec
