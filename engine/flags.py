@@ -169,7 +169,8 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
     Flag("model", str, "tiny", "model preset name or a Hugging Face-style directory"),
     Flag("dtype", str, "auto", "weight and activation dtype",
          choices=("auto", "bfloat16", "float16", "float32")),
-    Flag("seed", int, 0, "seed of sampling and of random weights"),
+    # vLLM seeds numpy too (`set_random_seed`), which refuses a negative seed.
+    Flag("seed", int, 0, "seed of sampling and of random weights", ge=0),
     Flag("device", str, "auto", "'auto' = cuda when available, else cpu", in_vllm=False),
     Flag("enforce_eager", bool, False, "no CUDA graphs", negatives=("--no-enforce-eager",)),
     Flag("cpu_kv_cache_bytes", int, 256 << 20, "KV cache size on the CPU (vLLM's "
