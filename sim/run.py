@@ -106,10 +106,13 @@ def check_simulation_size(deployment: DeploymentConfig, kv_block_coarsening: int
     blocks = replicas * max(plan.num_gpu_blocks // kv_block_coarsening, 1)
     if blocks > MAX_SIMULATED_BLOCKS:
         gib = blocks * SIM_BYTES_PER_BLOCK / 2**30
+        figures = (f"would simulate {replicas:,} replica(s) x {plan.num_gpu_blocks:,} KV blocks (~{gib:.0f} GiB "
+                   f"of simulator memory, cap {MAX_SIMULATED_BLOCKS:,} blocks); ")
+        if engine.num_gpu_blocks_override is not None:
+            raise FlagError("num_gpu_blocks_override", engine.num_gpu_blocks_override,
+                            figures + "lower {num_gpu_blocks_override} or raise {kv_block_coarsening}")
         raise FlagError("num_gpus", deployment.num_gpus,
-                        f"would simulate {replicas:,} replicas x {plan.num_gpu_blocks:,} KV blocks "
-                        f"(~{gib:.0f} GiB of simulator memory, cap {MAX_SIMULATED_BLOCKS:,} blocks); "
-                        "lower {num_gpus}, or raise {kv_block_coarsening} (e.g. 32 or auto)")
+                        figures + "lower {num_gpus}, or raise {kv_block_coarsening} (e.g. 32 or auto)")
     return blocks
 
 
