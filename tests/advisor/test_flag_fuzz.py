@@ -5,6 +5,7 @@ traceback, before anything big is allocated; a valid combination runs (exit 0)."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from advisor.cli import app
+from engine.flags import FlagError
+from sim.metrics import SLO, parse_slo
 
 runner = CliRunner()
 SIM = ["simulate", "-w", "lab-poisson", "-n", "3"]
@@ -179,3 +182,26 @@ def test_valid_combinations_run(tp, replicas, goodput, chunked, prefix, policy):
         return
     res = _invoke(args)
     assert res.exit_code == 0, res.output
+
+
+def test_a_small_budget_lowers_the_default_max_num_seqs_as_vllm_does():
+    # vLLM (_set_default_max_num_seqs_and_batched_tokens_args) caps a *default* max_num_seqs at the
+    # budget instead of refusing; the printed `vllm serve` command says so
+    res = _invoke([*SIM, "--max-num-batched-tokens", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["vllm_args"] == "--max-num-batched-tokens 8 --max-num-seqs 8"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("ttft:500 tpot:50", SLO(ttft_ms=500.0, tpot_ms=50.0)), ("e2el:0", SLO(e2el_ms=0.0)),
+    ("ttft:1.5,tpot:2", SLO(ttft_ms=1.5, tpot_ms=2.0)), ("  ", None), (None, None),
+])
+def test_goodput_parses_as_vllm_bench_serve(text, expected):
+    assert parse_slo(text) == expected
+
+
+@pytest.mark.parametrize("text", ["ttft:-0.1", "ttft:inf", "ttft:nan", "ttft:", ":5", "TTFT:5", "ttft=5"])
+def test_goodput_refusals_name_the_pair(text):
+    with pytest.raises(FlagError) as exc:
+        parse_slo(text)
+    assert exc.value.field == "slo" and text.split()[0] in str(exc.value)
