@@ -205,3 +205,18 @@ def test_goodput_refusals_name_the_pair(text):
     with pytest.raises(FlagError) as exc:
         parse_slo(text)
     assert exc.value.field == "slo" and text.split()[0] in str(exc.value)
+
+
+BENCH = ["engine", "bench", "--model", "tiny", "--device", "cpu"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--num-prompts", "1000000000", "--input-len", "100000000"], "--num-prompts 1000000000 x --input-len 100000000"),
+    (["--num-prompts", "2", "--input-len", "100000"], "--input-len 100000 + --output-len 64 exceeds the model length 4096"),
+    (["--input-len", "4000", "--output-len", "200"], "--input-len 4000 + --output-len 200 exceeds the model length 4096"),
+    (["--max-num-batched-tokens", "8", "--max-num-seqs", "16"], "--max-num-batched-tokens 8: must be >= --max-num-seqs (16)"),
+    (["--block-size", "-16"], "--block-size -16: must be an integer >= 1"),
+    (["--seed", "-3"], "--seed -3: must be an integer >= 0"),
+])
+def test_engine_bench_refusals(extra, message):
+    _refused(BENCH + extra, message)
