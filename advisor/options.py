@@ -113,11 +113,24 @@ def _source_parameter(name: str) -> inspect.Parameter:
                              annotation=Annotated[annotation, typer.Option(*spellings, help=text)])
 
 
+# Requests generated from a spec or preset: each is a Python object of ~1 KB in the simulator
+# (request, log row, scheduler state), so 10M requests are ~10 GB; a larger run is split instead.
+MAX_NUM_REQUESTS = 10_000_000
+
+
+def _source(values: dict[str, Any]) -> SourceOptions:
+    n = values.get("num_requests")
+    if n is not None and n > MAX_NUM_REQUESTS:  # before a generator allocates arrays of n
+        raise FlagError("num_requests", n, f"must be <= {MAX_NUM_REQUESTS:,} (about 1 KB of simulator "
+                        "memory per request); lower {num_requests}, or simulate a shorter window")
+    return SourceOptions(**values)
+
+
 def source_options(exclude: Iterable[str] = (), into: str = "source") -> Callable[[F], F]:
     """The workload-source options; the command receives `into`: a `SourceOptions`."""
     skip = set(exclude)
     params = [_source_parameter(n) for n in _SOURCE_HELP if n not in skip]
-    return _with_parameters(params, into, lambda values: SourceOptions(**values))
+    return _with_parameters(params, into, _source)
 
 
 # --------------------------------------------------------------------------- outputs
@@ -139,11 +152,14 @@ def cli_spelling(field: str, argv: Sequence[str] | None = None) -> str:
     alias once parsed, hence the look at argv."""
     if field in OPTION_OF_FIELD:
         return OPTION_OF_FIELD[field]
-    flag = ALL_FLAGS.get(field)
-    if flag is None:
-        return "--" + field.replace("_", "-")
     typed = set(sys.argv[1:] if argv is None else argv)
-    return next((s for s in (*flag.spellings, *flag.negatives) if s in typed), flag.cli)
+    flag = ALL_FLAGS.get(field)
+    if flag is not None:
+        return next((s for s in (*flag.spellings, *flag.negatives) if s in typed), flag.cli)
+    if field in _SOURCE_HELP:
+        spellings = _SOURCE_HELP[field][0]
+        return next((s for s in spellings if s in typed), spellings[0])
+    return "--" + field.replace("_", "-")
 
 
 # pydantic's error types in plain words (its own messages name internal types and add a URL).
@@ -203,4 +219,4 @@ def clean_errors(fn: F) -> F:
     return command  # type: ignore[return-value]
 
 
-__all__ = ["ALL_FLAGS", "Force", "clean_errors", "cli_message", "cli_spelling", "flag_options", "given_flags", "source_options"]
+__all__ = ["ALL_FLAGS", "MAX_NUM_REQUESTS", "Force", "clean_errors", "cli_message", "cli_spelling", "flag_options", "given_flags", "source_options"]

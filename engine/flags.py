@@ -121,16 +121,25 @@ class _Spell(dict):
         return self.spell(key)
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
-_SIZE_UNIT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)([kKmMgGtT])\s*$")
+_PLAIN_INT = re.compile(r"^\s*[-+]?\d+\s*$")
+_SIZE_UNIT = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def parse_size(text: str | int, field: str) -> int:
-    """vLLM's human-readable integers: `8k` = 8000, `8K` = 8192 (lower case decimal, upper binary)."""
-    m = _SIZE.match(str(text))
+    """vLLM's human-readable integers (vllm/engine/arg_utils.py `human_readable_int`): `8k` = 8000,
+    `8K` = 8192 (lower case decimal, upper binary); a decimal only with a decimal suffix (`1.5k`).
+    A plain negative integer parses; the flag's bound then refuses it with its expectation."""
+    raw = str(text)
+    if _PLAIN_INT.match(raw):
+        return int(raw)
+    m = _SIZE.match(raw)
     if not m:
-        raise FlagError(field, repr(text), "use an integer, optionally with k/K, m/M or g/G (e.g. 8K = 8192)")
-    return int(float(m.group(1)) * _SIZE_UNIT[m.group(2)])
+        raise FlagError(field, repr(text), "use an integer, optionally with k/K, m/M, g/G or t/T (e.g. 8K = 8192)")
+    number, unit = m.groups()
+    if "." in number and unit.isupper():  # vLLM: "Decimals are not allowed with binary suffixes"
+        raise FlagError(field, repr(text), f"a decimal needs a decimal suffix: did you mean {number}{unit.lower()}?")
+    return int(float(number) * _SIZE_UNIT[unit])
 
 
 # --------------------------------------------------------------------------- the flags
@@ -169,7 +178,8 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
     Flag("model", str, "tiny", "model preset name or a Hugging Face-style directory"),
     Flag("dtype", str, "auto", "weight and activation dtype",
          choices=("auto", "bfloat16", "float16", "float32")),
-    Flag("seed", int, 0, "seed of sampling and of random weights"),
+    # vLLM seeds numpy too (`set_random_seed`), which refuses a negative seed.
+    Flag("seed", int, 0, "seed of sampling and of random weights", ge=0),
     Flag("device", str, "auto", "'auto' = cuda when available, else cpu", in_vllm=False),
     Flag("enforce_eager", bool, False, "no CUDA graphs", negatives=("--no-enforce-eager",)),
     Flag("cpu_kv_cache_bytes", int, 256 << 20, "KV cache size on the CPU (vLLM's "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.flags import FlagError
 from engine.model_spec import ModelSpec, dtype_bytes, get_model
 from sim.config import EngineConfig, SpeculativeConfig
 from sim.hardware import GPUSpec, kv_capacity_blocks, kv_capacity_tokens
@@ -62,6 +63,35 @@ def activation_reserve_bytes(model: ModelSpec, engine: EngineConfig) -> float:
     return tp * (tokens * per_token + logits + NON_TORCH_BYTES_PER_GPU)
 
 
+def _does_not_fit(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig, budget: float, weights: float,
+                  draft: float, reserve: float) -> str:
+    """vLLM's "No available memory for the cache blocks", with the figures and the fix."""
+    tp = engine.tensor_parallel_size
+    parts = f"weights {weights / 1e9:.1f} GB" + (f" + draft {draft / 1e9:.1f} GB" if draft else "")
+    parts += f" + activations at --max-num-batched-tokens {engine.max_num_batched_tokens} {reserve / 1e9:.1f} GB"
+    fixes = "raise --tensor-parallel-size, use --quantization fp8, or a bigger GPU"
+    if reserve > weights:  # the profiling run's budget, not the model, is what does not fit
+        fixes = "lower --max-num-batched-tokens, or " + fixes
+    return (f"{model.name} does not fit on {tp}x {gpu.name} at --gpu-memory-utilization "
+            f"{engine.gpu_memory_utilization}: {parts} = {(weights + draft + reserve) / 1e9:.1f} GB of "
+            f"{budget / 1e9:.1f} GB leave no room for the KV cache; {fixes}")
+
+
+def check_one_request_fits(capacity_tokens: int, max_model_len: int, kv_bytes_per_token: float, *,
+                           where: str) -> None:
+    """vLLM refuses to start when the KV cache cannot hold one request of max_model_len tokens
+    (vllm/v1/core/kv_cache_utils.py `check_enough_kv_cache_memory`), naming the length that fits."""
+    if capacity_tokens >= max_model_len:
+        return
+    need_gib = max_model_len * kv_bytes_per_token / 2**30
+    have_gib = capacity_tokens * kv_bytes_per_token / 2**30
+    raise FlagError("max_model_len", max_model_len,
+                    f"one request of this length needs {need_gib:.2f} GiB of KV cache, more than the "
+                    f"{have_gib:.2f} GiB left on {where}; the estimated maximum model length is "
+                    f"{capacity_tokens}: lower {{max_model_len}} to {capacity_tokens} or less, raise "
+                    "{gpu_memory_utilization} or {tensor_parallel_size}, or use {kv_cache_dtype} fp8")
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Bytes per replica (summed over its TP GPUs) and the resulting KV blocks."""
@@ -102,11 +132,9 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> MemoryP
         tokens = blocks * engine.block_size
     budget = tp * gpu.hbm_bytes * engine.gpu_memory_utilization
     if blocks < 1:
-        need = (model.weight_bytes(wdt) + draft + reserve) / 1e9
-        raise ValueError(
-            f"{model.name} does not fit on {tp}x {gpu.name} at gpu_memory_utilization="
-            f"{engine.gpu_memory_utilization}: weights+draft+activations need {need:.1f} GB of "
-            f"{budget / 1e9:.1f} GB; raise --tensor-parallel-size, use --quantization fp8, or a bigger GPU")
+        raise ValueError(_does_not_fit(model, gpu, engine, budget, model.weight_bytes(wdt), draft, reserve))
+    if engine.num_gpu_blocks_override is None and engine.max_model_len is not None:
+        check_one_request_fits(tokens, engine.max_model_len, kv_tok, where=f"{tp}x {gpu.name}")
     return MemoryPlan(budget_bytes=budget, weight_bytes=model.weight_bytes(wdt),
                       draft_weight_bytes=draft, activation_reserve_bytes=reserve,
                       kv_bytes_per_token=kv_tok,
@@ -117,6 +145,7 @@ __all__ = [
     "NON_TORCH_BYTES_PER_GPU",
     "MemoryPlan",
     "activation_reserve_bytes",
+    "check_one_request_fits",
     "draft_spec",
     "draft_weight_bytes",
     "plan_memory",

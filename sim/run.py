@@ -26,10 +26,20 @@ from engine.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig, RouterPolicy
 from sim.cost_model import CostProfile
 from sim.hardware import get_gpu
-from sim.metrics import SLO, SimResult
+from sim.memory import plan_memory
+from sim.metrics import SLO, SimResult, parse_slo
 from sim.simulator import Simulation, kv_block_coarsening_for
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
+
+# A deployment of more GPUs than this is refused: every replica is simulated (its scheduler, its
+# KV block pool), memory and time grow linearly with replicas, and 4096 GPUs is beyond any single
+# vLLM deployment the cost profiles were measured on; simulate one pool and scale the result.
+MAX_NUM_GPUS = 4096
+# Simulated KV blocks over all replicas: ~110 bytes each in the simulator's block manager (measured:
+# 5.5 MB for one H200 replica of llama-3.1-8b, 52,826 blocks), so 50M blocks keep a run near 5.5 GB.
+MAX_SIMULATED_BLOCKS = 50_000_000
+SIM_BYTES_PER_BLOCK = 110
 
 
 class SimConfig(BaseModel):
@@ -39,12 +49,12 @@ class SimConfig(BaseModel):
 
     model: str = Field("llama-3.1-8b", description="model preset name")
     gpu: str = Field("h200", description="GPU preset name")
-    num_gpus: int | None = Field(None, ge=1, description="GPUs in total; None = one replica, or what "
+    num_gpus: int | None = Field(None, ge=1, le=MAX_NUM_GPUS, description="GPUs in total; None = one replica, or what "
                                  "the P/D split needs")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="vllm serve flags")
     router: RouterPolicy = "least_loaded"
     disaggregation: DisaggConfig | None = None
-    seed: int = Field(0, description="seed of the simulation's draws and of a generated workload")
+    seed: int = Field(0, ge=0, description="seed of the simulation's draws and of a generated workload")
     profile: str = Field("default", description="cost profile name (sim/profiles) or JSON path")
     slo: SLO | None = Field(None, description="goodput targets; also accepts 'ttft:500 tpot:50'")
     skip_ahead: bool = Field(True, description="jump over decode-only stretches (results identical)")
@@ -56,7 +66,7 @@ class SimConfig(BaseModel):
     @field_validator("slo", mode="before")
     @classmethod
     def _parse_slo(cls, v: Any) -> Any:
-        return SLO.parse(v) if isinstance(v, str) else v
+        return parse_slo(v) if isinstance(v, str) else v
 
     @field_validator("kv_block_coarsening")
     @classmethod
@@ -83,6 +93,27 @@ class SimConfig(BaseModel):
         if n % tp:
             raise FlagError("num_gpus", n, f"is not a multiple of {{tensor_parallel_size}} {tp}")
         return DeploymentConfig(num_replicas=n // tp, **common)
+
+
+def check_simulation_size(deployment: DeploymentConfig, kv_block_coarsening: int) -> int:
+    """Refuse, before anything is allocated, a deployment whose simulated KV pools would not fit
+    in memory, or whose model does not fit its GPUs (`plan_memory` says which figures). Returns
+    the simulated blocks over all replicas."""
+    engine = deployment.engine.resolved_for(deployment.gpu, deployment.model)
+    plan = plan_memory(deployment.model, deployment.gpu, engine)
+    d = deployment.disaggregation
+    replicas = d.num_prefill_replicas + d.num_decode_replicas if d else deployment.num_replicas
+    blocks = replicas * max(plan.num_gpu_blocks // kv_block_coarsening, 1)
+    if blocks > MAX_SIMULATED_BLOCKS:
+        gib = blocks * SIM_BYTES_PER_BLOCK / 2**30
+        figures = (f"would simulate {replicas:,} replica(s) x {plan.num_gpu_blocks:,} KV blocks (~{gib:.0f} GiB "
+                   f"of simulator memory, cap {MAX_SIMULATED_BLOCKS:,} blocks); ")
+        if engine.num_gpu_blocks_override is not None:
+            raise FlagError("num_gpu_blocks_override", engine.num_gpu_blocks_override,
+                            figures + "lower {num_gpu_blocks_override} or raise {kv_block_coarsening}")
+        raise FlagError("num_gpus", deployment.num_gpus,
+                        figures + "lower {num_gpus}, or raise {kv_block_coarsening} (e.g. 32 or auto)")
+    return blocks
 
 
 @dataclass(slots=True)
@@ -119,7 +150,9 @@ def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | N
     loaded = load(workload, source, seed=config.seed)
     coarsening = kv_block_coarsening_for(config.kv_block_coarsening, config.engine.block_size,
                                          loaded.requests)
-    sim = Simulation(config.deployment(), loaded.requests, seed=config.seed,
+    deployment = config.deployment()
+    check_simulation_size(deployment, coarsening)
+    sim = Simulation(deployment, loaded.requests, seed=config.seed,
                      profile=CostProfile.load(config.profile), slo=config.slo, skip_ahead=config.skip_ahead,
                      progress=progress, label=config.label or loaded.name,
                      meta={"workload": loaded.name, "workload_notes": loaded.notes},
@@ -132,5 +165,15 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict[str, Any]:
     return result.summary(slo) | {"vllm_args": result.meta.get("vllm_args")}
 
 
-__all__ = ["LoadedWorkload", "SimConfig", "WorkloadInput", "kv_block_coarsening_for", "load", "run",
-           "summarize"]
+__all__ = [
+    "MAX_NUM_GPUS",
+    "MAX_SIMULATED_BLOCKS",
+    "LoadedWorkload",
+    "SimConfig",
+    "WorkloadInput",
+    "check_simulation_size",
+    "kv_block_coarsening_for",
+    "load",
+    "run",
+    "summarize",
+]

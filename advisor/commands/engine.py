@@ -25,6 +25,27 @@ app = typer.Typer(help="Run the real engine (paged KV, continuous batching) on a
 ENGINE_CLI_FLAGS = (*ENGINE_ONLY_FLAGS, *SCHEDULING_FLAGS)
 
 
+# Prompt tokens `engine bench` generates up front, as Python lists (~36 bytes a token): 10M tokens
+# are ~0.4 GB, far beyond what an offline throughput measurement needs to be steady.
+MAX_BENCH_PROMPT_TOKENS = 10_000_000
+
+
+def _check_bench_sizes(num_prompts: int, input_len: int) -> None:
+    """Before any prompt is generated: the prompts' size in tokens."""
+    if num_prompts * input_len > MAX_BENCH_PROMPT_TOKENS:
+        _fail(f"--num-prompts {num_prompts} x --input-len {input_len} = {num_prompts * input_len:,} prompt "
+              f"tokens, more than {MAX_BENCH_PROMPT_TOKENS:,}; lower --num-prompts or --input-len")
+
+
+def _check_bench_length(input_len: int, output_len: int, max_model_len: int) -> None:
+    # vLLM's offline LLM refuses a prompt longer than max_model_len (vllm/v1/engine/processor.py
+    # `_validate_model_input`); a prompt that fits but leaves no room for --output-len tokens would
+    # stop early and report a throughput for tokens never generated, so it is refused too.
+    if input_len + output_len > max_model_len:
+        _fail(f"--input-len {input_len} + --output-len {output_len} exceeds the model length "
+              f"{max_model_len}; lower them, or raise --max-model-len (up to the model's positions)")
+
+
 def _fail(msg: str) -> None:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code=2)
@@ -53,7 +74,7 @@ def _check_outputs(out: Path, metrics_file: Path | None, *, force: bool, inputs:
 def run(
     workload: Annotated[str, typer.Option("--workload", "-w", help="workload preset, spec file or trace file")] = "lab-random",
     max_prompt_len: Annotated[int | None, typer.Option(
-        "--max-prompt-len", help="truncate longer prompts (and their hash ids) to this many tokens")] = None,
+        "--max-prompt-len", min=1, help="truncate longer prompts (and their hash ids) to this many tokens")] = None,
     no_arrivals: Annotated[bool, typer.Option("--no-arrivals", help="submit everything at t=0 (offline)")] = False,
     out: Annotated[Path, typer.Option("--out", help="folder for requests.jsonl, steps.jsonl, summary.json (a run already there needs --force; while running, the live steps.jsonl is in .NAME.partial-* beside it)")] = Path("runs/engine"),
     metrics_file: Annotated[Path | None, typer.Option("--metrics-file", help="write Prometheus text here")] = None,
@@ -110,6 +131,7 @@ def bench(
 ) -> None:
     """Offline throughput as vLLM's `LLM` class sees it (offline defaults): N random prompts of
     fixed lengths, all at once, ignore_eos."""
+    _check_bench_sizes(num_prompts, input_len)
     _require_torch()
     import time
 
@@ -120,6 +142,7 @@ def bench(
 
     cfg = EngineArgs(usage_context="offline", **(engine_flags or {}))
     llm = LLM(**cfg.model_dump())
+    _check_bench_length(input_len, output_len, llm.engine.max_model_len)
     rng = np.random.default_rng(cfg.seed)
     vocab = llm.engine.spec.vocab_size
     prompts = [rng.integers(16, vocab, input_len).tolist() for _ in range(num_prompts)]

@@ -14,6 +14,7 @@ installed, else CSV), `summary.json` (`vllm bench serve` keys) and `metrics.prom
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -28,21 +29,51 @@ from advisor.report import warn_unserved
 from engine.flags import FlagError
 from engine.outputs import check_output_dir
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
+from sim.memory import plan_memory
 from sim.metrics import jsonable  # the summary as strict JSON (NaN -> null)
-from sim.run import LoadedWorkload, SimConfig, kv_block_coarsening_for, load, run, summarize
+from sim.run import (
+    LoadedWorkload,
+    SimConfig,
+    check_simulation_size,
+    kv_block_coarsening_for,
+    load,
+    run,
+    summarize,
+)
 from sim.workload_source import SourceOptions
 
 
 def parse_disagg(text: str | None, *, link: str, link_gb_per_s: float | None,
                  link_latency_ms: float) -> DisaggConfig | None:
-    """`--disagg 3:1` (prefill:decode replica counts) and its link options as a DisaggConfig."""
+    """`--disagg 3:1` (prefill:decode replica counts) and its link options as a DisaggConfig.
+
+    The link options only mean something with `--disagg`: given without it they are refused
+    rather than silently ignored."""
+    _check_link(link, link_gb_per_s, link_latency_ms)
     if not text:
+        given = [f for f, v, d in (("--kv-link", link, "network"), ("--kv-link-gb-per-s", link_gb_per_s, None),
+                                   ("--link-latency-ms", link_latency_ms, 0.5)) if v != d]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise ValueError(f"{', '.join(given)} only {verb} to disaggregated prefill; add --disagg P:D "
+                             f"(e.g. --disagg 3:1) or drop {', '.join(given)}")
         return None
     m = re.fullmatch(r"\s*(\d+)\s*[:Pp]\s*(\d+)\s*[Dd]?\s*", text)
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
         raise FlagError("disaggregation", repr(text), "give prefill:decode replica counts, e.g. {disaggregation} 3:1")
     return DisaggConfig(num_prefill_replicas=int(m.group(1)), num_decode_replicas=int(m.group(2)), link=link,
                         link_gb_per_s=link_gb_per_s, link_latency_s=link_latency_ms / 1e3)
+
+
+def _check_link(link: str, link_gb_per_s: float | None, link_latency_ms: float) -> None:
+    """The KV link options as typed (the config holds seconds, the user typed milliseconds)."""
+    if link not in ("network", "nvlink"):
+        raise ValueError(f"--kv-link {link!r}: must be network or nvlink")
+    if link_gb_per_s is not None and not (math.isfinite(link_gb_per_s) and link_gb_per_s > 0):
+        raise ValueError(f"--kv-link-gb-per-s {link_gb_per_s:g}: must be a bandwidth > 0 in GB/s "
+                         "(a 400 Gbit/s NIC is 50)")
+    if not (math.isfinite(link_latency_ms) and link_latency_ms >= 0):
+        raise ValueError(f"--link-latency-ms {link_latency_ms:g}: must be a time >= 0 in ms (e.g. 0.5)")
 
 
 def parse_coarsening(text: str) -> int | str:
@@ -164,7 +195,11 @@ def simulate(
                                     link_latency_ms=link_latency_ms),
         seed=seed, profile=profile, slo=goodput, skip_ahead=not no_skip_ahead,
         kv_block_coarsening=parse_coarsening(sim_block_coarsening), label=label)
-    config.deployment()  # configuration errors before the workload is built
+    deployment = config.deployment()  # configuration errors before the workload is built
+    if config.kv_block_coarsening != "auto":  # "auto" depends on the workload: `run` checks it then
+        check_simulation_size(deployment, config.kv_block_coarsening)
+    else:
+        plan_memory(deployment.model, deployment.gpu, deployment.engine.resolved_for(deployment.gpu, deployment.model))
     if out is not None:  # before any work: a refused --out must not cost a simulation
         check_output_dir(out, flag="--out", force=force, inputs=[workload, profile])
     loaded = load(workload, source, seed=seed)

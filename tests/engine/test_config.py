@@ -197,3 +197,42 @@ def test_to_vllm_args_prints_each_changed_flag_with_its_vllm_spelling():
         EngineConfig(prefix_caching_hash_algo="builtin")) == ["--prefix-caching-hash-algo", "sha256"]
     assert EngineConfig(prefix_caching_hash_algo="builtin").to_vllm_args(
         EngineConfig(prefix_caching_hash_algo="sha256")) == []
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # vllm/engine/arg_utils.py `human_readable_int`: decimal suffixes k m g t, binary K M G T
+    ("3t", 3 * 10**12), ("2T", 2 * 2**40), ("25.6k", 25600), ("-1", -1), (" 16 ", 16), ("+4", 4),
+])
+def test_sizes_as_vllm_parses_them(text, expected):
+    assert parse_size(text, "x") == expected
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("1.5K", "did you mean 1.5k"),  # vLLM: no decimals with a binary suffix
+    ("1.5", "use an integer"), ("1e3", "use an integer"), ("8kk", "use an integer"), ("", "use an integer"),
+])
+def test_sizes_vllm_refuses(text, match):
+    with pytest.raises(FlagError, match=match) as exc:
+        parse_size(text, "max_num_seqs")
+    assert exc.value.field == "max_num_seqs"
+
+
+def test_seed_is_never_negative():
+    with pytest.raises(ValueError, match="seed"):
+        EngineArgs(seed=-1)
+    assert EngineArgs(seed=0).seed == 0
+
+
+def test_the_kv_cache_must_hold_one_max_model_len_request():
+    from sim.memory import check_one_request_fits, plan_memory
+
+    # llama-3.1-8b: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 131,072 bytes per token
+    assert M8.kv_bytes_per_token("auto") == 131072
+    l4 = get_gpu("l4")
+    plan = plan_memory(M8, l4, EngineConfig(max_model_len=8192).resolved_for(l4, M8))
+    with pytest.raises(FlagError, match=f"estimated maximum model length is {plan.kv_capacity_tokens}") as exc:
+        plan_memory(M8, l4, EngineConfig().resolved_for(l4, M8))  # 131,072 tokens = 16 GiB
+    assert exc.value.field == "max_model_len" and "16.00 GiB" in str(exc.value)
+    check_one_request_fits(100, 100, 1.0, where="x")  # exactly one request fits
+    with pytest.raises(FlagError, match="estimated maximum model length is 99"):
+        check_one_request_fits(99, 100, 1.0, where="x")

@@ -48,7 +48,8 @@ def _closed_loop(conc: int, spec: dict | None, util: float) -> dict:
     """`conc` concurrent streams: 4 x conc requests queued at t=0, at most `conc` running."""
     rng = np.random.default_rng(0)
     reqs = [req(i, 0.0, 1024, int(rng.integers(256, 768))) for i in range(4 * conc)]
-    eng = {"max_num_seqs": conc, "gpu_memory_utilization": util}
+    # requests are < 2K tokens; vLLM refuses a KV cache that cannot hold one max_model_len request
+    eng = {"max_num_seqs": conc, "gpu_memory_utilization": util, "max_model_len": 8192}
     if spec:
         eng["speculative_config"] = spec
     return simulate(deployment(gpu="h100-sxm", **eng), reqs, seed=0).summary()
