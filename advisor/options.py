@@ -27,6 +27,7 @@ from engine.flags import FLAGS_BY_NAME, Flag, FlagError, parse_size
 from sim.config import SIM_ONLY_FLAGS
 from sim.traces import TraceFormatError
 from sim.workload_source import SourceOptions, SpecFileError
+from sim.workload_spec import MAX_REQUESTS
 
 F = TypeVar("F", bound=Callable[..., Any])
 _KW = inspect.Parameter.KEYWORD_ONLY
@@ -115,13 +116,14 @@ def _source_parameter(name: str) -> inspect.Parameter:
 
 # Requests generated from a spec or preset: each is a Python object of ~1 KB in the simulator
 # (request, log row, scheduler state), so 10M requests are ~10 GB; a larger run is split instead.
-MAX_NUM_REQUESTS = 10_000_000
+# One cap for specs, source options and this flag.
+MAX_NUM_REQUESTS = MAX_REQUESTS
 
 
 def _source(values: dict[str, Any]) -> SourceOptions:
     n = values.get("num_requests")
     if n is not None and n > MAX_NUM_REQUESTS:  # before a generator allocates arrays of n
-        raise FlagError("num_requests", n, f"must be <= {MAX_NUM_REQUESTS:,} (about 1 KB of simulator "
+        raise FlagError("num_requests", n, f"must be <= {MAX_NUM_REQUESTS} (about 1 KB of simulator "
                         "memory per request); lower {num_requests}, or simulate a shorter window")
     return SourceOptions(**values)
 
