@@ -12,6 +12,7 @@ captured for the next bucket size up; mixed batches run eagerly.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.flags import FlagError
 from engine.model import LlamaModel
 
 
@@ -216,6 +218,19 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak, kv_bytes
 
+    def _check_kv_fits(self, num_blocks: int, field: str, value: int) -> None:
+        """Refuse, before allocating, a KV cache larger than the device's free memory (an
+        override or a CPU size is taken as given, so an absurd one would die in the allocator)."""
+        need = num_blocks * self.block_bytes()
+        if self.is_cuda:
+            free = torch.cuda.mem_get_info(self.device)[0]
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if need > free:
+            raise FlagError(field, value, f"needs {need / 2**30:,.1f} GiB of KV cache ({num_blocks:,} blocks "
+                            f"of {self.block_bytes():,} bytes) but {self.device.type} memory has "
+                            f"{free / 2**30:,.1f} GiB free; lower {{{field}}}")
+
     def allocate_kv_cache(self, *, gpu_memory_utilization: float = 0.92,
                           num_gpu_blocks_override: int | None = None,
                           cpu_kv_cache_bytes: int = 256 << 20) -> int:
@@ -245,6 +260,11 @@ class ModelRunner:
                 f"no memory left for the KV cache (computed {n} blocks); raise "
                 "--gpu-memory-utilization, lower --max-num-batched-tokens, or use a smaller model"
             )
+        if num_gpu_blocks_override is not None or not self.is_cuda:
+            self._check_kv_fits(n, "num_gpu_blocks_override" if num_gpu_blocks_override is not None
+                                else "cpu_kv_cache_bytes",
+                                num_gpu_blocks_override if num_gpu_blocks_override is not None
+                                else cpu_kv_cache_bytes)
         self.kv_caches = self._new_kv(n)
         self.num_blocks = n
         return n

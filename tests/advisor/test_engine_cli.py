@@ -77,3 +77,15 @@ def test_run_and_bench_share_the_engine_options_and_say_which_defaults():
                                                                     "--no-enable-prefix-caching"}
     assert shared <= options("run") and shared <= options("bench")
     assert "vllm serve" in engine.commands["run"].help and "LLM" in engine.commands["bench"].help
+
+
+def test_a_kv_cache_larger_than_memory_is_refused_before_allocating(tmp_path):
+    # 1e11 blocks of the tiny model's 8 KiB: ~763 TiB, far beyond any machine; the allocator is
+    # never asked (it would take minutes to fail, or be killed)
+    res = CliRunner().invoke(app, ["engine", "run", "--model", "tiny", "--device", "cpu", "-w", "lab-random",
+                                   "--first", "2", "--num-gpu-blocks-override", "100000000000",
+                                   "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2, res.output
+    assert "--num-gpu-blocks-override 100000000000: needs 762,939.5 GiB of KV cache" in res.output
+    assert "lower --num-gpu-blocks-override" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "run").exists()
