@@ -30,8 +30,11 @@ ENGINE_CLI_FLAGS = (*ENGINE_ONLY_FLAGS, *SCHEDULING_FLAGS)
 MAX_BENCH_PROMPT_TOKENS = 10_000_000
 
 
-def _check_bench_sizes(num_prompts: int, input_len: int) -> None:
-    """Before any prompt is generated: the prompts' size in tokens."""
+def _check_bench_sizes(num_prompts: int, input_len: int, output_len: int) -> None:
+    """Before any prompt is generated: each count positive, the prompts' size in tokens."""
+    for flag, value in (("--num-prompts", num_prompts), ("--input-len", input_len), ("--output-len", output_len)):
+        if value < 1:
+            _fail(f"{flag} {value}: must be an integer >= 1")
     if num_prompts * input_len > MAX_BENCH_PROMPT_TOKENS:
         _fail(f"--num-prompts {num_prompts} x --input-len {input_len} = {num_prompts * input_len:,} prompt "
               f"tokens, more than {MAX_BENCH_PROMPT_TOKENS:,}; lower --num-prompts or --input-len")
@@ -124,14 +127,14 @@ def run(
 @clean_errors
 @flag_options(ENGINE_CLI_FLAGS, into="engine_flags")
 def bench(
-    num_prompts: Annotated[int, typer.Option("--num-prompts", min=1, help="prompts to generate")] = 64,
-    input_len: Annotated[int, typer.Option("--input-len", min=1, help="tokens per prompt")] = 128,
-    output_len: Annotated[int, typer.Option("--output-len", min=1, help="tokens generated per prompt")] = 64,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="prompts to generate")] = 64,
+    input_len: Annotated[int, typer.Option("--input-len", help="tokens per prompt")] = 128,
+    output_len: Annotated[int, typer.Option("--output-len", help="tokens generated per prompt")] = 64,
     engine_flags: dict | None = None,
 ) -> None:
     """Offline throughput as vLLM's `LLM` class sees it (offline defaults): N random prompts of
     fixed lengths, all at once, ignore_eos."""
-    _check_bench_sizes(num_prompts, input_len)
+    _check_bench_sizes(num_prompts, input_len, output_len)
     _require_torch()
     import time
 

@@ -15,8 +15,10 @@ runner = CliRunner()
     (["simulate", "-w", "lab-poisson", "-n", "5", "--num-gpus", "0"], "--num-gpus 0: must be >= 1"),
     (["simulate", "-w", "lab-poisson", "-n", "5", "--router", "fastest"],
      "--router 'fastest': must be one of 'round_robin', 'least_loaded' or 'prefix_aware'"),
-    (["engine", "bench", "--model", "tiny", "--device", "cpu", "--num-prompts", "-3"], "--num-prompts"),
-    (["engine", "bench", "--model", "tiny", "--device", "cpu", "--output-len", "0"], "--output-len"),
+    (["engine", "bench", "--model", "tiny", "--device", "cpu", "--num-prompts", "-3"],
+     "error: --num-prompts -3: must be an integer >= 1"),
+    (["engine", "bench", "--model", "tiny", "--device", "cpu", "--output-len", "0"],
+     "error: --output-len 0: must be an integer >= 1"),
 ])
 def test_plain_messages(args, message):
     res = runner.invoke(app, args, terminal_width=300)
