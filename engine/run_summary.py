@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from engine.flags import FlagError
 from engine.vllm_metrics import (
     E2E_BUCKETS_S,
     HELP,
@@ -40,6 +41,9 @@ COUNTER_KEYS = ("prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "spec
                 "spec_draft_tokens", "spec_accepted_tokens")
 
 
+SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
 @dataclass
 class SLO:
     """Goodput targets in milliseconds, as `vllm bench serve --goodput ttft:X tpot:Y e2el:Z`."""
@@ -50,17 +54,26 @@ class SLO:
 
     @classmethod
     def parse(cls, text: str | None) -> SLO | None:
-        if not text:
+        """`"ttft:500 tpot:50"` as an `SLO`; a malformed pair, an unknown key, a negative or
+        non-finite value is refused naming the pair, as `vllm bench serve --goodput` refuses it."""
+        if text is None or not text.strip():
             return None
-        slo = cls()
+        values: dict[str, float] = {}
         for part in text.replace(",", " ").split():
-            key, _, val = part.partition(":")
-            name = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2el_ms"}.get(key.strip())
-            if name is None or not val:
-                raise ValueError(f"--goodput {part!r}: use KEY:MS pairs with KEY in ttft, tpot, e2el "
-                                 "(e.g. --goodput ttft:500 tpot:50)")
-            setattr(slo, name, float(val))
-        return slo
+            key, _, raw = part.partition(":")
+            if key not in SLO_KEYS or not raw:
+                raise FlagError("slo", repr(part), f"use KEY:MS pairs with KEY in {', '.join(SLO_KEYS)} "
+                                '(e.g. {slo} "ttft:500 tpot:50")')
+            try:
+                ms = float(raw)
+            except ValueError:
+                raise FlagError("slo", repr(part),
+                                f"{raw!r} is not a number of milliseconds (e.g. {key}:500)") from None
+            if not math.isfinite(ms) or ms < 0:
+                raise FlagError("slo", repr(part), "an SLO must be a finite number of milliseconds >= 0 "
+                                f"(vLLM refuses negative ones); e.g. {key}:500")
+            values[f"{key}_ms"] = ms
+        return cls(**values)
 
     def as_dict(self) -> dict[str, float]:
         return {k.removesuffix("_ms"): v for k, v in self.__dict__.items() if v is not None}

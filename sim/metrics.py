@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.flags import FlagError
 from engine.outputs import check_output_dir, staged_dir
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
-from engine.run_summary import SLO, RunTables, jsonable, weighted_percentiles
+from engine.run_summary import SLO, SLO_KEYS, RunTables, jsonable, weighted_percentiles
 
 
 @dataclass
@@ -81,31 +80,6 @@ def _write_csv(path: Path, table: dict[str, np.ndarray]) -> None:
 
 
 # vllm/benchmarks/serve.py `_check_goodput_args`: only these keys, values in ms, never negative.
-SLO_KEYS = ("ttft", "tpot", "e2el")
-
-
-def parse_slo(text: str | None) -> SLO | None:
-    """`"ttft:500 tpot:50"` as an `SLO`; a malformed pair, an unknown key, a negative or non-finite
-    value is refused naming the pair, as `vllm bench serve --goodput` refuses it."""
-    if text is None or not text.strip():
-        return None
-    values: dict[str, float] = {}
-    for part in text.replace(",", " ").split():
-        key, _, raw = part.partition(":")
-        if key not in SLO_KEYS or not raw:
-            raise FlagError("slo", repr(part), f"use KEY:MS pairs with KEY in {', '.join(SLO_KEYS)} "
-                            '(e.g. {slo} "ttft:500 tpot:50")')
-        try:
-            ms = float(raw)
-        except ValueError:
-            raise FlagError("slo", repr(part), f"{raw!r} is not a number of milliseconds (e.g. {key}:500)") from None
-        if not math.isfinite(ms) or ms < 0:
-            raise FlagError("slo", repr(part), "an SLO must be a finite number of milliseconds >= 0 "
-                            f"(vLLM refuses negative ones); e.g. {key}:500")
-        values[f"{key}_ms"] = ms
-    return SLO(**values)
-
-
 _jsonable = jsonable  # alias: callers written against the private name keep working
 
 
@@ -137,6 +111,5 @@ __all__ = [
     "SimResult",
     "jsonable",
     "load_summary",
-    "parse_slo",
     "weighted_percentiles",
 ]

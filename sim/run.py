@@ -27,7 +27,7 @@ from sim.config import DeploymentConfig, DisaggConfig, EngineConfig, RouterPolic
 from sim.cost_model import CostProfile
 from sim.hardware import get_gpu
 from sim.memory import plan_memory
-from sim.metrics import SLO, SimResult, parse_slo
+from sim.metrics import SLO, SimResult
 from sim.simulator import Simulation, kv_block_coarsening_for
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
@@ -66,7 +66,7 @@ class SimConfig(BaseModel):
     @field_validator("slo", mode="before")
     @classmethod
     def _parse_slo(cls, v: Any) -> Any:
-        return parse_slo(v) if isinstance(v, str) else v
+        return SLO.parse(v) if isinstance(v, str) else v
 
     @field_validator("kv_block_coarsening")
     @classmethod

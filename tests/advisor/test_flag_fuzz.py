@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 from engine.flags import FlagError
-from sim.metrics import SLO, parse_slo
+from sim.metrics import SLO
 
 runner = CliRunner()
 SIM = ["simulate", "-w", "lab-poisson", "-n", "3"]
@@ -197,13 +197,13 @@ def test_a_small_budget_lowers_the_default_max_num_seqs_as_vllm_does():
     ("ttft:1.5,tpot:2", SLO(ttft_ms=1.5, tpot_ms=2.0)), ("  ", None), (None, None),
 ])
 def test_goodput_parses_as_vllm_bench_serve(text, expected):
-    assert parse_slo(text) == expected
+    assert SLO.parse(text) == expected
 
 
 @pytest.mark.parametrize("text", ["ttft:-0.1", "ttft:inf", "ttft:nan", "ttft:", ":5", "TTFT:5", "ttft=5"])
 def test_goodput_refusals_name_the_pair(text):
     with pytest.raises(FlagError) as exc:
-        parse_slo(text)
+        SLO.parse(text)
     assert exc.value.field == "slo" and text.split()[0] in str(exc.value)
 
 
