@@ -107,6 +107,9 @@ def run(
             r, prompt_len=max_prompt_len, hash_ids=r.hash_ids[: -(-max_prompt_len // r.hash_block_size)],
             prompt_token_ids=None) for r in requests]
     core = EngineCore(cfg)
+    warm = core.warm_up()  # compile every kernel variant before the clock starts
+    typer.echo(f"warm-up: {warm.num_requests} requests, {warm.num_steps} steps, {warm.seconds:.1f} s, "
+               f"{warm.kernels_compiled} kernel variants compiled", err=True)
     metrics = EngineMetrics(cfg.model, core.max_model_len) if (metrics_file or metrics_port) else None
     if metrics and metrics_port:
         metrics.serve(metrics_port, host=metrics_host)
