@@ -218,14 +218,37 @@ class EngineCore:
                 steps += 1
         if self.runner.is_cuda:
             torch.cuda.synchronize(self.device)
-        self._start_over()
+        self.start_over()
         return WarmUpReport(seconds=time.perf_counter() - t0, num_requests=next_id - WARM_UP_REQUEST_ID_BASE,
                             num_steps=steps, kernels_compiled=compiled_kernel_count() - compiled0)
 
-    def _start_over(self) -> None:
+    # scheduling flags start_over may change: they size nothing the runner allocated
+    RESTART_FLAGS = frozenset({"max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks_override",
+                               "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling",
+                               "long_prefill_token_threshold", "max_num_partial_prefills"})
+
+    def start_over(self, **scheduling_flags) -> None:
         """Forget every request and cached block (a fresh scheduler over the same KV memory): a
-        replay after the warm-up starts from the state the simulator assumes."""
-        self.scheduler = Scheduler(scheduler_config(self.config, num_gpu_blocks=self.num_gpu_blocks,
+        replay after the warm-up starts from the state the simulator assumes.
+
+        `scheduling_flags` (RESTART_FLAGS) restart it with other scheduling flags, without a new
+        model or KV allocation: batch limits at most those the runner was sized for, and at most
+        the allocated KV blocks (a smaller pool leaves the rest of the KV memory unused).
+        """
+        bad = set(scheduling_flags) - self.RESTART_FLAGS
+        if bad:
+            raise ValueError(f"start_over cannot change {sorted(bad)}: they size the runner; build a new engine")
+        cfg = self.config.model_copy(update=scheduling_flags)
+        for name, cap in (("max_num_seqs", self.runner.max_num_seqs),
+                          ("max_num_batched_tokens", self.runner.max_num_batched_tokens),
+                          ("num_gpu_blocks_override", self.runner.num_blocks)):
+            v = getattr(cfg, name)
+            if v is not None and v > cap:
+                raise ValueError(f"start_over: {name}={v} exceeds the {cap} the engine was built with")
+        self.config = cfg
+        self.async_scheduling = cfg.async_scheduling
+        self.num_gpu_blocks = num_blocks = cfg.num_gpu_blocks_override or self.runner.num_blocks
+        self.scheduler = Scheduler(scheduler_config(cfg, num_gpu_blocks=num_blocks,
                                                     max_model_len=self.max_model_len))
         self.requests.clear()
         self._pending = None

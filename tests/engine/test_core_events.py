@@ -96,3 +96,19 @@ def test_warm_up_leaves_the_engine_as_new(async_scheduling):
             "num_blocks_hashed", "num_output_tokens")
     assert [[s[c] for c in cols] for s in a.step_rows()] == [[s[c] for c in cols] for s in b.step_rows()]
     assert a.counters == b.counters
+
+
+def test_start_over_with_a_smaller_pool_preempts_like_an_engine_built_that_small():
+    reqs = [Request(i, 0.0, 40, 30, tuple(range(100 * i, 100 * i + 10)), hash_block_size=4) for i in range(6)]
+    built = EngineCore(EngineArgs(model="tiny", device="cpu", max_model_len=256, block_size=4,
+                                  max_num_batched_tokens=32, max_num_seqs=8, seed=0, num_gpu_blocks_override=40))
+    restarted = core_with_fake_events(False)
+    restarted.start_over(num_gpu_blocks_override=40)
+    a, b = replay(built, reqs, honor_arrivals=False), replay(restarted, reqs, honor_arrivals=False)
+    assert a.summary()["num_preemptions"] > 0
+    assert a.summary()["num_gpu_blocks"] == b.summary()["num_gpu_blocks"] == 40
+    assert [s["num_preempted"] for s in a.step_rows()] == [s["num_preempted"] for s in b.step_rows()]
+    with pytest.raises(ValueError, match="max_num_seqs=9 exceeds the 8"):
+        restarted.start_over(max_num_seqs=9)
+    with pytest.raises(ValueError, match="block_size"):
+        restarted.start_over(block_size=8)
