@@ -150,7 +150,7 @@ class EngineCore:
         name, memory_bytes = device_facts(self.device)
         config = config.resolved(device_name=name, device_memory_bytes=memory_bytes,
                                  max_position_embeddings=model.rotary.cos.shape[0])
-        self.config = config
+        self.config = self._built_config = config
         self.max_model_len = config.max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.async_scheduling = config.async_scheduling
@@ -231,14 +231,15 @@ class EngineCore:
         """Forget every request and cached block (a fresh scheduler over the same KV memory): a
         replay after the warm-up starts from the state the simulator assumes.
 
-        `scheduling_flags` (RESTART_FLAGS) restart it with other scheduling flags, without a new
+        `scheduling_flags` (RESTART_FLAGS) restart it with other scheduling flags than those it
+        was built with (earlier restarts' flags do not carry over), without a new
         model or KV allocation: batch limits at most those the runner was sized for, and at most
         the allocated KV blocks (a smaller pool leaves the rest of the KV memory unused).
         """
         bad = set(scheduling_flags) - self.RESTART_FLAGS
         if bad:
             raise ValueError(f"start_over cannot change {sorted(bad)}: they size the runner; build a new engine")
-        cfg = self.config.model_copy(update=scheduling_flags)
+        cfg = self._built_config.model_copy(update=scheduling_flags)  # flags of earlier restarts do not stick
         for name, cap in (("max_num_seqs", self.runner.max_num_seqs),
                           ("max_num_batched_tokens", self.runner.max_num_batched_tokens),
                           ("num_gpu_blocks_override", self.runner.num_blocks)):

@@ -112,3 +112,12 @@ def test_start_over_with_a_smaller_pool_preempts_like_an_engine_built_that_small
         restarted.start_over(max_num_seqs=9)
     with pytest.raises(ValueError, match="block_size"):
         restarted.start_over(block_size=8)
+
+
+def test_start_over_flags_do_not_stick():
+    core = core_with_fake_events(False)
+    core.start_over(num_gpu_blocks_override=40, async_scheduling=True)
+    assert core.num_gpu_blocks == 40 and core.async_scheduling
+    core.start_over()
+    assert core.num_gpu_blocks == core.runner.num_blocks > 40 and not core.async_scheduling
+    assert core.config.num_gpu_blocks_override is None
