@@ -57,24 +57,27 @@ def get_backend(name: str) -> Backend:
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKEND_NAMES}")
 
 
-def compiled_kernel_count() -> int:
-    """Compiled Triton kernel variants (one per specialisation) of the kernels loaded so far.
-
-    A rise between two points means a launch in between paid compilation; the engine's warm-up
-    and the GPU check use it to show that a replay compiles nothing. 0 when triton was never
-    imported (the torch backend compiles nothing).
-    """
+def compiled_kernel_keys() -> set[tuple[str, str]]:
+    """(kernel, specialisation key) of every compiled Triton kernel variant of the kernels
+    loaded so far. New entries between two points mean a launch in between paid compilation;
+    their keys say which argument pattern was new. Empty when triton was never imported."""
     import sys
 
     if "triton" not in sys.modules:
-        return 0
+        return set()
     from triton.runtime.jit import JITFunction
 
-    total = 0
+    keys = set()
     for name, mod in list(sys.modules.items()):
         if not name.startswith("kernels.") or mod is None:
             continue
-        for obj in vars(mod).values():
+        for attr, obj in vars(mod).items():
             if isinstance(obj, JITFunction):
-                total += sum(len(c[0]) for c in obj.device_caches.values())
-    return total
+                keys.update((f"{name}.{attr}", str(k)) for c in obj.device_caches.values() for k in c[0])
+    return keys
+
+
+def compiled_kernel_count() -> int:
+    """How many Triton kernel variants are compiled (see compiled_kernel_keys): the engine's
+    warm-up and the GPU check use it to show that a replay compiles nothing."""
+    return len(compiled_kernel_keys())

@@ -189,7 +189,10 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+# Integer arguments that change from step to step are not specialised on (Triton would compile
+# a variant per "equals 1" / "divisible by 16" pattern of each, and an eager step meeting a new
+# pattern mid-replay paid ~1 s of compilation); nothing in the kernels gains from knowing them.
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _paged_attention_kernel(
     out_ptr,
     segm_out_ptr,  # [num_tokens, Hq, num_splits, HEAD_DIM_PAD] fp32 (split-KV only)
@@ -305,7 +308,7 @@ def _paged_attention_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(
     out_ptr,
     segm_out_ptr,

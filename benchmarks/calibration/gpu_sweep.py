@@ -45,7 +45,7 @@ from engine.config import EngineArgs
 from engine.core import EngineCore
 from engine.replay import replay
 from engine.request import Request
-from kernels import compiled_kernel_count
+from kernels import compiled_kernel_keys
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.workload_source import SourceOptions, load_workload
 
@@ -163,7 +163,7 @@ class Runner:
         write_requests(reqs, folder / "workload.jsonl")
         reqs = reload(folder / "workload.jsonl", hb)
         self.core.start_over(**flags)
-        compiled0 = compiled_kernel_count()
+        compiled0 = compiled_kernel_keys()
         t = time.perf_counter()
         cap = min(max_wall_s or 1e9, max(5.0, self.time_left() - 15))
         res = replay(self.core, reqs, honor_arrivals=honor_arrivals, max_wall_s=cap)
@@ -174,7 +174,8 @@ class Runner:
                "gpu": self.meta["gpu"], "engine_args": args, "hash_block_size": hb,
                "honor_arrivals": honor_arrivals, "num_gpu_blocks": self.core.num_gpu_blocks,
                "memory": self.core.runner.memory_report, "description": description,
-               "kernels_compiled_during_run": compiled_kernel_count() - compiled0,
+               "kernels_compiled_during_run": len(compiled_kernel_keys() - compiled0),
+               "kernel_variants_compiled_during_run": sorted(map(list, compiled_kernel_keys() - compiled0)),
                "unfinished_ids": len(res.unfinished_ids), "wall_s": wall, **self.meta}
         (folder / "run.json").write_text(json.dumps(run, indent=2) + "\n")
         row = {"purpose": purpose, "name": name, "requests": len(reqs), "steps": len(res.steps["step_id"]),
