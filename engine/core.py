@@ -200,27 +200,44 @@ class EngineCore:
         t0 = time.perf_counter()
         compiled0 = compiled_kernel_count()
         lens = warm_up_prompt_lens(self.config.max_num_batched_tokens, self.max_model_len)
-        params = SamplingParams(max_tokens=WARM_UP_OUTPUT_TOKENS, ignore_eos=True)
         rng = torch.Generator().manual_seed(0)
         prompts = [torch.randint(FIRST_CONTENT_TOKEN_ID, self.spec.vocab_size, (n,), generator=rng).tolist()
                    for n in lens]
-        waves = [list(range(len(lens)))] + [[i] for i in range(len(lens))] + [[len(lens) - 1]]
-        next_id = WARM_UP_REQUEST_ID_BASE
+        self._warm_ids = iter(range(WARM_UP_REQUEST_ID_BASE, WARM_UP_REQUEST_ID_BASE + (1 << 20)))
         steps = 0
-        for wave in waves:  # together (mixed batches), one by one, then the longest again (cache hit)
+        # together (mixed batches), one by one, then the longest again (a cache hit)
+        for wave in [list(range(len(lens)))] + [[i] for i in range(len(lens))] + [[len(lens) - 1]]:
             for i in wave:
-                req = Request(request_id=next_id, arrival_s=0.0, prompt_len=lens[i],
-                              output_len=WARM_UP_OUTPUT_TOKENS, hash_ids=tuple(range(-(-lens[i] // 16))))
-                self.add_request(req, params, prompts[i], arrival_s=0.0)
-                next_id += 1
-            while self.has_unfinished():
-                self.step()
-                steps += 1
+                self._add_warm_request(prompts[i])
+            steps += self._drain()
+        # short chunks beside running decodes (1 and 7 of them): eager steps of few tokens
+        short = [p for p in prompts if len(p) <= 128]
+        for num_decoding in (1, 7):
+            for k in range(num_decoding):
+                self._add_warm_request(prompts[0] * 16, output_len=2 * WARM_UP_OUTPUT_TOKENS + k)
+            steps += self._drain(max_steps=2)
+            for p in short:
+                self._add_warm_request(p)
+            steps += self._drain()
         if self.runner.is_cuda:
             torch.cuda.synchronize(self.device)
+        num_requests = next(self._warm_ids) - WARM_UP_REQUEST_ID_BASE
         self.start_over()
-        return WarmUpReport(seconds=time.perf_counter() - t0, num_requests=next_id - WARM_UP_REQUEST_ID_BASE,
+        return WarmUpReport(seconds=time.perf_counter() - t0, num_requests=num_requests,
                             num_steps=steps, kernels_compiled=compiled_kernel_count() - compiled0)
+
+    def _add_warm_request(self, prompt: list[int], output_len: int = WARM_UP_OUTPUT_TOKENS) -> None:
+        req = Request(request_id=next(self._warm_ids), arrival_s=0.0, prompt_len=len(prompt),
+                      output_len=output_len, hash_ids=tuple(range(-(-len(prompt) // 16))))
+        self.add_request(req, SamplingParams(max_tokens=output_len, ignore_eos=True), prompt, arrival_s=0.0)
+
+    def _drain(self, max_steps: int | None = None) -> int:
+        """Step until nothing is left (or `max_steps` steps); returns the steps taken."""
+        n = 0
+        while self.has_unfinished() and (max_steps is None or n < max_steps):
+            self.step()
+            n += 1
+        return n
 
     # scheduling flags start_over may change: they size nothing the runner allocated
     RESTART_FLAGS = frozenset({"max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks_override",

@@ -92,7 +92,8 @@ def test_warm_up_leaves_the_engine_as_new(async_scheduling):
     warm = core_with_fake_events(async_scheduling)
     report = warm.warm_up()
     lens = warm_up_prompt_lens(32, 256)
-    assert report.num_requests == 2 * len(lens) + 1 and report.num_steps > len(lens)
+    short = sum(n <= 128 for n in lens)
+    assert report.num_requests == 2 * len(lens) + 1 + (1 + 7) + 2 * short and report.num_steps > len(lens)
     assert warm.scheduler.num_running == warm.scheduler.num_waiting == 0
     assert warm.scheduler.stats.prefix_cache_queries_tokens == 0  # a fresh scheduler: no counts, no cache
     assert not warm.requests and all(r < WARM_UP_REQUEST_ID_BASE for r in warm.requests)
