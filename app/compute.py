@@ -3,14 +3,18 @@ simulation of a scenario, a recommendation. Everything goes through the public A
 line uses (`sim.workload_source.load_workload`, `sim.run.run`), so a number on the page is the
 number `costline simulate` prints for the same scenario.
 
-`st.cache_data` keys each entry on the arguments (the scenario as canonical JSON, an upload's
-bytes); a re-run of a scenario already seen returns at once.
+Workloads are cached with `st.cache_data` (keyed on the scenario's workload fields and an upload's
+bytes), runs in a `RunCache` keyed on the scenario's canonical JSON: a scenario already seen
+returns at once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +32,10 @@ from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
 
 MAX_CACHED_RUNS = 64
+
+
+class UploadError(ValueError):
+    """An uploaded file that cannot be read; the message names it as uploaded and says the fix."""
 
 
 @dataclass(slots=True)
@@ -74,7 +82,10 @@ def load_scenario_workload(workload: str, spec: str | None, first: int | None, s
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(upload_name).name
             path.write_bytes(upload_data)
-            wl = load_workload(str(path), opts)
+            try:
+                wl = load_workload(str(path), opts)
+            except (ValueError, OSError) as exc:  # name the file as uploaded, not the temporary copy
+                raise UploadError(str(exc).replace(str(path), path.name)) from None
         wl.name = Path(upload_name).stem
         return wl
     return load_workload(workload, opts)
@@ -85,25 +96,72 @@ def scenario_workload(s: Scenario, upload: Upload | None) -> Workload:
                                   upload.name if upload else None, upload.data if upload else None)
 
 
-@st.cache_data(max_entries=MAX_CACHED_RUNS, show_spinner=False)
-def simulate(scenario_json: str, upload_name: str | None, upload_data: bytes | None,
-             _progress: Callable[[float], None] | None = None) -> RunOutput:
-    """One simulation of a scenario (cached on the scenario's JSON and the upload's bytes)."""
-    s = Scenario.model_validate_json(scenario_json)
-    upload = Upload(upload_name, upload_data) if upload_name and upload_data is not None else None
+def simulate(s: Scenario, upload: Upload | None, progress: Callable[[float], None] | None = None) -> RunOutput:
+    """One simulation of a scenario, uncached."""
     wl = scenario_workload(s, upload)
     loaded = LoadedWorkload(list(wl.requests), wl.name, list(wl.notes))
     t0 = time.perf_counter()
-    result = run(loaded, s.sim_config(), progress=_progress)
+    result = run(loaded, s.sim_config(), progress=progress)
     wall_s = time.perf_counter() - t0
     return RunOutput(jsonable(summarize(result)), result.requests, result.steps, wall_s)
 
 
+class RunCache:
+    """Runs by scenario, least recently used dropped first, shared by every session.
+
+    Not `st.cache_data`: a run reports progress to a bar the page created, and cache_data refuses
+    (CacheReplayClosureError) elements touched inside a cached function that it did not create.
+    The entries are never mutated by the pages, so sharing them is safe."""
+
+    def __init__(self, max_entries: int = MAX_CACHED_RUNS) -> None:
+        self.max_entries = max_entries
+        self._runs: OrderedDict[tuple[str, str | None, str | None], RunOutput] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(s: Scenario, upload: Upload | None) -> tuple[str, str | None, str | None]:
+        digest = hashlib.sha256(upload.data).hexdigest() if upload else None
+        return s.key(), upload.name if upload else None, digest
+
+    def get(self, s: Scenario, upload: Upload | None) -> RunOutput | None:
+        with self._lock:
+            out = self._runs.get(self.key(s, upload))
+            if out is not None:
+                self._runs.move_to_end(self.key(s, upload))
+            return out
+
+    def put(self, s: Scenario, upload: Upload | None, out: RunOutput) -> None:
+        with self._lock:
+            self._runs[self.key(s, upload)] = out
+            while len(self._runs) > self.max_entries:
+                self._runs.popitem(last=False)
+
+
+@st.cache_resource
+def run_cache() -> RunCache:
+    return RunCache()
+
+
 def run_scenario(s: Scenario, upload: Upload | None,
                  progress: Callable[[float], None] | None = None) -> RunOutput:
-    return simulate(s.key(), upload.name if upload else None, upload.data if upload else None,
-                    _progress=progress)
+    """The scenario's run: from the cache when it ran before (in any session), else simulated."""
+    cache = run_cache()
+    out = cache.get(s, upload)
+    if out is None:
+        out = simulate(s, upload, progress)
+        cache.put(s, upload, out)
+    return out
 
 
-__all__ = ["RunOutput", "Upload", "load_scenario_workload", "run_scenario", "scenario_workload",
-           "simulate", "source_options"]
+__all__ = [
+    "RunCache",
+    "RunOutput",
+    "Upload",
+    "UploadError",
+    "load_scenario_workload",
+    "run_cache",
+    "run_scenario",
+    "scenario_workload",
+    "simulate",
+    "source_options",
+]

@@ -116,10 +116,9 @@ def results(s: Scenario, out: RunOutput) -> None:
     if left.button("Pin this run as A", key="pin"):
         st.session_state[state.PINNED] = {"label": s.label(), "summary": summ, "requests": out.requests}
         pinned = st.session_state[state.PINNED]
-    if pinned is not None:
-        if right.button("Unpin A", key="unpin"):
-            st.session_state.pop(state.PINNED)
-            pinned = None
+    if pinned is not None and right.button("Unpin A", key="unpin"):
+        st.session_state.pop(state.PINNED)
+        pinned = None
     if pinned is not None:
         st.subheader(f"A: {pinned['label']} vs B: {s.label()}")
         st.dataframe(compare_table(pinned["summary"], summ), hide_index=True, key="compare")
