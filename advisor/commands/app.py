@@ -27,7 +27,7 @@ def streamlit_command(port: int, address: str, headless: bool) -> list[str]:
     """The `streamlit run` command line for the packaged app."""
     return [sys.executable, "-m", "streamlit", "run", str(APP_MAIN), "--server.port", str(port),
             "--server.address", address, "--server.headless", str(headless).lower(),
-            "--browser.gatherUsageStats", "false"]
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
 
 
 @clean_errors

@@ -109,7 +109,9 @@ def results(s: Scenario, out: RunOutput) -> None:
                f"simulated in {out.wall_s:.2f} s | profile {summ.get('profile') or s.profile}")
     headline(out, pinned)
     st.subheader("Latency against the SLOs")
-    st.dataframe(latency_rows(summ, summ.get("goodput_slo")), hide_index=True, key="latency")
+    ms = st.column_config.NumberColumn(format="%.1f")
+    st.dataframe(latency_rows(summ, summ.get("goodput_slo")), hide_index=True, key="latency",
+                 column_config={"p50": ms, "p90": ms, "p99": ms, "SLO (ms)": ms})
     st.code("vllm serve " + s.model + (" " + summ["vllm_args"] if summ.get("vllm_args") else ""),
             language="bash")
     left, right = st.columns([1, 3])

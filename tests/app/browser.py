@@ -134,6 +134,9 @@ def tour(url: str, out_dir: Path, chromium: str) -> Tour:
         seen.p99_ttft_after = metric_value(page, "p99 TTFT (ms)")
         seen.url_after = page.url
         shot(page, out_dir / "whatif-prefix-caching-off.png", seen)
+        page.get_by_role("tab", name="Timelines").click()
+        page.get_by_text("Engine timelines").wait_for(state="visible", timeout=60_000)
+        shot(page, out_dir / "whatif-timelines.png", seen)
         visit(page, f"{url}/workload", out_dir / "workload.png", seen, wait_for=CHART)
         advisor_page(page, url, out_dir, seen)
         visit(page, f"{url}/calibration", out_dir / "calibration.png", seen, wait_for=METRIC)

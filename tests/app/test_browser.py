@@ -11,7 +11,7 @@ import pytest
 from tests.app.browser import REPO, BrowserUnavailable, chromium_path, running_app, tour
 
 ARTIFACTS = REPO / "out" / "test-artifacts" / "app"
-PAGES = ("whatif.png", "whatif-prefix-caching-off.png", "workload.png", "advisor.png", "calibration.png")
+PAGES = ("whatif.png", "whatif-prefix-caching-off.png", "whatif-timelines.png", "workload.png", "advisor.png", "calibration.png")
 
 
 def test_browser_click_changes_the_numbers_and_every_page_renders() -> None:

@@ -15,6 +15,7 @@ from app.calibration import SCALED, profile_info, validation_rows
 from app.figures import (
     arrivals_per_bin,
     cost_line_figure,
+    decimate,
     ecdf,
     interpolate_gain,
     latency_rows,
@@ -131,6 +132,11 @@ def test_timeline_series_sorts_by_time_and_accumulates_preemptions() -> None:
     assert s["batch_size"].tolist() == [2, 5, 4]
     assert s["kv_usage_pct"].tolist() == pytest.approx([10, 30, 50])
     assert s["preemptions_so_far"].tolist() == [0, 1, 3]
+
+
+def test_decimate_keeps_the_ends_and_spreads_evenly() -> None:
+    assert decimate(5, 10).tolist() == [0, 1, 2, 3, 4]
+    assert decimate(101, 5).tolist() == [0, 25, 50, 75, 100]
 
 
 def test_cost_line_marks_the_operating_point_on_the_curve() -> None:
