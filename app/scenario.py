@@ -158,7 +158,7 @@ def from_query_params(params: dict[str, str]) -> tuple[Scenario, list[str]]:
 
 def _one_line(exc: Exception, key: str) -> str:
     if isinstance(exc, QueryParamError):
-        return str(exc)
+        return f"{exc}; ignored"
     msg = str(exc).splitlines()
     detail = msg[-2].strip() if isinstance(exc, ValidationError) and len(msg) > 1 else msg[0]
     return f"query parameter {key}: {detail}; ignored"
