@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -51,6 +51,8 @@ class Scenario(BaseModel):
     seed: int = Field(0, ge=0)
     profile: str = "default"
     router: str = "least_loaded"
+    disagg: str = Field("", description="disaggregated prefill, P:D replica counts (costline simulate --disagg)")
+    kv_link: Literal["network", "nvlink"] = "network"
     flags: dict[str, Any] = Field(default_factory=dict, description="engine flags that differ from the defaults")
 
     def engine(self) -> EngineConfig:
@@ -58,9 +60,14 @@ class Scenario(BaseModel):
 
     def sim_config(self) -> SimConfig:
         """The `sim.run.SimConfig` this scenario describes (coarsened KV blocks: the fast setting)."""
-        return SimConfig(model=self.model, gpu=self.gpu, num_gpus=self.num_gpus, engine=self.engine(),
-                         router=self.router, seed=self.seed, profile=self.profile, slo=self.slo or None,
-                         kv_block_coarsening="auto", label=self.label())
+        from advisor.commands.simulate import parse_disagg
+
+        pd = parse_disagg(self.disagg or None, link=self.kv_link, link_gb_per_s=None, link_latency_ms=0.5)
+        # with a P/D split the GPU count follows from it (P + D replicas x TP)
+        return SimConfig(model=self.model, gpu=self.gpu, num_gpus=None if pd else self.num_gpus,
+                         engine=self.engine(), router=self.router, disaggregation=pd, seed=self.seed,
+                         profile=self.profile, slo=self.slo or None, kv_block_coarsening="auto",
+                         label=self.label())
 
     def label(self) -> str:
         return f"{self.workload} | {self.model} on {self.num_gpus}x {self.gpu}"
@@ -74,7 +81,8 @@ class Scenario(BaseModel):
 
 
 # ------------------------------------------------------------------------- URL round-trip
-_SCALARS = ("workload", "first", "model", "gpu", "num_gpus", "slo", "seed", "profile", "router")
+_SCALARS = ("workload", "first", "model", "gpu", "num_gpus", "slo", "seed", "profile", "router", "disagg",
+            "kv_link")
 
 
 def pack_spec(spec_json: str) -> str:

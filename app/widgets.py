@@ -90,6 +90,11 @@ def deployment_controls(s: Scenario) -> dict[str, Any]:
         "profile": _select("cost profile", profile_names(), s.profile, "dep.profile",
                            "step-cost profile (sim/profiles); the Calibration page shows which one ran"),
         "seed": st.number_input("seed", min_value=0, value=s.seed, step=1, key="dep.seed"),
+        "disagg": st.text_input("disaggregated prefill (P:D replicas)", value=s.disagg, key="dep.disagg",
+                                placeholder="off; e.g. 3:1", help="prefill and decode on separate replicas; "
+                                "the GPU count then follows (P + D) x --tensor-parallel-size").strip(),
+        "kv_link": _select("P/D KV link", ["network", "nvlink"], s.kv_link, "dep.kv_link",
+                           "how KV moves from prefill to decode replicas"),
     }
 
 

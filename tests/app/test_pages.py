@@ -105,6 +105,18 @@ def test_a_shared_url_reproduces_its_scenario() -> None:
     assert at.number_input(key="flag.max_num_seqs").value == 64
 
 
+def test_disaggregated_prefill_control() -> None:
+    from sim.config import DisaggConfig
+
+    at = app()
+    at.run()
+    at.text_input(key="dep.disagg").input("1:1").run()
+    assert_headline(at, api_summary(disaggregation=DisaggConfig(num_prefill_replicas=1, num_decode_replicas=1)))
+    assert at.query_params["disagg"] == "1:1"
+    at.text_input(key="dep.disagg").input("three").run()
+    assert not at.exception and "--disagg 'three'" in at.error[0].value
+
+
 def test_bad_url_parameter_and_bad_flag_show_clear_errors() -> None:
     at = app()
     at.query_params.update({"max-num-seqs": "many"})
@@ -150,6 +162,19 @@ def test_workload_page_shows_describes_figures() -> None:
     assert m["Prefix reuse (tokens %)"] == fmt(100 * d["prefix_reuse"]["token_fraction"])
     assert m["Inter-arrival CV"] == fmt(d["interarrival_cv"])
     assert len(at.get("plotly_chart")) == 3  # arrivals, lengths, prefix reuse
+
+
+def test_a_builtin_trace_simulates_its_first_n_requests() -> None:
+    at = workload_page()
+    at.radio(key="w.kind").set_value("built-in trace").run()
+    at.selectbox(key="w.trace").set_value("azure-code-2023")
+    at.number_input(key="w.first").set_value(400)
+    at.run()
+    assert not at.exception and not at.error
+    assert shown(at)["Requests"] == "400"
+    assert at.query_params["workload"] == "azure-code-2023" and at.query_params["first"] == "400"
+    at.switch_page("views/whatif.py").run()
+    assert_headline(at, api_summary(load_workload("azure-code-2023", SourceOptions(first=400))))
 
 
 def test_edited_spec_drives_the_stats_and_the_whatif() -> None:
