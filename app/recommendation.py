@@ -14,6 +14,7 @@ from typing import Any
 import streamlit as st
 
 from app.figures import cost_line_figure, gap_figure, waterfall_figure
+from app.scenario import FLAGS
 from app.widgets import fmt
 
 METRICS = (("goodput_rps", "Goodput (req/s)"), ("throughput_tok_s", "Throughput (tok/s)"),
@@ -58,6 +59,29 @@ def load_json(data: bytes) -> dict[str, Any]:
         raise RecommendationError(f"not a JSON recommendation ({exc}); load a recommendation.json") from None
 
 
+def flags_text(flags: Any) -> str:
+    """Flags as `vllm serve` arguments, from a {flag name: value} dict, a list of arguments or text."""
+    if isinstance(flags, dict):
+        parts: list[str] = []
+        for name, value in flags.items():
+            key = str(name).removeprefix("--").replace("-", "_")
+            if isinstance(value, dict):
+                parts += ["--" + key.replace("_", "-"), "'" + json.dumps(value, separators=(",", ":")) + "'"]
+            elif key in FLAGS:  # vLLM's own spelling, e.g. --disable-prefix-caching
+                parts += FLAGS[key].vllm_args(value) or [f"--{key.replace('_', '-')}", str(value)]
+            else:
+                parts += ["--" + key.replace("_", "-"), str(value)]
+        return " ".join(parts)
+    if isinstance(flags, (list, tuple)):
+        return " ".join(str(f) for f in flags)
+    return "" if flags is None else str(flags)
+
+
+def config_label(config: Any) -> str:
+    """A ScoredConfig's label (or the text given)."""
+    return str(config.get("label") or flags_text(config.get("flags"))) if isinstance(config, dict) else str(config)
+
+
 def headline(rec: dict[str, Any]) -> None:
     best, base = rec["best"]["metrics"], rec["baseline"]["metrics"]
     cols = st.columns(len(METRICS))
@@ -74,7 +98,7 @@ def metrics_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def ladder_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"optimization": r["optimization"], "flags added": " ".join(r.get("flags_added") or []),
+    return [{"optimization": r["optimization"], "flags added": flags_text(r.get("flags_added")),
              "goodput %": fmt(r.get("delta_goodput_pct"), 1), "p99 TTFT %": fmt(r.get("delta_ttft_p99_pct"), 1),
              "p99 TPOT %": fmt(r.get("delta_tpot_p99_pct"), 1), "GPUs": r.get("gpus_needed")}
             for r in rec.get("ladder") or []]
@@ -84,6 +108,7 @@ def render(rec: dict[str, Any]) -> None:
     """Every part of a recommendation, from its keys."""
     profile = rec.get("profile") or {}
     st.subheader(f"Recommended: {rec['best'].get('label')} on {rec['best'].get('num_gpus')} GPU(s)")
+    st.caption(f"flags: {flags_text(rec['best'].get('flags')) or '(vLLM defaults)'}")
     st.caption(f"cost profile {profile.get('name', '-')} ({profile.get('status', 'unknown')}) | "
                f"{rec.get('num_simulations', '-')} simulations in {fmt(rec.get('elapsed_s'), 1)} s")
     if profile.get("status") == SCALED:
@@ -97,7 +122,7 @@ def render(rec: dict[str, Any]) -> None:
     st.dataframe(ladder_table(rec), hide_index=True, key="rec.ladder")
     if rec.get("rejected"):
         st.markdown("**Rejected**")
-        st.dataframe([{"optimization": r["optimization"], "flags": " ".join(r.get("flags") or []),
+        st.dataframe([{"optimization": r["optimization"], "flags": flags_text(r.get("flags")),
                        "goodput %": fmt(r.get("delta_goodput_pct"), 1), "why": r.get("reason")}
                       for r in rec["rejected"]], hide_index=True, key="rec.rejected")
     cost_lines(rec.get("cost_lines") or [])
@@ -126,7 +151,7 @@ def robustness(rob: dict[str, Any]) -> None:
                    "kept config goodput (req/s)": fmt(r.get("kept_goodput_rps")),
                    "regret %": fmt(r.get("regret_pct"), 1)} for r in rob["rows"]], hide_index=True, key="rec.robust")
     if rob.get("fallback"):
-        st.caption(f"fallback: {rob['fallback']} (max regret {fmt(rob.get('fallback_max_regret_pct'), 1)}%)")
+        st.caption(f"fallback: {config_label(rob['fallback'])} (max regret {fmt(rob.get('fallback_max_regret_pct'), 1)}%)")
 
 
 def details(rec: dict[str, Any]) -> None:
@@ -140,5 +165,5 @@ def details(rec: dict[str, Any]) -> None:
                        mime="application/json", key="dl.recommendation")
 
 
-__all__ = ["SCALED", "RecommendationError", "advise_api", "as_dict", "ladder_table", "load_json", "metrics_table",
-           "render"]
+__all__ = ["SCALED", "RecommendationError", "advise_api", "as_dict", "config_label", "flags_text", "ladder_table",
+           "load_json", "metrics_table", "render"]

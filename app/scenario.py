@@ -28,6 +28,9 @@ DEFAULT_WORKLOAD = "chat-production"
 DEFAULT_SLO = "ttft:500 tpot:50"
 # Traces hold ~10k requests; the dashboard simulates their first N so a what-if answers in ~1 s.
 DEFAULT_TRACE_REQUESTS = 2000
+# The cost profile `sim.run` uses when none is named; "auto" stands for None (pick by model and GPU).
+SIM_DEFAULT_PROFILE = SimConfig.model_fields["profile"].default
+DEFAULT_PROFILE = SIM_DEFAULT_PROFILE or "auto"
 UPLOAD = "upload"  # the workload name of an uploaded trace or spec
 CUSTOM = "custom"  # the workload name of a spec edited on the Workload page
 
@@ -49,7 +52,7 @@ class Scenario(BaseModel):
     num_gpus: int = Field(1, ge=1, le=4096)
     slo: str = DEFAULT_SLO
     seed: int = Field(0, ge=0)
-    profile: str = "default"
+    profile: str = DEFAULT_PROFILE
     router: str = "least_loaded"
     disagg: str = Field("", description="disaggregated prefill, P:D replica counts (costline simulate --disagg)")
     kv_link: Literal["network", "nvlink"] = "network"
@@ -66,8 +69,12 @@ class Scenario(BaseModel):
         # with a P/D split the GPU count follows from it (P + D replicas x TP)
         return SimConfig(model=self.model, gpu=self.gpu, num_gpus=None if pd else self.num_gpus,
                          engine=self.engine(), router=self.router, disaggregation=pd, seed=self.seed,
-                         profile=self.profile, slo=self.slo or None, kv_block_coarsening="auto",
+                         profile=self.sim_profile(), slo=self.slo or None, kv_block_coarsening="auto",
                          label=self.label())
+
+    def sim_profile(self) -> str | None:
+        """The profile as SimConfig takes it ("auto" is None where SimConfig's default is None)."""
+        return None if self.profile == "auto" and SIM_DEFAULT_PROFILE is None else self.profile
 
     def label(self) -> str:
         return f"{self.workload} | {self.model} on {self.num_gpus}x {self.gpu}"
@@ -185,6 +192,6 @@ def _validated(values: dict[str, Any], flags: dict[str, Any], problems: list[str
                         flags={} if "flags" in bad else flags)
 
 
-__all__ = ["CUSTOM", "DEFAULT_SLO", "DEFAULT_TRACE_REQUESTS", "DEFAULT_WORKLOAD", "FLAGS", "UPLOAD",
+__all__ = ["CUSTOM", "DEFAULT_PROFILE", "DEFAULT_SLO", "DEFAULT_TRACE_REQUESTS", "DEFAULT_WORKLOAD", "FLAGS", "UPLOAD",
            "QueryParamError", "Scenario", "flag_param", "from_query_params", "pack_spec",
            "parse_flag_value", "to_query_params", "unpack_spec"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import streamlit as st
 
-from app.scenario import Scenario
+from app.scenario import DEFAULT_PROFILE, Scenario
 from engine.flags import Flag
 from engine.model_spec import MODEL_PRESETS
 from sim.config import ENGINE_CONFIG_FLAGS
@@ -69,7 +69,7 @@ def flag_controls(s: Scenario) -> dict[str, Any]:
 
 def profile_names() -> list[str]:
     names = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
-    return ["default", *(n for n in names if n != "default")]
+    return list(dict.fromkeys([DEFAULT_PROFILE, "default", *names]))
 
 
 def _select(label: str, options: list[str], current: str, key: str, help_: str | None = None) -> str:

@@ -12,6 +12,7 @@ from app import state
 from app.compute import scenario_workload
 from app.recommendation import RecommendationError, advise_api, as_dict, load_json, render
 from app.scenario import Scenario
+from engine.run_summary import SLO
 
 REC_KEY = "recommendation"
 
@@ -22,14 +23,17 @@ def run_advisor(s: Scenario, budget: str) -> dict[str, Any] | None:
     advise, request_cls = api
     bar = st.progress(0.0, text="searching ...")
 
-    def progress(*args: Any) -> None:  # a fraction, or (done, total)
-        frac = args[0] / args[1] if len(args) == 2 and args[1] else (args[0] if args else 0.0)
-        bar.progress(min(max(float(frac), 0.0), 1.0), text="searching ...")
+    def progress(*args: Any) -> None:  # a fraction, or (done, total); anything else is ignored
+        try:
+            frac = float(args[0]) / float(args[1]) if len(args) == 2 and args[1] else float(args[0])
+        except (IndexError, TypeError, ValueError):
+            return
+        bar.progress(min(max(frac, 0.0), 1.0), text="searching ...")
 
     try:
         wl = scenario_workload(s, state.upload())
-        request = request_cls(model=s.model, gpu=s.gpu, num_gpus=s.num_gpus, slo=s.slo, seed=s.seed,
-                              budget=budget, profile=s.profile)
+        request = request_cls(model=s.model, gpu=s.gpu, num_gpus=s.num_gpus, slo=SLO.parse(s.slo), seed=s.seed,
+                              budget=budget, profile=None if s.profile == "auto" else s.profile)
         rec = as_dict(advise(wl, request, progress=progress))
     except (ValueError, OSError) as exc:
         st.error(f"the advisor refused this scenario: {str(exc).splitlines()[0]}")

@@ -258,6 +258,8 @@ def test_advisor_page_renders_a_recommendation_from_its_keys() -> None:
     ladder = at.dataframe[1].value
     assert ladder["optimization"].tolist() == ["prefix caching", "chunked prefill 4096"]
     assert ladder["goodput %"].tolist() == ["16.4", "13.3"]
+    assert ladder["flags added"].tolist() == ["--enable-prefix-caching", "--max-num-batched-tokens 4096"]
+    assert any("fallback: prefix caching only (max regret 7.5%)" in c.value for c in at.caption)
     robust = at.dataframe[3].value
     assert robust["regret %"].tolist() == ["5.0"]
 
@@ -299,7 +301,7 @@ def test_calibration_page_shows_the_profile_the_run_used() -> None:
     api = api_summary()
     assert not at.exception
     m = shown(at)
-    assert m["Cost profile in use"] == (api.get("profile") or "default")
+    assert m["Cost profile in use"] == (api.get("profile") or Scenario().profile)
     assert m["Status"] == (api.get("profile_status") or "first principles")
 
 

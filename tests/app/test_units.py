@@ -198,6 +198,17 @@ def test_task_mix_parses() -> None:
     assert parse_task_mix("chat:0.6 code:0.4") == {"chat": 0.6, "code": 0.4}
 
 
+def test_flags_text_spells_flags_as_vllm_serve_does() -> None:
+    from app.recommendation import flags_text
+
+    assert flags_text({"enable_prefix_caching": False, "max_num_batched_tokens": 4096}) == \
+        "--disable-prefix-caching --max-num-batched-tokens 4096"
+    assert flags_text({"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}) == \
+        """--speculative-config '{"method":"ngram","num_speculative_tokens":4}'"""
+    assert flags_text(["--max-num-seqs", "64"]) == "--max-num-seqs 64"
+    assert flags_text(None) == ""
+
+
 # ----------------------------------------------------------------------------- calibration
 
 
