@@ -11,6 +11,7 @@ returns at once.
 from __future__ import annotations
 
 import hashlib
+import io
 import tempfile
 import threading
 import time
@@ -54,6 +55,16 @@ class RunOutput:
     requests: dict[str, np.ndarray]
     steps: dict[str, np.ndarray]
     wall_s: float
+
+
+def table_parquet(table: dict[str, np.ndarray]) -> bytes:
+    """A run's table (engine/records.py columns) as Parquet bytes, for a download."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({k: np.asarray(v) for k, v in table.items()}), buf)
+    return buf.getvalue()
 
 
 def source_options(s: Scenario) -> SourceOptions:
@@ -164,4 +175,5 @@ __all__ = [
     "scenario_workload",
     "simulate",
     "source_options",
+    "table_parquet",
 ]

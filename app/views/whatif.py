@@ -3,16 +3,14 @@ percentiles against the SLOs, CDFs and timelines; pin a run as A and compare B b
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
-import numpy as np
 import streamlit as st
 from pydantic import ValidationError
 
 from app import state
-from app.compute import RunOutput, run_scenario
+from app.compute import RunOutput, run_scenario, table_parquet
 from app.figures import cdf_figure, latency_rows, timeline_figure
 from app.scenario import Scenario
 from app.widgets import deployment_controls, flag_controls, fmt
@@ -74,19 +72,10 @@ def downloads(s: Scenario, out: RunOutput) -> None:
     summary = json.dumps(out.summary | {"scenario": s.model_dump()}, indent=2)
     c1, c2, c3 = st.columns(3)
     c1.download_button("summary.json", summary, file_name="summary.json", mime="application/json", key="dl.json")
-    c2.download_button("requests.parquet", parquet_bytes(out.requests), file_name="requests.parquet",
+    c2.download_button("requests.parquet", table_parquet(out.requests), file_name="requests.parquet",
                        mime="application/octet-stream", key="dl.requests")
-    c3.download_button("steps.parquet", parquet_bytes(out.steps), file_name="steps.parquet",
+    c3.download_button("steps.parquet", table_parquet(out.steps), file_name="steps.parquet",
                        mime="application/octet-stream", key="dl.steps")
-
-
-def parquet_bytes(table: dict[str, np.ndarray]) -> bytes:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    buf = io.BytesIO()
-    pq.write_table(pa.table({k: np.asarray(v) for k, v in table.items()}), buf)
-    return buf.getvalue()
 
 
 def simulate(s: Scenario) -> RunOutput | None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -141,6 +142,24 @@ def test_a_run_answers_within_2_s_and_a_cached_rerun_at_once() -> None:
     assert first_s <= 2.0, f"a 2,000-request what-if took {first_s:.2f} s"
     assert time.perf_counter() - t0 < 0.01
     assert out.summary["num_prompts"] == 2000
+
+
+def test_downloads_hold_the_runs_tables() -> None:
+    import io
+
+    import pyarrow.parquet as pq
+
+    from app.compute import table_parquet
+
+    out = simulate(Scenario(workload="lab-random"), None)
+    back = pq.read_table(io.BytesIO(table_parquet(out.requests))).to_pydict()
+    assert list(back) == list(out.requests)
+    for col in ("request_id", "ttft_s", "status"):
+        assert back[col] == out.requests[col].tolist() or np.allclose(back[col], out.requests[col], equal_nan=True)
+    at = app()
+    at.run()
+    names = [d.proto.label for d in at.get("download_button")]
+    assert names == ["summary.json", "requests.parquet", "steps.parquet"]
 
 
 # ----------------------------------------------------------------------------- Workload
