@@ -67,18 +67,29 @@ def table_parquet(table: dict[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
+# The trace loaders' fixes name command-line options; on the page they are controls.
+_CONTROL_OF_OPTION = {"--format": "the 'trace format' control", "--lenient": "'skip bad rows'"}
+
+
+def in_page_words(message: str) -> str:
+    for option, control in _CONTROL_OF_OPTION.items():
+        message = message.replace(option, control)
+    return message
+
+
 def source_options(s: Scenario) -> SourceOptions:
     first = s.first
     if first is None and (s.workload in BUILTIN_TRACES or s.workload == UPLOAD):
         first = DEFAULT_TRACE_REQUESTS
-    return SourceOptions(first=first, seed=s.seed)
+    return SourceOptions(first=first, seed=s.seed, trace_format=s.trace_format, lenient=s.lenient)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def load_scenario_workload(workload: str, spec: str | None, first: int | None, seed: int,
-                           upload_name: str | None = None, upload_data: bytes | None = None) -> Workload:
+                           upload_name: str | None = None, upload_data: bytes | None = None,
+                           trace_format: str = "auto", lenient: bool = False) -> Workload:
     """The workload a scenario names; an upload is read from a temporary file of the same name."""
-    s = Scenario(workload=workload, spec=spec, first=first, seed=seed)
+    s = Scenario(workload=workload, spec=spec, first=first, seed=seed, trace_format=trace_format, lenient=lenient)
     opts = source_options(s)
     if workload == CUSTOM:
         from sim.workload_spec import WorkloadSpec
@@ -96,7 +107,7 @@ def load_scenario_workload(workload: str, spec: str | None, first: int | None, s
             try:
                 wl = load_workload(str(path), opts)
             except (ValueError, OSError) as exc:  # name the file as uploaded, not the temporary copy
-                raise UploadError(str(exc).replace(str(path), path.name)) from None
+                raise UploadError(in_page_words(str(exc).replace(str(path), path.name))) from None
         wl.name = Path(upload_name).stem
         return wl
     return load_workload(workload, opts)
@@ -104,7 +115,8 @@ def load_scenario_workload(workload: str, spec: str | None, first: int | None, s
 
 def scenario_workload(s: Scenario, upload: Upload | None) -> Workload:
     return load_scenario_workload(s.workload, s.spec, s.first, s.seed,
-                                  upload.name if upload else None, upload.data if upload else None)
+                                  upload.name if upload else None, upload.data if upload else None,
+                                  s.trace_format, s.lenient)
 
 
 def simulate(s: Scenario, upload: Upload | None, progress: Callable[[float], None] | None = None) -> RunOutput:

@@ -47,6 +47,8 @@ class Scenario(BaseModel):
     workload: str = DEFAULT_WORKLOAD
     spec: str | None = Field(None, description="the edited WorkloadSpec as JSON (workload 'custom')")
     first: int | None = Field(None, ge=1, description="simulate a trace's first N requests")
+    trace_format: Literal["auto", "mooncake", "azure", "burstgpt"] = "auto"
+    lenient: bool = Field(False, description="skip a trace's bad rows (counted) instead of refusing it")
     model: str = "llama-3.1-8b"
     gpu: str = "h200"
     num_gpus: int = Field(1, ge=1, le=4096)
@@ -88,7 +90,7 @@ class Scenario(BaseModel):
 
 
 # ------------------------------------------------------------------------- URL round-trip
-_SCALARS = ("workload", "first", "model", "gpu", "num_gpus", "slo", "seed", "profile", "router", "disagg",
+_SCALARS = ("workload", "first", "trace_format", "lenient", "model", "gpu", "num_gpus", "slo", "seed", "profile", "router", "disagg",
             "kv_link")
 
 
@@ -124,7 +126,7 @@ def _flag_text(value: Any) -> str:
 def to_query_params(s: Scenario) -> dict[str, str]:
     """What differs from the default scenario, as URL query parameters."""
     default = Scenario()
-    out = {k: str(getattr(s, k)) for k in _SCALARS if getattr(s, k) != getattr(default, k)}
+    out = {k: _flag_text(getattr(s, k)) for k in _SCALARS if getattr(s, k) != getattr(default, k)}
     if s.spec:
         out["spec"] = pack_spec(s.spec)
     for name, value in s.flags.items():

@@ -31,6 +31,7 @@ from sim.workload_spec import WorkloadSpec
 
 KINDS = ("preset", "built-in trace", "upload", "edit a spec")
 UPLOAD_TYPES = ["jsonl", "csv", "json", "gz", "yaml", "yml"]
+FORMATS = ["auto", "mooncake", "azure", "burstgpt"]
 
 
 def kind_of(s: Scenario) -> str:
@@ -52,20 +53,25 @@ def pick_source(s: Scenario) -> dict[str, Any]:
         names = preset_names()
         name = st.selectbox("preset", names, index=names.index(s.workload if s.workload in names else DEFAULT_WORKLOAD),
                             key="w.preset")
-        return {"workload": name, "spec": None, "first": None}
+        return {"workload": name, "spec": None, "first": None, "trace_format": "auto", "lenient": False}
     if kind == "built-in trace":
         names = list(BUILTIN_TRACES)
         name = st.selectbox("trace", names, index=names.index(s.workload) if s.workload in names else 0,
                             key="w.trace", format_func=lambda n: f"{n}: {BUILTIN_TRACES[n].description}")
-        return {"workload": name, "spec": None, "first": first_n(s)}
+        return {"workload": name, "spec": None, "first": first_n(s), "trace_format": "auto", "lenient": False}
     if kind == "upload":
         f = st.file_uploader("Mooncake JSONL, Azure or BurstGPT CSV (plain or .gz), or a workload spec (JSON)",
                              type=UPLOAD_TYPES, key="w.upload")
         if f is not None:
             st.session_state[state.UPLOAD_KEY] = Upload(f.name, f.getvalue())
         st.caption("An uploaded file stays in this session: a shared link cannot carry it.")
-        return {"workload": UPLOAD, "spec": None, "first": first_n(s)}
-    return {"workload": CUSTOM, "spec": edit_spec(s).model_dump_json(), "first": None}
+        c1, c2 = st.columns(2)
+        fmt_ = c1.selectbox("trace format", FORMATS, index=FORMATS.index(s.trace_format), key="w.format")
+        lenient = c2.checkbox("skip bad rows", value=s.lenient, key="w.lenient",
+                              help="skip malformed rows (counted in the notes) instead of refusing the file")
+        return {"workload": UPLOAD, "spec": None, "first": first_n(s), "trace_format": fmt_, "lenient": lenient}
+    return {"workload": CUSTOM, "spec": edit_spec(s).model_dump_json(), "first": None, "trace_format": "auto",
+            "lenient": False}
 
 
 def base_spec(s: Scenario) -> WorkloadSpec:

@@ -236,6 +236,17 @@ def test_a_bad_upload_shows_an_error_naming_the_file_not_a_traceback() -> None:
     assert len(at.error) == 1
     msg = at.error[0].value
     assert "broken.csv" in msg and "/tmp" not in msg and "Fix" in msg
+    assert "--format" not in msg and "'trace format' control" in msg
+
+
+def test_skip_bad_rows_reads_a_trace_with_a_broken_row() -> None:
+    good = {"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [1, 2]}
+    data = (json.dumps(good) + "\n" + '{"timestamp": 5, "input_length": -3}\n').encode()
+    at = upload_page("rows.jsonl", data)
+    assert len(at.error) == 1 and "rows.jsonl, line 2" in at.error[0].value
+    at.checkbox(key="w.lenient").check().run()
+    assert not at.exception and not at.error
+    assert shown(at)["Requests"] == "1"
 
 
 def test_an_uploaded_mooncake_trace_is_described_and_simulated(tmp_path) -> None:

@@ -41,12 +41,16 @@ def test_default_scenario_has_an_empty_url() -> None:
 @settings(max_examples=40, deadline=None)
 @given(seqs=st.none() | st.integers(1, 4096), caching=st.booleans(), util=st.floats(0.5, 1.0),
        policy=st.sampled_from(["fcfs", "priority"]), gpus=st.integers(1, 64),
-       slo=st.sampled_from(["ttft:500 tpot:50", "", "e2el:9000"]), seed=st.integers(0, 2**31))
-def test_scenario_round_trips_through_the_url(seqs, caching, util, policy, gpus, slo, seed) -> None:
+       slo=st.sampled_from(["ttft:500 tpot:50", "", "e2el:9000"]), seed=st.integers(0, 2**31),
+       source=st.fixed_dictionaries({"lenient": st.booleans(), "first": st.none() | st.integers(1, 10**6),
+                                     "trace_format": st.sampled_from(["auto", "mooncake", "azure", "burstgpt"]),
+                                     "disagg": st.sampled_from(["", "3:1"]),
+                                     "kv_link": st.sampled_from(["network", "nvlink"])}))
+def test_scenario_round_trips_through_the_url(seqs, caching, util, policy, gpus, slo, seed, source) -> None:
     flags = {k: v for k, v in {"max_num_seqs": seqs, "enable_prefix_caching": caching,
                                "gpu_memory_utilization": util, "scheduling_policy": policy}.items()
              if v is not None}
-    s = Scenario(num_gpus=gpus, slo=slo, seed=seed, flags=flags, workload="custom",
+    s = Scenario(num_gpus=gpus, slo=slo, seed=seed, flags=flags, workload="custom", **source,
                  spec=get_preset("lab-poisson").model_dump_json())
     params = to_query_params(s)
     assert all(isinstance(v, str) for v in params.values())
