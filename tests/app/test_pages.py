@@ -128,6 +128,14 @@ def test_bad_url_parameter_and_bad_flag_show_clear_errors() -> None:
     assert not at.exception
     assert len(at.error) == 1 and "--block-size 8" in at.error[0].value
     assert not at.metric  # nothing stale shown under the error
+    at.number_input(key="flag.block_size").set_value(16)
+    at.text_input(key="flag.speculative_config").input('{"method":"ngram"').run()
+    assert not at.exception
+    assert len(at.error) == 1 and at.error[0].value.startswith("invalid setting: --speculative-config")
+    at.text_input(key="flag.speculative_config").input("").run()
+    at.number_input(key="flag.max_num_seqs").set_value(100_000).run()  # beyond the token budget: vLLM refuses
+    assert not at.exception
+    assert "--max-num-seqs 100000" in at.error[0].value and "--max-num-batched-tokens" in at.error[0].value
 
 
 def test_a_run_answers_within_2_s_and_a_cached_rerun_at_once() -> None:
