@@ -32,7 +32,7 @@ from sim.run import LoadedWorkload, run, summarize
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
 
-MAX_CACHED_RUNS = 64
+MAX_CACHED_RUNS = 32  # a run holds its two tables: ~1-4 MB for 2,000 requests
 
 
 class UploadError(ValueError):

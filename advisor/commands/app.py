@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -43,8 +42,10 @@ def serve(
         raise ValueError(f"{APP_MAIN}: the dashboard is missing from this installation; reinstall costline")
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(APP_MAIN.parents[1]),
                                                                     os.environ.get("PYTHONPATH")]))}
-    code = subprocess.call(streamlit_command(port, address, headless), env=env)
-    raise typer.Exit(code)
+    cmd = streamlit_command(port, address, headless)
+    # exec, not a child process: a signal to `costline app` (Ctrl-C, a test stopping it) reaches
+    # the server itself instead of leaving it running orphaned
+    os.execve(cmd[0], cmd, env)
 
 
 __all__ = ["APP_MAIN", "serve", "streamlit_command"]

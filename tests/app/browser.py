@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -63,17 +64,20 @@ def running_app(port: int | None = None) -> Iterator[str]:
     """`costline app --headless` on a free port; yields its URL and stops it afterwards."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "advisor.cli", "app", "--port", str(port), "--headless"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # its own process group, so stopping it stops everything it started
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
         yield url
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def wait_healthy(url: str, proc: subprocess.Popen) -> None:
