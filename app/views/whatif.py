@@ -56,7 +56,8 @@ def headline(out: RunOutput, pinned: dict[str, Any] | None) -> None:
         delta = None
         if pinned is not None and value is not None and pinned["summary"].get(key) is not None:
             delta = fmt(value - pinned["summary"][key])
-        col.metric(label, fmt(value), delta=delta, delta_color="off" if delta is None else "normal")
+        lower_is_better = key.endswith("_ms") or key == "num_preemptions"
+        col.metric(label, fmt(value), delta=delta, delta_color="inverse" if lower_is_better else "normal")
 
 
 def compare_table(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
