@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine with only Python 3.11 and pip:
 #   bash dev.sh demo   - create/reuse .venv, install the light core, run the main job
+#   bash dev.sh demo app - the same with the app extra, and start the what-if dashboard (costline app)
 #   bash dev.sh test   - create/reuse .venv, install CPU torch + triton + test deps, run the whole suite
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,6 +18,8 @@ install() {  # install once per pyproject version and extras set
       # CPU build of torch first (on disk here; a plain `torch` would pull a CUDA build)
       $VPY -m pip install -q "torch==2.13.0" || $VPY -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
       $VPY -m pip install -q -e ".[engine,test]"
+    elif [ "$1" = app ]; then
+      $VPY -m pip install -q -e ".[app]"
     else
       $VPY -m pip install -q -e .
     fi
@@ -24,7 +27,9 @@ install() {  # install once per pyproject version and extras set
   fi
 }
 case "${1:-demo}" in
-  demo) install core; shift || true; exec .venv/bin/costline "${@:-demo}" ;;
+  demo)
+    if [ "${2:-}" = app ]; then install app; shift 2; exec .venv/bin/costline app "$@"; fi
+    install core; shift || true; exec .venv/bin/costline "${@:-demo}" ;;
   test) install test; shift || true; TRITON_INTERPRET=1 exec $VPY -m pytest "$@" ;;
   *) echo "usage: bash dev.sh demo|test [args]" >&2; exit 2 ;;
 esac

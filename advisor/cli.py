@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from advisor.commands import app as app_cmd
 from advisor.commands import engine as engine_cmd
 from advisor.commands import simulate, workload
 
@@ -35,6 +36,7 @@ def _options(
 app.add_typer(workload.app, name="workload")
 app.command("simulate")(simulate.simulate)
 app.add_typer(engine_cmd.app, name="engine")
+app.command("app")(app_cmd.serve)
 
 
 @app.command()

@@ -1,0 +1,82 @@
+"""Which cost profile a run used, how well it was validated, and whether it was scaled from
+another GPU: from the run summary's `profile` / `profile_status` keys and the profile JSON's
+optional `validation` field. A summary without those keys ran the first-principles profile.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.cost_model import PROFILES_DIR
+
+FIRST_PRINCIPLES = "first principles"
+SCALED = "scaled, not validated"
+
+
+@dataclass(slots=True)
+class ProfileInfo:
+    """What the Calibration page shows about the profile a run used."""
+
+    name: str
+    status: str
+    validation: list[dict[str, Any]] = field(default_factory=list)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scaled(self) -> bool:
+        return self.status == SCALED
+
+
+def profile_file(name: str) -> Path | None:
+    p = Path(name)
+    if p.suffix and p.is_file():
+        return p
+    q = PROFILES_DIR / f"{name}.json"
+    return q if q.is_file() else None
+
+
+def read_profile(name: str) -> dict[str, Any]:
+    path = profile_file(name)
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def validation_rows(validation: Any) -> list[dict[str, Any]]:
+    """The profile's validation error per metric as table rows, whatever its nesting: a list of
+    rows, {metric: error}, or {metric: {figure: value}}."""
+    if isinstance(validation, list):
+        return [dict(r) if isinstance(r, Mapping) else {"value": r} for r in validation]
+    if not isinstance(validation, Mapping):
+        return []
+    rows = []
+    for metric, value in validation.items():
+        if isinstance(value, Mapping):
+            rows.append({"metric": metric, **{k: v for k, v in value.items() if not isinstance(v, (dict, list))}})
+        elif not isinstance(value, list):
+            rows.append({"metric": metric, "error": value})
+    return rows
+
+
+PROVENANCE_KEYS = ("hardware", "model", "engine", "source", "schema_version", "date", "engine_commit")
+
+
+def profile_info(summary: Mapping[str, Any], requested: str) -> ProfileInfo:
+    """The profile a run used (`requested` when the summary does not say), its status and validation."""
+    name = summary.get("profile") or requested
+    data = read_profile(name)
+    status = summary.get("profile_status") or FIRST_PRINCIPLES
+    validation = summary.get("profile_validation") or data.get("validation")
+    provenance = {k: data[k] for k in PROVENANCE_KEYS if k in data}
+    return ProfileInfo(name=name, status=status, validation=validation_rows(validation), provenance=provenance)
+
+
+__all__ = ["FIRST_PRINCIPLES", "SCALED", "ProfileInfo", "profile_info", "read_profile", "validation_rows"]

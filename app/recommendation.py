@@ -1,0 +1,169 @@
+"""The advisor's recommendation as the Advisor page shows it: read from the advisor's object or from
+a saved recommendation.json (the same keys), and rendered from those keys only.
+
+`advisor.advise` is imported lazily: the dashboard works without it and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+from app.figures import cost_line_figure, gap_figure, waterfall_figure
+from app.scenario import FLAGS
+from app.widgets import fmt
+
+METRICS = (("goodput_rps", "Goodput (req/s)"), ("throughput_tok_s", "Throughput (tok/s)"),
+           ("ttft_p99_ms", "p99 TTFT (ms)"), ("tpot_p99_ms", "p99 TPOT (ms)"),
+           ("slo_attainment", "SLO attainment"))
+TABLE_METRICS = ("goodput_rps", "throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
+                 "itl_p99_ms", "e2e_p99_ms", "slo_attainment", "preemptions")
+SCALED = "scaled, not validated"
+
+
+class RecommendationError(ValueError):
+    """A recommendation.json that cannot be shown; the message says what is missing."""
+
+
+def advise_api() -> tuple[Callable[..., Any], type] | None:
+    """(advise, AdviseRequest), or None when the advisor is not installed."""
+    try:
+        from advisor.advise import AdviseRequest, advise
+    except ImportError:
+        return None
+    return advise, AdviseRequest
+
+
+def as_dict(rec: Any) -> dict[str, Any]:
+    """A Recommendation (pydantic model or dataclass) or its JSON dict, as plain JSON data."""
+    if hasattr(rec, "model_dump"):
+        rec = rec.model_dump(mode="json")
+    elif dataclasses.is_dataclass(rec) and not isinstance(rec, type):
+        rec = dataclasses.asdict(rec)
+    data = json.loads(json.dumps(rec, default=str))
+    missing = [k for k in ("best", "baseline", "ladder") if k not in data]
+    if missing:
+        raise RecommendationError(f"not a recommendation: missing {', '.join(missing)} "
+                                  "(load the recommendation.json `costline advise --out` writes)")
+    return data
+
+
+def load_json(data: bytes) -> dict[str, Any]:
+    try:
+        return as_dict(json.loads(data.decode("utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecommendationError(f"not a JSON recommendation ({exc}); load a recommendation.json") from None
+
+
+def flags_text(flags: Any) -> str:
+    """Flags as `vllm serve` arguments, from a {flag name: value} dict, a list of arguments or text."""
+    if isinstance(flags, dict):
+        parts: list[str] = []
+        for name, value in flags.items():
+            key = str(name).removeprefix("--").replace("-", "_")
+            if isinstance(value, dict):
+                parts += ["--" + key.replace("_", "-"), "'" + json.dumps(value, separators=(",", ":")) + "'"]
+            elif key in FLAGS:  # vLLM's own spelling, e.g. --disable-prefix-caching
+                parts += FLAGS[key].vllm_args(value) or [f"--{key.replace('_', '-')}", str(value)]
+            else:
+                parts += ["--" + key.replace("_", "-"), str(value)]
+        return " ".join(parts)
+    if isinstance(flags, (list, tuple)):
+        return " ".join(str(f) for f in flags)
+    return "" if flags is None else str(flags)
+
+
+def config_label(config: Any) -> str:
+    """A ScoredConfig's label (or the text given)."""
+    return str(config.get("label") or flags_text(config.get("flags"))) if isinstance(config, dict) else str(config)
+
+
+def headline(rec: dict[str, Any]) -> None:
+    best, base = rec["best"]["metrics"], rec["baseline"]["metrics"]
+    cols = st.columns(len(METRICS))
+    for col, (key, label) in zip(cols, METRICS, strict=True):
+        b, a = best.get(key), base.get(key)
+        delta = fmt(b - a) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+        col.metric(label, fmt(b), delta=delta, delta_color="inverse" if key.endswith("_ms") else "normal")
+
+
+def metrics_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    best, base = rec["best"], rec["baseline"]
+    return [{"metric": k, f"baseline ({base.get('label')})": fmt(base["metrics"].get(k)),
+             f"best ({best.get('label')})": fmt(best["metrics"].get(k))} for k in TABLE_METRICS]
+
+
+def ladder_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"optimization": r["optimization"], "flags added": flags_text(r.get("flags_added")),
+             "goodput %": fmt(r.get("delta_goodput_pct"), 1), "p99 TTFT %": fmt(r.get("delta_ttft_p99_pct"), 1),
+             "p99 TPOT %": fmt(r.get("delta_tpot_p99_pct"), 1), "GPUs": r.get("gpus_needed")}
+            for r in rec.get("ladder") or []]
+
+
+def render(rec: dict[str, Any]) -> None:
+    """Every part of a recommendation, from its keys."""
+    profile = rec.get("profile") or {}
+    st.subheader(f"Recommended: {rec['best'].get('label')} on {rec['best'].get('num_gpus')} GPU(s)")
+    st.caption(f"flags: {flags_text(rec['best'].get('flags')) or '(vLLM defaults)'}")
+    st.caption(f"cost profile {profile.get('name', '-')} ({profile.get('status', 'unknown')}) | "
+               f"{rec.get('num_simulations', '-')} simulations in {fmt(rec.get('elapsed_s'), 1)} s")
+    if profile.get("status") == SCALED:
+        st.warning(f"Profile {profile.get('name')} is scaled from another GPU, not validated on this one: "
+                   "treat absolute figures with care.")
+    headline(rec)
+    st.dataframe(metrics_table(rec), hide_index=True, key="rec.metrics")
+    st.code(rec.get("serve_command") or "", language="bash")
+    st.subheader("The ladder")
+    st.plotly_chart(waterfall_figure(rec.get("ladder") or []), key="rec.waterfall")
+    st.dataframe(ladder_table(rec), hide_index=True, key="rec.ladder")
+    if rec.get("rejected"):
+        st.markdown("**Rejected**")
+        st.dataframe([{"optimization": r["optimization"], "flags": flags_text(r.get("flags")),
+                       "goodput %": fmt(r.get("delta_goodput_pct"), 1), "why": r.get("reason")}
+                      for r in rec["rejected"]], hide_index=True, key="rec.rejected")
+    cost_lines(rec.get("cost_lines") or [])
+    if rec.get("gap"):
+        st.subheader("Lab -> production gap")
+        st.plotly_chart(gap_figure(rec["gap"]), key="rec.gap")
+    robustness(rec.get("robustness") or {})
+    details(rec)
+
+
+def cost_lines(lines: list[dict[str, Any]]) -> None:
+    if not lines:
+        return
+    st.subheader("Cost lines: where each optimization pays")
+    for i, line in enumerate(lines):
+        st.plotly_chart(cost_line_figure(line), key=f"rec.cost_line.{i}")
+        if line.get("answer"):
+            st.caption(line["answer"])
+
+
+def robustness(rob: dict[str, Any]) -> None:
+    if not rob.get("rows"):
+        return
+    st.subheader("Robustness")
+    st.dataframe([{"perturbation": r["perturbation"], "best goodput (req/s)": fmt(r.get("best_goodput_rps")),
+                   "kept config goodput (req/s)": fmt(r.get("kept_goodput_rps")),
+                   "regret %": fmt(r.get("regret_pct"), 1)} for r in rob["rows"]], hide_index=True, key="rec.robust")
+    if rob.get("fallback"):
+        st.caption(f"fallback: {config_label(rob['fallback'])} (max regret {fmt(rob.get('fallback_max_regret_pct'), 1)}%)")
+
+
+def details(rec: dict[str, Any]) -> None:
+    if rec.get("metrics_to_watch"):
+        st.subheader("Metrics to watch in production")
+        st.dataframe(rec["metrics_to_watch"], hide_index=True, key="rec.watch")
+    for q in rec.get("questions") or []:
+        with st.expander(q["question"]):
+            st.write(q["answer"])
+    st.download_button("recommendation.json", json.dumps(rec, indent=2), file_name="recommendation.json",
+                       mime="application/json", key="dl.recommendation")
+
+
+__all__ = ["SCALED", "RecommendationError", "advise_api", "as_dict", "config_label", "flags_text", "ladder_table",
+           "load_json", "metrics_table", "render"]

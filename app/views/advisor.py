@@ -1,0 +1,74 @@
+"""Advisor: the recommendation for the scenario's workload and deployment (or a saved
+recommendation.json): best vs baseline, the ladder as a waterfall, cost lines with the operating
+point, the lab -> production gap, the robustness table and the `vllm serve` command."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from app import state
+from app.compute import scenario_workload
+from app.recommendation import RecommendationError, advise_api, as_dict, load_json, render
+from app.scenario import Scenario
+from engine.run_summary import SLO
+
+REC_KEY = "recommendation"
+
+
+def run_advisor(s: Scenario, budget: str) -> dict[str, Any] | None:
+    api = advise_api()
+    assert api is not None
+    advise, request_cls = api
+    bar = st.progress(0.0, text="searching ...")
+
+    def progress(*args: Any) -> None:  # a fraction, or (done, total); anything else is ignored
+        try:
+            frac = float(args[0]) / float(args[1]) if len(args) == 2 and args[1] else float(args[0])
+        except (IndexError, TypeError, ValueError):
+            return
+        bar.progress(min(max(frac, 0.0), 1.0), text="searching ...")
+
+    try:
+        wl = scenario_workload(s, state.upload())
+        request = request_cls(model=s.model, gpu=s.gpu, num_gpus=s.num_gpus, slo=SLO.parse(s.slo), seed=s.seed,
+                              budget=budget, profile=None if s.profile == "auto" else s.profile)
+        rec = as_dict(advise(wl, request, progress=progress))
+    except (ValueError, OSError) as exc:
+        st.error(f"the advisor refused this scenario: {str(exc).splitlines()[0]}")
+        return None
+    finally:
+        bar.empty()
+    return rec
+
+
+def main() -> None:
+    st.title("Advisor")
+    s = state.scenario()
+    if advise_api() is None:
+        st.info("The advisor is not installed here (advisor.advise is missing): load a recommendation.json "
+                "below to view one.")
+    else:
+        st.caption(f"Workload {s.workload}, {s.model} on {s.num_gpus}x {s.gpu}, SLOs {s.slo or '-'} "
+                   "(change them on the What-if and Workload pages).")
+        budget = st.segmented_control("search budget", ["quick", "full"], default="quick", key="adv.budget")
+        if st.button("Run the advisor", key="adv.run", type="primary"):
+            rec = run_advisor(s, budget or "quick")
+            if rec is not None:
+                st.session_state[REC_KEY] = rec
+    f = st.file_uploader("or load a recommendation.json", type=["json"], key="adv.upload")
+    if f is not None:
+        try:
+            st.session_state[REC_KEY] = load_json(f.getvalue())
+        except RecommendationError as exc:
+            st.error(str(exc))
+    rec = st.session_state.get(REC_KEY)
+    if rec is not None:
+        try:
+            render(as_dict(rec))
+        except (RecommendationError, KeyError, TypeError) as exc:
+            st.error(f"cannot show this recommendation: {exc}")
+
+
+main()

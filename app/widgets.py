@@ -1,0 +1,114 @@
+"""Controls built from definitions: one per engine flag (`sim.config.ENGINE_CONFIG_FLAGS`, labelled
+with its `vllm serve` spelling), the deployment's, and small formatting helpers shared by pages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import streamlit as st
+
+from app.scenario import DEFAULT_PROFILE, Scenario
+from engine.flags import Flag
+from engine.model_spec import MODEL_PRESETS
+from sim.config import ENGINE_CONFIG_FLAGS
+from sim.cost_model import PROFILES_DIR
+from sim.hardware import GPU_PRESETS
+
+ROUTERS = ("least_loaded", "round_robin", "prefix_aware")
+AUTO = "(auto)"  # a flag left to vLLM's start-up default
+
+
+def flag_key(flag: Flag) -> str:
+    return f"flag.{flag.name}"
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else value.model_dump_json(exclude_none=True) \
+        if hasattr(value, "model_dump_json") else str(value)
+
+
+def flag_control(flag: Flag, current: Any) -> Any:
+    """One widget for `flag`, showing `current`; returns the value the user set."""
+    label, key, help_ = flag.cli, flag_key(flag), flag.help
+    if flag.type is bool:
+        return st.toggle(label, value=bool(current), key=key, help=help_)
+    if flag.choices:
+        options = ([AUTO] if flag.default is None else []) + list(flag.choices)
+        picked = st.selectbox(label, options, index=options.index(current if current is not None else AUTO),
+                              key=key, help=help_)
+        return None if picked == AUTO else picked
+    if flag.type is int:
+        low = int(flag.ge) if flag.ge is not None else (int(flag.gt) + 1 if flag.gt is not None else None)
+        return st.number_input(label, min_value=low, value=current, step=1, key=key, help=help_,
+                               placeholder="vLLM's default for the GPU" if flag.default is None else None)
+    if flag.type is float:
+        low = flag.ge if flag.ge is not None else (flag.gt + 0.01 if flag.gt is not None else None)
+        return st.number_input(label, min_value=low, max_value=flag.le, value=current, step=0.01,
+                               format="%.2f", key=key, help=help_)
+    text = st.text_input(label, value=_text(current), key=key, help=help_,
+                         placeholder='{"method":"ngram","num_speculative_tokens":4}')
+    return text.strip() or None
+
+
+def flag_controls(s: Scenario) -> dict[str, Any]:
+    """Every engine flag as a control; returns the flags that differ from the defaults."""
+    changed: dict[str, Any] = {}
+    for flag in ENGINE_CONFIG_FLAGS:
+        current = s.flags.get(flag.name, flag.default)
+        value = flag_control(flag, current)
+        if isinstance(value, float) and isinstance(flag.default, float) and math.isclose(value, flag.default):
+            continue
+        if value != flag.default:
+            changed[flag.name] = value
+    return changed
+
+
+def profile_names() -> list[str]:
+    names = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+    return list(dict.fromkeys([DEFAULT_PROFILE, "default", *names]))
+
+
+def _select(label: str, options: list[str], current: str, key: str, help_: str | None = None) -> str:
+    opts = options if current in options else [current, *options]
+    return st.selectbox(label, opts, index=opts.index(current), key=key, help=help_)
+
+
+def deployment_controls(s: Scenario) -> dict[str, Any]:
+    """Model, GPU, count, SLOs, seed, router and cost profile; returns the scenario fields."""
+    return {
+        "model": _select("--model", list(MODEL_PRESETS), s.model, "dep.model", "model preset"),
+        "gpu": _select("GPU", list(GPU_PRESETS), s.gpu, "dep.gpu", "GPU preset (sim/hardware.py)"),
+        "num_gpus": st.number_input("GPUs in total", min_value=1, max_value=4096, value=s.num_gpus, step=1,
+                                    key="dep.num_gpus", help="replicas = GPUs / --tensor-parallel-size"),
+        "slo": st.text_input("--goodput (SLOs in ms)", value=s.slo, key="dep.slo",
+                             help='as vllm bench serve --goodput, e.g. "ttft:500 tpot:50 e2el:10000"'),
+        "router": _select("router", list(ROUTERS), s.router, "dep.router", "how requests reach replicas"),
+        "profile": _select("cost profile", profile_names(), s.profile, "dep.profile",
+                           "step-cost profile (sim/profiles); the Calibration page shows which one ran"),
+        "seed": st.number_input("seed", min_value=0, value=s.seed, step=1, key="dep.seed"),
+        "disagg": st.text_input("disaggregated prefill (P:D replicas)", value=s.disagg, key="dep.disagg",
+                                placeholder="off; e.g. 3:1", help="prefill and decode on separate replicas; "
+                                "the GPU count then follows (P + D) x --tensor-parallel-size").strip(),
+        "kv_link": _select("P/D KV link", ["network", "nvlink"], s.kv_link, "dep.kv_link",
+                           "how KV moves from prefill to decode replicas"),
+    }
+
+
+def fmt(x: Any, digits: int = 2) -> str:
+    """A figure as the pages show it (tests format the API's numbers the same way)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    return str(x)
+
+
+__all__ = ["AUTO", "deployment_controls", "flag_control", "flag_controls", "flag_key", "fmt", "profile_names"]

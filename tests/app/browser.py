@@ -1,0 +1,183 @@
+"""The dashboard in a real browser: `costline app` on a free localhost port, driven by headless
+Chromium (Debian's `chromium` package) through Playwright. Used by tests/app/test_browser.py and,
+to refresh the committed screenshots, as a script:
+
+    .venv/bin/python -m tests.app.browser docs/screenshots
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.app.recommendation_fixture import recommendation
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 90
+CHART = ".js-plotly-plot"
+METRIC = '[data-testid="stMetricValue"]'
+
+
+class BrowserUnavailable(RuntimeError):
+    """Chromium is missing and could not be installed; the message says how to install it."""
+
+
+def chromium_path() -> str:
+    """Debian's chromium, installed with apt-get when missing and we are root (CI is)."""
+    found = shutil.which("chromium")
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise BrowserUnavailable("chromium is not installed and this user cannot install it: "
+                                 "run `apt-get install -y chromium` as root")
+    env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        done = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            raise BrowserUnavailable(f"`{' '.join(cmd)}` failed ({done.returncode}): "
+                                     f"{done.stderr.strip()[-400:]}; install chromium by hand")
+    found = shutil.which("chromium")
+    if not found:
+        raise BrowserUnavailable("apt-get installed chromium but no `chromium` is on PATH")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_app(port: int | None = None) -> Iterator[str]:
+    """`costline app --headless` on a free port; yields its URL and stops it afterwards."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "advisor.cli", "app", "--port", str(port), "--headless"]
+    # its own process group, so stopping it stops everything it started
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"costline app exited ({proc.returncode}): {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().decode().strip() == "ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"costline app did not answer on {url} within {START_TIMEOUT_S} s")
+
+
+@dataclass(slots=True)
+class Tour:
+    """What a walk through the pages saw: the What-if headline before and after one click, and
+    the screenshots taken."""
+
+    goodput_before: str = ""
+    goodput_after: str = ""
+    p99_ttft_before: str = ""
+    p99_ttft_after: str = ""
+    url_after: str = ""
+    screenshots: list[Path] = field(default_factory=list)
+
+
+def metric_value(page, label: str) -> str:
+    box = page.locator('[data-testid="stMetric"]', has_text=label).first
+    return box.locator(METRIC).inner_text()
+
+
+def tour(url: str, out_dir: Path, chromium: str) -> Tour:
+    """Open each page, wait for its charts, click one control on What-if, save screenshots."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seen = Tour()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1900})
+        page.goto(f"{url}/")  # the default page (What-if) lives at the root
+        page.wait_for_selector(CHART, timeout=60_000)
+        seen.goodput_before = metric_value(page, "Goodput (req/s)")
+        seen.p99_ttft_before = metric_value(page, "p99 TTFT (ms)")
+        shot(page, out_dir / "whatif.png", seen)
+        page.get_by_text("--enable-prefix-caching", exact=True).click()
+        page.wait_for_function(
+            """([label, before]) => [...document.querySelectorAll('[data-testid="stMetric"]')]
+                 .some(m => m.innerText.includes(label)
+                       && m.querySelector('[data-testid="stMetricValue"]').innerText !== before)""",
+            arg=["p99 TTFT (ms)", seen.p99_ttft_before], timeout=60_000)
+        page.wait_for_selector(CHART, timeout=60_000)
+        seen.goodput_after = metric_value(page, "Goodput (req/s)")
+        seen.p99_ttft_after = metric_value(page, "p99 TTFT (ms)")
+        seen.url_after = page.url
+        shot(page, out_dir / "whatif-prefix-caching-off.png", seen)
+        page.get_by_role("tab", name="Timelines").click()
+        page.get_by_text("Engine timelines").wait_for(state="visible", timeout=60_000)
+        shot(page, out_dir / "whatif-timelines.png", seen)
+        visit(page, f"{url}/workload", out_dir / "workload.png", seen, wait_for=CHART)
+        advisor_page(page, url, out_dir, seen)
+        visit(page, f"{url}/calibration", out_dir / "calibration.png", seen, wait_for=METRIC)
+        browser.close()
+    return seen
+
+
+def advisor_page(page, url: str, out_dir: Path, seen: Tour) -> None:
+    """The Advisor page showing a recommendation.json uploaded through its file input."""
+    page.goto(f"{url}/advisor")
+    rec = out_dir / "recommendation.json"
+    rec.write_text(json.dumps(recommendation()))
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(rec))
+    page.wait_for_selector(CHART, timeout=60_000)
+    rec.unlink()
+    shot(page, out_dir / "advisor.png", seen)
+
+
+def visit(page, url: str, path: Path, seen: Tour, wait_for: str) -> None:
+    page.goto(url)
+    page.wait_for_selector(wait_for, timeout=60_000)
+    shot(page, path, seen)
+
+
+def shot(page, path: Path, seen: Tour) -> None:
+    page.wait_for_timeout(700)  # plotly animates its first draw
+    page.screenshot(path=str(path), full_page=True)
+    seen.screenshots.append(path)
+
+
+def main(out_dir: str) -> None:
+    chromium = chromium_path()
+    with running_app() as url:
+        seen = tour(url, Path(out_dir), chromium)
+    print(f"goodput {seen.goodput_before} -> {seen.goodput_after}; wrote "
+          + ", ".join(str(p) for p in seen.screenshots))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots")
