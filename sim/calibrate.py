@@ -60,13 +60,17 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
     "sum_decode_context", "num_blocks_allocated", "num_blocks_hashed")
 GPU_FEATURES: dict[StepKind, tuple[str, ...]] = {
-    # a graph replay's cost does not depend on which rows are real: no per-sequence term
-    "decode": ("gemm", "decode_kv", "elementwise", "step_s"),
-    # element-wise kernels are the same eager or in a graph, and in eager batches their bytes grow
-    # with tokens exactly as the GEMMs' FLOPs do (the two cannot be told apart there): mixed steps
-    # take the decode fit's element-wise multiplier
+    # per_seq_s: per sequence of the graph's padded batch (a replay runs the padding rows too)
+    "decode": ("gemm", "decode_kv", "step_s", "per_seq_s"),
     "mixed": ("gemm", "prefill_attention", "decode_kv", "step_s", "per_seq_s"),
 }
+# Element-wise bytes grow with tokens exactly as the GEMMs' FLOPs (eager batches) or as the
+# per-sequence costs (decode batches) do, so no trace tells them apart: their multiplier is the
+# first-principles one (1 / the default profile's element-wise efficiency), not fitted.
+FIXED_MULTIPLIERS: dict[str, float] = {"elementwise": 1 / 0.7}
+# First-principles multipliers the fit leans on only where the data cannot decide (see robust_nnls)
+PRIOR_MULTIPLIERS: dict[str, float] = {"gemm": 1 / 0.85, "prefill_attention": 1 / 0.5, "decode_kv": 1 / 0.7}
+PRIOR_WEIGHT = 1e-4
 CPU_FEATURES: tuple[str, ...] = ("step_s", "per_seq_s", "per_token_s", "per_block_allocated_s",
                                  "per_block_hashed_s")
 MIN_STEPS_PER_FEATURE = 10  # training steps a kind needs per coefficient it fits
@@ -197,12 +201,13 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     if enforce_eager:
         is_decode = np.zeros_like(is_decode)
     pad = np.array([graph_bucket(int(b), max_num_seqs) for b in n_dec], dtype=np.float64)
+    pad = np.where(is_decode, pad, n_dec)
     tok = np.where(is_decode, pad, tokens)
     rows = np.where(is_decode, pad, g["num_prefill_seqs"] + g["num_decode_tokens"])
     q = np.where(n_dec > 0, g["num_decode_tokens"] / np.maximum(n_dec, 1), 0.0)
     f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"])
     f["step_s"] = np.ones_like(tok)
-    f["per_seq_s"] = g["num_prefill_seqs"] + n_dec
+    f["per_seq_s"] = g["num_prefill_seqs"] + pad
     return is_decode, f
 
 
@@ -241,21 +246,27 @@ class RobustFit:
     outliers: np.ndarray  # bool per row: weight 0 at the end
 
 
-def robust_nnls(X: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None, max_iter: int = 50) -> RobustFit:
+def robust_nnls(X: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None,
+                prior: np.ndarray | None = None, max_iter: int = 50) -> RobustFit:
     """Non-negative coefficients minimising the relative error |X c + offset - y| / y, robustly:
     iteratively reweighted (Huber first, for a stable start, then Tukey's biweight, which drops
-    outliers)."""
+    outliers).
+
+    `prior` (NaN = none): values that coefficients are weakly pulled to, relative to themselves,
+    with the weight of PRIOR_WEIGHT of the rows: it only decides between features the data cannot
+    tell apart (a weights-bound GEMM and a fixed per-step cost are both constant in small decode
+    batches), which matters when the profile is scaled to another GPU."""
     A = X / y[:, None]
-    b = 1.0 - (offset / y if offset is not None else 0.0)
+    b = np.broadcast_to(1.0 - (offset / y if offset is not None else 0.0), y.shape)
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
     A = A / scale
-    b = np.broadcast_to(b, y.shape)
+    P, pb = _prior_rows(prior, scale, y.size)
     w = np.ones(y.size)
     coef = np.zeros(X.shape[1])
     for it in range(max_iter):
         sw = np.sqrt(w)
-        coef, _ = nnls(A * sw[:, None], b * sw, maxiter=50 * X.shape[1])
+        coef, _ = nnls(np.vstack([A * sw[:, None], P]), np.concatenate([b * sw, pb]), maxiter=50 * X.shape[1])
         r = A @ coef - b
         s = max(1.4826 * float(np.median(np.abs(r))), 1e-6)
         if it < 5:
@@ -268,6 +279,19 @@ def robust_nnls(X: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None, 
                 break
         w = w_new
     return RobustFit(coef=coef / scale, outliers=w == 0)
+
+
+def _prior_rows(prior: np.ndarray | None, scale: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pseudo-rows sqrt(weight) x (c / prior - 1) for the coefficients that have a prior, in the
+    scaled coordinates (c = c_scaled / scale)."""
+    k = scale.size
+    if prior is None or not np.isfinite(prior).any():
+        return np.zeros((0, k)), np.zeros(0)
+    idx = np.flatnonzero(np.isfinite(prior))
+    sw = np.sqrt(PRIOR_WEIGHT * n_rows)
+    P = np.zeros((idx.size, k))
+    P[np.arange(idx.size), idx] = sw / (prior[idx] * scale[idx])
+    return P, np.full(idx.size, sw)
 
 
 def _rel_err(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -414,7 +438,8 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float])
                                     f"the held-out {HELD_OUT_SHARE:.0%}); the fit needs at least {need}: "
                                     "add runs with such steps")
     offset = sum((v * rows.gpu_x[k] for k, v in fixed.items()), np.zeros(rows.gpu_y.size))
-    fit = robust_nnls(_matrix(rows.gpu_x, names, train), rows.gpu_y[train], offset[train])
+    prior = np.array([PRIOR_MULTIPLIERS.get(n, np.nan) for n in names])
+    fit = robust_nnls(_matrix(rows.gpu_x, names, train), rows.gpu_y[train], offset[train], prior)
     terms = GpuTerms(**dict(zip(names, map(float, fit.coef))) | fixed)
     pred = sum(getattr(terms, n) * rows.gpu_x[n] for n in (*names, *fixed))
     return terms, pred, int(train.sum()), int(fit.outliers.sum())
@@ -438,8 +463,7 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     terms, gpu_pred, errors = {}, np.zeros(rows.gpu_y.size), {}
     fit_counts = {}
     for kind in STEP_KINDS:
-        fixed = {"elementwise": terms["decode"].elementwise} if kind == "mixed" else {}
-        t, pred, n_fit, n_out = _fit_kind(rows, kind, source, fixed)
+        t, pred, n_fit, n_out = _fit_kind(rows, kind, source, FIXED_MULTIPLIERS)
         in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
         terms[kind] = t
         gpu_pred = np.where(in_kind, pred, gpu_pred)
@@ -518,7 +542,9 @@ def write_scaled_profiles(fitted: CostProfile, out_dir: str | Path, gpus: Sequen
 
 __all__ = [
     "CPU_FEATURES",
+    "FIXED_MULTIPLIERS",
     "GPU_FEATURES",
+    "PRIOR_MULTIPLIERS",
     "REQUIRED_COLUMNS",
     "SCALED_GPUS",
     "CalibrationInputError",

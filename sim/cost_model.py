@@ -72,7 +72,7 @@ class GpuTerms(BaseModel):
     decode_kv: float = _COEF  # x decode attention per context token (linear: DecodeRun stays exact)
     elementwise: float = _COEF  # x norms / RoPE / activations bytes per token / bandwidth
     step_s: float = _COEF  # per forward (launches, graph replay, sampler)
-    per_seq_s: float = _COEF  # per scheduled sequence (eager metadata, sampling rows)
+    per_seq_s: float = _COEF  # per sequence (eager: scheduled; graph: the padded batch)
 
 
 class CpuTerms(BaseModel):
@@ -428,7 +428,7 @@ class CostModel:
         ar = self._ar_s_per_token * tokens
         if not b.num_prefill_tokens and tokens == n:
             pad = graph_bucket(n, self._max_num_seqs)
-            return self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, b.sum_decode_context, n) + ar
+            return self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, b.sum_decode_context, pad) + ar
         return self._fit_mixed.seconds(tokens, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
                                        b.sum_prefill_context, q_per_seq, b.sum_decode_context,
                                        b.num_prefill_seqs + n) + ar
@@ -474,7 +474,7 @@ class CostModel:
         if self._fit_decode is not None:
             f = self._fit_decode
             pad = graph_bucket(num_seqs, self._max_num_seqs)
-            a = f.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, num_seqs) + self._ar_s_per_token * num_seqs
+            a = f.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad) + self._ar_s_per_token * num_seqs
             return a, max(f.dkv_pair, f.dkv), cpu
         a = self.forward_s(num_seqs, num_seqs, 0.0, 0.0, 0.0, 0.0)
         per_ctx = max(self._attn_s_per_pair, self._kv_s_per_token)

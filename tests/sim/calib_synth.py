@@ -8,15 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 from engine.model_spec import ModelSpec
-from sim.calibrate import EngineRun
+from sim.calibrate import FIXED_MULTIPLIERS, EngineRun
 from sim.config import EngineConfig
 from sim.cost_model import CpuTerms, GpuTerms, OverlapTerms, Roofline, graph_bucket
 from sim.hardware import GPUSpec
 
-TRUE_DECODE = GpuTerms(gemm=1.15, decode_kv=1.3, elementwise=2.0, step_s=1.2e-3)
-TRUE_MIXED = GpuTerms(gemm=1.25, prefill_attention=1.6, decode_kv=1.4, elementwise=TRUE_DECODE.elementwise, step_s=2.5e-3,
-                      per_seq_s=2e-5)
-TRUE_CPU = CpuTerms(step_s=3e-4, per_seq_s=1e-5, per_token_s=2e-7, per_block_allocated_s=1.5e-6,
+EW = FIXED_MULTIPLIERS["elementwise"]
+TRUE_DECODE = GpuTerms(gemm=1.15, decode_kv=1.3, elementwise=EW, step_s=1.2e-3, per_seq_s=8e-6)
+TRUE_MIXED = GpuTerms(gemm=1.25, prefill_attention=1.6, decode_kv=1.4, elementwise=EW, step_s=2.5e-3, per_seq_s=2e-5)
+TRUE_CPU = CpuTerms(step_s=3e-4, per_seq_s=2.5e-5, per_token_s=2e-7, per_block_allocated_s=1.5e-6,
                     per_block_hashed_s=1e-6)
 TRUE_OVERLAP = OverlapTerms(async_gpu_gap_s=1e-4, async_host_s=2e-4, sync_extra_s=5e-5)
 MAX_NUM_SEQS = 256
@@ -42,9 +42,12 @@ def _compositions(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
             cols["prefill_attn_pairs"][i] = (chunks * cached + chunks * (chunks + 1) // 2).sum()
             if rng.random() < 0.5:  # prefix caching on for half the steps: hashing apart from tokens
                 cols["num_blocks_hashed"][i] = (chunks // BLOCK).sum()
+            # a chunk whose blocks a cached prefix already holds allocates none
+            fresh = rng.random(seqs) < 0.6
+            cols["num_blocks_allocated"][i] = (-(-chunks[fresh] // BLOCK)).sum()
         cols["num_decode_seqs"][i] = cols["num_decode_tokens"][i] = b
         cols["sum_decode_context"][i] = b * rng.integers(64, 8192) if b else 0
-        cols["num_blocks_allocated"][i] = -(-cols["num_prefill_tokens"][i] // BLOCK) + rng.binomial(b, 1 / BLOCK)
+        cols["num_blocks_allocated"][i] += rng.binomial(b, 1 / BLOCK)
     return cols
 
 
@@ -58,7 +61,7 @@ def true_gpu_s(cols: dict[str, np.ndarray], rates: Roofline) -> np.ndarray:
     rows = np.where(is_dec, pad, cols["num_prefill_seqs"] + n_dec)
     f = rates.features(tokens, rows, cols["prefill_attn_pairs"], cols["sum_prefill_context"],
                        np.where(n_dec > 0, 1.0, 0.0), cols["sum_decode_context"])
-    seqs = cols["num_prefill_seqs"] + n_dec
+    seqs = cols["num_prefill_seqs"] + np.where(is_dec, pad, n_dec)  # a graph runs its padding rows
     out = np.zeros(n_dec.size)
     for kind, t, mask in (("decode", TRUE_DECODE, is_dec), ("mixed", TRUE_MIXED, ~is_dec)):
         del kind

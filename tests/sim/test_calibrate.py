@@ -239,7 +239,7 @@ def test_scaled_profile_scales_the_roofline_and_keeps_fixed_terms(fit):
     assert b200.status == cost_model.STATUS_SCALED and b200.hardware == "b200" and b200.memory is None
     eng = EngineConfig(max_num_seqs=MAX_NUM_SEQS)
     step = StepRecord(num_decode_seqs=1, num_decode_tokens=1)  # weights-bound: time ~ 1 / bandwidth
-    fixed = res.profile.decode.step_s
+    fixed = res.profile.decode.step_s + res.profile.decode.per_seq_s  # one padded sequence
     t_h200 = CostModel(M1, H200, eng, res.profile).gpu_time_s(step) - fixed
     t_b200 = CostModel(M1, get_gpu("b200"), eng, b200).gpu_time_s(step) - fixed
     assert t_b200 / t_h200 == pytest.approx(4800 / 8000, rel=1e-9)
