@@ -92,7 +92,7 @@ class EngineRun:
     name: str
     steps: dict[str, np.ndarray]
     async_scheduling: bool
-    max_num_seqs: int
+    max_num_seqs: int | None  # None: vLLM's default for the GPU (resolved by fit_profile)
     enforce_eager: bool = False
     run_info: dict[str, Any] | None = None  # run.json (schema costline-engine-run/1), if any
     path: Path | None = None
@@ -185,7 +185,7 @@ def load_run(path: str | Path, default: EngineConfig | None = None) -> EngineRun
     dflt = default or EngineConfig()
     return EngineRun(name=str(name), steps=steps, path=p, run_info=info,
                      async_scheduling=bool(args.get("async_scheduling", dflt.async_scheduling)),
-                     max_num_seqs=int(args.get("max_num_seqs") or dflt.max_num_seqs or 256),
+                     max_num_seqs=args.get("max_num_seqs") or dflt.max_num_seqs,
                      enforce_eager=bool(args.get("enforce_eager", False)))
 
 
@@ -394,14 +394,15 @@ class _Rows:
     n_warmup: int
 
 
-def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share: float) -> _Rows:
+def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share: float,
+           default_max_num_seqs: int) -> _Rows:
     parts = []
     n_warmup = 0
     for r in runs:
         s = r.steps
         order = np.argsort(s["step_id"], kind="stable")
         s = {k: v[order] for k, v in s.items()}
-        is_dec, gx = step_features(s, rates, r.max_num_seqs, r.enforce_eager)
+        is_dec, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, r.enforce_eager)
         wall = step_wall_s(s, r.async_scheduling)
         keep = np.arange(order.size) >= warmup_steps
         n_warmup += int(min(warmup_steps, order.size))
@@ -454,12 +455,12 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     dflt = (engine_config or EngineConfig()).resolved_for(gpu, model)
     runs = [t if isinstance(t, EngineRun) else
             EngineRun(name=f"table{i}", steps=t, async_scheduling=dflt.async_scheduling,
-                      max_num_seqs=dflt.max_num_seqs or 256) for i, t in enumerate(step_tables)]
+                      max_num_seqs=dflt.max_num_seqs) for i, t in enumerate(step_tables)]
     if not runs:
         raise CalibrationInputError("no step tables to fit from")
     source = ", ".join(r.name for r in runs)
     rates = Roofline.of(model, gpu, dflt)
-    rows = _stack(runs, rates, warmup_steps, held_out_share)
+    rows = _stack(runs, rates, warmup_steps, held_out_share, dflt.max_num_seqs or 256)
     terms, gpu_pred, errors = {}, np.zeros(rows.gpu_y.size), {}
     fit_counts = {}
     for kind in STEP_KINDS:
