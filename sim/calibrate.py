@@ -458,7 +458,7 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
                       max_num_seqs=dflt.max_num_seqs) for i, t in enumerate(step_tables)]
     if not runs:
         raise CalibrationInputError("no step tables to fit from")
-    source = ", ".join(r.name for r in runs)
+    source = ", ".join(str(r.path or r.name) for r in runs)
     rates = Roofline.of(model, gpu, dflt)
     rows = _stack(runs, rates, warmup_steps, held_out_share, dflt.max_num_seqs or 256)
     terms, gpu_pred, errors = {}, np.zeros(rows.gpu_y.size), {}
