@@ -56,7 +56,7 @@ from sim.memory import plan_memory
 
 # columns a step trace must have (engine/records.py StepRecord names)
 REQUIRED_COLUMNS: tuple[str, ...] = (
-    "step_id", "total_s", "gpu_s", "schedule_s", "prepare_s", "sample_s", "num_prefill_tokens",
+    "step_id", "t_start_s", "total_s", "gpu_s", "schedule_s", "prepare_s", "sample_s", "num_prefill_tokens",
     "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
     "sum_decode_context", "num_blocks_allocated", "num_blocks_hashed")
 GPU_FEATURES: dict[StepKind, tuple[str, ...]] = {
@@ -79,6 +79,7 @@ WARMUP_STEPS = 3
 SCALED_GPUS: tuple[str, ...] = ("a100-80gb", "h100-sxm", "b200", "l4")
 _TUKEY_C = 4.685  # 95% efficiency under Gaussian noise
 _HUBER_C = 1.345
+_CONTIGUOUS_S = 1e-6  # rows whose periods meet (both stamps come from one clock)
 
 
 class CalibrationInputError(ValueError):
@@ -226,16 +227,19 @@ def held_out(run_name: str, step_ids: np.ndarray, share: float = HELD_OUT_SHARE)
 
 
 def step_wall_s(steps: dict[str, np.ndarray], async_scheduling: bool) -> np.ndarray:
-    """Each step's wall time: its own `total_s` when synchronous; under async scheduling the
-    period of the NEXT step (the host loop that collects this step's tokens), NaN for the last
-    step or where step ids are not consecutive."""
+    """Each step's wall time: its own `total_s` when synchronous. Under async scheduling a row's
+    `total_s` is the host loop that launches it and then waits for the PREVIOUS step's tokens, so
+    step N's wall time is row N+1's `total_s`, provided row N+1's call found step N still in
+    flight: the rows are back to back (row N's period ends where row N+1 starts; an empty
+    schedule or an idle wait between them collected step N instead). NaN where that fails and
+    for the last step."""
     total = steps["total_s"]
     if not async_scheduling:
         return total.copy()
-    ids = steps["step_id"]
+    start = steps["t_start_s"]
     out = np.full(total.shape, np.nan)
-    ok = ids[1:] == ids[:-1] + 1
-    out[:-1] = np.where(ok, total[1:], np.nan)
+    back_to_back = np.abs(start[1:] - (start[:-1] + total[:-1])) < _CONTIGUOUS_S
+    out[:-1] = np.where(back_to_back, total[1:], np.nan)
     return out
 
 
