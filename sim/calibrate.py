@@ -358,6 +358,16 @@ def _activation_slope(model: ModelSpec) -> float:
     return (2 * model.intermediate_size + 4 * model.hidden_size) * dtype_bytes(model.dtype)
 
 
+def profiled_tokens(memory: dict[str, Any], engine_args: dict[str, Any]) -> int:
+    """The tokens the engine's profiling forward ran (what its KV sizing used): read from the
+    temporary KV it allocated for them, since a harness may reuse one engine, sized once, for
+    runs with other budgets; else the run's max_num_batched_tokens."""
+    block_size = engine_args.get("block_size") or 16
+    if memory.get("profile_tmp_kv_bytes") and memory.get("block_bytes"):
+        return round(memory["profile_tmp_kv_bytes"] / memory["block_bytes"]) * block_size
+    return engine_args.get("max_num_batched_tokens") or 8192
+
+
 def fit_memory(runs: Sequence[EngineRun], model: ModelSpec) -> MemoryTerms | None:
     """The engine's KV sizing terms from the runs' run.json `memory` (None if no run has one):
     activations = profiling peak - its temporary KV - weights, linear in max_num_batched_tokens
@@ -368,7 +378,7 @@ def fit_memory(runs: Sequence[EngineRun], model: ModelSpec) -> MemoryTerms | Non
         return None
     act = np.array([m["profile_peak_bytes"] - m["profile_tmp_kv_bytes"] - m["weights_bytes"] for m, _ in recs],
                    dtype=np.float64)
-    tok = np.array([a.get("max_num_batched_tokens") or 8192 for _, a in recs], dtype=np.float64)
+    tok = np.array([profiled_tokens(m, a) for m, a in recs], dtype=np.float64)
     if np.unique(tok).size >= 2:
         slope, icpt = np.polyfit(tok, act, 1)
         slope = max(float(slope), 0.0)
@@ -390,7 +400,9 @@ def memory_checks(runs: Sequence[EngineRun], profile: CostProfile, model: ModelS
         info = r.run_info
         if not info or info.get("num_gpu_blocks") is None:
             continue
-        args = info.get("engine_args") or {}
+        args = dict(info.get("engine_args") or {})
+        if info.get("memory"):  # the budget the engine's KV sizing profiled with
+            args["max_num_batched_tokens"] = profiled_tokens(info["memory"], args)
         eng = EngineConfig(**{k: args[k] for k in ("max_num_batched_tokens", "max_num_seqs", "block_size",
                                                    "gpu_memory_utilization", "kv_cache_dtype")
                               if args.get(k) is not None})
@@ -590,6 +602,7 @@ __all__ = [
     "fit_profile",
     "held_out",
     "load_run",
+    "profiled_tokens",
     "read_steps",
     "robust_nnls",
     "scale_profile",
