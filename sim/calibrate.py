@@ -4,13 +4,15 @@ Every engine step row carries its batch composition (the simulator's `BatchCompo
 and its timings: `gpu_s` (the forward, CUDA events), `sample_s`, `schedule_s`, `prepare_s` and
 the wall `total_s`. The fit:
 
-* GPU: `gpu_s + sample_s` as a non-negative combination of roofline features (seconds at the
-  datasheet rates, sim/cost_model.py `Roofline.features`) and counts, one coefficient set per step
-  kind: decode-only steps (a CUDA graph padded to its captured batch) and steps with prefill
-  tokens (eager). Non-negative least squares on RELATIVE error (rows weighted by 1 / time),
-  iteratively reweighted (Huber, then Tukey's biweight: rows it gives weight 0 are the outliers,
-  counted).
-* CPU: `schedule_s + prepare_s` over counts (step, sequences, tokens, blocks allocated/hashed).
+* GPU: `gpu_s + sample_s` (the sampler's time is device work in async mode, its wall time in sync
+  mode) as a non-negative combination of roofline features (seconds at the datasheet rates,
+  sim/cost_model.py `Roofline.features`) and counts, one coefficient set per step kind: decode-only
+  steps (a CUDA graph padded to its captured batch; decode attention with one multiplier per
+  padded-batch knot) and steps with prefill tokens (eager). Non-negative least squares on
+  RELATIVE error (rows weighted by 1 / time), iteratively reweighted (Huber, then Tukey's
+  biweight: rows it gives weight 0 are the outliers, counted).
+* CPU: `schedule_s + prepare_s` over counts (step, sequences, tokens, KV tokens, blocks
+  allocated/hashed).
 * Overlap: under async scheduling a step's period `total_s` is the host loop that waits for the
   PREVIOUS step's tokens, so step N's wall time is row N+1's `total_s`; it is fitted as
   `max(gpu + gap, cpu + host)` from the measured gpu and cpu times. Synchronous steps:
