@@ -16,6 +16,7 @@ import typer
 from advisor.commands import app as app_cmd
 from advisor.commands import engine as engine_cmd
 from advisor.commands import simulate, workload
+from advisor.commands.calibrate import calibrate
 
 app = typer.Typer(
     help="costline: what each LLM-serving optimization really buys under your traffic.",
@@ -37,6 +38,7 @@ app.add_typer(workload.app, name="workload")
 app.command("simulate")(simulate.simulate)
 app.add_typer(engine_cmd.app, name="engine")
 app.command("app")(app_cmd.serve)
+app.command("calibrate")(calibrate)
 
 
 @app.command()

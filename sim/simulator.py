@@ -335,7 +335,7 @@ class _Replica:
         first = plan.runs.first_steps[k]
         end = first + num_steps
         start_s, end_s = plan.step_start_s(first), plan.step_start_s(end)
-        cpu_s = run.cpu * num_steps
+        cpu_s = run.cpu_elapsed_s(num_steps)
         gpu_s = run.elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
         if plan.block_s is not None:
             cpu_s += plan.block_s(end) - plan.block_s(first)
@@ -478,7 +478,7 @@ class Simulation:
 
         def replica(idx: int, role: str, engine: EngineConfig, with_draft: bool) -> _Replica:
             cost = CostModel(dep.model, dep.gpu, engine, self.profile, draft if with_draft else None)
-            return _Replica(self.env, idx, role, engine, plan_memory(dep.model, dep.gpu, engine), cost, ctx,
+            return _Replica(self.env, idx, role, engine, plan_memory(dep.model, dep.gpu, engine, self.profile), cost, ctx,
                             skip_ahead=self.skip_ahead, kv_block_coarsening=self.coarsen)
 
         if dep.disaggregation is None:

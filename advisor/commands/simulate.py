@@ -121,6 +121,8 @@ def print_summary(s: dict[str, Any], console: Console) -> None:
         g.add_row("KV transfer", f"mean {s['mean_kv_transfer_ms']:.2f} ms per request (queueing included)")
     if s.get("vllm_args") is not None:
         g.add_row("vllm serve", s["vllm_args"] or "(defaults)")
+    if s.get("profile"):
+        g.add_row("cost profile", f"{s['profile']} ({s['profile_status']})")
     coarse = s.get("kv_block_coarsening") or 1
     g.add_row("simulated", f"{s['num_engine_steps']:,} engine steps in {s['wall_s']:.2f} s wall "
               f"({s['simulated_requests_per_wall_s']:,.0f} requests/s)"
@@ -170,7 +172,7 @@ def simulate(
     kv_link_gb_per_s: Annotated[float | None, typer.Option("--kv-link-gb-per-s", help="P/D link bandwidth per GPU in GB/s (bytes, not bits; a 400 Gbit/s NIC is 50); default: from the GPU")] = None,
     link_latency_ms: Annotated[float, typer.Option("--link-latency-ms", help="fixed cost per KV transfer")] = 0.5,
     goodput: Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")] = None,
-    profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path")] = "default",
+    profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path; auto: the one fitted or scaled for this model and GPU, else default (first principles)")] = "auto",
     out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here (a run already there needs --force)")] = None,
     label: Annotated[str | None, typer.Option("--label")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON")] = False,
