@@ -6,6 +6,7 @@ defined at any load, negative where the optimization costs more than it saves.""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +48,7 @@ def crossing(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """The first x where y changes sign, linearly interpolated (None if it never does)."""
     pts = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(x) and math.isfinite(y)]
     pts.sort()
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
         if y0 == 0:
             return x0
         if (y0 > 0) != (y1 > 0):

@@ -125,26 +125,26 @@ def _charts(rec: Recommendation, folder: Path) -> list[str]:
 def markdown(rec: Recommendation, charts: list[str]) -> str:
     b, r = rec.baseline.metrics, rec.best.metrics
     out = [f"# costline advise: {rec.workload['name']}", "",
-           f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO `{rec.request.slo}`, objective "
-           f"{rec.request.objective}, cost profile {rec.profile.name} ({rec.profile.status}).", "",
+           (f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO `{rec.request.slo}`, objective "
+           f"{rec.request.objective}, cost profile {rec.profile.name} ({rec.profile.status})."), "",
            "| | goodput req/s | SLO met | TTFT p99 ms | TPOT p99 ms |", "|---|---|---|---|---|",
            f"| vLLM defaults | {b.goodput_rps:.2f} | {b.slo_attainment:.1%} | {_n(b.ttft_p99_ms)} | {_n(b.tpot_p99_ms)} |",
-           f"| recommended: {rec.best.label} | {r.goodput_rps:.2f} | {r.slo_attainment:.1%} | {_n(r.ttft_p99_ms)} | "
-           f"{_n(r.tpot_p99_ms)} |", "", "```sh", rec.serve_command, "```", "", "## Ladder", "",
+           (f"| recommended: {rec.best.label} | {r.goodput_rps:.2f} | {r.slo_attainment:.1%} | {_n(r.ttft_p99_ms)} | "
+           f"{_n(r.tpot_p99_ms)} |"), "", "```sh", rec.serve_command, "```", "", "## Ladder", "",
            "| optimization | goodput | TTFT p99 | TPOT p99 | GPUs needed |", "|---|---|---|---|---|"]
     out += [f"| {s.optimization} | {_pct(s.delta_goodput_pct)} | {_pct(s.delta_ttft_p99_pct)} | "
             f"{_pct(s.delta_tpot_p99_pct)} | {s.gpus_needed or '-'} |" for s in rec.ladder]
     out += ["", "## Rejected", ""] + [f"- {x.reason}" for x in rec.rejected]
     out += ["", "## Where each optimization stops paying", ""] + [f"- {c.answer}" for c in rec.cost_lines]
     if rec.gap:
-        out += ["", "## Lab -> production", "", f"Gain x{rec.gap.lab_gain:.2f} in the lab, x{rec.gap.production_gain:.2f} "
-                f"on this traffic ({rec.gap.gain_metric}).", "", "| factor | gain with it | share of the gap |", "|---|---|---|"]
+        out += ["", "## Lab -> production", "", (f"Gain x{rec.gap.lab_gain:.2f} in the lab, x{rec.gap.production_gain:.2f} "
+                f"on this traffic ({rec.gap.gain_metric})."), "", "| factor | gain with it | share of the gap |", "|---|---|---|"]
         out += [f"| {f.factor} | x{f.gain:.2f} | {f.share_pct:+.0f}% |" for f in rec.gap.factors]
     out += ["", "## Robustness", "", "| perturbation | best goodput | kept goodput | regret |", "|---|---|---|---|"]
     out += [f"| {x.perturbation} | {x.best_goodput_rps:.2f} | {x.kept_goodput_rps:.2f} | {x.regret_pct:.1f}% |"
             for x in rec.robustness.rows]
-    out += ["", f"Fallback safe under all of them: {rec.robustness.fallback.label} "
-            f"(worst regret {rec.robustness.fallback_max_regret_pct:.1f}%).", "", "## Questions", ""]
+    out += ["", (f"Fallback safe under all of them: {rec.robustness.fallback.label} "
+            f"(worst regret {rec.robustness.fallback_max_regret_pct:.1f}%)."), "", "## Questions", ""]
     out += [f"- **{q.question}** {q.answer}" for q in rec.questions]
     out += ["", "## Metrics to watch", "", "| metric | threshold | why |", "|---|---|---|"]
     out += [f"| `{m.metric}` | {m.threshold} | {m.why} |" for m in rec.metrics_to_watch]

@@ -53,10 +53,11 @@ class Context:
     dims: tuple[Dimension, ...]
     num_requests: int  # in the user's workload
     budget: Budget = "quick"
+    plan_override: BudgetPlan | None = None  # tests and benchmarks: smaller slices
 
     @property
     def plan(self) -> BudgetPlan:
-        return BUDGETS[self.budget]
+        return self.plan_override or BUDGETS[self.budget]
 
     @property
     def eval_requests(self) -> int:

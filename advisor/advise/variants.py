@@ -43,7 +43,7 @@ def spec_for(source: Any, wl: Workload) -> WorkloadSpec:
 
 def rate_of(spec: WorkloadSpec) -> float:
     a = spec.arrival
-    return float(getattr(a, "rate_rps", None) or getattr(a, "end_rps"))
+    return float(getattr(a, "rate_rps", None) or a.end_rps)
 
 
 def interarrival_cv(spec: WorkloadSpec) -> float:

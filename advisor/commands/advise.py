@@ -20,6 +20,18 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from advisor.options import Force, clean_errors
 
 
+def _check_slo(text: str) -> None:
+    """Refuse a malformed --slo naming the option as typed (SLO.parse names vLLM's --goodput)."""
+    from advisor.advise.records import normalise_slo
+    from engine.flags import FlagError
+    from engine.run_summary import SLO
+
+    try:
+        SLO.parse(normalise_slo(text))
+    except FlagError as exc:
+        raise ValueError(f"--slo {text!r}: " + exc.render(lambda f: "--slo" if f == "slo" else f).split(": ", 1)[1]) from None
+
+
 @clean_errors
 def advise(
     workload: Annotated[str, typer.Option("--workload", "-w", help="preset, spec file, trace file or built-in trace name")] = "chat-production",
@@ -43,6 +55,7 @@ def advise(
     from advisor.advise.report import print_report, write_outputs
     from engine.outputs import check_output_dir
 
+    _check_slo(slo)
     request = AdviseRequest(model=model, gpu=gpu, num_gpus=num_gpus, slo=slo, objective=objective,  # type: ignore[arg-type]
                             budget=budget, seed=seed, ray=ray, profile=profile,  # type: ignore[arg-type]
                             **({"workers": workers} if workers else {}))
