@@ -2,6 +2,9 @@
 combinations of the knobs that did not clearly hurt, on growing slices of the trace, then one
 pass of single-knob moves around the winner.
 
+The winner is then moved one knob at a time on the last slice (a hill-climb of at most
+MAX_MOVE_PASSES passes); those moves are also the measured reasons for the options left out.
+
 Why not brute force: the full product of the knobs is hundreds of configurations (x layouts);
 most knobs act nearly independently, so a knob that costs > `SCREEN_DROP` of goodput alone is
 not worth combining, and halving spends the long simulations on the few survivors.
@@ -24,6 +27,7 @@ from sim.workload_spec import WorkloadSpec
 SCREEN_DROP = 0.05  # a knob alone losing more than this share of the primary metric is not combined
 SLO_MET = 0.99  # a deployment "meets the SLOs" when this share of requests meets them
 ETA = 3  # successive halving: keep 1/ETA of the candidates, grow the slice ETA x
+MAX_MOVE_PASSES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +38,7 @@ class BudgetPlan:
 
 
 BUDGETS: dict[str, BudgetPlan] = {
-    "quick": BudgetPlan(first_slice=200, max_slice=1500, max_pool=12),
+    "quick": BudgetPlan(first_slice=150, max_slice=1000, max_pool=12),
     "full": BudgetPlan(first_slice=500, max_slice=20000, max_pool=64),
 }
 
@@ -106,7 +110,7 @@ class SearchResult:
     baseline: Scored
     screen: list[Scored]  # every single-knob change from the defaults, on the screening slice
     finalists: list[Scored]  # the last rung, best first (the robustness candidates)
-    neighbours: list[Scored]  # the winner, then its single-knob moves, on the screening slice
+    neighbours: list[Scored]  # the winner, then its single-knob moves, on the last slice
 
 
 def _evaluate(ev: Evaluator, ctx: Context, cands: list[Candidate], n: int) -> list[Scored]:
@@ -159,15 +163,15 @@ def search(ev: Evaluator, ctx: Context, progress: Callable[[str], None] | None =
         if i < len(slices) - 1:
             pool = [s.cand for s in rung[: max(2, math.ceil(len(rung) / ETA))]]
     best = rung[0]
-    say("checking single-knob moves around the winner")
-    near = _evaluate(ev, ctx, [best.cand, *_moves(ctx, best.cand)], screen_n)
-    challengers = [s for s in near[1:] if s.key > near[0].key]
-    if challengers:  # a move wins on the screening slice: settle it on the last one
-        top = max(challengers, key=lambda s: s.key)
-        again = _evaluate(ev, ctx, [top.cand], slices[-1])[0]
-        if again.key > best.key:
-            best = again
-            rung.insert(0, best)
+    near: list[Scored] = []
+    for _ in range(MAX_MOVE_PASSES):  # hill-climb by single-knob moves, on the decision's slice
+        say("checking single-knob moves around the winner")
+        near = [best, *_evaluate(ev, ctx, _moves(ctx, best.cand), slices[-1])]
+        top = max(near, key=lambda s: s.key)
+        if top is best:
+            break
+        best = top
+        rung.insert(0, best)
     base_eval = next((s for s in rung if s.cand == base), None) or _evaluate(ev, ctx, [base], slices[-1])[0]
     return SearchResult(best, base_eval, screen, rung[:4], near)
 

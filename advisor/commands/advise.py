@@ -40,7 +40,7 @@ def advise(
     num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs to deploy on")] = 1,
     slo: Annotated[str, typer.Option("--slo", help="targets in ms: \"ttft_p99:500 tpot_p99:50\" (or vLLM's \"ttft:500 tpot:50\")")] = "ttft_p99:500 tpot_p99:50",
     objective: Annotated[str, typer.Option("--objective", help="goodput, min-gpus or cost (goodput per GPU)")] = "goodput",
-    budget: Annotated[str, typer.Option("--budget", help="quick (slices up to 1,500 requests) or full")] = "quick",
+    budget: Annotated[str, typer.Option("--budget", help="quick (slices up to 1,000 requests) or full (the whole trace)")] = "quick",
     seed: Annotated[int, typer.Option("--seed", help="seed of the simulations and of a generated workload")] = 0,
     workers: Annotated[int | None, typer.Option("--workers", help="local processes (default: the CPU cores)")] = None,
     ray: Annotated[str | None, typer.Option("--ray", help="run the simulations on Ray: auto or a cluster address")] = None,

@@ -20,7 +20,7 @@ from sim.generate import generate
 OUT = Path(__file__).with_name("regret.json")
 
 
-DECIDING_MARGIN = 0.02  # an option decides when the best without it is >= 2% worse
+DECIDING_MARGIN = 0.01  # an option decides when the best without it is >= 1% worse
 
 
 def deciding(ctx, ranked) -> dict[str, str]:
