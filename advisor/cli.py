@@ -43,8 +43,9 @@ app.command("advise")(advise_cmd.advise)
 def demo() -> None:
     """The main job on a built-in default: advise on the production-like chat workload for Llama-3.1-8B on one H200."""
     workload.describe("chat-production", as_json=False)
+    # 400 requests keep the demo near half a minute on two cores; `costline advise` takes the whole trace
     advise_cmd.advise(workload="chat-production", model="llama-3.1-8b", gpu="h200", num_gpus=1,
-                      slo="ttft_p99:500 tpot_p99:50", budget="quick")
+                      slo="ttft_p99:500 tpot_p99:50", budget="quick", num_requests=400)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -208,7 +208,11 @@ def _ray_mapper(base: Workload, address: str) -> Callable[[Sequence[SimTask]], l
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ValueError("--ray needs Ray: pip install 'ray>=2.30' (or drop --ray to use local processes)") from exc
     if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        try:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        except ConnectionError as exc:
+            raise ValueError(f"--ray {address}: no Ray cluster answered ({exc}); start one with `ray start --head`, "
+                             "give its address, or drop --ray to use local processes") from None
     base_ref = ray.put(base)
     remote = ray.remote(_ray_task)
 

@@ -31,6 +31,11 @@ def gpus_needed(m: Metrics, num_gpus: int) -> int | None:
     return math.ceil(num_gpus * SLO_MET / m.slo_attainment)
 
 
+def _changed_dim(cand: Candidate) -> int:
+    """The one dimension a screening candidate changes from the defaults."""
+    return next(i for i, p in enumerate(cand.picks) if p)
+
+
 def _flags_of(ctx: Context, cand: Candidate) -> dict:
     cfg = sim_config(cand, ctx.dims, model=ctx.model, gpu=ctx.gpu, num_gpus=ctx.num_gpus, slo=ctx.slo,
                      seed=ctx.seed, profile=ctx.profile)
@@ -41,11 +46,9 @@ def ladder(ev: Evaluator, ctx: Context, found: SearchResult) -> list[LadderStep]
     """Add the recommendation's changes to the defaults in the order of their effect alone
     (screening), each rung simulated with all changes so far."""
     best, base = found.best.cand, baseline(ctx.dims)
-    alone = {next(i for i, p in enumerate(s.cand.picks) if p): s for s in found.screen[1:]
-             if s.cand.picks[next(i for i, p in enumerate(s.cand.picks) if p)]
-             == best.picks[next(i for i, p in enumerate(s.cand.picks) if p)]}
-    changed = sorted((d for d, p in enumerate(best.picks) if p),
-                     key=lambda d: alone[d].key if d in alone else (), reverse=True)
+    alone = {_changed_dim(s.cand): s.key for s in found.screen[1:]
+             if s.cand.picks[_changed_dim(s.cand)] == best.picks[_changed_dim(s.cand)]}
+    changed = sorted((d for d, p in enumerate(best.picks) if p), key=lambda d: alone.get(d, ()), reverse=True)
     rungs, cur = [], base
     for d in changed:
         cur = cur.with_pick(d, best.picks[d])

@@ -28,16 +28,17 @@ Progress = Callable[[float, str], None]
 # (share of the work done when the stage starts, what it does)
 STAGES = ((0.0, "searching"), (0.45, "ladder"), (0.55, "cost lines"), (0.8, "lab -> production gap"),
           (0.9, "robustness"))
-ANALYSIS_REQUESTS = {"quick": 500, "full": 4000}  # requests per cost-line, gap and robustness run
+ANALYSIS_REQUESTS = {"quick": 300, "full": 4000}  # requests per cost-line, gap and robustness run
 
 
-def as_workload(workload: Any, seed: int) -> Workload:
+def as_workload(workload: Any, seed: int, source: SourceOptions | None = None) -> Workload:
     """The user's traffic as a columnar `Workload` (preset, spec or trace name/path, Workload,
     LoadedWorkload or a list of Requests)."""
     if isinstance(workload, Workload):
         return workload
     if isinstance(workload, (str, Path)):
-        return load_workload(str(workload), SourceOptions(seed=seed))
+        opts = (source or SourceOptions()).model_copy(update={"seed": seed})
+        return load_workload(str(workload), opts)
     if isinstance(workload, LoadedWorkload):
         return Workload.from_requests(workload.requests, workload.name)
     reqs = list(workload)
@@ -61,12 +62,14 @@ def _profile(request: AdviseRequest, extras: dict[str, Any]) -> ProfileInfo:
     return ProfileInfo(name=str(name), status=str(status))
 
 
-def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None = None) -> Recommendation:
-    """The recommendation for `workload` under `request` (same inputs and seed, same answer)."""
+def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None = None,
+           source: SourceOptions | None = None) -> Recommendation:
+    """The recommendation for `workload` under `request` (same inputs and seed, same answer).
+    `source` reshapes a named or file workload as everywhere else (--num-requests, --rate, ...)."""
     t0 = time.perf_counter()
     say: Progress = progress or (lambda _f, _m: None)
-    wl = as_workload(workload, request.seed)
-    spec = spec_for(workload, wl)
+    wl = as_workload(workload, request.seed, source)
+    spec = spec_for(workload, wl, source)
     dims = dimensions(request.model, request.num_gpus, min_gpus=1 if request.objective == "min-gpus" else None)
     slo = request.parsed_slo()
     slo_text = " ".join(f"{k}:{v:g}" for k, v in slo.as_dict().items()) if slo else None

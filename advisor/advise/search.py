@@ -73,7 +73,7 @@ class Context:
                          seed=self.seed, profile=self.profile)
         if engine:
             cfg = cfg.model_copy(update={"engine": EngineConfig(**(cfg.engine.model_dump(exclude_unset=True) | engine))})
-        return SimTask(cfg, n or self.eval_requests, variant)
+        return SimTask(cfg, n or (variant.num_requests if variant else self.eval_requests), variant)
 
 
 def primary(o: Outcome, objective: Objective, num_gpus: int) -> float:

@@ -29,11 +29,14 @@ from sim.workload_spec import (
 LAB_LOAD_SHARE = 0.5
 
 
-def spec_for(source: Any, wl: Workload) -> WorkloadSpec:
-    """The spec behind the user's workload: the preset or spec file itself, else a fit."""
-    if isinstance(source, str):
+def spec_for(workload: Any, wl: Workload, source: SourceOptions | None = None) -> WorkloadSpec:
+    """The spec behind the user's workload: the preset or spec file itself (with the source
+    options that a spec takes), else a fit of the loaded requests."""
+    reshaped = source is not None and any(getattr(source, k) is not None for k in
+                                          ("start_s", "end_s", "first", "speedup", "rate_rps"))
+    if isinstance(workload, str) and not reshaped:
         try:
-            spec = resolve_spec(source, SourceOptions())
+            spec = resolve_spec(workload, source or SourceOptions())
         except (ValueError, OSError):
             spec = None
         if spec is not None:

@@ -17,7 +17,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from advisor.options import Force, clean_errors
+from advisor.options import Force, clean_errors, source_options
+from sim.workload_source import SourceOptions
 
 
 def _check_slo(text: str) -> None:
@@ -33,6 +34,7 @@ def _check_slo(text: str) -> None:
 
 
 @clean_errors
+@source_options(exclude=("seed",))
 def advise(
     workload: Annotated[str, typer.Option("--workload", "-w", help="preset, spec file, trace file or built-in trace name")] = "chat-production",
     model: Annotated[str, typer.Option("--model", help="model preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, ...)")] = "llama-3.1-8b",
@@ -48,6 +50,7 @@ def advise(
     out: Annotated[Path | None, typer.Option("--out", help="write recommendation.json, report.md + charts and serve.sh here")] = None,
     force: Force = False,
     as_json: Annotated[bool, typer.Option("--json", help="print recommendation.json instead of the report")] = False,
+    source: SourceOptions | None = None,
 ) -> None:
     """Recommend vLLM flags for your traffic, with the numbers behind each choice."""
     from advisor.advise import AdviseRequest
@@ -65,7 +68,8 @@ def advise(
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=Console(stderr=True),
                   transient=True) as bar:
         task = bar.add_task("advising", total=1.0)
-        rec = run_advise(workload, request, progress=lambda f, msg: bar.update(task, completed=f, description=msg))
+        rec = run_advise(workload, request, progress=lambda f, msg: bar.update(task, completed=f, description=msg),
+                         source=source)
     if as_json:
         print(rec.model_dump_json(indent=2))
     else:
