@@ -87,9 +87,12 @@ def outcome_of(summary: dict[str, Any]) -> Outcome:
         "rejected": summary["rejected"] + summary["unfinished"],
         "mean_prompt_tokens": summary["total_input_tokens"] / n,
     }
-    for key in ("profile", "profile_status"):
-        if isinstance(summary.get(key), str):
-            extras[key] = summary[key]  # type: ignore[assignment]
+    # the cost profile the run used, under the names a calibrated-profile summary may give it
+    for key, names in (("profile", ("profile", "profile_name", "cost_profile")),
+                       ("profile_status", ("profile_status", "cost_profile_status"))):
+        found = next((summary[n] for n in names if isinstance(summary.get(n), str)), None)
+        if found is not None:
+            extras[key] = found  # type: ignore[assignment]
     return Outcome(m, extras)
 
 

@@ -35,6 +35,8 @@ def _replay(workload: str, flags: dict[str, Any], model: str, num_requests: int,
 
 
 def main() -> None:
+    from sim.metrics import jsonable
+
     ap = argparse.ArgumentParser()
     ap.add_argument("recommendation", type=Path)
     ap.add_argument("-w", "--workload", default="chat-production")
@@ -51,9 +53,9 @@ def main() -> None:
                 for who in ("baseline", "best")}
     good = {who: s.get("request_goodput") or s["request_throughput"] for who, s in measured.items()}
     predicted = rec["best"]["metrics"]["goodput_rps"] / rec["baseline"]["metrics"]["goodput_rps"]
-    gain = good["best"] / good["baseline"]
+    gain = float(good["best"] / good["baseline"])
     out = {"predicted_gain": predicted, "measured_gain": gain, "error_pct": (gain - predicted) / predicted * 100,
-           "within_10pct": abs(gain - predicted) / predicted <= 0.10, "measured": measured}
+           "within_10pct": bool(abs(gain - predicted) / predicted <= 0.10), "measured": jsonable(measured)}
     args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k != "measured"}, indent=2))
 

@@ -187,3 +187,27 @@ def test_json_round_trip(rec: Recommendation) -> None:
                          "gap", "robustness", "serve_command", "metrics_to_watch", "questions", "elapsed_s",
                          "num_simulations"}
     assert data["num_simulations"] > 0 and data["profile"]["name"]
+
+
+def _outcome(goodput: float, attainment: float):
+    from advisor.advise.evaluate import Outcome
+    from advisor.advise.records import Metrics
+    m = Metrics(goodput_rps=goodput, throughput_tok_s=0, ttft_p50_ms=1, ttft_p99_ms=1, tpot_p50_ms=1, tpot_p99_ms=1,
+                itl_p99_ms=1, e2e_p99_ms=100, slo_attainment=attainment, preemptions=0)
+    return Outcome(m, {})
+
+
+@pytest.mark.parametrize(("objective", "winner"), [("goodput", "TP1 x2"), ("cost", "TP1 x1"), ("min-gpus", "TP1 x1")])
+def test_objectives_rank_layouts(objective: str, winner: str) -> None:
+    from advisor.advise.search import Context, score
+    from advisor.advise.space import Candidate, dimensions
+    dims = dimensions("llama-3.1-8b", 2, min_gpus=1)
+    lay = dims[-1]
+    names = [o.name for o in lay.options]
+    ctx = Context(model="llama-3.1-8b", gpu="h200", num_gpus=2, slo=None, seed=0, profile=None,
+                  objective=objective, dims=dims, num_requests=10)  # type: ignore[arg-type]
+    two = Candidate((0,) * (len(dims) - 1) + (names.index("TP1 x2"),))
+    one = Candidate((0,) * (len(dims) - 1) + (names.index("TP1 x1"),))
+    # two GPUs serve 1.5x one GPU's goodput; both meet the SLOs
+    keys = {"TP1 x2": score(_outcome(9.0, 1.0), two, ctx), "TP1 x1": score(_outcome(6.0, 0.995), one, ctx)}
+    assert max(keys, key=keys.get) == winner
