@@ -70,9 +70,9 @@ ENGINE_DIMENSIONS: tuple[Dimension, ...] = (
 
 
 def layouts(model: str, num_gpus: int, *, min_gpus: int | None = None) -> list[Layout]:
-    """Aggregated TP x replicas and P:D splits (TP1) on `num_gpus` GPUs, the default first
-    (one GPU per replica, or the smallest TP the model fits... left to the simulator's check).
-    `min_gpus` adds the same layouts on fewer GPUs (the min-gpus objective)."""
+    """Aggregated TP x replicas and P:D splits (TP1) on `num_gpus` GPUs, vLLM's default (one GPU
+    per replica) first; a layout the model does not fit is refused by the simulator's memory
+    check and scores zero. `min_gpus` adds the same layouts on fewer GPUs (min-gpus, cost)."""
     heads = get_model(model).num_heads
     counts = range(min_gpus or num_gpus, num_gpus + 1)
     out: list[Layout] = []
