@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from advisor.commands import advise as advise_cmd
 from advisor.commands import app as app_cmd
 from advisor.commands import engine as engine_cmd
 from advisor.commands import simulate, workload
@@ -37,16 +38,18 @@ def _options(
 app.add_typer(workload.app, name="workload")
 app.command("simulate")(simulate.simulate)
 app.add_typer(engine_cmd.app, name="engine")
+app.command("advise")(advise_cmd.advise)
 app.command("app")(app_cmd.serve)
 app.command("calibrate")(calibrate)
 
 
 @app.command()
 def demo() -> None:
-    """The main job on a built-in default: the production-like chat workload on one H200 serving Llama-3.1-8B."""
+    """The main job on a built-in default: advise on the production-like chat workload for Llama-3.1-8B on one H200."""
     workload.describe("chat-production", as_json=False)
-    simulate.simulate(workload="chat-production", model="llama-3.1-8b", gpu="h200", num_gpus=1,
-                      goodput="ttft:500 tpot:50", label="demo: chat-production")
+    # 400 requests keep the demo near half a minute on two cores; `costline advise` takes the whole trace
+    advise_cmd.advise(workload="chat-production", model="llama-3.1-8b", gpu="h200", num_gpus=1,
+                      slo="ttft_p99:500 tpot_p99:50", budget="quick", num_requests=400)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

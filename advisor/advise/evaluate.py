@@ -1,0 +1,236 @@
+"""Running many simulations: local processes by default, a Ray cluster on request.
+
+The base workload travels once per worker (a process pool's initializer, or one Ray object);
+a task names a slice of it (`num_requests` from the start) or a `WorkloadSpec` variant to
+generate (perturbations, the lab workload), and a `SimConfig`. Results come back in task order,
+so the same seed gives the same recommendation whatever the parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import numpy as np
+
+from advisor.advise.records import Metrics
+from sim.generate import generate
+from sim.run import LoadedWorkload, SimConfig, run
+from sim.workload import Workload
+from sim.workload_spec import WorkloadSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SimTask:
+    config: SimConfig
+    num_requests: int  # of the base workload (from its start), or of the spec variant
+    variant: WorkloadSpec | None = None  # None = the user's workload
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the advisor keeps of one simulation: its metrics and the figures reasons quote."""
+
+    metrics: Metrics
+    extras: dict[str, float] = field(default_factory=dict)
+    error: str | None = None  # the configuration cannot start (vLLM's start-up checks)
+    cdf_ms: dict[str, list[float]] = field(default_factory=dict)  # TTFT and E2E at CDF_PERCENTS
+
+
+CDF_PERCENTS = tuple(range(1, 100))
+
+
+def latency_cdf_ms(requests: dict[str, np.ndarray]) -> dict[str, list[float]]:
+    """TTFT and E2E percentiles 1..99 of the finished requests, in ms (the report's CDF chart)."""
+    done = requests["status"] == "finished"
+    out = {}
+    for key, col in (("ttft_ms", "ttft_s"), ("e2e_ms", "e2e_s")):
+        v = requests[col][done]
+        out[key] = [round(float(x) * 1e3, 3) for x in np.percentile(v, CDF_PERCENTS)] if v.size else []
+    return out
+
+
+NAN = float("nan")
+INFEASIBLE = Metrics(goodput_rps=0.0, throughput_tok_s=0.0, ttft_p50_ms=NAN, ttft_p99_ms=NAN, tpot_p50_ms=NAN,
+                     tpot_p99_ms=NAN, itl_p99_ms=NAN, e2e_p99_ms=NAN, slo_attainment=0.0, preemptions=0)
+
+
+def _f(x: Any, default: float = math.nan) -> float:
+    return default if x is None else float(x)
+
+
+def outcome_of(summary: dict[str, Any]) -> Outcome:
+    n = max(summary["num_prompts"], 1)
+    good = _f(summary.get("request_goodput"), summary["request_throughput"])
+    dur = summary["duration"] or 1.0
+    m = Metrics(goodput_rps=good, throughput_tok_s=summary["output_throughput"],
+                ttft_p50_ms=summary["median_ttft_ms"], ttft_p99_ms=summary["p99_ttft_ms"],
+                tpot_p50_ms=_f(summary["median_tpot_ms"]), tpot_p99_ms=_f(summary["p99_tpot_ms"]),
+                itl_p99_ms=_f(summary["p99_itl_ms"]), e2e_p99_ms=summary["p99_e2el_ms"],
+                slo_attainment=good * dur / n, preemptions=summary["num_preemptions"])
+    computed = summary["prefill_tokens_computed"]
+    needed = summary["total_input_tokens"] - summary["prefix_cache_hits_tokens"]
+    extras = {
+        "mean_e2e_ms": _f(summary["mean_e2el_ms"]), "mean_ttft_ms": _f(summary["mean_ttft_ms"]),
+        "rate_rps": n / dur, "duration_s": dur,
+        "concurrency": summary["request_throughput"] * _f(summary["mean_e2el_ms"], 0.0) / 1e3,
+        "prefix_hit_rate": summary["prefix_cache_hit_rate"],
+        "acceptance_rate": _f(summary.get("spec_decode_acceptance_rate")),
+        "acceptance_length": _f(summary.get("spec_decode_acceptance_length")),
+        "cpu_share": summary["cpu_share_of_step_time"], "gpu_busy_share": summary["gpu_busy_share"],
+        "kv_usage_max": summary["kv_cache_usage_max"], "kv_transfer_ms": _f(summary.get("mean_kv_transfer_ms")),
+        "recompute_share": max(computed - needed, 0) / computed if computed else 0.0,
+        "rejected": summary["rejected"] + summary["unfinished"],
+        "mean_prompt_tokens": summary["total_input_tokens"] / n,
+    }
+    # the cost profile the run used, under the names a calibrated-profile summary may give it
+    for key, names in (("profile", ("profile", "profile_name", "cost_profile")),
+                       ("profile_status", ("profile_status", "cost_profile_status"))):
+        found = next((summary[n] for n in names if isinstance(summary.get(n), str)), None)
+        if found is not None:
+            extras[key] = found  # type: ignore[assignment]
+    return Outcome(m, extras)
+
+
+SLICE_WINDOWS = 4  # a slice is this many windows spread over the trace, so it sees the whole hour
+
+
+def spread_slice(wl: Workload, n: int) -> Workload:
+    """`n` requests of `wl` as SLICE_WINDOWS runs of consecutive requests taken evenly across it,
+    laid back to back (each window keeps its own arrival gaps, one mean gap between windows):
+    a slice of a one-hour trace sees its busy and quiet parts, not only its first minutes."""
+    if n >= len(wl):
+        return wl
+    k = max(1, min(SLICE_WINDOWS, n // 50))
+    per = n // k
+    sizes = [per] * (k - 1) + [n - per * (k - 1)]
+    starts = np.linspace(0, len(wl) - sizes[-1], k).astype(np.int64)
+    idx = np.concatenate([np.arange(s, s + m) for s, m in zip(starts, sizes, strict=True)])
+    out = wl.take(idx)
+    gap = wl.duration_s / max(len(wl) - 1, 1)
+    arrival, offset = out.arrival_s.copy(), 0.0
+    for w in range(k):
+        seg = slice(w * per, w * per + sizes[w])
+        arrival[seg] = arrival[seg] - arrival[seg][0] + offset
+        offset = arrival[seg][-1] + gap
+    out.arrival_s = arrival
+    return out
+
+
+class _Workloads:
+    """A worker's workloads: the base one, its slices and generated variants, each built once."""
+
+    def __init__(self, base: Workload) -> None:
+        self.base = base
+        self.cache: dict[Any, LoadedWorkload] = {}
+
+    def get(self, task: SimTask) -> LoadedWorkload:
+        key = (task.num_requests, task.variant.model_dump_json() if task.variant else None)
+        if key not in self.cache:
+            if task.variant is None:
+                wl = spread_slice(self.base, task.num_requests)
+            else:
+                wl = generate(task.variant.with_overrides(num_requests=task.num_requests))
+            self.cache[key] = LoadedWorkload(list(wl.requests), self.base.name)
+        return self.cache[key]
+
+
+def simulate_task(workloads: _Workloads, task: SimTask) -> Outcome:
+    """One simulation; a configuration vLLM would refuse at start-up (the model does not fit,
+    heads not divisible...) scores zero and keeps the refusal as its reason."""
+    try:
+        result = run(workloads.get(task), task.config)
+    except ValueError as exc:
+        return Outcome(INFEASIBLE, {}, str(exc).splitlines()[0])
+    out = outcome_of(result.summary())
+    out.cdf_ms = latency_cdf_ms(result.requests)
+    return out
+
+
+_WORKER: _Workloads | None = None
+
+
+def _init_worker(base: Workload) -> None:
+    global _WORKER
+    _WORKER = _Workloads(base)
+
+
+def _run_in_worker(task: SimTask) -> Outcome:
+    assert _WORKER is not None
+    return simulate_task(_WORKER, task)
+
+
+class Evaluator:
+    """Runs batches of `SimTask`s in order-preserving parallel; counts the simulations."""
+
+    def __init__(self, base: Workload, *, workers: int = 1, ray: str | None = None) -> None:
+        self.base = base
+        self.count = 0
+        self._lock = threading.Lock()
+        self._local = _Workloads(base)
+        self._pool: ProcessPoolExecutor | None = None
+        self._ray_map: Callable[[Sequence[SimTask]], list[Outcome]] | None = None
+        if ray is not None:
+            self._ray_map = _ray_mapper(base, ray)
+        elif workers > 1:
+            self._pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(base,))
+
+    @property
+    def parallel(self) -> bool:
+        return self._pool is not None or self._ray_map is not None
+
+    def map(self, tasks: Sequence[SimTask]) -> list[Outcome]:
+        with self._lock:  # stages may submit from several threads
+            self.count += len(tasks)
+        if self._ray_map is not None and len(tasks) > 1:
+            return self._ray_map(tasks)
+        if self._pool is not None and len(tasks) > 1:
+            return list(self._pool.map(_run_in_worker, tasks))
+        return [simulate_task(self._local, t) for t in tasks]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _ray_mapper(base: Workload, address: str) -> Callable[[Sequence[SimTask]], list[Outcome]]:
+    """Tasks as Ray remote calls; the base workload is put in the object store once. Ray is
+    imported here only: `costline --help` and local runs never load it."""
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ValueError("--ray needs Ray: pip install 'ray>=2.30' (or drop --ray to use local processes)") from exc
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        except ConnectionError as exc:
+            raise ValueError(f"--ray {address}: no Ray cluster answered ({exc}); start one with `ray start --head`, "
+                             "give its address, or drop --ray to use local processes") from None
+    base_ref = ray.put(base)
+    remote = ray.remote(_ray_task)
+
+    def run_all(tasks: Sequence[SimTask]) -> list[Outcome]:
+        return ray.get([remote.remote(base_ref, t) for t in tasks])
+
+    return run_all
+
+
+_RAY_WORKLOADS: dict[int, _Workloads] = {}
+
+
+def _ray_task(base: Workload, task: SimTask) -> Outcome:
+    key = hash((base.name, len(base), float(base.arrival_s[-1]), int(base.prompt_len.sum())))
+    if key not in _RAY_WORKLOADS:
+        _RAY_WORKLOADS.clear()
+        _RAY_WORKLOADS[key] = _Workloads(base)
+    return simulate_task(_RAY_WORKLOADS[key], task)

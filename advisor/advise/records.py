@@ -1,0 +1,176 @@
+"""The advisor's named records: what `advise` takes (`AdviseRequest`) and returns
+(`Recommendation`, whose `model_dump_json()` is recommendation.json). The dashboard codes
+against these names; change them only together with app/."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.run_summary import SLO
+
+Objective = Literal["goodput", "min-gpus", "cost"]
+Budget = Literal["quick", "full"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def normalise_slo(text: str) -> str:
+    """`ttft_p99:500 tpot_p99:50` (the percentile spelling) or `ttft:500 tpot:50` (vLLM's
+    `--goodput`) as vLLM's form: goodput counts requests that meet each target, so the
+    percentile suffix only names which tail the user cares about."""
+    parts = []
+    for part in text.replace(",", " ").split():
+        key, sep, value = part.partition(":")
+        parts.append(key.removesuffix("_p99").removesuffix("_p50").removesuffix("_p90") + sep + value)
+    return " ".join(parts)
+
+
+class AdviseRequest(_Record):
+    """What the user asks: traffic aside, the deployment and targets to advise on."""
+
+    model: str = "llama-3.1-8b"
+    gpu: str = "h200"
+    num_gpus: int = Field(1, ge=1, le=64)
+    slo: str = Field("ttft_p99:500 tpot_p99:50", description="goodput targets in ms, e.g. "
+                     "'ttft_p99:500 tpot_p99:50' or 'ttft:500 tpot:50'")
+    objective: Objective = "goodput"
+    seed: int = Field(0, ge=0)
+    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=256,
+                         description="local processes running simulations")
+    ray: str | None = Field(None, description="None = local processes; 'auto' or a Ray address")
+    budget: Budget = "quick"
+    profile: str | None = Field(None, description="cost profile; None = what the simulator picks")
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slo(cls, v: Any) -> Any:
+        if isinstance(v, SLO):
+            return " ".join(f"{k}:{x:g}" for k, x in v.as_dict().items())
+        if isinstance(v, str):
+            SLO.parse(normalise_slo(v))  # refuses a malformed pair, naming it
+        return v
+
+    def parsed_slo(self) -> SLO | None:
+        return SLO.parse(normalise_slo(self.slo))
+
+
+class Metrics(_Record):
+    goodput_rps: float
+    throughput_tok_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    itl_p99_ms: float
+    e2e_p99_ms: float
+    slo_attainment: float
+    preemptions: int
+
+
+class ScoredConfig(_Record):
+    label: str
+    flags: dict[str, Any] = Field(description="vLLM flag name -> value, only the non-default ones")
+    num_gpus: int
+    metrics: Metrics
+
+
+class LadderStep(_Record):
+    optimization: str
+    flags_added: dict[str, Any]
+    metrics: Metrics
+    delta_goodput_pct: float
+    delta_ttft_p99_pct: float
+    delta_tpot_p99_pct: float
+    gpus_needed: int | None = Field(description="fewest GPUs meeting the SLOs at this rung "
+                                    "(None: not met within the GPUs given)")
+
+
+class Rejected(_Record):
+    optimization: str
+    flags: dict[str, Any]
+    reason: str
+    delta_goodput_pct: float
+
+
+class CostPoint(_Record):
+    x: float
+    gain_pct: float
+    goodput_delta_pct: float = 0.0
+    detail: dict[str, float] = Field(default_factory=dict)
+
+
+class CostLine(_Record):
+    optimization: str
+    variable: str
+    unit: str
+    points: list[CostPoint]
+    break_even: float | None
+    operating_point: float
+    answer: str
+
+
+class GapFactor(_Record):
+    factor: str
+    gain: float
+    share_pct: float
+
+
+class Gap(_Record):
+    lab_gain: float
+    production_gain: float
+    factors: list[GapFactor]
+    gain_metric: str = "mean end-to-end latency, defaults / recommended (x)"
+
+
+class RobustnessRow(_Record):
+    perturbation: str
+    best_goodput_rps: float
+    kept_goodput_rps: float
+    regret_pct: float
+
+
+class Robustness(_Record):
+    rows: list[RobustnessRow]
+    fallback: ScoredConfig
+    fallback_max_regret_pct: float
+
+
+class MetricToWatch(_Record):
+    metric: str
+    threshold: str
+    why: str
+
+
+class Question(_Record):
+    question: str
+    answer: str
+
+
+class ProfileInfo(_Record):
+    name: str
+    status: str
+
+
+class Recommendation(_Record):
+    request: AdviseRequest
+    profile: ProfileInfo
+    workload: dict[str, Any]
+    baseline: ScoredConfig
+    best: ScoredConfig
+    ladder: list[LadderStep]
+    rejected: list[Rejected]
+    cost_lines: list[CostLine]
+    gap: Gap | None
+    robustness: Robustness
+    serve_command: str
+    metrics_to_watch: list[MetricToWatch]
+    questions: list[Question]
+    elapsed_s: float
+    num_simulations: int
+    latency_cdfs: dict[str, dict[str, list[float]]] = Field(
+        default_factory=dict, description="baseline / best -> ttft_ms / e2e_ms at percentiles 1..99")

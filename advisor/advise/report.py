@@ -1,0 +1,172 @@
+"""The recommendation for people: a rich terminal report, and `--out DIR` files:
+recommendation.json, report.md with PNG charts, serve.sh."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from advisor.advise.records import Metrics, Recommendation
+from engine.outputs import check_output_dir, staged_dir
+
+
+def _n(x: float | None, fmt: str = ",.1f") -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def _pct(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{x:+.1f}%"
+
+
+def _metric_rows(m: Metrics) -> list[str]:
+    return [_n(m.goodput_rps, ".2f"), f"{m.slo_attainment:.1%}", _n(m.ttft_p50_ms), _n(m.ttft_p99_ms),
+            _n(m.tpot_p50_ms), _n(m.tpot_p99_ms), str(m.preemptions)]
+
+
+def print_report(rec: Recommendation, console: Console) -> None:
+    w = rec.workload
+    console.print(f"[bold]costline advise[/]: {w['name']} ({w['num_requests']:,} requests, {w['rate_rps']:.2f} req/s), "
+                  f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO {rec.request.slo}, "
+                  f"objective {rec.request.objective}; profile {rec.profile.name} ({rec.profile.status})")
+    t = Table(title="defaults vs recommended", title_justify="left")
+    for c in ("", "goodput req/s", "SLO met", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "preempt."):
+        t.add_column(c, justify="right" if c else "left")
+    t.add_row("vLLM defaults", *_metric_rows(rec.baseline.metrics))
+    t.add_row(f"[bold green]recommended[/] ({rec.best.label})", *_metric_rows(rec.best.metrics))
+    console.print(t)
+    lad = Table(title="ladder: one optimization at a time", title_justify="left")
+    for c in ("optimization", "goodput", "TTFT p99", "TPOT p99", "GPUs needed"):
+        lad.add_column(c, justify="left" if c == "optimization" else "right")
+    for s in rec.ladder:
+        lad.add_row(s.optimization, _pct(s.delta_goodput_pct), _pct(s.delta_ttft_p99_pct), _pct(s.delta_tpot_p99_pct),
+                    str(s.gpus_needed or "-"))
+    console.print(lad)
+    console.print("[bold]rejected[/]")
+    for r in rec.rejected:
+        console.print(f"  - {r.reason}", highlight=False)
+    console.print("[bold]where each optimization stops paying[/]")
+    for line in rec.cost_lines:
+        console.print(f"  - {line.answer}", highlight=False)
+    if rec.gap:
+        g = rec.gap
+        shares = ", ".join(f"{f.factor} {f.share_pct:+.0f}%" for f in g.factors)
+        console.print(f"[bold]lab -> production[/]: gain x{g.lab_gain:.2f} in the lab, x{g.production_gain:.2f} on your "
+                      f"traffic ({g.gain_metric}); factors: {shares}", highlight=False)
+    rb = rec.robustness
+    console.print("[bold]robustness[/]: " + ", ".join(f"{r.perturbation} regret {r.regret_pct:.1f}%" for r in rb.rows)
+                  + f"; fallback: {rb.fallback.label} (worst regret {rb.fallback_max_regret_pct:.1f}%)", highlight=False)
+    console.print("[bold]your questions[/]")
+    for q in rec.questions:
+        console.print(f"  - {q.question}\n    {q.answer}", highlight=False)
+    console.print(f"[bold]run[/]: {rec.serve_command}", highlight=False, soft_wrap=True)
+    console.print(f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s")
+
+
+def _charts(rec: Recommendation, folder: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    names = []
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    level = rec.baseline.metrics.goodput_rps
+    labels, bottoms, heights = ["vLLM defaults"], [0.0], [level]
+    for s in rec.ladder:
+        labels.append(s.optimization)
+        bottoms.append(level)
+        heights.append(s.metrics.goodput_rps - level)
+        level = s.metrics.goodput_rps
+    ax.bar(range(len(labels)), heights, bottom=bottoms, color=["grey"] + ["tab:green" if h >= 0 else "tab:red" for h in heights[1:]])
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=7)
+    ax.set_ylabel("goodput (req/s)")
+    ax.set_title("ladder: goodput as optimizations are added")
+    fig.tight_layout()
+    fig.savefig(folder / "ladder.png", dpi=110)
+    names.append("ladder.png")
+    plt.close(fig)
+    lines = rec.cost_lines
+    cols = 3
+    fig, axes = plt.subplots(math.ceil(len(lines) / cols), cols, figsize=(11, 3 * math.ceil(len(lines) / cols)))
+    for ax, line in zip(axes.flat, lines, strict=False):
+        ax.plot([p.x for p in line.points], [p.gain_pct for p in line.points], marker="o")
+        ax.axhline(0 if "CPU" not in line.optimization else 50, color="grey", lw=0.8)
+        ax.axvline(line.operating_point, color="tab:orange", ls="--", lw=0.8)
+        ax.set_title(line.optimization, fontsize=8)
+        ax.set_xlabel(f"{line.variable} ({line.unit})", fontsize=7)
+        ax.set_ylabel("CPU % of step" if "CPU" in line.optimization else "latency gain %", fontsize=7)
+    for ax in list(axes.flat)[len(lines):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(folder / "cost_lines.png", dpi=100)
+    names.append("cost_lines.png")
+    plt.close(fig)
+    if rec.latency_cdfs.get("best", {}).get("ttft_ms"):
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+        for ax, key in zip(axes, ("ttft_ms", "e2e_ms"), strict=True):
+            for who, style in (("baseline", "grey"), ("best", "tab:green")):
+                v = rec.latency_cdfs[who].get(key) or []
+                ax.plot(v, [p / 100 for p in range(1, len(v) + 1)], color=style, label=who)
+            ax.set_xscale("log")
+            ax.set_xlabel(key.replace("_ms", " (ms)"))
+            ax.set_ylabel("CDF")
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "latency_cdf.png", dpi=100)
+        names.append("latency_cdf.png")
+        plt.close(fig)
+    return names
+
+
+def markdown(rec: Recommendation, charts: list[str]) -> str:
+    b, r = rec.baseline.metrics, rec.best.metrics
+    out = [f"# costline advise: {rec.workload['name']}", "",
+           (f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO `{rec.request.slo}`, objective "
+           f"{rec.request.objective}, cost profile {rec.profile.name} ({rec.profile.status})."), "",
+           "| | goodput req/s | SLO met | TTFT p99 ms | TPOT p99 ms |", "|---|---|---|---|---|",
+           f"| vLLM defaults | {b.goodput_rps:.2f} | {b.slo_attainment:.1%} | {_n(b.ttft_p99_ms)} | {_n(b.tpot_p99_ms)} |",
+           (f"| recommended: {rec.best.label} | {r.goodput_rps:.2f} | {r.slo_attainment:.1%} | {_n(r.ttft_p99_ms)} | "
+           f"{_n(r.tpot_p99_ms)} |"), "", "```sh", rec.serve_command, "```", "", "## Ladder", "",
+           "| optimization | goodput | TTFT p99 | TPOT p99 | GPUs needed |", "|---|---|---|---|---|"]
+    out += [f"| {s.optimization} | {_pct(s.delta_goodput_pct)} | {_pct(s.delta_ttft_p99_pct)} | "
+            f"{_pct(s.delta_tpot_p99_pct)} | {s.gpus_needed or '-'} |" for s in rec.ladder]
+    out += ["", "## Rejected", ""] + [f"- {x.reason}" for x in rec.rejected]
+    out += ["", "## Where each optimization stops paying", ""] + [f"- {c.answer}" for c in rec.cost_lines]
+    if rec.gap:
+        out += ["", "## Lab -> production", "", (f"Gain x{rec.gap.lab_gain:.2f} in the lab, x{rec.gap.production_gain:.2f} "
+                f"on this traffic ({rec.gap.gain_metric})."), "", "| factor | gain with it | share of the gap |", "|---|---|---|"]
+        out += [f"| {f.factor} | x{f.gain:.2f} | {f.share_pct:+.0f}% |" for f in rec.gap.factors]
+    out += ["", "## Robustness", "", "| perturbation | best goodput | kept goodput | regret |", "|---|---|---|---|"]
+    out += [f"| {x.perturbation} | {x.best_goodput_rps:.2f} | {x.kept_goodput_rps:.2f} | {x.regret_pct:.1f}% |"
+            for x in rec.robustness.rows]
+    out += ["", (f"Fallback safe under all of them: {rec.robustness.fallback.label} "
+            f"(worst regret {rec.robustness.fallback_max_regret_pct:.1f}%)."), "", "## Questions", ""]
+    out += [f"- **{q.question}** {q.answer}" for q in rec.questions]
+    out += ["", "## Metrics to watch", "", "| metric | threshold | why |", "|---|---|---|"]
+    out += [f"| `{m.metric}` | {m.threshold} | {m.why} |" for m in rec.metrics_to_watch]
+    out += ["", "## Charts", ""] + [f"![{c}]({c})" for c in charts]
+    out += ["", f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s.", ""]
+    return "\n".join(out)
+
+
+def serve_script(rec: Recommendation) -> str:
+    watch = "\n".join(f"#   {m.metric} {m.threshold}: {m.why}" for m in rec.metrics_to_watch)
+    return (f"#!/usr/bin/env bash\n# costline advise: {rec.best.label}\n# Prometheus metrics to watch:\n{watch}\n"
+            f"set -euo pipefail\n{rec.serve_command}\n")
+
+
+def write_outputs(rec: Recommendation, out_dir: str | Path, *, force: bool = False) -> Path:
+    """recommendation.json, report.md + PNG charts and serve.sh in `out_dir`; an existing run is
+    refused without `force`, and an interrupted write leaves the previous one whole."""
+    out = check_output_dir(out_dir, flag="--out", force=force)
+    with staged_dir(out) as tmp:
+        (tmp / "recommendation.json").write_text(json.dumps(json.loads(rec.model_dump_json()), indent=2) + "\n")
+        charts = _charts(rec, tmp)
+        (tmp / "report.md").write_text(markdown(rec, charts))
+        (tmp / "serve.sh").write_text(serve_script(rec))
+        (tmp / "serve.sh").chmod(0o755)
+    return out

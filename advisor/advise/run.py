@@ -1,0 +1,115 @@
+"""The advisor's pipeline, stage after stage, over one pool of simulation workers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from advisor.advise.cost_lines import cost_lines
+from advisor.advise.evaluate import Evaluator
+from advisor.advise.gap import gain, lab_gap
+from advisor.advise.ladder import ladder, rejected
+from advisor.advise.questions import metrics_to_watch, questions
+from advisor.advise.records import AdviseRequest, ProfileInfo, Recommendation
+from advisor.advise.robustness import robustness, scored_config
+from advisor.advise.search import Context, search
+from advisor.advise.space import dimensions, serve_command
+from advisor.advise.variants import spec_for
+from engine.request import Request
+from sim.describe import describe_workload
+from sim.run import LoadedWorkload
+from sim.workload import Workload
+from sim.workload_source import SourceOptions, load_workload
+
+Progress = Callable[[float, str], None]
+# (share of the work done when the stage starts, what it does)
+STAGES = ((0.0, "searching"), (0.45, "ladder"), (0.55, "cost lines"), (0.8, "lab -> production gap"),
+          (0.9, "robustness"))
+ANALYSIS_REQUESTS = {"quick": 300, "full": 4000}  # requests per cost-line, gap and robustness run
+
+
+def as_workload(workload: Any, seed: int, source: SourceOptions | None = None) -> Workload:
+    """The user's traffic as a columnar `Workload` (preset, spec or trace name/path, Workload,
+    LoadedWorkload or a list of Requests)."""
+    if isinstance(workload, Workload):
+        return workload
+    if isinstance(workload, (str, Path)):
+        opts = (source or SourceOptions()).model_copy(update={"seed": seed})
+        return load_workload(str(workload), opts)
+    if isinstance(workload, LoadedWorkload):
+        return Workload.from_requests(workload.requests, workload.name)
+    reqs = list(workload)
+    if not reqs or not all(isinstance(r, Request) for r in reqs):
+        raise ValueError("workload: give a preset or trace name, a spec or trace path, a Workload or a list of Requests")
+    return Workload.from_requests(reqs, "requests")
+
+
+def _workload_info(wl: Workload, ctx: Context, spec_name: str) -> dict[str, Any]:
+    d = describe_workload(wl)
+    return {"name": wl.name, "num_requests": len(wl), "rate_rps": d["mean_rate_rps"], "duration_s": d["duration_s"],
+            "interarrival_cv": d["interarrival_cv"], "prompt_tokens": d["prompt_tokens"],
+            "output_tokens": d["output_tokens"], "prefix_reuse": d["prefix_reuse"], "task_mix": d["task_mix"],
+            "evaluated_requests": ctx.eval_requests, "variants_from_spec": spec_name}
+
+
+def _profile(request: AdviseRequest, extras: dict[str, Any]) -> ProfileInfo:
+    name = extras.get("profile") or request.profile or "default"
+    status = extras.get("profile_status") or ("first-principles coefficients from datasheets, not calibrated"
+                                              if name == "default" else "as given")
+    return ProfileInfo(name=str(name), status=str(status))
+
+
+def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None = None,
+           source: SourceOptions | None = None) -> Recommendation:
+    """The recommendation for `workload` under `request` (same inputs and seed, same answer).
+    `source` reshapes a named or file workload as everywhere else (--num-requests, --rate, ...)."""
+    t0 = time.perf_counter()
+    say: Progress = progress or (lambda _f, _m: None)
+    wl = as_workload(workload, request.seed, source)
+    spec = spec_for(workload, wl, source)
+    # min-gpus and cost compare deployments on fewer GPUs than given too
+    dims = dimensions(request.model, request.num_gpus, min_gpus=None if request.objective == "goodput" else 1)
+    slo = request.parsed_slo()
+    slo_text = " ".join(f"{k}:{v:g}" for k, v in slo.as_dict().items()) if slo else None
+    ctx = Context(model=request.model, gpu=request.gpu, num_gpus=request.num_gpus, slo=slo_text, seed=request.seed,
+                  profile=request.profile, objective=request.objective, dims=dims, num_requests=len(wl),
+                  budget=request.budget)
+    n_analysis = min(len(wl), ANALYSIS_REQUESTS[request.budget])
+    with Evaluator(wl, workers=request.workers, ray=request.ray) as ev:
+        say(STAGES[0][0], STAGES[0][1])
+        found = search(ev, ctx, lambda msg: say(0.05, msg))
+        say(*STAGES[1])
+        steps = ladder(ev, ctx, found)
+        say(*STAGES[2])
+        small = spec.with_overrides(num_requests=n_analysis)
+        production = gain(found.baseline.outcome, found.best.outcome)
+        # the three analyses are independent: run them side by side so the workers stay busy
+        with ThreadPoolExecutor(3 if ev.parallel else 1) as pool:
+            lines_f = pool.submit(cost_lines, ev, ctx, spec, found.best.cand, n_analysis,
+                                  ThreadPoolExecutor(6) if ev.parallel else None)
+            gap_f = pool.submit(lab_gap, ev, ctx, small, found.baseline.cand, found.best.cand, production) \
+                if found.best.cand != found.baseline.cand else None
+            rob_f = pool.submit(robustness, ev, ctx, small, [found.best, *found.finalists[:2], found.baseline])
+            lines = lines_f.result()
+            say(*STAGES[3])
+            gap = gap_f.result() if gap_f else None
+            say(*STAGES[4])
+            rob = rob_f.result()
+        count = ev.count
+    say(1.0, "done")
+    best_engine = ctx.task(found.best.cand).config.engine
+    return Recommendation(
+        request=request, profile=_profile(request, found.best.outcome.extras),
+        workload=_workload_info(wl, ctx, spec.name), baseline=scored_config(ctx, found.baseline),
+        best=scored_config(ctx, found.best), ladder=steps, rejected=rejected(ctx, found), cost_lines=lines,
+        gap=gap, robustness=rob,
+        serve_command=serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus)),
+        metrics_to_watch=metrics_to_watch(slo, found, lines), questions=questions(ctx, found, lines),
+        elapsed_s=round(time.perf_counter() - t0, 2), num_simulations=count,
+        latency_cdfs={"baseline": found.baseline.outcome.cdf_ms, "best": found.best.outcome.cdf_ms})
+
+
+__all__ = ["ANALYSIS_REQUESTS", "Progress", "advise", "as_workload"]

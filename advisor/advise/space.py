@@ -1,0 +1,166 @@
+"""The knobs the advisor searches, in vLLM's names, and the configurations they make.
+
+A `Candidate` picks one `Option` per `Dimension`; the first option of every dimension is vLLM's
+default, so the all-first candidate is the baseline. Layouts (tensor parallelism, replicas,
+disaggregated prefill P:D) depend on the GPUs given and on the model's attention heads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.model_spec import get_model
+from sim.config import DisaggConfig, EngineConfig
+from sim.run import SimConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    tensor_parallel_size: int
+    num_gpus: int
+    prefill_replicas: int = 0  # 0 = aggregated serving
+    decode_replicas: int = 0
+
+    @property
+    def name(self) -> str:
+        if self.prefill_replicas:
+            tp = f" TP{self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
+            return f"P/D {self.prefill_replicas}P:{self.decode_replicas}D{tp}"
+        return f"TP{self.tensor_parallel_size} x{self.num_gpus // self.tensor_parallel_size}"
+
+    def disaggregation(self) -> DisaggConfig | None:
+        if not self.prefill_replicas:
+            return None
+        return DisaggConfig(num_prefill_replicas=self.prefill_replicas, num_decode_replicas=self.decode_replicas,
+                            link="nvlink")
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    name: str
+    flags: dict[str, Any] = field(default_factory=dict)  # EngineConfig field -> value
+    layout: Layout | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dimension:
+    name: str  # the optimization, as the ladder and the report name it
+    options: tuple[Option, ...]  # options[0] = vLLM's default
+
+
+def _spec(method: str, k: int) -> dict[str, Any]:
+    return {"speculative_config": {"method": method, "num_speculative_tokens": k}}
+
+
+ENGINE_DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension("prefix caching", (Option("on"), Option("off", {"enable_prefix_caching": False}))),
+    Dimension("token budget", (Option("default"), Option("2048", {"max_num_batched_tokens": 2048}),
+                               Option("16384", {"max_num_batched_tokens": 16384}))),
+    Dimension("max-num-seqs", (Option("default"), Option("128", {"max_num_seqs": 128}))),
+    Dimension("block size", (Option("16"), Option("64", {"block_size": 64}))),
+    Dimension("speculative decoding", (Option("off"), Option("ngram k=4", _spec("ngram", 4)),
+                                       Option("eagle3 k=2", _spec("eagle3", 2)),
+                                       Option("eagle3 k=4", _spec("eagle3", 4)))),
+    Dimension("FP8", (Option("bf16"), Option("fp8 KV cache", {"kv_cache_dtype": "fp8"}),
+                      Option("fp8 KV + weights", {"kv_cache_dtype": "fp8", "quantization": "fp8"}))),
+    Dimension("gpu memory utilization", (Option("0.92"), Option("0.95", {"gpu_memory_utilization": 0.95}))),
+)
+
+
+def layouts(model: str, num_gpus: int, *, min_gpus: int | None = None) -> list[Layout]:
+    """Aggregated TP x replicas and P:D splits (TP1) on `num_gpus` GPUs, vLLM's default (one GPU
+    per replica) first; a layout the model does not fit is refused by the simulator's memory
+    check and scores zero. `min_gpus` adds the same layouts on fewer GPUs (min-gpus, cost)."""
+    heads = get_model(model).num_heads
+    counts = range(min_gpus or num_gpus, num_gpus + 1)
+    out: list[Layout] = []
+    for n in counts:
+        out += [Layout(tp, n) for tp in (1, 2, 4, 8) if tp <= n and n % tp == 0 and heads % tp == 0]
+        out += [Layout(1, n, p, n - p) for p in range(1, n) if n <= 4 or p in (1, n // 2, n - 1)]
+    default = Layout(1, num_gpus)
+    return [default] + [lay for lay in out if lay != default]
+
+
+def dimensions(model: str, num_gpus: int, *, min_gpus: int | None = None) -> tuple[Dimension, ...]:
+    lays = layouts(model, num_gpus, min_gpus=min_gpus)
+    if len(lays) == 1:
+        return ENGINE_DIMENSIONS
+    return (*ENGINE_DIMENSIONS, Dimension("parallelism", tuple(Option(lay.name, layout=lay) for lay in lays)))
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One option per dimension, as indices into `dims[i].options`."""
+
+    picks: tuple[int, ...]
+
+    def options(self, dims: tuple[Dimension, ...]) -> list[Option]:
+        return [d.options[i] for d, i in zip(dims, self.picks, strict=True)]
+
+    def engine_overrides(self, dims: tuple[Dimension, ...]) -> dict[str, Any]:
+        flags: dict[str, Any] = {}
+        for opt in self.options(dims):
+            flags |= opt.flags
+            if opt.layout is not None:
+                flags["tensor_parallel_size"] = opt.layout.tensor_parallel_size
+        return {k: v for k, v in flags.items() if not (k == "tensor_parallel_size" and v == 1)}
+
+    def layout(self, dims: tuple[Dimension, ...], num_gpus: int) -> Layout:
+        lays = [o.layout for o in self.options(dims) if o.layout is not None]
+        return lays[0] if lays else Layout(1, num_gpus)
+
+    def label(self, dims: tuple[Dimension, ...]) -> str:
+        parts = [f"{d.name} {o.name}" for d, o, i in zip(dims, self.options(dims), self.picks, strict=True) if i]
+        return ", ".join(parts) or "vLLM defaults"
+
+    def with_pick(self, dim: int, option: int) -> Candidate:
+        picks = list(self.picks)
+        picks[dim] = option
+        return Candidate(tuple(picks))
+
+    def num_changes(self) -> int:
+        return sum(1 for i in self.picks if i)
+
+
+def baseline(dims: tuple[Dimension, ...]) -> Candidate:
+    return Candidate((0,) * len(dims))
+
+
+def sim_config(cand: Candidate, dims: tuple[Dimension, ...], *, model: str, gpu: str, num_gpus: int,
+               slo: str | None, seed: int, profile: str | None) -> SimConfig:
+    lay = cand.layout(dims, num_gpus)
+    kwargs: dict[str, Any] = {"profile": profile} if profile else {}
+    return SimConfig(model=model, gpu=gpu, num_gpus=lay.num_gpus, engine=EngineConfig(**cand.engine_overrides(dims)),
+                     disaggregation=lay.disaggregation(), seed=seed, slo=slo, skip_ahead=True,
+                     kv_block_coarsening="auto", label=cand.label(dims), **kwargs)
+
+
+def vllm_flags(engine: EngineConfig, layout: Layout) -> dict[str, Any]:
+    """The non-default `vllm serve` flags of `engine` (name -> value), plus the KV connector of a
+    P:D layout."""
+    base = EngineConfig()
+    flags: dict[str, Any] = {}
+    for name in type(engine).model_fields:
+        value = getattr(engine, name)
+        if value != getattr(base, name):
+            flags[name] = json.loads(value.vllm_json()) if hasattr(value, "vllm_json") else value
+    if layout.prefill_replicas:
+        d = layout.disaggregation()
+        assert d is not None
+        flags["kv_transfer_config"] = {"kv_connector": d.kv_connector, "kv_role": "kv_both"}
+    return flags
+
+
+def serve_command(model: str, engine: EngineConfig, layout: Layout) -> str:
+    """`vllm serve MODEL` plus only the non-default flags (one line per instance kind)."""
+    args = " ".join(engine.to_vllm_args())
+    base = f"vllm serve {model}" + (f" {args}" if args else "")
+    if not layout.prefill_replicas:
+        if layout.num_gpus > layout.tensor_parallel_size:
+            return f"{base}  # x{layout.num_gpus // layout.tensor_parallel_size} replicas behind a router"
+        return base
+    kv = json.dumps(vllm_flags(engine, layout)["kv_transfer_config"], separators=(",", ":"))
+    return (f"{base} --kv-transfer-config '{kv}'  # {layout.prefill_replicas} prefill + "
+            f"{layout.decode_replicas} decode instances behind a P/D proxy")

@@ -1,0 +1,79 @@
+"""`costline advise`: which optimizations to turn on for this traffic, what each buys, where it
+stops paying, and the `vllm serve` command.
+
+    costline advise -w chat-production --model llama-3.1-8b --gpu h200 --num-gpus 1 \\
+        --slo "ttft_p99:500 tpot_p99:50" --out runs/advice
+
+The work is `advisor.advise.advise` (the dashboard calls the same function); this command parses
+options, shows progress, prints the report and writes `--out`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from advisor.options import Force, clean_errors, source_options
+from sim.workload_source import SourceOptions
+
+
+def _check_slo(text: str) -> None:
+    """Refuse a malformed --slo naming the option as typed (SLO.parse names vLLM's --goodput)."""
+    from advisor.advise.records import normalise_slo
+    from engine.flags import FlagError
+    from engine.run_summary import SLO
+
+    try:
+        SLO.parse(normalise_slo(text))
+    except FlagError as exc:
+        raise ValueError(f"--slo {text!r}: " + exc.render(lambda f: "--slo" if f == "slo" else f).split(": ", 1)[1]) from None
+
+
+@clean_errors
+@source_options(exclude=("seed",))
+def advise(
+    workload: Annotated[str, typer.Option("--workload", "-w", help="preset, spec file, trace file or built-in trace name")] = "chat-production",
+    model: Annotated[str, typer.Option("--model", help="model preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, ...)")] = "llama-3.1-8b",
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU preset (h200, h100-sxm, a100-80gb, ...)")] = "h200",
+    num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs to deploy on")] = 1,
+    slo: Annotated[str, typer.Option("--slo", help="targets in ms: \"ttft_p99:500 tpot_p99:50\" (or vLLM's \"ttft:500 tpot:50\")")] = "ttft_p99:500 tpot_p99:50",
+    objective: Annotated[str, typer.Option("--objective", help="goodput, min-gpus or cost (goodput per GPU)")] = "goodput",
+    budget: Annotated[str, typer.Option("--budget", help="quick (slices up to 1,000 requests) or full (the whole trace)")] = "quick",
+    seed: Annotated[int, typer.Option("--seed", help="seed of the simulations and of a generated workload")] = 0,
+    workers: Annotated[int | None, typer.Option("--workers", help="local processes (default: the CPU cores)")] = None,
+    ray: Annotated[str | None, typer.Option("--ray", help="run the simulations on Ray: auto or a cluster address")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="cost profile (default: what the simulator picks)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write recommendation.json, report.md + charts and serve.sh here")] = None,
+    force: Force = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print recommendation.json instead of the report")] = False,
+    source: SourceOptions | None = None,
+) -> None:
+    """Recommend vLLM flags for your traffic, with the numbers behind each choice."""
+    from advisor.advise import AdviseRequest
+    from advisor.advise import advise as run_advise
+    from advisor.advise.report import print_report, write_outputs
+    from engine.outputs import check_output_dir
+
+    _check_slo(slo)
+    request = AdviseRequest(model=model, gpu=gpu, num_gpus=num_gpus, slo=slo, objective=objective,  # type: ignore[arg-type]
+                            budget=budget, seed=seed, ray=ray, profile=profile,  # type: ignore[arg-type]
+                            **({"workers": workers} if workers else {}))
+    if out is not None:
+        check_output_dir(out, flag="--out", force=force)  # refuse before minutes of work, not after
+    console = Console(stderr=as_json)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+                  transient=True) as bar:
+        task = bar.add_task("advising", total=1.0)
+        rec = run_advise(workload, request, progress=lambda f, msg: bar.update(task, completed=f, description=msg),
+                         source=source)
+    if as_json:
+        print(rec.model_dump_json(indent=2))
+    else:
+        print_report(rec, console)
+    if out is not None:
+        path = write_outputs(rec, out, force=force)
+        console.print(f"wrote {path}/recommendation.json, report.md, serve.sh and charts")
