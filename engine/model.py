@@ -168,8 +168,10 @@ class LlamaModel(nn.Module):
             x, h = self.backend.add_rms_norm(x, delta, norm.weight, norm.eps)
         return h
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits in the model dtype. Not upcast here: a greedy argmax over bf16 logits picks
         what it would over their exact fp32 copies, and at batch 128 x 128k vocab the upcast
         is a 64 MB write per step; the sampler upcasts only the rows it samples at random."""
+        if out is not None:  # into a caller's buffer (the CUDA graphs share one)
+            return torch.mm(hidden, self.lm_head_weight.t(), out=out)
         return F.linear(hidden, self.lm_head_weight)

@@ -460,6 +460,12 @@ class ModelRunner:
         self.d_block_tables.zero_()
         pool = None
         stream = torch.cuda.Stream(self.device)
+        # One logits buffer for every graph (graph b writes its first b rows): a buffer per graph
+        # would keep sum(buckets) x vocab logits alive, 17 GB for max_num_seqs 1024 at a 128k vocab,
+        # memory the KV cache was already given.
+        spec = self.model.spec
+        self._logits_buf = torch.empty(max(sizes), spec.vocab_size, dtype=self.model.lm_head_weight.dtype,
+                                       device=self.device)
         for b in sizes:
             meta = self._meta(b, b, 1, self.max_model_len, self.max_blocks_per_seq)
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -471,7 +477,7 @@ class ModelRunner:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
                 h = self.model(self.d_input_ids[:b], self.d_positions[:b], self.kv_caches, meta)
-                logits = self.model.compute_logits(h)
+                logits = self.model.compute_logits(h, out=self._logits_buf[:b])
             pool = g.pool()
             self.num_graph_captures += 1
             self.graphs[b] = g
