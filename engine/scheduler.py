@@ -775,8 +775,9 @@ class Scheduler:
         """The step's totals, from its entries, once."""
         entries = out._entries
         num_plain = len(out._batch) - len(entries)  # one decode token each
-        kv_after = sum(map(_kv_tokens, out._batch))
-        pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
+        kv = list(map(_kv_tokens, out._batch))
+        kv_after, kv_max = sum(kv), max(kv, default=0)
+        pre_tokens = pre_seqs = pre_ctx = pre_max = pairs = dec_tokens = dec_seqs = spec = drafts = 0
         for e in entries.values():
             q = e.num_new_tokens
             out._num_silent += not e.samples
@@ -785,6 +786,7 @@ class Scheduler:
                 pre_tokens += q
                 pre_seqs += 1
                 pre_ctx += c + q
+                pre_max = max(pre_max, c + q)
                 pairs += q * c + q * (q + 1) // 2
             else:
                 dec_tokens += q
@@ -800,6 +802,8 @@ class Scheduler:
         out.num_decode_tokens = dec_tokens + num_plain
         out.num_decode_seqs = dec_seqs + num_plain
         out.sum_decode_context = kv_after - pre_ctx
+        # a prefill chunk may hold the longest KV: only then look at the decodes alone
+        out.max_decode_context = kv_max if pre_max < kv_max or not pre_seqs else _max_decode_kv(out)
         out.num_spec_tokens = spec
         self.num_prompt_tokens_computed += pre_tokens
         self.num_spec_drafts += drafts
@@ -1044,6 +1048,13 @@ class Scheduler:
 
 
 _kv_tokens = operator.attrgetter("num_computed_tokens")
+
+
+def _max_decode_kv(out: SchedulerOutput) -> int:
+    """KV tokens after the step of the longest decoding sequence (entries not a prefill)."""
+    entries = out._entries
+    return max((r.num_computed_tokens for r in out._batch
+                if (e := entries.get(r.request_id)) is None or not e.is_prefill), default=0)
 
 
 def _counts_and_token_ids(sampled: dict | None) -> tuple[dict[int, int] | None, dict | None]:

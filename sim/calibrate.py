@@ -62,11 +62,16 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "step_id", "t_start_s", "total_s", "gpu_s", "schedule_s", "prepare_s", "sample_s", "num_prefill_tokens",
     "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
     "sum_decode_context", "num_blocks_allocated", "num_blocks_hashed")
+# columns a trace recorded before they existed: 0 when absent (their feature then fits to 0)
+OPTIONAL_COLUMNS: tuple[str, ...] = ("max_decode_context",)
+# a run folder's reconstruction of a column its trace lacks (benchmarks/calibration/reschedule.py)
+RECONSTRUCTED_STEPS_FILE = "steps_maxctx.jsonl"
 GPU_FEATURES: dict[StepKind, tuple[str, ...]] = {
     # per_seq_s: per sequence of the graph's padded batch (a replay runs the padding rows too);
-    # decode attention: one multiplier per padded-batch knot (decode_kv@B, see decode_knots)
+    # decode attention: one multiplier per padded-batch knot (decode_kv@B, see decode_knots), and
+    # one for the longest sequence's attention per knot (decode_max_kv@B)
     "decode": ("gemm", "step_s", "per_seq_s"),
-    "mixed": ("gemm", "prefill_attention", "decode_kv", "step_s", "per_seq_s"),
+    "mixed": ("gemm", "prefill_attention", "decode_kv", "decode_max_kv", "step_s", "per_seq_s"),
 }
 # Element-wise bytes grow with tokens exactly as the GEMMs' FLOPs (eager batches) or as the
 # per-sequence costs (decode batches) do, so no trace tells them apart: their multiplier is the
@@ -160,7 +165,23 @@ def read_steps(path: str | Path) -> dict[str, np.ndarray]:
     for c in REQUIRED_COLUMNS:
         vals = [r.get(c) for r in rows]
         cols[c] = np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
+    for c in OPTIONAL_COLUMNS:
+        cols[c] = np.array([r.get(c) or 0 for r in rows], dtype=np.float64)
     return cols
+
+
+def merge_reconstructed(steps: dict[str, np.ndarray], path: Path) -> None:
+    """Fill the optional columns from a reconstruction file (rows of step_id and the columns),
+    matched by step_id; refuses one that does not cover every step."""
+    with open(path) as f:
+        rows = {int(r["step_id"]): r for r in map(json.loads, filter(str.strip, f))}
+    missing = [int(s) for s in steps["step_id"] if int(s) not in rows]
+    if missing:
+        raise CalibrationInputError(f"{path}: no row for step {missing[0]} ({len(missing)} steps missing); "
+                                    "rerun benchmarks/calibration/reschedule.py on the run folder")
+    for c in OPTIONAL_COLUMNS:
+        if c in next(iter(rows.values())):
+            steps[c] = np.array([rows[int(s)][c] for s in steps["step_id"]], dtype=np.float64)
 
 
 def _steps_file(folder: Path) -> Path:
@@ -186,6 +207,8 @@ def load_run(path: str | Path, default: EngineConfig | None = None) -> EngineRun
     else:
         steps_path, name = p, p.name.split(".")[0]
     steps = read_steps(steps_path)
+    if p.is_dir() and (p / RECONSTRUCTED_STEPS_FILE).is_file():
+        merge_reconstructed(steps, p / RECONSTRUCTED_STEPS_FILE)
     args = (info or {}).get("engine_args") or {}
     dflt = default or EngineConfig()
     return EngineRun(name=str(name), steps=steps, path=p, run_info=info,
@@ -219,13 +242,19 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     tok = np.where(is_decode, pad, tokens)
     rows = np.where(is_decode, pad, g["num_prefill_seqs"] + g["num_decode_tokens"])
     q = np.where(n_dec > 0, g["num_decode_tokens"] / np.maximum(n_dec, 1), 0.0)
-    f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"])
+    f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"],
+                       g.get("max_decode_context", np.zeros_like(tok)))
     f["step_s"] = np.ones_like(tok)
     f["per_seq_s"] = g["num_prefill_seqs"] + pad
     knots = knots or decode_knots(max_num_seqs)
     hats = np.array([knot_weights(b, knots) for b in np.maximum(pad, 1)]).reshape(-1, len(knots))
     for j, k in enumerate(knots):
         f[f"decode_kv@{k}"] = np.where(is_decode, f["decode_kv"] * hats[:, j], 0.0)
+    # the longest sequence's term from batch 2 (at 1 it is the summed term: no knot there)
+    max_knots = [k for k in knots if k > 1]
+    hats = np.array([knot_weights(b, max_knots) for b in np.maximum(pad, 1)]).reshape(-1, len(max_knots))
+    for j, k in enumerate(max_knots):
+        f[f"decode_max_kv@{k}"] = np.where(is_decode & (pad > 1), f["decode_max_kv"] * hats[:, j], 0.0)
 
     return is_decode, f
 
@@ -470,7 +499,8 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float])
     # knots without steps near them stay at their prior: they do not count in the steps needed
     need = MIN_STEPS_PER_FEATURE * (len(names) + (kind == "decode"))
     if kind == "decode":
-        names = (*names, *sorted((k for k in rows.gpu_x if k.startswith("decode_kv@")), key=_knot))
+        names = (*names, *sorted((k for k in rows.gpu_x if k.startswith("decode_kv@")), key=_knot),
+                 *sorted((k for k in rows.gpu_x if k.startswith("decode_max_kv@")), key=_knot))
     in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
     train = in_kind & ~rows.held
     if train.sum() < need:
@@ -483,8 +513,10 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float])
     fit = robust_nnls(_matrix(rows.gpu_x, names, train), rows.gpu_y[train], offset[train], prior)
     coef = dict(zip(names, map(float, fit.coef)))
     pred = offset + sum(c * rows.gpu_x[n] for n, c in coef.items())
-    knots = tuple((_knot(n), coef.pop(n)) for n in list(coef) if "@" in n)
-    terms = GpuTerms(**coef | fixed, decode_kv_by_batch=knots)
+    knots = {p: tuple((_knot(n), coef.pop(n)) for n in list(coef) if n.startswith(f"{p}@"))
+             for p in ("decode_kv", "decode_max_kv")}
+    terms = GpuTerms(**coef | fixed, decode_kv_by_batch=knots["decode_kv"],
+                     decode_max_kv_by_batch=knots["decode_max_kv"])
     return terms, pred, int(train.sum()), int(fit.outliers.sum())
 
 
