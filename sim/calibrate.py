@@ -217,6 +217,103 @@ def load_run(path: str | Path, default: EngineConfig | None = None) -> EngineRun
                      enforce_eager=bool(args.get("enforce_eager", False)))
 
 
+# --- reconstruction of columns a trace lacks --------------------------------------------------
+COMPOSITION_COLUMNS: tuple[str, ...] = (
+    "num_batched_tokens", "num_prefill_tokens", "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs",
+    "num_decode_tokens", "num_decode_seqs", "sum_decode_context", "num_blocks_allocated", "num_preempted")
+
+
+# how long before a step's recorded start the replay loop may have looked at the clock: an
+# arrival in that gap is on either side, so both readings are tried
+ARRIVAL_MARGINS_S = (0.0, 1e-4)
+
+
+@dataclass(slots=True)
+class Reschedule:
+    """The shared scheduler re-run on a recorded engine run: each step's `max_decode_context`,
+    and where its batch composition first differs from the recorded row (None: every step equal)."""
+
+    run: str
+    steps: list[dict[str, int]]  # step_id, max_decode_context (and the recomputed columns)
+    num_recorded_steps: int
+    first_mismatch: int | None  # index of the first recorded step whose composition differs
+    mismatched_column: str | None
+
+    @property
+    def exact(self) -> bool:
+        return self.first_mismatch is None and len(self.steps) == self.num_recorded_steps
+
+
+def reschedule(folder: str | Path) -> Reschedule:
+    """`reschedule_with` under each arrival margin: the first that reproduces every step, else the
+    one that reproduces the most steps."""
+    tries = []
+    for margin_s in ARRIVAL_MARGINS_S:
+        r = reschedule_with(folder, margin_s)
+        if r.exact:
+            return r
+        tries.append(r)
+    return max(tries, key=lambda r: r.first_mismatch if r.first_mismatch is not None else len(r.steps))
+
+
+def reschedule_with(folder: str | Path, arrival_margin_s: float) -> Reschedule:
+    """Re-run the scheduler on an engine run folder (run.json, workload.jsonl, steps.jsonl) on the
+    CPU: the run's scheduling flags and KV pool, each request added before the first step that
+    starts at or after its arrival (all before step 0 without `honor_arrivals`), token counts only
+    (the runs ignore EOS). The scheduler is the engine's, so the steps reproduce exactly unless the
+    arrivals fell otherwise between steps."""
+    from engine.config import EngineArgs, scheduler_config
+    from engine.scheduler import Scheduler
+    from sim.workload_source import SourceOptions, load_workload
+
+    p = Path(folder)
+    info = json.loads((p / "run.json").read_text())
+    steps = read_steps(_steps_file(p))
+    args = EngineArgs(**info["engine_args"])
+    sched = Scheduler(scheduler_config(args, num_gpu_blocks=int(info["num_gpu_blocks"])))
+    opts = SourceOptions(trace_format="mooncake", hash_block_size=int(info["hash_block_size"]))
+    reqs = sorted(load_workload(str(p / "workload.jsonl"), opts), key=lambda r: (r.arrival_s, r.request_id))
+    arrivals = [r.arrival_s if info.get("honor_arrivals", True) else 0.0 for r in reqs]
+    recorded = {c: steps[c] for c in COMPOSITION_COLUMNS if c in steps}
+    # the replay loop adds what has arrived some microseconds before the step starts: an arrival
+    # closer to the start than the margin waits for the next step
+    out_rows, mismatch, column, i = [], None, None, 0
+    for k, t_start in enumerate(steps["t_start_s"]):
+        while i < len(reqs) and arrivals[i] <= t_start - arrival_margin_s * (k > 0):
+            sched.add_request(reqs[i])
+            i += 1
+        while not sched.has_unfinished() and i < len(reqs) and arrivals[i] <= t_start:  # it slept until them
+            sched.add_request(reqs[i])
+            i += 1
+        out = _next_scheduled_step(sched)
+        if out is None:
+            break
+        # an async engine's empty schedules (a step in flight, nothing new) take step ids without
+        # rows: the recorded ids label the rows
+        row = {"step_id": int(steps["step_id"][k]), **_composition(out)}
+        out_rows.append(row)
+        if mismatch is None:
+            column = next((c for c in recorded if row[c] != recorded[c][k]), None)
+            mismatch = k if column else None
+        sched.update_from_output(out, None)
+    return Reschedule(info.get("name", p.name), out_rows, len(steps["step_id"]), mismatch, column)
+
+
+def _next_scheduled_step(sched: Any) -> Any:
+    """The next step that schedules tokens (the engine records no row for an empty one)."""
+    while sched.has_unfinished():
+        out = sched.schedule()
+        if out.num_batched_tokens:
+            return out
+        sched.update_from_output(out, None)
+    return None
+
+
+def _composition(out: Any) -> dict[str, int]:
+    row = {c: int(getattr(out, c)) for c in COMPOSITION_COLUMNS if c != "num_preempted"}
+    return row | {"num_preempted": len(out.preempted_ids), "max_decode_context": int(out.max_decode_context)}
+
+
 # --- features -----------------------------------------------------------------------------------
 def decode_knots(max_num_seqs: int) -> list[int]:
     """The padded batches where decode attention gets its own multiplier: powers of two up to
