@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sim.calibrate import RECONSTRUCTED_STEPS_FILE, reschedule  # noqa: E402
+from sim.calibrate import RECONSTRUCTED_STEPS_FILE, reschedule
 
 
 def main() -> int:
