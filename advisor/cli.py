@@ -15,6 +15,7 @@ import typer
 
 from advisor.commands import engine as engine_cmd
 from advisor.commands import simulate, workload
+from advisor.commands import validate as validate_cmd
 
 app = typer.Typer(
     help="costline: what each LLM-serving optimization really buys under your traffic.",
@@ -35,6 +36,7 @@ def _options(
 app.add_typer(workload.app, name="workload")
 app.command("simulate")(simulate.simulate)
 app.add_typer(engine_cmd.app, name="engine")
+app.command("validate")(validate_cmd.validate)
 
 
 @app.command()

@@ -443,6 +443,7 @@ __all__ = [
     "compare_step_kinds",
     "compare_summaries",
     "fitted_runs",
+    "profile_path",
     "read_run_info",
     "relative_error",
     "resolve_profile",
