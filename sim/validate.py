@@ -59,6 +59,7 @@ CONTEXT_METRICS = ("mean_queue_time_ms", "p99_queue_time_ms", "gpu_busy_share", 
 ALL_METRICS = ERROR_METRICS + COUNT_METRICS + CONTEXT_METRICS
 # Prefill chunks below this many tokens run markedly less efficiently on the engine (issue 10).
 SMALL_CHUNK_TOKENS = 512
+DECODE_BATCH_EDGES = (16, 128)
 
 
 class RunFolderError(ValueError):
@@ -367,9 +368,14 @@ def was_fitted_on(run_dir: Path, fitted: list[str]) -> str | None:
 
 # --------------------------------------------------------------------------- step kinds
 def step_kind_masks(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    prefill = steps["num_prefill_tokens"]
-    decode_only = (prefill == 0) & (steps["num_decode_seqs"] > 0)
-    return {"decode-only": decode_only,
+    """Decode-only steps by batch size (the engine replays them as CUDA graphs, the small ones
+    near a fixed floor), and steps carrying prefill tokens by chunk size (eager)."""
+    prefill, batch = steps["num_prefill_tokens"], steps["num_decode_seqs"]
+    decode_only = (prefill == 0) & (batch > 0)
+    lo, hi = DECODE_BATCH_EDGES
+    return {f"decode-only, batch <= {lo}": decode_only & (batch <= lo),
+            f"decode-only, batch {lo + 1}-{hi}": decode_only & (batch > lo) & (batch <= hi),
+            f"decode-only, batch > {hi}": decode_only & (batch > hi),
             f"prefill < {SMALL_CHUNK_TOKENS} tok": (prefill > 0) & (prefill < SMALL_CHUNK_TOKENS),
             f"prefill >= {SMALL_CHUNK_TOKENS} tok": prefill >= SMALL_CHUNK_TOKENS}
 
