@@ -28,7 +28,7 @@ from engine.model_spec import get_model
 from engine.records import STEP_COLUMNS
 from engine.request import Request
 from sim.config import EngineConfig
-from sim.cost_model import PROFILES_DIR
+from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
 from sim.hardware import get_gpu
 from sim.memory import plan_memory
 from sim.run import LoadedWorkload, SimConfig, run
@@ -112,7 +112,9 @@ class KVBlocks(_Record):
 
 
 class StepKindComparison(_Record):
-    """Mean step period of one kind of step on each side (ms), and its relative error."""
+    """Mean step period of one kind of step on each side (ms), and its relative error; and the
+    cost model's time for the engine's own steps of that kind (`model_mean_ms`), which separates
+    a mis-timed step (model_error) from a different schedule (the sim's steps differ)."""
 
     kind: str
     engine_steps: int
@@ -122,6 +124,8 @@ class StepKindComparison(_Record):
     error: float | None
     engine_total_s: float
     sim_total_s: float
+    model_mean_ms: float | None = None
+    model_error: float | None = None
 
 
 class Verdict(_Record):
@@ -380,9 +384,11 @@ def step_kind_masks(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             f"prefill >= {SMALL_CHUNK_TOKENS} tok": prefill >= SMALL_CHUNK_TOKENS}
 
 
-def compare_step_kinds(engine: dict[str, np.ndarray] | None, sim: dict[str, np.ndarray]) -> list[StepKindComparison]:
+def compare_step_kinds(engine: dict[str, np.ndarray] | None, sim: dict[str, np.ndarray],
+                       modelled_s: np.ndarray | None = None) -> list[StepKindComparison]:
     """Per step kind: steps and mean step period on each side (a simulator row of n decode steps
-    counts n steps; its total_s is their sum)."""
+    counts n steps; its total_s is their sum). `modelled_s`: the cost model's period of each
+    engine step (`cost_model_step_s`)."""
     if engine is None:
         return []
     out = []
@@ -391,10 +397,35 @@ def compare_step_kinds(engine: dict[str, np.ndarray] | None, sim: dict[str, np.n
         e_n, s_n = int(engine["n_steps"][e_masks[kind]].sum()), int(sim["n_steps"][s_masks[kind]].sum())
         e_t, s_t = float(engine["total_s"][e_masks[kind]].sum()), float(sim["total_s"][s_masks[kind]].sum())
         e_ms, s_ms = (e_t / e_n * 1e3 if e_n else None), (s_t / s_n * 1e3 if s_n else None)
+        m_ms = float(modelled_s[e_masks[kind]].sum()) / e_n * 1e3 if e_n and modelled_s is not None else None
         out.append(StepKindComparison(kind=kind, engine_steps=e_n, sim_steps=s_n, engine_mean_ms=e_ms,
                                       sim_mean_ms=s_ms, error=relative_error(e_ms, s_ms),
-                                      engine_total_s=e_t, sim_total_s=s_t))
+                                      engine_total_s=e_t, sim_total_s=s_t, model_mean_ms=m_ms,
+                                      model_error=relative_error(e_ms, m_ms)))
     return out
+
+
+class _StepRow:
+    """One step-table row as the cost model reads it (`sim.cost_model.BatchComposition`)."""
+
+    __slots__ = ("num_blocks_allocated", "num_blocks_hashed", "num_decode_seqs", "num_decode_tokens",
+                 "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "sum_decode_context",
+                 "sum_prefill_context")
+
+    def __init__(self, values: dict[str, int]) -> None:
+        for k, v in values.items():
+            setattr(self, k, v)
+
+
+def cost_model_step_s(steps: dict[str, np.ndarray], config: SimConfig) -> np.ndarray:
+    """The simulator's cost model applied to each step of an engine trace (GPU, CPU, combined as
+    the simulator combines them): its step-time error with the schedule held fixed."""
+    dep = config.deployment()
+    engine = dep.engine.resolved_for(dep.gpu, dep.model)
+    cost = CostModel(dep.model, dep.gpu, engine, CostProfile.load(config.profile))
+    cols = {k: steps[k].astype(np.int64).tolist() for k in _StepRow.__slots__}
+    rows = (_StepRow(dict(zip(cols, vals))) for vals in zip(*cols.values()))
+    return np.array([cost.combine(cost.gpu_time_s(b), cost.cpu_time_s(b)) for b in rows], dtype=np.float64)
 
 
 # --------------------------------------------------------------------------- one run
@@ -421,8 +452,15 @@ def validate_run(run_dir: str | Path, profile: str | None = None) -> RunComparis
         name=info.name, run_dir=str(run_dir), purpose=info.purpose, model=info.model, gpu=info.gpu,
         description=info.description, profile=used, honor_arrivals=info.honor_arrivals,
         num_requests=len(requests), flags=_flags_used(cfg), metrics=metrics, kv_blocks=kv,
-        step_kinds=compare_step_kinds(read_steps(run_dir / "steps.jsonl"), result.steps),
+        step_kinds=_step_kinds(run_dir, result.steps, config),
         verdict=verdict(metrics))
+
+
+def _step_kinds(run_dir: Path, sim_steps: dict[str, np.ndarray], config: SimConfig) -> list[StepKindComparison]:
+    engine_steps = read_steps(run_dir / "steps.jsonl")
+    if engine_steps is None:
+        return []
+    return compare_step_kinds(engine_steps, sim_steps, cost_model_step_s(engine_steps, config))
 
 
 def _flags_used(cfg: EngineConfig) -> dict[str, Any]:
@@ -448,6 +486,7 @@ __all__ = [
     "Verdict",
     "compare_step_kinds",
     "compare_summaries",
+    "cost_model_step_s",
     "fitted_runs",
     "profile_path",
     "read_run_info",

@@ -94,6 +94,9 @@ def test_a_simulated_run_validates_exactly_and_writes_the_report(run_dir, tmp_pa
         assert m.engine is not None and m.sim == pytest.approx(m.engine, rel=1e-9), key
     assert r.verdict.passed and r.verdict.median_abs_error == pytest.approx(0, abs=1e-9)
     assert all(k.sim_steps == k.engine_steps for k in r.step_kinds)
+    # the cost model on "the engine's" steps gives back their times: the same model timed them
+    timed = [k for k in r.step_kinds if k.engine_steps]
+    assert len(timed) >= 2 and all(k.model_error == pytest.approx(0, abs=1e-9) for k in timed)
     md = (out / "validation.md").read_text()
     assert report.command in md and "| TTFT p99 |" in md
     assert report.command.startswith("costline validate ") and "--profile default" in report.command
