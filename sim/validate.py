@@ -126,6 +126,8 @@ class StepKindComparison(_Record):
     sim_total_s: float
     model_mean_ms: float | None = None
     model_error: float | None = None
+    engine_max_ms: float | None = None  # the slowest step (a compilation stall shows here)
+    sim_max_ms: float | None = None
 
 
 class Verdict(_Record):
@@ -285,12 +287,21 @@ def read_steps(path: Path) -> dict[str, np.ndarray] | None:
     """An engine step trace (JSONL of engine/records.py StepRecord rows) as columns; None if absent."""
     if not path.is_file():
         return None
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    cols: dict[str, np.ndarray] = {}
-    for c in STEP_COLUMNS:
-        vals = [r.get(c) for r in rows]
-        cols[c] = np.array([math.nan if v is None else v for v in vals], dtype=np.float64)
-    return cols
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RunFolderError(f"{path}, line {lineno}: not valid JSON ({exc.msg}); the trace is damaged: "
+                                 "rerun the engine run, or remove steps.jsonl to validate without it") from None
+        missing = [c for c in STEP_COLUMNS if c not in row]
+        if missing:
+            raise RunFolderError(f"{path}, line {lineno}: field '{missing[0]}' is missing (a step trace has "
+                                 "engine/records.py's StepRecord columns); rerun the engine run with this version")
+        rows.append(row)
+    return {c: np.array([math.nan if r[c] is None else r[c] for r in rows], dtype=np.float64) for c in STEP_COLUMNS}
 
 
 def replayed_requests(run_dir: Path, info: EngineRunInfo) -> list[Request]:
@@ -398,10 +409,14 @@ def compare_step_kinds(engine: dict[str, np.ndarray] | None, sim: dict[str, np.n
         e_t, s_t = float(engine["total_s"][e_masks[kind]].sum()), float(sim["total_s"][s_masks[kind]].sum())
         e_ms, s_ms = (e_t / e_n * 1e3 if e_n else None), (s_t / s_n * 1e3 if s_n else None)
         m_ms = float(modelled_s[e_masks[kind]].sum()) / e_n * 1e3 if e_n and modelled_s is not None else None
+        e_max = float(engine["total_s"][e_masks[kind]].max()) * 1e3 if e_n else None
+        s_rows = np.maximum(sim["first_dt_s"][s_masks[kind]], sim["last_dt_s"][s_masks[kind]])
+        s_max = float(s_rows.max()) * 1e3 if s_n else None
         out.append(StepKindComparison(kind=kind, engine_steps=e_n, sim_steps=s_n, engine_mean_ms=e_ms,
                                       sim_mean_ms=s_ms, error=relative_error(e_ms, s_ms),
                                       engine_total_s=e_t, sim_total_s=s_t, model_mean_ms=m_ms,
-                                      model_error=relative_error(e_ms, m_ms)))
+                                      model_error=relative_error(e_ms, m_ms), engine_max_ms=e_max,
+                                      sim_max_ms=s_max))
     return out
 
 

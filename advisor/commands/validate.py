@@ -209,7 +209,8 @@ def print_comparison(r: RunComparison, console: Console) -> None:
             console.print(f"  {k.kind} steps: engine {k.engine_steps:,} x {fmt_value('x_ms', k.engine_mean_ms)} ms,"
                           f" sim {k.sim_steps:,} x {fmt_value('x_ms', k.sim_mean_ms)} ms ({_signed(k.error)}); "
                           f"cost model on the engine's steps {fmt_value('x_ms', k.model_mean_ms)} ms "
-                          f"({_signed(k.model_error)})", highlight=False)
+                          f"({_signed(k.model_error)}); slowest engine {fmt_value('x_ms', k.engine_max_ms)} ms, "
+                          f"sim {fmt_value('x_ms', k.sim_max_ms)} ms", highlight=False)
     console.print(_verdict_line(r) + "".join(f"\n  - {f}" for f in r.verdict.failures), highlight=False)
 
 
@@ -274,6 +275,10 @@ def _overview_lines(report: ValidationReport) -> list[str]:
     return lines + [""]
 
 
+def _ms_max(mean_ms: float | None, max_ms: float | None) -> str:
+    return "-" if mean_ms is None else f"{fmt_value('x_ms', mean_ms)} ({fmt_value('x_ms', max_ms)})"
+
+
 def _run_section(runs: list[RunComparison]) -> list[str]:
     first = runs[0]
     flags = ", ".join(f"{k}={v}" for k, v in first.flags.items())
@@ -288,16 +293,16 @@ def _run_section(runs: list[RunComparison]) -> list[str]:
         lines.append(f"| {label} | {fmt_value(key, ms[0].engine)} | {cells} |")
     lines += ["", ("Mean step period by step kind (ms): the engine's; the simulator's own steps; the "
               "cost model on the engine's steps (the schedule held fixed: a pure step-time error)."), "",
-              "| step kind | engine steps | engine ms | " + " | ".join(
-                  f"sim `{r.profile}` steps | ms | error | model on engine steps | error" for r in runs) + " |",
+              "| step kind | engine steps | engine ms (max) | " + " | ".join(
+                  f"sim `{r.profile}` steps | ms (max) | error | model on engine steps | error" for r in runs) + " |",
               "|---|---:|---:|" + "---:|---:|---:|---:|---:|" * len(runs)]
     for i, k in enumerate(first.step_kinds):
         if not (k.engine_steps or any(r.step_kinds[i].sim_steps for r in runs)):
             continue
-        cells = " | ".join(f"{s.sim_steps:,} | {fmt_value('x_ms', s.sim_mean_ms)} | {_signed(s.error)} | "
+        cells = " | ".join(f"{s.sim_steps:,} | {_ms_max(s.sim_mean_ms, s.sim_max_ms)} | {_signed(s.error)} | "
                            f"{fmt_value('x_ms', s.model_mean_ms)} | {_signed(s.model_error)}"
                            for s in (r.step_kinds[i] for r in runs))
-        lines.append(f"| {k.kind} | {k.engine_steps:,} | {fmt_value('x_ms', k.engine_mean_ms)} | {cells} |")
+        lines.append(f"| {k.kind} | {k.engine_steps:,} | {_ms_max(k.engine_mean_ms, k.engine_max_ms)} | {cells} |")
     lines.append("")
     lines += [f"- `{r.profile}`: {_verdict_line(r)}" + ("; " + "; ".join(r.verdict.failures) if r.verdict.failures
                                                          else "") for r in runs]

@@ -152,3 +152,15 @@ def test_simulate_caps_prompts_as_engine_run_does(tmp_path):
     assert summary["request_rate"] == "inf"  # every request at t=0
     capped = want[0]
     assert len(capped.hash_ids) == 300 // BLOCK + 1 and capped.hash_ids == requests(6)[0].hash_ids[:19]
+
+
+def test_a_step_trace_missing_a_column_is_named(run_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(run_dir, bad)
+    lines = (bad / "steps.jsonl").read_text().splitlines()
+    row = json.loads(lines[2])
+    del row["num_decode_seqs"]
+    lines[2] = json.dumps(row)
+    (bad / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    res = runner.invoke(app, ["validate", str(bad), "--profile", "default"], terminal_width=300)
+    assert res.exit_code == 2 and "steps.jsonl, line 3: field 'num_decode_seqs' is missing" in res.output, res.output
