@@ -19,11 +19,12 @@ from engine.config import EngineArgs, scheduler_config
 from engine.model import TORCH_DTYPES, LlamaModel
 from engine.model_spec import get_model
 from engine.records import StepRecord
-from engine.request import Request
+from engine.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_output import RequestResult, SchedulerOutput
+from kernels import compiled_kernel_count
 
 
 @dataclass
@@ -72,6 +73,29 @@ class _Pending:
     prepare_s: float
     launch_s: float
     finished: list = field(default_factory=list)  # RequestResults waiting for these tokens
+
+
+# Warm-up requests: ids far above any workload's, a few output tokens (decode steps of each size)
+WARM_UP_REQUEST_ID_BASE = 1 << 62
+WARM_UP_OUTPUT_TOKENS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class WarmUpReport:
+    seconds: float
+    num_requests: int
+    num_steps: int
+    kernels_compiled: int  # Triton variants compiled during the warm-up
+
+
+def warm_up_prompt_lens(max_num_batched_tokens: int, max_model_len: int) -> list[int]:
+    """Prompt lengths whose steps reach every kernel specialisation a replay can (see warm_up):
+    lengths = 1 and around multiples of 16, up to twice the token budget (chunked over steps
+    that sample nothing), each short enough to leave room for the warm-up's output tokens."""
+    b = max_num_batched_tokens
+    wanted = [1, 2, 15, 16, 17, 31, 100, 128, 255, 512, 1000, 2053, b - 1, b, b + 1, 2 * b + 5]
+    cap = max_model_len - WARM_UP_OUTPUT_TOKENS
+    return sorted({n for n in wanted if 1 <= n <= cap})
 
 
 def content_hash_ids(token_ids: Sequence[int], block: int = 16) -> tuple[int, ...]:
@@ -126,7 +150,7 @@ class EngineCore:
         name, memory_bytes = device_facts(self.device)
         config = config.resolved(device_name=name, device_memory_bytes=memory_bytes,
                                  max_position_embeddings=model.rotary.cos.shape[0])
-        self.config = config
+        self.config = self._built_config = config
         self.max_model_len = config.max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.async_scheduling = config.async_scheduling
@@ -145,7 +169,9 @@ class EngineCore:
         self.sampler = Sampler(self.device, default_seed=config.seed)
         self.requests: dict[int, RequestState] = {}
         self.epoch = time.perf_counter()
+        # Step timing events: CUDA events on a GPU (tests inject a stand-in with the same contract)
         self._use_events = self.runner.is_cuda
+        self._new_event = lambda: torch.cuda.Event(enable_timing=True)
         self._pending: _Pending | None = None
         self._stopped_ids: list[int] = []  # async: stopped by tokens collected, not yet ended
         b = config.max_num_seqs
@@ -159,6 +185,76 @@ class EngineCore:
 
     def reset_clock(self) -> None:
         self.epoch = time.perf_counter()
+
+    # ------------------------------------------------------------------ warm-up
+    def warm_up(self) -> WarmUpReport:
+        """Run throwaway requests through the real step path, then start over with an empty
+        scheduler, so no measured request pays kernel compilation.
+
+        Triton compiles one variant per specialisation (integer arguments equal to 1 or divisible
+        by 16, the decode vs prefill tile shape, split-KV or not), and eager steps reach many of
+        them; CUDA graphs only cover decode-only batches. The prompt lengths below hit each kind
+        of step a replay can produce: one and several sequences, chunks of 1 token up to the
+        token budget, prompts longer than the budget (steps that sample nothing), a cached prefix.
+        """
+        t0 = time.perf_counter()
+        compiled0 = compiled_kernel_count()
+        lens = warm_up_prompt_lens(self.config.max_num_batched_tokens, self.max_model_len)
+        params = SamplingParams(max_tokens=WARM_UP_OUTPUT_TOKENS, ignore_eos=True)
+        rng = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(FIRST_CONTENT_TOKEN_ID, self.spec.vocab_size, (n,), generator=rng).tolist()
+                   for n in lens]
+        waves = [list(range(len(lens)))] + [[i] for i in range(len(lens))] + [[len(lens) - 1]]
+        next_id = WARM_UP_REQUEST_ID_BASE
+        steps = 0
+        for wave in waves:  # together (mixed batches), one by one, then the longest again (cache hit)
+            for i in wave:
+                req = Request(request_id=next_id, arrival_s=0.0, prompt_len=lens[i],
+                              output_len=WARM_UP_OUTPUT_TOKENS, hash_ids=tuple(range(-(-lens[i] // 16))))
+                self.add_request(req, params, prompts[i], arrival_s=0.0)
+                next_id += 1
+            while self.has_unfinished():
+                self.step()
+                steps += 1
+        if self.runner.is_cuda:
+            torch.cuda.synchronize(self.device)
+        self.start_over()
+        return WarmUpReport(seconds=time.perf_counter() - t0, num_requests=next_id - WARM_UP_REQUEST_ID_BASE,
+                            num_steps=steps, kernels_compiled=compiled_kernel_count() - compiled0)
+
+    # scheduling flags start_over may change: they size nothing the runner allocated
+    RESTART_FLAGS = frozenset({"max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks_override",
+                               "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling",
+                               "long_prefill_token_threshold", "max_num_partial_prefills"})
+
+    def start_over(self, **scheduling_flags) -> None:
+        """Forget every request and cached block (a fresh scheduler over the same KV memory): a
+        replay after the warm-up starts from the state the simulator assumes.
+
+        `scheduling_flags` (RESTART_FLAGS) restart it with other scheduling flags than those it
+        was built with (earlier restarts' flags do not carry over), without a new
+        model or KV allocation: batch limits at most those the runner was sized for, and at most
+        the allocated KV blocks (a smaller pool leaves the rest of the KV memory unused).
+        """
+        bad = set(scheduling_flags) - self.RESTART_FLAGS
+        if bad:
+            raise ValueError(f"start_over cannot change {sorted(bad)}: they size the runner; build a new engine")
+        cfg = self._built_config.model_copy(update=scheduling_flags)  # flags of earlier restarts do not stick
+        for name, cap in (("max_num_seqs", self.runner.max_num_seqs),
+                          ("max_num_batched_tokens", self.runner.max_num_batched_tokens),
+                          ("num_gpu_blocks_override", self.runner.num_blocks)):
+            v = getattr(cfg, name)
+            if v is not None and v > cap:
+                raise ValueError(f"start_over: {name}={v} exceeds the {cap} the engine was built with")
+        self.config = cfg
+        self.async_scheduling = cfg.async_scheduling
+        self.num_gpu_blocks = num_blocks = cfg.num_gpu_blocks_override or self.runner.num_blocks
+        self.scheduler = Scheduler(scheduler_config(cfg, num_gpu_blocks=num_blocks,
+                                                    max_model_len=self.max_model_len))
+        self.requests.clear()
+        self._pending = None
+        self._stopped_ids = []
+        self.reset_clock()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, params: SamplingParams, prompt_token_ids: list[int],
@@ -199,7 +295,7 @@ class EngineCore:
                                                   for s in out.scheduled})
         t2 = time.perf_counter()
         if self._use_events:
-            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0, ev1 = self._new_event(), self._new_event()
             ev0.record()
         logits = self.runner.forward(inp)
         if self._use_events:
@@ -223,7 +319,11 @@ class EngineCore:
                     for res in self.scheduler.update_from_output(out, sampled, stopped=stopped)]
         t5 = time.perf_counter()
         if self._use_events:
-            forward_s = ev0.elapsed_time(ev1) / 1e3  # GPU time; both events are done after .tolist()
+            # A step that samples nothing (only partial prefill chunks: a prompt longer than the
+            # token budget) has no .tolist() to wait on, so wait for the end event explicitly;
+            # after a .tolist() it is already done and this returns at once.
+            ev1.synchronize()
+            forward_s = ev0.elapsed_time(ev1) / 1e3  # GPU time
             # The forward's launch overlaps its GPU execution; the rest of t2..t4 is sampling+sync.
             sample_s = max(0.0, (t4 - t2) - forward_s)
         else:
@@ -312,7 +412,7 @@ class EngineCore:
         t2 = time.perf_counter()
         events = None
         if self._use_events:
-            events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
+            events = tuple(self._new_event() for _ in range(3))
             events[0].record()
         logits = self.runner.forward(inp)
         if events:
@@ -359,9 +459,11 @@ class EngineCore:
             return StepResult({}, [], None)
         self._pending = None
         tokens: list[int] = []
+        if p.done is not None:
+            # also when nothing was sampled (partial prefill chunks only): the timing events
+            # below may only be read once the step's last event has completed
+            p.done.synchronize()
         if p.tokens_host is not None:
-            if p.done is not None:
-                p.done.synchronize()
             tokens = p.tokens_host.tolist()
         t_tok = time.perf_counter() - self.epoch
         sampled: dict[int, list[int]] = {}

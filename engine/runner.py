@@ -117,6 +117,7 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.num_graph_replays = 0  # decode steps served by a captured graph
         self.num_graph_captures = 0  # graphs captured (only capture_decode_graphs does it)
+        self.memory_report: dict[str, float] = {}  # GPU: the terms the KV cache size came from
         self.num_eager_forwards = 0
         self._graph_logits: dict[int, torch.Tensor] = {}
         self.is_cuda = self.device.type == "cuda"
@@ -252,6 +253,11 @@ class ModelRunner:
             other = (total - free) - torch.cuda.memory_reserved(self.device)  # other processes, CUDA ctx
             budget = total * gpu_memory_utilization - (peak - tmp_kv) - max(other, 0)
             n = int(budget // self.block_bytes())
+            # what the KV size came from: calibration reproduces the block count from these
+            self.memory_report = {"total_bytes": int(total), "gpu_memory_utilization": gpu_memory_utilization,
+                                  "weights_bytes": sum(t.numel() * t.element_size() for t in self.model.parameters()),
+                                  "profile_peak_bytes": int(peak), "profile_tmp_kv_bytes": int(tmp_kv),
+                                  "other_bytes": int(max(other, 0)), "block_bytes": int(self.block_bytes())}
         else:
             cap = self.max_num_seqs * self.max_blocks_per_seq + 1
             n = min(cpu_kv_cache_bytes // self.block_bytes(), cap)

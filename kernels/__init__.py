@@ -7,6 +7,6 @@
 Importing this package imports neither torch nor triton; each set is imported when chosen.
 """
 
-from kernels.backend import BACKEND_NAMES, Backend, BackendName, get_backend
+from kernels.backend import BACKEND_NAMES, Backend, BackendName, compiled_kernel_count, get_backend
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendName", "get_backend"]
+__all__ = ["BACKEND_NAMES", "Backend", "BackendName", "compiled_kernel_count", "get_backend"]

@@ -55,3 +55,26 @@ def get_backend(name: str) -> Backend:
             "triton", paged_attention, write_kv_cache, rope_store_kv, add_rms_norm, silu_mul
         )
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKEND_NAMES}")
+
+
+def compiled_kernel_count() -> int:
+    """Compiled Triton kernel variants (one per specialisation) of the kernels loaded so far.
+
+    A rise between two points means a launch in between paid compilation; the engine's warm-up
+    and the GPU check use it to show that a replay compiles nothing. 0 when triton was never
+    imported (the torch backend compiles nothing).
+    """
+    import sys
+
+    if "triton" not in sys.modules:
+        return 0
+    from triton.runtime.jit import JITFunction
+
+    total = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("kernels.") or mod is None:
+            continue
+        for obj in vars(mod).values():
+            if isinstance(obj, JITFunction):
+                total += sum(len(c[0]) for c in obj.device_caches.values())
+    return total

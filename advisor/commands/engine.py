@@ -101,6 +101,9 @@ def run(
     wl = load_workload(workload, source)
     requests = cap_prompt_lengths(wl.requests, max_prompt_len)
     core = EngineCore(cfg)
+    warm = core.warm_up()  # compile every kernel variant before the clock starts
+    typer.echo(f"warm-up: {warm.num_requests} requests, {warm.num_steps} steps, {warm.seconds:.1f} s, "
+               f"{warm.kernels_compiled} kernel variants compiled", err=True)
     metrics = EngineMetrics(cfg.model, core.max_model_len) if (metrics_file or metrics_port) else None
     if metrics and metrics_port:
         metrics.serve(metrics_port, host=metrics_host)

@@ -52,5 +52,53 @@ def main() -> None:
                       "n": len(same), "num_stopped": sum(o.finish_reason == "stop" for o in gpu_e)}))
 
 
+def soak(seconds: float) -> None:
+    """Prompts longer than the token budget (steps that only chunk a prefill sample nothing) under
+    load, synchronous then async, with the llama-3.2-1b shape: every step's timing events must be
+    readable, every request must finish, and nothing may compile after the warm-up."""
+    import dataclasses
+
+    from engine.config import EngineArgs
+    from engine.core import EngineCore
+    from engine.replay import replay
+    from kernels import compiled_kernel_count
+    from sim.workload_source import SourceOptions, load_workload
+
+    reqs = list(load_workload("rag-long-prompt", SourceOptions(num_requests=4000, rate_rps=6.0)))
+    reqs = [dataclasses.replace(r, prompt_len=min(r.prompt_len, 16384), prompt_token_ids=None,
+                                hash_ids=r.hash_ids[: -(-min(r.prompt_len, 16384) // r.hash_block_size)])
+            for r in reqs]
+    import gc
+
+    import torch
+
+    gc.collect()  # the correctness engines above hold CUDA graph pools until their cycles are collected
+    torch.cuda.empty_cache()
+    core = EngineCore(EngineArgs(model="llama-3.2-1b", device="cuda", max_num_batched_tokens=8192,
+                                 max_num_seqs=256, seed=0))
+    warm = core.warm_up()
+    for mode in ("sync", "async"):
+        core.start_over(async_scheduling=mode == "async")
+        before = compiled_kernel_count()
+        res = replay(core, reqs, max_wall_s=seconds)
+        steps = res.steps
+        silent = int((steps["num_output_tokens"] == 0).sum())
+        rows = res.request_rows()
+        print(json.dumps({"mode": f"soak-{mode}", "seconds": seconds, "steps": int(steps["step_id"].size),
+                          "steps_sampling_nothing": silent, "requests_finished": sum(r["status"] == "finished" for r in rows),
+                          "requests_cut_at_time_limit": len(res.unfinished_ids), "max_prompt": max(r.prompt_len for r in reqs),
+                          "kernels_compiled_after_warm_up": compiled_kernel_count() - before,
+                          "warm_up_s": round(warm.seconds, 1), "warm_up_compiled": warm.kernels_compiled,
+                          "gpu_s_all_finite": bool(np.isfinite(steps["gpu_s"]).all())}), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--soak-s", type=float, default=0.0, help="also run the long-prompt soak this long per mode")
+    a = ap.parse_args()
+    if a.soak_s <= 0:
+        main()
+    else:
+        soak(a.soak_s)
