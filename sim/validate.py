@@ -24,12 +24,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from engine.flags import SCHEDULING_FLAGS
-from engine.model_spec import get_model
+from engine.model_spec import ModelSpec, get_model
 from engine.records import STEP_COLUMNS
 from engine.request import Request
 from sim.config import EngineConfig
 from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
-from sim.hardware import get_gpu
+from sim.hardware import GPUSpec, get_gpu
 from sim.memory import plan_memory
 from sim.run import LoadedWorkload, SimConfig, run
 from sim.traces import load_mooncake
@@ -221,6 +221,10 @@ def verdict(metrics: list[MetricComparison]) -> Verdict:
     if median is None or median > MEDIAN_ABS_ERROR_TARGET:
         failures.append(f"median |error| {_pct(median)} > {MEDIAN_ABS_ERROR_TARGET:.0%}")
     failures += [f"{k} |error| {_pct(e)} > {P99_ABS_ERROR_TARGET:.0%}" for k, e in p99 if e > P99_ABS_ERROR_TARGET]
+    unfinished = by.get("unfinished")
+    if unfinished is not None and unfinished.engine and unfinished.engine != unfinished.sim:
+        failures.append(f"the engine left {unfinished.engine:g} requests unfinished (its wall-clock cap), the "
+                        f"simulator {unfinished.sim or 0:g}: the engine's figures leave its slowest requests out")
     pre = by.get("num_preemptions")
     pre_ok = pre is not None and pre.engine is not None and pre.sim is not None and abs(pre.sim - pre.engine) <= max(
         PREEMPTION_ABS_TOLERANCE, PREEMPTION_REL_TOLERANCE * pre.engine)
@@ -329,10 +333,21 @@ def sim_engine_config(info: EngineRunInfo) -> EngineConfig:
     except ValidationError as exc:
         raise RunFolderError(f"run.json of {info.name}: engine_args do not make a valid engine "
                              f"configuration: {exc.errors()[0]['msg']}") from None
-    model, gpu = get_model(info.model), get_gpu(info.gpu)
+    model, gpu = model_and_gpu(info)
     usage = info.engine_args.get("usage_context", "api_server")
     return cfg.resolve_limits(device_name=gpu.name, device_memory_bytes=gpu.hbm_bytes,
                               max_position_embeddings=model.max_position_embeddings, usage=usage)
+
+
+def model_and_gpu(info: EngineRunInfo) -> tuple[ModelSpec, GPUSpec]:
+    """run.json's model and GPU as simulator presets; an unknown one names the field."""
+    for field, value, get in (("model", info.model, get_model), ("gpu", info.gpu, get_gpu)):
+        try:
+            get(value)
+        except (KeyError, ValueError) as exc:
+            msg = exc.args[0] if exc.args else str(exc)
+            raise RunFolderError(f"run.json of {info.name}: field '{field}' is {value!r}: {msg}") from None
+    return get_model(info.model), get_gpu(info.gpu)
 
 
 def sim_own_blocks(info: EngineRunInfo, cfg: EngineConfig) -> tuple[int | None, str]:
@@ -340,7 +355,7 @@ def sim_own_blocks(info: EngineRunInfo, cfg: EngineConfig) -> tuple[int | None, 
     when it ran with one), and a note when it cannot size them."""
     own = cfg.model_copy(update={"num_gpu_blocks_override": info.engine_args.get("num_gpu_blocks_override")})
     try:
-        return plan_memory(get_model(info.model), get_gpu(info.gpu), own).num_gpu_blocks, ""
+        return plan_memory(*model_and_gpu(info), own).num_gpu_blocks, ""
     except ValueError as exc:
         return None, f"the simulator cannot size the pool by itself: {exc}"
 

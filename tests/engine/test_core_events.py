@@ -14,7 +14,12 @@ import itertools
 import pytest
 
 from engine.config import EngineArgs
-from engine.core import (WARM_UP_OUTPUT_TOKENS, WARM_UP_REQUEST_ID_BASE, EngineCore, warm_up_prompt_lens)
+from engine.core import (
+    WARM_UP_OUTPUT_TOKENS,
+    WARM_UP_REQUEST_ID_BASE,
+    EngineCore,
+    warm_up_prompt_lens,
+)
 from engine.replay import replay
 from engine.request import Request
 
