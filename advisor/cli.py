@@ -16,6 +16,7 @@ import typer
 from advisor.commands import engine as engine_cmd
 from advisor.commands import simulate, workload
 from advisor.commands import validate as validate_cmd
+from advisor.commands.calibrate import calibrate
 
 app = typer.Typer(
     help="costline: what each LLM-serving optimization really buys under your traffic.",
@@ -36,6 +37,7 @@ def _options(
 app.add_typer(workload.app, name="workload")
 app.command("simulate")(simulate.simulate)
 app.add_typer(engine_cmd.app, name="engine")
+app.command("calibrate")(calibrate)
 app.command("validate")(validate_cmd.validate)
 
 

@@ -258,6 +258,9 @@ def _extras(r: dict[str, np.ndarray], s: dict[str, np.ndarray], meta: dict[str, 
         "mean_kv_transfer_ms": float(np.nanmean(kv) * 1e3) if np.isfinite(kv).any() else None,
         "kv_cache_usage_max": float(s["kv_usage"].max()) if s["kv_usage"].size else 0.0,
         "num_gpu_blocks": meta.get("num_gpu_blocks"), "kv_block_coarsening": meta.get("kv_block_coarsening", 1),
+        # the simulator's cost profile: name, how far to trust it, its validation error (if any)
+        "profile": meta.get("profile"), "profile_status": meta.get("profile_status"),
+        "profile_validation": meta.get("profile_validation"),
     }
 
 

@@ -35,24 +35,97 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.model_spec import ModelSpec, dtype_bytes
 from sim.config import EngineConfig
 from sim.hardware import GB, GPUSpec
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2  # what `save` writes; version 1 (first principles only) still loads
+SUPPORTED_SCHEMA_VERSIONS = (1, 2)
+StepKind = Literal["decode", "mixed"]
+STEP_KINDS: tuple[StepKind, ...] = ("decode", "mixed")
+# the one CostProfile.status value per kind of evidence behind a profile
+STATUS_VALIDATED = "validated"
+STATUS_FITTED = "fitted, not validated"
+STATUS_SCALED = "scaled, not validated"
+STATUS_FIRST_PRINCIPLES = "first principles"
+
+_COEF = Field(default=0.0, ge=0)
 
 
-class CostProfile(BaseModel):
-    """Coefficients of the step cost model, and what they were measured on."""
+class GpuTerms(BaseModel):
+    """A fitted forward pass (plus sampling) of one step kind: seconds = sum of each roofline
+    feature (seconds at the datasheet rates, efficiency 1) times its multiplier, plus counts.
+
+    Multipliers keep their physical meaning (1 / efficiency), so the same profile scales to a GPU
+    with other rates; the count terms (launches, metadata, sampling per sequence) carry over."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal[1] = PROFILE_SCHEMA_VERSION
+    gemm: float = _COEF  # x max(GEMM FLOPs / peak, weight bytes / bandwidth)
+    prefill_attention: float = _COEF  # x max(causal pair FLOPs / peak, prefill KV bytes / bandwidth)
+    decode_kv: float = _COEF  # x decode attention per context token (linear: DecodeRun stays exact)
+    elementwise: float = _COEF  # x norms / RoPE / activations bytes per token / bandwidth
+    step_s: float = _COEF  # per forward (launches, graph replay, sampler)
+    per_seq_s: float = _COEF  # per sequence (eager: scheduled; graph: the padded batch)
+
+
+class CpuTerms(BaseModel):
+    """Host seconds of a step (the engine's schedule_s + prepare_s), fitted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_s: float = _COEF
+    per_seq_s: float = _COEF
+    per_token_s: float = _COEF
+    per_block_allocated_s: float = _COEF
+    per_block_hashed_s: float = _COEF
+
+
+class OverlapTerms(BaseModel):
+    """How a step's GPU and CPU time make its wall time, fitted from the engine's `total_s`.
+
+    Async scheduling: `max(gpu + async_gpu_gap_s, cpu + async_host_s)` (the gap: host work the
+    GPU waits on at a step boundary; host: the collect/update work no column records).
+    Synchronous: `gpu + cpu + sync_extra_s`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    async_gpu_gap_s: float = _COEF
+    async_host_s: float = _COEF
+    sync_extra_s: float = _COEF
+
+
+class MemoryTerms(BaseModel):
+    """What the engine's KV sizing used, per GPU, so the simulator computes the same block count:
+    blocks = (total x utilization - weights - activations - non-torch) / block bytes, where the
+    profiling run's activations are `activation_bytes + activation_bytes_per_batched_token x
+    max_num_batched_tokens`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    total_bytes: float | None = Field(default=None, gt=0)  # device memory as measured; None: datasheet
+    weights_bytes: float = Field(ge=0)
+    activation_bytes: float = Field(ge=0)
+    activation_bytes_per_batched_token: float = Field(ge=0)
+    non_torch_bytes: float = Field(ge=0)
+
+
+class CostProfile(BaseModel):
+    """Coefficients of the step cost model, and what they were measured on.
+
+    Version 1 is first principles (efficiency factors on datasheet rates). Version 2 adds fitted
+    terms (`decode`, `mixed`, `cpu`, `overlap`, `memory`) and provenance; the v1 factors still
+    price what a fit did not see (tensor-parallel all-reduces, a proposer's forwards)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1, 2] = PROFILE_SCHEMA_VERSION
     name: str
     hardware: str = "*"  # GPU preset the coefficients describe ("*" = any, from datasheets)
     model: str = "*"
@@ -74,6 +147,38 @@ class CostProfile(BaseModel):
     cpu_per_block_allocated_s: float = Field(default=1.5e-6, ge=0)
     cpu_per_block_hashed_s: float = Field(default=1.0e-6, ge=0)
     ngram_cpu_per_seq_s: float = Field(default=2.0e-5, ge=0)
+    # --- version 2: fitted from engine step traces (sim/calibrate.py)
+    decode: GpuTerms | None = None  # decode-only steps (CUDA graph, batch padded to its bucket)
+    mixed: GpuTerms | None = None  # steps with prefill tokens (eager)
+    cpu: CpuTerms | None = None
+    overlap: OverlapTerms | None = None
+    memory: MemoryTerms | None = None
+    scaled_from: str | None = None  # the fitted profile whose multipliers this one reuses
+    provenance: dict[str, Any] | None = None  # engine commit, GPU, date, runs, steps used
+    fit_error: dict[str, Any] | None = None  # per step kind: held-out median / p90 relative error
+    validation: dict[str, Any] | None = None  # filled by `costline validate`: its error figures
+
+    @model_validator(mode="after")
+    def _v2_is_complete(self) -> CostProfile:
+        fitted = (self.decode, self.mixed, self.cpu, self.overlap)
+        if self.schema_version == 1 and any(t is not None for t in (*fitted, self.memory)):
+            raise ValueError("fitted terms need schema_version 2")
+        if self.schema_version == 2 and any(t is None for t in fitted):
+            raise ValueError("a schema_version 2 profile needs decode, mixed, cpu and overlap terms")
+        return self
+
+    @property
+    def is_fitted(self) -> bool:
+        return self.schema_version == 2
+
+    @property
+    def status(self) -> str:
+        """How far to trust it: validated against the engine, fitted, scaled, or first principles."""
+        if self.validation:
+            return STATUS_VALIDATED
+        if self.scaled_from:
+            return STATUS_SCALED
+        return STATUS_FITTED if self.is_fitted else STATUS_FIRST_PRINCIPLES
 
     @classmethod
     def load(cls, name_or_path: str | Path = "default") -> CostProfile:
@@ -85,13 +190,38 @@ class CostProfile(BaseModel):
             have = sorted(q.stem for q in PROFILES_DIR.glob("*.json"))
             raise ValueError(f"cost profile {str(name_or_path)!r} not found; built-in profiles: {have}")
         data = json.loads(p.read_text())
-        if data.get("schema_version") != PROFILE_SCHEMA_VERSION:
-            raise ValueError(f"{p}: schema_version {data.get('schema_version')!r} is not "
-                             f"{PROFILE_SCHEMA_VERSION}; regenerate the profile")
-        return cls.model_validate(data)
+        if data.get("schema_version") not in SUPPORTED_SCHEMA_VERSIONS:
+            raise ValueError(f"{p}: schema_version {data.get('schema_version')!r} is not one of "
+                             f"{SUPPORTED_SCHEMA_VERSIONS}; regenerate the profile")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"{p}: not a valid cost profile: {_first_error(exc)}") from None
+
+    @classmethod
+    def for_target(cls, model: str, gpu: str) -> CostProfile:
+        """The shipped profile fitted (or scaled) for this model on this GPU, else first principles."""
+        p = PROFILES_DIR / f"{gpu.lower()}-{model.lower()}.json"
+        return cls.load(p) if p.is_file() else cls.load("default")
+
+    @classmethod
+    def resolve(cls, name_or_path: str | Path, model: str, gpu: str) -> CostProfile:
+        """`auto` (or None-like empty) picks `for_target`; anything else loads by name or path."""
+        if str(name_or_path) in ("auto", ""):
+            return cls.for_target(model, gpu)
+        return cls.load(name_or_path)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.model_dump(), indent=2) + "\n")
+        Path(path).write_text(self.to_json())
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2) + "\n"
+
+
+def _first_error(exc: ValidationError) -> str:
+    e = exc.errors()[0]
+    where = ".".join(str(x) for x in e["loc"])
+    return f"{where}: {e['msg']}" if where else e["msg"]
 
 
 class BatchComposition(Protocol):
@@ -109,11 +239,100 @@ class BatchComposition(Protocol):
     num_blocks_hashed: int
 
 
+def graph_bucket(num_seqs: int, max_num_seqs: int) -> int:
+    """The decode CUDA graph a batch of `num_seqs` replays: the engine captures 1, 2, 4, then
+    multiples of 8 up to max_num_seqs (vLLM's pattern; engine/runner.py decode_graph_buckets,
+    restated here because the simulator does not import torch). Beyond the largest: eager."""
+    if num_seqs <= 4:
+        return 1 if num_seqs <= 1 else (2 if num_seqs == 2 else 4)
+    if num_seqs > max_num_seqs:
+        return num_seqs
+    return min(-(-num_seqs // 8) * 8, max_num_seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    """Seconds per unit of work at the GPU's datasheet rates (efficiency 1), for one replica."""
+
+    gemm_s_per_token: float  # matmul FLOPs of the decoder layers per token
+    gemm_s_per_row: float  # LM-head FLOPs per sampled row
+    weights_s: float  # reading every weight once
+    attn_s_per_pair: float  # attention FLOPs per (query, key) pair
+    kv_s_per_token: float  # reading one token's KV
+    ew_s_per_token: float  # element-wise traffic per token
+
+    @classmethod
+    def of(cls, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Roofline:
+        tp = engine.tensor_parallel_size
+        wdt = engine.weight_dtype or model.dtype
+        gemm_rate = gpu.tflops(wdt) * 1e12
+        bw = gpu.hbm_gb_per_s * GB
+        L, h = model.num_layers, model.hidden_size
+        layer_params = L * model.params_per_layer
+        head_params = model.vocab_size * h
+        # element-wise traffic per token: norms/residual/RoPE (~8 h) and SwiGLU (3 x inter)
+        ew_bytes = L * (8 * h + 3 * model.intermediate_size / tp) * dtype_bytes(model.dtype)
+        return cls(gemm_s_per_token=2 * layer_params / tp / gemm_rate,
+                   gemm_s_per_row=2 * head_params / tp / gemm_rate,
+                   weights_s=(layer_params + head_params) * dtype_bytes(wdt) / tp / bw,
+                   attn_s_per_pair=4 * L * model.num_heads * model.head_dim / tp / (gpu.bf16_tflops * 1e12),
+                   kv_s_per_token=model.kv_bytes_per_token(engine.kv_cache_dtype) / tp / bw,
+                   ew_s_per_token=ew_bytes / bw)
+
+    def features(self, tokens: Any, rows: Any, prefill_pairs: Any, prefill_kv_tokens: Any,
+                 decode_q_per_seq: Any, decode_kv_tokens: Any) -> dict[str, Any]:
+        """The roofline terms of a forward (seconds at efficiency 1), scalars or numpy arrays alike:
+        what a fitted profile's multipliers (`GpuTerms`) apply to."""
+        mx = np.maximum
+        return {
+            "gemm": mx(self.gemm_s_per_token * tokens + self.gemm_s_per_row * rows, self.weights_s),
+            "prefill_attention": mx(self.attn_s_per_pair * prefill_pairs, self.kv_s_per_token * prefill_kv_tokens),
+            "decode_kv": mx(self.attn_s_per_pair * decode_q_per_seq, self.kv_s_per_token) * decode_kv_tokens,
+            "elementwise": self.ew_s_per_token * tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Forward:
+    """A forward pass's time, folded to multiply-adds: `max(gemm_tok x tokens + gemm_row x rows,
+    weights) + max(pair x pairs, kv x prefill KV) + max(pair x q, kv) x decode KV + ew x tokens
+    + per_token x tokens + fixed + per_seq x sequences`."""
+
+    gemm_tok: float
+    gemm_row: float
+    weights: float
+    pair: float
+    kv: float
+    dkv_pair: float  # decode attention: per (query, key) pair and per KV token, apart from prefill's
+    dkv: float
+    ew: float
+    fixed: float
+    per_seq: float
+
+    @classmethod
+    def fitted(cls, r: Roofline, t: GpuTerms, fixed_extra_s: float = 0.0) -> _Forward:
+        return cls(gemm_tok=t.gemm * r.gemm_s_per_token, gemm_row=t.gemm * r.gemm_s_per_row,
+                   weights=t.gemm * r.weights_s, pair=t.prefill_attention * r.attn_s_per_pair,
+                   kv=t.prefill_attention * r.kv_s_per_token, dkv_pair=t.decode_kv * r.attn_s_per_pair,
+                   dkv=t.decode_kv * r.kv_s_per_token, ew=t.elementwise * r.ew_s_per_token,
+                   fixed=t.step_s + fixed_extra_s, per_seq=t.per_seq_s)
+
+    def seconds(self, tokens: float, rows: float, prefill_pairs: float, prefill_kv: float, q_per_seq: float,
+                decode_kv: float, seqs: float) -> float:
+        gemm = self.gemm_tok * tokens + self.gemm_row * rows
+        gemm = max(gemm, self.weights)
+        pre = max(self.pair * prefill_pairs, self.kv * prefill_kv)
+        dec = max(self.dkv_pair * q_per_seq, self.dkv) * decode_kv
+        return gemm + pre + dec + self.ew * tokens + self.fixed + self.per_seq * seqs
+
+
 class CostModel:
     """Step time of one replica (a TP group) running `model` on `gpu` with `engine` flags.
 
     Coefficients are folded into plain floats once, so a step's time is a handful of
-    multiply-adds (the simulator asks once per step).
+    multiply-adds (the simulator asks once per step). A fitted (v2) profile prices decode-only
+    steps (CUDA graph: the batch padded to its captured size) and steps with prefill (eager)
+    with separate terms; a v1 profile prices both with the same efficiencies.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
@@ -122,25 +341,17 @@ class CostModel:
         self.profile = p = profile or CostProfile.load("default")
         tp = engine.tensor_parallel_size
         self.async_scheduling = engine.async_scheduling
-        wdt = engine.weight_dtype or model.dtype
         act_b = dtype_bytes(model.dtype)
-        gemm_rate = gpu.tflops(wdt) * 1e12 * p.gemm_compute_efficiency
-        attn_rate = gpu.bf16_tflops * 1e12 * p.attn_compute_efficiency
-        bw = gpu.hbm_gb_per_s * GB
+        self.roofline = r = Roofline.of(model, gpu, engine)
         L, h = model.num_layers, model.hidden_size
-        layer_params = L * model.params_per_layer
-        head_params = model.vocab_size * h
         # GEMM: seconds per token / per sampled row (compute side), weights (memory side)
-        self._gemm_s_per_token = 2 * layer_params / tp / gemm_rate
-        self._gemm_s_per_row = 2 * head_params / tp / gemm_rate
-        self._weights_s = (layer_params + head_params) * dtype_bytes(wdt) / tp / (bw * p.gemm_memory_efficiency)
+        self._gemm_s_per_token = r.gemm_s_per_token / p.gemm_compute_efficiency
+        self._gemm_s_per_row = r.gemm_s_per_row / p.gemm_compute_efficiency
+        self._weights_s = r.weights_s / p.gemm_memory_efficiency
         # attention: per (query, key) pair and per KV token read
-        self._attn_s_per_pair = 4 * L * model.num_heads * model.head_dim / tp / attn_rate
-        kv_tok_bytes = model.kv_bytes_per_token(engine.kv_cache_dtype) / tp
-        self._kv_s_per_token = kv_tok_bytes / (bw * p.attn_memory_efficiency)
-        # element-wise traffic per token: norms/residual/RoPE (~8 h) and SwiGLU (3 x inter)
-        ew_bytes = L * (8 * h + 3 * model.intermediate_size / tp) * act_b
-        self._ew_s_per_token = ew_bytes / (bw * p.elementwise_memory_efficiency)
+        self._attn_s_per_pair = r.attn_s_per_pair / p.attn_compute_efficiency
+        self._kv_s_per_token = r.kv_s_per_token / p.attn_memory_efficiency
+        self._ew_s_per_token = r.ew_s_per_token / p.elementwise_memory_efficiency
         # two all-reduces per layer of tokens x hidden activations (ring: 2 (tp-1)/tp of the bytes)
         if tp > 1:
             link = gpu.interconnect_gb_per_s * GB * p.allreduce_efficiency
@@ -152,6 +363,12 @@ class CostModel:
         self._decode_terms: dict[int, tuple[float, float, float]] = {}  # num_seqs -> decode_linear()
         self._cpu_step_s, self._cpu_seq_s = p.cpu_step_s, p.cpu_per_seq_s
         self._cpu_blk_s, self._cpu_hash_s = p.cpu_per_block_allocated_s, p.cpu_per_block_hashed_s
+        self._cpu_tok_s = 0.0
+        self._gap_s = self._host_s = 0.0  # async: max(gpu + gap, cpu + host); sync: gpu + cpu + host
+        self._max_num_seqs = engine.max_num_seqs or 256
+        self._fit_decode = self._fit_mixed = None
+        if p.is_fitted:
+            self._use_fit(p)
         # proposer
         spec = engine.speculative_config
         self.k = spec.num_speculative_tokens if spec else 0
@@ -161,8 +378,23 @@ class CostModel:
         if draft is not None and self.k:
             dengine = EngineConfig(tensor_parallel_size=spec.draft_tensor_parallel_size or tp,
                                    kv_cache_dtype=engine.kv_cache_dtype, quantization=engine.quantization)
-            dprof = p.model_copy(update={"gpu_step_overhead_s": p.draft_pass_overhead_s})
+            # the fit saw no proposer: its forwards are priced from first principles
+            dprof = CostProfile(**p.model_dump(include=set(_V1_FIELDS)) | {
+                "schema_version": 1, "gpu_step_overhead_s": p.draft_pass_overhead_s})
             self.draft = CostModel(draft, gpu, dengine, dprof)
+
+    def _use_fit(self, p: CostProfile) -> None:
+        """Fold a v2 profile's fitted terms (the all-reduce terms stay first-principles: the fit is
+        of one GPU)."""
+        ar = self._ar_fixed_s
+        self._fit_decode = _Forward.fitted(self.roofline, p.decode, ar)
+        self._fit_mixed = _Forward.fitted(self.roofline, p.mixed, ar)
+        c = p.cpu
+        self._cpu_step_s, self._cpu_seq_s, self._cpu_tok_s = c.step_s, c.per_seq_s, c.per_token_s
+        self._cpu_blk_s, self._cpu_hash_s = c.per_block_allocated_s, c.per_block_hashed_s
+        o = p.overlap
+        self._gap_s, self._host_s = ((o.async_gpu_gap_s, o.async_host_s) if self.async_scheduling
+                                     else (0.0, o.sync_extra_s))
 
     # --- GPU ----------------------------------------------------------------------
     def forward_s(self, num_tokens: int, num_rows: int, prefill_pairs: float, prefill_kv_tokens: float,
@@ -180,11 +412,26 @@ class CostModel:
         """Target forward plus the proposer's forwards."""
         tokens = b.num_prefill_tokens + b.num_decode_tokens
         q_per_seq = b.num_decode_tokens / b.num_decode_seqs if b.num_decode_seqs else 0.0
-        t = self.forward_s(tokens, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
-                           b.sum_prefill_context, q_per_seq * b.sum_decode_context, b.sum_decode_context)
+        if self._fit_mixed is not None:
+            t = self._fitted_forward_s(b, tokens, q_per_seq) if tokens > 0 else 0.0
+        else:
+            t = self.forward_s(tokens, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
+                               b.sum_prefill_context, q_per_seq * b.sum_decode_context, b.sum_decode_context)
         if self.draft is not None:
             t += self.proposer_gpu_s(b)
         return t
+
+    def _fitted_forward_s(self, b: BatchComposition, tokens: int, q_per_seq: float) -> float:
+        """A v2 profile's forward: a one-token decode batch replays the CUDA graph of its bucket
+        (padded rows and tokens); anything else runs eagerly."""
+        n = b.num_decode_seqs
+        ar = self._ar_s_per_token * tokens
+        if not b.num_prefill_tokens and tokens == n:
+            pad = graph_bucket(n, self._max_num_seqs)
+            return self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, b.sum_decode_context, pad) + ar
+        return self._fit_mixed.seconds(tokens, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
+                                       b.sum_prefill_context, q_per_seq, b.sum_decode_context,
+                                       b.num_prefill_seqs + n) + ar
 
     def proposer_gpu_s(self, b: BatchComposition) -> float:
         """Draft model / EAGLE head: one pass over the prefill chunks, k passes over the decodes."""
@@ -203,7 +450,9 @@ class CostModel:
         """Host seconds of the step. `block_scale`: engine blocks per scheduler block (the
         simulator's KV block coarsening), as the CPU cost is per engine block."""
         seqs = b.num_prefill_seqs + b.num_decode_seqs
-        return (self._cpu_step_s + self._cpu_seq_s * seqs + self._ngram_s_per_seq * b.num_decode_seqs
+        tokens = b.num_prefill_tokens + b.num_decode_tokens
+        return (self._cpu_step_s + self._cpu_seq_s * seqs + self._cpu_tok_s * tokens
+                + self._ngram_s_per_seq * b.num_decode_seqs
                 + self.block_cpu_s(b.num_blocks_allocated * block_scale, b.num_blocks_hashed * block_scale))
 
     def block_cpu_s(self, num_blocks_allocated: int, num_blocks_hashed: int) -> float:
@@ -211,16 +460,24 @@ class CostModel:
         return self._cpu_blk_s * num_blocks_allocated + self._cpu_hash_s * num_blocks_hashed
 
     def combine(self, gpu_s: float, cpu_s: float) -> float:
-        """A step's duration: CPU and GPU add, or overlap with async scheduling."""
-        return max(gpu_s, cpu_s) if self.async_scheduling else gpu_s + cpu_s
+        """A step's duration: CPU and GPU add, or overlap with async scheduling (a fitted profile
+        adds the measured gap and host terms, see `OverlapTerms`)."""
+        if self.async_scheduling:
+            return max(gpu_s + self._gap_s, cpu_s + self._host_s)
+        return gpu_s + cpu_s + self._host_s
 
     # --- closed forms ---------------------------------------------------------------
     def decode_linear(self, num_seqs: int) -> tuple[float, float, float]:
         """(a, b, cpu) with GPU time = a + b * sum_context for a pure decode of `num_seqs`
         sequences without speculation, and CPU time `cpu` (block terms excluded)."""
+        cpu = self._cpu_step_s + self._cpu_seq_s * num_seqs + self._cpu_tok_s * num_seqs
+        if self._fit_decode is not None:
+            f = self._fit_decode
+            pad = graph_bucket(num_seqs, self._max_num_seqs)
+            a = f.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad) + self._ar_s_per_token * num_seqs
+            return a, max(f.dkv_pair, f.dkv), cpu
         a = self.forward_s(num_seqs, num_seqs, 0.0, 0.0, 0.0, 0.0)
         per_ctx = max(self._attn_s_per_pair, self._kv_s_per_token)
-        cpu = self._cpu_step_s + self._cpu_seq_s * num_seqs
         return a, per_ctx, cpu
 
     def decode_run(self, num_seqs: int, sum_context: int, num_steps: int) -> DecodeRun:
@@ -230,8 +487,13 @@ class CostModel:
         if terms is None:
             terms = self._decode_terms[num_seqs] = self.decode_linear(num_seqs)
         a, per_ctx, cpu = terms
-        return DecodeRun(g0=a + per_ctx * sum_context, slope=per_ctx * num_seqs, cpu=cpu,
-                         n=num_steps, overlap=self.async_scheduling)
+        # the fitted overlap terms shift the GPU and CPU sides of combine(): folded in here so
+        # that DecodeRun.dt(i) equals combine(gpu_i, cpu) step by step
+        if self.async_scheduling:
+            g0, cpu = a + per_ctx * sum_context + self._gap_s, cpu + self._host_s
+        else:
+            g0 = a + per_ctx * sum_context + self._host_s
+        return DecodeRun(g0=g0, slope=per_ctx * num_seqs, cpu=cpu, n=num_steps, overlap=self.async_scheduling)
 
     def decode_stretch(self, segments: Sequence[tuple[int, int, int]]) -> DecodeRuns:
         """Consecutive pure-decode segments, each (num_seqs, sum_context of its first step, num_steps)."""
@@ -338,4 +600,29 @@ def _steps_started_before(elapsed_s: Callable[[int], float], n: int, elapsed: fl
     return lo
 
 
-__all__ = ["PROFILES_DIR", "BatchComposition", "CostModel", "CostProfile", "DecodeRun"]
+_V1_FIELDS = ("name", "hardware", "model", "engine", "source", "gemm_compute_efficiency",
+               "gemm_memory_efficiency", "attn_compute_efficiency", "attn_memory_efficiency",
+               "elementwise_memory_efficiency", "allreduce_efficiency", "allreduce_latency_s",
+               "gpu_step_overhead_s", "draft_pass_overhead_s", "cpu_step_s", "cpu_per_seq_s",
+               "cpu_per_block_allocated_s", "cpu_per_block_hashed_s", "ngram_cpu_per_seq_s")
+
+__all__ = [
+    "PROFILES_DIR",
+    "PROFILE_SCHEMA_VERSION",
+    "STATUS_FIRST_PRINCIPLES",
+    "STATUS_FITTED",
+    "STATUS_SCALED",
+    "STATUS_VALIDATED",
+    "STEP_KINDS",
+    "BatchComposition",
+    "CostModel",
+    "CostProfile",
+    "CpuTerms",
+    "DecodeRun",
+    "GpuTerms",
+    "MemoryTerms",
+    "OverlapTerms",
+    "Roofline",
+    "StepKind",
+    "graph_bucket",
+]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from engine.flags import FlagError
 from engine.model_spec import ModelSpec, dtype_bytes, get_model
 from sim.config import EngineConfig, SpeculativeConfig
+from sim.cost_model import CostProfile, MemoryTerms
 from sim.hardware import GPUSpec, kv_capacity_blocks, kv_capacity_tokens
 
 # CUDA context + cuBLAS workspaces + CUDA graphs + NCCL buffers per GPU, outside torch's
@@ -113,8 +114,34 @@ class MemoryPlan:
         return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"kv_bytes": self.kv_bytes}
 
 
-def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> MemoryPlan:
-    """Size one replica's KV cache; raises with the fix when the model does not fit."""
+def measured_memory(profile: CostProfile | None, model: ModelSpec, gpu: GPUSpec) -> MemoryTerms | None:
+    """The profile's measured memory terms when they describe this model (its weights and
+    activations; on another GPU the datasheet memory size stands in for the measured one)."""
+    if profile is None or profile.memory is None or profile.model != model.name:
+        return None
+    if profile.hardware != gpu.name and profile.memory.total_bytes is not None:
+        return profile.memory.model_copy(update={"total_bytes": None})
+    return profile.memory
+
+
+def fitted_kv_blocks(mem: MemoryTerms, gpu: GPUSpec, engine: EngineConfig, weight_bytes: float,
+                     draft_bytes: float, kv_bytes_per_token: float) -> tuple[int, float]:
+    """(blocks, reserve bytes of all GPUs) by the engine's own sizing rule (engine/runner.py
+    allocate_kv_cache) with the profile's measured terms: per GPU, blocks = (total x utilization
+    - weights - profiling activations - non-torch memory) // block bytes."""
+    tp = engine.tensor_parallel_size
+    total = mem.total_bytes or gpu.hbm_bytes
+    act = mem.activation_bytes + mem.activation_bytes_per_batched_token * (engine.max_num_batched_tokens or 8192)
+    free = total * engine.gpu_memory_utilization - (weight_bytes + draft_bytes) / tp - act - mem.non_torch_bytes
+    block_bytes = kv_bytes_per_token * engine.block_size / tp
+    return max(int(free // block_bytes), 0), tp * (act + mem.non_torch_bytes)
+
+
+def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
+                profile: CostProfile | None = None) -> MemoryPlan:
+    """Size one replica's KV cache; raises with the fix when the model does not fit. A profile
+    with measured memory terms for this model (`CostProfile.memory`) replaces the estimates of
+    the activation reserve and non-torch memory, so the block count is the engine's."""
     tp = engine.tensor_parallel_size
     wdt = engine.weight_dtype
     draft = draft_weight_bytes(model, engine.speculative_config, wdt)
@@ -123,19 +150,29 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> MemoryP
     d = draft_spec(model, engine.speculative_config)
     draft_kv = d.kv_bytes_per_token(engine.kv_cache_dtype) if d is not None else 0.0
     kv_tok = model.kv_bytes_per_token(engine.kv_cache_dtype) + draft_kv
-    tokens = kv_capacity_tokens(model, gpu, num_gpus=tp, gpu_memory_utilization=engine.gpu_memory_utilization,
-                                kv_cache_dtype=engine.kv_cache_dtype, weight_dtype=wdt, extra_weight_bytes=draft,
-                                activation_reserve_bytes=reserve, extra_kv_bytes_per_token=draft_kv)
-    blocks = kv_capacity_blocks(tokens, engine.block_size)
+    mem = measured_memory(profile, model, gpu)
+    weights = model.weight_bytes(wdt)
+    if mem is not None:
+        if wdt is None:  # the measured weights are the model's own dtype's
+            weights = mem.weights_bytes
+        blocks, reserve = fitted_kv_blocks(mem, gpu, engine, weights, draft, kv_tok)
+        tokens = blocks * engine.block_size
+    else:
+        tokens = kv_capacity_tokens(model, gpu, num_gpus=tp, gpu_memory_utilization=engine.gpu_memory_utilization,
+                                    kv_cache_dtype=engine.kv_cache_dtype, weight_dtype=wdt,
+                                    extra_weight_bytes=draft, activation_reserve_bytes=reserve,
+                                    extra_kv_bytes_per_token=draft_kv)
+        blocks = kv_capacity_blocks(tokens, engine.block_size)
     if engine.num_gpu_blocks_override is not None:
         blocks = engine.num_gpu_blocks_override
         tokens = blocks * engine.block_size
-    budget = tp * gpu.hbm_bytes * engine.gpu_memory_utilization
+    total = (mem.total_bytes if mem is not None else None) or gpu.hbm_bytes
+    budget = tp * total * engine.gpu_memory_utilization
     if blocks < 1:
-        raise ValueError(_does_not_fit(model, gpu, engine, budget, model.weight_bytes(wdt), draft, reserve))
+        raise ValueError(_does_not_fit(model, gpu, engine, budget, weights, draft, reserve))
     if engine.num_gpu_blocks_override is None and engine.max_model_len is not None:
         check_one_request_fits(tokens, engine.max_model_len, kv_tok, where=f"{tp}x {gpu.name}")
-    return MemoryPlan(budget_bytes=budget, weight_bytes=model.weight_bytes(wdt),
+    return MemoryPlan(budget_bytes=budget, weight_bytes=weights,
                       draft_weight_bytes=draft, activation_reserve_bytes=reserve,
                       kv_bytes_per_token=kv_tok,
                       kv_capacity_tokens=tokens, num_gpu_blocks=blocks, block_size=engine.block_size)
@@ -148,5 +185,7 @@ __all__ = [
     "check_one_request_fits",
     "draft_spec",
     "draft_weight_bytes",
+    "fitted_kv_blocks",
+    "measured_memory",
     "plan_memory",
 ]

@@ -55,7 +55,8 @@ class SimConfig(BaseModel):
     router: RouterPolicy = "least_loaded"
     disaggregation: DisaggConfig | None = None
     seed: int = Field(0, ge=0, description="seed of the simulation's draws and of a generated workload")
-    profile: str = Field("default", description="cost profile name (sim/profiles) or JSON path")
+    profile: str = Field("auto", description="cost profile name (sim/profiles) or JSON path; 'auto' = the "
+                         "profile fitted or scaled for this model and GPU if one ships, else 'default'")
     slo: SLO | None = Field(None, description="goodput targets; also accepts 'ttft:500 tpot:50'")
     skip_ahead: bool = Field(True, description="jump over decode-only stretches (results identical)")
     kv_block_coarsening: int | Literal["auto"] = Field(
@@ -95,12 +96,13 @@ class SimConfig(BaseModel):
         return DeploymentConfig(num_replicas=n // tp, **common)
 
 
-def check_simulation_size(deployment: DeploymentConfig, kv_block_coarsening: int) -> int:
+def check_simulation_size(deployment: DeploymentConfig, kv_block_coarsening: int,
+                          profile: CostProfile | None = None) -> int:
     """Refuse, before anything is allocated, a deployment whose simulated KV pools would not fit
     in memory, or whose model does not fit its GPUs (`plan_memory` says which figures). Returns
     the simulated blocks over all replicas."""
     engine = deployment.engine.resolved_for(deployment.gpu, deployment.model)
-    plan = plan_memory(deployment.model, deployment.gpu, engine)
+    plan = plan_memory(deployment.model, deployment.gpu, engine, profile)
     d = deployment.disaggregation
     replicas = d.num_prefill_replicas + d.num_decode_replicas if d else deployment.num_replicas
     blocks = replicas * max(plan.num_gpu_blocks // kv_block_coarsening, 1)
@@ -151,13 +153,19 @@ def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | N
     coarsening = kv_block_coarsening_for(config.kv_block_coarsening, config.engine.block_size,
                                          loaded.requests)
     deployment = config.deployment()
-    check_simulation_size(deployment, coarsening)
+    profile = CostProfile.resolve(config.profile, config.model, config.gpu)
+    check_simulation_size(deployment, coarsening, profile)
     sim = Simulation(deployment, loaded.requests, seed=config.seed,
-                     profile=CostProfile.load(config.profile), slo=config.slo, skip_ahead=config.skip_ahead,
+                     profile=profile, slo=config.slo, skip_ahead=config.skip_ahead,
                      progress=progress, label=config.label or loaded.name,
-                     meta={"workload": loaded.name, "workload_notes": loaded.notes},
+                     meta={"workload": loaded.name, "workload_notes": loaded.notes} | profile_meta(profile),
                      kv_block_coarsening=coarsening)
     return sim.run()
+
+
+def profile_meta(profile: CostProfile) -> dict[str, Any]:
+    """What a run records about its cost profile (the summary's `profile*` keys)."""
+    return {"profile": profile.name, "profile_status": profile.status, "profile_validation": profile.validation}
 
 
 def summarize(result: SimResult, slo: SLO | None = None) -> dict[str, Any]:
@@ -174,6 +182,7 @@ __all__ = [
     "check_simulation_size",
     "kv_block_coarsening_for",
     "load",
+    "profile_meta",
     "run",
     "summarize",
 ]

@@ -478,7 +478,7 @@ class Simulation:
 
         def replica(idx: int, role: str, engine: EngineConfig, with_draft: bool) -> _Replica:
             cost = CostModel(dep.model, dep.gpu, engine, self.profile, draft if with_draft else None)
-            return _Replica(self.env, idx, role, engine, plan_memory(dep.model, dep.gpu, engine), cost, ctx,
+            return _Replica(self.env, idx, role, engine, plan_memory(dep.model, dep.gpu, engine, self.profile), cost, ctx,
                             skip_ahead=self.skip_ahead, kv_block_coarsening=self.coarsen)
 
         if dep.disaggregation is None:

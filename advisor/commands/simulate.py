@@ -170,7 +170,7 @@ def simulate(
     kv_link_gb_per_s: Annotated[float | None, typer.Option("--kv-link-gb-per-s", help="P/D link bandwidth per GPU in GB/s (bytes, not bits; a 400 Gbit/s NIC is 50); default: from the GPU")] = None,
     link_latency_ms: Annotated[float, typer.Option("--link-latency-ms", help="fixed cost per KV transfer")] = 0.5,
     goodput: Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")] = None,
-    profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path")] = "default",
+    profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path; auto: the one fitted or scaled for this model and GPU, else default (first principles)")] = "auto",
     out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here (a run already there needs --force)")] = None,
     label: Annotated[str | None, typer.Option("--label")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON")] = False,

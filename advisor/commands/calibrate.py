@@ -1,0 +1,78 @@
+"""`costline calibrate`: fit the simulator's cost profile to engine step traces (sim/calibrate.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from advisor.options import Force, clean_errors
+from engine.model_spec import get_model
+from engine.outputs import check_output_file, staged_file
+from sim.config import EngineConfig
+from sim.hardware import get_gpu
+
+if TYPE_CHECKING:
+    from sim.calibrate import FitResult
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def print_fit(fit: FitResult, console: Console) -> None:
+    """The held-out error per step kind, the fitted terms and the KV block check."""
+    t = Table(title=f"{fit.profile.name}: held-out |relative error| ({fit.n_steps} steps, "
+              f"{fit.n_warmup_dropped} warm-up steps dropped)")
+    for c in ("step kind", "fitted", "held out", "outliers", "GPU p50", "GPU p90", "step p50", "step p90"):
+        t.add_column(c, justify="left" if c == "step kind" else "right")
+    for kind, e in fit.errors.items():
+        t.add_row(kind, str(e.n_fit), str(e.n_held_out), str(e.n_outliers), _pct(e.gpu_median), _pct(e.gpu_p90),
+                  _pct(e.step_median), _pct(e.step_p90))
+    console.print(t)
+    p = fit.profile
+    for kind in ("decode", "mixed"):
+        console.print(f"{kind}: {getattr(p, kind).model_dump()}", highlight=False)
+    console.print(f"cpu: {p.cpu.model_dump()} (held-out p50 {_pct(fit.cpu_error_median)})", highlight=False)
+    console.print(f"overlap: {p.overlap.model_dump()}", highlight=False)
+    for m in fit.memory_checks:
+        console.print(f"KV blocks {m.run}: engine {m.engine_blocks:,}, simulator {m.sim_blocks:,}", highlight=False)
+
+
+@clean_errors
+def calibrate(
+    runs: Annotated[list[Path], typer.Argument(help="engine run folders (steps.jsonl + run.json) or steps.jsonl[.gz] files")],
+    model: Annotated[str, typer.Option("--model", help="model preset the runs served")],
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU preset the runs ran on")],
+    out: Annotated[Path | None, typer.Option("--out", help="write the fitted profile JSON here (an existing file needs --force)")] = None,
+    scaled: Annotated[bool, typer.Option("--scaled", help="also write profiles scaled by datasheet ratios to the A100, H100, B200 and L4 presets beside --out")] = False,
+    async_scheduling: Annotated[bool, typer.Option("--async-scheduling", help="bare steps files (no run.json) were recorded with async scheduling")] = False,
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="bare steps files: the engine's max_num_seqs (its CUDA graph sizes)")] = None,
+    force: Force = False,
+) -> None:
+    """Fit a cost profile (schema v2) for one model on one GPU from engine step traces; print the fit."""
+    # scipy's optimisers load only for this command (the CLI's other commands start without them)
+    from sim.calibrate import fit_profile, load_run, write_scaled_profiles
+
+    m, g = get_model(model), get_gpu(gpu)
+    if scaled and out is None:
+        raise ValueError("--scaled writes beside --out: give --out PROFILE.json too")
+    if out is not None:  # before the work: a refused --out must not cost a fit
+        check_output_file(out, flag="--out", force=force, inputs=runs)
+    default = EngineConfig(async_scheduling=async_scheduling, max_num_seqs=max_num_seqs)
+    fit = fit_profile([load_run(r, default) for r in runs], m, g, default)
+    console = Console()
+    print_fit(fit, console)
+    if out is None:
+        console.print("not written: pass --out PROFILE.json to keep it", highlight=False)
+        return
+    with staged_file(out) as tmp:
+        tmp.write_text(fit.profile.to_json())
+    written = [out]
+    if scaled:
+        written += write_scaled_profiles(fit.profile, out.parent, force=force)
+    console.print(f"wrote {', '.join(str(p) for p in written)}", highlight=False)

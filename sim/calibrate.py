@@ -1,0 +1,566 @@
+"""Fit a cost profile (schema v2, sim/cost_model.py) to the engine's step traces.
+
+Every engine step row carries its batch composition (the simulator's `BatchComposition` fields)
+and its timings: `gpu_s` (the forward, CUDA events), `sample_s`, `schedule_s`, `prepare_s` and
+the wall `total_s`. The fit:
+
+* GPU: `gpu_s + sample_s` as a non-negative combination of roofline features (seconds at the
+  datasheet rates, sim/cost_model.py `Roofline.features`) and counts, one coefficient set per step
+  kind: decode-only steps (a CUDA graph padded to its captured batch) and steps with prefill
+  tokens (eager). Non-negative least squares on RELATIVE error (rows weighted by 1 / time),
+  iteratively reweighted (Huber, then Tukey's biweight: rows it gives weight 0 are the outliers,
+  counted).
+* CPU: `schedule_s + prepare_s` over counts (step, sequences, tokens, blocks allocated/hashed).
+* Overlap: under async scheduling a step's period `total_s` is the host loop that waits for the
+  PREVIOUS step's tokens, so step N's wall time is row N+1's `total_s`; it is fitted as
+  `max(gpu + gap, cpu + host)` from the measured gpu and cpu times. Synchronous steps:
+  `gpu + cpu + extra`.
+* Memory: the engine's KV sizing terms from each run's run.json, so that the simulator's
+  `plan_memory` reproduces `num_gpu_blocks`.
+
+The first `warmup_steps` steps of each run (kernel compilation) are dropped and counted. A
+deterministic 20% of the steps (by a hash of run name and step id) is held out of the fit; the
+fit error reported is on those.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares, nnls
+
+from engine.model_spec import ModelSpec, dtype_bytes
+from engine.outputs import check_output_file, staged_file
+from sim.config import EngineConfig
+from sim.cost_model import (
+    STEP_KINDS,
+    CostProfile,
+    CpuTerms,
+    GpuTerms,
+    MemoryTerms,
+    OverlapTerms,
+    Roofline,
+    StepKind,
+    graph_bucket,
+)
+from sim.hardware import GPU_PRESETS, GPUSpec
+from sim.memory import plan_memory
+
+# columns a step trace must have (engine/records.py StepRecord names)
+REQUIRED_COLUMNS: tuple[str, ...] = (
+    "step_id", "total_s", "gpu_s", "schedule_s", "prepare_s", "sample_s", "num_prefill_tokens",
+    "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
+    "sum_decode_context", "num_blocks_allocated", "num_blocks_hashed")
+GPU_FEATURES: dict[StepKind, tuple[str, ...]] = {
+    # per_seq_s: per sequence of the graph's padded batch (a replay runs the padding rows too)
+    "decode": ("gemm", "decode_kv", "step_s", "per_seq_s"),
+    "mixed": ("gemm", "prefill_attention", "decode_kv", "step_s", "per_seq_s"),
+}
+# Element-wise bytes grow with tokens exactly as the GEMMs' FLOPs (eager batches) or as the
+# per-sequence costs (decode batches) do, so no trace tells them apart: their multiplier is the
+# first-principles one (1 / the default profile's element-wise efficiency), not fitted.
+FIXED_MULTIPLIERS: dict[str, float] = {"elementwise": 1 / 0.7}
+# First-principles multipliers the fit leans on only where the data cannot decide (see robust_nnls)
+PRIOR_MULTIPLIERS: dict[str, float] = {"gemm": 1 / 0.85, "prefill_attention": 1 / 0.5, "decode_kv": 1 / 0.7}
+PRIOR_WEIGHT = 1e-4
+CPU_FEATURES: tuple[str, ...] = ("step_s", "per_seq_s", "per_token_s", "per_block_allocated_s",
+                                 "per_block_hashed_s")
+MIN_STEPS_PER_FEATURE = 10  # training steps a kind needs per coefficient it fits
+HELD_OUT_SHARE = 0.2
+WARMUP_STEPS = 3
+SCALED_GPUS: tuple[str, ...] = ("a100-80gb", "h100-sxm", "b200", "l4")
+_TUKEY_C = 4.685  # 95% efficiency under Gaussian noise
+_HUBER_C = 1.345
+
+
+class CalibrationInputError(ValueError):
+    """A run folder or step file that cannot be fitted from; the message names it and the fix."""
+
+
+@dataclass(slots=True)
+class EngineRun:
+    """One engine run's step table and what the fit needs of its run.json."""
+
+    name: str
+    steps: dict[str, np.ndarray]
+    async_scheduling: bool
+    max_num_seqs: int
+    enforce_eager: bool = False
+    run_info: dict[str, Any] | None = None  # run.json (schema costline-engine-run/1), if any
+    path: Path | None = None
+
+
+@dataclass(slots=True)
+class KindError:
+    """Held-out error of one step kind: |predicted - measured| / measured."""
+
+    n_fit: int
+    n_held_out: int
+    n_outliers: int  # training steps the robust fit gave weight 0
+    gpu_median: float
+    gpu_p90: float
+    step_median: float  # the whole step's wall time (GPU, CPU and their overlap)
+    step_p90: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(slots=True)
+class MemoryCheck:
+    """The engine's KV block count of a run and the simulator's with the fitted terms."""
+
+    run: str
+    engine_blocks: int
+    sim_blocks: int
+
+
+@dataclass(slots=True)
+class FitResult:
+    """A fitted profile and how well it predicts the steps it did not see."""
+
+    profile: CostProfile
+    errors: dict[str, KindError]
+    n_steps: int  # steps used (fitted + held out)
+    n_warmup_dropped: int
+    cpu_error_median: float
+    memory_checks: list[MemoryCheck] = field(default_factory=list)
+
+
+# --- reading ------------------------------------------------------------------------------------
+def read_steps(path: str | Path) -> dict[str, np.ndarray]:
+    """A steps.jsonl[.gz] file as columns (NaN where a row has null); refuses missing columns."""
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    try:
+        with opener(p, "rt") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
+        raise CalibrationInputError(f"{p}: not a JSON-lines step trace ({exc})") from None
+    if not rows:
+        raise CalibrationInputError(f"{p}: no steps in the file")
+    missing = [c for c in REQUIRED_COLUMNS if c not in rows[0]]
+    if missing:
+        raise CalibrationInputError(f"{p}: step trace lacks column(s) {', '.join(missing)}; record it with "
+                                    "this engine (`costline engine run --out DIR` writes steps.jsonl)")
+    cols: dict[str, np.ndarray] = {}
+    for c in REQUIRED_COLUMNS:
+        vals = [r.get(c) for r in rows]
+        cols[c] = np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
+    return cols
+
+
+def _steps_file(folder: Path) -> Path:
+    for name in ("steps.jsonl", "steps.jsonl.gz"):
+        if (folder / name).is_file():
+            return folder / name
+    raise CalibrationInputError(f"{folder}: no steps.jsonl or steps.jsonl.gz in the folder; pass an engine "
+                                "run folder (`costline engine run --out DIR`) or a steps file")
+
+
+def load_run(path: str | Path, default: EngineConfig | None = None) -> EngineRun:
+    """An engine run folder (steps.jsonl + run.json) or a bare steps.jsonl[.gz] file; a bare file
+    takes its flags (async scheduling, max_num_seqs) from `default`."""
+    p = Path(path)
+    if not p.exists():
+        raise CalibrationInputError(f"{p}: no such file or folder")
+    info = None
+    if p.is_dir():
+        steps_path = _steps_file(p)
+        if (p / "run.json").is_file():
+            info = json.loads((p / "run.json").read_text())
+        name = info.get("name", p.name) if info else p.name
+    else:
+        steps_path, name = p, p.name.split(".")[0]
+    steps = read_steps(steps_path)
+    args = (info or {}).get("engine_args") or {}
+    dflt = default or EngineConfig()
+    return EngineRun(name=str(name), steps=steps, path=p, run_info=info,
+                     async_scheduling=bool(args.get("async_scheduling", dflt.async_scheduling)),
+                     max_num_seqs=int(args.get("max_num_seqs") or dflt.max_num_seqs or 256),
+                     enforce_eager=bool(args.get("enforce_eager", False)))
+
+
+# --- features -----------------------------------------------------------------------------------
+def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: int,
+                  enforce_eager: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(is_decode, features): which rows replay a decode CUDA graph, and every GPU feature per row
+    as CostModel prices it (decode rows padded to their graph's batch)."""
+    g = steps
+    n_dec = g["num_decode_seqs"]
+    tokens = g["num_prefill_tokens"] + g["num_decode_tokens"]
+    is_decode = (g["num_prefill_tokens"] == 0) & (tokens == n_dec) & (n_dec > 0)
+    if enforce_eager:
+        is_decode = np.zeros_like(is_decode)
+    pad = np.array([graph_bucket(int(b), max_num_seqs) for b in n_dec], dtype=np.float64)
+    pad = np.where(is_decode, pad, n_dec)
+    tok = np.where(is_decode, pad, tokens)
+    rows = np.where(is_decode, pad, g["num_prefill_seqs"] + g["num_decode_tokens"])
+    q = np.where(n_dec > 0, g["num_decode_tokens"] / np.maximum(n_dec, 1), 0.0)
+    f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"])
+    f["step_s"] = np.ones_like(tok)
+    f["per_seq_s"] = g["num_prefill_seqs"] + pad
+    return is_decode, f
+
+
+def cpu_features(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    g = steps
+    return {"step_s": np.ones_like(g["total_s"]), "per_seq_s": g["num_prefill_seqs"] + g["num_decode_seqs"],
+            "per_token_s": g["num_prefill_tokens"] + g["num_decode_tokens"],
+            "per_block_allocated_s": g["num_blocks_allocated"], "per_block_hashed_s": g["num_blocks_hashed"]}
+
+
+def held_out(run_name: str, step_ids: np.ndarray, share: float = HELD_OUT_SHARE) -> np.ndarray:
+    """A deterministic `share` of the steps, by a hash of (run name, step id): the same steps are
+    held out at every fit, whatever else the runs contain."""
+    cut = int(share * 2**32)
+    return np.array([zlib.crc32(f"{run_name}:{int(s)}".encode()) < cut for s in step_ids], dtype=bool)
+
+
+def step_wall_s(steps: dict[str, np.ndarray], async_scheduling: bool) -> np.ndarray:
+    """Each step's wall time: its own `total_s` when synchronous; under async scheduling the
+    period of the NEXT step (the host loop that collects this step's tokens), NaN for the last
+    step or where step ids are not consecutive."""
+    total = steps["total_s"]
+    if not async_scheduling:
+        return total.copy()
+    ids = steps["step_id"]
+    out = np.full(total.shape, np.nan)
+    ok = ids[1:] == ids[:-1] + 1
+    out[:-1] = np.where(ok, total[1:], np.nan)
+    return out
+
+
+# --- robust fitting -----------------------------------------------------------------------------
+@dataclass(slots=True)
+class RobustFit:
+    coef: np.ndarray
+    outliers: np.ndarray  # bool per row: weight 0 at the end
+
+
+def robust_nnls(X: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None,
+                prior: np.ndarray | None = None, max_iter: int = 50) -> RobustFit:
+    """Non-negative coefficients minimising the relative error |X c + offset - y| / y, robustly:
+    iteratively reweighted (Huber first, for a stable start, then Tukey's biweight, which drops
+    outliers).
+
+    `prior` (NaN = none): values that coefficients are weakly pulled to, relative to themselves,
+    with the weight of PRIOR_WEIGHT of the rows: it only decides between features the data cannot
+    tell apart (a weights-bound GEMM and a fixed per-step cost are both constant in small decode
+    batches), which matters when the profile is scaled to another GPU."""
+    A = X / y[:, None]
+    b = np.broadcast_to(1.0 - (offset / y if offset is not None else 0.0), y.shape)
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    A = A / scale
+    P, pb = _prior_rows(prior, scale, y.size)
+    w = np.ones(y.size)
+    coef = np.zeros(X.shape[1])
+    for it in range(max_iter):
+        sw = np.sqrt(w)
+        coef, _ = nnls(np.vstack([A * sw[:, None], P]), np.concatenate([b * sw, pb]), maxiter=50 * X.shape[1])
+        r = A @ coef - b
+        s = max(1.4826 * float(np.median(np.abs(r))), 1e-6)
+        if it < 5:
+            w_new = np.minimum(1.0, _HUBER_C * s / np.maximum(np.abs(r), 1e-300))
+        else:
+            u = r / (_TUKEY_C * s)
+            w_new = np.where(np.abs(u) < 1, (1 - u**2) ** 2, 0.0)
+            if it > 5 and np.allclose(w_new, w, atol=1e-6):
+                w = w_new
+                break
+        w = w_new
+    return RobustFit(coef=coef / scale, outliers=w == 0)
+
+
+def _prior_rows(prior: np.ndarray | None, scale: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pseudo-rows sqrt(weight) x (c / prior - 1) for the coefficients that have a prior, in the
+    scaled coordinates (c = c_scaled / scale)."""
+    k = scale.size
+    if prior is None or not np.isfinite(prior).any():
+        return np.zeros((0, k)), np.zeros(0)
+    idx = np.flatnonzero(np.isfinite(prior))
+    sw = np.sqrt(PRIOR_WEIGHT * n_rows)
+    P = np.zeros((idx.size, k))
+    P[np.arange(idx.size), idx] = sw / (prior[idx] * scale[idx])
+    return P, np.full(idx.size, sw)
+
+
+def _rel_err(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.abs(pred - y) / y
+
+
+def _median_p90(e: np.ndarray) -> tuple[float, float]:
+    if not e.size:
+        return float("nan"), float("nan")
+    return float(np.median(e)), float(np.percentile(e, 90))
+
+
+def fit_overlap(gpu: np.ndarray, cpu: np.ndarray, wall: np.ndarray, is_async: np.ndarray) -> OverlapTerms:
+    """The combine rule's terms from measured gpu, cpu and wall times (soft-L1 relative loss)."""
+    out: dict[str, float] = {}
+    a = is_async & np.isfinite(wall) & (wall > 0)
+    if a.sum() >= 10:
+        g, c, y = gpu[a], cpu[a], wall[a]
+
+        def resid(p: np.ndarray) -> np.ndarray:
+            return (np.maximum(g + p[0], c + p[1]) - y) / y
+
+        # the host term has no gradient where the CPU side never binds: start from several
+        # values and keep the best fit, the smallest host term among equal ones
+        best = None
+        for host0 in sorted({0.0, *np.maximum(np.percentile(y - c, [10, 50, 90]), 0.0)}):
+            x0 = [max(float(np.median(y - g)), 0.0), float(host0)]
+            sol = least_squares(resid, x0, bounds=([0.0, 0.0], [np.inf, np.inf]), loss="soft_l1", f_scale=0.02)
+            if best is None or sol.cost < best.cost * (1 - 1e-9):
+                best = sol
+        out["async_gpu_gap_s"], out["async_host_s"] = float(best.x[0]), float(best.x[1])
+    s = ~is_async & np.isfinite(wall) & (wall > 0)
+    if s.sum() >= 10:
+        extra = wall[s] - gpu[s] - cpu[s]
+        out["sync_extra_s"] = max(float(np.median(extra)), 0.0)
+    return OverlapTerms(**out)
+
+
+# --- memory -------------------------------------------------------------------------------------
+def _activation_slope(model: ModelSpec) -> float:
+    """Bytes of profiling-run activations per batched token, from first principles (the MLP's
+    gate/up outputs and a few hidden-size buffers): used when the runs have one token budget."""
+    return (2 * model.intermediate_size + 4 * model.hidden_size) * dtype_bytes(model.dtype)
+
+
+def fit_memory(runs: Sequence[EngineRun], model: ModelSpec) -> MemoryTerms | None:
+    """The engine's KV sizing terms from the runs' run.json `memory` (None if no run has one):
+    activations = profiling peak - its temporary KV - weights, linear in max_num_batched_tokens
+    (fitted when the runs used several budgets, else the first-principles slope)."""
+    recs = [(r.run_info["memory"], r.run_info.get("engine_args") or {}) for r in runs
+            if r.run_info and r.run_info.get("memory")]
+    if not recs:
+        return None
+    act = np.array([m["profile_peak_bytes"] - m["profile_tmp_kv_bytes"] - m["weights_bytes"] for m, _ in recs],
+                   dtype=np.float64)
+    tok = np.array([a.get("max_num_batched_tokens") or 8192 for _, a in recs], dtype=np.float64)
+    if np.unique(tok).size >= 2:
+        slope, icpt = np.polyfit(tok, act, 1)
+        slope = max(float(slope), 0.0)
+    else:
+        slope = _activation_slope(model)
+    icpt = max(float(np.median(act - slope * tok)), 0.0)
+    m0 = recs[0][0]
+    return MemoryTerms(total_bytes=float(np.median([m["total_bytes"] for m, _ in recs])),
+                       weights_bytes=float(m0["weights_bytes"]), activation_bytes=icpt,
+                       activation_bytes_per_batched_token=slope,
+                       non_torch_bytes=float(np.median([max(m["other_bytes"], 0) for m, _ in recs])))
+
+
+def memory_checks(runs: Sequence[EngineRun], profile: CostProfile, model: ModelSpec,
+                  gpu: GPUSpec) -> list[MemoryCheck]:
+    """For each run with a run.json: its num_gpu_blocks and the simulator's for the same flags."""
+    out = []
+    for r in runs:
+        info = r.run_info
+        if not info or info.get("num_gpu_blocks") is None:
+            continue
+        args = info.get("engine_args") or {}
+        eng = EngineConfig(**{k: args[k] for k in ("max_num_batched_tokens", "max_num_seqs", "block_size",
+                                                   "gpu_memory_utilization", "kv_cache_dtype")
+                              if args.get(k) is not None})
+        plan = plan_memory(model, gpu, eng.resolved_for(gpu, model), profile)
+        out.append(MemoryCheck(r.name, int(info["num_gpu_blocks"]), plan.num_gpu_blocks))
+    return out
+
+
+# --- the fit ------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Rows:
+    """All usable steps of all runs, stacked."""
+
+    is_decode: np.ndarray
+    gpu_x: dict[str, np.ndarray]
+    cpu_x: dict[str, np.ndarray]
+    gpu_y: np.ndarray
+    cpu_y: np.ndarray
+    wall: np.ndarray
+    is_async: np.ndarray
+    held: np.ndarray
+    n_warmup: int
+
+
+def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share: float) -> _Rows:
+    parts = []
+    n_warmup = 0
+    for r in runs:
+        s = r.steps
+        order = np.argsort(s["step_id"], kind="stable")
+        s = {k: v[order] for k, v in s.items()}
+        is_dec, gx = step_features(s, rates, r.max_num_seqs, r.enforce_eager)
+        wall = step_wall_s(s, r.async_scheduling)
+        keep = np.arange(order.size) >= warmup_steps
+        n_warmup += int(min(warmup_steps, order.size))
+        gy = s["gpu_s"] + np.nan_to_num(s["sample_s"])
+        cy = s["schedule_s"] + s["prepare_s"]
+        keep &= np.isfinite(gy) & (gy > 0) & np.isfinite(cy) & (cy > 0)
+        parts.append({"is_decode": is_dec[keep], "gpu_x": {k: v[keep] for k, v in gx.items()},
+                          "cpu_x": {k: v[keep] for k, v in cpu_features(s).items()}, "gpu_y": gy[keep], "cpu_y": cy[keep],
+                          "wall": wall[keep], "is_async": np.full(int(keep.sum()), r.async_scheduling),
+                          "held": held_out(r.name, s["step_id"][keep], share)})
+
+    def cat(key: str) -> Any:
+        if isinstance(parts[0][key], dict):
+            return {k: np.concatenate([p[key][k] for p in parts]) for k in parts[0][key]}
+        return np.concatenate([p[key] for p in parts])
+
+    return _Rows(**{k: cat(k) for k in parts[0]}, n_warmup=n_warmup)
+
+
+def _matrix(x: dict[str, np.ndarray], names: Sequence[str], mask: np.ndarray) -> np.ndarray:
+    return np.column_stack([x[n][mask] for n in names])
+
+
+def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float]) -> tuple[GpuTerms, np.ndarray, int, int]:
+    """(terms, predicted gpu time of every row, training steps, outliers) for one step kind;
+    `fixed`: multipliers taken as given (not fitted)."""
+    names = GPU_FEATURES[kind]
+    in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
+    train = in_kind & ~rows.held
+    need = MIN_STEPS_PER_FEATURE * len(names)
+    if train.sum() < need:
+        what = "decode-only" if kind == "decode" else "prefill or mixed"
+        raise CalibrationInputError(f"{source}: {int(train.sum())} {what} steps to fit from (after warm-up and "
+                                    f"the held-out {HELD_OUT_SHARE:.0%}); the fit needs at least {need}: "
+                                    "add runs with such steps")
+    offset = sum((v * rows.gpu_x[k] for k, v in fixed.items()), np.zeros(rows.gpu_y.size))
+    prior = np.array([PRIOR_MULTIPLIERS.get(n, np.nan) for n in names])
+    fit = robust_nnls(_matrix(rows.gpu_x, names, train), rows.gpu_y[train], offset[train], prior)
+    terms = GpuTerms(**dict(zip(names, map(float, fit.coef))) | fixed)
+    pred = sum(getattr(terms, n) * rows.gpu_x[n] for n in (*names, *fixed))
+    return terms, pred, int(train.sum()), int(fit.outliers.sum())
+
+
+def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model: ModelSpec, gpu: GPUSpec,
+                engine_config: EngineConfig | None = None, *, name: str | None = None,
+                warmup_steps: int = WARMUP_STEPS, held_out_share: float = HELD_OUT_SHARE,
+                provenance: dict[str, Any] | None = None) -> FitResult:
+    """Fit a v2 profile for `model` on `gpu` from engine step tables (`EngineRun`s, or bare
+    column tables that take their flags from `engine_config`)."""
+    dflt = (engine_config or EngineConfig()).resolved_for(gpu, model)
+    runs = [t if isinstance(t, EngineRun) else
+            EngineRun(name=f"table{i}", steps=t, async_scheduling=dflt.async_scheduling,
+                      max_num_seqs=dflt.max_num_seqs or 256) for i, t in enumerate(step_tables)]
+    if not runs:
+        raise CalibrationInputError("no step tables to fit from")
+    source = ", ".join(r.name for r in runs)
+    rates = Roofline.of(model, gpu, dflt)
+    rows = _stack(runs, rates, warmup_steps, held_out_share)
+    terms, gpu_pred, errors = {}, np.zeros(rows.gpu_y.size), {}
+    fit_counts = {}
+    for kind in STEP_KINDS:
+        t, pred, n_fit, n_out = _fit_kind(rows, kind, source, FIXED_MULTIPLIERS)
+        in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
+        terms[kind] = t
+        gpu_pred = np.where(in_kind, pred, gpu_pred)
+        fit_counts[kind] = (n_fit, n_out)
+    train = ~rows.held
+    cfit = robust_nnls(_matrix(rows.cpu_x, CPU_FEATURES, train), rows.cpu_y[train])
+    cpu = CpuTerms(**dict(zip(CPU_FEATURES, map(float, cfit.coef))))
+    cpu_pred = sum(getattr(cpu, n) * rows.cpu_x[n] for n in CPU_FEATURES)
+    overlap = fit_overlap(rows.gpu_y[train], rows.cpu_y[train], rows.wall[train], rows.is_async[train])
+    step_pred = np.where(rows.is_async, np.maximum(gpu_pred + overlap.async_gpu_gap_s, cpu_pred + overlap.async_host_s),
+                         gpu_pred + cpu_pred + overlap.sync_extra_s)
+    for kind in STEP_KINDS:
+        in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
+        h = in_kind & rows.held
+        hw = h & np.isfinite(rows.wall) & (rows.wall > 0)
+        gm, gp = _median_p90(_rel_err(gpu_pred[h], rows.gpu_y[h]))
+        sm, sp = _median_p90(_rel_err(step_pred[hw], rows.wall[hw]))
+        errors[kind] = KindError(n_fit=fit_counts[kind][0], n_held_out=int(h.sum()), n_outliers=fit_counts[kind][1],
+                                 gpu_median=gm, gpu_p90=gp, step_median=sm, step_p90=sp)
+    mem = fit_memory(runs, model)
+    n_steps = int(rows.gpu_y.size)
+    prov = {"runs": [r.name for r in runs], "n_steps": n_steps, "n_warmup_dropped": rows.n_warmup,
+            "date": time.strftime("%Y-%m-%d", time.gmtime()), "gpu": gpu.name, "model": model.name}
+    prov |= _run_provenance(runs) | (provenance or {})
+    profile = CostProfile(
+        schema_version=2, name=name or f"{gpu.name}-{model.name}", hardware=gpu.name, model=model.name,
+        engine=f"costline-engine@{str(prov.get('engine_commit') or 'unknown')[:12]}",
+        source=f"fitted from {n_steps} engine steps of {len(runs)} run(s) by sim/calibrate.py",
+        decode=terms["decode"], mixed=terms["mixed"], cpu=cpu, overlap=overlap, memory=mem, provenance=prov,
+        fit_error={k: e.as_dict() for k, e in errors.items()})
+    cpu_med = float(np.median(_rel_err(cpu_pred[rows.held], rows.cpu_y[rows.held]))) if rows.held.any() else np.nan
+    return FitResult(profile=profile, errors=errors, n_steps=n_steps, n_warmup_dropped=rows.n_warmup,
+                     cpu_error_median=cpu_med, memory_checks=memory_checks(runs, profile, model, gpu))
+
+
+def _run_provenance(runs: Sequence[EngineRun]) -> dict[str, Any]:
+    infos = [r.run_info for r in runs if r.run_info]
+    if not infos:
+        return {}
+    commits = sorted({str(i.get("engine_commit")) for i in infos if i.get("engine_commit")})
+    return {"engine_commit": commits[0] if len(commits) == 1 else commits,
+            "run_dates": sorted({str(i.get("date")) for i in infos if i.get("date")}),
+            "versions": infos[0].get("versions")}
+
+
+# --- scaling to other GPUs ----------------------------------------------------------------------
+def scale_profile(fitted: CostProfile, gpu: str) -> CostProfile:
+    """A fitted profile carried to another GPU by datasheet ratios: its roofline multipliers apply
+    to that GPU's own rates (so the features scale themselves), the fixed CPU, launch and overlap
+    terms carry over unchanged, and so do the model's measured weights, activations and non-torch
+    memory (the device size becomes the datasheet's). Status "scaled, not validated"."""
+    if not fitted.is_fitted or fitted.scaled_from:
+        raise ValueError(f"profile {fitted.name!r} is not a fitted one: scale the fit itself")
+    target = GPU_PRESETS[gpu]
+    mem = fitted.memory.model_copy(update={"total_bytes": None}) if fitted.memory else None
+    return fitted.model_copy(update={
+        "name": f"{target.name}-{fitted.model}", "hardware": target.name, "memory": mem,
+        "scaled_from": fitted.name, "fit_error": None, "validation": None,
+        "source": (f"scaled from {fitted.name} by datasheet ratios: roofline multipliers applied to "
+                   f"{target.name}'s rates; CPU, launch and overlap terms carried over as measured on "
+                   f"{fitted.hardware}; not validated")})
+
+
+def write_scaled_profiles(fitted: CostProfile, out_dir: str | Path, gpus: Sequence[str] = SCALED_GPUS,
+                          *, force: bool = False) -> list[Path]:
+    """`scale_profile` to each GPU, written as `<gpu>-<model>.json` in out_dir."""
+    paths = []
+    for g in gpus:
+        prof = scale_profile(fitted, g)
+        p = check_output_file(Path(out_dir) / f"{prof.name}.json", flag="--scaled", force=force)
+        with staged_file(p) as tmp:
+            tmp.write_text(prof.to_json())
+        paths.append(p)
+    return paths
+
+
+__all__ = [
+    "CPU_FEATURES",
+    "FIXED_MULTIPLIERS",
+    "GPU_FEATURES",
+    "PRIOR_MULTIPLIERS",
+    "REQUIRED_COLUMNS",
+    "SCALED_GPUS",
+    "CalibrationInputError",
+    "EngineRun",
+    "FitResult",
+    "KindError",
+    "MemoryCheck",
+    "fit_memory",
+    "fit_overlap",
+    "fit_profile",
+    "held_out",
+    "load_run",
+    "read_steps",
+    "robust_nnls",
+    "scale_profile",
+    "step_features",
+    "step_wall_s",
+    "write_scaled_profiles",
+]

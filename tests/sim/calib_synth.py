@@ -1,0 +1,100 @@
+"""A synthetic engine step trace with KNOWN cost coefficients, for the calibration tests: batch
+compositions like the engine's (decode-only steps of 1..max_num_seqs sequences, prefill chunks
+with and without cached prefix, mixed batches), step times from the coefficients plus noise,
+outliers and a compilation spike on the first step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.model_spec import ModelSpec
+from sim.calibrate import FIXED_MULTIPLIERS, EngineRun
+from sim.config import EngineConfig
+from sim.cost_model import CpuTerms, GpuTerms, OverlapTerms, Roofline, graph_bucket
+from sim.hardware import GPUSpec
+
+EW = FIXED_MULTIPLIERS["elementwise"]
+TRUE_DECODE = GpuTerms(gemm=1.15, decode_kv=1.3, elementwise=EW, step_s=1.2e-3, per_seq_s=8e-6)
+TRUE_MIXED = GpuTerms(gemm=1.25, prefill_attention=1.6, decode_kv=1.4, elementwise=EW, step_s=2.5e-3, per_seq_s=2e-5)
+TRUE_CPU = CpuTerms(step_s=3e-4, per_seq_s=2.5e-5, per_token_s=2e-7, per_block_allocated_s=1.5e-6,
+                    per_block_hashed_s=1e-6)
+TRUE_OVERLAP = OverlapTerms(async_gpu_gap_s=1e-4, async_host_s=2e-4, sync_extra_s=5e-5)
+MAX_NUM_SEQS = 256
+BLOCK = 16
+
+
+def _compositions(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    cols = {c: np.zeros(n) for c in ("num_prefill_tokens", "num_prefill_seqs", "sum_prefill_context",
+                                     "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
+                                     "sum_decode_context", "num_blocks_allocated", "num_blocks_hashed")}
+    decode = rng.random(n) < 0.6
+    for i in range(n):
+        if decode[i]:
+            b = int(rng.integers(1, MAX_NUM_SEQS + 1))
+        else:
+            b = int(rng.integers(0, 65))
+            seqs = int(rng.integers(1, 9))
+            chunks = rng.integers(8, 2048, size=seqs)
+            cached = np.where(rng.random(seqs) < 0.5, rng.integers(0, 8192, size=seqs), 0)
+            cols["num_prefill_tokens"][i] = chunks.sum()
+            cols["num_prefill_seqs"][i] = seqs
+            cols["sum_prefill_context"][i] = (cached + chunks).sum()
+            cols["prefill_attn_pairs"][i] = (chunks * cached + chunks * (chunks + 1) // 2).sum()
+            if rng.random() < 0.5:  # prefix caching on for half the steps: hashing apart from tokens
+                cols["num_blocks_hashed"][i] = (chunks // BLOCK).sum()
+            # a chunk whose blocks a cached prefix already holds allocates none
+            fresh = rng.random(seqs) < 0.6
+            cols["num_blocks_allocated"][i] = (-(-chunks[fresh] // BLOCK)).sum()
+        cols["num_decode_seqs"][i] = cols["num_decode_tokens"][i] = b
+        cols["sum_decode_context"][i] = b * rng.integers(64, 8192) if b else 0
+        cols["num_blocks_allocated"][i] += rng.binomial(b, 1 / BLOCK)
+    return cols
+
+
+def true_gpu_s(cols: dict[str, np.ndarray], rates: Roofline) -> np.ndarray:
+    """Forward + sampling seconds of each step under the true coefficients (decode-only steps
+    padded to their CUDA graph's batch)."""
+    n_dec = cols["num_decode_seqs"]
+    is_dec = cols["num_prefill_tokens"] == 0
+    pad = np.array([graph_bucket(int(b), MAX_NUM_SEQS) for b in n_dec], dtype=float)
+    tokens = np.where(is_dec, pad, cols["num_prefill_tokens"] + n_dec)
+    rows = np.where(is_dec, pad, cols["num_prefill_seqs"] + n_dec)
+    f = rates.features(tokens, rows, cols["prefill_attn_pairs"], cols["sum_prefill_context"],
+                       np.where(n_dec > 0, 1.0, 0.0), cols["sum_decode_context"])
+    seqs = cols["num_prefill_seqs"] + np.where(is_dec, pad, n_dec)  # a graph runs its padding rows
+    out = np.zeros(n_dec.size)
+    for kind, t, mask in (("decode", TRUE_DECODE, is_dec), ("mixed", TRUE_MIXED, ~is_dec)):
+        del kind
+        g = (t.gemm * f["gemm"] + t.prefill_attention * f["prefill_attention"] + t.decode_kv * f["decode_kv"]
+             + t.elementwise * f["elementwise"] + t.step_s + t.per_seq_s * seqs)
+        out = np.where(mask, g, out)
+    return out
+
+
+def true_cpu_s(cols: dict[str, np.ndarray]) -> np.ndarray:
+    c = TRUE_CPU
+    return (c.step_s + c.per_seq_s * (cols["num_prefill_seqs"] + cols["num_decode_seqs"])
+            + c.per_token_s * (cols["num_prefill_tokens"] + cols["num_decode_tokens"])
+            + c.per_block_allocated_s * cols["num_blocks_allocated"] + c.per_block_hashed_s * cols["num_blocks_hashed"])
+
+
+def synthetic_run(model: ModelSpec, gpu: GPUSpec, *, n: int = 3000, seed: int = 0, noise: float = 0.01,
+                  outlier_share: float = 0.02, async_scheduling: bool = True, name: str = "synth") -> EngineRun:
+    """One run's step table (engine/records.py column names) with known costs."""
+    rng = np.random.default_rng(seed)
+    cols = _compositions(rng, n)
+    rates = Roofline.of(model, gpu, EngineConfig())
+    gpu_total = true_gpu_s(cols, rates) * (1 + noise * rng.standard_normal(n))
+    cpu_total = true_cpu_s(cols) * (1 + noise * rng.standard_normal(n))
+    spoiled = rng.random(n) < outlier_share
+    gpu_total = np.where(spoiled, gpu_total * 3.0, gpu_total)
+    gpu_total[0] += 1.1  # kernel compilation on the first step
+    o = TRUE_OVERLAP
+    if async_scheduling:  # step N's wall time is the period of step N+1 (see step_wall_s)
+        wall = np.maximum(gpu_total + o.async_gpu_gap_s, cpu_total + o.async_host_s)
+        total = np.concatenate([[cpu_total[0]], wall[:-1]])
+    else:
+        total = gpu_total + cpu_total + o.sync_extra_s
+    cols |= {"step_id": np.arange(n, dtype=float), "total_s": total, "gpu_s": 0.9 * gpu_total,
+             "sample_s": 0.1 * gpu_total, "schedule_s": 0.4 * cpu_total, "prepare_s": 0.6 * cpu_total}
+    return EngineRun(name=name, steps=cols, async_scheduling=async_scheduling, max_num_seqs=MAX_NUM_SEQS)
