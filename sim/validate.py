@@ -350,22 +350,23 @@ def model_and_gpu(info: EngineRunInfo) -> tuple[ModelSpec, GPUSpec]:
     return get_model(info.model), get_gpu(info.gpu)
 
 
-def sim_own_blocks(info: EngineRunInfo, cfg: EngineConfig) -> tuple[int | None, str]:
-    """The KV blocks the simulator sizes from memory for these flags (the engine's own override,
-    when it ran with one), and a note when it cannot size them."""
+def sim_own_blocks(info: EngineRunInfo, cfg: EngineConfig, profile: CostProfile) -> tuple[int | None, str]:
+    """The KV blocks the simulator sizes from memory for these flags with this profile (its
+    measured memory terms when it has them; the engine's own override, when it ran with one),
+    and a note when it cannot size them."""
     own = cfg.model_copy(update={"num_gpu_blocks_override": info.engine_args.get("num_gpu_blocks_override")})
     try:
-        return plan_memory(*model_and_gpu(info), own).num_gpu_blocks, ""
+        return plan_memory(*model_and_gpu(info), own, profile).num_gpu_blocks, ""
     except ValueError as exc:
         return None, f"the simulator cannot size the pool by itself: {exc}"
 
 
 def resolve_profile(profile: str | None, model: str, gpu: str) -> str:
-    """`auto` (or None): the fitted profile for this model and GPU when one is shipped
-    (sim/profiles/<gpu>-<model>.json), else the first-principles `default`."""
-    if profile not in (None, "auto"):
+    """The profile's name or path: `auto` (or None) names the one `CostProfile.for_target` picks
+    (sim/profiles/<gpu>-<model>.json when it ships, else the first-principles `default`)."""
+    if profile not in (None, "", "auto"):
         return str(profile)
-    fitted = PROFILES_DIR / f"{gpu}-{model}.json"
+    fitted = PROFILES_DIR / f"{gpu.lower()}-{model.lower()}.json"
     return fitted.stem if fitted.is_file() else "default"
 
 
@@ -384,14 +385,14 @@ def fitted_runs(profile: str) -> list[str]:
     return [str(r.get("path") or r.get("name")) if isinstance(r, dict) else str(r) for r in runs or []]
 
 
-def was_fitted_on(run_dir: Path, fitted: list[str]) -> str | None:
-    """The provenance entry naming `run_dir` (compared on its last path components: model, purpose,
-    name), or None."""
+def was_fitted_on(run_dir: Path, fitted: list[str], run_name: str | None = None) -> str | None:
+    """The provenance entry naming `run_dir`, or None: a path is compared on its last components
+    (model, purpose, name), a bare run name with the folder's name and run.json's `name`."""
     mine = run_dir.resolve().parts
     for entry in fitted:
         parts = Path(entry).parts
         k = min(3, len(parts), len(mine))
-        if k and mine[-k:] == parts[-k:]:
+        if (k and mine[-k:] == parts[-k:]) or (len(parts) == 1 and entry == run_name):
             return entry
     return None
 
@@ -475,7 +476,7 @@ def validate_run(run_dir: str | Path, profile: str | None = None) -> RunComparis
     result = run(LoadedWorkload(requests, info.name), config)
     sim_summary = result.summary()
     metrics = compare_summaries(engine_summary, sim_summary)
-    own, note = sim_own_blocks(info, cfg)
+    own, note = sim_own_blocks(info, cfg, CostProfile.load(used))
     kv = KVBlocks(engine=info.num_gpu_blocks, simulated=int(sim_summary["num_gpu_blocks"]), sim_own=own,
                   sim_own_error=relative_error(info.num_gpu_blocks, own), note=note)
     return RunComparison(

@@ -117,7 +117,7 @@ def plan_runs(run_dirs: list[Path], profiles: list[str], *, allow_fitted: bool) 
         info = read_run_info(run_dir)
         for prof in profiles:
             resolved = resolve_profile(prof, info.model, info.gpu)
-            entry = was_fitted_on(run_dir, fitted_runs(resolved))
+            entry = was_fitted_on(run_dir, fitted_runs(resolved), info.name)
             if entry is not None and not allow_fitted:
                 raise ValueError(f"{run_dir}: profile {resolved} was fitted on this run (its provenance lists "
                                  f"{entry}); validate on held-out runs, or pass --allow-fitted")

@@ -23,7 +23,7 @@ from engine.records import expand_step_rows
 from engine.request import Request
 from engine.run_summary import jsonable
 from sim.config import EngineConfig
-from sim.cost_model import PROFILES_DIR
+from sim.cost_model import PROFILES_DIR, CostProfile
 from sim.run import SimConfig, run
 from sim.traces import export_mooncake, load_mooncake
 from sim.validate import ERROR_METRICS, ValidationReport
@@ -164,3 +164,17 @@ def test_a_step_trace_missing_a_column_is_named(run_dir, tmp_path):
     (bad / "steps.jsonl").write_text("\n".join(lines) + "\n")
     res = runner.invoke(app, ["validate", str(bad), "--profile", "default"], terminal_width=300)
     assert res.exit_code == 2 and "steps.jsonl, line 3: field 'num_decode_seqs' is missing" in res.output, res.output
+
+
+def test_write_profile_validation_stores_the_summary_in_the_profile(run_dir, tmp_path):
+    path = tmp_path / "mine.json"
+    shutil.copy(PROFILES_DIR / "default.json", path)
+    res = runner.invoke(app, ["validate", str(run_dir), "--profile", str(path), "--write-profile-validation"],
+                        terminal_width=300)
+    assert res.exit_code == 0, res.output
+    stored = json.loads(path.read_text())["validation"]
+    assert stored["runs"] == stored["runs_passed"] == ["sim-as-engine"]
+    assert stored["median_abs_error"] == pytest.approx(0, abs=1e-9)
+    assert stored["worst_p99_abs_error"] == pytest.approx(0, abs=1e-9)
+    assert set(stored["median_abs_error_by_metric"]) == set(ERROR_METRICS)
+    assert CostProfile.load(path).status == "validated"

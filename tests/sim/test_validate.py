@@ -156,3 +156,6 @@ def test_fitted_runs_match_on_model_purpose_and_name(tmp_path):
     assert was_fitted_on(run, ["/data/h200/llama-3.1-8b/validation/conv"]) is not None
     assert was_fitted_on(run, ["/data/h200/llama-3.1-8b/sweep/conv"]) is None
     assert was_fitted_on(run, ["llama-3.2-1b/validation/conv"]) is None
+    # calibrate's provenance lists run.json names
+    assert was_fitted_on(run, ["decode-b1", "conv-sweep"], run_name="conv-sweep") == "conv-sweep"
+    assert was_fitted_on(run, ["decode-b1", "conv-sweep"], run_name="conv-held-out") is None
