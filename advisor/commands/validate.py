@@ -216,11 +216,11 @@ def print_comparison(r: RunComparison, console: Console) -> None:
 
 def print_overview(report: ValidationReport, console: Console) -> None:
     t = Table(title="[bold]validation[/]", title_justify="left")
-    for col in ("run", "profile", "median |err|", "worst p99", "preemptions e/s", "pass"):
+    for col in ("model", "run", "profile", "median |err|", "worst p99", "preemptions e/s", "pass"):
         t.add_column(col)
     for r in report.runs:
         pre = r.metric("num_preemptions")
-        t.add_row(r.name, r.profile, _pct(r.verdict.median_abs_error), _pct(r.verdict.max_p99_abs_error),
+        t.add_row(r.model, r.name, r.profile, _pct(r.verdict.median_abs_error), _pct(r.verdict.max_p99_abs_error),
                   f"{fmt_value('n', pre.engine)} / {fmt_value('n', pre.sim)}", "yes" if r.verdict.passed else "no")
     console.print(t)
 
@@ -262,13 +262,13 @@ def _fitting_lines(report: ValidationReport) -> list[str]:
 
 
 def _overview_lines(report: ValidationReport) -> list[str]:
-    lines = ["## Overview", "", ("| run | purpose | profile | median \\|err\\| | worst p99 | preemptions engine / sim "
-             "| prefix-hit rate engine / sim | KV blocks engine / sim by itself | pass |"),
-             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["## Overview", "", ("| model | run | purpose | profile | median \\|err\\| | worst p99 | preemptions "
+             "engine / sim | prefix-hit rate engine / sim | KV blocks engine / sim by itself | pass |"),
+             "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in report.runs:
         pre, hit, kv = r.metric("num_preemptions"), r.metric("prefix_cache_hit_rate"), r.kv_blocks
         own = "-" if kv.sim_own is None else f"{kv.sim_own:,}"
-        lines.append(f"| {r.name} | {r.purpose} | {r.profile} | {_pct(r.verdict.median_abs_error)} | "
+        lines.append(f"| {r.model} | {r.name} | {r.purpose} | {r.profile} | {_pct(r.verdict.median_abs_error)} | "
                      f"{_pct(r.verdict.max_p99_abs_error)} | {fmt_value('n', pre.engine)} / {fmt_value('n', pre.sim)} | "
                      f"{fmt_value('prefix_cache_hit_rate', hit.engine)} / {fmt_value('prefix_cache_hit_rate', hit.sim)} | "
                      f"{kv.engine:,} / {own} | {'yes' if r.verdict.passed else '**no**'} |")
@@ -282,7 +282,7 @@ def _ms_max(mean_ms: float | None, max_ms: float | None) -> str:
 def _run_section(runs: list[RunComparison]) -> list[str]:
     first = runs[0]
     flags = ", ".join(f"{k}={v}" for k, v in first.flags.items())
-    lines = [f"## {first.name}", "", f"{first.description or ''}".strip(), "",
+    lines = [f"## {first.model}: {first.name}", "", f"{first.description or ''}".strip(), "",
              (f"{first.model} on {first.gpu}, {first.num_requests:,} requests, arrivals "
              f"{'as recorded' if first.honor_arrivals else 'all at t=0'}; {flags}. {_kv_line(first)}."), ""]
     head = "| metric | engine | " + " | ".join(f"sim `{r.profile}` | error" for r in runs) + " |"
