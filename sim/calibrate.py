@@ -56,7 +56,7 @@ from sim.memory import plan_memory
 
 # columns a step trace must have (engine/records.py StepRecord names)
 REQUIRED_COLUMNS: tuple[str, ...] = (
-    "step_id", "total_s", "gpu_s", "schedule_s", "prepare_s", "sample_s", "num_prefill_tokens",
+    "step_id", "t_start_s", "total_s", "gpu_s", "schedule_s", "prepare_s", "sample_s", "num_prefill_tokens",
     "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
     "sum_decode_context", "num_blocks_allocated", "num_blocks_hashed")
 GPU_FEATURES: dict[StepKind, tuple[str, ...]] = {
@@ -79,6 +79,7 @@ WARMUP_STEPS = 3
 SCALED_GPUS: tuple[str, ...] = ("a100-80gb", "h100-sxm", "b200", "l4")
 _TUKEY_C = 4.685  # 95% efficiency under Gaussian noise
 _HUBER_C = 1.345
+_CONTIGUOUS_S = 1e-6  # rows whose periods meet (both stamps come from one clock)
 
 
 class CalibrationInputError(ValueError):
@@ -92,7 +93,7 @@ class EngineRun:
     name: str
     steps: dict[str, np.ndarray]
     async_scheduling: bool
-    max_num_seqs: int
+    max_num_seqs: int | None  # None: vLLM's default for the GPU (resolved by fit_profile)
     enforce_eager: bool = False
     run_info: dict[str, Any] | None = None  # run.json (schema costline-engine-run/1), if any
     path: Path | None = None
@@ -185,7 +186,7 @@ def load_run(path: str | Path, default: EngineConfig | None = None) -> EngineRun
     dflt = default or EngineConfig()
     return EngineRun(name=str(name), steps=steps, path=p, run_info=info,
                      async_scheduling=bool(args.get("async_scheduling", dflt.async_scheduling)),
-                     max_num_seqs=int(args.get("max_num_seqs") or dflt.max_num_seqs or 256),
+                     max_num_seqs=args.get("max_num_seqs") or dflt.max_num_seqs,
                      enforce_eager=bool(args.get("enforce_eager", False)))
 
 
@@ -226,16 +227,19 @@ def held_out(run_name: str, step_ids: np.ndarray, share: float = HELD_OUT_SHARE)
 
 
 def step_wall_s(steps: dict[str, np.ndarray], async_scheduling: bool) -> np.ndarray:
-    """Each step's wall time: its own `total_s` when synchronous; under async scheduling the
-    period of the NEXT step (the host loop that collects this step's tokens), NaN for the last
-    step or where step ids are not consecutive."""
+    """Each step's wall time: its own `total_s` when synchronous. Under async scheduling a row's
+    `total_s` is the host loop that launches it and then waits for the PREVIOUS step's tokens, so
+    step N's wall time is row N+1's `total_s`, provided row N+1's call found step N still in
+    flight: the rows are back to back (row N's period ends where row N+1 starts; an empty
+    schedule or an idle wait between them collected step N instead). NaN where that fails and
+    for the last step."""
     total = steps["total_s"]
     if not async_scheduling:
         return total.copy()
-    ids = steps["step_id"]
+    start = steps["t_start_s"]
     out = np.full(total.shape, np.nan)
-    ok = ids[1:] == ids[:-1] + 1
-    out[:-1] = np.where(ok, total[1:], np.nan)
+    back_to_back = np.abs(start[1:] - (start[:-1] + total[:-1])) < _CONTIGUOUS_S
+    out[:-1] = np.where(back_to_back, total[1:], np.nan)
     return out
 
 
@@ -394,14 +398,15 @@ class _Rows:
     n_warmup: int
 
 
-def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share: float) -> _Rows:
+def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share: float,
+           default_max_num_seqs: int) -> _Rows:
     parts = []
     n_warmup = 0
     for r in runs:
         s = r.steps
         order = np.argsort(s["step_id"], kind="stable")
         s = {k: v[order] for k, v in s.items()}
-        is_dec, gx = step_features(s, rates, r.max_num_seqs, r.enforce_eager)
+        is_dec, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, r.enforce_eager)
         wall = step_wall_s(s, r.async_scheduling)
         keep = np.arange(order.size) >= warmup_steps
         n_warmup += int(min(warmup_steps, order.size))
@@ -454,12 +459,12 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     dflt = (engine_config or EngineConfig()).resolved_for(gpu, model)
     runs = [t if isinstance(t, EngineRun) else
             EngineRun(name=f"table{i}", steps=t, async_scheduling=dflt.async_scheduling,
-                      max_num_seqs=dflt.max_num_seqs or 256) for i, t in enumerate(step_tables)]
+                      max_num_seqs=dflt.max_num_seqs) for i, t in enumerate(step_tables)]
     if not runs:
         raise CalibrationInputError("no step tables to fit from")
-    source = ", ".join(r.name for r in runs)
+    source = ", ".join(str(r.path or r.name) for r in runs)
     rates = Roofline.of(model, gpu, dflt)
-    rows = _stack(runs, rates, warmup_steps, held_out_share)
+    rows = _stack(runs, rates, warmup_steps, held_out_share, dflt.max_num_seqs or 256)
     terms, gpu_pred, errors = {}, np.zeros(rows.gpu_y.size), {}
     fit_counts = {}
     for kind in STEP_KINDS:

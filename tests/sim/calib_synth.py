@@ -95,6 +95,7 @@ def synthetic_run(model: ModelSpec, gpu: GPUSpec, *, n: int = 3000, seed: int = 
         total = np.concatenate([[cpu_total[0]], wall[:-1]])
     else:
         total = gpu_total + cpu_total + o.sync_extra_s
-    cols |= {"step_id": np.arange(n, dtype=float), "total_s": total, "gpu_s": 0.9 * gpu_total,
+    start = np.concatenate([[0.0], np.cumsum(total)[:-1]])
+    cols |= {"step_id": np.arange(n, dtype=float), "t_start_s": start, "total_s": total, "gpu_s": 0.9 * gpu_total,
              "sample_s": 0.1 * gpu_total, "schedule_s": 0.4 * cpu_total, "prepare_s": 0.6 * cpu_total}
     return EngineRun(name=name, steps=cols, async_scheduling=async_scheduling, max_num_seqs=MAX_NUM_SEQS)

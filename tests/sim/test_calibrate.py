@@ -276,3 +276,10 @@ def test_v1_profiles_still_load_and_v2_round_trips(fit, tmp_path):
     p.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="needs decode, mixed"):
         CostProfile.load(p)
+
+
+def test_async_wall_time_is_the_next_back_to_back_period():
+    s = {"t_start_s": np.array([0.0, 1.0, 3.0, 6.0, 7.0]), "total_s": np.array([1.0, 2.0, 1.5, 1.0, 0.5])}
+    # row 2's period ends at 4.5 but row 3 starts at 6: an idle wait collected step 2
+    assert np.array_equal(step_wall_s(s, True), [2.0, 1.5, np.nan, 0.5, np.nan], equal_nan=True)
+    assert np.array_equal(step_wall_s(s, False), s["total_s"])
