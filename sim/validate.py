@@ -112,22 +112,25 @@ class KVBlocks(_Record):
 
 
 class StepKindComparison(_Record):
-    """Mean step period of one kind of step on each side (ms), and its relative error; and the
-    cost model's time for the engine's own steps of that kind (`model_mean_ms`), which separates
-    a mis-timed step (model_error) from a different schedule (the sim's steps differ)."""
+    """One kind of step, both sides: steps, mean GPU time and mean period (ms). GPU time, not the
+    period, is what a kind costs: under async scheduling the engine's period of a step is
+    start-to-next-start, so a long prefill's GPU time lands in the next step's period. Also the
+    cost model's GPU and CPU time for the engine's own steps of that kind (`model_*`): its error
+    with the schedule held fixed, which separates a mis-timed step from a different schedule."""
 
     kind: str
     engine_steps: int
     sim_steps: int
-    engine_mean_ms: float | None
-    sim_mean_ms: float | None
-    error: float | None
-    engine_total_s: float
-    sim_total_s: float
-    model_mean_ms: float | None = None
-    model_error: float | None = None
-    engine_max_ms: float | None = None  # the slowest step (a compilation stall shows here)
-    sim_max_ms: float | None = None
+    engine_gpu_ms: float | None
+    sim_gpu_ms: float | None
+    gpu_error: float | None
+    model_gpu_ms: float | None = None
+    model_gpu_error: float | None = None
+    engine_cpu_ms: float | None = None
+    model_cpu_ms: float | None = None
+    engine_period_ms: float | None = None
+    sim_period_ms: float | None = None
+    engine_max_gpu_ms: float | None = None  # the slowest step (a compilation stall shows here)
 
 
 class Verdict(_Record):
@@ -412,28 +415,36 @@ def step_kind_masks(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def compare_step_kinds(engine: dict[str, np.ndarray] | None, sim: dict[str, np.ndarray],
-                       modelled_s: np.ndarray | None = None) -> list[StepKindComparison]:
-    """Per step kind: steps and mean step period on each side (a simulator row of n decode steps
-    counts n steps; its total_s is their sum). `modelled_s`: the cost model's period of each
-    engine step (`cost_model_step_s`)."""
+                       modelled: tuple[np.ndarray, np.ndarray] | None = None) -> list[StepKindComparison]:
+    """Per step kind: steps, mean GPU time and period on each side (a simulator row of n decode
+    steps counts n steps; its times are their sums). `modelled`: the cost model's (GPU, CPU)
+    seconds of each engine step (`cost_model_step_s`)."""
     if engine is None:
         return []
     out = []
     e_masks, s_masks = step_kind_masks(engine), step_kind_masks(sim)
-    for kind in e_masks:
-        e_n, s_n = int(engine["n_steps"][e_masks[kind]].sum()), int(sim["n_steps"][s_masks[kind]].sum())
-        e_t, s_t = float(engine["total_s"][e_masks[kind]].sum()), float(sim["total_s"][s_masks[kind]].sum())
-        e_ms, s_ms = (e_t / e_n * 1e3 if e_n else None), (s_t / s_n * 1e3 if s_n else None)
-        m_ms = float(modelled_s[e_masks[kind]].sum()) / e_n * 1e3 if e_n and modelled_s is not None else None
-        e_max = float(engine["total_s"][e_masks[kind]].max()) * 1e3 if e_n else None
-        s_rows = np.maximum(sim["first_dt_s"][s_masks[kind]], sim["last_dt_s"][s_masks[kind]])
-        s_max = float(s_rows.max()) * 1e3 if s_n else None
-        out.append(StepKindComparison(kind=kind, engine_steps=e_n, sim_steps=s_n, engine_mean_ms=e_ms,
-                                      sim_mean_ms=s_ms, error=relative_error(e_ms, s_ms),
-                                      engine_total_s=e_t, sim_total_s=s_t, model_mean_ms=m_ms,
-                                      model_error=relative_error(e_ms, m_ms), engine_max_ms=e_max,
-                                      sim_max_ms=s_max))
+    for kind, em in e_masks.items():
+        sm = s_masks[kind]
+        e_n, s_n = int(engine["n_steps"][em].sum()), int(sim["n_steps"][sm].sum())
+        e_k, s_k = engine["n_steps"][em], sim["n_steps"][sm]
+        e_gpu, s_gpu = _mean_ms(engine["gpu_s"][em], e_k), _mean_ms(sim["gpu_s"][sm], s_k)
+        m_gpu = _mean_ms(modelled[0][em], e_k) if modelled is not None else None
+        out.append(StepKindComparison(
+            kind=kind, engine_steps=e_n, sim_steps=s_n, engine_gpu_ms=e_gpu, sim_gpu_ms=s_gpu,
+            gpu_error=relative_error(e_gpu, s_gpu), model_gpu_ms=m_gpu, model_gpu_error=relative_error(e_gpu, m_gpu),
+            engine_cpu_ms=_mean_ms(engine["cpu_s"][em], e_k),
+            model_cpu_ms=_mean_ms(modelled[1][em], e_k) if modelled is not None else None,
+            engine_period_ms=_mean_ms(engine["total_s"][em], e_k), sim_period_ms=_mean_ms(sim["total_s"][sm], s_k),
+            engine_max_gpu_ms=float(np.nanmax(engine["gpu_s"][em])) * 1e3 if e_n else None))
     return out
+
+
+def _mean_ms(seconds: np.ndarray, n_steps: np.ndarray) -> float | None:
+    """Mean per step, in ms, of per-row seconds (a row of n steps holds their sum); rows without a
+    figure (NaN) are left out."""
+    ok = np.isfinite(seconds)
+    n = int(n_steps[ok].sum())
+    return float(seconds[ok].sum()) / n * 1e3 if n else None
 
 
 class _StepRow:
@@ -448,15 +459,16 @@ class _StepRow:
             setattr(self, k, v)
 
 
-def cost_model_step_s(steps: dict[str, np.ndarray], config: SimConfig) -> np.ndarray:
-    """The simulator's cost model applied to each step of an engine trace (GPU, CPU, combined as
-    the simulator combines them): its step-time error with the schedule held fixed."""
+def cost_model_step_s(steps: dict[str, np.ndarray], config: SimConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The simulator's cost model applied to each step of an engine trace: (GPU, CPU) seconds,
+    its step-time error with the schedule held fixed."""
     dep = config.deployment()
     engine = dep.engine.resolved_for(dep.gpu, dep.model)
     cost = CostModel(dep.model, dep.gpu, engine, CostProfile.load(config.profile))
     cols = {k: steps[k].astype(np.int64).tolist() for k in _StepRow.__slots__}
     rows = (_StepRow(dict(zip(cols, vals))) for vals in zip(*cols.values()))
-    return np.array([cost.combine(cost.gpu_time_s(b), cost.cpu_time_s(b)) for b in rows], dtype=np.float64)
+    times = np.array([(cost.gpu_time_s(b), cost.cpu_time_s(b)) for b in rows], dtype=np.float64).reshape(-1, 2)
+    return times[:, 0], times[:, 1]
 
 
 # --------------------------------------------------------------------------- one run

@@ -206,11 +206,10 @@ def print_comparison(r: RunComparison, console: Console) -> None:
     console.print(_kv_line(r), highlight=False)
     for k in r.step_kinds:
         if k.engine_steps or k.sim_steps:
-            console.print(f"  {k.kind} steps: engine {k.engine_steps:,} x {fmt_value('x_ms', k.engine_mean_ms)} ms,"
-                          f" sim {k.sim_steps:,} x {fmt_value('x_ms', k.sim_mean_ms)} ms ({_signed(k.error)}); "
-                          f"cost model on the engine's steps {fmt_value('x_ms', k.model_mean_ms)} ms "
-                          f"({_signed(k.model_error)}); slowest engine {fmt_value('x_ms', k.engine_max_ms)} ms, "
-                          f"sim {fmt_value('x_ms', k.sim_max_ms)} ms", highlight=False)
+            console.print(f"  {k.kind}: GPU ms per step engine {_ms(k.engine_gpu_ms)} ({k.engine_steps:,} steps, "
+                          f"slowest {_ms(k.engine_max_gpu_ms)}), sim {_ms(k.sim_gpu_ms)} ({k.sim_steps:,} steps, "
+                          f"{_signed(k.gpu_error)}); cost model on the engine's steps {_ms(k.model_gpu_ms)} "
+                          f"({_signed(k.model_gpu_error)})", highlight=False)
     console.print(_verdict_line(r) + "".join(f"\n  - {f}" for f in r.verdict.failures), highlight=False)
 
 
@@ -275,8 +274,8 @@ def _overview_lines(report: ValidationReport) -> list[str]:
     return lines + [""]
 
 
-def _ms_max(mean_ms: float | None, max_ms: float | None) -> str:
-    return "-" if mean_ms is None else f"{fmt_value('x_ms', mean_ms)} ({fmt_value('x_ms', max_ms)})"
+def _ms(x: float | None) -> str:
+    return fmt_value("x_ms", x)
 
 
 def _run_section(runs: list[RunComparison]) -> list[str]:
@@ -291,18 +290,20 @@ def _run_section(runs: list[RunComparison]) -> list[str]:
         ms = [r.metric(key) for r in runs]
         cells = " | ".join(f"{fmt_value(key, m.sim)} | {fmt_error(key, m)}" for m in ms)
         lines.append(f"| {label} | {fmt_value(key, ms[0].engine)} | {cells} |")
-    lines += ["", ("Mean step period by step kind (ms): the engine's; the simulator's own steps; the "
-              "cost model on the engine's steps (the schedule held fixed: a pure step-time error)."), "",
-              "| step kind | engine steps | engine ms (max) | " + " | ".join(
-                  f"sim `{r.profile}` steps | ms (max) | error | model on engine steps | error" for r in runs) + " |",
-              "|---|---:|---:|" + "---:|---:|---:|---:|---:|" * len(runs)]
+    lines += ["", ("GPU time per step by step kind (ms; the engine's CUDA events, the simulator's own steps, and "
+                   "the cost model on the engine's steps, i.e. with the schedule held fixed), and the mean step "
+                   "period (under async scheduling a long step's GPU time lands in the next step's period):"), "",
+              "| step kind | engine steps | engine GPU (max) | engine period | " + " | ".join(
+                  f"sim `{r.profile}` steps | GPU | error | period | model on engine steps | error" for r in runs)
+              + " |", "|---|---:|---:|---:|" + "---:|---:|---:|---:|---:|---:|" * len(runs)]
     for i, k in enumerate(first.step_kinds):
         if not (k.engine_steps or any(r.step_kinds[i].sim_steps for r in runs)):
             continue
-        cells = " | ".join(f"{s.sim_steps:,} | {_ms_max(s.sim_mean_ms, s.sim_max_ms)} | {_signed(s.error)} | "
-                           f"{fmt_value('x_ms', s.model_mean_ms)} | {_signed(s.model_error)}"
+        cells = " | ".join(f"{s.sim_steps:,} | {_ms(s.sim_gpu_ms)} | {_signed(s.gpu_error)} | {_ms(s.sim_period_ms)} | "
+                           f"{_ms(s.model_gpu_ms)} | {_signed(s.model_gpu_error)}"
                            for s in (r.step_kinds[i] for r in runs))
-        lines.append(f"| {k.kind} | {k.engine_steps:,} | {_ms_max(k.engine_mean_ms, k.engine_max_ms)} | {cells} |")
+        lines.append(f"| {k.kind} | {k.engine_steps:,} | {_ms(k.engine_gpu_ms)} ({_ms(k.engine_max_gpu_ms)}) | "
+                     f"{_ms(k.engine_period_ms)} | {cells} |")
     lines.append("")
     lines += [f"- `{r.profile}`: {_verdict_line(r)}" + ("; " + "; ".join(r.verdict.failures) if r.verdict.failures
                                                          else "") for r in runs]

@@ -19,7 +19,6 @@ import pytest
 from typer.testing import CliRunner
 
 from advisor.cli import app
-from engine.records import expand_step_rows
 from engine.request import Request
 from engine.run_summary import jsonable
 from sim.config import EngineConfig
@@ -61,9 +60,10 @@ def write_run(folder: Path, name: str = "sim-as-engine", purpose: str = "validat
     flags = {k: v for k, v in ENGINE_ARGS.items() if k not in ("model", "usage_context", "device",
                                                                  "attention_backend")}
     cfg = EngineConfig(**flags | {"num_gpu_blocks_override": NUM_GPU_BLOCKS, "attention_backend": "costline"})
-    res = run(reqs, SimConfig(model="llama-3.2-1b", gpu="h200", engine=cfg, profile="default"))
+    # stepped (no skip-ahead), as an engine trace is: one row per step, each with its GPU time
+    res = run(reqs, SimConfig(model="llama-3.2-1b", gpu="h200", engine=cfg, profile="default", skip_ahead=False))
     (folder / "summary.json").write_text(json.dumps(jsonable(res.summary())))
-    steps = expand_step_rows(res.steps)
+    steps = res.steps
     rows = zip(*(steps[c].tolist() for c in steps))
     (folder / "steps.jsonl").write_text("".join(json.dumps(jsonable(dict(zip(steps, r)))) + "\n" for r in rows))
     info = {"schema": "costline-engine-run/1", "name": name, "purpose": purpose, "model": "llama-3.2-1b",
@@ -96,7 +96,8 @@ def test_a_simulated_run_validates_exactly_and_writes_the_report(run_dir, tmp_pa
     assert all(k.sim_steps == k.engine_steps for k in r.step_kinds)
     # the cost model on "the engine's" steps gives back their times: the same model timed them
     timed = [k for k in r.step_kinds if k.engine_steps]
-    assert len(timed) >= 2 and all(k.model_error == pytest.approx(0, abs=1e-9) for k in timed)
+    assert len(timed) >= 2 and all(k.model_gpu_error == pytest.approx(0, abs=1e-9) for k in timed)
+    assert all(k.gpu_error == pytest.approx(0, abs=1e-9) for k in timed)  # skip-ahead rows sum to the steps
     md = (out / "validation.md").read_text()
     assert report.command in md and "| TTFT p99 |" in md
     assert report.command.startswith("costline validate ") and "--profile default" in report.command
