@@ -50,6 +50,7 @@ from sim.cost_model import (
     Roofline,
     StepKind,
     graph_bucket,
+    knot_weights,
 )
 from sim.hardware import GPU_PRESETS, GPUSpec
 from sim.memory import plan_memory
@@ -60,8 +61,9 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
     "sum_decode_context", "num_blocks_allocated", "num_blocks_hashed")
 GPU_FEATURES: dict[StepKind, tuple[str, ...]] = {
-    # per_seq_s: per sequence of the graph's padded batch (a replay runs the padding rows too)
-    "decode": ("gemm", "decode_kv", "step_s", "per_seq_s"),
+    # per_seq_s: per sequence of the graph's padded batch (a replay runs the padding rows too);
+    # decode attention: one multiplier per padded-batch knot (decode_kv@B, see decode_knots)
+    "decode": ("gemm", "step_s", "per_seq_s"),
     "mixed": ("gemm", "prefill_attention", "decode_kv", "step_s", "per_seq_s"),
 }
 # Element-wise bytes grow with tokens exactly as the GEMMs' FLOPs (eager batches) or as the
@@ -191,8 +193,17 @@ def load_run(path: str | Path, default: EngineConfig | None = None) -> EngineRun
 
 
 # --- features -----------------------------------------------------------------------------------
+def decode_knots(max_num_seqs: int) -> list[int]:
+    """The padded batches where decode attention gets its own multiplier: powers of two up to
+    the largest CUDA graph (the split-KV heuristics change with the batch's power of two)."""
+    top = graph_bucket(max_num_seqs, max_num_seqs)
+    knots = [1 << i for i in range(top.bit_length()) if 1 << i < top]
+    return [*knots, top]
+
+
 def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: int,
-                  enforce_eager: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                  enforce_eager: bool = False, knots: Sequence[int] | None = None,
+                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(is_decode, features): which rows replay a decode CUDA graph, and every GPU feature per row
     as CostModel prices it (decode rows padded to their graph's batch)."""
     g = steps
@@ -209,6 +220,11 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"])
     f["step_s"] = np.ones_like(tok)
     f["per_seq_s"] = g["num_prefill_seqs"] + pad
+    knots = knots or decode_knots(max_num_seqs)
+    hats = np.array([knot_weights(b, knots) for b in np.maximum(pad, 1)]).reshape(-1, len(knots))
+    for j, k in enumerate(knots):
+        f[f"decode_kv@{k}"] = np.where(is_decode, f["decode_kv"] * hats[:, j], 0.0)
+
     return is_decode, f
 
 
@@ -402,11 +418,13 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
            default_max_num_seqs: int) -> _Rows:
     parts = []
     n_warmup = 0
+    # one set of knots for all runs: the largest CUDA graph any of them captured
+    knots = decode_knots(max(r.max_num_seqs or default_max_num_seqs for r in runs))
     for r in runs:
         s = r.steps
         order = np.argsort(s["step_id"], kind="stable")
         s = {k: v[order] for k, v in s.items()}
-        is_dec, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, r.enforce_eager)
+        is_dec, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, r.enforce_eager, knots)
         wall = step_wall_s(s, r.async_scheduling)
         keep = np.arange(order.size) >= warmup_steps
         n_warmup += int(min(warmup_steps, order.size))
@@ -434,20 +452,29 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float])
     """(terms, predicted gpu time of every row, training steps, outliers) for one step kind;
     `fixed`: multipliers taken as given (not fitted)."""
     names = GPU_FEATURES[kind]
+    # knots without steps near them stay at their prior: they do not count in the steps needed
+    need = MIN_STEPS_PER_FEATURE * (len(names) + (kind == "decode"))
+    if kind == "decode":
+        names = (*names, *sorted((k for k in rows.gpu_x if k.startswith("decode_kv@")), key=_knot))
     in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
     train = in_kind & ~rows.held
-    need = MIN_STEPS_PER_FEATURE * len(names)
     if train.sum() < need:
         what = "decode-only" if kind == "decode" else "prefill or mixed"
         raise CalibrationInputError(f"{source}: {int(train.sum())} {what} steps to fit from (after warm-up and "
                                     f"the held-out {HELD_OUT_SHARE:.0%}); the fit needs at least {need}: "
                                     "add runs with such steps")
     offset = sum((v * rows.gpu_x[k] for k, v in fixed.items()), np.zeros(rows.gpu_y.size))
-    prior = np.array([PRIOR_MULTIPLIERS.get(n, np.nan) for n in names])
+    prior = np.array([PRIOR_MULTIPLIERS.get(n.split("@")[0], np.nan) for n in names])
     fit = robust_nnls(_matrix(rows.gpu_x, names, train), rows.gpu_y[train], offset[train], prior)
-    terms = GpuTerms(**dict(zip(names, map(float, fit.coef))) | fixed)
-    pred = sum(getattr(terms, n) * rows.gpu_x[n] for n in (*names, *fixed))
+    coef = dict(zip(names, map(float, fit.coef)))
+    pred = offset + sum(c * rows.gpu_x[n] for n, c in coef.items())
+    knots = tuple((_knot(n), coef.pop(n)) for n in list(coef) if "@" in n)
+    terms = GpuTerms(**coef | fixed, decode_kv_by_batch=knots)
     return terms, pred, int(train.sum()), int(fit.outliers.sum())
+
+
+def _knot(feature: str) -> int:
+    return int(feature.split("@")[1])
 
 
 def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model: ModelSpec, gpu: GPUSpec,

@@ -73,6 +73,33 @@ class GpuTerms(BaseModel):
     elementwise: float = _COEF  # x norms / RoPE / activations bytes per token / bandwidth
     step_s: float = _COEF  # per forward (launches, graph replay, sampler)
     per_seq_s: float = _COEF  # per sequence (eager: scheduled; graph: the padded batch)
+    # decode-only steps: the decode attention multiplier by padded batch, (batch, multiplier) knots
+    # interpolated in log2(batch) (replaces `decode_kv`): how well the attention kernel fills the
+    # GPU depends on how many sequences it splits the KV over
+    decode_kv_by_batch: tuple[tuple[int, float], ...] = ()
+
+    def decode_kv_multiplier(self, padded_batch: int) -> float:
+        if not self.decode_kv_by_batch:
+            return self.decode_kv
+        knots = [k for k, _ in self.decode_kv_by_batch]
+        return sum(c * w for (_, c), w in zip(self.decode_kv_by_batch, knot_weights(padded_batch, knots)))
+
+
+def knot_weights(x: float, knots: Sequence[float]) -> list[float]:
+    """Hat-function weights of x over increasing knots, linear in log2 (clamped at both ends):
+    sum(w) = 1, at most two non-zero."""
+    w = [0.0] * len(knots)
+    lx = math.log2(max(x, 1e-300))
+    lk = [math.log2(k) for k in knots]
+    if lx <= lk[0]:
+        w[0] = 1.0
+    elif lx >= lk[-1]:
+        w[-1] = 1.0
+    else:
+        j = bisect_right(lk, lx) - 1
+        t = (lx - lk[j]) / (lk[j + 1] - lk[j])
+        w[j], w[j + 1] = 1 - t, t
+    return w
 
 
 class CpuTerms(BaseModel):
@@ -427,8 +454,10 @@ class CostModel:
         n = b.num_decode_seqs
         ar = self._ar_s_per_token * tokens
         if not b.num_prefill_tokens and tokens == n:
-            pad = graph_bucket(n, self._max_num_seqs)
-            return self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, b.sum_decode_context, pad) + ar
+            terms = self._decode_terms.get(n)
+            if terms is None:
+                terms = self._decode_terms[n] = self.decode_linear(n)
+            return terms[0] + terms[1] * b.sum_decode_context
         return self._fit_mixed.seconds(tokens, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
                                        b.sum_prefill_context, q_per_seq, b.sum_decode_context,
                                        b.num_prefill_seqs + n) + ar
@@ -472,10 +501,11 @@ class CostModel:
         sequences without speculation, and CPU time `cpu` (block terms excluded)."""
         cpu = self._cpu_step_s + self._cpu_seq_s * num_seqs + self._cpu_tok_s * num_seqs
         if self._fit_decode is not None:
-            f = self._fit_decode
             pad = graph_bucket(num_seqs, self._max_num_seqs)
-            a = f.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad) + self._ar_s_per_token * num_seqs
-            return a, max(f.dkv_pair, f.dkv), cpu
+            a = self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad) + self._ar_s_per_token * num_seqs
+            r, t = self.roofline, self.profile.decode
+            per_ctx = max(r.attn_s_per_pair, r.kv_s_per_token) * t.decode_kv_multiplier(pad)
+            return a, per_ctx, cpu
         a = self.forward_s(num_seqs, num_seqs, 0.0, 0.0, 0.0, 0.0)
         per_ctx = max(self._attn_s_per_pair, self._kv_s_per_token)
         return a, per_ctx, cpu
@@ -625,4 +655,5 @@ __all__ = [
     "Roofline",
     "StepKind",
     "graph_bucket",
+    "knot_weights",
 ]

@@ -14,7 +14,9 @@ from sim.cost_model import CpuTerms, GpuTerms, OverlapTerms, Roofline, graph_buc
 from sim.hardware import GPUSpec
 
 EW = FIXED_MULTIPLIERS["elementwise"]
-TRUE_DECODE = GpuTerms(gemm=1.15, decode_kv=1.3, elementwise=EW, step_s=1.2e-3, per_seq_s=8e-6)
+# decode attention: worst where the padded batch stops splitting the KV (16), best at 64-128
+KV_BY_BATCH = ((1, 1.2), (2, 1.25), (4, 1.3), (8, 1.35), (16, 1.9), (32, 1.4), (64, 1.1), (128, 1.05), (256, 1.1))
+TRUE_DECODE = GpuTerms(gemm=1.15, elementwise=EW, step_s=1.2e-3, per_seq_s=8e-6, decode_kv_by_batch=KV_BY_BATCH)
 TRUE_MIXED = GpuTerms(gemm=1.25, prefill_attention=1.6, decode_kv=1.4, elementwise=EW, step_s=2.5e-3, per_seq_s=2e-5)
 TRUE_CPU = CpuTerms(step_s=3e-4, per_seq_s=2.5e-5, per_token_s=2e-7, per_block_allocated_s=1.5e-6,
                     per_block_hashed_s=1e-6)
@@ -30,7 +32,7 @@ def _compositions(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
     decode = rng.random(n) < 0.6
     for i in range(n):
         if decode[i]:
-            b = int(rng.integers(1, MAX_NUM_SEQS + 1))
+            b = round(2 ** rng.uniform(0, np.log2(MAX_NUM_SEQS)))  # log-uniform, as a sweep grid
         else:
             b = int(rng.integers(0, 65))
             seqs = int(rng.integers(1, 9))
@@ -46,7 +48,7 @@ def _compositions(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
             fresh = rng.random(seqs) < 0.6
             cols["num_blocks_allocated"][i] = (-(-chunks[fresh] // BLOCK)).sum()
         cols["num_decode_seqs"][i] = cols["num_decode_tokens"][i] = b
-        cols["sum_decode_context"][i] = b * rng.integers(64, 8192) if b else 0
+        cols["sum_decode_context"][i] = b * rng.integers(64, 32768) if b else 0
         cols["num_blocks_allocated"][i] += rng.binomial(b, 1 / BLOCK)
     return cols
 
@@ -62,10 +64,11 @@ def true_gpu_s(cols: dict[str, np.ndarray], rates: Roofline) -> np.ndarray:
     f = rates.features(tokens, rows, cols["prefill_attn_pairs"], cols["sum_prefill_context"],
                        np.where(n_dec > 0, 1.0, 0.0), cols["sum_decode_context"])
     seqs = cols["num_prefill_seqs"] + np.where(is_dec, pad, n_dec)  # a graph runs its padding rows
+    knots, mult = np.log2([k for k, _ in KV_BY_BATCH]), [c for _, c in KV_BY_BATCH]
+    decode_mult = np.interp(np.log2(np.maximum(pad, 1)), knots, mult)  # linear in log2(batch)
     out = np.zeros(n_dec.size)
-    for kind, t, mask in (("decode", TRUE_DECODE, is_dec), ("mixed", TRUE_MIXED, ~is_dec)):
-        del kind
-        g = (t.gemm * f["gemm"] + t.prefill_attention * f["prefill_attention"] + t.decode_kv * f["decode_kv"]
+    for t, mask, dkv in ((TRUE_DECODE, is_dec, decode_mult), (TRUE_MIXED, ~is_dec, TRUE_MIXED.decode_kv)):
+        g = (t.gemm * f["gemm"] + t.prefill_attention * f["prefill_attention"] + dkv * f["decode_kv"]
              + t.elementwise * f["elementwise"] + t.step_s + t.per_seq_s * seqs)
         out = np.where(mask, g, out)
     return out
