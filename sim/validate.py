@@ -374,8 +374,9 @@ def resolve_profile(profile: str | None, model: str, gpu: str) -> str:
 
 
 def profile_path(profile: str) -> Path:
+    """A profile's JSON file, as `CostProfile.load` finds it: a path, or a name under sim/profiles."""
     p = Path(profile)
-    return p if p.suffix else PROFILES_DIR / f"{profile}.json"
+    return p if p.suffix == ".json" or p.is_file() else PROFILES_DIR / f"{profile}.json"
 
 
 def fitted_runs(profile: str) -> list[str]:

@@ -159,3 +159,12 @@ def test_fitted_runs_match_on_model_purpose_and_name(tmp_path):
     # calibrate's provenance lists run.json names
     assert was_fitted_on(run, ["decode-b1", "conv-sweep"], run_name="conv-sweep") == "conv-sweep"
     assert was_fitted_on(run, ["decode-b1", "conv-sweep"], run_name="conv-held-out") is None
+
+
+def test_profile_names_with_dots_load_by_name():
+    from sim.cost_model import CostProfile
+    from sim.validate import profile_path, resolve_profile
+
+    name = resolve_profile("auto", "llama-3.1-8b", "h200")
+    assert name == "h200-llama-3.1-8b" and profile_path(name).is_file()
+    assert CostProfile.load(name).model == "llama-3.1-8b"
