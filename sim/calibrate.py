@@ -73,8 +73,8 @@ FIXED_MULTIPLIERS: dict[str, float] = {"elementwise": 1 / 0.7}
 # First-principles multipliers the fit leans on only where the data cannot decide (see robust_nnls)
 PRIOR_MULTIPLIERS: dict[str, float] = {"gemm": 1 / 0.85, "prefill_attention": 1 / 0.5, "decode_kv": 1 / 0.7}
 PRIOR_WEIGHT = 1e-4
-CPU_FEATURES: tuple[str, ...] = ("step_s", "per_seq_s", "per_token_s", "per_block_allocated_s",
-                                 "per_block_hashed_s")
+CPU_FEATURES: tuple[str, ...] = ("step_s", "per_seq_s", "per_token_s", "per_context_token_s",
+                                 "per_block_allocated_s", "per_block_hashed_s")
 MIN_STEPS_PER_FEATURE = 10  # training steps a kind needs per coefficient it fits
 HELD_OUT_SHARE = 0.2
 WARMUP_STEPS = 3
@@ -232,6 +232,7 @@ def cpu_features(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     g = steps
     return {"step_s": np.ones_like(g["total_s"]), "per_seq_s": g["num_prefill_seqs"] + g["num_decode_seqs"],
             "per_token_s": g["num_prefill_tokens"] + g["num_decode_tokens"],
+            "per_context_token_s": g["sum_decode_context"] + g["sum_prefill_context"],
             "per_block_allocated_s": g["num_blocks_allocated"], "per_block_hashed_s": g["num_blocks_hashed"]}
 
 

@@ -110,6 +110,7 @@ class CpuTerms(BaseModel):
     step_s: float = _COEF
     per_seq_s: float = _COEF
     per_token_s: float = _COEF
+    per_context_token_s: float = _COEF  # per KV token of the scheduled sequences (block tables staged)
     per_block_allocated_s: float = _COEF
     per_block_hashed_s: float = _COEF
 
@@ -390,7 +391,7 @@ class CostModel:
         self._decode_terms: dict[int, tuple[float, float, float]] = {}  # num_seqs -> decode_linear()
         self._cpu_step_s, self._cpu_seq_s = p.cpu_step_s, p.cpu_per_seq_s
         self._cpu_blk_s, self._cpu_hash_s = p.cpu_per_block_allocated_s, p.cpu_per_block_hashed_s
-        self._cpu_tok_s = 0.0
+        self._cpu_tok_s = self._cpu_ctx_s = 0.0
         self._gap_s = self._host_s = 0.0  # async: max(gpu + gap, cpu + host); sync: gpu + cpu + host
         self._max_num_seqs = engine.max_num_seqs or 256
         self._fit_decode = self._fit_mixed = None
@@ -418,6 +419,7 @@ class CostModel:
         self._fit_mixed = _Forward.fitted(self.roofline, p.mixed, ar)
         c = p.cpu
         self._cpu_step_s, self._cpu_seq_s, self._cpu_tok_s = c.step_s, c.per_seq_s, c.per_token_s
+        self._cpu_ctx_s = c.per_context_token_s
         self._cpu_blk_s, self._cpu_hash_s = c.per_block_allocated_s, c.per_block_hashed_s
         o = p.overlap
         self._gap_s, self._host_s = ((o.async_gpu_gap_s, o.async_host_s) if self.async_scheduling
@@ -481,6 +483,7 @@ class CostModel:
         seqs = b.num_prefill_seqs + b.num_decode_seqs
         tokens = b.num_prefill_tokens + b.num_decode_tokens
         return (self._cpu_step_s + self._cpu_seq_s * seqs + self._cpu_tok_s * tokens
+                + self._cpu_ctx_s * (b.sum_decode_context + b.sum_prefill_context)
                 + self._ngram_s_per_seq * b.num_decode_seqs
                 + self.block_cpu_s(b.num_blocks_allocated * block_scale, b.num_blocks_hashed * block_scale))
 
@@ -498,7 +501,8 @@ class CostModel:
     # --- closed forms ---------------------------------------------------------------
     def decode_linear(self, num_seqs: int) -> tuple[float, float, float]:
         """(a, b, cpu) with GPU time = a + b * sum_context for a pure decode of `num_seqs`
-        sequences without speculation, and CPU time `cpu` (block terms excluded)."""
+        sequences without speculation, and CPU time `cpu` + the per-context-token term (block
+        terms excluded)."""
         cpu = self._cpu_step_s + self._cpu_seq_s * num_seqs + self._cpu_tok_s * num_seqs
         if self._fit_decode is not None:
             pad = graph_bucket(num_seqs, self._max_num_seqs)
@@ -519,11 +523,13 @@ class CostModel:
         a, per_ctx, cpu = terms
         # the fitted overlap terms shift the GPU and CPU sides of combine(): folded in here so
         # that DecodeRun.dt(i) equals combine(gpu_i, cpu) step by step
+        cpu += self._cpu_ctx_s * sum_context
         if self.async_scheduling:
             g0, cpu = a + per_ctx * sum_context + self._gap_s, cpu + self._host_s
         else:
             g0 = a + per_ctx * sum_context + self._host_s
-        return DecodeRun(g0=g0, slope=per_ctx * num_seqs, cpu=cpu, n=num_steps, overlap=self.async_scheduling)
+        return DecodeRun(g0=g0, slope=per_ctx * num_seqs, cpu=cpu, n=num_steps, overlap=self.async_scheduling,
+                         cpu_slope=self._cpu_ctx_s * num_seqs)
 
     def decode_stretch(self, segments: Sequence[tuple[int, int, int]]) -> DecodeRuns:
         """Consecutive pure-decode segments, each (num_seqs, sum_context of its first step, num_steps)."""
@@ -532,9 +538,10 @@ class CostModel:
 
 @dataclass(frozen=True, slots=True)
 class DecodeRun:
-    """n decode steps whose GPU time grows linearly: gpu_i = g0 + slope * i (i = 0..n-1).
+    """n decode steps whose GPU and CPU times grow linearly: gpu_i = g0 + slope * i and
+    cpu_i = cpu + cpu_slope * i (i = 0..n-1; the context grows by one token per sequence a step).
 
-    Step i takes `max(gpu_i, cpu)` with overlap (async scheduling), else `gpu_i + cpu`.
+    Step i takes `max(gpu_i, cpu_i)` with overlap (async scheduling), else `gpu_i + cpu_i`.
     """
 
     g0: float
@@ -542,27 +549,34 @@ class DecodeRun:
     cpu: float
     n: int
     overlap: bool
+    cpu_slope: float = 0.0
 
     def dt(self, i: int) -> float:
         g = self.g0 + self.slope * i
-        return max(g, self.cpu) if self.overlap else g + self.cpu
+        c = self.cpu + self.cpu_slope * i
+        return max(g, c) if self.overlap else g + c
+
+    def cpu_elapsed_s(self, m: int) -> float:
+        """CPU seconds of the first m steps."""
+        return _linear_sum(self.cpu, self.cpu_slope, 0, max(m, 0))
 
     def elapsed_s(self, m: int) -> float:
         """Seconds taken by the first m steps (closed form)."""
         if m <= 0:
             return 0.0
         if not self.overlap:
-            return m * (self.g0 + self.cpu) + self.slope * m * (m - 1) / 2
-        # steps before i_star are CPU-bound (cpu), from i_star on GPU-bound
-        if self.g0 >= self.cpu:
-            i_star = 0
-        elif self.slope <= 0:
-            i_star = m
-        else:
-            x = (self.cpu - self.g0) / self.slope
-            i_star = m if x >= m else math.ceil(x)
-        k = m - i_star
-        return i_star * self.cpu + k * self.g0 + self.slope * (i_star * k + k * (k - 1) / 2)
+            return _linear_sum(self.g0 + self.cpu, self.slope + self.cpu_slope, 0, m)
+        # two lines cross at most once: the CPU-bound steps are a prefix or a suffix
+        d0, dd = self.cpu - self.g0, self.cpu_slope - self.slope  # cpu_i - gpu_i = d0 + dd * i
+        if dd == 0:
+            cpu_first, split = True, (m if d0 > 0 else 0)
+        elif dd < 0:  # CPU-bound while i < -d0 / dd
+            cpu_first, split = True, (0 if d0 <= 0 else _index_below(d0 / -dd, m, math.ceil))
+        else:  # GPU-bound while i <= -d0 / dd
+            cpu_first, split = False, (0 if d0 > 0 else _index_below(-d0 / dd, m, lambda x: math.floor(x) + 1))
+        first, second = ((self.cpu, self.cpu_slope), (self.g0, self.slope)) if cpu_first else \
+            ((self.g0, self.slope), (self.cpu, self.cpu_slope))
+        return _linear_sum(*first, 0, split) + _linear_sum(*second, split, m)
 
     def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None) -> int:
         """How many of the n steps start strictly before `elapsed` seconds into the run.
@@ -571,6 +585,17 @@ class DecodeRun:
         (the CPU cost of the blocks they allocate and hash); it must be non-decreasing.
         """
         return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s)
+
+
+def _index_below(x: float, m: int, to_index: Callable[[float], int]) -> int:
+    """min(m, to_index(x)), safe for a huge x (a denormal slope)."""
+    return m if x >= m else min(m, to_index(x))
+
+
+def _linear_sum(a: float, slope: float, i0: int, i1: int) -> float:
+    """sum of a + slope * i for i in [i0, i1)."""
+    k = i1 - i0
+    return k * a + slope * (i0 + i1 - 1) * k / 2 if k > 0 else 0.0
 
 
 class DecodeRuns:

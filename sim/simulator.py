@@ -335,7 +335,7 @@ class _Replica:
         first = plan.runs.first_steps[k]
         end = first + num_steps
         start_s, end_s = plan.step_start_s(first), plan.step_start_s(end)
-        cpu_s = run.cpu * num_steps
+        cpu_s = run.cpu_elapsed_s(num_steps)
         gpu_s = run.elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
         if plan.block_s is not None:
             cpu_s += plan.block_s(end) - plan.block_s(first)

@@ -121,6 +121,8 @@ def print_summary(s: dict[str, Any], console: Console) -> None:
         g.add_row("KV transfer", f"mean {s['mean_kv_transfer_ms']:.2f} ms per request (queueing included)")
     if s.get("vllm_args") is not None:
         g.add_row("vllm serve", s["vllm_args"] or "(defaults)")
+    if s.get("profile"):
+        g.add_row("cost profile", f"{s['profile']} ({s['profile_status']})")
     coarse = s.get("kv_block_coarsening") or 1
     g.add_row("simulated", f"{s['num_engine_steps']:,} engine steps in {s['wall_s']:.2f} s wall "
               f"({s['simulated_requests_per_wall_s']:,.0f} requests/s)"

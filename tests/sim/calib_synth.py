@@ -18,8 +18,8 @@ EW = FIXED_MULTIPLIERS["elementwise"]
 KV_BY_BATCH = ((1, 1.2), (2, 1.25), (4, 1.3), (8, 1.35), (16, 1.9), (32, 1.4), (64, 1.1), (128, 1.05), (256, 1.1))
 TRUE_DECODE = GpuTerms(gemm=1.15, elementwise=EW, step_s=1.2e-3, per_seq_s=8e-6, decode_kv_by_batch=KV_BY_BATCH)
 TRUE_MIXED = GpuTerms(gemm=1.25, prefill_attention=1.6, decode_kv=1.4, elementwise=EW, step_s=2.5e-3, per_seq_s=2e-5)
-TRUE_CPU = CpuTerms(step_s=3e-4, per_seq_s=2.5e-5, per_token_s=2e-7, per_block_allocated_s=1.5e-6,
-                    per_block_hashed_s=1e-6)
+TRUE_CPU = CpuTerms(step_s=3e-4, per_seq_s=2.5e-5, per_token_s=2e-7, per_context_token_s=3e-9,
+                    per_block_allocated_s=1.5e-6, per_block_hashed_s=1e-6)
 TRUE_OVERLAP = OverlapTerms(async_gpu_gap_s=1e-4, async_host_s=2e-4, sync_extra_s=5e-5)
 MAX_NUM_SEQS = 256
 BLOCK = 16
@@ -78,6 +78,7 @@ def true_cpu_s(cols: dict[str, np.ndarray]) -> np.ndarray:
     c = TRUE_CPU
     return (c.step_s + c.per_seq_s * (cols["num_prefill_seqs"] + cols["num_decode_seqs"])
             + c.per_token_s * (cols["num_prefill_tokens"] + cols["num_decode_tokens"])
+            + c.per_context_token_s * (cols["sum_decode_context"] + cols["sum_prefill_context"])
             + c.per_block_allocated_s * cols["num_blocks_allocated"] + c.per_block_hashed_s * cols["num_blocks_hashed"])
 
 

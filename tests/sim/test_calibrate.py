@@ -29,7 +29,7 @@ from sim.calibrate import (
     step_wall_s,
 )
 from sim.config import EngineConfig
-from sim.cost_model import CostModel, CostProfile, Roofline, graph_bucket
+from sim.cost_model import CostModel, CostProfile, DecodeRun, Roofline, graph_bucket
 from sim.hardware import get_gpu
 from sim.memory import plan_memory
 from sim.run import SimConfig, run
@@ -134,6 +134,18 @@ def test_decode_run_closed_form_equals_stepping_with_a_v2_profile(fit, b, ctx, n
         dts.append(cm.combine(cm.gpu_time_s(step), cm.cpu_time_s(step)))
         assert runs.dt(i) == pytest.approx(dts[-1], rel=1e-12)
     assert runs.elapsed_s(min(m, n)) == pytest.approx(sum(dts[:min(m, n)]), rel=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(g0=st.floats(0, 1e-2), slope=st.floats(0, 1e-4), cpu=st.floats(0, 1e-2), cpu_slope=st.floats(0, 1e-4),
+       n=st.integers(1, 60), m=st.integers(0, 70), overlap=st.booleans())
+def test_decode_run_with_growing_cpu_time_sums_its_steps(g0, slope, cpu, cpu_slope, n, m, overlap):
+    run = DecodeRun(g0, slope, cpu, n, overlap, cpu_slope)
+    k = min(m, n)
+    dts = [max(g0 + slope * i, cpu + cpu_slope * i) if overlap else g0 + slope * i + cpu + cpu_slope * i
+           for i in range(k)]
+    assert run.elapsed_s(k) == pytest.approx(sum(dts), rel=1e-9, abs=1e-15)
+    assert run.cpu_elapsed_s(k) == pytest.approx(sum(cpu + cpu_slope * i for i in range(k)), rel=1e-9, abs=1e-15)
 
 
 def test_graph_buckets_are_the_engines():
