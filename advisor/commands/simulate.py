@@ -122,12 +122,23 @@ def print_summary(s: dict[str, Any], console: Console) -> None:
     if s.get("vllm_args") is not None:
         g.add_row("vllm serve", s["vllm_args"] or "(defaults)")
     if s.get("profile"):
-        g.add_row("cost profile", f"{s['profile']} ({s['profile_status']})")
+        g.add_row("cost profile", f"{s['profile']} ({s['profile_status']})" + validation_note(s.get("profile_validation")))
     coarse = s.get("kv_block_coarsening") or 1
     g.add_row("simulated", f"{s['num_engine_steps']:,} engine steps in {s['wall_s']:.2f} s wall "
               f"({s['simulated_requests_per_wall_s']:,.0f} requests/s)"
               + (f"; KV blocks coarsened x{coarse}" if coarse > 1 else ""))
     console.print(g)
+
+
+def validation_note(v: dict[str, Any] | None) -> str:
+    """How the profile did against the real engine (`costline validate --write-profile-validation`)."""
+    if not v or v.get("median_abs_error") is None:
+        return ""
+    runs, passed = v.get("runs") or [], v.get("runs_passed") or []
+    worst = v.get("worst_p99_abs_error")
+    return (f": median |error| {v['median_abs_error']:.1%} over {len(runs)} held-out engine runs"
+            + (f", worst p99 {worst:.1%}" if worst is not None else "")
+            + f"; {len(passed)} of {len(runs)} within issue 10's targets (docs/validation.md)")
 
 
 COMPARE_KEYS = ("completed", "failed", "duration", "request_throughput", "request_goodput",
@@ -253,4 +264,4 @@ def _run_with_progress(loaded: LoadedWorkload, config: SimConfig, *, show: bool)
         return run(loaded, config, progress=lambda f: bar.update(task, completed=f))
 
 
-__all__ = ["compare_runs", "parse_coarsening", "parse_disagg", "reshape", "simulate"]
+__all__ = ["compare_runs", "parse_coarsening", "parse_disagg", "reshape", "simulate", "validation_note"]

@@ -179,3 +179,13 @@ def test_write_profile_validation_stores_the_summary_in_the_profile(run_dir, tmp
     assert stored["worst_p99_abs_error"] == pytest.approx(0, abs=1e-9)
     assert set(stored["median_abs_error_by_metric"]) == set(ERROR_METRICS)
     assert CostProfile.load(path).status == "validated"
+
+
+def test_simulate_quotes_the_profile_validation():
+    from advisor.commands.simulate import validation_note
+
+    note = validation_note({"median_abs_error": 0.131, "worst_p99_abs_error": 0.363, "runs": ["a", "b", "c"],
+                            "runs_passed": ["c"]})
+    assert note == (": median |error| 13.1% over 3 held-out engine runs, worst p99 36.3%; 1 of 3 within "
+                    "issue 10's targets (docs/validation.md)")
+    assert validation_note(None) == ""
