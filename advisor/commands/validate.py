@@ -83,7 +83,7 @@ def validate(
         res = validate_run(run_dir, prof)
         print_comparison(res, console)
         results.append(res)
-    report = ValidationReport(command=command_line(run_dirs, profiles, out, allow_fitted), date=time.strftime(
+    report = ValidationReport(command=command_line(run_dirs, profiles, out, allow_fitted, write_profile_validation), date=time.strftime(
         "%Y-%m-%d %H:%M UTC", time.gmtime()), profiles=sorted({r.profile for r in results}),
         fitted_runs={p: fitted_runs(p) for p in sorted({r.profile for r in results})}, runs=results)
     print_overview(report, console)
@@ -92,6 +92,9 @@ def validate(
         console.print(f"wrote {out / REPORT_FILES[0]}, {out / REPORT_FILES[1]}", highlight=False)
     if write_profile_validation:
         for prof in report.profiles:
+            if not CostProfile.load(prof).is_fitted:  # "validated" would hide that it is first principles
+                console.print(f"not stored in {prof}: a first-principles profile keeps its status", highlight=False)
+                continue
             path = store_profile_validation(prof, [r for r in results if r.profile == prof], report.command)
             console.print(f"stored the validation summary in {path}", highlight=False)
 
@@ -137,13 +140,16 @@ def check_profiles_writable(profiles: set[str]) -> None:
         check_output_file(path, flag="--write-profile-validation", force=True)
 
 
-def command_line(run_dirs: list[Path], profiles: list[str], out: Path | None, allow_fitted: bool) -> str:
+def command_line(run_dirs: list[Path], profiles: list[str], out: Path | None, allow_fitted: bool,
+                 write_profile_validation: bool = False) -> str:
     """The command that regenerates the report (run folders as given)."""
     parts = ["costline", "validate", *map(str, run_dirs)]
     for p in profiles:
         parts += ["--profile", p]
     if allow_fitted:
         parts.append("--allow-fitted")
+    if write_profile_validation:
+        parts.append("--write-profile-validation")
     if out is not None:
         parts += ["--out", str(out), "--force"]
     return shlex.join(parts)

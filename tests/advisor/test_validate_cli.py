@@ -168,17 +168,25 @@ def test_a_step_trace_missing_a_column_is_named(run_dir, tmp_path):
 
 
 def test_write_profile_validation_stores_the_summary_in_the_profile(run_dir, tmp_path):
-    path = tmp_path / "mine.json"
-    shutil.copy(PROFILES_DIR / "default.json", path)
-    res = runner.invoke(app, ["validate", str(run_dir), "--profile", str(path), "--write-profile-validation"],
-                        terminal_width=300)
+    fitted, first_principles = tmp_path / "fitted.json", tmp_path / "fp.json"
+    shutil.copy(PROFILES_DIR / "h200-llama-3.2-1b.json", fitted)
+    shutil.copy(PROFILES_DIR / "default.json", first_principles)
+    res = runner.invoke(app, ["validate", str(run_dir), "--profile", str(fitted), "--profile", str(first_principles),
+                              "--write-profile-validation", "--out", str(tmp_path / "report")], terminal_width=300)
     assert res.exit_code == 0, res.output
-    stored = json.loads(path.read_text())["validation"]
-    assert stored["runs"] == stored["runs_passed"] == ["sim-as-engine"]
-    assert stored["median_abs_error"] == pytest.approx(0, abs=1e-9)
-    assert stored["worst_p99_abs_error"] == pytest.approx(0, abs=1e-9)
-    assert set(stored["median_abs_error_by_metric"]) == set(ERROR_METRICS)
-    assert CostProfile.load(path).status == "validated"
+    stored = json.loads(fitted.read_text())["validation"]
+    report = ValidationReport.from_json((tmp_path / "report" / "validation.json").read_text())
+    (mine,) = [r for r in report.runs if r.profile == str(fitted)]
+    assert stored["runs"] == ["sim-as-engine"] and stored["runs_passed"] == ([mine.name] if mine.verdict.passed else [])
+    assert stored["median_abs_error"] == pytest.approx(mine.verdict.median_abs_error)
+    assert stored["worst_p99_abs_error"] == pytest.approx(mine.verdict.max_p99_abs_error)
+    by_metric = stored["median_abs_error_by_metric"]
+    assert set(by_metric) == set(ERROR_METRICS)
+    assert by_metric["mean_ttft_ms"] == pytest.approx(abs(mine.metric("mean_ttft_ms").error))
+    assert CostProfile.load(fitted).status == "validated"
+    # a first-principles profile is not marked validated
+    assert json.loads(first_principles.read_text()).get("validation") is None
+    assert "not stored in" in res.output
 
 
 def test_simulate_quotes_the_profile_validation():
