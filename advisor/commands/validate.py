@@ -83,20 +83,30 @@ def validate(
         res = validate_run(run_dir, prof)
         print_comparison(res, console)
         results.append(res)
-    report = ValidationReport(command=command_line(run_dirs, profiles, out, allow_fitted, write_profile_validation), date=time.strftime(
-        "%Y-%m-%d %H:%M UTC", time.gmtime()), profiles=sorted({r.profile for r in results}),
-        fitted_runs={p: fitted_runs(p) for p in sorted({r.profile for r in results})}, runs=results)
+    report = build_report(results, command_line(run_dirs, profiles, out, allow_fitted, write_profile_validation))
     print_overview(report, console)
     if out is not None:
         write_report(report, out)
         console.print(f"wrote {out / REPORT_FILES[0]}, {out / REPORT_FILES[1]}", highlight=False)
     if write_profile_validation:
-        for prof in report.profiles:
-            if not CostProfile.load(prof).is_fitted:  # "validated" would hide that it is first principles
-                console.print(f"not stored in {prof}: a first-principles profile keeps its status", highlight=False)
-                continue
-            path = store_profile_validation(prof, [r for r in results if r.profile == prof], report.command)
-            console.print(f"stored the validation summary in {path}", highlight=False)
+        store_validations(report, console)
+
+
+def build_report(results: list[RunComparison], command: str) -> ValidationReport:
+    profiles = sorted({r.profile for r in results})
+    return ValidationReport(command=command, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                            profiles=profiles, fitted_runs={p: fitted_runs(p) for p in profiles}, runs=results)
+
+
+def store_validations(report: ValidationReport, console: Console) -> None:
+    """Each fitted profile's summary into its JSON; a first-principles one is left as it is, as
+    "validated" would hide that it is first principles."""
+    for prof in report.profiles:
+        if not CostProfile.load(prof).is_fitted:
+            console.print(f"not stored in {prof}: a first-principles profile keeps its status", highlight=False)
+            continue
+        path = store_profile_validation(prof, [r for r in report.runs if r.profile == prof], report.command)
+        console.print(f"stored the validation summary in {path}", highlight=False)
 
 
 # --------------------------------------------------------------------------- checks before work
