@@ -4,13 +4,15 @@ Every engine step row carries its batch composition (the simulator's `BatchCompo
 and its timings: `gpu_s` (the forward, CUDA events), `sample_s`, `schedule_s`, `prepare_s` and
 the wall `total_s`. The fit:
 
-* GPU: `gpu_s + sample_s` as a non-negative combination of roofline features (seconds at the
-  datasheet rates, sim/cost_model.py `Roofline.features`) and counts, one coefficient set per step
-  kind: decode-only steps (a CUDA graph padded to its captured batch) and steps with prefill
-  tokens (eager). Non-negative least squares on RELATIVE error (rows weighted by 1 / time),
-  iteratively reweighted (Huber, then Tukey's biweight: rows it gives weight 0 are the outliers,
-  counted).
-* CPU: `schedule_s + prepare_s` over counts (step, sequences, tokens, blocks allocated/hashed).
+* GPU: `gpu_s + sample_s` (the sampler's time is device work in async mode, its wall time in sync
+  mode) as a non-negative combination of roofline features (seconds at the datasheet rates,
+  sim/cost_model.py `Roofline.features`) and counts, one coefficient set per step kind: decode-only
+  steps (a CUDA graph padded to its captured batch; decode attention with one multiplier per
+  padded-batch knot) and steps with prefill tokens (eager). Non-negative least squares on
+  RELATIVE error (rows weighted by 1 / time), iteratively reweighted (Huber, then Tukey's
+  biweight: rows it gives weight 0 are the outliers, counted).
+* CPU: `schedule_s + prepare_s` over counts (step, sequences, tokens, KV tokens, blocks
+  allocated/hashed).
 * Overlap: under async scheduling a step's period `total_s` is the host loop that waits for the
   PREVIOUS step's tokens, so step N's wall time is row N+1's `total_s`; it is fitted as
   `max(gpu + gap, cpu + host)` from the measured gpu and cpu times. Synchronous steps:
@@ -358,6 +360,16 @@ def _activation_slope(model: ModelSpec) -> float:
     return (2 * model.intermediate_size + 4 * model.hidden_size) * dtype_bytes(model.dtype)
 
 
+def profiled_tokens(memory: dict[str, Any], engine_args: dict[str, Any]) -> int:
+    """The tokens the engine's profiling forward ran (what its KV sizing used): read from the
+    temporary KV it allocated for them, since a harness may reuse one engine, sized once, for
+    runs with other budgets; else the run's max_num_batched_tokens."""
+    block_size = engine_args.get("block_size") or 16
+    if memory.get("profile_tmp_kv_bytes") and memory.get("block_bytes"):
+        return round(memory["profile_tmp_kv_bytes"] / memory["block_bytes"]) * block_size
+    return engine_args.get("max_num_batched_tokens") or 8192
+
+
 def fit_memory(runs: Sequence[EngineRun], model: ModelSpec) -> MemoryTerms | None:
     """The engine's KV sizing terms from the runs' run.json `memory` (None if no run has one):
     activations = profiling peak - its temporary KV - weights, linear in max_num_batched_tokens
@@ -368,7 +380,7 @@ def fit_memory(runs: Sequence[EngineRun], model: ModelSpec) -> MemoryTerms | Non
         return None
     act = np.array([m["profile_peak_bytes"] - m["profile_tmp_kv_bytes"] - m["weights_bytes"] for m, _ in recs],
                    dtype=np.float64)
-    tok = np.array([a.get("max_num_batched_tokens") or 8192 for _, a in recs], dtype=np.float64)
+    tok = np.array([profiled_tokens(m, a) for m, a in recs], dtype=np.float64)
     if np.unique(tok).size >= 2:
         slope, icpt = np.polyfit(tok, act, 1)
         slope = max(float(slope), 0.0)
@@ -390,7 +402,9 @@ def memory_checks(runs: Sequence[EngineRun], profile: CostProfile, model: ModelS
         info = r.run_info
         if not info or info.get("num_gpu_blocks") is None:
             continue
-        args = info.get("engine_args") or {}
+        args = dict(info.get("engine_args") or {})
+        if info.get("memory"):  # the budget the engine's KV sizing profiled with
+            args["max_num_batched_tokens"] = profiled_tokens(info["memory"], args)
         eng = EngineConfig(**{k: args[k] for k in ("max_num_batched_tokens", "max_num_seqs", "block_size",
                                                    "gpu_memory_utilization", "kv_cache_dtype")
                               if args.get(k) is not None})
@@ -590,6 +604,7 @@ __all__ = [
     "fit_profile",
     "held_out",
     "load_run",
+    "profiled_tokens",
     "read_steps",
     "robust_nnls",
     "scale_profile",

@@ -25,6 +25,7 @@ from sim.calibrate import (
     fit_profile,
     held_out,
     load_run,
+    memory_checks,
     scale_profile,
     step_wall_s,
 )
@@ -186,6 +187,14 @@ def test_kv_block_count_equals_the_engines(fit):
         assert plan_memory(M1, H200, eng, prof).num_gpu_blocks == info["num_gpu_blocks"]
         # the first-principles estimate is not the engine's count: the profile is what fixes it
         assert plan_memory(M1, H200, eng).num_gpu_blocks != info["num_gpu_blocks"]
+    # an engine sized once at 8192 tokens and reused for a run at a 2048-token budget: its memory
+    # record is the 8192-token profile's, and the check sizes the simulator the same way
+    reused = _run_json(M1, 8192) | {"name": "reused"}
+    reused["engine_args"] = reused["engine_args"] | {"max_num_batched_tokens": 2048}
+    with_reused = fit_memory([*runs, load_run_from(reused, res)], M1).model_dump()
+    assert with_reused == pytest.approx(mem.model_dump(), rel=1e-6)
+    check = memory_checks([load_run_from(reused, res)], prof, M1, H200)[0]
+    assert check.sim_blocks == check.engine_blocks == reused["num_gpu_blocks"]
 
 
 def load_run_from(info, res):
