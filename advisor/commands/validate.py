@@ -196,6 +196,11 @@ def _verdict_line(r: RunComparison) -> str:
             f"{_pct(v.max_p99_abs_error)} (target {P99_ABS_ERROR_TARGET:.0%})")
 
 
+def _other_failures(r: RunComparison) -> list[str]:
+    """The failed targets the verdict line does not already state (the median's)."""
+    return [f for f in r.verdict.failures if not f.startswith("median |error|")]
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
@@ -226,7 +231,7 @@ def print_comparison(r: RunComparison, console: Console) -> None:
                           f"slowest {_ms(k.engine_max_gpu_ms)}), sim {_ms(k.sim_gpu_ms)} ({k.sim_steps:,} steps, "
                           f"{_signed(k.gpu_error)}); cost model on the engine's steps {_ms(k.model_gpu_ms)} "
                           f"({_signed(k.model_gpu_error)})", highlight=False)
-    console.print(_verdict_line(r) + "".join(f"\n  - {f}" for f in r.verdict.failures), highlight=False)
+    console.print(_verdict_line(r) + "".join(f"\n  - {f}" for f in _other_failures(r)), highlight=False)
 
 
 def print_overview(report: ValidationReport, console: Console) -> None:
@@ -321,8 +326,7 @@ def _run_section(runs: list[RunComparison]) -> list[str]:
         lines.append(f"| {k.kind} | {k.engine_steps:,} | {_ms(k.engine_gpu_ms)} ({_ms(k.engine_max_gpu_ms)}) | "
                      f"{_ms(k.engine_period_ms)} | {cells} |")
     lines.append("")
-    lines += [f"- `{r.profile}`: {_verdict_line(r)}" + ("; " + "; ".join(r.verdict.failures) if r.verdict.failures
-                                                         else "") for r in runs]
+    lines += [f"- `{r.profile}`: {_verdict_line(r)}" + "".join(f"; {f}" for f in _other_failures(r)) for r in runs]
     return lines + [""]
 
 
