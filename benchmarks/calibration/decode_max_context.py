@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from sim.validate import read_steps
 
-MIN_BATCH = 17  # past the batch (~10-14) from which the decode kernel no longer splits the KV: docs/validation.md
+MIN_BATCH = 17  # well past 9, from which the decode kernel no longer splits the KV (docs/validation.md)
 BINS_TOKENS = ((0, 4096), (4096, 8192), (8192, 12288), (12288, 1 << 20))
 
 
