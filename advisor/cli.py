@@ -16,6 +16,7 @@ import typer
 from advisor.commands import app as app_cmd
 from advisor.commands import engine as engine_cmd
 from advisor.commands import simulate, workload
+from advisor.commands import validate as validate_cmd
 from advisor.commands.calibrate import calibrate
 
 app = typer.Typer(
@@ -39,6 +40,7 @@ app.command("simulate")(simulate.simulate)
 app.add_typer(engine_cmd.app, name="engine")
 app.command("app")(app_cmd.serve)
 app.command("calibrate")(calibrate)
+app.command("validate")(validate_cmd.validate)
 
 
 @app.command()

@@ -228,7 +228,7 @@ class CostProfile(BaseModel):
     def load(cls, name_or_path: str | Path = "default") -> CostProfile:
         """A profile from a JSON path, or a name under sim/profiles/."""
         p = Path(name_or_path)
-        if not p.suffix:
+        if p.suffix != ".json" and not p.is_file():  # a name; names hold dots ("h200-llama-3.1-8b")
             p = PROFILES_DIR / f"{name_or_path}.json"
         if not p.is_file():
             have = sorted(q.stem for q in PROFILES_DIR.glob("*.json"))
