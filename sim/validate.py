@@ -27,6 +27,7 @@ from engine.flags import SCHEDULING_FLAGS
 from engine.model_spec import ModelSpec, get_model
 from engine.records import STEP_COLUMNS
 from engine.request import Request
+from sim.calibrate import OPTIONAL_COLUMNS, RECONSTRUCTED_STEPS_FILE, merge_reconstructed
 from sim.config import EngineConfig
 from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
 from sim.hardware import GPUSpec, get_gpu
@@ -303,12 +304,18 @@ def read_steps(path: Path) -> dict[str, np.ndarray] | None:
         except json.JSONDecodeError as exc:
             raise RunFolderError(f"{path}, line {lineno}: not valid JSON ({exc.msg}); the trace is damaged: "
                                  "rerun the engine run, or remove steps.jsonl to validate without it") from None
-        missing = [c for c in STEP_COLUMNS if c not in row]
+        missing = [c for c in STEP_COLUMNS if c not in row and c not in OPTIONAL_COLUMNS]
         if missing:
             raise RunFolderError(f"{path}, line {lineno}: field '{missing[0]}' is missing (a step trace has "
                                  "engine/records.py's StepRecord columns); rerun the engine run with this version")
         rows.append(row)
-    return {c: np.array([math.nan if r[c] is None else r[c] for r in rows], dtype=np.float64) for c in STEP_COLUMNS}
+    cols = {c: np.array([math.nan if r.get(c) is None else r[c] for r in rows], dtype=np.float64)
+            for c in STEP_COLUMNS}
+    for c in OPTIONAL_COLUMNS:  # a trace from before the column: 0, or its reconstruction
+        cols[c] = np.nan_to_num(cols[c])
+    if (path.parent / RECONSTRUCTED_STEPS_FILE).is_file():
+        merge_reconstructed(cols, path.parent / RECONSTRUCTED_STEPS_FILE)
+    return cols
 
 
 def replayed_requests(run_dir: Path, info: EngineRunInfo) -> list[Request]:
@@ -451,9 +458,9 @@ def _mean_ms(seconds: np.ndarray, n_steps: np.ndarray) -> float | None:
 class _StepRow:
     """One step-table row as the cost model reads it (`sim.cost_model.BatchComposition`)."""
 
-    __slots__ = ("num_blocks_allocated", "num_blocks_hashed", "num_decode_seqs", "num_decode_tokens",
-                 "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs", "sum_decode_context",
-                 "sum_prefill_context")
+    __slots__ = ("max_decode_context", "num_blocks_allocated", "num_blocks_hashed", "num_decode_seqs",
+                 "num_decode_tokens", "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs",
+                 "sum_decode_context", "sum_prefill_context")
 
     def __init__(self, values: dict[str, int]) -> None:
         for k, v in values.items():
