@@ -199,7 +199,7 @@ def test_skipping_through_finishes_equals_stepping(replicas, router, overlap):
     np.testing.assert_array_equal(a.requests["replica"], b.requests["replica"])
     through = 0
     cols = ("step_id", "num_batched_tokens", "num_prefill_tokens", "num_decode_seqs", "sum_decode_context",
-            "num_output_tokens", "num_preempted")
+            "max_decode_context", "num_output_tokens", "num_preempted")
     for rep in range(replicas):
         sa = {c: v[a.steps["replica"] == rep] for c, v in a.steps.items()}
         sb = {c: v[b.steps["replica"] == rep] for c, v in b.steps.items()}
