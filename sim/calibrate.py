@@ -8,7 +8,8 @@ the wall `total_s`. The fit:
   mode) as a non-negative combination of roofline features (seconds at the datasheet rates,
   sim/cost_model.py `Roofline.features`) and counts, one coefficient set per step kind: decode-only
   steps (a CUDA graph padded to its captured batch; decode attention with one multiplier per
-  padded-batch knot) and steps with prefill tokens (eager). Non-negative least squares on
+  padded-batch knot, on the summed context and on the longest sequence's) and steps with prefill
+  tokens (eager). Non-negative least squares on
   RELATIVE error (rows weighted by 1 / time), iteratively reweighted (Huber, then Tukey's
   biweight: rows it gives weight 0 are the outliers, counted).
 * CPU: `schedule_s + prepare_s` over counts (step, sequences, tokens, KV tokens, blocks

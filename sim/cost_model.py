@@ -21,9 +21,11 @@ The coefficients (efficiencies, overheads) live in a versioned `CostProfile` JSO
 states which hardware, model and engine it describes. `sim/profiles/default.json` is a
 first-principles profile from datasheet rates; fitted profiles replace it per hardware and model.
 
-For the simulator's skip-ahead, a pure-decode step of B sequences with total context c
-costs `a(B) + b * c` GPU seconds exactly (decode attention is linear in c), so the time
-of n consecutive decode steps, whose context grows by B per step, has a closed form
+For the simulator's skip-ahead, a pure-decode step of B sequences with total context c and
+longest context m costs `a(B) + b(B) * c + d(B) * m` GPU seconds exactly (decode attention is
+linear in both: the summed KV read, and the longest sequence's, which bounds the kernel once it
+stops splitting a sequence's KV over several programs), so the time of n consecutive decode
+steps, whose context grows by B and whose longest context by 1 per step, has a closed form
 (`DecodeRun`).
 """
 
