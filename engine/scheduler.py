@@ -775,7 +775,7 @@ class Scheduler:
         """The step's totals, from its entries, once."""
         entries = out._entries
         num_plain = len(out._batch) - len(entries)  # one decode token each
-        kv = list(map(_kv_tokens, out._batch))
+        kv = [r.num_computed_tokens for r in out._batch]  # (faster than list(map(attrgetter)))
         kv_after, kv_max = sum(kv), max(kv, default=0)
         pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
         pre_kv = []
