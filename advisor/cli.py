@@ -17,6 +17,7 @@ from advisor.commands import advise as advise_cmd
 from advisor.commands import app as app_cmd
 from advisor.commands import engine as engine_cmd
 from advisor.commands import simulate, workload
+from advisor.commands import validate as validate_cmd
 from advisor.commands.calibrate import calibrate
 
 app = typer.Typer(
@@ -41,6 +42,7 @@ app.add_typer(engine_cmd.app, name="engine")
 app.command("advise")(advise_cmd.advise)
 app.command("app")(app_cmd.serve)
 app.command("calibrate")(calibrate)
+app.command("validate")(validate_cmd.validate)
 
 
 @app.command()

@@ -390,7 +390,8 @@ class EngineCore:
             num_prefill_tokens=out.num_prefill_tokens, num_prefill_seqs=out.num_prefill_seqs,
             sum_prefill_context=out.sum_prefill_context, prefill_attn_pairs=out.prefill_attn_pairs,
             num_decode_tokens=out.num_decode_tokens, num_decode_seqs=out.num_decode_seqs,
-            sum_decode_context=out.sum_decode_context, num_spec_tokens=out.num_spec_tokens,
+            sum_decode_context=out.sum_decode_context, max_decode_context=out.max_decode_context,
+            num_spec_tokens=out.num_spec_tokens,
             num_blocks_allocated=out.num_blocks_allocated, num_blocks_hashed=out.num_blocks_hashed,
             num_preempted=len(out.preempted_ids), num_output_tokens=num_output_tokens,
             num_running=sched.num_running, num_waiting=sched.num_waiting, kv_usage=sched.kv_usage)

@@ -122,6 +122,11 @@ class DecodeAdvance:
     def sum_decode_context_first_step(self) -> int:
         return sum(self.stretch.context_lens) + len(self.stretch.context_lens)
 
+    @property
+    def max_decode_context_first_step(self) -> int:
+        """KV tokens after the first step of the longest sequence."""
+        return max(self.stretch.context_lens) + 1
+
     def num_seqs_at(self, i: int) -> int:
         return self.stretch.num_seqs_at(i)
 

@@ -8,7 +8,8 @@ Torch-free: the simulator imports it.
 A step-table row may stand for `n_steps` consecutive steps of the same batch (the simulator's
 skip-ahead through a pure-decode stretch; engine rows always have n_steps = 1). In such a row the
 batch-composition columns describe each one of its steps (they are equal), except
-`sum_decode_context`, which is the first step's (it grows by `num_decode_seqs` per step); the
+`sum_decode_context` and `max_decode_context`, which are the first step's (they grow by
+`num_decode_seqs` and by 1 per step: every sequence of the batch decodes one token); the
 additive columns are totals over the row: timings (`total_s`, `gpu_s`, `cpu_s`), outputs
 (`num_output_tokens`, `drafted`, `accepted`) and block work (`num_blocks_allocated`,
 `num_blocks_hashed`); the gauges (`num_running`, `num_waiting`, `kv_usage`) are those after its
@@ -54,6 +55,7 @@ class StepRecord:
     num_decode_tokens: int = 0
     num_decode_seqs: int = 0
     sum_decode_context: int = 0
+    max_decode_context: int = 0  # the longest decoding sequence's KV (0 without decodes)
     num_spec_tokens: int = 0
     num_blocks_allocated: int = 0  # scheduler blocks (the simulator's may be coarsened)
     num_blocks_hashed: int = 0
@@ -124,7 +126,7 @@ def empty_table(columns: Iterable[str], dtypes: dict[str, Any]) -> dict[str, np.
 
 def expand_step_rows(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One row per engine step: a row of n_steps equal decode steps becomes n rows with that
-    composition (sum_decode_context growing by num_decode_seqs per step), per-step durations
+    composition (sum_decode_context growing by num_decode_seqs per step, max_decode_context by 1), per-step durations
     (linear from first_dt_s to last_dt_s; starts accumulate them) and num_output_tokens (each step of such a row emits one
     token per sequence). What a row only knows as a total stays unsplit: block counts stay on its
     first step (zero on the others), and the GPU/CPU split of its steps is NaN."""
@@ -136,6 +138,7 @@ def expand_step_rows(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out["n_steps"] = np.ones(idx.size, dtype=np.int64)
     out["step_id"] = out["step_id"] + i
     out["sum_decode_context"] = out["sum_decode_context"] + i * out["num_decode_seqs"]
+    out["max_decode_context"] = out["max_decode_context"] + i * (out["num_decode_seqs"] > 0)
     dt = out["first_dt_s"] + (out["last_dt_s"] - out["first_dt_s"]) * i / np.maximum(k - 1, 1)
     out["total_s"], out["first_dt_s"], out["last_dt_s"] = dt, dt.copy(), dt.copy()
     before = np.cumsum(dt) - dt  # durations of the earlier steps, then of the earlier rows too

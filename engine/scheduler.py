@@ -775,8 +775,10 @@ class Scheduler:
         """The step's totals, from its entries, once."""
         entries = out._entries
         num_plain = len(out._batch) - len(entries)  # one decode token each
-        kv_after = sum(map(_kv_tokens, out._batch))
+        kv = [r.num_computed_tokens for r in out._batch]  # (faster than list(map(attrgetter)))
+        kv_after, kv_max = sum(kv), max(kv, default=0)
         pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
+        pre_kv = []
         for e in entries.values():
             q = e.num_new_tokens
             out._num_silent += not e.samples
@@ -785,6 +787,7 @@ class Scheduler:
                 pre_tokens += q
                 pre_seqs += 1
                 pre_ctx += c + q
+                pre_kv.append(c + q)
                 pairs += q * c + q * (q + 1) // 2
             else:
                 dec_tokens += q
@@ -800,6 +803,11 @@ class Scheduler:
         out.num_decode_tokens = dec_tokens + num_plain
         out.num_decode_seqs = dec_seqs + num_plain
         out.sum_decode_context = kv_after - pre_ctx
+        if pre_kv and max(pre_kv) >= kv_max:  # a prefill may hold the longest KV: take the prefills out
+            for c in pre_kv:
+                kv.remove(c)
+            kv_max = max(kv, default=0)
+        out.max_decode_context = kv_max
         out.num_spec_tokens = spec
         self.num_prompt_tokens_computed += pre_tokens
         self.num_spec_drafts += drafts
@@ -1044,6 +1052,7 @@ class Scheduler:
 
 
 _kv_tokens = operator.attrgetter("num_computed_tokens")
+
 
 
 def _counts_and_token_ids(sampled: dict | None) -> tuple[dict[int, int] | None, dict | None]:

@@ -61,6 +61,7 @@ class SchedulerOutput:
     num_decode_seqs: int = 0
     sum_prefill_context: int = 0
     sum_decode_context: int = 0
+    max_decode_context: int = 0  # KV tokens after the step of the longest decoding sequence
     # prefill attention work: sum over prefill entries of q*c + q*(q+1)/2 (q new tokens over
     # c already in KV), the query-key pairs of causal attention; the cost model's FLOP term
     prefill_attn_pairs: int = 0

@@ -8,7 +8,8 @@ the wall `total_s`. The fit:
   mode) as a non-negative combination of roofline features (seconds at the datasheet rates,
   sim/cost_model.py `Roofline.features`) and counts, one coefficient set per step kind: decode-only
   steps (a CUDA graph padded to its captured batch; decode attention with one multiplier per
-  padded-batch knot) and steps with prefill tokens (eager). Non-negative least squares on
+  padded-batch knot, on the summed context and on the longest sequence's) and steps with prefill
+  tokens (eager). Non-negative least squares on
   RELATIVE error (rows weighted by 1 / time), iteratively reweighted (Huber, then Tukey's
   biweight: rows it gives weight 0 are the outliers, counted).
 * CPU: `schedule_s + prepare_s` over counts (step, sequences, tokens, KV tokens, blocks
@@ -62,11 +63,16 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "step_id", "t_start_s", "total_s", "gpu_s", "schedule_s", "prepare_s", "sample_s", "num_prefill_tokens",
     "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
     "sum_decode_context", "num_blocks_allocated", "num_blocks_hashed")
+# columns a trace recorded before they existed: 0 when absent (their feature then fits to 0)
+OPTIONAL_COLUMNS: tuple[str, ...] = ("max_decode_context",)
+# a run folder's reconstruction of a column its trace lacks (benchmarks/calibration/reschedule.py)
+RECONSTRUCTED_STEPS_FILE = "steps_maxctx.jsonl"
 GPU_FEATURES: dict[StepKind, tuple[str, ...]] = {
     # per_seq_s: per sequence of the graph's padded batch (a replay runs the padding rows too);
-    # decode attention: one multiplier per padded-batch knot (decode_kv@B, see decode_knots)
+    # decode attention: one multiplier per padded-batch knot (decode_kv@B, see decode_knots), and
+    # one for the longest sequence's attention per knot (decode_max_kv@B)
     "decode": ("gemm", "step_s", "per_seq_s"),
-    "mixed": ("gemm", "prefill_attention", "decode_kv", "step_s", "per_seq_s"),
+    "mixed": ("gemm", "prefill_attention", "decode_kv", "decode_max_kv", "step_s", "per_seq_s"),
 }
 # Element-wise bytes grow with tokens exactly as the GEMMs' FLOPs (eager batches) or as the
 # per-sequence costs (decode batches) do, so no trace tells them apart: their multiplier is the
@@ -160,7 +166,23 @@ def read_steps(path: str | Path) -> dict[str, np.ndarray]:
     for c in REQUIRED_COLUMNS:
         vals = [r.get(c) for r in rows]
         cols[c] = np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
+    for c in OPTIONAL_COLUMNS:
+        cols[c] = np.array([r.get(c) or 0 for r in rows], dtype=np.float64)
     return cols
+
+
+def merge_reconstructed(steps: dict[str, np.ndarray], path: Path) -> None:
+    """Fill the optional columns from a reconstruction file (rows of step_id and the columns),
+    matched by step_id; refuses one that does not cover every step."""
+    with open(path) as f:
+        rows = {int(r["step_id"]): r for r in map(json.loads, filter(str.strip, f))}
+    missing = [int(s) for s in steps["step_id"] if int(s) not in rows]
+    if missing:
+        raise CalibrationInputError(f"{path}: no row for step {missing[0]} ({len(missing)} steps missing); "
+                                    "rerun benchmarks/calibration/reschedule.py on the run folder")
+    for c in OPTIONAL_COLUMNS:
+        if c in next(iter(rows.values())):
+            steps[c] = np.array([rows[int(s)][c] for s in steps["step_id"]], dtype=np.float64)
 
 
 def _steps_file(folder: Path) -> Path:
@@ -186,12 +208,111 @@ def load_run(path: str | Path, default: EngineConfig | None = None) -> EngineRun
     else:
         steps_path, name = p, p.name.split(".")[0]
     steps = read_steps(steps_path)
+    if p.is_dir() and (p / RECONSTRUCTED_STEPS_FILE).is_file():
+        merge_reconstructed(steps, p / RECONSTRUCTED_STEPS_FILE)
     args = (info or {}).get("engine_args") or {}
     dflt = default or EngineConfig()
     return EngineRun(name=str(name), steps=steps, path=p, run_info=info,
                      async_scheduling=bool(args.get("async_scheduling", dflt.async_scheduling)),
                      max_num_seqs=args.get("max_num_seqs") or dflt.max_num_seqs,
                      enforce_eager=bool(args.get("enforce_eager", False)))
+
+
+# --- reconstruction of columns a trace lacks --------------------------------------------------
+COMPOSITION_COLUMNS: tuple[str, ...] = (
+    "num_batched_tokens", "num_prefill_tokens", "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs",
+    "num_decode_tokens", "num_decode_seqs", "sum_decode_context", "num_blocks_allocated", "num_preempted")
+
+
+# how long before a step's recorded start the replay loop may have looked at the clock: an
+# arrival in that gap is on either side, so both readings are tried
+ARRIVAL_MARGINS_S = (0.0, 1e-4)
+
+
+@dataclass(slots=True)
+class Reschedule:
+    """The shared scheduler re-run on a recorded engine run: each step's `max_decode_context`,
+    and where its batch composition first differs from the recorded row (None: every step equal)."""
+
+    run: str
+    steps: list[dict[str, int]]  # step_id, max_decode_context (and the recomputed columns)
+    num_recorded_steps: int
+    first_mismatch: int | None  # index of the first recorded step whose composition differs
+    mismatched_column: str | None
+
+    @property
+    def exact(self) -> bool:
+        return self.first_mismatch is None and len(self.steps) == self.num_recorded_steps
+
+
+def reschedule(folder: str | Path) -> Reschedule:
+    """`reschedule_with` under each arrival margin: the first that reproduces every step, else the
+    one that reproduces the most steps."""
+    tries = []
+    for margin_s in ARRIVAL_MARGINS_S:
+        r = reschedule_with(folder, margin_s)
+        if r.exact:
+            return r
+        tries.append(r)
+    return max(tries, key=lambda r: r.first_mismatch if r.first_mismatch is not None else len(r.steps))
+
+
+def reschedule_with(folder: str | Path, arrival_margin_s: float) -> Reschedule:
+    """Re-run the scheduler on an engine run folder (run.json, workload.jsonl, steps.jsonl) on the
+    CPU: the run's scheduling flags and KV pool, each request added before the first step that
+    starts at or after its arrival (all before step 0 without `honor_arrivals`), token counts only
+    (the runs ignore EOS). The scheduler is the engine's, so the steps reproduce exactly unless the
+    arrivals fell otherwise between steps."""
+    from engine.config import EngineArgs, scheduler_config
+    from engine.scheduler import Scheduler
+    from sim.workload_source import SourceOptions, load_workload
+
+    p = Path(folder)
+    info = json.loads((p / "run.json").read_text())
+    steps = read_steps(_steps_file(p))
+    args = EngineArgs(**info["engine_args"])
+    sched = Scheduler(scheduler_config(args, num_gpu_blocks=int(info["num_gpu_blocks"])))
+    opts = SourceOptions(trace_format="mooncake", hash_block_size=int(info["hash_block_size"]))
+    reqs = sorted(load_workload(str(p / "workload.jsonl"), opts), key=lambda r: (r.arrival_s, r.request_id))
+    arrivals = [r.arrival_s if info.get("honor_arrivals", True) else 0.0 for r in reqs]
+    recorded = {c: steps[c] for c in COMPOSITION_COLUMNS if c in steps}
+    # the replay loop adds what has arrived some microseconds before the step starts: an arrival
+    # closer to the start than the margin waits for the next step
+    out_rows, mismatch, column, i = [], None, None, 0
+    for k, t_start in enumerate(steps["t_start_s"]):
+        while i < len(reqs) and arrivals[i] <= t_start - arrival_margin_s * (k > 0):
+            sched.add_request(reqs[i])
+            i += 1
+        while not sched.has_unfinished() and i < len(reqs) and arrivals[i] <= t_start:  # it slept until them
+            sched.add_request(reqs[i])
+            i += 1
+        out = _next_scheduled_step(sched)
+        if out is None:
+            break
+        # an async engine's empty schedules (a step in flight, nothing new) take step ids without
+        # rows: the recorded ids label the rows
+        row = {"step_id": int(steps["step_id"][k]), **_composition(out)}
+        out_rows.append(row)
+        if mismatch is None:
+            column = next((c for c in recorded if row[c] != recorded[c][k]), None)
+            mismatch = k if column else None
+        sched.update_from_output(out, None)
+    return Reschedule(info.get("name", p.name), out_rows, len(steps["step_id"]), mismatch, column)
+
+
+def _next_scheduled_step(sched: Any) -> Any:
+    """The next step that schedules tokens (the engine records no row for an empty one)."""
+    while sched.has_unfinished():
+        out = sched.schedule()
+        if out.num_batched_tokens:
+            return out
+        sched.update_from_output(out, None)
+    return None
+
+
+def _composition(out: Any) -> dict[str, int]:
+    row = {c: int(getattr(out, c)) for c in COMPOSITION_COLUMNS if c != "num_preempted"}
+    return row | {"num_preempted": len(out.preempted_ids), "max_decode_context": int(out.max_decode_context)}
 
 
 # --- features -----------------------------------------------------------------------------------
@@ -219,13 +340,19 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     tok = np.where(is_decode, pad, tokens)
     rows = np.where(is_decode, pad, g["num_prefill_seqs"] + g["num_decode_tokens"])
     q = np.where(n_dec > 0, g["num_decode_tokens"] / np.maximum(n_dec, 1), 0.0)
-    f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"])
+    f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"],
+                       g.get("max_decode_context", np.zeros_like(tok)))
     f["step_s"] = np.ones_like(tok)
     f["per_seq_s"] = g["num_prefill_seqs"] + pad
     knots = knots or decode_knots(max_num_seqs)
     hats = np.array([knot_weights(b, knots) for b in np.maximum(pad, 1)]).reshape(-1, len(knots))
     for j, k in enumerate(knots):
         f[f"decode_kv@{k}"] = np.where(is_decode, f["decode_kv"] * hats[:, j], 0.0)
+    # the longest sequence's term from batch 2 (at 1 it is the summed term: no knot there)
+    max_knots = [k for k in knots if k > 1]
+    hats = np.array([knot_weights(b, max_knots) for b in np.maximum(pad, 1)]).reshape(-1, len(max_knots))
+    for j, k in enumerate(max_knots):
+        f[f"decode_max_kv@{k}"] = np.where(is_decode & (pad > 1), f["decode_max_kv"] * hats[:, j], 0.0)
 
     return is_decode, f
 
@@ -470,7 +597,8 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float])
     # knots without steps near them stay at their prior: they do not count in the steps needed
     need = MIN_STEPS_PER_FEATURE * (len(names) + (kind == "decode"))
     if kind == "decode":
-        names = (*names, *sorted((k for k in rows.gpu_x if k.startswith("decode_kv@")), key=_knot))
+        names = (*names, *sorted((k for k in rows.gpu_x if k.startswith("decode_kv@")), key=_knot),
+                 *sorted((k for k in rows.gpu_x if k.startswith("decode_max_kv@")), key=_knot))
     in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
     train = in_kind & ~rows.held
     if train.sum() < need:
@@ -483,8 +611,10 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float])
     fit = robust_nnls(_matrix(rows.gpu_x, names, train), rows.gpu_y[train], offset[train], prior)
     coef = dict(zip(names, map(float, fit.coef)))
     pred = offset + sum(c * rows.gpu_x[n] for n, c in coef.items())
-    knots = tuple((_knot(n), coef.pop(n)) for n in list(coef) if "@" in n)
-    terms = GpuTerms(**coef | fixed, decode_kv_by_batch=knots)
+    knots = {p: tuple((_knot(n), coef.pop(n)) for n in list(coef) if n.startswith(f"{p}@"))
+             for p in ("decode_kv", "decode_max_kv")}
+    terms = GpuTerms(**coef | fixed, decode_kv_by_batch=knots["decode_kv"],
+                     decode_max_kv_by_batch=knots["decode_max_kv"])
     return terms, pred, int(train.sum()), int(fit.outliers.sum())
 
 

@@ -21,9 +21,11 @@ The coefficients (efficiencies, overheads) live in a versioned `CostProfile` JSO
 states which hardware, model and engine it describes. `sim/profiles/default.json` is a
 first-principles profile from datasheet rates; fitted profiles replace it per hardware and model.
 
-For the simulator's skip-ahead, a pure-decode step of B sequences with total context c
-costs `a(B) + b * c` GPU seconds exactly (decode attention is linear in c), so the time
-of n consecutive decode steps, whose context grows by B per step, has a closed form
+For the simulator's skip-ahead, a pure-decode step of B sequences with total context c and
+longest context m costs `a(B) + b(B) * c + d(B) * m` GPU seconds exactly (decode attention is
+linear in both: the summed KV read, and the longest sequence's, which bounds the kernel once it
+stops splitting a sequence's KV over several programs), so the time of n consecutive decode
+steps, whose context grows by B and whose longest context by 1 per step, has a closed form
 (`DecodeRun`).
 """
 
@@ -77,12 +79,28 @@ class GpuTerms(BaseModel):
     # interpolated in log2(batch) (replaces `decode_kv`): how well the attention kernel fills the
     # GPU depends on how many sequences it splits the KV over
     decode_kv_by_batch: tuple[tuple[int, float], ...] = ()
+    # x the LONGEST decoding sequence's attention (one sequence's KV / bandwidth), added to the
+    # summed term: once the kernel stops splitting a sequence's KV over several programs (padded
+    # batch >= 16 on an H200), the program holding the longest sequence finishes last.
+    # `decode_max_kv` for eager steps, by padded-batch knot for decode-only steps
+    decode_max_kv: float = _COEF
+    decode_max_kv_by_batch: tuple[tuple[int, float], ...] = ()
 
     def decode_kv_multiplier(self, padded_batch: int) -> float:
-        if not self.decode_kv_by_batch:
-            return self.decode_kv
-        knots = [k for k, _ in self.decode_kv_by_batch]
-        return sum(c * w for (_, c), w in zip(self.decode_kv_by_batch, knot_weights(padded_batch, knots)))
+        return _by_knot(self.decode_kv_by_batch, self.decode_kv, padded_batch)
+
+    def decode_max_kv_multiplier(self, padded_batch: int) -> float:
+        if padded_batch <= 1 and self.decode_max_kv_by_batch:  # one sequence: the summed term is it
+            return 0.0
+        return _by_knot(self.decode_max_kv_by_batch, self.decode_max_kv, padded_batch)
+
+
+def _by_knot(by_batch: tuple[tuple[int, float], ...], default: float, padded_batch: int) -> float:
+    """A multiplier interpolated between (batch, multiplier) knots; `default` without knots."""
+    if not by_batch:
+        return default
+    knots = [k for k, _ in by_batch]
+    return sum(c * w for (_, c), w in zip(by_batch, knot_weights(padded_batch, knots)))
 
 
 def knot_weights(x: float, knots: Sequence[float]) -> list[float]:
@@ -212,7 +230,7 @@ class CostProfile(BaseModel):
     def load(cls, name_or_path: str | Path = "default") -> CostProfile:
         """A profile from a JSON path, or a name under sim/profiles/."""
         p = Path(name_or_path)
-        if not p.suffix:
+        if p.suffix != ".json" and not p.is_file():  # a name; names hold dots ("h200-llama-3.1-8b")
             p = PROFILES_DIR / f"{name_or_path}.json"
         if not p.is_file():
             have = sorted(q.stem for q in PROFILES_DIR.glob("*.json"))
@@ -263,6 +281,7 @@ class BatchComposition(Protocol):
     num_decode_seqs: int
     num_decode_tokens: int  # decode seqs x (1 + k): verification tokens included
     sum_decode_context: int
+    max_decode_context: int  # the longest decoding sequence's KV
     num_blocks_allocated: int
     num_blocks_hashed: int
 
@@ -308,7 +327,7 @@ class Roofline:
                    ew_s_per_token=ew_bytes / bw)
 
     def features(self, tokens: Any, rows: Any, prefill_pairs: Any, prefill_kv_tokens: Any,
-                 decode_q_per_seq: Any, decode_kv_tokens: Any) -> dict[str, Any]:
+                 decode_q_per_seq: Any, decode_kv_tokens: Any, decode_max_kv_tokens: Any = 0) -> dict[str, Any]:
         """The roofline terms of a forward (seconds at efficiency 1), scalars or numpy arrays alike:
         what a fitted profile's multipliers (`GpuTerms`) apply to."""
         mx = np.maximum
@@ -316,6 +335,7 @@ class Roofline:
             "gemm": mx(self.gemm_s_per_token * tokens + self.gemm_s_per_row * rows, self.weights_s),
             "prefill_attention": mx(self.attn_s_per_pair * prefill_pairs, self.kv_s_per_token * prefill_kv_tokens),
             "decode_kv": mx(self.attn_s_per_pair * decode_q_per_seq, self.kv_s_per_token) * decode_kv_tokens,
+            "decode_max_kv": mx(self.attn_s_per_pair * decode_q_per_seq, self.kv_s_per_token) * decode_max_kv_tokens,
             "elementwise": self.ew_s_per_token * tokens,
         }
 
@@ -323,8 +343,8 @@ class Roofline:
 @dataclass(frozen=True, slots=True)
 class _Forward:
     """A forward pass's time, folded to multiply-adds: `max(gemm_tok x tokens + gemm_row x rows,
-    weights) + max(pair x pairs, kv x prefill KV) + max(pair x q, kv) x decode KV + ew x tokens
-    + per_token x tokens + fixed + per_seq x sequences`."""
+    weights) + max(pair x pairs, kv x prefill KV) + max(pair x q, kv) x decode KV + max(max_pair x q,
+    max_kv) x the longest decode's KV + ew x tokens + per_token x tokens + fixed + per_seq x sequences`."""
 
     gemm_tok: float
     gemm_row: float
@@ -333,6 +353,8 @@ class _Forward:
     kv: float
     dkv_pair: float  # decode attention: per (query, key) pair and per KV token, apart from prefill's
     dkv: float
+    max_pair: float  # the longest decode's attention, per pair and per KV token
+    max_kv: float
     ew: float
     fixed: float
     per_seq: float
@@ -343,14 +365,17 @@ class _Forward:
                    weights=t.gemm * r.weights_s, pair=t.prefill_attention * r.attn_s_per_pair,
                    kv=t.prefill_attention * r.kv_s_per_token, dkv_pair=t.decode_kv * r.attn_s_per_pair,
                    dkv=t.decode_kv * r.kv_s_per_token, ew=t.elementwise * r.ew_s_per_token,
+                   max_pair=t.decode_max_kv * r.attn_s_per_pair, max_kv=t.decode_max_kv * r.kv_s_per_token,
                    fixed=t.step_s + fixed_extra_s, per_seq=t.per_seq_s)
 
     def seconds(self, tokens: float, rows: float, prefill_pairs: float, prefill_kv: float, q_per_seq: float,
-                decode_kv: float, seqs: float) -> float:
+                decode_kv: float, seqs: float, max_decode_kv: float = 0.0) -> float:
         gemm = self.gemm_tok * tokens + self.gemm_row * rows
         gemm = max(gemm, self.weights)
         pre = max(self.pair * prefill_pairs, self.kv * prefill_kv)
         dec = max(self.dkv_pair * q_per_seq, self.dkv) * decode_kv
+        if max_decode_kv:
+            dec += max(self.max_pair * q_per_seq, self.max_kv) * max_decode_kv
         return gemm + pre + dec + self.ew * tokens + self.fixed + self.per_seq * seqs
 
 
@@ -388,7 +413,7 @@ class CostModel:
         else:
             self._ar_fixed_s = self._ar_s_per_token = 0.0
         self._gpu_fixed_s = p.gpu_step_overhead_s
-        self._decode_terms: dict[int, tuple[float, float, float]] = {}  # num_seqs -> decode_linear()
+        self._decode_terms: dict[int, DecodeTerms] = {}  # num_seqs -> decode_linear()
         self._cpu_step_s, self._cpu_seq_s = p.cpu_step_s, p.cpu_per_seq_s
         self._cpu_blk_s, self._cpu_hash_s = p.cpu_per_block_allocated_s, p.cpu_per_block_hashed_s
         self._cpu_tok_s = self._cpu_ctx_s = 0.0
@@ -459,10 +484,11 @@ class CostModel:
             terms = self._decode_terms.get(n)
             if terms is None:
                 terms = self._decode_terms[n] = self.decode_linear(n)
-            return terms[0] + terms[1] * b.sum_decode_context
+            return terms.gpu_s + terms.per_context_s * b.sum_decode_context + terms.per_max_context_s * (
+                b.max_decode_context)
         return self._fit_mixed.seconds(tokens, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
                                        b.sum_prefill_context, q_per_seq, b.sum_decode_context,
-                                       b.num_prefill_seqs + n) + ar
+                                       b.num_prefill_seqs + n, b.max_decode_context) + ar
 
     def proposer_gpu_s(self, b: BatchComposition) -> float:
         """Draft model / EAGLE head: one pass over the prefill chunks, k passes over the decodes."""
@@ -499,41 +525,54 @@ class CostModel:
         return gpu_s + cpu_s + self._host_s
 
     # --- closed forms ---------------------------------------------------------------
-    def decode_linear(self, num_seqs: int) -> tuple[float, float, float]:
-        """(a, b, cpu) with GPU time = a + b * sum_context for a pure decode of `num_seqs`
-        sequences without speculation, and CPU time `cpu` + the per-context-token term (block
-        terms excluded)."""
+    def decode_linear(self, num_seqs: int) -> DecodeTerms:
+        """A pure decode of `num_seqs` sequences without speculation, linear in its summed and
+        longest context (block terms excluded)."""
         cpu = self._cpu_step_s + self._cpu_seq_s * num_seqs + self._cpu_tok_s * num_seqs
         if self._fit_decode is not None:
             pad = graph_bucket(num_seqs, self._max_num_seqs)
             a = self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad) + self._ar_s_per_token * num_seqs
             r, t = self.roofline, self.profile.decode
-            per_ctx = max(r.attn_s_per_pair, r.kv_s_per_token) * t.decode_kv_multiplier(pad)
-            return a, per_ctx, cpu
+            per_token = max(r.attn_s_per_pair, r.kv_s_per_token)
+            return DecodeTerms(a, per_token * t.decode_kv_multiplier(pad),
+                               per_token * t.decode_max_kv_multiplier(pad), cpu)
         a = self.forward_s(num_seqs, num_seqs, 0.0, 0.0, 0.0, 0.0)
-        per_ctx = max(self._attn_s_per_pair, self._kv_s_per_token)
-        return a, per_ctx, cpu
+        return DecodeTerms(a, max(self._attn_s_per_pair, self._kv_s_per_token), 0.0, cpu)
 
-    def decode_run(self, num_seqs: int, sum_context: int, num_steps: int) -> DecodeRun:
-        """`num_steps` pure-decode steps; the first sees `sum_context` tokens of context."""
+    def decode_run(self, num_seqs: int, sum_context: int, num_steps: int, max_context: int = 0) -> DecodeRun:
+        """`num_steps` pure-decode steps; the first sees `sum_context` tokens of context, its
+        longest sequence `max_context` (both KV lengths after the step; each step adds one token
+        to every sequence, so the GPU time stays linear in the step index)."""
         # a skip-ahead asks for a few batch sizes thousands of times: their terms are kept
-        terms = self._decode_terms.get(num_seqs)
-        if terms is None:
-            terms = self._decode_terms[num_seqs] = self.decode_linear(num_seqs)
-        a, per_ctx, cpu = terms
+        t = self._decode_terms.get(num_seqs)
+        if t is None:
+            t = self._decode_terms[num_seqs] = self.decode_linear(num_seqs)
+        gpu = t.gpu_s + t.per_context_s * sum_context + t.per_max_context_s * max_context
         # the fitted overlap terms shift the GPU and CPU sides of combine(): folded in here so
         # that DecodeRun.dt(i) equals combine(gpu_i, cpu) step by step
-        cpu += self._cpu_ctx_s * sum_context
+        cpu = t.cpu_s + self._cpu_ctx_s * sum_context
         if self.async_scheduling:
-            g0, cpu = a + per_ctx * sum_context + self._gap_s, cpu + self._host_s
+            g0, cpu = gpu + self._gap_s, cpu + self._host_s
         else:
-            g0 = a + per_ctx * sum_context + self._host_s
-        return DecodeRun(g0=g0, slope=per_ctx * num_seqs, cpu=cpu, n=num_steps, overlap=self.async_scheduling,
-                         cpu_slope=self._cpu_ctx_s * num_seqs)
+            g0 = gpu + self._host_s
+        return DecodeRun(g0=g0, slope=t.per_context_s * num_seqs + t.per_max_context_s, cpu=cpu, n=num_steps,
+                         overlap=self.async_scheduling, cpu_slope=self._cpu_ctx_s * num_seqs)
 
-    def decode_stretch(self, segments: Sequence[tuple[int, int, int]]) -> DecodeRuns:
-        """Consecutive pure-decode segments, each (num_seqs, sum_context of its first step, num_steps)."""
-        return DecodeRuns([self.decode_run(b, c, k) for b, c, k in segments])
+    def decode_stretch(self, segments: Sequence[tuple[int, int, int, int]]) -> DecodeRuns:
+        """Consecutive pure-decode segments, each (num_seqs, sum_context of its first step, num_steps,
+        max_context of its first step)."""
+        return DecodeRuns([self.decode_run(b, c, k, m) for b, c, k, m in segments])
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTerms:
+    """A pure decode batch's step: GPU seconds `gpu_s + per_context_s x sum_context +
+    per_max_context_s x max_context`, CPU seconds `cpu_s` + the per-context-token term."""
+
+    gpu_s: float
+    per_context_s: float
+    per_max_context_s: float
+    cpu_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -674,6 +713,7 @@ __all__ = [
     "CostProfile",
     "CpuTerms",
     "DecodeRun",
+    "DecodeTerms",
     "GpuTerms",
     "MemoryTerms",
     "OverlapTerms",

@@ -83,6 +83,14 @@ def _first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.E
     return either
 
 
+def _suffix_max(values: Sequence[int]) -> list[int]:
+    """out[k] = max(values[k:]) (0 past the end)."""
+    out = [0] * (len(values) + 1)
+    for k in range(len(values) - 1, -1, -1):
+        out[k] = max(values[k], out[k + 1])
+    return out
+
+
 def delay_until(now: float, t: float) -> float:
     """The timeout that lands on the clock's first time not before t. SimPy adds delays to `now`,
     and `now + (t - now)` can round one ulp below t (and t itself may be unreachable from now by
@@ -243,7 +251,8 @@ class _Replica:
             num_prefill_tokens=out.num_prefill_tokens, num_prefill_seqs=out.num_prefill_seqs,
             sum_prefill_context=out.sum_prefill_context, prefill_attn_pairs=out.prefill_attn_pairs,
             num_decode_tokens=out.num_decode_tokens, num_decode_seqs=out.num_decode_seqs,
-            sum_decode_context=out.sum_decode_context, num_spec_tokens=out.num_spec_tokens,
+            sum_decode_context=out.sum_decode_context, max_decode_context=out.max_decode_context,
+            num_spec_tokens=out.num_spec_tokens,
             num_blocks_allocated=out.num_blocks_allocated, num_blocks_hashed=out.num_blocks_hashed,
             num_preempted=len(out.preempted_ids), num_output_tokens=n_out, drafted=drafted,
             accepted=accepted, num_running=sched.num_running, num_waiting=sched.num_waiting,
@@ -299,6 +308,7 @@ class _Replica:
         (`DecodeAdvance.stretch.segments()`), but stops at the horizon."""
         num = len(by_remaining)
         ctx_left = sum_ctx  # KV tokens of the requests still decoding at step `first`
+        longest = _suffix_max([c for _, c in by_remaining])  # longest KV among requests k..
         runs, elapsed_s, first, k = [], 0.0, 0, 0
         while first < n and elapsed_s <= horizon_s:
             while by_remaining[k][0] <= first:
@@ -306,7 +316,7 @@ class _Replica:
                 k += 1
             end = min(by_remaining[k][0], n)
             b = num - k
-            runs.append(self.cost.decode_run(b, ctx_left + (first + 1) * b, end - first))
+            runs.append(self.cost.decode_run(b, ctx_left + (first + 1) * b, end - first, longest[k] + first + 1))
             elapsed_s += runs[-1].elapsed_s(end - first)
             first = end
         return DecodeRuns(runs)
@@ -345,6 +355,7 @@ class _Replica:
             total_s=end_s - start_s, first_dt_s=run.dt(0), last_dt_s=run.dt(num_steps - 1),
             gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=b, num_decode_tokens=b,
             num_decode_seqs=b, sum_decode_context=adv.sum_decode_context_first_step,
+            max_decode_context=adv.max_decode_context_first_step,
             num_blocks_allocated=adv.num_blocks_allocated, num_blocks_hashed=adv.num_blocks_hashed,
             num_output_tokens=num_steps * b, num_running=self.sched.num_running,
             num_waiting=self.sched.num_waiting, kv_usage=self.sched.kv_usage)

@@ -5,11 +5,14 @@ Shared by the command line and the dashboard, so both read sources the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.request import Request
 from sim.builtin_traces import BUILTIN_TRACES, builtin_trace_path
 from sim.generate import generate
 from sim.traces import TraceFormat, check_input_file, load_trace, spread_ties
@@ -209,3 +212,21 @@ def load_workload(source: str, opts: SourceOptions | None = None) -> Workload:
     if opts.rate_rps is not None:
         wl = wl.at_rate(opts.rate_rps)
     return wl
+
+
+def cap_prompt_lengths(requests: Sequence[Request], max_prompt_len: int | None) -> list[Request]:
+    """`requests` with every prompt longer than `max_prompt_len` cut to it, its hash ids with it
+    (the blocks that still hold prompt tokens), so the engine and the simulator replay the same
+    shortened prompts. None keeps them whole."""
+    if max_prompt_len is None:
+        return list(requests)
+    if max_prompt_len < 1:
+        raise ValueError(f"--max-prompt-len {max_prompt_len}: must be an integer >= 1")
+    return [r if r.prompt_len <= max_prompt_len else dataclasses.replace(
+        r, prompt_len=max_prompt_len, hash_ids=r.hash_ids[: -(-max_prompt_len // r.hash_block_size)],
+        prompt_token_ids=None) for r in requests]
+
+
+def all_at_time_zero(requests: Sequence[Request]) -> list[Request]:
+    """`requests` all arriving at t = 0 (an offline run: `--no-arrivals`), order kept."""
+    return [r if r.arrival_s == 0.0 else dataclasses.replace(r, arrival_s=0.0) for r in requests]

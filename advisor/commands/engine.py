@@ -93,19 +93,13 @@ def run(
     cfg = EngineArgs(usage_context="api_server", **(engine_flags or {}))
     _check_outputs(out, metrics_file, force=force, inputs=[workload])  # before any work
     _require_torch()
-    import dataclasses
-
     from engine.core import EngineCore
     from engine.metrics import EngineMetrics
     from engine.replay import replay
-    from sim.workload_source import load_workload
+    from sim.workload_source import cap_prompt_lengths, load_workload
 
     wl = load_workload(workload, source)
-    requests = list(wl.requests)
-    if max_prompt_len is not None:
-        requests = [r if r.prompt_len <= max_prompt_len else dataclasses.replace(
-            r, prompt_len=max_prompt_len, hash_ids=r.hash_ids[: -(-max_prompt_len // r.hash_block_size)],
-            prompt_token_ids=None) for r in requests]
+    requests = cap_prompt_lengths(wl.requests, max_prompt_len)
     core = EngineCore(cfg)
     warm = core.warm_up()  # compile every kernel variant before the clock starts
     typer.echo(f"warm-up: {warm.num_requests} requests, {warm.num_steps} steps, {warm.seconds:.1f} s, "

@@ -40,7 +40,7 @@ from sim.run import (
     run,
     summarize,
 )
-from sim.workload_source import SourceOptions
+from sim.workload_source import SourceOptions, all_at_time_zero, cap_prompt_lengths
 
 
 def parse_disagg(text: str | None, *, link: str, link_gb_per_s: float | None,
@@ -122,12 +122,23 @@ def print_summary(s: dict[str, Any], console: Console) -> None:
     if s.get("vllm_args") is not None:
         g.add_row("vllm serve", s["vllm_args"] or "(defaults)")
     if s.get("profile"):
-        g.add_row("cost profile", f"{s['profile']} ({s['profile_status']})")
+        g.add_row("cost profile", f"{s['profile']} ({s['profile_status']})" + validation_note(s.get("profile_validation")))
     coarse = s.get("kv_block_coarsening") or 1
     g.add_row("simulated", f"{s['num_engine_steps']:,} engine steps in {s['wall_s']:.2f} s wall "
               f"({s['simulated_requests_per_wall_s']:,.0f} requests/s)"
               + (f"; KV blocks coarsened x{coarse}" if coarse > 1 else ""))
     console.print(g)
+
+
+def validation_note(v: dict[str, Any] | None) -> str:
+    """How the profile did against the real engine (`costline validate --write-profile-validation`)."""
+    if not v or v.get("median_abs_error") is None:
+        return ""
+    runs, passed = v.get("runs") or [], v.get("runs_passed") or []
+    worst = v.get("worst_p99_abs_error")
+    return (f": median |error| {v['median_abs_error']:.1%} over {len(runs)} held-out engine runs"
+            + (f", worst p99 {worst:.1%}" if worst is not None else "")
+            + f"; {len(passed)} of {len(runs)} within issue 10's targets (docs/validation.md)")
 
 
 COMPARE_KEYS = ("completed", "failed", "duration", "request_throughput", "request_goodput",
@@ -179,6 +190,11 @@ def simulate(
     sim_block_coarsening: Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")] = "1",
     no_skip_ahead: Annotated[bool, typer.Option("--no-skip-ahead", help="step every decode step (slow; for checks)")] = False,
     compare: Annotated[tuple[str, str] | None, typer.Option("--compare", help="two saved run directories: A B")] = None,
+    max_prompt_len: Annotated[int | None, typer.Option(
+        "--max-prompt-len", min=1, help="truncate longer prompts (and their hash ids) to this many tokens "
+        "(as `engine run`)")] = None,
+    no_arrivals: Annotated[bool, typer.Option("--no-arrivals", help="submit everything at t=0 (offline, as "
+                                              "`engine run --no-arrivals`)")] = False,
     force: Force = False,
     engine_flags: dict[str, Any] | None = None,
     source: SourceOptions | None = None,
@@ -204,7 +220,7 @@ def simulate(
         plan_memory(deployment.model, deployment.gpu, deployment.engine.resolved_for(deployment.gpu, deployment.model))
     if out is not None:  # before any work: a refused --out must not cost a simulation
         check_output_dir(out, flag="--out", force=force, inputs=[workload, profile])
-    loaded = load(workload, source, seed=seed)
+    loaded = reshape(load(workload, source, seed=seed), max_prompt_len=max_prompt_len, no_arrivals=no_arrivals)
     result = _run_with_progress(loaded, config, show=not as_json)
     summary = summarize(result)
     warn_unserved(summary)
@@ -224,6 +240,19 @@ def simulate(
                       "(benchmarks/sim/results.md)", style="dim", highlight=False)
 
 
+def reshape(loaded: LoadedWorkload, *, max_prompt_len: int | None, no_arrivals: bool) -> LoadedWorkload:
+    """The workload options `simulate` shares with `engine run`, applied by the same functions."""
+    if max_prompt_len is None and not no_arrivals:
+        return loaded
+    requests, notes = cap_prompt_lengths(loaded.requests, max_prompt_len), list(loaded.notes)
+    if max_prompt_len is not None:
+        notes.append(f"prompts capped at {max_prompt_len} tokens")
+    if no_arrivals:
+        requests = all_at_time_zero(requests)
+        notes.append("every request submitted at t=0")
+    return LoadedWorkload(requests, loaded.name, notes)
+
+
 def _run_with_progress(loaded: LoadedWorkload, config: SimConfig, *, show: bool):
     """`run`, with a progress bar on a terminal when the workload is large."""
     if not (show and len(loaded.requests) >= 5000 and sys.stderr.isatty()):
@@ -235,4 +264,4 @@ def _run_with_progress(loaded: LoadedWorkload, config: SimConfig, *, show: bool)
         return run(loaded, config, progress=lambda f: bar.update(task, completed=f))
 
 
-__all__ = ["compare_runs", "parse_coarsening", "parse_disagg", "simulate"]
+__all__ = ["compare_runs", "parse_coarsening", "parse_disagg", "reshape", "simulate", "validation_note"]

@@ -47,13 +47,14 @@ def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, len
     if n == 0:
         return
     n_take = min(n, take)
-    seqs, ctx, finished, finish_steps = [], [], [], []
+    seqs, ctx, longest, finished, finish_steps = [], [], [], [], []
     alloc = freed = hashed = tokens = 0
     for i in range(n_take):
         out = a.schedule()
         assert out.num_prefill_seqs == 0 and not out.preempted_ids and not out.num_spec_tokens
         seqs.append(out.num_decode_seqs)
         ctx.append(out.sum_decode_context)
+        longest.append(out.max_decode_context)
         res = a.update_from_output(out)
         finished += res
         finish_steps += [i] * len(res)
@@ -70,6 +71,7 @@ def test_advance_decode_equals_stepping(block_size, num_gpu_blocks, caching, len
     assert adv.finished == finished and adv.finish_steps == finish_steps
     assert [adv.num_seqs_at(i) for i in range(n_take)] == seqs
     assert [adv.sum_decode_context_at(i) for i in range(n_take)] == ctx
+    assert adv.max_decode_context_first_step == longest[0]
     segments = adv.stretch.segments()
     assert [g.num_seqs for g in segments for _ in range(g.num_steps)] == [x for x in seqs if x]
     assert all(g.sum_decode_context_first_step == ctx[g.first_step] for g in segments)

@@ -107,6 +107,7 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
         assert out.prefill_attn_pairs == sum(x.num_new_tokens * x.num_computed_tokens
                                              + x.num_new_tokens * (x.num_new_tokens + 1) // 2 for x in pre)
         assert out.sum_decode_context == sum(x.num_computed_tokens + x.num_new_tokens for x in dec)
+        assert out.max_decode_context == max((x.num_computed_tokens + x.num_new_tokens for x in dec), default=0)
         assert out.num_spec_tokens == sum(x.num_spec_tokens for x in out.scheduled)
         assert all(x.num_spec_tokens == 0 for x in pre)
         n_new = sum(len(x.new_block_ids) for x in out.scheduled)

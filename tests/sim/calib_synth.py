@@ -16,8 +16,12 @@ from sim.hardware import GPUSpec
 EW = FIXED_MULTIPLIERS["elementwise"]
 # decode attention: worst where the padded batch stops splitting the KV (16), best at 64-128
 KV_BY_BATCH = ((1, 1.2), (2, 1.25), (4, 1.3), (8, 1.35), (16, 1.9), (32, 1.4), (64, 1.1), (128, 1.05), (256, 1.1))
-TRUE_DECODE = GpuTerms(gemm=1.15, elementwise=EW, step_s=1.2e-3, per_seq_s=8e-6, decode_kv_by_batch=KV_BY_BATCH)
-TRUE_MIXED = GpuTerms(gemm=1.25, prefill_attention=1.6, decode_kv=1.4, elementwise=EW, step_s=2.5e-3, per_seq_s=2e-5)
+# the longest sequence's attention: no split-KV from padded batch 16 on
+MAX_KV_BY_BATCH = ((2, 0.0), (4, 0.0), (8, 0.0), (16, 0.9), (32, 0.8), (64, 0.6), (128, 0.0), (256, 0.0))
+TRUE_DECODE = GpuTerms(gemm=1.15, elementwise=EW, step_s=1.2e-3, per_seq_s=8e-6, decode_kv_by_batch=KV_BY_BATCH,
+                       decode_max_kv_by_batch=MAX_KV_BY_BATCH)
+TRUE_MIXED = GpuTerms(gemm=1.25, prefill_attention=1.6, decode_kv=1.4, decode_max_kv=0.5, elementwise=EW,
+                      step_s=2.5e-3, per_seq_s=2e-5)
 TRUE_CPU = CpuTerms(step_s=3e-4, per_seq_s=2.5e-5, per_token_s=2e-7, per_context_token_s=3e-9,
                     per_block_allocated_s=1.5e-6, per_block_hashed_s=1e-6)
 TRUE_OVERLAP = OverlapTerms(async_gpu_gap_s=1e-4, async_host_s=2e-4, sync_extra_s=5e-5)
@@ -28,7 +32,8 @@ BLOCK = 16
 def _compositions(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
     cols = {c: np.zeros(n) for c in ("num_prefill_tokens", "num_prefill_seqs", "sum_prefill_context",
                                      "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
-                                     "sum_decode_context", "num_blocks_allocated", "num_blocks_hashed")}
+                                     "sum_decode_context", "max_decode_context", "num_blocks_allocated",
+                                     "num_blocks_hashed")}
     decode = rng.random(n) < 0.6
     for i in range(n):
         if decode[i]:
@@ -48,7 +53,10 @@ def _compositions(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
             fresh = rng.random(seqs) < 0.6
             cols["num_blocks_allocated"][i] = (-(-chunks[fresh] // BLOCK)).sum()
         cols["num_decode_seqs"][i] = cols["num_decode_tokens"][i] = b
-        cols["sum_decode_context"][i] = b * rng.integers(64, 32768) if b else 0
+        mean_ctx = rng.integers(64, 32768)
+        cols["sum_decode_context"][i] = b * mean_ctx if b else 0
+        # the longest sequence: 1 to 8 times the mean (at most the whole sum)
+        cols["max_decode_context"][i] = round(mean_ctx * rng.uniform(1, min(b, 8))) if b else 0
         cols["num_blocks_allocated"][i] += rng.binomial(b, 1 / BLOCK)
     return cols
 
@@ -62,13 +70,17 @@ def true_gpu_s(cols: dict[str, np.ndarray], rates: Roofline) -> np.ndarray:
     tokens = np.where(is_dec, pad, cols["num_prefill_tokens"] + n_dec)
     rows = np.where(is_dec, pad, cols["num_prefill_seqs"] + n_dec)
     f = rates.features(tokens, rows, cols["prefill_attn_pairs"], cols["sum_prefill_context"],
-                       np.where(n_dec > 0, 1.0, 0.0), cols["sum_decode_context"])
+                       np.where(n_dec > 0, 1.0, 0.0), cols["sum_decode_context"], cols["max_decode_context"])
     seqs = cols["num_prefill_seqs"] + np.where(is_dec, pad, n_dec)  # a graph runs its padding rows
     knots, mult = np.log2([k for k, _ in KV_BY_BATCH]), [c for _, c in KV_BY_BATCH]
     decode_mult = np.interp(np.log2(np.maximum(pad, 1)), knots, mult)  # linear in log2(batch)
+    mknots, mmult = np.log2([k for k, _ in MAX_KV_BY_BATCH]), [c for _, c in MAX_KV_BY_BATCH]
+    max_mult = np.where(pad > 1, np.interp(np.log2(np.maximum(pad, 1)), mknots, mmult), 0.0)
     out = np.zeros(n_dec.size)
-    for t, mask, dkv in ((TRUE_DECODE, is_dec, decode_mult), (TRUE_MIXED, ~is_dec, TRUE_MIXED.decode_kv)):
+    for t, mask, dkv, dmax in ((TRUE_DECODE, is_dec, decode_mult, max_mult),
+                               (TRUE_MIXED, ~is_dec, TRUE_MIXED.decode_kv, TRUE_MIXED.decode_max_kv)):
         g = (t.gemm * f["gemm"] + t.prefill_attention * f["prefill_attention"] + dkv * f["decode_kv"]
+             + dmax * f["decode_max_kv"]
              + t.elementwise * f["elementwise"] + t.step_s + t.per_seq_s * seqs)
         out = np.where(mask, g, out)
     return out

@@ -11,6 +11,8 @@ preemption.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,7 @@ from engine.model_spec import get_model
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS, expand_step_rows
 from engine.replay import replay
 from engine.request import Request
+from sim.calibrate import RECONSTRUCTED_STEPS_FILE, load_run, reschedule
 from sim.config import DeploymentConfig, EngineConfig
 from sim.hardware import get_gpu
 from sim.simulator import Simulation
@@ -36,8 +39,8 @@ FLAGS = {"block_size": BLOCK, "max_num_batched_tokens": 32, "max_num_seqs": 6, "
 # what the scheduler decided, per step: every column but timings
 DECISION_COLUMNS = ("step_id", "num_batched_tokens", "num_prefill_tokens", "num_prefill_seqs",
                     "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
-                    "sum_decode_context", "num_spec_tokens", "num_blocks_allocated", "num_blocks_hashed",
-                    "num_preempted", "num_output_tokens", "num_running", "num_waiting", "kv_usage")
+                    "sum_decode_context", "max_decode_context", "num_spec_tokens", "num_blocks_allocated",
+                    "num_blocks_hashed", "num_preempted", "num_output_tokens", "num_running", "num_waiting", "kv_usage")
 REQUEST_DECISIONS = ("request_id", "status", "finish_reason", "prompt_len", "output_len", "num_output_tokens",
                      "num_cached_tokens", "num_preemptions")
 
@@ -153,3 +156,34 @@ def test_skip_rows_expand_to_the_stepped_compositions(runs):
     last = np.cumsum(skipped.steps["n_steps"]) - 1  # gauges: after each row's last step
     for c in gauges:
         np.testing.assert_array_equal(skipped.steps[c], stepped.steps[c][last], err_msg=c)
+
+
+def _run_folder(folder, core, eng, reqs):
+    """The engine run as `benchmarks/calibration/gpu_sweep.py` writes it (run.json, workload.jsonl)."""
+    eng.write_files(folder)
+    (folder / "run.json").write_text(json.dumps({
+        "name": "crosscheck", "engine_args": core.config.model_dump(mode="json"), "hash_block_size": BLOCK,
+        "honor_arrivals": False, "num_gpu_blocks": core.num_gpu_blocks}))
+    (folder / "workload.jsonl").write_text("".join(json.dumps(
+        {"timestamp": 0, "input_length": r.prompt_len, "output_length": r.output_len, "hash_ids": list(r.hash_ids)})
+        + "\n" for r in reqs))
+
+
+def test_reschedule_reproduces_the_engine_run(runs, tmp_path):
+    """A trace without max_decode_context gets it back by re-running the scheduler on the run's requests:
+    every step's composition equal to the engine's, the column equal to what the engine recorded."""
+    _, core, _, eng, _, _ = runs
+    _run_folder(tmp_path, core, eng, workload())
+    r = reschedule(tmp_path)
+    assert r.exact and len(r.steps) == eng.steps["step_id"].size
+    got = [s["max_decode_context"] for s in r.steps]
+    np.testing.assert_array_equal(got, eng.steps["max_decode_context"])
+    assert max(got) > 0
+    # the folder's trace without the column: calibrate reads it back from the reconstruction file
+    rows = [{k: v for k, v in json.loads(line).items() if k != "max_decode_context"}
+            for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    assert not load_run(tmp_path).steps["max_decode_context"].any()
+    (tmp_path / RECONSTRUCTED_STEPS_FILE).write_text("".join(
+        json.dumps({"step_id": s["step_id"], "max_decode_context": s["max_decode_context"]}) + "\n" for s in r.steps))
+    np.testing.assert_array_equal(load_run(tmp_path).steps["max_decode_context"], eng.steps["max_decode_context"])

@@ -33,11 +33,12 @@ def _result() -> SimResult:
     rows = [  # one single step with 2 decoders, one 3-step skip from 0.01 to 0.03 s with 1 decoder
         StepRecord(t_start_s=0.0, total_s=0.02, first_dt_s=0.02, last_dt_s=0.02, gpu_s=0.015, cpu_s=0.005,
                    num_prefill_tokens=100, num_prefill_seqs=1, num_decode_seqs=2, num_decode_tokens=2,
-                   num_output_tokens=2, sum_decode_context=500, num_batched_tokens=102, num_blocks_allocated=7,
+                   num_output_tokens=2, sum_decode_context=500, max_decode_context=260, num_batched_tokens=102, num_blocks_allocated=7,
                    num_blocks_hashed=6, num_running=2, kv_usage=0.5),
         StepRecord(t_start_s=0.02, total_s=0.06, n_steps=3, first_dt_s=0.01, last_dt_s=0.03, gpu_s=0.05,
                    cpu_s=0.01, num_decode_seqs=1, num_decode_tokens=1, num_output_tokens=3,
-                   sum_decode_context=300, num_batched_tokens=1, num_running=1, kv_usage=0.25),
+                   sum_decode_context=300, max_decode_context=300, num_batched_tokens=1, num_running=1,
+                   kv_usage=0.25),
         StepRecord(t_start_s=0.08, total_s=0.1, first_dt_s=0.1, last_dt_s=0.1, gpu_s=0.1, cpu_s=0.0,
                    num_prefill_tokens=200, num_prefill_seqs=1, num_output_tokens=1, num_batched_tokens=200,
                    num_blocks_allocated=13, num_blocks_hashed=12, num_preempted=1, num_running=1, kv_usage=0.75),
@@ -131,6 +132,7 @@ def test_expanded_step_rows_are_single_steps():
     assert one["total_s"].tolist() == pytest.approx([0.02, 0.01, 0.02, 0.03, 0.1])
     assert one["t_start_s"].tolist() == pytest.approx([0.0, 0.02, 0.03, 0.05, 0.08])
     assert one["sum_decode_context"].tolist() == [500, 300, 301, 302, 0]
+    assert one["max_decode_context"].tolist() == [260, 300, 301, 302, 0]  # one token a step
     assert one["num_output_tokens"].tolist() == [2, 1, 1, 1, 1]
     assert one["total_s"].sum() == pytest.approx(steps["total_s"].sum())
 

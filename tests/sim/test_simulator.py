@@ -14,7 +14,7 @@ from engine.model_spec import ModelSpec
 from engine.records import expand_step_rows
 from engine.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
-from sim.cost_model import CostModel
+from sim.cost_model import CostModel, CostProfile
 from sim.hardware import get_gpu
 from sim.simulator import Simulation, delay_until, simulate
 from sim.speculative import sample_accepted
@@ -182,9 +182,12 @@ def test_skipping_equals_stepping(router, overlap):
     assert a.steps["total_s"].sum() == pytest.approx(b.steps["total_s"].sum(), rel=1e-9)
 
 
-@pytest.mark.parametrize("replicas, router, overlap", [(1, "least_loaded", False), (2, "least_loaded", False),
-                                                     (2, "prefix_aware", False), (2, "round_robin", True)])
-def test_skipping_through_finishes_equals_stepping(replicas, router, overlap):
+@pytest.mark.parametrize("replicas, router, overlap, profile", [
+    (1, "least_loaded", False, "default"), (2, "least_loaded", False, "default"),
+    (2, "prefix_aware", False, "default"), (2, "round_robin", True, "default"),
+    # fitted: the longest sequence's term (decode_max_kv) grows by one token a step
+    (1, "least_loaded", True, "h200-llama-3.1-8b"), (1, "least_loaded", False, "h200-llama-3.1-8b")])
+def test_skipping_through_finishes_equals_stepping(replicas, router, overlap, profile):
     """A skip runs through requests finishing mid-stretch (the batch shrinks; one step row per
     constant batch): request times, routing and every step's composition equal stepping."""
     rng = np.random.default_rng(7)
@@ -192,14 +195,16 @@ def test_skipping_through_finishes_equals_stepping(replicas, router, overlap):
     reqs = [req(i, float(t), int(rng.integers(50, 900)), int(rng.integers(5, 400)), tuple(range(10)))
             for i, t in enumerate(arrivals)]
     dep = deployment(replicas=replicas, router=router, num_gpu_blocks_override=3000, async_scheduling=overlap)
-    a = simulate(dep, reqs, skip_ahead=True)
-    b = simulate(dep, reqs, skip_ahead=False)
+    prof = CostProfile.load(profile)
+    assert profile == "default" or prof.decode.decode_max_kv_multiplier(16) > 1
+    a = simulate(dep, reqs, skip_ahead=True, profile=prof)
+    b = simulate(dep, reqs, skip_ahead=False, profile=prof)
     for k in ("first_token_s", "finish_s", "scheduled_s"):
         np.testing.assert_allclose(a.requests[k], b.requests[k], rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(a.requests["replica"], b.requests["replica"])
     through = 0
     cols = ("step_id", "num_batched_tokens", "num_prefill_tokens", "num_decode_seqs", "sum_decode_context",
-            "num_output_tokens", "num_preempted")
+            "max_decode_context", "num_output_tokens", "num_preempted")
     for rep in range(replicas):
         sa = {c: v[a.steps["replica"] == rep] for c, v in a.steps.items()}
         sb = {c: v[b.steps["replica"] == rep] for c, v in b.steps.items()}
