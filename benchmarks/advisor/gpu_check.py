@@ -140,13 +140,13 @@ def report(plan_dir: Path, measured: Path, out: Path) -> None:
             m = _ratio(eng["best"].get(key), eng["baseline"].get(key))
             row[f"{label}_predicted"], row[f"{label}_measured"] = p, m
             row[f"{label}_error_pct"] = (p - m) / m * 100
-        row["within_10pct"] = abs(row["goodput_error_pct"]) <= 10
+        row["within_10pct"] = bool(abs(row["goodput_error_pct"]) <= 10)
         row["engine"] = {w: {k: eng[w].get(k) for k in ("request_goodput", "p99_ttft_ms", "p99_tpot_ms",
                                                           "kernels_compiled_during_run")} for w in PAIR}
         row["simulator"] = {w: {k: sim[w].get(k) for k in ("request_goodput", "p99_ttft_ms", "p99_tpot_ms")}
                             for w in PAIR}
         rows.append(row)
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=2, default=float) + "\n")
     lines = [("| scenario | recommended vs defaults | goodput gain predicted / measured | TTFT p99 ratio "
              "predicted / measured | TPOT p99 ratio predicted / measured | gain error | within 10% |"),
              "|---|---|---|---|---|---:|---|"]
