@@ -39,6 +39,18 @@ def speedup_pct(off: Outcome, on: Outcome) -> float:
     return (a / b - 1) * 100 if b and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
+def speed_words(pct: float) -> str:
+    """`speedup_pct` as words: positive means requests finish sooner on average."""
+    if not math.isfinite(pct):
+        return "has no measurable effect on mean end-to-end latency"
+    r = 1 + pct / 100  # mean latency without / with
+    if abs(pct) < 0.5:
+        return "leaves mean end-to-end latency unchanged"
+    if r > 1:
+        return f"cuts mean end-to-end latency by {(1 - 1 / r) * 100:.0f}% (x{1 / r:.2f})"
+    return f"raises mean end-to-end latency by {(1 / r - 1) * 100:.0f}% (x{1 / r:.2f})"
+
+
 def goodput_pct(off: Outcome, on: Outcome) -> float:
     a, b = off.metrics.goodput_rps, on.metrics.goodput_rps
     return (b / a - 1) * 100 if a > 0 else 0.0
@@ -97,7 +109,7 @@ def spec_lines(sw: _Sweeps) -> list[CostLine]:
     here = pts[RATE_FACTORS.index(1.0)].gain_pct
     conc = CostLine(optimization=name, variable="mean concurrency", unit="requests", points=pts, break_even=be,
                     operating_point=op, answer=(
-                        f"{name} changes mean latency by {here:+.0f}% at your concurrency of {op:.0f}; "
+                        f"{name} {speed_words(here)} at your concurrency of {op:.0f}; "
                         + (f"it stops paying above a mean concurrency of {be:.0f}." if be is not None else
                            f"no break-even between concurrency {pts[0].x:.0f} and {pts[-1].x:.0f}.")))
     off_here = pairs[RATE_FACTORS.index(1.0)][0]
@@ -106,8 +118,8 @@ def spec_lines(sw: _Sweeps) -> list[CostLine]:
     be_a = crossing([p.x for p in acc], [p.gain_pct for p in acc])
     accept = CostLine(optimization=name, variable="acceptance rate", unit="share of drafted tokens", points=acc,
                       break_even=be_a, operating_point=acc[-1].x, answer=(
-                          f"at your traffic's acceptance of {acc[-1].x:.2f} {name} changes mean latency by "
-                          f"{acc[-1].gain_pct:+.0f}%; " + (f"below an acceptance of {be_a:.2f} it costs more than it saves."
+                          f"at your traffic's acceptance of {acc[-1].x:.2f} {name} "
+                          f"{speed_words(acc[-1].gain_pct)}; " + (f"below an acceptance of {be_a:.2f} it costs more than it saves."
                                                            if be_a is not None else
                                                            f"it still pays at an acceptance of {acc[0].x:.2f}.")))
     return [conc, accept]
@@ -136,7 +148,7 @@ def disagg_line(sw: _Sweeps) -> CostLine | None:
              + (" (evaluated on 2 GPUs: you gave 1)" if sw.ctx.num_gpus < n_gpus else ""))
     return CostLine(optimization="disaggregated prefill", variable="mean prompt length", unit="tokens", points=pts,
                     break_even=be, operating_point=op.x, answer=(
-                        f"{where} changes mean latency by {op.gain_pct:+.0f}% at your mean prompt of {op.x:,.0f} tokens, "
+                        f"{where} {speed_words(op.gain_pct)} at your mean prompt of {op.x:,.0f} tokens, "
                         f"moving {op.detail['kv_bytes'] / 1e6:,.0f} MB of KV per request in "
                         f"{op.detail['kv_transfer_ms']:.1f} ms; "
                         + (f"it wins above ~{be:,.0f} prompt tokens." if be is not None and op.gain_pct < 0 else
@@ -157,8 +169,8 @@ def prefix_lines(sw: _Sweeps) -> list[CostLine]:
     hit = here.extras["prefix_hit_rate"]
     line = CostLine(optimization="prefix caching", variable="prefix-cache hit rate", unit="share of prompt tokens",
                     points=pts, break_even=be, operating_point=hit, answer=(
-                        f"prefix caching hits {hit:.0%} of your prompt tokens and changes mean latency by "
-                        f"{speedup_pct(base, here):+.0f}%; "
+                        f"prefix caching hits {hit:.0%} of your prompt tokens and "
+                        f"{speed_words(speedup_pct(base, here))}; "
                         + (f"below a hit rate of {be:.0%} its hashing costs more than it saves." if be is not None
                            else "it costs nothing measurable even at 0% hits (vLLM V1's claim holds here).")))
     dyn_outs = [ons[len(REUSE_SHARES) - 1], *ons[len(REUSE_SHARES):]]
@@ -184,7 +196,7 @@ def block_line(sw: _Sweeps) -> CostLine:
     big = pts[-1]
     return CostLine(optimization="block size", variable="--block-size", unit="tokens per block", points=pts,
                     break_even=None, operating_point=float(sw.engine.block_size), answer=(
-                        f"block size 16 -> 64 changes mean latency by {pts[1].gain_pct:+.0f}% (hit rate "
+                        f"block size 16 -> 64 {speed_words(pts[1].gain_pct)} (hit rate "
                         f"{pts[0].detail['hit_rate']:.0%} -> {pts[1].detail['hit_rate']:.0%}, CPU "
                         f"{pts[0].detail['cpu_share']:.1%} -> {pts[1].detail['cpu_share']:.1%} of step time); at "
                         f"{int(big.x)} tokens per block (a hybrid model's auto size) the hit rate is {big.detail['hit_rate']:.0%}."))

@@ -36,8 +36,10 @@ def print_report(rec: Recommendation, console: Console) -> None:
     for c in ("", "goodput req/s", "SLO met", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "preempt."):
         t.add_column(c, justify="right" if c else "left")
     t.add_row("vLLM defaults", *_metric_rows(rec.baseline.metrics))
-    t.add_row(f"[bold green]recommended[/] ({rec.best.label})", *_metric_rows(rec.best.metrics))
+    t.add_row("[bold green]recommended[/]", *_metric_rows(rec.best.metrics))
     console.print(t)
+    # the label can be long: under the table, not in a column the terminal width squeezes
+    console.print(f"recommended = {rec.best.label}", highlight=False)
     lad = Table(title="ladder: one optimization at a time", title_justify="left")
     for c in ("optimization", "goodput", "TTFT p99", "TPOT p99", "GPUs needed"):
         lad.add_column(c, justify="left" if c == "optimization" else "right")

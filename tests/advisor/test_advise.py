@@ -211,3 +211,13 @@ def test_objectives_rank_layouts(objective: str, winner: str) -> None:
     # two GPUs serve 1.5x one GPU's goodput; both meet the SLOs
     keys = {"TP1 x2": score(_outcome(9.0, 1.0), two, ctx), "TP1 x1": score(_outcome(6.0, 0.995), one, ctx)}
     assert max(keys, key=keys.get) == winner
+
+
+def test_speed_words_say_which_way_latency_moves():
+    from advisor.advise.cost_lines import speed_words
+
+    # speedup_pct = (mean latency without / with - 1) x 100
+    assert speed_words(42.0) == "cuts mean end-to-end latency by 30% (x0.70)"  # 1 - 1/1.42
+    assert speed_words(-35.0) == "raises mean end-to-end latency by 54% (x1.54)"  # 1/0.65 - 1
+    assert speed_words(0.2) == "leaves mean end-to-end latency unchanged"
+    assert speed_words(float("nan")).startswith("has no measurable effect")
