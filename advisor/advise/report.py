@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -32,10 +33,12 @@ def print_report(rec: Recommendation, console: Console) -> None:
     console.print(f"[bold]costline advise[/]: {w['name']} ({w['num_requests']:,} requests, {w['rate_rps']:.2f} req/s), "
                   f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO {rec.request.slo}, "
                   f"objective {rec.request.objective}; profile {rec.profile.name} ({rec.profile.status})")
-    t = Table(title="defaults vs recommended", title_justify="left")
-    for c in ("", "goodput req/s", "SLO met", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "preempt."):
-        t.add_column(c, justify="right" if c else "left")
-    t.add_row("vLLM defaults", *_metric_rows(rec.baseline.metrics))
+    # light borders and one-word rows: eight columns fit an 80-column terminal unwrapped
+    t = Table(title="defaults vs recommended (goodput in req/s, latencies in ms)", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ("", "goodput", "SLO met", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "preempt."):
+        t.add_column(c, justify="right" if c else "left", no_wrap=not c)
+    t.add_row("defaults", *_metric_rows(rec.baseline.metrics))
     t.add_row("[bold green]recommended[/]", *_metric_rows(rec.best.metrics))
     console.print(t)
     # the label can be long: under the table, not in a column the terminal width squeezes
