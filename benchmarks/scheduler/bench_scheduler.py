@@ -223,7 +223,7 @@ def replay_mooncake(path: Path, num_gpu_blocks: int, skip: bool) -> dict:
             t_sim = reqs[nxt].arrival_s
             continue
         if skip:
-            n = uniform_decode_steps(s, through_finishes=False)  # the crude clock assumes one batch
+            n = uniform_decode_steps(s)  # through finishes; the crude clock prices the first batch
             if n > 1:
                 step_s = 0.005 + 20e-6 * s.num_running
                 if nxt < len(reqs):
