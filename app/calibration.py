@@ -57,12 +57,31 @@ def validation_rows(validation: Any) -> list[dict[str, Any]]:
         return [dict(r) if isinstance(r, Mapping) else {"value": r} for r in validation]
     if not isinstance(validation, Mapping):
         return []
+    by_metric = validation.get("median_abs_error_by_metric")
+    if isinstance(by_metric, Mapping):  # what `costline validate --write-profile-validation` writes
+        return _validate_summary_rows(validation, by_metric)
     rows = []
     for metric, value in validation.items():
         if isinstance(value, Mapping):
             rows.append({"metric": metric, **{k: v for k, v in value.items() if not isinstance(v, (dict, list))}})
         elif not isinstance(value, list):
             rows.append({"metric": metric, "error": value})
+    return rows
+
+
+def _pct(x: Any) -> str:
+    # one text column: Arrow refuses a column mixing numbers and the "k of n" row
+    return f"{x:.1%}" if isinstance(x, (int, float)) else "-"
+
+
+def _validate_summary_rows(validation: Mapping[str, Any], by_metric: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per metric (median |error| over the validation runs), then the overall figures."""
+    runs, passed = validation.get("runs") or [], validation.get("runs_passed") or []
+    rows = [{"metric": m, "median |error| over runs": _pct(v)} for m, v in by_metric.items()]
+    rows.append({"metric": "all metrics (median)", "median |error| over runs": _pct(validation.get("median_abs_error"))})
+    rows.append({"metric": "worst p99 (any run)", "median |error| over runs": _pct(validation.get("worst_p99_abs_error"))})
+    rows.append({"metric": f"runs meeting every target ({validation.get('date', '')})",
+                 "median |error| over runs": f"{len(passed)} of {len(runs)}"})
     return rows
 
 

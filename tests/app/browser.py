@@ -113,7 +113,7 @@ def metric_value(page, label: str) -> str:
     return box.locator(METRIC).inner_text()
 
 
-def tour(url: str, out_dir: Path, chromium: str) -> Tour:
+def tour(url: str, out_dir: Path, chromium: str, rec: dict | None = None) -> Tour:
     """Open each page, wait for its charts, click one control on What-if, save screenshots."""
     from playwright.sync_api import sync_playwright
 
@@ -142,20 +142,21 @@ def tour(url: str, out_dir: Path, chromium: str) -> Tour:
         page.get_by_text("Engine timelines").wait_for(state="visible", timeout=60_000)
         shot(page, out_dir / "whatif-timelines.png", seen)
         visit(page, f"{url}/workload", out_dir / "workload.png", seen, wait_for=CHART)
-        advisor_page(page, url, out_dir, seen)
+        advisor_page(page, url, out_dir, seen, rec)
         visit(page, f"{url}/calibration", out_dir / "calibration.png", seen, wait_for=METRIC)
         browser.close()
     return seen
 
 
-def advisor_page(page, url: str, out_dir: Path, seen: Tour) -> None:
-    """The Advisor page showing a recommendation.json uploaded through its file input."""
+def advisor_page(page, url: str, out_dir: Path, seen: Tour, rec: dict | None = None) -> None:
+    """The Advisor page showing a recommendation.json uploaded through its file input (the test's
+    fixture, or `rec`: a real recommendation for the committed screenshots)."""
     page.goto(f"{url}/advisor")
-    rec = out_dir / "recommendation.json"
-    rec.write_text(json.dumps(recommendation()))
-    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(rec))
+    path = out_dir / "recommendation.json"
+    path.write_text(json.dumps(rec or recommendation()))
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
     page.wait_for_selector(CHART, timeout=60_000)
-    rec.unlink()
+    path.unlink()
     shot(page, out_dir / "advisor.png", seen)
 
 
@@ -171,10 +172,20 @@ def shot(page, path: Path, seen: Tour) -> None:
     seen.screenshots.append(path)
 
 
+def real_recommendation() -> dict:
+    """What `bash dev.sh demo` shows: the advisor on 400 requests of chat-production, 8B on one H200."""
+    from advisor.advise import AdviseRequest, advise
+    from sim.workload_source import SourceOptions
+
+    req = AdviseRequest(model="llama-3.1-8b", gpu="h200", num_gpus=1, slo="ttft_p99:500 tpot_p99:50", workers=2)
+    return advise("chat-production", req, source=SourceOptions(num_requests=400)).model_dump(mode="json")
+
+
 def main(out_dir: str) -> None:
     chromium = chromium_path()
+    rec = real_recommendation()  # the committed screenshots show real numbers, not the test fixture
     with running_app() as url:
-        seen = tour(url, Path(out_dir), chromium)
+        seen = tour(url, Path(out_dir), chromium, rec)
     print(f"goodput {seen.goodput_before} -> {seen.goodput_after}; wrote "
           + ", ".join(str(p) for p in seen.screenshots))
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.calibration import SCALED, profile_info, validation_rows
+from app.calibration import SCALED, profile_info, read_profile, validation_rows
 from app.figures import (
     arrivals_per_bin,
     cost_line_figure,
@@ -255,3 +255,16 @@ def test_costline_app_runs_streamlit_on_the_packaged_app() -> None:
     assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4] == str(APP_MAIN) and APP_MAIN.is_file()
     assert cmd[cmd.index("--server.port") + 1] == "8600"
     assert cmd[cmd.index("--server.headless") + 1] == "true"
+
+
+def test_validation_rows_of_a_shipped_profile():
+    # the format `costline validate --write-profile-validation` writes into the H200 profiles
+    v = {"date": "2026-12-01", "command": "costline validate ...", "runs": ["a", "b", "c"], "runs_passed": ["b"],
+         "median_abs_error": 0.0123, "worst_p99_abs_error": 0.481,
+         "median_abs_error_by_metric": {"output_throughput": 0.0023, "p99_ttft_ms": 0.05}}
+    rows = validation_rows(v)
+    assert rows[:2] == [{"metric": "output_throughput", "median |error| over runs": "0.2%"},
+                        {"metric": "p99_ttft_ms", "median |error| over runs": "5.0%"}]
+    assert [r["median |error| over runs"] for r in rows[2:]] == ["1.2%", "48.1%", "1 of 3"]
+    shipped = read_profile("h200-llama-3.1-8b")["validation"]
+    assert len(validation_rows(shipped)) == len(shipped["median_abs_error_by_metric"]) + 3
