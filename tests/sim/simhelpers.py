@@ -64,3 +64,25 @@ def decode_batch(seqs: int, sum_context: int, tokens: int | None = None, blocks:
 def step_s(cost, batch) -> float:
     """A step's duration as the simulator charges it."""
     return cost.combine(cost.gpu_time_s(batch), cost.cpu_time_s(batch))
+
+
+def shared_prefix_requests(n: int, seed: int, block: int, arrival_gap_s: float = 0.0) -> list:
+    """n requests of 20-90 prompt tokens, each opening with part of one of three shared system
+    prompts (4-10 blocks, at least its last block its own), then one 150-token prompt that a
+    160-token max_model_len must reject; arrivals `arrival_gap_s` apart."""
+    import numpy as np
+
+    from engine.request import Request
+
+    rng = np.random.default_rng(seed)
+    systems = [tuple(range(1000 * g, 1000 * g + int(rng.integers(4, 11)))) for g in range(3)]
+    reqs, next_id = [], 10**6
+    for i in range(n):
+        prompt = int(rng.integers(20, 91))
+        blocks = -(-prompt // block)
+        shared = systems[int(rng.integers(3))][: blocks - 1]
+        own = tuple(range(next_id, next_id + blocks - len(shared)))
+        next_id += len(own)
+        reqs.append(Request(i, arrival_gap_s * i, prompt, int(rng.integers(2, 24)), shared + own, hash_block_size=block))
+    reqs.append(Request(n, arrival_gap_s * n, 150, 20, tuple(range(next_id, next_id + 38)), hash_block_size=block))
+    return reqs

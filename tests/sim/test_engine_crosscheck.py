@@ -32,6 +32,7 @@ from sim.calibrate import RECONSTRUCTED_STEPS_FILE, load_run, reschedule
 from sim.config import DeploymentConfig, EngineConfig
 from sim.hardware import get_gpu
 from sim.simulator import Simulation
+from tests.sim.simhelpers import shared_prefix_requests
 
 BLOCK = 4
 FLAGS = {"block_size": BLOCK, "max_num_batched_tokens": 32, "max_num_seqs": 6, "max_model_len": 160,
@@ -46,19 +47,8 @@ REQUEST_DECISIONS = ("request_id", "status", "finish_reason", "prompt_len", "out
 
 
 def workload(n: int = 28, seed: int = 3) -> list[Request]:
-    """Shared system prompts (3 of 4-10 blocks) then unique blocks; one request too long to admit."""
-    rng = np.random.default_rng(seed)
-    systems = [tuple(range(1000 * g, 1000 * g + int(rng.integers(4, 11)))) for g in range(3)]
-    reqs, next_id = [], 10**6
-    for i in range(n):
-        prompt = int(rng.integers(20, 91))
-        blocks = -(-prompt // BLOCK)
-        shared = systems[int(rng.integers(3))][: blocks - 1]  # at least the last block is the request's own
-        own = tuple(range(next_id, next_id + blocks - len(shared)))
-        next_id += len(own)
-        reqs.append(Request(i, 0.0, prompt, int(rng.integers(2, 24)), shared + own, hash_block_size=BLOCK))
-    reqs.append(Request(n, 0.0, 150, 20, tuple(range(next_id, next_id + 38)), hash_block_size=BLOCK))  # > 160
-    return reqs
+    """Shared system prompts then unique blocks; one request too long to admit (simhelpers)."""
+    return shared_prefix_requests(n, seed, BLOCK, arrival_gap_s=0.0)
 
 
 def _engine(reqs, num_gpu_blocks):

@@ -13,7 +13,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -35,6 +34,7 @@ from sim.validate import (
     was_fitted_on,
 )
 from sim.workload import Workload
+from tests.sim.simhelpers import shared_prefix_requests
 
 BLOCK = 4
 FLAGS = {"block_size": BLOCK, "max_num_batched_tokens": 32, "max_num_seqs": 6, "max_model_len": 160,
@@ -45,19 +45,8 @@ EXACT = ("completed", "rejected", "unfinished", "total_output_tokens", "num_pree
 
 
 def workload(n: int = 24, seed: int = 5) -> list[Request]:
-    """Three shared system prompts, then each request's own blocks; one prompt too long to admit."""
-    rng = np.random.default_rng(seed)
-    systems = [tuple(range(1000 * g, 1000 * g + int(rng.integers(4, 11)))) for g in range(3)]
-    reqs, next_id = [], 10**6
-    for i in range(n):
-        prompt = int(rng.integers(20, 91))
-        blocks = -(-prompt // BLOCK)
-        shared = systems[int(rng.integers(3))][: blocks - 1]
-        own = tuple(range(next_id, next_id + blocks - len(shared)))
-        next_id += len(own)
-        reqs.append(Request(i, 0.01 * i, prompt, int(rng.integers(2, 24)), shared + own, hash_block_size=BLOCK))
-    reqs.append(Request(n, 0.01 * n, 150, 20, tuple(range(next_id, next_id + 38)), hash_block_size=BLOCK))
-    return reqs
+    """Shared system prompts then unique blocks; one request too long to admit (simhelpers)."""
+    return shared_prefix_requests(n, seed, BLOCK, arrival_gap_s=0.01)
 
 
 def write_engine_run(folder: Path, num_gpu_blocks: int, name: str) -> Path:
