@@ -646,9 +646,8 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
         gpu_pred = np.where(in_kind, pred, gpu_pred)
         fit_counts[kind] = (n_fit, n_out)
     train = ~rows.held
-    cfit = robust_nnls(_matrix(rows.cpu_x, CPU_FEATURES, train), rows.cpu_y[train])
-    cpu = CpuTerms(**dict(zip(CPU_FEATURES, map(float, cfit.coef))))
-    cpu_pred = sum(getattr(cpu, n) * rows.cpu_x[n] for n in CPU_FEATURES)
+    cpu, cpu_sync = _fit_cpu_by_scheduling(rows, train)
+    cpu_pred = np.where(rows.is_async, _cpu_seconds(cpu, rows), _cpu_seconds(cpu_sync or cpu, rows))
     overlap = fit_overlap(rows.gpu_y[train], rows.cpu_y[train], rows.wall[train], rows.is_async[train])
     step_pred = np.where(rows.is_async, np.maximum(gpu_pred + overlap.async_gpu_gap_s, cpu_pred + overlap.async_host_s),
                          gpu_pred + cpu_pred + overlap.sync_extra_s)
@@ -669,11 +668,31 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
         schema_version=2, name=name or f"{gpu.name}-{model.name}", hardware=gpu.name, model=model.name,
         engine=f"costline-engine@{str(prov.get('engine_commit') or 'unknown')[:12]}",
         source=f"fitted from {n_steps} engine steps of {len(runs)} run(s) by sim/calibrate.py",
-        decode=terms["decode"], mixed=terms["mixed"], cpu=cpu, overlap=overlap, memory=mem, provenance=prov,
+        decode=terms["decode"], mixed=terms["mixed"], cpu=cpu, cpu_sync=cpu_sync, overlap=overlap, memory=mem, provenance=prov,
         fit_error={k: e.as_dict() for k, e in errors.items()})
     cpu_med = float(np.median(_rel_err(cpu_pred[rows.held], rows.cpu_y[rows.held]))) if rows.held.any() else np.nan
     return FitResult(profile=profile, errors=errors, n_steps=n_steps, n_warmup_dropped=rows.n_warmup,
                      cpu_error_median=cpu_med, memory_checks=memory_checks(runs, profile, model, gpu))
+
+
+def _fit_cpu_by_scheduling(rows: _Rows, train: np.ndarray) -> tuple[CpuTerms, CpuTerms | None]:
+    """(cpu, cpu_sync): the host terms of async and of synchronous runs, each fitted on its own
+    runs when both have enough steps (their fixed and per-context costs differ), else one set
+    from every run and no `cpu_sync`."""
+    need = MIN_STEPS_PER_FEATURE * len(CPU_FEATURES)
+    sync, asyn = train & ~rows.is_async, train & rows.is_async
+    if sync.sum() < need or asyn.sum() < need:
+        return _fit_cpu(rows, train), None
+    return _fit_cpu(rows, asyn), _fit_cpu(rows, sync)
+
+
+def _fit_cpu(rows: _Rows, train: np.ndarray) -> CpuTerms:
+    fit = robust_nnls(_matrix(rows.cpu_x, CPU_FEATURES, train), rows.cpu_y[train])
+    return CpuTerms(**dict(zip(CPU_FEATURES, map(float, fit.coef))))
+
+
+def _cpu_seconds(cpu: CpuTerms, rows: _Rows) -> np.ndarray:
+    return sum(getattr(cpu, n) * rows.cpu_x[n] for n in CPU_FEATURES)
 
 
 def _run_provenance(runs: Sequence[EngineRun]) -> dict[str, Any]:

@@ -166,8 +166,9 @@ class CostProfile(BaseModel):
     """Coefficients of the step cost model, and what they were measured on.
 
     Version 1 is first principles (efficiency factors on datasheet rates). Version 2 adds fitted
-    terms (`decode`, `mixed`, `cpu`, `overlap`, `memory`) and provenance; the v1 factors still
-    price what a fit did not see (tensor-parallel all-reduces, a proposer's forwards)."""
+    terms (`decode`, `mixed`, `cpu`, `cpu_sync`, `overlap`, `memory`) and provenance; the v1
+    factors still price what a fit did not see (tensor-parallel all-reduces, a proposer's
+    forwards)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -197,6 +198,9 @@ class CostProfile(BaseModel):
     decode: GpuTerms | None = None  # decode-only steps (CUDA graph, batch padded to its bucket)
     mixed: GpuTerms | None = None  # steps with prefill tokens (eager)
     cpu: CpuTerms | None = None
+    # synchronous scheduling's own host terms (None: `cpu`): the sync sweep runs' fixed cost is
+    # lower and their per-context cost higher than the async runs' (docs/calibration.md)
+    cpu_sync: CpuTerms | None = None
     overlap: OverlapTerms | None = None
     memory: MemoryTerms | None = None
     scaled_from: str | None = None  # the fitted profile whose multipliers this one reuses
@@ -207,7 +211,7 @@ class CostProfile(BaseModel):
     @model_validator(mode="after")
     def _v2_is_complete(self) -> CostProfile:
         fitted = (self.decode, self.mixed, self.cpu, self.overlap)
-        if self.schema_version == 1 and any(t is not None for t in (*fitted, self.memory)):
+        if self.schema_version == 1 and any(t is not None for t in (*fitted, self.memory, self.cpu_sync)):
             raise ValueError("fitted terms need schema_version 2")
         if self.schema_version == 2 and any(t is None for t in fitted):
             raise ValueError("a schema_version 2 profile needs decode, mixed, cpu and overlap terms")
@@ -442,7 +446,7 @@ class CostModel:
         ar = self._ar_fixed_s
         self._fit_decode = _Forward.fitted(self.roofline, p.decode, ar)
         self._fit_mixed = _Forward.fitted(self.roofline, p.mixed, ar)
-        c = p.cpu
+        c = p.cpu if self.async_scheduling or p.cpu_sync is None else p.cpu_sync
         self._cpu_step_s, self._cpu_seq_s, self._cpu_tok_s = c.step_s, c.per_seq_s, c.per_token_s
         self._cpu_ctx_s = c.per_context_token_s
         self._cpu_blk_s, self._cpu_hash_s = c.per_block_allocated_s, c.per_block_hashed_s

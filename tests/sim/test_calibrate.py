@@ -30,7 +30,7 @@ from sim.calibrate import (
     step_wall_s,
 )
 from sim.config import EngineConfig
-from sim.cost_model import CostModel, CostProfile, DecodeRun, Roofline, graph_bucket
+from sim.cost_model import CostModel, CostProfile, CpuTerms, DecodeRun, Roofline, graph_bucket
 from sim.hardware import get_gpu
 from sim.memory import plan_memory
 from sim.run import SimConfig, run
@@ -74,6 +74,7 @@ def test_fit_recovers_each_known_coefficient(fit):
     _close(p.decode, TRUE_DECODE, 0.03, loose=("decode_kv_by_batch", "decode_max_kv_by_batch"))
     _close(p.mixed, TRUE_MIXED, 0.03, loose=("elementwise", "decode_max_kv"))
     _close(p.cpu, TRUE_CPU, 0.06)  # five count terms from 1% noise
+    _close(p.cpu_sync, TRUE_CPU, 0.06)  # the sync run alone: the same truth
     _close(p.overlap, TRUE_OVERLAP, 0.03)
     assert p.schema_version == 2 and p.status == cost_model.STATUS_FITTED
 
@@ -313,3 +314,41 @@ def test_async_wall_time_is_the_next_back_to_back_period():
     # row 2's period ends at 4.5 but row 3 starts at 6: an idle wait collected step 2
     assert np.array_equal(step_wall_s(s, True), [2.0, 1.5, np.nan, 0.5, np.nan], equal_nan=True)
     assert np.array_equal(step_wall_s(s, False), s["total_s"])
+
+
+# a synchronous host that is cheaper per step and dearer per context token than the async one
+SYNC_CPU = CpuTerms(step_s=2.2e-4, per_seq_s=2e-5, per_token_s=3e-7, per_context_token_s=6e-9,
+                    per_block_allocated_s=1e-6, per_block_hashed_s=2e-6)
+
+
+def _cpu_by_hand(c: CpuTerms, s: dict, i: int) -> float:
+    return (c.step_s + c.per_seq_s * (s["num_prefill_seqs"][i] + s["num_decode_seqs"][i])
+            + c.per_token_s * (s["num_prefill_tokens"][i] + s["num_decode_tokens"][i])
+            + c.per_context_token_s * (s["sum_decode_context"][i] + s["sum_prefill_context"][i])
+            + c.per_block_allocated_s * s["num_blocks_allocated"][i] + c.per_block_hashed_s * s["num_blocks_hashed"][i])
+
+
+def _with_sync_host(run: EngineRun) -> EngineRun:
+    """The synthetic sync run with its host time re-priced by SYNC_CPU (its noise kept)."""
+    s = dict(run.steps)
+    old = s["schedule_s"] + s["prepare_s"]
+    new = old * np.array([_cpu_by_hand(SYNC_CPU, s, i) for i in range(old.size)]) / true_cpu_s(s)
+    s |= {"schedule_s": 0.4 * new, "prepare_s": 0.6 * new, "total_s": s["total_s"] - old + new}
+    return EngineRun(name=run.name, steps=s, async_scheduling=False, max_num_seqs=run.max_num_seqs)
+
+
+def test_sync_runs_get_their_own_host_terms_and_the_simulator_uses_them():
+    runs = [synthetic_run(M1, H200, seed=3, name="async-run"),
+            _with_sync_host(synthetic_run(M1, H200, seed=4, name="sync-run", async_scheduling=False))]
+    p = fit_profile(runs, M1, H200).profile
+    _close(p.cpu, TRUE_CPU, 0.06)
+    _close(p.cpu_sync, SYNC_CPU, 0.06)
+    s = runs[1].steps
+    for asynchronous, want in ((True, p.cpu), (False, p.cpu_sync)):
+        cm = CostModel(M1, H200, EngineConfig(async_scheduling=asynchronous, max_num_seqs=MAX_NUM_SEQS), p)
+        for i in (5, 50, 500):
+            assert cm.cpu_time_s(_rows(s, i)) == pytest.approx(_cpu_by_hand(want, s, i), rel=1e-9)
+    # one kind of run only: one set of terms, from every run
+    assert fit_profile(runs[:1], M1, H200).profile.cpu_sync is None
+    with pytest.raises(ValueError, match="schema_version 2"):
+        CostProfile(name="x", cpu_sync=SYNC_CPU)
