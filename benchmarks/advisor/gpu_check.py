@@ -82,7 +82,7 @@ def prepare(out: Path) -> None:
     (out / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
 
 
-def run(plan_dir: Path, out: Path) -> None:
+def run(plan_dir: Path, out: Path, only: tuple[str, ...] = PAIR) -> None:
     import gc
 
     import torch
@@ -96,7 +96,7 @@ def run(plan_dir: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for sc in json.loads((plan_dir / "plan.json").read_text()):
         reqs = list(_reload(plan_dir / sc["workload"], sc["hash_block_size"]))
-        for who in PAIR:
+        for who in only:
             core = EngineCore(EngineArgs(model=sc["model"], device="cuda", seed=0, **sc["flags"][who]))
             warm = core.warm_up()
             before = compiled_kernel_count()
@@ -167,6 +167,7 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("--plan", type=Path, required=True)
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--only", choices=PAIR, help="replay only this side (the other measured before)")
     q = sub.add_parser("report")
     q.add_argument("--plan", type=Path, required=True)
     q.add_argument("--measured", type=Path, required=True)
@@ -175,7 +176,7 @@ def main() -> None:
     if a.stage == "prepare":
         prepare(a.out)
     elif a.stage == "run":
-        run(a.plan, a.out)
+        run(a.plan, a.out, (a.only,) if a.only else PAIR)
     else:
         report(a.plan, a.measured, a.out)
 
