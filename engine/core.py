@@ -18,7 +18,7 @@ import torch
 from engine.config import EngineArgs, scheduler_config
 from engine.model import TORCH_DTYPES, LlamaModel
 from engine.model_spec import get_model
-from engine.records import StepRecord
+from engine.records import StepRecord, step_composition
 from engine.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
@@ -382,19 +382,10 @@ class EngineCore:
                      sample_s: float, total_s: float, num_output_tokens: int) -> StepRecord:
         """The step's row: batch composition as the scheduler counted it (the simulator's cost
         model reads the same fields), timings, and the scheduler's gauges after the step."""
-        sched = self.scheduler
         return StepRecord(
-            step_id=out.step_id, t_start_s=t0 - self.epoch, total_s=total_s, first_dt_s=total_s,
-            last_dt_s=total_s, gpu_s=gpu_s, cpu_s=schedule_s + prepare_s + sample_s, schedule_s=schedule_s,
-            prepare_s=prepare_s, sample_s=sample_s, num_batched_tokens=out.num_batched_tokens,
-            num_prefill_tokens=out.num_prefill_tokens, num_prefill_seqs=out.num_prefill_seqs,
-            sum_prefill_context=out.sum_prefill_context, prefill_attn_pairs=out.prefill_attn_pairs,
-            num_decode_tokens=out.num_decode_tokens, num_decode_seqs=out.num_decode_seqs,
-            sum_decode_context=out.sum_decode_context, max_decode_context=out.max_decode_context,
-            num_spec_tokens=out.num_spec_tokens,
-            num_blocks_allocated=out.num_blocks_allocated, num_blocks_hashed=out.num_blocks_hashed,
-            num_preempted=len(out.preempted_ids), num_output_tokens=num_output_tokens,
-            num_running=sched.num_running, num_waiting=sched.num_waiting, kv_usage=sched.kv_usage)
+            t_start_s=t0 - self.epoch, total_s=total_s, first_dt_s=total_s, last_dt_s=total_s, gpu_s=gpu_s,
+            cpu_s=schedule_s + prepare_s + sample_s, schedule_s=schedule_s, prepare_s=prepare_s,
+            sample_s=sample_s, num_output_tokens=num_output_tokens, **step_composition(out, self.scheduler))
 
     def _record_token(self, st: RequestState, tok: int, t_s: float) -> bool:
         """Append a sampled token to its request; whether it stops the request."""

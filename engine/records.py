@@ -97,6 +97,19 @@ class RequestRecord:
     kv_transfer_s: float = NAN  # disaggregated prefill: prompt KV over the link
 
 
+def step_composition(out: Any, sched: Any) -> dict[str, Any]:
+    """The StepRecord fields a step's scheduler output and the scheduler's gauges give, shared by
+    the engine's and the simulator's rows (one place to add a column)."""
+    return {"step_id": out.step_id, "num_batched_tokens": out.num_batched_tokens,
+            "num_prefill_tokens": out.num_prefill_tokens, "num_prefill_seqs": out.num_prefill_seqs,
+            "sum_prefill_context": out.sum_prefill_context, "prefill_attn_pairs": out.prefill_attn_pairs,
+            "num_decode_tokens": out.num_decode_tokens, "num_decode_seqs": out.num_decode_seqs,
+            "sum_decode_context": out.sum_decode_context, "max_decode_context": out.max_decode_context,
+            "num_spec_tokens": out.num_spec_tokens, "num_blocks_allocated": out.num_blocks_allocated,
+            "num_blocks_hashed": out.num_blocks_hashed, "num_preempted": len(out.preempted_ids),
+            "num_running": sched.num_running, "num_waiting": sched.num_waiting, "kv_usage": sched.kv_usage}
+
+
 STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepRecord))
 REQUEST_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 
@@ -159,5 +172,6 @@ __all__ = [
     "RequestRecord",
     "StepRecord",
     "expand_step_rows",
+    "step_composition",
     "to_columns",
 ]

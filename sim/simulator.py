@@ -52,7 +52,7 @@ import simpy
 from engine.config import scheduler_config
 from engine.decode_skip import DecodeAdvance, advance_decode, uniform_decode_steps
 from engine.model_spec import blocks_for_tokens
-from engine.records import StepRecord
+from engine.records import StepRecord, step_composition
 from engine.request import Request
 from engine.scheduler import Scheduler
 from engine.scheduler_output import RequestResult, SchedulerOutput
@@ -244,19 +244,10 @@ class _Replica:
 
     def _step_record(self, out: SchedulerOutput, t0: float, dt: float, gpu_s: float, cpu_s: float,
                      n_out: int, drafted: int, accepted: int) -> StepRecord:
-        sched = self.sched
         return StepRecord(
-            replica=self.idx, step_id=out.step_id, n_steps=1, t_start_s=t0, total_s=dt, first_dt_s=dt,
-            last_dt_s=dt, gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=out.num_batched_tokens,
-            num_prefill_tokens=out.num_prefill_tokens, num_prefill_seqs=out.num_prefill_seqs,
-            sum_prefill_context=out.sum_prefill_context, prefill_attn_pairs=out.prefill_attn_pairs,
-            num_decode_tokens=out.num_decode_tokens, num_decode_seqs=out.num_decode_seqs,
-            sum_decode_context=out.sum_decode_context, max_decode_context=out.max_decode_context,
-            num_spec_tokens=out.num_spec_tokens,
-            num_blocks_allocated=out.num_blocks_allocated, num_blocks_hashed=out.num_blocks_hashed,
-            num_preempted=len(out.preempted_ids), num_output_tokens=n_out, drafted=drafted,
-            accepted=accepted, num_running=sched.num_running, num_waiting=sched.num_waiting,
-            kv_usage=sched.kv_usage)
+            replica=self.idx, n_steps=1, t_start_s=t0, total_s=dt, first_dt_s=dt, last_dt_s=dt, gpu_s=gpu_s,
+            cpu_s=cpu_s, num_output_tokens=n_out, drafted=drafted, accepted=accepted,
+            **step_composition(out, self.sched))
 
     def _ended(self, results: list[RequestResult], t: float) -> None:
         """Report requests that left the scheduler at t."""
