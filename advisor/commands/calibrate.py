@@ -38,6 +38,8 @@ def print_fit(fit: FitResult, console: Console) -> None:
     for kind in ("decode", "mixed"):
         console.print(f"{kind}: {getattr(p, kind).model_dump()}", highlight=False)
     console.print(f"cpu: {p.cpu.model_dump()} (held-out p50 {_pct(fit.cpu_error_median)})", highlight=False)
+    if p.cpu_sync is not None:  # host terms of synchronous runs, fitted apart
+        console.print(f"cpu (sync scheduling): {p.cpu_sync.model_dump()}", highlight=False)
     console.print(f"overlap: {p.overlap.model_dump()}", highlight=False)
     for m in fit.memory_checks:
         console.print(f"KV blocks {m.run}: engine {m.engine_blocks:,}, simulator {m.sim_blocks:,}", highlight=False)

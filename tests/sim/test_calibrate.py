@@ -240,6 +240,7 @@ def test_cli_fits_writes_and_refuses_to_overwrite(run_dirs):
     prof = CostProfile.load(out)
     assert prof.schema_version == 2 and prof.provenance["runs"] == ["r8192", "r4096"]
     assert prof.provenance["engine_commit"] == "abc123" and set(prof.fit_error) == {"decode", "mixed"}
+    assert ("cpu (sync scheduling)" in r.output) == (prof.cpu_sync is not None)
     for g in ("a100-80gb", "h100-sxm", "b200", "l4"):
         assert CostProfile.load(base / f"{g}-llama-3.2-1b.json").status == cost_model.STATUS_SCALED
     r = _cli("calibrate", a, "--model", "llama-3.2-1b", "--gpu", "h200", "--out", out)
