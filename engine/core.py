@@ -8,6 +8,7 @@ unchanged; this module only executes them and keeps each request's tokens and ti
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -203,31 +204,31 @@ class EngineCore:
         rng = torch.Generator().manual_seed(0)
         prompts = [torch.randint(FIRST_CONTENT_TOKEN_ID, self.spec.vocab_size, (n,), generator=rng).tolist()
                    for n in lens]
-        self._warm_ids = iter(range(WARM_UP_REQUEST_ID_BASE, WARM_UP_REQUEST_ID_BASE + (1 << 20)))
+        ids = itertools.count(WARM_UP_REQUEST_ID_BASE)
         steps = 0
         # together (mixed batches), one by one, then the longest again (a cache hit)
         for wave in [list(range(len(lens)))] + [[i] for i in range(len(lens))] + [[len(lens) - 1]]:
             for i in wave:
-                self._add_warm_request(prompts[i])
+                self._add_warm_request(next(ids), prompts[i])
             steps += self._drain()
         # short chunks beside running decodes (1 and 7 of them): eager steps of few tokens
         short = [p for p in prompts if len(p) <= 128]
         for num_decoding in (1, 7):
             for k in range(num_decoding):
-                self._add_warm_request(prompts[0] * 16, output_len=2 * WARM_UP_OUTPUT_TOKENS + k)
+                self._add_warm_request(next(ids), prompts[0] * 16, output_len=2 * WARM_UP_OUTPUT_TOKENS + k)
             steps += self._drain(max_steps=2)
             for p in short:
-                self._add_warm_request(p)
+                self._add_warm_request(next(ids), p)
             steps += self._drain()
         if self.runner.is_cuda:
             torch.cuda.synchronize(self.device)
-        num_requests = next(self._warm_ids) - WARM_UP_REQUEST_ID_BASE
+        num_requests = next(ids) - WARM_UP_REQUEST_ID_BASE
         self.start_over()
         return WarmUpReport(seconds=time.perf_counter() - t0, num_requests=num_requests,
                             num_steps=steps, kernels_compiled=compiled_kernel_count() - compiled0)
 
-    def _add_warm_request(self, prompt: list[int], output_len: int = WARM_UP_OUTPUT_TOKENS) -> None:
-        req = Request(request_id=next(self._warm_ids), arrival_s=0.0, prompt_len=len(prompt),
+    def _add_warm_request(self, request_id: int, prompt: list[int], output_len: int = WARM_UP_OUTPUT_TOKENS) -> None:
+        req = Request(request_id=request_id, arrival_s=0.0, prompt_len=len(prompt),
                       output_len=output_len, hash_ids=tuple(range(-(-len(prompt) // 16))))
         self.add_request(req, SamplingParams(max_tokens=output_len, ignore_eos=True), prompt, arrival_s=0.0)
 
