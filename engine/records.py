@@ -56,7 +56,9 @@ class StepRecord:
     num_decode_seqs: int = 0
     sum_decode_context: int = 0
     max_decode_context: int = 0  # the longest decoding sequence's KV (0 without decodes)
-    num_spec_tokens: int = 0
+    num_spec_tokens: int = 0  # drafts verified (scheduled)
+    num_spec_accepted_tokens: int = 0  # of which accepted
+    propose_s: float = 0.0  # the proposer (draft model forwards / n-gram lookups), inside gpu_s
     num_blocks_allocated: int = 0  # scheduler blocks (the simulator's may be coarsened)
     num_blocks_hashed: int = 0
     num_preempted: int = 0
@@ -95,6 +97,9 @@ class RequestRecord:
     tpot_s: float = NAN  # (finish - first token) / (num_output_tokens - 1)
     e2e_s: float = NAN
     kv_transfer_s: float = NAN  # disaggregated prefill: prompt KV over the link
+    num_spec_drafts: int = 0  # decode steps that verified drafts
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
 
 
 def step_composition(out: Any, sched: Any) -> dict[str, Any]:
@@ -157,9 +162,9 @@ def expand_step_rows(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     before = np.cumsum(dt) - dt  # durations of the earlier steps, then of the earlier rows too
     out["t_start_s"] = out["t_start_s"] + before - np.repeat(before[np.cumsum(n) - n], n)
     out["num_output_tokens"] = out["num_output_tokens"] // k
-    for c in ("gpu_s", "cpu_s"):
+    for c in ("gpu_s", "cpu_s", "propose_s"):
         out[c] = np.where(k > 1, NAN, out[c])
-    for c in ("num_blocks_allocated", "num_blocks_hashed", "drafted", "accepted"):
+    for c in ("num_blocks_allocated", "num_blocks_hashed", "drafted", "accepted", "num_spec_accepted_tokens"):
         out[c] = np.where(i == 0, out[c], 0)
     return out
 

@@ -52,7 +52,8 @@ def request_record(st: RequestState) -> RequestRecord:
         num_preemptions=st.num_preemptions, queue_s=scheduled - st.arrival_s,
         ttft_s=first - st.arrival_s if done else NAN,
         tpot_s=(last - first) / (len(times) - 1) if done and len(times) > 1 else NAN,
-        e2e_s=last - st.arrival_s if done else NAN)
+        e2e_s=last - st.arrival_s if done else NAN, num_spec_drafts=st.num_spec_drafts,
+        num_spec_draft_tokens=st.num_spec_draft_tokens, num_spec_accepted_tokens=st.num_spec_accepted_tokens)
 
 
 @dataclass

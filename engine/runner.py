@@ -45,6 +45,8 @@ class StepInputs:
     max_query_len: int
     max_seq_len: int
     num_seqs: int
+    # logits rows: one per sampling request, 1 + its drafts for a speculative verify (in order)
+    num_logits: int = 0
 
 
 @dataclass(slots=True)
@@ -99,6 +101,12 @@ def _input_tokens(scheduled, starts: list[int], q_lens: list[int], token_ids: di
     return tokens
 
 
+def _spec_counts(scheduled, sample_rows: list[int]) -> np.ndarray:
+    """Drafts verified by each sampling row."""
+    return np.fromiter((scheduled[i].num_spec_tokens for i in sample_rows), dtype=np.int64,
+                       count=len(sample_rows))
+
+
 class ModelRunner:
     """Owns the KV cache and the device-side input buffers of one model."""
 
@@ -118,6 +126,8 @@ class ModelRunner:
         self.num_graph_replays = 0  # decode steps served by a captured graph
         self.num_graph_captures = 0  # graphs captured (only capture_decode_graphs does it)
         self.memory_report: dict[str, float] = {}  # GPU: the terms the KV cache size came from
+        # a draft model's KV per block, paged with the same block ids: sized together with ours
+        self.draft_block_bytes = 0
         self.num_eager_forwards = 0
         self._graph_logits: dict[int, torch.Tensor] = {}
         self.is_cuda = self.device.type == "cuda"
@@ -140,12 +150,13 @@ class ModelRunner:
             self._stages.append({
                 "ids": host(t, torch.int64), "pos": host(t, torch.int64), "slots": host(t, torch.int64),
                 "seq_lens": host(b, torch.int32), "qsl": host(b + 1, torch.int32),
-                "logits_idx": host(b, torch.int64), "gather_dst": host(b, torch.int64),
+                "logits_idx": host(t, torch.int64), "gather_dst": host(b, torch.int64),
                 "gather_src": host(b, torch.int64),
                 "block_tables": torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
             })
         self._stage_done: list[torch.cuda.Event | None] = [None, None]
         self._stage_idx = 0
+        self._num_logits = 0  # logits rows of the step staged last
         self._use_stage(0)
         dev = self.device
         self.d_input_ids = torch.zeros(t, dtype=torch.int64, device=dev)
@@ -153,7 +164,7 @@ class ModelRunner:
         self.d_slots = torch.full((t,), -1, dtype=torch.int64, device=dev)
         self.d_seq_lens = torch.zeros(b, dtype=torch.int32, device=dev)
         self.d_qsl = torch.zeros(b + 1, dtype=torch.int32, device=dev)
-        self.d_logits_idx = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.d_logits_idx = torch.zeros(t, dtype=torch.int64, device=dev)  # verify: 1 + k rows each
         self.d_block_tables = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, device=dev)
         self.d_gather_dst = torch.zeros(b, dtype=torch.int64, device=dev)
         self.d_gather_src = torch.zeros(b, dtype=torch.int64, device=dev)
@@ -222,7 +233,7 @@ class ModelRunner:
     def _check_kv_fits(self, num_blocks: int, field: str, value: int) -> None:
         """Refuse, before allocating, a KV cache larger than the device's free memory (an
         override or a CPU size is taken as given, so an absurd one would die in the allocator)."""
-        need = num_blocks * self.block_bytes()
+        need = num_blocks * (self.block_bytes() + self.draft_block_bytes)
         if self.is_cuda:
             free = torch.cuda.mem_get_info(self.device)[0]
         else:
@@ -252,7 +263,7 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info(self.device)
             other = (total - free) - torch.cuda.memory_reserved(self.device)  # other processes, CUDA ctx
             budget = total * gpu_memory_utilization - (peak - tmp_kv) - max(other, 0)
-            n = int(budget // self.block_bytes())
+            n = int(budget // (self.block_bytes() + self.draft_block_bytes))
             # what the KV size came from: calibration reproduces the block count from these
             self.memory_report = {"total_bytes": int(total), "gpu_memory_utilization": gpu_memory_utilization,
                                   "weights_bytes": sum(t.numel() * t.element_size() for t in self.model.parameters()),
@@ -260,7 +271,7 @@ class ModelRunner:
                                   "other_bytes": int(max(other, 0)), "block_bytes": int(self.block_bytes())}
         else:
             cap = self.max_num_seqs * self.max_blocks_per_seq + 1
-            n = min(cpu_kv_cache_bytes // self.block_bytes(), cap)
+            n = min(cpu_kv_cache_bytes // (self.block_bytes() + self.draft_block_bytes), cap)
         if n < 1:
             raise ValueError(
                 f"no memory left for the KV cache (computed {n} blocks); raise "
@@ -277,7 +288,8 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, scheduled, token_ids: dict[int, list[int]],
-                inflight: tuple[dict[int, int], torch.Tensor] | None = None) -> StepInputs:
+                inflight: tuple[dict[int, int], torch.Tensor] | None = None, *,
+                verify: bool = False) -> StepInputs:
         """Fill the device buffers from the scheduler's output; no device sync.
 
         `scheduled`: the SchedulerOutput's per-request entries. `token_ids[rid]` holds the
@@ -288,6 +300,9 @@ class ModelRunner:
         `inflight` (async scheduling): (row of each request in the previous step's sampled
         tokens, those tokens on the device). A decode whose input token is still in flight gets
         it by a device-side gather, so the host never waits for it.
+
+        `verify`: some decodes carry drafts (their token lists include them): every one of
+        their positions gets a logits row.
         """
         self._next_stage()
         n = len(scheduled)
@@ -297,7 +312,7 @@ class ModelRunner:
         max_blocks = self._stage_block_tables([s.block_ids for s in scheduled])
         sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
         layout = self._layout(q_lens, starts, sample_rows, max_blocks)
-        self._stage_host(layout, tokens.flat_ids)
+        num_logits = self._stage_host(layout, tokens.flat_ids, _spec_counts(scheduled, sample_rows) if verify else None)
         self._copy_to_device(layout)
         if tokens.gather_dst:
             assert inflight is not None  # _input_tokens gathers only from inflight tokens
@@ -309,7 +324,7 @@ class ModelRunner:
             num_tokens=layout.num_tokens, num_padded_tokens=layout.padded_tokens,
             graph_size=layout.graph_size,
             max_query_len=int(q_lens.max()) if n else 0,
-            max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n,
+            max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n, num_logits=num_logits,
         )
 
     def _next_stage(self) -> None:
@@ -367,9 +382,11 @@ class ModelRunner:
             sample_rows=sample_rows, block_cols=self.max_blocks_per_seq if graph_size else max_blocks,
         )
 
-    def _stage_host(self, layout: _StepLayout, flat_ids: list[int]) -> None:
+    def _stage_host(self, layout: _StepLayout, flat_ids: list[int], spec: np.ndarray | None) -> int:
         """Write the step's ids, positions, slots, lengths and logits rows into the host
-        staging set; padding tokens write nowhere and padding sequences attend to one slot."""
+        staging set; padding tokens write nowhere and padding sequences attend to one slot.
+        `spec`: drafts per sampling row (None: none), whose verify positions all get logits.
+        Returns the number of logits rows."""
         n, num_tokens, padded_tokens = layout.num_seqs, layout.num_tokens, layout.padded_tokens
         h_ids, h_pos, h_slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
         h_ids[:num_tokens] = flat_ids
@@ -386,12 +403,22 @@ class ModelRunner:
         if layout.padded_seqs > n:
             self.h_block_tables.numpy()[n:layout.padded_seqs, 0] = 0
         h_li = self.h_logits_idx.numpy()
-        h_li[: len(layout.sample_rows)] = layout.qsl[1:][layout.sample_rows] - 1
+        ends = layout.qsl[1:][layout.sample_rows]
+        if spec is None:
+            self._num_logits = len(ends)
+            h_li[: len(ends)] = ends - 1
+        else:
+            counts = spec + 1
+            self._num_logits = int(counts.sum())
+            first = np.repeat(ends - counts, counts)
+            h_li[: self._num_logits] = first + np.arange(self._num_logits) - np.repeat(
+                np.cumsum(counts) - counts, counts)
+        return self._num_logits
 
     def _copy_to_device(self, layout: _StepLayout) -> None:
         """Asynchronous copies of the staged inputs into the persistent device buffers."""
         nb_tok, seqs, cols = layout.padded_tokens, layout.padded_seqs, layout.block_cols
-        num_sampled = len(layout.sample_rows)
+        num_sampled = self._num_logits
         self.d_input_ids[:nb_tok].copy_(self.h_input_ids[:nb_tok], non_blocking=True)
         self.d_positions[:nb_tok].copy_(self.h_positions[:nb_tok], non_blocking=True)
         self.d_slots[:nb_tok].copy_(self.h_slots[:nb_tok], non_blocking=True)
@@ -435,7 +462,7 @@ class ModelRunner:
         meta = self._meta(t, inp.num_seqs, inp.max_query_len, inp.max_seq_len,
                           int(self._max_cols(inp)))
         hidden = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
-        k = len(inp.sample_request_ids)
+        k = inp.num_logits
         return self.model.compute_logits(hidden[self.d_logits_idx[:k]])
 
     def _max_cols(self, inp: StepInputs) -> int:
