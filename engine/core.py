@@ -195,6 +195,8 @@ class EngineCore:
             self.graph_capture_s = self.runner.capture_decode_graphs()
             if self.drafter is not None:  # the draft's single-token forwards are pure decodes
                 self.graph_capture_s += self.drafter.runner.capture_decode_graphs()
+            if self.spec_k:
+                self.graph_capture_s += self.runner.capture_verify_graphs(self.spec_k)
         self.scheduler = Scheduler(scheduler_config(config, num_gpu_blocks=self.num_gpu_blocks,
                                                     max_model_len=self.max_model_len,
                                                     num_speculative_tokens=self.spec_k))

@@ -23,6 +23,9 @@ from engine.attention import AttentionMetadata
 from engine.flags import FlagError
 from engine.model import LlamaModel
 
+# vLLM's default largest CUDA-graph capture size, in tokens (max_cudagraph_capture_size)
+VERIFY_GRAPH_MAX_TOKENS = 512
+
 
 # Decode batch sizes that get a CUDA graph (vLLM's pattern: 1, 2, 4, then steps of 8).
 def decode_graph_buckets(max_num_seqs: int) -> list[int]:
@@ -47,6 +50,7 @@ class StepInputs:
     num_seqs: int
     # logits rows: one per sampling request, 1 + its drafts for a speculative verify (in order)
     num_logits: int = 0
+    graph_q: int = 1  # tokens per sequence of the graph: 1 (decode) or 1 + k (verify graph)
 
 
 @dataclass(slots=True)
@@ -69,6 +73,7 @@ class _StepLayout:
     padded_seqs: int  # = graph_size on a graph replay (dummy sequences of one token), else num_seqs
     padded_tokens: int
     graph_size: int | None
+    graph_q: int  # query tokens per sequence of that graph (padding sequences get as many)
     seq_lens: np.ndarray  # [num_seqs] context including this step's tokens
     qsl: np.ndarray  # [padded_seqs + 1] query start offsets
     positions: np.ndarray  # [num_tokens]
@@ -123,6 +128,10 @@ class ModelRunner:
         self.kv_caches: torch.Tensor | None = None
         self.num_blocks = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # verify graphs: batch size -> graph of that many decodes with k drafts each (q = 1 + k)
+        self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.verify_q = 0
+        self._verify_logits: dict[int, torch.Tensor] = {}
         self.num_graph_replays = 0  # decode steps served by a captured graph
         self.num_graph_captures = 0  # graphs captured (only capture_decode_graphs does it)
         self.memory_report: dict[str, float] = {}  # GPU: the terms the KV cache size came from
@@ -311,8 +320,9 @@ class ModelRunner:
         tokens = _input_tokens(scheduled, starts.tolist(), q_lens.tolist(), token_ids, inflight)
         max_blocks = self._stage_block_tables([s.block_ids for s in scheduled])
         sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
-        layout = self._layout(q_lens, starts, sample_rows, max_blocks)
-        num_logits = self._stage_host(layout, tokens.flat_ids, _spec_counts(scheduled, sample_rows) if verify else None)
+        spec = _spec_counts(scheduled, sample_rows) if verify else None
+        layout = self._layout(q_lens, starts, sample_rows, max_blocks, spec)
+        num_logits = self._stage_host(layout, tokens.flat_ids, spec)
         self._copy_to_device(layout)
         if tokens.gather_dst:
             assert inflight is not None  # _input_tokens gathers only from inflight tokens
@@ -322,7 +332,7 @@ class ModelRunner:
         return StepInputs(
             request_ids=rids, sample_request_ids=[rids[i] for i in sample_rows],
             num_tokens=layout.num_tokens, num_padded_tokens=layout.padded_tokens,
-            graph_size=layout.graph_size,
+            graph_size=layout.graph_size, graph_q=layout.graph_q,
             max_query_len=int(q_lens.max()) if n else 0,
             max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n, num_logits=num_logits,
         )
@@ -356,20 +366,36 @@ class ModelRunner:
         bt[rows, cols] = flat_blocks
         return max(1, int(nbs.max()) if n else 1)
 
+    def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None
+                    ) -> tuple[int | None, int]:
+        """(graph batch size, query tokens per sequence) of the graph this step replays, or
+        (None, 1): a pure decode batch, or a verify batch where every request is a decode with
+        exactly k drafts (the captured q = 1 + k); anything else runs eagerly."""
+        n = len(q_lens)
+        if len(sample_rows) != n:
+            return None, 1
+        if spec is None:
+            if self.graphs and bool((q_lens == 1).all()):
+                return next((b for b in sorted(self.graphs) if b >= n), None), 1
+            return None, 1
+        q = self.verify_q
+        if self.verify_graphs and bool((spec == q - 1).all()) and bool((q_lens == q).all()):
+            return next((b for b in sorted(self.verify_graphs) if b >= n), None), q
+        return None, 1
+
     def _layout(self, q_lens: np.ndarray, starts: np.ndarray, sample_rows: list[int],
-                max_blocks: int) -> _StepLayout:
+                max_blocks: int, spec: np.ndarray | None = None) -> _StepLayout:
         """Where every token of the step goes: the CUDA graph (if any), padding, positions,
         query offsets and KV slots (from the block table already staged)."""
         n = len(q_lens)
         num_tokens = int(q_lens.sum())
-        pure_decode = bool((q_lens == 1).all()) and len(sample_rows) == n
-        graph_size = None
-        if pure_decode and self.graphs:
-            graph_size = next((b for b in sorted(self.graphs) if b >= n), None)
+        graph_size, gq = self._pick_graph(q_lens, sample_rows, spec)
+        if graph_size is None:
+            gq = 1
         padded_seqs = graph_size or n
         qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
         np.cumsum(q_lens, out=qsl[1: n + 1])
-        qsl[n + 1:] = num_tokens + np.arange(1, padded_seqs - n + 1)  # padding: one dummy token each
+        qsl[n + 1:] = num_tokens + gq * np.arange(1, padded_seqs - n + 1)  # padding: gq dummy tokens each
         positions = np.repeat(starts - qsl[:n], q_lens) + np.arange(num_tokens)
         seq_idx = np.repeat(np.arange(n), q_lens)
         bs = self.block_size
@@ -377,7 +403,7 @@ class ModelRunner:
         slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         return _StepLayout(
             num_seqs=n, num_tokens=num_tokens, padded_seqs=padded_seqs,
-            padded_tokens=graph_size or num_tokens, graph_size=graph_size,
+            padded_tokens=graph_size * gq if graph_size else num_tokens, graph_size=graph_size, graph_q=gq,
             seq_lens=starts + q_lens, qsl=qsl, positions=positions, slots=slots,
             sample_rows=sample_rows, block_cols=self.max_blocks_per_seq if graph_size else max_blocks,
         )
@@ -398,7 +424,8 @@ class ModelRunner:
             h_slots[num_tokens:padded_tokens] = -1
         h_sl = self.h_seq_lens.numpy()
         h_sl[:n] = layout.seq_lens
-        h_sl[n:layout.padded_seqs] = 1  # dummy sequences attend to one (garbage) slot; output dropped
+        # dummy sequences attend to their gq (garbage) slots, causally valid; output dropped
+        h_sl[n:layout.padded_seqs] = layout.graph_q
         self.h_qsl.numpy()[: layout.padded_seqs + 1] = layout.qsl
         if layout.padded_seqs > n:
             self.h_block_tables.numpy()[n:layout.padded_seqs, 0] = 0
@@ -455,6 +482,9 @@ class ModelRunner:
         assert self.kv_caches is not None, "allocate_kv_cache() first"
         if inp.graph_size is not None:
             self.num_graph_replays += 1
+            if inp.graph_q > 1:
+                self.verify_graphs[inp.graph_size].replay()
+                return self._verify_logits[inp.graph_size][: inp.num_logits]
             self.graphs[inp.graph_size].replay()
             return self._graph_logits[inp.graph_size][: inp.num_seqs]
         self.num_eager_forwards += 1
@@ -509,5 +539,58 @@ class ModelRunner:
             self.num_graph_captures += 1
             self.graphs[b] = g
             self._graph_logits[b] = logits
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def verify_graph_sizes(self, k: int) -> list[int]:
+        """Batch sizes that get a verify graph: the decode buckets whose b x (1 + k) tokens fit
+        the token buffers and vLLM's default graph capture limit of 512 tokens (the logits of
+        every position are kept, b x (1 + k) x vocab)."""
+        cap = min(self.d_input_ids.shape[0], VERIFY_GRAPH_MAX_TOKENS) // (k + 1)
+        return [b for b in decode_graph_buckets(self.max_num_seqs) if b <= cap]
+
+    def graph_forward(self, b: int, q: int, logits_out: torch.Tensor) -> torch.Tensor:
+        """What a graph of `b` sequences of `q` tokens runs: the model over the persistent
+        buffers, max_seq_len = max_model_len and the full block-table width (so any such batch
+        can replay it), logits of every token into `logits_out`."""
+        t = b * q
+        meta = self._meta(t, b, q, self.max_model_len, self.max_blocks_per_seq)
+        h = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
+        return self.model.compute_logits(h, out=logits_out[:t])
+
+    @torch.inference_mode()
+    def capture_verify_graphs(self, k: int) -> float:
+        """One CUDA graph per verify bucket (uniform batches of decodes with k drafts each);
+        returns seconds. Dummy inputs as for decode graphs, q = 1 + k tokens per sequence."""
+        assert self.is_cuda and self.kv_caches is not None
+        t0 = time.perf_counter()
+        q = k + 1
+        sizes = sorted(self.verify_graph_sizes(k), reverse=True)
+        if not sizes:
+            return 0.0
+        self.verify_q = q
+        self.d_input_ids.zero_()
+        self.d_positions.zero_()
+        self.d_slots.fill_(-1)
+        self.d_seq_lens.fill_(q)
+        self.d_qsl.copy_(q * torch.arange(self.max_num_seqs + 1, dtype=torch.int32, device=self.device))
+        self.d_block_tables.zero_()
+        buf = torch.empty(max(sizes) * q, self.spec.vocab_size, dtype=self.model.lm_head_weight.dtype,
+                          device=self.device)
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        for b in sizes:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up (Triton compilation happens here)
+                    self.graph_forward(b, q, buf)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                logits = self.graph_forward(b, q, buf)
+            pool = g.pool()
+            self.num_graph_captures += 1
+            self.verify_graphs[b] = g
+            self._verify_logits[b] = logits
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0

@@ -222,3 +222,32 @@ def test_with_drafts_reads_like_the_concatenated_list():
         assert view[i] == full[i]
         for j in range(i, len(full) + 1):
             assert view[i:j] == full[i:j]
+
+
+class ReplayOnCPU:
+    """A stand-in for a captured verify graph: replaying runs what the capture records
+    (`graph_forward` over the padded persistent buffers), so the CPU checks the padding."""
+
+    def __init__(self, runner, b: int, q: int, buf: torch.Tensor) -> None:
+        self.runner, self.b, self.q, self.buf = runner, b, q, buf
+
+    def replay(self) -> None:
+        self.runner.graph_forward(self.b, self.q, self.buf)
+
+
+@pytest.mark.parametrize("name", ["draft-other", "draft-self"])
+def test_verify_graph_layout_gives_the_same_tokens(name):
+    """Uniform verify batches (every request a decode with k drafts) take the graph path, with
+    padding sequences of 1 + k dummy tokens; tokens equal the reference."""
+    spec, draft = SPECS[name]
+    core = engine(spec, draft, num_gpu_blocks_override=13)
+    r, k = core.runner, spec["num_speculative_tokens"]
+    sizes = r.verify_graph_sizes(k)
+    assert sizes and max(sizes) * (k + 1) <= r.d_input_ids.shape[0]
+    buf = torch.empty(max(sizes) * (k + 1), TARGET.spec.vocab_size)
+    r.verify_q = k + 1
+    for b in sizes:
+        r.verify_graphs[b] = ReplayOnCPU(r, b, k + 1, buf)
+        r._verify_logits[b] = buf[: b * (k + 1)]
+    assert drive(core, workload(0)) == reference(0, 13)
+    assert r.num_graph_replays > 0
