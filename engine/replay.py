@@ -206,7 +206,10 @@ def _meta(core: EngineCore, arrivals: list[float]) -> dict[str, Any]:
             "gpu": str(core.device), "num_gpus": 1, "num_replicas": 1,
             "deployment": f"{core.config.model} on {core.device}",
             "request_rate": (len(arrivals) - 1) / span if span > 0 else "inf",
-            "num_gpu_blocks": core.num_gpu_blocks, "max_model_len": core.max_model_len}
+            "num_gpu_blocks": core.num_gpu_blocks, "max_model_len": core.max_model_len,
+            # the engine's effective scheduling mode (speculative decoding runs synchronously)
+            "async_scheduling": core.async_scheduling,
+            "speculative_config": sc.vllm_json() if (sc := core.config.speculative_config) else None}
 
 
 def _counters(before: dict, after: dict, pos_before: list[int], pos_after: list[int]) -> dict[str, float]:

@@ -193,6 +193,8 @@ def test_replay_tables_summary_and_prometheus_carry_spec_metrics():
     assert summary["spec_decode_num_drafts"] == 6
     assert summary["spec_decode_acceptance_length"] == 1 + k
     assert summary["spec_decode_per_position_acceptance_rates"] == [1.0] * k
+    assert summary["async_scheduling"] is False  # the effective value, recorded with the run
+    assert summary["speculative_config"] == '{"method":"draft_model","model":"tiny","num_speculative_tokens":3}'
     prom = res.prometheus_text()
     for pos in range(k):
         assert f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="tiny",position="{pos}"}} 6.0' in prom
