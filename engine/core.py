@@ -383,24 +383,12 @@ class EngineCore:
             ev1.record()
         t3 = time.perf_counter()
         sample_ids = inp.sample_request_ids
-        t_tok = 0.0
         if verify:
             kept = self._verify(out, logits, sample_ids, proposals)
             t4 = time.perf_counter()
             sampled, stopped = self._record_kept(out, sample_ids, kept, t4 - self.epoch)
         else:
-            tokens: list[int] = []
-            if sample_ids:
-                params = [self.requests[r].params for r in sample_ids]
-                tokens = self.sampler.sample(logits, sample_ids, params).tolist()  # the step's one sync
-            t4 = time.perf_counter()
-            t_tok = t4 - self.epoch
-            sampled = {}
-            stopped = set()  # decided per request, from its own sampling params
-            for rid, tok in zip(sample_ids, tokens):
-                sampled[rid] = [tok]
-                if self._record_token(self.requests[rid], tok, t_tok):
-                    stopped.add(rid)
+            sampled, stopped, t4 = self._sample(logits, sample_ids)
         num_visible = sum(map(len, sampled.values())) if verify else len(sampled)
         finished = [self._end_request(res)
                     for res in self.scheduler.update_from_output(out, sampled, stopped=stopped)]
@@ -423,9 +411,26 @@ class EngineCore:
         if self.spec_k:
             trace.propose_s = propose_s
             trace.gpu_s += propose_s
-            trace.num_spec_accepted_tokens = trace.accepted = num_visible - len(sampled) if verify else 0
+            trace.num_spec_accepted_tokens = trace.accepted = num_visible - len(sampled)
             trace.drafted = out.num_spec_tokens
         return StepResult(sampled, finished, trace)
+
+    def _sample(self, logits: torch.Tensor, sample_ids: list[int]
+                ) -> tuple[dict[int, list[int]], set[int], float]:
+        """One token per sampling request, recorded; (sampled, stopped, time the tokens arrived)."""
+        tokens: list[int] = []
+        if sample_ids:
+            params = [self.requests[r].params for r in sample_ids]
+            tokens = self.sampler.sample(logits, sample_ids, params).tolist()  # the step's one sync
+        t4 = time.perf_counter()
+        t_tok = t4 - self.epoch
+        sampled: dict[int, list[int]] = {}
+        stopped: set[int] = set()  # decided per request, from its own sampling params
+        for rid, tok in zip(sample_ids, tokens):
+            sampled[rid] = [tok]
+            if self._record_token(self.requests[rid], tok, t_tok):
+                stopped.add(rid)
+        return sampled, stopped, t4
 
     # ------------------------------------------------------------------ speculative decoding
     def _propose_draft(self, out: SchedulerOutput) -> tuple[dict[int, Proposal], float]:
@@ -483,9 +488,8 @@ class EngineCore:
             p = proposals.get(rid)
             drafts.append(p.tokens[:d] if d else [])
             probs.append(p.probs[:d] if d and p.probs is not None else None)
-        kept = self.sampler.verify(logits, sample_ids, [self.requests[r].params for r in sample_ids],
+        return self.sampler.verify(logits, sample_ids, [self.requests[r].params for r in sample_ids],
                                    drafts, probs)
-        return kept
 
     def _record_kept(self, out: SchedulerOutput, sample_ids: list[int], kept: list[list[int]], t_s: float
                      ) -> tuple[dict[int, list[int]], set[int]]:
