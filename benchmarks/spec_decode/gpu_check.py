@@ -46,7 +46,7 @@ class Setup:
     k: int
 
 
-GPU = Setup("bfloat16", 2048, 512, 32, 16, 90, 64, 4)
+GPU = Setup("bfloat16", 2048, 512, 32, 16, 80, 64, 4)
 CPU = Setup("float32", 256, 32, 6, 4, 24, 10, 3)
 
 
