@@ -39,7 +39,7 @@ PERCENTILES = (50, 90, 95, 99)
 # Run-wide counters both sides keep (scheduler stats); the summary and the exposition read them.
 COUNTER_KEYS = ("prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "spec_num_drafts",
                 "spec_draft_tokens", "spec_accepted_tokens")
-# what an engine run's meta says about its configuration, copied into its summary
+# what a run's meta says about its engine configuration (None where a run does not say), in its summary
 ENGINE_META_KEYS = ("async_scheduling", "speculative_config")
 # plus, with speculative decoding, accepted drafts by position: POS_KEY.format(i) for i < k
 POS_KEY = "spec_accepted_tokens_pos_{}"
@@ -268,7 +268,7 @@ def _extras(r: dict[str, np.ndarray], s: dict[str, np.ndarray], meta: dict[str, 
         "gpu_busy_share": gpu_s / (duration * num_replicas),
         "cpu_share_of_step_time": cpu_s / total_s if total_s else 0.0,
         "num_engine_steps": int(s["n_steps"].sum()),
-        **{k: meta[k] for k in ENGINE_META_KEYS if k in meta},
+        **{k: meta.get(k) for k in ENGINE_META_KEYS},
         "spec_decode_num_drafts": drafts, "spec_decode_draft_tokens": drafted,
         "spec_decode_accepted_tokens": accepted,
         "spec_decode_acceptance_rate": accepted / drafted if drafted else None,

@@ -579,7 +579,13 @@ class Simulation:
                 "deployment": dep.describe(), "seed": self.seed, "label": self.label, "request_rate": rate,
                 "slo": self.slo, "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks,
                 "max_model_len": self.max_model_len, "kv_block_coarsening": self.coarsen,
-                "vllm_args": self._vllm_args()} | self.extra_meta
+                "vllm_args": self._vllm_args(), **self._engine_meta()} | self.extra_meta
+
+    def _engine_meta(self) -> dict[str, Any]:
+        """The scheduling mode and speculative config simulated (engine/run_summary.ENGINE_META_KEYS)."""
+        eng = self.dep.engine
+        sc = eng.speculative_config
+        return {"async_scheduling": eng.async_scheduling, "speculative_config": sc.vllm_json() if sc else None}
 
     def _result(self, wall_s: float) -> SimResult:
         return SimResult(requests=self.log.table(), steps=self.step_log.table(), meta=self._meta(),
