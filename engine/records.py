@@ -10,8 +10,8 @@ skip-ahead through a pure-decode stretch; engine rows always have n_steps = 1). 
 batch-composition columns describe each one of its steps (they are equal), except
 `sum_decode_context` and `max_decode_context`, which are the first step's (they grow by
 `num_decode_seqs` and by 1 per step: every sequence of the batch decodes one token); the
-additive columns are totals over the row: timings (`total_s`, `gpu_s`, `cpu_s`), outputs
-(`num_output_tokens`, `drafted`, `accepted`) and block work (`num_blocks_allocated`,
+additive columns are totals over the row: timings (`total_s`, `gpu_s`, `cpu_s`, `propose_s`),
+outputs (`num_output_tokens`, `drafted`, `accepted`, `num_spec_accepted_tokens`) and block work (`num_blocks_allocated`,
 `num_blocks_hashed`); the gauges (`num_running`, `num_waiting`, `kv_usage`) are those after its
 last step. Step durations in a row grow linearly from `first_dt_s` to `last_dt_s`.
 """

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.spec_decode.rejection import first_rejection, greedy_verify, speculative_accept
+
 
 class SamplingParams(BaseModel):
     """vLLM names. temperature 0 = greedy."""
@@ -108,8 +110,6 @@ class Sampler:
         `logits` holds 1 + len(drafts[i]) consecutive rows per request, in order. Greedy:
         exact match with the argmax. Random: speculative sampling against q (`draft_probs`,
         None = one-hot drafts: n-gram lookup), then the bonus drawn from p."""
-        from engine.spec_decode.rejection import first_rejection, greedy_verify, speculative_accept
-
         argmax = logits.argmax(dim=-1).tolist()  # the step's one sync for greedy requests
         out: list[list[int]] = []
         row = 0
