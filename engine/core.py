@@ -3,6 +3,11 @@
 `EngineCore.step()` runs one iteration and returns what it produced plus one `StepRecord`
 (engine/records.py: the step table's columns, shared with the simulator). Scheduling decisions are the shared `Scheduler`'s,
 unchanged; this module only executes them and keeps each request's tokens and timestamps.
+
+With `speculative_config` the step runs synchronously: schedule (1 + k slots per decode) ->
+the proposer (draft model forwards, or the n-gram drafts found after the previous step) ->
+one target forward verifying every draft -> accepted tokens; the scheduler rolls back the
+rejected drafts' slots.
 """
 
 from __future__ import annotations

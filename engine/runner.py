@@ -6,7 +6,9 @@ numpy on the host, staged in pinned memory and copied to persistent device buffe
 sync; the only sync of a step is the sampler's read-back of the sampled tokens.
 
 On a GPU, pure-decode batches (every request computes exactly one token) replay a CUDA graph
-captured for the next bucket size up; mixed batches run eagerly.
+captured for the next bucket size up, and so do uniform speculative verify batches (every
+request a decode with k drafts: 1 + k tokens each, logits at every position); other batches
+run eagerly.
 """
 
 from __future__ import annotations

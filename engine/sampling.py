@@ -3,7 +3,9 @@
 Greedy rows (temperature 0) take one batched argmax. Random rows are filtered (top-k, then
 top-p) and drawn with the exponential-race trick (argmax of p / E, E ~ Exp(1)), the noise coming
 from the request's own `torch.Generator`, so a request's tokens depend on its seed only, not on
-which other requests share its batches.
+which other requests share its batches. With speculative decoding, `verify` keeps each
+request's accepted drafts and one more token (engine/spec_decode/rejection.py's rule) and
+`propose` draws a draft model's tokens.
 """
 
 from __future__ import annotations
