@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.flags import (
     ENGINE_ONLY_FLAGS,
@@ -25,6 +25,7 @@ from engine.flags import (
     resolve_batch,
 )
 from engine.scheduler import SchedulerConfig
+from engine.spec_decode.config import parse_speculative_config
 
 
 class _SchedulingRules(BaseModel):
@@ -89,11 +90,29 @@ class EngineArgs(flag_model("_EngineFields", ENGINE_ONLY_FLAGS, SchedulingArgs))
 
     usage_context: UsageContext = Field("api_server", description="vllm serve or the offline LLM class")
 
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _parse_spec(cls, v: Any) -> Any:
+        return parse_speculative_config(v)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+
     def resolved(self, *, device_name: str, device_memory_bytes: float,
                  max_position_embeddings: int) -> EngineArgs:
-        return self.resolve_limits(device_name=device_name, device_memory_bytes=device_memory_bytes,
+        """vLLM's start-up values for this device; speculative decoding runs synchronously
+        (async scheduling with drafts is out of scope), so async_scheduling resolves to False."""
+        args = self.with_effective_async()
+        return args.resolve_limits(device_name=device_name, device_memory_bytes=device_memory_bytes,
                                    max_position_embeddings=max_position_embeddings,
                                    usage=self.usage_context)
+
+    def with_effective_async(self) -> EngineArgs:
+        """This config with async_scheduling as the engine runs it (False with drafts)."""
+        if self.speculative_config is not None and self.async_scheduling:
+            return self.model_copy(update={"async_scheduling": False})
+        return self
 
 
 __all__ = ["EngineArgs", "SchedulingArgs", "scheduler_config"]

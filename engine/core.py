@@ -3,6 +3,11 @@
 `EngineCore.step()` runs one iteration and returns what it produced plus one `StepRecord`
 (engine/records.py: the step table's columns, shared with the simulator). Scheduling decisions are the shared `Scheduler`'s,
 unchanged; this module only executes them and keeps each request's tokens and timestamps.
+
+With `speculative_config` the step runs synchronously: schedule (1 + k slots per decode) ->
+the proposer (draft model forwards, or the n-gram drafts found after the previous step) ->
+one target forward verifying every draft -> accepted tokens; the scheduler rolls back the
+rejected drafts' slots.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_output import RequestResult, SchedulerOutput
+from engine.spec_decode.proposers import DraftModelProposer, NgramProposer, Proposal, WithDrafts
 from kernels import compiled_kernel_count
 
 
@@ -45,6 +51,10 @@ class RequestState:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     stop_len: int | None = None  # len(token_ids) when a stop token was sampled
+    # speculative decoding, vLLM's counters per request
+    num_spec_drafts: int = 0  # decode steps that verified drafts
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -140,9 +150,27 @@ def device_facts(device: torch.device) -> tuple[str, float]:
     return device.type, 0.0
 
 
+def build_draft_model(config: EngineArgs, device: torch.device, max_model_len: int) -> LlamaModel:
+    """The draft of `speculative_config.model`: a checkpoint directory or a preset (seeded
+    random weights with the engine's seed, like the target's)."""
+    assert config.speculative_config is not None and config.speculative_config.model
+    return build_model(config.model_copy(update={"model": config.speculative_config.model}), device,
+                       max_model_len)
+
+
+def check_draft(draft: LlamaModel, target: LlamaModel, max_model_len: int) -> None:
+    if draft.spec.vocab_size != target.spec.vocab_size:
+        raise ValueError(f"--speculative-config: the draft model's vocabulary ({draft.spec.vocab_size} tokens) "
+                         f"differs from the target's ({target.spec.vocab_size}); use a draft with the "
+                         "target's tokenizer")
+    if draft.rotary.cos.shape[0] < max_model_len:
+        raise ValueError(f"--speculative-config: the draft model covers {draft.rotary.cos.shape[0]} positions, "
+                         f"fewer than max_model_len {max_model_len}; lower --max-model-len")
+
+
 class EngineCore:
     def __init__(self, config: EngineArgs, model: LlamaModel | None = None,
-                 eos_token_ids: tuple[int, ...] = ()) -> None:
+                 eos_token_ids: tuple[int, ...] = (), draft_model: LlamaModel | None = None) -> None:
         self.device = resolve_device(config.device)
         if model is None:
             model = build_model(config, self.device, config.max_model_len)
@@ -158,15 +186,25 @@ class EngineCore:
         self.runner = ModelRunner(
             model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
+        self._init_speculation(config, draft_model)
         self.num_gpu_blocks = self.runner.allocate_kv_cache(
             gpu_memory_utilization=config.gpu_memory_utilization,
             num_gpu_blocks_override=config.num_gpu_blocks_override,
             cpu_kv_cache_bytes=config.cpu_kv_cache_bytes)
+        if self.drafter is not None:
+            self.drafter.allocate_kv(self.num_gpu_blocks)
+            self.runner.memory_report |= {"draft_weights_bytes": self.drafter.weights_bytes(),
+                                          "draft_kv_bytes_per_block": self.runner.draft_block_bytes}
         self.graph_capture_s = 0.0
         if self.runner.is_cuda and not config.enforce_eager and model.backend.name == "triton":
             self.graph_capture_s = self.runner.capture_decode_graphs()
+            if self.drafter is not None:  # the draft's single-token forwards are pure decodes
+                self.graph_capture_s += self.drafter.runner.capture_decode_graphs()
+            if self.spec_k:
+                self.graph_capture_s += self.runner.capture_verify_graphs(self.spec_k)
         self.scheduler = Scheduler(scheduler_config(config, num_gpu_blocks=self.num_gpu_blocks,
-                                                    max_model_len=self.max_model_len))
+                                                    max_model_len=self.max_model_len,
+                                                    num_speculative_tokens=self.spec_k))
         self.sampler = Sampler(self.device, default_seed=config.seed)
         self.requests: dict[int, RequestState] = {}
         self.epoch = time.perf_counter()
@@ -179,6 +217,25 @@ class EngineCore:
         self._token_bufs = [torch.zeros(b, dtype=torch.int64, pin_memory=self.runner.is_cuda)
                             for _ in range(2)]
         self._token_buf_idx = 0
+
+    def _init_speculation(self, config: EngineArgs, draft_model: LlamaModel | None) -> None:
+        """The proposer of `speculative_config`; a draft model's weights are loaded and its KV
+        per block counted before the KV pool is sized."""
+        sc = config.speculative_config
+        self.spec_k = config.num_speculative_tokens
+        self.ngram = NgramProposer(sc.lookup_min, sc.lookup_max) if sc and sc.method == "ngram" else None
+        self._ngram_drafts: dict[int, list[int]] = {}
+        self.drafter: DraftModelProposer | None = None
+        if sc is None or sc.method != "draft_model":
+            return
+        if draft_model is None:
+            draft_model = build_draft_model(config, self.device, self.max_model_len)
+        check_draft(draft_model, self.model, self.max_model_len)
+        self.drafter = DraftModelProposer(draft_model, block_size=config.block_size,
+                                          max_num_seqs=config.max_num_seqs,
+                                          max_num_batched_tokens=config.max_num_batched_tokens,
+                                          max_model_len=self.max_model_len)
+        self.runner.draft_block_bytes = self.drafter.runner.block_bytes()
 
     def now(self) -> float:
         """Seconds on the engine clock (since construction or `reset_clock`)."""
@@ -258,6 +315,7 @@ class EngineCore:
         if bad:
             raise ValueError(f"start_over cannot change {sorted(bad)}: they size the runner; build a new engine")
         cfg = self._built_config.model_copy(update=scheduling_flags)  # flags of earlier restarts do not stick
+        cfg = cfg.with_effective_async()
         for name, cap in (("max_num_seqs", self.runner.max_num_seqs),
                           ("max_num_batched_tokens", self.runner.max_num_batched_tokens),
                           ("num_gpu_blocks_override", self.runner.num_blocks)):
@@ -268,7 +326,11 @@ class EngineCore:
         self.async_scheduling = cfg.async_scheduling
         self.num_gpu_blocks = num_blocks = cfg.num_gpu_blocks_override or self.runner.num_blocks
         self.scheduler = Scheduler(scheduler_config(cfg, num_gpu_blocks=num_blocks,
-                                                    max_model_len=self.max_model_len))
+                                                    max_model_len=self.max_model_len,
+                                                    num_speculative_tokens=self.spec_k))
+        self._ngram_drafts.clear()
+        if self.drafter is not None:
+            self.drafter.reset()
         self.requests.clear()
         self._pending = None
         self._stopped_ids = []
@@ -309,8 +371,14 @@ class EngineCore:
         if not out.scheduled:
             return StepResult({}, self._finish_unscheduled(out), None)
         self._note_first_scheduled(out, t1 - self.epoch)
-        inp = self.runner.prepare(out.scheduled, {s.request_id: self.requests[s.request_id].token_ids
-                                                  for s in out.scheduled})
+        verify = bool(out.num_spec_tokens)
+        proposals: dict[int, Proposal] = {}
+        propose_s = 0.0
+        if self.drafter is not None:
+            proposals, propose_s = self._propose_draft(out)
+        elif verify:
+            proposals = {rid: Proposal(d) for rid, d in self._ngram_drafts.items()}
+        inp = self.runner.prepare(out.scheduled, self._input_token_ids(out, proposals, verify), verify=verify)
         t2 = time.perf_counter()
         if self._use_events:
             ev0, ev1 = self._new_event(), self._new_event()
@@ -320,6 +388,41 @@ class EngineCore:
             ev1.record()
         t3 = time.perf_counter()
         sample_ids = inp.sample_request_ids
+        if verify:
+            kept = self._verify(out, logits, sample_ids, proposals)
+            t4 = time.perf_counter()
+            sampled, stopped = self._record_kept(out, sample_ids, kept, t4 - self.epoch)
+        else:
+            sampled, stopped, t4 = self._sample(logits, sample_ids)
+        num_visible = sum(map(len, sampled.values())) if verify else len(sampled)
+        finished = [self._end_request(res)
+                    for res in self.scheduler.update_from_output(out, sampled, stopped=stopped)]
+        if self.ngram is not None:
+            propose_s += self._propose_ngram(sampled)
+        t5 = time.perf_counter()
+        if self._use_events:
+            # A step that samples nothing (only partial prefill chunks: a prompt longer than the
+            # token budget) has no .tolist() to wait on, so wait for the end event explicitly;
+            # after a .tolist() it is already done and this returns at once.
+            ev1.synchronize()
+            forward_s = ev0.elapsed_time(ev1) / 1e3  # GPU time
+            # The forward's launch overlaps its GPU execution; the rest of t2..t4 is sampling+sync.
+            sample_s = max(0.0, (t4 - t2) - forward_s)
+        else:
+            forward_s, sample_s = t3 - t2, t4 - t3
+        # the proposer's time (draft forwards, n-gram lookups) is its own column, not host prep
+        prepare_s = max(0.0, t2 - t1 + (t5 - t4) - propose_s)
+        trace = self._step_record(out, t0, t1 - t0, prepare_s, forward_s, sample_s, t5 - t0, num_visible)
+        if self.spec_k:
+            trace.propose_s = propose_s
+            trace.gpu_s += propose_s
+            trace.num_spec_accepted_tokens = trace.accepted = num_visible - len(sampled)
+            trace.drafted = out.num_spec_tokens
+        return StepResult(sampled, finished, trace)
+
+    def _sample(self, logits: torch.Tensor, sample_ids: list[int]
+                ) -> tuple[dict[int, list[int]], set[int], float]:
+        """One token per sampling request, recorded; (sampled, stopped, time the tokens arrived)."""
         tokens: list[int] = []
         if sample_ids:
             params = [self.requests[r].params for r in sample_ids]
@@ -332,23 +435,87 @@ class EngineCore:
             sampled[rid] = [tok]
             if self._record_token(self.requests[rid], tok, t_tok):
                 stopped.add(rid)
-        num_visible = len(tokens)
-        finished = [self._end_request(res)
-                    for res in self.scheduler.update_from_output(out, sampled, stopped=stopped)]
-        t5 = time.perf_counter()
+        return sampled, stopped, t4
+
+    # ------------------------------------------------------------------ speculative decoding
+    def _propose_draft(self, out: SchedulerOutput) -> tuple[dict[int, Proposal], float]:
+        """Run the draft model over this step's new tokens and draft positions; (proposals, seconds)."""
+        assert self.drafter is not None
+        for rid in out.preempted_ids:  # their blocks, and the draft KV in them, are gone
+            self.drafter.forget(rid)
+        t = time.perf_counter()
         if self._use_events:
-            # A step that samples nothing (only partial prefill chunks: a prompt longer than the
-            # token budget) has no .tolist() to wait on, so wait for the end event explicitly;
-            # after a .tolist() it is already done and this returns at once.
-            ev1.synchronize()
-            forward_s = ev0.elapsed_time(ev1) / 1e3  # GPU time
-            # The forward's launch overlaps its GPU execution; the rest of t2..t4 is sampling+sync.
-            sample_s = max(0.0, (t4 - t2) - forward_s)
-        else:
-            forward_s, sample_s = t3 - t2, t4 - t3
-        trace = self._step_record(out, t0, t1 - t0, t2 - t1 + (t5 - t4), forward_s, sample_s, t5 - t0,
-                                  num_visible)
-        return StepResult(sampled, finished, trace)
+            e0, e1 = self._new_event(), self._new_event()
+            e0.record()
+        reqs = self.requests
+        props = self.drafter.propose(out.scheduled, {s.request_id: reqs[s.request_id].token_ids
+                                                     for s in out.scheduled},
+                                     {s.request_id: reqs[s.request_id].params for s in out.scheduled},
+                                     self.sampler)
+        if self._use_events:
+            e1.record()
+            e1.synchronize()
+            return props, e0.elapsed_time(e1) / 1e3
+        return props, time.perf_counter() - t
+
+    def _propose_ngram(self, sampled: dict[int, list[int]]) -> float:
+        """Prompt lookup for the next step of every request that got tokens and goes on; the
+        scheduler reserves as many draft slots as were found."""
+        assert self.ngram is not None
+        t = time.perf_counter()
+        for rid in sampled:
+            st = self.requests[rid]
+            if st.status != "running" or st.stop_len is not None:
+                self._ngram_drafts.pop(rid, None)
+                continue
+            drafts = self.ngram.propose(st.token_ids, self.spec_k)
+            self._ngram_drafts[rid] = drafts
+            self.scheduler.set_num_drafts(rid, len(drafts))
+        return time.perf_counter() - t
+
+    def _input_token_ids(self, out: SchedulerOutput, proposals: dict[int, Proposal], verify: bool) -> dict:
+        """Each scheduled request's tokens; a verifying decode's followed by its drafts."""
+        reqs = self.requests
+        if not verify:
+            return {s.request_id: reqs[s.request_id].token_ids for s in out.scheduled}
+        return {s.request_id: (WithDrafts(reqs[s.request_id].token_ids,
+                                          proposals[s.request_id].tokens[: s.num_spec_tokens])
+                               if s.num_spec_tokens else reqs[s.request_id].token_ids)
+                for s in out.scheduled}
+
+    def _verify(self, out: SchedulerOutput, logits: torch.Tensor, sample_ids: list[int],
+                proposals: dict[int, Proposal]) -> list[list[int]]:
+        """The tokens each sampling request keeps (accepted drafts + one), per-request counters."""
+        spec = {s.request_id: s.num_spec_tokens for s in out.scheduled if s.num_spec_tokens}
+        drafts, probs = [], []
+        for rid in sample_ids:
+            d = spec.get(rid, 0)
+            p = proposals.get(rid)
+            drafts.append(p.tokens[:d] if d else [])
+            probs.append(p.probs[:d] if d and p.probs is not None else None)
+        return self.sampler.verify(logits, sample_ids, [self.requests[r].params for r in sample_ids],
+                                   drafts, probs)
+
+    def _record_kept(self, out: SchedulerOutput, sample_ids: list[int], kept: list[list[int]], t_s: float
+                     ) -> tuple[dict[int, list[int]], set[int]]:
+        """Record each request's kept tokens up to a stop token (the rest are discarded)."""
+        sampled: dict[int, list[int]] = {}
+        stopped: set[int] = set()
+        spec = {s.request_id: s.num_spec_tokens for s in out.scheduled if s.num_spec_tokens}
+        for rid, toks in zip(sample_ids, kept):
+            st = self.requests[rid]
+            for j, tok in enumerate(toks):
+                if self._record_token(st, tok, t_s):
+                    toks = toks[: j + 1]
+                    stopped.add(rid)
+                    break
+            sampled[rid] = toks
+            d = spec.get(rid, 0)
+            if d:
+                st.num_spec_drafts += 1
+                st.num_spec_draft_tokens += d
+                st.num_spec_accepted_tokens += len(toks) - 1
+        return sampled, stopped
 
     def _is_stop(self, st: RequestState, tok: int) -> bool:
         """Whether `tok` ends this request: EOS unless its ignore_eos, or one of its stop ids."""
@@ -377,6 +544,9 @@ class EngineCore:
         st.num_cached_tokens = res.num_cached_tokens
         st.finished_s = self.now()
         self.sampler.remove_request(res.request_id)
+        self._ngram_drafts.pop(res.request_id, None)
+        if self.drafter is not None:
+            self.drafter.forget(res.request_id)
         return st
 
     def _step_record(self, out: SchedulerOutput, t0: float, schedule_s: float, prepare_s: float, gpu_s: float,

@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, create_model
 
+from engine.spec_decode.config import SpeculativeConfig
+
 UsageContext = Literal["api_server", "offline"]
 GIB = 2**30
 
@@ -171,7 +173,8 @@ SCHEDULING_FLAGS: tuple[Flag, ...] = (
          choices=("fcfs", "priority")),
     # vLLM decides at start-up when unset; costline models it off unless asked.
     Flag("async_scheduling", bool, False, "schedule step N+1 on the host while the GPU runs step N; "
-         "a stop token is seen one step late, as in vLLM", negatives=("--no-async-scheduling",)),
+         "a stop token is seen one step late, as in vLLM; off (resolved to false) with "
+         "--speculative-config", negatives=("--no-async-scheduling",)),
 )
 
 ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
@@ -184,6 +187,10 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
     Flag("enforce_eager", bool, False, "no CUDA graphs", negatives=("--no-enforce-eager",)),
     Flag("cpu_kv_cache_bytes", int, 256 << 20, "KV cache size on the CPU (vLLM's "
          "VLLM_CPU_KVCACHE_SPACE)", ge=1, human_size=True, in_vllm=False),
+    Flag("speculative_config", str, None, 'speculative decoding, JSON: \'{"method":"ngram",'
+         '"num_speculative_tokens":4}\' or \'{"model":DIR_OR_PRESET,"num_speculative_tokens":3}\' '
+         "(a draft model); runs with synchronous scheduling", aliases=("-sc",),
+         annotation=SpeculativeConfig | None),
     Flag("attention_backend", str, "auto", "'auto' = triton on the GPU, the torch reference on the CPU",
          choices=("auto", "torch", "triton"), in_vllm=False),
 )

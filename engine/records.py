@@ -10,8 +10,8 @@ skip-ahead through a pure-decode stretch; engine rows always have n_steps = 1). 
 batch-composition columns describe each one of its steps (they are equal), except
 `sum_decode_context` and `max_decode_context`, which are the first step's (they grow by
 `num_decode_seqs` and by 1 per step: every sequence of the batch decodes one token); the
-additive columns are totals over the row: timings (`total_s`, `gpu_s`, `cpu_s`), outputs
-(`num_output_tokens`, `drafted`, `accepted`) and block work (`num_blocks_allocated`,
+additive columns are totals over the row: timings (`total_s`, `gpu_s`, `cpu_s`, `propose_s`),
+outputs (`num_output_tokens`, `drafted`, `accepted`, `num_spec_accepted_tokens`) and block work (`num_blocks_allocated`,
 `num_blocks_hashed`); the gauges (`num_running`, `num_waiting`, `kv_usage`) are those after its
 last step. Step durations in a row grow linearly from `first_dt_s` to `last_dt_s`.
 """
@@ -56,7 +56,9 @@ class StepRecord:
     num_decode_seqs: int = 0
     sum_decode_context: int = 0
     max_decode_context: int = 0  # the longest decoding sequence's KV (0 without decodes)
-    num_spec_tokens: int = 0
+    num_spec_tokens: int = 0  # drafts verified (scheduled)
+    num_spec_accepted_tokens: int = 0  # of which accepted
+    propose_s: float = 0.0  # the proposer (draft model forwards / n-gram lookups), inside gpu_s
     num_blocks_allocated: int = 0  # scheduler blocks (the simulator's may be coarsened)
     num_blocks_hashed: int = 0
     num_preempted: int = 0
@@ -95,6 +97,9 @@ class RequestRecord:
     tpot_s: float = NAN  # (finish - first token) / (num_output_tokens - 1)
     e2e_s: float = NAN
     kv_transfer_s: float = NAN  # disaggregated prefill: prompt KV over the link
+    num_spec_drafts: int = 0  # decode steps that verified drafts
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
 
 
 def step_composition(out: Any, sched: Any) -> dict[str, Any]:
@@ -157,9 +162,9 @@ def expand_step_rows(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     before = np.cumsum(dt) - dt  # durations of the earlier steps, then of the earlier rows too
     out["t_start_s"] = out["t_start_s"] + before - np.repeat(before[np.cumsum(n) - n], n)
     out["num_output_tokens"] = out["num_output_tokens"] // k
-    for c in ("gpu_s", "cpu_s"):
+    for c in ("gpu_s", "cpu_s", "propose_s"):
         out[c] = np.where(k > 1, NAN, out[c])
-    for c in ("num_blocks_allocated", "num_blocks_hashed", "drafted", "accepted"):
+    for c in ("num_blocks_allocated", "num_blocks_hashed", "drafted", "accepted", "num_spec_accepted_tokens"):
         out[c] = np.where(i == 0, out[c], 0)
     return out
 

@@ -25,7 +25,7 @@ from engine.metrics import EngineMetrics
 from engine.outputs import check_output_dir, staged_dir
 from engine.records import RequestRecord, StepRecord, to_columns
 from engine.request import Request, materialize_prompt
-from engine.run_summary import RunTables, jsonable
+from engine.run_summary import RunTables, jsonable, per_position_counters
 from engine.sampling import SamplingParams
 
 NAN = math.nan
@@ -52,7 +52,8 @@ def request_record(st: RequestState) -> RequestRecord:
         num_preemptions=st.num_preemptions, queue_s=scheduled - st.arrival_s,
         ttft_s=first - st.arrival_s if done else NAN,
         tpot_s=(last - first) / (len(times) - 1) if done and len(times) > 1 else NAN,
-        e2e_s=last - st.arrival_s if done else NAN)
+        e2e_s=last - st.arrival_s if done else NAN, num_spec_drafts=st.num_spec_drafts,
+        num_spec_draft_tokens=st.num_spec_draft_tokens, num_spec_accepted_tokens=st.num_spec_accepted_tokens)
 
 
 @dataclass
@@ -130,6 +131,7 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
     run = _Run(core, reqs, [r.arrival_s * time_scale if honor_arrivals else 0.0 for r in reqs],
                [params_for(r) for r in reqs], metrics)
     stats_before = _stats_dict(core.scheduler)
+    pos_before = list(core.scheduler.num_spec_accepted_per_pos)
     sink = open(trace_file, "w") if trace_file else None  # noqa: SIM115 - closed in finally
     try:
         run.loop(max_wall_s, sink)
@@ -143,7 +145,8 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
     records = [run.records.get(r.request_id) or _unfinished(r, a) for r, a in zip(reqs, run.arrivals)]
     return ReplayResult(
         requests=to_columns(records, RequestRecord), steps=to_columns(run.steps, StepRecord),
-        meta=_meta(core, run.arrivals), counters=_counters(stats_before, _stats_dict(core.scheduler)),
+        meta=_meta(core, run.arrivals), counters=_counters(stats_before, _stats_dict(core.scheduler), pos_before,
+                                                             core.scheduler.num_spec_accepted_per_pos),
         wall_s=wall, itl_gaps_s=np.asarray(run.itl_gaps_s, dtype=np.float64),
         scheduler_stats=_stats_delta(stats_before, _stats_dict(core.scheduler)), unfinished_ids=missing)
 
@@ -203,12 +206,17 @@ def _meta(core: EngineCore, arrivals: list[float]) -> dict[str, Any]:
             "gpu": str(core.device), "num_gpus": 1, "num_replicas": 1,
             "deployment": f"{core.config.model} on {core.device}",
             "request_rate": (len(arrivals) - 1) / span if span > 0 else "inf",
-            "num_gpu_blocks": core.num_gpu_blocks, "max_model_len": core.max_model_len}
+            "num_gpu_blocks": core.num_gpu_blocks, "max_model_len": core.max_model_len,
+            # the engine's effective scheduling mode (speculative decoding runs synchronously)
+            "async_scheduling": core.async_scheduling,
+            "speculative_config": sc.vllm_json() if (sc := core.config.speculative_config) else None}
 
 
-def _counters(before: dict, after: dict) -> dict[str, float]:
+def _counters(before: dict, after: dict, pos_before: list[int], pos_after: list[int]) -> dict[str, float]:
     """The run-wide counters the summary reads (engine/run_summary.COUNTER_KEYS), this replay only."""
     names = {"prefix_cache_queries_tokens": "prefix_cache_queries_tokens",
              "prefix_cache_hits_tokens": "prefix_cache_hits_tokens", "spec_num_drafts": "num_spec_drafts",
              "spec_draft_tokens": "num_spec_draft_tokens", "spec_accepted_tokens": "num_spec_accepted_tokens"}
-    return {key: after.get(stat, 0) - before.get(stat, 0) for key, stat in names.items()}
+    out = {key: after.get(stat, 0) - before.get(stat, 0) for key, stat in names.items()}
+    return out | per_position_counters([a - (pos_before[i] if i < len(pos_before) else 0)
+                                        for i, a in enumerate(pos_after)])

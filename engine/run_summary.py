@@ -39,6 +39,23 @@ PERCENTILES = (50, 90, 95, 99)
 # Run-wide counters both sides keep (scheduler stats); the summary and the exposition read them.
 COUNTER_KEYS = ("prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "spec_num_drafts",
                 "spec_draft_tokens", "spec_accepted_tokens")
+# what a run's meta says about its engine configuration (None where a run does not say), in its summary
+ENGINE_META_KEYS = ("async_scheduling", "speculative_config")
+# plus, with speculative decoding, accepted drafts by position: POS_KEY.format(i) for i < k
+POS_KEY = "spec_accepted_tokens_pos_{}"
+
+
+def per_position_counters(accepted_per_pos: list[int]) -> dict[str, float]:
+    """Accepted drafts by draft position (the scheduler's num_spec_accepted_per_pos) as counters."""
+    return {POS_KEY.format(i): float(n) for i, n in enumerate(accepted_per_pos)}
+
+
+def accepted_per_position(c: dict[str, float]) -> list[float]:
+    """The per-position counters back as a list (empty without speculative decoding)."""
+    out: list[float] = []
+    while POS_KEY.format(len(out)) in c:
+        out.append(c[POS_KEY.format(len(out))])
+    return out
 
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
@@ -251,10 +268,14 @@ def _extras(r: dict[str, np.ndarray], s: dict[str, np.ndarray], meta: dict[str, 
         "gpu_busy_share": gpu_s / (duration * num_replicas),
         "cpu_share_of_step_time": cpu_s / total_s if total_s else 0.0,
         "num_engine_steps": int(s["n_steps"].sum()),
+        **{k: meta.get(k) for k in ENGINE_META_KEYS},
         "spec_decode_num_drafts": drafts, "spec_decode_draft_tokens": drafted,
         "spec_decode_accepted_tokens": accepted,
         "spec_decode_acceptance_rate": accepted / drafted if drafted else None,
         "spec_decode_acceptance_length": 1 + accepted / drafts if drafts else None,
+        # vLLM's bench: accepted at position i / drafts (a draft shorter than k counts as rejected there)
+        "spec_decode_per_position_acceptance_rates":
+            [a / drafts for a in accepted_per_position(c)] if drafts else None,
         "mean_kv_transfer_ms": float(np.nanmean(kv) * 1e3) if np.isfinite(kv).any() else None,
         "kv_cache_usage_max": float(s["kv_usage"].max()) if s["kv_usage"].size else 0.0,
         "num_gpu_blocks": meta.get("num_gpu_blocks"), "kv_block_coarsening": meta.get("kv_block_coarsening", 1),
@@ -337,6 +358,8 @@ def prometheus_text(requests: dict[str, np.ndarray], steps: dict[str, np.ndarray
         _counter("vllm:spec_decode_num_drafts", m, c.get("spec_num_drafts", 0)),
         _counter("vllm:spec_decode_num_draft_tokens", m, c.get("spec_draft_tokens", 0)),
         _counter("vllm:spec_decode_num_accepted_tokens", m, c.get("spec_accepted_tokens", 0)),
+        _counter("vllm:spec_decode_num_accepted_tokens_per_pos", m, 0,
+                 ("position", {str(i): a for i, a in enumerate(accepted_per_position(c))})),
         _hist("vllm:time_to_first_token_seconds", m, r["ttft_s"][done], TTFT_BUCKETS_S),
         _hist("vllm:inter_token_latency_seconds", m, itl[0], ITL_BUCKETS_S, itl[1]),
         _hist("vllm:request_time_per_output_token_seconds", m, tp[~np.isnan(tp)], ITL_BUCKETS_S),

@@ -6,7 +6,9 @@ numpy on the host, staged in pinned memory and copied to persistent device buffe
 sync; the only sync of a step is the sampler's read-back of the sampled tokens.
 
 On a GPU, pure-decode batches (every request computes exactly one token) replay a CUDA graph
-captured for the next bucket size up; mixed batches run eagerly.
+captured for the next bucket size up, and so do uniform speculative verify batches (every
+request a decode with k drafts: 1 + k tokens each, logits at every position); other batches
+run eagerly.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.flags import FlagError
 from engine.model import LlamaModel
+
+# vLLM's default largest CUDA-graph capture size, in tokens (max_cudagraph_capture_size)
+VERIFY_GRAPH_MAX_TOKENS = 512
 
 
 # Decode batch sizes that get a CUDA graph (vLLM's pattern: 1, 2, 4, then steps of 8).
@@ -45,6 +50,9 @@ class StepInputs:
     max_query_len: int
     max_seq_len: int
     num_seqs: int
+    # logits rows: one per sampling request, 1 + its drafts for a speculative verify (in order)
+    num_logits: int = 0
+    graph_q: int = 1  # tokens per sequence of the graph: 1 (decode) or 1 + k (verify graph)
 
 
 @dataclass(slots=True)
@@ -67,6 +75,7 @@ class _StepLayout:
     padded_seqs: int  # = graph_size on a graph replay (dummy sequences of one token), else num_seqs
     padded_tokens: int
     graph_size: int | None
+    graph_q: int  # query tokens per sequence of that graph (padding sequences get as many)
     seq_lens: np.ndarray  # [num_seqs] context including this step's tokens
     qsl: np.ndarray  # [padded_seqs + 1] query start offsets
     positions: np.ndarray  # [num_tokens]
@@ -99,6 +108,12 @@ def _input_tokens(scheduled, starts: list[int], q_lens: list[int], token_ids: di
     return tokens
 
 
+def _spec_counts(scheduled, sample_rows: list[int]) -> np.ndarray:
+    """Drafts verified by each sampling row."""
+    return np.fromiter((scheduled[i].num_spec_tokens for i in sample_rows), dtype=np.int64,
+                       count=len(sample_rows))
+
+
 class ModelRunner:
     """Owns the KV cache and the device-side input buffers of one model."""
 
@@ -115,9 +130,15 @@ class ModelRunner:
         self.kv_caches: torch.Tensor | None = None
         self.num_blocks = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # verify graphs: batch size -> graph of that many decodes with k drafts each (q = 1 + k)
+        self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.verify_q = 0
+        self._verify_logits: dict[int, torch.Tensor] = {}
         self.num_graph_replays = 0  # decode steps served by a captured graph
         self.num_graph_captures = 0  # graphs captured (only capture_decode_graphs does it)
         self.memory_report: dict[str, float] = {}  # GPU: the terms the KV cache size came from
+        # a draft model's KV per block, paged with the same block ids: sized together with ours
+        self.draft_block_bytes = 0
         self.num_eager_forwards = 0
         self._graph_logits: dict[int, torch.Tensor] = {}
         self.is_cuda = self.device.type == "cuda"
@@ -140,12 +161,13 @@ class ModelRunner:
             self._stages.append({
                 "ids": host(t, torch.int64), "pos": host(t, torch.int64), "slots": host(t, torch.int64),
                 "seq_lens": host(b, torch.int32), "qsl": host(b + 1, torch.int32),
-                "logits_idx": host(b, torch.int64), "gather_dst": host(b, torch.int64),
+                "logits_idx": host(t, torch.int64), "gather_dst": host(b, torch.int64),
                 "gather_src": host(b, torch.int64),
                 "block_tables": torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
             })
         self._stage_done: list[torch.cuda.Event | None] = [None, None]
         self._stage_idx = 0
+        self._num_logits = 0  # logits rows of the step staged last
         self._use_stage(0)
         dev = self.device
         self.d_input_ids = torch.zeros(t, dtype=torch.int64, device=dev)
@@ -153,7 +175,7 @@ class ModelRunner:
         self.d_slots = torch.full((t,), -1, dtype=torch.int64, device=dev)
         self.d_seq_lens = torch.zeros(b, dtype=torch.int32, device=dev)
         self.d_qsl = torch.zeros(b + 1, dtype=torch.int32, device=dev)
-        self.d_logits_idx = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.d_logits_idx = torch.zeros(t, dtype=torch.int64, device=dev)  # verify: 1 + k rows each
         self.d_block_tables = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, device=dev)
         self.d_gather_dst = torch.zeros(b, dtype=torch.int64, device=dev)
         self.d_gather_src = torch.zeros(b, dtype=torch.int64, device=dev)
@@ -222,7 +244,7 @@ class ModelRunner:
     def _check_kv_fits(self, num_blocks: int, field: str, value: int) -> None:
         """Refuse, before allocating, a KV cache larger than the device's free memory (an
         override or a CPU size is taken as given, so an absurd one would die in the allocator)."""
-        need = num_blocks * self.block_bytes()
+        need = num_blocks * (self.block_bytes() + self.draft_block_bytes)
         if self.is_cuda:
             free = torch.cuda.mem_get_info(self.device)[0]
         else:
@@ -252,7 +274,7 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info(self.device)
             other = (total - free) - torch.cuda.memory_reserved(self.device)  # other processes, CUDA ctx
             budget = total * gpu_memory_utilization - (peak - tmp_kv) - max(other, 0)
-            n = int(budget // self.block_bytes())
+            n = int(budget // (self.block_bytes() + self.draft_block_bytes))
             # what the KV size came from: calibration reproduces the block count from these
             self.memory_report = {"total_bytes": int(total), "gpu_memory_utilization": gpu_memory_utilization,
                                   "weights_bytes": sum(t.numel() * t.element_size() for t in self.model.parameters()),
@@ -260,7 +282,7 @@ class ModelRunner:
                                   "other_bytes": int(max(other, 0)), "block_bytes": int(self.block_bytes())}
         else:
             cap = self.max_num_seqs * self.max_blocks_per_seq + 1
-            n = min(cpu_kv_cache_bytes // self.block_bytes(), cap)
+            n = min(cpu_kv_cache_bytes // (self.block_bytes() + self.draft_block_bytes), cap)
         if n < 1:
             raise ValueError(
                 f"no memory left for the KV cache (computed {n} blocks); raise "
@@ -277,7 +299,8 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, scheduled, token_ids: dict[int, list[int]],
-                inflight: tuple[dict[int, int], torch.Tensor] | None = None) -> StepInputs:
+                inflight: tuple[dict[int, int], torch.Tensor] | None = None, *,
+                verify: bool = False) -> StepInputs:
         """Fill the device buffers from the scheduler's output; no device sync.
 
         `scheduled`: the SchedulerOutput's per-request entries. `token_ids[rid]` holds the
@@ -288,6 +311,9 @@ class ModelRunner:
         `inflight` (async scheduling): (row of each request in the previous step's sampled
         tokens, those tokens on the device). A decode whose input token is still in flight gets
         it by a device-side gather, so the host never waits for it.
+
+        `verify`: some decodes carry drafts (their token lists include them): every one of
+        their positions gets a logits row.
         """
         self._next_stage()
         n = len(scheduled)
@@ -296,8 +322,9 @@ class ModelRunner:
         tokens = _input_tokens(scheduled, starts.tolist(), q_lens.tolist(), token_ids, inflight)
         max_blocks = self._stage_block_tables([s.block_ids for s in scheduled])
         sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
-        layout = self._layout(q_lens, starts, sample_rows, max_blocks)
-        self._stage_host(layout, tokens.flat_ids)
+        spec = _spec_counts(scheduled, sample_rows) if verify else None
+        layout = self._layout(q_lens, starts, sample_rows, max_blocks, spec)
+        num_logits = self._stage_host(layout, tokens.flat_ids, spec)
         self._copy_to_device(layout)
         if tokens.gather_dst:
             assert inflight is not None  # _input_tokens gathers only from inflight tokens
@@ -307,9 +334,9 @@ class ModelRunner:
         return StepInputs(
             request_ids=rids, sample_request_ids=[rids[i] for i in sample_rows],
             num_tokens=layout.num_tokens, num_padded_tokens=layout.padded_tokens,
-            graph_size=layout.graph_size,
+            graph_size=layout.graph_size, graph_q=layout.graph_q,
             max_query_len=int(q_lens.max()) if n else 0,
-            max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n,
+            max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n, num_logits=num_logits,
         )
 
     def _next_stage(self) -> None:
@@ -341,20 +368,36 @@ class ModelRunner:
         bt[rows, cols] = flat_blocks
         return max(1, int(nbs.max()) if n else 1)
 
+    def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None
+                    ) -> tuple[int | None, int]:
+        """(graph batch size, query tokens per sequence) of the graph this step replays, or
+        (None, 1): a pure decode batch, or a verify batch where every request is a decode with
+        exactly k drafts (the captured q = 1 + k); anything else runs eagerly."""
+        n = len(q_lens)
+        if len(sample_rows) != n:
+            return None, 1
+        if spec is None:
+            if self.graphs and bool((q_lens == 1).all()):
+                return next((b for b in sorted(self.graphs) if b >= n), None), 1
+            return None, 1
+        q = self.verify_q
+        if self.verify_graphs and bool((spec == q - 1).all()) and bool((q_lens == q).all()):
+            return next((b for b in sorted(self.verify_graphs) if b >= n), None), q
+        return None, 1
+
     def _layout(self, q_lens: np.ndarray, starts: np.ndarray, sample_rows: list[int],
-                max_blocks: int) -> _StepLayout:
+                max_blocks: int, spec: np.ndarray | None = None) -> _StepLayout:
         """Where every token of the step goes: the CUDA graph (if any), padding, positions,
         query offsets and KV slots (from the block table already staged)."""
         n = len(q_lens)
         num_tokens = int(q_lens.sum())
-        pure_decode = bool((q_lens == 1).all()) and len(sample_rows) == n
-        graph_size = None
-        if pure_decode and self.graphs:
-            graph_size = next((b for b in sorted(self.graphs) if b >= n), None)
+        graph_size, gq = self._pick_graph(q_lens, sample_rows, spec)
+        if graph_size is None:
+            gq = 1
         padded_seqs = graph_size or n
         qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
         np.cumsum(q_lens, out=qsl[1: n + 1])
-        qsl[n + 1:] = num_tokens + np.arange(1, padded_seqs - n + 1)  # padding: one dummy token each
+        qsl[n + 1:] = num_tokens + gq * np.arange(1, padded_seqs - n + 1)  # padding: gq dummy tokens each
         positions = np.repeat(starts - qsl[:n], q_lens) + np.arange(num_tokens)
         seq_idx = np.repeat(np.arange(n), q_lens)
         bs = self.block_size
@@ -362,14 +405,16 @@ class ModelRunner:
         slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         return _StepLayout(
             num_seqs=n, num_tokens=num_tokens, padded_seqs=padded_seqs,
-            padded_tokens=graph_size or num_tokens, graph_size=graph_size,
+            padded_tokens=graph_size * gq if graph_size else num_tokens, graph_size=graph_size, graph_q=gq,
             seq_lens=starts + q_lens, qsl=qsl, positions=positions, slots=slots,
             sample_rows=sample_rows, block_cols=self.max_blocks_per_seq if graph_size else max_blocks,
         )
 
-    def _stage_host(self, layout: _StepLayout, flat_ids: list[int]) -> None:
+    def _stage_host(self, layout: _StepLayout, flat_ids: list[int], spec: np.ndarray | None) -> int:
         """Write the step's ids, positions, slots, lengths and logits rows into the host
-        staging set; padding tokens write nowhere and padding sequences attend to one slot."""
+        staging set; padding tokens write nowhere and padding sequences attend to one slot.
+        `spec`: drafts per sampling row (None: none), whose verify positions all get logits.
+        Returns the number of logits rows."""
         n, num_tokens, padded_tokens = layout.num_seqs, layout.num_tokens, layout.padded_tokens
         h_ids, h_pos, h_slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
         h_ids[:num_tokens] = flat_ids
@@ -381,17 +426,28 @@ class ModelRunner:
             h_slots[num_tokens:padded_tokens] = -1
         h_sl = self.h_seq_lens.numpy()
         h_sl[:n] = layout.seq_lens
-        h_sl[n:layout.padded_seqs] = 1  # dummy sequences attend to one (garbage) slot; output dropped
+        # dummy sequences attend to their gq (garbage) slots, causally valid; output dropped
+        h_sl[n:layout.padded_seqs] = layout.graph_q
         self.h_qsl.numpy()[: layout.padded_seqs + 1] = layout.qsl
         if layout.padded_seqs > n:
             self.h_block_tables.numpy()[n:layout.padded_seqs, 0] = 0
         h_li = self.h_logits_idx.numpy()
-        h_li[: len(layout.sample_rows)] = layout.qsl[1:][layout.sample_rows] - 1
+        ends = layout.qsl[1:][layout.sample_rows]
+        if spec is None:
+            self._num_logits = len(ends)
+            h_li[: len(ends)] = ends - 1
+        else:
+            counts = spec + 1
+            self._num_logits = int(counts.sum())
+            first = np.repeat(ends - counts, counts)
+            h_li[: self._num_logits] = first + np.arange(self._num_logits) - np.repeat(
+                np.cumsum(counts) - counts, counts)
+        return self._num_logits
 
     def _copy_to_device(self, layout: _StepLayout) -> None:
         """Asynchronous copies of the staged inputs into the persistent device buffers."""
         nb_tok, seqs, cols = layout.padded_tokens, layout.padded_seqs, layout.block_cols
-        num_sampled = len(layout.sample_rows)
+        num_sampled = self._num_logits
         self.d_input_ids[:nb_tok].copy_(self.h_input_ids[:nb_tok], non_blocking=True)
         self.d_positions[:nb_tok].copy_(self.h_positions[:nb_tok], non_blocking=True)
         self.d_slots[:nb_tok].copy_(self.h_slots[:nb_tok], non_blocking=True)
@@ -428,6 +484,9 @@ class ModelRunner:
         assert self.kv_caches is not None, "allocate_kv_cache() first"
         if inp.graph_size is not None:
             self.num_graph_replays += 1
+            if inp.graph_q > 1:
+                self.verify_graphs[inp.graph_size].replay()
+                return self._verify_logits[inp.graph_size][: inp.num_logits]
             self.graphs[inp.graph_size].replay()
             return self._graph_logits[inp.graph_size][: inp.num_seqs]
         self.num_eager_forwards += 1
@@ -435,7 +494,7 @@ class ModelRunner:
         meta = self._meta(t, inp.num_seqs, inp.max_query_len, inp.max_seq_len,
                           int(self._max_cols(inp)))
         hidden = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
-        k = len(inp.sample_request_ids)
+        k = inp.num_logits
         return self.model.compute_logits(hidden[self.d_logits_idx[:k]])
 
     def _max_cols(self, inp: StepInputs) -> int:
@@ -482,5 +541,58 @@ class ModelRunner:
             self.num_graph_captures += 1
             self.graphs[b] = g
             self._graph_logits[b] = logits
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def verify_graph_sizes(self, k: int) -> list[int]:
+        """Batch sizes that get a verify graph: the decode buckets whose b x (1 + k) tokens fit
+        the token buffers and vLLM's default graph capture limit of 512 tokens (the logits of
+        every position are kept, b x (1 + k) x vocab)."""
+        cap = min(self.d_input_ids.shape[0], VERIFY_GRAPH_MAX_TOKENS) // (k + 1)
+        return [b for b in decode_graph_buckets(self.max_num_seqs) if b <= cap]
+
+    def graph_forward(self, b: int, q: int, logits_out: torch.Tensor) -> torch.Tensor:
+        """What a graph of `b` sequences of `q` tokens runs: the model over the persistent
+        buffers, max_seq_len = max_model_len and the full block-table width (so any such batch
+        can replay it), logits of every token into `logits_out`."""
+        t = b * q
+        meta = self._meta(t, b, q, self.max_model_len, self.max_blocks_per_seq)
+        h = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
+        return self.model.compute_logits(h, out=logits_out[:t])
+
+    @torch.inference_mode()
+    def capture_verify_graphs(self, k: int) -> float:
+        """One CUDA graph per verify bucket (uniform batches of decodes with k drafts each);
+        returns seconds. Dummy inputs as for decode graphs, q = 1 + k tokens per sequence."""
+        assert self.is_cuda and self.kv_caches is not None
+        t0 = time.perf_counter()
+        q = k + 1
+        sizes = sorted(self.verify_graph_sizes(k), reverse=True)
+        if not sizes:
+            return 0.0
+        self.verify_q = q
+        self.d_input_ids.zero_()
+        self.d_positions.zero_()
+        self.d_slots.fill_(-1)
+        self.d_seq_lens.fill_(q)
+        self.d_qsl.copy_(q * torch.arange(self.max_num_seqs + 1, dtype=torch.int32, device=self.device))
+        self.d_block_tables.zero_()
+        buf = torch.empty(max(sizes) * q, self.spec.vocab_size, dtype=self.model.lm_head_weight.dtype,
+                          device=self.device)
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        for b in sizes:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up (Triton compilation happens here)
+                    self.graph_forward(b, q, buf)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                logits = self.graph_forward(b, q, buf)
+            pool = g.pool()
+            self.num_graph_captures += 1
+            self.verify_graphs[b] = g
+            self._verify_logits[b] = logits
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0

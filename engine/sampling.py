@@ -3,13 +3,17 @@
 Greedy rows (temperature 0) take one batched argmax. Random rows are filtered (top-k, then
 top-p) and drawn with the exponential-race trick (argmax of p / E, E ~ Exp(1)), the noise coming
 from the request's own `torch.Generator`, so a request's tokens depend on its seed only, not on
-which other requests share its batches.
+which other requests share its batches. With speculative decoding, `verify` keeps each
+request's accepted drafts and one more token (engine/spec_decode/rejection.py's rule) and
+`propose` draws a draft model's tokens.
 """
 
 from __future__ import annotations
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+from engine.spec_decode.rejection import first_rejection, greedy_verify, speculative_accept
 
 
 class SamplingParams(BaseModel):
@@ -74,3 +78,62 @@ class Sampler:
             noise = torch.empty_like(probs).exponential_(generator=self._generators[request_ids[i]])
             tokens[i] = (probs / noise).argmax()
         return tokens
+
+    # ------------------------------------------------------------------ speculative decoding
+    def probs(self, logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+        """Rows of `logits` [n, V] as the distribution a random request samples from
+        (temperature, top-k, top-p applied), fp32."""
+        rows = [_filter_top_k_top_p(row.float() / p.temperature, p.top_k, p.top_p) for row in logits]
+        return torch.stack(rows).softmax(-1)
+
+    def draw(self, probs: torch.Tensor, request_id: int) -> torch.Tensor:
+        """One token per row of `probs` [n, V], from the request's own generator."""
+        noise = torch.empty_like(probs).exponential_(generator=self._generators[request_id])
+        return (probs / noise).argmax(-1)
+
+    def propose(self, logits: torch.Tensor, request_ids: list[int], params: list[SamplingParams]
+                ) -> tuple[list[int], list[torch.Tensor | None]]:
+        """A draft model's next token per row, and the distribution q it was drawn from (None
+        for a greedy request: its drafts are checked by exact match)."""
+        tokens = logits.argmax(dim=-1)
+        qs: list[torch.Tensor | None] = [None] * len(request_ids)
+        for i, p in enumerate(params):
+            if not p.greedy:
+                q = self.probs(logits[i: i + 1], p)
+                tokens[i] = self.draw(q, request_ids[i])[0]
+                qs[i] = q[0]
+        return tokens.tolist(), qs
+
+    def verify(self, logits: torch.Tensor, request_ids: list[int], params: list[SamplingParams],
+               drafts: list[list[int]], draft_probs: list[list[torch.Tensor] | None]) -> list[list[int]]:
+        """The tokens each request keeps: its accepted drafts, then one token from the target
+        (the correction at the first rejection, or the bonus after all were accepted).
+
+        `logits` holds 1 + len(drafts[i]) consecutive rows per request, in order. Greedy:
+        exact match with the argmax. Random: speculative sampling against q (`draft_probs`,
+        None = one-hot drafts: n-gram lookup), then the bonus drawn from p."""
+        argmax = logits.argmax(dim=-1).tolist()  # the step's one sync for greedy requests
+        out: list[list[int]] = []
+        row = 0
+        for rid, p, d, qs in zip(request_ids, params, drafts, draft_probs):
+            n = len(d)
+            if p.greedy:
+                out.append(greedy_verify(argmax[row: row + n + 1], d))
+                row += n + 1
+                continue
+            probs = self.probs(logits[row: row + n + 1], p)
+            row += n + 1
+            kept = list(d)
+            if n:
+                gen = self._generators[rid]
+                u = torch.rand(n, generator=gen, device=probs.device)
+                noise = torch.empty_like(probs[:n]).exponential_(generator=gen)
+                q = torch.stack(qs) if qs is not None else None
+                v = speculative_accept(probs[:n], q, torch.tensor(d, device=probs.device), u, noise)
+                j = first_rejection(v.accepted.tolist())
+                if j < n:
+                    out.append(d[:j] + [int(v.replacement[j])])
+                    continue
+            kept.append(int(self.draw(probs[n:], rid)[0]))
+            out.append(kept)
+        return out

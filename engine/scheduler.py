@@ -130,6 +130,7 @@ class _ReqState:
         "num_cached_blocks",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_drafts",
         "num_external_computed_tokens",
         "num_generated",
         "num_preemptions",
@@ -173,6 +174,7 @@ class _ReqState:
         self.add_order = add_order  # the FCFS tie-break
         self.num_external_computed_tokens = 0  # prompt tokens whose KV arrives by transfer
         self.hold_blocks_on_finish = False  # keep blocks after finishing until release_held()
+        self.num_drafts: int | None = None  # drafts per decode (set_num_drafts); None: the config's k
 
     def drop_bulky_state(self) -> None:
         """A finished request keeps its counters, not its block keys or token ids."""
@@ -264,6 +266,8 @@ class Scheduler:
         self.num_spec_drafts = 0
         self.num_spec_draft_tokens = 0
         self.num_spec_accepted_tokens = 0
+        # accepted drafts by position in the draft (vLLM's num_accepted_tokens_per_pos)
+        self.num_spec_accepted_per_pos = [0] * config.num_speculative_tokens
         self.external_computed_tokens = 0  # KV tokens admitted from a transfer, not computed
 
     # ------------------------------------------------------------------ intake
@@ -322,6 +326,15 @@ class Scheduler:
             heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.add_order, r))
         else:
             self._fcfs_waiting.append(r)
+
+    def set_num_drafts(self, request_id: int, n: int) -> None:
+        """Draft tokens `request_id` verifies at its next decodes (until set again): 0..k, where
+        k is the config's `num_speculative_tokens` (the default). The engine's n-gram proposer
+        finds fewer than k, or none, for some requests."""
+        k = self.config.num_speculative_tokens
+        if not 0 <= n <= k:
+            raise ValueError(f"set_num_drafts({request_id}, {n}): must be 0..{k} (num_speculative_tokens)")
+        self.requests[request_id].num_drafts = n
 
     @property
     def num_running(self) -> int:
@@ -691,7 +704,8 @@ class Scheduler:
         c = r.num_computed_tokens
         decoding = r.sampled_since_admission
         if decoding:
-            spec = min(self.config.num_speculative_tokens, r.output_len - r.num_generated - 1)
+            k = self.config.num_speculative_tokens if r.num_drafts is None else r.num_drafts
+            spec = min(k, r.output_len - r.num_generated - 1)
             num_new = min(1 + spec, budget)
             spec = num_new - 1
         else:
@@ -894,6 +908,9 @@ class Scheduler:
         if not spec:
             return
         self.num_spec_accepted_tokens += n - 1
+        per_pos = self.num_spec_accepted_per_pos
+        for i in range(n - 1):
+            per_pos[i] += 1
         rejected = spec - (n - 1)
         if rejected:
             r.num_computed_tokens -= rejected

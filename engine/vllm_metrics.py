@@ -45,6 +45,7 @@ HELP: dict[str, str] = {
     "vllm:spec_decode_num_drafts": "Number of spec decoding drafts.",
     "vllm:spec_decode_num_draft_tokens": "Number of draft tokens.",
     "vllm:spec_decode_num_accepted_tokens": "Number of accepted tokens.",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "Accepted tokens per draft position.",
     "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
     "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
     "vllm:request_time_per_output_token_seconds":

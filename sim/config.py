@@ -21,22 +21,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from engine.config import SchedulingArgs
 from engine.flags import SCHEDULING_FLAGS, Flag, check_block_size, check_tensor_parallel, flag_model
 from engine.model_spec import ModelSpec
+from engine.spec_decode.config import SpeculativeConfig as EngineSpeculativeConfig
 from sim.hardware import GB, GPUSpec
 
 SpecMethod = Literal["draft_model", "ngram", "eagle", "eagle3", "mtp"]
 RouterPolicy = Literal["round_robin", "least_loaded", "prefix_aware"]
 
 
-class SpeculativeConfig(BaseModel):
-    """vLLM's `--speculative-config` JSON (the keys the simulator uses, plus acceptance)."""
+class SpeculativeConfig(EngineSpeculativeConfig):
+    """vLLM's `--speculative-config` JSON: the engine's keys (engine/spec_decode/config.py), more
+    methods, and the simulator's acceptance model."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    method: SpecMethod
-    num_speculative_tokens: int = Field(ge=1, le=16)
+    method: SpecMethod | None = None  # type: ignore[assignment]
     model: str | None = None  # draft model preset name (draft_model) / head repo (ignored)
-    prompt_lookup_max: int | None = None  # ngram only
-    prompt_lookup_min: int | None = None
     draft_tensor_parallel_size: int | None = None
     # Not vLLM keys: the acceptance model of the simulated workload. Per task category,
     # (a, b) of the Beta distribution each request's per-token acceptance alpha is drawn from.
@@ -46,6 +43,8 @@ class SpeculativeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> SpeculativeConfig:
+        if self.method is None:
+            raise ValueError('speculative_config: needs "method" (e.g. "ngram") or a draft "model"')
         if self.method == "draft_model" and not self.model:
             raise ValueError('speculative_config: method "draft_model" needs "model" (a model preset name)')
         return self

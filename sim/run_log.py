@@ -34,6 +34,9 @@ class RequestLog:
         self.num_output_tokens = np.zeros(n, dtype=np.int64)
         self.num_cached_tokens = np.zeros(n, dtype=np.int64)
         self.num_preemptions = np.zeros(n, dtype=np.int64)
+        self.num_spec_drafts = np.zeros(n, dtype=np.int64)
+        self.num_spec_draft_tokens = np.zeros(n, dtype=np.int64)
+        self.num_spec_accepted_tokens = np.zeros(n, dtype=np.int64)
         self.status = np.full(n, "unfinished", dtype=object)
         self.finish_reason = np.full(n, "", dtype=object)
         # flags read on every sampled token: Python lists index faster than numpy arrays
@@ -68,6 +71,15 @@ class RequestLog:
         last = gaps_open.pop(request_id, None) if gaps_open else None
         if last is not None:
             self.stall_gaps_s.append(t - last)
+
+    def spec_counts(self, samplers, counts: dict[int, int]) -> None:
+        """A speculative step: each verifying request's drafts and the tokens it kept."""
+        for sr in samplers:
+            if sr.num_spec_tokens:
+                i = self._pos[sr.request_id]
+                self.num_spec_drafts[i] += 1
+                self.num_spec_draft_tokens[i] += sr.num_spec_tokens
+                self.num_spec_accepted_tokens[i] += counts[sr.request_id] - 1
 
     def preempted(self, request_id: int, last_token_s: float) -> None:
         """Preempted after producing tokens, the last at `last_token_s` (its step's start)."""
@@ -121,6 +133,8 @@ class RequestLog:
             "num_preemptions": self.num_preemptions, "queue_s": self.scheduled_s - arrival,
             "ttft_s": np.where(done, self.first_token_s - arrival, NAN), "tpot_s": np.where(done, tpot, NAN),
             "e2e_s": np.where(done, self.finish_s - arrival, NAN), "kv_transfer_s": self.kv_transfer_s,
+            "num_spec_drafts": self.num_spec_drafts, "num_spec_draft_tokens": self.num_spec_draft_tokens,
+            "num_spec_accepted_tokens": self.num_spec_accepted_tokens,
         }
         return {c: table[c] for c in REQUEST_COLUMNS}
 

@@ -54,6 +54,7 @@ from engine.decode_skip import DecodeAdvance, advance_decode, uniform_decode_ste
 from engine.model_spec import blocks_for_tokens
 from engine.records import StepRecord, step_composition
 from engine.request import Request
+from engine.run_summary import per_position_counters
 from engine.scheduler import Scheduler
 from engine.scheduler_output import RequestResult, SchedulerOutput
 from sim.config import DeploymentConfig, EngineConfig
@@ -208,6 +209,7 @@ class _Replica:
         counts, drafted, accepted = None, 0, 0
         if cost.k and samplers:
             counts, drafted, accepted = self.spec.counts(samplers, t1)
+            self.log.spec_counts(samplers, counts)
         results = sched.update_from_output(out, counts)
         if samplers is None:
             n_out = out.num_decode_seqs
@@ -247,6 +249,7 @@ class _Replica:
         return StepRecord(
             replica=self.idx, n_steps=1, t_start_s=t0, total_s=dt, first_dt_s=dt, last_dt_s=dt, gpu_s=gpu_s,
             cpu_s=cpu_s, num_output_tokens=n_out, drafted=drafted, accepted=accepted,
+            num_spec_accepted_tokens=accepted,
             **step_composition(out, self.sched))
 
     def _ended(self, results: list[RequestResult], t: float) -> None:
@@ -562,9 +565,10 @@ class Simulation:
                 q += rep.sched.stats.prefix_cache_queries_tokens
                 h += rep.sched.stats.prefix_cache_hits_tokens
         sp = self.spec
+        per_pos = [sum(col) for col in zip(*(rep.sched.num_spec_accepted_per_pos for rep in self.replicas))]
         return {"prefix_cache_queries_tokens": q, "prefix_cache_hits_tokens": h,
                 "spec_num_drafts": sp.num_drafts if sp else 0, "spec_draft_tokens": sp.draft_tokens if sp else 0,
-                "spec_accepted_tokens": sp.accepted_tokens if sp else 0}
+                "spec_accepted_tokens": sp.accepted_tokens if sp else 0, **per_position_counters(per_pos)}
 
     def _meta(self) -> dict[str, Any]:
         dep, reqs = self.dep, self.requests
@@ -575,7 +579,13 @@ class Simulation:
                 "deployment": dep.describe(), "seed": self.seed, "label": self.label, "request_rate": rate,
                 "slo": self.slo, "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks,
                 "max_model_len": self.max_model_len, "kv_block_coarsening": self.coarsen,
-                "vllm_args": self._vllm_args()} | self.extra_meta
+                "vllm_args": self._vllm_args(), **self._engine_meta()} | self.extra_meta
+
+    def _engine_meta(self) -> dict[str, Any]:
+        """The scheduling mode and speculative config simulated (engine/run_summary.ENGINE_META_KEYS)."""
+        eng = self.dep.engine
+        sc = eng.speculative_config
+        return {"async_scheduling": eng.async_scheduling, "speculative_config": sc.vllm_json() if sc else None}
 
     def _result(self, wall_s: float) -> SimResult:
         return SimResult(requests=self.log.table(), steps=self.step_log.table(), meta=self._meta(),

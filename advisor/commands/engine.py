@@ -155,4 +155,15 @@ def bench(
     typer.echo(json.dumps({"model": cfg.model, "device": str(llm.engine.device), "num_prompts": num_prompts,
                            "input_len": input_len, "output_len": output_len, "wall_s": wall,
                            "output_tokens_per_s": gen / wall,
-                           "total_tokens_per_s": (gen + num_prompts * input_len) / wall}, indent=2))
+                           "total_tokens_per_s": (gen + num_prompts * input_len) / wall,
+                           **_spec_stats(llm.engine.scheduler.stats)}, indent=2))
+
+
+def _spec_stats(stats) -> dict:
+    """vLLM's spec-decode figures of a bench run (nothing without drafts)."""
+    drafts, tokens, accepted = stats.num_spec_drafts, stats.num_spec_draft_tokens, stats.num_spec_accepted_tokens
+    if not drafts:
+        return {}
+    return {"spec_decode_num_drafts": drafts, "spec_decode_draft_tokens": tokens,
+            "spec_decode_accepted_tokens": accepted, "spec_decode_acceptance_rate": accepted / tokens,
+            "spec_decode_acceptance_length": 1 + accepted / drafts}

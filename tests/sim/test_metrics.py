@@ -28,6 +28,8 @@ def _result() -> SimResult:
         "queue_s": np.array([0.0, 0.5, nan]), "ttft_s": np.array([0.1, 0.7, nan]),
         "tpot_s": np.array([0.1, 0.2, nan]), "e2e_s": np.array([1.1, 1.7, nan]),
         "kv_transfer_s": np.full(3, nan),
+        "num_spec_drafts": np.zeros(3, dtype=np.int64), "num_spec_draft_tokens": np.zeros(3, dtype=np.int64),
+        "num_spec_accepted_tokens": np.zeros(3, dtype=np.int64),
     }
     assert tuple(req) == REQUEST_COLUMNS
     rows = [  # one single step with 2 decoders, one 3-step skip from 0.01 to 0.03 s with 1 decoder

@@ -1,0 +1,2 @@
+"""Speculative decoding in the real engine: the `--speculative-config` record (config.py, no
+torch), the proposers (proposers.py) and the acceptance rule (rejection.py)."""

@@ -1,0 +1,147 @@
+"""Draft proposers: n-gram prompt lookup (host, numpy) and a draft model (a second LlamaModel).
+
+The draft model's KV cache is paged with the target's block table: same block ids, its own KV
+tensor (the draft's layers) with as many blocks, so the scheduler's allocation, prefix caching
+and rollback cover both. Each step, after `schedule()`, the draft runs one catch-up forward over
+the tokens it has not seen yet (prefill chunks, the last sampled token, and the last draft when
+all drafts were accepted), then single-token forwards for the remaining drafts; every position
+it writes lies inside the slots the scheduler allocated for this step's target tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import sliding_window_view
+
+from engine.model import LlamaModel
+from engine.runner import ModelRunner
+from engine.sampling import Sampler, SamplingParams
+from engine.scheduler_output import ScheduledRequest
+
+
+class NgramProposer:
+    """Prompt lookup: the longest suffix n-gram (n from `lookup_max` down to `lookup_min`) that
+    occurred earlier in the request's own tokens; propose up to k tokens that followed its most
+    recent earlier occurrence."""
+
+    def __init__(self, lookup_min: int, lookup_max: int) -> None:
+        self.lookup_min, self.lookup_max = lookup_min, lookup_max
+
+    def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
+        toks = np.asarray(token_ids, dtype=np.int64)
+        total = toks.size
+        for n in range(min(self.lookup_max, total - 1), self.lookup_min - 1, -1):
+            # windows starting before the suffix itself: an earlier occurrence has a token after it
+            windows = sliding_window_view(toks[:-1], n)
+            hits = np.flatnonzero((windows == toks[total - n:]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return toks[start: start + k].tolist()
+        return []
+
+
+class WithDrafts:
+    """A request's tokens followed by this step's drafts, read like one list (the runner
+    indexes and slices it), without copying the request's tokens."""
+
+    __slots__ = ("base", "drafts")
+
+    def __init__(self, base: list[int], drafts: list[int]) -> None:
+        self.base, self.drafts = base, drafts
+
+    def __len__(self) -> int:
+        return len(self.base) + len(self.drafts)
+
+    def __getitem__(self, i):
+        nb = len(self.base)
+        if isinstance(i, slice):
+            start, stop, _ = i.indices(len(self))
+            if stop <= nb:
+                return self.base[start:stop]
+            if start >= nb:
+                return self.drafts[start - nb: stop - nb]
+            return self.base[start:] + self.drafts[: stop - nb]
+        return self.base[i] if i < nb else self.drafts[i - nb]
+
+
+@dataclass(slots=True)
+class Proposal:
+    """One request's drafts and the distributions they were drawn from (None: greedy or
+    deterministic drafts, checked by exact match or as one-hot q)."""
+
+    tokens: list[int]
+    probs: list[torch.Tensor] | None = None
+
+
+class DraftModelProposer:
+    """Drafts from a smaller model sharing the target's vocabulary and block table."""
+
+    def __init__(self, model: LlamaModel, *, block_size: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int) -> None:
+        # catch-up steps hold at most the target's tokens plus one accepted draft per request
+        self.runner = ModelRunner(model, block_size=block_size, max_num_seqs=max_num_seqs,
+                                  max_num_batched_tokens=max_num_batched_tokens + max_num_seqs,
+                                  max_model_len=max_model_len)
+        self.seen: dict[int, int] = {}  # per request: positions below this hold valid draft KV
+
+    def weights_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.runner.model.parameters())
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """The draft's KV tensor: as many blocks as the target's, indexed by the same ids."""
+        self.runner.kv_caches = self.runner._new_kv(num_blocks)
+        self.runner.num_blocks = num_blocks
+
+    def forget(self, request_id: int) -> None:
+        """A preempted or finished request: its blocks (and the draft KV in them) are gone."""
+        self.seen.pop(request_id, None)
+
+    def reset(self) -> None:
+        self.seen.clear()
+
+    def propose(self, scheduled: Sequence[ScheduledRequest], token_ids: dict[int, list[int]],
+                params: dict[int, SamplingParams], sampler: Sampler) -> dict[int, Proposal]:
+        """Drafts for every scheduled decode with num_spec_tokens > 0; brings the draft KV of
+        every scheduled request up to date."""
+        entries, wanted = [], []
+        for s in scheduled:
+            c = s.num_computed_tokens
+            start = min(self.seen.get(s.request_id, c), c)  # a new admission starts at its hits
+            known = c + s.num_new_tokens - s.num_spec_tokens
+            d = s.num_spec_tokens
+            entries.append(ScheduledRequest(s.request_id, known - start, start, 0, 0, True, d > 0,
+                                            s.block_ids, ()))
+            self.seen[s.request_id] = known + max(d - 1, 0)
+            if d:
+                wanted.append(s)
+        out = {s.request_id: Proposal([], None if params[s.request_id].greedy else []) for s in wanted}
+        self._draft_round(entries, token_ids, [s.request_id for s in wanted], params, sampler, out)
+        for i in range(1, max((s.num_spec_tokens for s in wanted), default=0)):
+            live = [s for s in wanted if s.num_spec_tokens > i]
+            step = [ScheduledRequest(s.request_id, 1, s.num_computed_tokens + i, 0, 0, False, True,
+                                     s.block_ids, ()) for s in live]
+            views = {s.request_id: WithDrafts(token_ids[s.request_id], out[s.request_id].tokens)
+                     for s in live}
+            self._draft_round(step, views, [s.request_id for s in live], params, sampler, out)
+        return out
+
+    def _draft_round(self, entries: list[ScheduledRequest], token_ids, rids: list[int],
+                     params: dict[int, SamplingParams], sampler: Sampler, out: dict[int, Proposal]) -> None:
+        """One draft forward over `entries`; one more draft for each of `rids`."""
+        inp = self.runner.prepare(entries, token_ids)
+        logits = self.runner.forward(inp)
+        if not rids:
+            return
+        tokens, qs = sampler.propose(logits, rids, [params[r] for r in rids])
+        for rid, tok, q in zip(rids, tokens, qs):
+            prop = out[rid]
+            prop.tokens.append(tok)
+            if prop.probs is not None:
+                prop.probs.append(q)
+
+
+__all__ = ["DraftModelProposer", "NgramProposer", "Proposal", "WithDrafts"]
