@@ -147,7 +147,7 @@ def poisson(prompts: Prompts, plan: Plan, shares: dict[str, float], rate_rps: fl
     """Poisson arrivals over `span_s`, prompt and output lengths uniform in the plan's ranges."""
     rng = np.random.default_rng(seed)
     n = max(4, int(rate_rps * span_s))
-    arrivals = np.cumsum(rng.exponential(1 / rate_rps, n))
+    arrivals = np.cumsum(rng.exponential(span_s / n, n))  # at least 4 requests, still within the span
     lo, hi = plan.prompt_range
     return [prompts.request(t, float(a), int(rng.integers(lo, hi)), int(rng.integers(*plan.output_range)))
             for t, a in zip(task_sequence(shares, n, rng), arrivals)]
@@ -473,10 +473,14 @@ def main(argv: list[str] | None = None) -> Bench:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--weights", type=Path, help="reuse a trained pair: DIR/target and DIR/draft")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny models and sizes: every phase in seconds")
-    ap.add_argument("--phases", default="train,gpu_check,acceptance,serve", help="comma-separated subset")
+    ap.add_argument("--phases", default="train,gpu_check,acceptance,serve",
+                    help="comma-separated: gpu_check, acceptance, serve (or serve-off, serve-draft_model, "
+                         "serve-ngram); the models are always trained or loaded")
     a = ap.parse_args(argv)
     plan = DRY if a.dry_run else Plan()
     device = "cpu" if a.dry_run else "cuda"
+    if a.dry_run:  # tiny models gain nothing from intra-op threads and lose much on shared cores
+        torch.set_num_threads(1)
     a.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(a.out, plan, device)
     phases = set(a.phases.split(","))
@@ -488,10 +492,11 @@ def main(argv: list[str] | None = None) -> Bench:
         bench.phase("gpu_check", bench.gpu_check)
     if "acceptance" in phases:
         bench.phase("acceptance", bench.acceptance)
-    if "serve" in phases:
-        k = bench.results.get("best_k", {})
+    k = bench.results.get("best_k", {})
+    if phases & {"serve", "serve-off"}:
         bench.phase("serve-off", lambda: bench.serve("off", None))
-        for method in METHODS:
+    for method in METHODS:
+        if phases & {"serve", f"serve-{method}"}:
             bench.phase(f"serve-{method}",
                         lambda m=method: bench.serve(m, spec_config(m, k.get(m, 3), bench.draft_dir)))
     bench.phase("pack", bench.pack)
