@@ -7,10 +7,11 @@ Input: what bench_h200.py brought back (results.json, runs.tar.xz or its extract
    at every k measured (alpha should not depend on k: the spread is reported) and shipped at the
    method's best k; "default" pools the tasks.
 2. Cost: a v2 profile for byte-lm-100m on the H200 fitted on the spec-OFF run folders only
-   (`sim.calibrate.fit_profile`). Verify steps (n sequences x k+1 tokens) are priced by the fit's
+   (`sim.calibrate.fit_profile`; the spec-off timed replays are fitted on too, so only the spec-on
+   runs are validated out of sample). Verify steps (n sequences x k+1 tokens) are priced by the fit's
    eager ("mixed") terms, which the spec-off prefill steps determine: checked, not refitted, by the
    error on the spec-on runs' verify steps. The proposer is priced from first principles with two
-   measured terms set from the spec-on runs' `propose_s`: `draft_pass_overhead_s` (the fixed cost
+   measured terms set from the spec-on closed-loop sweeps' `propose_s`: `draft_pass_overhead_s` (the fixed cost
    of one draft forward: launches and host work that a 10M model's math does not cover) and
    `ngram_cpu_per_seq_s` (the prompt-lookup host time per decoding sequence).
 3. Validation: every spec-on timed replay (and the drift run) simulated with the fitted profile and
@@ -239,7 +240,8 @@ def fit_and_validate(results: dict, runs_root: Path, out_dir: Path, profile_out:
     folders = run_folders(runs_root)
     acceptance = fit_acceptance(results.get("acceptance", []), results.get("best_k", {}))
     profile, cost = fit_cost(folders)
-    profile, proposer = fit_proposer(profile, folders)
+    # proposer terms from the closed-loop sweeps only: the timed replays stay out of every fit
+    profile, proposer = fit_proposer(profile, [f for f in folders if read_run_info(f).purpose == "sweep"])
     profile.save(profile_out)
     acceptance_out.write_text(json.dumps({"target": TARGET, "draft": DRAFT, **jsonable(acceptance)}, indent=1) + "\n")
     to_check = [f for f in folders if spec_of(f) is not None and read_run_info(f).purpose in ("validation", "drift")]

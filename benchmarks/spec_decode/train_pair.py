@@ -11,15 +11,17 @@ into an engine `LlamaModel` and writes them with `engine.loader.save_model`, and
 Training: bf16 autocast over fp32 master weights, AdamW (0.9, 0.95, weight decay 0.1 on matrices),
 linear warm-up then a cosine decay over the time budget (the schedule follows elapsed seconds, so
 a run stops on time whatever the GPU), gradient clipping at 1, sequences of 1024 bytes drawn at
-random offsets, the three tasks mixed 40/30/30 (code/prose/json).
+random offsets, the tasks mixed 45/20/35 (code/prose/json: prose is the smallest corpus, ~2 MB, and
+a larger share would repeat it ~10 times in a 130 s budget).
 
-Cost: one step of the 2-layer test config (hidden 64, 8 x 128 tokens) takes ~10 ms on this repo's
-2-core CPU. On an H200 the 104M target is ~6.2e8 FLOPs per trained token (6 x params) plus ~1.1e8
-for attention at 1024; at a plausible 35% of the 989 TFLOP/s bf16 peak for eager PyTorch at this
-size that is ~470k tokens/s, so a 170 s budget sees ~80M tokens (~4 passes over the ~18 MB training
-mix); the 9.7M draft runs ~8x faster per token.
+Cost, measured: one step of the 2-layer test config (110k parameters, 8 x 128 tokens, fp32) takes
+~48 ms on one thread of this repo's shared 2-core CPU (load ~7), ~15 GFLOP/s. Estimated, H200: the
+104M target needs ~0.63 GFLOP per trained token (6 x parameters) plus ~0.06 for causal attention at
+1024 positions; at 35% of the 989 TFLOP/s bf16 peak (eager PyTorch, flash SDPA, fused AdamW at this
+size) that is ~500k tokens/s, so a 130 s budget sees ~65M tokens (~3.5 passes over the ~18 MB
+training mix); the 9.7M draft costs ~10x less per token and sees ~2.5x more tokens in 35 s.
 
-    python3 benchmarks/spec_decode/train_pair.py --out DIR --target-s 170 --draft-s 50   # H200
+    python3 benchmarks/spec_decode/train_pair.py --out DIR --target-s 130 --draft-s 35   # H200
     python3 benchmarks/spec_decode/train_pair.py --out DIR --tiny --target-s 20 --draft-s 10  # CPU
 """
 
@@ -46,7 +48,7 @@ from engine.loader import save_model
 from engine.model import INIT_STD, LlamaModel, rope_inv_freq
 from engine.model_spec import ModelSpec, get_model
 
-TASK_MIX = {"code": 0.4, "prose": 0.3, "json": 0.3}
+TASK_MIX = {"code": 0.45, "prose": 0.2, "json": 0.35}
 TINY_TARGET = ModelSpec(name="byte-tiny-target", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
                         head_dim=16, intermediate_size=128, vocab_size=corpora.VOCAB_SIZE, rope_theta=10000.0,
                         max_position_embeddings=1024, dtype="float32")
@@ -300,8 +302,8 @@ def train_pair(out_dir: Path, target_s: float, draft_s: float, device: torch.dev
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--target-s", type=float, default=170.0)
-    ap.add_argument("--draft-s", type=float, default=50.0)
+    ap.add_argument("--target-s", type=float, default=130.0)
+    ap.add_argument("--draft-s", type=float, default=35.0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="2-layer models, short sequences: a CPU smoke test")
     a = ap.parse_args()

@@ -62,6 +62,17 @@ def tiny_pair(tmp_path_factory):
     return root
 
 
+def test_a_trained_pair_is_recognised_as_its_presets(tmp_path):
+    """run.json names the simulator preset of the exported checkpoint (the simulator prices by it)."""
+    from engine.loader import load_model
+    from engine.model_spec import get_model
+
+    spec = get_model("byte-lm-10m")
+    train_pair.export(train_pair.TrainLlama(spec, max_positions=16), tmp_path / "draft")
+    facts = bench_h200._model_facts(load_model(tmp_path / "draft", max_positions=16))
+    assert facts["preset"] == "byte-lm-10m" and facts["num_params"] == spec.num_params
+
+
 @pytest.fixture
 def restore_threads():
     n = torch.get_num_threads()  # the dry run sets one thread
