@@ -357,6 +357,8 @@ class Bench:
             sweep.append(row)
             log(name, json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, default=_jsonable))
         self._goodput(name)
+        self.results["break_even"] = break_even(self.results["sweep"])
+        self.results["draft_memory"] = draft_memory(mem)
         if name == "draft_model":
             self.drift(core, spec)
         self.timed_replays(name, core, spec)
@@ -421,6 +423,37 @@ class Bench:
         with tarfile.open(self.out / "runs.tar.xz", "w:xz", preset=6) as tar:
             tar.add(self.runs, arcname="runs")
         log(f"packed runs: {(self.out / 'runs.tar.xz').stat().st_size / 1e6:.1f} MB")
+
+
+def break_even(sweep: dict[str, list[dict]]) -> dict[str, Any]:
+    """Per method and concurrency, spec-on over spec-off output throughput and TPOT p50, and the
+    first concurrency where the method's throughput falls to or below spec-off's (it stops paying)."""
+    off = {r["concurrency"]: r for r in sweep.get("off", [])}
+    out: dict[str, Any] = {}
+    for method, rows in sweep.items():
+        if method == "off":
+            continue
+        ratios = []
+        for r in rows:
+            base = off.get(r["concurrency"])
+            if base and base.get("output_throughput") and r.get("output_throughput"):
+                ratios.append({"concurrency": r["concurrency"],
+                               "throughput_ratio": r["output_throughput"] / base["output_throughput"],
+                               "tpot_p50_ratio": (r["median_tpot_ms"] / base["median_tpot_ms"]
+                                                  if r.get("median_tpot_ms") and base.get("median_tpot_ms") else None)})
+        stops = next((x["concurrency"] for x in ratios if x["throughput_ratio"] <= 1.0), None)
+        out[method] = {"by_concurrency": ratios, "stops_paying_at_concurrency": stops}
+    return out
+
+
+def draft_memory(memory: dict[str, dict]) -> dict[str, Any] | None:
+    """KV blocks the draft model costs (its weights and its own KV cache), against spec off."""
+    off, draft = memory.get("off"), memory.get("draft_model")
+    if not off or not draft or not off.get("num_gpu_blocks"):
+        return None
+    lost = off["num_gpu_blocks"] - draft["num_gpu_blocks"]
+    return {"kv_blocks_off": off["num_gpu_blocks"], "kv_blocks_draft": draft["num_gpu_blocks"],
+            "kv_blocks_lost": lost, "kv_blocks_lost_share": lost / off["num_gpu_blocks"]}
 
 
 def best_k(rows: list[dict]) -> dict[str, int]:

@@ -207,10 +207,58 @@ def validate_folder(folder: Path, profile_path: Path, table: dict) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------- report
-def write_markdown(report: dict[str, Any], path: Path) -> None:
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def measurement_lines(results: dict[str, Any]) -> list[str]:
+    """The H200 measurements (bench_h200.py's results.json) as markdown sections."""
+    lines = []
+    train = (results.get("train") or {}).get("reports") or {}
+    if train:
+        lines += ["## The pair (held-out bits per byte)", "", "| model | params | steps | tokens | code | prose | json |",
+                  "|---|---|---|---|---|---|---|"]
+        for role, r in train.items():
+            b = r["held_out_bits_per_byte"]
+            lines.append(f"| {role} {r['name']} | {r['num_params'] / 1e6:.1f}M | {r['steps']} | {r['tokens'] / 1e6:.0f}M "
+                         f"| {b['code']:.3f} | {b['prose']:.3f} | {b['json']:.3f} |")
+        lines += ["", f"Unigram entropy (held out): {json.dumps(results['train'].get('unigram_bits_held_out'))}", ""]
+    rows = [r for r in results.get("acceptance", []) if r["method"] != "off"]
+    if rows:
+        lines += ["## Acceptance by task and k (greedy, held-out prompts)", "",
+                  "| method | k | task | acceptance rate | mean acceptance length | per position | out tok/s |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            pos = r.get("spec_decode_per_position_acceptance_rates")
+            pos = "-" if not pos else " ".join(f"{x:.2f}" for x in pos)
+            lines.append(f"| {r['method']} | {r['k']} | {r['task']} | {_fmt(r.get('acceptance_rate'))} | "
+                         f"{_fmt(r.get('mean_acceptance_length'), '.2f')} | {pos} | {_fmt(r.get('output_throughput'), '.0f')} |")
+        lines += ["", f"Best k (output throughput over the tasks): {json.dumps(results.get('best_k'))}", ""]
+    sweep = results.get("sweep") or {}
+    if sweep:
+        lines += ["## Concurrency sweep (closed loop, mixed tasks)", "",
+                  "| config | concurrency | out tok/s | TPOT p50 ms | TPOT p99 ms | goodput req/s |", "|---|---|---|---|---|---|"]
+        for name, rs in sweep.items():
+            for r in rs:
+                lines.append(f"| {name} | {r['concurrency']} | {_fmt(r.get('output_throughput'), '.0f')} | "
+                             f"{_fmt(r.get('median_tpot_ms'), '.2f')} | {_fmt(r.get('p99_tpot_ms'), '.2f')} | "
+                             f"{_fmt(r.get('goodput_rps'), '.1f')} |")
+        lines += ["", f"Goodput SLO: {json.dumps(results.get('goodput_slo'))}. Where spec stops paying: "
+                  + json.dumps({m: v['stops_paying_at_concurrency'] for m, v in (results.get('break_even') or {}).items()})
+                  + f". Draft memory: {json.dumps(results.get('draft_memory'))}.", ""]
+    drift = results.get("drift")
+    if drift:
+        rates = " ".join(_fmt(w["acceptance_rate"], ".2f") for w in drift["windows"])
+        lines += ["## Drift (code first, prose later)", "", f"Acceptance per tenth of the run: {rates}; by task: "
+                  + json.dumps({t: v.get("acceptance_rate") for t, v in drift["by_task"].items()}), ""]
+    return lines
+
+
+def write_markdown(report: dict[str, Any], path: Path, results: dict[str, Any] | None = None) -> None:
     lines = ["# Speculative decoding: simulator fitted to the H200 byte-LM pair", "",
-             "Written by benchmarks/spec_decode/fit_sim.py from bench_h200.py's runs.", "",
-             "## Acceptance (Beta fit per method and task, at the best k)", "",
+             "Written by benchmarks/spec_decode/fit_sim.py from bench_h200.py's results and runs.", ""]
+    lines += measurement_lines(results or {})
+    lines += ["## Simulator acceptance table (Beta fit per method and task, at the best k)", "",
              "| method | k | task | a | b | mean alpha |", "|---|---|---|---|---|---|"]
     acc = report["acceptance"]
     for method, cats in acc["acceptance_beta"].items():
@@ -256,7 +304,7 @@ def fit_and_validate(results: dict, runs_root: Path, out_dir: Path, profile_out:
               "profile": str(profile_out), "acceptance_table": str(acceptance_out)}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(jsonable(report), indent=1) + "\n")
-    write_markdown(report, out_dir / "results.md")
+    write_markdown(report, out_dir / "results.md", results)
     return report
 
 

@@ -44,6 +44,23 @@ def test_best_k_is_the_highest_summed_throughput_per_method():
     assert bench_h200.best_k(rows) == {"ngram": 2}
 
 
+def test_break_even_is_the_first_concurrency_where_spec_stops_paying():
+    sweep = {"off": [{"concurrency": c, "output_throughput": t, "median_tpot_ms": 10.0}
+                     for c, t in ((1, 100.0), (4, 300.0), (16, 800.0))],
+             "ngram": [{"concurrency": c, "output_throughput": t, "median_tpot_ms": 5.0}
+                       for c, t in ((1, 200.0), (4, 290.0), (16, 900.0))]}
+    be = bench_h200.break_even(sweep)["ngram"]
+    assert be["stops_paying_at_concurrency"] == 4
+    assert [x["throughput_ratio"] for x in be["by_concurrency"]] == pytest.approx([2.0, 290 / 300, 900 / 800])
+    assert be["by_concurrency"][0]["tpot_p50_ratio"] == 0.5
+
+
+def test_draft_memory_counts_the_kv_blocks_the_draft_takes():
+    m = bench_h200.draft_memory({"off": {"num_gpu_blocks": 1000}, "draft_model": {"num_gpu_blocks": 880}})
+    assert m["kv_blocks_lost"] == 120 and m["kv_blocks_lost_share"] == pytest.approx(0.12)
+    assert bench_h200.draft_memory({"off": {"num_gpu_blocks": 1000}}) is None
+
+
 def test_spec_config_is_the_engine_contract(tmp_path):
     assert bench_h200.spec_config("draft_model", 3, tmp_path) == {
         "method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 3}

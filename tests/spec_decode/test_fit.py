@@ -119,3 +119,17 @@ def test_fit_sim_recovers_acceptance_and_reproduces_simulated_runs(tmp_path):
     assert v["name"] == "mixed-draft" and v["spec"] == spec
     assert report["summary"]["spec_on_median_abs_error"] <= 0.10, v["metrics"]
     assert "mixed-draft" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_measurements_are_written_as_markdown_tables():
+    results = {"acceptance": [{"method": "ngram", "k": 2, "task": "json", "acceptance_rate": 0.5,
+                               "mean_acceptance_length": 2.0, "spec_decode_per_position_acceptance_rates": [0.7, 0.3],
+                               "output_throughput": 900.0}],
+               "best_k": {"ngram": 2},
+               "sweep": {"off": [{"concurrency": 4, "output_throughput": 800.0, "median_tpot_ms": 3.0,
+                                  "p99_tpot_ms": 4.0, "goodput_rps": 9.5}]},
+               "break_even": {"ngram": {"stops_paying_at_concurrency": 64}}}
+    text = "\n".join(fit_sim.measurement_lines(results))
+    assert "| ngram | 2 | json | 0.500 | 2.00 | 0.70 0.30 | 900 |" in text
+    assert "| off | 4 | 800 | 3.00 | 4.00 | 9.5 |" in text
+    assert '{"ngram": 64}' in text
