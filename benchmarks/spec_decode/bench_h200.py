@@ -96,8 +96,15 @@ DRY = Plan(target_s=3.0, draft_s=2.0, max_model_len=256, prompt_len=32, output_l
            output_range=(4, 12), drift_requests=4, deadline_s=600.0, tiny=True)
 
 
+LOG_FILE: list[Path] = []  # bench.log under --out, once main has set it
+
+
 def log(*a: Any) -> None:
-    print(f"[{time.perf_counter() - T0:6.1f}s]", *a, flush=True)
+    line = " ".join(str(x) for x in (f"[{time.perf_counter() - T0:6.1f}s]", *a))
+    print(line, flush=True)
+    for path in LOG_FILE:
+        with path.open("a") as f:
+            f.write(line + "\n")
 
 
 def spec_config(method: str, k: int, draft_dir: Path) -> dict:
@@ -211,9 +218,9 @@ def acceptance_windows(steps: dict[str, np.ndarray], num_windows: int) -> list[d
 
 # ---------------------------------------------------------------------------- the bench
 class Bench:
-    def __init__(self, out: Path, plan: Plan, device: str) -> None:
-        self.out, self.plan, self.device = out, plan, device
-        self.runs = out / "runs"
+    def __init__(self, out: Path, work: Path, plan: Plan, device: str) -> None:
+        self.out, self.work, self.plan, self.device = out, work, plan, device
+        self.runs = work / "runs"  # many files: only their archive goes to `out`
         self.results: dict[str, Any] = {"plan": dataclasses.asdict(plan), "phases": {}, "meta": _meta(device)}
         self.prompts = Prompts(seed=0)
         self.target = self.draft = None
@@ -286,7 +293,7 @@ class Bench:
     # -------------------------------------------------------------- phases
     def train(self, weights: Path | None) -> None:
         if weights is None:
-            weights = self.out / "weights" if self.plan.tiny else Path("/tmp/costline-spec-weights")
+            weights = self.work / "weights"
             reports = train_pair.train_pair(weights, self.plan.target_s, self.plan.draft_s,
                                             torch.device(self.device), tiny=self.plan.tiny, log=log)
             self.results["train"] = {"reports": reports, "unigram_bits_held_out": train_pair.unigram_bits(True)}
@@ -301,7 +308,7 @@ class Bench:
             return
         offered = {"target": self.target_dir, "target_dir": self.target_dir, "model": self.target_dir,
                    "draft": self.draft_dir, "draft_dir": self.draft_dir, "draft_model": self.draft_dir,
-                   "out": self.out / "gpu_check", "out_dir": self.out / "gpu_check", "device": self.device,
+                   "out": self.work / "gpu_check", "out_dir": self.work / "gpu_check", "device": self.device,
                    "dry_run": self.plan.tiny, "tiny": self.plan.tiny, "log": log,
                    "time_budget_s": min(60.0, self.time_left() / 6)}
         params = inspect.signature(mod.check).parameters
@@ -422,6 +429,8 @@ class Bench:
             return
         with tarfile.open(self.out / "runs.tar.xz", "w:xz", preset=6) as tar:
             tar.add(self.runs, arcname="runs")
+            if (self.work / "gpu_check").is_dir():
+                tar.add(self.work / "gpu_check", arcname="gpu_check")
         log(f"packed runs: {(self.out / 'runs.tar.xz').stat().st_size / 1e6:.1f} MB")
 
 
@@ -505,17 +514,23 @@ def main(argv: list[str] | None = None) -> Bench:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--weights", type=Path, help="reuse a trained pair: DIR/target and DIR/draft")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/costline-spec"),
+                    help="weights, run folders and gpu_check output (packed into OUT/runs.tar.xz)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny models and sizes: every phase in seconds")
     ap.add_argument("--phases", default="train,gpu_check,acceptance,serve",
                     help="comma-separated: gpu_check, acceptance, serve (or serve-off, serve-draft_model, "
                          "serve-ngram); the models are always trained or loaded")
     a = ap.parse_args(argv)
+    global T0
+    T0 = time.perf_counter()  # the deadline counts from the start of this run, not from the import
     plan = DRY if a.dry_run else Plan()
     device = "cpu" if a.dry_run else "cuda"
     if a.dry_run:  # tiny models gain nothing from intra-op threads and lose much on shared cores
         torch.set_num_threads(1)
     a.out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(a.out, plan, device)
+    a.work.mkdir(parents=True, exist_ok=True)
+    LOG_FILE[:] = [a.out / "bench.log"]
+    bench = Bench(a.out, a.work, plan, device)
     phases = set(a.phases.split(","))
     bench.phase("train", lambda: bench.train(a.weights))
     if bench.target is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tarfile
 
 import numpy as np
 import pytest
@@ -98,16 +99,18 @@ def restore_threads():
 
 
 def test_dry_run_serves_spec_off_and_writes_run_folders_the_simulator_reads(tiny_pair, tmp_path, restore_threads):
-    bench = bench_h200.main(["--out", str(tmp_path), "--dry-run", "--weights", str(tiny_pair),
+    out, work = tmp_path / "out", tmp_path / "work"
+    bench = bench_h200.main(["--out", str(out), "--work", str(work), "--dry-run", "--weights", str(tiny_pair),
                              "--phases", "serve-off"])
-    results = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["bench.log", "results.json", "runs.tar.xz"]
+    results = json.loads((out / "results.json").read_text())
     assert results["phases"]["train"]["ok"] and results["phases"]["serve-off"]["ok"], results["phases"]
     sweep = results["sweep"]["off"]
     assert [r["concurrency"] for r in sweep] == list(bench.plan.concurrencies)
     assert all(r["completed"] == max(bench.plan.min_sweep_requests, 2 * r["concurrency"]) for r in sweep)
     assert all(r["goodput_rps"] is not None for r in sweep)
     assert [r["workload"] for r in results["replays"]] == list(bench_h200.REPLAYS)
-    folders = sorted(p.parent for p in (tmp_path / "runs").rglob("run.json"))
+    folders = sorted(p.parent for p in (work / "runs").rglob("run.json"))
     assert len(folders) == len(sweep) + len(bench_h200.REPLAYS)
     for f in folders:
         info = read_run_info(f)
@@ -118,4 +121,5 @@ def test_dry_run_serves_spec_off_and_writes_run_folders_the_simulator_reads(tiny
         cats = [json.loads(x)["category"] for x in (f / "workload.jsonl").read_text().splitlines()]
         assert [r["prompt_len"] for r in rows] == [r.prompt_len for r in wl]
         assert [r["category"] for r in rows] == cats and set(cats) <= set(corpora.TASKS)
-    assert (tmp_path / "runs.tar.xz").stat().st_size > 0
+    with tarfile.open(out / "runs.tar.xz") as tar:
+        assert sum(n.endswith("/run.json") for n in tar.getnames()) == len(folders)
