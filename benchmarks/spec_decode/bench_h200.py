@@ -182,9 +182,10 @@ def spec_stats(requests: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def per_request_spec(requests: dict[str, np.ndarray]) -> dict[str, list[int]]:
+    """Each request's spec counters and output length (the fit counts its decode steps from them)."""
     return {k: np.nan_to_num(requests[c]).astype(int).tolist() for k, c in
             (("drafts", "num_spec_drafts"), ("drafted", "num_spec_draft_tokens"),
-             ("accepted", "num_spec_accepted_tokens"))}
+             ("accepted", "num_spec_accepted_tokens"), ("output_tokens", "num_output_tokens"))}
 
 
 def latency_row(summary: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Input: what bench_h200.py brought back (results.json, runs.tar.xz or its extracted runs/ folder).
 
 1. Acceptance: per method and task, the Beta (a, b) of per-request acceptance, by maximum
-   likelihood on each request's drafted/accepted totals (`sim.speculative.fit_acceptance_beta`),
+   likelihood on each request's verify-step/accepted totals (`sim.speculative.fit_acceptance_beta`;
+   steps where the n-gram proposer found no match count as steps that accepted nothing, since the
+   simulator verifies k drafts on every decode step),
    at every k measured (alpha should not depend on k: the spread is reported) and shipped at the
    method's best k; "default" pools the tasks.
 2. Cost: a v2 profile for byte-lm-100m on the H200 fitted on the spec-OFF run folders only
@@ -63,6 +65,23 @@ TARGET_MEDIAN_ERROR = 0.10
 
 
 # ---------------------------------------------------------------------------- acceptance
+def decode_steps(per_request: dict[str, list[int]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(verify steps, drafted tokens) per request as the simulator counts them: every decode step
+    verifies k drafts. A step where the proposer had nothing (n-gram without a match) is a step
+    that accepted nothing: each step emits 1 + accepted tokens, so a request's decode steps are
+    output tokens - 1 (the prefill's) - accepted, and never fewer than its proposals."""
+    acc = np.asarray(per_request["accepted"])
+    steps = np.asarray(per_request["drafts"])
+    if "output_tokens" in per_request:
+        steps = np.maximum(steps, np.asarray(per_request["output_tokens"]) - 1 - acc)
+    return steps, steps * k
+
+
+def _fit(per_request: dict[str, list[int]], k: int) -> tuple[float, float]:
+    steps, drafted = decode_steps(per_request, k)
+    return fit_acceptance_beta(per_request["accepted"], drafted, k, num_steps=steps)
+
+
 def fit_acceptance(rows: Sequence[dict], best_k: dict[str, int]) -> dict[str, Any]:
     """{"by_k": [...], "acceptance_beta": {method: {task: (a, b)}}} from results.json's acceptance rows."""
     by_k, table = [], {}
@@ -70,17 +89,16 @@ def fit_acceptance(rows: Sequence[dict], best_k: dict[str, int]) -> dict[str, An
         pr = r.get("per_request")
         if r["method"] == "off" or not pr:
             continue
-        a, b = fit_acceptance_beta(pr["accepted"], pr["drafted"], r["k"], num_steps=pr["drafts"])
+        a, b = _fit(pr, r["k"])
         by_k.append({"method": r["method"], "k": r["k"], "task": r["task"], "a": a, "b": b, "mean_alpha": a / (a + b),
                      "acceptance_rate": r.get("acceptance_rate"),
                      "mean_acceptance_length": r.get("mean_acceptance_length")})
     for method, k in best_k.items():
         chosen = [r for r in rows if r["method"] == method and r["k"] == k and r.get("per_request")]
-        cats = {r["task"]: fit_acceptance_beta(r["per_request"]["accepted"], r["per_request"]["drafted"], k,
-                                               num_steps=r["per_request"]["drafts"]) for r in chosen}
+        cats = {r["task"]: _fit(r["per_request"], k) for r in chosen}
         if chosen:
-            pooled = {f: [x for r in chosen for x in r["per_request"][f]] for f in ("accepted", "drafted", "drafts")}
-            cats["default"] = fit_acceptance_beta(pooled["accepted"], pooled["drafted"], k, num_steps=pooled["drafts"])
+            pooled = {f: [x for r in chosen for x in r["per_request"][f]] for f in chosen[0]["per_request"]}
+            cats["default"] = _fit(pooled, k)
             table[method] = cats
     return {"by_k": by_k, "acceptance_beta": table, "best_k": best_k}
 
@@ -136,7 +154,7 @@ def fit_proposer(profile: CostProfile, folders: Sequence[Path]) -> tuple[CostPro
             if spec["method"] == "ngram":
                 ngram_y.append(prop / n)
             else:
-                draft_x.append(k)
+                draft_x.append(k + (1 if row.get("num_prefill_tokens") else 0))  # draft passes the model prices
                 draft_y.append(prop - cm.proposer_gpu_s(_composition(row)))
     upd, report = {}, {}
     if draft_y:

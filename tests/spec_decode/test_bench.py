@@ -17,11 +17,12 @@ from sim.validate import read_run_info
 
 def test_spec_stats_follow_vllm_definitions():
     reqs = {"num_spec_drafts": np.array([4, 6]), "num_spec_draft_tokens": np.array([12, 18]),
-            "num_spec_accepted_tokens": np.array([6, 9])}
+            "num_spec_accepted_tokens": np.array([6, 9]), "num_output_tokens": np.array([11, 16])}
     s = bench_h200.spec_stats(reqs)
     assert s["acceptance_rate"] == pytest.approx(15 / 30)
     assert s["mean_acceptance_length"] == pytest.approx(1 + 15 / 10)  # accepted per draft, plus the bonus token
-    assert bench_h200.per_request_spec(reqs) == {"drafts": [4, 6], "drafted": [12, 18], "accepted": [6, 9]}
+    assert bench_h200.per_request_spec(reqs) == {"drafts": [4, 6], "drafted": [12, 18], "accepted": [6, 9],
+                                                 "output_tokens": [11, 16]}
 
 
 def test_acceptance_windows_split_the_run_in_equal_slices():

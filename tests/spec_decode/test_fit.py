@@ -121,6 +121,12 @@ def test_fit_sim_recovers_acceptance_and_reproduces_simulated_runs(tmp_path):
     assert "mixed-draft" in (tmp_path / "out" / "results.md").read_text()
 
 
+def test_decode_steps_count_steps_without_a_proposal():
+    # request 0: 10 outputs, 4 accepted -> 5 decode steps, only 3 had drafts (n-gram misses)
+    steps, drafted = fit_sim.decode_steps({"drafts": [3, 6], "accepted": [4, 6], "output_tokens": [10, 10]}, 2)
+    assert steps.tolist() == [5, 6] and drafted.tolist() == [10, 12]
+
+
 def test_measurements_are_written_as_markdown_tables():
     results = {"acceptance": [{"method": "ngram", "k": 2, "task": "json", "acceptance_rate": 0.5,
                                "mean_acceptance_length": 2.0, "spec_decode_per_position_acceptance_rates": [0.7, 0.3],
