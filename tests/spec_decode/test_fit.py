@@ -139,3 +139,26 @@ def test_measurements_are_written_as_markdown_tables():
     assert "| ngram | 2 | json | 0.500 | 2.00 | 0.70 0.30 | 900 |" in text
     assert "| off | 4 | 800 | 3.00 | 4.00 | 9.5 |" in text
     assert '{"ngram": 64}' in text
+
+
+def test_draft_pass_overhead_is_recovered_from_propose_times(tmp_path):
+    """propose_s = the draft's first-principles compute + (draft passes) x 0.4 ms: the fit finds 0.4 ms."""
+    from engine.model_spec import get_model
+    from sim.cost_model import CostModel
+    from sim.hardware import get_gpu
+
+    spec = {"method": "draft_model", "num_speculative_tokens": 2}
+    write_folder(tmp_path, "sweep", "draft-c16", requests(60, 20.0, seed=4), spec)
+    folder = tmp_path / "sweep" / "draft-c16"
+    profile = CostProfile.load("default")
+    cfg = EngineConfig(max_num_seqs=64, async_scheduling=False, speculative_config=json.dumps(spec | {"model": "byte-lm-10m"}))
+    cm = CostModel(get_model("byte-lm-100m"), get_gpu("h200"), cfg, profile.model_copy(update={"draft_pass_overhead_s": 0}),
+                   draft=get_model("byte-lm-10m"))
+    rows = [json.loads(x) for x in (folder / "steps.jsonl").read_text().splitlines()]
+    for r in rows:
+        passes = 2 + (1 if r["num_prefill_tokens"] else 0)
+        r["propose_s"] = cm.proposer_gpu_s(fit_sim._composition(r)) + passes * 4e-4
+    (folder / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fitted, report = fit_sim.fit_proposer(profile, [folder])
+    assert fitted.draft_pass_overhead_s == pytest.approx(4e-4, rel=1e-6)
+    assert report["draft_pass_overhead_s"]["steps"] == sum(1 for r in rows if r["num_decode_seqs"] and r["num_spec_tokens"])
