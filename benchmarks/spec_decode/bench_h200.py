@@ -18,8 +18,10 @@ results.json is rewritten after every phase):
               Every replay is written as an engine run folder (run.json, workload.jsonl,
               requests/steps jsonl, summary.json: what sim/calibrate.py and sim/validate.py read)
 
-What comes back from the GPU machine: results.json, bench.log, runs.tar.xz (the run folders), and
-train.json. Then, on a CPU: `python3 benchmarks/spec_decode/fit_sim.py --runs DIR`.
+Every engine is warmed up before it is measured (`EngineCore.warm_up`); scheduling is synchronous.
+Under `--out` (at most 8 files come back from a device call): results.json, bench.log, train.json
+and runs.tar.xz (the run folders and gpu_check's output, written under `--work`). Then, on a CPU:
+`python3 benchmarks/spec_decode/fit_sim.py --results OUT/results.json --runs OUT/runs.tar.xz`.
 
     python3 benchmarks/spec_decode/bench_h200.py --out $OUT               # H200, ~9 min
     python3 benchmarks/spec_decode/bench_h200.py --out DIR --dry-run      # CPU, tiny sizes, seconds
