@@ -138,6 +138,18 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             head_dim=128, intermediate_size=14336, vocab_size=32768, rope_theta=1000000.0,
             max_position_embeddings=32768,
         ),  # Mistral-7B-v0.3
+        # The byte-level target/draft pair benchmarks/spec_decode/train_pair.py trains (vocab: 16
+        # special ids + 256 bytes, padded to 288), so the simulator can price the measured runs.
+        ModelSpec(
+            name="byte-lm-100m", num_layers=12, hidden_size=768, num_heads=12, num_kv_heads=4,
+            head_dim=64, intermediate_size=3072, vocab_size=288, rope_theta=10000.0,
+            max_position_embeddings=4096,
+        ),
+        ModelSpec(
+            name="byte-lm-10m", num_layers=6, hidden_size=384, num_heads=6, num_kv_heads=2,
+            head_dim=64, intermediate_size=1024, vocab_size=288, rope_theta=10000.0,
+            max_position_embeddings=4096,
+        ),
         # A tiny model for CPU tests of the engine.
         ModelSpec(
             name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,

@@ -20,9 +20,12 @@ model's business (sim/cost_model.py); its *memory* is sim/memory.py's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
+from scipy import optimize, special
 
 from engine.scheduler_output import ScheduledRequest
 from sim.config import SpeculativeConfig
@@ -130,4 +133,69 @@ class SpecTokens:
         return counts, drafted, accepted
 
 
-__all__ = ["DEFAULT_ACCEPTANCE", "AcceptanceModel", "SpecTokens", "sample_accepted"]
+# ---------------------------------------------------------------------------- fitting
+# The alpha grid the marginal likelihood is integrated on (midpoints: no 0 or 1).
+_GRID = (np.arange(400) + 0.5) / 400
+
+
+def steps_pmf(alpha: np.ndarray, k: int, num_steps: int) -> np.ndarray:
+    """P(total accepted = s) over `num_steps` verify steps of `k` drafts each, for each alpha:
+    [len(alpha), num_steps * k + 1]. One step's law is the truncated geometric
+    P(X = x) = alpha^x (1 - alpha) (x < k), P(X = k) = alpha^k; steps are independent."""
+    a = np.asarray(alpha, dtype=np.float64)[:, None]
+    x = np.arange(k + 1)
+    one = a**x * np.where(x < k, 1 - a, 1.0)
+    size = num_steps * k + 1
+    n_fft = 1 << (size - 1).bit_length()
+    return np.fft.irfft(np.fft.rfft(one, n_fft) ** num_steps, n_fft)[:, :size].clip(min=0.0)
+
+
+def _request_likelihoods(accepted: np.ndarray, steps: np.ndarray, k: int) -> np.ndarray:
+    """[requests, grid]: P(request's accepted total | alpha) on the alpha grid."""
+    out = np.empty((accepted.size, _GRID.size))
+    for n in np.unique(steps):
+        rows = np.flatnonzero(steps == n)
+        pmf = steps_pmf(_GRID, k, int(n))
+        out[rows] = pmf[:, accepted[rows]].T
+    return np.maximum(out, 1e-300)
+
+
+def fit_acceptance_beta(accepted: Sequence[int], drafted: Sequence[int], k: int,
+                        num_steps: Sequence[int] | None = None) -> tuple[float, float]:
+    """Beta (a, b) of the per-request acceptance alpha, by maximum likelihood, from each request's
+    totals: `accepted` draft tokens out of `drafted`, over `num_steps` verify steps of `k` drafts
+    (default drafted // k). A request's alpha is integrated out (the totals are a convolution of
+    truncated geometrics given alpha, `steps_pmf`), so few steps per request widen the
+    likelihood instead of inflating the fitted spread. The law the simulator draws from
+    (`AcceptanceModel`, `sample_accepted`) is the one fitted."""
+    acc, dr = np.asarray(accepted, dtype=np.int64), np.asarray(drafted, dtype=np.int64)
+    steps = dr // k if num_steps is None else np.asarray(num_steps, dtype=np.int64)
+    keep = steps > 0
+    if not keep.any():
+        raise ValueError("fit_acceptance_beta: no request has a verify step; nothing to fit")
+    acc, steps = np.minimum(acc[keep], steps[keep] * k), steps[keep]
+    lik = _request_likelihoods(acc, steps, k)
+    log_g, log_1g = np.log(_GRID), np.log1p(-_GRID)
+
+    def nll(theta: np.ndarray) -> float:
+        a, b = np.exp(theta)
+        w = np.exp((a - 1) * log_g + (b - 1) * log_1g - special.betaln(a, b)) / _GRID.size
+        return -float(np.log(lik @ w + 1e-300).sum())
+
+    mean = float(np.clip((acc / (steps * k)).mean(), 0.02, 0.98))
+    start = np.log([mean * 10, (1 - mean) * 10])
+    res = optimize.minimize(nll, start, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-6})
+    a, b = np.exp(res.x)
+    return float(a), float(b)
+
+
+def load_acceptance_table(path: str | Path) -> dict[str, dict[str, tuple[float, float]]]:
+    """A fitted table {method: {category: (a, b)}} as benchmarks/spec_decode/fit_sim.py writes it
+    (its "acceptance_beta" key), ready for `SpeculativeConfig.acceptance_beta`."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    table = data.get("acceptance_beta", data)
+    return {m: {c: (float(ab[0]), float(ab[1])) for c, ab in cats.items()} for m, cats in table.items()}
+
+
+__all__ = ["DEFAULT_ACCEPTANCE", "AcceptanceModel", "SpecTokens", "fit_acceptance_beta", "load_acceptance_table",
+           "sample_accepted", "steps_pmf"]
