@@ -323,7 +323,8 @@ class Bench:
             return
         offered = {"target": self.target_dir, "target_dir": self.target_dir, "model": self.target_dir,
                    "draft": self.draft_dir, "draft_dir": self.draft_dir, "draft_model": self.draft_dir,
-                   "out": self.work / "gpu_check", "out_dir": self.work / "gpu_check", "device": self.device,
+                   "out": self.work / "gpu_check", "out_dir": self.work / "gpu_check",
+                   "out_json": self.work / "gpu_check" / "verdict.json", "device": self.device,
                    "dry_run": self.plan.tiny, "tiny": self.plan.tiny, "log": log,
                    "time_budget_s": min(60.0, self.time_left() / 6)}
         params = inspect.signature(mod.check).parameters

@@ -121,6 +121,7 @@ def _verdict(name: str, core: EngineCore, out: dict, ref: dict, wall_s: float) -
 def check(target: str, draft: str, out_json: str | Path) -> dict:
     """Greedy tokens with drafts (draft model, n-gram) vs without, roomy and tight pools; the
     verdict is written to `out_json` and returned."""
+    target, draft = str(target), str(draft)  # checkpoint folders may come as Paths
     device = resolve_device("auto")
     s = GPU if device.type == "cuda" else CPU
     eager = device.type != "cuda"
@@ -146,6 +147,7 @@ def check(target: str, draft: str, out_json: str | Path) -> dict:
                 torch.cuda.empty_cache()
     verdict = {"device": str(device), "target": target, "draft": draft, "setup": asdict(s),
                "ok": all(r.identical for r in runs), "runs": [asdict(r) for r in runs]}
+    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
     Path(out_json).write_text(json.dumps(verdict, indent=2) + "\n")
     return verdict
 
