@@ -18,17 +18,25 @@ How the work is cut:
 - Split-KV (flash-decoding): when there are too few (Q block, KV head) programs to fill the GPU,
   a third grid axis cuts each sequence's tiles into ``num_splits`` segments; each writes a
   normalised partial output and its log-sum-exp, and a second kernel merges them.
+- FP8 KV cache (``torch.float8_e4m3fn``, see ``kernels.reference`` for the scale convention):
+  tiles are loaded as fp8 (half the bytes) and widened to q's dtype in registers, which is
+  exact; the program's KV-head scale is folded into the softmax scale for K and applied once to
+  the output for V, so dequantisation costs no multiply per element.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.reference import is_fp8
 
 LOG2E = 1.4426950408889634
 
@@ -43,15 +51,35 @@ class AttentionConfig:
     num_stages: int
 
 
-# Decode: memory bound. M=16 is the smallest tensor-core tile; a 128-token tile moves 32 KB of
-# K and 32 KB of V per step at D=128 and three stages keep well over 100 KB of loads in flight
-# per SM. Measured on the H200 (benchmarks/kernels): 4.1 TB/s at 64x4096 against 3.2 TB/s with
-# 64-token tiles, which left too few bytes in flight.
-DECODE_CONFIG = AttentionConfig(block_m=16, tile_n=128, num_warps=4, num_stages=3)
-# Prefill: compute bound. 128 rows (32 tokens x 4 heads) per program; 32-key tiles with one
-# warpgroup measured fastest of the four shapes tried on the H200 (324 vs 282 TFLOP/s for
-# 64-key tiles with two warpgroups, 8 x 2048 new tokens).
-PREFILL_CONFIG = AttentionConfig(block_m=128, tile_n=32, num_warps=4, num_stages=3)
+# The default tile shapes live in a table (attention_configs.json, with where each entry came
+# from) that the H200 benchmark's sweep writes in the same form, so a measurement updates the
+# defaults without a code change. Decode is memory bound: M=16 is the smallest tensor-core tile
+# and the key tile sets the bytes in flight per SM. Prefill is compute bound.
+CONFIG_TABLE_PATH = Path(__file__).with_name("attention_configs.json")
+CONFIG_PATHS = ("decode", "prefill")
+KV_KINDS = ("16bit", "fp8")  # KV-cache element size: bf16/fp16/fp32 tiles, or fp8 tiles
+
+
+def load_config_table(path: Path = CONFIG_TABLE_PATH) -> dict[tuple[str, str], AttentionConfig]:
+    """{(path, kv kind): config} of a table file; every (path, kv kind) pair must be there."""
+    raw = json.loads(path.read_text())
+    table = {}
+    for p in CONFIG_PATHS:
+        for kind in KV_KINDS:
+            try:
+                entry = raw[p][kind]
+                table[p, kind] = AttentionConfig(
+                    int(entry["block_m"]), int(entry["tile_n"]), int(entry["num_warps"]),
+                    int(entry["num_stages"]))  # fmt: skip
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}: entry {p}.{kind} needs integer block_m, tile_n, "
+                                 f"num_warps and num_stages ({exc!r})") from None
+    return table
+
+
+CONFIG_TABLE = load_config_table()
+DECODE_CONFIG = CONFIG_TABLE["decode", "16bit"]
+PREFILL_CONFIG = CONFIG_TABLE["prefill", "16bit"]
 # Beyond this many query tokens in the longest sequence of the batch, the prefill shape pays off.
 DECODE_MAX_QUERY_LEN = 4
 # Split-KV: aim for this many programs per SM, and never give a segment fewer context tokens.
@@ -66,6 +94,46 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+@dataclass(slots=True)
+class KVScaleArgs:
+    """The kernels' view of an fp8 cache's scales (placeholders for other caches)."""
+
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    stride: int  # 0: one scale for every head (per tensor); 1: one per KV head
+    is_fp8: bool
+
+
+@lru_cache(maxsize=8)
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    # one persistent tensor per device: a CUDA graph may capture its address
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def kv_scale_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                  v_scale: torch.Tensor | None) -> KVScaleArgs:
+    """Checked scales of a cache pair: float32, one element or one per KV head, on its device;
+    None = 1.0 (vLLM's default without checkpoint scales)."""
+    fp8 = is_fp8(k_cache)
+    if fp8 != is_fp8(v_cache):
+        raise ValueError(f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must share a dtype")
+    num_kv_heads = k_cache.shape[2]
+    unit = _unit_scale(k_cache.device)
+    ks = unit if k_scale is None else k_scale
+    vs = unit if v_scale is None else v_scale
+    for name, t in (("k_scale", ks), ("v_scale", vs)):
+        if t.dtype != torch.float32 or t.numel() not in (1, num_kv_heads) or t.device != k_cache.device:
+            raise ValueError(
+                f"{name} must be a float32 tensor of 1 or num_kv_heads={num_kv_heads} elements on "
+                f"{k_cache.device}; got {t.dtype} of {t.numel()} on {t.device}"
+            )
+        if t.numel() > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous")
+    if ks.numel() != vs.numel():
+        raise ValueError("k_scale and v_scale must both be per tensor or both per head")
+    return KVScaleArgs(ks, vs, 0 if ks.numel() == 1 else 1, fp8)
+
+
 @lru_cache(maxsize=8)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -78,9 +146,10 @@ def num_sms_of(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_config(max_query_len: int, num_queries_per_kv: int) -> AttentionConfig:
-    """Decode shape for (near-)single-token queries, prefill shape for chunks."""
-    base = DECODE_CONFIG if max_query_len <= DECODE_MAX_QUERY_LEN else PREFILL_CONFIG
+def choose_config(max_query_len: int, num_queries_per_kv: int, kv_fp8: bool = False) -> AttentionConfig:
+    """Decode shape for (near-)single-token queries, prefill shape for chunks (from the table)."""
+    path = "decode" if max_query_len <= DECODE_MAX_QUERY_LEN else "prefill"
+    base = CONFIG_TABLE[path, "fp8" if kv_fp8 else "16bit"]
     block_m = max(base.block_m, next_pow2(num_queries_per_kv))
     return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages)
 
@@ -144,6 +213,7 @@ def _attend_tiles(
     TILE_N: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     offs_n = tl.arange(0, TILE_N)
     for j in range(tile_lo, tile_hi):
@@ -167,6 +237,8 @@ def _attend_tiles(
             k = tl.load(k_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:
             k = tl.load(k_cache_ptr + kv_ptrs)
+        if KV_FP8:  # exact: every e4m3 value is a bf16/fp16/fp32 value; the scale is in qk_scale
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
             s = tl.where(key_pos[None, :] < key_limit[:, None], s, float("-inf"))
@@ -182,6 +254,8 @@ def _attend_tiles(
             v = tl.load(v_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:
             v = tl.load(v_cache_ptr + kv_ptrs)
+        if KV_FP8:  # the scale is applied once to the output
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(
             p.to(v.dtype), v, input_precision=DOT_PRECISION
         )
@@ -203,6 +277,9 @@ def _paged_attention_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    k_scale_ptr,  # fp8 cache only: [1] or [Hkv] float32 (see stride_scale)
+    v_scale_ptr,
+    stride_scale,  # 0: per-tensor scales, 1: per KV head
     num_seqs,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
     stride_q_tok,
@@ -223,6 +300,7 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr,
     IS_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     # Q blocks in reverse: with causal prefill the last blocks of a sequence have the most
     # tiles, so starting them first leaves the short ones to fill the tail of the grid
@@ -261,6 +339,9 @@ def _paged_attention_kernel(
     num_tiles = tl.cdiv(num_keys, TILE_N)
     num_full_tiles = (context_len + first_pos + 1) // TILE_N  # seen whole by every row
 
+    if KV_FP8:  # scores of the stored k are k_scale times too small: fold it into the scale
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head * stride_scale)
+
     tile_lo = 0
     tile_hi = num_tiles
     if IS_SPLIT:
@@ -278,17 +359,19 @@ def _paged_attention_kernel(
         acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
         stride_c_block, stride_c_row,
         tile_lo, tl.minimum(tile_hi, num_full_tiles), key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION, KV_FP8,
     )  # fmt: skip
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
         stride_c_block, stride_c_row,
         tl.maximum(tile_lo, num_full_tiles), tile_hi, key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION, KV_FP8,
     )  # fmt: skip
 
     has_keys = l_i > 0.0
     acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if KV_FP8:  # linear in v: one multiply here instead of one per cached element
+        acc = acc * tl.load(v_scale_ptr + kv_head * stride_scale)
     if not IS_SPLIT:
         tl.store(
             out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
@@ -400,10 +483,10 @@ class _LaunchPlan:  # built once per call on the host: no frozen-init overhead
 
 def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_len: int,
                  max_seq_len: int, num_splits: int | None,
-                 config: AttentionConfig | None) -> _LaunchPlan:
+                 config: AttentionConfig | None, kv_fp8: bool = False) -> _LaunchPlan:
     """Tile shape, grid size and split-KV count of one call (overrides checked, not trusted)."""
     queries_per_kv = q.shape[1] // num_kv_heads
-    cfg = config or choose_config(max_query_len, queries_per_kv)
+    cfg = config or choose_config(max_query_len, queries_per_kv, kv_fp8)
     if cfg.block_m < queries_per_kv:
         raise ValueError(f"config.block_m {cfg.block_m} < query heads per KV head {queries_per_kv}")
     block_q = cfg.block_m // queries_per_kv
@@ -433,6 +516,8 @@ def paged_attention(
     max_seq_len: int,
     out: torch.Tensor | None = None,
     *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
     config: AttentionConfig | None = None,
 ) -> torch.Tensor:
@@ -441,8 +526,11 @@ def paged_attention(
     ``max_query_len``/``max_seq_len`` are host ints the caller already knows; they pick the
     tile shape and the split-KV count, so nothing is read back from the device. ``num_splits``
     (1 = never split) and ``config`` override the heuristics (tests and benchmarks use them).
+    ``k_scale``/``v_scale``: an fp8 cache's scales (``kernels.reference``); other caches
+    ignore them.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    scales = kv_scale_args(k_cache, v_cache, k_scale, v_scale)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]
@@ -457,7 +545,8 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     queries_per_kv = num_q_heads // num_kv_heads
-    plan = _plan_launch(q, num_kv_heads, num_seqs, max_query_len, max_seq_len, num_splits, config)
+    plan = _plan_launch(q, num_kv_heads, num_seqs, max_query_len, max_seq_len, num_splits, config,
+                        scales.is_fp8)
     cfg, block_q, num_q_blocks, splits = plan.config, plan.block_q, plan.num_q_blocks, plan.splits
     head_dim_pad = next_pow2(head_dim)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -471,12 +560,12 @@ def paged_attention(
     q_strides, out_strides, cache_strides = q.stride(), out.stride(), k_cache.stride()
     _paged_attention_kernel[grid](
         out, segm_out, segm_lse, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        num_seqs, scale * LOG2E,
+        scales.k_scale, scales.v_scale, scales.stride, num_seqs, scale * LOG2E,
         q_strides[0], q_strides[1], out_strides[0], out_strides[1],
         cache_strides[0], cache_strides[1], cache_strides[2], block_tables.stride(0), splits,
         NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
-        IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision,
+        IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision, KV_FP8=scales.is_fp8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
