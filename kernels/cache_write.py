@@ -37,7 +37,8 @@ def _write_kv_cache_kernel(
     slot_mapping_ptr,
     k_scale_ptr,
     v_scale_ptr,
-    stride_scale,  # 0: per-tensor scales, 1: per KV head (fp8 caches only)
+    stride_k_scale,  # 0: per-tensor scale, 1: per KV head (fp8 caches only)
+    stride_v_scale,
     stride_k_tok,
     stride_k_head,
     stride_v_tok,
@@ -86,8 +87,8 @@ def _write_kv_cache_kernel(
     value = tl.load(src_v, mask=mask)
     if KV_FP8:
         head_ok = heads < NUM_KV_HEADS
-        k_scale = tl.load(k_scale_ptr + heads * stride_scale, mask=head_ok, other=1.0)
-        v_scale = tl.load(v_scale_ptr + heads * stride_scale, mask=head_ok, other=1.0)
+        k_scale = tl.load(k_scale_ptr + heads * stride_k_scale, mask=head_ok, other=1.0)
+        v_scale = tl.load(v_scale_ptr + heads * stride_v_scale, mask=head_ok, other=1.0)
         key = quantize_fp8(key, k_scale[:, None])
         value = quantize_fp8(value, v_scale[:, None])
     tl.store(dst_k, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -153,7 +154,8 @@ def write_kv_cache(
         slot_mapping,
         scales.k_scale,
         scales.v_scale,
-        scales.stride,
+        scales.k_stride,
+        scales.v_stride,
         k.stride(0),
         k.stride(1),
         v.stride(0),

@@ -35,7 +35,7 @@ from kernels.reference import rotate_qkv_ref
 @triton.jit
 def _rope_store_kv_kernel(
     qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-    k_scale_ptr, v_scale_ptr, stride_scale,
+    k_scale_ptr, v_scale_ptr, stride_k_scale, stride_v_scale,
     stride_qkv_tok, stride_q_tok, stride_q_head,
     stride_c_block, stride_c_row, stride_c_head,
     stride_tab, block_size,
@@ -69,8 +69,9 @@ def _rope_store_kv_kernel(
         k1 = y1.to(q_out_ptr.dtype.element_ty)
         k2 = y2.to(q_out_ptr.dtype.element_ty)
         if KV_FP8:
-            kv_head = tl.maximum(heads - NUM_Q_HEADS, 0)
-            k_scale = tl.load(k_scale_ptr + kv_head * stride_scale)[:, None]
+            kv_head = heads - NUM_Q_HEADS  # rows that are no k head load a harmless 1.0
+            k_scale = tl.load(k_scale_ptr + kv_head * stride_k_scale,
+                              mask=(kv_head >= 0) & (kv_head < NUM_KV_HEADS), other=1.0)[:, None]
             tl.store(k_cache_ptr + koff, quantize_fp8(k1, k_scale), mask=is_k)
             tl.store(k_cache_ptr + koff + HALF, quantize_fp8(k2, k_scale), mask=is_k)
         else:
@@ -84,7 +85,7 @@ def _rope_store_kv_kernel(
         v = tl.load(vsrc, mask=in_kv, other=0.0)
         voff = base + kv[:, None] * stride_c_head + full[None, :]
         if KV_FP8:
-            v_scale = tl.load(v_scale_ptr + kv * stride_scale, mask=kv < NUM_KV_HEADS, other=1.0)
+            v_scale = tl.load(v_scale_ptr + kv * stride_v_scale, mask=kv < NUM_KV_HEADS, other=1.0)
             tl.store(v_cache_ptr + voff, quantize_fp8(v, v_scale[:, None]), mask=in_kv)
         else:
             tl.store(v_cache_ptr + voff, v.to(v_cache_ptr.dtype.element_ty), mask=in_kv)
@@ -143,7 +144,7 @@ def _rope_store_kv_fused(qkv, positions, cos, sin, k_cache, v_cache, slot_mappin
         raise ValueError("rope_store_kv: cos and sin tables must be row-major and alike")
     _rope_store_kv_kernel[(t,)](
         qkv, q, k_cache, v_cache, cos, sin, positions, slot_mapping,
-        scales.k_scale, scales.v_scale, scales.stride,
+        scales.k_scale, scales.v_scale, scales.k_stride, scales.v_stride,
         qkv.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         cos.stride(0), k_cache.shape[1],

@@ -100,7 +100,8 @@ class KVScaleArgs:
 
     k_scale: torch.Tensor
     v_scale: torch.Tensor
-    stride: int  # 0: one scale for every head (per tensor); 1: one per KV head
+    k_stride: int  # 0: one scale for every head (per tensor); 1: one per KV head
+    v_stride: int
     is_fp8: bool
 
 
@@ -129,9 +130,7 @@ def kv_scale_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.T
             )
         if t.numel() > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous")
-    if ks.numel() != vs.numel():
-        raise ValueError("k_scale and v_scale must both be per tensor or both per head")
-    return KVScaleArgs(ks, vs, 0 if ks.numel() == 1 else 1, fp8)
+    return KVScaleArgs(ks, vs, int(ks.numel() > 1), int(vs.numel() > 1), fp8)
 
 
 @lru_cache(maxsize=8)
@@ -277,9 +276,10 @@ def _paged_attention_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
-    k_scale_ptr,  # fp8 cache only: [1] or [Hkv] float32 (see stride_scale)
+    k_scale_ptr,  # fp8 cache only: [1] or [Hkv] float32 (see stride_k_scale)
     v_scale_ptr,
-    stride_scale,  # 0: per-tensor scales, 1: per KV head
+    stride_k_scale,  # 0: per-tensor scale, 1: per KV head
+    stride_v_scale,
     num_seqs,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
     stride_q_tok,
@@ -340,7 +340,7 @@ def _paged_attention_kernel(
     num_full_tiles = (context_len + first_pos + 1) // TILE_N  # seen whole by every row
 
     if KV_FP8:  # scores of the stored k are k_scale times too small: fold it into the scale
-        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head * stride_scale)
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head * stride_k_scale)
 
     tile_lo = 0
     tile_hi = num_tiles
@@ -371,7 +371,7 @@ def _paged_attention_kernel(
     has_keys = l_i > 0.0
     acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if KV_FP8:  # linear in v: one multiply here instead of one per cached element
-        acc = acc * tl.load(v_scale_ptr + kv_head * stride_scale)
+        acc = acc * tl.load(v_scale_ptr + kv_head * stride_v_scale)
     if not IS_SPLIT:
         tl.store(
             out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
@@ -560,7 +560,7 @@ def paged_attention(
     q_strides, out_strides, cache_strides = q.stride(), out.stride(), k_cache.stride()
     _paged_attention_kernel[grid](
         out, segm_out, segm_lse, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        scales.k_scale, scales.v_scale, scales.stride, num_seqs, scale * LOG2E,
+        scales.k_scale, scales.v_scale, scales.k_stride, scales.v_stride, num_seqs, scale * LOG2E,
         q_strides[0], q_strides[1], out_strides[0], out_strides[1],
         cache_strides[0], cache_strides[1], cache_strides[2], block_tables.stride(0), splits,
         NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
