@@ -265,7 +265,7 @@ def _attend_tiles(
 # Integer arguments that change from step to step are not specialised on (Triton would compile
 # a variant per "equals 1" / "divisible by 16" pattern of each, and an eager step meeting a new
 # pattern mid-replay paid ~1 s of compilation); nothing in the kernels gains from knowing them.
-@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "min_tiles_per_split"])
 def _paged_attention_kernel(
     out_ptr,
     segm_out_ptr,  # [num_tokens, Hq, num_splits, HEAD_DIM_PAD] fp32 (split-KV only)
@@ -291,6 +291,7 @@ def _paged_attention_kernel(
     stride_c_head,
     stride_bt,
     num_splits,  # KV segments per sequence (split-KV only; a run-time value: no recompiles)
+    min_tiles_per_split,  # fewer segments than num_splits when a sequence is short (see below)
     NUM_QUERIES_PER_KV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -345,7 +346,10 @@ def _paged_attention_kernel(
     tile_lo = 0
     tile_hi = num_tiles
     if IS_SPLIT:
-        tiles_per_split = tl.cdiv(num_tiles, num_splits)
+        # The grid's split count is fixed at launch (a CUDA graph fixes it at capture, from
+        # max_model_len); the sequence's real length decides how many segments do work, so a
+        # short sequence is not cut into segments of a tile or two that cost more to merge
+        tiles_per_split = tl.maximum(tl.cdiv(num_tiles, num_splits), min_tiles_per_split)
         tile_lo = tl.minimum(split * tiles_per_split, num_tiles)
         tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
@@ -479,6 +483,7 @@ class _LaunchPlan:  # built once per call on the host: no frozen-init overhead
     block_q: int  # query tokens per Q block
     num_q_blocks: int  # grid axis 0: a static upper bound, no device sync
     splits: int  # KV segments per sequence (1 = no split-KV)
+    min_tiles_per_split: int  # 1 when the caller fixed the split count
 
 
 def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_len: int,
@@ -501,7 +506,8 @@ def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_le
             f"split-KV needs every sequence in one Q block: max_query_len {max_query_len} > "
             f"block_q {block_q}"
         )
-    return _LaunchPlan(cfg, block_q, num_q_blocks, splits)
+    min_tiles = 1 if num_splits is not None else triton.cdiv(SPLIT_MIN_TOKENS, cfg.tile_n)
+    return _LaunchPlan(cfg, block_q, num_q_blocks, splits, min_tiles)
 
 
 def paged_attention(
@@ -562,7 +568,7 @@ def paged_attention(
         out, segm_out, segm_lse, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         scales.k_scale, scales.v_scale, scales.k_stride, scales.v_stride, num_seqs, scale * LOG2E,
         q_strides[0], q_strides[1], out_strides[0], out_strides[1],
-        cache_strides[0], cache_strides[1], cache_strides[2], block_tables.stride(0), splits,
+        cache_strides[0], cache_strides[1], cache_strides[2], block_tables.stride(0), splits, plan.min_tiles_per_split,
         NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
         IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision, KV_FP8=scales.is_fp8,
