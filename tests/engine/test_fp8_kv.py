@@ -117,3 +117,12 @@ def test_per_layer_scales_are_used_and_checked():
     assert rel_err(two_step_logits(make_runner("fp8"), rescale)[1], ref[1]) > 0.1
     with pytest.raises(ValueError, match="1 or num_kv_heads=2 positive values"):
         r.model.set_kv_scales([torch.tensor([1.0, 2.0, 3.0])] * n, [torch.tensor([1.0])] * n)
+
+
+def test_block_bytes_are_what_the_simulator_plans_with():
+    """The simulator sizes an fp8 pool (sim/memory.py) and prices decode KV reads
+    (sim/cost_model.py) from ModelSpec.kv_bytes_per_token("fp8"); the engine's blocks hold
+    exactly that many bytes per token."""
+    for kv in ("fp8", "fp8_e4m3"):
+        assert make_runner(kv).block_bytes() == TINY.kv_bytes_per_token(kv) * 4
+    assert make_runner("auto").block_bytes() == TINY.kv_bytes_per_token("bfloat16") * 4
