@@ -114,23 +114,25 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
 def kv_scale_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
                   v_scale: torch.Tensor | None) -> KVScaleArgs:
     """Checked scales of a cache pair: float32, one element or one per KV head, on its device;
-    None = 1.0 (vLLM's default without checkpoint scales)."""
-    fp8 = is_fp8(k_cache)
-    if fp8 != is_fp8(v_cache):
+    None = 1.0 (vLLM's default without checkpoint scales). A 16-bit cache ignores them: its
+    kernels get the cache itself as a never-read placeholder, with no checks, because eager
+    mixed steps call this twice per layer and the host time of a step adds up."""
+    if k_cache.dtype != v_cache.dtype:
         raise ValueError(f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must share a dtype")
-    num_kv_heads = k_cache.shape[2]
-    unit = _unit_scale(k_cache.device)
-    ks = unit if k_scale is None else k_scale
-    vs = unit if v_scale is None else v_scale
-    for name, t in (("k_scale", ks), ("v_scale", vs)):
-        if t.dtype != torch.float32 or t.numel() not in (1, num_kv_heads) or t.device != k_cache.device:
+    if not is_fp8(k_cache):
+        return KVScaleArgs(k_cache, k_cache, 0, 0, False)
+    num_kv_heads, device_index = k_cache.shape[2], k_cache.get_device()
+    ks = _unit_scale(k_cache.device) if k_scale is None else k_scale
+    vs = _unit_scale(k_cache.device) if v_scale is None else v_scale
+    k_n, v_n = ks.numel(), vs.numel()
+    for name, t, n in (("k_scale", ks, k_n), ("v_scale", vs, v_n)):
+        if t.dtype != torch.float32 or (n != 1 and (n != num_kv_heads or t.stride(-1) != 1)) \
+                or t.get_device() != device_index:
             raise ValueError(
-                f"{name} must be a float32 tensor of 1 or num_kv_heads={num_kv_heads} elements on "
-                f"{k_cache.device}; got {t.dtype} of {t.numel()} on {t.device}"
+                f"{name} must be a contiguous float32 tensor of 1 or num_kv_heads={num_kv_heads} "
+                f"elements on {k_cache.device}; got {t.dtype} of {n} on {t.device}"
             )
-        if t.numel() > 1 and t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous")
-    return KVScaleArgs(ks, vs, int(ks.numel() > 1), int(vs.numel() > 1), fp8)
+    return KVScaleArgs(ks, vs, int(k_n > 1), int(v_n > 1), True)
 
 
 @lru_cache(maxsize=8)

@@ -227,9 +227,9 @@ def test_bad_scales_are_named():
     cache = torch.zeros(2, 8, 2, 64, dtype=FP8)
     k = torch.zeros(1, 2, 64)
     slot = torch.zeros(1, dtype=torch.int64)
-    with pytest.raises(ValueError, match="k_scale must be a float32 tensor of 1 or num_kv_heads=2"):
+    with pytest.raises(ValueError, match="k_scale must be a contiguous float32 tensor of 1 or num_kv_heads=2"):
         write_kv_cache(k, k, cache, cache.clone(), slot, torch.ones(3), None)
-    with pytest.raises(ValueError, match="v_scale must be a float32"):
+    with pytest.raises(ValueError, match="v_scale must be a contiguous float32"):
         write_kv_cache(k, k, cache, cache.clone(), slot, None, torch.ones(1, dtype=torch.float64))
     with pytest.raises(ValueError, match="must share a dtype"):
         write_kv_cache(k, k, cache, torch.zeros(2, 8, 2, 64), slot)
