@@ -25,13 +25,16 @@ from engine.model import LlamaModel
 
 
 def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The cache's element type for vLLM's `--kv-cache-dtype`: "auto" = the model dtype,
-    "fp8" = "fp8_e4m3" = float8_e4m3fn (with per-layer scales, see engine.model)."""
-    if kv_cache_dtype == "auto":
+    """The cache's element type for vLLM's `--kv-cache-dtype`: "auto" (or the model dtype by
+    name) = the model dtype, "fp8" = "fp8_e4m3" = float8_e4m3fn (with per-layer scales, see
+    engine.model). The kernels store and read nothing else."""
+    if kv_cache_dtype == "auto" or kv_cache_dtype == str(model_dtype).removeprefix("torch."):
         return model_dtype
     if kv_cache_dtype in ("fp8", "fp8_e4m3"):
         return torch.float8_e4m3fn
-    raise FlagError("kv_cache_dtype", kv_cache_dtype, "the engine supports auto, fp8 and fp8_e4m3")
+    raise FlagError("kv_cache_dtype", kv_cache_dtype,
+                    f"the engine stores auto (= the model's {str(model_dtype).removeprefix('torch.')}) "
+                    "or fp8 (= fp8_e4m3); set {kv_cache_dtype} to one of those")
 
 
 # Decode batch sizes that get a CUDA graph (vLLM's pattern: 1, 2, 4, then steps of 8).

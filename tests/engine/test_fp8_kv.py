@@ -75,10 +75,13 @@ def test_kv_cache_dtype_flag():
     assert EngineArgs(kv_cache_dtype="fp8").kv_cache_dtype == "fp8"
     assert kv_cache_torch_dtype("fp8_e4m3", torch.bfloat16) == torch.float8_e4m3fn
     assert kv_cache_torch_dtype("auto", torch.float16) == torch.float16
+    assert kv_cache_torch_dtype("bfloat16", torch.bfloat16) == torch.bfloat16
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        EngineArgs(kv_cache_dtype="fp8_e5m2")
-    with pytest.raises(FlagError, match="supports auto, fp8 and fp8_e4m3"):
-        kv_cache_torch_dtype("int8", torch.bfloat16)
+        EngineArgs(kv_cache_dtype="int8")
+    # vLLM's other spellings pass the flag's choices; the engine names what it can store
+    for other in ("fp8_e5m2", "float16"):
+        with pytest.raises(FlagError, match="stores auto .= the model's bfloat16. or fp8"):
+            kv_cache_torch_dtype(other, torch.bfloat16)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
