@@ -107,22 +107,24 @@ else:
 # the engine captures its decode graphs with max_seq_len = max_model_len (Llama-3.1: 131072)
 CAPTURE_MAX_SEQ_LEN = 256 if ARGS.dry_run else 131072
 
-# a handful of reasoned alternatives per path, not an autotuner
+# a handful of reasoned alternatives per path, not an autotuner. Shared memory per decode
+# program ~ stages x (K + V tile bytes); the H200 allows 227 KB, so every decode config stays
+# at or under the bf16 default's 192 KB
 DECODE_SWEEP = [
     AttentionConfig(16, 128, 4, 3),  # default: 64 KB of K+V per stage, 3 stages
     AttentionConfig(16, 64, 4, 3),  # half tiles: twice the programs resident per SM
     AttentionConfig(16, 128, 4, 2),  # shallower pipeline, more programs resident
     AttentionConfig(16, 128, 8, 2),
-    AttentionConfig(16, 256, 8, 2),  # 128 KB per stage: fewer loop trips on long contexts
+    AttentionConfig(16, 64, 4, 5),  # small tiles, deep pipeline: 160 KB in flight
 ]
 # fp8 halves the bytes of a tile: 256-key tiles move what 128-key bf16 tiles move per stage
 FP8_DECODE_SWEEP = [
-    AttentionConfig(16, 256, 4, 3),  # default
+    AttentionConfig(16, 128, 4, 4),  # default
+    AttentionConfig(16, 256, 4, 3),  # the bf16 default's bytes per stage and shared memory
     AttentionConfig(16, 128, 4, 3),
-    AttentionConfig(16, 128, 4, 4),
     AttentionConfig(16, 256, 4, 2),
     AttentionConfig(16, 256, 8, 3),
-    AttentionConfig(16, 512, 8, 2),
+    AttentionConfig(16, 128, 4, 6),  # 192 KB in flight, as the bf16 default
 ]
 PREFILL_SWEEP = [
     AttentionConfig(128, 32, 4, 3),  # default
@@ -915,7 +917,13 @@ def evaluate_targets() -> None:
         if "speed_vs_flashinfer" in r:
             add(f"decode {r['shape']} vs FlashInfer, graph replays (>= 1.0)", r["speed_vs_flashinfer"], 1.0)
         if "fp8_speedup" in r and (b, c) == (64, 4096):
-            add("decode 64x4096 fp8 vs bf16 tokens/s (>= 1.8)", r["fp8_speedup"], 1.8)
+            add("decode 64x4096 fp8 vs bf16 tokens/s, default configs (>= 1.8)", r["fp8_speedup"], 1.8)
+            best = {kv: min((s["us"] for s in RESULTS["sweep"] if s["path"] == "decode"
+                             and s["kv"] == kv and s["shape"] == "64x4096"), default=None)
+                    for kv in ("bf16", "fp8")}
+            if None not in best.values():
+                add("decode 64x4096 fp8 vs bf16 tokens/s, best swept configs (>= 1.8)",
+                    best["bf16"] / best["fp8"], 1.8)
         if (b, c) == (1, 32768):
             add("decode 1x32768 TB/s via split-KV (>= 2)", r["ours_tbps"], 2.0, "TB/s")
     for r in RESULTS["prefill"]:
