@@ -185,7 +185,8 @@ class EngineCore:
         self.async_scheduling = config.async_scheduling
         self.runner = ModelRunner(
             model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
+            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
+            kv_cache_dtype=config.kv_cache_dtype)
         self._init_speculation(config, draft_model)
         self.num_gpu_blocks = self.runner.allocate_kv_cache(
             gpu_memory_utilization=config.gpu_memory_utilization,

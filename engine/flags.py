@@ -193,6 +193,11 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
          annotation=SpeculativeConfig | None),
     Flag("attention_backend", str, "auto", "'auto' = triton on the GPU, the torch reference on the CPU",
          choices=("auto", "torch", "triton"), in_vllm=False),
+    # vLLM's spellings, as the simulator's flag has them; the engine stores auto (= the model
+    # dtype, or that dtype named) and e4m3 (engine.runner.kv_cache_torch_dtype says so for others)
+    Flag("kv_cache_dtype", str, "auto", "KV cache element type: auto = the model dtype; fp8 = "
+         "fp8_e4m3 with per-layer scales (1.0 unless set), half the bytes per block",
+         choices=("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")),
 )
 
 # The flags defined here; the simulator adds its own (`sim.config.SIM_ONLY_FLAGS`).

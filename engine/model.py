@@ -91,6 +91,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, spec.rms_norm_eps, **kw)
         self.gate_up_proj = nn.Linear(h, 2 * spec.intermediate_size, bias=False, **kw)
         self.down_proj = nn.Linear(spec.intermediate_size, h, bias=False, **kw)
+        # FP8 KV-cache scales (stored = fp8(x / scale)); 1.0 is vLLM's default when the
+        # checkpoint carries none. A 16-bit cache ignores them.
+        self.register_buffer("k_scale", torch.ones(1, device=device, dtype=torch.float32),
+                             persistent=False)
+        self.register_buffer("v_scale", torch.ones(1, device=device, dtype=torch.float32),
+                             persistent=False)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
                 backend: Backend, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -100,10 +106,11 @@ class DecoderLayer(nn.Module):
         caller computes in one `add_rms_norm`."""
         t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
         q = backend.rope_store_kv(self.qkv_proj(h), positions, rotary.cos, rotary.sin, k_cache,
-                                  v_cache, meta.slot_mapping, hq, hkv, d)
+                                  v_cache, meta.slot_mapping, hq, hkv, d, self.k_scale,
+                                  self.v_scale)
         o = backend.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.query_start_loc, self.scale, meta.max_query_len,
-                                    meta.max_seq_len)
+                                    meta.max_seq_len, k_scale=self.k_scale, v_scale=self.v_scale)
         x, h = backend.add_rms_norm(x, F.linear(o.reshape(t, hq * d), self.o_proj.weight),
                                     self.post_attention_layernorm.weight,
                                     self.post_attention_layernorm.eps)
@@ -147,6 +154,22 @@ class LlamaModel(nn.Module):
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, INIT_STD, generator=g)
+
+    @torch.no_grad()
+    def set_kv_scales(self, k_scales: list[torch.Tensor], v_scales: list[torch.Tensor]) -> None:
+        """Per-layer FP8 KV-cache scales (each float32, 1 element or num_kv_heads), e.g. from a
+        checkpoint's k_scale/v_scale. Set them before the engine is built: cached values are
+        valid only under the scale they were written with, and CUDA graphs capture the tensors."""
+        if len(k_scales) != len(self.layers) or len(v_scales) != len(self.layers):
+            raise ValueError(f"set_kv_scales: need one k and one v scale per layer "
+                             f"({len(self.layers)}); got {len(k_scales)} and {len(v_scales)}")
+        for layer, ks, vs in zip(self.layers, k_scales, v_scales):
+            for name, new in (("k_scale", ks), ("v_scale", vs)):
+                if new.numel() not in (1, self.spec.num_kv_heads) or not bool((new > 0).all()):
+                    raise ValueError(f"set_kv_scales: {name} needs 1 or num_kv_heads="
+                                     f"{self.spec.num_kv_heads} positive values; got {new.tolist()}")
+                dev = getattr(layer, name).device
+                setattr(layer, name, new.detach().to(device=dev, dtype=torch.float32).reshape(-1).clone())
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

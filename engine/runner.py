@@ -29,6 +29,19 @@ from engine.model import LlamaModel
 VERIFY_GRAPH_MAX_TOKENS = 512
 
 
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's element type for vLLM's `--kv-cache-dtype`: "auto" (or the model dtype by
+    name) = the model dtype, "fp8" = "fp8_e4m3" = float8_e4m3fn (with per-layer scales, see
+    engine.model). The kernels store and read nothing else."""
+    if kv_cache_dtype == "auto" or kv_cache_dtype == str(model_dtype).removeprefix("torch."):
+        return model_dtype
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return torch.float8_e4m3fn
+    raise FlagError("kv_cache_dtype", kv_cache_dtype,
+                    f"the engine stores auto (= the model's {str(model_dtype).removeprefix('torch.')}) "
+                    "or fp8 (= fp8_e4m3); set {kv_cache_dtype} to one of those")
+
+
 # Decode batch sizes that get a CUDA graph (vLLM's pattern: 1, 2, 4, then steps of 8).
 def decode_graph_buckets(max_num_seqs: int) -> list[int]:
     sizes = [b for b in (1, 2, 4) if b <= max_num_seqs]
@@ -118,8 +131,9 @@ class ModelRunner:
     """Owns the KV cache and the device-side input buffers of one model."""
 
     def __init__(self, model: LlamaModel, *, block_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int) -> None:
+                 max_num_batched_tokens: int, max_model_len: int, kv_cache_dtype: str = "auto") -> None:
         self.model = model
+        self.kv_dtype = kv_cache_torch_dtype(kv_cache_dtype, model.dtype)
         self.spec = model.spec
         self.device = model.embed_tokens.device
         self.block_size = block_size
@@ -189,15 +203,15 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ KV cache
     def block_bytes(self) -> int:
-        """Bytes one KV block takes over all layers (K and V)."""
+        """Bytes one KV block takes over all layers (K and V), at the cache's element size."""
         s = self.spec
         return (2 * s.num_layers * self.block_size * s.num_kv_heads * s.head_dim
-                * torch.finfo(self.model.dtype).bits // 8)
+                * torch.finfo(self.kv_dtype).bits // 8)
 
     def _new_kv(self, num_blocks: int) -> torch.Tensor:
         s = self.spec
         return torch.zeros((s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim),
-                           dtype=self.model.dtype, device=self.device)
+                           dtype=self.kv_dtype, device=self.device)
 
     @torch.inference_mode()
     def profile_peak_bytes(self) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Work around two faults of Triton 3.6's CPU interpreter, only when ``TRITON_INTERPRET=1``.
+"""Work around three faults of Triton 3.6's CPU interpreter, only when ``TRITON_INTERPRET=1``.
 
 1. NumPy >= 2.4 (triton-lang/triton#9171): the interpreter holds scalars as 1-element arrays and converts them for ``range()`` with
 ``int(array)``, which NumPy 2.4 turned into a TypeError, so any kernel whose loop bound is a
@@ -7,6 +7,11 @@ re-register ``__index__`` the same way.
 2. ``tl.dot`` on bfloat16: the interpreter stores bf16 as raw uint16 bits and multiplies those
    bits as integers. We widen bf16 operands to float32 first (exact: every bf16 is a float32),
    which is what the tensor cores compute with a float32 accumulator.
+3. Conversions to fp8 (``x.to(tl.float8e4nv)``): the interpreter's bit-twiddling emulation
+   flushes values below e4m3's smallest normal (2**-6) to zero and rounds half-up without
+   carrying into the exponent, where the GPU (``cvt.rn`` on sm_89+) rounds to nearest even with
+   subnormals. Conversions from or to e4m3fn / e5m2 go through torch's casts instead, which
+   round as the GPU does, so the FP8 KV-cache tests compare against the hardware's rounding.
 
 Compiled (GPU) runs are untouched. This is test and benchmark scaffolding, tied to the
 ``triton==3.6.0`` pin: tests/conftest.py and the benchmarks' CPU dry runs call ``apply()``; no
@@ -58,4 +63,42 @@ def apply() -> None:
         return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
     builder_cls.create_dot = create_dot
+    _patch_fp8_casts(interpreter)
     _applied = True
+
+
+def _patch_fp8_casts(interpreter) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    tl = interpreter.tl
+    fp8_torch = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+    # dtypes the interpreter stores as raw bits, with the integer view of their storage
+    bits_torch = {**fp8_torch, tl.bfloat16: torch.bfloat16}
+    bits_view = {torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8,
+                 torch.bfloat16: torch.int16}
+    plain_torch = {tl.float16: torch.float16, tl.float32: torch.float32}
+    builder_cls = interpreter.InterpreterBuilder
+    original = builder_cls.create_fp_to_fp
+
+    def to_torch(data: np.ndarray, dtype) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        if dtype in bits_torch:
+            t_dtype = bits_torch[dtype]
+            return torch.from_numpy(np.ascontiguousarray(data)).view(bits_view[t_dtype]).view(t_dtype)
+        return torch.from_numpy(np.ascontiguousarray(data)).to(plain_torch[dtype])
+
+    def from_torch(t: torch.Tensor, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
+        if dtype in bits_torch:
+            raw = t.to(bits_torch[dtype]).view(bits_view[bits_torch[dtype]]).numpy()
+            return raw.view(interpreter._get_np_dtype(dtype))
+        return t.to(plain_torch[dtype]).numpy()
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):  # type: ignore[no-untyped-def]
+        src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
+        if src_ty not in fp8_torch and dst_ty not in fp8_torch:
+            return original(self, src, dst_type, rounding_mode)
+        if src_ty not in bits_torch | plain_torch or dst_ty not in bits_torch | plain_torch:
+            return original(self, src, dst_type, rounding_mode)
+        wide = to_torch(src.data, src_ty).float()  # exact: every source value fits float32
+        return interpreter.TensorHandle(from_torch(wide, dst_ty).reshape(src.data.shape), dst_ty)
+
+    builder_cls.create_fp_to_fp = create_fp_to_fp

@@ -27,18 +27,20 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.cache_write import write_kv_cache
+from kernels.cache_write import quantize_fp8, write_kv_cache
+from kernels.paged_attention import KVScaleArgs, kv_scale_args
 from kernels.reference import rotate_qkv_ref
 
 
 @triton.jit
 def _rope_store_kv_kernel(
     qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+    k_scale_ptr, v_scale_ptr, stride_k_scale, stride_v_scale,
     stride_qkv_tok, stride_q_tok, stride_q_head,
     stride_c_block, stride_c_row, stride_c_head,
     stride_tab, block_size,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-    QK_PAD: tl.constexpr, KV_PAD: tl.constexpr,
+    QK_PAD: tl.constexpr, KV_PAD: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     # One program per token: all its q and k heads as one [QK_PAD, HALF] tile, then v.
     tok = tl.program_id(0).to(tl.int64)
@@ -62,8 +64,19 @@ def _rope_store_kv_kernel(
         base = (slot // block_size) * stride_c_block + (slot % block_size) * stride_c_row
         is_k = in_qk & (heads >= NUM_Q_HEADS)[:, None]
         koff = base + (heads - NUM_Q_HEADS)[:, None] * stride_c_head + dims[None, :]
-        tl.store(k_cache_ptr + koff, y1.to(k_cache_ptr.dtype.element_ty), mask=is_k)
-        tl.store(k_cache_ptr + koff + HALF, y2.to(k_cache_ptr.dtype.element_ty), mask=is_k)
+        # k is rounded to the model dtype first, as the unfused path stores the rotated k it
+        # hands over; an fp8 cache then quantises that value
+        k1 = y1.to(q_out_ptr.dtype.element_ty)
+        k2 = y2.to(q_out_ptr.dtype.element_ty)
+        if KV_FP8:
+            kv_head = heads - NUM_Q_HEADS  # rows that are no k head load a harmless 1.0
+            k_scale = tl.load(k_scale_ptr + kv_head * stride_k_scale,
+                              mask=(kv_head >= 0) & (kv_head < NUM_KV_HEADS), other=1.0)[:, None]
+            tl.store(k_cache_ptr + koff, quantize_fp8(k1, k_scale), mask=is_k)
+            tl.store(k_cache_ptr + koff + HALF, quantize_fp8(k2, k_scale), mask=is_k)
+        else:
+            tl.store(k_cache_ptr + koff, k1.to(k_cache_ptr.dtype.element_ty), mask=is_k)
+            tl.store(k_cache_ptr + koff + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=is_k)
         kv = tl.arange(0, KV_PAD)
         full = tl.arange(0, 2 * HALF)
         in_kv = (kv < NUM_KV_HEADS)[:, None]
@@ -71,7 +84,11 @@ def _rope_store_kv_kernel(
             + full[None, :]
         v = tl.load(vsrc, mask=in_kv, other=0.0)
         voff = base + kv[:, None] * stride_c_head + full[None, :]
-        tl.store(v_cache_ptr + voff, v.to(v_cache_ptr.dtype.element_ty), mask=in_kv)
+        if KV_FP8:
+            v_scale = tl.load(v_scale_ptr + kv * stride_v_scale, mask=kv < NUM_KV_HEADS, other=1.0)
+            tl.store(v_cache_ptr + voff, quantize_fp8(v, v_scale[:, None]), mask=in_kv)
+        else:
+            tl.store(v_cache_ptr + voff, v.to(v_cache_ptr.dtype.element_ty), mask=in_kv)
 
 
 def rope_fusable(head_dim: int) -> bool:
@@ -82,34 +99,40 @@ def rope_fusable(head_dim: int) -> bool:
 
 def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                  num_q_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+                  num_q_heads: int, num_kv_heads: int, head_dim: int,
+                  k_scale: torch.Tensor | None = None,
+                  v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Rotated q [T, Hq, D]; rotated k and v stored in the caches at `slot_mapping`.
 
     qkv: [T, (Hq + 2 Hkv) D] (q heads, then k heads, then v heads); cos/sin: fp32 [P, D/2];
     caches: [num_blocks, block_size, Hkv, D], contiguous in D, k and v with the same strides.
     A head_dim whose half is not a power of two rotates in PyTorch and stores with
-    `write_kv_cache` (same result, two more passes over k).
+    `write_kv_cache` (same result, two more passes over k). An fp8 cache stores k and v
+    quantised with `k_scale`/`v_scale` (see `kernels.cache_write`).
     """
     width = (num_q_heads + 2 * num_kv_heads) * head_dim
     if qkv.dim() != 2 or qkv.shape[1] != width:
         raise ValueError(f"rope_store_kv: qkv must be [num_tokens, (Hq + 2 Hkv) * head_dim="
                          f"{width}]; got {tuple(qkv.shape)}")
+    scales = kv_scale_args(k_cache, v_cache, k_scale, v_scale)
     if not rope_fusable(head_dim):
         return _rope_then_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                                   num_q_heads, num_kv_heads, head_dim)
+                                   num_q_heads, num_kv_heads, head_dim, scales)
     return _rope_store_kv_fused(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                                num_q_heads, num_kv_heads, head_dim)
+                                num_q_heads, num_kv_heads, head_dim, scales)
 
 
 def _rope_then_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                        num_q_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+                        num_q_heads: int, num_kv_heads: int, head_dim: int,
+                        scales: KVScaleArgs) -> torch.Tensor:
     q, k, v = rotate_qkv_ref(qkv, positions, cos, sin, num_q_heads, num_kv_heads, head_dim)
-    write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_cache(k, v, k_cache, v_cache, slot_mapping, scales.k_scale, scales.v_scale)
     return q
 
 
 def _rope_store_kv_fused(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                         num_q_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+                         num_q_heads: int, num_kv_heads: int, head_dim: int,
+                         scales: KVScaleArgs) -> torch.Tensor:
     t = qkv.shape[0]
     q = torch.empty((t, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
@@ -121,12 +144,13 @@ def _rope_store_kv_fused(qkv, positions, cos, sin, k_cache, v_cache, slot_mappin
         raise ValueError("rope_store_kv: cos and sin tables must be row-major and alike")
     _rope_store_kv_kernel[(t,)](
         qkv, q, k_cache, v_cache, cos, sin, positions, slot_mapping,
+        scales.k_scale, scales.v_scale, scales.k_stride, scales.v_stride,
         qkv.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         cos.stride(0), k_cache.shape[1],
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
         QK_PAD=triton.next_power_of_2(num_q_heads + num_kv_heads),
-        KV_PAD=triton.next_power_of_2(num_kv_heads), num_warps=4,
+        KV_PAD=triton.next_power_of_2(num_kv_heads), KV_FP8=scales.is_fp8, num_warps=4,
     )
     return q
 

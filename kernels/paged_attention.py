@@ -18,17 +18,25 @@ How the work is cut:
 - Split-KV (flash-decoding): when there are too few (Q block, KV head) programs to fill the GPU,
   a third grid axis cuts each sequence's tiles into ``num_splits`` segments; each writes a
   normalised partial output and its log-sum-exp, and a second kernel merges them.
+- FP8 KV cache (``torch.float8_e4m3fn``, see ``kernels.reference`` for the scale convention):
+  tiles are loaded as fp8 (half the bytes) and widened to q's dtype in registers, which is
+  exact; the program's KV-head scale is folded into the softmax scale for K and applied once to
+  the output for V, so dequantisation costs no multiply per element.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.reference import is_fp8
 
 LOG2E = 1.4426950408889634
 
@@ -43,15 +51,35 @@ class AttentionConfig:
     num_stages: int
 
 
-# Decode: memory bound. M=16 is the smallest tensor-core tile; a 128-token tile moves 32 KB of
-# K and 32 KB of V per step at D=128 and three stages keep well over 100 KB of loads in flight
-# per SM. Measured on the H200 (benchmarks/kernels): 4.1 TB/s at 64x4096 against 3.2 TB/s with
-# 64-token tiles, which left too few bytes in flight.
-DECODE_CONFIG = AttentionConfig(block_m=16, tile_n=128, num_warps=4, num_stages=3)
-# Prefill: compute bound. 128 rows (32 tokens x 4 heads) per program; 32-key tiles with one
-# warpgroup measured fastest of the four shapes tried on the H200 (324 vs 282 TFLOP/s for
-# 64-key tiles with two warpgroups, 8 x 2048 new tokens).
-PREFILL_CONFIG = AttentionConfig(block_m=128, tile_n=32, num_warps=4, num_stages=3)
+# The default tile shapes live in a table (attention_configs.json, with where each entry came
+# from) that the H200 benchmark's sweep writes in the same form, so a measurement updates the
+# defaults without a code change. Decode is memory bound: M=16 is the smallest tensor-core tile
+# and the key tile sets the bytes in flight per SM. Prefill is compute bound.
+CONFIG_TABLE_PATH = Path(__file__).with_name("attention_configs.json")
+CONFIG_PATHS = ("decode", "prefill")
+KV_KINDS = ("16bit", "fp8")  # KV-cache element size: bf16/fp16/fp32 tiles, or fp8 tiles
+
+
+def load_config_table(path: Path = CONFIG_TABLE_PATH) -> dict[tuple[str, str], AttentionConfig]:
+    """{(path, kv kind): config} of a table file; every (path, kv kind) pair must be there."""
+    raw = json.loads(path.read_text())
+    table = {}
+    for p in CONFIG_PATHS:
+        for kind in KV_KINDS:
+            try:
+                entry = raw[p][kind]
+                table[p, kind] = AttentionConfig(
+                    int(entry["block_m"]), int(entry["tile_n"]), int(entry["num_warps"]),
+                    int(entry["num_stages"]))  # fmt: skip
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}: entry {p}.{kind} needs integer block_m, tile_n, "
+                                 f"num_warps and num_stages ({exc!r})") from None
+    return table
+
+
+CONFIG_TABLE = load_config_table()
+DECODE_CONFIG = CONFIG_TABLE["decode", "16bit"]
+PREFILL_CONFIG = CONFIG_TABLE["prefill", "16bit"]
 # Beyond this many query tokens in the longest sequence of the batch, the prefill shape pays off.
 DECODE_MAX_QUERY_LEN = 4
 # Split-KV: aim for this many programs per SM, and never give a segment fewer context tokens.
@@ -66,6 +94,47 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+@dataclass(slots=True)
+class KVScaleArgs:
+    """The kernels' view of an fp8 cache's scales (placeholders for other caches)."""
+
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    k_stride: int  # 0: one scale for every head (per tensor); 1: one per KV head
+    v_stride: int
+    is_fp8: bool
+
+
+@lru_cache(maxsize=8)
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    # one persistent tensor per device: a CUDA graph may capture its address
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def kv_scale_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                  v_scale: torch.Tensor | None) -> KVScaleArgs:
+    """Checked scales of a cache pair: float32, one element or one per KV head, on its device;
+    None = 1.0 (vLLM's default without checkpoint scales). A 16-bit cache ignores them: its
+    kernels get the cache itself as a never-read placeholder, with no checks, because eager
+    mixed steps call this twice per layer and the host time of a step adds up."""
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must share a dtype")
+    if not is_fp8(k_cache):
+        return KVScaleArgs(k_cache, k_cache, 0, 0, False)
+    num_kv_heads, device_index = k_cache.shape[2], k_cache.get_device()
+    ks = _unit_scale(k_cache.device) if k_scale is None else k_scale
+    vs = _unit_scale(k_cache.device) if v_scale is None else v_scale
+    k_n, v_n = ks.numel(), vs.numel()
+    for name, t, n in (("k_scale", ks, k_n), ("v_scale", vs, v_n)):
+        if t.dtype != torch.float32 or (n != 1 and (n != num_kv_heads or t.stride(-1) != 1)) \
+                or t.get_device() != device_index:
+            raise ValueError(
+                f"{name} must be a contiguous float32 tensor of 1 or num_kv_heads={num_kv_heads} "
+                f"elements on {k_cache.device}; got {t.dtype} of {n} on {t.device}"
+            )
+    return KVScaleArgs(ks, vs, int(k_n > 1), int(v_n > 1), True)
+
+
 @lru_cache(maxsize=8)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -78,9 +147,10 @@ def num_sms_of(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_config(max_query_len: int, num_queries_per_kv: int) -> AttentionConfig:
-    """Decode shape for (near-)single-token queries, prefill shape for chunks."""
-    base = DECODE_CONFIG if max_query_len <= DECODE_MAX_QUERY_LEN else PREFILL_CONFIG
+def choose_config(max_query_len: int, num_queries_per_kv: int, kv_fp8: bool = False) -> AttentionConfig:
+    """Decode shape for (near-)single-token queries, prefill shape for chunks (from the table)."""
+    path = "decode" if max_query_len <= DECODE_MAX_QUERY_LEN else "prefill"
+    base = CONFIG_TABLE[path, "fp8" if kv_fp8 else "16bit"]
     block_m = max(base.block_m, next_pow2(num_queries_per_kv))
     return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages)
 
@@ -144,6 +214,7 @@ def _attend_tiles(
     TILE_N: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     offs_n = tl.arange(0, TILE_N)
     for j in range(tile_lo, tile_hi):
@@ -167,6 +238,8 @@ def _attend_tiles(
             k = tl.load(k_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:
             k = tl.load(k_cache_ptr + kv_ptrs)
+        if KV_FP8:  # exact: every e4m3 value is a bf16/fp16/fp32 value; the scale is in qk_scale
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
             s = tl.where(key_pos[None, :] < key_limit[:, None], s, float("-inf"))
@@ -182,6 +255,8 @@ def _attend_tiles(
             v = tl.load(v_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         else:
             v = tl.load(v_cache_ptr + kv_ptrs)
+        if KV_FP8:  # the scale is applied once to the output
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(
             p.to(v.dtype), v, input_precision=DOT_PRECISION
         )
@@ -192,7 +267,7 @@ def _attend_tiles(
 # Integer arguments that change from step to step are not specialised on (Triton would compile
 # a variant per "equals 1" / "divisible by 16" pattern of each, and an eager step meeting a new
 # pattern mid-replay paid ~1 s of compilation); nothing in the kernels gains from knowing them.
-@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "min_tiles_per_split"])
 def _paged_attention_kernel(
     out_ptr,
     segm_out_ptr,  # [num_tokens, Hq, num_splits, HEAD_DIM_PAD] fp32 (split-KV only)
@@ -203,6 +278,10 @@ def _paged_attention_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    k_scale_ptr,  # fp8 cache only: [1] or [Hkv] float32 (see stride_k_scale)
+    v_scale_ptr,
+    stride_k_scale,  # 0: per-tensor scale, 1: per KV head
+    stride_v_scale,
     num_seqs,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
     stride_q_tok,
@@ -214,6 +293,7 @@ def _paged_attention_kernel(
     stride_c_head,
     stride_bt,
     num_splits,  # KV segments per sequence (split-KV only; a run-time value: no recompiles)
+    min_tiles_per_split,  # fewer segments than num_splits when a sequence is short (see below)
     NUM_QUERIES_PER_KV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -223,6 +303,7 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr,
     IS_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     # Q blocks in reverse: with causal prefill the last blocks of a sequence have the most
     # tiles, so starting them first leaves the short ones to fill the tail of the grid
@@ -261,10 +342,16 @@ def _paged_attention_kernel(
     num_tiles = tl.cdiv(num_keys, TILE_N)
     num_full_tiles = (context_len + first_pos + 1) // TILE_N  # seen whole by every row
 
+    if KV_FP8:  # scores of the stored k are k_scale times too small: fold it into the scale
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head * stride_k_scale)
+
     tile_lo = 0
     tile_hi = num_tiles
     if IS_SPLIT:
-        tiles_per_split = tl.cdiv(num_tiles, num_splits)
+        # The grid's split count is fixed at launch (a CUDA graph fixes it at capture, from
+        # max_model_len); the sequence's real length decides how many segments do work, so a
+        # short sequence is not cut into segments of a tile or two that cost more to merge
+        tiles_per_split = tl.maximum(tl.cdiv(num_tiles, num_splits), min_tiles_per_split)
         tile_lo = tl.minimum(split * tiles_per_split, num_tiles)
         tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
@@ -278,17 +365,19 @@ def _paged_attention_kernel(
         acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
         stride_c_block, stride_c_row,
         tile_lo, tl.minimum(tile_hi, num_full_tiles), key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION, KV_FP8,
     )  # fmt: skip
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
         stride_c_block, stride_c_row,
         tl.maximum(tile_lo, num_full_tiles), tile_hi, key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION, KV_FP8,
     )  # fmt: skip
 
     has_keys = l_i > 0.0
     acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if KV_FP8:  # linear in v: one multiply here instead of one per cached element
+        acc = acc * tl.load(v_scale_ptr + kv_head * stride_v_scale)
     if not IS_SPLIT:
         tl.store(
             out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
@@ -396,14 +485,15 @@ class _LaunchPlan:  # built once per call on the host: no frozen-init overhead
     block_q: int  # query tokens per Q block
     num_q_blocks: int  # grid axis 0: a static upper bound, no device sync
     splits: int  # KV segments per sequence (1 = no split-KV)
+    min_tiles_per_split: int  # 1 when the caller fixed the split count
 
 
 def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_len: int,
                  max_seq_len: int, num_splits: int | None,
-                 config: AttentionConfig | None) -> _LaunchPlan:
+                 config: AttentionConfig | None, kv_fp8: bool = False) -> _LaunchPlan:
     """Tile shape, grid size and split-KV count of one call (overrides checked, not trusted)."""
     queries_per_kv = q.shape[1] // num_kv_heads
-    cfg = config or choose_config(max_query_len, queries_per_kv)
+    cfg = config or choose_config(max_query_len, queries_per_kv, kv_fp8)
     if cfg.block_m < queries_per_kv:
         raise ValueError(f"config.block_m {cfg.block_m} < query heads per KV head {queries_per_kv}")
     block_q = cfg.block_m // queries_per_kv
@@ -418,7 +508,8 @@ def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_le
             f"split-KV needs every sequence in one Q block: max_query_len {max_query_len} > "
             f"block_q {block_q}"
         )
-    return _LaunchPlan(cfg, block_q, num_q_blocks, splits)
+    min_tiles = 1 if num_splits is not None else triton.cdiv(SPLIT_MIN_TOKENS, cfg.tile_n)
+    return _LaunchPlan(cfg, block_q, num_q_blocks, splits, min_tiles)
 
 
 def paged_attention(
@@ -433,6 +524,8 @@ def paged_attention(
     max_seq_len: int,
     out: torch.Tensor | None = None,
     *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
     config: AttentionConfig | None = None,
 ) -> torch.Tensor:
@@ -441,8 +534,11 @@ def paged_attention(
     ``max_query_len``/``max_seq_len`` are host ints the caller already knows; they pick the
     tile shape and the split-KV count, so nothing is read back from the device. ``num_splits``
     (1 = never split) and ``config`` override the heuristics (tests and benchmarks use them).
+    ``k_scale``/``v_scale``: an fp8 cache's scales (``kernels.reference``); other caches
+    ignore them.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    scales = kv_scale_args(k_cache, v_cache, k_scale, v_scale)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]
@@ -457,7 +553,8 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     queries_per_kv = num_q_heads // num_kv_heads
-    plan = _plan_launch(q, num_kv_heads, num_seqs, max_query_len, max_seq_len, num_splits, config)
+    plan = _plan_launch(q, num_kv_heads, num_seqs, max_query_len, max_seq_len, num_splits, config,
+                        scales.is_fp8)
     cfg, block_q, num_q_blocks, splits = plan.config, plan.block_q, plan.num_q_blocks, plan.splits
     head_dim_pad = next_pow2(head_dim)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -471,12 +568,12 @@ def paged_attention(
     q_strides, out_strides, cache_strides = q.stride(), out.stride(), k_cache.stride()
     _paged_attention_kernel[grid](
         out, segm_out, segm_lse, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        num_seqs, scale * LOG2E,
+        scales.k_scale, scales.v_scale, scales.k_stride, scales.v_stride, num_seqs, scale * LOG2E,
         q_strides[0], q_strides[1], out_strides[0], out_strides[1],
-        cache_strides[0], cache_strides[1], cache_strides[2], block_tables.stride(0), splits,
+        cache_strides[0], cache_strides[1], cache_strides[2], block_tables.stride(0), splits, plan.min_tiles_per_split,
         NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
-        IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision,
+        IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision, KV_FP8=scales.is_fp8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

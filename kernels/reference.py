@@ -5,11 +5,47 @@ and computes the softmax in float32; the element-wise steps compute in float32 a
 as the Triton kernels do. Same signatures as the Triton versions (see docs/interfaces.md).
 There is one KV-cache writer here, `write_kv_cache_ref`; `rope_store_kv_ref` rotates and then
 calls it.
+
+FP8 KV cache (vLLM's scale convention): a cache of dtype ``torch.float8_e4m3fn`` stores
+``fp8(clamp(x / scale, -448, 448))`` (round to nearest even, saturating: no inf/NaN from a large
+value) and reads back ``fp8 * scale``. ``k_scale``/``v_scale`` are float32 tensors of one element
+(per tensor) or ``num_kv_heads`` (per head); None means 1.0, vLLM's default when a checkpoint
+carries no scales. Caches of any other dtype ignore the scales.
 """
 
 from __future__ import annotations
 
 import torch
+
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_E4M3_MAX = 448.0  # largest finite e4m3fn value
+
+
+def is_fp8(cache: torch.Tensor) -> bool:
+    return cache.dtype == FP8_KV_DTYPE
+
+
+def _head_scale(scale: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``scale`` shaped to broadcast over ``like [..., Hkv, D]`` (one value, or one per head)."""
+    if scale is None:
+        return torch.ones((), dtype=torch.float32, device=like.device)
+    return scale.float().reshape(-1, 1).to(like.device)
+
+
+def quantize_kv_ref(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x [..., Hkv, D]`` as e4m3fn: ``x / scale`` in float32, saturated to +-448, rounded."""
+    scaled = x.float() / _head_scale(scale, x)
+    return scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_KV_DTYPE)
+
+
+def dequantize_kv_ref(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """float32 values of an e4m3fn ``x [..., Hkv, D]`` stored with ``scale``."""
+    return x.float() * _head_scale(scale, x)
+
+
+def read_kv(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """The float32 values a cache (any dtype) holds; fp8 caches are dequantised with ``scale``."""
+    return dequantize_kv_ref(cache, scale) if is_fp8(cache) else cache.float()
 
 
 def gather_context(
@@ -38,12 +74,15 @@ def paged_attention_ref(
     max_query_len: int,
     max_seq_len: int,
     out: torch.Tensor | None = None,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal paged attention, computed per sequence with a float32 softmax.
 
     Query token i of sequence b (of q_len new tokens) sees context positions
     ``< seq_lens[b] - q_len + i + 1``. ``max_query_len``/``max_seq_len`` are accepted for
-    signature parity and not needed here.
+    signature parity and not needed here. An fp8 cache is read through its scales.
     """
     del max_query_len, max_seq_len
     group = q.shape[1] // k_cache.shape[2]  # query heads per KV head
@@ -56,8 +95,8 @@ def paged_attention_ref(
         q_len = q_end - q_start
         if q_len == 0:
             continue
-        k = gather_context(k_cache, block_tables[b], seq_len).float()  # [S, Hkv, D]
-        v = gather_context(v_cache, block_tables[b], seq_len).float()
+        k = read_kv(gather_context(k_cache, block_tables[b], seq_len), k_scale)  # [S, Hkv, D]
+        v = read_kv(gather_context(v_cache, block_tables[b], seq_len), v_scale)
         # one query head per row: expand the KV heads to the query heads they serve
         k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, S, D]
         v = v.repeat_interleave(group, dim=1).transpose(0, 1)
@@ -79,14 +118,21 @@ def write_kv_cache_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Store token t's ``k[t]``/``v[t]`` at flat slot ``slot_mapping[t]``; slots < 0 are padding."""
+    """Store token t's ``k[t]``/``v[t]`` at flat slot ``slot_mapping[t]``; slots < 0 are padding.
+    An fp8 cache stores them quantised with ``k_scale``/``v_scale``."""
     block_size = k_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     blocks, rows = slots // block_size, slots % block_size
-    k_cache[blocks, rows] = k[keep].to(k_cache.dtype)
-    v_cache[blocks, rows] = v[keep].to(v_cache.dtype)
+    k_cache[blocks, rows] = _to_cache(k[keep], k_cache, k_scale)
+    v_cache[blocks, rows] = _to_cache(v[keep], v_cache, v_scale)
+
+
+def _to_cache(x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    return quantize_kv_ref(x, scale) if is_fp8(cache) else x.to(cache.dtype)
 
 
 def rotate_half_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -127,13 +173,15 @@ def rope_store_kv_ref(
     num_q_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotated q ``[T, Hq, D]``; rotated k and plain v stored at ``slot_mapping`` (< 0: padding).
 
     Layouts as in `rotate_qkv_ref`; the caches are ``[num_blocks, block_size, Hkv, D]``.
     """
     q, k, v = rotate_qkv_ref(qkv, positions, cos, sin, num_q_heads, num_kv_heads, head_dim)
-    write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     return q
 
 

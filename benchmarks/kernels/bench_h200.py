@@ -6,8 +6,14 @@ decode at batch x context 1x4096 ... 32x32768 and prefill chunks of 8 x 2048 new
 and 4096 tokens cached. For each: microseconds (median of triton.testing.do_bench, which flushes
 L2 before every run), KV bandwidth against a streaming read measured in the same run, and speed
 ratios against torch SDPA on contiguous KV, gather + SDPA, and FlashInfer (if importable).
+With an fp8 KV cache (e4m3, per-tensor scales): the same decode and prefill calls, tokens/s
+against the bf16 cache's. A graph probe times 32x32768 eager and as CUDA-graph replays in both
+orders and under the engine's capture (split count from max_model_len). Sweeps of the launch
+parameters (tile, warps, stages, split count) come last, as time allows, and their best
+configs are written as DIR/best_configs.json in the form of kernels/attention_configs.json
+(copy it there to make them the kernels' defaults).
 
-    python3 benchmarks/kernels/bench_h200.py --out DIR          # on the GPU
+    python3 benchmarks/kernels/bench_h200.py --out DIR          # on the GPU, ~4-5 min
     python3 benchmarks/kernels/bench_h200.py --dry-run --out DIR  # CPU interpreter, tiny shapes
 
 Results go to DIR/results.json and DIR/results.md, rewritten after every step so that a run
@@ -38,8 +44,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes")
     p.add_argument("--no-flashinfer", action="store_true")
     p.add_argument("--no-sweep", action="store_true", help="time only the default dispatch")
-    p.add_argument("--budget-s", type=float, default=420.0, help="skip optional work past this")
-    p.add_argument("--no-fa3", action="store_true", help="skip FlashInfer's FA3 prefill build")
+    p.add_argument("--budget-s", type=float, default=270.0, help="skip optional work past this")
+    p.add_argument("--fa3", action="store_true", help="also build and time FlashInfer's FA3 "
+                   "prefill (its nvcc build takes minutes)")
+    p.add_argument("--kv", default="bf16,fp8", help="KV-cache dtypes to time: bf16, fp8 or both")
     p.add_argument("--skip-checks", action="store_true", help="skip the device correctness checks")
     p.add_argument("--shapes", default="", help="only these, e.g. '32x32768,8x2048+0'")
     p.add_argument("--repeat", type=int, default=1, help="time each decode shape this many times")
@@ -59,13 +67,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels import _interpreter_compat
 from kernels.cache_write import write_kv_cache
 from kernels.paged_attention import (
+    CONFIG_TABLE,
+    CONFIG_TABLE_PATH,
+    KV_KINDS,
     AttentionConfig,
     choose_config,
     choose_num_splits,
     num_sms_of,
     paged_attention,
 )
-from kernels.reference import paged_attention_ref
+from kernels.reference import FP8_E4M3_MAX, paged_attention_ref, quantize_kv_ref
 
 _interpreter_compat.apply()  # a no-op unless TRITON_INTERPRET=1 (the CPU dry run)
 
@@ -83,13 +94,37 @@ else:
     ]  # fmt: skip
     PREFILL_SHAPES = [(8, 2048, 0), (8, 2048, 4096)]  # (seqs, new tokens, cached tokens)
 SCALE = HEAD_DIM**-0.5
+KV_DTYPES = [k for k in ARGS.kv.split(",") if k]
+FP8 = torch.float8_e4m3fn
+# decode shapes swept (the sweep is the slow part): the fp8 target, the graph-replay gap, and
+# the two split-KV shapes; the graph probe's shape; the small batches whose split count an
+# engine's capture (max_seq_len = max_model_len) changes
+if ARGS.dry_run:
+    SWEEP_DECODE_SHAPES, PROBE_SHAPE, CAPTURE_PROBE_SHAPES = ["1x64", "2x48"], "2x48", ["1x64"]
+else:
+    SWEEP_DECODE_SHAPES = ["64x4096", "32x32768", "1x32768", "8x4096"]
+    PROBE_SHAPE, CAPTURE_PROBE_SHAPES = "32x32768", ["1x4096", "8x4096", "1x32768"]
+# the engine captures its decode graphs with max_seq_len = max_model_len (Llama-3.1: 131072)
+CAPTURE_MAX_SEQ_LEN = 256 if ARGS.dry_run else 131072
 
-# a handful of reasoned alternatives per path, not an autotuner
+# a handful of reasoned alternatives per path, not an autotuner. Shared memory per decode
+# program ~ stages x (K + V tile bytes); the H200 allows 227 KB, so every decode config stays
+# at or under the bf16 default's 192 KB
 DECODE_SWEEP = [
     AttentionConfig(16, 128, 4, 3),  # default: 64 KB of K+V per stage, 3 stages
     AttentionConfig(16, 64, 4, 3),  # half tiles: twice the programs resident per SM
     AttentionConfig(16, 128, 4, 2),  # shallower pipeline, more programs resident
     AttentionConfig(16, 128, 8, 2),
+    AttentionConfig(16, 64, 4, 5),  # small tiles, deep pipeline: 160 KB in flight
+]
+# fp8 halves the bytes of a tile: 256-key tiles move what 128-key bf16 tiles move per stage
+FP8_DECODE_SWEEP = [
+    AttentionConfig(16, 128, 4, 4),  # default
+    AttentionConfig(16, 256, 4, 3),  # the bf16 default's bytes per stage and shared memory
+    AttentionConfig(16, 128, 4, 3),
+    AttentionConfig(16, 256, 4, 2),
+    AttentionConfig(16, 256, 8, 3),
+    AttentionConfig(16, 128, 4, 6),  # 192 KB in flight, as the bf16 default
 ]
 PREFILL_SWEEP = [
     AttentionConfig(128, 32, 4, 3),  # default
@@ -108,6 +143,8 @@ RESULTS: dict = {
     "prefill": [],
     "sweep": [],
     "graph": {},
+    "graph_probe": [],
+    "best_configs": {},
     "errors": [],
     "targets": [],
 }
@@ -139,24 +176,28 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def time_us(fn: Callable[[], object]) -> float:
+def time_us(fn: Callable[[], object], rep_ms: int = 100) -> float:
     """Median microseconds; on the GPU do_bench flushes L2 before each run and times with events."""
     if DEVICE == "cpu":
         fn()
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e6
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e3
 
 
-def time_graph_us(fn: Callable[[], object]) -> float:
-    """Median microseconds of a CUDA-graph replay of ``fn`` (L2 still flushed before each run).
-
-    Decode steps of a serving engine run as graph replays, and a replay has no Python launch
-    cost, so this is the kernel time an engine sees; eager times carry ~10-40 us of host work
-    per Triton launch that hides small kernels."""
+def quantiles_us(fn: Callable[[], object]) -> list[float]:
+    """10th, 50th and 90th percentile microseconds (a bimodal timing shows as a wide spread)."""
     if DEVICE == "cpu":
-        return time_us(fn)
+        return [time_us(fn)] * 3
+    q = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.1, 0.5, 0.9])
+    return [x * 1e3 for x in q]
+
+
+def captured(fn: Callable[[], object]):
+    """A CUDA graph of one call of ``fn`` (warmed up on a side stream first), or None on CPU."""
+    if DEVICE == "cpu":
+        return None
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -166,8 +207,20 @@ def time_graph_us(fn: Callable[[], object]) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph
+
+
+def time_graph_us(fn: Callable[[], object], rep_ms: int = 100) -> float:
+    """Median microseconds of a CUDA-graph replay of ``fn`` (L2 still flushed before each run).
+
+    Decode steps of a serving engine run as graph replays, and a replay has no Python launch
+    cost, so this is the kernel time an engine sees; eager times carry ~10-40 us of host work
+    per Triton launch that hides small kernels."""
+    graph = captured(fn)
+    if graph is None:
+        return time_us(fn)
     try:
-        return time_us(graph.replay)
+        return time_us(graph.replay, rep_ms)
     finally:
         del graph
 
@@ -277,18 +330,37 @@ class Case:
         self.q = torch.randn(batch * new_tokens, HQ, HEAD_DIM, device=DEVICE, dtype=DTYPE,
                              generator=gen)  # fmt: skip
         self.out = torch.empty_like(self.q)
+        self._fp8: tuple[torch.Tensor, ...] | None = None
 
-    def kv_bytes(self) -> int:
-        return 2 * self.batch * self.seq_len * HKV * HEAD_DIM * self.k_cache.element_size()
+    def fp8(self) -> tuple[torch.Tensor, ...]:
+        """(k_cache, v_cache, k_scale, v_scale) in e4m3, made on first use: per-tensor scales
+        amax / 448, as a calibration would set them."""
+        if self._fp8 is None:
+            parts = []
+            for cache in (self.k_cache, self.v_cache):
+                scale = (cache.abs().amax().float() / FP8_E4M3_MAX).reshape(1)
+                parts.append((quantize_kv_ref(cache, scale), scale))
+            (k8, ks), (v8, vs) = parts
+            self._fp8 = (k8, v8, ks, vs)
+        return self._fp8
+
+    def kv_bytes(self, kv: str = "bf16") -> int:
+        size = 1 if kv == "fp8" else self.k_cache.element_size()
+        return 2 * self.batch * self.seq_len * HKV * HEAD_DIM * size
 
     def useful_flops(self) -> float:
         """QK^T and PV over the causal pairs only: query i sees cached + i + 1 keys."""
         pairs = self.new * self.cached + self.new * (self.new + 1) / 2
         return 4.0 * HEAD_DIM * pairs * HQ * self.batch
 
-    def ours(self, **kw) -> Callable[[], object]:
-        args = (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens,
-                self.query_start_loc, SCALE, self.new, self.seq_len)  # fmt: skip
+    def ours(self, kv: str = "bf16", max_seq_len: int | None = None, **kw) -> Callable[[], object]:
+        """Our call on this batch over the ``kv`` cache; ``max_seq_len`` as the launch sees it
+        (an engine's graph capture passes max_model_len, not the batch's longest sequence)."""
+        k, v = self.k_cache, self.v_cache
+        if kv == "fp8":
+            k, v, kw["k_scale"], kw["v_scale"] = self.fp8()
+        args = (self.q, k, v, self.block_tables, self.seq_lens, self.query_start_loc, SCALE,
+                self.new, max_seq_len or self.seq_len)  # fmt: skip
         return lambda: paged_attention(*args, out=self.out, **kw)
 
     def gathered(self, cache: torch.Tensor) -> torch.Tensor:
@@ -352,12 +424,16 @@ def fi_page_table(case: Case):
     return indptr, indices, last_page_len
 
 
-def fi_decode(case: Case) -> Callable[[], object]:
+def fi_decode(case: Case, kv: str = "bf16") -> Callable[[], object]:
     wrapper = FI.BatchDecodeWithPagedKVCacheWrapper(FI_WORKSPACE, "NHD", use_tensor_cores=True)
     indptr, indices, last = fi_page_table(case)
+    caches, extra = (case.k_cache, case.v_cache), {}
+    if kv == "fp8":
+        k8, v8, ks, vs = case.fp8()
+        caches, extra = (k8, v8), {"k_scale": float(ks), "v_scale": float(vs)}
     wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, BLOCK, q_data_type=DTYPE,
-                 kv_data_type=DTYPE, sm_scale=SCALE)  # fmt: skip
-    return lambda: wrapper.run(case.q, (case.k_cache, case.v_cache))
+                 kv_data_type=caches[0].dtype, sm_scale=SCALE)  # fmt: skip
+    return lambda: wrapper.run(case.q, caches, **extra)
 
 
 def fi_prefill(case: Case, backend: str) -> Callable[[], object]:
@@ -427,6 +503,46 @@ def cache_write_check() -> None:
     log(f"check cache write round trip: {'ok' if ok else 'FAIL'}")
 
 
+def fp8_checks() -> None:
+    """On the device: the fp8 cache writer against the torch quantisation bit for bit (the
+    GPU's cvt rounding vs torch's), and decode/prefill attention over an fp8 cache against the
+    float32 reference on the dequantised cache."""
+    tokens, bs = 300, 16
+    gen = torch.Generator(device=DEVICE).manual_seed(9)
+    mag = 10 ** (torch.rand(tokens, HKV, HEAD_DIM, device=DEVICE, generator=gen) * 8 - 4)
+    k = (torch.randn(mag.shape, device=DEVICE, generator=gen).sign() * mag).to(DTYPE)
+    v = torch.randn_like(k)
+    for scales in ((torch.tensor([0.37]), torch.tensor([0.05])),
+                   (torch.rand(HKV) + 0.01, torch.rand(HKV) + 0.01)):
+        ks, vs = (t.to(DEVICE) for t in scales)
+        kc = torch.zeros(64, bs, HKV, HEAD_DIM, device=DEVICE, dtype=FP8)
+        vc = torch.zeros_like(kc)
+        slots = torch.randperm(64 * bs, device=DEVICE)[:tokens]
+        slots[::7] = -1
+        write_kv_cache(k, v, kc, vc, slots, ks, vs)
+        keep = slots >= 0
+        sl = slots[keep]
+        ok = torch.equal(kc[sl // bs, sl % bs].view(torch.uint8),
+                         quantize_kv_ref(k[keep], ks).view(torch.uint8))
+        ok = ok and torch.equal(vc[sl // bs, sl % bs].view(torch.uint8),
+                                quantize_kv_ref(v[keep], vs).view(torch.uint8))
+        RESULTS["checks"].append({"check": "fp8_cache_write_bit_exact", "per_head": ks.numel() > 1,
+                                  "ok": bool(ok)})
+        log(f"check fp8 cache write (per head {ks.numel() > 1}): {'ok' if ok else 'FAIL'}")
+    for new, cached in ((1, 700), (37, 300)):
+        case = Case(3, new, cached, seed=new)
+        k8, v8, ks, vs = case.fp8()
+        case.ours("fp8")()
+        ref = paged_attention_ref(case.q.float(), k8, v8, case.block_tables, case.seq_lens,
+                                  case.query_start_loc, SCALE, new, case.seq_len, k_scale=ks,
+                                  v_scale=vs)  # fmt: skip
+        err = rel_err(case.out, ref)
+        ok = bool(not torch.isnan(case.out).any()) and err <= 1e-2
+        RESULTS["checks"].append({"check": "fp8_attention_vs_dequantised", "new_tokens": new,
+                                  "rel_err": err, "ok": ok})
+        log(f"check fp8 attention new={new}: err {err:.2e} {'ok' if ok else 'FAIL'}")
+
+
 def cuda_graph_check() -> None:
     """Capture one decode call in a CUDA graph (fails if the call syncs with the host)."""
     case = Case(4, 1, 2047, seed=5)
@@ -477,6 +593,9 @@ def bench_decode(batch: int, context: int) -> None:
     del ref
     t = measure(row, "ours", case.ours(), nbytes, "tbps")
     row["ours_frac_of_stream"] = row["ours_tbps"] / read_tbps
+    row["bf16_tokens_per_s"] = batch / (t * 1e-6)
+    if "fp8" in KV_DTYPES:
+        decode_fp8(case, row, t)
     try:
         # F821: ruff flags the closure because of the `del k4, v4` below; it runs before that
         t_sdpa = measure(row, "sdpa_contig", lambda: sdpa(q4, k4, v4, case.cached, 1), nbytes,  # noqa: F821
@@ -494,46 +613,144 @@ def bench_decode(batch: int, context: int) -> None:
     except Exception as exc:  # noqa: BLE001
         record_error(f"gather+sdpa {name}", exc)
     if FI is not None:
-        try:
-            fn = fi_decode(case)
-            o = fn()
-            row["flashinfer_rel_err_vs_ours"] = rel_err(o, case.out)
-            t_fi = measure(row, "flashinfer", fn, nbytes, "tbps")
-            row["speed_vs_flashinfer"] = t_fi / t
-        except Exception as exc:  # noqa: BLE001
-            record_error(f"flashinfer decode {name}", exc)
+        flashinfer_decode(case, row, t)
     row["ours_host_us_per_call"] = host_us_per_call(case.ours())
     if FI is not None and "flashinfer_us" in row:
         row["flashinfer_host_us_per_call"] = host_us_per_call(fi_decode(case))
     RESULTS["decode"].append(row)
     log(f"decode {name}: host {row['ours_host_us_per_call']:.1f} us/call; ours {t:.1f} us {row['ours_tbps']:.2f} TB/s (splits {splits}, err "
-        f"{row['rel_err_vs_sdpa_fp32']:.1e}); sdpa {row.get('sdpa_contig_tbps', float('nan')):.2f}"
-        f" TB/s; gather x{row.get('speed_vs_gather_sdpa', float('nan')):.1f}; flashinfer "
+        f"{row['rel_err_vs_sdpa_fp32']:.1e}); fp8 x{row.get('fp8_speedup', float('nan')):.2f}; "
+        f"sdpa {row.get('sdpa_contig_tbps', float('nan')):.2f} TB/s; gather "
+        f"x{row.get('speed_vs_gather_sdpa', float('nan')):.1f}; flashinfer "
         f"{row.get('flashinfer_tbps', float('nan')):.2f} TB/s")  # fmt: skip
     save()
-    if not ARGS.no_sweep and elapsed_s() < 0.6 * ARGS.budget_s:
-        sms = num_sms_of(case.q.device)
-        if batch * HKV < sms:
-            split_options = [1, 2, 4, 8, 16, 32, 64]
-        elif batch * HKV < 2 * sms:
-            split_options = [1, 2, 4]
-        else:
-            split_options = [1]
-        for sweep_cfg in DECODE_SWEEP:
-            for s in split_options:
-                try:
-                    ts = time_graph_us(case.ours(config=sweep_cfg, num_splits=s))
-                except Exception as exc:  # noqa: BLE001
-                    record_error(f"sweep {name} {sweep_cfg} {s}", exc)
-                    continue
-                RESULTS["sweep"].append({"path": "decode", "shape": name, "config": vars(sweep_cfg),
-                                         "splits": s, "us": ts, "timing": "graph",
-                                         "tbps": nbytes / (ts * 1e-6) / 1e12})  # fmt: skip
-        best = min((r for r in RESULTS["sweep"] if r["shape"] == name), key=lambda r: r["us"])
-        row["sweep_best"] = best
-        log(f"  sweep best {name}: {best['us']:.1f} us {best['tbps']:.2f} TB/s "
+
+
+def decode_fp8(case: Case, row: dict, t_bf16: float) -> None:
+    """Our decode over the e4m3 copy of the cache: time, tokens/s against bf16's, and how far
+    its output is from the bf16 cache's (the quantisation error, not a kernel error)."""
+    bf16_out = case.out.clone()
+    try:
+        fn = case.ours("fp8")
+        fn()
+        row["fp8_rel_err_vs_bf16_cache"] = rel_err(case.out, bf16_out)
+        t8 = measure(row, "fp8", fn, case.kv_bytes("fp8"), "tbps")
+        row["fp8_tokens_per_s"] = case.batch / (t8 * 1e-6)
+        row["fp8_speedup"] = t_bf16 / t8
+    except Exception as exc:  # noqa: BLE001
+        record_error(f"fp8 decode {row['shape']}", exc)
+    finally:
+        case.out.copy_(bf16_out)
+
+
+def flashinfer_decode(case: Case, row: dict, t: float) -> None:
+    name, nbytes = row["shape"], case.kv_bytes()
+    try:
+        fn = fi_decode(case)
+        o = fn()
+        row["flashinfer_rel_err_vs_ours"] = rel_err(o, case.out)
+        t_fi = measure(row, "flashinfer", fn, nbytes, "tbps")
+        row["speed_vs_flashinfer"] = t_fi / t
+    except Exception as exc:  # noqa: BLE001
+        record_error(f"flashinfer decode {name}", exc)
+    if "fp8" in KV_DTYPES and "fp8_us" in row:
+        try:
+            fn = fi_decode(case, "fp8")
+            fn()
+            t_fi8 = measure(row, "flashinfer_fp8", fn, case.kv_bytes("fp8"), "tbps")
+            row["fp8_speed_vs_flashinfer_fp8"] = t_fi8 / row["fp8_us"]
+        except Exception as exc:  # noqa: BLE001
+            record_error(f"flashinfer fp8 decode {name}", exc)
+
+
+def split_options(batch: int, num_sms: int) -> list[int]:
+    if ARGS.dry_run:
+        return [1, 8]
+    if batch * HKV < num_sms:
+        return [1, 8, 16, 32, 64]
+    if batch * HKV < 2 * num_sms:
+        return [1, 2, 4]
+    return [1, 2]
+
+
+def sweep_decode(batch: int, context: int, kv: str) -> None:
+    """Graph-replay times of each config x split count at one decode shape (after the headline
+    rows, when the peers' buffers are gone)."""
+    if elapsed_s() > ARGS.budget_s:
+        log(f"skipping decode sweep {batch}x{context} {kv}: out of time budget")
+        return
+    case = Case(batch, 1, context - 1, seed=batch * 7 + context)
+    name = f"{batch}x{context}"
+    nbytes = case.kv_bytes(kv)
+    configs = (FP8_DECODE_SWEEP if kv == "fp8" else DECODE_SWEEP)[: 2 if ARGS.dry_run else None]
+    for cfg in configs:
+        for s in split_options(batch, num_sms_of(case.q.device)):
+            try:
+                ts = time_graph_us(case.ours(kv, config=cfg, num_splits=s), rep_ms=50)
+            except Exception as exc:  # noqa: BLE001
+                record_error(f"sweep {name} {kv} {cfg} {s}", exc)
+                continue
+            RESULTS["sweep"].append({"path": "decode", "kv": kv, "shape": name, "config": vars(cfg),
+                                     "splits": s, "us": ts, "timing": "graph",
+                                     "tbps": nbytes / (ts * 1e-6) / 1e12})  # fmt: skip
+    rows = [r for r in RESULTS["sweep"] if r["shape"] == name and r["kv"] == kv]
+    if rows:
+        best = min(rows, key=lambda r: r["us"])
+        log(f"  sweep best {name} {kv}: {best['us']:.1f} us {best['tbps']:.2f} TB/s "
             f"{best['config']} splits {best['splits']}")  # fmt: skip
-        save()
+    save()
+
+
+def graph_probe(batch: int, context: int) -> None:
+    """Why a shape can be slower as a CUDA-graph replay than eager (32x32768 was 0.88x of
+    FlashInfer as a replay, 0.99x eager): the same call timed eager and as replays in both
+    orders, a second capture, 10/50/90th percentiles (a bimodal replay shows as a wide spread),
+    explicit split counts, and the capture an engine makes (max_seq_len = max_model_len)."""
+    case = Case(batch, 1, context - 1, seed=batch * 7 + context)
+    name = f"{batch}x{context}"
+    nbytes = case.kv_bytes()
+
+    def add(label: str, timing: str, us: float, **extra) -> None:
+        RESULTS["graph_probe"].append({"shape": name, "label": label, "timing": timing, "us": us,
+                                       "tbps": nbytes / (us * 1e-6) / 1e12, **extra})
+        log(f"  probe {name} {label} [{timing}]: {us:.1f} us")
+
+    fn = case.ours()
+    add("default, graph first", "graph", time_graph_us(fn))
+    add("default", "eager", time_us(fn))
+    graph = captured(fn)
+    replay = graph.replay if graph is not None else fn
+    add("default, second capture", "graph", time_us(replay))
+    q10, q50, q90 = quantiles_us(replay)
+    add("default, second capture (p10/p50/p90)", "graph", q50, p10_us=q10, p90_us=q90)
+    q10, q50, q90 = quantiles_us(fn)
+    add("default (p10/p50/p90)", "eager", q50, p10_us=q10, p90_us=q90)
+    del graph
+    for s in (1, 2, 4):
+        add(f"splits {s}", "graph", time_graph_us(case.ours(num_splits=s)))
+    add(f"engine capture: max_seq_len {CAPTURE_MAX_SEQ_LEN}", "graph",
+        time_graph_us(case.ours(max_seq_len=CAPTURE_MAX_SEQ_LEN)))
+    if "fp8" in KV_DTYPES:
+        add("fp8 default", "graph", time_graph_us(case.ours("fp8")))
+        add("fp8 default", "eager", time_us(case.ours("fp8")))
+    if FI is not None:
+        fi = fi_decode(case)
+        add("flashinfer", "graph", time_graph_us(fi))
+        add("flashinfer", "eager", time_us(fi))
+    save()
+
+
+def engine_capture_probe(batch: int, context: int) -> None:
+    """A small batch as the engine's decode graph sees it: launched with max_model_len's split
+    count, the real length deciding the segments that work, against the real-length launch."""
+    case = Case(batch, 1, context - 1, seed=batch * 7 + context)
+    name = f"{batch}x{context}"
+    for label, kw in (("real max_seq_len", {}), ("engine capture", {"max_seq_len": CAPTURE_MAX_SEQ_LEN})):
+        us = time_graph_us(case.ours(**kw))
+        RESULTS["graph_probe"].append({"shape": name, "label": label, "timing": "graph", "us": us,
+                                       "tbps": case.kv_bytes() / (us * 1e-6) / 1e12})
+        log(f"  probe {name} {label}: {us:.1f} us")
+    save()
 
 
 def bench_prefill(batch: int, new: int, cached: int) -> None:
@@ -550,6 +767,15 @@ def bench_prefill(batch: int, new: int, cached: int) -> None:
     row["rel_err_vs_sdpa"] = rel_err(case.out, ref)
     del ref
     t = measure(row, "ours", case.ours(), flops, "tflops")
+    if "fp8" in KV_DTYPES:
+        bf16_out = case.out.clone()
+        try:
+            fn = case.ours("fp8")
+            fn()
+            row["fp8_rel_err_vs_bf16_cache"] = rel_err(case.out, bf16_out)
+            row["fp8_speedup"] = t / measure(row, "fp8", fn, flops, "tflops")
+        except Exception as exc:  # noqa: BLE001
+            record_error(f"fp8 prefill {name}", exc)
     try:
         k_rep = k4.repeat_interleave(HQ // HKV, dim=1)
         v_rep = v4.repeat_interleave(HQ // HKV, dim=1)
@@ -581,24 +807,74 @@ def bench_prefill(batch: int, new: int, cached: int) -> None:
             record_error(f"flashinfer prefill {name}", exc)
     RESULTS["prefill"].append(row)
     log(f"prefill {name}: ours {t:.0f} us {row['ours_tflops']:.0f} TFLOP/s (err "
-        f"{row['rel_err_vs_sdpa']:.1e}); sdpa {row.get('sdpa_contig_tflops', float('nan')):.0f}; "
-        f"flashinfer {row.get('flashinfer_tflops', float('nan')):.0f}")  # fmt: skip
+        f"{row['rel_err_vs_sdpa']:.1e}); fp8 x{row.get('fp8_speedup', float('nan')):.2f}; sdpa "
+        f"{row.get('sdpa_contig_tflops', float('nan')):.0f}; flashinfer "
+        f"{row.get('flashinfer_tflops', float('nan')):.0f}")  # fmt: skip
     save()
-    if not ARGS.no_sweep and elapsed_s() < 0.7 * ARGS.budget_s:
-        for sweep_cfg in PREFILL_SWEEP:
-            try:
-                ts = time_graph_us(case.ours(config=sweep_cfg, num_splits=1))
-            except Exception as exc:  # noqa: BLE001
-                record_error(f"sweep {name} {sweep_cfg}", exc)
-                continue
-            RESULTS["sweep"].append({"path": "prefill", "shape": name, "config": vars(sweep_cfg),
-                                     "splits": 1, "us": ts,
-                                     "tflops": flops / (ts * 1e-6) / 1e12})  # fmt: skip
-        best = min((r for r in RESULTS["sweep"] if r["shape"] == name), key=lambda r: r["us"])
-        row["sweep_best"] = best
-        log(f"  sweep best {name}: {best['us']:.0f} us {best['tflops']:.0f} TFLOP/s "
+
+
+def sweep_prefill(batch: int, new: int, cached: int, kv: str) -> None:
+    if elapsed_s() > ARGS.budget_s:
+        log(f"skipping prefill sweep {batch}x{new}+{cached} {kv}: out of time budget")
+        return
+    case = Case(batch, new, cached, seed=batch + new + cached)
+    name = f"{batch}x{new}+{cached}"
+    flops = case.useful_flops()
+    for cfg in PREFILL_SWEEP[: 2 if ARGS.dry_run else None]:
+        try:
+            ts = time_graph_us(case.ours(kv, config=cfg, num_splits=1), rep_ms=50)
+        except Exception as exc:  # noqa: BLE001
+            record_error(f"sweep {name} {kv} {cfg}", exc)
+            continue
+        RESULTS["sweep"].append({"path": "prefill", "kv": kv, "shape": name, "config": vars(cfg),
+                                 "splits": 1, "us": ts, "tflops": flops / (ts * 1e-6) / 1e12})
+    rows = [r for r in RESULTS["sweep"] if r["shape"] == name and r["kv"] == kv]
+    if rows:
+        best = min(rows, key=lambda r: r["us"])
+        log(f"  sweep best {name} {kv}: {best['us']:.0f} us {best['tflops']:.0f} TFLOP/s "
             f"{best['config']}")  # fmt: skip
-        save()
+    save()
+
+
+def best_configs() -> None:
+    """The config table (kernels/attention_configs.json's form) the sweep points to: per path
+    and KV kind, the config with the lowest geometric mean over the swept shapes of its time
+    (at its best split count) relative to the best time at that shape. Entries without sweep
+    data keep the shipped values. Written to DIR/best_configs.json."""
+    table = json.loads(CONFIG_TABLE_PATH.read_text())
+    table["about"] = (f"written by bench_h200.py on {RESULTS['meta'].get('gpu', '?')}, "
+                      f"{RESULTS['meta'].get('date', '?')}; copy to kernels/attention_configs.json")
+    for path in ("decode", "prefill"):
+        for kind in KV_KINDS:
+            kv = "fp8" if kind == "fp8" else "bf16"
+            rows = [r for r in RESULTS["sweep"] if r["path"] == path and r["kv"] == kv]
+            pick = _geomean_best(rows)
+            if pick is None:
+                continue
+            cfg, score, shapes = pick
+            table[path][kind] = {**cfg, "source": (
+                f"sweep: geomean {score:.3f}x of the best time per shape over {', '.join(shapes)}; "
+                f"shipped {vars(CONFIG_TABLE[path, kind])}")}
+    RESULTS["best_configs"] = table
+    (ARGS.out / "best_configs.json").write_text(json.dumps(table, indent=1))
+
+
+def _geomean_best(rows: list[dict]) -> tuple[dict, float, list[str]] | None:
+    shapes = sorted({r["shape"] for r in rows})
+    if not shapes:
+        return None
+    best_at = {s: min(r["us"] for r in rows if r["shape"] == s) for s in shapes}
+    scores = {}
+    for key in {json.dumps(r["config"], sort_keys=True) for r in rows}:
+        times = [min((r["us"] for r in rows if r["shape"] == s and
+                      json.dumps(r["config"], sort_keys=True) == key), default=None) for s in shapes]
+        if None in times:  # a config that failed somewhere cannot be the default
+            continue
+        scores[key] = math.exp(sum(math.log(t / best_at[s]) for t, s in zip(times, shapes)) / len(shapes))
+    if not scores:
+        return None
+    key = min(scores, key=scores.get)
+    return json.loads(key), scores[key], shapes
 
 
 def flashinfer_fa3_extra() -> None:
@@ -639,12 +915,20 @@ def evaluate_targets() -> None:
         if "speed_vs_gather_sdpa" in r:
             add(f"decode {r['shape']} vs gather+SDPA (>= 3)", r["speed_vs_gather_sdpa"], 3.0)
         if "speed_vs_flashinfer" in r:
-            add(f"decode {r['shape']} vs FlashInfer (>= 0.9)", r["speed_vs_flashinfer"], 0.9)
+            add(f"decode {r['shape']} vs FlashInfer, graph replays (>= 1.0)", r["speed_vs_flashinfer"], 1.0)
+        if "fp8_speedup" in r and (b, c) == (64, 4096):
+            add("decode 64x4096 fp8 vs bf16 tokens/s, default configs (>= 1.8)", r["fp8_speedup"], 1.8)
+            best = {kv: min((s["us"] for s in RESULTS["sweep"] if s["path"] == "decode"
+                             and s["kv"] == kv and s["shape"] == "64x4096"), default=None)
+                    for kv in ("bf16", "fp8")}
+            if None not in best.values():
+                add("decode 64x4096 fp8 vs bf16 tokens/s, best swept configs (>= 1.8)",
+                    best["bf16"] / best["fp8"], 1.8)
         if (b, c) == (1, 32768):
             add("decode 1x32768 TB/s via split-KV (>= 2)", r["ours_tbps"], 2.0, "TB/s")
     for r in RESULTS["prefill"]:
         if "frac_of_sdpa_tflops" in r:
-            add(f"prefill {r['shape']} TFLOP/s vs SDPA (>= 0.6)", r["frac_of_sdpa_tflops"], 0.6)
+            add(f"prefill {r['shape']} vs SDPA (>= 1.0)", r["frac_of_sdpa_tflops"], 1.0)
         if "speed_vs_gather_sdpa" in r:
             add(f"prefill {r['shape']} vs gather+SDPA (>= 3)", r["speed_vs_gather_sdpa"], 3.0)
         if "speed_vs_flashinfer" in r:
@@ -703,6 +987,7 @@ def markdown() -> str:
             f"{fmt(r.get('speed_vs_gather_sdpa'), '.1f')} | {fmt(r.get('flashinfer_tflops'), '.0f')} | "
             f"{fmt(r.get('speed_vs_flashinfer'), '.2f')} | {fmt(r.get('flashinfer_fa3_tflops'), '.0f')} |"
         )  # fmt: skip
+    lines += fp8_markdown() + probe_markdown() + sweep_markdown()
     if RESULTS["targets"]:
         lines += ["", "## Targets", "", "| target | value | met |", "|---|---|---|"]
         for t in RESULTS["targets"]:
@@ -721,6 +1006,100 @@ def markdown() -> str:
     if RESULTS["errors"]:
         lines += ["", "Errors:"] + [f"- {e['where']}: {e['error']}" for e in RESULTS["errors"]]
     return "\n".join(lines) + "\n"
+
+
+def fp8_markdown() -> list[str]:
+    rows = [r for r in RESULTS["decode"] + RESULTS["prefill"] if "fp8_us" in r]
+    if not rows:
+        return []
+    lines = ["", "## FP8 (e4m3) KV cache vs bf16 (per-tensor scales amax/448; graph replays)", "",
+             ("| shape | bf16 us | fp8 us | fp8 / bf16 tokens/s | fp8 TB/s or TFLOP/s | "
+             "output rel err vs bf16 cache | FlashInfer fp8 us | ours vs FlashInfer fp8 |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rate = r.get("fp8_tbps", r.get("fp8_tflops"))
+        lines.append(
+            f"| {r['shape']} | {fmt(r.get('ours_us'), '.1f')} | {fmt(r.get('fp8_us'), '.1f')} | "
+            f"{fmt(r.get('fp8_speedup'), '.2f')} | {fmt(rate, '.2f')} | "
+            f"{fmt(r.get('fp8_rel_err_vs_bf16_cache'), '.3f')} | "
+            f"{fmt(r.get('flashinfer_fp8_us'), '.1f')} | {fmt(r.get('fp8_speed_vs_flashinfer_fp8'), '.2f')} |"
+        )  # fmt: skip
+    return lines
+
+
+def probe_markdown() -> list[str]:
+    if not RESULTS["graph_probe"]:
+        return []
+    lines = ["", "## Graph-replay probe (same call eager and as CUDA-graph replays)", "",
+             "| shape | variant | timing | us (p50) | p10 / p90 us | TB/s |", "|---|---|---|---|---|---|"]
+    for r in RESULTS["graph_probe"]:
+        spread = f"{r['p10_us']:.1f} / {r['p90_us']:.1f}" if "p10_us" in r else "-"
+        lines.append(f"| {r['shape']} | {r['label']} | {r['timing']} | {r['us']:.1f} | {spread} | "
+                     f"{r['tbps']:.2f} |")  # fmt: skip
+    return lines
+
+
+def sweep_markdown() -> list[str]:
+    rows = RESULTS["sweep"]
+    if not rows:
+        return []
+    lines = ["", "## Sweep: best launch parameters per shape (graph replays)", "",
+             ("| path | kv | shape | best us | config (block_m, tile_n, warps, stages) | splits | "
+             "default's us | default / best |"), "|---|---|---|---|---|---|---|---|"]
+    for key in sorted({(r["path"], r["kv"], r["shape"]) for r in rows}):
+        mine = [r for r in rows if (r["path"], r["kv"], r["shape"]) == key]
+        best = min(mine, key=lambda r: r["us"])
+        kind = "fp8" if key[1] == "fp8" else "16bit"
+        default = vars(CONFIG_TABLE[key[0], kind])
+        dflt = [r["us"] for r in mine if r["config"] == default]
+        c = best["config"]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {best['us']:.1f} | {c['block_m']}, {c['tile_n']}, "
+            f"{c['num_warps']}, {c['num_stages']} | {best['splits']} | "
+            f"{fmt(min(dflt) if dflt else None, '.1f')} | "
+            f"{fmt(min(dflt) / best['us'] if dflt else None, '.2f')} |"
+        )  # fmt: skip
+    if RESULTS["best_configs"]:
+        lines += ["", "Config table the sweep points to (written as best_configs.json):", ""]
+        for path in ("decode", "prefill"):
+            for kind in KV_KINDS:
+                e = RESULTS["best_configs"][path][kind]
+                lines.append(f"- {path} {kind}: block_m {e['block_m']}, tile_n {e['tile_n']}, "
+                             f"warps {e['num_warps']}, stages {e['num_stages']} ({e['source']})")
+    return lines
+
+
+def probe_and_sweep_steps(wanted: set[str]) -> list[tuple[str, Callable[[], None]]]:
+    """After the headline rows: the graph probes, then the sweeps in order of what they decide
+    (fp8 decode defaults, the 32x32768 replay gap, prefill vs SDPA), each skipped past the
+    time budget."""
+    def chosen(shape: str) -> bool:
+        return not wanted or shape in wanted
+
+    steps: list[tuple[str, Callable[[], None]]] = []
+    b, c = map(int, PROBE_SHAPE.split("x"))
+    if chosen(PROBE_SHAPE):
+        steps.append((f"graph probe {PROBE_SHAPE}", lambda: graph_probe(b, c)))
+    for small in CAPTURE_PROBE_SHAPES:
+        sb, sc = map(int, small.split("x"))
+        if chosen(small):
+            steps.append((f"engine capture probe {small}", lambda sb=sb, sc=sc: engine_capture_probe(sb, sc)))
+    if ARGS.no_sweep:
+        return steps
+    order = [(k, shape) for shape in SWEEP_DECODE_SHAPES[:2] for k in ("fp8", "bf16")]
+    order += [(k, shape) for shape in SWEEP_DECODE_SHAPES[2:] for k in ("fp8", "bf16")]
+    for kv, shape in order:
+        if kv in KV_DTYPES and chosen(shape):
+            sb, sc = map(int, shape.split("x"))
+            steps.append((f"sweep decode {shape} {kv}",
+                          lambda sb=sb, sc=sc, kv=kv: sweep_decode(sb, sc, kv)))
+        if (kv, shape) == ("bf16", PROBE_SHAPE):  # prefill sweeps after the probe shape
+            for pb, n, pc in PREFILL_SHAPES:
+                for pkv in KV_DTYPES:
+                    if chosen(f"{pb}x{n}+{pc}"):
+                        steps.append((f"sweep prefill {pb}x{n}+{pc} {pkv}",
+                                      lambda pb=pb, n=n, pc=pc, pkv=pkv: sweep_prefill(pb, n, pc, pkv)))
+    return steps
 
 
 def main() -> None:
@@ -752,6 +1131,8 @@ def main() -> None:
         for c in checks:
             steps.append((f"check {c}", lambda c=c: random_mixed_check(*c)))
         steps.append(("cache write check", cache_write_check))
+        if "fp8" in KV_DTYPES:
+            steps.append(("fp8 checks", fp8_checks))
         if DEVICE == "cuda":
             steps.append(("cuda graph", cuda_graph_check))
     steps.append(("flashinfer import", load_flashinfer))
@@ -764,7 +1145,8 @@ def main() -> None:
     for b, n, c in PREFILL_SHAPES:
         if not wanted or f"{b}x{n}+{c}" in wanted:
             steps.append((f"prefill {b}x{n}+{c}", lambda b=b, n=n, c=c: bench_prefill(b, n, c)))
-    if DEVICE == "cuda" and not ARGS.no_fa3:
+    steps += probe_and_sweep_steps(wanted)
+    if DEVICE == "cuda" and ARGS.fa3:
         steps.append(("flashinfer fa3", lambda: FI is not None and flashinfer_fa3_extra()))
     for name, step in steps:
         try:
@@ -773,6 +1155,10 @@ def main() -> None:
             record_error(name, exc)
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
+    try:
+        best_configs()
+    except Exception as exc:  # noqa: BLE001
+        record_error("best configs", exc)
     evaluate_targets()
     meta["wall_s"] = elapsed_s()
     save()

@@ -170,3 +170,17 @@ def test_heuristics_on_the_h200_shapes():
     assert splits(64, 4096) == 1  # 512 programs already fill 132 SMs
     assert splits(1, 100) == 1  # too short to be worth a merge
     assert choose_num_splits(9, 8, 2048, 4096, block_q, 132) == 1  # prefill never splits
+
+
+def test_split_count_fixed_at_capture_serves_short_sequences():
+    """A decode CUDA graph is captured with max_seq_len = max_model_len, so the launch's split
+    count comes from that length (64 segments here); each sequence then works only the
+    segments its real length needs (>= SPLIT_MIN_TOKENS keys each) and the empty ones weigh
+    nothing in the merge: the result is the reference's."""
+    batch = make_batch([1, 1], [40, 700], 1, 4, 64, 16, torch.float32, seed=11)
+    block_q = DECODE_CONFIG.block_m // 4
+    assert choose_num_splits(2 // block_q + 2, 1, 1, 131072, block_q, 132) == 64
+    args = list(batch.args())
+    args[-1] = 131072  # max_seq_len as at capture
+    out = paged_attention(*args)
+    assert_close(out, reference(batch), torch.float32)
