@@ -20,7 +20,7 @@ import gc
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -65,6 +65,23 @@ class RunVerdict:
     draft_graph_replays: int
     eager_forwards: int
     wall_s: float
+    divergences: list = field(default_factory=list)  # Divergence of each differing request
+
+
+@dataclass(slots=True)
+class Divergence:
+    """Where a run's greedy tokens first leave the reference's, and how close the two candidates
+    are in an fp64 dense forward of the target (tests/engine/dense_reference.py): a gap of a few
+    hundredths of a logit is a numerical near-tie (bf16 kernels reduce in another order when a
+    step verifies k+1 positions than when it decodes one), not a wrong acceptance."""
+
+    request_id: int
+    index: int  # output token position
+    reference_token: int
+    run_token: int
+    fp64_argmax: int | None = None
+    fp64_gap: float | None = None  # logit(reference_token) - logit(run_token), fp64
+    fp64_top2_gap: float | None = None
 
 
 def workload(vocab: int, s: Setup, seed: int = 0) -> list[tuple[int, list[int]]]:
@@ -104,6 +121,40 @@ def _engine(target: str, model: LlamaModel, draft: LlamaModel | None, spec: dict
     return EngineCore(args, model=model, draft_model=draft)
 
 
+def _divergences(out: dict, ref: dict) -> list[Divergence]:
+    found = []
+    for rid, want in ref.items():
+        got = out[rid]
+        if got != want:
+            i = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+            found.append(Divergence(rid, i, want[i] if i < len(want) else -1, got[i] if i < len(got) else -1))
+    return found
+
+
+def _explain(divs: list[Divergence], target: str, prompts: dict[int, list[int]], ref: dict) -> None:
+    """Fill in the fp64 dense reference's view of each divergence (on the CPU: exact, seconds).
+    Only for checkpoint folders (a preset has no weights to read back); best effort: the verdict
+    stands without it."""
+    path = Path(target)
+    if not divs or not path.is_dir():
+        return
+    try:
+        from engine.loader import _read_tensors, spec_from_hf_config
+        from tests.engine.dense_reference import dense_logits
+        spec = spec_from_hf_config(json.loads((path / "config.json").read_text()))
+        w = {k: v.float().cpu() for k, v in _read_tensors(path).items()}
+    except Exception as exc:  # noqa: BLE001
+        print(f"divergence diagnosis skipped: {exc!r}", file=sys.stderr)
+        return
+    for d in divs:
+        logits = dense_logits(spec, w, prompts[d.request_id] + ref[d.request_id][: d.index])[-1]
+        top2 = torch.topk(logits, 2)
+        d.fp64_argmax = int(top2.indices[0])
+        d.fp64_top2_gap = float(top2.values[0] - top2.values[1])
+        if d.reference_token >= 0 and d.run_token >= 0:
+            d.fp64_gap = float(logits[d.reference_token] - logits[d.run_token])
+
+
 def _verdict(name: str, core: EngineCore, out: dict, ref: dict, wall_s: float) -> RunVerdict:
     st = core.scheduler.stats
     diff = sum(out[r] != ref[r] for r in ref)
@@ -115,15 +166,17 @@ def _verdict(name: str, core: EngineCore, out: dict, ref: dict, wall_s: float) -
         acceptance_length=1 + st.num_spec_accepted_tokens / st.num_spec_drafts if st.num_spec_drafts else None,
         target_graph_replays=core.runner.num_graph_replays,
         draft_graph_replays=drafter.runner.num_graph_replays if drafter else 0,
-        eager_forwards=core.runner.num_eager_forwards, wall_s=wall_s)
+        eager_forwards=core.runner.num_eager_forwards, wall_s=wall_s, divergences=_divergences(out, ref))
 
 
-def check(target: str, draft: str, out_json: str | Path) -> dict:
+def check(target: str, draft: str, out_json: str | Path, dtype: str | None = None) -> dict:
     """Greedy tokens with drafts (draft model, n-gram) vs without, roomy and tight pools; the
-    verdict is written to `out_json` and returned."""
+    verdict is written to `out_json` and returned. `dtype` overrides the device's default."""
     target, draft = str(target), str(draft)  # checkpoint folders may come as Paths
     device = resolve_device("auto")
     s = GPU if device.type == "cuda" else CPU
+    if dtype:
+        s = replace(s, dtype=dtype)
     eager = device.type != "cuda"
     probe = EngineArgs(model=target, dtype=s.dtype, max_model_len=s.max_model_len)
     model = build_model(probe, device, s.max_model_len)
@@ -141,6 +194,7 @@ def check(target: str, draft: str, out_json: str | Path) -> dict:
             if ref is None:
                 ref = out  # spec off, roomy pool: the reference of every run
             runs.append(_verdict(f"{name}-{pool}", core, out, ref, time.perf_counter() - t))
+            _explain(runs[-1].divergences, target, dict(enumerate(p for _, p in work)), ref)
             del core  # its KV cache, before the next engine sizes its own
             gc.collect()
             if device.type == "cuda":
@@ -157,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="tiny", help="target checkpoint directory or model preset")
     ap.add_argument("--draft", default="tiny", help="draft checkpoint directory or model preset")
     ap.add_argument("--out", default="spec_gpu_check.json", help="verdict JSON file")
+    ap.add_argument("--dtype", default=None, help="model dtype (default: bfloat16 on CUDA, float32 on CPU)")
     a = ap.parse_args(argv)
-    v = check(a.target, a.draft, a.out)
+    v = check(a.target, a.draft, a.out, a.dtype)
     for r in v["runs"]:
         print(f"{r['name']:>12}: identical={r['identical']} accepted/drafted={r['num_spec_accepted_tokens']}/"
               f"{r['num_spec_draft_tokens']} preemptions={r['num_preemptions']} "
