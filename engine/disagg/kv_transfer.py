@@ -102,7 +102,7 @@ class Transfer:
             wait_works(self.works, self.deadline_s - time.perf_counter())
             status = "done"
         except Exception as e:  # noqa: BLE001 - any transport error fails this transfer only
-            status = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            status = f"failed: {type(e).__name__}: {_first_sentence(str(e))}"
         self.end_s = time.perf_counter()
         self._status = status
 
@@ -133,6 +133,11 @@ class Transfer:
             self.received = True
             return "done"
         return "done" if msg == self.request_id else f"failed: ipc ack for request {msg}"
+
+
+def _first_sentence(text: str) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line.split(". ")[0][:200]
 
 
 def post_send(blocks: torch.Tensor, *, request_id: int, peer_rank: int, seq: int, mode: str,

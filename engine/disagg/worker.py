@@ -247,7 +247,7 @@ class _Worker:
         for rid, t in list(self.sends.items()):
             if _skip_ipc(t, send_ipc_peers):
                 continue
-            status = "failed: peer died" if t.peer_rank in self.dead_ranks else t.poll()
+            status = self._status_of(t)
             if status != "pending":
                 del self.sends[rid]
                 self._release(rid)
@@ -256,7 +256,7 @@ class _Worker:
         for rid, (t, msg) in list(self.recvs.items()):
             if _skip_ipc(t, polled_ipc_peers):
                 continue
-            status = "failed: peer died" if t.peer_rank in self.dead_ranks else t.poll()
+            status = self._status_of(t)
             if status == "pending":
                 continue
             del self.recvs[rid]
@@ -265,6 +265,13 @@ class _Worker:
                     self.ipc_queues[msg.peer_replica][1].put(rid)  # the sender may drop its copy
                 self._admit(msg, t.tensor)
             self._report_transfer(rid, "recv", t, status)
+
+    def _status_of(self, t: Transfer) -> str:
+        status = t.poll()
+        if status == "pending" and t.peer_rank in self.dead_ranks:
+            t.end_s = time.perf_counter()
+            return "failed: peer died"
+        return status
 
     def _release(self, rid: int) -> None:
         """The transfer is over (done or failed): the held blocks go back, exactly once."""
