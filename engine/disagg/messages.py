@@ -56,7 +56,12 @@ class PeerDead:
 
 @dataclass(slots=True)
 class Stop:
-    pass
+    """End the replay: finish what is in flight, report Done, wait for the next Start."""
+
+
+@dataclass(slots=True)
+class Exit:
+    """End the process."""
 
 
 # ---------------------------------------------------------------- instance -> router

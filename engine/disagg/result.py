@@ -85,15 +85,16 @@ def build_result(router: _Router, engine: EngineArgs) -> DisaggResult:
     steps: list[StepRecord] = sorted((s for d in done for s in d.steps), key=lambda s: (s.t_start_s, s.replica))
     gaps = [g for st in states if st.finished is not None and st.finished.status == "finished"
             for g in np.diff(st.finished.token_times_s).tolist()]
-    split = router.split
+    split, n = router.split, len(router.instances)
     arrivals = [st.arrival_s for st in states]
     span = arrivals[-1] - arrivals[0] if arrivals else 0.0
     ready = router.instances[0].ready
     meta = {"endpoint_type": "engine", "backend": "costline-engine", "model": engine.model,
-            "gpu": ready.device if ready else "", "num_gpus": split.num_instances,
-            "num_replicas": split.num_instances, "disaggregation": str(split),
-            "kv_transport": router.transport, "kv_transfer_mode": router.mode,
-            "deployment": f"{engine.model} {split} P:D over {router.transport} ({router.mode})",
+            "gpu": ready.device if ready else "", "num_gpus": n, "num_replicas": n,
+            "disaggregation": str(split) if split else None,
+            "kv_transport": router.transport if split else None, "kv_transfer_mode": router.mode if split else None,
+            "deployment": (f"{engine.model} {split} P:D over {router.transport} ({router.mode})" if split
+                           else f"{engine.model} x {n} aggregated replicas"),
             "request_rate": (len(arrivals) - 1) / span if span > 0 else "inf",
             "num_gpu_blocks": ready.num_gpu_blocks if ready else 0}
     stats = {str(d.replica): d.scheduler_stats for d in done}
@@ -115,18 +116,18 @@ def p_ready(t: TransferRecord) -> bool:
 
 
 def _counters(router: _Router) -> dict[str, float]:
-    """Prefix-cache lookups of the prefill side (transferred prompts are not lookups on the
-    decode side, as in the simulator); speculative counters of the decode side."""
+    """Prefix-cache lookups of the prefill (or mixed) side (transferred prompts are not lookups
+    on the decode side, as in the simulator); speculative counters of the decode (or mixed) side."""
     out = dict.fromkeys(("prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "spec_num_drafts",
                          "spec_draft_tokens", "spec_accepted_tokens"), 0.0)
     for inst in router.instances:
         if inst.done is None:
             continue
         s = inst.done.scheduler_stats
-        if inst.role == "prefill":
+        if inst.role != "decode":
             out["prefix_cache_queries_tokens"] += s.get("prefix_cache_queries_tokens", 0)
             out["prefix_cache_hits_tokens"] += s.get("prefix_cache_hits_tokens", 0)
-        else:
+        if inst.role != "prefill":
             out["spec_num_drafts"] += s.get("num_spec_drafts", 0)
             out["spec_draft_tokens"] += s.get("num_spec_draft_tokens", 0)
             out["spec_accepted_tokens"] += s.get("num_spec_accepted_tokens", 0)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ from engine.model_spec import get_model
 from engine.request import Request, materialize_prompt
 
 MAX_PREFILL_ATTEMPTS = 2  # a request whose prefill instance died is retried once elsewhere
+IDLE_TIMEOUT_S = 3600.0  # an instance waiting for its next replay this long ends itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,63 +97,103 @@ def replay_disagg(engine: EngineArgs, requests: Sequence[Request], *, split: Dis
                   fault: Fault | None = None) -> DisaggResult:
     """Replay `requests` (their arrival times) through a P:D deployment; the tables are an
     aggregated replay's (engine/replay.py) plus one TransferRecord per handed-off request.
+    One-shot `Deployment` (see it for the arguments)."""
+    with Deployment(engine, split=split, transport=transport, mode=mode, warm_up=warm_up, timeout_s=timeout_s,
+                    transfer_timeout_s=transfer_timeout_s, fault=fault) as dep:
+        return dep.replay(requests, honor_arrivals=honor_arrivals, time_scale=time_scale, max_wall_s=max_wall_s)
+
+
+class Deployment:
+    """P prefill + D decode instance processes (or, with `split=None`, `num_replicas`
+    aggregated ones: the comparison), started once, for several replays.
 
     `transport`: "gloo", "nccl", "ipc", or "auto" (NCCL on GPUs, gloo on CPU). `mode`: "whole"
     (one message per request) or "layer" (one per layer). `timeout_s` bounds every wait on an
-    instance (start-up included); `transfer_timeout_s` each transfer; `max_wall_s` the replay.
+    instance (start-up included); `transfer_timeout_s` each transfer. Instances use cuda:0..N-1
+    on a GPU host (one each), else the CPU.
     """
-    split = split if isinstance(split, DisaggSplit) else DisaggSplit.parse(split)
-    devices = _devices(engine, split.num_instances)
-    cuda = devices[0].startswith("cuda")
-    transport = ("nccl" if cuda else "gloo") if transport == "auto" else transport
-    if transport not in TRANSPORTS or (transport == "nccl" and not cuda):
-        raise ValueError(f"transport {transport!r}: use one of {TRANSPORTS} (nccl needs GPUs)")
-    if mode not in TRANSFER_MODES:
-        raise ValueError(f"mode {mode!r}: use one of {TRANSFER_MODES}")
-    router = _Router(engine, split, devices, transport, mode, timeout_s, transfer_timeout_s, warm_up, fault)
-    try:
-        router.start()
-        router.serve(requests, honor_arrivals, time_scale, max_wall_s)
-        router.stop()
-    finally:
-        router.shutdown()
-    return build_result(router, engine)
+
+    def __init__(self, engine: EngineArgs, *, split: DisaggSplit | str | None = "1:1", num_replicas: int = 1,
+                 transport: str = "auto", mode: str = "whole", warm_up: bool = True, timeout_s: float = 120.0,
+                 transfer_timeout_s: float = 10.0, fault: Fault | None = None) -> None:
+        if split is not None and not isinstance(split, DisaggSplit):
+            split = DisaggSplit.parse(split)
+        roles = (["mixed"] * num_replicas if split is None
+                 else [split.role_of(r) for r in range(split.num_instances)])
+        devices = _devices(engine, len(roles))
+        cuda = devices[0].startswith("cuda")
+        transport = ("nccl" if cuda else "gloo") if transport == "auto" else transport
+        if transport not in TRANSPORTS or (transport == "nccl" and not cuda):
+            raise ValueError(f"transport {transport!r}: use one of {TRANSPORTS} (nccl needs GPUs)")
+        if mode not in TRANSFER_MODES:
+            raise ValueError(f"mode {mode!r}: use one of {TRANSFER_MODES}")
+        self.engine, self.split, self.roles = engine, split, roles
+        self._router = _Router(engine, split, roles, devices, transport, mode, timeout_s, transfer_timeout_s,
+                               warm_up, fault)
+
+    def __enter__(self) -> Self:
+        try:
+            self._router.start()
+        except BaseException:
+            self._router.shutdown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._router.shutdown()
+
+    def replay(self, requests: Sequence[Request], *, honor_arrivals: bool = True, time_scale: float = 1.0,
+               max_wall_s: float | None = None) -> DisaggResult:
+        r = self._router
+        if not all(i.alive for i in r.instances):
+            raise RuntimeError("an instance of this deployment died; start a new Deployment")
+        r.new_session()
+        r.serve(requests, honor_arrivals, time_scale, max_wall_s)
+        r.stop()
+        return build_result(r, self.engine)
 
 
 class _Router:
-    def __init__(self, engine: EngineArgs, split: DisaggSplit, devices: list[str], transport: str, mode: str,
-                 timeout_s: float, transfer_timeout_s: float, warm_up: bool, fault: Fault | None) -> None:
+    def __init__(self, engine: EngineArgs, split: DisaggSplit | None, roles: list[str], devices: list[str],
+                 transport: str, mode: str, timeout_s: float, transfer_timeout_s: float, warm_up: bool,
+                 fault: Fault | None) -> None:
         self.engine, self.split, self.transport, self.mode = engine, split, transport, mode
         self.timeout_s, self.devices = timeout_s, devices
         self.ctx = mp.get_context("spawn")
         self.outbox = self.ctx.Queue()
         port = _free_port()
-        world = split.num_instances
+        world = len(roles)
         # the router owns the rendezvous store, so it outlives any instance
         self.store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=True, wait_for_workers=False)
-        pairs = {(p, d): (self.ctx.Queue(), self.ctx.Queue()) if transport == "ipc" else None
-                 for p in range(split.num_prefill) for d in range(split.num_prefill, world)}
+        pre = [r for r in range(world) if roles[r] == "prefill"]
+        dec = [r for r in range(world) if roles[r] == "decode"]
+        pairs = {(p, d): (self.ctx.Queue(), self.ctx.Queue()) for p in pre for d in dec} if transport == "ipc" else {}
         self.instances: list[_Instance] = []
-        for r in range(world):
-            role = split.role_of(r)
-            peers = tuple(range(split.num_prefill, world)) if role == "prefill" else tuple(range(split.num_prefill))
+        for r, role in enumerate(roles):
+            peers = tuple(dec if role == "prefill" else pre if role == "decode" else ())
             cfg = WorkerConfig(
                 replica=r, role=role, rank=r, world_size=world,
                 engine=engine.model_copy(update={"device": devices[r]}), store_host="127.0.0.1", store_port=port,
                 backend="nccl" if transport == "nccl" else "gloo", transport=transport, mode=mode,
                 peer_ranks=peers, timeout_s=timeout_s, transfer_timeout_s=transfer_timeout_s, warm_up=warm_up,
-                die_after_pieces=fault.after_pieces if fault and fault.replica == r else None)
+                idle_timeout_s=IDLE_TIMEOUT_S, die_after_pieces=fault.after_pieces if fault and fault.replica == r else None)
             ipc = {q: pairs[(r, q) if role == "prefill" else (q, r)] for q in peers} if transport == "ipc" else {}
             inbox = self.ctx.Queue()
             proc = self.ctx.Process(target=worker_main, args=(cfg, inbox, self.outbox, ipc), daemon=True)
             self.instances.append(_Instance(r, role, proc, inbox))
+        self.pair_seq: dict[tuple[int, int], int] = {}
+        self.errors: list[str] = []
+        self.new_session()
+
+    def new_session(self) -> None:
+        """Forget the previous replay's requests; instances start over at the next Start."""
         self.reqs: dict[int, _ReqState] = {}
         self.transfers: dict[int, TransferRecord] = {}
         self.open_sides: set[tuple[int, str]] = set()  # (request, "send"/"recv") not yet reported
-        self.pair_seq: dict[tuple[int, int], int] = {}
-        self.errors: list[str] = []
         self.epoch = 0.0
         self.wall_s = 0.0
+        for inst in self.instances:
+            inst.done, inst.load = None, 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -162,9 +204,6 @@ class _Router:
             self._receive(deadline - time.perf_counter(), what="instances to start")
             if any(not i.alive for i in self.instances):
                 raise RuntimeError("an instance died while starting: " + "; ".join(self.errors))
-        self.epoch = time.perf_counter()
-        for inst in self.instances:
-            inst.inbox.put(m.Start(self.epoch))
 
     def now(self) -> float:
         return time.perf_counter() - self.epoch
@@ -177,6 +216,9 @@ class _Router:
             a = r.arrival_s * time_scale if honor_arrivals else 0.0
             self.reqs[r.request_id] = _ReqState(r, materialize_prompt(r, vocab), a)
         order = list(self.reqs.values())
+        self.epoch = time.perf_counter()  # prompts are built before the clock starts
+        for inst in self.instances:
+            inst.inbox.put(m.Start(self.epoch))
         i = 0
         while i < len(order) or not self._all_settled():
             now = self.now()
@@ -198,6 +240,9 @@ class _Router:
             self._receive(deadline - time.perf_counter(), what="instances to stop")
 
     def shutdown(self) -> None:
+        for inst in self.instances:
+            if inst.alive and inst.proc.pid is not None:
+                inst.inbox.put(m.Exit())
         for inst in self.instances:
             if inst.proc.pid is None:
                 continue
@@ -240,9 +285,10 @@ class _Router:
         return min(live, key=lambda i: (i.load, i.replica)) if live else None
 
     def _submit(self, st: _ReqState) -> None:
-        inst = self._least_loaded("prefill")
+        front = "mixed" if self.split is None else "prefill"
+        inst = self._least_loaded(front)
         if inst is None:
-            return self._fail(st, "no live prefill instance")
+            return self._fail(st, f"no live {front} instance")
         st.stage, st.prefill_replica, st.attempts = "prefill", inst.replica, st.attempts + 1
         inst.load += 1
         inst.inbox.put(m.AddRequest(st.request, st.prompt, st.arrival_s))
@@ -327,7 +373,9 @@ class _Router:
             if mine == dead.replica:
                 self.open_sides.discard((rid, side))
         for st in self.reqs.values():
-            if st.stage == "prefill" and st.prefill_replica == dead.replica:
+            if st.stage == "prefill" and st.prefill_replica == dead.replica and dead.role == "mixed":
+                self._fail(st, f"instance {dead.replica} died")
+            elif st.stage == "prefill" and st.prefill_replica == dead.replica:
                 if st.attempts < MAX_PREFILL_ATTEMPTS and self._least_loaded("prefill") is not None:
                     self._submit(st)
                 else:
@@ -349,4 +397,4 @@ def _vocab_of(model: str) -> int:
     return get_model(model).vocab_size
 
 
-__all__ = ["Fault", "replay_disagg"]
+__all__ = ["Deployment", "Fault", "replay_disagg"]

@@ -42,7 +42,7 @@ IDLE_WAIT_S = 0.002  # how long an idle instance blocks on its inbox before poll
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     replica: int
-    role: str  # "prefill" or "decode"
+    role: str  # "prefill", "decode" or "mixed" (an aggregated replica, for comparisons)
     rank: int  # process-group rank (= replica)
     world_size: int
     engine: EngineArgs
@@ -55,6 +55,7 @@ class WorkerConfig:
     timeout_s: float  # any wait on the router or a peer
     transfer_timeout_s: float
     warm_up: bool
+    idle_timeout_s: float  # between replays: no word from the router this long ends the process
     # fault injection (tests, benchmarks): a prefill instance exits after posting this many
     # messages of its first transfer, i.e. it dies mid-transfer
     die_after_pieces: int | None = None
@@ -101,14 +102,25 @@ class _Worker:
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
+        """Ready, the pair handshake, then one session per Start (a replay) until Exit."""
         c = self.cfg
         self.outbox.put(m.Ready(c.replica, self.core.num_gpu_blocks, self.core.runner.block_bytes(),
                                 self.core.spec.num_layers, str(self.core.device)))
-        start = self._get(c.timeout_s)
-        if not isinstance(start, m.Start):
-            raise TypeError(f"instance {c.replica}: expected Start from the router, got {start!r}")
         self._handshake()
-        self.core.epoch = start.epoch  # the shared clock
+        while True:
+            msg = self._get(c.idle_timeout_s)
+            if isinstance(msg, m.Exit):
+                return
+            if not isinstance(msg, m.Start):
+                raise TypeError(f"instance {c.replica}: expected Start or Exit from the router, got {msg!r}")
+            self._session(msg.epoch)
+
+    def _session(self, epoch: float) -> None:
+        """Serve from an empty scheduler on the shared clock until Stop, then report."""
+        c = self.cfg
+        self.core.start_over()
+        self.core.epoch = epoch
+        self.steps, self.first_step_s, self.stopping = [], {}, False
         if c.role == "decode":
             self._install_admission_hook()
         while True:
@@ -126,7 +138,7 @@ class _Worker:
         """One tiny message per prefill-decode pair, so no measured transfer pays the
         connection set-up (NCCL builds a pair's communicator on its first send)."""
         c = self.cfg
-        if c.transport == "ipc":
+        if c.transport == "ipc" or not c.peer_ranks:
             return
         dev = self.core.device
         works = []
@@ -152,7 +164,7 @@ class _Worker:
 
     def _handle(self, msg) -> None:
         if isinstance(msg, m.AddRequest):
-            self._add_prefill(msg)
+            self._add(msg)
         elif isinstance(msg, m.SendKV):
             self._start_send(msg)
         elif isinstance(msg, m.RecvKV):
@@ -176,10 +188,15 @@ class _Worker:
                             sum(1 for r in s.pool.ref if r), st.num_held_requests, err)
 
     # ------------------------------------------------------------------ prefill side
-    def _add_prefill(self, msg: m.AddRequest) -> None:
-        req = dataclasses.replace(msg.request, output_len=1)
-        self.core.add_request(req, SamplingParams(max_tokens=1, ignore_eos=True), msg.prompt_token_ids,
-                              arrival_s=msg.arrival_s, hold_blocks_on_finish=True)
+    def _add(self, msg: m.AddRequest) -> None:
+        """A prefill instance computes the prompt and one token, and holds the blocks; a
+        mixed (aggregated) instance serves the whole request."""
+        req = msg.request
+        if self.cfg.role == "mixed":
+            params = SamplingParams(max_tokens=req.output_len, ignore_eos=True)
+            return self.core.add_request(req, params, msg.prompt_token_ids, arrival_s=msg.arrival_s)
+        self.core.add_request(dataclasses.replace(req, output_len=1), SamplingParams(max_tokens=1, ignore_eos=True),
+                              msg.prompt_token_ids, arrival_s=msg.arrival_s, hold_blocks_on_finish=True)
 
     def _start_send(self, msg: m.SendKV) -> None:
         c = self.cfg

@@ -14,7 +14,7 @@ import pytest
 from engine.config import EngineArgs
 from engine.core import EngineCore
 from engine.disagg.records import DisaggSplit
-from engine.disagg.router import Fault, replay_disagg
+from engine.disagg.router import Deployment, Fault, replay_disagg
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
 from engine.request import Request, materialize_prompt
 from engine.sampling import SamplingParams
@@ -47,9 +47,16 @@ def _aggregated_tokens(reqs: list[Request]) -> dict[int, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def disagg_run():
+def disagg_runs():
+    """Two replays of one deployment (each starts over from empty pools)."""
     reqs = _requests()
-    return reqs, replay_disagg(ARGS, reqs, split="1:1", warm_up=False, timeout_s=60, transfer_timeout_s=20)
+    with Deployment(ARGS, split="1:1", warm_up=False, timeout_s=60, transfer_timeout_s=20) as dep:
+        return reqs, dep.replay(reqs), dep.replay(reqs, time_scale=0.5)
+
+
+@pytest.fixture(scope="module")
+def disagg_run(disagg_runs):
+    return disagg_runs[:2]
 
 
 def test_greedy_tokens_equal_an_aggregated_run(disagg_run):
@@ -112,6 +119,24 @@ def test_killed_prefill_mid_transfer_fails_requests_and_keeps_the_decode_pool():
     assert list(res.pools) == [1] and res.pools[1].intact
     first = res.transfers[0]
     assert first.status == "failed" and first.num_descriptors == 2
+
+
+def test_a_deployment_replays_again_from_empty_pools(disagg_runs):
+    reqs, first, second = disagg_runs
+    assert second.output_token_ids == first.output_token_ids
+    assert all(p.intact for p in second.pools.values()) and len(second.transfers) == len(reqs)
+    # the second replay's clock starts at 0 again, its arrivals at half the times
+    assert second.requests["arrival_s"].tolist() == pytest.approx([0.01 * i for i in range(len(reqs))])
+    assert second.steps["t_start_s"].min() >= 0
+
+
+def test_aggregated_replicas_serve_the_same_tokens():
+    reqs = _requests()
+    with Deployment(ARGS, split=None, num_replicas=2, warm_up=False, timeout_s=60) as dep:
+        res = dep.replay(reqs)
+    assert res.output_token_ids == _aggregated_tokens(reqs)
+    assert res.transfers == [] and set(res.requests["replica"].tolist()) == {0, 1}
+    assert all(p.intact for p in res.pools.values()) and res.meta["disaggregation"] is None
 
 
 def test_split_parse():
