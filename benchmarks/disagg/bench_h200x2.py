@@ -36,12 +36,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.disagg.transfer_sweep import Item, Layout, run_sweep  # noqa: E402
-from engine.config import EngineArgs  # noqa: E402
-from engine.disagg.router import Deployment  # noqa: E402
-from engine.model_spec import get_model  # noqa: E402
-from engine.request import Request  # noqa: E402
-from sim.link_fit import fit_link, overlap_with_compute  # noqa: E402
+from benchmarks.disagg.transfer_sweep import Item, Layout, run_sweep
+from engine.config import EngineArgs
+from engine.disagg.router import Deployment
+from engine.model_spec import get_model
+from engine.request import Request
+from sim.link_fit import fit_link, overlap_with_compute
 
 MIB = 2**20
 
@@ -189,7 +189,7 @@ def _serving_row(run, summary: dict) -> dict:
     done = r["status"] == "finished"
     pct = {f"{m}_p{q}_ms": float(np.percentile(r[f"{m}_s"][done], q) * 1e3) if done.any() else None
            for m in ("ttft", "tpot") for q in (50, 99)}
-    row = {**pct, "num_finished": int(done.sum()), "num_requests": int(len(done)),
+    row = {**pct, "num_finished": int(done.sum()), "num_requests": len(done),
            "output_tok_per_s": summary.get("output_throughput"), "wall_s": run.wall_s}
     tr = [t for t in run.transfers if t.status == "done"]
     if tr:

@@ -123,12 +123,10 @@ def _one(rank: int, it: Item, pool: torch.Tensor, shared, dev: torch.device, ctr
     n = it.num_blocks
     src_ids = torch.arange(n, device=dev).flip(0)  # scattered order: a real gather, not a slice
     dist.barrier(group=ctrl)
-    t0 = time.perf_counter()
     if rank == 0:
         out = _head(shared, pool, n) if it.transport == "ipc" else None
         blocks = pool.index_select(2, src_ids) if out is None else torch.index_select(pool, 2, src_ids, out=out)
         _sync(dev)
-        gather_s = time.perf_counter() - t0
         dist.barrier(group=ctrl)
         if it.transport != "ipc":
             for w in [dist.isend(p, dst=1) for p in _pieces(blocks, it.num_descriptors)]:
