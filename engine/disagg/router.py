@@ -40,7 +40,8 @@ IDLE_TIMEOUT_S = 3600.0  # an instance waiting for its next replay this long end
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """Kill prefill instance `replica` after it posted `after_pieces` messages of its first transfer."""
+    """Kill instance `replica` mid-transfer: a prefill instance after it posted `after_pieces`
+    messages of its first send, a decode instance after it posted its first receive."""
 
     replica: int
     after_pieces: int
@@ -372,6 +373,8 @@ class _Router:
             mine = rec.src_replica if side == "send" else rec.dst_replica
             if mine == dead.replica:
                 self.open_sides.discard((rid, side))
+                if rec.status == "done":  # its side never completed
+                    rec.status, rec.reason = "failed", f"{side}: instance {dead.replica} died"
         for st in self.reqs.values():
             if st.stage == "prefill" and st.prefill_replica == dead.replica and dead.role == "mixed":
                 self._fail(st, f"instance {dead.replica} died")

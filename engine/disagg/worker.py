@@ -57,7 +57,8 @@ class WorkerConfig:
     warm_up: bool
     idle_timeout_s: float  # between replays: no word from the router this long ends the process
     # fault injection (tests, benchmarks): a prefill instance exits after posting this many
-    # messages of its first transfer, i.e. it dies mid-transfer
+    # messages of its first transfer, a decode instance after posting its first receive: it
+    # dies mid-transfer
     die_after_pieces: int | None = None
 
 
@@ -227,6 +228,9 @@ class _Worker:
         t = post_recv(staging, request_id=msg.request.request_id, peer_rank=msg.peer_rank, seq=msg.seq,
                       mode=c.mode, timeout_s=c.transfer_timeout_s, ipc_queue=ipc)
         self.recvs[msg.request.request_id] = (t, msg)
+        if self.pieces_left is not None:
+            time.sleep(0.2)  # the sender has started: die mid-transfer
+            os._exit(17)
 
     def _admit(self, msg: m.RecvKV, staging: torch.Tensor) -> None:
         req = msg.request

@@ -139,6 +139,19 @@ def test_aggregated_replicas_serve_the_same_tokens():
     assert all(p.intact for p in res.pools.values()) and res.meta["disaggregation"] is None
 
 
+def test_killed_decode_mid_transfer_fails_requests_and_releases_prefill_blocks():
+    reqs = _requests()[:3]
+    res = replay_disagg(ARGS, reqs, split="1:1", warm_up=False, timeout_s=60, transfer_timeout_s=20,
+                        fault=Fault(replica=1, after_pieces=0))
+    r = res.requests
+    assert r["status"].tolist() == ["unfinished"] * 3
+    why = ("failed: decode instance 1 died during the kv transfer", "failed: kv transfer failed")
+    assert all(x.startswith(why) for x in r["finish_reason"].tolist())
+    # the prefill side released every held block once its sends failed: its pool is whole
+    assert list(res.pools) == [0] and res.pools[0].intact
+    assert all(t.status == "failed" for t in res.transfers)
+
+
 def test_split_parse():
     assert DisaggSplit.parse("3:2") == DisaggSplit(3, 2)
     assert [DisaggSplit(2, 1).role_of(i) for i in range(3)] == ["prefill", "prefill", "decode"]
