@@ -299,6 +299,10 @@ class EngineCore:
         else:
             self.scheduler.add_request(request, prompt_token_ids=list(prompt_token_ids), **disagg)
 
+    def abort_requests(self, request_ids: Sequence[int]) -> list[RequestState]:
+        """End unfinished requests now (a replay cut off): blocks freed, sampler state dropped."""
+        return [self._end_request(res) for res in self.scheduler.finish_requests(list(request_ids), "abort")]
+
     def release_held(self, request_id: int) -> int:
         """Free the KV blocks a finished `hold_blocks_on_finish` request kept (its transfer is done)."""
         return self.scheduler.release_held(request_id)

@@ -56,7 +56,10 @@ class PeerDead:
 
 @dataclass(slots=True)
 class Stop:
-    """End the replay: finish what is in flight, report Done, wait for the next Start."""
+    """End the replay: finish what is in flight (or, `abandon`, abort the unfinished requests
+    and let only the transfers end), report Done, wait for the next Start."""
+
+    abandon: bool = False
 
 
 @dataclass(slots=True)

@@ -149,8 +149,8 @@ class Deployment:
         if not all(i.alive for i in r.instances):
             raise RuntimeError("an instance of this deployment died; start a new Deployment")
         r.new_session()
-        r.serve(requests, honor_arrivals, time_scale, max_wall_s)
-        r.stop()
+        cut = r.serve(requests, honor_arrivals, time_scale, max_wall_s)
+        r.stop(abandon=cut)
         return build_result(r, self.engine)
 
 
@@ -193,6 +193,7 @@ class _Router:
         self.open_sides: set[tuple[int, str]] = set()  # (request, "send"/"recv") not yet reported
         self.epoch = 0.0
         self.wall_s = 0.0
+        self.stopping = False
         for inst in self.instances:
             inst.done, inst.load = None, 0
 
@@ -210,7 +211,9 @@ class _Router:
         return time.perf_counter() - self.epoch
 
     def serve(self, requests: Sequence[Request], honor_arrivals: bool, time_scale: float,
-              max_wall_s: float | None) -> None:
+              max_wall_s: float | None) -> bool:
+        """Submit at arrival times and handle events until every request settled; True when
+        `max_wall_s` cut it off first."""
         reqs = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         vocab = _vocab_of(self.engine.model)
         for r in reqs:
@@ -224,18 +227,21 @@ class _Router:
         while i < len(order) or not self._all_settled():
             now = self.now()
             if max_wall_s is not None and now > max_wall_s:
-                break
+                self.wall_s = now
+                return True
             while i < len(order) and order[i].arrival_s <= now:
                 self._submit(order[i])
                 i += 1
             wait = 0.005 if i >= len(order) else min(0.005, max(order[i].arrival_s - self.now(), 0.0))
             self._receive(wait, what="instance events", quiet=True)
         self.wall_s = self.now()
+        return False
 
-    def stop(self) -> None:
+    def stop(self, abandon: bool = False) -> None:
+        self.stopping = True
         live = [i for i in self.instances if i.alive]
         for inst in live:
-            inst.inbox.put(m.Stop())
+            inst.inbox.put(m.Stop(abandon))
         deadline = time.perf_counter() + self.timeout_s
         while any(i.alive and i.done is None for i in live):
             self._receive(deadline - time.perf_counter(), what="instances to stop")
@@ -299,6 +305,8 @@ class _Router:
         st.prefilled = msg
         src = self.instances[msg.replica]
         src.load -= 1
+        if self.stopping:  # cut off: the prefill side releases what it will not send
+            return
         dst = self._least_loaded("decode")
         ready = src.ready
         bb = ready.block_bytes

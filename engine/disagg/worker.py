@@ -92,7 +92,7 @@ class _Worker:
         self.kv_ready: dict[int, torch.Tensor] = {}  # decode: received, not yet admitted
         self.first_step_s: dict[int, float] = {}
         self.dead_ranks: set[int] = set()
-        self.stopping = False
+        self.stopping = self.abandoning = False
         self.pieces_left = cfg.die_after_pieces
 
     def _init_group(self) -> None:
@@ -121,7 +121,8 @@ class _Worker:
         c = self.cfg
         self.core.start_over()
         self.core.epoch = epoch
-        self.steps, self.first_step_s, self.stopping = [], {}, False
+        self.steps, self.first_step_s, self.stopping, self.abandoning = [], {}, False, False
+        self.kv_ready.clear()
         if c.role == "decode":
             self._install_admission_hook()
         while True:
@@ -174,8 +175,19 @@ class _Worker:
             self.dead_ranks.add(msg.rank)
         elif isinstance(msg, m.Stop):
             self.stopping = True
+            if msg.abandon:
+                self._abandon()
         else:
             raise TypeError(f"instance {self.cfg.replica}: unexpected message {msg!r}")
+
+    def _abandon(self) -> None:
+        """The replay was cut off: abort what is unfinished (not reported: the router counts
+        it unfinished); transfers in flight still end (and release) under their deadlines."""
+        self.abandoning = True
+        self.core.abort_requests([rid for rid in self.core.requests if rid not in self.held])
+        self.kv_ready.clear()
+        for rid in [r for r in self.held if r not in self.sends]:  # prefilled, never to be sent
+            self._release(rid)
 
     def _pool_report(self) -> m.PoolReport:
         s = self.core.scheduler
@@ -284,7 +296,8 @@ class _Worker:
             if status == "done":
                 if t.ipc_queue is not None:
                     self.ipc_queues[msg.peer_replica][1].put(rid)  # the sender may drop its copy
-                self._admit(msg, t.tensor)
+                if not self.abandoning:
+                    self._admit(msg, t.tensor)
             self._report_transfer(rid, "recv", t, status)
 
     def _status_of(self, t: Transfer) -> str:
