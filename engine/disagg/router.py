@@ -168,7 +168,9 @@ class _Router:
         self.store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=True, wait_for_workers=False)
         pre = [r for r in range(world) if roles[r] == "prefill"]
         dec = [r for r in range(world) if roles[r] == "decode"]
-        pairs = {(p, d): (self.ctx.Queue(), self.ctx.Queue()) for p in pre for d in dec} if transport == "ipc" else {}
+        # kept on self: a queue the parent dropped before the children start cannot be rebuilt there
+        self.ipc_pairs = pairs = ({(p, d): (self.ctx.Queue(), self.ctx.Queue()) for p in pre for d in dec}
+                                  if transport == "ipc" else {})
         self.instances: list[_Instance] = []
         for r, role in enumerate(roles):
             peers = tuple(dec if role == "prefill" else pre if role == "decode" else ())
@@ -311,7 +313,7 @@ class _Router:
         ready = src.ready
         bb = ready.block_bytes
         rec = TransferRecord(msg.request_id, src.replica, -1, self.transport, self.mode, msg.num_blocks, bb,
-                             msg.num_blocks * bb, num_descriptors(self.mode, ready.num_layers), ready_s=msg.ready_s)
+                             msg.num_blocks * bb, (1 if self.transport == "ipc" else num_descriptors(self.mode, ready.num_layers)), ready_s=msg.ready_s)
         self.transfers[msg.request_id] = rec
         self.open_sides.add((msg.request_id, "send"))
         if dst is None:  # nothing to send to: the prefill side releases at once

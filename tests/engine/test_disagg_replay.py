@@ -152,6 +152,16 @@ def test_killed_decode_mid_transfer_fails_requests_and_releases_prefill_blocks()
     assert all(t.status == "failed" for t in res.transfers)
 
 
+def test_two_prefill_instances_over_ipc_serve_the_same_tokens():
+    # 2:1, the KV through shared memory (CUDA IPC on GPUs): both prefill instances send
+    reqs = _requests()
+    res = replay_disagg(ARGS, reqs, split="2:1", transport="ipc", warm_up=False, timeout_s=60)
+    assert res.errors == [] and res.output_token_ids == _aggregated_tokens(reqs)
+    assert {t.src_replica for t in res.transfers} == {0, 1} and {t.dst_replica for t in res.transfers} == {2}
+    assert all(t.transport == "ipc" and t.num_descriptors == 1 for t in res.transfers)
+    assert sorted(res.pools) == [0, 1, 2] and all(p.intact for p in res.pools.values())
+
+
 def test_split_parse():
     assert DisaggSplit.parse("3:2") == DisaggSplit(3, 2)
     assert [DisaggSplit(2, 1).role_of(i) for i in range(3)] == ["prefill", "prefill", "decode"]
