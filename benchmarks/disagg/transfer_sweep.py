@@ -75,6 +75,9 @@ def _worker(rank: int, port: int, devices: list[str], layout: Layout, plan: list
     dist.init_process_group(backend, store=store, rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=timeout_s))
     ctrl = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+    one = torch.ones(1, device=dev)  # NCCL builds the pair's communicator now, not in a measured transfer
+    (dist.isend(one, dst=1) if rank == 0 else dist.irecv(one, src=0)).wait()
+    _sync(dev)
     rows = []
     by_bs: dict[int, int] = {}
     for it in plan:
@@ -140,6 +143,7 @@ def _one(rank: int, it: Item, pool: torch.Tensor, shared, dev: torch.device, ctr
     if it.transport == "ipc":
         for dst, src in zip(_pieces(staging, it.num_descriptors), _pieces(_head(shared, pool, n), it.num_descriptors)):
             dst.copy_(src, non_blocking=True)
+        _sync(shared.device)  # the peer copy may run on the source device's stream
     else:
         for w in [dist.irecv(p, src=0) for p in _pieces(staging, it.num_descriptors)]:
             w.wait()

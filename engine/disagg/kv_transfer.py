@@ -127,8 +127,9 @@ class Transfer:
             if rid != self.request_id:
                 return f"failed: ipc order broken (got request {rid}, expected {self.request_id})"
             self.tensor.copy_(shared)  # the peer copy onto this device
-            if self.tensor.is_cuda:
-                torch.cuda.current_stream(self.tensor.device).synchronize()
+            for dev in {self.tensor.device, shared.device}:  # either device's stream may run it
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
             del shared
             self.received = True
             return "done"
