@@ -93,7 +93,7 @@ def _devices(engine: EngineArgs, n: int) -> list[str]:
 
 def replay_disagg(engine: EngineArgs, requests: Sequence[Request], *, split: DisaggSplit | str = "1:1",
                   transport: str = "auto", mode: str = "whole", honor_arrivals: bool = True,
-                  time_scale: float = 1.0, warm_up: bool = True, timeout_s: float = 120.0,
+                  time_scale: float = 1.0, warm_up: bool = True, timeout_s: float = 600.0,
                   transfer_timeout_s: float = 10.0, max_wall_s: float | None = None,
                   fault: Fault | None = None) -> DisaggResult:
     """Replay `requests` (their arrival times) through a P:D deployment; the tables are an
@@ -115,7 +115,7 @@ class Deployment:
     """
 
     def __init__(self, engine: EngineArgs, *, split: DisaggSplit | str | None = "1:1", num_replicas: int = 1,
-                 transport: str = "auto", mode: str = "whole", warm_up: bool = True, timeout_s: float = 120.0,
+                 transport: str = "auto", mode: str = "whole", warm_up: bool = True, timeout_s: float = 600.0,
                  transfer_timeout_s: float = 10.0, fault: Fault | None = None) -> None:
         if split is not None and not isinstance(split, DisaggSplit):
             split = DisaggSplit.parse(split)
