@@ -1,6 +1,6 @@
 """Disaggregated prefill on two H200s (issue 15): the KV transfer tax, and 1P1D vs two replicas.
 
-ONE call, <= 9 minutes, results under --out (at most 5 files: results.json, sweep.jsonl,
+ONE call, <= 9 minutes (--budget-s 510 skips workloads past it), results under --out (at most 4 files: results.json, sweep.jsonl,
 link_fit.json, runs.tar.xz with every run folder, and nothing else), each phase in try/except
 and results.json rewritten after each phase:
 
@@ -78,7 +78,7 @@ class Plan:
             load = 16000.0
             self.workloads = [("short-low", 256, 128, 1.0)] + [
                 (f"p{n}-high", n, 256, load / n) for n in (1024, 4096, 8192, 16384)]
-            self.arrivals_s, self.max_wall_s = 20.0, 45.0
+            self.arrivals_s, self.max_wall_s = 20.0, 35.0
 
     def sweep_items(self) -> list[Item]:
         items = []
@@ -163,13 +163,17 @@ def _achieved(rows: list[dict]) -> dict:
     return {k: {str(b): float(np.median(v)) for b, v in sorted(d.items())} for k, d in table.items()}
 
 
-def phase_serving(plan: Plan, out: Path, kind: str) -> dict:
-    """One deployment (1P1D or two aggregated replicas), every workload in turn."""
+def phase_serving(plan: Plan, out: Path, kind: str, deadline: float) -> dict:
+    """One deployment (1P1D or two aggregated replicas), every workload in turn while the
+    time budget (`deadline`, perf_counter) leaves room for one more."""
     split, n = ("1:1", 1) if kind == "pd" else (None, 2)
     res = {}
     with Deployment(plan.engine, split=split, num_replicas=n, warm_up=not plan.dry, timeout_s=300,
                     transfer_timeout_s=30) as dep:
         for i, (name, prompt, output, rate) in enumerate(plan.workloads):
+            if time.perf_counter() + plan.max_wall_s > deadline:
+                res[name] = {"error": "skipped: out of the time budget (--budget-s)"}
+                continue
             try:
                 run = dep.replay(plan.requests(prompt, output, rate, seed=i), max_wall_s=plan.max_wall_s)
                 folder = out / "runs" / f"{kind}-{name}"
@@ -229,6 +233,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny model: every phase in seconds")
     ap.add_argument("--phases", default="env,sweep,pd,agg,compare")
+    ap.add_argument("--budget-s", type=float, default=510.0,
+                    help="stop starting workloads past this; each serving phase gets half of what is left")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     plan, res = Plan(args.dry_run), Results(args.out)
@@ -244,7 +250,9 @@ def main() -> None:
             elif phase == "sweep":
                 value = phase_sweep(plan, args.out)
             elif phase in ("pd", "agg"):
-                value = served[phase] = phase_serving(plan, args.out, phase)
+                left = args.budget_s - (time.perf_counter() - t0)
+                share = left / 2 if phase == "pd" and "agg" in args.phases else left
+                value = served[phase] = phase_serving(plan, args.out, phase, time.perf_counter() + share)
                 pack(args.out)
             elif phase == "compare":
                 value = phase_compare(plan, served.get("pd", {}), served.get("agg", {}))

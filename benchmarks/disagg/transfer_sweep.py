@@ -104,15 +104,16 @@ def _worker(rank: int, port: int, devices: list[str], layout: Layout, plan: list
 
 def _share_buffer(rank: int, pool: torch.Tensor, ipc_q) -> torch.Tensor:
     """A gather buffer as large as the pool, owned by the sender, mapped once by the receiver."""
+    to_receiver, to_sender = ipc_q  # one queue per direction: a process never reads its own message
     if rank == 0:
         buf = torch.empty_like(pool)
         if buf.device.type == "cpu":
             buf.share_memory_()
-        ipc_q.put(buf)
-        ipc_q.get()  # the receiver has it mapped
+        to_receiver.put(buf)
+        to_sender.get()  # the receiver has it mapped
         return buf
-    buf = ipc_q.get()
-    ipc_q.put("mapped")
+    buf = to_receiver.get()
+    to_sender.put("mapped")
     return buf
 
 
@@ -166,7 +167,7 @@ def run_sweep(layout: Layout, plan: list[Item], devices: list[str], timeout_s: f
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
-    ipc_q, out_q = ctx.Queue(), ctx.Queue()
+    ipc_q, out_q = (ctx.Queue(), ctx.Queue()), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, port, devices, layout, plan, ipc_q, out_q, timeout_s), daemon=True)
              for r in range(2)]
     for p in procs:
