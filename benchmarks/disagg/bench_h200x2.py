@@ -135,7 +135,7 @@ def phase_env(plan: Plan) -> dict:
 def phase_sweep(plan: Plan, out: Path) -> dict:
     items = plan.sweep_items()
     log(f"sweep: {len(items)} transfers, up to {plan.max_bytes / 2**30:.2f} GiB")
-    rows = run_sweep(plan.layout, items, plan.devices, timeout_s=400)
+    rows = run_sweep(plan.layout, items, plan.devices, timeout_s=180)
     with open(out / "sweep.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     fits = {}
