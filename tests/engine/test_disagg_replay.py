@@ -113,8 +113,8 @@ def test_killed_prefill_mid_transfer_fails_requests_and_keeps_the_decode_pool():
     reasons = r["finish_reason"].tolist()
     assert all(x.startswith("failed: ") for x in reasons), reasons
     # the router's news of the death, or gloo's closed connection, whichever came first
-    assert reasons[0].startswith("failed: kv transfer failed (recv: ")
-    assert "peer died" in reasons[0] or "Connection closed by peer" in reasons[0]
+    assert reasons[0].startswith("failed: kv transfer failed (")
+    assert "died" in reasons[0] or "Connection closed by peer" in reasons[0]
     assert any("exited with code 17" in e for e in res.errors)
     assert list(res.pools) == [1] and res.pools[1].intact
     first = res.transfers[0]
@@ -133,7 +133,7 @@ def test_a_deployment_replays_again_from_empty_pools(disagg_runs):
 def test_aggregated_replicas_serve_the_same_tokens():
     reqs = _requests()
     with Deployment(ARGS, split=None, num_replicas=2, warm_up=False, timeout_s=60) as dep:
-        res = dep.replay(reqs)
+        res = dep.replay(reqs, honor_arrivals=False)  # all at once: least-loaded alternates
     assert res.output_token_ids == _aggregated_tokens(reqs)
     assert res.transfers == [] and set(res.requests["replica"].tolist()) == {0, 1}
     assert all(p.intact for p in res.pools.values()) and res.meta["disaggregation"] is None
@@ -155,7 +155,8 @@ def test_killed_decode_mid_transfer_fails_requests_and_releases_prefill_blocks()
 def test_two_prefill_instances_over_ipc_serve_the_same_tokens():
     # 2:1, the KV through shared memory (CUDA IPC on GPUs): both prefill instances send
     reqs = _requests()
-    res = replay_disagg(ARGS, reqs, split="2:1", transport="ipc", warm_up=False, timeout_s=60)
+    res = replay_disagg(ARGS, reqs, split="2:1", transport="ipc", warm_up=False, timeout_s=60,
+                        honor_arrivals=False)  # all at once: both prefill instances get requests
     assert res.errors == [] and res.output_token_ids == _aggregated_tokens(reqs)
     assert {t.src_replica for t in res.transfers} == {0, 1} and {t.dst_replica for t in res.transfers} == {2}
     assert all(t.transport == "ipc" and t.num_descriptors == 1 for t in res.transfers)
