@@ -339,7 +339,11 @@ class EngineCore:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, params: SamplingParams, prompt_token_ids: list[int],
-                    arrival_s: float | None = None) -> None:
+                    arrival_s: float | None = None, *, num_external_computed_tokens: int = 0,
+                    hold_blocks_on_finish: bool = False) -> None:
+        """The last two keywords are the scheduler's disaggregated-prefill hooks (engine/disagg/)."""
+        disagg = {"num_external_computed_tokens": num_external_computed_tokens,
+                  "hold_blocks_on_finish": hold_blocks_on_finish}
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id} was already added")
         st = RequestState(request=request, params=params, token_ids=list(prompt_token_ids),
@@ -354,9 +358,17 @@ class EngineCore:
             request = dataclasses.replace(
                 request, prompt_token_ids=None, hash_block_size=bs,
                 hash_ids=content_hash_ids(prompt_token_ids, bs))
-            self.scheduler.add_request(request)
+            self.scheduler.add_request(request, **disagg)
         else:
-            self.scheduler.add_request(request, prompt_token_ids=list(prompt_token_ids))
+            self.scheduler.add_request(request, prompt_token_ids=list(prompt_token_ids), **disagg)
+
+    def abort_requests(self, request_ids: Sequence[int]) -> list[RequestState]:
+        """End unfinished requests now (a replay cut off): blocks freed, sampler state dropped."""
+        return [self._end_request(res) for res in self.scheduler.finish_requests(list(request_ids), "abort")]
+
+    def release_held(self, request_id: int) -> int:
+        """Free the KV blocks a finished `hold_blocks_on_finish` request kept (its transfer is done)."""
+        return self.scheduler.release_held(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._pending is not None

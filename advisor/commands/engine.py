@@ -85,6 +85,9 @@ def run(
     metrics_host: Annotated[str, typer.Option(
         "--metrics-host", help="address --metrics-port listens on (0.0.0.0: every interface)")] = "127.0.0.1",
     force: Force = False,
+    disagg: Annotated[str | None, typer.Option(
+        "--disagg", help="P:D: P prefill and D decode instances, one process and GPU each, KV moved between "
+                         "them (also writes transfers.jsonl)")] = None,
     engine_flags: dict | None = None,
     source: SourceOptions | None = None,
 ) -> None:
@@ -93,6 +96,9 @@ def run(
     cfg = EngineArgs(usage_context="api_server", **(engine_flags or {}))
     _check_outputs(out, metrics_file, force=force, inputs=[workload])  # before any work
     _require_torch()
+    if disagg is not None:
+        return _run_disagg(cfg, disagg, workload, max_prompt_len, no_arrivals, out, metrics_file, metrics_port,
+                           source, force)
     from engine.core import EngineCore
     from engine.metrics import EngineMetrics
     from engine.replay import replay
@@ -118,6 +124,28 @@ def run(
     typer.echo(json.dumps({k: v for k, v in summary.items() if v is not None}, indent=2))
     warn_unserved(summary)
     typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json")
+
+
+def _run_disagg(cfg: EngineArgs, disagg: str, workload: str, max_prompt_len: int | None, no_arrivals: bool,
+                out: Path, metrics_file: Path | None, metrics_port: int | None, source, force: bool) -> None:
+    """`engine run --disagg P:D`: the replay across P + D instance processes (engine/disagg/)."""
+    from engine.disagg.records import DisaggSplit
+    from engine.disagg.router import replay_disagg
+    from sim.workload_source import cap_prompt_lengths, load_workload
+
+    split = DisaggSplit.parse(disagg)
+    if metrics_file is not None or metrics_port is not None:
+        _fail("--disagg writes its metrics.prom into --out; drop --metrics-file / --metrics-port")
+    requests = cap_prompt_lengths(load_workload(workload, source).requests, max_prompt_len)
+    res = replay_disagg(cfg, requests, split=split, honor_arrivals=not no_arrivals)
+    _check_outputs(out, None, force=force, inputs=[workload])  # again: the replay took a while
+    with staged_dir(out) as folder:
+        summary = res.write_files(folder)
+    typer.echo(json.dumps({k: v for k, v in summary.items() if v is not None}, indent=2))
+    for err in res.errors:
+        typer.echo(f"warning: {err.splitlines()[-1]}", err=True)
+    warn_unserved(summary)
+    typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, transfers.jsonl, pools.json, summary.json, metrics.prom")
 
 
 @app.command("bench")
