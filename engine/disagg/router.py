@@ -79,8 +79,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _devices(engine: EngineArgs, n: int) -> list[str]:
-    """One device per instance: cuda:0..n-1 on a GPU host, else all CPU."""
+def _devices(engine: EngineArgs, n: int, devices: Sequence[str] | None = None) -> list[str]:
+    """One device per instance: `devices` as given, else cuda:0..n-1 on a GPU host, else all CPU."""
+    if devices is not None:
+        if len(devices) != n:
+            raise ValueError(f"devices: {len(devices)} given for {n} instances; give one per instance")
+        return list(devices)
     dev = engine.device
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -95,12 +99,12 @@ def replay_disagg(engine: EngineArgs, requests: Sequence[Request], *, split: Dis
                   transport: str = "auto", mode: str = "whole", honor_arrivals: bool = True,
                   time_scale: float = 1.0, warm_up: bool = True, timeout_s: float = 600.0,
                   transfer_timeout_s: float = 10.0, max_wall_s: float | None = None,
-                  fault: Fault | None = None) -> DisaggResult:
+                  fault: Fault | None = None, devices: Sequence[str] | None = None) -> DisaggResult:
     """Replay `requests` (their arrival times) through a P:D deployment; the tables are an
     aggregated replay's (engine/replay.py) plus one TransferRecord per handed-off request.
     One-shot `Deployment` (see it for the arguments)."""
     with Deployment(engine, split=split, transport=transport, mode=mode, warm_up=warm_up, timeout_s=timeout_s,
-                    transfer_timeout_s=transfer_timeout_s, fault=fault) as dep:
+                    transfer_timeout_s=transfer_timeout_s, fault=fault, devices=devices) as dep:
         return dep.replay(requests, honor_arrivals=honor_arrivals, time_scale=time_scale, max_wall_s=max_wall_s)
 
 
@@ -111,19 +115,26 @@ class Deployment:
     `transport`: "gloo", "nccl", "ipc", or "auto" (NCCL on GPUs, gloo on CPU). `mode`: "whole"
     (one message per request) or "layer" (one per layer). `timeout_s` bounds every wait on an
     instance (start-up included); `transfer_timeout_s` each transfer. Instances use cuda:0..N-1
-    on a GPU host (one each), else the CPU.
+    on a GPU host (one each), else the CPU; `devices` (one per instance) overrides that, e.g.
+    both instances on one GPU (IPC or gloo only: NCCL refuses two ranks on one device) to
+    check the GPU paths where only one GPU is lent.
     """
 
     def __init__(self, engine: EngineArgs, *, split: DisaggSplit | str | None = "1:1", num_replicas: int = 1,
                  transport: str = "auto", mode: str = "whole", warm_up: bool = True, timeout_s: float = 600.0,
-                 transfer_timeout_s: float = 10.0, fault: Fault | None = None) -> None:
+                 transfer_timeout_s: float = 10.0, fault: Fault | None = None,
+                 devices: Sequence[str] | None = None) -> None:
         if split is not None and not isinstance(split, DisaggSplit):
             split = DisaggSplit.parse(split)
         roles = (["mixed"] * num_replicas if split is None
                  else [split.role_of(r) for r in range(split.num_instances)])
-        devices = _devices(engine, len(roles))
+        devices = _devices(engine, len(roles), devices)
         cuda = devices[0].startswith("cuda")
-        transport = ("nccl" if cuda else "gloo") if transport == "auto" else transport
+        shared = len(set(devices)) < len(devices)
+        transport = ("ipc" if cuda and shared else "nccl" if cuda else "gloo") if transport == "auto" else transport
+        if transport == "nccl" and shared:
+            raise ValueError(f"transport nccl: instances share a GPU ({devices}); NCCL needs one GPU per "
+                             "rank: use transport ipc or gloo, or one device per instance")
         if transport not in TRANSPORTS or (transport == "nccl" and not cuda):
             raise ValueError(f"transport {transport!r}: use one of {TRANSPORTS} (nccl needs GPUs)")
         if mode not in TRANSFER_MODES:
