@@ -24,9 +24,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineArgs  # noqa: E402
-from engine.disagg.router import Deployment  # noqa: E402
-from engine.request import Request  # noqa: E402
+from engine.config import EngineArgs
+from engine.disagg.router import Deployment
+from engine.request import Request
 
 
 def requests(prompt_lens: list[int], output_len: int, rate: float, seed: int = 0) -> list[Request]:
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--dtype", default="bfloat16", help="model dtype on the GPU (float32: no bf16 near-ties)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.dry_run:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                             max_num_seqs=16, max_num_batched_tokens=256)
         devices, lens, out_len, rate = ["cpu", "cpu"], [16, 64, 200] * 3, 8, 20.0
     else:
-        engine = EngineArgs(model="llama-3.2-1b", dtype="bfloat16", device="cuda", max_model_len=8192,
+        engine = EngineArgs(model="llama-3.2-1b", dtype=a.dtype, device="cuda", max_model_len=8192,
                             gpu_memory_utilization=0.40, max_num_seqs=64, seed=0)
         devices, lens, out_len, rate = ["cuda:0", "cuda:0"], [512, 2048, 6000, 1024] * 12, 32, 8.0
     reqs = requests(lens, out_len, rate)
@@ -90,11 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         print(name, json.dumps({k: v for k, v in result[name].items() if k not in ("pools", "transfers")}), flush=True)
     ref, got = runs["aggregated"].output_token_ids, runs["1p1d-ipc"].output_token_ids
     same = [rid for rid in ref if got.get(rid) == ref[rid]]
-    result["tokens_identical"] = {"requests": len(ref), "identical": len(same),
-                                  "different_ids": sorted(set(ref) - set(same))[:20]}
+    # where each differing request first differs (0 = the prefill side's own first token)
+    first_diff = {rid: next((i for i, (x, y) in enumerate(zip(ref[rid], got.get(rid, []))) if x != y), None)
+                  for rid in ref if rid not in same}
+    result["tokens_identical"] = {"requests": len(ref), "identical": len(same), "first_difference_at": first_diff}
     print("tokens identical", len(same), "of", len(ref), flush=True)
     print("transfers", json.dumps({k: v for k, v in result["1p1d-ipc"].get("transfers", {}).items() if k != "rows"}))
-    (a.out / "smoke_one_gpu.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (a.out / f"smoke_one_gpu_{engine.dtype}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     return 0
 
 
