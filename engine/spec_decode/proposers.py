@@ -119,6 +119,9 @@ class DraftModelProposer:
             if d:
                 wanted.append(s)
         out = {s.request_id: Proposal([], None if params[s.request_id].greedy else []) for s in wanted}
+        if wanted and all(params[s.request_id].greedy for s in wanted):
+            self._propose_greedy_on_device(entries, wanted, token_ids, out)
+            return out
         self._draft_round(entries, token_ids, [s.request_id for s in wanted], params, sampler, out)
         for i in range(1, max((s.num_spec_tokens for s in wanted), default=0)):
             live = [s for s in wanted if s.num_spec_tokens > i]
@@ -128,6 +131,34 @@ class DraftModelProposer:
                      for s in live}
             self._draft_round(step, views, [s.request_id for s in live], params, sampler, out)
         return out
+
+    def _propose_greedy_on_device(self, entries: list[ScheduledRequest], wanted: list[ScheduledRequest],
+                                  token_ids: dict[int, list[int]], out: dict[int, Proposal]) -> None:
+        """Greedy drafts without a host round trip per draft: each round's argmax stays on the
+        device and feeds the next round through the runner's in-flight gather (as async
+        scheduling feeds a decode its previous token); one read-back at the end. The host
+        only needs the drafts' count to lay out a round, never their values."""
+        rounds: list[tuple[list[int], torch.Tensor]] = []
+        inp = self.runner.prepare(entries, token_ids)
+        tokens = self.runner.forward(inp).argmax(dim=-1)
+        rounds.append(([s.request_id for s in wanted], tokens))
+        for i in range(1, max(s.num_spec_tokens for s in wanted)):
+            live = [s for s in wanted if s.num_spec_tokens > i]
+            prev_rids, prev = rounds[-1]
+            row_of = {rid: r for r, rid in enumerate(prev_rids)}
+            step = [ScheduledRequest(s.request_id, 1, s.num_computed_tokens + i, 0, 0, False, True,
+                                     s.block_ids, ()) for s in live]
+            # i - 1 placeholders: the round's input (draft i) is the one token still in flight
+            views = {s.request_id: WithDrafts(token_ids[s.request_id], [0] * (i - 1)) for s in live}
+            inp = self.runner.prepare(step, views, (row_of, prev))
+            tokens = self.runner.forward(inp).argmax(dim=-1)
+            rounds.append(([s.request_id for s in live], tokens))
+        flat = torch.cat([t for _, t in rounds]).tolist()  # the proposal's one sync
+        j = 0
+        for rids, t in rounds:
+            for rid, tok in zip(rids, flat[j: j + len(rids)]):
+                out[rid].tokens.append(tok)
+            j += len(rids)
 
     def _draft_round(self, entries: list[ScheduledRequest], token_ids, rids: list[int],
                      params: dict[int, SamplingParams], sampler: Sampler, out: dict[int, Proposal]) -> None:
