@@ -536,6 +536,8 @@ def main(argv: list[str] | None = None) -> Bench:
     ap.add_argument("--phases", default="train,gpu_check,acceptance,serve",
                     help="comma-separated: gpu_check, acceptance, serve (or serve-off, serve-draft_model, "
                          "serve-ngram); the models are always trained or loaded")
+    ap.add_argument("--best-k", default="", help="k per method when the acceptance phase is skipped, "
+                                                   "e.g. draft_model=2,ngram=6 (default 3)")
     ap.add_argument("--train-s", type=float, nargs=2, metavar=("TARGET_S", "DRAFT_S"),
                     help="training budgets (default 130 and 35 s on the GPU)")
     a = ap.parse_args(argv)
@@ -560,7 +562,7 @@ def main(argv: list[str] | None = None) -> Bench:
         bench.phase("gpu_check", bench.gpu_check)
     if "acceptance" in phases:
         bench.phase("acceptance", bench.acceptance)
-    k = bench.results.get("best_k", {})
+    k = bench.results.get("best_k") or {m: int(v) for m, v in (x.split("=") for x in a.best_k.split(",") if x)}
     if phases & {"serve", "serve-off"}:
         bench.phase("serve-off", lambda: bench.serve("off", None))
     for method in METHODS:
