@@ -199,8 +199,10 @@ class EngineCore:
         self.graph_capture_s = 0.0
         if self.runner.is_cuda and not config.enforce_eager and model.backend.name == "triton":
             self.graph_capture_s = self.runner.capture_decode_graphs()
-            if self.drafter is not None:  # the draft's single-token forwards are pure decodes
+            if self.drafter is not None:  # the draft's single-token forwards are pure decodes,
                 self.graph_capture_s += self.drafter.runner.capture_decode_graphs()
+                # its catch-up of a decode batch is uniform two-token (proposers._two_token_catch_up)
+                self.graph_capture_s += self.drafter.runner.capture_verify_graphs(1)
             if self.spec_k:
                 self.graph_capture_s += self.runner.capture_verify_graphs(self.spec_k)
         self.scheduler = Scheduler(scheduler_config(config, num_gpu_blocks=self.num_gpu_blocks,

@@ -68,6 +68,19 @@ class WithDrafts:
         return self.base[i] if i < nb else self.drafts[i - nb]
 
 
+def _two_token_catch_up(e: ScheduledRequest) -> ScheduledRequest:
+    """A decode's catch-up of one or two tokens as exactly two (the last known position
+    recomputed when only one is new: the same token at the same position rewrites the same
+    KV), so that a batch of decodes is uniform (q = 2) and replays the draft's q = 2 graph
+    instead of running eagerly whenever some request had all its drafts accepted. Marked as
+    one "draft" so the runner gives both positions a logits row; longer catch-ups (prefill
+    chunks) are left as they are."""
+    c, q = e.num_computed_tokens, e.num_new_tokens
+    if not e.samples or q > 2 or c + q < 2:
+        return e
+    return ScheduledRequest(e.request_id, 2, c + q - 2, 0, 1, False, True, e.block_ids, ())
+
+
 @dataclass(slots=True)
 class Proposal:
     """One request's drafts and the distributions they were drawn from (None: greedy or
@@ -120,7 +133,7 @@ class DraftModelProposer:
                 wanted.append(s)
         out = {s.request_id: Proposal([], None if params[s.request_id].greedy else []) for s in wanted}
         if wanted and all(params[s.request_id].greedy for s in wanted):
-            self._propose_greedy_on_device(entries, wanted, token_ids, out)
+            self._propose_greedy_on_device([_two_token_catch_up(e) for e in entries], wanted, token_ids, out)
             return out
         self._draft_round(entries, token_ids, [s.request_id for s in wanted], params, sampler, out)
         for i in range(1, max((s.num_spec_tokens for s in wanted), default=0)):
@@ -139,8 +152,13 @@ class DraftModelProposer:
         scheduling feeds a decode its previous token); one read-back at the end. The host
         only needs the drafts' count to lay out a round, never their values."""
         rounds: list[tuple[list[int], torch.Tensor]] = []
-        inp = self.runner.prepare(entries, token_ids)
-        tokens = self.runner.forward(inp).argmax(dim=-1)
+        verify = any(e.num_spec_tokens for e in entries)
+        inp = self.runner.prepare(entries, token_ids, verify=verify)
+        logits = self.runner.forward(inp)
+        if verify:  # two logits rows per two-token catch-up: its draft comes from the last
+            last = np.cumsum([1 + e.num_spec_tokens for e in entries if e.samples]) - 1
+            logits = logits[torch.as_tensor(last, device=logits.device)]
+        tokens = logits.argmax(dim=-1)
         rounds.append(([s.request_id for s in wanted], tokens))
         for i in range(1, max(s.num_spec_tokens for s in wanted)):
             live = [s for s in wanted if s.num_spec_tokens > i]
