@@ -266,6 +266,26 @@ def step_kind_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def host_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per run: the engine's median eager target forward (steps with prefill), proposer and graph-replayed
+    target forward. The first two are launch-bound for models this small, the last is not: where the
+    first two move between runs of the same composition and the last does not, host speed moved."""
+    by_run: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_run.setdefault(r["run"], {})[r["kind"]] = r
+    lines = ["## Host-bound step parts by run (engine medians, ms)", "",
+             "| run | purpose | eager target (mixed steps) | proposer (mixed steps) | graph target (verify graph / decode) |",
+             "|---|---|---|---|---|"]
+    for run_name, kinds in by_run.items():
+        mixed = kinds.get("mixed")
+        graph = kinds.get("verify graph") or kinds.get("decode")
+        cells = [_fmt(mixed and mixed["engine_ms"]["target"], ".2f"), _fmt(mixed and mixed["engine_ms"]["proposer"], ".2f"),
+                 _fmt(graph and graph["engine_ms"]["target"], ".2f")]
+        purpose = next(iter(kinds.values()))["purpose"]
+        lines.append(f"| {run_name} | {purpose} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 # ---------------------------------------------------------------------------- validation
 def _sim_spec(spec: dict, table: dict | None) -> SpeculativeConfig:
     method = spec["method"]
@@ -362,6 +382,7 @@ def write_markdown(report: dict[str, Any], path: Path, results: dict[str, Any] |
     cost = (f"Fitted on {len(report['cost']['runs'])} spec-off runs ({report['cost']['n_steps']} steps); "
             f"proposer terms: {json.dumps(report['proposer'])}; verify steps: {json.dumps(report['verify_steps'])}.")
     lines += ["", "## Cost profile", "", cost, ""] + step_kind_lines(report["step_kinds"])
+    lines += host_bound_lines(report["step_kinds"])
     lines += [
               "## Simulator vs engine", "", "| run | spec | " + " | ".join(VALIDATED) + " | median abs |",
               "|---|---|" + "---|" * (len(VALIDATED) + 1)]
