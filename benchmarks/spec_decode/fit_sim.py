@@ -8,14 +8,16 @@ Input: what bench_h200.py brought back (results.json, runs.tar.xz or its extract
    simulator verifies k drafts on every decode step),
    at every k measured (alpha should not depend on k: the spread is reported) and shipped at the
    method's best k; "default" pools the tasks.
-2. Cost: a v2 profile for byte-lm-100m on the H200 fitted on the spec-OFF run folders only
-   (`sim.calibrate.fit_profile`; the spec-off timed replays are fitted on too, so only the spec-on
-   runs are validated out of sample). Verify steps (n sequences x k+1 tokens) are priced by the fit's
-   eager ("mixed") terms, which the spec-off prefill steps determine: checked, not refitted, by the
-   error on the spec-on runs' verify steps. The proposer is priced from first principles with two
-   measured terms set from the spec-on closed-loop sweeps' `propose_s`: `draft_pass_overhead_s` (the fixed cost
-   of one draft forward: launches and host work that a 10M model's math does not cover) and
-   `ngram_cpu_per_seq_s` (the prompt-lookup host time per decoding sequence).
+2. Cost: a v2 profile for byte-lm-100m on the H200 fitted on the spec-OFF run folders
+   (`sim.calibrate.fit_profile`; the spec-off sweeps alone hold too few eager steps, so the spec-off
+   timed replays are fitted on too and their rows below are in sample). The speculative terms
+   (`sim.cost_model.SpecTerms`) come from the spec-on closed-loop sweeps only: `draft_pass_s` (a draft
+   forward's cost beyond its roofline math, from `propose_s` over the k forwards the engine runs: the
+   catch-up over the step's new tokens, then k - 1 single-token ones), the verification host terms
+   (engine `cpu_s` beyond the spec-off fit, per step and per verifying sequence) and
+   `ngram_cpu_per_seq_s`. Uniform verify batches replay a CUDA graph in the engine and are priced
+   with the decode-graph terms; n-gram batches of several sequences are ragged and run eagerly.
+   Per run and step kind, the engine's step times are set beside the cost model's on the same steps.
 3. Validation: every spec-on timed replay (and the drift run) simulated with the fitted profile and
    acceptance table, the engine's KV block count and flags: relative error of output throughput and
    TPOT p50/p99 (target: median |error| <= 10%, aim 5%).
@@ -388,7 +390,7 @@ def write_markdown(report: dict[str, Any], path: Path, results: dict[str, Any] |
               "|---|---|" + "---|" * (len(VALIDATED) + 1)]
     for v in report["validation"]:
         spec = v["spec"]
-        tag = "off" if spec is None else f"{spec['method']} k={spec['num_speculative_tokens']}"
+        tag = "off (fitted on)" if spec is None else f"{spec['method']} k={spec['num_speculative_tokens']}"
         errs = [v["metrics"][m]["error"] for m in VALIDATED]
         cells = " | ".join("-" if e is None else f"{e:+.1%}" for e in errs)
         med = v["median_abs_error"]
