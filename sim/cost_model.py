@@ -58,6 +58,9 @@ STATUS_SCALED = "scaled, not validated"
 STATUS_FIRST_PRINCIPLES = "first principles"
 
 _COEF = Field(default=0.0, ge=0)
+# engine/runner.py's cap on a verify graph's tokens (vLLM's default capture limit), restated
+# because the simulator does not import torch
+VERIFY_GRAPH_MAX_TOKENS = 512
 
 
 class GpuTerms(BaseModel):
@@ -162,6 +165,25 @@ class MemoryTerms(BaseModel):
     non_torch_bytes: float = Field(ge=0)
 
 
+class SpecTerms(BaseModel):
+    """Speculative decoding as the engine runs it, fitted from spec-on step traces
+    (benchmarks/spec_decode/fit_sim.py). Without them a profile prices verify steps eagerly and
+    the proposer from first principles, as it always did.
+
+    With them: a uniform verify batch (every sequence a decode with k drafts) within the verify
+    graphs' token cap replays a CUDA graph like a decode; the draft model runs one catch-up
+    forward over the step's new tokens (prefill chunks and each decode's last token) and k - 1
+    single-token forwards over the decodes, each forward costing `draft_pass_s` beyond its
+    roofline math (a small draft is launch and read-back bound); verification adds host work
+    (rejection, bookkeeping of 1 + k logits rows per sequence)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    draft_pass_s: float = _COEF  # per draft forward, beyond its roofline math
+    verify_cpu_step_s: float = _COEF  # host seconds per verify step
+    verify_cpu_per_seq_s: float = _COEF  # host seconds per verifying sequence
+
+
 class CostProfile(BaseModel):
     """Coefficients of the step cost model, and what they were measured on.
 
@@ -203,6 +225,7 @@ class CostProfile(BaseModel):
     cpu_sync: CpuTerms | None = None
     overlap: OverlapTerms | None = None
     memory: MemoryTerms | None = None
+    spec: SpecTerms | None = None  # speculative decoding as measured (None: first principles)
     scaled_from: str | None = None  # the fitted profile whose multipliers this one reuses
     provenance: dict[str, Any] | None = None  # engine commit, GPU, date, runs, steps used
     fit_error: dict[str, Any] | None = None  # per step kind: held-out median / p90 relative error
@@ -431,13 +454,15 @@ class CostModel:
         self.k = spec.num_speculative_tokens if spec else 0
         self.spec_method = spec.method if spec else None
         self._ngram_s_per_seq = p.ngram_cpu_per_seq_s if self.spec_method == "ngram" else 0.0
+        self.spec_terms = p.spec if self.k and p.is_fitted else None
         self.draft: CostModel | None = None
         if draft is not None and self.k:
             dengine = EngineConfig(tensor_parallel_size=spec.draft_tensor_parallel_size or tp,
                                    kv_cache_dtype=engine.kv_cache_dtype, quantization=engine.quantization)
-            # the fit saw no proposer: its forwards are priced from first principles
+            # the draft's math from first principles, its fixed cost per forward as measured
+            per_pass = self.spec_terms.draft_pass_s if self.spec_terms else p.draft_pass_overhead_s
             dprof = CostProfile(**p.model_dump(include=set(_V1_FIELDS)) | {
-                "schema_version": 1, "gpu_step_overhead_s": p.draft_pass_overhead_s})
+                "schema_version": 1, "gpu_step_overhead_s": per_pass})
             self.draft = CostModel(draft, gpu, dengine, dprof)
 
     def _use_fit(self, p: CostProfile) -> None:
@@ -484,6 +509,8 @@ class CostModel:
         (padded rows and tokens); anything else runs eagerly."""
         n = b.num_decode_seqs
         ar = self._ar_s_per_token * tokens
+        if self._verify_graph(b):
+            return self._verify_graph_s(b) + ar
         if not b.num_prefill_tokens and tokens == n:
             terms = self._decode_terms.get(n)
             if terms is None:
@@ -494,17 +521,61 @@ class CostModel:
                                        b.sum_prefill_context, q_per_seq, b.sum_decode_context,
                                        b.num_prefill_seqs + n, b.max_decode_context) + ar
 
+    def _verify_graph(self, b: BatchComposition) -> bool:
+        """Whether the engine replays a verify CUDA graph for this step (measured terms only): every
+        sequence a decode with k drafts, the padded batch within the graphs' token cap. n-gram
+        lookups often find fewer than k tokens, so a batch of several n-gram decodes is almost
+        never uniform (H200 run 1: 0.2-7% of them) and runs eagerly."""
+        n, q = b.num_decode_seqs, self.k + 1
+        if self.spec_terms is None or not n or b.num_prefill_tokens or b.num_decode_tokens != n * q:
+            return False
+        if self.spec_method == "ngram" and n > 1:
+            return False
+        return graph_bucket(n, self._max_num_seqs) * q <= VERIFY_GRAPH_MAX_TOKENS
+
+    def _verify_graph_s(self, b: BatchComposition) -> float:
+        """A verify graph: the decode graph's terms over the padded batch's 1 + k tokens per
+        sequence, logits at every position."""
+        q = self.k + 1
+        pad = graph_bucket(b.num_decode_seqs, self._max_num_seqs)
+        r, t = self.roofline, self.profile.decode
+        per_token = max(r.attn_s_per_pair * q, r.kv_s_per_token)
+        return (self._fit_decode.seconds(pad * q, pad * q, 0.0, 0.0, float(q), 0.0, pad)
+                + per_token * t.decode_kv_multiplier(pad) * b.sum_decode_context
+                + per_token * t.decode_max_kv_multiplier(pad) * b.max_decode_context)
+
     def proposer_gpu_s(self, b: BatchComposition) -> float:
-        """Draft model / EAGLE head: one pass over the prefill chunks, k passes over the decodes."""
+        """Draft model / EAGLE head: one pass over the prefill chunks, k passes over the decodes
+        (with measured `SpecTerms`: the engine's catch-up forward, then k - 1 single-token ones)."""
         d = self.draft
         if d is None:
             return 0.0
+        if self.spec_terms is not None:
+            return self._draft_passes_s(d, b)
         t = d.forward_s(b.num_prefill_tokens, b.num_prefill_seqs, b.prefill_attn_pairs,
                         b.sum_prefill_context, 0.0, 0.0) if b.num_prefill_tokens else 0.0
         if b.num_decode_seqs:
             n, c = b.num_decode_seqs, b.sum_decode_context
             t += self.k * d.forward_s(n, n, 0.0, 0.0, c, c)
         return t
+
+    def _draft_passes_s(self, d: CostModel, b: BatchComposition) -> float:
+        """The engine's draft proposer: one catch-up forward over every scheduled sequence's new
+        tokens (prefill chunks, and each decode's last sampled token), then k - 1 single-token
+        forwards over the decodes."""
+        n, c = b.num_decode_seqs, b.sum_decode_context
+        t = d.forward_s(b.num_prefill_tokens + n, b.num_prefill_seqs + n, b.prefill_attn_pairs,
+                        b.sum_prefill_context, c, c)
+        if n:
+            t += (self.k - 1) * d.forward_s(n, n, 0.0, 0.0, c, c)
+        return t
+
+    def verify_cpu_s(self, b: BatchComposition) -> float:
+        """Host seconds verification adds to a step (measured `SpecTerms` only)."""
+        st = self.spec_terms
+        if st is None or b.num_decode_tokens <= b.num_decode_seqs:
+            return 0.0
+        return st.verify_cpu_step_s + st.verify_cpu_per_seq_s * b.num_decode_seqs
 
     # --- CPU ----------------------------------------------------------------------
     def cpu_time_s(self, b: BatchComposition, block_scale: int = 1) -> float:
@@ -514,7 +585,7 @@ class CostModel:
         tokens = b.num_prefill_tokens + b.num_decode_tokens
         return (self._cpu_step_s + self._cpu_seq_s * seqs + self._cpu_tok_s * tokens
                 + self._cpu_ctx_s * (b.sum_decode_context + b.sum_prefill_context)
-                + self._ngram_s_per_seq * b.num_decode_seqs
+                + self._ngram_s_per_seq * b.num_decode_seqs + self.verify_cpu_s(b)
                 + self.block_cpu_s(b.num_blocks_allocated * block_scale, b.num_blocks_hashed * block_scale))
 
     def block_cpu_s(self, num_blocks_allocated: int, num_blocks_hashed: int) -> float:
@@ -712,6 +783,7 @@ __all__ = [
     "STATUS_SCALED",
     "STATUS_VALIDATED",
     "STEP_KINDS",
+    "VERIFY_GRAPH_MAX_TOKENS",
     "BatchComposition",
     "CostModel",
     "CostProfile",
@@ -722,6 +794,7 @@ __all__ = [
     "MemoryTerms",
     "OverlapTerms",
     "Roofline",
+    "SpecTerms",
     "StepKind",
     "graph_bucket",
     "knot_weights",

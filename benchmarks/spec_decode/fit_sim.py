@@ -8,14 +8,16 @@ Input: what bench_h200.py brought back (results.json, runs.tar.xz or its extract
    simulator verifies k drafts on every decode step),
    at every k measured (alpha should not depend on k: the spread is reported) and shipped at the
    method's best k; "default" pools the tasks.
-2. Cost: a v2 profile for byte-lm-100m on the H200 fitted on the spec-OFF run folders only
-   (`sim.calibrate.fit_profile`; the spec-off timed replays are fitted on too, so only the spec-on
-   runs are validated out of sample). Verify steps (n sequences x k+1 tokens) are priced by the fit's
-   eager ("mixed") terms, which the spec-off prefill steps determine: checked, not refitted, by the
-   error on the spec-on runs' verify steps. The proposer is priced from first principles with two
-   measured terms set from the spec-on closed-loop sweeps' `propose_s`: `draft_pass_overhead_s` (the fixed cost
-   of one draft forward: launches and host work that a 10M model's math does not cover) and
-   `ngram_cpu_per_seq_s` (the prompt-lookup host time per decoding sequence).
+2. Cost: a v2 profile for byte-lm-100m on the H200 fitted on the spec-OFF run folders
+   (`sim.calibrate.fit_profile`; the spec-off sweeps alone hold too few eager steps, so the spec-off
+   timed replays are fitted on too and their rows below are in sample). The speculative terms
+   (`sim.cost_model.SpecTerms`) come from the spec-on closed-loop sweeps only: `draft_pass_s` (a draft
+   forward's cost beyond its roofline math, from `propose_s` over the k forwards the engine runs: the
+   catch-up over the step's new tokens, then k - 1 single-token ones), the verification host terms
+   (engine `cpu_s` beyond the spec-off fit, per step and per verifying sequence) and
+   `ngram_cpu_per_seq_s`. Uniform verify batches replay a CUDA graph in the engine and are priced
+   with the decode-graph terms; n-gram batches of several sequences are ragged and run eagerly.
+   Per run and step kind, the engine's step times are set beside the cost model's on the same steps.
 3. Validation: every spec-on timed replay (and the drift run) simulated with the fitted profile and
    acceptance table, the engine's KV block count and flags: relative error of output throughput and
    TPOT p50/p99 (target: median |error| <= 10%, aim 5%).
@@ -48,9 +50,9 @@ sys.path.insert(0, str(ROOT))
 from engine.model_spec import get_model
 from engine.request import Request
 from engine.run_summary import jsonable
-from sim.calibrate import fit_profile, load_run
+from sim.calibrate import fit_profile, load_run, robust_nnls
 from sim.config import SpeculativeConfig
-from sim.cost_model import PROFILES_DIR, BatchComposition, CostModel, CostProfile
+from sim.cost_model import PROFILES_DIR, BatchComposition, CostModel, CostProfile, SpecTerms
 from sim.hardware import get_gpu
 from sim.run import LoadedWorkload, SimConfig, run
 from sim.speculative import fit_acceptance_beta
@@ -135,34 +137,55 @@ def _raw_steps(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines() if line.strip()]
 
 
-def fit_proposer(profile: CostProfile, folders: Sequence[Path]) -> tuple[CostProfile, dict[str, Any]]:
-    """Set the proposer terms from the spec-on runs' measured `propose_s` per step."""
-    draft_x, draft_y, ngram_y = [], [], []
+def _spec_cost_model(profile: CostProfile, folder: Path, spec: dict) -> CostModel:
+    cfg = sim_engine_config(read_run_info(folder)).model_copy(update={"speculative_config": _sim_spec(spec, None)})
+    return CostModel(get_model(TARGET), get_gpu(GPU), cfg, profile,
+                     draft=get_model(DRAFT) if spec["method"] == "draft_model" else None)
+
+
+def _spec_rows(folders: Sequence[Path]):
+    """(folder's spec, its cost model's inputs) for every spec-on step with decodes that verified."""
     for f in folders:
         spec = spec_of(f)
         if spec is None:
             continue
-        k = int(spec["num_speculative_tokens"])
-        cfg = sim_engine_config(read_run_info(f)).model_copy(update={"speculative_config": _sim_spec(spec, None)})
-        zero = profile.model_copy(update={"draft_pass_overhead_s": 0.0})
-        cm = CostModel(get_model(TARGET), get_gpu(GPU), cfg, zero,
-                       draft=get_model(DRAFT) if spec["method"] == "draft_model" else None)
         for row in _raw_steps(f):
-            n, prop = row.get("num_decode_seqs", 0), row.get("propose_s")
-            if not n or prop is None or not row.get("num_spec_tokens"):
-                continue
-            if spec["method"] == "ngram":
-                ngram_y.append(prop / n)
-            else:
-                draft_x.append(k + (1 if row.get("num_prefill_tokens") else 0))  # draft passes the model prices
-                draft_y.append(prop - cm.proposer_gpu_s(_composition(row)))
-    upd, report = {}, {}
-    if draft_y:
-        per_pass = np.asarray(draft_y) / np.asarray(draft_x)
-        upd["draft_pass_overhead_s"] = float(max(0.0, np.median(per_pass)))
-        report["draft_pass_overhead_s"] = {"value": upd["draft_pass_overhead_s"], "steps": len(draft_y),
-                                           "p10": float(np.percentile(per_pass, 10)),
-                                           "p90": float(np.percentile(per_pass, 90))}
+            if row.get("num_decode_seqs") and row.get("propose_s") is not None and row.get("num_spec_tokens"):
+                yield f, spec, row
+
+
+def fit_proposer(profile: CostProfile, folders: Sequence[Path]) -> tuple[CostProfile, dict[str, Any]]:
+    """The measured speculative terms (`SpecTerms`, `ngram_cpu_per_seq_s`) from the spec-on runs'
+    steps: `propose_s` per draft forward beyond the draft's roofline math (the engine runs k forwards
+    per step: the catch-up and k - 1 single-token ones), the n-gram lookup per decoding sequence, and
+    the host time verification adds (engine `cpu_s` minus the spec-off fit's, linear in the verifying
+    sequences, robust fit)."""
+    zero = profile.model_copy(update={"spec": SpecTerms()})
+    per_pass, ngram_y, cpu_x, cpu_y, cpu_base = [], [], [], [], []
+    models: dict[Path, CostModel] = {}
+    for f, spec, row in _spec_rows(folders):
+        cm = models.get(f) or models.setdefault(f, _spec_cost_model(zero, f, spec))
+        b, n, prop = _composition(row), row["num_decode_seqs"], row["propose_s"]
+        if spec["method"] == "ngram":
+            ngram_y.append(prop / n)
+        else:
+            per_pass.append((prop - cm.proposer_gpu_s(b)) / cm.k)
+        cpu_x.append(n)
+        cpu_y.append(row["cpu_s"])
+        cpu_base.append(cm.cpu_time_s(b) - cm._ngram_s_per_seq * n)  # n-gram lookups are in propose_s
+    report: dict[str, Any] = {}
+    terms: dict[str, float] = {}
+    if per_pass:
+        terms["draft_pass_s"] = max(0.0, float(np.median(per_pass)))
+        report["draft_pass_s"] = {"value": terms["draft_pass_s"], "steps": len(per_pass),
+                                  "p10": float(np.percentile(per_pass, 10)), "p90": float(np.percentile(per_pass, 90))}
+    if cpu_y:
+        X = np.column_stack([np.ones(len(cpu_x)), np.asarray(cpu_x, dtype=float)])
+        coef = robust_nnls(X, np.asarray(cpu_y), offset=np.asarray(cpu_base)).coef
+        terms["verify_cpu_step_s"], terms["verify_cpu_per_seq_s"] = float(coef[0]), float(coef[1])
+        report["verify_cpu"] = {"step_s": terms["verify_cpu_step_s"], "per_seq_s": terms["verify_cpu_per_seq_s"],
+                                "steps": len(cpu_y)}
+    upd: dict[str, Any] = {"spec": SpecTerms(**terms)} if terms else {}
     if ngram_y:
         upd["ngram_cpu_per_seq_s"] = float(np.median(ngram_y))
         report["ngram_cpu_per_seq_s"] = {"value": upd["ngram_cpu_per_seq_s"], "steps": len(ngram_y)}
@@ -170,23 +193,99 @@ def fit_proposer(profile: CostProfile, folders: Sequence[Path]) -> tuple[CostPro
 
 
 def verify_step_error(profile: CostProfile, folders: Sequence[Path]) -> dict[str, Any]:
-    """Median relative error of the fitted target forward on the spec-on runs' verify steps."""
-    errs = []
+    """Relative error of the fitted target forward (the proposer apart) on the spec-on runs' verify
+    steps, per whether the engine replayed a verify graph."""
+    errs: dict[str, list[float]] = {"graph": [], "eager": []}
+    for f, spec, row in _spec_rows(folders):
+        b = _composition(row)
+        if row.get("num_prefill_tokens") or not row.get("gpu_s"):
+            continue
+        cm = _spec_cost_model(profile, f, spec)
+        kind = "graph" if cm._verify_graph(b) else "eager"
+        errs[kind].append((cm.gpu_time_s(b) - cm.proposer_gpu_s(b)) / (row["gpu_s"] - row["propose_s"]) - 1)
+    out = {}
+    for kind, e in errs.items():
+        if e:
+            a = np.abs(e)
+            out[kind] = {"steps": len(e), "median_abs_error": float(np.median(a)),
+                         "p90_abs_error": float(np.percentile(a, 90)), "median_signed_error": float(np.median(e))}
+    return out
+
+
+STEP_PARTS = ("total", "target", "proposer", "cpu")
+
+
+def _step_kind(cm: CostModel, b: BatchComposition) -> str:
+    if b.num_prefill_tokens:
+        return "mixed"
+    if b.num_decode_tokens > b.num_decode_seqs:
+        return "verify graph" if cm._verify_graph(b) else "verify eager"
+    return "decode"
+
+
+def _parts(cm: CostModel, b: BatchComposition, row: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(engine, cost model) seconds of one step: total, target forward, proposer, host. The engine
+    counts n-gram lookups in `propose_s`, the model in its host time: moved to the proposer."""
+    prop = row.get("propose_s") or 0.0
+    engine = (row["total_s"], row["gpu_s"] - prop, prop, row["cpu_s"])
+    ngram = cm._ngram_s_per_seq * b.num_decode_seqs
+    draft = cm.proposer_gpu_s(b)
+    gpu, cpu = cm.gpu_time_s(b), cm.cpu_time_s(b)
+    return engine, (cm.combine(gpu, cpu), gpu - draft, draft + ngram, cpu - ngram + cm._host_s)
+
+
+def step_kind_errors(profile: CostProfile, folders: Sequence[Path]) -> list[dict[str, Any]]:
+    """Per run and step kind: the engine's median step time and its parts beside the cost model's
+    on the engine's own steps, and the ratio of their sums (where a latency error comes from)."""
+    out = []
     for f in folders:
         spec = spec_of(f)
-        if spec is None:
-            continue
-        cfg = sim_engine_config(read_run_info(f))  # the target forward alone: no proposer terms
-        cm = CostModel(get_model(TARGET), get_gpu(GPU), cfg, profile)
+        cm = _spec_cost_model(profile, f, spec) if spec else CostModel(
+            get_model(TARGET), get_gpu(GPU), sim_engine_config(read_run_info(f)), profile)
+        kinds: dict[str, list] = {}
         for row in _raw_steps(f):
-            if not row.get("num_spec_tokens") or row.get("num_prefill_tokens") or not row.get("gpu_s"):
-                continue
-            errs.append(cm.gpu_time_s(_composition(row)) / row["gpu_s"] - 1)
-    if not errs:
-        return {"steps": 0}
-    e = np.abs(errs)
-    return {"steps": len(errs), "median_abs_error": float(np.median(e)), "p90_abs_error": float(np.percentile(e, 90)),
-            "median_signed_error": float(np.median(errs))}
+            b = _composition(row)
+            kinds.setdefault(_step_kind(cm, b), []).append(_parts(cm, b, row))
+        for kind, v in sorted(kinds.items()):
+            a = np.asarray(v)  # steps x (engine, model) x parts
+            out.append({"run": f.name, "purpose": read_run_info(f).purpose, "kind": kind, "steps": len(v),
+                        "engine_ms": dict(zip(STEP_PARTS, np.median(a[:, 0], axis=0) * 1e3)),
+                        "model_ms": dict(zip(STEP_PARTS, np.median(a[:, 1], axis=0) * 1e3)),
+                        "sum_ratio": float(a[:, 1, 0].sum() / a[:, 0, 0].sum())})
+    return out
+
+
+def step_kind_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["## Step times: engine vs the cost model on the engine's own steps", "",
+             ("Median ms per step kind (total = target forward + proposer + host; the model's host includes "
+             "its fitted sync overhead); `model/engine` is the ratio of summed step times."), "",
+             ("| run | kind | steps | engine total / target / proposer / host | model total / target / proposer / host "
+             "| model/engine |"), "|---|---|---|---|---|---|"]
+    for r in rows:
+        e = " / ".join(f"{r['engine_ms'][p]:.2f}" for p in STEP_PARTS)
+        m = " / ".join(f"{r['model_ms'][p]:.2f}" for p in STEP_PARTS)
+        lines.append(f"| {r['run']} | {r['kind']} | {r['steps']} | {e} | {m} | {r['sum_ratio']:.2f} |")
+    return lines + [""]
+
+
+def host_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per run: the engine's median eager target forward (steps with prefill), proposer and graph-replayed
+    target forward. The first two are launch-bound for models this small, the last is not: where the
+    first two move between runs of the same composition and the last does not, host speed moved."""
+    by_run: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_run.setdefault(r["run"], {})[r["kind"]] = r
+    lines = ["## Host-bound step parts by run (engine medians, ms)", "",
+             "| run | purpose | eager target (mixed steps) | proposer (mixed steps) | graph target (verify graph / decode) |",
+             "|---|---|---|---|---|"]
+    for run_name, kinds in by_run.items():
+        mixed = kinds.get("mixed")
+        graph = kinds.get("verify graph") or kinds.get("decode")
+        cells = [_fmt(mixed and mixed["engine_ms"]["target"], ".2f"), _fmt(mixed and mixed["engine_ms"]["proposer"], ".2f"),
+                 _fmt(graph and graph["engine_ms"]["target"], ".2f")]
+        purpose = next(iter(kinds.values()))["purpose"]
+        lines.append(f"| {run_name} | {purpose} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 # ---------------------------------------------------------------------------- validation
@@ -284,12 +383,14 @@ def write_markdown(report: dict[str, Any], path: Path, results: dict[str, Any] |
             lines.append(f"| {method} | {acc['best_k'][method]} | {task} | {a:.2f} | {b:.2f} | {a / (a + b):.3f} |")
     cost = (f"Fitted on {len(report['cost']['runs'])} spec-off runs ({report['cost']['n_steps']} steps); "
             f"proposer terms: {json.dumps(report['proposer'])}; verify steps: {json.dumps(report['verify_steps'])}.")
-    lines += ["", "## Cost profile", "", cost, "",
+    lines += ["", "## Cost profile", "", cost, ""] + step_kind_lines(report["step_kinds"])
+    lines += host_bound_lines(report["step_kinds"])
+    lines += [
               "## Simulator vs engine", "", "| run | spec | " + " | ".join(VALIDATED) + " | median abs |",
               "|---|---|" + "---|" * (len(VALIDATED) + 1)]
     for v in report["validation"]:
         spec = v["spec"]
-        tag = "off" if spec is None else f"{spec['method']} k={spec['num_speculative_tokens']}"
+        tag = "off (fitted on)" if spec is None else f"{spec['method']} k={spec['num_speculative_tokens']}"
         errs = [v["metrics"][m]["error"] for m in VALIDATED]
         cells = " | ".join("-" if e is None else f"{e:+.1%}" for e in errs)
         med = v["median_abs_error"]
@@ -305,9 +406,11 @@ def fit_and_validate(results: dict, runs_root: Path, out_dir: Path, profile_out:
                      acceptance_out: Path) -> dict[str, Any]:
     folders = run_folders(runs_root)
     acceptance = fit_acceptance(results.get("acceptance", []), results.get("best_k", {}))
-    profile, cost = fit_cost(folders)
+    sweeps = [f for f in folders if read_run_info(f).purpose == "sweep"]
+    profile, cost = fit_cost(folders)  # spec-off: 20 eager steps in the sweeps are too few to fit on
     # proposer terms from the closed-loop sweeps only: the timed replays stay out of every fit
-    profile, proposer = fit_proposer(profile, [f for f in folders if read_run_info(f).purpose == "sweep"])
+    profile, proposer = fit_proposer(profile, sweeps)
+    profile_out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(profile_out)
     acceptance_out.write_text(json.dumps({"target": TARGET, "draft": DRAFT, **jsonable(acceptance)}, indent=1) + "\n")
     to_check = [f for f in folders if spec_of(f) is not None and read_run_info(f).purpose in ("validation", "drift")]
@@ -317,6 +420,7 @@ def fit_and_validate(results: dict, runs_root: Path, out_dir: Path, profile_out:
     med = float(np.median(on)) if on else None
     report = {"acceptance": acceptance, "cost": cost, "proposer": proposer,
               "verify_steps": verify_step_error(profile, folders), "validation": validation,
+              "step_kinds": step_kind_errors(profile, folders),
               "summary": {"spec_on_runs": len(on), "spec_on_median_abs_error": med,
                           "met": med is not None and med <= TARGET_MEDIAN_ERROR},
               "profile": str(profile_out), "acceptance_table": str(acceptance_out)}
