@@ -13,7 +13,6 @@ run eagerly.
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -95,6 +94,24 @@ class _StepLayout:
     slots: np.ndarray  # [num_tokens] flat KV-cache slots
     sample_rows: list[int]  # scheduled rows that sample a token
     block_cols: int  # block-table columns to copy (the full width for a graph)
+
+
+@dataclass(slots=True)
+class _RowCache:
+    """What one staging set's block-table rows hold: per row, the table (list) last written
+    there, how many of its blocks were written and that step's first token position."""
+
+    tables: list[list[int] | None]
+    num_blocks: list[int]
+    starts: list[int]
+
+    @classmethod
+    def empty(cls, num_rows: int) -> _RowCache:
+        return cls([None] * num_rows, [0] * num_rows, [0] * num_rows)
+
+    def forget(self, lo: int, hi: int) -> None:
+        """Rows [lo, hi) were overwritten with something else (padding)."""
+        self.tables[lo:hi] = [None] * (hi - lo)
 
 
 def _input_tokens(scheduled, starts: list[int], q_lens: list[int], token_ids: dict[int, list[int]],
@@ -179,6 +196,7 @@ class ModelRunner:
                 "gather_src": host(b, torch.int64),
                 "block_tables": torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
             })
+        self._row_caches = [_RowCache.empty(b) for _ in range(2)]
         self._stage_done: list[torch.cuda.Event | None] = [None, None]
         self._stage_idx = 0
         self._num_logits = 0  # logits rows of the step staged last
@@ -333,8 +351,9 @@ class ModelRunner:
         n = len(scheduled)
         q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=n)
         starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64, count=n)
-        tokens = _input_tokens(scheduled, starts.tolist(), q_lens.tolist(), token_ids, inflight)
-        max_blocks = self._stage_block_tables([s.block_ids for s in scheduled])
+        starts_list = starts.tolist()
+        tokens = _input_tokens(scheduled, starts_list, q_lens.tolist(), token_ids, inflight)
+        max_blocks = self._stage_block_tables(scheduled, starts_list)
         sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
         spec = _spec_counts(scheduled, sample_rows) if verify else None
         layout = self._layout(q_lens, starts, sample_rows, max_blocks, spec)
@@ -368,19 +387,43 @@ class ModelRunner:
             ev.record()
             self._stage_done[self._stage_idx] = ev
 
-    def _stage_block_tables(self, tables: list[list[int]]) -> int:
-        """Write each request's block ids into its row of the host block table; the widest row.
+    def _stage_block_tables(self, scheduled, starts: list[int]) -> int:
+        """Bring each scheduled request's row of this staging set's block table up to date;
+        returns the widest row.
 
-        One flat list and one scatter instead of a numpy call per request."""
-        n = len(tables)
-        nbs = np.fromiter(map(len, tables), dtype=np.int64, count=n)
-        bt = self.h_block_tables.numpy()
-        flat_blocks = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32,
-                                  count=int(nbs.sum()))
-        rows = np.repeat(np.arange(n), nbs)
-        cols = np.arange(len(flat_blocks)) - np.repeat(np.cumsum(nbs) - nbs, nbs)
-        bt[rows, cols] = flat_blocks
-        return max(1, int(nbs.max()) if n else 1)
+        A row that held the same request's table (the same list) when this staging set was
+        last used is only written from the block holding that step's first token on: the
+        scheduler only appends to a live table, or truncates blocks past the computed tokens
+        after a verify step, so the blocks before that point are unchanged (a preempted
+        request gets a new list). Any other row is written whole."""
+        cache = self._row_caches[self._stage_idx]
+        tables, written, prev_starts = cache.tables, cache.num_blocks, cache.starts
+        bs = self.block_size
+        rows: list[int] = []
+        firsts: list[int] = []
+        counts: list[int] = []
+        flat: list[int] = []
+        for i, s in enumerate(scheduled):
+            table = s.block_ids
+            nb = len(table)
+            if tables[i] is table:
+                j0 = min(written[i], prev_starts[i] // bs)
+            else:
+                j0 = 0
+                tables[i] = table
+            if nb > j0:
+                rows.append(i)
+                firsts.append(j0)
+                counts.append(nb - j0)
+                flat += table[j0:]
+            written[i] = nb
+        n = len(starts)
+        prev_starts[:n] = starts
+        if flat:
+            c = np.array(counts)
+            offsets = np.repeat(np.cumsum(c) - c - np.array(firsts), c)
+            self.h_block_tables.numpy()[np.repeat(rows, c), np.arange(len(flat)) - offsets] = flat
+        return max(written[:n], default=1) or 1
 
     def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None
                     ) -> tuple[int | None, int]:
@@ -445,6 +488,7 @@ class ModelRunner:
         self.h_qsl.numpy()[: layout.padded_seqs + 1] = layout.qsl
         if layout.padded_seqs > n:
             self.h_block_tables.numpy()[n:layout.padded_seqs, 0] = 0
+            self._row_caches[self._stage_idx].forget(n, layout.padded_seqs)
         h_li = self.h_logits_idx.numpy()
         ends = layout.qsl[1:][layout.sample_rows]
         if spec is None:
