@@ -13,6 +13,8 @@ run eagerly.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
 import time
 from dataclasses import dataclass
@@ -102,12 +104,12 @@ class _RowCache:
     there, how many of its blocks were written and that step's first token position."""
 
     tables: list[list[int] | None]
-    num_blocks: list[int]
-    starts: list[int]
+    num_blocks: np.ndarray
+    starts: np.ndarray
 
     @classmethod
     def empty(cls, num_rows: int) -> _RowCache:
-        return cls([None] * num_rows, [0] * num_rows, [0] * num_rows)
+        return cls([None] * num_rows, np.zeros(num_rows, dtype=np.int64), np.zeros(num_rows, dtype=np.int64))
 
     def forget(self, lo: int, hi: int) -> None:
         """Rows [lo, hi) were overwritten with something else (padding)."""
@@ -351,9 +353,8 @@ class ModelRunner:
         n = len(scheduled)
         q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=n)
         starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64, count=n)
-        starts_list = starts.tolist()
-        tokens = _input_tokens(scheduled, starts_list, q_lens.tolist(), token_ids, inflight)
-        max_blocks = self._stage_block_tables(scheduled, starts_list)
+        tokens = _input_tokens(scheduled, starts.tolist(), q_lens.tolist(), token_ids, inflight)
+        max_blocks = self._stage_block_tables(scheduled, starts)
         sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
         spec = _spec_counts(scheduled, sample_rows) if verify else None
         layout = self._layout(q_lens, starts, sample_rows, max_blocks, spec)
@@ -387,43 +388,39 @@ class ModelRunner:
             ev.record()
             self._stage_done[self._stage_idx] = ev
 
-    def _stage_block_tables(self, scheduled, starts: list[int]) -> int:
+    def _stage_block_tables(self, scheduled, starts: np.ndarray) -> int:
         """Bring each scheduled request's row of this staging set's block table up to date;
         returns the widest row.
 
         A row that held the same request's table (the same list) when this staging set was
-        last used is only written from the block holding that step's first token on: the
-        scheduler only appends to a live table, or truncates blocks past the computed tokens
-        after a verify step, so the blocks before that point are unchanged (a preempted
-        request gets a new list). Any other row is written whole."""
+        last used, for a step starting at token c, is only written from block c // bs + 1 on
+        (or from where it was written up to, if less): the scheduler only appends to a live
+        table, or, after a verify step, truncates the blocks past the tokens kept, which are
+        at least c + 1; a preempted request gets a new list. Any other row is written whole.
+        A steady decode batch thus writes only the rows that crossed into a new block."""
         cache = self._row_caches[self._stage_idx]
-        tables, written, prev_starts = cache.tables, cache.num_blocks, cache.starts
-        bs = self.block_size
-        rows: list[int] = []
-        firsts: list[int] = []
-        counts: list[int] = []
-        flat: list[int] = []
-        for i, s in enumerate(scheduled):
-            table = s.block_ids
-            nb = len(table)
-            if tables[i] is table:
-                j0 = min(written[i], prev_starts[i] // bs)
-            else:
-                j0 = 0
-                tables[i] = table
-            if nb > j0:
-                rows.append(i)
-                firsts.append(j0)
-                counts.append(nb - j0)
-                flat += table[j0:]
-            written[i] = nb
-        n = len(starts)
-        prev_starts[:n] = starts
-        if flat:
-            c = np.array(counts)
-            offsets = np.repeat(np.cumsum(c) - c - np.array(firsts), c)
-            self.h_block_tables.numpy()[np.repeat(rows, c), np.arange(len(flat)) - offsets] = flat
-        return max(written[:n], default=1) or 1
+        n = len(scheduled)
+        tables = [s.block_ids for s in scheduled]
+        nbs = np.fromiter(map(len, tables), dtype=np.int64, count=n)
+        same = np.fromiter(map(operator.is_, cache.tables[:n], tables), dtype=bool, count=n)
+        firsts = np.minimum(cache.num_blocks[:n], cache.starts[:n] // self.block_size + 1)
+        firsts[~same] = 0
+        rows = np.flatnonzero(nbs > firsts)
+        cache.tables[:n] = tables
+        cache.num_blocks[:n] = nbs
+        cache.starts[:n] = starts
+        if len(rows):
+            self._write_rows(tables, rows, firsts[rows], nbs[rows])
+        return max(1, int(nbs.max()) if n else 1)
+
+    def _write_rows(self, tables: list[list[int]], rows: np.ndarray, firsts: np.ndarray,
+                    ends: np.ndarray) -> None:
+        """Block ids [firsts[k], ends[k]) of tables[rows[k]] into their rows, one scatter."""
+        counts = ends - firsts
+        flat = list(itertools.chain.from_iterable(
+            tables[i][j:] for i, j in zip(rows.tolist(), firsts.tolist())))
+        offsets = np.repeat(np.cumsum(counts) - counts - firsts, counts)
+        self.h_block_tables.numpy()[np.repeat(rows, counts), np.arange(len(flat)) - offsets] = flat
 
     def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None
                     ) -> tuple[int | None, int]:
