@@ -199,6 +199,7 @@ class ModelRunner:
                 "block_tables": torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
             })
         self._row_caches = [_RowCache.empty(b) for _ in range(2)]
+        self._arange = np.arange(t + 1, dtype=np.int64)
         self._stage_done: list[torch.cuda.Event | None] = [None, None]
         self._stage_idx = 0
         self._num_logits = 0  # logits rows of the step staged last
@@ -422,8 +423,8 @@ class ModelRunner:
         offsets = np.repeat(np.cumsum(counts) - counts - firsts, counts)
         self.h_block_tables.numpy()[np.repeat(rows, counts), np.arange(len(flat)) - offsets] = flat
 
-    def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None
-                    ) -> tuple[int | None, int]:
+    def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None,
+                    all_decode: bool) -> tuple[int | None, int]:
         """(graph batch size, query tokens per sequence) of the graph this step replays, or
         (None, 1): a pure decode batch, or a verify batch where every request is a decode with
         exactly k drafts (the captured q = 1 + k); anything else runs eagerly."""
@@ -431,7 +432,7 @@ class ModelRunner:
         if len(sample_rows) != n:
             return None, 1
         if spec is None:
-            if self.graphs and bool((q_lens == 1).all()):
+            if self.graphs and all_decode:
                 return next((b for b in sorted(self.graphs) if b >= n), None), 1
             return None, 1
         q = self.verify_q
@@ -445,17 +446,21 @@ class ModelRunner:
         query offsets and KV slots (from the block table already staged)."""
         n = len(q_lens)
         num_tokens = int(q_lens.sum())
-        graph_size, gq = self._pick_graph(q_lens, sample_rows, spec)
+        graph_size, gq = self._pick_graph(q_lens, sample_rows, spec, num_tokens == n)
         if graph_size is None:
             gq = 1
         padded_seqs = graph_size or n
         qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=qsl[1: n + 1])
-        qsl[n + 1:] = num_tokens + gq * np.arange(1, padded_seqs - n + 1)  # padding: gq dummy tokens each
-        positions = np.repeat(starts - qsl[:n], q_lens) + np.arange(num_tokens)
-        seq_idx = np.repeat(np.arange(n), q_lens)
         bs = self.block_size
         bt = self.h_block_tables.numpy()
+        if num_tokens == n:  # one token per sequence (no request computes 0): no repeats needed
+            qsl[1: n + 1] = self._arange[1: n + 1]
+            positions, seq_idx = starts, self._arange[:n]
+        else:
+            np.cumsum(q_lens, out=qsl[1: n + 1])
+            positions = np.repeat(starts - qsl[:n], q_lens) + self._arange[:num_tokens]
+            seq_idx = np.repeat(self._arange[:n], q_lens)
+        qsl[n + 1:] = num_tokens + gq * self._arange[1: padded_seqs - n + 1]  # padding: gq dummy tokens each
         slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         return _StepLayout(
             num_seqs=n, num_tokens=num_tokens, padded_seqs=padded_seqs,
