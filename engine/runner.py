@@ -26,6 +26,9 @@ from engine.attention import AttentionMetadata
 from engine.flags import FlagError
 from engine.model import LlamaModel
 
+# Block-table rows to update one slice at a time; more go through one numpy scatter.
+ROW_SLICE_MAX_ROWS = 16
+
 # vLLM's default largest CUDA-graph capture size, in tokens (max_cudagraph_capture_size)
 VERIFY_GRAPH_MAX_TOKENS = 512
 
@@ -200,6 +203,7 @@ class ModelRunner:
             })
         self._row_caches = [_RowCache.empty(b) for _ in range(2)]
         self._arange = np.arange(t + 1, dtype=np.int64)
+        self._stage_views = [{k: v.numpy() for k, v in st.items()} for st in self._stages]
         self._stage_done: list[torch.cuda.Event | None] = [None, None]
         self._stage_idx = 0
         self._num_logits = 0  # logits rows of the step staged last
@@ -221,6 +225,8 @@ class ModelRunner:
         self.h_seq_lens, self.h_qsl, self.h_logits_idx = st["seq_lens"], st["qsl"], st["logits_idx"]
         self.h_gather_dst, self.h_gather_src = st["gather_dst"], st["gather_src"]
         self.h_block_tables = st["block_tables"]
+        # numpy views of the same memory, made once (a .numpy() call per use costs more)
+        self._np = self._stage_views[i]
 
     # ------------------------------------------------------------------ KV cache
     def block_bytes(self) -> int:
@@ -416,12 +422,18 @@ class ModelRunner:
 
     def _write_rows(self, tables: list[list[int]], rows: np.ndarray, firsts: np.ndarray,
                     ends: np.ndarray) -> None:
-        """Block ids [firsts[k], ends[k]) of tables[rows[k]] into their rows, one scatter."""
+        """Block ids [firsts[k], ends[k]) of tables[rows[k]] into their rows: a slice per
+        row when there are few (a steady decode batch), else one scatter."""
+        bt = self._np["block_tables"]
+        if len(rows) <= ROW_SLICE_MAX_ROWS:
+            for i, j, e in zip(rows.tolist(), firsts.tolist(), ends.tolist()):
+                bt[i, j:e] = tables[i][j:]
+            return
         counts = ends - firsts
         flat = list(itertools.chain.from_iterable(
             tables[i][j:] for i, j in zip(rows.tolist(), firsts.tolist())))
         offsets = np.repeat(np.cumsum(counts) - counts - firsts, counts)
-        self.h_block_tables.numpy()[np.repeat(rows, counts), np.arange(len(flat)) - offsets] = flat
+        bt[np.repeat(rows, counts), np.arange(len(flat)) - offsets] = flat
 
     def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None,
                     all_decode: bool) -> tuple[int | None, int]:
@@ -452,7 +464,7 @@ class ModelRunner:
         padded_seqs = graph_size or n
         qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
         bs = self.block_size
-        bt = self.h_block_tables.numpy()
+        bt = self._np["block_tables"]
         if num_tokens == n:  # one token per sequence (no request computes 0): no repeats needed
             qsl[1: n + 1] = self._arange[1: n + 1]
             positions, seq_idx = starts, self._arange[:n]
@@ -475,7 +487,7 @@ class ModelRunner:
         `spec`: drafts per sampling row (None: none), whose verify positions all get logits.
         Returns the number of logits rows."""
         n, num_tokens, padded_tokens = layout.num_seqs, layout.num_tokens, layout.padded_tokens
-        h_ids, h_pos, h_slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
+        h_ids, h_pos, h_slots = self._np["ids"], self._np["pos"], self._np["slots"]
         h_ids[:num_tokens] = flat_ids
         h_pos[:num_tokens] = layout.positions
         h_slots[:num_tokens] = layout.slots
@@ -483,15 +495,15 @@ class ModelRunner:
             h_ids[num_tokens:padded_tokens] = 0
             h_pos[num_tokens:padded_tokens] = 0
             h_slots[num_tokens:padded_tokens] = -1
-        h_sl = self.h_seq_lens.numpy()
+        h_sl = self._np["seq_lens"]
         h_sl[:n] = layout.seq_lens
         # dummy sequences attend to their gq (garbage) slots, causally valid; output dropped
         h_sl[n:layout.padded_seqs] = layout.graph_q
-        self.h_qsl.numpy()[: layout.padded_seqs + 1] = layout.qsl
+        self._np["qsl"][: layout.padded_seqs + 1] = layout.qsl
         if layout.padded_seqs > n:
-            self.h_block_tables.numpy()[n:layout.padded_seqs, 0] = 0
+            self._np["block_tables"][n:layout.padded_seqs, 0] = 0
             self._row_caches[self._stage_idx].forget(n, layout.padded_seqs)
-        h_li = self.h_logits_idx.numpy()
+        h_li = self._np["logits_idx"]
         ends = layout.qsl[1:][layout.sample_rows]
         if spec is None:
             self._num_logits = len(ends)
@@ -519,8 +531,8 @@ class ModelRunner:
     def _gather_inflight(self, tokens: _InputTokens, inflight_tokens: torch.Tensor) -> None:
         """Put the previous step's sampled tokens, still on the device, into this step's ids."""
         g = len(tokens.gather_dst)
-        self.h_gather_dst.numpy()[:g] = tokens.gather_dst
-        self.h_gather_src.numpy()[:g] = tokens.gather_src
+        self._np["gather_dst"][:g] = tokens.gather_dst
+        self._np["gather_src"][:g] = tokens.gather_src
         self.d_gather_dst[:g].copy_(self.h_gather_dst[:g], non_blocking=True)
         self.d_gather_src[:g].copy_(self.h_gather_src[:g], non_blocking=True)
         self.d_input_ids.index_copy_(0, self.d_gather_dst[:g],

@@ -13,6 +13,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine import runner as runner_module
 from engine.model import LlamaModel
 from engine.model_spec import get_model
 from engine.request import Request
@@ -33,6 +34,7 @@ class Case:
     seed: int
     num_steps: int = 40
     graphs: bool = True
+    row_slice_max_rows: int = runner_module.ROW_SLICE_MAX_ROWS  # 0: always the one-scatter path
 
 
 def _runner(case: Case) -> ModelRunner:
@@ -94,6 +96,15 @@ def _subset_call(kept: ModelRunner, case: Case, scheduled, tokens, rng: np.rando
 
 def drive(case: Case) -> Scheduler:
     """Run `case`'s random step sequence, checking every prepared step; returns the scheduler."""
+    default = runner_module.ROW_SLICE_MAX_ROWS
+    runner_module.ROW_SLICE_MAX_ROWS = case.row_slice_max_rows
+    try:
+        return _drive(case)
+    finally:
+        runner_module.ROW_SLICE_MAX_ROWS = default
+
+
+def _drive(case: Case) -> Scheduler:
     rng = np.random.default_rng(case.seed)
     sched = Scheduler(SchedulerConfig(
         max_num_batched_tokens=case.budget_tokens, max_num_seqs=MAX_SEQS, max_model_len=MAX_MODEL_LEN,
@@ -138,10 +149,11 @@ def test_incremental_rows_equal_rebuild_through_preemptions_and_rejected_drafts(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(block_size=st.sampled_from([1, 2, 4, 16]), spec_k=st.integers(0, 3),
        budget_tokens=st.integers(8, 64), num_blocks=st.integers(70, 200), seed=st.integers(0, 2**31),
-       graphs=st.booleans())
-def test_incremental_rows_equal_rebuild(block_size, spec_k, budget_tokens, num_blocks, seed, graphs):
+       graphs=st.booleans(), row_slice_max_rows=st.sampled_from([0, 2, 16]))
+def test_incremental_rows_equal_rebuild(block_size, spec_k, budget_tokens, num_blocks, seed, graphs,
+                                        row_slice_max_rows):
     drive(Case(block_size, spec_k, budget_tokens, max(num_blocks // block_size, MAX_MODEL_LEN // block_size + 1),
-               seed, graphs=graphs))
+               seed, graphs=graphs, row_slice_max_rows=row_slice_max_rows))
 
 
 def test_row_overwritten_by_graph_padding_is_rewritten_whole():
