@@ -344,8 +344,11 @@ class ModelRunner:
                 verify: bool = False) -> StepInputs:
         """Fill the device buffers from the scheduler's output; no device sync.
 
-        `scheduled`: the SchedulerOutput's per-request entries. `token_ids[rid]` holds the
-        request's prompt then its generated tokens. A request samples a token when this step
+        `scheduled`: the SchedulerOutput's per-request entries. Their `block_ids` are the
+        scheduler's live tables: between steps one only grows at its end or, after a verify
+        step, loses blocks past its kept tokens; anything else must come as a new list (rows
+        of the block table are kept per list and updated incrementally). `token_ids[rid]`
+        holds the request's prompt then its generated tokens. A request samples a token when this step
         reaches the end of the tokens it holds (end of prefill, a decode, or the end of a
         recomputation after preemption).
 
