@@ -3,7 +3,9 @@
 One step = one flattened batch: every scheduled request contributes `num_new_tokens` tokens
 (a prefill chunk, a recomputation after preemption, or one decode token). Inputs are built with
 numpy on the host, staged in pinned memory and copied to persistent device buffers without a
-sync; the only sync of a step is the sampler's read-back of the sampled tokens.
+sync; the only sync of a step is the sampler's read-back of the sampled tokens. Block-table
+rows persist in the staging sets and are updated incrementally: a decode step writes a row
+only when its request crossed into a new block, joined, or moved to another row.
 
 On a GPU, pure-decode batches (every request computes exactly one token) replay a CUDA graph
 captured for the next bucket size up, and so do uniform speculative verify batches (every
