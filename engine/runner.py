@@ -3,7 +3,9 @@
 One step = one flattened batch: every scheduled request contributes `num_new_tokens` tokens
 (a prefill chunk, a recomputation after preemption, or one decode token). Inputs are built with
 numpy on the host, staged in pinned memory and copied to persistent device buffers without a
-sync; the only sync of a step is the sampler's read-back of the sampled tokens.
+sync; the only sync of a step is the sampler's read-back of the sampled tokens. Block-table
+rows persist in the staging sets and are updated incrementally: a decode step writes a row
+only when its request crossed into a new block, joined, or moved to another row.
 
 On a GPU, pure-decode batches (every request computes exactly one token) replay a CUDA graph
 captured for the next bucket size up, and so do uniform speculative verify batches (every
@@ -14,6 +16,7 @@ run eagerly.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import time
 from dataclasses import dataclass
@@ -24,6 +27,9 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.flags import FlagError
 from engine.model import LlamaModel
+
+# Block-table rows to update one slice at a time; more go through one numpy scatter.
+ROW_SLICE_MAX_ROWS = 16
 
 # vLLM's default largest CUDA-graph capture size, in tokens (max_cudagraph_capture_size)
 VERIFY_GRAPH_MAX_TOKENS = 512
@@ -95,6 +101,24 @@ class _StepLayout:
     slots: np.ndarray  # [num_tokens] flat KV-cache slots
     sample_rows: list[int]  # scheduled rows that sample a token
     block_cols: int  # block-table columns to copy (the full width for a graph)
+
+
+@dataclass(slots=True)
+class _RowCache:
+    """What one staging set's block-table rows hold: per row, the table (list) last written
+    there, how many of its blocks were written and that step's first token position."""
+
+    tables: list[list[int] | None]
+    num_blocks: np.ndarray
+    starts: np.ndarray
+
+    @classmethod
+    def empty(cls, num_rows: int) -> _RowCache:
+        return cls([None] * num_rows, np.zeros(num_rows, dtype=np.int64), np.zeros(num_rows, dtype=np.int64))
+
+    def forget(self, lo: int, hi: int) -> None:
+        """Rows [lo, hi) were overwritten with something else (padding)."""
+        self.tables[lo:hi] = [None] * (hi - lo)
 
 
 def _input_tokens(scheduled, starts: list[int], q_lens: list[int], token_ids: dict[int, list[int]],
@@ -179,6 +203,9 @@ class ModelRunner:
                 "gather_src": host(b, torch.int64),
                 "block_tables": torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
             })
+        self._row_caches = [_RowCache.empty(b) for _ in range(2)]
+        self._arange = np.arange(t + 1, dtype=np.int64)
+        self._stage_views = [{k: v.numpy() for k, v in st.items()} for st in self._stages]
         self._stage_done: list[torch.cuda.Event | None] = [None, None]
         self._stage_idx = 0
         self._num_logits = 0  # logits rows of the step staged last
@@ -200,6 +227,8 @@ class ModelRunner:
         self.h_seq_lens, self.h_qsl, self.h_logits_idx = st["seq_lens"], st["qsl"], st["logits_idx"]
         self.h_gather_dst, self.h_gather_src = st["gather_dst"], st["gather_src"]
         self.h_block_tables = st["block_tables"]
+        # numpy views of the same memory, made once (a .numpy() call per use costs more)
+        self._np = self._stage_views[i]
 
     # ------------------------------------------------------------------ KV cache
     def block_bytes(self) -> int:
@@ -317,8 +346,11 @@ class ModelRunner:
                 verify: bool = False) -> StepInputs:
         """Fill the device buffers from the scheduler's output; no device sync.
 
-        `scheduled`: the SchedulerOutput's per-request entries. `token_ids[rid]` holds the
-        request's prompt then its generated tokens. A request samples a token when this step
+        `scheduled`: the SchedulerOutput's per-request entries. Their `block_ids` are the
+        scheduler's live tables: between steps one only grows at its end or, after a verify
+        step, loses blocks past its kept tokens; anything else must come as a new list (rows
+        of the block table are kept per list and updated incrementally). `token_ids[rid]`
+        holds the request's prompt then its generated tokens. A request samples a token when this step
         reaches the end of the tokens it holds (end of prefill, a decode, or the end of a
         recomputation after preemption).
 
@@ -334,7 +366,7 @@ class ModelRunner:
         q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=n)
         starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64, count=n)
         tokens = _input_tokens(scheduled, starts.tolist(), q_lens.tolist(), token_ids, inflight)
-        max_blocks = self._stage_block_tables([s.block_ids for s in scheduled])
+        max_blocks = self._stage_block_tables(scheduled, starts)
         sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
         spec = _spec_counts(scheduled, sample_rows) if verify else None
         layout = self._layout(q_lens, starts, sample_rows, max_blocks, spec)
@@ -368,22 +400,48 @@ class ModelRunner:
             ev.record()
             self._stage_done[self._stage_idx] = ev
 
-    def _stage_block_tables(self, tables: list[list[int]]) -> int:
-        """Write each request's block ids into its row of the host block table; the widest row.
+    def _stage_block_tables(self, scheduled, starts: np.ndarray) -> int:
+        """Bring each scheduled request's row of this staging set's block table up to date;
+        returns the widest row.
 
-        One flat list and one scatter instead of a numpy call per request."""
-        n = len(tables)
+        A row that held the same request's table (the same list) when this staging set was
+        last used, for a step starting at token c, is only written from block c // bs + 1 on
+        (or from where it was written up to, if less): the scheduler only appends to a live
+        table, or, after a verify step, truncates the blocks past the tokens kept, which are
+        at least c + 1; a preempted request gets a new list. Any other row is written whole.
+        A steady decode batch thus writes only the rows that crossed into a new block."""
+        cache = self._row_caches[self._stage_idx]
+        n = len(scheduled)
+        tables = [s.block_ids for s in scheduled]
         nbs = np.fromiter(map(len, tables), dtype=np.int64, count=n)
-        bt = self.h_block_tables.numpy()
-        flat_blocks = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32,
-                                  count=int(nbs.sum()))
-        rows = np.repeat(np.arange(n), nbs)
-        cols = np.arange(len(flat_blocks)) - np.repeat(np.cumsum(nbs) - nbs, nbs)
-        bt[rows, cols] = flat_blocks
+        same = np.fromiter(map(operator.is_, cache.tables[:n], tables), dtype=bool, count=n)
+        firsts = np.minimum(cache.num_blocks[:n], cache.starts[:n] // self.block_size + 1)
+        firsts[~same] = 0
+        rows = np.flatnonzero(nbs > firsts)
+        cache.tables[:n] = tables
+        cache.num_blocks[:n] = nbs
+        cache.starts[:n] = starts
+        if len(rows):
+            self._write_rows(tables, rows, firsts[rows], nbs[rows])
         return max(1, int(nbs.max()) if n else 1)
 
-    def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None
-                    ) -> tuple[int | None, int]:
+    def _write_rows(self, tables: list[list[int]], rows: np.ndarray, firsts: np.ndarray,
+                    ends: np.ndarray) -> None:
+        """Block ids [firsts[k], ends[k]) of tables[rows[k]] into their rows: a slice per
+        row when there are few (a steady decode batch), else one scatter."""
+        bt = self._np["block_tables"]
+        if len(rows) <= ROW_SLICE_MAX_ROWS:
+            for i, j, e in zip(rows.tolist(), firsts.tolist(), ends.tolist()):
+                bt[i, j:e] = tables[i][j:]
+            return
+        counts = ends - firsts
+        flat = list(itertools.chain.from_iterable(
+            tables[i][j:] for i, j in zip(rows.tolist(), firsts.tolist())))
+        offsets = np.repeat(np.cumsum(counts) - counts - firsts, counts)
+        bt[np.repeat(rows, counts), np.arange(len(flat)) - offsets] = flat
+
+    def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None,
+                    all_decode: bool) -> tuple[int | None, int]:
         """(graph batch size, query tokens per sequence) of the graph this step replays, or
         (None, 1): a pure decode batch, or a verify batch where every request is a decode with
         exactly k drafts (the captured q = 1 + k); anything else runs eagerly."""
@@ -391,7 +449,7 @@ class ModelRunner:
         if len(sample_rows) != n:
             return None, 1
         if spec is None:
-            if self.graphs and bool((q_lens == 1).all()):
+            if self.graphs and all_decode:
                 return next((b for b in sorted(self.graphs) if b >= n), None), 1
             return None, 1
         q = self.verify_q
@@ -405,17 +463,21 @@ class ModelRunner:
         query offsets and KV slots (from the block table already staged)."""
         n = len(q_lens)
         num_tokens = int(q_lens.sum())
-        graph_size, gq = self._pick_graph(q_lens, sample_rows, spec)
+        graph_size, gq = self._pick_graph(q_lens, sample_rows, spec, num_tokens == n)
         if graph_size is None:
             gq = 1
         padded_seqs = graph_size or n
         qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=qsl[1: n + 1])
-        qsl[n + 1:] = num_tokens + gq * np.arange(1, padded_seqs - n + 1)  # padding: gq dummy tokens each
-        positions = np.repeat(starts - qsl[:n], q_lens) + np.arange(num_tokens)
-        seq_idx = np.repeat(np.arange(n), q_lens)
         bs = self.block_size
-        bt = self.h_block_tables.numpy()
+        bt = self._np["block_tables"]
+        if num_tokens == n:  # one token per sequence (no request computes 0): no repeats needed
+            qsl[1: n + 1] = self._arange[1: n + 1]
+            positions, seq_idx = starts, self._arange[:n]
+        else:
+            np.cumsum(q_lens, out=qsl[1: n + 1])
+            positions = np.repeat(starts - qsl[:n], q_lens) + self._arange[:num_tokens]
+            seq_idx = np.repeat(self._arange[:n], q_lens)
+        qsl[n + 1:] = num_tokens + gq * self._arange[1: padded_seqs - n + 1]  # padding: gq dummy tokens each
         slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         return _StepLayout(
             num_seqs=n, num_tokens=num_tokens, padded_seqs=padded_seqs,
@@ -430,7 +492,7 @@ class ModelRunner:
         `spec`: drafts per sampling row (None: none), whose verify positions all get logits.
         Returns the number of logits rows."""
         n, num_tokens, padded_tokens = layout.num_seqs, layout.num_tokens, layout.padded_tokens
-        h_ids, h_pos, h_slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
+        h_ids, h_pos, h_slots = self._np["ids"], self._np["pos"], self._np["slots"]
         h_ids[:num_tokens] = flat_ids
         h_pos[:num_tokens] = layout.positions
         h_slots[:num_tokens] = layout.slots
@@ -438,14 +500,15 @@ class ModelRunner:
             h_ids[num_tokens:padded_tokens] = 0
             h_pos[num_tokens:padded_tokens] = 0
             h_slots[num_tokens:padded_tokens] = -1
-        h_sl = self.h_seq_lens.numpy()
+        h_sl = self._np["seq_lens"]
         h_sl[:n] = layout.seq_lens
         # dummy sequences attend to their gq (garbage) slots, causally valid; output dropped
         h_sl[n:layout.padded_seqs] = layout.graph_q
-        self.h_qsl.numpy()[: layout.padded_seqs + 1] = layout.qsl
+        self._np["qsl"][: layout.padded_seqs + 1] = layout.qsl
         if layout.padded_seqs > n:
-            self.h_block_tables.numpy()[n:layout.padded_seqs, 0] = 0
-        h_li = self.h_logits_idx.numpy()
+            self._np["block_tables"][n:layout.padded_seqs, 0] = 0
+            self._row_caches[self._stage_idx].forget(n, layout.padded_seqs)
+        h_li = self._np["logits_idx"]
         ends = layout.qsl[1:][layout.sample_rows]
         if spec is None:
             self._num_logits = len(ends)
@@ -473,8 +536,8 @@ class ModelRunner:
     def _gather_inflight(self, tokens: _InputTokens, inflight_tokens: torch.Tensor) -> None:
         """Put the previous step's sampled tokens, still on the device, into this step's ids."""
         g = len(tokens.gather_dst)
-        self.h_gather_dst.numpy()[:g] = tokens.gather_dst
-        self.h_gather_src.numpy()[:g] = tokens.gather_src
+        self._np["gather_dst"][:g] = tokens.gather_dst
+        self._np["gather_src"][:g] = tokens.gather_src
         self.d_gather_dst[:g].copy_(self.h_gather_dst[:g], non_blocking=True)
         self.d_gather_src[:g].copy_(self.h_gather_src[:g], non_blocking=True)
         self.d_input_ids.index_copy_(0, self.d_gather_dst[:g],
