@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.spec_decode.proposers import DraftModelProposer
+from engine.sampling import SamplingParams
+from engine.scheduler_output import ScheduledRequest
+from engine.spec_decode.proposers import DraftModelProposer, WithDrafts
 from tests.engine.test_spec_decode import drive, engine, tiny_model, workload
 
 
@@ -45,9 +47,6 @@ def accepted_per_step(monkeypatch, host_path: bool, blocks: int | None) -> tuple
 
 def _host_rounds(self, entries, wanted, token_ids, out):
     """Reference: the per-round host path for greedy requests (drafts read back each round)."""
-    from engine.sampling import SamplingParams
-    from engine.spec_decode.proposers import WithDrafts
-    from engine.scheduler_output import ScheduledRequest
     greedy = SamplingParams(max_tokens=1)
     params = {s.request_id: greedy for s in entries}
 
