@@ -404,9 +404,10 @@ class EngineCore:
         t3 = time.perf_counter()
         sample_ids = inp.sample_request_ids
         if verify:
-            kept = self._verify(out, logits, sample_ids, proposals)
+            spec = {s.request_id: s.num_spec_tokens for s in out.scheduled if s.num_spec_tokens}
+            kept = self._verify(spec, logits, sample_ids, proposals)
             t4 = time.perf_counter()
-            sampled, stopped = self._record_kept(out, sample_ids, kept, t4 - self.epoch)
+            sampled, stopped = self._record_kept(spec, sample_ids, kept, t4 - self.epoch)
         else:
             sampled, stopped, t4 = self._sample(logits, sample_ids)
         num_visible = sum(map(len, sampled.values())) if verify else len(sampled)
@@ -498,10 +499,10 @@ class EngineCore:
                                if s.num_spec_tokens else reqs[s.request_id].token_ids)
                 for s in out.scheduled}
 
-    def _verify(self, out: SchedulerOutput, logits: torch.Tensor, sample_ids: list[int],
+    def _verify(self, spec: dict[int, int], logits: torch.Tensor, sample_ids: list[int],
                 proposals: dict[int, Proposal]) -> list[list[int]]:
-        """The tokens each sampling request keeps (accepted drafts + one), per-request counters."""
-        spec = {s.request_id: s.num_spec_tokens for s in out.scheduled if s.num_spec_tokens}
+        """The tokens each sampling request keeps (accepted drafts + one); `spec`: drafts per
+        verifying request."""
         drafts, probs = [], []
         for rid in sample_ids:
             d = spec.get(rid, 0)
@@ -511,12 +512,12 @@ class EngineCore:
         return self.sampler.verify(logits, sample_ids, [self.requests[r].params for r in sample_ids],
                                    drafts, probs)
 
-    def _record_kept(self, out: SchedulerOutput, sample_ids: list[int], kept: list[list[int]], t_s: float
+    def _record_kept(self, spec: dict[int, int], sample_ids: list[int], kept: list[list[int]], t_s: float
                      ) -> tuple[dict[int, list[int]], set[int]]:
-        """Record each request's kept tokens up to a stop token (the rest are discarded)."""
+        """Record each request's kept tokens up to a stop token (the rest are discarded) and its
+        draft counters."""
         sampled: dict[int, list[int]] = {}
         stopped: set[int] = set()
-        spec = {s.request_id: s.num_spec_tokens for s in out.scheduled if s.num_spec_tokens}
         for rid, toks in zip(sample_ids, kept):
             st = self.requests[rid]
             for j, tok in enumerate(toks):

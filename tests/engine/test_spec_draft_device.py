@@ -28,9 +28,7 @@ NEAR_DRAFT = near_draft(0.6)
 
 def accepted_per_step(monkeypatch, host_path: bool, blocks: int | None) -> tuple[list[int], dict]:
     if host_path:  # the per-round path: each draft read back before the next round
-        monkeypatch.setattr(DraftModelProposer, "_propose_greedy_on_device",
-                            lambda self, entries, wanted, token_ids, out: self._draft_round_all(
-                                entries, wanted, token_ids, out))
+        monkeypatch.setattr(DraftModelProposer, "_propose_greedy_on_device", _host_rounds)
     core = engine({"model": "tiny", "num_speculative_tokens": 3}, NEAR_DRAFT, num_gpu_blocks_override=blocks)
     seen: list[int] = []
     step = core.step
@@ -62,8 +60,6 @@ def _host_rounds(self, entries, wanted, token_ids, out):
         views = {s.request_id: WithDrafts(token_ids[s.request_id], out[s.request_id].tokens) for s in live}
         self._draft_round(step, views, [s.request_id for s in live], params, _Argmax(), out)
 
-
-DraftModelProposer._draft_round_all = _host_rounds
 
 
 @pytest.mark.parametrize("blocks", [None, 13])
