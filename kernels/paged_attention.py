@@ -41,6 +41,25 @@ from kernels.reference import is_fp8
 LOG2E = 1.4426950408889634
 
 
+# How an fp8 (e4m3) KV tile becomes a tensor-core operand (a launch parameter, swept on the GPU
+# because which is fastest depends on the hardware's conversion instructions):
+# - "native": ``tile.to(q.dtype)``, Triton's own conversion; exact.
+# - "fp16": K and V widened to fp16 (sm89+ converts two e4m3 to two fp16 in one instruction), q
+#   and p cast to fp16 for both dots. q is first scaled by a power of two (folded into the
+#   softmax scale) so that its largest magnitude is at most 2**15, below fp16's 65504: no q
+#   overflows to inf; entries below 2**-24 of that scaled range flush to zero (error < 2**-39
+#   of the largest q). With bf16 q this is exact wherever q's entries are >= 2**-14.
+# - "bits": widened by integer ops: the e4m3 byte's exponent and mantissa are shifted into the
+#   low bits of a bf16 (fp16 for fp16 q) bit pattern, which reads as the e4m3 value times
+#   2**-120 (2**-8), subnormals included; the power of two is folded into the softmax scale
+#   for K and into the PV product for V. Exact for every finite e4m3 byte (the two NaN codes,
+#   which the cache writers never store, read as +-480). For bf16 patterns q is scaled by 2**64
+#   (at most so far that its largest magnitude stays <= 2**120) and p by 2**64, so no product
+#   of a dot falls into float32's subnormal range, which tensor cores may flush.
+FP8_CONVERTS = ("native", "fp16", "bits")
+FP8_CONVERT_DEFAULT = "native"
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     """Tile shape and launch parameters of the attention kernel."""
@@ -49,6 +68,12 @@ class AttentionConfig:
     tile_n: int  # context tokens per KV tile (independent of the cache's block size)
     num_warps: int
     num_stages: int
+    fp8_convert: str = FP8_CONVERT_DEFAULT  # how an fp8 tile is widened for the dots (FP8_CONVERTS)
+
+    def __post_init__(self) -> None:
+        if self.fp8_convert not in FP8_CONVERTS:
+            raise ValueError(f"fp8_convert must be one of {', '.join(FP8_CONVERTS)}; "
+                             f"got {self.fp8_convert!r}")
 
 
 # The default tile shapes live in a table (attention_configs.json, with where each entry came
@@ -61,7 +86,8 @@ KV_KINDS = ("16bit", "fp8")  # KV-cache element size: bf16/fp16/fp32 tiles, or f
 
 
 def load_config_table(path: Path = CONFIG_TABLE_PATH) -> dict[tuple[str, str], AttentionConfig]:
-    """{(path, kv kind): config} of a table file; every (path, kv kind) pair must be there."""
+    """{(path, kv kind): config} of a table file; every (path, kv kind) pair must be there.
+    ``fp8_convert`` is optional (tables written before it existed get the default)."""
     raw = json.loads(path.read_text())
     table = {}
     for p in CONFIG_PATHS:
@@ -70,10 +96,11 @@ def load_config_table(path: Path = CONFIG_TABLE_PATH) -> dict[tuple[str, str], A
                 entry = raw[p][kind]
                 table[p, kind] = AttentionConfig(
                     int(entry["block_m"]), int(entry["tile_n"]), int(entry["num_warps"]),
-                    int(entry["num_stages"]))  # fmt: skip
-            except (KeyError, TypeError, ValueError) as exc:
+                    int(entry["num_stages"]), str(entry.get("fp8_convert", FP8_CONVERT_DEFAULT)))  # fmt: skip
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise ValueError(f"{path}: entry {p}.{kind} needs integer block_m, tile_n, "
-                                 f"num_warps and num_stages ({exc!r})") from None
+                                 f"num_warps and num_stages, and fp8_convert (optional) one of "
+                                 f"{', '.join(FP8_CONVERTS)} ({exc!r})") from None
     return table
 
 
@@ -151,8 +178,10 @@ def choose_config(max_query_len: int, num_queries_per_kv: int, kv_fp8: bool = Fa
     """Decode shape for (near-)single-token queries, prefill shape for chunks (from the table)."""
     path = "decode" if max_query_len <= DECODE_MAX_QUERY_LEN else "prefill"
     base = CONFIG_TABLE[path, "fp8" if kv_fp8 else "16bit"]
-    block_m = max(base.block_m, next_pow2(num_queries_per_kv))
-    return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages)
+    block_m = next_pow2(num_queries_per_kv)
+    if block_m <= base.block_m:  # the common case: no new record on the decode path's host time
+        return base
+    return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages, base.fp8_convert)
 
 
 def choose_num_splits(
@@ -191,6 +220,50 @@ def _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q: tl.con
 
 
 @triton.jit
+def _pow2_headroom(q, SHIFT_LOG2: tl.constexpr, LIMIT_LOG2: tl.constexpr):
+    """The exponent e <= SHIFT_LOG2 that keeps every |q * 2**e| <= 2**LIMIT_LOG2 (one rounding
+    of log2 may cost a factor 2 of that margin, which the limits leave)."""
+    amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+    room = LIMIT_LOG2 - tl.math.ceil(tl.math.log2(amax))  # amax = 0: +inf, so e = SHIFT_LOG2
+    return tl.minimum(room, SHIFT_LOG2)
+
+
+@triton.jit
+def _fp8_query(q, qk_scale, FP8_CONVERT: tl.constexpr):
+    """q as the QK^T operand of an fp8 variant, and qk_scale with its powers of two folded in."""
+    if FP8_CONVERT == "fp16":
+        e = _pow2_headroom(q, 0, 15)  # fp16's largest finite value is 65504 < 2**16
+        return (q.to(tl.float32) * tl.math.exp2(e)).to(tl.float16), qk_scale * tl.math.exp2(-e)
+    elif FP8_CONVERT == "bits":
+        if q.dtype == tl.float16:  # fp16 patterns read as the e4m3 value times 2**-8
+            return q, qk_scale * 256.0
+        else:  # bf16 patterns: times 2**-120; q moved up by 2**e (exact) keeps products normal
+            e = _pow2_headroom(q, 64, 120)
+            return (q.to(tl.float32) * tl.math.exp2(e)).to(q.dtype), qk_scale * tl.math.exp2(120.0 - e)
+    else:
+        return q, qk_scale
+
+
+@triton.jit
+def _widen_fp8(x, DOT_DTYPE: tl.constexpr, FP8_CONVERT: tl.constexpr):
+    """An e4m3 tile as a DOT_DTYPE operand (see FP8_CONVERTS for each variant's scale)."""
+    if FP8_CONVERT == "bits":
+        b = x.to(tl.uint8, bitcast=True).to(tl.uint16)
+        if DOT_DTYPE == tl.float16:  # sign to bit 15, exponent and mantissa to bits 13..7
+            bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+            return bits.to(tl.uint16).to(tl.float16, bitcast=True)
+        elif DOT_DTYPE == tl.float32:  # as bf16 but 16 bits further up: the same 2**-120
+            w = b.to(tl.uint32)
+            bits = ((w & 0x80) << 24) | ((w & 0x7F) << 20)
+            return bits.to(tl.uint32).to(tl.float32, bitcast=True)
+        else:  # bf16: exponent and mantissa to bits 10..4, under an 8-bit exponent field
+            bits = ((b & 0x80) << 8) | ((b & 0x7F) << 4)
+            return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(DOT_DTYPE)
+
+
+@triton.jit
 def _attend_tiles(
     acc,
     m_i,
@@ -215,8 +288,11 @@ def _attend_tiles(
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,  # one of FP8_CONVERTS (used only when KV_FP8)
 ):
     offs_n = tl.arange(0, TILE_N)
+    if KV_FP8:
+        q, qk_scale = _fp8_query(q, qk_scale, FP8_CONVERT)
     for j in range(tile_lo, tile_hi):
         key_pos = j * TILE_N + offs_n
         if MASKED:  # the tile may run past the last visible key: guard every load
@@ -239,16 +315,21 @@ def _attend_tiles(
         else:
             k = tl.load(k_cache_ptr + kv_ptrs)
         if KV_FP8:  # exact: every e4m3 value is a bf16/fp16/fp32 value; the scale is in qk_scale
-            k = k.to(q.dtype)
+            k = _widen_fp8(k, q.dtype, FP8_CONVERT)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
             s = tl.where(key_pos[None, :] < key_limit[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # a row that has seen no key yet keeps m = -inf; shift by 0 there to avoid inf - inf
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if KV_FP8 and FP8_CONVERT == "bits" and q.dtype != tl.float16:
+            # p * 2**64 for free (in the row maximum), so p times a 2**-120-scaled V stays normal
+            p = tl.math.exp2(s - (m_safe - 64.0)[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1) * (2.0**-64)
+        else:
+            p = tl.math.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
         if MASKED:
             v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
         elif HEAD_DIM != HEAD_DIM_PAD:
@@ -256,10 +337,14 @@ def _attend_tiles(
         else:
             v = tl.load(v_cache_ptr + kv_ptrs)
         if KV_FP8:  # the scale is applied once to the output
-            v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype), v, input_precision=DOT_PRECISION
-        )
+            v = _widen_fp8(v, q.dtype, FP8_CONVERT)
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if KV_FP8 and FP8_CONVERT == "bits":  # undo the patterns' (and p's) powers of two
+            if q.dtype == tl.float16:
+                pv = pv * 256.0
+            else:
+                pv = pv * (2.0**56)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     return acc, m_i, l_i
 
@@ -304,6 +389,7 @@ def _paged_attention_kernel(
     IS_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,
 ):
     # Q blocks in reverse: with causal prefill the last blocks of a sequence have the most
     # tiles, so starting them first leaves the short ones to fill the tail of the grid
@@ -365,13 +451,13 @@ def _paged_attention_kernel(
         acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
         stride_c_block, stride_c_row,
         tile_lo, tl.minimum(tile_hi, num_full_tiles), key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION, KV_FP8,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION, KV_FP8, FP8_CONVERT,
     )  # fmt: skip
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
         stride_c_block, stride_c_row,
         tl.maximum(tile_lo, num_full_tiles), tile_hi, key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION, KV_FP8,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION, KV_FP8, FP8_CONVERT,
     )  # fmt: skip
 
     has_keys = l_i > 0.0
@@ -574,6 +660,7 @@ def paged_attention(
         NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
         IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision, KV_FP8=scales.is_fp8,
+        FP8_CONVERT=cfg.fp8_convert if scales.is_fp8 else FP8_CONVERT_DEFAULT,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
