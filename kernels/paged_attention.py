@@ -55,8 +55,14 @@ LOG2E = 1.4426950408889634
 #   for K and into the PV product for V. Exact for every finite e4m3 byte (the two NaN codes,
 #   which the cache writers never store, read as +-480). For bf16 patterns q is scaled by 2**64
 #   (at most so far that its largest magnitude stays <= 2**120) and p by 2**64, so no product
-#   of a dot falls into float32's subnormal range, which tensor cores may flush.
-FP8_CONVERTS = ("native", "fp16", "bits")
+#   of a dot with a q entry above 2**-61 (or p above 2**-61) falls into float32's subnormal
+#   range, which tensor cores may flush.
+# - "packed": the "bits" arithmetic on the cache read as uint32 words, four e4m3 values each:
+#   QK^T and PV run as four dots over the byte planes (head-dim columns 4c + j), so no tile is
+#   moved or converted one byte at a time (compiled for sm90, "native" reads its fp8 K tile
+#   from shared memory byte by byte). Falls back to "bits" where the layout does not allow it
+#   (see fp8_convert_of).
+FP8_CONVERTS = ("native", "fp16", "bits", "packed")
 FP8_CONVERT_DEFAULT = "native"
 
 
@@ -184,6 +190,24 @@ def choose_config(max_query_len: int, num_queries_per_kv: int, kv_fp8: bool = Fa
     return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages, base.fp8_convert)
 
 
+def fp8_convert_of(config: AttentionConfig, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   kv_fp8: bool) -> str:
+    """The kernel's FP8_CONVERT: the config's variant for an fp8 cache, the default otherwise
+    (one compiled kernel for 16-bit caches). "packed" reads the cache as uint32 words, so it
+    needs head_dim % 4 == 0 (and >= 33: four planes of at least 16 columns for the tensor
+    cores) and 4-byte aligned rows; elsewhere it falls back to "bits", the same arithmetic
+    on tiles widened one byte at a time."""
+    if not kv_fp8:
+        return FP8_CONVERT_DEFAULT
+    convert = config.fp8_convert
+    if convert == "packed":
+        head_dim = k_cache.shape[3]
+        if head_dim % 4 or head_dim <= 32 or any(st % 4 for st in k_cache.stride()[:3]) \
+                or k_cache.data_ptr() % 4 or v_cache.data_ptr() % 4:
+            return "bits"
+    return convert
+
+
 def choose_num_splits(
     num_q_blocks: int,
     num_kv_heads: int,
@@ -234,7 +258,7 @@ def _fp8_query(q, qk_scale, FP8_CONVERT: tl.constexpr):
     if FP8_CONVERT == "fp16":
         e = _pow2_headroom(q, 0, 15)  # fp16's largest finite value is 65504 < 2**16
         return (q.to(tl.float32) * tl.math.exp2(e)).to(tl.float16), qk_scale * tl.math.exp2(-e)
-    elif FP8_CONVERT == "bits":
+    elif FP8_CONVERT == "bits" or FP8_CONVERT == "packed":
         if q.dtype == tl.float16:  # fp16 patterns read as the e4m3 value times 2**-8
             return q, qk_scale * 256.0
         else:  # bf16 patterns: times 2**-120; q moved up by 2**e (exact) keeps products normal
@@ -264,7 +288,25 @@ def _widen_fp8(x, DOT_DTYPE: tl.constexpr, FP8_CONVERT: tl.constexpr):
 
 
 @triton.jit
-def _attend_tiles(
+def _softmax_step(s, m_i, l_i, P_LOG2: tl.constexpr):
+    """One online-softmax update: (p * 2**P_LOG2, the old rows' rescale, new l, new m).
+    The power of two rides in the row maximum (free), so p times a V tile that carries 2**-120
+    stays in float32's normal range; l is kept unscaled."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row that has seen no key yet keeps m = -inf; shift by 0 there to avoid inf - inf
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)
+    if P_LOG2 == 0:
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+    else:
+        p = tl.math.exp2(s - (m_safe - P_LOG2)[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1) * tl.math.exp2(-1.0 * P_LOG2)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _attend_tiles_widened(
     acc,
     m_i,
     l_i,
@@ -290,6 +332,7 @@ def _attend_tiles(
     KV_FP8: tl.constexpr,
     FP8_CONVERT: tl.constexpr,  # one of FP8_CONVERTS (used only when KV_FP8)
 ):
+    """The KV loop with whole tiles, widened element by element after the load."""
     offs_n = tl.arange(0, TILE_N)
     if KV_FP8:
         q, qk_scale = _fp8_query(q, qk_scale, FP8_CONVERT)
@@ -319,17 +362,10 @@ def _attend_tiles(
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
             s = tl.where(key_pos[None, :] < key_limit[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a row that has seen no key yet keeps m = -inf; shift by 0 there to avoid inf - inf
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_safe)
         if KV_FP8 and FP8_CONVERT == "bits" and q.dtype != tl.float16:
-            # p * 2**64 for free (in the row maximum), so p times a 2**-120-scaled V stays normal
-            p = tl.math.exp2(s - (m_safe - 64.0)[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1) * (2.0**-64)
+            p, alpha, l_i, m_new = _softmax_step(s, m_i, l_i, 64)
         else:
-            p = tl.math.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, l_i, m_new = _softmax_step(s, m_i, l_i, 0)
         if MASKED:
             v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
         elif HEAD_DIM != HEAD_DIM_PAD:
@@ -346,6 +382,144 @@ def _attend_tiles(
                 pv = pv * (2.0**56)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _byte_plane(words, J: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Byte J of every uint32 word (an e4m3 value) as a DOT_DTYPE operand, by integer ops:
+    the patterns of _widen_fp8's "bits" variant (2**-120 for bf16/fp32, 2**-8 for fp16)."""
+    b = (words >> (8 * J)) & 0xFF
+    if DOT_DTYPE == tl.float16:
+        return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.uint16).to(tl.float16, bitcast=True)
+    elif DOT_DTYPE == tl.float32:
+        return (((b & 0x80) << 24) | ((b & 0x7F) << 20)).to(tl.float32, bitcast=True)
+    else:
+        return (((b & 0x80) << 8) | ((b & 0x7F) << 4)).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _column_planes(x):
+    """x [M, 4 W] as four [M, W]: columns 4c, 4c+1, 4c+2, 4c+3 (the bytes of word c)."""
+    even, odd = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 4, 2, 2)))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _join_planes(x0, x1, x2, x3):
+    """The inverse of _column_planes."""
+    x = tl.join(tl.join(x0, x2), tl.join(x1, x3))
+    return tl.reshape(x, (x0.shape[0], x0.shape[1] * 4))
+
+
+@triton.jit
+def _attend_tiles_packed(
+    acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
+    stride_c_block, stride_c_row, tile_lo, tile_hi, key_limit, num_keys, qk_scale, offs_d,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, FP8_CONVERT: tl.constexpr,
+):  # fmt: skip
+    """The KV loop over an fp8 cache read as uint32 words (four e4m3 values each): byte j of
+    word c is head-dim column 4c + j, so QK^T is the sum of four dots over the byte planes
+    (q split the same way) and PV gives the output's four column planes. No tile is ever moved
+    or converted byte by byte (the "native" variant's compiled code reads the fp8 K tile from
+    shared memory one byte at a time). Needs HEAD_DIM % 4 == 0 and cache strides that are
+    multiples of 4 (the wrapper checks)."""
+    tl.static_assert(HEAD_DIM % 4 == 0 and HEAD_DIM_PAD >= 64, "packed fp8 needs head_dim % 4 == 0, >= 64")
+    WORDS: tl.constexpr = HEAD_DIM_PAD // 4
+    offs_n = tl.arange(0, TILE_N)
+    offs_w = tl.arange(0, WORDS)
+    q, qk_scale = _fp8_query(q, qk_scale, FP8_CONVERT)
+    q0, q1, q2, q3 = _column_planes(q)
+    a0, a1, a2, a3 = _column_planes(acc)
+    k_words = k_cache_ptr.to(tl.pointer_type(tl.uint32), bitcast=True)
+    v_words = v_cache_ptr.to(tl.pointer_type(tl.uint32), bitcast=True)
+    for j in range(tile_lo, tile_hi):
+        key_pos = j * TILE_N + offs_n
+        if MASKED:
+            key_ok = key_pos < num_keys
+            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0)
+        else:
+            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE)
+        row_off = (
+            block_ids.to(tl.int64) * stride_c_block
+            + (key_pos % BLOCK_SIZE).to(tl.int64) * stride_c_row
+            + kv_head_offset
+        )
+        w_ptrs = (row_off // 4)[:, None] + offs_w[None, :]
+        if MASKED:
+            w_mask = key_ok[:, None] & (offs_w[None, :] < HEAD_DIM // 4)
+            kw = tl.load(k_words + w_ptrs, mask=w_mask, other=0)
+        elif HEAD_DIM != HEAD_DIM_PAD:
+            kw = tl.load(k_words + w_ptrs, mask=offs_w[None, :] < HEAD_DIM // 4, other=0)
+        else:
+            kw = tl.load(k_words + w_ptrs)
+        s = tl.dot(q0, tl.trans(_byte_plane(kw, 0, q.dtype)), input_precision=DOT_PRECISION)
+        s = tl.dot(q1, tl.trans(_byte_plane(kw, 1, q.dtype)), s, input_precision=DOT_PRECISION)
+        s = tl.dot(q2, tl.trans(_byte_plane(kw, 2, q.dtype)), s, input_precision=DOT_PRECISION)
+        s = tl.dot(q3, tl.trans(_byte_plane(kw, 3, q.dtype)), s, input_precision=DOT_PRECISION)
+        s = s * qk_scale
+        if MASKED:
+            s = tl.where(key_pos[None, :] < key_limit[:, None], s, float("-inf"))
+        if q.dtype == tl.float16:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, 0)
+            v_unscale = 256.0  # the fp16 patterns' 2**-8
+        else:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, 64)
+            v_unscale = 2.0**56  # the bf16 patterns' 2**-120 times p's 2**64
+        if MASKED:
+            vw = tl.load(v_words + w_ptrs, mask=w_mask, other=0)
+        elif HEAD_DIM != HEAD_DIM_PAD:
+            vw = tl.load(v_words + w_ptrs, mask=offs_w[None, :] < HEAD_DIM // 4, other=0)
+        else:
+            vw = tl.load(v_words + w_ptrs)
+        p = p.to(q.dtype)
+        a0 = a0 * alpha[:, None] + tl.dot(p, _byte_plane(vw, 0, q.dtype), input_precision=DOT_PRECISION) * v_unscale
+        a1 = a1 * alpha[:, None] + tl.dot(p, _byte_plane(vw, 1, q.dtype), input_precision=DOT_PRECISION) * v_unscale
+        a2 = a2 * alpha[:, None] + tl.dot(p, _byte_plane(vw, 2, q.dtype), input_precision=DOT_PRECISION) * v_unscale
+        a3 = a3 * alpha[:, None] + tl.dot(p, _byte_plane(vw, 3, q.dtype), input_precision=DOT_PRECISION) * v_unscale
+    return _join_planes(a0, a1, a2, a3), m_i, l_i
+
+
+@triton.jit
+def _attend_tiles(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_row_ptr,
+    kv_head_offset,
+    stride_c_block,
+    stride_c_row,
+    tile_lo,
+    tile_hi,
+    key_limit,  # [BLOCK_M] row r sees keys < key_limit[r] (used only when MASKED)
+    num_keys,  # keys < num_keys exist in the block table (used only when MASKED)
+    qk_scale,
+    offs_d,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,  # one of FP8_CONVERTS (used only when KV_FP8)
+):
+    """Attend the rows of ``q`` to KV tiles [tile_lo, tile_hi): the online-softmax state in and out."""
+    if KV_FP8 and FP8_CONVERT == "packed":
+        acc, m_i, l_i = _attend_tiles_packed(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset, stride_c_block, stride_c_row, tile_lo, tile_hi, key_limit, num_keys, qk_scale, offs_d, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, MASKED, DOT_PRECISION, KV_FP8, FP8_CONVERT,
+        )  # fmt: skip
+    else:
+        acc, m_i, l_i = _attend_tiles_widened(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset, stride_c_block, stride_c_row, tile_lo, tile_hi, key_limit, num_keys, qk_scale, offs_d, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, MASKED, DOT_PRECISION, KV_FP8, FP8_CONVERT,
+        )  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -660,7 +834,7 @@ def paged_attention(
         NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
         IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision, KV_FP8=scales.is_fp8,
-        FP8_CONVERT=cfg.fp8_convert if scales.is_fp8 else FP8_CONVERT_DEFAULT,
+        FP8_CONVERT=fp8_convert_of(cfg, k_cache, v_cache, scales.is_fp8),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

@@ -16,8 +16,10 @@ from kernels.paged_attention import (
     CONFIG_TABLE,
     FP8_CONVERTS,
     AttentionConfig,
+    _byte_plane,
     _widen_fp8,
     choose_config,
+    fp8_convert_of,
     load_config_table,
     paged_attention,
 )
@@ -136,7 +138,7 @@ def test_an_old_table_without_the_field_loads_with_the_default(tmp_path):
     assert load_config_table(path)["decode", "fp8"].fp8_convert == "bits"
     table["decode"]["fp8"]["fp8_convert"] = "fp4"
     path.write_text(json.dumps(table))
-    with pytest.raises(ValueError, match="entry decode.fp8 needs .* fp8_convert .* native, fp16, bits"):
+    with pytest.raises(ValueError, match="entry decode.fp8 needs .* fp8_convert .* native, fp16, bits, packed"):
         load_config_table(path)
 
 
@@ -145,5 +147,37 @@ def test_the_variant_travels_with_the_chosen_config():
     # a group wider than the table's block_m makes a new record: it keeps the variant
     assert choose_config(1, 64, kv_fp8=True).fp8_convert == CONFIG_TABLE["decode", "fp8"].fp8_convert
     assert choose_config(1, 64, kv_fp8=True).block_m == 64
-    with pytest.raises(ValueError, match="fp8_convert must be one of native, fp16, bits; got 'x'"):
+    with pytest.raises(ValueError, match="fp8_convert must be one of native, fp16, bits, packed; got 'x'"):
         AttentionConfig(16, 128, 4, 3, "x")
+
+
+@triton.jit
+def _planes_kernel(x_ptr, out_ptr, DOT_DTYPE: tl.constexpr):
+    words = tl.load(x_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + tl.arange(0, 64))
+    for j in tl.static_range(4):  # byte j of word c is value 4c + j
+        tl.store(out_ptr + tl.arange(0, 64) * 4 + j, _byte_plane(words, j, DOT_DTYPE))
+
+
+@pytest.mark.parametrize(("dtype", "log2_factor"), [("bf16", -120), ("fp16", -8), ("fp32", -120)])
+def test_packed_byte_planes_are_exact_for_all_256_bytes(dtype, log2_factor):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    out = torch.empty(256, dtype=TORCH_DTYPE[dtype])
+    _planes_kernel[(1,)](codes, out, DOT_DTYPE=TL_DTYPE[dtype])
+    want = torch.tensor([e4m3_value(c) for c in range(256)], dtype=torch.float64) * 2.0**log2_factor
+    finite = ~want.isnan()
+    assert torch.equal(out[finite].double(), want[finite])
+
+
+def test_packed_falls_back_where_words_do_not_fit():
+    """head_dim 32 leaves planes of 8 columns (below a tensor-core k of 16): "bits" runs
+    instead, with the same result as the reference."""
+    spec = dict(DECODE, head_dim=32)
+    batch, q, k8, v8, ks, vs = fp8_case(spec, torch.bfloat16, 5)
+    assert fp8_convert_of(AttentionConfig(16, 16, 4, 2, "packed"), k8, v8, True) == "bits"
+    assert fp8_convert_of(AttentionConfig(16, 16, 4, 2, "packed"), batch.k_cache, batch.v_cache,
+                          False) == "native"  # fmt: skip
+    out, ref = run_variant(batch, q, k8, v8, ks, vs, "packed", 1, 16)
+    assert rel_norm_error(out, ref) <= 1e-2
+    _, _, k64, v64, _, _ = fp8_case(DECODE, torch.bfloat16, 5)
+    assert fp8_convert_of(AttentionConfig(16, 16, 4, 2, "packed"), k64, v64, True) == "packed"
+    assert fp8_convert_of(AttentionConfig(16, 16, 4, 2, "packed"), k64[:, :, :, 1:63], v64, True) == "bits"
