@@ -19,9 +19,10 @@ How the work is cut:
   a third grid axis cuts each sequence's tiles into ``num_splits`` segments; each writes a
   normalised partial output and its log-sum-exp, and a second kernel merges them.
 - FP8 KV cache (``torch.float8_e4m3fn``, see ``kernels.reference`` for the scale convention):
-  tiles are loaded as fp8 (half the bytes) and widened to q's dtype in registers, which is
-  exact; the program's KV-head scale is folded into the softmax scale for K and applied once to
-  the output for V, so dequantisation costs no multiply per element.
+  tiles are loaded as fp8 (half the bytes) and widened for the tensor cores in registers, in one
+  of the ways FP8_CONVERTS lists (a launch parameter: ``AttentionConfig.fp8_convert``); the
+  program's KV-head scale is folded into the softmax scale for K and applied once to the output
+  for V, so dequantisation costs no multiply per element.
 """
 
 from __future__ import annotations

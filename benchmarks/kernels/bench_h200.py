@@ -122,15 +122,6 @@ DECODE_SWEEP = [
     AttentionConfig(16, 128, 8, 2),
     AttentionConfig(16, 64, 4, 5),  # small tiles, deep pipeline: 160 KB in flight
 ]
-# fp8 halves the bytes of a tile: 256-key tiles move what 128-key bf16 tiles move per stage
-FP8_DECODE_SWEEP = [
-    AttentionConfig(16, 128, 4, 4),  # default
-    AttentionConfig(16, 256, 4, 3),  # the bf16 default's bytes per stage and shared memory
-    AttentionConfig(16, 128, 4, 3),
-    AttentionConfig(16, 256, 4, 2),
-    AttentionConfig(16, 256, 8, 3),
-    AttentionConfig(16, 128, 4, 6),  # 192 KB in flight, as the bf16 default
-]
 PREFILL_SWEEP = [
     AttentionConfig(128, 32, 4, 3),  # default
     AttentionConfig(128, 64, 8, 3),  # FA2 shape for D=128: two warpgroups, 64-key tiles
@@ -707,7 +698,7 @@ def sweep_decode(batch: int, context: int, kv: str) -> None:
     case = Case(batch, 1, context - 1, seed=batch * 7 + context)
     name = f"{batch}x{context}"
     nbytes = case.kv_bytes(kv)
-    configs = (FP8_DECODE_SWEEP if kv == "fp8" else DECODE_SWEEP)[: 2 if ARGS.dry_run else None]
+    configs = DECODE_SWEEP[: 2 if ARGS.dry_run else None]  # fp8: fp8_focus_sweep
     for cfg in configs:
         for s in split_options(batch, num_sms_of(case.q.device)):
             try:
