@@ -19,9 +19,10 @@ How the work is cut:
   a third grid axis cuts each sequence's tiles into ``num_splits`` segments; each writes a
   normalised partial output and its log-sum-exp, and a second kernel merges them.
 - FP8 KV cache (``torch.float8_e4m3fn``, see ``kernels.reference`` for the scale convention):
-  tiles are loaded as fp8 (half the bytes) and widened to q's dtype in registers, which is
-  exact; the program's KV-head scale is folded into the softmax scale for K and applied once to
-  the output for V, so dequantisation costs no multiply per element.
+  tiles are loaded as fp8 (half the bytes) and widened for the tensor cores in registers, in one
+  of the ways FP8_CONVERTS lists (a launch parameter: ``AttentionConfig.fp8_convert``); the
+  program's KV-head scale is folded into the softmax scale for K and applied once to the output
+  for V, so dequantisation costs no multiply per element.
 """
 
 from __future__ import annotations
@@ -41,6 +42,31 @@ from kernels.reference import is_fp8
 LOG2E = 1.4426950408889634
 
 
+# How an fp8 (e4m3) KV tile becomes a tensor-core operand (a launch parameter, swept on the GPU
+# because which is fastest depends on the hardware's conversion instructions):
+# - "native": ``tile.to(q.dtype)``, Triton's own conversion; exact.
+# - "fp16": K and V widened to fp16 (sm89+ converts two e4m3 to two fp16 in one instruction), q
+#   and p cast to fp16 for both dots. q is first scaled by a power of two (folded into the
+#   softmax scale) so that its largest magnitude is at most 2**15, below fp16's 65504: no q
+#   overflows to inf; entries below 2**-24 of that scaled range flush to zero (error < 2**-39
+#   of the largest q). With bf16 q this is exact wherever q's entries are >= 2**-14.
+# - "bits": widened by integer ops: the e4m3 byte's exponent and mantissa are shifted into the
+#   low bits of a bf16 (fp16 for fp16 q) bit pattern, which reads as the e4m3 value times
+#   2**-120 (2**-8), subnormals included; the power of two is folded into the softmax scale
+#   for K and into the PV product for V. Exact for every finite e4m3 byte (the two NaN codes,
+#   which the cache writers never store, read as +-480). For bf16 patterns q is scaled by 2**64
+#   (at most so far that its largest magnitude stays <= 2**120) and p by 2**64, so no product
+#   of a dot with a q entry above 2**-61 (or p above 2**-61) falls into float32's subnormal
+#   range, which tensor cores may flush.
+# - "packed": the "bits" arithmetic on the cache read as uint32 words, four e4m3 values each:
+#   QK^T and PV run as four dots over the byte planes (head-dim columns 4c + j), so no tile is
+#   moved or converted one byte at a time (compiled for sm90, "native" reads its fp8 K tile
+#   from shared memory byte by byte). Falls back to "bits" where the layout does not allow it
+#   (see fp8_convert_of).
+FP8_CONVERTS = ("native", "fp16", "bits", "packed")
+FP8_CONVERT_DEFAULT = "native"
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     """Tile shape and launch parameters of the attention kernel."""
@@ -49,6 +75,12 @@ class AttentionConfig:
     tile_n: int  # context tokens per KV tile (independent of the cache's block size)
     num_warps: int
     num_stages: int
+    fp8_convert: str = FP8_CONVERT_DEFAULT  # how an fp8 tile is widened for the dots (FP8_CONVERTS)
+
+    def __post_init__(self) -> None:
+        if self.fp8_convert not in FP8_CONVERTS:
+            raise ValueError(f"fp8_convert must be one of {', '.join(FP8_CONVERTS)}; "
+                             f"got {self.fp8_convert!r}")
 
 
 # The default tile shapes live in a table (attention_configs.json, with where each entry came
@@ -61,7 +93,8 @@ KV_KINDS = ("16bit", "fp8")  # KV-cache element size: bf16/fp16/fp32 tiles, or f
 
 
 def load_config_table(path: Path = CONFIG_TABLE_PATH) -> dict[tuple[str, str], AttentionConfig]:
-    """{(path, kv kind): config} of a table file; every (path, kv kind) pair must be there."""
+    """{(path, kv kind): config} of a table file; every (path, kv kind) pair must be there.
+    ``fp8_convert`` is optional (tables written before it existed get the default)."""
     raw = json.loads(path.read_text())
     table = {}
     for p in CONFIG_PATHS:
@@ -70,10 +103,11 @@ def load_config_table(path: Path = CONFIG_TABLE_PATH) -> dict[tuple[str, str], A
                 entry = raw[p][kind]
                 table[p, kind] = AttentionConfig(
                     int(entry["block_m"]), int(entry["tile_n"]), int(entry["num_warps"]),
-                    int(entry["num_stages"]))  # fmt: skip
-            except (KeyError, TypeError, ValueError) as exc:
+                    int(entry["num_stages"]), str(entry.get("fp8_convert", FP8_CONVERT_DEFAULT)))  # fmt: skip
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise ValueError(f"{path}: entry {p}.{kind} needs integer block_m, tile_n, "
-                                 f"num_warps and num_stages ({exc!r})") from None
+                                 f"num_warps and num_stages, and fp8_convert (optional) one of "
+                                 f"{', '.join(FP8_CONVERTS)} ({exc!r})") from None
     return table
 
 
@@ -151,8 +185,28 @@ def choose_config(max_query_len: int, num_queries_per_kv: int, kv_fp8: bool = Fa
     """Decode shape for (near-)single-token queries, prefill shape for chunks (from the table)."""
     path = "decode" if max_query_len <= DECODE_MAX_QUERY_LEN else "prefill"
     base = CONFIG_TABLE[path, "fp8" if kv_fp8 else "16bit"]
-    block_m = max(base.block_m, next_pow2(num_queries_per_kv))
-    return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages)
+    block_m = next_pow2(num_queries_per_kv)
+    if block_m <= base.block_m:  # the common case: no new record on the decode path's host time
+        return base
+    return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages, base.fp8_convert)
+
+
+def fp8_convert_of(config: AttentionConfig, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   kv_fp8: bool) -> str:
+    """The kernel's FP8_CONVERT: the config's variant for an fp8 cache, the default otherwise
+    (one compiled kernel for 16-bit caches). "packed" reads the cache as uint32 words, so it
+    needs head_dim % 4 == 0 (and >= 33: four planes of at least 16 columns for the tensor
+    cores) and 4-byte aligned rows; elsewhere it falls back to "bits", the same arithmetic
+    on tiles widened one byte at a time."""
+    if not kv_fp8:
+        return FP8_CONVERT_DEFAULT
+    convert = config.fp8_convert
+    if convert == "packed":
+        head_dim = k_cache.shape[3]
+        if head_dim % 4 or head_dim <= 32 or any(st % 4 for st in k_cache.stride()[:3]) \
+                or k_cache.data_ptr() % 4 or v_cache.data_ptr() % 4:
+            return "bits"
+    return convert
 
 
 def choose_num_splits(
@@ -191,6 +245,247 @@ def _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q: tl.con
 
 
 @triton.jit
+def _pow2_headroom(q, SHIFT_LOG2: tl.constexpr, LIMIT_LOG2: tl.constexpr):
+    """The exponent e <= SHIFT_LOG2 that keeps every |q * 2**e| <= 2**LIMIT_LOG2 (one rounding
+    of log2 may cost a factor 2 of that margin, which the limits leave)."""
+    amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+    room = LIMIT_LOG2 - tl.math.ceil(tl.math.log2(amax))  # amax = 0: +inf, so e = SHIFT_LOG2
+    return tl.minimum(room, SHIFT_LOG2)
+
+
+@triton.jit
+def _fp8_query(q, qk_scale, FP8_CONVERT: tl.constexpr):
+    """q as the QK^T operand of an fp8 variant, and qk_scale with its powers of two folded in."""
+    if FP8_CONVERT == "fp16":
+        e = _pow2_headroom(q, 0, 15)  # fp16's largest finite value is 65504 < 2**16
+        return (q.to(tl.float32) * tl.math.exp2(e)).to(tl.float16), qk_scale * tl.math.exp2(-e)
+    elif FP8_CONVERT == "bits" or FP8_CONVERT == "packed":
+        if q.dtype == tl.float16:  # fp16 patterns read as the e4m3 value times 2**-8
+            return q, qk_scale * 256.0
+        else:  # bf16 patterns: times 2**-120; q moved up by 2**e (exact) keeps products normal
+            e = _pow2_headroom(q, 64, 120)
+            return (q.to(tl.float32) * tl.math.exp2(e)).to(q.dtype), qk_scale * tl.math.exp2(120.0 - e)
+    else:
+        return q, qk_scale
+
+
+@triton.jit
+def _widen_fp8(x, DOT_DTYPE: tl.constexpr, FP8_CONVERT: tl.constexpr):
+    """An e4m3 tile as a DOT_DTYPE operand (see FP8_CONVERTS for each variant's scale)."""
+    if FP8_CONVERT == "bits":
+        b = x.to(tl.uint8, bitcast=True).to(tl.uint16)
+        if DOT_DTYPE == tl.float16:  # sign to bit 15, exponent and mantissa to bits 13..7
+            bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+            return bits.to(tl.uint16).to(tl.float16, bitcast=True)
+        elif DOT_DTYPE == tl.float32:  # as bf16 but 16 bits further up: the same 2**-120
+            w = b.to(tl.uint32)
+            bits = ((w & 0x80) << 24) | ((w & 0x7F) << 20)
+            return bits.to(tl.uint32).to(tl.float32, bitcast=True)
+        else:  # bf16: exponent and mantissa to bits 10..4, under an 8-bit exponent field
+            bits = ((b & 0x80) << 8) | ((b & 0x7F) << 4)
+            return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(DOT_DTYPE)
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i, P_LOG2: tl.constexpr):
+    """One online-softmax update: (p * 2**P_LOG2, the old rows' rescale, new l, new m).
+    The power of two rides in the row maximum (free), so p times a V tile that carries 2**-120
+    stays in float32's normal range; l is kept unscaled."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row that has seen no key yet keeps m = -inf; shift by 0 there to avoid inf - inf
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)
+    if P_LOG2 == 0:
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+    else:
+        p = tl.math.exp2(s - (m_safe - P_LOG2)[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1) * tl.math.exp2(-1.0 * P_LOG2)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _attend_tiles_widened(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_row_ptr,
+    kv_head_offset,
+    stride_c_block,
+    stride_c_row,
+    tile_lo,
+    tile_hi,
+    key_limit,  # [BLOCK_M] row r sees keys < key_limit[r] (used only when MASKED)
+    num_keys,  # keys < num_keys exist in the block table (used only when MASKED)
+    qk_scale,
+    offs_d,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,  # one of FP8_CONVERTS (used only when KV_FP8)
+):
+    """The KV loop with whole tiles, widened element by element after the load."""
+    offs_n = tl.arange(0, TILE_N)
+    if KV_FP8:
+        q, qk_scale = _fp8_query(q, qk_scale, FP8_CONVERT)
+    for j in range(tile_lo, tile_hi):
+        key_pos = j * TILE_N + offs_n
+        if MASKED:  # the tile may run past the last visible key: guard every load
+            key_ok = key_pos < num_keys
+            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0)
+        else:
+            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE)
+        # physical row of every key in the tile; int64 so huge caches cannot overflow
+        row_off = (
+            block_ids.to(tl.int64) * stride_c_block
+            + (key_pos % BLOCK_SIZE).to(tl.int64) * stride_c_row
+            + kv_head_offset
+        )
+        kv_ptrs = row_off[:, None] + offs_d[None, :]
+        if MASKED:
+            kv_mask = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        elif HEAD_DIM != HEAD_DIM_PAD:
+            k = tl.load(k_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            k = tl.load(k_cache_ptr + kv_ptrs)
+        if KV_FP8:  # exact: every e4m3 value is a bf16/fp16/fp32 value; the scale is in qk_scale
+            k = _widen_fp8(k, q.dtype, FP8_CONVERT)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if MASKED:
+            s = tl.where(key_pos[None, :] < key_limit[:, None], s, float("-inf"))
+        if KV_FP8 and FP8_CONVERT == "bits" and q.dtype != tl.float16:
+            p, alpha, l_i, m_new = _softmax_step(s, m_i, l_i, 64)
+        else:
+            p, alpha, l_i, m_new = _softmax_step(s, m_i, l_i, 0)
+        if MASKED:
+            v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        elif HEAD_DIM != HEAD_DIM_PAD:
+            v = tl.load(v_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            v = tl.load(v_cache_ptr + kv_ptrs)
+        if KV_FP8:  # the scale is applied once to the output
+            v = _widen_fp8(v, q.dtype, FP8_CONVERT)
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if KV_FP8 and FP8_CONVERT == "bits":  # undo the patterns' (and p's) powers of two
+            if q.dtype == tl.float16:
+                pv = pv * 256.0
+            else:
+                pv = pv * (2.0**56)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _byte_plane(words, J: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Byte J of every uint32 word (an e4m3 value) as a DOT_DTYPE operand, by integer ops:
+    the patterns of _widen_fp8's "bits" variant (2**-120 for bf16/fp32, 2**-8 for fp16)."""
+    b = (words >> (8 * J)) & 0xFF
+    if DOT_DTYPE == tl.float16:
+        return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.uint16).to(tl.float16, bitcast=True)
+    elif DOT_DTYPE == tl.float32:
+        return (((b & 0x80) << 24) | ((b & 0x7F) << 20)).to(tl.float32, bitcast=True)
+    else:
+        return (((b & 0x80) << 8) | ((b & 0x7F) << 4)).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _column_planes(x):
+    """x [M, 4 W] as four [M, W]: columns 4c, 4c+1, 4c+2, 4c+3 (the bytes of word c)."""
+    even, odd = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 4, 2, 2)))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _join_planes(x0, x1, x2, x3):
+    """The inverse of _column_planes."""
+    x = tl.join(tl.join(x0, x2), tl.join(x1, x3))
+    return tl.reshape(x, (x0.shape[0], x0.shape[1] * 4))
+
+
+@triton.jit
+def _attend_tiles_packed(
+    acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
+    stride_c_block, stride_c_row, tile_lo, tile_hi, key_limit, num_keys, qk_scale, offs_d,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, FP8_CONVERT: tl.constexpr,
+):  # fmt: skip
+    """The KV loop over an fp8 cache read as uint32 words (four e4m3 values each): byte j of
+    word c is head-dim column 4c + j, so QK^T is the sum of four dots over the byte planes
+    (q split the same way) and PV gives the output's four column planes. No tile is ever moved
+    or converted byte by byte (the "native" variant's compiled code reads the fp8 K tile from
+    shared memory one byte at a time). Needs HEAD_DIM % 4 == 0 and cache strides that are
+    multiples of 4 (the wrapper checks)."""
+    tl.static_assert(HEAD_DIM % 4 == 0 and HEAD_DIM_PAD >= 64, "packed fp8 needs head_dim % 4 == 0, >= 64")
+    WORDS: tl.constexpr = HEAD_DIM_PAD // 4
+    offs_n = tl.arange(0, TILE_N)
+    offs_w = tl.arange(0, WORDS)
+    q, qk_scale = _fp8_query(q, qk_scale, FP8_CONVERT)
+    q0, q1, q2, q3 = _column_planes(q)
+    a0, a1, a2, a3 = _column_planes(acc)
+    k_words = k_cache_ptr.to(tl.pointer_type(tl.uint32), bitcast=True)
+    v_words = v_cache_ptr.to(tl.pointer_type(tl.uint32), bitcast=True)
+    for j in range(tile_lo, tile_hi):
+        key_pos = j * TILE_N + offs_n
+        if MASKED:
+            key_ok = key_pos < num_keys
+            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0)
+        else:
+            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE)
+        row_off = (
+            block_ids.to(tl.int64) * stride_c_block
+            + (key_pos % BLOCK_SIZE).to(tl.int64) * stride_c_row
+            + kv_head_offset
+        )
+        w_ptrs = (row_off // 4)[:, None] + offs_w[None, :]
+        if MASKED:
+            w_mask = key_ok[:, None] & (offs_w[None, :] < HEAD_DIM // 4)
+            kw = tl.load(k_words + w_ptrs, mask=w_mask, other=0)
+        elif HEAD_DIM != HEAD_DIM_PAD:
+            kw = tl.load(k_words + w_ptrs, mask=offs_w[None, :] < HEAD_DIM // 4, other=0)
+        else:
+            kw = tl.load(k_words + w_ptrs)
+        s = tl.dot(q0, tl.trans(_byte_plane(kw, 0, q.dtype)), input_precision=DOT_PRECISION)
+        s = tl.dot(q1, tl.trans(_byte_plane(kw, 1, q.dtype)), s, input_precision=DOT_PRECISION)
+        s = tl.dot(q2, tl.trans(_byte_plane(kw, 2, q.dtype)), s, input_precision=DOT_PRECISION)
+        s = tl.dot(q3, tl.trans(_byte_plane(kw, 3, q.dtype)), s, input_precision=DOT_PRECISION)
+        s = s * qk_scale
+        if MASKED:
+            s = tl.where(key_pos[None, :] < key_limit[:, None], s, float("-inf"))
+        if q.dtype == tl.float16:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, 0)
+            v_unscale = 256.0  # the fp16 patterns' 2**-8
+        else:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, 64)
+            v_unscale = 2.0**56  # the bf16 patterns' 2**-120 times p's 2**64
+        if MASKED:
+            vw = tl.load(v_words + w_ptrs, mask=w_mask, other=0)
+        elif HEAD_DIM != HEAD_DIM_PAD:
+            vw = tl.load(v_words + w_ptrs, mask=offs_w[None, :] < HEAD_DIM // 4, other=0)
+        else:
+            vw = tl.load(v_words + w_ptrs)
+        p = p.to(q.dtype)
+        a0 = a0 * alpha[:, None] + tl.dot(p, _byte_plane(vw, 0, q.dtype), input_precision=DOT_PRECISION) * v_unscale
+        a1 = a1 * alpha[:, None] + tl.dot(p, _byte_plane(vw, 1, q.dtype), input_precision=DOT_PRECISION) * v_unscale
+        a2 = a2 * alpha[:, None] + tl.dot(p, _byte_plane(vw, 2, q.dtype), input_precision=DOT_PRECISION) * v_unscale
+        a3 = a3 * alpha[:, None] + tl.dot(p, _byte_plane(vw, 3, q.dtype), input_precision=DOT_PRECISION) * v_unscale
+    return _join_planes(a0, a1, a2, a3), m_i, l_i
+
+
+@triton.jit
 def _attend_tiles(
     acc,
     m_i,
@@ -215,52 +510,17 @@ def _attend_tiles(
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,  # one of FP8_CONVERTS (used only when KV_FP8)
 ):
-    offs_n = tl.arange(0, TILE_N)
-    for j in range(tile_lo, tile_hi):
-        key_pos = j * TILE_N + offs_n
-        if MASKED:  # the tile may run past the last visible key: guard every load
-            key_ok = key_pos < num_keys
-            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0)
-        else:
-            block_ids = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE)
-        # physical row of every key in the tile; int64 so huge caches cannot overflow
-        row_off = (
-            block_ids.to(tl.int64) * stride_c_block
-            + (key_pos % BLOCK_SIZE).to(tl.int64) * stride_c_row
-            + kv_head_offset
-        )
-        kv_ptrs = row_off[:, None] + offs_d[None, :]
-        if MASKED:
-            kv_mask = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-            k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-        elif HEAD_DIM != HEAD_DIM_PAD:
-            k = tl.load(k_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-        else:
-            k = tl.load(k_cache_ptr + kv_ptrs)
-        if KV_FP8:  # exact: every e4m3 value is a bf16/fp16/fp32 value; the scale is in qk_scale
-            k = k.to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        if MASKED:
-            s = tl.where(key_pos[None, :] < key_limit[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a row that has seen no key yet keeps m = -inf; shift by 0 there to avoid inf - inf
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-        elif HEAD_DIM != HEAD_DIM_PAD:
-            v = tl.load(v_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-        else:
-            v = tl.load(v_cache_ptr + kv_ptrs)
-        if KV_FP8:  # the scale is applied once to the output
-            v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype), v, input_precision=DOT_PRECISION
-        )
-        m_i = m_new
+    """Attend the rows of ``q`` to KV tiles [tile_lo, tile_hi): the online-softmax state in and out."""
+    if KV_FP8 and FP8_CONVERT == "packed":
+        acc, m_i, l_i = _attend_tiles_packed(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset, stride_c_block, stride_c_row, tile_lo, tile_hi, key_limit, num_keys, qk_scale, offs_d, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, MASKED, DOT_PRECISION, KV_FP8, FP8_CONVERT,
+        )  # fmt: skip
+    else:
+        acc, m_i, l_i = _attend_tiles_widened(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset, stride_c_block, stride_c_row, tile_lo, tile_hi, key_limit, num_keys, qk_scale, offs_d, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, MASKED, DOT_PRECISION, KV_FP8, FP8_CONVERT,
+        )  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -304,6 +564,7 @@ def _paged_attention_kernel(
     IS_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,
 ):
     # Q blocks in reverse: with causal prefill the last blocks of a sequence have the most
     # tiles, so starting them first leaves the short ones to fill the tail of the grid
@@ -365,13 +626,13 @@ def _paged_attention_kernel(
         acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
         stride_c_block, stride_c_row,
         tile_lo, tl.minimum(tile_hi, num_full_tiles), key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION, KV_FP8,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION, KV_FP8, FP8_CONVERT,
     )  # fmt: skip
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
         stride_c_block, stride_c_row,
         tl.maximum(tile_lo, num_full_tiles), tile_hi, key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION, KV_FP8,
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION, KV_FP8, FP8_CONVERT,
     )  # fmt: skip
 
     has_keys = l_i > 0.0
@@ -574,6 +835,7 @@ def paged_attention(
         NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
         IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision, KV_FP8=scales.is_fp8,
+        FP8_CONVERT=fp8_convert_of(cfg, k_cache, v_cache, scales.is_fp8),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

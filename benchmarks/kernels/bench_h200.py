@@ -23,6 +23,7 @@ cut short still leaves what it measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -51,6 +52,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-checks", action="store_true", help="skip the device correctness checks")
     p.add_argument("--shapes", default="", help="only these, e.g. '32x32768,8x2048+0'")
     p.add_argument("--repeat", type=int, default=1, help="time each decode shape this many times")
+    p.add_argument("--only", choices=["fp8-decode"], default=None,
+                   help="fp8-decode: only the device checks of the fp8 variants and the focused fp8 "
+                   "decode sweep (with bf16 and FlashInfer alongside), then best_configs.json")
     return p.parse_args()
 
 
@@ -69,6 +73,7 @@ from kernels.cache_write import write_kv_cache
 from kernels.paged_attention import (
     CONFIG_TABLE,
     CONFIG_TABLE_PATH,
+    FP8_CONVERTS,
     KV_KINDS,
     AttentionConfig,
     choose_config,
@@ -117,15 +122,6 @@ DECODE_SWEEP = [
     AttentionConfig(16, 128, 8, 2),
     AttentionConfig(16, 64, 4, 5),  # small tiles, deep pipeline: 160 KB in flight
 ]
-# fp8 halves the bytes of a tile: 256-key tiles move what 128-key bf16 tiles move per stage
-FP8_DECODE_SWEEP = [
-    AttentionConfig(16, 128, 4, 4),  # default
-    AttentionConfig(16, 256, 4, 3),  # the bf16 default's bytes per stage and shared memory
-    AttentionConfig(16, 128, 4, 3),
-    AttentionConfig(16, 256, 4, 2),
-    AttentionConfig(16, 256, 8, 3),
-    AttentionConfig(16, 128, 4, 6),  # 192 KB in flight, as the bf16 default
-]
 PREFILL_SWEEP = [
     AttentionConfig(128, 32, 4, 3),  # default
     AttentionConfig(128, 64, 8, 3),  # FA2 shape for D=128: two warpgroups, 64-key tiles
@@ -134,6 +130,25 @@ PREFILL_SWEEP = [
     AttentionConfig(128, 32, 8, 3),
     AttentionConfig(64, 32, 4, 3),
 ]
+
+# The focused fp8 decode sweep: every conversion variant (kernels.paged_attention.FP8_CONVERTS)
+# at each (tile_n, stages, warps), most promising points first so a cut budget still compares
+# the variants: 256-key fp8 tiles move the bytes of the 128-key bf16 default per stage
+# (each new point costs a compilation per variant, seconds each, so a short budget sees only the
+# first few: the bf16 default's bytes per stage, today's fp8 tile, then shallower/deeper ones)
+FP8_FOCUS_FIRST = [(256, 3, 4), (128, 3, 4), (256, 2, 4), (128, 4, 4), (512, 2, 4), (256, 3, 8)]
+FP8_FOCUS_POINTS = FP8_FOCUS_FIRST + [(t, st, w) for t in (256, 128, 512) for st in (3, 2, 4)
+                                      for w in (4, 8) if (t, st, w) not in FP8_FOCUS_FIRST]  # fmt: skip
+if ARGS.dry_run:
+    FP8_FOCUS_POINTS = [(16, 2, 4), (32, 2, 4)]
+    FP8_FOCUS_SHAPES = ["2x48", "1x64"]
+else:
+    FP8_FOCUS_SHAPES = ["64x4096", "32x32768", "8x4096", "1x32768", "256x2048", "128x1024",
+                        "32x2048", "1x4096"]  # fmt: skip
+FP8_FOCUS_SMEM_BYTES = 227 * 1024  # H200 shared memory per block
+FP8_FOCUS_TOP_K = 6  # configs of the first shape carried to the others
+FP8_FOCUS_MAX_REL_ERR = 2e-2  # a config whose output strays this far from native's is dropped
+
 
 RESULTS: dict = {
     "meta": {},
@@ -147,6 +162,8 @@ RESULTS: dict = {
     "best_configs": {},
     "errors": [],
     "targets": [],
+    "fp8_focus": [],
+    "fp8_focus_best": [],
 }
 
 
@@ -532,15 +549,18 @@ def fp8_checks() -> None:
     for new, cached in ((1, 700), (37, 300)):
         case = Case(3, new, cached, seed=new)
         k8, v8, ks, vs = case.fp8()
-        case.ours("fp8")()
         ref = paged_attention_ref(case.q.float(), k8, v8, case.block_tables, case.seq_lens,
                                   case.query_start_loc, SCALE, new, case.seq_len, k_scale=ks,
                                   v_scale=vs)  # fmt: skip
-        err = rel_err(case.out, ref)
-        ok = bool(not torch.isnan(case.out).any()) and err <= 1e-2
-        RESULTS["checks"].append({"check": "fp8_attention_vs_dequantised", "new_tokens": new,
-                                  "rel_err": err, "ok": ok})
-        log(f"check fp8 attention new={new}: err {err:.2e} {'ok' if ok else 'FAIL'}")
+        for variant in FP8_CONVERTS:  # each conversion variant, as the sweep may pick it
+            cfg = dataclasses.replace(choose_config(new, HQ // HKV, kv_fp8=True), fp8_convert=variant)
+            case.out.fill_(float("nan"))
+            case.ours("fp8", config=cfg)()
+            err = rel_err(case.out, ref)
+            ok = bool(not torch.isnan(case.out).any()) and err <= 1e-2
+            RESULTS["checks"].append({"check": "fp8_attention_vs_dequantised", "new_tokens": new,
+                                      "fp8_convert": variant, "rel_err": err, "ok": ok})
+            log(f"check fp8 attention new={new} {variant}: err {err:.2e} {'ok' if ok else 'FAIL'}")
 
 
 def cuda_graph_check() -> None:
@@ -682,7 +702,7 @@ def sweep_decode(batch: int, context: int, kv: str) -> None:
     case = Case(batch, 1, context - 1, seed=batch * 7 + context)
     name = f"{batch}x{context}"
     nbytes = case.kv_bytes(kv)
-    configs = (FP8_DECODE_SWEEP if kv == "fp8" else DECODE_SWEEP)[: 2 if ARGS.dry_run else None]
+    configs = DECODE_SWEEP[: 2 if ARGS.dry_run else None]  # fp8: fp8_focus_sweep
     for cfg in configs:
         for s in split_options(batch, num_sms_of(case.q.device)):
             try:
@@ -698,6 +718,120 @@ def sweep_decode(batch: int, context: int, kv: str) -> None:
         best = min(rows, key=lambda r: r["us"])
         log(f"  sweep best {name} {kv}: {best['us']:.1f} us {best['tbps']:.2f} TB/s "
             f"{best['config']} splits {best['splits']}")  # fmt: skip
+    save()
+
+
+def fp8_focus_configs() -> list[AttentionConfig]:
+    """The focused grid in priority order, every variant at each point; points whose K+V tiles
+    of (stages - 1) pipeline buffers cannot fit shared memory are left out."""
+    configs = []
+    for tile_n, stages, warps in FP8_FOCUS_POINTS:
+        if (stages - 1) * tile_n * HEAD_DIM * 2 > FP8_FOCUS_SMEM_BYTES:
+            continue
+        configs += [AttentionConfig(16, tile_n, warps, stages, v) for v in FP8_CONVERTS]
+    return configs
+
+
+def focus_row(shape: str, kind: str, us: float, nbytes: int, t_bf16: float, **extra) -> dict:
+    row = {"shape": shape, "kind": kind, "us": us, "gbps": nbytes / (us * 1e-6) / 1e9,
+           "ratio_vs_bf16": t_bf16 / us, **extra}  # fmt: skip
+    RESULTS["fp8_focus"].append(row)
+    return row
+
+
+def focus_peers(case: Case, shape: str) -> float:
+    """bf16 (our default) and FlashInfer bf16/fp8 at one shape; returns the bf16 time."""
+    t_bf16 = time_graph_us(case.ours())
+    focus_row(shape, "bf16", t_bf16, case.kv_bytes(), t_bf16, config=vars(choose_config(1, HQ // HKV)))
+    for kv in ("bf16", "fp8") if FI is not None else ():
+        try:
+            us = time_graph_us(fi_decode(case, kv))
+            focus_row(shape, f"flashinfer_{kv}", us, case.kv_bytes(kv), t_bf16)
+        except Exception as exc:  # noqa: BLE001
+            record_error(f"fp8 focus flashinfer {kv} {shape}", exc)
+    return t_bf16
+
+
+def fp8_focus_shape(shape: str, configs: list[AttentionConfig], deadline_s: float) -> None:
+    """Every config at one decode shape over the e4m3 cache (the heuristic's split count, as
+    the engine runs it), each output first checked against the native default's."""
+    b, c = map(int, shape.split("x"))
+    case = Case(b, 1, c - 1, seed=b * 7 + c)
+    t_bf16 = focus_peers(case, shape)
+    case.ours("fp8", config=dataclasses.replace(CONFIG_TABLE["decode", "fp8"], fp8_convert="native"))()
+    ref = case.out.clone()  # native widening is exact; fp8_checks held it to the reference
+    nbytes = case.kv_bytes("fp8")
+    for cfg in configs:
+        if elapsed_s() > deadline_s:
+            log(f"  fp8 focus {shape}: out of time budget after {cfg}")
+            break
+        try:
+            fn = case.ours("fp8", config=cfg)
+            case.out.fill_(float("nan"))
+            fn()
+            err = rel_err(case.out, ref)
+            if not err <= FP8_FOCUS_MAX_REL_ERR:  # NaN fails too
+                RESULTS["errors"].append({"where": f"fp8 focus {shape} {cfg}",
+                                          "error": f"output rel err {err:.3g} vs native"})
+                continue
+            us = time_graph_us(fn, rep_ms=50)
+        except Exception as exc:  # noqa: BLE001
+            record_error(f"fp8 focus {shape} {cfg}", exc)
+            continue
+        focus_row(shape, "fp8", us, nbytes, t_bf16, variant=cfg.fp8_convert, config=vars(cfg),
+                  rel_err_vs_native=err)  # fmt: skip
+        RESULTS["sweep"].append({"path": "decode", "kv": "fp8", "shape": shape, "config": vars(cfg),
+                                 "splits": "auto", "us": us, "timing": "graph",
+                                 "tbps": nbytes / (us * 1e-6) / 1e12})  # fmt: skip
+    save()
+
+
+def fp8_focus_sweep() -> None:
+    """The grid at the first shape (64x4096, the target) within ~60% of the remaining budget,
+    then the shipped default, each variant's best and the best few overall at the other
+    shapes, each shape only when the time per measurement so far says all of them fit."""
+    wanted = [w for w in ARGS.shapes.split(",") if "x" in w and "+" not in w]
+    shapes = wanted or FP8_FOCUS_SHAPES
+    start = elapsed_s()
+    fp8_focus_shape(shapes[0], fp8_focus_configs(), start + 0.6 * (ARGS.budget_s - start))
+    first = sorted((r for r in RESULTS["fp8_focus"] if r["shape"] == shapes[0] and r["kind"] == "fp8"),
+                   key=lambda r: r["us"])  # fmt: skip
+    # the shipped default, each variant's best, then the overall best few
+    per_variant = [next((r for r in first if r["variant"] == v), None) for v in FP8_CONVERTS]
+    picked = [r for r in per_variant if r is not None] + first[:FP8_FOCUS_TOP_K]
+    top = list(dict.fromkeys([CONFIG_TABLE["decode", "fp8"]] + [AttentionConfig(**r["config"]) for r in picked]))
+    per_measure_s = (elapsed_s() - start) / max(len(first) + 3, 1)
+    for shape in shapes[1:]:
+        if elapsed_s() + per_measure_s * (len(top) + 3) > ARGS.budget_s:
+            log(f"  fp8 focus: skipping {shape}, it would not fit the time budget")
+            continue
+        fp8_focus_shape(shape, top, ARGS.budget_s)
+    fp8_focus_summary()
+
+
+def fp8_focus_summary() -> None:
+    """Per shape and variant: the best config's time, GB/s of fp8 bytes and tokens/s against
+    our bf16 default (and FlashInfer's fp8 alongside)."""
+    best_rows = []
+    for shape in dict.fromkeys(r["shape"] for r in RESULTS["fp8_focus"]):
+        rows = [r for r in RESULTS["fp8_focus"] if r["shape"] == shape]
+        peers = {r["kind"]: r for r in rows if r["kind"] != "fp8"}
+        for variant in FP8_CONVERTS:
+            mine = [r for r in rows if r.get("variant") == variant]
+            if not mine:
+                continue
+            best = min(mine, key=lambda r: r["us"])
+            fi8 = peers.get("flashinfer_fp8")
+            vs_fi8 = fi8["us"] / best["us"] if fi8 else None
+            best_rows.append({"shape": shape, "variant": variant, "us": best["us"], "gbps": best["gbps"],
+                              "ratio_vs_bf16": best["ratio_vs_bf16"], "config": best["config"],
+                              "vs_flashinfer_fp8": vs_fi8})  # fmt: skip
+            cfg = best["config"]
+            log(f"fp8 {shape} {variant:>6}: {best['us']:.1f} us, {best['gbps']:.0f} GB/s of fp8 bytes, "
+                f"x{best['ratio_vs_bf16']:.2f} of bf16 tokens/s (bf16 {peers['bf16']['gbps']:.0f} GB/s), "
+                f"x{fmt(vs_fi8, '.2f')} vs FlashInfer fp8; tile {cfg['tile_n']} stages "
+                f"{cfg['num_stages']} warps {cfg['num_warps']}")  # fmt: skip
+    RESULTS["fp8_focus_best"] = best_rows
     save()
 
 
@@ -926,6 +1060,10 @@ def evaluate_targets() -> None:
                     best["bf16"] / best["fp8"], 1.8)
         if (b, c) == (1, 32768):
             add("decode 1x32768 TB/s via split-KV (>= 2)", r["ours_tbps"], 2.0, "TB/s")
+    for r in RESULTS["fp8_focus_best"]:
+        if r["shape"] == "64x4096":
+            add(f"decode 64x4096 fp8 ({r['variant']}, best focused config) vs bf16 default "
+                "tokens/s (>= 1.8)", r["ratio_vs_bf16"], 1.8)
     for r in RESULTS["prefill"]:
         if "frac_of_sdpa_tflops" in r:
             add(f"prefill {r['shape']} vs SDPA (>= 1.0)", r["frac_of_sdpa_tflops"], 1.0)
@@ -987,7 +1125,7 @@ def markdown() -> str:
             f"{fmt(r.get('speed_vs_gather_sdpa'), '.1f')} | {fmt(r.get('flashinfer_tflops'), '.0f')} | "
             f"{fmt(r.get('speed_vs_flashinfer'), '.2f')} | {fmt(r.get('flashinfer_fa3_tflops'), '.0f')} |"
         )  # fmt: skip
-    lines += fp8_markdown() + probe_markdown() + sweep_markdown()
+    lines += fp8_markdown() + fp8_focus_markdown() + probe_markdown() + sweep_markdown()
     if RESULTS["targets"]:
         lines += ["", "## Targets", "", "| target | value | met |", "|---|---|---|"]
         for t in RESULTS["targets"]:
@@ -1027,6 +1165,24 @@ def fp8_markdown() -> list[str]:
     return lines
 
 
+def fp8_focus_markdown() -> list[str]:
+    rows = RESULTS["fp8_focus_best"]
+    if not rows:
+        return []
+    lines = ["", "## FP8 decode by conversion variant (best focused config per shape; graph replays)", "",
+             ("| shape | variant | us | GB/s of fp8 bytes | fp8 / bf16 tokens/s | vs FlashInfer fp8 | "
+              "tile_n, stages, warps |"), "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        c = r["config"]
+        lines.append(f"| {r['shape']} | {r['variant']} | {r['us']:.1f} | {r['gbps']:.0f} | "
+                     f"{r['ratio_vs_bf16']:.2f} | {fmt(r['vs_flashinfer_fp8'], '.2f')} | "
+                     f"{c['tile_n']}, {c['num_stages']}, {c['num_warps']} |")  # fmt: skip
+    peers = [r for r in RESULTS["fp8_focus"] if r["kind"] != "fp8"]
+    lines += ["", "Alongside (same run): " + "; ".join(
+        f"{r['shape']} {r['kind']} {r['us']:.1f} us {r['gbps']:.0f} GB/s" for r in peers)]
+    return lines
+
+
 def probe_markdown() -> list[str]:
     if not RESULTS["graph_probe"]:
         return []
@@ -1055,7 +1211,8 @@ def sweep_markdown() -> list[str]:
         c = best["config"]
         lines.append(
             f"| {key[0]} | {key[1]} | {key[2]} | {best['us']:.1f} | {c['block_m']}, {c['tile_n']}, "
-            f"{c['num_warps']}, {c['num_stages']} | {best['splits']} | "
+            f"{c['num_warps']}, {c['num_stages']}{', ' + c['fp8_convert'] if key[1] == 'fp8' else ''} | "
+            f"{best['splits']} | "
             f"{fmt(min(dflt) if dflt else None, '.1f')} | "
             f"{fmt(min(dflt) / best['us'] if dflt else None, '.2f')} |"
         )  # fmt: skip
@@ -1065,7 +1222,8 @@ def sweep_markdown() -> list[str]:
             for kind in KV_KINDS:
                 e = RESULTS["best_configs"][path][kind]
                 lines.append(f"- {path} {kind}: block_m {e['block_m']}, tile_n {e['tile_n']}, "
-                             f"warps {e['num_warps']}, stages {e['num_stages']} ({e['source']})")
+                             f"warps {e['num_warps']}, stages {e['num_stages']}, fp8_convert "
+                             f"{e.get('fp8_convert', 'native')} ({e['source']})")
     return lines
 
 
@@ -1086,10 +1244,12 @@ def probe_and_sweep_steps(wanted: set[str]) -> list[tuple[str, Callable[[], None
             steps.append((f"engine capture probe {small}", lambda sb=sb, sc=sc: engine_capture_probe(sb, sc)))
     if ARGS.no_sweep:
         return steps
+    if "fp8" in KV_DTYPES:  # the fp8 decode configs (conversion variants included) come from here
+        steps.append(("fp8 decode focus sweep", fp8_focus_sweep))
     order = [(k, shape) for shape in SWEEP_DECODE_SHAPES[:2] for k in ("fp8", "bf16")]
     order += [(k, shape) for shape in SWEEP_DECODE_SHAPES[2:] for k in ("fp8", "bf16")]
     for kv, shape in order:
-        if kv in KV_DTYPES and chosen(shape):
+        if kv in KV_DTYPES and kv != "fp8" and chosen(shape):
             sb, sc = map(int, shape.split("x"))
             steps.append((f"sweep decode {shape} {kv}",
                           lambda sb=sb, sc=sc, kv=kv: sweep_decode(sb, sc, kv)))
@@ -1123,6 +1283,10 @@ def main() -> None:
         meta["gpu"] = "none (CPU, TRITON_INTERPRET=1 dry run)"
     log(f"{meta['gpu']} torch {meta['torch']} triton {meta['triton']}")
     save()
+    if ARGS.only == "fp8-decode":
+        run_steps(fp8_decode_steps())
+        finish()
+        return
     steps: list[tuple[str, Callable[[], None]]] = [("stream", measure_stream)]
     checks = [(0, 16, 4, torch.bfloat16, None), (1, 32, 8, torch.float16, None),
               (2, 64, 1, torch.bfloat16, None), (3, 16, 4, torch.bfloat16, 8),
@@ -1148,6 +1312,20 @@ def main() -> None:
     steps += probe_and_sweep_steps(wanted)
     if DEVICE == "cuda" and ARGS.fa3:
         steps.append(("flashinfer fa3", lambda: FI is not None and flashinfer_fa3_extra()))
+    run_steps(steps)
+    finish()
+
+
+def fp8_decode_steps() -> list[tuple[str, Callable[[], None]]]:
+    """--only fp8-decode: the streaming read, the fp8 device checks (every variant), FlashInfer,
+    the focused sweep."""
+    steps: list[tuple[str, Callable[[], None]]] = [("stream", measure_stream)]
+    if not ARGS.skip_checks:
+        steps.append(("fp8 checks", fp8_checks))
+    return steps + [("flashinfer import", load_flashinfer), ("fp8 decode focus sweep", fp8_focus_sweep)]
+
+
+def run_steps(steps: list[tuple[str, Callable[[], None]]]) -> None:
     for name, step in steps:
         try:
             step()
@@ -1155,12 +1333,15 @@ def main() -> None:
             record_error(name, exc)
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
+
+
+def finish() -> None:
     try:
         best_configs()
     except Exception as exc:  # noqa: BLE001
         record_error("best configs", exc)
     evaluate_targets()
-    meta["wall_s"] = elapsed_s()
+    RESULTS["meta"]["wall_s"] = elapsed_s()
     save()
     print(markdown())
 
