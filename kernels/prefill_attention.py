@@ -128,20 +128,25 @@ def _attend_part(acc, m_i, l_i, q, k_src, v_src, tile_lo, tile_hi, key_limit, pa
         k = _load_kv_tile(k_src, t, offs_n, offs_d, key_ok, part_start, row_base,
                           block_table_row_ptr, k_head_col, stride_block, stride_row,
                           SRC, MASKED, BLOCK_SIZE, TILE_N, HEAD_DIM)  # fmt: skip
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
+        # The first tile a program visits shows every row at least one key (key 0 of the
+        # prefix, or of the new tokens when there is no prefix), so m stays finite after it
+        # and no inf - inf guard is needed; unmasked tiles fold the scale into one multiply-add.
         if MASKED:
-            s = tl.where(kk[None, :] < key_limit[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a row that has seen no key yet keeps m = -inf; shift by 0 there to avoid inf - inf
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
+            s = tl.where(kk[None, :] < key_limit[:, None], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_kv_tile(v_src, t, offs_n, offs_d, key_ok, part_start, row_base,
                           block_table_row_ptr, v_head_col, stride_block, stride_row,
                           SRC, MASKED, BLOCK_SIZE, TILE_N, HEAD_DIM)  # fmt: skip
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
-                                            input_precision=DOT_PRECISION)
+        # rescale, then let the MMA accumulate into acc in place
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None],
+                     input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
 
