@@ -294,11 +294,17 @@ def measure_kernel(case: Case, fn: Callable[[], object], ref: torch.Tensor, rep_
     return time_graph_us(fn, rep_ms), err
 
 
-def bench_shape(shape: tuple[int, int, int], chosen: list[Variant]) -> None:
-    """SDPA, our paged prefill, then each variant, at one shape, while the budget lasts."""
-    if out_of_budget():
-        log(f"skipping {shape}: out of time budget")
-        return
+@dataclass
+class Prepared:
+    """A shape ready for the variants: its inputs, SDPA's output and the baselines' times."""
+
+    case: Case
+    ref: torch.Tensor
+    baselines: dict[str, float]
+
+
+def prepare_shape(shape: tuple[int, int, int]) -> Prepared:
+    """The shape's inputs, timed with SDPA and with our paged prefill."""
     case = Case(*shape)
     sdpa, ref = sdpa_fn(case)
     t_sdpa = time_graph_us(sdpa)
@@ -313,18 +319,43 @@ def bench_shape(shape: tuple[int, int, int], chosen: list[Variant]) -> None:
         f"({row['tflops']:.0f} TFLOP/s, x{row['vs_sdpa']:.2f} sdpa)")  # fmt: skip
     RESULTS["shapes"].append({"shape": case.name, "useful_flops": case.useful_flops(),
                               "sdpa_us": t_sdpa, "paged_us": t_paged})  # fmt: skip
+    return Prepared(case, ref, baselines)
+
+
+def bench_variant(prep: Prepared, variant: Variant) -> None:
+    case = prep.case
+    try:
+        us, err = measure_kernel(case, case.ours(variant), prep.ref, 50)
+    except Exception as exc:  # noqa: BLE001 - one failed variant must not lose the rest
+        record_error(f"{case.name} {variant.name}", exc)
+        return
+    row = add_row(case, "prefill", variant, us, err, prep.baselines)
+    log(f"  {case.name} {variant.name}: {us:.0f} us {row['tflops']:.0f} TFLOP/s "
+        f"x{row['vs_sdpa']:.2f} sdpa x{row['vs_paged']:.2f} paged err {err:.1e}"
+        f"{'' if row['ok'] else ' FAIL'}")  # fmt: skip
+
+
+def bench_shapes(shapes: list[tuple[int, int, int]], chosen: list[Variant]) -> None:
+    """Baselines at every shape, then each variant at every shape before the next variant,
+    so a budget cut leaves whole variants (comparable across shapes), not whole shapes."""
+    prepared = []
+    for shape in shapes:
+        if out_of_budget():
+            log(f"skipping {shape}: out of time budget")
+            continue
+        try:
+            prepared.append(prepare_shape(shape))
+        except Exception as exc:  # noqa: BLE001
+            record_error(f"shape {shape}", exc)
     for variant in chosen:
         if out_of_budget():
-            log(f"  {case.name}: out of time budget after {variant.name}")
+            log(f"out of time budget before {variant.name}")
             break
-        try:
-            us, err = measure_kernel(case, case.ours(variant), ref, 50)
-        except Exception as exc:  # noqa: BLE001 - one failed variant must not lose the rest
-            record_error(f"{case.name} {variant.name}", exc)
-            continue
-        row = add_row(case, "prefill", variant, us, err, baselines)
-        log(f"  {variant.name}: {us:.0f} us {row['tflops']:.0f} TFLOP/s x{row['vs_sdpa']:.2f} sdpa "
-            f"x{row['vs_paged']:.2f} paged err {err:.1e}{'' if row['ok'] else ' FAIL'}")  # fmt: skip
+        for prep in prepared:
+            bench_variant(prep, variant)
+    del prepared
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
 
 
 def ranking(shapes: list[str]) -> list[tuple[float, str]]:
@@ -418,22 +449,10 @@ def main() -> None:
     describe_run()
     save()
     chosen = variants()
-    for shape in HEADLINE:
-        try:
-            bench_shape(shape, chosen)
-        except Exception as exc:  # noqa: BLE001
-            record_error(f"shape {shape}", exc)
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+    bench_shapes(HEADLINE, chosen)
     choose_best()
     top = {name for _, name in ranking([f"{b}x{n}+{c}" for b, n, c in HEADLINE])[: ARGS.top]}
-    for shape in EXTRA:
-        try:
-            bench_shape(shape, [v for v in chosen if v.name in top])
-        except Exception as exc:  # noqa: BLE001
-            record_error(f"shape {shape}", exc)
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+    bench_shapes(EXTRA, [v for v in chosen if v.name in top])
     choose_best()
     RESULTS["meta"]["wall_s"] = elapsed_s()
     save()
