@@ -79,7 +79,8 @@ def _find_seq(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q: tl.constex
 @triton.jit
 def _load_kv_tile(src, t, offs_n, offs_d, key_ok, part_start, row_base, block_table_row_ptr,
                   head_col, stride_block, stride_row, SRC: tl.constexpr, MASKED: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                  BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  HEAD_DIM_PAD: tl.constexpr):
     """One [TILE_N, HEAD_DIM_PAD] tile of keys t*TILE_N.. of a part; masked keys read 0.
 
     ``head_col``: the KV head's offset within a row (elements); ``row_base``: SRC_ROWS* row of
@@ -106,8 +107,10 @@ def _load_kv_tile(src, t, offs_n, offs_d, key_ok, part_start, row_base, block_ta
         d_ok = offs_d[None, :] < HEAD_DIM
         if MASKED:
             tile = tl.load(ptrs, mask=key_ok[:, None] & d_ok, other=0.0)
-        else:
+        elif HEAD_DIM != HEAD_DIM_PAD:
             tile = tl.load(ptrs, mask=d_ok, other=0.0)
+        else:  # no mask at all: the loads stay vectorised
+            tile = tl.load(ptrs)
     if MASKED and (SRC == 1 or SRC == 3):  # a box reads whatever lies past the part: zero it
         tile = tl.where(key_ok[:, None], tile, 0.0)
     return tile
@@ -118,7 +121,8 @@ def _attend_part(acc, m_i, l_i, q, k_src, v_src, tile_lo, tile_hi, key_limit, pa
                  part_start, row_base, block_table_row_ptr, k_head_col, v_head_col,
                  stride_block, stride_row, qk_scale, offs_d, SRC: tl.constexpr,
                  MASKED: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
     """Online softmax over tiles [tile_lo, tile_hi) of one key part; row r sees part keys
     < key_limit[r] and keys >= part_len do not exist (both only checked when MASKED)."""
     offs_n = tl.arange(0, TILE_N)
@@ -127,7 +131,7 @@ def _attend_part(acc, m_i, l_i, q, k_src, v_src, tile_lo, tile_hi, key_limit, pa
         key_ok = kk < part_len
         k = _load_kv_tile(k_src, t, offs_n, offs_d, key_ok, part_start, row_base,
                           block_table_row_ptr, k_head_col, stride_block, stride_row,
-                          SRC, MASKED, BLOCK_SIZE, TILE_N, HEAD_DIM)  # fmt: skip
+                          SRC, MASKED, BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD)  # fmt: skip
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
         # The first tile a program visits shows every row at least one key (key 0 of the
         # prefix, or of the new tokens when there is no prefix), so m stays finite after it
@@ -143,7 +147,7 @@ def _attend_part(acc, m_i, l_i, q, k_src, v_src, tile_lo, tile_hi, key_limit, pa
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_kv_tile(v_src, t, offs_n, offs_d, key_ok, part_start, row_base,
                           block_table_row_ptr, v_head_col, stride_block, stride_row,
-                          SRC, MASKED, BLOCK_SIZE, TILE_N, HEAD_DIM)  # fmt: skip
+                          SRC, MASKED, BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD)  # fmt: skip
         # rescale, then let the MMA accumulate into acc in place
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None],
                      input_precision=DOT_PRECISION)
@@ -197,11 +201,11 @@ def _prefill_kernel(
     acc, m_i, l_i = _attend_part(
         acc, m_i, l_i, q, k_ctx, v_ctx, 0, full_ctx, ctx_limit, context_len, 0, 0, bt_row,
         ctx_col, ctx_col, stride_c_block, stride_c_row, qk_scale, offs_d, CTX_SRC, False,
-        BLOCK_SIZE, TILE_N, HEAD_DIM, DOT_PRECISION)  # fmt: skip
+        BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
     acc, m_i, l_i = _attend_part(
         acc, m_i, l_i, q, k_ctx, v_ctx, full_ctx, tl.cdiv(context_len, TILE_N), ctx_limit,
         context_len, 0, 0, bt_row, ctx_col, ctx_col, stride_c_block, stride_c_row, qk_scale,
-        offs_d, CTX_SRC, True, BLOCK_SIZE, TILE_N, HEAD_DIM, DOT_PRECISION)  # fmt: skip
+        offs_d, CTX_SRC, True, BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
 
     # the new tokens: row r sees new keys <= its own position (padding rows copy the first row)
     first_pos = q_block_local * BLOCK_Q
@@ -220,12 +224,12 @@ def _prefill_kernel(
         acc, m_i, l_i, q, k_src, v_src, 0, full_new, new_limit, last_pos + 1, context_len,
         q_start, bt_row, new_col, new_col, stride_c_block,
         stride_new_tok if NEW_SRC >= 2 else stride_c_row, qk_scale, offs_d, NEW_SRC, False,
-        BLOCK_SIZE, TILE_N, HEAD_DIM, DOT_PRECISION)  # fmt: skip
+        BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
     acc, m_i, l_i = _attend_part(
         acc, m_i, l_i, q, k_src, v_src, full_new, tl.cdiv(last_pos + 1, TILE_N), new_limit,
         last_pos + 1, context_len, q_start, bt_row, new_col, new_col, stride_c_block,
         stride_new_tok if NEW_SRC >= 2 else stride_c_row, qk_scale, offs_d, NEW_SRC, True,
-        BLOCK_SIZE, TILE_N, HEAD_DIM, DOT_PRECISION)  # fmt: skip
+        BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
 
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     if KV_FP8:
