@@ -16,6 +16,7 @@ tokens' rows of a fused QKV buffer, ``k_new``/``v_new``), tensor-descriptor (TMA
 
     python3 benchmarks/kernels/bench_prefill.py --out DIR            # GPU, ~2-3 min
     python3 benchmarks/kernels/bench_prefill.py --dry-run --out DIR  # CPU interpreter, tiny
+    python3 benchmarks/kernels/bench_prefill.py --compile-only --out DIR  # no GPU: sm90 build
 
 Writes DIR/prefill.json (every row, the best variant, the targets) and DIR/prefill.md after
 every measurement, so a run cut short keeps what it measured. ``--budget-s`` stops starting
@@ -44,13 +45,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes")
     p.add_argument("--budget-s", type=float, default=120.0,
                    help="start no new measurement past this many seconds")
+    p.add_argument("--compile-only", action="store_true",
+                   help="no GPU needed: compile every variant for sm90 with Triton's ptxas and "
+                        "report registers, spills and shared memory (DIR/compile.json)")
     p.add_argument("--top", type=int, default=3,
                    help="variants timed at the extra shapes (best of the headline shapes)")
     return p.parse_args(argv)
 
 
 ARGS = parse_args()
-if ARGS.dry_run:
+if ARGS.compile_only:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("--compile-only compiles real kernels: unset TRITON_INTERPRET")
+    ARGS.dry_run = False
+elif ARGS.dry_run:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # after TRITON_INTERPRET is set: triton reads it on import
@@ -65,7 +73,7 @@ from kernels.prefill_attention import SOURCE_NAMES, PrefillConfig, plan_prefill,
 _interpreter_compat.apply()  # a no-op unless TRITON_INTERPRET=1 (the CPU dry run)
 
 T0 = time.time()
-DEVICE = "cpu" if ARGS.dry_run else "cuda"
+DEVICE = "cpu" if ARGS.dry_run or ARGS.compile_only else "cuda"
 DTYPE = torch.bfloat16
 if ARGS.dry_run:
     HQ, HKV, HEAD_DIM, BLOCK = 8, 2, 64, 16
@@ -102,23 +110,22 @@ def variants() -> list[Variant]:
         cfgs = [PrefillConfig(32, 16, 4, 2), PrefillConfig(16, 16, 4, 2, pack_gqa=False)]
         return [Variant(c, False) for c in cfgs] + [
             Variant(PrefillConfig(32, 16, 4, 2, kv_tma=True), True)]
+    # Register and shared-memory use of each on sm90 (--compile-only): 128-row tiles need 8
+    # warps (4 warps spill the 128 x 128 fp32 accumulator); 128x128 tiles spill a little.
     cache = [
         PrefillConfig(128, 64, 8, 3),  # FA2/FA3's D=128 shape: two warpgroups, 64-key tiles
+        PrefillConfig(64, 64, 4, 3),  # one warpgroup, two programs resident per SM
         PrefillConfig(128, 128, 8, 2),  # 128-key tiles: half the softmax rescales per key
-        PrefillConfig(128, 64, 4, 3),
-        PrefillConfig(128, 64, 4, 4),
-        PrefillConfig(128, 128, 8, 3),
+        PrefillConfig(128, 32, 4, 3),  # the shipped paged kernel's shape, in this kernel
         PrefillConfig(128, 64, 8, 3, pack_gqa=False),  # one head per program: L2 reuse instead
-        PrefillConfig(128, 128, 8, 2, pack_gqa=False),
-        PrefillConfig(64, 64, 4, 3),
+        PrefillConfig(64, 64, 4, 3, pack_gqa=False),
     ]
     rows = [
         PrefillConfig(128, 64, 8, 3, kv_tma=True),  # contiguous rows: one TMA box per tile
+        PrefillConfig(128, 64, 8, 4, kv_tma=True),
+        PrefillConfig(64, 64, 4, 3, kv_tma=True),
         PrefillConfig(128, 128, 8, 2, kv_tma=True),
-        PrefillConfig(128, 64, 4, 3, kv_tma=True),
-        PrefillConfig(128, 128, 8, 3, kv_tma=True),
         PrefillConfig(128, 64, 8, 3, pack_gqa=False, kv_tma=True),
-        PrefillConfig(128, 128, 8, 2, pack_gqa=False, kv_tma=True),
         PrefillConfig(128, 64, 8, 3),  # the same rows through pointers: what TMA adds
     ]
     return [Variant(c, False) for c in cache] + [Variant(c, True) for c in rows]
@@ -445,7 +452,90 @@ def describe_run() -> None:
     log(f"{meta['gpu']} torch {meta['torch']} triton {meta['triton']}")
 
 
+# ---------------------------------------------------------------- compile check (no GPU)
+
+
+def kernel_signature(plan, variant: Variant) -> tuple[dict, dict, dict]:  # type: ignore[no-untyped-def]
+    """(signature, constexprs, attrs) of _prefill_kernel for this shape and plan, specialised as
+    a real launch is: 16-byte aligned pointers, strides divisible by 16."""
+    from kernels.prefill_attention import SRC_DESC_PAGED, SRC_DESC_ROWS, _prefill_kernel
+
+    cfg = variant.config
+    desc = f"tensordesc<bf16[{cfg.tile_n}, {HEAD_DIM}]>"
+    group = HQ // HKV
+    row_heads = group if cfg.pack_gqa else 1
+    constexprs = {"NUM_QUERIES_PER_KV": group, "ROW_HEADS": row_heads, "BLOCK_M": cfg.block_m,
+                  "BLOCK_Q": plan.block_q, "HEAD_DIM": HEAD_DIM, "HEAD_DIM_PAD": HEAD_DIM,
+                  "BLOCK_SIZE": BLOCK, "TILE_N": cfg.tile_n, "CTX_SRC": plan.ctx_source,
+                  "NEW_SRC": plan.new_source, "DOT_PRECISION": "tf32", "KV_FP8": False}  # fmt: skip
+    names = _prefill_kernel.arg_names
+    sig = {n: "constexpr" if n in constexprs else "i32" for n in names}
+    sig.update({n: "*bf16" for n in names if n.endswith("_ptr") or n in ("k_ctx", "v_ctx", "k_new", "v_new")})
+    sig.update({n: "*i32" for n in ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")})
+    sig["qk_scale"] = "fp32"
+    if plan.ctx_source == SRC_DESC_PAGED:
+        sig["k_ctx"] = sig["v_ctx"] = desc
+    if plan.new_source == SRC_DESC_ROWS:
+        sig["k_new"] = sig["v_new"] = desc
+    unaligned = {"num_seqs", "qk_scale", "stride_k_scale", "stride_v_scale"}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+             if t in ("i32", "*bf16", "*i32") and n not in unaligned}  # fmt: skip
+    return sig, constexprs, attrs
+
+
+def compile_variant(variant: Variant) -> dict:
+    """Compile for sm90 here and read ptxas's register, spill and shared-memory report."""
+    import re
+    import subprocess
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.prefill_attention import _prefill_kernel
+
+    q = torch.empty(64, HQ, HEAD_DIM, dtype=DTYPE)
+    cache = torch.empty(8, BLOCK, HKV, HEAD_DIM, dtype=DTYPE)
+    k_new = torch.empty(64, HQ + 2 * HKV, HEAD_DIM, dtype=DTYPE)[:, HQ : HQ + HKV]
+    plan = plan_prefill(q, cache, 2, variant.config, k_new if variant.new_rows else None)
+    sig, constexprs, attrs = kernel_signature(plan, variant)
+    t = time.time()
+    kernel = triton.compile(ASTSource(_prefill_kernel, sig, constexprs, attrs),
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": variant.config.num_warps,
+                                     "num_stages": variant.config.num_stages})  # fmt: skip
+    ptx_path = ARGS.out / "kernel.ptx"
+    ptx_path.write_text(kernel.asm["ptx"])
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    report = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", str(ptx_path), "-o", os.devnull],
+                            capture_output=True, text=True, check=True).stderr  # fmt: skip
+    ptx_path.unlink()
+    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, report)) else None
+    return {"variant": variant.name, "sources": [SOURCE_NAMES[plan.ctx_source], SOURCE_NAMES[plan.new_source]],
+            "registers": number(r"Used (\d+) registers"), "spill_store_bytes": number(r"(\d+) bytes spill stores"),
+            "shared_bytes": kernel.metadata.shared, "tma_loads": kernel.asm["ptx"].count("cp.async.bulk.tensor"),
+            "cp_async": kernel.asm["ptx"].count("cp.async.cg") + kernel.asm["ptx"].count("cp.async.ca"),
+            "compile_s": time.time() - t}  # fmt: skip
+
+
+def compile_all() -> None:
+    ARGS.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for variant in variants():
+        try:
+            rows.append(compile_variant(variant))
+        except Exception as exc:  # noqa: BLE001 - report every variant
+            rows.append({"variant": variant.name, "error": repr(exc)[:500]})
+        r = rows[-1]
+        log(f"{r['variant']}: " + (f"ERROR {r['error']}" if "error" in r else
+            f"{r['registers']} regs, spills {r['spill_store_bytes']} B, shared {r['shared_bytes']} B, "
+            f"{r['tma_loads']} TMA / {r['cp_async']} cp.async in the PTX ({', '.join(r['sources'])})"))
+    (ARGS.out / "compile.json").write_text(json.dumps(rows, indent=1))
+
+
 def main() -> None:
+    if ARGS.compile_only:
+        compile_all()
+        return
     describe_run()
     save()
     chosen = variants()
