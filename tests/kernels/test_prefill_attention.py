@@ -124,6 +124,15 @@ def test_variants_take_the_sources_they_name():
     assert plan_prefill(odd.q, odd.k_cache, 1, VARIANTS[4][1], new_kv(odd)[0]).new_source == SRC_ROWS
 
 
+@pytest.mark.parametrize("variant", [VARIANTS[1], VARIANTS[4]], ids=[VARIANT_IDS[1], VARIANT_IDS[4]])
+def test_head_dim_not_a_power_of_two(variant):
+    """head_dim 80 pads tiles to 128 columns (masked loads; descriptors fall back to rows)."""
+    _, config, with_new = variant
+    batch = make_batch(QUERY_LENS, [0, 21], 2, 4, 80, 16, torch.bfloat16, seed=6)
+    poison_unused_slots(batch)
+    assert_close(run(batch, config, with_new), reference(batch), torch.bfloat16)
+
+
 @st.composite
 def batches(draw):
     num_seqs = draw(st.integers(1, 3))
