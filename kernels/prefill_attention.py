@@ -118,8 +118,8 @@ def _load_kv_tile(src, t, offs_n, offs_d, key_ok, part_start, row_base, block_ta
 
 @triton.jit
 def _attend_part(acc, m_i, l_i, q, k_src, v_src, tile_lo, tile_hi, key_limit, part_len,
-                 part_start, row_base, block_table_row_ptr, k_head_col, v_head_col,
-                 stride_block, stride_row, qk_scale, offs_d, SRC: tl.constexpr,
+                 part_start, row_base, block_table_row_ptr, head_col, stride_block,
+                 stride_row, qk_scale, offs_d, SRC: tl.constexpr,
                  MASKED: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                  DOT_PRECISION: tl.constexpr):
@@ -130,7 +130,7 @@ def _attend_part(acc, m_i, l_i, q, k_src, v_src, tile_lo, tile_hi, key_limit, pa
         kk = t * TILE_N + offs_n
         key_ok = kk < part_len
         k = _load_kv_tile(k_src, t, offs_n, offs_d, key_ok, part_start, row_base,
-                          block_table_row_ptr, k_head_col, stride_block, stride_row,
+                          block_table_row_ptr, head_col, stride_block, stride_row,
                           SRC, MASKED, BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD)  # fmt: skip
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION)
         # The first tile a program visits shows every row at least one key (key 0 of the
@@ -146,13 +146,30 @@ def _attend_part(acc, m_i, l_i, q, k_src, v_src, tile_lo, tile_hi, key_limit, pa
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_kv_tile(v_src, t, offs_n, offs_d, key_ok, part_start, row_base,
-                          block_table_row_ptr, v_head_col, stride_block, stride_row,
+                          block_table_row_ptr, head_col, stride_block, stride_row,
                           SRC, MASKED, BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD)  # fmt: skip
         # rescale, then let the MMA accumulate into acc in place
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None],
                      input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
+
+
+@triton.jit
+def _attend_all(acc, m_i, l_i, q, k_src, v_src, num_full, num_tiles, key_limit, part_len,
+                part_start, row_base, block_table_row_ptr, head_col, stride_block, stride_row,
+                qk_scale, offs_d, SRC: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """Tiles [0, num_full) of a part without masks, then [num_full, num_tiles) masked."""
+    acc, m_i, l_i = _attend_part(
+        acc, m_i, l_i, q, k_src, v_src, 0, num_full, key_limit, part_len, part_start, row_base,
+        block_table_row_ptr, head_col, stride_block, stride_row, qk_scale, offs_d, SRC, False,
+        BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
+    return _attend_part(
+        acc, m_i, l_i, q, k_src, v_src, num_full, num_tiles, key_limit, part_len, part_start,
+        row_base, block_table_row_ptr, head_col, stride_block, stride_row, qk_scale, offs_d, SRC,
+        True, BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_seqs"])
@@ -197,21 +214,16 @@ def _prefill_kernel(
     # a descriptor addresses the head by its column in a [rows, Hkv * D] view
     ctx_col = kv_head * HEAD_DIM if CTX_SRC == 1 else cache_col
     ctx_limit = tl.full([BLOCK_M], 0, tl.int32) + context_len
-    full_ctx = context_len // TILE_N
-    acc, m_i, l_i = _attend_part(
-        acc, m_i, l_i, q, k_ctx, v_ctx, 0, full_ctx, ctx_limit, context_len, 0, 0, bt_row,
-        ctx_col, ctx_col, stride_c_block, stride_c_row, qk_scale, offs_d, CTX_SRC, False,
-        BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
-    acc, m_i, l_i = _attend_part(
-        acc, m_i, l_i, q, k_ctx, v_ctx, full_ctx, tl.cdiv(context_len, TILE_N), ctx_limit,
-        context_len, 0, 0, bt_row, ctx_col, ctx_col, stride_c_block, stride_c_row, qk_scale,
-        offs_d, CTX_SRC, True, BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
+    acc, m_i, l_i = _attend_all(
+        acc, m_i, l_i, q, k_ctx, v_ctx, context_len // TILE_N, tl.cdiv(context_len, TILE_N),
+        ctx_limit, context_len, 0, 0, bt_row, ctx_col, stride_c_block, stride_c_row, qk_scale,
+        offs_d, CTX_SRC, BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
 
-    # the new tokens: row r sees new keys <= its own position (padding rows copy the first row)
+    # the new tokens: row r sees new keys <= its own position (padding rows copy the first
+    # row); the first (first_pos + 1) // TILE_N tiles every row sees whole
     first_pos = q_block_local * BLOCK_Q
     last_pos = tl.minimum(first_pos + BLOCK_Q, q_len) - 1
     new_limit = tl.where(row_ok, query_pos, first_pos) + 1
-    full_new = (first_pos + 1) // TILE_N  # tiles every row sees whole
     new_col = cache_col
     if NEW_SRC == 2:
         new_col = kv_head.to(tl.int64) * stride_new_head
@@ -220,16 +232,12 @@ def _prefill_kernel(
     k_src, v_src = k_cache_ptr, v_cache_ptr
     if NEW_SRC >= 2:
         k_src, v_src = k_new, v_new
-    acc, m_i, l_i = _attend_part(
-        acc, m_i, l_i, q, k_src, v_src, 0, full_new, new_limit, last_pos + 1, context_len,
-        q_start, bt_row, new_col, new_col, stride_c_block,
-        stride_new_tok if NEW_SRC >= 2 else stride_c_row, qk_scale, offs_d, NEW_SRC, False,
-        BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
-    acc, m_i, l_i = _attend_part(
-        acc, m_i, l_i, q, k_src, v_src, full_new, tl.cdiv(last_pos + 1, TILE_N), new_limit,
-        last_pos + 1, context_len, q_start, bt_row, new_col, new_col, stride_c_block,
-        stride_new_tok if NEW_SRC >= 2 else stride_c_row, qk_scale, offs_d, NEW_SRC, True,
-        BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION)  # fmt: skip
+    new_row_stride = stride_new_tok if NEW_SRC >= 2 else stride_c_row
+    acc, m_i, l_i = _attend_all(
+        acc, m_i, l_i, q, k_src, v_src, (first_pos + 1) // TILE_N, tl.cdiv(last_pos + 1, TILE_N),
+        new_limit, last_pos + 1, context_len, q_start, bt_row, new_col, stride_c_block,
+        new_row_stride, qk_scale, offs_d, NEW_SRC, BLOCK_SIZE, TILE_N, HEAD_DIM, HEAD_DIM_PAD,
+        DOT_PRECISION)  # fmt: skip
 
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     if KV_FP8:
