@@ -79,10 +79,12 @@ if ARGS.dry_run:
     HQ, HKV, HEAD_DIM, BLOCK = 8, 2, 64, 16
     HEADLINE = [(2, 32, 0), (2, 32, 48)]
     EXTRA = [(1, 64, 0), (2, 16, 0)]
+    WIDE_BLOCKS = 32
 else:
     HQ, HKV, HEAD_DIM, BLOCK = 32, 8, 128, 16
     HEADLINE = [(8, 2048, 0), (8, 2048, 4096)]  # (seqs, new tokens, cached tokens)
     EXTRA = [(1, 8192, 0), (4, 512, 0)]
+    WIDE_BLOCKS = 64  # cache blocks a 64-key tile fits in: the prefix's descriptor path
 SCALE = HEAD_DIM**-0.5
 TARGET_VS_SDPA = 1.0
 
@@ -202,12 +204,12 @@ class Case:
     """bench_h200.py's prefill batch, built the same way from the same seed (identical
     inputs), plus the new tokens' k/v as views of a fused [T, (Hq + 2 Hkv) * D] buffer."""
 
-    def __init__(self, batch: int, new_tokens: int, cached: int) -> None:
+    def __init__(self, batch: int, new_tokens: int, cached: int, block_size: int = BLOCK) -> None:
         gen = torch.Generator(device=DEVICE).manual_seed(batch + new_tokens + cached)
-        self.batch, self.new, self.cached = batch, new_tokens, cached
+        self.batch, self.new, self.cached, self.block_size = batch, new_tokens, cached, block_size
         self.seq_len = cached + new_tokens
-        blocks_per_seq = triton.cdiv(self.seq_len, BLOCK)
-        shape = (batch * blocks_per_seq, BLOCK, HKV, HEAD_DIM)
+        blocks_per_seq = triton.cdiv(self.seq_len, block_size)
+        shape = (batch * blocks_per_seq, block_size, HKV, HEAD_DIM)
         self.k_cache = torch.randn(shape, device=DEVICE, dtype=DTYPE, generator=gen)
         self.v_cache = torch.randn(shape, device=DEVICE, dtype=DTYPE, generator=gen)
         perm = torch.randperm(batch * blocks_per_seq, device=DEVICE, generator=gen)
@@ -221,7 +223,8 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.batch}x{self.new}+{self.cached}"
+        blocks = "" if self.block_size == BLOCK else f" blocks of {self.block_size}"
+        return f"{self.batch}x{self.new}+{self.cached}{blocks}"
 
     def gathered(self, cache: torch.Tensor) -> torch.Tensor:
         """[B, Hkv, S, D] view of each sequence's context, gathered from the pages."""
@@ -310,7 +313,7 @@ class Prepared:
     baselines: dict[str, float]
 
 
-def prepare_shape(shape: tuple[int, int, int]) -> Prepared:
+def prepare_shape(shape: tuple[int, ...]) -> Prepared:
     """The shape's inputs, timed with SDPA and with our paged prefill."""
     case = Case(*shape)
     sdpa, ref = sdpa_fn(case)
@@ -342,7 +345,7 @@ def bench_variant(prep: Prepared, variant: Variant) -> None:
         f"{'' if row['ok'] else ' FAIL'}")  # fmt: skip
 
 
-def bench_shapes(shapes: list[tuple[int, int, int]], chosen: list[Variant]) -> None:
+def bench_shapes(shapes: list[tuple[int, ...]], chosen: list[Variant]) -> None:
     """Baselines at every shape, then each variant at every shape before the next variant,
     so a budget cut leaves whole variants (comparable across shapes), not whole shapes."""
     prepared = []
@@ -452,10 +455,24 @@ def describe_run() -> None:
     log(f"{meta['gpu']} torch {meta['torch']} triton {meta['triton']}")
 
 
+def prefix_descriptor_pair() -> list[Variant]:
+    """The best variant needing no k_new, and its twin with kv_tma: with cache blocks as wide
+    as a tile, the twin loads the cached prefix by descriptor (what TMA does for the prefix)."""
+    best = RESULTS.get("best_cache_only")
+    found = [v for v in variants() if v.name == best]
+    if not found:
+        return []
+    c = found[0].config
+    twin = PrefillConfig(c.block_m, c.tile_n, c.num_warps, c.num_stages, c.pack_gqa, kv_tma=True)
+    if WIDE_BLOCKS % c.tile_n:
+        return [found[0]]
+    return [found[0], Variant(twin, False)]
+
+
 # ---------------------------------------------------------------- compile check (no GPU)
 
 
-def kernel_signature(plan, variant: Variant) -> tuple[dict, dict, dict]:  # type: ignore[no-untyped-def]
+def kernel_signature(plan, variant: Variant, block_size: int) -> tuple[dict, dict, dict]:  # type: ignore[no-untyped-def]
     """(signature, constexprs, attrs) of _prefill_kernel for this shape and plan, specialised as
     a real launch is: 16-byte aligned pointers, strides divisible by 16."""
     from kernels.prefill_attention import SRC_DESC_PAGED, SRC_DESC_ROWS, _prefill_kernel
@@ -466,7 +483,7 @@ def kernel_signature(plan, variant: Variant) -> tuple[dict, dict, dict]:  # type
     row_heads = group if cfg.pack_gqa else 1
     constexprs = {"NUM_QUERIES_PER_KV": group, "ROW_HEADS": row_heads, "BLOCK_M": cfg.block_m,
                   "BLOCK_Q": plan.block_q, "HEAD_DIM": HEAD_DIM, "HEAD_DIM_PAD": HEAD_DIM,
-                  "BLOCK_SIZE": BLOCK, "TILE_N": cfg.tile_n, "CTX_SRC": plan.ctx_source,
+                  "BLOCK_SIZE": block_size, "TILE_N": cfg.tile_n, "CTX_SRC": plan.ctx_source,
                   "NEW_SRC": plan.new_source, "DOT_PRECISION": "tf32", "KV_FP8": False}  # fmt: skip
     names = _prefill_kernel.arg_names
     sig = {n: "constexpr" if n in constexprs else "i32" for n in names}
@@ -483,7 +500,7 @@ def kernel_signature(plan, variant: Variant) -> tuple[dict, dict, dict]:  # type
     return sig, constexprs, attrs
 
 
-def compile_variant(variant: Variant) -> dict:
+def compile_variant(variant: Variant, block_size: int = BLOCK) -> dict:
     """Compile for sm90 here and read ptxas's register, spill and shared-memory report."""
     import re
     import subprocess
@@ -494,10 +511,10 @@ def compile_variant(variant: Variant) -> dict:
     from kernels.prefill_attention import _prefill_kernel
 
     q = torch.empty(64, HQ, HEAD_DIM, dtype=DTYPE)
-    cache = torch.empty(8, BLOCK, HKV, HEAD_DIM, dtype=DTYPE)
+    cache = torch.empty(8, block_size, HKV, HEAD_DIM, dtype=DTYPE)
     k_new = torch.empty(64, HQ + 2 * HKV, HEAD_DIM, dtype=DTYPE)[:, HQ : HQ + HKV]
     plan = plan_prefill(q, cache, 2, variant.config, k_new if variant.new_rows else None)
-    sig, constexprs, attrs = kernel_signature(plan, variant)
+    sig, constexprs, attrs = kernel_signature(plan, variant, block_size)
     t = time.time()
     kernel = triton.compile(ASTSource(_prefill_kernel, sig, constexprs, attrs),
                             target=GPUTarget("cuda", 90, 32),
@@ -510,7 +527,7 @@ def compile_variant(variant: Variant) -> dict:
                             capture_output=True, text=True, check=True).stderr  # fmt: skip
     ptx_path.unlink()
     number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, report)) else None
-    return {"variant": variant.name, "sources": [SOURCE_NAMES[plan.ctx_source], SOURCE_NAMES[plan.new_source]],
+    return {"variant": variant.name, "block_size": block_size, "sources": [SOURCE_NAMES[plan.ctx_source], SOURCE_NAMES[plan.new_source]],
             "registers": number(r"Used (\d+) registers"), "spill_store_bytes": number(r"(\d+) bytes spill stores"),
             "shared_bytes": kernel.metadata.shared, "tma_loads": kernel.asm["ptx"].count("cp.async.bulk.tensor"),
             "cp_async": kernel.asm["ptx"].count("cp.async.cg") + kernel.asm["ptx"].count("cp.async.ca"),
@@ -520,13 +537,14 @@ def compile_variant(variant: Variant) -> dict:
 def compile_all() -> None:
     ARGS.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for variant in variants():
+    wide = Variant(PrefillConfig(128, 64, 8, 3, kv_tma=True), False)  # the prefix by descriptor
+    for variant, block_size in [(v, BLOCK) for v in variants()] + [(wide, WIDE_BLOCKS)]:
         try:
-            rows.append(compile_variant(variant))
+            rows.append(compile_variant(variant, block_size))
         except Exception as exc:  # noqa: BLE001 - report every variant
             rows.append({"variant": variant.name, "error": repr(exc)[:500]})
         r = rows[-1]
-        log(f"{r['variant']}: " + (f"ERROR {r['error']}" if "error" in r else
+        log(f"{r['variant']} (blocks of {block_size}): " + (f"ERROR {r['error']}" if "error" in r else
             f"{r['registers']} regs, spills {r['spill_store_bytes']} B, shared {r['shared_bytes']} B, "
             f"{r['tma_loads']} TMA / {r['cp_async']} cp.async in the PTX ({', '.join(r['sources'])})"))
     (ARGS.out / "compile.json").write_text(json.dumps(rows, indent=1))
@@ -544,6 +562,7 @@ def main() -> None:
     top = {name for _, name in ranking([f"{b}x{n}+{c}" for b, n, c in HEADLINE])[: ARGS.top]}
     bench_shapes(EXTRA, [v for v in chosen if v.name in top])
     choose_best()
+    bench_shapes([(*HEADLINE[1], WIDE_BLOCKS)], prefix_descriptor_pair())
     RESULTS["meta"]["wall_s"] = elapsed_s()
     save()
     print(markdown())
