@@ -39,7 +39,7 @@ from engine.config import EngineArgs
 from engine.core import EngineCore
 from engine.llm import LLM
 from engine.model_spec import ModelSpec, get_model
-from engine.replay import frozen_heap, replay
+from engine.replay import GcWatch, frozen_heap, replay
 from engine.request import Request
 from engine.sampling import SamplingParams
 from kernels import Backend
@@ -188,11 +188,13 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
     llm.engine.runner.num_graph_replays = llm.engine.runner.num_eager_forwards = 0
     sync()
     params = [SamplingParams(max_tokens=o, ignore_eos=True) for o in outputs]
-    with frozen_heap():  # as vLLM after its warm-up: full GC passes skip the start-up heap
+    # as vLLM after its warm-up: full GC passes skip the start-up heap; the run's collections counted
+    with frozen_heap() as frozen, GcWatch() as watch:
         t = time.perf_counter()
         outs = llm.generate(prompts, params)
         sync()
         wall = time.perf_counter() - t
+        gc_stats = watch.stats(frozen).as_dict()
     gen = sum(len(o.token_ids) for o in outs)
     assert gen == sum(outputs), (gen, sum(outputs))
     tr = llm.step_traces
@@ -217,7 +219,7 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
                                                         "sample_s", "total_s")},
         "mixed_step_ms": {k: mean_ms([s for s in tr if s.num_prefill_seqs], k)
                           for k in ("schedule_s", "prepare_s", "gpu_s", "sample_s", "total_s")},
-        "host_ms_decode_only": host_decode_ms(tr, host_min_batch),
+        "host_ms_decode_only": host_decode_ms(tr, host_min_batch), "gc": gc_stats,
         "wall_in_decode_only_steps_s": float(sum(s.total_s for s in dec)),
         "wall_in_prefill_steps_s": float(sum(s.total_s for s in tr if s.num_prefill_seqs)),
     }

@@ -141,6 +141,7 @@ def test_bench_gpu_tiny_part_a_reports_host_time(tmp_path):
     for mode in ("ours", "ours_sync"):
         h = a[mode]["host_ms_decode_only"]
         assert h["min_batch"] == 8 and h["num_steps"] > 0 and h["prepare_s"] > 0
+        assert a[mode]["gc"]["frozen_objects"] > 0
     sva = a["sync_vs_async"]
     assert sva["throughput_ratio_sync_over_async"] == pytest.approx(
         a["ours_sync"]["output_tokens_per_s"] / a["ours"]["output_tokens_per_s"])
