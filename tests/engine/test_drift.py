@@ -108,6 +108,10 @@ def test_bench_drift_tiny_end_to_end(tmp_path):
         # the same steps each replay, so the paired ratio exists
         assert second["eager_gpu_vs_first_paired"] > 0 and second["graph_gpu_vs_first_paired"] is None
     assert bench_drift.main(["--tiny", "--out", str(out)]) == 2  # no overwrite without --force
+    # a spent budget starts no replay, and says so
+    assert bench_drift.main(["--tiny", "--out", str(out), "--force", "--budget-s", "0"]) == 0
+    doc = json.loads((out / "drift.json").read_text())
+    assert doc["modes"] == {"unfrozen": [], "frozen": []} and "budget" in doc["stopped_early"]
 
 
 def _step(prefill: int, decodes: int, schedule_s: float, prepare_s: float, sample_s: float) -> StepRecord:
