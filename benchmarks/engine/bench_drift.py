@@ -8,7 +8,7 @@ it is (`unfrozen`), then frozen for each replay (`frozen`, vLLM's `freeze_gc_hea
 engine/replay.py), and reports per replay: the eager and the graph steps' GPU time and launch time,
 schedule / prepare / sample time per step, the GC's collections per generation and their pauses,
 the pauses that fell inside eager steps, and the objects the GC tracks; plus each replay's eager GPU
-time against the first replay's, step for step (the same composition: a paired ratio).
+time against the same mode's first replay, step for step (the same composition: a paired ratio).
 
     python3 benchmarks/engine/bench_drift.py --out DIR              # GPU: llama-3.2-1b shape, <= --budget-s
     python3 benchmarks/engine/bench_drift.py --tiny --out DIR       # CPU smoke test (TRITON_INTERPRET=1)
@@ -120,29 +120,31 @@ def paired_ratio(first: ReplayResult, later: ReplayResult, mask: np.ndarray) -> 
     return float(np.median(b["gpu_s"][mask] / a["gpu_s"][mask]))
 
 
-def run_mode(core: EngineCore, reqs: list[Request], mode: str, replays: int, deadline: float,
-             doc: dict, save) -> None:
-    """`replays` replays of `reqs` in `mode`; stops starting new ones once the deadline is near."""
-    results: list[ReplayResult] = []
-    rows = doc["modes"].setdefault(mode, [])
+def run_replays(core: EngineCore, reqs: list[Request], modes: list[str], replays: int, deadline: float,
+                doc: dict, save) -> None:
+    """`replays` rounds of one replay per mode, the modes interleaved (so a drift with the replay's
+    index is not read as the mode's effect); starts no replay that would end past the deadline."""
+    first: dict[str, ReplayResult] = {}
     for k in range(replays):
-        last_wall = doc.get("last_replay_wall_s", 0.0)  # of either mode: they replay the same workload
-        if time.perf_counter() + 1.5 * last_wall > deadline:
-            doc["stopped_early"] = f"{mode} replay {k}: --budget-s reached"
-            break
-        core.start_over()
-        t = time.perf_counter()
-        res = replay(core, reqs, honor_arrivals=False, freeze_gc=(mode == "frozen"))
-        row = replay_stats(res, core, time.perf_counter() - t)
-        if results:
+        for mode in modes:
+            rows = doc["modes"].setdefault(mode, [])
+            if time.perf_counter() + 1.5 * doc.get("last_replay_wall_s", 0.0) > deadline:
+                doc["stopped_early"] = f"round {k}, {mode}: --budget-s reached"
+                return
+            core.start_over()
+            t = time.perf_counter()
+            res = replay(core, reqs, honor_arrivals=False, freeze_gc=(mode == "frozen"))
+            row = replay_stats(res, core, time.perf_counter() - t)
+            row["index_in_engine"] = doc["num_replays"] = doc.get("num_replays", 0) + 1
             eager = ~graph_mask(res.steps, core)
-            row["eager_gpu_vs_first_paired"] = paired_ratio(results[0], res, eager)
-            row["graph_gpu_vs_first_paired"] = paired_ratio(results[0], res, ~eager)
-        results.append(res)
-        rows.append(row)
-        doc["last_replay_wall_s"] = row["wall_s"]
-        print(f"{mode} replay {k}: {json.dumps(jsonable(row), default=float)[:400]}", flush=True)
-        save()
+            if mode in first:
+                row["eager_gpu_vs_first_paired"] = paired_ratio(first[mode], res, eager)
+                row["graph_gpu_vs_first_paired"] = paired_ratio(first[mode], res, ~eager)
+            first.setdefault(mode, res)
+            rows.append(row)
+            doc["last_replay_wall_s"] = row["wall_s"]
+            print(f"{mode} replay {k}: {json.dumps(jsonable(row), default=float)[:400]}", flush=True)
+            save()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["warm_up_s"], doc["graphs"] = warm.seconds, sorted(core.runner.graphs)
     doc["build_and_warm_up_s"] = time.perf_counter() - t_start
     reqs = workload(setup)
-    for mode in modes:
-        run_mode(core, reqs, mode, a.replays, t_start + a.budget_s, doc, save)
+    run_replays(core, reqs, modes, a.replays, t_start + a.budget_s, doc, save)
     doc["total_s"] = time.perf_counter() - t_start
     save()
     print(f"wrote {out_file} ({doc['total_s']:.1f} s)")

@@ -107,11 +107,14 @@ def test_bench_drift_tiny_end_to_end(tmp_path):
         assert (first["gc"]["frozen_objects"] > 0) == (mode == "frozen")
         # the same steps each replay, so the paired ratio exists
         assert second["eager_gpu_vs_first_paired"] > 0 and second["graph_gpu_vs_first_paired"] is None
+    # the modes alternate in the engine
+    assert [r["index_in_engine"] for r in doc["modes"]["unfrozen"]] == [1, 3]
+    assert [r["index_in_engine"] for r in doc["modes"]["frozen"]] == [2, 4]
     assert bench_drift.main(["--tiny", "--out", str(out)]) == 2  # no overwrite without --force
     # a spent budget starts no replay, and says so
     assert bench_drift.main(["--tiny", "--out", str(out), "--force", "--budget-s", "0"]) == 0
     doc = json.loads((out / "drift.json").read_text())
-    assert doc["modes"] == {"unfrozen": [], "frozen": []} and "budget" in doc["stopped_early"]
+    assert doc["modes"] == {"unfrozen": []} and "budget" in doc["stopped_early"]
 
 
 def _step(prefill: int, decodes: int, schedule_s: float, prepare_s: float, sample_s: float) -> StepRecord:
