@@ -10,7 +10,7 @@ Python's cyclic garbage collector: a full (generation 2) collection scans every 
 an engine process holds hundreds of thousands of them from start-up (torch, the model's modules,
 kernel caches), so such a pause landing in an eager forward stalls the kernel launches and shows up
 as GPU time. vLLM freezes the start-up heap after its warm-up (`vllm/utils/gc_utils.py`
-`freeze_gc_heap`: collect every generation, then `gc.freeze()`). A replay does the same for its
+`freeze_gc_heap`: collect every generation, then `gc.freeze()`). A replay freezes the heap for its
 duration (`freeze_gc=True`) and unfreezes afterwards, so objects of a discarded engine stay
 collectable by the caller; the run's collections and pauses are recorded (`GcStats`).
 """
@@ -122,13 +122,14 @@ class GcWatch:
 
 @contextmanager
 def frozen_heap(enabled: bool = True) -> Iterator[int]:
-    """Collect, then move every live object to the permanent generation for the block (vLLM's
-    freeze after warm-up); yields the frozen count. The heap is unfrozen at the end, so what the
-    caller drops afterwards (a whole engine and its device memory) is collectable again."""
+    """Move every tracked object to the permanent generation for the block (vLLM's freeze after
+    warm-up); yields the frozen count. The heap is unfrozen at the end, so what the caller drops
+    afterwards (a whole engine and its device memory) is collectable again; for the same reason
+    no collection runs first (vLLM's does, as its freeze is for good): garbage frozen with the
+    heap waits for the first collection after the block."""
     if not enabled:
         yield 0
         return
-    gc.collect()
     gc.freeze()
     try:
         yield gc.get_freeze_count()
