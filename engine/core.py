@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ class StepResult:
     new_tokens: dict[int, list[int]]
     finished: list[RequestState]
     trace: StepRecord | None  # None when nothing was scheduled
+    # host seconds to enqueue the traced step's forward (async: and its sampling): an eager
+    # forward that takes about its GPU time to launch is launch-bound, so host stalls show as GPU time
+    launch_s: float = math.nan
 
 
 @dataclass
@@ -434,7 +438,7 @@ class EngineCore:
             trace.gpu_s += propose_s
             trace.num_spec_accepted_tokens = trace.accepted = num_visible - len(sampled)
             trace.drafted = out.num_spec_tokens
-        return StepResult(sampled, finished, trace)
+        return StepResult(sampled, finished, trace, launch_s=t3 - t2)
 
     def _sample(self, logits: torch.Tensor, sample_ids: list[int]
                 ) -> tuple[dict[int, list[int]], set[int], float]:
@@ -680,4 +684,4 @@ class EngineCore:
         end = next_t0 if next_t0 > p.t0 else time.perf_counter()
         trace = self._step_record(p.out, p.t0, p.schedule_s, p.prepare_s, forward_s, sample_s, end - p.t0,
                                   len(sampled))
-        return StepResult(sampled, finished, trace)
+        return StepResult(sampled, finished, trace, launch_s=p.launch_s)

@@ -5,18 +5,28 @@ Each request enters the scheduler once the engine clock passes its `arrival_s` (
 `RequestRecord` per request (TTFT, TPOT, end-to-end and queue time, all measured from the
 intended arrival), one `StepRecord` per engine step, and every inter-token gap; the result has the
 simulator's tables, summary keys and Prometheus metric set (engine/run_summary.py).
+
+Python's cyclic garbage collector: a full (generation 2) collection scans every tracked object, and
+an engine process holds hundreds of thousands of them from start-up (torch, the model's modules,
+kernel caches), so such a pause landing in an eager forward stalls the kernel launches and shows up
+as GPU time. vLLM freezes the start-up heap after its warm-up (`vllm/utils/gc_utils.py`
+`freeze_gc_heap`: collect every generation, then `gc.freeze()`). A replay freezes the heap for its
+duration (`freeze_gc=True`) and unfreezes afterwards, so objects of a discarded engine stay
+collectable by the caller; the run's collections and pauses are recorded (`GcStats`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -56,6 +66,77 @@ def request_record(st: RequestState) -> RequestRecord:
         num_spec_draft_tokens=st.num_spec_draft_tokens, num_spec_accepted_tokens=st.num_spec_accepted_tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class GcStats:
+    """Python's cyclic GC during one run (gc.callbacks): collections and pause seconds per generation."""
+
+    collections: tuple[int, int, int]
+    pause_s: tuple[float, float, float]
+    collected: int  # objects the collections freed
+    frozen_objects: int  # objects in the permanent generation during the run (0: not frozen)
+    tracked_objects_end: int  # objects the GC tracked when the run ended (frozen ones included)
+
+    @property
+    def pause_s_total(self) -> float:
+        return sum(self.pause_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"collections": list(self.collections), "pause_s": list(self.pause_s),
+                "pause_s_total": self.pause_s_total, "collected": self.collected,
+                "frozen_objects": self.frozen_objects, "tracked_objects_end": self.tracked_objects_end}
+
+
+class GcWatch:
+    """Counts collections and their pauses while installed (a context manager)."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.pause_s = [0.0, 0.0, 0.0]
+        self.collected = 0
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        g = info["generation"]
+        self.collections[g] += 1
+        self.pause_s[g] += time.perf_counter() - self._start
+        self.collected += info["collected"]
+
+    @property
+    def pause_s_total(self) -> float:
+        return sum(self.pause_s)
+
+    def __enter__(self) -> Self:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def stats(self, frozen_objects: int) -> GcStats:
+        return GcStats(collections=tuple(self.collections), pause_s=tuple(self.pause_s), collected=self.collected,
+                       frozen_objects=frozen_objects, tracked_objects_end=len(gc.get_objects()) + gc.get_freeze_count())
+
+
+@contextmanager
+def frozen_heap(enabled: bool = True) -> Iterator[int]:
+    """Move every tracked object to the permanent generation for the block (vLLM's freeze after
+    warm-up); yields the frozen count. The heap is unfrozen at the end, so what the caller drops
+    afterwards (a whole engine and its device memory) is collectable again; for the same reason
+    no collection runs first (vLLM's does, as its freeze is for good): garbage frozen with the
+    heap waits for the first collection after the block."""
+    if not enabled:
+        yield 0
+        return
+    gc.freeze()
+    try:
+        yield gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
+
+
 @dataclass
 class ReplayResult(RunTables):
     """An engine replay's tables, summary and exposition, in the simulator's schema (RunTables).
@@ -63,6 +144,10 @@ class ReplayResult(RunTables):
 
     scheduler_stats: dict = field(default_factory=dict)
     unfinished_ids: list[int] = field(default_factory=list)  # cut off by max_wall_s
+    gc_stats: GcStats | None = None  # written to summary.json as "gc"
+    # GC pause seconds inside each step of the step table (same rows), not a records.py column
+    step_gc_pause_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step_launch_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # StepResult.launch_s per row
 
     def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
         return self.itl_gaps_s, np.ones(self.itl_gaps_s.size)
@@ -89,6 +174,8 @@ class ReplayResult(RunTables):
             with open(out / f"{name}.jsonl", "w") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows)
         summary = jsonable(self.summary())
+        if self.gc_stats is not None:  # not a summary() key: the simulator's summaries have no GC
+            summary["gc"] = jsonable(self.gc_stats.as_dict())
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         (out / "metrics.prom").write_text(self.prometheus_text())
         (out / "scheduler_stats.json").write_text(json.dumps(self.scheduler_stats, indent=2, default=float))
@@ -119,13 +206,14 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
            time_scale: float = 1.0, honor_arrivals: bool = True,
            metrics: EngineMetrics | None = None,
            trace_file: str | Path | None = None,
-           max_wall_s: float | None = None) -> ReplayResult:
+           max_wall_s: float | None = None, freeze_gc: bool = True) -> ReplayResult:
     """Run `requests` (sorted by arrival) through `core`; returns its tables and summary.
 
     `honor_arrivals=False` submits everything at t=0 (an offline throughput run).
     `trace_file`: the step table is also streamed there as JSONL while it runs.
     `max_wall_s`: stop after this long; requests not done are listed in `unfinished_ids` (and
     are "unfinished" rows of the request table).
+    `freeze_gc`: freeze the heap for the run (see the module's note); GC statistics are recorded either way.
     """
     reqs = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
     run = _Run(core, reqs, [r.arrival_s * time_scale if honor_arrivals else 0.0 for r in reqs],
@@ -134,11 +222,13 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
     pos_before = list(core.scheduler.num_spec_accepted_per_pos)
     sink = open(trace_file, "w") if trace_file else None  # noqa: SIM115 - closed in finally
     try:
-        run.loop(max_wall_s, sink)
+        with frozen_heap(freeze_gc) as frozen, GcWatch() as run.gc_watch:
+            run.loop(max_wall_s, sink)
+            wall = core.now()
+            gc_stats = run.gc_watch.stats(frozen)
     finally:
         if sink:
             sink.close()
-    wall = core.now()
     missing = [r.request_id for r in reqs if r.request_id not in run.records]
     if missing and max_wall_s is None:
         raise RuntimeError(f"requests {missing[:5]} neither finished nor were rejected")
@@ -148,7 +238,9 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
         meta=_meta(core, run.arrivals), counters=_counters(stats_before, _stats_dict(core.scheduler), pos_before,
                                                              core.scheduler.num_spec_accepted_per_pos),
         wall_s=wall, itl_gaps_s=np.asarray(run.itl_gaps_s, dtype=np.float64),
-        scheduler_stats=_stats_delta(stats_before, _stats_dict(core.scheduler)), unfinished_ids=missing)
+        scheduler_stats=_stats_delta(stats_before, _stats_dict(core.scheduler)), unfinished_ids=missing,
+        gc_stats=gc_stats, step_gc_pause_s=np.asarray(run.step_gc_pause_s, dtype=np.float64),
+        step_launch_s=np.asarray(run.step_launch_s, dtype=np.float64))
 
 
 class _Run:
@@ -162,6 +254,10 @@ class _Run:
         self.steps: list[StepRecord] = []
         self.records: dict[int, RequestRecord] = {}
         self.itl_gaps_s: list[float] = []
+        self.gc_watch = GcWatch()  # replaced by the installed one while the loop runs
+        self.step_gc_pause_s: list[float] = []  # GC pauses since the previous step row
+        self.step_launch_s: list[float] = []
+        self._gc_pause_seen_s = 0.0
 
     def loop(self, max_wall_s: float | None, sink) -> None:
         core, reqs, arrivals = self.core, self.reqs, self.arrivals
@@ -182,6 +278,10 @@ class _Run:
     def _collect(self, res, sink) -> None:
         if res.trace is not None:
             self.steps.append(res.trace)
+            paused = self.gc_watch.pause_s_total
+            self.step_gc_pause_s.append(paused - self._gc_pause_seen_s)
+            self._gc_pause_seen_s = paused
+            self.step_launch_s.append(res.launch_s)
             if sink:
                 sink.write(json.dumps(jsonable(dataclasses.asdict(res.trace))) + "\n")
             if self.metrics:

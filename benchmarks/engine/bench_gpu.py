@@ -9,6 +9,10 @@ time-scaled), timed replay: throughput, TTFT/TPOT percentiles, preemptions, pref
 
     python benchmarks/engine/bench_gpu.py --out DIR            # full (H200)
     python benchmarks/engine/bench_gpu.py --tiny --out DIR     # seconds, CPU or GPU: smoke test
+    python benchmarks/engine/bench_gpu.py --out DIR --skip hf_static,hf_cb,mooncake,profile --budget-s 170
+
+Part A's JSON also has, per mode, the mean schedule / prepare / sample time of decode-only steps at
+batch >= 120 (`host_ms_decode_only`) and `sync_vs_async` (throughput ratio; target: sync loses <= 10%).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from engine.config import EngineArgs
 from engine.core import EngineCore
 from engine.llm import LLM
 from engine.model_spec import ModelSpec, get_model
-from engine.replay import replay
+from engine.replay import GcWatch, frozen_heap, replay
 from engine.request import Request
 from engine.sampling import SamplingParams
 from kernels import Backend
@@ -135,9 +139,9 @@ def unfused_backend(backend: Backend) -> Backend:
     the decode path before the fused kernels, for a before/after in one run."""
 
     def rope_then_write_kv(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                           num_q_heads, num_kv_heads, head_dim):
+                           num_q_heads, num_kv_heads, head_dim, k_scale=None, v_scale=None):
         q, k, v = rotate_qkv_ref(qkv, positions, cos, sin, num_q_heads, num_kv_heads, head_dim)
-        backend.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        backend.write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return q
 
     return dataclasses.replace(backend, rope_store_kv=rope_then_write_kv,
@@ -162,8 +166,19 @@ def make_llm(model: str, args: dict, legacy: bool = False) -> LLM:
     return LLM(model, llm_model=m, **args)
 
 
+def host_decode_ms(steps, min_batch: int) -> dict:
+    """Mean host time per decode-only step of at least `min_batch` sequences (ms): what the issue's
+    target (schedule + prepare <= 0.3 ms at batch 128) reads; sampling is the sampler's host side."""
+    rows = [s for s in steps if s.num_prefill_tokens == 0 and s.num_decode_seqs >= min_batch]
+    out: dict = {"min_batch": min_batch, "num_steps": len(rows)}
+    for k in ("schedule_s", "prepare_s", "sample_s"):
+        out[k] = 1e3 * float(np.mean([getattr(r, k) for r in rows])) if rows else None
+    out["schedule_plus_prepare"] = (out["schedule_s"] + out["prepare_s"]) if rows else None
+    return out
+
+
 def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
-             async_scheduling: bool, legacy: bool = False) -> dict:
+             async_scheduling: bool, legacy: bool = False, host_min_batch: int = 120) -> dict:
     t = time.perf_counter()
     llm = make_llm(model, engine_args(device, dtype, util, async_scheduling=async_scheduling), legacy)
     init_s = time.perf_counter() - t
@@ -172,10 +187,14 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
     llm.step_traces.clear()
     llm.engine.runner.num_graph_replays = llm.engine.runner.num_eager_forwards = 0
     sync()
-    t = time.perf_counter()
-    outs = llm.generate(prompts, [SamplingParams(max_tokens=o, ignore_eos=True) for o in outputs])
-    sync()
-    wall = time.perf_counter() - t
+    params = [SamplingParams(max_tokens=o, ignore_eos=True) for o in outputs]
+    # as vLLM after its warm-up: full GC passes skip the start-up heap; the run's collections counted
+    with frozen_heap() as frozen, GcWatch() as watch:
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        sync()
+        wall = time.perf_counter() - t
+        gc_stats = watch.stats(frozen).as_dict()
     gen = sum(len(o.token_ids) for o in outs)
     assert gen == sum(outputs), (gen, sum(outputs))
     tr = llm.step_traces
@@ -200,6 +219,7 @@ def run_ours(model: str, prompts, outputs, device: str, dtype: str, util: float,
                                                         "sample_s", "total_s")},
         "mixed_step_ms": {k: mean_ms([s for s in tr if s.num_prefill_seqs], k)
                           for k in ("schedule_s", "prepare_s", "gpu_s", "sample_s", "total_s")},
+        "host_ms_decode_only": host_decode_ms(tr, host_min_batch), "gc": gc_stats,
         "wall_in_decode_only_steps_s": float(sum(s.total_s for s in dec)),
         "wall_in_prefill_steps_s": float(sum(s.total_s for s in tr if s.num_prefill_seqs)),
     }
@@ -612,7 +632,19 @@ def main() -> None:
     ap.add_argument("--prompt-cap", type=int, default=2048)
     ap.add_argument("--time-scale", type=float, default=0.25)
     ap.add_argument("--mooncake-max-wall-s", type=float, default=200.0)
+    ap.add_argument("--dry-run", action="store_true", help="same as --tiny")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no further part once this many seconds have passed (a part runs to its own timeout)")
     args = ap.parse_args()
+    args.tiny = args.tiny or args.dry_run
+    t_start = time.perf_counter()
+
+    def over_budget(part: str) -> bool:
+        if args.budget_s is None or time.perf_counter() - t_start < args.budget_s:
+            return False
+        result.setdefault("skipped_for_budget", []).append(part)
+        log(f"{part}: skipped, --budget-s {args.budget_s} reached")
+        return True
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -629,9 +661,11 @@ def main() -> None:
     if args.tiny:
         model_a, model_b, dtype = "tiny", "tiny", "float32" if device == "cpu" else "bfloat16"
         n_a, (p_lo, p_hi, o_lo, o_hi) = 16, (8, 64, 4, 16)
+        host_min_batch = 8
     else:
         model_a, model_b, dtype = "llama-3.2-1b", "llama-3.1-8b", "bfloat16"
         n_a, (p_lo, p_hi, o_lo, o_hi) = 128, (64, 1024, 32, 256)
+        host_min_batch = 120  # the issue's host-time target is at batch 128
     spec_a = get_model(model_a)
     result["copy_gbps"] = measure_copy_gbps(device, nbytes=(2 << 30) if device == "cuda" else (64 << 20))
     result["matmul_tflops_bf16"] = measure_matmul_tflops(device, n=8192 if device == "cuda" else 512)
@@ -646,6 +680,8 @@ def main() -> None:
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     if "profile" not in skip:
         for batch in ((128, 32) if not args.tiny else (8,)):
+            if over_budget(f"profile {batch}"):
+                break
             try:
                 result.setdefault("decode_profile", {})[str(batch)] = with_timeout(
                     lambda b=batch: profile_decode(model_a, dtype, b, result["copy_gbps"], args.out,
@@ -657,14 +693,18 @@ def main() -> None:
                     "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
                 log("profile failed", e)
             save()
-    for name, fn in (("ours", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, True)),
-                     ("ours_sync", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, False)),
+    for name, fn in (("ours", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, True,
+                                               host_min_batch=host_min_batch)),
+                     ("ours_sync", lambda: run_ours(model_a, prompts, outputs, device, dtype, 0.5, False,
+                                                    host_min_batch=host_min_batch)),
                      ("ours_old_decode_path", lambda: run_ours(model_a, prompts, outputs, device, dtype,
-                                                               0.5, True, legacy=True)),
+                                                               0.5, True, legacy=True, host_min_batch=host_min_batch)),
                      ("hf_static", lambda: run_hf_static(spec_a, prompts, outputs, device, torch_dtype)),
                      ("hf_generate_batch", lambda: run_hf_cb(spec_a, prompts, outputs, device, torch_dtype))):
         if name in skip or (name == "hf_generate_batch" and "hf_cb" in skip) or (
                 name in ("ours_sync", "ours_old_decode_path") and "ours" in skip):
+            continue
+        if over_budget(f"part A {name}"):
             continue
         log("part A:", name)
         try:
@@ -685,8 +725,9 @@ def main() -> None:
         old = a.get("ours_old_decode_path", {}).get("output_tokens_per_s")
         a["speedup_vs_old_decode_path"] = ours / old if old else None
         a["fraction_of_roofline_max"] = ours / a["roofline"]["output_tokens_per_s_bound_max"]
+    a["sync_vs_async"] = sync_vs_async(a)
     save()
-    if "mooncake" not in skip:
+    if "mooncake" not in skip and not over_budget("part B mooncake"):
         log("part B: mooncake")
         n = 40 if args.tiny else args.mooncake_n
         cap = 256 if args.tiny else args.prompt_cap
@@ -704,6 +745,21 @@ def main() -> None:
     log("done")
 
 
+SYNC_LOSS_TARGET = 0.10  # issue 16: synchronous scheduling loses at most 10% to async
+
+
+def sync_vs_async(a: dict) -> dict | None:
+    """Synchronous / async output throughput of Part A, and each mode's host time per decode step."""
+    tps = {k: (a.get(k) or {}).get("output_tokens_per_s") for k in ("ours", "ours_sync")}
+    if not all(tps.values()):
+        return None
+    ratio = tps["ours_sync"] / tps["ours"]
+    return {"throughput_ratio_sync_over_async": ratio, "sync_loss": 1 - ratio,
+            "sync_loss_target": SYNC_LOSS_TARGET, "meets_target": 1 - ratio <= SYNC_LOSS_TARGET,
+            "host_ms_decode_only": {"async": a["ours"].get("host_ms_decode_only"),
+                                    "sync": a["ours_sync"].get("host_ms_decode_only")}}
+
+
 def summary_table(result: dict) -> None:
     """The figures that matter, last in the log."""
     a = result.get("part_a", {})
@@ -719,6 +775,15 @@ def summary_table(result: dict) -> None:
               "speedup_vs_old_decode_path"):
         if a.get(k) is not None:
             rows.append(f"{k:30s} {a[k]:.3f}")
+    sva = a.get("sync_vs_async")
+    if sva:
+        rows.append(f"sync / async throughput {sva['throughput_ratio_sync_over_async']:.3f} "
+                    f"(sync loses {sva['sync_loss']:.1%}, target <= {SYNC_LOSS_TARGET:.0%})")
+        for mode, h in sva["host_ms_decode_only"].items():
+            if h and h["num_steps"]:
+                rows.append(f"   {mode}: host per decode step at batch >= {h['min_batch']} ({h['num_steps']} steps): "
+                            f"schedule {h['schedule_s']:.3f} + prepare {h['prepare_s']:.3f} ms, sample "
+                            f"{h['sample_s']:.3f} ms")
     for b, p in (result.get("decode_profile") or {}).items():
         if "variants_ms" in p:
             rows.append(f"profile batch {b}: step {p['full_step_ms']:.3f} ms, bound "
