@@ -123,7 +123,7 @@ class _StepLayout:
     positions: np.ndarray  # [num_tokens]
     slots: np.ndarray  # [num_tokens] flat KV-cache slots
     sample_rows: list[int]  # scheduled rows that sample a token
-    block_cols: int  # block-table columns to copy (the full width for a graph)
+    block_cols: int  # block-table columns to copy: the widest row of the step
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +241,9 @@ class ModelRunner:
                 "logits_idx": host(t, torch.int64), "gather_dst": host(b, torch.int64),
                 "gather_src": host(b, torch.int64),
                 "block_tables": torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
+                # the step's [seqs, cols] rows packed, for one contiguous copy (a strided
+                # pinned-to-device copy is staged by torch through pageable memory)
+                "bt_packed": host(b * self.max_blocks_per_seq, torch.int32),
             })
         self._row_caches = [_RowCache.empty(b) for _ in range(2)]
         self._arange = np.arange(t + 1, dtype=np.int64)
@@ -257,6 +260,7 @@ class ModelRunner:
         self.d_qsl = torch.zeros(b + 1, dtype=torch.int32, device=dev)
         self.d_logits_idx = torch.zeros(t, dtype=torch.int64, device=dev)  # verify: 1 + k rows each
         self.d_block_tables = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        self.d_bt_packed = torch.zeros(b * self.max_blocks_per_seq, dtype=torch.int32, device=dev)
         self.d_gather_dst = torch.zeros(b, dtype=torch.int64, device=dev)
         self.d_gather_src = torch.zeros(b, dtype=torch.int64, device=dev)
 
@@ -265,7 +269,7 @@ class ModelRunner:
         self.h_input_ids, self.h_positions, self.h_slots = st["ids"], st["pos"], st["slots"]
         self.h_seq_lens, self.h_qsl, self.h_logits_idx = st["seq_lens"], st["qsl"], st["logits_idx"]
         self.h_gather_dst, self.h_gather_src = st["gather_dst"], st["gather_src"]
-        self.h_block_tables = st["block_tables"]
+        self.h_block_tables, self.h_bt_packed = st["block_tables"], st["bt_packed"]
         # numpy views of the same memory, made once (a .numpy() call per use costs more)
         self._np = self._stage_views[i]
 
@@ -511,13 +515,14 @@ class ModelRunner:
         num_tokens = int(q_lens.sum())
         choice = self._pick_graph(q_lens, sample_rows, spec, num_tokens)
         gq = 1 if choice is None else choice.q
+        # a graph reads the full-width table, but the kernels read a row only up to its
+        # sequence's length (a padding sequence: column 0): the copy stops at the widest row
         if choice is None:
-            padded_seqs, padded_tokens, cols = n, num_tokens, max_blocks
+            padded_seqs, padded_tokens = n, num_tokens
         elif choice.kind == "mixed":
-            # the kernels read a table row only up to its sequence's length: no full-width copy
-            padded_seqs, padded_tokens, cols = self.mixed_graph_seqs(choice.size), choice.size, max_blocks
+            padded_seqs, padded_tokens = self.mixed_graph_seqs(choice.size), choice.size
         else:
-            padded_seqs, padded_tokens, cols = choice.size, choice.size * gq, self.max_blocks_per_seq
+            padded_seqs, padded_tokens = choice.size, choice.size * gq
         qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
         bs = self.block_size
         bt = self._np["block_tables"]
@@ -537,7 +542,7 @@ class ModelRunner:
             graph_size=None if choice is None else choice.size, graph_q=gq,
             graph_kind=None if choice is None else choice.kind,
             seq_lens=starts + q_lens, qsl=qsl, positions=positions, slots=slots,
-            sample_rows=sample_rows, block_cols=cols,
+            sample_rows=sample_rows, block_cols=max_blocks,
         )
 
     def _stage_host(self, layout: _StepLayout, flat_ids: list[int], spec: np.ndarray | None) -> int:
@@ -586,7 +591,12 @@ class ModelRunner:
         self.d_seq_lens[:seqs].copy_(self.h_seq_lens[:seqs], non_blocking=True)
         self.d_qsl[: seqs + 1].copy_(self.h_qsl[: seqs + 1], non_blocking=True)
         self.d_logits_idx[:num_sampled].copy_(self.h_logits_idx[:num_sampled], non_blocking=True)
-        self.d_block_tables[:seqs, :cols].copy_(self.h_block_tables[:seqs, :cols], non_blocking=True)
+        # rows packed on the host, one contiguous copy, then spread on the device into the
+        # table's full-width rows (whose stride the CUDA graphs captured)
+        packed = self._np["bt_packed"][: seqs * cols].reshape(seqs, cols)
+        np.copyto(packed, self._np["block_tables"][:seqs, :cols])
+        self.d_bt_packed[: seqs * cols].copy_(self.h_bt_packed[: seqs * cols], non_blocking=True)
+        self.d_block_tables[:seqs, :cols].copy_(self.d_bt_packed[: seqs * cols].view(seqs, cols))
 
     def _gather_inflight(self, tokens: _InputTokens, inflight_tokens: torch.Tensor) -> None:
         """Put the previous step's sampled tokens, still on the device, into this step's ids."""

@@ -166,6 +166,8 @@ def test_padded_mixed_layout_hand_computed():
     assert r.d_seq_lens[:5].tolist() == [10, 7, 0, 0, 0]
     assert r.d_slots[:8].tolist() == [8, 9, 10, 11, 36, 37, 46, -1]
     assert r.d_logits_idx[:1].tolist() == [6]
+    # the rows went through the packed copy into the full-width table the graphs read
+    assert r.d_block_tables[0, :3].tolist() == [5, 2, 9] and r.d_block_tables[1, :2].tolist() == [0, 11]
 
 
 def test_mixed_graph_buckets():
