@@ -191,14 +191,16 @@ def _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q: tl.con
 
 
 @triton.jit
-def _is_seq_kind(q_len, SEQ_KIND: tl.constexpr, DECODE_MAX_Q: tl.constexpr):
-    """Whether a sequence of q_len new tokens belongs to the launch of kind SEQ_KIND."""
+def _other_kind(q_len, SEQ_KIND: tl.constexpr, DECODE_MAX_Q: tl.constexpr):
+    """Whether a sequence of q_len new tokens is left to the other launch of a mixed batch
+    (SEQ_KIND 1: decode-like sequences only, 2: the others, 0: every sequence)."""
     if SEQ_KIND == 1:
-        return q_len <= DECODE_MAX_Q
+        other = q_len > DECODE_MAX_Q
     elif SEQ_KIND == 2:
-        return q_len > DECODE_MAX_Q
+        other = q_len <= DECODE_MAX_Q
     else:
-        return q_len >= 0
+        other = q_len < 0
+    return other
 
 
 @triton.jit
@@ -345,7 +347,7 @@ def _paged_attention_kernel(
     q_block_local = q_block_global - (q_start // BLOCK_Q + seq)
     if q_block_local * BLOCK_Q >= q_len:
         return  # surplus program of the static grid
-    if not _is_seq_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
+    if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
         return  # the other launch of a mixed batch attends this sequence
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len
@@ -460,7 +462,7 @@ def _merge_splits_kernel(
         q_len = q_end - tl.load(query_start_loc_ptr + seq)
         if token >= q_end:
             return
-        if not _is_seq_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
+        if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
             return
         if SEQ_KIND == 1:
             segm_tok = seq.to(tl.int64) * DECODE_MAX_Q + (token - (q_end - q_len))
