@@ -48,11 +48,8 @@ def get_backend(name: str) -> Backend:
     if name == "torch":
         from kernels import reference as ref
 
-        def paged_attention_ref(*args, num_decode_seqs: int | None = None, **kwargs):
-            return ref.paged_attention_ref(*args, **kwargs)
-
         return Backend(
-            "torch", paged_attention_ref, ref.write_kv_cache_ref, ref.rope_store_kv_ref,
+            "torch", ref.paged_attention_ref, ref.write_kv_cache_ref, ref.rope_store_kv_ref,
             ref.add_rms_norm_ref, ref.silu_mul_ref,
         )  # fmt: skip
     if name == "triton":
