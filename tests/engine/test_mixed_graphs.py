@@ -130,6 +130,9 @@ def test_non_uniform_verify_batches_replay_mixed_graphs():
     assert core.runner.num_mixed_graph_replays > 0 and core.runner.num_eager_forwards == 0
 
 
+# padding rows of the attention output are never written (uninitialised memory); the layers'
+# GEMMs carry whatever they hold, which numpy flags as overflow in the interpreter
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_triton_kernels_through_the_mixed_layout():
     """The Triton kernels (interpreter) over the padded layout: two attention launches with
     empty dummy sequences and unowned padding tokens give the eager Triton path's tokens."""
