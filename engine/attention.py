@@ -25,3 +25,6 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     max_query_len: int
     max_seq_len: int
+    # sequences of at most kernels.DECODE_MAX_QUERY_LEN query tokens, when the runner knows it
+    # (an eager step); None in a CUDA graph, whose batches vary: the kernel then plans for both
+    num_decode_seqs: int | None = None

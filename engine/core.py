@@ -190,7 +190,7 @@ class EngineCore:
         self.runner = ModelRunner(
             model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
-            kv_cache_dtype=config.kv_cache_dtype)
+            kv_cache_dtype=config.kv_cache_dtype, max_cudagraph_capture_size=config.max_cudagraph_capture_size)
         self._init_speculation(config, draft_model)
         self.num_gpu_blocks = self.runner.allocate_kv_cache(
             gpu_memory_utilization=config.gpu_memory_utilization,
@@ -201,8 +201,11 @@ class EngineCore:
             self.runner.memory_report |= {"draft_weights_bytes": self.drafter.weights_bytes(),
                                           "draft_kv_bytes_per_block": self.runner.draft_block_bytes}
         self.graph_capture_s = 0.0
-        if self.runner.is_cuda and not config.enforce_eager and model.backend.name == "triton":
+        graphs = not config.enforce_eager and config.cudagraph_mode != "NONE"
+        if self.runner.is_cuda and graphs and model.backend.name == "triton":
             self.graph_capture_s = self.runner.capture_decode_graphs()
+            if config.cudagraph_mode == "FULL":
+                self.graph_capture_s += self.runner.capture_mixed_graphs()
             if self.drafter is not None:  # the draft's single-token forwards are pure decodes,
                 self.graph_capture_s += self.drafter.runner.capture_decode_graphs()
                 # its catch-up of a decode batch is uniform two-token (proposers._two_token_catch_up)

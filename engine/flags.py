@@ -24,6 +24,8 @@ from pydantic import BaseModel, Field, create_model
 from engine.spec_decode.config import SpeculativeConfig
 
 UsageContext = Literal["api_server", "offline"]
+# vLLM's compilation_config.cudagraph_mode values that costline's engine runs
+CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL")
 GIB = 2**30
 
 
@@ -185,6 +187,16 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
     Flag("seed", int, 0, "seed of sampling and of random weights", ge=0),
     Flag("device", str, "auto", "'auto' = cuda when available, else cpu", in_vllm=False),
     Flag("enforce_eager", bool, False, "no CUDA graphs", negatives=("--no-enforce-eager",)),
+    # vLLM sets this inside --compilation-config ('{"cudagraph_mode": "FULL"}'), not as a flag of
+    # its own, so it is never printed as one; its default there is FULL_AND_PIECEWISE (piecewise
+    # graphs come from torch.compile, which costline does not use): FULL is the nearest mode.
+    Flag("cudagraph_mode", str, "FULL", "CUDA graphs: FULL = whole-forward graphs for decode, "
+         "speculative verify and mixed prefill+decode steps up to --max-cudagraph-capture-size "
+         "tokens; FULL_DECODE_ONLY = decode and uniform verify steps only; NONE = none (as "
+         "--enforce-eager)", choices=CUDAGRAPH_MODES, in_vllm=False),
+    Flag("max_cudagraph_capture_size", int, 512, "largest step, in tokens, of a mixed or "
+         "speculative-verify CUDA graph (decode graphs cover every batch up to --max-num-seqs)",
+         ge=1),
     Flag("cpu_kv_cache_bytes", int, 256 << 20, "KV cache size on the CPU (vLLM's "
          "VLLM_CPU_KVCACHE_SPACE)", ge=1, human_size=True, in_vllm=False),
     Flag("speculative_config", str, None, 'speculative decoding, JSON: \'{"method":"ngram",'
@@ -300,6 +312,7 @@ def check_tensor_parallel(num_attention_heads: int, tensor_parallel_size: int) -
 
 
 __all__ = [
+    "CUDAGRAPH_MODES",
     "ENGINE_ONLY_FLAGS",
     "FLAGS_BY_NAME",
     "SCHEDULING_FLAGS",

@@ -9,8 +9,14 @@ only when its request crossed into a new block, joined, or moved to another row.
 
 On a GPU, pure-decode batches (every request computes exactly one token) replay a CUDA graph
 captured for the next bucket size up, and so do uniform speculative verify batches (every
-request a decode with k drafts: 1 + k tokens each, logits at every position); other batches
-run eagerly.
+request a decode with k drafts: 1 + k tokens each, logits at every position). With
+cudagraph_mode FULL, any other batch of at most max_cudagraph_capture_size tokens (prefill
+chunks beside decodes, non-uniform verify batches) replays a "mixed" graph captured for the
+next token bucket up: the real tokens first, padding tokens that belong to no sequence, and
+zero-token dummy sequences up to the graph's sequence count, so padding is neither attended
+nor written. A mixed graph ends at the hidden states (in a persistent buffer); the LM head runs
+eagerly on the rows that sample, whose number varies (as vLLM keeps compute_logits outside).
+Larger batches run eagerly.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.flags import FlagError
 from engine.model import LlamaModel
+from kernels import DECODE_MAX_QUERY_LEN
 
 # Block-table rows to update one slice at a time; more go through one numpy scatter.
 ROW_SLICE_MAX_ROWS = 16
@@ -46,6 +53,19 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
     raise FlagError("kv_cache_dtype", kv_cache_dtype,
                     f"the engine stores auto (= the model's {str(model_dtype).removeprefix('torch.')}) "
                     "or fp8 (= fp8_e4m3); set {kv_cache_dtype} to one of those")
+
+
+def mixed_graph_buckets(max_tokens: int) -> list[int]:
+    """Token counts that get a mixed CUDA graph: vLLM's capture sizes (1, 2, 4, 8, then steps
+    of 8 to 256 and of 16 to 512, continued in steps of 16 beyond), up to `max_tokens`, which
+    is always one. A step pads to the next size: at most 7 tokens (15 above 256), under 6% of
+    the step from 128 tokens on; a chunk of a few hundred tokens costs far more than that."""
+    sizes = [s for s in (1, 2, 4) if s <= max_tokens]
+    sizes += list(range(8, min(max_tokens, 256) + 1, 8))
+    sizes += list(range(272, max_tokens + 1, 16))
+    if not sizes or sizes[-1] != max_tokens:
+        sizes.append(max_tokens)
+    return sizes
 
 
 # Decode batch sizes that get a CUDA graph (vLLM's pattern: 1, 2, 4, then steps of 8).
@@ -72,6 +92,8 @@ class StepInputs:
     # logits rows: one per sampling request, 1 + its drafts for a speculative verify (in order)
     num_logits: int = 0
     graph_q: int = 1  # tokens per sequence of the graph: 1 (decode) or 1 + k (verify graph)
+    graph_kind: str | None = None  # "decode", "verify" or "mixed" (graph_size tokens); None = eager
+    num_decode_seqs: int | None = None  # sequences of <= DECODE_MAX_QUERY_LEN tokens (kernel hint)
 
 
 @dataclass(slots=True)
@@ -95,12 +117,22 @@ class _StepLayout:
     padded_tokens: int
     graph_size: int | None
     graph_q: int  # query tokens per sequence of that graph (padding sequences get as many)
+    graph_kind: str | None  # see StepInputs
     seq_lens: np.ndarray  # [num_seqs] context including this step's tokens
     qsl: np.ndarray  # [padded_seqs + 1] query start offsets
     positions: np.ndarray  # [num_tokens]
     slots: np.ndarray  # [num_tokens] flat KV-cache slots
     sample_rows: list[int]  # scheduled rows that sample a token
-    block_cols: int  # block-table columns to copy (the full width for a graph)
+    block_cols: int  # block-table columns to copy: the widest row of the step
+
+
+@dataclass(frozen=True, slots=True)
+class _GraphChoice:
+    """The CUDA graph a step replays."""
+
+    kind: str  # "decode", "verify" or "mixed"
+    size: int  # sequences (decode, verify) or tokens (mixed) of the graph
+    q: int  # tokens per padding sequence: 1 (decode), 1 + k (verify), 0 (mixed: empty dummies)
 
 
 @dataclass(slots=True)
@@ -155,7 +187,8 @@ class ModelRunner:
     """Owns the KV cache and the device-side input buffers of one model."""
 
     def __init__(self, model: LlamaModel, *, block_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int, kv_cache_dtype: str = "auto") -> None:
+                 max_num_batched_tokens: int, max_model_len: int, kv_cache_dtype: str = "auto",
+                 max_cudagraph_capture_size: int = VERIFY_GRAPH_MAX_TOKENS) -> None:
         self.model = model
         self.kv_dtype = kv_cache_torch_dtype(kv_cache_dtype, model.dtype)
         self.spec = model.spec
@@ -164,6 +197,7 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.max_cudagraph_capture_size = max_cudagraph_capture_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.kv_caches: torch.Tensor | None = None
         self.num_blocks = 0
@@ -172,8 +206,13 @@ class ModelRunner:
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_q = 0
         self._verify_logits: dict[int, torch.Tensor] = {}
-        self.num_graph_replays = 0  # decode steps served by a captured graph
-        self.num_graph_captures = 0  # graphs captured (only capture_decode_graphs does it)
+        # mixed graphs: step token bucket -> graph of that many tokens (see mixed_graph_forward)
+        self.mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._mixed_sizes: list[int] = []  # sorted keys of mixed_graphs
+        self._mixed_hidden = torch.empty(0)  # the graphs' hidden states [tokens, hidden]
+        self.num_mixed_graph_replays = 0  # steps served by a mixed graph (also in num_graph_replays)
+        self.num_graph_replays = 0  # steps served by a captured graph
+        self.num_graph_captures = 0  # graphs captured (only the capture_*_graphs functions do it)
         self.memory_report: dict[str, float] = {}  # GPU: the terms the KV cache size came from
         # a draft model's KV per block, paged with the same block ids: sized together with ours
         self.draft_block_bytes = 0
@@ -202,6 +241,9 @@ class ModelRunner:
                 "logits_idx": host(t, torch.int64), "gather_dst": host(b, torch.int64),
                 "gather_src": host(b, torch.int64),
                 "block_tables": torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin),
+                # the step's [seqs, cols] rows packed, for one contiguous copy (a strided
+                # pinned-to-device copy is staged by torch through pageable memory)
+                "bt_packed": host(b * self.max_blocks_per_seq, torch.int32),
             })
         self._row_caches = [_RowCache.empty(b) for _ in range(2)]
         self._arange = np.arange(t + 1, dtype=np.int64)
@@ -218,6 +260,7 @@ class ModelRunner:
         self.d_qsl = torch.zeros(b + 1, dtype=torch.int32, device=dev)
         self.d_logits_idx = torch.zeros(t, dtype=torch.int64, device=dev)  # verify: 1 + k rows each
         self.d_block_tables = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        self.d_bt_packed = torch.zeros(b * self.max_blocks_per_seq, dtype=torch.int32, device=dev)
         self.d_gather_dst = torch.zeros(b, dtype=torch.int64, device=dev)
         self.d_gather_src = torch.zeros(b, dtype=torch.int64, device=dev)
 
@@ -226,7 +269,7 @@ class ModelRunner:
         self.h_input_ids, self.h_positions, self.h_slots = st["ids"], st["pos"], st["slots"]
         self.h_seq_lens, self.h_qsl, self.h_logits_idx = st["seq_lens"], st["qsl"], st["logits_idx"]
         self.h_gather_dst, self.h_gather_src = st["gather_dst"], st["gather_src"]
-        self.h_block_tables = st["block_tables"]
+        self.h_block_tables, self.h_bt_packed = st["block_tables"], st["bt_packed"]
         # numpy views of the same memory, made once (a .numpy() call per use costs more)
         self._np = self._stage_views[i]
 
@@ -380,7 +423,8 @@ class ModelRunner:
         return StepInputs(
             request_ids=rids, sample_request_ids=[rids[i] for i in sample_rows],
             num_tokens=layout.num_tokens, num_padded_tokens=layout.padded_tokens,
-            graph_size=layout.graph_size, graph_q=layout.graph_q,
+            graph_size=layout.graph_size, graph_q=layout.graph_q, graph_kind=layout.graph_kind,
+            num_decode_seqs=int(np.count_nonzero(q_lens <= DECODE_MAX_QUERY_LEN)),
             max_query_len=int(q_lens.max()) if n else 0,
             max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n, num_logits=num_logits,
         )
@@ -441,21 +485,27 @@ class ModelRunner:
         bt[np.repeat(rows, counts), np.arange(len(flat)) - offsets] = flat
 
     def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None,
-                    all_decode: bool) -> tuple[int | None, int]:
-        """(graph batch size, query tokens per sequence) of the graph this step replays, or
-        (None, 1): a pure decode batch, or a verify batch where every request is a decode with
-        exactly k drafts (the captured q = 1 + k); anything else runs eagerly."""
+                    num_tokens: int) -> _GraphChoice | None:
+        """The CUDA graph this step replays, or None (eager): a decode graph for a pure decode
+        batch, a verify graph when every request is a decode with exactly k drafts (the
+        captured q = 1 + k), else a mixed graph when the step's tokens fit one."""
         n = len(q_lens)
-        if len(sample_rows) != n:
-            return None, 1
-        if spec is None:
-            if self.graphs and all_decode:
-                return next((b for b in sorted(self.graphs) if b >= n), None), 1
-            return None, 1
-        q = self.verify_q
-        if self.verify_graphs and bool((spec == q - 1).all()) and bool((q_lens == q).all()):
-            return next((b for b in sorted(self.verify_graphs) if b >= n), None), q
-        return None, 1
+        if len(sample_rows) == n:
+            if spec is None and self.graphs and num_tokens == n:
+                b = next((b for b in sorted(self.graphs) if b >= n), None)
+                if b is not None:
+                    return _GraphChoice("decode", b, 1)
+            q = self.verify_q
+            if spec is not None and self.verify_graphs and bool((spec == q - 1).all()) \
+                    and bool((q_lens == q).all()):
+                b = next((b for b in sorted(self.verify_graphs) if b >= n), None)
+                if b is not None:
+                    return _GraphChoice("verify", b, q)
+        if self.mixed_graphs and num_tokens <= self._mixed_sizes[-1]:
+            t = next(t for t in self._mixed_sizes if t >= num_tokens)
+            if n <= self.mixed_graph_seqs(t):
+                return _GraphChoice("mixed", t, 0)
+        return None
 
     def _layout(self, q_lens: np.ndarray, starts: np.ndarray, sample_rows: list[int],
                 max_blocks: int, spec: np.ndarray | None = None) -> _StepLayout:
@@ -463,10 +513,16 @@ class ModelRunner:
         query offsets and KV slots (from the block table already staged)."""
         n = len(q_lens)
         num_tokens = int(q_lens.sum())
-        graph_size, gq = self._pick_graph(q_lens, sample_rows, spec, num_tokens == n)
-        if graph_size is None:
-            gq = 1
-        padded_seqs = graph_size or n
+        choice = self._pick_graph(q_lens, sample_rows, spec, num_tokens)
+        gq = 1 if choice is None else choice.q
+        # a graph reads the full-width table, but the kernels read a row only up to its
+        # sequence's length (a padding sequence: column 0): the copy stops at the widest row
+        if choice is None:
+            padded_seqs, padded_tokens = n, num_tokens
+        elif choice.kind == "mixed":
+            padded_seqs, padded_tokens = self.mixed_graph_seqs(choice.size), choice.size
+        else:
+            padded_seqs, padded_tokens = choice.size, choice.size * gq
         qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
         bs = self.block_size
         bt = self._np["block_tables"]
@@ -477,13 +533,16 @@ class ModelRunner:
             np.cumsum(q_lens, out=qsl[1: n + 1])
             positions = np.repeat(starts - qsl[:n], q_lens) + self._arange[:num_tokens]
             seq_idx = np.repeat(self._arange[:n], q_lens)
-        qsl[n + 1:] = num_tokens + gq * self._arange[1: padded_seqs - n + 1]  # padding: gq dummy tokens each
+        # padding sequences: gq dummy tokens each (none for a mixed graph: its padding tokens
+        # follow the last sequence and belong to none)
+        qsl[n + 1:] = num_tokens + gq * self._arange[1: padded_seqs - n + 1]
         slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         return _StepLayout(
-            num_seqs=n, num_tokens=num_tokens, padded_seqs=padded_seqs,
-            padded_tokens=graph_size * gq if graph_size else num_tokens, graph_size=graph_size, graph_q=gq,
+            num_seqs=n, num_tokens=num_tokens, padded_seqs=padded_seqs, padded_tokens=padded_tokens,
+            graph_size=None if choice is None else choice.size, graph_q=gq,
+            graph_kind=None if choice is None else choice.kind,
             seq_lens=starts + q_lens, qsl=qsl, positions=positions, slots=slots,
-            sample_rows=sample_rows, block_cols=self.max_blocks_per_seq if graph_size else max_blocks,
+            sample_rows=sample_rows, block_cols=max_blocks,
         )
 
     def _stage_host(self, layout: _StepLayout, flat_ids: list[int], spec: np.ndarray | None) -> int:
@@ -502,7 +561,8 @@ class ModelRunner:
             h_slots[num_tokens:padded_tokens] = -1
         h_sl = self._np["seq_lens"]
         h_sl[:n] = layout.seq_lens
-        # dummy sequences attend to their gq (garbage) slots, causally valid; output dropped
+        # dummy sequences attend to their gq (garbage) slots, causally valid, output dropped;
+        # a mixed graph's dummies are empty (gq = 0)
         h_sl[n:layout.padded_seqs] = layout.graph_q
         self._np["qsl"][: layout.padded_seqs + 1] = layout.qsl
         if layout.padded_seqs > n:
@@ -531,7 +591,12 @@ class ModelRunner:
         self.d_seq_lens[:seqs].copy_(self.h_seq_lens[:seqs], non_blocking=True)
         self.d_qsl[: seqs + 1].copy_(self.h_qsl[: seqs + 1], non_blocking=True)
         self.d_logits_idx[:num_sampled].copy_(self.h_logits_idx[:num_sampled], non_blocking=True)
-        self.d_block_tables[:seqs, :cols].copy_(self.h_block_tables[:seqs, :cols], non_blocking=True)
+        # rows packed on the host, one contiguous copy, then spread on the device into the
+        # table's full-width rows (whose stride the CUDA graphs captured)
+        packed = self._np["bt_packed"][: seqs * cols].reshape(seqs, cols)
+        np.copyto(packed, self._np["block_tables"][:seqs, :cols])
+        self.d_bt_packed[: seqs * cols].copy_(self.h_bt_packed[: seqs * cols], non_blocking=True)
+        self.d_block_tables[:seqs, :cols].copy_(self.d_bt_packed[: seqs * cols].view(seqs, cols))
 
     def _gather_inflight(self, tokens: _InputTokens, inflight_tokens: torch.Tensor) -> None:
         """Put the previous step's sampled tokens, still on the device, into this step's ids."""
@@ -544,7 +609,7 @@ class ModelRunner:
                                      inflight_tokens.index_select(0, self.d_gather_src[:g]))
 
     def _meta(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
-              nb_cols: int) -> AttentionMetadata:
+              nb_cols: int, num_decode_seqs: int | None = None) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.d_slots[:num_tokens],
             block_tables=self.d_block_tables[:num_seqs, :nb_cols],
@@ -552,6 +617,7 @@ class ModelRunner:
             query_start_loc=self.d_qsl[: num_seqs + 1],
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
+            num_decode_seqs=num_decode_seqs,
         )
 
     # ------------------------------------------------------------------ forward
@@ -559,18 +625,23 @@ class ModelRunner:
     def forward(self, inp: StepInputs) -> torch.Tensor:
         """Logits [len(sample_request_ids), vocab] (model dtype) of the requests that sample."""
         assert self.kv_caches is not None, "allocate_kv_cache() first"
-        if inp.graph_size is not None:
+        if inp.graph_kind is not None:
             self.num_graph_replays += 1
-            if inp.graph_q > 1:
+            if inp.graph_kind == "verify":
                 self.verify_graphs[inp.graph_size].replay()
                 return self._verify_logits[inp.graph_size][: inp.num_logits]
-            self.graphs[inp.graph_size].replay()
-            return self._graph_logits[inp.graph_size][: inp.num_seqs]
-        self.num_eager_forwards += 1
-        t = inp.num_tokens
-        meta = self._meta(t, inp.num_seqs, inp.max_query_len, inp.max_seq_len,
-                          int(self._max_cols(inp)))
-        hidden = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
+            if inp.graph_kind == "decode":
+                self.graphs[inp.graph_size].replay()
+                return self._graph_logits[inp.graph_size][: inp.num_seqs]
+            self.num_mixed_graph_replays += 1
+            self.mixed_graphs[inp.graph_size].replay()
+            hidden = self._mixed_hidden
+        else:
+            self.num_eager_forwards += 1
+            t = inp.num_tokens
+            meta = self._meta(t, inp.num_seqs, inp.max_query_len, inp.max_seq_len,
+                              int(self._max_cols(inp)), inp.num_decode_seqs)
+            hidden = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
         k = inp.num_logits
         return self.model.compute_logits(hidden[self.d_logits_idx[:k]])
 
@@ -624,8 +695,8 @@ class ModelRunner:
     def verify_graph_sizes(self, k: int) -> list[int]:
         """Batch sizes that get a verify graph: the decode buckets whose b x (1 + k) tokens fit
         the token buffers and vLLM's default graph capture limit of 512 tokens (the logits of
-        every position are kept, b x (1 + k) x vocab)."""
-        cap = min(self.d_input_ids.shape[0], VERIFY_GRAPH_MAX_TOKENS) // (k + 1)
+        every position are kept, b x (1 + k) x vocab; max_cudagraph_capture_size)."""
+        cap = min(self.d_input_ids.shape[0], self.max_cudagraph_capture_size) // (k + 1)
         return [b for b in decode_graph_buckets(self.max_num_seqs) if b <= cap]
 
     def graph_forward(self, b: int, q: int, logits_out: torch.Tensor) -> torch.Tensor:
@@ -671,5 +742,69 @@ class ModelRunner:
             self.num_graph_captures += 1
             self.verify_graphs[b] = g
             self._verify_logits[b] = logits
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ mixed graphs
+    def mixed_graph_sizes(self) -> list[int]:
+        """Token buckets that get a mixed graph (`mixed_graph_buckets`), up to the capture
+        limit and the token budget."""
+        return mixed_graph_buckets(min(self.max_cudagraph_capture_size, self.max_num_batched_tokens))
+
+    def mixed_graph_seqs(self, num_tokens: int) -> int:
+        """Sequences of the mixed graph of `num_tokens` tokens: every step that fits it has at
+        most that many (each computes a token or more), and never more than max_num_seqs."""
+        return min(self.max_num_seqs, num_tokens)
+
+    def mixed_graph_forward(self, num_tokens: int) -> torch.Tensor:
+        """What the mixed graph of `num_tokens` tokens runs: the model over the persistent
+        buffers with the graph's fixed sequence count, max_query_len = its token count,
+        max_seq_len = max_model_len and the full block-table width (so any step that fits can
+        replay it; the kernel plans both its launches, not knowing the batch's kinds), hidden
+        states copied into the persistent buffer the eager LM head reads."""
+        t, s = num_tokens, self.mixed_graph_seqs(num_tokens)
+        meta = self._meta(t, s, t, self.max_model_len, self.max_blocks_per_seq)
+        h = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
+        return self._mixed_hidden[:t].copy_(h)
+
+    def use_mixed_graphs(self, graphs: dict[int, torch.cuda.CUDAGraph]) -> None:
+        """Register mixed graphs by token bucket (the capture does; CPU tests pass stand-ins)."""
+        self.mixed_graphs = graphs
+        self._mixed_sizes = sorted(graphs)
+        if self._mixed_hidden.shape[0] < max(graphs, default=0):
+            self._mixed_hidden = torch.empty(max(graphs), self.spec.hidden_size, dtype=self.model.dtype,
+                                             device=self.device)
+
+    @torch.inference_mode()
+    def capture_mixed_graphs(self) -> float:
+        """One CUDA graph per mixed token bucket (largest first, one memory pool); returns
+        seconds. Captured over empty sequences (nothing attended, nothing written)."""
+        assert self.is_cuda and self.kv_caches is not None
+        t0 = time.perf_counter()
+        sizes = sorted(self.mixed_graph_sizes(), reverse=True)
+        self.use_mixed_graphs({})
+        self._mixed_hidden = torch.empty(max(sizes), self.spec.hidden_size, dtype=self.model.dtype,
+                                         device=self.device)
+        self.d_input_ids.zero_()
+        self.d_positions.zero_()
+        self.d_slots.fill_(-1)
+        self.d_seq_lens.zero_()
+        self.d_qsl.zero_()
+        graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        for t in sizes:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up (Triton compilation happens here)
+                    self.mixed_graph_forward(t)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.mixed_graph_forward(t)
+            pool = g.pool()
+            self.num_graph_captures += 1
+            graphs[t] = g
+        self.use_mixed_graphs(graphs)
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0

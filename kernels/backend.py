@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     import torch
 
 BackendName = Literal["torch", "triton"]
+# A sequence with at most this many query tokens is "decode-like": the attention kernel reads it
+# with the decode tile shape (and split-KV); longer ones (prefill chunks) with the prefill shape.
+# Here, free of torch and triton, so the runner can count decode-like sequences for its hint.
+DECODE_MAX_QUERY_LEN = 4
 BACKEND_NAMES: tuple[str, ...] = ("torch", "triton")
 
 
@@ -28,7 +32,9 @@ class Backend:
 
     name: str
     paged_attention: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, block_tables, seq_lens,
-    #   query_start_loc, scale, max_query_len, max_seq_len, out=None) -> out
+    #   query_start_loc, scale, max_query_len, max_seq_len, out=None, *, k_scale, v_scale,
+    #   num_decode_seqs=None) -> out; num_decode_seqs: the caller's count of decode-like
+    #   sequences (a launch-planning hint the reference ignores)
     write_kv_cache: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping)
     rope_store_kv: Callable[..., torch.Tensor]  # (qkv, positions, cos, sin, k_cache, v_cache,
     #   slot_mapping, num_q_heads, num_kv_heads, head_dim) -> rotated q

@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.backend import DECODE_MAX_QUERY_LEN
 from kernels.reference import is_fp8
 
 LOG2E = 1.4426950408889634
@@ -114,8 +115,7 @@ def load_config_table(path: Path = CONFIG_TABLE_PATH) -> dict[tuple[str, str], A
 CONFIG_TABLE = load_config_table()
 DECODE_CONFIG = CONFIG_TABLE["decode", "16bit"]
 PREFILL_CONFIG = CONFIG_TABLE["prefill", "16bit"]
-# Beyond this many query tokens in the longest sequence of the batch, the prefill shape pays off.
-DECODE_MAX_QUERY_LEN = 4
+# Beyond DECODE_MAX_QUERY_LEN query tokens (kernels.backend) a sequence takes the prefill shape.
 # Split-KV: aim for this many programs per SM, and never give a segment fewer context tokens.
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
 SPLIT_MIN_TOKENS = 256
@@ -486,6 +486,34 @@ def _attend_tiles_packed(
 
 
 @triton.jit
+def _other_kind(q_len, SEQ_KIND: tl.constexpr, DECODE_MAX_Q: tl.constexpr):
+    """Whether a sequence of q_len new tokens is left to the other launch of a mixed batch
+    (SEQ_KIND 1: decode-like sequences only, 2: the others, 0: every sequence)."""
+    if SEQ_KIND == 1:
+        other = q_len > DECODE_MAX_Q
+    elif SEQ_KIND == 2:
+        other = q_len <= DECODE_MAX_Q
+    else:
+        other = q_len < 0
+    return other
+
+
+@triton.jit
+def _find_token_seq(query_start_loc_ptr, token, num_seqs):
+    """Largest b < num_seqs with query_start_loc[b] <= token (binary search): the sequence
+    holding the token, skipping zero-length sequences that start at the same offset."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) <= token:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
 def _attend_tiles(
     acc,
     m_i,
@@ -565,6 +593,8 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
+    SEQ_KIND: tl.constexpr = 0,  # ALL_SEQS, DECODE_SEQS or PREFILL_SEQS: which sequences to attend
+    DECODE_MAX_Q: tl.constexpr = 4,  # a sequence of at most this many query tokens is decode-like
 ):
     # Q blocks in reverse: with causal prefill the last blocks of a sequence have the most
     # tiles, so starting them first leaves the short ones to fill the tail of the grid
@@ -578,6 +608,8 @@ def _paged_attention_kernel(
     q_block_local = q_block_global - (q_start // BLOCK_Q + seq)
     if q_block_local * BLOCK_Q >= q_len:
         return  # surplus program of the static grid
+    if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
+        return  # the other launch of a mixed batch attends this sequence
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len
 
@@ -649,7 +681,12 @@ def _paged_attention_kernel(
     else:
         # an empty segment (short sequence) stores lse = -inf and weighs nothing in the merge
         lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        segm_row = (token * (NUM_QUERIES_PER_KV * tl.num_programs(1)) + q_head) * num_splits + split
+        # beside a prefill launch the scratch has DECODE_MAX_Q rows per sequence, not one per
+        # token: a chunk of thousands of tokens would otherwise size it
+        segm_tok = token
+        if SEQ_KIND == 1:
+            segm_tok = seq.to(tl.int64) * DECODE_MAX_Q + query_pos
+        segm_row = (segm_tok * (NUM_QUERIES_PER_KV * tl.num_programs(1)) + q_head) * num_splits + split
         tl.store(segm_lse_ptr + segm_row, lse, mask=row_ok)
         tl.store(
             segm_out_ptr + segm_row[:, None] * HEAD_DIM_PAD + offs_d[None, :],
@@ -658,24 +695,41 @@ def _paged_attention_kernel(
         )
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "num_seqs"])
 def _merge_splits_kernel(
     out_ptr,
     segm_out_ptr,
     segm_lse_ptr,
+    query_start_loc_ptr,
     stride_o_tok,
     stride_o_head,
     num_q_heads,
     num_splits,
+    num_seqs,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     NUM_SPLITS_PAD: tl.constexpr,
+    SEQ_KIND: tl.constexpr = 0,
+    DECODE_MAX_Q: tl.constexpr = 4,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    segm_tok = token
+    if SEQ_KIND != 0:
+        # beside a prefill launch: rows of the other kind (and padding tokens past every
+        # sequence) were never written by the split launch, and their output is not ours
+        seq = _find_token_seq(query_start_loc_ptr, token.to(tl.int32), num_seqs)
+        q_end = tl.load(query_start_loc_ptr + seq + 1)
+        q_len = q_end - tl.load(query_start_loc_ptr + seq)
+        if token >= q_end:
+            return
+        if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
+            return
+        if SEQ_KIND == 1:
+            segm_tok = seq.to(tl.int64) * DECODE_MAX_Q + (token - (q_end - q_len))
     offs_s = tl.arange(0, NUM_SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    row = (token * num_q_heads + head) * num_splits
+    row = (segm_tok * num_q_heads + head) * num_splits
     lse = tl.load(segm_lse_ptr + row + offs_s, mask=offs_s < num_splits, other=float("-inf"))
     lse_max = tl.max(lse, 0)
     weight = tl.math.exp2(lse - lse_max)  # empty segments: exp2(-inf) = 0
@@ -740,20 +794,54 @@ def _check_inputs(
         raise ValueError("block_tables must be contiguous along its last axis")
 
 
+# Which sequences one launch attends (the kernels' SEQ_KIND): a mixed batch runs two launches
+# of the same kernel, decode-like sequences (q_len <= DECODE_MAX_QUERY_LEN) with the decode
+# shape and split-KV, the others with the prefill shape; one config for both would read every
+# decode's KV with the prefill shape's short key tiles and mostly empty rows.
+ALL_SEQS, DECODE_SEQS, PREFILL_SEQS = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchConfigs:
+    """Tile shapes of the two launches of a mixed batch (an override for tests and benchmarks)."""
+
+    decode: AttentionConfig
+    prefill: AttentionConfig
+
+
 @dataclass(slots=True)
-class _LaunchPlan:  # built once per call on the host: no frozen-init overhead
+class _LaunchPlan:  # built once per launch on the host: no frozen-init overhead
     config: AttentionConfig
     block_q: int  # query tokens per Q block
     num_q_blocks: int  # grid axis 0: a static upper bound, no device sync
     splits: int  # KV segments per sequence (1 = no split-KV)
     min_tiles_per_split: int  # 1 when the caller fixed the split count
+    seq_kind: int = ALL_SEQS
+
+
+def launch_kinds(num_seqs: int, max_query_len: int, num_decode_seqs: int | None) -> tuple[int, ...]:
+    """The launches of one call: one over all sequences when they are all of one kind (known
+    from max_query_len, a single sequence, or the caller's count of decode-like sequences),
+    else a decode launch and a prefill launch."""
+    if max_query_len <= DECODE_MAX_QUERY_LEN or num_seqs == 1 or num_decode_seqs == 0:
+        return (ALL_SEQS,)
+    return (DECODE_SEQS, PREFILL_SEQS)
 
 
 def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_len: int,
                  max_seq_len: int, num_splits: int | None,
-                 config: AttentionConfig | None, kv_fp8: bool = False) -> _LaunchPlan:
-    """Tile shape, grid size and split-KV count of one call (overrides checked, not trusted)."""
+                 config: AttentionConfig | None, kv_fp8: bool = False, *,
+                 seq_kind: int = ALL_SEQS, num_decode_seqs: int | None = None) -> _LaunchPlan:
+    """Tile shape, grid size and split-KV count of one launch (overrides checked, not trusted).
+
+    A DECODE_SEQS launch sees query lengths up to DECODE_MAX_QUERY_LEN and, for the split
+    heuristic, one Q block per decode-like sequence (all sequences when the count is unknown);
+    a PREFILL_SEQS launch never splits."""
     queries_per_kv = q.shape[1] // num_kv_heads
+    if seq_kind == DECODE_SEQS:
+        max_query_len = min(max_query_len, DECODE_MAX_QUERY_LEN)
+    elif seq_kind == PREFILL_SEQS:
+        num_splits = 1
     cfg = config or choose_config(max_query_len, queries_per_kv, kv_fp8)
     if cfg.block_m < queries_per_kv:
         raise ValueError(f"config.block_m {cfg.block_m} < query heads per KV head {queries_per_kv}")
@@ -761,8 +849,11 @@ def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_le
     num_q_blocks = q.shape[0] // block_q + num_seqs  # static upper bound, no device sync
     splits = num_splits
     if splits is None:
+        busy_blocks = num_q_blocks
+        if seq_kind == DECODE_SEQS:
+            busy_blocks = num_seqs if num_decode_seqs is None else num_decode_seqs
         splits = choose_num_splits(
-            num_q_blocks, num_kv_heads, max_query_len, max_seq_len, block_q, num_sms_of(q.device)
+            busy_blocks, num_kv_heads, max_query_len, max_seq_len, block_q, num_sms_of(q.device)
         )
     if splits > 1 and max_query_len > block_q:
         raise ValueError(
@@ -770,7 +861,7 @@ def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_le
             f"block_q {block_q}"
         )
     min_tiles = 1 if num_splits is not None else triton.cdiv(SPLIT_MIN_TOKENS, cfg.tile_n)
-    return _LaunchPlan(cfg, block_q, num_q_blocks, splits, min_tiles)
+    return _LaunchPlan(cfg, block_q, num_q_blocks, splits, min_tiles, seq_kind)
 
 
 def paged_attention(
@@ -789,20 +880,25 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
     config: AttentionConfig | None = None,
+    configs: LaunchConfigs | None = None,
+    num_decode_seqs: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q`` over the paged cache (see the module docstring for layouts).
 
     ``max_query_len``/``max_seq_len`` are host ints the caller already knows; they pick the
-    tile shape and the split-KV count, so nothing is read back from the device. ``num_splits``
-    (1 = never split) and ``config`` override the heuristics (tests and benchmarks use them).
+    tile shape and the split-KV count, so nothing is read back from the device. A batch that
+    mixes decode-like sequences (q_len <= DECODE_MAX_QUERY_LEN) with longer ones runs as two
+    launches (``launch_kinds``); ``num_decode_seqs``, the count of decode-like sequences when
+    the caller knows it (None in a CUDA graph, whose batches vary), saves the decode launch
+    when it is 0 and sizes its split-KV. ``num_splits`` (1 = never split; the decode launch
+    only) and ``config`` (one launch over every sequence with this shape) or ``configs`` (the
+    shapes of the two launches) override the heuristics (tests and benchmarks use them).
     ``k_scale``/``v_scale``: an fp8 cache's scales (``kernels.reference``); other caches
     ignore them.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     scales = kv_scale_args(k_cache, v_cache, k_scale, v_scale)
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    block_size = k_cache.shape[1]
+    num_tokens = q.shape[0]
     num_seqs = seq_lens.shape[0]
     if out is None:
         out = torch.empty_like(q)
@@ -813,14 +909,33 @@ def paged_attention(
         )
     if num_tokens == 0 or num_seqs == 0:
         return out
+    kinds = (ALL_SEQS,) if config is not None else launch_kinds(num_seqs, max_query_len,
+                                                                  num_decode_seqs)
+    for kind in kinds:
+        cfg = config
+        if configs is not None:
+            cfg = configs.prefill if kind == PREFILL_SEQS or (
+                kind == ALL_SEQS and max_query_len > DECODE_MAX_QUERY_LEN) else configs.decode
+        plan = _plan_launch(q, k_cache.shape[2], num_seqs, max_query_len, max_seq_len, num_splits,
+                            cfg, scales.is_fp8, seq_kind=kind, num_decode_seqs=num_decode_seqs)
+        _launch(plan, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                scales)
+    return out
+
+
+def _launch(plan: _LaunchPlan, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
+            v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+            query_start_loc: torch.Tensor, scale: float, scales: KVScaleArgs) -> None:
+    """One launch of the attention kernel (and of the split merge when it splits)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, block_size, num_seqs = k_cache.shape[2], k_cache.shape[1], seq_lens.shape[0]
     queries_per_kv = num_q_heads // num_kv_heads
-    plan = _plan_launch(q, num_kv_heads, num_seqs, max_query_len, max_seq_len, num_splits, config,
-                        scales.is_fp8)
     cfg, block_q, num_q_blocks, splits = plan.config, plan.block_q, plan.num_q_blocks, plan.splits
     head_dim_pad = next_pow2(head_dim)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if splits > 1:  # one allocation for both scratch buffers: fewer calls on the decode path
-        rows = num_tokens * num_q_heads * splits
+        segm_tokens = num_seqs * DECODE_MAX_QUERY_LEN if plan.seq_kind == DECODE_SEQS else num_tokens
+        rows = segm_tokens * num_q_heads * splits
         scratch = torch.empty(rows * (head_dim_pad + 1), dtype=torch.float32, device=q.device)
         segm_out, segm_lse = scratch[: rows * head_dim_pad], scratch[rows * head_dim_pad :]
     else:
@@ -836,12 +951,13 @@ def paged_attention(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
         IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision, KV_FP8=scales.is_fp8,
         FP8_CONVERT=fp8_convert_of(cfg, k_cache, v_cache, scales.is_fp8),
+        SEQ_KIND=plan.seq_kind, DECODE_MAX_Q=DECODE_MAX_QUERY_LEN,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, segm_out, segm_lse, out_strides[0], out_strides[1], num_q_heads, splits,
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-            NUM_SPLITS_PAD=next_pow2(splits), num_warps=4,
+            out, segm_out, segm_lse, query_start_loc, out_strides[0], out_strides[1], num_q_heads,
+            splits, num_seqs, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+            NUM_SPLITS_PAD=next_pow2(splits), SEQ_KIND=plan.seq_kind,
+            DECODE_MAX_Q=DECODE_MAX_QUERY_LEN, num_warps=4,
         )  # fmt: skip
-    return out

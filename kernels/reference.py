@@ -77,14 +77,16 @@ def paged_attention_ref(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    num_decode_seqs: int | None = None,
 ) -> torch.Tensor:
     """Causal paged attention, computed per sequence with a float32 softmax.
 
     Query token i of sequence b (of q_len new tokens) sees context positions
     ``< seq_lens[b] - q_len + i + 1``. ``max_query_len``/``max_seq_len`` are accepted for
-    signature parity and not needed here. An fp8 cache is read through its scales.
+    signature parity and not needed here, as is the Triton kernel's launch hint
+    ``num_decode_seqs``. An fp8 cache is read through its scales.
     """
-    del max_query_len, max_seq_len
+    del max_query_len, max_seq_len, num_decode_seqs
     group = q.shape[1] // k_cache.shape[2]  # query heads per KV head
     if out is None:
         out = torch.empty_like(q)

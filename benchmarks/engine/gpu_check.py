@@ -1,10 +1,17 @@
 """GPU correctness smoke check: the engine on CUDA (Triton kernels, CUDA graphs) gives the same
-greedy tokens as on the CPU (torch reference attention), tiny model, fp32; plus one bf16 1B step."""
+greedy tokens as on the CPU (torch reference attention), tiny model, fp32; plus one bf16 1B step.
+
+`--graph-modes`: the same greedy tokens under cudagraph_mode FULL (decode + mixed graphs), FULL
+with a small capture limit (larger steps eager), FULL_DECODE_ONLY and NONE (--enforce-eager),
+sync and async, with each engine's graph replay counts; JSON lines into `--out`. `--dry-run`
+runs it on the CPU (Triton interpreter: TRITON_INTERPRET=1, no graphs) to catch Python errors.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +59,67 @@ def main() -> None:
                       "n": len(same), "num_stopped": sum(o.finish_reason == "stop" for o in gpu_e)}))
 
 
+# (label, engine arguments) of the graph-mode check; the first is the reference
+GRAPH_MODES = (
+    ("NONE", {"enforce_eager": True}),
+    ("FULL_DECODE_ONLY", {"cudagraph_mode": "FULL_DECODE_ONLY"}),
+    ("FULL", {"cudagraph_mode": "FULL"}),
+    ("FULL-async", {"cudagraph_mode": "FULL", "async_scheduling": True}),
+    ("FULL-capture-40", {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 40}),
+)
+
+
+def graph_modes(out_dir: Path, budget_s: float, dry_run: bool) -> None:
+    """Greedy tokens per cudagraph mode (tiny model, fp32): every mode equals NONE; counts of
+    graph replays (mixed ones apart) and eager forwards show which path each step took.
+    Prompts of 3..300 tokens at a budget of 96 tokens: chunked prefills beside decodes."""
+    import gc
+
+    import torch
+
+    from kernels import _interpreter_compat
+
+    _interpreter_compat.apply()  # a no-op unless TRITON_INTERPRET=1 (the CPU dry run)
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(2)
+    n = 6 if dry_run else 32
+    prompts = [rng.integers(16, 512, int(k)).tolist() for k in rng.integers(3, 60 if dry_run else 300, n)]
+    sp = [SamplingParams(max_tokens=int(m), ignore_eos=True) for m in rng.integers(1, 6 if dry_run else 40, n)]
+    device = "cpu" if dry_run else "cuda"
+    kw = {"dtype": "float32", "max_num_seqs": 16, "max_num_batched_tokens": 96, "seed": 0,
+          "attention_backend": "triton", "device": device}
+    if not dry_run:
+        kw["gpu_memory_utilization"] = 0.2
+    from engine.model_spec import get_model
+
+    model = LlamaModel(get_model("tiny"), max_positions=2048, dtype=torch.float32,
+                       device=device, attention_backend="triton", seed=0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reference = None
+    with open(out_dir / "graph_modes.jsonl", "w") as f:
+        for label, args in GRAPH_MODES:
+            if time.perf_counter() - t0 > budget_s:
+                print(json.dumps({"mode": label, "skipped": "budget"}), file=f, flush=True)
+                continue
+            llm = LLM("tiny", llm_model=model, **(kw | args))
+            tokens = [o.token_ids for o in llm.generate(prompts, sp)]
+            reference = tokens if reference is None else reference
+            r = llm.engine.runner
+            row = {"mode": label, "tokens_equal_none": tokens == reference,
+                   "num_equal": sum(a == b for a, b in zip(tokens, reference)), "n": len(prompts),
+                   "graph_replays": r.num_graph_replays, "mixed_graph_replays": r.num_mixed_graph_replays,
+                   "eager_forwards": r.num_eager_forwards, "graph_captures": r.num_graph_captures,
+                   "capture_s": round(llm.engine.graph_capture_s, 2),
+                   "mixed_steps": sum(1 for t in llm.step_traces if t.num_prefill_seqs > 0),
+                   "device": device, "elapsed_s": round(time.perf_counter() - t0, 1)}
+            print(json.dumps(row), file=f, flush=True)
+            print(json.dumps(row), flush=True)
+            del llm, r
+            gc.collect()
+            if not dry_run:
+                torch.cuda.empty_cache()
+
+
 def soak(seconds: float) -> None:
     """Prompts longer than the token budget (steps that only chunk a prefill sample nothing) under
     load, synchronous then async, with the llama-3.2-1b shape: every step's timing events must be
@@ -97,8 +165,14 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--soak-s", type=float, default=0.0, help="also run the long-prompt soak this long per mode")
+    ap.add_argument("--graph-modes", action="store_true", help="tokens equal across cudagraph modes")
+    ap.add_argument("--dry-run", action="store_true", help="--graph-modes on the CPU (TRITON_INTERPRET=1)")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="--graph-modes: start no mode after this")
+    ap.add_argument("--out", type=Path, default=Path("gpu_check_out"), help="--graph-modes: JSON lines here")
     a = ap.parse_args()
-    if a.soak_s <= 0:
+    if a.graph_modes:
+        graph_modes(a.out, a.budget_s, a.dry_run)
+    elif a.soak_s <= 0:
         main()
     else:
         soak(a.soak_s)
