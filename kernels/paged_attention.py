@@ -120,6 +120,11 @@ PREFILL_CONFIG = CONFIG_TABLE["prefill", "16bit"]
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
 SPLIT_MIN_TOKENS = 256
 SPLIT_MAX = 64
+# With the GPU already full of programs, only sequences longer than this are split (at most
+# SPLIT_LONG_MAX segments): enough to keep a few long sequences from setting the step time,
+# few enough that uniform batches keep one segment per sequence.
+SPLIT_LONG_MIN_TOKENS = 2048
+SPLIT_LONG_MAX = 16
 
 
 def next_pow2(n: int) -> int:
@@ -223,10 +228,24 @@ def choose_num_splits(
         return 1
     programs = num_q_blocks * num_kv_heads
     if programs >= num_sms:
-        return 1
+        # Enough programs to fill the GPU, but one program per sequence leaves a batch waiting
+        # on its longest sequence (H200 run 5, bench_split.py: 15 x 1K + one 32K took 556 us
+        # unsplit, 84 us cut into 2K segments); long sequences are cut into segments of at
+        # least SPLIT_LONG_MIN_TOKENS, short ones keep one segment and pay nothing
+        return max(1, min(max_seq_len // SPLIT_LONG_MIN_TOKENS, SPLIT_LONG_MAX))
     wanted = math.ceil(SPLIT_TARGET_PROGRAMS_PER_SM * num_sms / max(programs, 1))
     by_length = max(1, max_seq_len // SPLIT_MIN_TOKENS)
     return max(1, min(wanted, by_length, SPLIT_MAX))
+
+
+@triton.jit
+def _segments(num_tiles, num_splits, min_tiles_per_split):
+    """(tiles per segment, segments used) of a sequence of num_tiles KV tiles. The grid's split
+    count is fixed at launch (a CUDA graph fixes it at capture, from max_model_len); the real
+    length decides how many segments work, each at least min_tiles_per_split tiles long, so a
+    short sequence is not cut into segments that cost more to merge than they save."""
+    tiles_per_split = tl.maximum(tl.cdiv(num_tiles, num_splits), min_tiles_per_split)
+    return tiles_per_split, tl.cdiv(num_tiles, tiles_per_split)
 
 
 @triton.jit
@@ -612,6 +631,20 @@ def _paged_attention_kernel(
         return  # the other launch of a mixed batch attends this sequence
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len
+    # causal pruning (no tile past the Q block's last row's keys); see _segments for splits
+    first_pos = q_block_local * BLOCK_Q
+    last_pos = tl.minimum(first_pos + BLOCK_Q, q_len) - 1
+    num_keys = context_len + last_pos + 1
+    num_tiles = tl.cdiv(num_keys, TILE_N)
+    tile_lo = 0
+    tile_hi = num_tiles
+    num_used = 1
+    if IS_SPLIT:
+        tiles_per_split, num_used = _segments(num_tiles, num_splits, min_tiles_per_split)
+        if split >= num_used:
+            return  # the sequence is too short for this segment: no work, nothing to merge
+        tile_lo = split * tiles_per_split
+        tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -628,25 +661,11 @@ def _paged_attention_kernel(
     )
 
     # keys visible to each row; padding rows get the first row's limit so they never widen it
-    first_pos = q_block_local * BLOCK_Q
     key_limit = context_len + tl.where(row_ok, query_pos, first_pos) + 1
-    last_pos = tl.minimum(first_pos + BLOCK_Q, q_len) - 1
-    num_keys = context_len + last_pos + 1  # causal pruning: no tile past the last row's keys
-    num_tiles = tl.cdiv(num_keys, TILE_N)
     num_full_tiles = (context_len + first_pos + 1) // TILE_N  # seen whole by every row
 
     if KV_FP8:  # scores of the stored k are k_scale times too small: fold it into the scale
         qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head * stride_k_scale)
-
-    tile_lo = 0
-    tile_hi = num_tiles
-    if IS_SPLIT:
-        # The grid's split count is fixed at launch (a CUDA graph fixes it at capture, from
-        # max_model_len); the sequence's real length decides how many segments do work, so a
-        # short sequence is not cut into segments of a tile or two that cost more to merge
-        tiles_per_split = tl.maximum(tl.cdiv(num_tiles, num_splits), min_tiles_per_split)
-        tile_lo = tl.minimum(split * tiles_per_split, num_tiles)
-        tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -671,7 +690,7 @@ def _paged_attention_kernel(
     acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if KV_FP8:  # linear in v: one multiply here instead of one per cached element
         acc = acc * tl.load(v_scale_ptr + kv_head * stride_v_scale)
-    if not IS_SPLIT:
+    if num_used == 1:  # unsplit launch, or a sequence short enough for one segment
         tl.store(
             out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
             + offs_d[None, :],
@@ -679,7 +698,6 @@ def _paged_attention_kernel(
             mask=row_ok[:, None] & d_mask[None, :],
         )  # fmt: skip
     else:
-        # an empty segment (short sequence) stores lse = -inf and weighs nothing in the merge
         lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         # beside a prefill launch the scratch has DECODE_MAX_Q rows per sequence, not one per
         # token: a chunk of thousands of tokens would otherwise size it
@@ -695,17 +713,20 @@ def _paged_attention_kernel(
         )
 
 
-@triton.jit(do_not_specialize=["num_splits", "num_seqs"])
+@triton.jit(do_not_specialize=["num_splits", "num_seqs", "min_tiles_per_split"])
 def _merge_splits_kernel(
     out_ptr,
     segm_out_ptr,
     segm_lse_ptr,
     query_start_loc_ptr,
+    seq_lens_ptr,
     stride_o_tok,
     stride_o_head,
     num_q_heads,
     num_splits,
+    min_tiles_per_split,
     num_seqs,
+    TILE_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     NUM_SPLITS_PAD: tl.constexpr,
@@ -715,27 +736,32 @@ def _merge_splits_kernel(
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     segm_tok = token
-    if SEQ_KIND != 0:
-        # beside a prefill launch: rows of the other kind (and padding tokens past every
-        # sequence) were never written by the split launch, and their output is not ours
-        seq = _find_token_seq(query_start_loc_ptr, token.to(tl.int32), num_seqs)
-        q_end = tl.load(query_start_loc_ptr + seq + 1)
-        q_len = q_end - tl.load(query_start_loc_ptr + seq)
-        if token >= q_end:
-            return
-        if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
-            return
-        if SEQ_KIND == 1:
-            segm_tok = seq.to(tl.int64) * DECODE_MAX_Q + (token - (q_end - q_len))
+    # Rows of the other kind beside a prefill launch, padding tokens past every sequence and
+    # sequences of one segment (written whole by the attention kernel) are not ours to merge
+    seq = _find_token_seq(query_start_loc_ptr, token.to(tl.int32), num_seqs)
+    q_end = tl.load(query_start_loc_ptr + seq + 1)
+    q_len = q_end - tl.load(query_start_loc_ptr + seq)
+    if token >= q_end:
+        return
+    if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
+        return
+    # a split launch holds each sequence in one Q block: its last row sees all seq_len keys
+    num_tiles = tl.cdiv(tl.load(seq_lens_ptr + seq), TILE_N)
+    num_used = _segments(num_tiles, num_splits, min_tiles_per_split)[1]
+    if num_used <= 1:
+        return
+    if SEQ_KIND == 1:
+        segm_tok = seq.to(tl.int64) * DECODE_MAX_Q + (token - (q_end - q_len))
     offs_s = tl.arange(0, NUM_SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     row = (segm_tok * num_q_heads + head) * num_splits
-    lse = tl.load(segm_lse_ptr + row + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    used = offs_s < num_used  # segments past num_used were never written
+    lse = tl.load(segm_lse_ptr + row + offs_s, mask=used, other=float("-inf"))
     lse_max = tl.max(lse, 0)
-    weight = tl.math.exp2(lse - lse_max)  # empty segments: exp2(-inf) = 0
+    weight = tl.math.exp2(lse - lse_max)  # a segment with no keys (lse -inf) weighs 0
     parts = tl.load(
         segm_out_ptr + (row + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
-        mask=(offs_s < num_splits)[:, None],
+        mask=used[:, None],
         other=0.0,
     )
     merged = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
@@ -815,7 +841,7 @@ class _LaunchPlan:  # built once per launch on the host: no frozen-init overhead
     block_q: int  # query tokens per Q block
     num_q_blocks: int  # grid axis 0: a static upper bound, no device sync
     splits: int  # KV segments per sequence (1 = no split-KV)
-    min_tiles_per_split: int  # 1 when the caller fixed the split count
+    min_tiles_per_split: int  # shortest segment in tiles; 1 when the caller fixed the split count
     seq_kind: int = ALL_SEQS
 
 
@@ -848,19 +874,22 @@ def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_le
     block_q = cfg.block_m // queries_per_kv
     num_q_blocks = q.shape[0] // block_q + num_seqs  # static upper bound, no device sync
     splits = num_splits
+    min_tiles = 1  # a caller's split count cuts every sequence evenly
     if splits is None:
         busy_blocks = num_q_blocks
         if seq_kind == DECODE_SEQS:
             busy_blocks = num_seqs if num_decode_seqs is None else num_decode_seqs
+        num_sms = num_sms_of(q.device)
         splits = choose_num_splits(
-            busy_blocks, num_kv_heads, max_query_len, max_seq_len, block_q, num_sms_of(q.device)
+            busy_blocks, num_kv_heads, max_query_len, max_seq_len, block_q, num_sms
         )
+        full = busy_blocks * num_kv_heads >= num_sms  # the regimes of choose_num_splits
+        min_tiles = triton.cdiv(SPLIT_LONG_MIN_TOKENS if full else SPLIT_MIN_TOKENS, cfg.tile_n)
     if splits > 1 and max_query_len > block_q:
         raise ValueError(
             f"split-KV needs every sequence in one Q block: max_query_len {max_query_len} > "
             f"block_q {block_q}"
         )
-    min_tiles = 1 if num_splits is not None else triton.cdiv(SPLIT_MIN_TOKENS, cfg.tile_n)
     return _LaunchPlan(cfg, block_q, num_q_blocks, splits, min_tiles, seq_kind)
 
 
@@ -956,8 +985,9 @@ def _launch(plan: _LaunchPlan, out: torch.Tensor, q: torch.Tensor, k_cache: torc
     )  # fmt: skip
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, segm_out, segm_lse, query_start_loc, out_strides[0], out_strides[1], num_q_heads,
-            splits, num_seqs, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+            out, segm_out, segm_lse, query_start_loc, seq_lens, out_strides[0], out_strides[1],
+            num_q_heads, splits, plan.min_tiles_per_split, num_seqs, TILE_N=cfg.tile_n,
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             NUM_SPLITS_PAD=next_pow2(splits), SEQ_KIND=plan.seq_kind,
             DECODE_MAX_Q=DECODE_MAX_QUERY_LEN, num_warps=4,
         )  # fmt: skip

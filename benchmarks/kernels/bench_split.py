@@ -56,16 +56,16 @@ def make_batch(lens: list[int], device: str, dtype: torch.dtype, seed: int = 0) 
 
 def call(b: dict, splits: int | None, min_tokens: int | None, out: torch.Tensor) -> torch.Tensor:
     """One decode launch; `splits`/`min_tokens` None = today's heuristic."""
-    saved = pa.choose_num_splits, pa.SPLIT_MIN_TOKENS
+    saved = pa.choose_num_splits, pa.SPLIT_MIN_TOKENS, pa.SPLIT_LONG_MIN_TOKENS
     try:
         if splits is not None:
             pa.choose_num_splits = lambda *a, **k: splits
         if min_tokens is not None:
-            pa.SPLIT_MIN_TOKENS = min_tokens
+            pa.SPLIT_MIN_TOKENS = pa.SPLIT_LONG_MIN_TOKENS = min_tokens
         return pa.paged_attention(b["q"], b["k"], b["v"], b["bt"], b["seq_lens"], b["qsl"],
                                   D**-0.5, 1, b["max_seq_len"], out=out)
     finally:
-        pa.choose_num_splits, pa.SPLIT_MIN_TOKENS = saved
+        pa.choose_num_splits, pa.SPLIT_MIN_TOKENS, pa.SPLIT_LONG_MIN_TOKENS = saved
 
 
 def time_us(fn, dry: bool, reps: int = 50) -> float:
@@ -108,10 +108,10 @@ def batches(dry: bool) -> dict[str, list[int]]:
     return out
 
 
-PLANS = [  # (name, grid split count, minimum tokens per segment); None = today's heuristic
-    ("today", None, None),
-    ("s64-min256", 64, 256), ("s64-min512", 64, 512), ("s64-min1024", 64, 1024),
-    ("s64-min2048", 64, 2048), ("s32-min1024", 32, 1024), ("s16-min2048", 16, 2048),
+PLANS = [  # (name, grid split count, minimum tokens per segment); None = the shipped heuristic
+    ("unsplit", 1, None), ("heuristic", None, None),
+    ("s16-min1024", 16, 1024), ("s16-min2048", 16, 2048), ("s16-min4096", 16, 4096),
+    ("s64-min2048", 64, 2048), ("s8-min4096", 8, 4096),
 ]
 
 
@@ -135,7 +135,7 @@ def main() -> None:
             break
         b = make_batch(lens, device, dtype)
         kv_bytes = 2 * sum(lens) * HKV * D * b["k"].element_size()
-        ref = call(b, 1, None, torch.empty_like(b["q"])).float().clone()
+        ref = call(b, 1, None, torch.empty_like(b["q"])).float().clone()  # unsplit
         for plan, splits, min_tokens in PLANS:
             out = torch.empty_like(b["q"])
             got = call(b, splits, min_tokens, out)

@@ -9,10 +9,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import kernels.paged_attention as pa
 from kernels import get_backend
 from kernels.paged_attention import (
     DECODE_CONFIG,
     PREFILL_CONFIG,
+    SPLIT_LONG_MAX,
+    SPLIT_LONG_MIN_TOKENS,
     AttentionConfig,
     choose_config,
     choose_num_splits,
@@ -167,7 +170,10 @@ def test_heuristics_on_the_h200_shapes():
 
     assert splits(1, 32768) > 16  # one sequence: cut it up to fill the SMs
     assert splits(1, 4096) > 1
-    assert splits(64, 4096) == 1  # 512 programs already fill 132 SMs
+    # 512 programs already fill 132 SMs: only sequences past SPLIT_LONG_MIN_TOKENS are cut
+    assert splits(64, 1024) == 1
+    assert splits(64, 4096) == 4096 // SPLIT_LONG_MIN_TOKENS
+    assert splits(16, 131072) == SPLIT_LONG_MAX  # a graph captured at a long max_model_len
     assert splits(1, 100) == 1  # too short to be worth a merge
     assert choose_num_splits(9, 8, 2048, 4096, block_q, 132) == 1  # prefill never splits
 
@@ -184,3 +190,20 @@ def test_split_count_fixed_at_capture_serves_short_sequences():
     args[-1] = 131072  # max_seq_len as at capture
     out = paged_attention(*args)
     assert_close(out, reference(batch), torch.float32)
+
+
+def test_full_gpu_splits_only_long_sequences(monkeypatch):
+    """With the SMs already full of programs, a long sequence is still cut (a batch would
+    otherwise wait on its longest sequence's single program) while a short one keeps one
+    segment, stored by the attention kernel itself (the merge skips it) and unused segments
+    exit without writing: here 4 SMs, 2 sequences x 2 KV heads, segments of >= 128 keys, so
+    the 700-token sequence uses 3 of 4 segments and the 40-token one 1."""
+    monkeypatch.setattr(pa, "num_sms_of", lambda device: 4)
+    monkeypatch.setattr(pa, "SPLIT_LONG_MIN_TOKENS", 128)
+    monkeypatch.setattr(pa, "SPLIT_LONG_MAX", 4)
+    batch = make_batch([1, 1], [40, 700], 2, 4, 64, 16, torch.float32, seed=5)
+    block_q = DECODE_CONFIG.block_m // 4
+    assert pa.choose_num_splits(2 // block_q + 2, 2, 1, batch.max_seq_len, block_q, 4) == 4
+    plan = pa._plan_launch(batch.q, 2, 2, 1, batch.max_seq_len, None, None)
+    assert (plan.splits, plan.min_tiles_per_split) == (4, 1)
+    assert_close(run_kernel(batch), reference(batch), torch.float32)
