@@ -231,3 +231,22 @@ def test_words_falls_back_where_words_do_not_fit():
     assert fp8_convert_of(words, k8, v8, True) == "fp16"
     out, ref = run_variant(batch, q, k8, v8, ks, vs, "words", 1, 16)
     assert rel_norm_error(out, ref) <= 1e-2
+
+
+def test_words_compiles_for_sm90_without_byte_loads_or_spills(tmp_path):
+    """The variant's point, in the code ptxas makes for an H100/H200 (no GPU needed): the
+    "fp16" variant reads its fp8 K tile from shared memory one byte per load; "words" has no
+    single-byte shared loads in its KV loop and no spills at the decode tile 128, 4 warps."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "fp8_compile.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--fp8-variants", "words,fp16",
+                    "--points", "128,3,4"], check=True, capture_output=True, timeout=300)  # fmt: skip
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "fp8_compile.json").read_text())}
+    assert rows["fp16"]["main_loop"]["lds_u8"] >= 128  # one per K element a thread holds
+    assert rows["words"]["main_loop"]["lds_u8"] == 0
+    assert rows["words"]["spill_store_bytes"] == 0
+    assert rows["words"]["main_loop"]["hmma"] == rows["fp16"]["main_loop"]["hmma"]  # one dot each
+    assert rows["words"]["main_loop"]["lds"] < rows["fp16"]["main_loop"]["lds"] // 2
