@@ -64,7 +64,11 @@ LOG2E = 1.4426950408889634
 #   moved or converted one byte at a time (compiled for sm90, "native" reads its fp8 K tile
 #   from shared memory byte by byte). Falls back to "bits" where the layout does not allow it
 #   (see fp8_convert_of).
-FP8_CONVERTS = ("native", "fp16", "bits", "packed")
+# - "words": the cache read as uint32 words as in "packed", but the four byte planes are put back
+#   into one [TILE_N, D] e4m3 tile in registers and widened to fp16 as in "fp16" (same q guard):
+#   one QK^T and one PV dot per tile, and no byte-wise shared-memory loads. Falls back to "fp16"
+#   where the layout does not allow word loads (see fp8_convert_of).
+FP8_CONVERTS = ("native", "fp16", "bits", "packed", "words")
 FP8_CONVERT_DEFAULT = "native"
 
 
@@ -196,21 +200,27 @@ def choose_config(max_query_len: int, num_queries_per_kv: int, kv_fp8: bool = Fa
     return AttentionConfig(block_m, base.tile_n, base.num_warps, base.num_stages, base.fp8_convert)
 
 
+# the variants that read the cache as uint32 words, and what runs where words do not fit
+_WORD_FALLBACK = {"packed": "bits", "words": "fp16"}
+
+
 def fp8_convert_of(config: AttentionConfig, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    kv_fp8: bool) -> str:
     """The kernel's FP8_CONVERT: the config's variant for an fp8 cache, the default otherwise
     (one compiled kernel for 16-bit caches). "packed" reads the cache as uint32 words, so it
     needs head_dim % 4 == 0 (and >= 33: four planes of at least 16 columns for the tensor
     cores) and 4-byte aligned rows; elsewhere it falls back to "bits", the same arithmetic
-    on tiles widened one byte at a time."""
+    on tiles widened one byte at a time. "words" needs the same except the width (its one
+    tile spans the whole head dim) and falls back to "fp16"."""
     if not kv_fp8:
         return FP8_CONVERT_DEFAULT
     convert = config.fp8_convert
-    if convert == "packed":
+    if convert in _WORD_FALLBACK:
         head_dim = k_cache.shape[3]
-        if head_dim % 4 or head_dim <= 32 or any(st % 4 for st in k_cache.stride()[:3]) \
-                or k_cache.data_ptr() % 4 or v_cache.data_ptr() % 4:
-            return "bits"
+        words_fit = head_dim % 4 == 0 and not any(st % 4 for st in k_cache.stride()[:3]) \
+            and k_cache.data_ptr() % 4 == 0 and v_cache.data_ptr() % 4 == 0
+        if not words_fit or (convert == "packed" and head_dim <= 32):
+            return _WORD_FALLBACK[convert]
     return convert
 
 
@@ -275,7 +285,7 @@ def _pow2_headroom(q, SHIFT_LOG2: tl.constexpr, LIMIT_LOG2: tl.constexpr):
 @triton.jit
 def _fp8_query(q, qk_scale, FP8_CONVERT: tl.constexpr):
     """q as the QK^T operand of an fp8 variant, and qk_scale with its powers of two folded in."""
-    if FP8_CONVERT == "fp16":
+    if FP8_CONVERT == "fp16" or FP8_CONVERT == "words":
         e = _pow2_headroom(q, 0, 15)  # fp16's largest finite value is 65504 < 2**16
         return (q.to(tl.float32) * tl.math.exp2(e)).to(tl.float16), qk_scale * tl.math.exp2(-e)
     elif FP8_CONVERT == "bits" or FP8_CONVERT == "packed":
@@ -370,7 +380,10 @@ def _attend_tiles_widened(
             + kv_head_offset
         )
         kv_ptrs = row_off[:, None] + offs_d[None, :]
-        if MASKED:
+        if KV_FP8 and FP8_CONVERT == "words":
+            k = _words_fp16(_load_words(k_cache_ptr, row_off, key_pos, num_keys, HEAD_DIM,
+                                        HEAD_DIM_PAD, MASKED))  # fmt: skip
+        elif MASKED:
             kv_mask = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
             k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
         elif HEAD_DIM != HEAD_DIM_PAD:
@@ -386,7 +399,10 @@ def _attend_tiles_widened(
             p, alpha, l_i, m_new = _softmax_step(s, m_i, l_i, 64)
         else:
             p, alpha, l_i, m_new = _softmax_step(s, m_i, l_i, 0)
-        if MASKED:
+        if KV_FP8 and FP8_CONVERT == "words":
+            v = _words_fp16(_load_words(v_cache_ptr, row_off, key_pos, num_keys, HEAD_DIM,
+                                        HEAD_DIM_PAD, MASKED))  # fmt: skip
+        elif MASKED:
             v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
         elif HEAD_DIM != HEAD_DIM_PAD:
             v = tl.load(v_cache_ptr + kv_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
@@ -432,6 +448,37 @@ def _join_planes(x0, x1, x2, x3):
     """The inverse of _column_planes."""
     x = tl.join(tl.join(x0, x2), tl.join(x1, x3))
     return tl.reshape(x, (x0.shape[0], x0.shape[1] * 4))
+
+
+@triton.jit
+def _load_words(cache_ptr, row_off, key_pos, num_keys, HEAD_DIM: tl.constexpr,
+                HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr):
+    """The e4m3 rows at ``row_off`` (element offsets, multiples of 4) as a [TILE_N,
+    HEAD_DIM_PAD // 4] uint32 tile: word c holds columns 4c..4c+3, byte j column 4c + j
+    (little endian); keys past ``num_keys`` (MASKED) and words past HEAD_DIM read as 0."""
+    offs_w = tl.arange(0, HEAD_DIM_PAD // 4)
+    w_ptrs = cache_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + (row_off // 4)[:, None] \
+        + offs_w[None, :]
+    if MASKED:
+        mask = (key_pos < num_keys)[:, None] & (offs_w[None, :] < HEAD_DIM // 4)
+        return tl.load(w_ptrs, mask=mask, other=0)
+    elif HEAD_DIM != HEAD_DIM_PAD:
+        return tl.load(w_ptrs, mask=offs_w[None, :] < HEAD_DIM // 4, other=0)
+    else:
+        return tl.load(w_ptrs)
+
+
+@triton.jit
+def _words_fp16(words):
+    """A [N, W] uint32 tile of e4m3 bytes as the [N, 4 W] fp16 tile of their values (column
+    4c + j = byte j of word c, as the cache stores them): each byte plane is cut out by a shift
+    and a mask, the planes are interleaved back in registers, and the whole tile is widened by
+    the hardware's paired e4m3 -> fp16 conversion (exact: every e4m3 value is an fp16 value)."""
+    p0 = (words & 0xFF).to(tl.uint8)
+    p1 = ((words >> 8) & 0xFF).to(tl.uint8)
+    p2 = ((words >> 16) & 0xFF).to(tl.uint8)
+    p3 = (words >> 24).to(tl.uint8)
+    return _join_planes(p0, p1, p2, p3).to(tl.float8e4nv, bitcast=True).to(tl.float16)
 
 
 @triton.jit

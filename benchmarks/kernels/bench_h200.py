@@ -55,6 +55,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--only", choices=["fp8-decode"], default=None,
                    help="fp8-decode: only the device checks of the fp8 variants and the focused fp8 "
                    "decode sweep (with bf16 and FlashInfer alongside), then best_configs.json")
+    p.add_argument("--fp8-variants", default="", help="fp8 conversion variants the fp8 device "
+                   "checks and the focused fp8 sweep run, e.g. 'words,fp16' (default: all)")
     return p.parse_args()
 
 
@@ -148,6 +150,25 @@ else:
 FP8_FOCUS_SMEM_BYTES = 227 * 1024  # H200 shared memory per block
 FP8_FOCUS_TOP_K = 6  # configs of the first shape carried to the others
 FP8_FOCUS_MAX_REL_ERR = 2e-2  # a config whose output strays this far from native's is dropped
+# the variants' order at each point, most promising first, so that a cut budget still compares
+# them: word loads + one fp16 dot each, the shipped fp16 widening, word loads + plane dots, the rest
+FP8_FOCUS_LEADING = ("words", "fp16", "packed")
+
+
+def fp8_focus_variants(wanted: str) -> tuple[str, ...]:
+    """The variants named in --fp8-variants (all when empty), in the focused sweep's order."""
+    order = [v for v in FP8_FOCUS_LEADING if v in FP8_CONVERTS]
+    order += [v for v in FP8_CONVERTS if v not in order]
+    names = [w.strip() for w in wanted.split(",") if w.strip()]
+    unknown = [w for w in names if w not in FP8_CONVERTS]
+    if unknown:
+        print(f"bench_h200.py: error: --fp8-variants: unknown {', '.join(unknown)}; choose from "
+              f"{', '.join(FP8_CONVERTS)}", file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    return tuple(v for v in order if not names or v in names)
+
+
+FP8_VARIANTS = fp8_focus_variants(ARGS.fp8_variants)
 
 
 RESULTS: dict = {
@@ -552,7 +573,7 @@ def fp8_checks() -> None:
         ref = paged_attention_ref(case.q.float(), k8, v8, case.block_tables, case.seq_lens,
                                   case.query_start_loc, SCALE, new, case.seq_len, k_scale=ks,
                                   v_scale=vs)  # fmt: skip
-        for variant in FP8_CONVERTS:  # each conversion variant, as the sweep may pick it
+        for variant in FP8_VARIANTS:  # each conversion variant, as the sweep may pick it
             cfg = dataclasses.replace(choose_config(new, HQ // HKV, kv_fp8=True), fp8_convert=variant)
             case.out.fill_(float("nan"))
             case.ours("fp8", config=cfg)()
@@ -722,13 +743,14 @@ def sweep_decode(batch: int, context: int, kv: str) -> None:
 
 
 def fp8_focus_configs() -> list[AttentionConfig]:
-    """The focused grid in priority order, every variant at each point; points whose K+V tiles
-    of (stages - 1) pipeline buffers cannot fit shared memory are left out."""
+    """The focused grid in priority order, every chosen variant (FP8_VARIANTS, in that order)
+    at each point; points whose K+V tiles of (stages - 1) pipeline buffers cannot fit shared
+    memory are left out."""
     configs = []
     for tile_n, stages, warps in FP8_FOCUS_POINTS:
         if (stages - 1) * tile_n * HEAD_DIM * 2 > FP8_FOCUS_SMEM_BYTES:
             continue
-        configs += [AttentionConfig(16, tile_n, warps, stages, v) for v in FP8_CONVERTS]
+        configs += [AttentionConfig(16, tile_n, warps, stages, v) for v in FP8_VARIANTS]
     return configs
 
 
@@ -797,7 +819,7 @@ def fp8_focus_sweep() -> None:
     first = sorted((r for r in RESULTS["fp8_focus"] if r["shape"] == shapes[0] and r["kind"] == "fp8"),
                    key=lambda r: r["us"])  # fmt: skip
     # the shipped default, each variant's best, then the overall best few
-    per_variant = [next((r for r in first if r["variant"] == v), None) for v in FP8_CONVERTS]
+    per_variant = [next((r for r in first if r["variant"] == v), None) for v in FP8_VARIANTS]
     picked = [r for r in per_variant if r is not None] + first[:FP8_FOCUS_TOP_K]
     top = list(dict.fromkeys([CONFIG_TABLE["decode", "fp8"]] + [AttentionConfig(**r["config"]) for r in picked]))
     per_measure_s = (elapsed_s() - start) / max(len(first) + 3, 1)
@@ -816,7 +838,7 @@ def fp8_focus_summary() -> None:
     for shape in dict.fromkeys(r["shape"] for r in RESULTS["fp8_focus"]):
         rows = [r for r in RESULTS["fp8_focus"] if r["shape"] == shape]
         peers = {r["kind"]: r for r in rows if r["kind"] != "fp8"}
-        for variant in FP8_CONVERTS:
+        for variant in FP8_VARIANTS:
             mine = [r for r in rows if r.get("variant") == variant]
             if not mine:
                 continue
@@ -1317,7 +1339,7 @@ def main() -> None:
 
 
 def fp8_decode_steps() -> list[tuple[str, Callable[[], None]]]:
-    """--only fp8-decode: the streaming read, the fp8 device checks (every variant), FlashInfer,
+    """--only fp8-decode: the streaming read, the fp8 device checks (every chosen variant), FlashInfer,
     the focused sweep."""
     steps: list[tuple[str, Callable[[], None]]] = [("stream", measure_stream)]
     if not ARGS.skip_checks:

@@ -18,6 +18,7 @@ from kernels.paged_attention import (
     AttentionConfig,
     _byte_plane,
     _widen_fp8,
+    _words_fp16,
     choose_config,
     fp8_convert_of,
     load_config_table,
@@ -103,7 +104,8 @@ TIGHT = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 @pytest.mark.parametrize("variant", FP8_CONVERTS)
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_every_variant_matches_the_reference_on_the_dequantised_cache(variant, q_dtype):
-    bound = 2e-3 if variant == "fp16" and q_dtype == torch.float32 else TIGHT[q_dtype]
+    fp16_dots = variant in ("fp16", "words")
+    bound = 2e-3 if fp16_dots and q_dtype == torch.float32 else TIGHT[q_dtype]
     for spec, splits, block_m, seed in ((MIXED, 1, 32, 1), (DECODE, 3, 16, 2)):
         out, ref = run_variant(*fp8_case(spec, q_dtype, seed), variant, splits, block_m)
         assert not out.isnan().any()
@@ -114,6 +116,7 @@ def test_every_variant_matches_the_reference_on_the_dequantised_cache(variant, q
 @pytest.mark.parametrize(("variant", "q_dtype", "q_amax"), [
     ("fp16", torch.bfloat16, 3e5),  # beyond fp16's 65504
     ("fp16", torch.float32, 1e30),
+    ("words", torch.bfloat16, 3e5),
     ("bits", torch.bfloat16, 1e30),  # 2**99.7: times the 2**64 shift it would pass bf16's 2**128
 ])  # fmt: skip
 def test_a_large_q_stays_finite(variant, q_dtype, q_amax):
@@ -138,7 +141,7 @@ def test_an_old_table_without_the_field_loads_with_the_default(tmp_path):
     assert load_config_table(path)["decode", "fp8"].fp8_convert == "bits"
     table["decode"]["fp8"]["fp8_convert"] = "fp4"
     path.write_text(json.dumps(table))
-    with pytest.raises(ValueError, match="entry decode.fp8 needs .* fp8_convert .* native, fp16, bits, packed"):
+    with pytest.raises(ValueError, match="entry decode.fp8 needs .* fp8_convert .* native, fp16, bits, packed, words"):
         load_config_table(path)
 
 
@@ -147,7 +150,7 @@ def test_the_variant_travels_with_the_chosen_config():
     # a group wider than the table's block_m makes a new record: it keeps the variant
     assert choose_config(1, 64, kv_fp8=True).fp8_convert == CONFIG_TABLE["decode", "fp8"].fp8_convert
     assert choose_config(1, 64, kv_fp8=True).block_m == 64
-    with pytest.raises(ValueError, match="fp8_convert must be one of native, fp16, bits, packed; got 'x'"):
+    with pytest.raises(ValueError, match="fp8_convert must be one of native, fp16, bits, packed, words; got 'x'"):
         AttentionConfig(16, 128, 4, 3, "x")
 
 
@@ -189,3 +192,61 @@ def test_a_padded_head_dim(variant):
     spec = dict(MIXED, head_dim=96)
     out, ref = run_variant(*fp8_case(spec, torch.bfloat16, 6), variant, 1, 32)
     assert rel_norm_error(out, ref) <= 1e-2
+
+
+@triton.jit
+def _words_kernel(x_ptr, out_ptr):
+    """64 words (256 bytes) as a [4, 16] tile, widened to [4, 64] fp16 by the "words" path."""
+    rows, cols = tl.arange(0, 4), tl.arange(0, 16)
+    words = tl.load(x_ptr.to(tl.pointer_type(tl.uint32), bitcast=True) + rows[:, None] * 16 + cols[None, :])
+    tl.store(out_ptr + rows[:, None] * 64 + tl.arange(0, 64)[None, :], _words_fp16(words))
+
+
+def test_words_widening_is_exact_and_in_place_for_all_256_bytes():
+    """Byte j of word c must land in column 4c + j (the cache's order) with its exact value:
+    the bytes 0..255 in order come back as their values in order."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    out = torch.empty(256, dtype=torch.float16)
+    _words_kernel[(1,)](codes, out)
+    want = torch.tensor([e4m3_value(c) for c in range(256)], dtype=torch.float64)
+    finite = ~want.isnan()
+    assert torch.equal(out[finite].double(), want[finite])
+
+
+def test_words_falls_back_where_words_do_not_fit():
+    """A cache view whose rows are not 4-byte aligned (or head_dim % 4 != 0) runs "fp16", the
+    same arithmetic on tiles loaded byte by byte; head_dim 32 still fits words (one tile)."""
+    words = AttentionConfig(16, 16, 4, 2, "words")
+    _, _, k64, v64, _, _ = fp8_case(DECODE, torch.bfloat16, 7)
+    assert fp8_convert_of(words, k64, v64, True) == "words"
+    assert fp8_convert_of(words, k64[:, :, :, 1:63], v64[:, :, :, 1:63], True) == "fp16"
+    assert fp8_convert_of(words, k64[:, :, :, :62], v64[:, :, :, :62], True) == "fp16"
+    assert fp8_convert_of(words, k64, v64, False) == "native"
+    batch, q, k8, v8, ks, vs = fp8_case(dict(DECODE, head_dim=32), torch.bfloat16, 7)
+    assert fp8_convert_of(words, k8, v8, True) == "words"
+    out, ref = run_variant(batch, q, k8, v8, ks, vs, "words", 1, 16)
+    assert rel_norm_error(out, ref) <= 1e-2
+    # an odd head_dim: the fallback's result, through the public call
+    batch, q, k8, v8, ks, vs = fp8_case(dict(DECODE, head_dim=30), torch.bfloat16, 8)
+    assert fp8_convert_of(words, k8, v8, True) == "fp16"
+    out, ref = run_variant(batch, q, k8, v8, ks, vs, "words", 1, 16)
+    assert rel_norm_error(out, ref) <= 1e-2
+
+
+def test_words_compiles_for_sm90_without_byte_loads_or_spills(tmp_path):
+    """The variant's point, in the code ptxas makes for an H100/H200 (no GPU needed): the
+    "fp16" variant reads its fp8 K tile from shared memory one byte per load; "words" has no
+    single-byte shared loads in its KV loop and no spills at the decode tile 128, 4 warps."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "fp8_compile.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--fp8-variants", "words,fp16",
+                    "--points", "128,3,4"], check=True, capture_output=True, timeout=300)  # fmt: skip
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "fp8_compile.json").read_text())}
+    assert rows["fp16"]["main_loop"]["lds_u8"] >= 128  # one per K element a thread holds
+    assert rows["words"]["main_loop"]["lds_u8"] == 0
+    assert rows["words"]["spill_store_bytes"] == 0
+    assert rows["words"]["main_loop"]["hmma"] == rows["fp16"]["main_loop"]["hmma"]  # one dot each
+    assert rows["words"]["main_loop"]["lds"] < rows["fp16"]["main_loop"]["lds"] // 2
