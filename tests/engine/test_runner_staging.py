@@ -5,6 +5,8 @@ TorchDispatchMode over a real prepare()."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,7 +41,7 @@ def test_sections_are_apart_aligned_and_sized(tokens, seqs, max_blocks):
     want = {"ids": tokens, "pos": tokens, "slots": tokens, "logits_idx": tokens, "seq_lens": seqs,
             "qsl": seqs + 1, "gather_dst": seqs, "gather_src": seqs, "bt_packed": seqs * max_blocks}
     assert {s.name: s.numel for s in secs} == want
-    for a, b in zip(secs, secs[1:]):
+    for a, b in itertools.pairwise(secs):
         assert a.end_bytes <= b.offset_bytes < a.end_bytes + STAGING_ALIGN_BYTES
     assert all(s.offset_bytes % STAGING_ALIGN_BYTES == 0 for s in secs)
     assert secs[-1].name == "bt_packed"  # a step copies up to the end of its packed rows
