@@ -157,6 +157,13 @@ def _input_tokens(scheduled, starts: list[int], q_lens: list[int], token_ids: di
                   inflight: tuple[dict[int, int], torch.Tensor] | None) -> _InputTokens:
     """Each request's tokens [start, start + q_len) from `token_ids`, or from `inflight` for a
     decode whose input token was sampled by the previous step and is not on the host yet."""
+    if inflight is None and len(q_lens) == sum(q_lens):
+        # a decode batch with every input token on the host (synchronous scheduling): one
+        # comprehension; an IndexError means some token is unknown, which the loop names
+        try:
+            return _InputTokens([token_ids[s.request_id][c] for s, c in zip(scheduled, starts)], [], [])
+        except IndexError:
+            pass
     tokens = _InputTokens([], [], [])
     flat_ids = tokens.flat_ids
     for s, c, q in zip(scheduled, starts, q_lens):
@@ -478,9 +485,12 @@ class ModelRunner:
     def _record_stage_done(self) -> None:
         """Mark (on the GPU stream) where this step's copies out of the staging set end."""
         if self.is_cuda:
-            ev = torch.cuda.Event()
+            # one event per staging set, re-recorded: _next_stage waited on its last record
+            # before this set was written again (saves an event creation per step)
+            ev = self._stage_done[self._stage_idx]
+            if ev is None:
+                ev = self._stage_done[self._stage_idx] = torch.cuda.Event()
             ev.record()
-            self._stage_done[self._stage_idx] = ev
 
     def _stage_block_tables(self, scheduled, starts: np.ndarray) -> int:
         """Bring each scheduled request's row of this staging set's block table up to date;
