@@ -13,6 +13,12 @@ instead; on a GPU their host cost is 7 launches of an asynchronous copy);
 `update` = scheduler.update_from_output() with one sampled token per request. Figures are the
 median per step of the least-disturbed repeat (a shared 2-core box), in microseconds.
 
+Each row also counts the torch ops one decode step's prepare() runs (a TorchDispatchMode over
+an extra step): `copies` = copy_ calls (on a GPU each an asynchronous copy the host launches),
+`ops` = every op but views (on a GPU, launches or copies; the number transfers to the GPU
+host where the per-op cost is 2-3x this box's). `--profile` prints cProfile's top functions
+of prepare() at the first batch size.
+
 `--compare-ref REV` measures the same table for the code at git revision REV (its engine/
 package, extracted with `git archive` into a temporary directory; this script is the same),
 in the same run and right after this tree's, so both see the same machine load.
@@ -21,9 +27,11 @@ in the same run and right after this tree's, so both see the same machine load.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import platform
+import pstats
 import statistics
 import subprocess
 import sys
@@ -34,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.model import LlamaModel
 from engine.model_spec import get_model
@@ -52,6 +61,8 @@ class Row:
     schedule_us: float
     prepare_us: float
     update_us: float
+    copies: int = -1  # copy_ calls of one step's prepare (-1: not counted)
+    ops: int = -1  # torch ops of one step's prepare, views excluded
 
     @property
     def host_us(self) -> float:
@@ -81,6 +92,58 @@ def _setup(batch: int, seed: int) -> tuple[Scheduler, ModelRunner, dict[int, lis
             tokens[rid].append(7)
         sched.update_from_output(out, sampled)
     return sched, runner, tokens
+
+
+# ops that only make a new view: no launch, no copy on a GPU
+VIEW_OPS = frozenset({"slice", "view", "as_strided", "alias", "detach", "select", "reshape", "unsqueeze",
+                      "squeeze", "t", "transpose", "expand", "_unsafe_view"})
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the torch ops (by name) run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _step(sched: Scheduler, runner: ModelRunner, tokens: dict[int, list[int]], counter=None) -> None:
+    """One untimed decode step, its prepare() under `counter` (a context manager) if given."""
+    out = sched.schedule()
+    ids = {s.request_id: tokens[s.request_id] for s in out.scheduled}
+    if counter is None:
+        inp = runner.prepare(out.scheduled, ids)
+    else:
+        with counter:
+            inp = runner.prepare(out.scheduled, ids)
+    for rid in inp.sample_request_ids:
+        tokens[rid].append(7)
+    sched.update_from_output(out, {rid: [7] for rid in inp.sample_request_ids})
+
+
+def count_ops(batch: int, seed: int = 0) -> tuple[int, int]:
+    """(copy_ calls, non-view torch ops) of one steady decode step's prepare()."""
+    sched, runner, tokens = _setup(batch, seed)
+    for _ in range(3):  # both staging sets used once before
+        _step(sched, runner, tokens)
+    counter = _OpCounter()
+    _step(sched, runner, tokens, counter)
+    ops = sum(n for name, n in counter.counts.items() if name not in VIEW_OPS)
+    return counter.counts.get("copy_", 0), ops
+
+
+def profile_prepare(batch: int, steps: int, seed: int = 0, top: int = 15) -> None:
+    """Print cProfile's top functions (by own time) over `steps` decode steps."""
+    sched, runner, tokens = _setup(batch, seed)
+    prof = cProfile.Profile()
+    for _ in range(steps):
+        _step(sched, runner, tokens, prof)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
 def _timed_copies(runner: ModelRunner) -> list[float]:
@@ -132,12 +195,13 @@ def measure(batch: int, steps: int, repeats: int, seed: int = 0) -> Row:
         if best is None or row.host_us + row.update_us < best.host_us + best.update_us:
             best = row
     assert best is not None
+    best.copies, best.ops = count_ops(batch, seed)
     return best
 
 
 def _table(rows: list[Row], title: str) -> str:
-    lines = [title, f"{'batch':>6} {'schedule us':>12} {'prepare us':>11} {'sched+prep us':>14} {'update us':>10}"]
-    lines += [f"{r.batch:>6} {r.schedule_us:>12.1f} {r.prepare_us:>11.1f} {r.host_us:>14.1f} {r.update_us:>10.1f}"
+    lines = [title, f"{'batch':>6} {'schedule us':>12} {'prepare us':>11} {'sched+prep us':>14} {'update us':>10} {'copies':>7} {'ops':>5}"]
+    lines += [f"{r.batch:>6} {r.schedule_us:>12.1f} {r.prepare_us:>11.1f} {r.host_us:>14.1f} {r.update_us:>10.1f} {r.copies:>7} {r.ops:>5}"
               for r in rows]
     return "\n".join(lines)
 
@@ -164,6 +228,7 @@ def main() -> None:
     p.add_argument("--compare-ref", default=None, help="git revision to measure in the same run")
     p.add_argument("--out", type=Path, default=None, help="JSON file of the figures")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    p.add_argument("--profile", action="store_true", help="print cProfile's top functions of prepare()")
     args = p.parse_args()
     torch.set_num_threads(1)  # the copies are timed apart; keep the box's other jobs' cores free
     if args.out:
@@ -171,6 +236,8 @@ def main() -> None:
             check_output_file(args.out, flag="--out", force=args.force)
         except OutputPathError as exc:
             sys.exit(f"error: {exc}")
+    if args.profile:
+        profile_prepare(args.batch[0], args.steps)
     rows = [measure(b, args.steps, args.repeats) for b in args.batch]
     print(_table(rows, "this tree (median us per decode step)"))
     result = {"machine": platform.platform(), "python": platform.python_version(),
@@ -179,7 +246,8 @@ def main() -> None:
               "rows": [asdict(r) | {"host_us": r.host_us} for r in rows]}
     if args.compare_ref:
         ref = _measure_ref(args.compare_ref, args)
-        ref_rows = [Row(r["batch"], r["schedule_us"], r["prepare_us"], r["update_us"]) for r in ref]
+        ref_rows = [Row(r["batch"], r["schedule_us"], r["prepare_us"], r["update_us"], r.get("copies", -1),
+                        r.get("ops", -1)) for r in ref]
         print(_table(ref_rows, f"\nref {args.compare_ref} (median us per decode step)"))
         result["compare_ref"] = {"rev": args.compare_ref, "rows": ref}
     if args.out:

@@ -57,8 +57,16 @@ def _device_view(r: ModelRunner, inp) -> dict[str, list]:
     }
 
 
+def _device_ptrs(r: ModelRunner) -> dict[str, int]:
+    """Where each persistent device input lives: what a captured CUDA graph reads from."""
+    return {name: getattr(r, name).data_ptr() for name in
+            ("d_input_ids", "d_positions", "d_slots", "d_seq_lens", "d_qsl", "d_logits_idx", "d_block_tables")}
+
+
 def _check_step(kept: ModelRunner, case: Case, scheduled, token_ids, verify: bool) -> None:
+    ptrs = _device_ptrs(kept)
     inp = kept.prepare(scheduled, token_ids, verify=verify)
+    assert _device_ptrs(kept) == ptrs  # the one-copy staging never moves a graph's inputs
     fresh = _runner(case)
     ref = fresh.prepare(scheduled, token_ids, verify=verify)
     assert inp == ref
