@@ -37,7 +37,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
@@ -637,11 +637,25 @@ def _matrix(x: dict[str, np.ndarray], names: Sequence[str], mask: np.ndarray) ->
     return np.column_stack([x[n][mask] for n in names])
 
 
-def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float],
-              in_kind: np.ndarray) -> tuple[GpuTerms, np.ndarray, int, int]:
-    """(terms, predicted gpu time of every row, training steps, outliers) for one step kind, from
-    the rows `in_kind`; `fixed`: multipliers taken as given (not fitted)."""
+@dataclass(slots=True)
+class _KindFit:
+    terms: GpuTerms
+    pred: np.ndarray  # predicted gpu seconds of every row
+    train: np.ndarray  # bool per row: fitted on
+    outliers: np.ndarray  # bool per row: weight 0 at the end of the robust fit
+    graph_terms: GpuTerms | None = None  # shared fit: the mixed-graph steps' terms
+
+
+def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float], in_kind: np.ndarray,
+              graph_rows: np.ndarray | None = None) -> _KindFit:
+    """One step kind's terms from the rows `in_kind`; `fixed`: multipliers taken as given (not
+    fitted). `graph_rows` (a shared fit, see `graph_fit_mode`): mixed-graph rows among them,
+    which share the multipliers and get a step constant of their own."""
     names = GPU_FEATURES[kind]
+    x = rows.gpu_x
+    if graph_rows is not None:
+        x = x | {"step_s": (~graph_rows).astype(np.float64), "graph_step_s": graph_rows.astype(np.float64)}
+        names, in_kind = (*names, "graph_step_s"), in_kind & ~graph_rows
     # knots without steps near them stay at their prior: they do not count in the steps needed
     need = MIN_STEPS_PER_FEATURE * (len(names) + (kind == "decode"))
     if kind == "decode":
@@ -653,16 +667,22 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float],
         raise CalibrationInputError(f"{source}: {int(train.sum())} {what} steps to fit from (after warm-up and "
                                     f"the held-out {HELD_OUT_SHARE:.0%}); the fit needs at least {need}: "
                                     "add runs with such steps")
-    offset = sum((v * rows.gpu_x[k] for k, v in fixed.items()), np.zeros(rows.gpu_y.size))
+    if graph_rows is not None:
+        train |= graph_rows & ~rows.held
+    offset = sum((v * x[k] for k, v in fixed.items()), np.zeros(rows.gpu_y.size))
     prior = np.array([PRIOR_MULTIPLIERS.get(n.split("@")[0], np.nan) for n in names])
-    fit = robust_nnls(_matrix(rows.gpu_x, names, train), rows.gpu_y[train], offset[train], prior)
+    fit = robust_nnls(_matrix(x, names, train), rows.gpu_y[train], offset[train], prior)
     coef = dict(zip(names, map(float, fit.coef)))
-    pred = offset + sum(c * rows.gpu_x[n] for n, c in coef.items())
+    pred = offset + sum(c * x[n] for n, c in coef.items())
+    graph_step_s = coef.pop("graph_step_s", None)
     knots = {p: tuple((_knot(n), coef.pop(n)) for n in list(coef) if n.startswith(f"{p}@"))
              for p in ("decode_kv", "decode_max_kv")}
     terms = GpuTerms(**coef | fixed, decode_kv_by_batch=knots["decode_kv"],
                      decode_max_kv_by_batch=knots["decode_max_kv"])
-    return terms, pred, int(train.sum()), int(fit.outliers.sum())
+    outliers = np.zeros(rows.gpu_y.size, dtype=bool)
+    outliers[train] = fit.outliers
+    graph = None if graph_step_s is None else terms.model_copy(update={"step_s": graph_step_s})
+    return _KindFit(terms, pred, train, outliers, graph)
 
 
 def _knot(feature: str) -> int:
@@ -684,14 +704,10 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     source = ", ".join(str(r.path or r.name) for r in runs)
     rates = Roofline.of(model, gpu, dflt)
     rows = _stack(runs, rates, warmup_steps, held_out_share, dflt.max_num_seqs or 256)
-    masks = kind_masks(rows.kind, rows.held)
-    terms, gpu_pred, errors = {}, np.zeros(rows.gpu_y.size), {}
-    fit_counts = {}
-    for kind, in_kind in masks.items():
-        t, pred, n_fit, n_out = _fit_kind(rows, kind, source, FIXED_MULTIPLIERS, in_kind)
-        terms[kind] = t
-        gpu_pred = np.where(in_kind, pred, gpu_pred)
-        fit_counts[kind] = (n_fit, n_out)
+    graph_mode = graph_fit_mode(rows.kind, rows.held)
+    masks = kind_masks(rows.kind, graph_mode)
+    terms, gpu_pred, fit_counts = _fit_gpu(rows, source, masks, graph_mode == "shared")
+    errors = {}
     train = ~rows.held
     cpu, cpu_sync = _fit_cpu_by_scheduling(rows, train)
     cpu_pred = np.where(rows.is_async, _cpu_seconds(cpu, rows), _cpu_seconds(cpu_sync or cpu, rows))
@@ -722,15 +738,45 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
                      cpu_error_median=cpu_med, memory_checks=memory_checks(runs, profile, model, gpu))
 
 
-def kind_masks(kind: np.ndarray, held: np.ndarray) -> dict[StepKind, np.ndarray]:
-    """The rows each step kind's terms are fitted on: mixed-graph steps get their own terms when
-    they have the training steps for them; with fewer (runs without mixed graphs, or too few
-    small mixed steps) they join the eager ones, which price them then, as before mixed graphs."""
+GraphFitMode = Literal["own", "shared", "eager"]
+
+
+def graph_fit_mode(kind: np.ndarray, held: np.ndarray) -> GraphFitMode:
+    """How the mixed-graph steps are fitted, by their training steps: "own" terms with enough for
+    every coefficient; "shared" with the eager mixed steps' multipliers and a step constant of
+    their own (a graph replay saves launches; the kernels are the same) with enough for one;
+    else "eager": they join the eager steps, which then price them (as before mixed graphs)."""
+    n = int(((kind == "mixed_graph") & ~held).sum())
+    if n >= MIN_STEPS_PER_FEATURE * len(GPU_FEATURES["mixed_graph"]):
+        return "own"
+    return "shared" if n >= MIN_STEPS_PER_FEATURE else "eager"
+
+
+def kind_masks(kind: np.ndarray, mode: GraphFitMode) -> dict[StepKind, np.ndarray]:
+    """The rows of each step kind whose terms the profile gets (and whose error is reported)."""
     masks = {k: kind == k for k in STEP_KINDS}
-    need = MIN_STEPS_PER_FEATURE * len(GPU_FEATURES["mixed_graph"])
-    if (masks["mixed_graph"] & ~held).sum() < need:
+    if mode == "eager":
         masks["mixed"] |= masks.pop("mixed_graph")
     return masks
+
+
+def _fit_gpu(rows: _Rows, source: str, masks: dict[StepKind, np.ndarray], shared: bool,
+             ) -> tuple[dict[StepKind, GpuTerms], np.ndarray, dict[StepKind, tuple[int, int]]]:
+    """(terms, predicted gpu seconds of every row, (training steps, outliers)) per step kind."""
+    terms, counts, gpu_pred = {}, {}, np.zeros(rows.gpu_y.size)
+    for kind, in_kind in masks.items():
+        if kind == "mixed_graph" and shared:  # fitted with the eager ones
+            continue
+        graph = masks["mixed_graph"] if kind == "mixed" and shared else None
+        f = _fit_kind(rows, kind, source, FIXED_MULTIPLIERS, in_kind if graph is None else in_kind | graph, graph)
+        fitted = {kind: (f.terms, in_kind)}
+        if graph is not None:
+            fitted["mixed_graph"] = (f.graph_terms, graph)
+        for k, (t, m) in fitted.items():
+            terms[k] = t
+            gpu_pred = np.where(m, f.pred, gpu_pred)
+            counts[k] = (int((f.train & m).sum()), int((f.outliers & m).sum()))
+    return terms, gpu_pred, counts
 
 
 def graph_settings(runs: Sequence[EngineRun]) -> dict[str, Any]:
@@ -820,6 +866,7 @@ __all__ = [
     "fit_memory",
     "fit_overlap",
     "fit_profile",
+    "graph_fit_mode",
     "graph_settings",
     "held_out",
     "kind_masks",

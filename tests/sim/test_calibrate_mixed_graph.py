@@ -13,7 +13,15 @@ import pytest
 from engine.model_spec import get_model
 from engine.records import StepRecord
 from engine.runner import mixed_graph_buckets  # the engine's buckets: the reference for the padding
-from sim.calibrate import CalibrationInputError, EngineRun, fit_profile, held_out, load_run
+from sim.calibrate import (
+    CalibrationInputError,
+    EngineRun,
+    fit_profile,
+    graph_fit_mode,
+    held_out,
+    kind_masks,
+    load_run,
+)
 from sim.config import EngineConfig
 from sim.cost_model import CostModel, GpuTerms, Roofline
 from sim.hardware import get_gpu
@@ -65,8 +73,8 @@ def _in_graph(cols: dict[str, np.ndarray]) -> np.ndarray:
     return (cols["num_prefill_tokens"] > 0) & (tokens <= CAPTURE)
 
 
-def true_graph_gpu_s(cols: dict[str, np.ndarray], rates: Roofline) -> np.ndarray:
-    """TRUE_GRAPH over each step's token bucket (the engine's own list), LM head on the sampled
+def true_graph_gpu_s(cols: dict[str, np.ndarray], rates: Roofline, t: GpuTerms = TRUE_GRAPH) -> np.ndarray:
+    """`t` over each step's token bucket (the engine's own list), LM head on the sampled
     rows, per scheduled sequence."""
     sizes = mixed_graph_buckets(CAPTURE)
     tokens = cols["num_prefill_tokens"] + cols["num_decode_tokens"]
@@ -75,27 +83,28 @@ def true_graph_gpu_s(cols: dict[str, np.ndarray], rates: Roofline) -> np.ndarray
     f = rates.features(pad, cols["num_prefill_seqs"] + n_dec, cols["prefill_attn_pairs"],
                        cols["sum_prefill_context"], np.where(n_dec > 0, 1.0, 0.0), cols["sum_decode_context"],
                        cols["max_decode_context"])
-    t = TRUE_GRAPH
     return (t.gemm * f["gemm"] + t.prefill_attention * f["prefill_attention"] + t.decode_kv * f["decode_kv"]
             + t.decode_max_kv * f["decode_max_kv"] + t.elementwise * f["elementwise"] + t.step_s
             + t.per_seq_s * (cols["num_prefill_seqs"] + n_dec))
 
 
-def true_step_gpu_s(cols: dict[str, np.ndarray], graphs: bool) -> np.ndarray:
+def true_step_gpu_s(cols: dict[str, np.ndarray], graphs: bool, graph_terms: GpuTerms = TRUE_GRAPH) -> np.ndarray:
     rates = Roofline.of(M1, H200, EngineConfig())
     eager = true_gpu_s(cols, rates)
-    return np.where(_in_graph(cols), true_graph_gpu_s(cols, rates), eager) if graphs else eager
+    return np.where(_in_graph(cols), true_graph_gpu_s(cols, rates, graph_terms), eager) if graphs else eager
 
 
 def graph_run(*, graphs: bool, seed: int, n: int = 3000, asynchronous: bool = True, noise: float = 0.01,
-              name: str = "synth") -> EngineRun:
-    """A run of decode, large and small mixed steps; `graphs`: recorded with cudagraph_mode FULL
-    (the small mixed steps replayed graphs), else before the flag (they ran eagerly)."""
+              name: str = "synth", graph_terms: GpuTerms = TRUE_GRAPH, n_small: int | None = None) -> EngineRun:
+    """A run of decode, large and small mixed steps (`n_small`, default a quarter); `graphs`:
+    recorded with cudagraph_mode FULL (the small mixed steps replayed graphs priced by
+    `graph_terms`), else before the flag (they ran eagerly)."""
     rng = np.random.default_rng(seed)
-    big, small = _compositions(rng, n - n // 4), _small_mixed(rng, n // 4)
+    n_small = n // 4 if n_small is None else n_small
+    big, small = _compositions(rng, n - n_small), _small_mixed(rng, n_small)
     order = rng.permutation(n)
     cols = {k: np.concatenate([big[k], small[k]])[order] for k in big}
-    gpu = true_step_gpu_s(cols, graphs) * (1 + noise * rng.standard_normal(n))
+    gpu = true_step_gpu_s(cols, graphs, graph_terms) * (1 + noise * rng.standard_normal(n))
     cpu = true_cpu_s(cols) * (1 + noise * rng.standard_normal(n))
     o = TRUE_OVERLAP
     if asynchronous:  # step N's wall time is the period of step N+1 (see step_wall_s)
@@ -162,11 +171,31 @@ def test_runs_without_graphs_fit_as_before():
     res = fit_profile(runs, M1, H200)
     assert res.profile.mixed_graph is None and set(res.errors) == {"decode", "mixed"}
     assert res.profile.cudagraph_mode == "FULL_DECODE_ONLY"
-    # too few graph steps for their own terms: they are fitted and priced with the eager ones
-    few = graph_run(graphs=True, seed=14, n=200, name="few")
-    res = fit_profile([*runs, few], M1, H200)
-    assert res.profile.mixed_graph is None and res.profile.cudagraph_mode == "FULL"
-    assert res.errors["mixed"].n_fit + res.errors["mixed"].n_held_out > 0
+
+
+def test_graph_fit_mode_by_training_steps():
+    kind = np.array(["mixed_graph"] * 70 + ["mixed"] * 10)
+    held = np.zeros(80, dtype=bool)
+    for n_graph, mode in ((9, "eager"), (10, "shared"), (59, "shared"), (60, "own")):
+        assert graph_fit_mode(kind, held | (np.arange(80) >= n_graph)) == mode, n_graph
+    masks = kind_masks(kind, "eager")  # the graph steps are then eager ones
+    assert set(masks) == {"decode", "mixed"} and masks["mixed"].all()
+
+
+def test_few_graph_steps_share_the_eager_multipliers():
+    """With too few graph steps for terms of their own, they share the eager multipliers and
+    get their own step constant: recovered when that is the truth."""
+    truth = TRUE_MIXED.model_copy(update={"step_s": 9e-4})
+    run = graph_run(graphs=True, seed=16, n=2000, n_small=40, graph_terms=truth, name="few")
+    res = fit_profile([run], M1, H200)
+    p = res.profile
+    s = run.steps
+    n_train = int((_in_graph(s) & ~held_out("few", s["step_id"]))[3:].sum())
+    assert 10 <= n_train < 60  # a shared fit
+    assert p.mixed_graph.step_s == pytest.approx(9e-4, rel=0.05)
+    assert p.mixed_graph.model_copy(update={"step_s": 0.0}) == p.mixed.model_copy(update={"step_s": 0.0})
+    _close(p.mixed, TRUE_MIXED, 0.03, loose=("elementwise", "decode_max_kv"))
+    assert set(res.errors) == {"decode", "mixed", "mixed_graph"} and res.errors["mixed_graph"].gpu_median < 0.015
 
 
 def _folder(tmp_path, name, engine_args):
