@@ -42,6 +42,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine.flags import CUDAGRAPH_MODES
 from engine.model_spec import ModelSpec, dtype_bytes
 from sim.config import EngineConfig
 from sim.hardware import GB, GPUSpec
@@ -63,8 +64,6 @@ _COEF = Field(default=0.0, ge=0)
 # engine/runner.py's cap on a verify graph's tokens (vLLM's default capture limit), restated
 # because the simulator does not import torch
 VERIFY_GRAPH_MAX_TOKENS = 512
-# engine/flags.py CUDAGRAPH_MODES (restated: engine.flags is not imported by the cost model)
-CUDAGRAPH_MODES: tuple[str, ...] = ("NONE", "FULL_DECODE_ONLY", "FULL")
 
 
 class GpuTerms(BaseModel):
@@ -225,7 +224,8 @@ class CostProfile(BaseModel):
     mixed: GpuTerms | None = None  # steps with prefill tokens (eager)
     # steps with prefill tokens that replay a full CUDA graph (tokens padded to the graph's bucket):
     # recorded with cudagraph_mode FULL, up to max_cudagraph_capture_size tokens. None: every
-    # step with prefill tokens is priced eagerly (profiles fitted before mixed graphs existed)
+    # step with prefill tokens is priced eagerly (profiles fitted before mixed graphs existed, or
+    # from runs with too few such steps)
     mixed_graph: GpuTerms | None = None
     # the engine's CUDA-graph settings of the runs fitted (run.json engine_args); None: recorded
     # before the engine had them (FULL_DECODE_ONLY: decode graphs only)
