@@ -220,3 +220,14 @@ def test_load_run_reads_the_graph_mode(tmp_path):
     assert none.mixed_graph_max_tokens == 0 and not none.decode_graphs
     with pytest.raises(CalibrationInputError, match="cudagraph_mode 'PIECEWISE' is not one of"):
         load_run(_folder(tmp_path, "bad", {"cudagraph_mode": "PIECEWISE"}))
+
+
+def test_calibrate_prints_the_graph_terms(fit):
+    from rich.console import Console
+
+    from advisor.commands.calibrate import print_fit
+
+    console = Console(record=True, width=200)
+    print_fit(fit[1], console)
+    text = console.export_text()
+    assert "mixed_graph: {'gemm': 1.2" in text and "│ mixed_graph │" in text
