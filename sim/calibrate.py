@@ -8,8 +8,10 @@ the wall `total_s`. The fit:
   mode) as a non-negative combination of roofline features (seconds at the datasheet rates,
   sim/cost_model.py `Roofline.features`) and counts, one coefficient set per step kind: decode-only
   steps (a CUDA graph padded to its captured batch; decode attention with one multiplier per
-  padded-batch knot, on the summed context and on the longest sequence's) and steps with prefill
-  tokens (eager). Non-negative least squares on
+  padded-batch knot, on the summed context and on the longest sequence's), steps with prefill
+  tokens that replay a mixed CUDA graph (runs with cudagraph_mode FULL, steps within the capture
+  size: tokens padded to the graph's bucket), and the other steps with prefill tokens (eager).
+  Non-negative least squares on
   RELATIVE error (rows weighted by 1 / time), iteratively reweighted (Huber, then Tukey's
   biweight: rows it gives weight 0 are the outliers, counted).
 * CPU: `schedule_s + prepare_s` over counts (step, sequences, tokens, KV tokens, blocks
@@ -35,7 +37,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
@@ -44,7 +46,9 @@ from engine.model_spec import ModelSpec, dtype_bytes
 from engine.outputs import check_output_file, staged_file
 from sim.config import EngineConfig
 from sim.cost_model import (
+    CUDAGRAPH_MODES,
     STEP_KINDS,
+    VERIFY_GRAPH_MAX_TOKENS,
     CostProfile,
     CpuTerms,
     GpuTerms,
@@ -54,6 +58,7 @@ from sim.cost_model import (
     StepKind,
     graph_bucket,
     knot_weights,
+    mixed_graph_bucket,
 )
 from sim.hardware import GPU_PRESETS, GPUSpec
 from sim.memory import plan_memory
@@ -73,7 +78,12 @@ GPU_FEATURES: dict[StepKind, tuple[str, ...]] = {
     # one for the longest sequence's attention per knot (decode_max_kv@B)
     "decode": ("gemm", "step_s", "per_seq_s"),
     "mixed": ("gemm", "prefill_attention", "decode_kv", "decode_max_kv", "step_s", "per_seq_s"),
+    # as eager mixed steps, over the token bucket; per_seq_s per scheduled sequence (the graph's
+    # dummy sequences hold no tokens: their attention programs exit at once)
+    "mixed_graph": ("gemm", "prefill_attention", "decode_kv", "decode_max_kv", "step_s", "per_seq_s"),
 }
+# cudagraph_mode of a run.json recorded before the engine had the flag: decode graphs only
+LEGACY_CUDAGRAPH_MODE = "FULL_DECODE_ONLY"
 # Element-wise bytes grow with tokens exactly as the GEMMs' FLOPs (eager batches) or as the
 # per-sequence costs (decode batches) do, so no trace tells them apart: their multiplier is the
 # first-principles one (1 / the default profile's element-wise efficiency), not fitted.
@@ -107,6 +117,20 @@ class EngineRun:
     enforce_eager: bool = False
     run_info: dict[str, Any] | None = None  # run.json (schema costline-engine-run/1), if any
     path: Path | None = None
+    cudagraph_mode: str = LEGACY_CUDAGRAPH_MODE
+    max_cudagraph_capture_size: int = VERIFY_GRAPH_MAX_TOKENS
+    max_num_batched_tokens: int | None = None  # None: no cap below the capture size
+
+    @property
+    def decode_graphs(self) -> bool:
+        return not self.enforce_eager and self.cudagraph_mode != "NONE"
+
+    @property
+    def mixed_graph_max_tokens(self) -> int:
+        """The largest step, in tokens, that replayed a mixed CUDA graph (0: none did)."""
+        if not self.decode_graphs or self.cudagraph_mode != "FULL":
+            return 0
+        return min(self.max_cudagraph_capture_size, self.max_num_batched_tokens or self.max_cudagraph_capture_size)
 
 
 @dataclass(slots=True)
@@ -212,10 +236,17 @@ def load_run(path: str | Path, default: EngineConfig | None = None) -> EngineRun
         merge_reconstructed(steps, p / RECONSTRUCTED_STEPS_FILE)
     args = (info or {}).get("engine_args") or {}
     dflt = default or EngineConfig()
+    mode = args.get("cudagraph_mode") or LEGACY_CUDAGRAPH_MODE
+    if mode not in CUDAGRAPH_MODES:
+        raise CalibrationInputError(f"{p}: run.json engine_args.cudagraph_mode {mode!r} is not one of "
+                                    f"{', '.join(CUDAGRAPH_MODES)}; fix the run.json or rerun the engine")
     return EngineRun(name=str(name), steps=steps, path=p, run_info=info,
                      async_scheduling=bool(args.get("async_scheduling", dflt.async_scheduling)),
                      max_num_seqs=args.get("max_num_seqs") or dflt.max_num_seqs,
-                     enforce_eager=bool(args.get("enforce_eager", False)))
+                     enforce_eager=bool(args.get("enforce_eager", False)), cudagraph_mode=mode,
+                     max_cudagraph_capture_size=int(args.get("max_cudagraph_capture_size")
+                                                    or VERIFY_GRAPH_MAX_TOKENS),
+                     max_num_batched_tokens=args.get("max_num_batched_tokens") or dflt.max_num_batched_tokens)
 
 
 # --- reconstruction of columns a trace lacks --------------------------------------------------
@@ -324,20 +355,35 @@ def decode_knots(max_num_seqs: int) -> list[int]:
     return [*knots, top]
 
 
-def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: int,
-                  enforce_eager: bool = False, knots: Sequence[int] | None = None,
-                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(is_decode, features): which rows replay a decode CUDA graph, and every GPU feature per row
-    as CostModel prices it (decode rows padded to their graph's batch)."""
+def step_kinds(steps: dict[str, np.ndarray], decode_graphs: bool = True,
+               mixed_graph_max_tokens: int = 0) -> np.ndarray:
+    """Each row's `StepKind` as the engine ran it: a one-token decode batch replays a decode
+    graph (unless graphs are off); another step of at most `mixed_graph_max_tokens` tokens a mixed
+    graph; the rest run eagerly ("mixed")."""
     g = steps
     n_dec = g["num_decode_seqs"]
     tokens = g["num_prefill_tokens"] + g["num_decode_tokens"]
-    is_decode = (g["num_prefill_tokens"] == 0) & (tokens == n_dec) & (n_dec > 0)
-    if enforce_eager:
-        is_decode = np.zeros_like(is_decode)
+    is_decode = (g["num_prefill_tokens"] == 0) & (tokens == n_dec) & (n_dec > 0) & decode_graphs
+    in_graph = ~is_decode & (tokens > 0) & (tokens <= mixed_graph_max_tokens)
+    return np.where(is_decode, "decode", np.where(in_graph, "mixed_graph", "mixed"))
+
+
+def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: int,
+                  enforce_eager: bool = False, knots: Sequence[int] | None = None,
+                  mixed_graph_max_tokens: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(kind, features): each row's `StepKind` (see `step_kinds`) and every GPU feature per row as
+    CostModel prices it (decode rows padded to their graph's batch, mixed-graph rows' tokens to
+    their graph's bucket)."""
+    g = steps
+    n_dec = g["num_decode_seqs"]
+    tokens = g["num_prefill_tokens"] + g["num_decode_tokens"]
+    kind = step_kinds(steps, not enforce_eager, mixed_graph_max_tokens)
+    is_decode = kind == "decode"
     pad = np.array([graph_bucket(int(b), max_num_seqs) for b in n_dec], dtype=np.float64)
     pad = np.where(is_decode, pad, n_dec)
-    tok = np.where(is_decode, pad, tokens)
+    bucket = np.array([mixed_graph_bucket(int(t), mixed_graph_max_tokens) if k == "mixed_graph" else t
+                       for t, k in zip(tokens, kind)], dtype=np.float64)
+    tok = np.where(is_decode, pad, bucket)
     rows = np.where(is_decode, pad, g["num_prefill_seqs"] + g["num_decode_tokens"])
     q = np.where(n_dec > 0, g["num_decode_tokens"] / np.maximum(n_dec, 1), 0.0)
     f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"],
@@ -354,7 +400,7 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     for j, k in enumerate(max_knots):
         f[f"decode_max_kv@{k}"] = np.where(is_decode & (pad > 1), f["decode_max_kv"] * hats[:, j], 0.0)
 
-    return is_decode, f
+    return kind, f
 
 
 def cpu_features(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -545,7 +591,7 @@ def memory_checks(runs: Sequence[EngineRun], profile: CostProfile, model: ModelS
 class _Rows:
     """All usable steps of all runs, stacked."""
 
-    is_decode: np.ndarray
+    kind: np.ndarray  # StepKind per row
     gpu_x: dict[str, np.ndarray]
     cpu_x: dict[str, np.ndarray]
     gpu_y: np.ndarray
@@ -566,14 +612,15 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
         s = r.steps
         order = np.argsort(s["step_id"], kind="stable")
         s = {k: v[order] for k, v in s.items()}
-        is_dec, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, r.enforce_eager, knots)
+        kind, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, not r.decode_graphs, knots,
+                                 r.mixed_graph_max_tokens)
         wall = step_wall_s(s, r.async_scheduling)
         keep = np.arange(order.size) >= warmup_steps
         n_warmup += int(min(warmup_steps, order.size))
         gy = s["gpu_s"] + np.nan_to_num(s["sample_s"])
         cy = s["schedule_s"] + s["prepare_s"]
         keep &= np.isfinite(gy) & (gy > 0) & np.isfinite(cy) & (cy > 0)
-        parts.append({"is_decode": is_dec[keep], "gpu_x": {k: v[keep] for k, v in gx.items()},
+        parts.append({"kind": kind[keep], "gpu_x": {k: v[keep] for k, v in gx.items()},
                           "cpu_x": {k: v[keep] for k, v in cpu_features(s).items()}, "gpu_y": gy[keep], "cpu_y": cy[keep],
                           "wall": wall[keep], "is_async": np.full(int(keep.sum()), r.async_scheduling),
                           "held": held_out(r.name, s["step_id"][keep], share)})
@@ -590,32 +637,52 @@ def _matrix(x: dict[str, np.ndarray], names: Sequence[str], mask: np.ndarray) ->
     return np.column_stack([x[n][mask] for n in names])
 
 
-def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float]) -> tuple[GpuTerms, np.ndarray, int, int]:
-    """(terms, predicted gpu time of every row, training steps, outliers) for one step kind;
-    `fixed`: multipliers taken as given (not fitted)."""
+@dataclass(slots=True)
+class _KindFit:
+    terms: GpuTerms
+    pred: np.ndarray  # predicted gpu seconds of every row
+    train: np.ndarray  # bool per row: fitted on
+    outliers: np.ndarray  # bool per row: weight 0 at the end of the robust fit
+    graph_terms: GpuTerms | None = None  # shared fit: the mixed-graph steps' terms
+
+
+def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float], in_kind: np.ndarray,
+              graph_rows: np.ndarray | None = None) -> _KindFit:
+    """One step kind's terms from the rows `in_kind`; `fixed`: multipliers taken as given (not
+    fitted). `graph_rows` (a shared fit, see `graph_fit_mode`): mixed-graph rows among them,
+    which share the multipliers and get a step constant of their own."""
     names = GPU_FEATURES[kind]
+    x = rows.gpu_x
+    if graph_rows is not None:
+        x = x | {"step_s": (~graph_rows).astype(np.float64), "graph_step_s": graph_rows.astype(np.float64)}
+        names, in_kind = (*names, "graph_step_s"), in_kind & ~graph_rows
     # knots without steps near them stay at their prior: they do not count in the steps needed
     need = MIN_STEPS_PER_FEATURE * (len(names) + (kind == "decode"))
     if kind == "decode":
         names = (*names, *sorted((k for k in rows.gpu_x if k.startswith("decode_kv@")), key=_knot),
                  *sorted((k for k in rows.gpu_x if k.startswith("decode_max_kv@")), key=_knot))
-    in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
     train = in_kind & ~rows.held
     if train.sum() < need:
-        what = "decode-only" if kind == "decode" else "prefill or mixed"
+        what = {"decode": "decode-only", "mixed": "eager prefill or mixed"}.get(kind, kind)
         raise CalibrationInputError(f"{source}: {int(train.sum())} {what} steps to fit from (after warm-up and "
                                     f"the held-out {HELD_OUT_SHARE:.0%}); the fit needs at least {need}: "
                                     "add runs with such steps")
-    offset = sum((v * rows.gpu_x[k] for k, v in fixed.items()), np.zeros(rows.gpu_y.size))
+    if graph_rows is not None:
+        train |= graph_rows & ~rows.held
+    offset = sum((v * x[k] for k, v in fixed.items()), np.zeros(rows.gpu_y.size))
     prior = np.array([PRIOR_MULTIPLIERS.get(n.split("@")[0], np.nan) for n in names])
-    fit = robust_nnls(_matrix(rows.gpu_x, names, train), rows.gpu_y[train], offset[train], prior)
+    fit = robust_nnls(_matrix(x, names, train), rows.gpu_y[train], offset[train], prior)
     coef = dict(zip(names, map(float, fit.coef)))
-    pred = offset + sum(c * rows.gpu_x[n] for n, c in coef.items())
+    pred = offset + sum(c * x[n] for n, c in coef.items())
+    graph_step_s = coef.pop("graph_step_s", None)
     knots = {p: tuple((_knot(n), coef.pop(n)) for n in list(coef) if n.startswith(f"{p}@"))
              for p in ("decode_kv", "decode_max_kv")}
     terms = GpuTerms(**coef | fixed, decode_kv_by_batch=knots["decode_kv"],
                      decode_max_kv_by_batch=knots["decode_max_kv"])
-    return terms, pred, int(train.sum()), int(fit.outliers.sum())
+    outliers = np.zeros(rows.gpu_y.size, dtype=bool)
+    outliers[train] = fit.outliers
+    graph = None if graph_step_s is None else terms.model_copy(update={"step_s": graph_step_s})
+    return _KindFit(terms, pred, train, outliers, graph)
 
 
 def _knot(feature: str) -> int:
@@ -637,22 +704,17 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     source = ", ".join(str(r.path or r.name) for r in runs)
     rates = Roofline.of(model, gpu, dflt)
     rows = _stack(runs, rates, warmup_steps, held_out_share, dflt.max_num_seqs or 256)
-    terms, gpu_pred, errors = {}, np.zeros(rows.gpu_y.size), {}
-    fit_counts = {}
-    for kind in STEP_KINDS:
-        t, pred, n_fit, n_out = _fit_kind(rows, kind, source, FIXED_MULTIPLIERS)
-        in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
-        terms[kind] = t
-        gpu_pred = np.where(in_kind, pred, gpu_pred)
-        fit_counts[kind] = (n_fit, n_out)
+    graph_mode = graph_fit_mode(rows.kind, rows.held)
+    masks = kind_masks(rows.kind, graph_mode)
+    terms, gpu_pred, fit_counts = _fit_gpu(rows, source, masks, graph_mode == "shared")
+    errors = {}
     train = ~rows.held
     cpu, cpu_sync = _fit_cpu_by_scheduling(rows, train)
     cpu_pred = np.where(rows.is_async, _cpu_seconds(cpu, rows), _cpu_seconds(cpu_sync or cpu, rows))
     overlap = fit_overlap(rows.gpu_y[train], rows.cpu_y[train], rows.wall[train], rows.is_async[train])
     step_pred = np.where(rows.is_async, np.maximum(gpu_pred + overlap.async_gpu_gap_s, cpu_pred + overlap.async_host_s),
                          gpu_pred + cpu_pred + overlap.sync_extra_s)
-    for kind in STEP_KINDS:
-        in_kind = rows.is_decode if kind == "decode" else ~rows.is_decode
+    for kind, in_kind in masks.items():
         h = in_kind & rows.held
         hw = h & np.isfinite(rows.wall) & (rows.wall > 0)
         gm, gp = _median_p90(_rel_err(gpu_pred[h], rows.gpu_y[h]))
@@ -668,11 +730,64 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
         schema_version=2, name=name or f"{gpu.name}-{model.name}", hardware=gpu.name, model=model.name,
         engine=f"costline-engine@{str(prov.get('engine_commit') or 'unknown')[:12]}",
         source=f"fitted from {n_steps} engine steps of {len(runs)} run(s) by sim/calibrate.py",
-        decode=terms["decode"], mixed=terms["mixed"], cpu=cpu, cpu_sync=cpu_sync, overlap=overlap, memory=mem, provenance=prov,
-        fit_error={k: e.as_dict() for k, e in errors.items()})
+        decode=terms["decode"], mixed=terms["mixed"], mixed_graph=terms.get("mixed_graph"), cpu=cpu,
+        cpu_sync=cpu_sync, overlap=overlap, memory=mem, provenance=prov,
+        fit_error={k: e.as_dict() for k, e in errors.items()}, **graph_settings(runs))
     cpu_med = float(np.median(_rel_err(cpu_pred[rows.held], rows.cpu_y[rows.held]))) if rows.held.any() else np.nan
     return FitResult(profile=profile, errors=errors, n_steps=n_steps, n_warmup_dropped=rows.n_warmup,
                      cpu_error_median=cpu_med, memory_checks=memory_checks(runs, profile, model, gpu))
+
+
+GraphFitMode = Literal["own", "shared", "eager"]
+
+
+def graph_fit_mode(kind: np.ndarray, held: np.ndarray) -> GraphFitMode:
+    """How the mixed-graph steps are fitted, by their training steps: "own" terms with enough for
+    every coefficient; "shared" with the eager mixed steps' multipliers and a step constant of
+    their own (a graph replay saves launches; the kernels are the same) with enough for one;
+    else "eager": they join the eager steps, which then price them (as before mixed graphs)."""
+    n = int(((kind == "mixed_graph") & ~held).sum())
+    if n >= MIN_STEPS_PER_FEATURE * len(GPU_FEATURES["mixed_graph"]):
+        return "own"
+    return "shared" if n >= MIN_STEPS_PER_FEATURE else "eager"
+
+
+def kind_masks(kind: np.ndarray, mode: GraphFitMode) -> dict[StepKind, np.ndarray]:
+    """The rows of each step kind whose terms the profile gets (and whose error is reported)."""
+    masks = {k: kind == k for k in STEP_KINDS}
+    if mode == "eager":
+        masks["mixed"] |= masks.pop("mixed_graph")
+    return masks
+
+
+def _fit_gpu(rows: _Rows, source: str, masks: dict[StepKind, np.ndarray], shared: bool,
+             ) -> tuple[dict[StepKind, GpuTerms], np.ndarray, dict[StepKind, tuple[int, int]]]:
+    """(terms, predicted gpu seconds of every row, (training steps, outliers)) per step kind."""
+    terms, counts, gpu_pred = {}, {}, np.zeros(rows.gpu_y.size)
+    for kind, in_kind in masks.items():
+        if kind == "mixed_graph" and shared:  # fitted with the eager ones
+            continue
+        graph = masks["mixed_graph"] if kind == "mixed" and shared else None
+        f = _fit_kind(rows, kind, source, FIXED_MULTIPLIERS, in_kind if graph is None else in_kind | graph, graph)
+        fitted = {kind: (f.terms, in_kind)}
+        if graph is not None:
+            fitted["mixed_graph"] = (f.graph_terms, graph)
+        for k, (t, m) in fitted.items():
+            terms[k] = t
+            gpu_pred = np.where(m, f.pred, gpu_pred)
+            counts[k] = (int((f.train & m).sum()), int((f.outliers & m).sum()))
+    return terms, gpu_pred, counts
+
+
+def graph_settings(runs: Sequence[EngineRun]) -> dict[str, Any]:
+    """The profile's `cudagraph_mode` and `max_cudagraph_capture_size`: FULL if any run replayed
+    mixed graphs (their largest capture size), else the runs' mode (the most common one)."""
+    full = [r for r in runs if r.mixed_graph_max_tokens]
+    if full:
+        return {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": max(r.max_cudagraph_capture_size
+                                                                            for r in full)}
+    modes = [r.cudagraph_mode for r in runs]
+    return {"cudagraph_mode": max(CUDAGRAPH_MODES, key=modes.count), "max_cudagraph_capture_size": None}
 
 
 def _fit_cpu_by_scheduling(rows: _Rows, train: np.ndarray) -> tuple[CpuTerms, CpuTerms | None]:
@@ -751,13 +866,17 @@ __all__ = [
     "fit_memory",
     "fit_overlap",
     "fit_profile",
+    "graph_fit_mode",
+    "graph_settings",
     "held_out",
+    "kind_masks",
     "load_run",
     "profiled_tokens",
     "read_steps",
     "robust_nnls",
     "scale_profile",
     "step_features",
+    "step_kinds",
     "step_wall_s",
     "write_scaled_profiles",
 ]

@@ -42,6 +42,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine.flags import CUDAGRAPH_MODES
 from engine.model_spec import ModelSpec, dtype_bytes
 from sim.config import EngineConfig
 from sim.hardware import GB, GPUSpec
@@ -49,8 +50,10 @@ from sim.hardware import GB, GPUSpec
 PROFILES_DIR = Path(__file__).with_name("profiles")
 PROFILE_SCHEMA_VERSION = 2  # what `save` writes; version 1 (first principles only) still loads
 SUPPORTED_SCHEMA_VERSIONS = (1, 2)
-StepKind = Literal["decode", "mixed"]
-STEP_KINDS: tuple[StepKind, ...] = ("decode", "mixed")
+# decode: a decode CUDA graph; mixed: prefill tokens, eager; mixed_graph: prefill tokens within the
+# engine's capture size under cudagraph_mode FULL, a full CUDA graph of the padded token bucket
+StepKind = Literal["decode", "mixed", "mixed_graph"]
+STEP_KINDS: tuple[StepKind, ...] = ("decode", "mixed", "mixed_graph")
 # the one CostProfile.status value per kind of evidence behind a profile
 STATUS_VALIDATED = "validated"
 STATUS_FITTED = "fitted, not validated"
@@ -219,6 +222,15 @@ class CostProfile(BaseModel):
     # --- version 2: fitted from engine step traces (sim/calibrate.py)
     decode: GpuTerms | None = None  # decode-only steps (CUDA graph, batch padded to its bucket)
     mixed: GpuTerms | None = None  # steps with prefill tokens (eager)
+    # steps with prefill tokens that replay a full CUDA graph (tokens padded to the graph's bucket):
+    # recorded with cudagraph_mode FULL, up to max_cudagraph_capture_size tokens. None: every
+    # step with prefill tokens is priced eagerly (profiles fitted before mixed graphs existed, or
+    # from runs with too few such steps)
+    mixed_graph: GpuTerms | None = None
+    # the engine's CUDA-graph settings of the runs fitted (run.json engine_args); None: recorded
+    # before the engine had them (FULL_DECODE_ONLY: decode graphs only)
+    cudagraph_mode: str | None = None
+    max_cudagraph_capture_size: int | None = Field(default=None, ge=1)
     cpu: CpuTerms | None = None
     # synchronous scheduling's own host terms (None: `cpu`): the sync sweep runs' fixed cost is
     # lower and their per-context cost higher than the async runs' (docs/calibration.md)
@@ -238,6 +250,12 @@ class CostProfile(BaseModel):
             raise ValueError("fitted terms need schema_version 2")
         if self.schema_version == 2 and any(t is None for t in fitted):
             raise ValueError("a schema_version 2 profile needs decode, mixed, cpu and overlap terms")
+        if self.cudagraph_mode is not None and self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"cudagraph_mode {self.cudagraph_mode!r} is not one of {CUDAGRAPH_MODES}")
+        if self.mixed_graph is not None and (self.schema_version == 1 or self.cudagraph_mode != "FULL"
+                                             or self.max_cudagraph_capture_size is None):
+            raise ValueError("mixed_graph terms need schema_version 2, cudagraph_mode FULL and "
+                             "max_cudagraph_capture_size")
         return self
 
     @property
@@ -322,6 +340,22 @@ def graph_bucket(num_seqs: int, max_num_seqs: int) -> int:
     if num_seqs > max_num_seqs:
         return num_seqs
     return min(-(-num_seqs // 8) * 8, max_num_seqs)
+
+
+def mixed_graph_bucket(num_tokens: int, max_tokens: int) -> int | None:
+    """The mixed CUDA graph a step of `num_tokens` tokens replays, by its token count: the next of
+    1, 2, 4, then steps of 8 to 256 and of 16 beyond, capped at `max_tokens` (itself a graph);
+    None above `max_tokens` (eager). engine/runner.py mixed_graph_buckets, restated here because
+    the simulator does not import torch (a test checks the two agree)."""
+    if num_tokens > max_tokens:
+        return None
+    if num_tokens <= 4:
+        b = 1 if num_tokens <= 1 else (2 if num_tokens == 2 else 4)
+    elif num_tokens <= 256:
+        b = -(-num_tokens // 8) * 8
+    else:
+        b = 256 + -(-(num_tokens - 256) // 16) * 16
+    return min(b, max_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,7 +446,9 @@ class CostModel:
     Coefficients are folded into plain floats once, so a step's time is a handful of
     multiply-adds (the simulator asks once per step). A fitted (v2) profile prices decode-only
     steps (CUDA graph: the batch padded to its captured size) and steps with prefill (eager)
-    with separate terms; a v1 profile prices both with the same efficiencies.
+    with separate terms, and with `mixed_graph` terms the steps with prefill that fit the
+    engine's mixed CUDA graphs (tokens padded to their bucket); a v1 profile prices all with the
+    same efficiencies.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
@@ -446,7 +482,8 @@ class CostModel:
         self._cpu_tok_s = self._cpu_ctx_s = 0.0
         self._gap_s = self._host_s = 0.0  # async: max(gpu + gap, cpu + host); sync: gpu + cpu + host
         self._max_num_seqs = engine.max_num_seqs or 256
-        self._fit_decode = self._fit_mixed = None
+        self._fit_decode = self._fit_mixed = self._fit_mixed_graph = None
+        self._mixed_graph_max_tokens = 0  # largest step (tokens) a mixed graph takes; 0: none
         if p.is_fitted:
             self._use_fit(p)
         # proposer
@@ -471,6 +508,11 @@ class CostModel:
         ar = self._ar_fixed_s
         self._fit_decode = _Forward.fitted(self.roofline, p.decode, ar)
         self._fit_mixed = _Forward.fitted(self.roofline, p.mixed, ar)
+        if p.mixed_graph is not None:
+            self._fit_mixed_graph = _Forward.fitted(self.roofline, p.mixed_graph, ar)
+            # the engine captures mixed graphs up to the capture size or the token budget
+            budget = self.engine.max_num_batched_tokens or p.max_cudagraph_capture_size
+            self._mixed_graph_max_tokens = min(p.max_cudagraph_capture_size, budget)
         c = p.cpu if self.async_scheduling or p.cpu_sync is None else p.cpu_sync
         self._cpu_step_s, self._cpu_seq_s, self._cpu_tok_s = c.step_s, c.per_seq_s, c.per_token_s
         self._cpu_ctx_s = c.per_context_token_s
@@ -506,7 +548,8 @@ class CostModel:
 
     def _fitted_forward_s(self, b: BatchComposition, tokens: int, q_per_seq: float) -> float:
         """A v2 profile's forward: a one-token decode batch replays the CUDA graph of its bucket
-        (padded rows and tokens); anything else runs eagerly."""
+        (padded rows and tokens), another batch within the mixed graphs' tokens (profiles with
+        `mixed_graph` terms) the mixed graph of its token bucket; anything else runs eagerly."""
         n = b.num_decode_seqs
         ar = self._ar_s_per_token * tokens
         if self._verify_graph(b):
@@ -517,9 +560,22 @@ class CostModel:
                 terms = self._decode_terms[n] = self.decode_linear(n)
             return terms.gpu_s + terms.per_context_s * b.sum_decode_context + terms.per_max_context_s * (
                 b.max_decode_context)
+        if tokens <= self._mixed_graph_max_tokens:
+            return self._mixed_graph_s(b, tokens, q_per_seq)
         return self._fit_mixed.seconds(tokens, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
                                        b.sum_prefill_context, q_per_seq, b.sum_decode_context,
                                        b.num_prefill_seqs + n, b.max_decode_context) + ar
+
+    def _mixed_graph_s(self, b: BatchComposition, tokens: int, q_per_seq: float) -> float:
+        """A mixed graph: every token-wise term over the padded bucket (padding tokens run the
+        GEMMs, norms and all-reduces), the LM head on the sampled rows only (it runs eagerly), and
+        per sequence the scheduled ones (the graph's empty dummy sequences attend nothing)."""
+        pad = mixed_graph_bucket(tokens, self._mixed_graph_max_tokens)
+        n = b.num_decode_seqs
+        return self._fit_mixed_graph.seconds(pad, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
+                                             b.sum_prefill_context, q_per_seq, b.sum_decode_context,
+                                             b.num_prefill_seqs + n, b.max_decode_context) + (
+            self._ar_s_per_token * pad)
 
     def _verify_graph(self, b: BatchComposition) -> bool:
         """Whether the engine replays a verify CUDA graph for this step (measured terms only): every
@@ -776,6 +832,7 @@ _V1_FIELDS = ("name", "hardware", "model", "engine", "source", "gemm_compute_eff
                "cpu_per_block_allocated_s", "cpu_per_block_hashed_s", "ngram_cpu_per_seq_s")
 
 __all__ = [
+    "CUDAGRAPH_MODES",
     "PROFILES_DIR",
     "PROFILE_SCHEMA_VERSION",
     "STATUS_FIRST_PRINCIPLES",
@@ -798,4 +855,5 @@ __all__ = [
     "StepKind",
     "graph_bucket",
     "knot_weights",
+    "mixed_graph_bucket",
 ]

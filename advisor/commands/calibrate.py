@@ -35,8 +35,9 @@ def print_fit(fit: FitResult, console: Console) -> None:
                   _pct(e.step_median), _pct(e.step_p90))
     console.print(t)
     p = fit.profile
-    for kind in ("decode", "mixed"):
-        console.print(f"{kind}: {getattr(p, kind).model_dump()}", highlight=False)
+    for kind in ("decode", "mixed", "mixed_graph"):
+        if getattr(p, kind) is not None:  # mixed_graph: from runs with cudagraph_mode FULL only
+            console.print(f"{kind}: {getattr(p, kind).model_dump()}", highlight=False)
     console.print(f"cpu: {p.cpu.model_dump()} (held-out p50 {_pct(fit.cpu_error_median)})", highlight=False)
     if p.cpu_sync is not None:  # host terms of synchronous runs, fitted apart
         console.print(f"cpu (sync scheduling): {p.cpu_sync.model_dump()}", highlight=False)
