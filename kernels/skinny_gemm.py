@@ -107,9 +107,11 @@ def _skinny_gemm_kernel(
     x_ptr, w_ptr, out_ptr, M, N, K, k_per_split,
     stride_xm, stride_wn, stride_om, stride_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    # Program (n band, m block, k split); k_per_split is a multiple of BLOCK_K.
+    # Program (n band, m block, k split); k_per_split is a multiple of BLOCK_K. EVEN_K: every
+    # split ends on a whole tile, so the loads need no K mask (which would cost the compiler
+    # its proof that a row of W is read in contiguous 16-byte vectors).
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -121,8 +123,12 @@ def _skinny_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + rk
-        x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < k_end), other=0.0)
-        w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < k_end), other=0.0)
+        if EVEN_K:
+            x = tl.load(x_rows + kk[None, :], mask=rm[:, None] < M, other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=rn[:, None] < N, other=0.0)
+        else:
+            x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < k_end), other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < k_end), other=0.0)
         if FP32_DOT:  # fp32 inputs: exact fp32 products, not TF32
             acc += tl.dot(x, tl.trans(w), input_precision="ieee")
         else:
@@ -176,16 +182,16 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None 
     k_per_split = triton.cdiv(k_tiles, split_k) * cfg.block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty splits
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), split_k)
-    fp32 = x.dtype == torch.float32
+    fp32, even_k = x.dtype == torch.float32, k % k_per_split == 0
     if split_k == 1:
         _skinny_gemm_kernel[grid](x, weight, out, m, n, k, k_per_split, x.stride(0),
                                   weight.stride(0), out.stride(0), 0, cfg.block_m, cfg.block_n,
-                                  cfg.block_k, fp32, num_warps=cfg.num_warps,
+                                  cfg.block_k, fp32, even_k, num_warps=cfg.num_warps,
                                   num_stages=cfg.num_stages)
         return out
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
     _skinny_gemm_kernel[grid](x, weight, part, m, n, k, k_per_split, x.stride(0), weight.stride(0),
-                              n, m * n, cfg.block_m, cfg.block_n, cfg.block_k, fp32,
+                              n, m * n, cfg.block_m, cfg.block_n, cfg.block_k, fp32, even_k,
                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     block = 1024
     _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, out, m * n, n, out.stride(0), m * n,

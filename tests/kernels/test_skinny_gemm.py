@@ -130,3 +130,23 @@ def test_engine_greedy_tokens_equal_with_the_switch_on_and_off(monkeypatch):
         return [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=4))]
 
     assert tokens("skinny") == tokens("torch")
+
+
+def test_benchmark_dry_run_writes_a_table_the_kernel_reads(tmp_path):
+    """bench_gemm.py end to end on the CPU (what the GPU run executes, tiny shapes): its config
+    table loads as a ConfigTable and every timed Triton config matched F.linear."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    done = subprocess.run([sys.executable, "benchmarks/kernels/bench_gemm.py", "--dry-run", "--out",
+                           str(tmp_path), "--m", "1,17"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "gemm.json").read_text())["rows"]
+    assert [(r["proj"], r["m"]) for r in rows] == [("qkv", 1), ("qkv", 17), ("lm_head", 1), ("lm_head", 17)]
+    assert all(r["triton_ok"] for r in rows)
+    table = sg.ConfigTable.from_json(json.loads((tmp_path / "skinny_gemm_configs.json").read_text()))
+    assert set(table.configs) == {"1,48,512", "32,48,512", "1,80,256", "32,80,256"}
+    assert table.max_m in (0, 1)  # CPU timings are noise; M=2 is unmeasured, so at most 1
