@@ -105,17 +105,19 @@ class DecoderLayer(nn.Module):
         residual add; returns (x after attention, MLP output), whose sum (and the next norm) the
         caller computes in one `add_rms_norm`."""
         t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
-        q = backend.rope_store_kv(self.qkv_proj(h), positions, rotary.cos, rotary.sin, k_cache,
+        qkv = backend.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
+        q = backend.rope_store_kv(qkv, positions, rotary.cos, rotary.sin, k_cache,
                                   v_cache, meta.slot_mapping, hq, hkv, d, self.k_scale,
                                   self.v_scale)
         o = backend.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.query_start_loc, self.scale, meta.max_query_len,
                                     meta.max_seq_len, k_scale=self.k_scale, v_scale=self.v_scale,
                                     num_decode_seqs=meta.num_decode_seqs)
-        x, h = backend.add_rms_norm(x, F.linear(o.reshape(t, hq * d), self.o_proj.weight),
+        x, h = backend.add_rms_norm(x, backend.linear(o.reshape(t, hq * d), self.o_proj.weight),
                                     self.post_attention_layernorm.weight,
                                     self.post_attention_layernorm.eps)
-        return x, F.linear(backend.silu_mul(self.gate_up_proj(h)), self.down_proj.weight)
+        gate_up = backend.linear(h, self.gate_up_proj.weight)
+        return x, backend.linear(backend.silu_mul(gate_up), self.down_proj.weight)
 
 
 class LlamaModel(nn.Module):
@@ -197,5 +199,5 @@ class LlamaModel(nn.Module):
         what it would over their exact fp32 copies, and at batch 128 x 128k vocab the upcast
         is a 64 MB write per step; the sampler upcasts only the rows it samples at random."""
         if out is not None:  # into a caller's buffer (the CUDA graphs share one)
-            return torch.mm(hidden, self.lm_head_weight.t(), out=out)
-        return F.linear(hidden, self.lm_head_weight)
+            return self.backend.linear(hidden, self.lm_head_weight, out=out)
+        return self.backend.linear(hidden, self.lm_head_weight)

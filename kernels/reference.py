@@ -202,3 +202,13 @@ def add_rms_norm_ref(
     t = total.float()
     inv_rms = torch.rsqrt(t.square().mean(dim=-1, keepdim=True) + eps)
     return total, (t * inv_rms * weight.float()).to(x.dtype)
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` through torch's BLAS; ``out`` (2-D x only) receives it in place."""
+    if out is None:
+        return torch.nn.functional.linear(x, weight, bias)
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)

@@ -98,8 +98,8 @@ def test_mixed_batch_chunk_and_decode_match_dense(tmp_path, backend):
 
 def test_every_kernel_call_goes_through_the_backend():
     """With each backend entry recorded, one forward calls rotary + KV store, attention and
-    SiLU * up once per layer and add + RMSNorm twice (after attention, after the MLP); the
-    separate KV writer never (rope_store_kv stores K and V)."""
+    SiLU * up once per layer, add + RMSNorm twice (after attention, after the MLP), the four
+    projections, and the LM head once; the separate KV writer never (rope_store_kv stores K and V)."""
     model = LlamaModel(TINY, max_positions=64, seed=0)
     calls: collections.Counter[str] = collections.Counter()
 
@@ -115,7 +115,7 @@ def test_every_kernel_call_goes_through_the_backend():
     run_paged(model, new_kv(TINY), [(list(range(20, 29)), 0, [3, 1, 0])])
     layers = TINY.num_layers
     assert calls == {"rope_store_kv": layers, "paged_attention": layers, "silu_mul": layers,
-                     "add_rms_norm": 2 * layers}
+                     "add_rms_norm": 2 * layers, "linear": 4 * layers + 1}  # 4 GEMMs + LM head
 
 
 @pytest.mark.parametrize("shard_bytes", [None, 40_000])

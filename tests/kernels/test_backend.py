@@ -13,7 +13,7 @@ import pytest
 from kernels import BACKEND_NAMES, Backend, get_backend
 from tests.conftest import REPO
 
-ENTRIES = ("paged_attention", "write_kv_cache", "rope_store_kv", "add_rms_norm", "silu_mul")
+ENTRIES = ("paged_attention", "write_kv_cache", "rope_store_kv", "add_rms_norm", "silu_mul", "linear")
 
 
 def run_python(code: str, **env: str) -> None:
