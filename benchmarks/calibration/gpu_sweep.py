@@ -298,7 +298,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke test on any device")
-    ap.add_argument("--parts", default="sweep,validation")
+    ap.add_argument("--parts", default="sweep,validation", help="sweep,validation, or decode (the grid only)")
     ap.add_argument("--deadline-s", type=float, default=500.0, help="start no run after this")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -320,6 +320,10 @@ def main() -> None:
             "warm_up": dataclasses.asdict(warm)}
     r = Runner(core, a.out, a.model, meta, a.deadline_s)
     ids = Ids()
+    if parts == {"decode"}:  # the decode grid alone (re-measured after a decode-kernel change)
+        decode_grid(r, plan, ids)
+        (a.out / a.model / "index.json").write_text(json.dumps({"runs": r.index, **meta}, indent=2) + "\n")
+        return
     capacity = {}
     for source in dict.fromkeys(v[1] for v in VALIDATION):
         capacity[source] = probe_capacity(r, plan, source)

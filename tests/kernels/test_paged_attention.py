@@ -174,6 +174,8 @@ def test_heuristics_on_the_h200_shapes():
     assert splits(64, 1024) == 1
     assert splits(64, 4096) == 4096 // SPLIT_LONG_MIN_TOKENS
     assert splits(16, 131072) == SPLIT_LONG_MAX  # a graph captured at a long max_model_len
+    # ... but a large batch's graph gets few segments: each unused one is a program that exits
+    assert splits(256, 131072) == 1 and splits(128, 131072) == 3
     assert splits(1, 100) == 1  # too short to be worth a merge
     assert choose_num_splits(9, 8, 2048, 4096, block_q, 132) == 1  # prefill never splits
 
