@@ -172,9 +172,10 @@ def test_split_parse():
 
 
 def test_a_replay_cut_off_by_max_wall_s_leaves_both_pools_whole():
-    # 12 requests of 40-token prompts at once, 40 output tokens each; cut off after 0.3 s
-    reqs = [Request(i, 0.0, 40, 40, (100 + i, 200 + i, 300 + i)) for i in range(12)]
-    res = replay_disagg(ARGS, reqs, split="1:1", warm_up=False, timeout_s=60, max_wall_s=0.3)
+    # 12 requests of 40-token prompts at once, 140 output tokens each (45 of the 48 blocks: they
+    # take turns), cut off after 0.1 s: 40 output tokens each finished inside 0.3 s on a fast box
+    reqs = [Request(i, 0.0, 40, 140, (100 + i, 200 + i, 300 + i)) for i in range(12)]
+    res = replay_disagg(ARGS, reqs, split="1:1", warm_up=False, timeout_s=60, max_wall_s=0.1)
     status = res.requests["status"].tolist()
     assert "unfinished" in status and len(status) == 12
     assert set(status) <= {"finished", "unfinished"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from engine.model_spec import get_model
@@ -86,3 +88,13 @@ def shared_prefix_requests(n: int, seed: int, block: int, arrival_gap_s: float =
         reqs.append(Request(i, arrival_gap_s * i, prompt, int(rng.integers(2, 24)), shared + own, hash_block_size=block))
     reqs.append(Request(n, arrival_gap_s * n, 150, 20, tuple(range(next_id, next_id + 38)), hash_block_size=block))
     return reqs
+
+
+FROZEN_PROFILES = Path(__file__).with_name("data") / "profiles-0a63c25"
+
+
+def frozen_profile(name: str):
+    """A shipped H200 profile as it was at commit 0a63c25 (tests pin values fitted then)."""
+    from sim.cost_model import CostProfile
+
+    return CostProfile.load(FROZEN_PROFILES / f"{name}.json")

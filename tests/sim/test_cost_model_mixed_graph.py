@@ -11,6 +11,7 @@ from engine.records import StepRecord
 from sim.config import EngineConfig
 from sim.cost_model import CostModel, CostProfile, GpuTerms, Roofline, mixed_graph_bucket
 from sim.hardware import get_gpu
+from tests.sim.simhelpers import frozen_profile
 
 H200 = get_gpu("h200")
 M1 = get_model("llama-3.2-1b")
@@ -62,7 +63,7 @@ def cost_model(model: str, asynchronous: bool = True, tp: int = 1, profile: Cost
                **engine) -> CostModel:
     m = get_model(model)
     e = EngineConfig(async_scheduling=asynchronous, tensor_parallel_size=tp, **engine).resolved_for(H200, m)
-    return CostModel(m, H200, e, profile or CostProfile.load(f"h200-{model}"))
+    return CostModel(m, H200, e, profile or frozen_profile(f"h200-{model}"))
 
 
 def step_s(cm: CostModel, b: StepRecord) -> float:
@@ -71,7 +72,7 @@ def step_s(cm: CostModel, b: StepRecord) -> float:
 
 @pytest.mark.parametrize("case", sorted(BEFORE))
 def test_profiles_without_graph_fields_predict_exactly_as_before(case):
-    prof = CostProfile.load(f"h200-{case[0]}")
+    prof = frozen_profile(f"h200-{case[0]}")
     assert prof.mixed_graph is None and prof.cudagraph_mode is None and prof.max_cudagraph_capture_size is None
     cm = cost_model(*case)
     assert [step_s(cm, b) for b in BATCHES] == BEFORE[case]
@@ -87,7 +88,7 @@ def test_bucket_is_the_engines():
 
 
 def with_graphs(capture: int = 512) -> CostProfile:
-    return CostProfile.load("h200-llama-3.2-1b").model_copy(update={
+    return frozen_profile("h200-llama-3.2-1b").model_copy(update={
         "mixed_graph": GRAPH, "cudagraph_mode": "FULL", "max_cudagraph_capture_size": capture})
 
 
@@ -129,7 +130,7 @@ def test_steps_beyond_the_graphs_and_decodes_are_priced_as_before():
 
 
 def test_graph_terms_need_the_full_mode():
-    base = CostProfile.load("h200-llama-3.2-1b")
+    base = frozen_profile("h200-llama-3.2-1b")
     for update in ({"mixed_graph": GRAPH}, {"mixed_graph": GRAPH, "cudagraph_mode": "FULL_DECODE_ONLY",
                                             "max_cudagraph_capture_size": 512},
                    {"mixed_graph": GRAPH, "cudagraph_mode": "FULL"}):

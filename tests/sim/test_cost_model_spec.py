@@ -9,11 +9,11 @@ from engine.model_spec import get_model
 from sim.config import EngineConfig, SpeculativeConfig
 from sim.cost_model import CostModel, CostProfile, Roofline, SpecTerms
 from sim.hardware import get_gpu
-from tests.sim.simhelpers import decode_batch, prefill_batch
+from tests.sim.simhelpers import decode_batch, frozen_profile, prefill_batch
 
 M8, DRAFT = get_model("llama-3.1-8b"), get_model("llama-3.2-1b")
 H200 = get_gpu("h200")
-FITTED = CostProfile.load("h200-llama-3.1-8b")
+FITTED = frozen_profile("h200-llama-3.1-8b")  # no mixed_graph terms: verify pricing as fitted
 TERMS = SpecTerms(draft_pass_s=7e-4, verify_cpu_step_s=1e-4, verify_cpu_per_seq_s=3e-6)
 
 

@@ -18,7 +18,15 @@ from sim.cost_model import CostModel, CostProfile
 from sim.hardware import get_gpu
 from sim.simulator import Simulation, delay_until, simulate
 from sim.speculative import sample_accepted
-from tests.sim.simhelpers import decode_batch, deployment, poisson, prefill_batch, req, step_s
+from tests.sim.simhelpers import (
+    decode_batch,
+    deployment,
+    frozen_profile,
+    poisson,
+    prefill_batch,
+    req,
+    step_s,
+)
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -195,7 +203,7 @@ def test_skipping_through_finishes_equals_stepping(replicas, router, overlap, pr
     reqs = [req(i, float(t), int(rng.integers(50, 900)), int(rng.integers(5, 400)), tuple(range(10)))
             for i, t in enumerate(arrivals)]
     dep = deployment(replicas=replicas, router=router, num_gpu_blocks_override=3000, async_scheduling=overlap)
-    prof = CostProfile.load(profile)
+    prof = CostProfile.load(profile) if profile == "default" else frozen_profile(profile)
     assert profile == "default" or prof.decode.decode_max_kv_multiplier(16) > 1
     a = simulate(dep, reqs, skip_ahead=True, profile=prof)
     b = simulate(dep, reqs, skip_ahead=False, profile=prof)
