@@ -99,7 +99,7 @@ VIEW_OPS = frozenset({"slice", "view", "as_strided", "alias", "detach", "select"
                       "squeeze", "t", "transpose", "expand", "_unsafe_view"})
 
 
-class _OpCounter(TorchDispatchMode):
+class OpCounter(TorchDispatchMode):
     """Counts the torch ops (by name) run under it."""
 
     def __init__(self) -> None:
@@ -131,7 +131,7 @@ def count_ops(batch: int, seed: int = 0) -> tuple[int, int]:
     sched, runner, tokens = _setup(batch, seed)
     for _ in range(3):  # both staging sets used once before
         _step(sched, runner, tokens)
-    counter = _OpCounter()
+    counter = OpCounter()
     _step(sched, runner, tokens, counter)
     ops = sum(n for name, n in counter.counts.items() if name not in VIEW_OPS)
     return counter.counts.get("copy_", 0), ops

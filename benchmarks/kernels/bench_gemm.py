@@ -24,7 +24,6 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.kernels.graph_timing import time_calls_us
 from kernels import skinny_gemm as sg
 
 ROTATE_BYTES = 256 * 2**20
@@ -90,36 +90,6 @@ def candidate_configs(m: int, n: int, k: int, quick: bool) -> list[sg.GemmConfig
     return found
 
 
-def time_calls_us(calls: list[Callable[[], object]], dry: bool, reps: int = 10) -> float:
-    """Mean us per call: one CUDA graph holding all `calls` (distinct weights), replayed."""
-    if dry:
-        t0 = time.perf_counter()
-        for c in calls:
-            c()
-        return (time.perf_counter() - t0) * 1e6 / len(calls)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up outside the capture: compiles, cuBLAS workspaces
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps / len(calls))
-    del g
-    return sorted(times)[len(times) // 2]
 
 
 class Operands:

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import kernels.paged_attention as pa
+from benchmarks.kernels.graph_timing import time_calls_us
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 
@@ -74,31 +75,8 @@ def call(b: dict, splits: int | None, min_tokens: int | None, out: torch.Tensor,
 
 
 def time_us(fn, dry: bool, reps: int = 50) -> float:
-    if dry:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return sorted(times)[len(times) // 2]
+    """Median us of one call, replayed as a CUDA graph (wall time once on the CPU)."""
+    return time_calls_us([fn], dry, reps)
 
 
 def batches(dry: bool) -> dict[str, list[int]]:

@@ -10,8 +10,8 @@ import itertools
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.engine.bench_host_prep import OpCounter
 from engine.model import LlamaModel
 from engine.model_spec import get_model
 from engine.runner import STAGING_ALIGN_BYTES, ModelRunner, _staging_sections
@@ -20,18 +20,6 @@ from engine.scheduler_output import ScheduledRequest
 MODEL = LlamaModel(get_model("tiny"), max_positions=256, seed=0)
 BLOCK_SIZE = 4
 
-
-class _OpCounter(TorchDispatchMode):
-    """Counts the aten ops (by name) run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        self.counts[name] = self.counts.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 @settings(max_examples=50, deadline=None)
@@ -71,7 +59,7 @@ def test_decode_step_is_one_copy_and_one_spread():
     sched, toks = _decodes(5, 9)
     r.prepare(sched, toks)  # first use of staging set 0
     r.prepare(sched, toks)  # first use of set 1
-    with _OpCounter() as ops:
+    with OpCounter() as ops:
         inp = r.prepare(sched, toks)
     assert ops.counts.get("copy_") == 2  # the one staging copy + the block-table spread
     assert not {"index_copy_", "index_select"} & set(ops.counts)
@@ -86,7 +74,7 @@ def test_inflight_gather_indices_ride_the_same_copy():
     held = {i: t[:9] for i, t in toks.items()}  # token 9 sampled by the previous step, not on the host
     inflight = torch.tensor([70, 71, 72])
     rows = {0: 2, 1: 0, 2: 1}
-    with _OpCounter() as ops:
+    with OpCounter() as ops:
         r.prepare(sched, held, (rows, inflight))
     assert ops.counts.get("copy_") == 2
     assert ops.counts.get("index_copy_") == 1 and ops.counts.get("index_select") == 1
