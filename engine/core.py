@@ -269,24 +269,35 @@ class EngineCore:
         compiled0 = compiled_kernel_count()
         lens = warm_up_prompt_lens(self.config.max_num_batched_tokens, self.max_model_len)
         rng = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(FIRST_CONTENT_TOKEN_ID, self.spec.vocab_size, (n,), generator=rng).tolist()
-                   for n in lens]
+
+        def fresh_prompts() -> list[list[int]]:
+            return [torch.randint(FIRST_CONTENT_TOKEN_ID, self.spec.vocab_size, (n,), generator=rng).tolist()
+                    for n in lens]
+
+        # Each wave gets prompts of its own: a wave reusing the last one's prompts would hit the
+        # prefix cache and compute only their tails, and single-sequence prefills (one launch
+        # over all sequences with the prefill tiles) would first compile mid-replay (H200: a
+        # 1.1 s first step in the disaggregated runs and the calibration sweeps)
+        together, alone = fresh_prompts(), fresh_prompts()
         ids = itertools.count(WARM_UP_REQUEST_ID_BASE)
         steps = 0
         # together (mixed batches), one by one, then the longest again (a cache hit)
-        for wave in [list(range(len(lens)))] + [[i] for i in range(len(lens))] + [[len(lens) - 1]]:
-            for i in wave:
-                self._add_warm_request(next(ids), prompts[i])
+        for wave in [together] + [[p] for p in alone] + [[alone[-1]]]:
+            for prompt in wave:
+                self._add_warm_request(next(ids), prompt)
             steps += self._drain()
         # short chunks beside running decodes (1 and 7 of them): eager steps of few tokens
-        short = [p for p in prompts if len(p) <= 128]
+        short = [p for p in fresh_prompts() if len(p) <= 128]
         for num_decoding in (1, 7):
             for k in range(num_decoding):
-                self._add_warm_request(next(ids), prompts[0] * 16, output_len=2 * WARM_UP_OUTPUT_TOKENS + k)
+                self._add_warm_request(next(ids), short[0] * 16, output_len=2 * WARM_UP_OUTPUT_TOKENS + k)
             steps += self._drain(max_steps=2)
             for p in short:
                 self._add_warm_request(next(ids), p)
             steps += self._drain()
+        # every attention launch an eager step can make, split or not (which of them a replay
+        # meets depends on its batches' lengths)
+        self.runner.warm_up_attention_launches()
         if self.runner.is_cuda:
             torch.cuda.synchronize(self.device)
         num_requests = next(ids) - WARM_UP_REQUEST_ID_BASE

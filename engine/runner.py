@@ -697,6 +697,50 @@ class ModelRunner:
     def _max_cols(self, inp: StepInputs) -> int:
         return max(1, -(-inp.max_seq_len // self.block_size))
 
+    # Eager-step batch shapes whose attention launches differ (kernels.paged_attention.launch_kinds):
+    # all decode-like, one sequence past DECODE_MAX_QUERY_LEN, and both in one batch
+    _WARM_ATTENTION_Q_LENS = ((1, 1), (DECODE_MAX_QUERY_LEN + 1,), (1, DECODE_MAX_QUERY_LEN + 1))
+
+    @torch.inference_mode()
+    def warm_up_attention_launches(self) -> int:
+        """Launch layer 0's attention (Triton backend) on a tiny batch of each eager shape, each
+        with one KV segment and split in two, through the buffers a step uses (the same
+        pointers, strides and dtypes, so the same Triton specialisations). Which of these a
+        replay meets depends on its sequences' lengths (split-KV comes with long contexts
+        beside few sequences); compiled here, none compiles mid-replay. Returns the launches."""
+        assert self.kv_caches is not None, "allocate_kv_cache() first"
+        backend = self.model.backend
+        if backend.name != "triton":
+            return 0
+        from kernels.paged_attention import paged_attention  # its num_splits override
+
+        layer = self.model.layers[0]
+        width = (layer.hq + 2 * layer.hkv) * layer.d
+        k_cache, v_cache = self.kv_caches[0, 0], self.kv_caches[0, 1]
+        launches = 0
+        for q_lens in self._WARM_ATTENTION_Q_LENS:
+            n, t = len(q_lens), sum(q_lens)
+            seq_lens = [q + self.block_size for q in q_lens]  # a block of context each
+            qsl = [0, *itertools.accumulate(q_lens)]
+            self.d_seq_lens[:n].copy_(torch.tensor(seq_lens, dtype=torch.int32))
+            self.d_qsl[: n + 1].copy_(torch.tensor(qsl, dtype=torch.int32))
+            self.d_block_tables[:n].zero_()
+            cols = -(-max(seq_lens) // self.block_size)
+            qkv = torch.zeros((t, width), dtype=self.model.dtype, device=self.device)
+            no_slots = torch.full((t,), -1, dtype=torch.int64, device=self.device)  # store nothing
+            q = backend.rope_store_kv(qkv, torch.zeros(t, dtype=torch.int64, device=self.device),
+                                      self.model.rotary.cos, self.model.rotary.sin, k_cache, v_cache,
+                                      no_slots, layer.hq, layer.hkv, layer.d, layer.k_scale, layer.v_scale)
+            num_decode = sum(1 for x in q_lens if x <= DECODE_MAX_QUERY_LEN)
+            for splits in (1, 2):
+                paged_attention(q, k_cache, v_cache, self.d_block_tables[:n, :cols], self.d_seq_lens[:n],
+                                self.d_qsl[: n + 1], layer.scale, max(q_lens), max(seq_lens),
+                                k_scale=layer.k_scale, v_scale=layer.v_scale, num_splits=splits,
+                                num_decode_seqs=num_decode)
+                launches += 1
+        self.d_block_tables.zero_()
+        return launches
+
     @torch.inference_mode()
     def capture_decode_graphs(self, sizes: list[int] | None = None) -> float:
         """Capture one CUDA graph per decode bucket (largest first, one memory pool); returns seconds.

@@ -130,6 +130,10 @@ SPLIT_MAX = 64
 SPLIT_LONG_MIN_TOKENS = 2048
 SPLIT_LONG_MAX = 16
 SPLIT_FULL_PROGRAMS = 4096
+# The merge kernel's segment axis, one width for every split count the heuristics choose: a
+# constexpr per count would compile a variant per count an eager step first meets (H200: a
+# replay stalled on one; the masked lanes past a sequence's segments load nothing)
+MERGE_SPLITS_PAD = 64  # next_pow2(max(SPLIT_MAX, SPLIT_LONG_MAX))
 
 
 def next_pow2(n: int) -> int:
@@ -1040,6 +1044,6 @@ def _launch(plan: _LaunchPlan, out: torch.Tensor, q: torch.Tensor, k_cache: torc
             out, segm_out, segm_lse, query_start_loc, seq_lens, out_strides[0], out_strides[1],
             num_q_heads, splits, plan.min_tiles_per_split, num_seqs, TILE_N=cfg.tile_n,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-            NUM_SPLITS_PAD=next_pow2(splits), SEQ_KIND=plan.seq_kind,
+            NUM_SPLITS_PAD=max(MERGE_SPLITS_PAD, next_pow2(splits)), SEQ_KIND=plan.seq_kind,
             DECODE_MAX_Q=DECODE_MAX_QUERY_LEN, num_warps=4,
         )  # fmt: skip

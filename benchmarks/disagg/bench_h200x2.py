@@ -194,7 +194,9 @@ def _serving_row(run, summary: dict) -> dict:
     pct = {f"{m}_p{q}_ms": float(np.percentile(r[f"{m}_s"][done], q) * 1e3) if done.any() else None
            for m in ("ttft", "tpot") for q in (50, 99)}
     row = {**pct, "num_finished": int(done.sum()), "num_requests": len(done),
-           "output_tok_per_s": summary.get("output_throughput"), "wall_s": run.wall_s}
+           "output_tok_per_s": summary.get("output_throughput"), "wall_s": run.wall_s,
+           "kernels_compiled": sum(p.kernels_compiled for p in run.pools.values()),
+           "pools_intact": all(p.intact for p in run.pools.values())}
     tr = [t for t in run.transfers if t.status == "done"]
     if tr:
         ho = np.array([t.handover_s for t in tr]) * 1e3
@@ -233,15 +235,20 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny model: every phase in seconds")
     ap.add_argument("--phases", default="env,sweep,pd,agg,compare")
+    ap.add_argument("--previous", type=Path, nargs="*", default=[],
+                    help="results.json of earlier calls whose pd/agg phases `compare` may use (a run split over calls)")
     ap.add_argument("--budget-s", type=float, default=510.0,
                     help="stop starting workloads past this; each serving phase gets half of what is left")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     plan, res = Plan(args.dry_run), Results(args.out)
-    if not plan.dry and torch.cuda.device_count() < 2:
+    if not plan.dry and torch.cuda.device_count() < 2 and args.phases != "compare":
         sys.exit("error: two GPUs needed (or --dry-run)")
     t0 = time.perf_counter()
     served = {}
+    for prev in args.previous:  # phases measured by an earlier call of the same plan
+        phases = json.loads(prev.read_text())["phases"]
+        served.update({k: phases[k] for k in ("pd", "agg") if isinstance(phases.get(k), dict) and "error" not in phases[k]})
     for phase in args.phases.split(","):
         log("phase", phase)
         try:

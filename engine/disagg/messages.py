@@ -18,19 +18,14 @@ class Start:
 
 @dataclass(slots=True)
 class AddRequest:
+    """A prefill (or aggregated) instance serves this request. `decode_replica`: the decode
+    instance the router chose at arrival (as vLLM's proxy picks both instances up front), to
+    which the prefill side sends the KV the moment the prompt is done; -1 = none (aggregated)."""
+
     request: Request
     prompt_token_ids: list[int]
     arrival_s: float
-
-
-@dataclass(slots=True)
-class SendKV:
-    """Prefill side: send the held KV of `request_id` to `peer_rank`, then release its blocks."""
-
-    request_id: int
-    peer_rank: int
-    peer_replica: int
-    seq: int  # this transfer's position among the pair's transfers (message matching)
+    decode_replica: int = -1
 
 
 @dataclass(slots=True)
@@ -87,6 +82,11 @@ class Prefilled:
     num_cached_tokens: int
     num_preemptions: int
     num_blocks: int
+    # where the KV went: sent at once, in the same loop turn as the prompt finished, to the
+    # chosen decode instance (or another live one if it died); -1 = no live decode instance
+    # (the held blocks are already released)
+    dst_replica: int = -1
+    seq: int = -1  # this transfer's position among the pair's transfers (message matching)
 
 
 @dataclass(slots=True)
@@ -126,6 +126,7 @@ class PoolReport:
     num_owned_blocks: int  # blocks with a nonzero refcount
     num_held_requests: int
     invariant_error: str = ""
+    kernels_compiled: int = 0  # Triton variants compiled during the session (0 after a full warm-up)
 
     @property
     def intact(self) -> bool:

@@ -43,7 +43,8 @@ class DisaggResult(ReplayResult):
             f.writelines(json.dumps(row) + "\n" for row in self.transfer_rows())
         pools = {str(r): {"intact": p.intact, "num_gpu_blocks": p.num_gpu_blocks, "num_free_blocks": p.num_free_blocks,
                           "num_owned_blocks": p.num_owned_blocks, "num_held_requests": p.num_held_requests,
-                          "invariant_error": p.invariant_error} for r, p in self.pools.items()}
+                          "invariant_error": p.invariant_error, "kernels_compiled": p.kernels_compiled}
+                 for r, p in self.pools.items()}
         (out / "pools.json").write_text(json.dumps(pools, indent=2) + "\n")
         return summary
 

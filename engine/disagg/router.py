@@ -195,7 +195,6 @@ class _Router:
             inbox = self.ctx.Queue()
             proc = self.ctx.Process(target=worker_main, args=(cfg, inbox, self.outbox, ipc), daemon=True)
             self.instances.append(_Instance(r, role, proc, inbox))
-        self.pair_seq: dict[tuple[int, int], int] = {}
         self.errors: list[str] = []
         self.new_session()
 
@@ -251,13 +250,16 @@ class _Router:
         return False
 
     def stop(self, abandon: bool = False) -> None:
+        """Stop the prefill side first: a prompt it finishes meanwhile is sent at once, so the
+        decode side stays in the session (receiving) until every prefill instance is done."""
         self.stopping = True
-        live = [i for i in self.instances if i.alive]
-        for inst in live:
-            inst.inbox.put(m.Stop(abandon))
-        deadline = time.perf_counter() + self.timeout_s
-        while any(i.alive and i.done is None for i in live):
-            self._receive(deadline - time.perf_counter(), what="instances to stop")
+        for roles in (("prefill",), ("decode", "mixed")):
+            live = [i for i in self.instances if i.alive and i.role in roles]
+            for inst in live:
+                inst.inbox.put(m.Stop(abandon))
+            deadline = time.perf_counter() + self.timeout_s
+            while any(i.alive and i.done is None for i in live):
+                self._receive(deadline - time.perf_counter(), what="instances to stop")
 
     def shutdown(self) -> None:
         for inst in self.instances:
@@ -305,45 +307,56 @@ class _Router:
         return min(live, key=lambda i: (i.load, i.replica)) if live else None
 
     def _submit(self, st: _ReqState) -> None:
+        """To the least-loaded prefill (or aggregated) instance; a split deployment also picks
+        the decode instance now, so the prefill side can send the KV without a round trip."""
         front = "mixed" if self.split is None else "prefill"
         inst = self._least_loaded(front)
         if inst is None:
             return self._fail(st, f"no live {front} instance")
         st.stage, st.prefill_replica, st.attempts = "prefill", inst.replica, st.attempts + 1
         inst.load += 1
-        inst.inbox.put(m.AddRequest(st.request, st.prompt, st.arrival_s))
+        if front == "prefill":
+            dst = self._least_loaded("decode")
+            if dst is None:
+                inst.load -= 1
+                return self._fail(st, "no live decode instance")
+            if st.decode_replica >= 0:  # a retried prefill: its first pick is counted already
+                self.instances[st.decode_replica].load -= 1
+            st.decode_replica = dst.replica
+            dst.load += 1
+        inst.inbox.put(m.AddRequest(st.request, st.prompt, st.arrival_s, st.decode_replica))
 
     def _on_prefilled(self, msg: m.Prefilled) -> None:
+        """The prefill side has already posted the send (or found no live decode instance and
+        released the blocks): record the transfer and have the decode side receive it."""
         st = self.reqs[msg.request_id]
         st.prefilled = msg
         src = self.instances[msg.replica]
         src.load -= 1
-        if self.stopping:  # cut off: the prefill side releases what it will not send
-            return
-        dst = self._least_loaded("decode")
         ready = src.ready
         bb = ready.block_bytes
-        rec = TransferRecord(msg.request_id, src.replica, -1, self.transport, self.mode, msg.num_blocks, bb,
-                             msg.num_blocks * bb, (1 if self.transport == "ipc" else num_descriptors(self.mode, ready.num_layers)), ready_s=msg.ready_s)
+        rec = TransferRecord(msg.request_id, src.replica, msg.dst_replica, self.transport, self.mode, msg.num_blocks,
+                             bb, msg.num_blocks * bb,
+                             (1 if self.transport == "ipc" else num_descriptors(self.mode, ready.num_layers)),
+                             ready_s=msg.ready_s)
         self.transfers[msg.request_id] = rec
-        self.open_sides.add((msg.request_id, "send"))
-        if dst is None:  # nothing to send to: the prefill side releases at once
+        if msg.dst_replica != st.decode_replica:  # the pick died: the prefill side chose again
+            if st.decode_replica >= 0:
+                self.instances[st.decode_replica].load -= 1
+            if msg.dst_replica >= 0:
+                self.instances[msg.dst_replica].load += 1
+            st.decode_replica = msg.dst_replica
+        if msg.dst_replica < 0:
             rec.status, rec.reason = "failed", "no live decode instance"
-            self._fail(st, "no live decode instance")
-            return self._release_unsent(src, msg.request_id)
-        rec.dst_replica = dst.replica
-        seq = self.pair_seq.get((src.replica, dst.replica), 0)
-        self.pair_seq[(src.replica, dst.replica)] = seq + 1
-        st.stage, st.decode_replica = "transfer", dst.replica
-        dst.load += 1
+            return self._fail(st, "no live decode instance")
+        self.open_sides.add((msg.request_id, "send"))
+        st.stage = "transfer"
+        dst = self.instances[msg.dst_replica]
+        if not dst.alive:  # the send fails through PeerDead; nothing will receive it
+            rec.status, rec.reason = "failed", f"recv: instance {dst.replica} died"
+            return self._fail(st, f"decode instance {dst.replica} died before the kv transfer")
         self.open_sides.add((msg.request_id, "recv"))
-        src.inbox.put(m.SendKV(msg.request_id, dst.replica, dst.replica, seq))
-        dst.inbox.put(m.RecvKV(st.request, st.prompt, st.arrival_s, src.replica, src.replica, seq, msg.num_blocks))
-
-    def _release_unsent(self, src: _Instance, rid: int) -> None:
-        """No decode instance is left: have the prefill side send to a dead rank, which fails
-        at once and releases the held blocks."""
-        src.inbox.put(m.SendKV(rid, -1, -1, 0))
+        dst.inbox.put(m.RecvKV(st.request, st.prompt, st.arrival_s, src.replica, src.replica, msg.seq, msg.num_blocks))
 
     def _on_transfer(self, msg: m.TransferDone) -> None:
         rec = self.transfers[msg.request_id]

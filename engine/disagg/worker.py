@@ -1,9 +1,10 @@
 """One instance of a disaggregated deployment, in its own process: an EngineCore on its own
 device, prefill or decode, stepping while its KV transfers move.
 
-Prefill: requests run with one output token and `hold_blocks_on_finish`; when the router
-names the decode peer, the held blocks are gathered and sent, and released only once the send
-completed (or failed: the blocks are freed either way, never twice). Decode: the KV is
+Prefill: requests run with one output token and `hold_blocks_on_finish`; when the prompt is
+done, the held blocks are gathered and sent at once to the decode instance the router chose at
+arrival, and released only once the send completed (or failed: the blocks are freed either way,
+never twice). Decode: the KV is
 received into a staging buffer while the instance keeps stepping; then the request is admitted
 with `num_external_computed_tokens = prompt_len - 1`, and the scheduler hook below copies the
 staging buffer into the blocks the admission allocated, before that step's forward.
@@ -35,6 +36,7 @@ from engine.disagg.kv_transfer import (
     wait_works,
 )
 from engine.sampling import SamplingParams
+from kernels import compiled_kernel_count
 
 IDLE_WAIT_S = 0.002  # how long an idle instance blocks on its inbox before polling again
 
@@ -87,6 +89,8 @@ class _Worker:
         self.kv = self.core.runner.kv_caches
         self.steps: list = []
         self.held: dict[int, list[int]] = {}  # prefill: request -> its held block ids
+        self.decode_pick: dict[int, int] = {}  # prefill: request -> the router's decode instance
+        self.pair_seq: dict[int, int] = {}  # prefill: decode rank -> transfers posted to it
         self.sends: dict[int, Transfer] = {}
         self.recvs: dict[int, tuple[Transfer, m.RecvKV]] = {}
         self.kv_ready: dict[int, torch.Tensor] = {}  # decode: received, not yet admitted
@@ -123,6 +127,8 @@ class _Worker:
         self.core.epoch = epoch
         self.steps, self.first_step_s, self.stopping, self.abandoning = [], {}, False, False
         self.kv_ready.clear()
+        self.decode_pick.clear()
+        self.compiled0 = compiled_kernel_count()
         if c.role == "decode":
             self._install_admission_hook()
         while True:
@@ -167,8 +173,6 @@ class _Worker:
     def _handle(self, msg) -> None:
         if isinstance(msg, m.AddRequest):
             self._add(msg)
-        elif isinstance(msg, m.SendKV):
-            self._start_send(msg)
         elif isinstance(msg, m.RecvKV):
             self._start_recv(msg)
         elif isinstance(msg, m.PeerDead):
@@ -198,7 +202,8 @@ class _Worker:
             err = str(e) or "check_invariants failed"
         st = s.stats
         return m.PoolReport(self.cfg.replica, self.core.num_gpu_blocks, st.num_free_blocks,
-                            sum(1 for r in s.pool.ref if r), st.num_held_requests, err)
+                            sum(1 for r in s.pool.ref if r), st.num_held_requests, err,
+                            compiled_kernel_count() - self.compiled0)
 
     # ------------------------------------------------------------------ prefill side
     def _add(self, msg: m.AddRequest) -> None:
@@ -208,27 +213,39 @@ class _Worker:
         if self.cfg.role == "mixed":
             params = SamplingParams(max_tokens=req.output_len, ignore_eos=True)
             return self.core.add_request(req, params, msg.prompt_token_ids, arrival_s=msg.arrival_s)
+        self.decode_pick[req.request_id] = msg.decode_replica
         self.core.add_request(dataclasses.replace(req, output_len=1), SamplingParams(max_tokens=1, ignore_eos=True),
                               msg.prompt_token_ids, arrival_s=msg.arrival_s, hold_blocks_on_finish=True)
 
-    def _start_send(self, msg: m.SendKV) -> None:
+    def _send_now(self, rid: int) -> tuple[int, int]:
+        """Post the send of a just-finished prompt's held blocks to the router's decode pick
+        (another live peer if it died); (decode replica, pair seq), or (-1, -1) when no peer is
+        alive, the blocks then released at once. Sending here, in the loop turn that finished
+        the prompt, keeps the transfer off the next prefill step: waiting for the router's
+        word meant waiting for that step (up to 0.3 s of an 8B model's 8K-token chunk)."""
+        pick = self.decode_pick.pop(rid, -1)
+        live = [r for r in self.cfg.peer_ranks if r not in self.dead_ranks]
+        if not live:
+            self._release(rid)
+            return -1, -1
+        dst = pick if pick in live else live[0]  # rank = replica in a deployment
+        seq = self.pair_seq.get(dst, 0)
+        self.pair_seq[dst] = seq + 1
+        self._start_send(rid, dst, dst, seq)
+        return dst, seq
+
+    def _start_send(self, rid: int, peer_rank: int, peer_replica: int, seq: int) -> None:
         c = self.cfg
-        if msg.peer_rank in self.dead_ranks or msg.peer_rank < 0:
-            self._release(msg.request_id)
-            return self._report_failed(msg.request_id, "send", "peer died before the transfer")
-        blocks = gather_blocks(self.kv, self.held[msg.request_id])
+        blocks = gather_blocks(self.kv, self.held[rid])
         ipc = None
         if c.transport == "ipc":
             if blocks.is_cuda:
                 torch.cuda.current_stream().synchronize()  # the receiver reads it through IPC
-            ipc = self.ipc_queues[msg.peer_replica]
+            ipc = self.ipc_queues[peer_replica]
         pieces = self.pieces_left
-        self.sends[msg.request_id] = post_send(
-            blocks, request_id=msg.request_id, peer_rank=msg.peer_rank, seq=msg.seq, mode=c.mode,
+        self.sends[rid] = post_send(
+            blocks, request_id=rid, peer_rank=peer_rank, seq=seq, mode=c.mode,
             timeout_s=c.transfer_timeout_s, ipc_queue=ipc, num_pieces=pieces)
-        if pieces is not None:
-            time.sleep(0.2)  # let the posted messages reach the peer, then die mid-transfer
-            os._exit(17)
 
     # ------------------------------------------------------------------ decode side
     def _start_recv(self, msg: m.RecvKV) -> None:
@@ -330,9 +347,14 @@ class _Worker:
             self.core.requests.pop(rid, None)
             if self.cfg.role == "prefill" and st.status == "finished":
                 self.held[rid] = self.core.scheduler.block_ids_of(rid)
+                num_blocks = len(self.held[rid])
+                dst, seq = self._send_now(rid)
                 self.outbox.put(m.Prefilled(self.cfg.replica, rid, st.output_token_ids[0], st.token_times_s[0],
                                             _nan(st.first_scheduled_s), st.num_cached_tokens, st.num_preemptions,
-                                            len(self.held[rid])))
+                                            num_blocks, dst, seq))
+                if self.pieces_left is not None and dst >= 0:
+                    time.sleep(0.2)  # let the router and the peer see the transfer, then die mid-way
+                    os._exit(17)
                 continue
             self.outbox.put(m.Finished(
                 self.cfg.replica, rid, st.status, st.finish_reason or "", list(st.output_token_ids),

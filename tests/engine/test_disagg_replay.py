@@ -101,6 +101,30 @@ def test_transfer_records_bytes_are_blocks_times_block_bytes(disagg_run):
         assert t.transfer_s >= 0 and t.handover_s >= 0
 
 
+def test_the_prefill_side_sends_before_its_next_step(disagg_run):
+    """The KV leaves in the loop turn that finished the prompt: no step of the prefill instance
+    starts between a prompt's first token and its send (waiting for the router's word meant
+    waiting out the next prefill step: up to 0.3 s of an 8B model's 8K-token chunk on the H200)."""
+    _, res = disagg_run
+    starts = sorted(res.steps["t_start_s"][res.steps["replica"] == 0].tolist())
+    assert res.transfers
+    for t in res.transfers:
+        assert not any(t.ready_s < s < t.send_start_s for s in starts), t
+
+
+def test_a_decode_instance_is_chosen_at_arrival_and_kept():
+    """1:2: the router picks the least-loaded decode instance when a request arrives; the
+    transfer goes there and the request decodes there."""
+    reqs = _requests()
+    res = replay_disagg(ARGS, reqs, split="1:2", warm_up=False, timeout_s=60, honor_arrivals=False)
+    assert res.errors == [] and res.output_token_ids == _aggregated_tokens(reqs)
+    by_req = {t.request_id: t.dst_replica for t in res.transfers}
+    decoded_on = dict(zip(res.requests["request_id"].tolist(), res.requests["replica"].tolist()))
+    assert by_req == decoded_on
+    assert set(by_req.values()) == {1, 2}  # all at once: least-loaded alternates
+    assert all(p.intact for p in res.pools.values())
+
+
 def test_killed_prefill_mid_transfer_fails_requests_and_keeps_the_decode_pool():
     reqs = _requests()[:3]
     t0 = time.perf_counter()

@@ -1,0 +1,75 @@
+"""The engine's warm-up compiles every attention launch variant an eager step can make.
+
+Triton compiles one variant per (launch kind, tile config, split or not, merge width); an eager
+step that meets a new one mid-replay stalls for about a second on the H200 (the first step of
+the disaggregated runs and of two calibration sweeps did). `ModelRunner.warm_up_attention_launches`
+launches each eager shape with and without split-KV; here its launches are recorded (the kernel
+is not run) and compared with the variants the launch planner produces for arbitrary batches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernels.paged_attention as pa
+from engine.model import LlamaModel
+from engine.model_spec import get_model
+from engine.runner import ModelRunner
+from kernels import DECODE_MAX_QUERY_LEN
+
+BLOCK = 16
+MAX_LEN = 65536
+
+
+def _signature(plan) -> tuple:
+    """What selects a compiled variant of the attention kernel and of its merge."""
+    merge = max(pa.MERGE_SPLITS_PAD, pa.next_pow2(plan.splits)) if plan.splits > 1 else None
+    return plan.seq_kind, plan.config, plan.splits > 1, merge
+
+
+@pytest.fixture(scope="module")
+def warmed() -> set[tuple]:
+    model = LlamaModel(get_model("tiny"), max_positions=MAX_LEN, dtype=torch.float32, seed=0,
+                       attention_backend="triton")
+    runner = ModelRunner(model, block_size=BLOCK, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=MAX_LEN)
+    runner.allocate_kv_cache(num_gpu_blocks_override=32)
+    seen: list[tuple] = []
+    mp = pytest.MonkeyPatch()
+    mp.setattr(pa, "_launch", lambda plan, *a, **k: seen.append(_signature(plan)))
+    try:
+        assert runner.warm_up_attention_launches() == 6
+    finally:
+        mp.undo()
+    return set(seen)
+
+
+def test_warm_up_launches_each_kind_split_and_unsplit(warmed):
+    kinds = {(kind, split) for kind, _, split, _ in warmed}
+    assert kinds == {(pa.ALL_SEQS, False), (pa.ALL_SEQS, True), (pa.DECODE_SEQS, False),
+                     (pa.DECODE_SEQS, True), (pa.PREFILL_SEQS, False)}
+    # one decode-tiled and one prefill-tiled launch over all sequences, each split or not
+    assert len({(k, cfg) for k, cfg, _, _ in warmed if k == pa.ALL_SEQS}) == 2
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(batch=st.lists(st.tuples(st.integers(1, 300), st.integers(0, MAX_LEN - 300)), min_size=1, max_size=300),
+       hint_known=st.booleans())
+def test_every_planned_launch_was_warmed(warmed, batch, hint_known):
+    """Any batch (query lengths, contexts; the engine's decode-count hint or none, as in a graph)
+    plans only launches whose variant the warm-up launched."""
+    q_lens = [q for q, _ in batch]
+    seq_lens = [q + c for q, c in batch]
+    num_decode = sum(q <= DECODE_MAX_QUERY_LEN for q in q_lens) if hint_known else None
+    q = torch.empty((sum(q_lens), get_model("tiny").num_heads, get_model("tiny").head_dim))
+    kv_heads = get_model("tiny").num_kv_heads
+    for kind in pa.launch_kinds(len(batch), max(q_lens), num_decode):
+        plan = pa._plan_launch(q, kv_heads, len(batch), max(q_lens), max(seq_lens), None, None,
+                               seq_kind=kind, num_decode_seqs=num_decode)
+        assert _signature(plan) in warmed, (kind, plan)
+
+
+def test_merge_width_covers_every_heuristic_split_count():
+    assert pa.MERGE_SPLITS_PAD >= pa.next_pow2(max(pa.SPLIT_MAX, pa.SPLIT_LONG_MAX))
