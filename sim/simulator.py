@@ -27,8 +27,9 @@ accepted counts per step, so it always steps.
 Disaggregated prefill: prefill replicas run each request with output_len = 1 and hold its
 blocks when it finishes (`hold_blocks_on_finish`); its KV (whole blocks x KV bytes per
 token, each TP rank its shard over its own link) then queues for the prefill replica's
-link (a SimPy Resource: bandwidth + latency, one transfer at a time), whose end releases
-the held blocks (`release_held`). The decode pool admits the request with
+link (a SimPy Resource: bandwidth + latency, one transfer at a time) once the decode replica
+reaches a step boundary (a decode instance takes a transfer up between its steps), and the
+link's end releases the held blocks (`release_held`). The decode pool admits the request with
 `num_external_computed_tokens = prompt_len - 1`: blocks for the whole prompt are taken,
 and its first step computes only the last prompt token, to get the logits of the first
 output token, which is what vLLM's KV connectors do (the scheduler's
@@ -136,6 +137,7 @@ class _Replica:
         self._skip_t0 = 0.0
         self.pending: list[tuple[Request, int]] = []  # (request, external tokens) while skipping
         self.link = simpy.Resource(env, capacity=1) if role == "prefill" else None
+        self.boundary_waiters: list[simpy.Event] = []  # see next_step_boundary
         self.proc = env.process(self.run())
 
     # --- intake -------------------------------------------------------------------
@@ -158,6 +160,25 @@ class _Replica:
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
 
+    def next_step_boundary(self) -> simpy.Event:
+        """An event at this replica's next step boundary (at once when it is idle). A decode
+        instance takes up a new KV transfer only between its steps: the engine's loop posts
+        the receive, vLLM's scheduler starts the connector's read. Mid-stretch, the replica is
+        woken so that the stretch ends at that boundary."""
+        ev = self.env.event()
+        if self.wake is not None and not self.skipping:  # idle, waiting for work
+            ev.succeed()
+            return ev
+        self.boundary_waiters.append(ev)
+        if self.skipping:
+            self.kick()
+        return ev
+
+    def _at_boundary(self) -> None:
+        for ev in self.boundary_waiters:
+            ev.succeed()
+        self.boundary_waiters.clear()
+
     def release(self, request_id: int) -> None:
         """The KV transfer of a finished prompt is done: its held blocks return to the pool."""
         self.sched.release_held(request_id)
@@ -176,6 +197,7 @@ class _Replica:
     def run(self) -> Process:
         sched = self.sched
         while True:
+            self._at_boundary()
             if not sched.has_unfinished():
                 yield from self._wait_for_work()
                 continue
@@ -531,14 +553,16 @@ class Simulation:
         """Move the prompt's KV (whole blocks; each TP rank its shard) over src's link."""
         nbytes = (blocks_for_tokens(req.prompt_len, src.engine.block_size) * src.engine.block_size
                   * src.plan.kv_bytes_per_token / src.engine.tensor_parallel_size)
+        dst = self.router.pick(req, self.decode_pool)
+        self.log.routed(req.request_id, dst.idx)
+        yield dst.next_step_boundary()  # the decode side takes the transfer up between steps
         with src.link.request() as slot:
             yield slot
             yield self.env.timeout(transfer_time_s(nbytes, self.link_gb_per_s, self.link_latency_s))
         src.release(req.request_id)
         self.log.transferred(req.request_id, self.env.now - t_ready)
-        dst = self.router.pick(req, self.decode_pool)
-        self.log.routed(req.request_id, dst.idx)
-        # the last prompt token is recomputed on the decode side to produce logits
+        # the last prompt token is recomputed on the decode side to produce logits; admitted
+        # at the decode side's next step boundary
         dst.add(req, external_tokens=req.prompt_len - 1)
 
     # --- run ---------------------------------------------------------------------------------

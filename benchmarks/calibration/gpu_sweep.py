@@ -64,6 +64,12 @@ class Plan:
     decode_contexts: tuple[int, ...] = (256, 2048, 8192)
     decode_max_tokens: int = 320_000  # batch x context above this is skipped (prefill time)
     decode_steps: int = 40
+    # skewed decode batches: B-1 short sequences beside one long one (a batch waiting on its
+    # longest sequence, and split-KV cutting only that one): the uniform grid cannot tell the
+    # longest-sequence term from the sum-of-contexts term
+    skew_batches: tuple[int, ...] = (2, 8, 16, 32, 64, 128, 256)
+    skew_short: int = 512
+    skew_long: tuple[int, ...] = (8192, 32768)
     prefill_lens: tuple[int, ...] = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
     cached_prefixes: tuple[int, ...] = (1024, 8192)
     cached_news: tuple[int, ...] = (64, 512, 2048)
@@ -79,6 +85,7 @@ class Plan:
 # the 8B shape computes ~5x longer per token: shorter runs so both parts fit one 10-minute call
 LARGE = Plan(decode_max_tokens=200_000, mixed_s=10.0, probe_tokens=300_000, validation_s=14.0)
 TINY = Plan(decode_batches=(1, 4), decode_contexts=(16, 64), decode_max_tokens=10_000, decode_steps=4,
+            skew_batches=(2, 8), skew_short=16, skew_long=(200,),
             prefill_lens=(16, 100), cached_prefixes=(32,), cached_news=(16,), mixed_s=0.5, probe_requests=12,
             validation_s=0.5, min_validation_requests=8, max_prompt_len=200, tight_sequences=3.0)
 
@@ -202,6 +209,21 @@ def decode_grid(r: Runner, plan: Plan, ids: Ids) -> None:
                       async_scheduling=async_)
 
 
+def decode_skew(r: Runner, plan: Plan, ids: Ids) -> None:
+    """B-1 requests of `skew_short` tokens and one of a long context, all at t=0 (sync and async
+    at a few batches): decode-only steps whose longest context is far above the mean."""
+    for async_ in (False, True):
+        for long in plan.skew_long:
+            for b in plan.skew_batches:
+                if async_ and b not in (8, 64, 256):
+                    continue
+                reqs = [ids.request(0.0, long, plan.decode_steps)] + [
+                    ids.request(0.0, plan.skew_short, plan.decode_steps) for _ in range(b - 1)]
+                r.run("sweep", f"decode-skew-b{b}-l{long}-{'async' if async_ else 'sync'}", reqs, honor_arrivals=False,
+                      description=f"one {long}-token and {b - 1} x {plan.skew_short}-token prompts at t=0, "
+                                  f"{plan.decode_steps} output tokens each", async_scheduling=async_)
+
+
 def prefill_sweep(r: Runner, plan: Plan, ids: Ids) -> None:
     """One prompt at a time (arrivals 1 s apart would waste time: each waits for the previous)."""
     for async_ in (False, True):
@@ -298,7 +320,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke test on any device")
-    ap.add_argument("--parts", default="sweep,validation", help="sweep,validation, or decode (the grid only)")
+    ap.add_argument("--parts", default="sweep,validation",
+                    help="sweep,validation; or decode (the grid only), skew (the skewed decode batches only), "
+                         "or decode,skew")
     ap.add_argument("--deadline-s", type=float, default=500.0, help="start no run after this")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -320,8 +344,11 @@ def main() -> None:
             "warm_up": dataclasses.asdict(warm)}
     r = Runner(core, a.out, a.model, meta, a.deadline_s)
     ids = Ids()
-    if parts == {"decode"}:  # the decode grid alone (re-measured after a decode-kernel change)
-        decode_grid(r, plan, ids)
+    if parts <= {"decode", "skew"}:  # decode runs alone (re-measured after a decode-kernel change)
+        if "skew" in parts:
+            decode_skew(r, plan, ids)
+        if "decode" in parts:
+            decode_grid(r, plan, ids)
         (a.out / a.model / "index.json").write_text(json.dumps({"runs": r.index, **meta}, indent=2) + "\n")
         return
     capacity = {}
@@ -330,6 +357,7 @@ def main() -> None:
     log(f"capacity (req/s): {capacity}")
     if "sweep" in parts:  # validation runs come in between, so a call that runs out of time has some of both
         decode_grid(r, plan, ids)
+        decode_skew(r, plan, ids)
         prefill_sweep(r, plan, ids)
     if "validation" in parts:
         validation_runs(r, plan, capacity)

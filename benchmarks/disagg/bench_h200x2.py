@@ -100,7 +100,8 @@ class Plan:
     def requests(self, prompt: int, output: int, rate: float, seed: int) -> list[Request]:
         rng = np.random.default_rng(seed)
         n = max(2, int(rate * self.arrivals_s))
-        t = np.cumsum(rng.exponential(1.0 / rate, n)) - 1.0 / rate
+        t = np.cumsum(rng.exponential(1.0 / rate, n))
+        t -= t[0]  # the first request at the clock's start (a negative arrival counted pre-start time)
         nb = -(-prompt // 16)
         return [Request(i, float(t[i]), prompt, output, tuple(range(seed * 10**7 + i * nb, seed * 10**7 + (i + 1) * nb)))
                 for i in range(n)]
