@@ -703,17 +703,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up_attention_launches(self) -> int:
-        """Launch layer 0's attention (Triton backend) on a tiny batch of each eager shape, each
-        with one KV segment and split in two, through the buffers a step uses (the same
-        pointers, strides and dtypes, so the same Triton specialisations). Which of these a
-        replay meets depends on its sequences' lengths (split-KV comes with long contexts
-        beside few sequences); compiled here, none compiles mid-replay. Returns the launches."""
+        """Launch layer 0's attention (Triton backend) on a tiny batch of each eager shape,
+        unsplit and split (once per width of the split merge), through the buffers a step uses
+        (the same pointers, strides and dtypes, so the same Triton specialisations). Which of
+        these a replay meets depends on its sequences' lengths (split-KV comes with long
+        contexts beside few sequences); compiled here, none compiles mid-replay. Returns the
+        launches."""
         assert self.kv_caches is not None, "allocate_kv_cache() first"
         backend = self.model.backend
         if backend.name != "triton":
             return 0
-        from kernels.paged_attention import paged_attention  # its num_splits override
+        # paged_attention itself, for its num_splits override
+        from kernels.paged_attention import MERGE_SPLITS_PADS, paged_attention
 
+        split_counts = (1, 2, *(pad + 1 for pad in MERGE_SPLITS_PADS[:-1]))
         layer = self.model.layers[0]
         width = (layer.hq + 2 * layer.hkv) * layer.d
         k_cache, v_cache = self.kv_caches[0, 0], self.kv_caches[0, 1]
@@ -732,7 +735,7 @@ class ModelRunner:
                                       self.model.rotary.cos, self.model.rotary.sin, k_cache, v_cache,
                                       no_slots, layer.hq, layer.hkv, layer.d, layer.k_scale, layer.v_scale)
             num_decode = sum(1 for x in q_lens if x <= DECODE_MAX_QUERY_LEN)
-            for splits in (1, 2):
+            for splits in split_counts:
                 paged_attention(q, k_cache, v_cache, self.d_block_tables[:n, :cols], self.d_seq_lens[:n],
                                 self.d_qsl[: n + 1], layer.scale, max(q_lens), max(seq_lens),
                                 k_scale=layer.k_scale, v_scale=layer.v_scale, num_splits=splits,

@@ -130,10 +130,19 @@ SPLIT_MAX = 64
 SPLIT_LONG_MIN_TOKENS = 2048
 SPLIT_LONG_MAX = 16
 SPLIT_FULL_PROGRAMS = 4096
-# The merge kernel's segment axis, one width for every split count the heuristics choose: a
-# constexpr per count would compile a variant per count an eager step first meets (H200: a
-# replay stalled on one; the masked lanes past a sequence's segments load nothing)
-MERGE_SPLITS_PAD = 64  # next_pow2(max(SPLIT_MAX, SPLIT_LONG_MAX))
+# The merge kernel's segment axis: two widths, not a constexpr per split count, which compiled a
+# variant per count an eager step first met (H200: a validation replay stalled on one). 16 covers
+# every count of a full GPU (SPLIT_LONG_MAX); 64 the few-sequence regime (SPLIT_MAX). Masked
+# lanes load nothing; one width of 64 for all cost split launches 1-3% (H200, bench_split.py).
+MERGE_SPLITS_PADS = (16, 64)
+
+
+def merge_splits_pad(splits: int) -> int:
+    """The merge kernel's NUM_SPLITS_PAD for a launch of `splits` KV segments."""
+    for pad in MERGE_SPLITS_PADS:
+        if splits <= pad:
+            return pad
+    return next_pow2(splits)  # a caller's override past the heuristics' range
 
 
 def next_pow2(n: int) -> int:
@@ -1044,6 +1053,6 @@ def _launch(plan: _LaunchPlan, out: torch.Tensor, q: torch.Tensor, k_cache: torc
             out, segm_out, segm_lse, query_start_loc, seq_lens, out_strides[0], out_strides[1],
             num_q_heads, splits, plan.min_tiles_per_split, num_seqs, TILE_N=cfg.tile_n,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-            NUM_SPLITS_PAD=max(MERGE_SPLITS_PAD, next_pow2(splits)), SEQ_KIND=plan.seq_kind,
+            NUM_SPLITS_PAD=merge_splits_pad(splits), SEQ_KIND=plan.seq_kind,
             DECODE_MAX_Q=DECODE_MAX_QUERY_LEN, num_warps=4,
         )  # fmt: skip

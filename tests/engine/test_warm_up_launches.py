@@ -26,7 +26,7 @@ MAX_LEN = 65536
 
 def _signature(plan) -> tuple:
     """What selects a compiled variant of the attention kernel and of its merge."""
-    merge = max(pa.MERGE_SPLITS_PAD, pa.next_pow2(plan.splits)) if plan.splits > 1 else None
+    merge = pa.merge_splits_pad(plan.splits) if plan.splits > 1 else None
     return plan.seq_kind, plan.config, plan.splits > 1, merge
 
 
@@ -40,7 +40,7 @@ def warmed() -> set[tuple]:
     mp = pytest.MonkeyPatch()
     mp.setattr(pa, "_launch", lambda plan, *a, **k: seen.append(_signature(plan)))
     try:
-        assert runner.warm_up_attention_launches() == 6
+        assert runner.warm_up_attention_launches() == 9
     finally:
         mp.undo()
     return set(seen)
@@ -71,5 +71,7 @@ def test_every_planned_launch_was_warmed(warmed, batch, hint_known):
         assert _signature(plan) in warmed, (kind, plan)
 
 
-def test_merge_width_covers_every_heuristic_split_count():
-    assert pa.MERGE_SPLITS_PAD >= pa.next_pow2(max(pa.SPLIT_MAX, pa.SPLIT_LONG_MAX))
+def test_merge_widths_cover_every_heuristic_split_count():
+    assert pa.merge_splits_pad(pa.SPLIT_LONG_MAX) == pa.MERGE_SPLITS_PADS[0]
+    assert pa.merge_splits_pad(pa.SPLIT_MAX) == pa.MERGE_SPLITS_PADS[-1]
+    assert pa.merge_splits_pad(2 * pa.SPLIT_MAX) == 2 * pa.SPLIT_MAX  # an override past them
