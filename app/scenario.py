@@ -67,7 +67,7 @@ class Scenario(BaseModel):
         """The `sim.run.SimConfig` this scenario describes (coarsened KV blocks: the fast setting)."""
         from advisor.commands.simulate import parse_disagg
 
-        pd = parse_disagg(self.disagg or None, link=self.kv_link, link_gb_per_s=None, link_latency_ms=0.5)
+        pd = parse_disagg(self.disagg or None, link=self.kv_link, link_gb_per_s=None, link_latency_ms=None)
         # with a P/D split the GPU count follows from it (P + D replicas x TP)
         return SimConfig(model=self.model, gpu=self.gpu, num_gpus=None if pd else self.num_gpus,
                          engine=self.engine(), router=self.router, disaggregation=pd, seed=self.seed,

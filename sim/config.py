@@ -23,6 +23,7 @@ from engine.flags import SCHEDULING_FLAGS, Flag, check_block_size, check_tensor_
 from engine.model_spec import ModelSpec
 from engine.spec_decode.config import SpeculativeConfig as EngineSpeculativeConfig
 from sim.hardware import GB, GPUSpec
+from sim.links import DEFAULT_LINK_LATENCY_S, measured_link
 
 SpecMethod = Literal["draft_model", "ngram", "eagle", "eagle3", "mtp"]
 RouterPolicy = Literal["round_robin", "least_loaded", "prefix_aware"]
@@ -68,15 +69,26 @@ class DisaggConfig(BaseModel):
     num_decode_replicas: int = Field(ge=1)
     kv_connector: str = "NixlConnector"
     link: Literal["nvlink", "network"] = "network"
-    link_gb_per_s: float | None = Field(default=None, gt=0)  # per GPU; None = from the GPU spec
-    link_latency_s: float = Field(default=5e-4, ge=0)  # per transfer (handshake, RDMA setup)
+    # per GPU; None = measured for this GPU and link (sim.links), else the GPU spec's bandwidth
+    link_gb_per_s: float | None = Field(default=None, gt=0)
+    # per transfer (hand-shake, RDMA set-up); None = measured (sim.links), else 0.5 ms
+    link_latency_s: float | None = Field(default=None, ge=0)
     prefill_max_num_batched_tokens: int | None = None  # per-role budgets (vllm PR #6170)
     decode_max_num_batched_tokens: int | None = None
 
     def link_bandwidth_gb_per_s(self, gpu: GPUSpec) -> float:
         if self.link_gb_per_s is not None:
             return self.link_gb_per_s
+        if (m := measured_link(gpu.name, self.link)) is not None:
+            return m.gb_per_s
         return gpu.interconnect_gb_per_s if self.link == "nvlink" else gpu.network_gb_per_s
+
+    def link_latency(self, gpu: GPUSpec) -> float:
+        """Seconds of fixed cost per transfer: as given, else measured, else 0.5 ms."""
+        if self.link_latency_s is not None:
+            return self.link_latency_s
+        m = measured_link(gpu.name, self.link)
+        return DEFAULT_LINK_LATENCY_S if m is None else m.latency_s
 
 
 SIM_ONLY_FLAGS: tuple[Flag, ...] = (

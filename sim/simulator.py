@@ -523,7 +523,7 @@ class Simulation:
         self.replicas = self.prefill_pool + self.decode_pool
         self.front = self.prefill_pool
         self.link_gb_per_s = d.link_bandwidth_gb_per_s(dep.gpu)
-        self.link_latency_s = d.link_latency_s
+        self.link_latency_s = d.link_latency(dep.gpu)
 
     # --- arrivals and disaggregated hand-off ------------------------------------------------
     def _arrivals(self) -> Process:

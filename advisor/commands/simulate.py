@@ -44,7 +44,7 @@ from sim.workload_source import SourceOptions, all_at_time_zero, cap_prompt_leng
 
 
 def parse_disagg(text: str | None, *, link: str, link_gb_per_s: float | None,
-                 link_latency_ms: float) -> DisaggConfig | None:
+                 link_latency_ms: float | None) -> DisaggConfig | None:
     """`--disagg 3:1` (prefill:decode replica counts) and its link options as a DisaggConfig.
 
     The link options only mean something with `--disagg`: given without it they are refused
@@ -52,7 +52,7 @@ def parse_disagg(text: str | None, *, link: str, link_gb_per_s: float | None,
     _check_link(link, link_gb_per_s, link_latency_ms)
     if not text:
         given = [f for f, v, d in (("--kv-link", link, "network"), ("--kv-link-gb-per-s", link_gb_per_s, None),
-                                   ("--link-latency-ms", link_latency_ms, 0.5)) if v != d]
+                                   ("--link-latency-ms", link_latency_ms, None)) if v != d]
         if given:
             verb = "applies" if len(given) == 1 else "apply"
             raise ValueError(f"{', '.join(given)} only {verb} to disaggregated prefill; add --disagg P:D "
@@ -62,17 +62,18 @@ def parse_disagg(text: str | None, *, link: str, link_gb_per_s: float | None,
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
         raise FlagError("disaggregation", repr(text), "give prefill:decode replica counts, e.g. {disaggregation} 3:1")
     return DisaggConfig(num_prefill_replicas=int(m.group(1)), num_decode_replicas=int(m.group(2)), link=link,
-                        link_gb_per_s=link_gb_per_s, link_latency_s=link_latency_ms / 1e3)
+                        link_gb_per_s=link_gb_per_s,
+                        link_latency_s=None if link_latency_ms is None else link_latency_ms / 1e3)
 
 
-def _check_link(link: str, link_gb_per_s: float | None, link_latency_ms: float) -> None:
+def _check_link(link: str, link_gb_per_s: float | None, link_latency_ms: float | None) -> None:
     """The KV link options as typed (the config holds seconds, the user typed milliseconds)."""
     if link not in ("network", "nvlink"):
         raise ValueError(f"--kv-link {link!r}: must be network or nvlink")
     if link_gb_per_s is not None and not (math.isfinite(link_gb_per_s) and link_gb_per_s > 0):
         raise ValueError(f"--kv-link-gb-per-s {link_gb_per_s:g}: must be a bandwidth > 0 in GB/s "
                          "(a 400 Gbit/s NIC is 50)")
-    if not (math.isfinite(link_latency_ms) and link_latency_ms >= 0):
+    if link_latency_ms is not None and not (math.isfinite(link_latency_ms) and link_latency_ms >= 0):
         raise ValueError(f"--link-latency-ms {link_latency_ms:g}: must be a time >= 0 in ms (e.g. 0.5)")
 
 
@@ -180,8 +181,8 @@ def simulate(
     router: Annotated[str, typer.Option("--router", help="round_robin, least_loaded or prefix_aware")] = "least_loaded",
     disagg: Annotated[str | None, typer.Option("--disagg", help="disaggregated prefill: P:D replica counts, e.g. 3:1")] = None,
     kv_link: Annotated[str, typer.Option("--kv-link", help="P/D KV link: network (NIC) or nvlink")] = "network",
-    kv_link_gb_per_s: Annotated[float | None, typer.Option("--kv-link-gb-per-s", help="P/D link bandwidth per GPU in GB/s (bytes, not bits; a 400 Gbit/s NIC is 50); default: from the GPU")] = None,
-    link_latency_ms: Annotated[float, typer.Option("--link-latency-ms", help="fixed cost per KV transfer")] = 0.5,
+    kv_link_gb_per_s: Annotated[float | None, typer.Option("--kv-link-gb-per-s", help="P/D link bandwidth per GPU in GB/s (bytes, not bits; a 400 Gbit/s NIC is 50); default: measured for the GPU and link where known (H200 NVLink: 375), else the GPU's datasheet")] = None,
+    link_latency_ms: Annotated[float | None, typer.Option("--link-latency-ms", help="fixed cost per KV transfer; default: measured for the GPU and link where known (H200 NVLink: 0.13 ms), else 0.5")] = None,
     goodput: Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")] = None,
     profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path; auto: the one fitted or scaled for this model and GPU, else default (first principles)")] = "auto",
     out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here (a run already there needs --force)")] = None,
