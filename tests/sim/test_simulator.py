@@ -107,6 +107,39 @@ def test_kv_transfers_queue_on_a_busy_link():
     assert np.all(r["ttft_s"] > r["kv_transfer_s"])
 
 
+def test_a_decode_replica_takes_a_transfer_up_at_its_step_boundary():
+    """The link starts when the decode replica, busy decoding another request, ends its step
+    (the engine posts the receive between steps, vLLM's scheduler starts the read there)."""
+    reqs = [Request(0, 0.0, 16, 400, (1,)), Request(1, 0.05, 2048, 2, tuple(range(10, 138)))]
+    res = simulate(_disagg(link_gb_per_s=900.0, latency=0.0), reqs)
+    steps, r = res.steps, res.requests
+    pre = [(t, d) for rep, t, d in zip(steps["replica"], steps["t_start_s"], steps["total_s"]) if rep == 0 and t >= 0.05]
+    t_ready = pre[0][0] + pre[0][1]  # request 1's one prefill step ends
+    dec = [(t, d) for rep, t, d in zip(steps["replica"], steps["t_start_s"], steps["total_s"]) if rep == 1]
+    boundaries = sorted({t for t, _ in dec} | {t + d for t, d in dec})
+    link = 2048 * 2 * 32 * 32 * 128 * 2 / 900e9
+    i = list(r["request_id"]).index(1)
+    link_start = t_ready + r["kv_transfer_s"][i] - link
+    waited = link_start - t_ready
+    assert 0 < waited < max(d for _, d in dec)  # mid-step when the prompt was done
+    assert min(abs(link_start - b) for b in boundaries) < 1e-9
+    assert r["first_token_s"][i] > link_start + link  # admitted after the KV landed
+
+
+def test_measured_links_are_the_default_where_known():
+    h200, a100 = get_gpu("h200"), get_gpu("a100-80gb")
+    nv = DisaggConfig(num_prefill_replicas=1, num_decode_replicas=1, link="nvlink")
+    # the H200 pair's NCCL sweep (benchmarks/disagg/data/h200x2), not the datasheet's 450 GB/s
+    assert nv.link_bandwidth_gb_per_s(h200) == pytest.approx(375.3)
+    assert nv.link_latency(h200) == pytest.approx(130.4e-6)
+    # unmeasured: the datasheet and 0.5 ms
+    assert nv.link_bandwidth_gb_per_s(a100) == a100.nvlink_gb_per_s
+    assert nv.link_latency(a100) == 5e-4
+    given = DisaggConfig(num_prefill_replicas=1, num_decode_replicas=1, link="nvlink", link_gb_per_s=100.0,
+                         link_latency_s=0.0)
+    assert (given.link_bandwidth_gb_per_s(h200), given.link_latency(h200)) == (100.0, 0.0)
+
+
 def test_sampled_acceptance_is_truncated_geometric():
     rng = np.random.default_rng(3)
     for alpha, k in [(0.3, 2), (0.7, 4), (0.9, 7)]:
