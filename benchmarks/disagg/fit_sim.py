@@ -73,7 +73,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", type=Path, required=True, help="bench_h200x2.py --out folder")
     ap.add_argument("--dry-run", action="store_true", help="the bench ran with --dry-run")
-    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results.md"))
+    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("sim_vs_engine.md"))
+    ap.add_argument("--link", choices=("sweep", "serving"), default="sweep",
+                    help="simulate with the link fitted on the transfer sweep (the link alone: default) or on "
+                         "the serving runs' transfers (the link while both GPUs compute)")
     args = ap.parse_args()
     plan = Plan(args.dry_run)
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,30 +85,44 @@ def main() -> None:
         runs = {i: engine_run(Path(tmp) / "runs" / f"pd-{w[0]}") for i, w in enumerate(plan.workloads)
                 if (Path(tmp) / "runs" / f"pd-{w[0]}" / "requests.jsonl").exists()}
     transfers = [t for _, ts, _ in runs.values() for t in ts]
-    fit = fit_link(transfers)
-    bb = transfers[0]["block_bytes"]
-    link = fit.disagg_fields(bb)
+    serving = fit_link(transfers)
+    bb, transport = transfers[0]["block_bytes"], transfers[0]["transport"]
+    fits = {"serving": serving}
+    if (args.bench / "sweep.jsonl").exists():
+        fits["sweep"] = fit_link([dict(r, status="done") for r in _jsonl(args.bench / "sweep.jsonl")
+                                  if r["transport"] == transport])
+    elif args.link == "sweep":
+        raise SystemExit(f"{args.bench}/sweep.jsonl missing: give the folder of a run with the sweep phase, "
+                         "or --link serving")
+    fit = fits[args.link]
+    link = fit.disagg_fields(bb, num_descriptors=transfers[0]["num_descriptors"])
     rows = []
     for i, (eng, _, summary) in runs.items():
         sim = simulate(plan, i, link, int(summary.get("num_gpu_blocks") or plan.engine.num_gpu_blocks_override or 0))
         rows.append((plan.workloads[i][0], eng, sim))
-    write_md(args.out, args, fit, link, rows)
+    write_md(args.out, args, fits, link, rows)
 
 
-def write_md(out: Path, args, fit, link: dict, rows: list) -> None:
+def _fit_line(fit) -> str:
+    return (f"bandwidth {fit.bandwidth_gb_per_s:.1f} GB/s, latency {fit.latency_s * 1e6:.1f} us per transfer, "
+            f"{fit.per_block_s * 1e6:.2f} us per block, {fit.per_descriptor_s * 1e6:.2f} us per descriptor "
+            f"({fit.num_records} transfers, median |error| {fit.median_abs_error_s * 1e3:.3f} ms; "
+            f"not identified: {', '.join(fit.unidentified) or 'none'}).")
+
+
+def write_md(out: Path, args, fits: dict, link: dict, rows: list) -> None:
     err = {m: [abs(s[m] / e[m] - 1) for _, e, s in rows if e[m]] for m in METRICS}
     dry = " (DRY RUN on CPU: the code path only, not a result)" if args.dry_run else ""
     source = f"Source: `{args.bench}`{dry}; regenerate with `python benchmarks/disagg/fit_sim.py --bench DIR`."
-    fitted = (f"bandwidth {fit.bandwidth_gb_per_s:.1f} GB/s, latency {fit.latency_s * 1e6:.1f} us per transfer, "
-              f"{fit.per_block_s * 1e6:.2f} us per block, {fit.per_descriptor_s * 1e6:.2f} us per descriptor "
-              f"({fit.num_records} transfers, median |error| {fit.median_abs_error_s * 1e3:.3f} ms; "
-              f"not identified: {', '.join(fit.unidentified) or 'none'}).")
-    fields = f"DisaggConfig fields: link_gb_per_s = {link['link_gb_per_s']:.2f}, link_latency_s = {link['link_latency_s']:.6f}"
-    lines = [
-        "# Disaggregated prefill: simulator vs engine, 1P1D (issue 15)", "", source, "",
-        "## Link fitted from the 1P1D serving transfers (sim/link_fit.py)", "", fitted, "", fields, "",
-        "## Per workload (engine / simulator)", "",
-        "| workload | " + " | ".join(METRICS) + " |", "|---" * (len(METRICS) + 1) + "|"]
+    fields = (f"Simulated with the {args.link} fit: DisaggConfig link_gb_per_s = {link['link_gb_per_s']:.2f}, "
+              f"link_latency_s = {link['link_latency_s']:.6f}")
+    lines = ["# Disaggregated prefill: simulator vs engine, 1P1D (issue 15)", "", source, "",
+             "## Link fits (sim/link_fit.py)", ""]
+    for name, fit in fits.items():
+        what = "transfer sweep (the link alone)" if name == "sweep" else "1P1D serving transfers (while serving)"
+        lines += [f"- {what}: " + _fit_line(fit)]
+    lines += ["", fields, "", "## Per workload (engine / simulator)", "",
+              "| workload | " + " | ".join(METRICS) + " |", "|---" * (len(METRICS) + 1) + "|"]
     for name, e, s in rows:
         lines.append(f"| {name} | " + " | ".join(f"{e[m]:.1f} / {s[m]:.1f}" for m in METRICS) + " |")
     lines += ["", "Median |error| over workloads: " + ", ".join(
