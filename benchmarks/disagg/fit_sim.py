@@ -54,13 +54,13 @@ def engine_run(folder: Path) -> tuple[dict, list[dict], dict]:
     return metrics_of(reqs, finish - float(np.nanmin(reqs["arrival_s"]))), _jsonl(folder / "transfers.jsonl"), summary
 
 
-def simulate(plan: Plan, index: int, link: dict, num_gpu_blocks: int) -> dict:
+def simulate(plan: Plan, index: int, link: dict, num_gpu_blocks: int, profile: str = "auto") -> dict:
     name, prompt, output, rate = plan.workloads[index]
     e = plan.engine
     engine = EngineConfig(block_size=e.block_size, max_model_len=e.max_model_len, num_gpu_blocks_override=num_gpu_blocks,
                           max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                           attention_backend="costline")
-    cfg = SimConfig(model=plan.model, gpu="h200", engine=engine, label=f"pd-{name}",
+    cfg = SimConfig(model=plan.model, gpu="h200", engine=engine, label=f"pd-{name}", profile=profile,
                     disaggregation=DisaggConfig(num_prefill_replicas=1, num_decode_replicas=1, link="nvlink", **link))
     res = run(plan.requests(prompt, output, rate, seed=index), cfg)
     r = res.requests
@@ -77,6 +77,10 @@ def main() -> None:
     ap.add_argument("--link", choices=("sweep", "serving"), default="sweep",
                     help="simulate with the link fitted on the transfer sweep (the link alone: default) or on "
                          "the serving runs' transfers (the link while both GPUs compute)")
+    ap.add_argument("--profile", default="auto",
+                    help="cost profile (name or JSON path); auto = the shipped one. The shipped 8B profile is "
+                         "fitted on these runs' steps too: the out-of-sample check names the one before "
+                         "(data/h200x2/profile-h200-llama-3.1-8b-b79adfb.json)")
     args = ap.parse_args()
     plan = Plan(args.dry_run)
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,7 +102,8 @@ def main() -> None:
     link = fit.disagg_fields(bb, num_descriptors=transfers[0]["num_descriptors"])
     rows = []
     for i, (eng, _, summary) in runs.items():
-        sim = simulate(plan, i, link, int(summary.get("num_gpu_blocks") or plan.engine.num_gpu_blocks_override or 0))
+        sim = simulate(plan, i, link, int(summary.get("num_gpu_blocks") or plan.engine.num_gpu_blocks_override or 0),
+                       args.profile)
         rows.append((plan.workloads[i][0], eng, sim))
     write_md(args.out, args, fits, link, rows)
 
@@ -113,7 +118,8 @@ def _fit_line(fit) -> str:
 def write_md(out: Path, args, fits: dict, link: dict, rows: list) -> None:
     err = {m: [abs(s[m] / e[m] - 1) for _, e, s in rows if e[m]] for m in METRICS}
     dry = " (DRY RUN on CPU: the code path only, not a result)" if args.dry_run else ""
-    source = f"Source: `{args.bench}`{dry}; regenerate with `python benchmarks/disagg/fit_sim.py --bench DIR`."
+    source = (f"Source: `{args.bench}`{dry}, cost profile `{args.profile}`; regenerate with "
+              f"`python benchmarks/disagg/fit_sim.py --bench {args.bench} --profile {args.profile}`.")
     fields = (f"Simulated with the {args.link} fit: DisaggConfig link_gb_per_s = {link['link_gb_per_s']:.2f}, "
               f"link_latency_s = {link['link_latency_s']:.6f}")
     lines = ["# Disaggregated prefill: simulator vs engine, 1P1D (issue 15)", "", source, "",
