@@ -75,3 +75,17 @@ def test_merge_widths_cover_every_heuristic_split_count():
     assert pa.merge_splits_pad(pa.SPLIT_LONG_MAX) == pa.MERGE_SPLITS_PADS[0]
     assert pa.merge_splits_pad(pa.SPLIT_MAX) == pa.MERGE_SPLITS_PADS[-1]
     assert pa.merge_splits_pad(2 * pa.SPLIT_MAX) == 2 * pa.SPLIT_MAX  # an override past them
+
+
+def test_warm_up_launches_run_and_leave_the_kv_cache_alone():
+    """The real kernels (interpreted) through every warm-up launch, split 17 ways included; the
+    launches store no KV (every slot -1) and leave the block tables zeroed."""
+    model = LlamaModel(get_model("tiny"), max_positions=4096, dtype=torch.float32, seed=0,
+                       attention_backend="triton")
+    runner = ModelRunner(model, block_size=BLOCK, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=4096)
+    runner.allocate_kv_cache(num_gpu_blocks_override=32)
+    runner.kv_caches.normal_(generator=torch.Generator().manual_seed(1))
+    before = runner.kv_caches.clone()
+    assert runner.warm_up_attention_launches() == 9
+    assert torch.equal(runner.kv_caches, before)
+    assert not runner.d_block_tables.any()
