@@ -25,7 +25,9 @@ import itertools
 import operator
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -761,31 +763,14 @@ class ModelRunner:
         self.d_seq_lens.fill_(1)
         self.d_qsl.copy_(torch.arange(self.max_num_seqs + 1, dtype=torch.int32, device=self.device))
         self.d_block_tables.zero_()
-        pool = None
-        stream = torch.cuda.Stream(self.device)
         # One logits buffer for every graph (graph b writes its first b rows): a buffer per graph
         # would keep sum(buckets) x vocab logits alive, 17 GB for max_num_seqs 1024 at a 128k vocab,
         # memory the KV cache was already given.
-        spec = self.model.spec
-        self._logits_buf = torch.empty(max(sizes), spec.vocab_size, dtype=self.model.lm_head_weight.dtype,
+        self._logits_buf = torch.empty(max(sizes), self.spec.vocab_size, dtype=self.model.lm_head_weight.dtype,
                                        device=self.device)
-        for b in sizes:
-            meta = self._meta(b, b, 1, self.max_model_len, self.max_blocks_per_seq)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up (Triton autotuning/compilation happens here)
-                    h = self.model(self.d_input_ids[:b], self.d_positions[:b], self.kv_caches, meta)
-                    self.model.compute_logits(h)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                h = self.model(self.d_input_ids[:b], self.d_positions[:b], self.kv_caches, meta)
-                logits = self.model.compute_logits(h, out=self._logits_buf[:b])
-            pool = g.pool()
-            self.num_graph_captures += 1
+        for b, (g, logits) in self._capture(sizes, lambda b: self.graph_forward(b, 1, self._logits_buf)).items():
             self.graphs[b] = g
             self._graph_logits[b] = logits
-        torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
 
     def verify_graph_sizes(self, k: int) -> list[int]:
@@ -823,22 +808,9 @@ class ModelRunner:
         self.d_block_tables.zero_()
         buf = torch.empty(max(sizes) * q, self.spec.vocab_size, dtype=self.model.lm_head_weight.dtype,
                           device=self.device)
-        pool = None
-        stream = torch.cuda.Stream(self.device)
-        for b in sizes:
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up (Triton compilation happens here)
-                    self.graph_forward(b, q, buf)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                logits = self.graph_forward(b, q, buf)
-            pool = g.pool()
-            self.num_graph_captures += 1
+        for b, (g, logits) in self._capture(sizes, lambda b: self.graph_forward(b, q, buf)).items():
             self.verify_graphs[b] = g
             self._verify_logits[b] = logits
-        torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ mixed graphs
@@ -886,21 +858,28 @@ class ModelRunner:
         self.d_slots.fill_(-1)
         self.d_seq_lens.zero_()
         self.d_qsl.zero_()
-        graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        captured = self._capture(sizes, self.mixed_graph_forward)
+        self.use_mixed_graphs({t: g for t, (g, _) in captured.items()})
+        return time.perf_counter() - t0
+
+    def _capture(self, sizes: list[int], forward: Callable[[int], Any]) -> dict[int, tuple[torch.cuda.CUDAGraph, Any]]:
+        """One CUDA graph of `forward(n)` per size, in the order given (largest first: one
+        memory pool serves the smaller ones): each run twice on a side stream first (Triton
+        compiles there), then captured; (graph, the captured call's output) by size."""
+        captured: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
         pool = None
         stream = torch.cuda.Stream(self.device)
-        for t in sizes:
+        for n in sizes:
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up (Triton compilation happens here)
-                    self.mixed_graph_forward(t)
+                for _ in range(2):
+                    forward(n)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
-                self.mixed_graph_forward(t)
+                out = forward(n)
             pool = g.pool()
             self.num_graph_captures += 1
-            graphs[t] = g
-        self.use_mixed_graphs(graphs)
+            captured[n] = (g, out)
         torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
+        return captured
