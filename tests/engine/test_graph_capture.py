@@ -7,6 +7,7 @@ an independent eager forward of the same persistent buffers."""
 from __future__ import annotations
 
 import contextlib
+from typing import ClassVar
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ BLOCK = 4
 
 
 class _Graph:
-    made: list[_Graph] = []
+    made: ClassVar[list[_Graph]] = []
 
     def __init__(self) -> None:
         _Graph.made.append(self)
