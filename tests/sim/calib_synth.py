@@ -105,13 +105,20 @@ def synthetic_run(model: ModelSpec, gpu: GPUSpec, *, n: int = 3000, seed: int = 
     spoiled = rng.random(n) < outlier_share
     gpu_total = np.where(spoiled, gpu_total * 3.0, gpu_total)
     gpu_total[0] += 1.1  # kernel compilation on the first step
-    o = TRUE_OVERLAP
-    if async_scheduling:  # step N's wall time is the period of step N+1 (see step_wall_s)
-        wall = np.maximum(gpu_total + o.async_gpu_gap_s, cpu_total + o.async_host_s)
-        total = np.concatenate([[cpu_total[0]], wall[:-1]])
-    else:
-        total = gpu_total + cpu_total + o.sync_extra_s
-    start = np.concatenate([[0.0], np.cumsum(total)[:-1]])
-    cols |= {"step_id": np.arange(n, dtype=float), "t_start_s": start, "total_s": total, "gpu_s": 0.9 * gpu_total,
-             "sample_s": 0.1 * gpu_total, "schedule_s": 0.4 * cpu_total, "prepare_s": 0.6 * cpu_total}
+    cols |= timing_columns(gpu_total, cpu_total, async_scheduling)
     return EngineRun(name=name, steps=cols, async_scheduling=async_scheduling, max_num_seqs=MAX_NUM_SEQS)
+
+
+def timing_columns(gpu: np.ndarray, cpu: np.ndarray, async_scheduling: bool) -> dict[str, np.ndarray]:
+    """A step table's clock columns from each step's GPU and host seconds, overlapped as
+    TRUE_OVERLAP says: the GPU time split 9:1 into forward and sampling, the host's 4:6 into
+    scheduling and input preparation."""
+    o, n = TRUE_OVERLAP, len(gpu)
+    if async_scheduling:  # step N's wall time is the period of step N+1 (see step_wall_s)
+        wall = np.maximum(gpu + o.async_gpu_gap_s, cpu + o.async_host_s)
+        total = np.concatenate([[cpu[0]], wall[:-1]])
+    else:
+        total = gpu + cpu + o.sync_extra_s
+    return {"step_id": np.arange(n, dtype=float), "t_start_s": np.concatenate([[0.0], np.cumsum(total)[:-1]]),
+            "total_s": total, "gpu_s": 0.9 * gpu, "sample_s": 0.1 * gpu, "schedule_s": 0.4 * cpu,
+            "prepare_s": 0.6 * cpu}

@@ -31,8 +31,8 @@ from tests.sim.calib_synth import (
     TRUE_CPU,
     TRUE_DECODE,
     TRUE_MIXED,
-    TRUE_OVERLAP,
     _compositions,
+    timing_columns,
     true_cpu_s,
     true_gpu_s,
 )
@@ -106,15 +106,7 @@ def graph_run(*, graphs: bool, seed: int, n: int = 3000, asynchronous: bool = Tr
     cols = {k: np.concatenate([big[k], small[k]])[order] for k in big}
     gpu = true_step_gpu_s(cols, graphs, graph_terms) * (1 + noise * rng.standard_normal(n))
     cpu = true_cpu_s(cols) * (1 + noise * rng.standard_normal(n))
-    o = TRUE_OVERLAP
-    if asynchronous:  # step N's wall time is the period of step N+1 (see step_wall_s)
-        wall = np.maximum(gpu + o.async_gpu_gap_s, cpu + o.async_host_s)
-        total = np.concatenate([[cpu[0]], wall[:-1]])
-    else:
-        total = gpu + cpu + o.sync_extra_s
-    cols |= {"step_id": np.arange(n, dtype=float), "t_start_s": np.concatenate([[0.0], np.cumsum(total)[:-1]]),
-             "total_s": total, "gpu_s": 0.9 * gpu, "sample_s": 0.1 * gpu, "schedule_s": 0.4 * cpu,
-             "prepare_s": 0.6 * cpu}
+    cols |= timing_columns(gpu, cpu, asynchronous)
     mode = {"cudagraph_mode": "FULL"} if graphs else {}
     return EngineRun(name=name, steps=cols, async_scheduling=asynchronous, max_num_seqs=MAX_NUM_SEQS,
                      max_num_batched_tokens=BUDGET, max_cudagraph_capture_size=CAPTURE, **mode)
