@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineArgs
@@ -23,12 +23,12 @@ from engine.model_spec import get_model
 from engine.request import Request
 from engine.runner import ModelRunner, mixed_graph_buckets
 from engine.sampling import SamplingParams
+from tests.kernels.helpers import SETTINGS
 
 MAX_LEN = 128
 BASE = {"device": "cpu", "dtype": "float32", "max_num_seqs": 5, "max_num_batched_tokens": 24, "seed": 0,
         "block_size": 4, "max_model_len": MAX_LEN}
 TARGET = LlamaModel(get_model("tiny"), max_positions=MAX_LEN, dtype=torch.float32, seed=0)
-SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
 
 
 class MixedReplay:

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from hypothesis import HealthCheck
+
+# hypothesis settings of the kernel and engine property tests: no deadline (the Triton interpreter is
+# slow and uneven), reproducible examples
+SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 

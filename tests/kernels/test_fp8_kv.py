@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.cache_write import write_kv_cache
@@ -27,11 +27,10 @@ from kernels.reference import (
     quantize_kv_ref,
     write_kv_cache_ref,
 )
-from tests.kernels.helpers import make_batch, rel_norm_error
+from tests.kernels.helpers import SETTINGS, make_batch, rel_norm_error
 from tests.kernels.test_fused import rope_case, rope_tables
 
 FP8 = torch.float8_e4m3fn
-SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
 # e4m3 keeps 3 mantissa bits: a value in the normal range is off by at most 2**-4 of itself
 # after rounding, and below the smallest normal (2**-6) by at most half the subnormal step 2**-9
 HALF_ULP_REL = 2.0**-4

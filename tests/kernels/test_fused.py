@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.cache_write import write_kv_cache
 from kernels.fused import add_rms_norm, rope_fusable, rope_store_kv, silu_mul
 from kernels.reference import add_rms_norm_ref, rope_store_kv_ref, silu_mul_ref
+from tests.kernels.helpers import SETTINGS
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
 SENTINEL = 7.0  # cache cells nobody wrote keep it
 
 

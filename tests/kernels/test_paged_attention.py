@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels.paged_attention as pa
@@ -22,13 +22,12 @@ from kernels.paged_attention import (
     paged_attention,
 )
 from kernels.reference import paged_attention_ref
-from tests.kernels.helpers import PagedBatch, assert_close, make_batch, rel_norm_error
+from tests.kernels.helpers import SETTINGS, PagedBatch, assert_close, make_batch, rel_norm_error
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # small tiles keep the CPU interpreter quick and make tiles smaller/larger than the block size
 SMALL_DECODE = AttentionConfig(block_m=16, tile_n=16, num_warps=4, num_stages=2)
 SMALL_PREFILL = AttentionConfig(block_m=32, tile_n=32, num_warps=4, num_stages=2)
-SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
 
 
 def reference(batch: PagedBatch) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels.paged_attention as pa
@@ -20,10 +20,9 @@ from kernels.paged_attention import (
     paged_attention,
 )
 from kernels.reference import paged_attention_ref, quantize_kv_ref
-from tests.kernels.helpers import PagedBatch, assert_close, make_batch, rel_norm_error
+from tests.kernels.helpers import SETTINGS, PagedBatch, assert_close, make_batch, rel_norm_error
 
 FP8 = torch.float8_e4m3fn
-SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
 SMALL = LaunchConfigs(decode=AttentionConfig(16, 16, 4, 2), prefill=AttentionConfig(32, 16, 4, 2))
 
 

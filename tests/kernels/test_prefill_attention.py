@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.prefill_attention import (
@@ -17,9 +17,7 @@ from kernels.prefill_attention import (
     prefill_attention,
 )
 from kernels.reference import gather_context, paged_attention_ref, quantize_kv_ref
-from tests.kernels.helpers import PagedBatch, assert_close, make_batch, rel_norm_error
-
-SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
+from tests.kernels.helpers import SETTINGS, PagedBatch, assert_close, make_batch, rel_norm_error
 
 # Tiny tiles keep the interpreter quick; each variant is what the GPU sweep varies, and
 # tile_n 16 divides both tested block sizes so kv_tma really takes the descriptor path.
