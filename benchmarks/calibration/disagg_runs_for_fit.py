@@ -19,12 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineArgs  # torch-free, unlike bench_h200x2
+from benchmarks.disagg.bench_h200x2 import Plan
 
 RUNS = ROOT / "benchmarks/disagg/data/h200x2/runs.tar.xz"
-# bench_h200x2.Plan's engine for the two-GPU runs, with the defaults it resolved to
-ENGINE = EngineArgs(model="llama-3.1-8b", dtype="bfloat16", device="cuda", max_model_len=20480,
-                    gpu_memory_utilization=0.80, seed=0, max_num_seqs=256, max_num_batched_tokens=8192)
+# the two-GPU runs' engine, with the scheduling limits it resolved to (max_num_seqs and the token
+# budget left unset: the engine's defaults, 256 and 8,192)
+ENGINE = Plan(dry=False).engine.model_copy(update={"max_num_seqs": 256, "max_num_batched_tokens": 8192})
 
 
 def main() -> None:
