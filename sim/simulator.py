@@ -197,7 +197,8 @@ class _Replica:
     def run(self) -> Process:
         sched = self.sched
         while True:
-            self._at_boundary()
+            if self.boundary_waiters:  # rare (a disaggregated decode replica): keep the hot loop bare
+                self._at_boundary()
             if not sched.has_unfinished():
                 yield from self._wait_for_work()
                 continue
