@@ -136,6 +136,10 @@ def tour(url: str, out_dir: Path, chromium: str, rec: dict | None = None) -> Tou
         page.wait_for_selector(CHART, timeout=60_000)
         seen.goodput_after = metric_value(page, "Goodput (req/s)")
         seen.p99_ttft_after = metric_value(page, "p99 TTFT (ms)")
+        # the URL is written at the end of the script run (app/main.py: sync_url after the page),
+        # so it can reach the browser after the metrics do: wait for it rather than read it early
+        page.wait_for_function("() => window.location.search.includes('enable-prefix-caching')",
+                               timeout=60_000)
         seen.url_after = page.url
         shot(page, out_dir / "whatif-prefix-caching-off.png", seen)
         page.get_by_role("tab", name="Timelines").click()
