@@ -46,6 +46,7 @@ from engine.flags import CUDAGRAPH_MODES
 from engine.model_spec import ModelSpec, dtype_bytes
 from sim.config import EngineConfig
 from sim.hardware import GB, GPUSpec
+from sim.kv_dtype_costs import kv_dtype_cost
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 PROFILE_SCHEMA_VERSION = 2  # what `save` writes; version 1 (first principles only) still loads
@@ -365,8 +366,10 @@ class Roofline:
     gemm_s_per_token: float  # matmul FLOPs of the decoder layers per token
     gemm_s_per_row: float  # LM-head FLOPs per sampled row
     weights_s: float  # reading every weight once
-    attn_s_per_pair: float  # attention FLOPs per (query, key) pair
-    kv_s_per_token: float  # reading one token's KV
+    attn_s_per_pair: float  # attention FLOPs per (query, key) pair (decode)
+    kv_s_per_token: float  # reading one token's KV (decode; prefill's memory side)
+    prefill_s_per_pair: float  # prefill attention per (query, key) pair: attn_s_per_pair x the
+    # KV dtype's measured prefill ratio (an fp8 cache converts each K/V tile per query tile)
     ew_s_per_token: float  # element-wise traffic per token
 
     @classmethod
@@ -380,11 +383,16 @@ class Roofline:
         head_params = model.vocab_size * h
         # element-wise traffic per token: norms/residual/RoPE (~8 h) and SwiGLU (3 x inter)
         ew_bytes = L * (8 * h + 3 * model.intermediate_size / tp) * dtype_bytes(model.dtype)
+        # a quantised cache is priced by its kernels' measured time against the 16-bit cache's,
+        # not by its bytes (sim/kv_dtype_costs.py): the kernels convert slower than HBM streams
+        kvc = kv_dtype_cost(engine.kv_cache_dtype, gpu.name)
+        attn_s_per_pair = 4 * L * model.num_heads * model.head_dim / tp / (gpu.bf16_tflops * 1e12)
         return cls(gemm_s_per_token=2 * layer_params / tp / gemm_rate,
                    gemm_s_per_row=2 * head_params / tp / gemm_rate,
                    weights_s=(layer_params + head_params) * dtype_bytes(wdt) / tp / bw,
-                   attn_s_per_pair=4 * L * model.num_heads * model.head_dim / tp / (gpu.bf16_tflops * 1e12),
-                   kv_s_per_token=model.kv_bytes_per_token(engine.kv_cache_dtype) / tp / bw,
+                   attn_s_per_pair=attn_s_per_pair,
+                   kv_s_per_token=model.kv_bytes_per_token(engine.kv_cache_dtype) / tp / bw * kvc.decode_per_byte,
+                   prefill_s_per_pair=attn_s_per_pair * kvc.prefill_time_ratio,
                    ew_s_per_token=ew_bytes / bw)
 
     def features(self, tokens: Any, rows: Any, prefill_pairs: Any, prefill_kv_tokens: Any,
@@ -394,7 +402,7 @@ class Roofline:
         mx = np.maximum
         return {
             "gemm": mx(self.gemm_s_per_token * tokens + self.gemm_s_per_row * rows, self.weights_s),
-            "prefill_attention": mx(self.attn_s_per_pair * prefill_pairs, self.kv_s_per_token * prefill_kv_tokens),
+            "prefill_attention": mx(self.prefill_s_per_pair * prefill_pairs, self.kv_s_per_token * prefill_kv_tokens),
             "decode_kv": mx(self.attn_s_per_pair * decode_q_per_seq, self.kv_s_per_token) * decode_kv_tokens,
             "decode_max_kv": mx(self.attn_s_per_pair * decode_q_per_seq, self.kv_s_per_token) * decode_max_kv_tokens,
             "elementwise": self.ew_s_per_token * tokens,
@@ -423,7 +431,7 @@ class _Forward:
     @classmethod
     def fitted(cls, r: Roofline, t: GpuTerms, fixed_extra_s: float = 0.0) -> _Forward:
         return cls(gemm_tok=t.gemm * r.gemm_s_per_token, gemm_row=t.gemm * r.gemm_s_per_row,
-                   weights=t.gemm * r.weights_s, pair=t.prefill_attention * r.attn_s_per_pair,
+                   weights=t.gemm * r.weights_s, pair=t.prefill_attention * r.prefill_s_per_pair,
                    kv=t.prefill_attention * r.kv_s_per_token, dkv_pair=t.decode_kv * r.attn_s_per_pair,
                    dkv=t.decode_kv * r.kv_s_per_token, ew=t.elementwise * r.ew_s_per_token,
                    max_pair=t.decode_max_kv * r.attn_s_per_pair, max_kv=t.decode_max_kv * r.kv_s_per_token,
@@ -466,6 +474,7 @@ class CostModel:
         self._weights_s = r.weights_s / p.gemm_memory_efficiency
         # attention: per (query, key) pair and per KV token read
         self._attn_s_per_pair = r.attn_s_per_pair / p.attn_compute_efficiency
+        self._prefill_s_per_pair = r.prefill_s_per_pair / p.attn_compute_efficiency
         self._kv_s_per_token = r.kv_s_per_token / p.attn_memory_efficiency
         self._ew_s_per_token = r.ew_s_per_token / p.elementwise_memory_efficiency
         # two all-reduces per layer of tokens x hidden activations (ring: 2 (tp-1)/tp of the bytes)
@@ -528,7 +537,7 @@ class CostModel:
         if num_tokens <= 0:
             return 0.0
         gemm = max(self._gemm_s_per_token * num_tokens + self._gemm_s_per_row * num_rows, self._weights_s)
-        pre = max(self._attn_s_per_pair * prefill_pairs, self._kv_s_per_token * prefill_kv_tokens)
+        pre = max(self._prefill_s_per_pair * prefill_pairs, self._kv_s_per_token * prefill_kv_tokens)
         dec = max(self._attn_s_per_pair * decode_pairs, self._kv_s_per_token * decode_kv_tokens)
         return (gemm + pre + dec + self._ew_s_per_token * num_tokens
                 + self._ar_fixed_s + self._ar_s_per_token * num_tokens + self._gpu_fixed_s)

@@ -64,7 +64,11 @@ ENGINE_DIMENSIONS: tuple[Dimension, ...] = (
                                        Option("eagle3 k=2", _spec("eagle3", 2)),
                                        Option("eagle3 k=4", _spec("eagle3", 4)))),
     Dimension("FP8", (Option("bf16"), Option("fp8 KV cache", {"kv_cache_dtype": "fp8"}),
-                      Option("fp8 KV + weights", {"kv_cache_dtype": "fp8", "quantization": "fp8"}))),
+                      Option("fp8 KV + weights", {"kv_cache_dtype": "fp8", "quantization": "fp8"}),
+                      # weights only: the fp8 cache's kernels convert slower than HBM streams and
+                      # slow prefill attention (sim/kv_dtype_costs.py), so a prefill-heavy load
+                      # can want the GEMM gain without the cache
+                      Option("fp8 weights", {"quantization": "fp8"}))),
     Dimension("gpu memory utilization", (Option("0.92"), Option("0.95", {"gpu_memory_utilization": 0.95}))),
 )
 

@@ -20,18 +20,24 @@ from sim.generate import generate
 OUT = Path(__file__).with_name("regret.json")
 
 
-DECIDING_MARGIN = 0.01  # an option decides when the best without it is >= 1% worse
+DECIDING_MARGIN = 0.01  # an option is as good as the best when within 1% of its goodput
 
 
-def deciding(ctx, ranked) -> dict[str, str]:
-    """The dimensions whose best option matters: the best configuration with any other option of
-    that dimension loses >= DECIDING_MARGIN of goodput."""
-    top = ranked[0]
+def deciding(ctx, ranked) -> dict[str, list[str]]:
+    """The dimensions whose choice matters, each with its good options: those whose best
+    configuration is within DECIDING_MARGIN of the top one. A dimension decides when some option
+    is not good (choosing it loses >= 1% whatever the other knobs), e.g. FP8 where weights-only
+    and KV + weights tie but bf16 loses."""
+    top = ranked[0].outcome.metrics.goodput_rps
     out = {}
     for d, dim in enumerate(ctx.dims):
-        others = [s.outcome.metrics.goodput_rps for s in ranked if s.cand.picks[d] != top.cand.picks[d]]
-        if others and max(others) <= top.outcome.metrics.goodput_rps * (1 - DECIDING_MARGIN):
-            out[dim.name] = dim.options[top.cand.picks[d]].name
+        best = {}
+        for s in ranked:
+            i = s.cand.picks[d]
+            best[i] = max(best.get(i, 0.0), s.outcome.metrics.goodput_rps)
+        good = [o.name for i, o in enumerate(dim.options) if best.get(i, 0.0) > top * (1 - DECIDING_MARGIN)]
+        if len(good) < len(dim.options):
+            out[dim.name] = good
     return out
 
 
