@@ -48,6 +48,10 @@ class Backend:
     #   (x, delta, weight, eps) -> (x + delta, RMSNorm(x + delta) * weight)
     silu_mul: Callable[..., torch.Tensor]  # (gate_up) -> SiLU(gate) * up
     linear: Callable[..., torch.Tensor]  # (x, weight, bias=None, out=None) -> x @ weight.T + bias
+    # (num_q_heads, num_kv_heads, kv_fp8) -> query tokens per Q block of the decode and prefill
+    # launches, the units of paged_attention's work lists (kernels.paged_attention.plan_work);
+    # None: the backend takes no work lists
+    work_block_qs: Callable[..., tuple[int, int] | None]
 
 
 def linear_choice(linear: str | None = None) -> str:
@@ -70,19 +74,20 @@ def get_backend(name: str, *, linear: str | None = None) -> Backend:
 
         return Backend(
             "torch", ref.paged_attention_ref, ref.write_kv_cache_ref, ref.rope_store_kv_ref,
-            ref.add_rms_norm_ref, ref.silu_mul_ref, ref.linear_ref,
+            ref.add_rms_norm_ref, ref.silu_mul_ref, ref.linear_ref, ref.work_block_qs_ref,
         )  # fmt: skip
     if name == "triton":
         from kernels.cache_write import write_kv_cache
         from kernels.fused import add_rms_norm, rope_store_kv, silu_mul
-        from kernels.paged_attention import paged_attention
+        from kernels.paged_attention import paged_attention, work_block_qs
 
         if linear_choice(linear) == "skinny":
             from kernels.skinny_gemm import linear as gemm
         else:
             from kernels.reference import linear_ref as gemm
         return Backend(
-            "triton", paged_attention, write_kv_cache, rope_store_kv, add_rms_norm, silu_mul, gemm
+            "triton", paged_attention, write_kv_cache, rope_store_kv, add_rms_norm, silu_mul, gemm,
+            work_block_qs,
         )
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKEND_NAMES}")
 

@@ -16,8 +16,10 @@ How the work is cut:
 - Causal tiles past a Q block's last visible key are never visited; tiles that every row of the
   block sees completely run without the mask.
 - Split-KV (flash-decoding): when there are too few (Q block, KV head) programs to fill the GPU,
-  a third grid axis cuts each sequence's tiles into ``num_splits`` segments; each writes a
-  normalised partial output and its log-sum-exp, and a second kernel merges them.
+  a third grid axis cuts each Q block's key tiles into ``num_splits`` segments; each writes a
+  normalised partial output and its log-sum-exp, and a second kernel merges them per token.
+  Decode-shaped launches (one Q block per sequence) and prefill-shaped ones (chunks over a
+  long cached context) alike; a Q block's causal rows simply find no keys in a late segment.
 - FP8 KV cache (``torch.float8_e4m3fn``, see ``kernels.reference`` for the scale convention):
   tiles are loaded as fp8 (half the bytes) and widened for the tensor cores in registers, in one
   of the ways FP8_CONVERTS lists (a launch parameter: ``AttentionConfig.fp8_convert``); the
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -130,6 +133,20 @@ SPLIT_MAX = 64
 SPLIT_LONG_MIN_TOKENS = 2048
 SPLIT_LONG_MAX = 16
 SPLIT_FULL_PROGRAMS = 4096
+# Split-KV for prefill-shaped launches (chunks). A chunk over a long cached context makes few
+# (Q block, KV head) programs, each walking every key of its sequence alone while most SMs idle
+# (H200, Llama-3.1-8B: 64 new tokens over 8K cached took 18.8 ms of GPU time against a 5.6 ms
+# roofline, 16 programs per layer). A launch with fewer than PREFILL_SPLIT_BELOW_PROGRAMS_PER_SM
+# programs per SM cuts each Q block's keys into segments of at least PREFILL_SPLIT_MIN_TOKENS
+# until the programs reach PREFILL_SPLIT_TARGET_PROGRAMS_PER_SM per SM; the merge is the decode
+# path's, per token. Measured on the H200 (profile_steps.py, whole steps as CUDA graphs, 8B):
+# 64 over 8K 16.1 -> 6.7 ms, 128 over 2.5K beside 20 decodes 11.3 -> 9.2 ms; a 512-token chunk
+# (128 programs, about one per SM) gained at most 7% and lost 4% over 1.5K cached (the merge's
+# traffic), so launches of about a program per SM are left whole.
+PREFILL_SPLIT_BELOW_PROGRAMS_PER_SM = 0.5
+PREFILL_SPLIT_TARGET_PROGRAMS_PER_SM = 2
+PREFILL_SPLIT_MIN_TOKENS = 512
+PREFILL_SPLIT_MAX = 16
 # The merge kernel's segment axis: two widths, not a constexpr per split count, which compiled a
 # variant per count an eager step first met (H200: a validation replay stalled on one). 16 covers
 # every count of a full GPU (SPLIT_LONG_MAX); 64 the few-sequence regime (SPLIT_MAX). Masked
@@ -264,6 +281,18 @@ def choose_num_splits(
     wanted = math.ceil(SPLIT_TARGET_PROGRAMS_PER_SM * num_sms / max(programs, 1))
     by_length = max(1, max_seq_len // SPLIT_MIN_TOKENS)
     return max(1, min(wanted, by_length, SPLIT_MAX))
+
+
+def choose_prefill_splits(num_q_blocks: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """KV segments per Q block of a prefill-shaped launch: >1 only when its (Q block, KV head)
+    programs fill less than PREFILL_SPLIT_BELOW_PROGRAMS_PER_SM per SM and the keys are long
+    enough to give each segment PREFILL_SPLIT_MIN_TOKENS."""
+    programs = max(num_q_blocks * num_kv_heads, 1)
+    if programs >= PREFILL_SPLIT_BELOW_PROGRAMS_PER_SM * num_sms:
+        return 1
+    wanted = math.ceil(PREFILL_SPLIT_TARGET_PROGRAMS_PER_SM * num_sms / programs)
+    by_length = max_seq_len // PREFILL_SPLIT_MIN_TOKENS
+    return max(1, min(wanted, by_length, PREFILL_SPLIT_MAX))
 
 
 @triton.jit
@@ -636,6 +665,110 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
+@triton.jit
+def _attend_q_block(
+    seq, q_block_local, kv_head, split,
+    out_ptr, segm_out_ptr, segm_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
+    seq_lens_ptr, query_start_loc_ptr, k_scale_ptr, v_scale_ptr, stride_k_scale, stride_v_scale,
+    qk_scale, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_c_block,
+    stride_c_row, stride_c_head, stride_bt, num_splits, min_tiles_per_split,
+    NUM_QUERIES_PER_KV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr, IS_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, FP8_CONVERT: tl.constexpr, SEQ_KIND: tl.constexpr,
+    DECODE_MAX_Q: tl.constexpr,
+):  # fmt: skip
+    """Attention of one (Q block, KV head, KV segment): its output rows, or its partial rows
+    and log-sum-exps for the merge. Does nothing for a Q block past its sequence's tokens, a
+    sequence of the other launch's kind, or a segment past what the block's keys need (guards
+    rather than returns: a work-list launch calls this in a loop)."""
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    active = (q_block_local * BLOCK_Q < q_len) & ~_other_kind(q_len, SEQ_KIND, DECODE_MAX_Q)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len
+    # causal pruning (no tile past the Q block's last row's keys); see _segments for splits
+    first_pos = q_block_local * BLOCK_Q
+    last_pos = tl.minimum(first_pos + BLOCK_Q, q_len) - 1
+    num_keys = context_len + last_pos + 1
+    num_tiles = tl.cdiv(num_keys, TILE_N)
+    tile_lo = 0
+    tile_hi = num_tiles
+    num_used = 1
+    if IS_SPLIT:
+        tiles_per_split, num_used = _segments(num_tiles, num_splits, min_tiles_per_split)
+        active = active & (split < num_used)  # past the keys' need: no work, nothing to merge
+        tile_lo = split * tiles_per_split
+        tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    if active:
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        d_mask = offs_d < HEAD_DIM
+        query_pos = q_block_local * BLOCK_Q + offs_m // NUM_QUERIES_PER_KV  # among the new tokens
+        q_head = kv_head * NUM_QUERIES_PER_KV + offs_m % NUM_QUERIES_PER_KV
+        row_ok = (offs_m // NUM_QUERIES_PER_KV < BLOCK_Q) & (query_pos < q_len)
+        token = (q_start + query_pos).to(tl.int64)
+
+        q = tl.load(
+            q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head + offs_d[None, :],
+            mask=row_ok[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+
+        # keys visible to each row; padding rows get the first row's limit so they never widen it
+        key_limit = context_len + tl.where(row_ok, query_pos, first_pos) + 1
+        num_full_tiles = (context_len + first_pos + 1) // TILE_N  # seen whole by every row
+
+        scale = qk_scale
+        if KV_FP8:  # scores of the stored k are k_scale times too small: fold it into the scale
+            scale = qk_scale * tl.load(k_scale_ptr + kv_head * stride_k_scale)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+        block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        kv_head_offset = kv_head.to(tl.int64) * stride_c_head
+
+        acc, m_i, l_i = _attend_tiles(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
+            stride_c_block, stride_c_row,
+            tile_lo, tl.minimum(tile_hi, num_full_tiles), key_limit, num_keys, scale, offs_d,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION, KV_FP8, FP8_CONVERT,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_tiles(
+            acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
+            stride_c_block, stride_c_row,
+            tl.maximum(tile_lo, num_full_tiles), tile_hi, key_limit, num_keys, scale, offs_d,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION, KV_FP8, FP8_CONVERT,
+        )  # fmt: skip
+
+        has_keys = l_i > 0.0
+        acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        if KV_FP8:  # linear in v: one multiply here instead of one per cached element
+            acc = acc * tl.load(v_scale_ptr + kv_head * stride_v_scale)
+        if num_used == 1:  # unsplit launch, or a Q block short enough for one segment
+            tl.store(
+                out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
+                + offs_d[None, :],
+                acc.to(out_ptr.dtype.element_ty),
+                mask=row_ok[:, None] & d_mask[None, :],
+            )  # fmt: skip
+        else:
+            lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+            # beside a prefill launch the scratch has DECODE_MAX_Q rows per sequence, not one per
+            # token: a chunk of thousands of tokens would otherwise size it
+            segm_tok = token
+            if SEQ_KIND == 1:
+                segm_tok = seq.to(tl.int64) * DECODE_MAX_Q + query_pos
+            segm_row = (segm_tok * (NUM_QUERIES_PER_KV * tl.num_programs(1)) + q_head) * num_splits + split
+            tl.store(segm_lse_ptr + segm_row, lse, mask=row_ok)
+            tl.store(
+                segm_out_ptr + segm_row[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+                acc,
+                mask=row_ok[:, None],
+            )
+
+
 # Integer arguments that change from step to step are not specialised on (Triton would compile
 # a variant per "equals 1" / "divisible by 16" pattern of each, and an eager step meeting a new
 # pattern mid-replay paid ~1 s of compilation); nothing in the kernels gains from knowing them.
@@ -652,6 +785,8 @@ def _paged_attention_kernel(
     query_start_loc_ptr,
     k_scale_ptr,  # fp8 cache only: [1] or [Hkv] float32 (see stride_k_scale)
     v_scale_ptr,
+    work_ptr,  # USE_WORK: int32 items (sequence << 16 | Q block of the sequence)
+    num_work_ptr,  # USE_WORK: int32 [1], the items this launch works (read on the device)
     stride_k_scale,  # 0: per-tensor scale, 1: per KV head
     stride_v_scale,
     num_seqs,
@@ -664,8 +799,8 @@ def _paged_attention_kernel(
     stride_c_row,
     stride_c_head,
     stride_bt,
-    num_splits,  # KV segments per sequence (split-KV only; a run-time value: no recompiles)
-    min_tiles_per_split,  # fewer segments than num_splits when a sequence is short (see below)
+    num_splits,  # KV segments per Q block (split-KV only; a run-time value: no recompiles)
+    min_tiles_per_split,  # fewer segments than num_splits when a Q block is short (see below)
     NUM_QUERIES_PER_KV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -679,162 +814,131 @@ def _paged_attention_kernel(
     FP8_CONVERT: tl.constexpr,
     SEQ_KIND: tl.constexpr = 0,  # ALL_SEQS, DECODE_SEQS or PREFILL_SEQS: which sequences to attend
     DECODE_MAX_Q: tl.constexpr = 4,  # a sequence of at most this many query tokens is decode-like
+    USE_WORK: tl.constexpr = False,  # Q blocks from a work list, in a loop over the grid's axis 0
 ):
-    # Q blocks in reverse: with causal prefill the last blocks of a sequence have the most
-    # tiles, so starting them first leaves the short ones to fill the tail of the grid
-    q_block_global = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-
-    seq = _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    q_block_local = q_block_global - (q_start // BLOCK_Q + seq)
-    if q_block_local * BLOCK_Q >= q_len:
-        return  # surplus program of the static grid
-    if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
-        return  # the other launch of a mixed batch attends this sequence
-    seq_len = tl.load(seq_lens_ptr + seq)
-    context_len = seq_len - q_len
-    # causal pruning (no tile past the Q block's last row's keys); see _segments for splits
-    first_pos = q_block_local * BLOCK_Q
-    last_pos = tl.minimum(first_pos + BLOCK_Q, q_len) - 1
-    num_keys = context_len + last_pos + 1
-    num_tiles = tl.cdiv(num_keys, TILE_N)
-    tile_lo = 0
-    tile_hi = num_tiles
-    num_used = 1
-    if IS_SPLIT:
-        tiles_per_split, num_used = _segments(num_tiles, num_splits, min_tiles_per_split)
-        if split >= num_used:
-            return  # the sequence is too short for this segment: no work, nothing to merge
-        tile_lo = split * tiles_per_split
-        tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
-
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    d_mask = offs_d < HEAD_DIM
-    query_pos = q_block_local * BLOCK_Q + offs_m // NUM_QUERIES_PER_KV  # among the new tokens
-    q_head = kv_head * NUM_QUERIES_PER_KV + offs_m % NUM_QUERIES_PER_KV
-    row_ok = (offs_m // NUM_QUERIES_PER_KV < BLOCK_Q) & (query_pos < q_len)
-    token = (q_start + query_pos).to(tl.int64)
-
-    q = tl.load(
-        q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head + offs_d[None, :],
-        mask=row_ok[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-
-    # keys visible to each row; padding rows get the first row's limit so they never widen it
-    key_limit = context_len + tl.where(row_ok, query_pos, first_pos) + 1
-    num_full_tiles = (context_len + first_pos + 1) // TILE_N  # seen whole by every row
-
-    if KV_FP8:  # scores of the stored k are k_scale times too small: fold it into the scale
-        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head * stride_k_scale)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    block_table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    kv_head_offset = kv_head.to(tl.int64) * stride_c_head
-
-    acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
-        stride_c_block, stride_c_row,
-        tile_lo, tl.minimum(tile_hi, num_full_tiles), key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, False, DOT_PRECISION, KV_FP8, FP8_CONVERT,
-    )  # fmt: skip
-    acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head_offset,
-        stride_c_block, stride_c_row,
-        tl.maximum(tile_lo, num_full_tiles), tile_hi, key_limit, num_keys, qk_scale, offs_d,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, True, DOT_PRECISION, KV_FP8, FP8_CONVERT,
-    )  # fmt: skip
-
-    has_keys = l_i > 0.0
-    acc = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if KV_FP8:  # linear in v: one multiply here instead of one per cached element
-        acc = acc * tl.load(v_scale_ptr + kv_head * stride_v_scale)
-    if num_used == 1:  # unsplit launch, or a sequence short enough for one segment
-        tl.store(
-            out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
-            + offs_d[None, :],
-            acc.to(out_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & d_mask[None, :],
-        )  # fmt: skip
+    if USE_WORK:
+        # The host listed this launch's Q blocks; a CUDA graph's grid is sized for the most a
+        # replay can bring, and its programs stride over however many the step has (no
+        # program spends a launch slot on a padding sequence or on the other kind's blocks)
+        for w in range(tl.program_id(0), tl.load(num_work_ptr), tl.num_programs(0)):
+            item = tl.load(work_ptr + w)
+            _attend_q_block(
+                item >> 16, item & 0xFFFF, kv_head, split,
+                out_ptr, segm_out_ptr, segm_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, k_scale_ptr, v_scale_ptr, stride_k_scale, stride_v_scale, qk_scale, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_c_block, stride_c_row, stride_c_head, stride_bt, num_splits, min_tiles_per_split,
+                NUM_QUERIES_PER_KV, BLOCK_M, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, IS_SPLIT, DOT_PRECISION, KV_FP8, FP8_CONVERT, SEQ_KIND, DECODE_MAX_Q,
+            )  # fmt: skip
     else:
-        lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        # beside a prefill launch the scratch has DECODE_MAX_Q rows per sequence, not one per
-        # token: a chunk of thousands of tokens would otherwise size it
+        # Q blocks in reverse: with causal prefill the last blocks of a sequence have the most
+        # tiles, so starting them first leaves the short ones to fill the tail of the grid
+        q_block_global = tl.num_programs(0) - 1 - tl.program_id(0)
+        seq = _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
+        q_start = tl.load(query_start_loc_ptr + seq)
+        q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+        q_block_local = q_block_global - (q_start // BLOCK_Q + seq)
+        if q_block_local * BLOCK_Q >= q_len:
+            return  # surplus program of the static grid
+        if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
+            return  # the other launch of a mixed batch attends this sequence
+        _attend_q_block(
+            seq, q_block_local, kv_head, split,
+            out_ptr, segm_out_ptr, segm_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, k_scale_ptr, v_scale_ptr, stride_k_scale, stride_v_scale, qk_scale, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_c_block, stride_c_row, stride_c_head, stride_bt, num_splits, min_tiles_per_split,
+            NUM_QUERIES_PER_KV, BLOCK_M, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, IS_SPLIT, DOT_PRECISION, KV_FP8, FP8_CONVERT, SEQ_KIND, DECODE_MAX_Q,
+        )  # fmt: skip
+
+
+@triton.jit
+def _merge_token(token, seq, head, q_end, q_len, out_ptr, segm_out_ptr, segm_lse_ptr, seq_lens_ptr,
+                 stride_o_tok, stride_o_head, num_q_heads, num_splits, min_tiles_per_split, block_q,
+                 TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                 NUM_SPLITS_PAD: tl.constexpr, SEQ_KIND: tl.constexpr, DECODE_MAX_Q: tl.constexpr):
+    """Merge one (token, query head)'s segments into its output row, unless its Q block used a
+    single segment (which the attention program stored whole)."""
+    # the token's Q block cut its keys (those of the block's last row) as the attention
+    # program did: the same count of segments, to merge here unless it is one
+    pos = token - (q_end - q_len)
+    last_pos = tl.minimum((pos // block_q + 1) * block_q, q_len) - 1
+    num_keys = tl.load(seq_lens_ptr + seq) - q_len + last_pos + 1
+    num_used = _segments(tl.cdiv(num_keys, TILE_N), num_splits, min_tiles_per_split)[1]
+    if num_used > 1:
         segm_tok = token
         if SEQ_KIND == 1:
-            segm_tok = seq.to(tl.int64) * DECODE_MAX_Q + query_pos
-        segm_row = (segm_tok * (NUM_QUERIES_PER_KV * tl.num_programs(1)) + q_head) * num_splits + split
-        tl.store(segm_lse_ptr + segm_row, lse, mask=row_ok)
+            segm_tok = seq.to(tl.int64) * DECODE_MAX_Q + pos
+        offs_s = tl.arange(0, NUM_SPLITS_PAD)
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        row = (segm_tok * num_q_heads + head) * num_splits
+        used = offs_s < num_used  # segments past num_used were never written
+        lse = tl.load(segm_lse_ptr + row + offs_s, mask=used, other=float("-inf"))
+        lse_max = tl.max(lse, 0)
+        weight = tl.math.exp2(lse - lse_max)  # a segment with no keys (lse -inf) weighs 0
+        parts = tl.load(
+            segm_out_ptr + (row + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+            mask=used[:, None],
+            other=0.0,
+        )
+        merged = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
         tl.store(
-            segm_out_ptr + segm_row[:, None] * HEAD_DIM_PAD + offs_d[None, :],
-            acc,
-            mask=row_ok[:, None],
+            out_ptr + token * stride_o_tok + head * stride_o_head + offs_d,
+            merged.to(out_ptr.dtype.element_ty),
+            mask=offs_d < HEAD_DIM,
         )
 
 
-@triton.jit(do_not_specialize=["num_splits", "num_seqs", "min_tiles_per_split"])
+@triton.jit(do_not_specialize=["num_splits", "num_seqs", "min_tiles_per_split", "block_q"])
 def _merge_splits_kernel(
     out_ptr,
     segm_out_ptr,
     segm_lse_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
+    work_ptr,  # USE_WORK: the attention launch's work list (its Q blocks)
+    num_work_ptr,
     stride_o_tok,
     stride_o_head,
     num_q_heads,
     num_splits,
     min_tiles_per_split,
     num_seqs,
+    block_q,  # query tokens per Q block of the attention launch (its segments are per Q block)
     TILE_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     NUM_SPLITS_PAD: tl.constexpr,
     SEQ_KIND: tl.constexpr = 0,
     DECODE_MAX_Q: tl.constexpr = 4,
+    USE_WORK: tl.constexpr = False,  # programs stride over the work list's Q blocks and their tokens
 ):
-    token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    segm_tok = token
-    # Rows of the other kind beside a prefill launch, padding tokens past every sequence and
-    # sequences of one segment (written whole by the attention kernel) are not ours to merge
-    seq = _find_token_seq(query_start_loc_ptr, token.to(tl.int32), num_seqs)
-    q_end = tl.load(query_start_loc_ptr + seq + 1)
-    q_len = q_end - tl.load(query_start_loc_ptr + seq)
-    if token >= q_end:
-        return
-    if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
-        return
-    # a split launch holds each sequence in one Q block: its last row sees all seq_len keys
-    num_tiles = tl.cdiv(tl.load(seq_lens_ptr + seq), TILE_N)
-    num_used = _segments(num_tiles, num_splits, min_tiles_per_split)[1]
-    if num_used <= 1:
-        return
-    if SEQ_KIND == 1:
-        segm_tok = seq.to(tl.int64) * DECODE_MAX_Q + (token - (q_end - q_len))
-    offs_s = tl.arange(0, NUM_SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    row = (segm_tok * num_q_heads + head) * num_splits
-    used = offs_s < num_used  # segments past num_used were never written
-    lse = tl.load(segm_lse_ptr + row + offs_s, mask=used, other=float("-inf"))
-    lse_max = tl.max(lse, 0)
-    weight = tl.math.exp2(lse - lse_max)  # a segment with no keys (lse -inf) weighs 0
-    parts = tl.load(
-        segm_out_ptr + (row + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
-        mask=used[:, None],
-        other=0.0,
-    )
-    merged = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
-    tl.store(
-        out_ptr + token * stride_o_tok + head * stride_o_head + offs_d,
-        merged.to(out_ptr.dtype.element_ty),
-        mask=offs_d < HEAD_DIM,
-    )
+    if USE_WORK:
+        for w in range(tl.program_id(0), tl.load(num_work_ptr), tl.num_programs(0)):
+            item = tl.load(work_ptr + w)
+            seq = item >> 16
+            q_start = tl.load(query_start_loc_ptr + seq)
+            q_end = tl.load(query_start_loc_ptr + seq + 1)
+            lo = (q_start + (item & 0xFFFF) * block_q).to(tl.int64)
+            for r in range(tl.minimum(lo + block_q, q_end) - lo):
+                _merge_token(
+                    lo + r, seq, head, q_end, q_end - q_start, out_ptr, segm_out_ptr, segm_lse_ptr, seq_lens_ptr,
+                    stride_o_tok, stride_o_head, num_q_heads, num_splits, min_tiles_per_split, block_q,
+                    TILE_N, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS_PAD, SEQ_KIND, DECODE_MAX_Q,
+                )  # fmt: skip
+    else:
+        token = tl.program_id(0).to(tl.int64)
+        # Rows of the other kind beside a prefill launch, padding tokens past every sequence and
+        # sequences of one segment (written whole by the attention kernel) are not ours to merge
+        seq = _find_token_seq(query_start_loc_ptr, token.to(tl.int32), num_seqs)
+        q_end = tl.load(query_start_loc_ptr + seq + 1)
+        q_len = q_end - tl.load(query_start_loc_ptr + seq)
+        if token >= q_end:
+            return
+        if _other_kind(q_len, SEQ_KIND, DECODE_MAX_Q):
+            return
+        _merge_token(
+            token, seq, head, q_end, q_len, out_ptr, segm_out_ptr, segm_lse_ptr, seq_lens_ptr,
+            stride_o_tok, stride_o_head, num_q_heads, num_splits, min_tiles_per_split, block_q,
+            TILE_N, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS_PAD, SEQ_KIND, DECODE_MAX_Q,
+        )  # fmt: skip
 
 
 def check_kv_cache_shapes(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -910,6 +1014,79 @@ class _LaunchPlan:  # built once per launch on the host: no frozen-init overhead
     seq_kind: int = ALL_SEQS
 
 
+# Work lists: for a mixed batch the host lists each launch's Q blocks (`plan_work`), and the
+# kernel's programs stride over the list instead of finding their block by binary search over
+# a static grid. A CUDA graph's static grid holds a block per token and per sequence of the
+# padded batch (H200, Llama-3.2-1B, a 512-token step: 3,072 decode-launch and 6,528 prefill-
+# launch programs per layer for ~20 real blocks), and those empty programs took the mixed graph
+# from 2.26 to 3.20 ms. With a list the grid is at most WORK_PROGRAMS_PER_SM per SM (all heads
+# and segments together), whatever the graph's padding.
+WORK_SEQ_SHIFT = 16  # an item is sequence << 16 | Q block of the sequence
+WORK_PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionWork:
+    """The device work lists of one mixed step (what `plan_work` filled, copied over).
+
+    `items` (int32): the decode launch's Q blocks in [0, decode_capacity), the prefill
+    launch's from decode_capacity on; `counts` (int32 [2]): how many each launch has, read on
+    the device; `max_items`: (decode, prefill) bounds the grids are sized by: the exact counts
+    for an eager step, the most a CUDA graph's replays can bring for a graph."""
+
+    items: torch.Tensor
+    counts: torch.Tensor
+    decode_capacity: int
+    max_items: tuple[int, int]
+    block_qs: tuple[int, int]  # query tokens per Q block the lists were made with (work_block_qs)
+    # in a CUDA graph the grid is capped at WORK_PROGRAMS_PER_SM per SM, each program striding
+    # over the list; an eager launch gets one program per item, as its static grid would
+    in_graph: bool = False
+
+
+def work_block_qs(num_q_heads: int, num_kv_heads: int, kv_fp8: bool = False) -> tuple[int, int]:
+    """Query tokens per Q block of the decode launch and of the prefill launch (the units of
+    their work lists), from the default tile shapes."""
+    qpk = num_q_heads // num_kv_heads
+    return (choose_config(1, qpk, kv_fp8).block_m // qpk,
+            choose_config(DECODE_MAX_QUERY_LEN + 1, qpk, kv_fp8).block_m // qpk)
+
+
+def work_capacity(max_seqs: int, max_tokens: int, block_qs: tuple[int, int]) -> tuple[int, int]:
+    """Most items each list can hold for batches of up to `max_seqs` sequences and
+    `max_tokens` tokens (a decode-like sequence has 1..DECODE_MAX_QUERY_LEN tokens, a chunk
+    more)."""
+    dec_q, pre_q = block_qs
+    max_seqs = min(max_seqs, max_tokens)
+    max_chunks = min(max_seqs, max_tokens // (DECODE_MAX_QUERY_LEN + 1))
+    return (max_seqs * -(-DECODE_MAX_QUERY_LEN // dec_q),
+            -(-max_tokens // pre_q) + max_chunks if max_chunks else 0)
+
+
+def plan_work(q_lens: np.ndarray, seq_lens: np.ndarray, block_qs: tuple[int, int], out: np.ndarray,
+              decode_capacity: int) -> tuple[int, int]:
+    """Write the Q blocks of both launches of a batch into `out` (int32; decode items from 0,
+    prefill items from `decode_capacity`); returns (decode items, prefill items). Each list is
+    ordered by keys per block, most first, so that long blocks start first and short ones fill
+    the tail (the static grid's reverse order did the same for causal chunks)."""
+    counts = []
+    for kind_mask, bq, base in ((q_lens <= DECODE_MAX_QUERY_LEN, block_qs[0], 0),
+                                (q_lens > DECODE_MAX_QUERY_LEN, block_qs[1], decode_capacity)):
+        seqs = np.flatnonzero(kind_mask & (q_lens > 0))
+        nb = -(-q_lens[seqs] // bq)
+        n = int(nb.sum())
+        if n == len(seqs):  # one block each (every decode): no repeats needed
+            rows, blk = seqs, np.zeros(n, dtype=np.int64)
+        else:
+            rows = np.repeat(seqs, nb)
+            blk = np.arange(n) - np.repeat(np.cumsum(nb) - nb, nb)
+        keys = seq_lens[rows] - q_lens[rows] + np.minimum((blk + 1) * bq, q_lens[rows])
+        order = np.argsort(-keys, kind="stable")
+        out[base: base + n] = (rows[order] << WORK_SEQ_SHIFT) | blk[order]
+        counts.append(n)
+    return counts[0], counts[1]
+
+
 def launch_kinds(num_seqs: int, max_query_len: int, num_decode_seqs: int | None) -> tuple[int, ...]:
     """The launches of one call: one over all sequences when they are all of one kind (known
     from max_query_len, a single sequence, or the caller's count of decode-like sequences),
@@ -926,21 +1103,29 @@ def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_le
     """Tile shape, grid size and split-KV count of one launch (overrides checked, not trusted).
 
     A DECODE_SEQS launch sees query lengths up to DECODE_MAX_QUERY_LEN and, for the split
-    heuristic, one Q block per decode-like sequence (all sequences when the count is unknown);
-    a PREFILL_SEQS launch never splits."""
+    heuristic, one Q block per decode-like sequence (all sequences when the count is unknown).
+    A prefill-shaped launch (longer queries) splits by `choose_prefill_splits`, counting the Q
+    blocks its tokens fill (a PREFILL_SEQS launch: less one token per decode-like sequence)."""
     queries_per_kv = q.shape[1] // num_kv_heads
     if seq_kind == DECODE_SEQS:
         max_query_len = min(max_query_len, DECODE_MAX_QUERY_LEN)
-    elif seq_kind == PREFILL_SEQS:
-        num_splits = 1
+    elif seq_kind == PREFILL_SEQS:  # its sequences are chunks, whatever the caller's bound says
+        max_query_len = max(max_query_len, DECODE_MAX_QUERY_LEN + 1)
     cfg = config or choose_config(max_query_len, queries_per_kv, kv_fp8)
     if cfg.block_m < queries_per_kv:
         raise ValueError(f"config.block_m {cfg.block_m} < query heads per KV head {queries_per_kv}")
     block_q = cfg.block_m // queries_per_kv
     num_q_blocks = q.shape[0] // block_q + num_seqs  # static upper bound, no device sync
     splits = num_splits
-    min_tiles = 1  # a caller's split count cuts every sequence evenly
-    if splits is None:
+    min_tiles = 1  # a caller's split count cuts every Q block evenly
+    if splits is None and max_query_len > DECODE_MAX_QUERY_LEN:
+        tokens = q.shape[0]
+        if seq_kind == PREFILL_SEQS:
+            tokens -= num_decode_seqs or 0
+        splits = choose_prefill_splits(triton.cdiv(max(tokens, 1), block_q), num_kv_heads,
+                                       max_seq_len, num_sms_of(q.device))
+        min_tiles = triton.cdiv(PREFILL_SPLIT_MIN_TOKENS, cfg.tile_n)
+    elif splits is None:
         busy_blocks = num_q_blocks
         if seq_kind == DECODE_SEQS:
             busy_blocks = num_seqs if num_decode_seqs is None else num_decode_seqs
@@ -950,11 +1135,8 @@ def _plan_launch(q: torch.Tensor, num_kv_heads: int, num_seqs: int, max_query_le
         )
         full = busy_blocks * num_kv_heads >= num_sms  # the regimes of choose_num_splits
         min_tiles = triton.cdiv(SPLIT_LONG_MIN_TOKENS if full else SPLIT_MIN_TOKENS, cfg.tile_n)
-    if splits > 1 and max_query_len > block_q:
-        raise ValueError(
-            f"split-KV needs every sequence in one Q block: max_query_len {max_query_len} > "
-            f"block_q {block_q}"
-        )
+    if splits < 1:
+        raise ValueError(f"num_splits must be >= 1; got {splits}")
     return _LaunchPlan(cfg, block_q, num_q_blocks, splits, min_tiles, seq_kind)
 
 
@@ -973,9 +1155,11 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,
+    prefill_splits: int | None = None,
     config: AttentionConfig | None = None,
     configs: LaunchConfigs | None = None,
     num_decode_seqs: int | None = None,
+    work: AttentionWork | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q`` over the paged cache (see the module docstring for layouts).
 
@@ -984,11 +1168,14 @@ def paged_attention(
     mixes decode-like sequences (q_len <= DECODE_MAX_QUERY_LEN) with longer ones runs as two
     launches (``launch_kinds``); ``num_decode_seqs``, the count of decode-like sequences when
     the caller knows it (None in a CUDA graph, whose batches vary), saves the decode launch
-    when it is 0 and sizes its split-KV. ``num_splits`` (1 = never split; the decode launch
-    only) and ``config`` (one launch over every sequence with this shape) or ``configs`` (the
-    shapes of the two launches) override the heuristics (tests and benchmarks use them).
+    when it is 0 and sizes its split-KV. ``num_splits`` (KV segments per Q block; 1 = never
+    split) fixes the split count of a single launch, or of the decode launch of two;
+    ``prefill_splits`` that of the prefill launch of two. They and ``config`` (one launch over
+    every sequence with this shape) or ``configs`` (the shapes of the two launches) override
+    the heuristics (tests, benchmarks and the engine's warm-up use them).
     ``k_scale``/``v_scale``: an fp8 cache's scales (``kernels.reference``); other caches
-    ignore them.
+    ignore them. ``work``: the host's work lists of this batch (`plan_work`): a decode and a
+    prefill launch over exactly the listed Q blocks (a launch whose bound is 0 is skipped).
     """
     _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     scales = kv_scale_args(k_cache, v_cache, k_scale, v_scale)
@@ -1003,24 +1190,31 @@ def paged_attention(
         )
     if num_tokens == 0 or num_seqs == 0:
         return out
-    kinds = (ALL_SEQS,) if config is not None else launch_kinds(num_seqs, max_query_len,
-                                                                  num_decode_seqs)
+    if work is not None:
+        kinds = tuple(k for k, m in zip((DECODE_SEQS, PREFILL_SEQS), work.max_items) if m > 0)
+    elif config is not None:
+        kinds = (ALL_SEQS,)
+    else:
+        kinds = launch_kinds(num_seqs, max_query_len, num_decode_seqs)
     for kind in kinds:
         cfg = config
         if configs is not None:
             cfg = configs.prefill if kind == PREFILL_SEQS or (
                 kind == ALL_SEQS and max_query_len > DECODE_MAX_QUERY_LEN) else configs.decode
-        plan = _plan_launch(q, k_cache.shape[2], num_seqs, max_query_len, max_seq_len, num_splits,
+        splits = prefill_splits if kind == PREFILL_SEQS else num_splits
+        plan = _plan_launch(q, k_cache.shape[2], num_seqs, max_query_len, max_seq_len, splits,
                             cfg, scales.is_fp8, seq_kind=kind, num_decode_seqs=num_decode_seqs)
         _launch(plan, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                scales)
+                scales, work)
     return out
 
 
 def _launch(plan: _LaunchPlan, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
             v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-            query_start_loc: torch.Tensor, scale: float, scales: KVScaleArgs) -> None:
-    """One launch of the attention kernel (and of the split merge when it splits)."""
+            query_start_loc: torch.Tensor, scale: float, scales: KVScaleArgs,
+            work: AttentionWork | None = None) -> None:
+    """One launch of the attention kernel (and of the split merge when it splits); over the
+    work list of its kind when `work` is given."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size, num_seqs = k_cache.shape[2], k_cache.shape[1], seq_lens.shape[0]
     queries_per_kv = num_q_heads // num_kv_heads
@@ -1034,25 +1228,47 @@ def _launch(plan: _LaunchPlan, out: torch.Tensor, q: torch.Tensor, k_cache: torc
         segm_out, segm_lse = scratch[: rows * head_dim_pad], scratch[rows * head_dim_pad :]
     else:
         segm_out = segm_lse = out  # unused placeholders
-    grid = (num_q_blocks, num_kv_heads, splits)
+    if work is None:
+        grid = (num_q_blocks, num_kv_heads, splits)
+        items = num_items = query_start_loc  # unused placeholders
+    else:
+        k = 0 if plan.seq_kind == DECODE_SEQS else 1
+        if work.block_qs[k] != block_q:
+            raise ValueError(f"the work list counts Q blocks of {work.block_qs[k]} tokens, the launch's "
+                             f"tile shape makes {block_q}: plan it with the launch's block_q")
+        items = work.items[work.decode_capacity:] if k else work.items
+        num_items = work.counts[k:k + 1]
+        grid0 = work.max_items[k]
+        if work.in_graph:
+            per_item = num_kv_heads * splits
+            grid0 = min(grid0, max(1, -(-WORK_PROGRAMS_PER_SM * num_sms_of(q.device) // per_item)))
+        grid = (grid0, num_kv_heads, splits)
     q_strides, out_strides, cache_strides = q.stride(), out.stride(), k_cache.stride()
     _paged_attention_kernel[grid](
         out, segm_out, segm_lse, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        scales.k_scale, scales.v_scale, scales.k_stride, scales.v_stride, num_seqs, scale * LOG2E,
+        scales.k_scale, scales.v_scale, items, num_items, scales.k_stride, scales.v_stride, num_seqs,
+        scale * LOG2E,
         q_strides[0], q_strides[1], out_strides[0], out_strides[1],
         cache_strides[0], cache_strides[1], cache_strides[2], block_tables.stride(0), splits, plan.min_tiles_per_split,
         NUM_QUERIES_PER_KV=queries_per_kv, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size, TILE_N=cfg.tile_n,
         IS_SPLIT=splits > 1, DOT_PRECISION=dot_precision, KV_FP8=scales.is_fp8,
         FP8_CONVERT=fp8_convert_of(cfg, k_cache, v_cache, scales.is_fp8),
-        SEQ_KIND=plan.seq_kind, DECODE_MAX_Q=DECODE_MAX_QUERY_LEN,
+        SEQ_KIND=plan.seq_kind, DECODE_MAX_Q=DECODE_MAX_QUERY_LEN, USE_WORK=work is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
-        _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, segm_out, segm_lse, query_start_loc, seq_lens, out_strides[0], out_strides[1],
-            num_q_heads, splits, plan.min_tiles_per_split, num_seqs, TILE_N=cfg.tile_n,
+        if work is None:  # a program per (token, head), finding its sequence by binary search
+            merge_grid = (num_tokens, num_q_heads)
+        else:  # a program per listed Q block and head; a graph's capped as the attention's
+            merge0 = work.max_items[k]
+            if work.in_graph:
+                merge0 = min(merge0, max(1, -(-WORK_PROGRAMS_PER_SM * num_sms_of(q.device) // num_q_heads)))
+            merge_grid = (merge0, num_q_heads)
+        _merge_splits_kernel[merge_grid](
+            out, segm_out, segm_lse, query_start_loc, seq_lens, items, num_items, out_strides[0],
+            out_strides[1], num_q_heads, splits, plan.min_tiles_per_split, num_seqs, block_q, TILE_N=cfg.tile_n,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             NUM_SPLITS_PAD=merge_splits_pad(splits), SEQ_KIND=plan.seq_kind,
-            DECODE_MAX_Q=DECODE_MAX_QUERY_LEN, num_warps=4,
+            DECODE_MAX_Q=DECODE_MAX_QUERY_LEN, USE_WORK=work is not None, num_warps=4,
         )  # fmt: skip

@@ -78,15 +78,16 @@ def paged_attention_ref(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     num_decode_seqs: int | None = None,
+    work=None,
 ) -> torch.Tensor:
     """Causal paged attention, computed per sequence with a float32 softmax.
 
     Query token i of sequence b (of q_len new tokens) sees context positions
     ``< seq_lens[b] - q_len + i + 1``. ``max_query_len``/``max_seq_len`` are accepted for
     signature parity and not needed here, as is the Triton kernel's launch hint
-    ``num_decode_seqs``. An fp8 cache is read through its scales.
+    ``num_decode_seqs`` and work lists ``work``. An fp8 cache is read through its scales.
     """
-    del max_query_len, max_seq_len, num_decode_seqs
+    del max_query_len, max_seq_len, num_decode_seqs, work
     group = q.shape[1] // k_cache.shape[2]  # query heads per KV head
     if out is None:
         out = torch.empty_like(q)
@@ -212,3 +213,8 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if bias is None:
         return torch.mm(x, weight.t(), out=out)
     return torch.addmm(bias, x, weight.t(), out=out)
+
+
+def work_block_qs_ref(num_q_heads: int, num_kv_heads: int, kv_fp8: bool = False) -> None:
+    """The reference attends sequence by sequence: it takes no work lists (None)."""
+    del num_q_heads, num_kv_heads, kv_fp8

@@ -89,10 +89,12 @@ def signature(variant: str, tile_n: int) -> tuple[dict, dict, dict]:
     constexprs = {"NUM_QUERIES_PER_KV": QUERIES_PER_KV, "BLOCK_M": 16, "BLOCK_Q": 16 // QUERIES_PER_KV,
                   "HEAD_DIM": HEAD_DIM, "HEAD_DIM_PAD": HEAD_DIM, "BLOCK_SIZE": BLOCK_SIZE,
                   "TILE_N": tile_n, "IS_SPLIT": False, "DOT_PRECISION": "tf32", "KV_FP8": True,
-                  "FP8_CONVERT": variant, "stride_k_scale": 1, "stride_v_scale": 1}  # fmt: skip
+                  "FP8_CONVERT": variant, "stride_k_scale": 1, "stride_v_scale": 1,
+                  "SEQ_KIND": 0, "DECODE_MAX_Q": 4, "USE_WORK": False}  # fmt: skip
     names = _paged_attention_kernel.arg_names
     sig = {n: "constexpr" if n in constexprs else ("*bf16" if n.endswith("_ptr") else "i32") for n in names}
-    sig.update({n: "*i32" for n in ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")})
+    sig.update({n: "*i32" for n in ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "work_ptr",
+                                    "num_work_ptr")})
     sig.update({n: "*fp32" for n in ("segm_out_ptr", "segm_lse_ptr", "k_scale_ptr", "v_scale_ptr")})
     sig.update({"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "qk_scale": "fp32"})
     unaligned = {"num_seqs", "num_splits", "min_tiles_per_split"}  # run-time values

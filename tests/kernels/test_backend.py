@@ -13,7 +13,8 @@ import pytest
 from kernels import BACKEND_NAMES, Backend, get_backend
 from tests.conftest import REPO
 
-ENTRIES = ("paged_attention", "write_kv_cache", "rope_store_kv", "add_rms_norm", "silu_mul", "linear")
+ENTRIES = ("paged_attention", "write_kv_cache", "rope_store_kv", "add_rms_norm", "silu_mul", "linear",
+           "work_block_qs")
 
 
 def run_python(code: str, **env: str) -> None:
@@ -33,6 +34,8 @@ def test_each_name_holds_its_own_set_of_kernels():
         assert getattr(torch_backend, entry) is getattr(reference, entry + "_ref")
     assert triton_backend.paged_attention is paged_attention.paged_attention
     assert triton_backend.write_kv_cache is cache_write.write_kv_cache
+    assert triton_backend.work_block_qs is paged_attention.work_block_qs
+    assert torch_backend.work_block_qs(32, 8) is None  # the reference takes no work lists
     for entry in ("rope_store_kv", "add_rms_norm", "silu_mul"):
         assert getattr(triton_backend, entry) is getattr(fused, entry)
     assert set(BACKEND_NAMES) == {"torch", "triton"}

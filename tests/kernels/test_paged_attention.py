@@ -152,9 +152,9 @@ def test_bad_shapes_name_the_field():
                         batch.seq_lens, batch.query_start_loc, batch.scale, 1, 5)  # fmt: skip
     with pytest.raises(ValueError, match="out must be shaped like q"):
         paged_attention(*batch.args(), out=torch.empty(batch.q.shape[0], 4, 128)[:, :, ::2])
-    with pytest.raises(ValueError, match="split-KV"):
+    with pytest.raises(ValueError, match="num_splits must be >= 1"):
         paged_attention(*make_batch([40], [4], 1, 4, 64, 16, torch.float32, 1).args(),
-                        num_splits=2)  # fmt: skip
+                        num_splits=0)  # fmt: skip
 
 
 def test_heuristics_on_the_h200_shapes():
@@ -176,7 +176,49 @@ def test_heuristics_on_the_h200_shapes():
     # ... but a large batch's graph gets few segments: each unused one is a program that exits
     assert splits(256, 131072) == 1 and splits(128, 131072) == 3
     assert splits(1, 100) == 1  # too short to be worth a merge
-    assert choose_num_splits(9, 8, 2048, 4096, block_q, 132) == 1  # prefill never splits
+    assert choose_num_splits(9, 8, 2048, 4096, block_q, 132) == 1  # chunks: choose_prefill_splits
+
+
+def test_prefill_split_heuristic_on_the_h200_shapes():
+    """Llama-3.1-8B layer, prefill tiles (32 tokens x 4 heads per program): a short chunk over a
+    long context is cut, a long prompt (enough programs) or a short context is not."""
+    block_q = PREFILL_CONFIG.block_m // 4
+
+    def splits(tokens: int, keys: int) -> int:
+        return pa.choose_prefill_splits(-(-tokens // block_q), 8, keys, 132)
+
+    assert splits(64, 8256) == pa.PREFILL_SPLIT_MAX  # 16 programs: to 2 per SM, capped
+    assert splits(128, 2688) == 2688 // pa.PREFILL_SPLIT_MIN_TOKENS  # 32 programs: cut by length
+    assert splits(512, 8704) == 1  # 128 programs, about one per SM: left whole
+    assert splits(8192, 16384) == 1  # 2,048 programs fill the GPU
+    assert splits(64, 700) == 1  # under 2 x PREFILL_SPLIT_MIN_TOKENS keys: no merge to pay for
+    assert splits(1, 1 << 20) == pa.PREFILL_SPLIT_MAX
+    plan = pa._plan_launch(torch.empty(128, 32, 128), 8, 1, 128, 2688, None, None)
+    assert plan.splits == 5 and plan.min_tiles_per_split * PREFILL_CONFIG.tile_n >= pa.PREFILL_SPLIT_MIN_TOKENS
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(spec=mixed_batches(), num_splits=st.integers(2, 6))
+def test_split_kv_prefill_matches_reference(spec, num_splits):
+    """Forced split-KV on prefill-shaped launches: every Q block of a chunk cut into segments of
+    its own keys (causal rows of a block find no key in a late segment; the merge weighs them
+    0), chunks of several Q blocks, decodes beside them in the same launch."""
+    batch = make_batch(**spec)
+    config = AttentionConfig(max(SMALL_PREFILL.block_m, spec["queries_per_kv"]), SMALL_PREFILL.tile_n, 4, 2)
+    out = run_kernel(batch, config=config, num_splits=num_splits)
+    assert_close(out, reference(batch), spec["dtype"])
+
+
+def test_split_prefill_heuristic_over_a_long_context(monkeypatch):
+    """The heuristic's own cut (segments of >= PREFILL_SPLIT_MIN_TOKENS keys, here 64: a
+    20-token chunk over 300 cached keys is cut into 5 segments, the 6-token prompt keeps one
+    and is stored without a merge): as the reference."""
+    monkeypatch.setattr(pa, "PREFILL_SPLIT_MIN_TOKENS", 64)
+    monkeypatch.setattr(pa, "num_sms_of", lambda device: 132)
+    batch = make_batch([20, 6], [300, 10], 2, 4, 64, 16, torch.float32, seed=9)
+    plan = pa._plan_launch(batch.q, 2, 2, batch.max_query_len, batch.max_seq_len, None, SMALL_PREFILL)
+    assert plan.splits == 320 // 64 and plan.min_tiles_per_split == 2
+    assert_close(run_kernel(batch, config=SMALL_PREFILL), reference(batch), torch.float32)
 
 
 def test_split_count_fixed_at_capture_serves_short_sequences():

@@ -74,26 +74,29 @@ def run(batch: PagedBatch, k_cache=None, v_cache=None, **kwargs) -> torch.Tensor
 
 
 @settings(max_examples=16, **SETTINGS)
-@given(spec=mixed_cases(), splits=st.sampled_from([None, 1, 3]), hint=st.booleans())
-def test_mixed_batch_matches_reference(spec, splits, hint):
-    """16-bit caches; the decode launch split or not; with and without the caller's count."""
+@given(spec=mixed_cases(), splits=st.sampled_from([None, 1, 3]),
+       prefill_splits=st.sampled_from([None, 1, 2, 4]), hint=st.booleans())
+def test_mixed_batch_matches_reference(spec, splits, prefill_splits, hint):
+    """16-bit caches; either launch split or not (each with its own scratch and merge); with
+    and without the caller's count."""
     batch = make_batch(**spec)
     n_dec = num_decode_like(spec["query_lens"]) if hint else None
     out = run(batch, configs=small_configs(spec["queries_per_kv"]), num_splits=splits,
-              num_decode_seqs=n_dec)
+              prefill_splits=prefill_splits, num_decode_seqs=n_dec)
     assert_close(out, reference(batch), spec["dtype"])
 
 
 @settings(max_examples=8, **SETTINGS)
 @given(spec=mixed_cases(), splits=st.sampled_from([1, 2]), per_head=st.booleans())
 def test_mixed_batch_over_an_fp8_cache(spec, splits, per_head):
+    """Both launches split `splits` ways over an fp8 cache (scales per tensor or per head)."""
     batch = make_batch(**spec)
     gen = torch.Generator().manual_seed(spec["seed"])
     n = spec["num_kv_heads"] if per_head else 1
     k_scale, v_scale = (torch.rand(n, generator=gen) * 0.08 + 0.02 for _ in range(2))
     k8, v8 = quantize_kv_ref(batch.k_cache, k_scale), quantize_kv_ref(batch.v_cache, v_scale)
     out = run(batch, k8, v8, k_scale=k_scale, v_scale=v_scale, num_splits=splits,
-              configs=small_configs(spec["queries_per_kv"]))
+              prefill_splits=splits, configs=small_configs(spec["queries_per_kv"]))
     ref = reference(batch, k8, v8, k_scale=k_scale, v_scale=v_scale)
     assert rel_norm_error(out, ref) <= (1e-5 if spec["dtype"] == torch.float32 else 1e-2)
 
@@ -170,3 +173,31 @@ def test_a_wrong_filter_is_caught(monkeypatch):
         real_merge, override=lambda kw: {"SEQ_KIND": ALL_SEQS}))
     wrong = run(batch, configs=SMALL, num_splits=2)
     assert not torch.allclose(wrong[12], ref[12], atol=1e-3)  # NaN compares unequal too
+
+
+def test_a_merge_that_ignores_q_blocks_is_caught(monkeypatch):
+    """Split-KV over a chunk: each Q block cuts its own keys, so the first block of a 40-token
+    prompt (8 keys: one segment, stored by the attention program) and its last (40 keys: three)
+    differ. A merge that counts every token's segments from the whole sequence (the single-Q-
+    block rule of decode launches) merges segments the first block never wrote over its
+    output, and the check catches it."""
+    batch = make_batch([40], [0], 1, 4, 32, 16, torch.float32, seed=5)
+    cfg = AttentionConfig(32, 16, 4, 2)  # 8 tokens per Q block
+    ref = reference(batch)
+    assert_close(run(batch, config=cfg, num_splits=3), ref, torch.float32)
+    real_merge = pa._merge_splits_kernel
+    block_q_arg = real_merge.arg_names.index("block_q")
+
+    class WholeSequenceMerge:
+        def __getitem__(self, grid):
+            launch = real_merge[grid]
+
+            def wrong(*args, **kw):
+                args = list(args)
+                args[block_q_arg] = 1 << 20  # one Q block spanning the whole sequence
+                return launch(*args, **kw)
+            return wrong
+
+    monkeypatch.setattr(pa, "_merge_splits_kernel", WholeSequenceMerge())
+    wrong = run(batch, config=cfg, num_splits=3)
+    assert not torch.allclose(wrong[:8], ref[:8], atol=1e-3)
