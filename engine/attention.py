@@ -28,3 +28,6 @@ class AttentionMetadata:
     # sequences of at most kernels.DECODE_MAX_QUERY_LEN query tokens, when the runner knows it
     # (an eager step); None in a CUDA graph, whose batches vary: the kernel then plans for both
     num_decode_seqs: int | None = None
+    # the kernels' work lists of this step (kernels.paged_attention.AttentionWork), when the
+    # backend takes them and the step has prefill chunks; None otherwise
+    work: object | None = None

@@ -194,7 +194,11 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
          "speculative verify and mixed prefill+decode steps up to --max-cudagraph-capture-size "
          "tokens; FULL_DECODE_ONLY = decode and uniform verify steps only; NONE = none (as "
          "--enforce-eager)", choices=CUDAGRAPH_MODES, in_vllm=False),
-    Flag("max_cudagraph_capture_size", int, 512, "largest step, in tokens, of a mixed or "
+    # vLLM's default is 512; costline's engine captures to 2,048 because its eager steps are
+    # launch-bound on the GPU hosts (H200: ~30 us per cuBLAS call, ~50 us per Triton launch
+    # from Python; a 768-token Llama-3.2-1B step took 9.2 ms eager, 3.5 ms as a mixed graph,
+    # benchmarks/engine/profile_steps.py), where vLLM's eager steps run torch.compile'd code.
+    Flag("max_cudagraph_capture_size", int, 2048, "largest step, in tokens, of a mixed or "
          "speculative-verify CUDA graph (decode graphs cover every batch up to --max-num-seqs)",
          ge=1),
     Flag("cpu_kv_cache_bytes", int, 256 << 20, "KV cache size on the CPU (vLLM's "

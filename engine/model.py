@@ -112,7 +112,7 @@ class DecoderLayer(nn.Module):
         o = backend.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.query_start_loc, self.scale, meta.max_query_len,
                                     meta.max_seq_len, k_scale=self.k_scale, v_scale=self.v_scale,
-                                    num_decode_seqs=meta.num_decode_seqs)
+                                    num_decode_seqs=meta.num_decode_seqs, work=meta.work)
         x, h = backend.add_rms_norm(x, backend.linear(o.reshape(t, hq * d), self.o_proj.weight),
                                     self.post_attention_layernorm.weight,
                                     self.post_attention_layernorm.eps)

@@ -14,7 +14,8 @@ cudagraph_mode FULL, any other batch of at most max_cudagraph_capture_size token
 chunks beside decodes, non-uniform verify batches) replays a "mixed" graph captured for the
 next token bucket up: the real tokens first, padding tokens that belong to no sequence, and
 zero-token dummy sequences up to the graph's sequence count, so padding is neither attended
-nor written. A mixed graph ends at the hidden states (in a persistent buffer); the LM head runs
+nor written; the attention's launches stride over the step's work lists (the Q blocks of its
+decodes and of its chunks, staged with the inputs), so the padding costs them no programs. A mixed graph ends at the hidden states (in a persistent buffer); the LM head runs
 eagerly on the rows that sample, whose number varies (as vLLM keeps compute_logits outside).
 Larger batches run eagerly.
 """
@@ -25,7 +26,7 @@ import itertools
 import operator
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.flags import FlagError
 from engine.model import LlamaModel
+from engine.scheduler_output import StepColumns
 from kernels import DECODE_MAX_QUERY_LEN
 
 # Block-table rows to update one slice at a time; more go through one numpy scatter.
@@ -59,12 +61,18 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
 
 def mixed_graph_buckets(max_tokens: int) -> list[int]:
     """Token counts that get a mixed CUDA graph: vLLM's capture sizes (1, 2, 4, 8, then steps
-    of 8 to 256 and of 16 to 512, continued in steps of 16 beyond), up to `max_tokens`, which
-    is always one. A step pads to the next size: at most 7 tokens (15 above 256), under 6% of
+    of 8 to 256 and of 16 to 512), up to `max_tokens`, which is always one; past 512 (a capture
+    size above vLLM's default) 16 sizes per doubling (steps of 32 to 1024, 64 to 2048, ...), so
+    no step pads more than 1/16 of itself past 256 tokens and a budget of 8,192 tokens adds 64
+    graphs, not 480. A step pads to the next size: at most 7 tokens (15 to 512), under 6.3% of
     the step from 128 tokens on; a chunk of a few hundred tokens costs far more than that."""
     sizes = [s for s in (1, 2, 4) if s <= max_tokens]
     sizes += list(range(8, min(max_tokens, 256) + 1, 8))
-    sizes += list(range(272, max_tokens + 1, 16))
+    sizes += list(range(272, min(max_tokens, 512) + 1, 16))
+    lo = 512
+    while lo < max_tokens:  # steps of lo / 16 from lo to 2 lo
+        sizes += list(range(lo + lo // 16, min(max_tokens, 2 * lo) + 1, lo // 16))
+        lo *= 2
     if not sizes or sizes[-1] != max_tokens:
         sizes.append(max_tokens)
     return sizes
@@ -96,6 +104,9 @@ class StepInputs:
     graph_q: int = 1  # tokens per sequence of the graph: 1 (decode) or 1 + k (verify graph)
     graph_kind: str | None = None  # "decode", "verify" or "mixed" (graph_size tokens); None = eager
     num_decode_seqs: int | None = None  # sequences of <= DECODE_MAX_QUERY_LEN tokens (kernel hint)
+    # (decode, prefill) Q blocks in the attention's work lists (staged with the step), or None
+    # when the step's attention takes none (a decode or verify graph, an eager pure-decode step)
+    work_items: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -155,7 +166,8 @@ class _RowCache:
         self.tables[lo:hi] = [None] * (hi - lo)
 
 
-def _input_tokens(scheduled, starts: list[int], q_lens: list[int], token_ids: dict[int, list[int]],
+def _input_tokens(rids: Sequence[int], starts: Sequence[int], q_lens: Sequence[int],
+                  token_ids: dict[int, list[int]],
                   inflight: tuple[dict[int, int], torch.Tensor] | None) -> _InputTokens:
     """Each request's tokens [start, start + q_len) from `token_ids`, or from `inflight` for a
     decode whose input token was sampled by the previous step and is not on the host yet."""
@@ -163,33 +175,32 @@ def _input_tokens(scheduled, starts: list[int], q_lens: list[int], token_ids: di
         # a decode batch with every input token on the host (synchronous scheduling): one
         # comprehension; an IndexError means some token is unknown, which the loop names
         try:
-            return _InputTokens([token_ids[s.request_id][c] for s, c in zip(scheduled, starts)], [], [])
+            return _InputTokens([token_ids[r][c] for r, c in zip(rids, starts)], [], [])
         except IndexError:
             pass
     tokens = _InputTokens([], [], [])
     flat_ids = tokens.flat_ids
-    for s, c, q in zip(scheduled, starts, q_lens):
-        toks = token_ids[s.request_id]
+    for rid, c, q in zip(rids, starts, q_lens):
+        toks = token_ids[rid]
         if q == 1:
             if c < len(toks):
                 flat_ids.append(toks[c])
             else:  # sampled by the previous step, not yet on the host
-                if inflight is None or c != len(toks) or s.request_id not in inflight[0]:
-                    raise RuntimeError(f"request {s.request_id}: input token {c} is unknown")
+                if inflight is None or c != len(toks) or rid not in inflight[0]:
+                    raise RuntimeError(f"request {rid}: input token {c} is unknown")
                 tokens.gather_dst.append(len(flat_ids))
-                tokens.gather_src.append(inflight[0][s.request_id])
+                tokens.gather_src.append(inflight[0][rid])
                 flat_ids.append(0)
         else:
             if c + q > len(toks):
-                raise RuntimeError(f"request {s.request_id}: tokens {c}..{c + q} not all known")
+                raise RuntimeError(f"request {rid}: tokens {c}..{c + q} not all known")
             flat_ids.extend(toks[c: c + q])
     return tokens
 
 
-def _spec_counts(scheduled, sample_rows: list[int]) -> np.ndarray:
+def _spec_counts(num_spec_tokens: Sequence[int], sample_rows: list[int]) -> np.ndarray:
     """Drafts verified by each sampling row."""
-    return np.fromiter((scheduled[i].num_spec_tokens for i in sample_rows), dtype=np.int64,
-                       count=len(sample_rows))
+    return np.fromiter((num_spec_tokens[i] for i in sample_rows), dtype=np.int64, count=len(sample_rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,10 +221,12 @@ class _Section:
 STAGING_ALIGN_BYTES = 256
 
 
-def _staging_sections(tokens: int, seqs: int, max_blocks: int) -> list[_Section]:
-    """The staging layout: small per-sequence inputs, the per-token inputs, then the packed
-    block-table rows last (their used part varies most, and a step copies up to its end)."""
+def _staging_sections(tokens: int, seqs: int, max_blocks: int, work_items: int = 0) -> list[_Section]:
+    """The staging layout: small per-sequence inputs (and the attention's work lists), the
+    per-token inputs, then the packed block-table rows last (their used part varies most, and a
+    step copies up to its end)."""
     wanted = [("seq_lens", torch.int32, seqs), ("qsl", torch.int32, seqs + 1),
+              ("work_counts", torch.int32, 2), ("work", torch.int32, max(work_items, 1)),
               ("gather_dst", torch.int64, seqs), ("gather_src", torch.int64, seqs),
               ("ids", torch.int64, tokens), ("pos", torch.int64, tokens), ("slots", torch.int64, tokens),
               ("logits_idx", torch.int64, tokens), ("bt_packed", torch.int32, seqs * max_blocks)]
@@ -265,6 +278,16 @@ class ModelRunner:
         self.num_eager_forwards = 0
         self._graph_logits: dict[int, torch.Tensor] = {}
         self.is_cuda = self.device.type == "cuda"
+        # the attention's work lists (kernels.paged_attention.plan_work), when the backend
+        # takes them: Q blocks of each launch of a step with prefill chunks, staged per step
+        self._work_block_qs = model.backend.work_block_qs(
+            self.spec.num_heads, self.spec.num_kv_heads, self.kv_dtype == torch.float8_e4m3fn)
+        self._work_cap = (0, 0)
+        if self._work_block_qs is not None:
+            from kernels.paged_attention import work_capacity
+
+            self._work_cap = work_capacity(max_num_seqs, max(max_num_batched_tokens, max_num_seqs),
+                                           self._work_block_qs)
         self._alloc_buffers()
 
     # ------------------------------------------------------------------ buffers
@@ -272,7 +295,7 @@ class ModelRunner:
         t = max(self.max_num_batched_tokens, self.max_num_seqs)
         b = self.max_num_seqs
         pin = self.is_cuda
-        self._sections = _staging_sections(t, b, self.max_blocks_per_seq)
+        self._sections = _staging_sections(t, b, self.max_blocks_per_seq, sum(self._work_cap))
         nbytes = self._sections[-1].end_bytes
 
         # Host staging, pinned on GPU machines so the copies are truly asynchronous. Two sets,
@@ -307,6 +330,7 @@ class ModelRunner:
         self.d_logits_idx = d["logits_idx"]  # verify: 1 + k rows each
         self.d_gather_dst, self.d_gather_src = d["gather_dst"], d["gather_src"]
         self.d_bt_packed = d["bt_packed"]
+        self.d_work, self.d_work_counts = d["work"], d["work_counts"]
         self.d_block_tables = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, device=self.device)
 
     def _use_stage(self, i: int) -> None:
@@ -435,7 +459,8 @@ class ModelRunner:
                 verify: bool = False) -> StepInputs:
         """Fill the device buffers from the scheduler's output; no device sync.
 
-        `scheduled`: the SchedulerOutput's per-request entries. Their `block_ids` are the
+        `scheduled`: the SchedulerOutput's per-request entries, or its `columns()` (the same
+        fields, read without building an entry per plain decode). Their `block_ids` are the
         scheduler's live tables: between steps one only grows at its end or, after a verify
         step, loses blocks past its kept tokens; anything else must come as a new list (rows
         of the block table are kept per list and updated incrementally). `token_ids[rid]`
@@ -451,29 +476,36 @@ class ModelRunner:
         their positions gets a logits row.
         """
         self._next_stage()
-        n = len(scheduled)
-        q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=n)
-        starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64, count=n)
-        tokens = _input_tokens(scheduled, starts.tolist(), q_lens.tolist(), token_ids, inflight)
-        max_blocks = self._stage_block_tables(scheduled, starts)
-        sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
-        spec = _spec_counts(scheduled, sample_rows) if verify else None
+        # every field prepare reads, as columns: from the scheduler's records for a batch of
+        # plain decodes (SchedulerOutput.columns), else in one C-level pass over the entries
+        # (a pass per field cost ~0.15 us per entry each: a third of prepare at batch 128)
+        cols = scheduled if isinstance(scheduled, StepColumns) else StepColumns.of(scheduled)
+        n = len(cols)
+        rids, q_t, c_t, samples, tables = (cols.request_ids, cols.num_new_tokens, cols.num_computed_tokens,
+                                           cols.samples, cols.block_ids)
+        q_lens = np.array(q_t, dtype=np.int64)
+        starts = np.array(c_t, dtype=np.int64)
+        tokens = _input_tokens(rids, c_t, q_t, token_ids, inflight)
+        max_blocks = self._stage_block_tables(tables, starts)
+        sample_rows = list(itertools.compress(range(n), samples))
+        spec = _spec_counts(cols.num_spec_tokens, sample_rows) if verify else None
         layout = self._layout(q_lens, starts, sample_rows, max_blocks, spec)
         num_logits = self._stage_host(layout, tokens.flat_ids, spec)
+        work_items = self._stage_work(layout, q_lens)
         num_gather = self._stage_gather(tokens) if tokens.gather_dst else 0
         self._copy_to_device(layout)
         if num_gather:
             assert inflight is not None  # _input_tokens gathers only from inflight tokens
             self._gather_inflight(num_gather, inflight[1])
         self._record_stage_done()
-        rids = [s.request_id for s in scheduled]
         return StepInputs(
-            request_ids=rids, sample_request_ids=[rids[i] for i in sample_rows],
+            request_ids=list(rids), sample_request_ids=[rids[i] for i in sample_rows],
             num_tokens=layout.num_tokens, num_padded_tokens=layout.padded_tokens,
             graph_size=layout.graph_size, graph_q=layout.graph_q, graph_kind=layout.graph_kind,
             num_decode_seqs=int(np.count_nonzero(q_lens <= DECODE_MAX_QUERY_LEN)),
             max_query_len=int(q_lens.max()) if n else 0,
             max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n, num_logits=num_logits,
+            work_items=work_items,
         )
 
     def _next_stage(self) -> None:
@@ -494,9 +526,9 @@ class ModelRunner:
                 ev = self._stage_done[self._stage_idx] = torch.cuda.Event()
             ev.record()
 
-    def _stage_block_tables(self, scheduled, starts: np.ndarray) -> int:
-        """Bring each scheduled request's row of this staging set's block table up to date;
-        returns the widest row.
+    def _stage_block_tables(self, tables: Sequence[list[int]], starts: np.ndarray) -> int:
+        """Bring each scheduled request's row (its live table `tables[i]`) of this staging
+        set's block table up to date; returns the widest row.
 
         A row that held the same request's table (the same list) when this staging set was
         last used, for a step starting at token c, is only written from block c // bs + 1 on
@@ -505,8 +537,7 @@ class ModelRunner:
         at least c + 1; a preempted request gets a new list. Any other row is written whole.
         A steady decode batch thus writes only the rows that crossed into a new block."""
         cache = self._row_caches[self._stage_idx]
-        n = len(scheduled)
-        tables = [s.block_ids for s in scheduled]
+        n = len(tables)
         nbs = np.fromiter(map(len, tables), dtype=np.int64, count=n)
         same = np.fromiter(map(operator.is_, cache.tables[:n], tables), dtype=bool, count=n)
         firsts = np.minimum(cache.num_blocks[:n], cache.starts[:n] // self.block_size + 1)
@@ -631,6 +662,35 @@ class ModelRunner:
                 np.cumsum(counts) - counts, counts)
         return self._num_logits
 
+    def _stage_work(self, layout: _StepLayout, q_lens: np.ndarray) -> tuple[int, int] | None:
+        """Plan and stage the attention's work lists of a step with prefill chunks (eager or a
+        mixed graph); (decode, prefill) items, or None (no lists: the backend takes none, or a
+        decode / verify graph or an eager pure-decode step, whose launches need none)."""
+        if self._work_block_qs is None or layout.graph_kind in ("decode", "verify"):
+            return None
+        if layout.graph_kind is None and int(q_lens.max(initial=0)) <= DECODE_MAX_QUERY_LEN:
+            return None
+        from kernels.paged_attention import plan_work
+
+        counts = plan_work(q_lens, layout.seq_lens, self._work_block_qs, self._np["work"], self._work_cap[0])
+        self._np["work_counts"][:2] = counts
+        return counts
+
+    def work_bound(self, num_tokens: int, num_seqs: int) -> tuple[int, int]:
+        """The most work items a step of at most this many tokens and sequences can list."""
+        from kernels.paged_attention import work_capacity
+
+        return work_capacity(num_seqs, num_tokens, self._work_block_qs)
+
+    def _work(self, items: tuple[int, int] | None, in_graph: bool = False):
+        """The kernels' view of the staged work lists (None when the step has none)."""
+        if items is None:
+            return None
+        from kernels.paged_attention import AttentionWork
+
+        return AttentionWork(self.d_work, self.d_work_counts, self._work_cap[0], items,
+                             self._work_block_qs, in_graph)
+
     def _copy_to_device(self, layout: _StepLayout) -> None:
         """ONE asynchronous copy of the staged inputs into the persistent device buffers: the
         staging buffer's bytes up to the end of the step's packed block-table rows (the last
@@ -660,7 +720,7 @@ class ModelRunner:
                                      inflight_tokens.index_select(0, self.d_gather_src[:g]))
 
     def _meta(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
-              nb_cols: int, num_decode_seqs: int | None = None) -> AttentionMetadata:
+              nb_cols: int, num_decode_seqs: int | None = None, work=None) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.d_slots[:num_tokens],
             block_tables=self.d_block_tables[:num_seqs, :nb_cols],
@@ -669,6 +729,7 @@ class ModelRunner:
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
             num_decode_seqs=num_decode_seqs,
+            work=work,
         )
 
     # ------------------------------------------------------------------ forward
@@ -691,7 +752,7 @@ class ModelRunner:
             self.num_eager_forwards += 1
             t = inp.num_tokens
             meta = self._meta(t, inp.num_seqs, inp.max_query_len, inp.max_seq_len,
-                              int(self._max_cols(inp)), inp.num_decode_seqs)
+                              int(self._max_cols(inp)), inp.num_decode_seqs, self._work(inp.work_items))
             hidden = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
         k = inp.num_logits
         return self.model.compute_logits(hidden[self.d_logits_idx[:k]])
@@ -710,7 +771,8 @@ class ModelRunner:
         (the same pointers, strides and dtypes, so the same Triton specialisations). Which of
         these a replay meets depends on its sequences' lengths (split-KV comes with long
         contexts beside few sequences); compiled here, none compiles mid-replay. Returns the
-        launches."""
+        launches. A batch with a chunk launches through the work lists, as an eager step with
+        chunks does (their own Triton variants)."""
         assert self.kv_caches is not None, "allocate_kv_cache() first"
         backend = self.model.backend
         if backend.name != "triton":
@@ -737,13 +799,24 @@ class ModelRunner:
                                       self.model.rotary.cos, self.model.rotary.sin, k_cache, v_cache,
                                       no_slots, layer.hq, layer.hkv, layer.d, layer.k_scale, layer.v_scale)
             num_decode = sum(1 for x in q_lens if x <= DECODE_MAX_QUERY_LEN)
+            work = None
+            if max(q_lens) > DECODE_MAX_QUERY_LEN and self._work_block_qs is not None:
+                from kernels.paged_attention import plan_work
+
+                items = np.zeros(sum(self._work_cap), dtype=np.int32)
+                counts = plan_work(np.array(q_lens), np.array(seq_lens), self._work_block_qs, items,
+                                   self._work_cap[0])
+                self.d_work.copy_(torch.from_numpy(items))
+                self.d_work_counts.copy_(torch.tensor(counts, dtype=torch.int32))
+                work = self._work(counts)
             for splits in split_counts:
                 paged_attention(q, k_cache, v_cache, self.d_block_tables[:n, :cols], self.d_seq_lens[:n],
                                 self.d_qsl[: n + 1], layer.scale, max(q_lens), max(seq_lens),
                                 k_scale=layer.k_scale, v_scale=layer.v_scale, num_splits=splits,
-                                num_decode_seqs=num_decode)
+                                prefill_splits=splits, num_decode_seqs=num_decode, work=work)
                 launches += 1
         self.d_block_tables.zero_()
+        self.d_work_counts.zero_()
         return launches
 
     @torch.inference_mode()
@@ -831,7 +904,8 @@ class ModelRunner:
         replay it; the kernel plans both its launches, not knowing the batch's kinds), hidden
         states copied into the persistent buffer the eager LM head reads."""
         t, s = num_tokens, self.mixed_graph_seqs(num_tokens)
-        meta = self._meta(t, s, t, self.max_model_len, self.max_blocks_per_seq)
+        work = None if self._work_block_qs is None else self._work(self.work_bound(t, s), in_graph=True)
+        meta = self._meta(t, s, t, self.max_model_len, self.max_blocks_per_seq, work=work)
         h = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
         return self._mixed_hidden[:t].copy_(h)
 
@@ -858,6 +932,7 @@ class ModelRunner:
         self.d_slots.fill_(-1)
         self.d_seq_lens.zero_()
         self.d_qsl.zero_()
+        self.d_work_counts.zero_()  # no work listed: the captured launches attend nothing
         captured = self._capture(sizes, self.mixed_graph_forward)
         self.use_mixed_graphs({t: g for t, (g, _) in captured.items()})
         return time.perf_counter() - t0

@@ -345,17 +345,23 @@ def graph_bucket(num_seqs: int, max_num_seqs: int) -> int:
 
 def mixed_graph_bucket(num_tokens: int, max_tokens: int) -> int | None:
     """The mixed CUDA graph a step of `num_tokens` tokens replays, by its token count: the next of
-    1, 2, 4, then steps of 8 to 256 and of 16 beyond, capped at `max_tokens` (itself a graph);
-    None above `max_tokens` (eager). engine/runner.py mixed_graph_buckets, restated here because
-    the simulator does not import torch (a test checks the two agree)."""
+    1, 2, 4, then steps of 8 to 256 and of 16 to 512, then 16 per doubling (steps of lo / 16
+    between lo and 2 lo for lo = 512, 1024, ...), capped at `max_tokens` (itself a graph); None
+    above `max_tokens` (eager). engine/runner.py mixed_graph_buckets, restated here because the
+    simulator does not import torch (a test checks the two agree)."""
     if num_tokens > max_tokens:
         return None
     if num_tokens <= 4:
         b = 1 if num_tokens <= 1 else (2 if num_tokens == 2 else 4)
     elif num_tokens <= 256:
         b = -(-num_tokens // 8) * 8
-    else:
+    elif num_tokens <= 512:
         b = 256 + -(-(num_tokens - 256) // 16) * 16
+    else:
+        lo = 512
+        while num_tokens > 2 * lo:
+            lo *= 2
+        b = lo + -(-(num_tokens - lo) // (lo // 16)) * (lo // 16)
     return min(b, max_tokens)
 
 

@@ -181,10 +181,16 @@ def test_mixed_graph_buckets():
     for n in range(1, 513):
         pad = next(t for t in sizes if t >= n) - n
         assert pad <= (7 if n <= 256 else 15)
+    # past vLLM's default of 512: 16 sizes per doubling, every step padded by <= 1/16 of itself
+    big = mixed_graph_buckets(8192)
+    assert big[:51] == sizes and len(big) == 51 + 64 and big[-1] == 8192 and big == sorted(set(big))
+    for n in range(257, 8193):
+        assert next(t for t in big if t >= n) - n <= n / 16
+    assert mixed_graph_buckets(700)[-3:] == [640, 672, 700]
 
 
 def test_cudagraph_flags():
-    assert EngineArgs().cudagraph_mode == "FULL" and EngineArgs().max_cudagraph_capture_size == 512
+    assert EngineArgs().cudagraph_mode == "FULL" and EngineArgs().max_cudagraph_capture_size == 2048
     with pytest.raises(ValueError, match="cudagraph_mode"):
         EngineArgs(cudagraph_mode="PIECEWISE")
     with pytest.raises(ValueError, match="max_cudagraph_capture_size"):

@@ -23,11 +23,12 @@ BLOCK_SIZE = 4
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(1, 5000), st.integers(1, 600), st.integers(1, 700))
-def test_sections_are_apart_aligned_and_sized(tokens, seqs, max_blocks):
-    secs = _staging_sections(tokens, seqs, max_blocks)
+@given(st.integers(1, 5000), st.integers(1, 600), st.integers(1, 700), st.integers(0, 900))
+def test_sections_are_apart_aligned_and_sized(tokens, seqs, max_blocks, work):
+    secs = _staging_sections(tokens, seqs, max_blocks, work)
     want = {"ids": tokens, "pos": tokens, "slots": tokens, "logits_idx": tokens, "seq_lens": seqs,
-            "qsl": seqs + 1, "gather_dst": seqs, "gather_src": seqs, "bt_packed": seqs * max_blocks}
+            "qsl": seqs + 1, "gather_dst": seqs, "gather_src": seqs, "bt_packed": seqs * max_blocks,
+            "work_counts": 2, "work": max(work, 1)}
     assert {s.name: s.numel for s in secs} == want
     for a, b in itertools.pairwise(secs):
         assert a.end_bytes <= b.offset_bytes < a.end_bytes + STAGING_ALIGN_BYTES
@@ -50,7 +51,7 @@ def test_device_inputs_are_views_of_one_buffer():
     r = _runner()
     base = r.d_raw.untyped_storage().data_ptr()
     for name in ("d_input_ids", "d_positions", "d_slots", "d_seq_lens", "d_qsl", "d_logits_idx",
-                 "d_gather_dst", "d_gather_src", "d_bt_packed"):
+                 "d_gather_dst", "d_gather_src", "d_bt_packed", "d_work", "d_work_counts"):
         assert getattr(r, name).untyped_storage().data_ptr() == base, name
 
 

@@ -24,10 +24,10 @@ BLOCK = 16
 MAX_LEN = 65536
 
 
-def _signature(plan) -> tuple:
+def _signature(plan, work=None) -> tuple:
     """What selects a compiled variant of the attention kernel and of its merge."""
     merge = pa.merge_splits_pad(plan.splits) if plan.splits > 1 else None
-    return plan.seq_kind, plan.config, plan.splits > 1, merge
+    return plan.seq_kind, plan.config, plan.splits > 1, merge, work is not None
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def warmed() -> set[tuple]:
     runner.allocate_kv_cache(num_gpu_blocks_override=32)
     seen: list[tuple] = []
     mp = pytest.MonkeyPatch()
-    mp.setattr(pa, "_launch", lambda plan, *a, **k: seen.append(_signature(plan)))
+    mp.setattr(pa, "_launch", lambda plan, *a, **k: seen.append(_signature(plan, (a[9:] or [None])[0])))
     try:
         assert runner.warm_up_attention_launches() == 9
     finally:
@@ -47,28 +47,34 @@ def warmed() -> set[tuple]:
 
 
 def test_warm_up_launches_each_kind_split_and_unsplit(warmed):
-    kinds = {(kind, split) for kind, _, split, _ in warmed}
-    assert kinds == {(pa.ALL_SEQS, False), (pa.ALL_SEQS, True), (pa.DECODE_SEQS, False),
-                     (pa.DECODE_SEQS, True), (pa.PREFILL_SEQS, False)}
-    # one decode-tiled and one prefill-tiled launch over all sequences, each split or not
-    assert len({(k, cfg) for k, cfg, _, _ in warmed if k == pa.ALL_SEQS}) == 2
+    kinds = {(kind, split, work) for kind, _, split, _, work in warmed}
+    # pure-decode batches: one launch over all sequences; batches with a chunk: the work-list
+    # launches, of decodes and of chunks, as an eager step with chunks makes them
+    assert kinds == {(pa.ALL_SEQS, False, False), (pa.ALL_SEQS, True, False),
+                     (pa.DECODE_SEQS, False, True), (pa.DECODE_SEQS, True, True),
+                     (pa.PREFILL_SEQS, False, True), (pa.PREFILL_SEQS, True, True)}
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(batch=st.lists(st.tuples(st.integers(1, 300), st.integers(0, MAX_LEN - 300)), min_size=1, max_size=300),
-       hint_known=st.booleans())
-def test_every_planned_launch_was_warmed(warmed, batch, hint_known):
-    """Any batch (query lengths, contexts; the engine's decode-count hint or none, as in a graph)
-    plans only launches whose variant the warm-up launched."""
+@given(batch=st.lists(st.tuples(st.integers(1, 300), st.integers(0, MAX_LEN - 300)), min_size=1, max_size=300))
+def test_every_planned_launch_was_warmed(warmed, batch):
+    """Any eager batch (query lengths, contexts) plans only launches whose variant the warm-up
+    launched: a pure-decode batch its launch over all sequences, a batch with chunks the
+    work-list launches of the kinds it has (as the runner stages them)."""
     q_lens = [q for q, _ in batch]
     seq_lens = [q + c for q, c in batch]
-    num_decode = sum(q <= DECODE_MAX_QUERY_LEN for q in q_lens) if hint_known else None
-    q = torch.empty((sum(q_lens), get_model("tiny").num_heads, get_model("tiny").head_dim))
-    kv_heads = get_model("tiny").num_kv_heads
-    for kind in pa.launch_kinds(len(batch), max(q_lens), num_decode):
-        plan = pa._plan_launch(q, kv_heads, len(batch), max(q_lens), max(seq_lens), None, None,
+    num_decode = sum(q <= DECODE_MAX_QUERY_LEN for q in q_lens)
+    spec = get_model("tiny")
+    q = torch.empty((sum(q_lens), spec.num_heads, spec.head_dim))
+    if max(q_lens) <= DECODE_MAX_QUERY_LEN:
+        kinds, work = pa.launch_kinds(len(batch), max(q_lens), num_decode), None
+    else:
+        kinds = (pa.DECODE_SEQS,) * (num_decode > 0) + (pa.PREFILL_SEQS,)
+        work = object()
+    for kind in kinds:
+        plan = pa._plan_launch(q, spec.num_kv_heads, len(batch), max(q_lens), max(seq_lens), None, None,
                                seq_kind=kind, num_decode_seqs=num_decode)
-        assert _signature(plan) in warmed, (kind, plan)
+        assert _signature(plan, work) in warmed, (kind, plan)
 
 
 def test_merge_widths_cover_every_heuristic_split_count():

@@ -81,7 +81,7 @@ def test_profiles_without_graph_fields_predict_exactly_as_before(case):
 def test_bucket_is_the_engines():
     from engine.runner import mixed_graph_buckets  # torch: only this test needs it
 
-    for max_tokens in range(1, 600):
+    for max_tokens in [*range(1, 600), 1000, 1024, 1025, 2048, 3000, 8192]:
         sizes = mixed_graph_buckets(max_tokens)
         for n in range(1, max_tokens + 20):
             assert mixed_graph_bucket(n, max_tokens) == next((s for s in sizes if s >= n), None), (n, max_tokens)
