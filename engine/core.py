@@ -401,7 +401,7 @@ class EngineCore:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
-        if not out.scheduled:
+        if not out.num_scheduled:
             return StepResult({}, self._finish_unscheduled(out), None)
         self._note_first_scheduled(out, t1 - self.epoch)
         verify = bool(out.num_spec_tokens)
@@ -411,7 +411,8 @@ class EngineCore:
             proposals, propose_s = self._propose_draft(out)
         elif verify:
             proposals = {rid: Proposal(d) for rid, d in self._ngram_drafts.items()}
-        inp = self.runner.prepare(out.scheduled, self._input_token_ids(out, proposals, verify), verify=verify)
+        cols = out.columns()
+        inp = self.runner.prepare(cols, self._input_token_ids(out, cols, proposals, verify), verify=verify)
         t2 = time.perf_counter()
         if self._use_events:
             ev0, ev1 = self._new_event(), self._new_event()
@@ -507,11 +508,11 @@ class EngineCore:
             self.scheduler.set_num_drafts(rid, len(drafts))
         return time.perf_counter() - t
 
-    def _input_token_ids(self, out: SchedulerOutput, proposals: dict[int, Proposal], verify: bool) -> dict:
+    def _input_token_ids(self, out: SchedulerOutput, cols, proposals: dict[int, Proposal], verify: bool) -> dict:
         """Each scheduled request's tokens; a verifying decode's followed by its drafts."""
         reqs = self.requests
         if not verify:
-            return {s.request_id: reqs[s.request_id].token_ids for s in out.scheduled}
+            return {r: reqs[r].token_ids for r in cols.request_ids}
         return {s.request_id: (WithDrafts(reqs[s.request_id].token_ids,
                                           proposals[s.request_id].tokens[: s.num_spec_tokens])
                                if s.num_spec_tokens else reqs[s.request_id].token_ids)
@@ -562,7 +563,10 @@ class EngineCore:
                 for res in self.scheduler.update_from_output(out, {})]
 
     def _note_first_scheduled(self, out, now_s: float) -> None:
-        """Stamp each request's first scheduling time and the prefix-cache hit it was admitted with."""
+        """Stamp each request's first scheduling time and the prefix-cache hit it was admitted with
+        (a batch of plain decodes admits nothing: every one was scheduled before)."""
+        if out.only_plain_decodes:
+            return
         for s in out.scheduled:
             st = self.requests[s.request_id]
             if st.first_scheduled_s is None:
@@ -612,7 +616,7 @@ class EngineCore:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
-        if not out.scheduled:
+        if not out.num_scheduled:
             immediate = self._finish_unscheduled(out)
             prev = self._collect(t0)
             self._end_stopped(prev)
@@ -621,8 +625,9 @@ class EngineCore:
         self._note_first_scheduled(out, t1 - self.epoch)
         p = self._pending
         inflight = (p.row_of, p.tokens_dev) if p is not None and p.tokens_dev is not None else None
-        inp = self.runner.prepare(out.scheduled, {s.request_id: self.requests[s.request_id].token_ids
-                                                  for s in out.scheduled}, inflight)
+        cols = out.columns()
+        reqs = self.requests
+        inp = self.runner.prepare(cols, {r: reqs[r].token_ids for r in cols.request_ids}, inflight)
         t2 = time.perf_counter()
         events = None
         if self._use_events:

@@ -4,9 +4,16 @@ engine's GPU runner. `engine.scheduler` re-exports every name here."""
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 _EMPTY: tuple[int, ...] = ()
+# one C-level call per entry / record for the columns a runner reads
+_ENTRY_COLUMNS = operator.attrgetter("request_id", "num_new_tokens", "num_computed_tokens", "samples",
+                                     "block_ids", "num_spec_tokens")
+_ENTRY_COLUMNS_NO_SPEC = operator.attrgetter("request_id", "num_new_tokens", "num_computed_tokens", "samples",
+                                             "block_ids")
+_RECORD_COLUMNS = operator.attrgetter("request_id", "num_computed_tokens", "block_ids")
 
 
 @dataclass(slots=True)
@@ -27,6 +34,34 @@ class ScheduledRequest:
     samples: bool  # produces output token(s) this step: must appear in `sampled`
     block_ids: list[int]
     new_block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepColumns:
+    """The scheduled requests as columns, in batch order: what a GPU runner reads of each
+    (`ScheduledRequest`'s fields of the same names), without building the per-request
+    objects. `block_ids[i]` is request i's live block table, as in `ScheduledRequest`."""
+
+    request_ids: tuple[int, ...]
+    num_new_tokens: tuple[int, ...]
+    num_computed_tokens: tuple[int, ...]
+    samples: tuple[bool, ...]
+    block_ids: tuple[list[int], ...]
+    num_spec_tokens: tuple[int, ...]
+
+    @classmethod
+    def of(cls, scheduled) -> StepColumns:
+        """Columns of a list of `ScheduledRequest`s (or objects with those fields)."""
+        if not scheduled:
+            return cls((), (), (), (), (), ())
+        try:
+            return cls(*zip(*map(_ENTRY_COLUMNS, scheduled)))
+        except AttributeError:  # stand-in entries of tests and benchmarks carry no drafts
+            cols = zip(*map(_ENTRY_COLUMNS_NO_SPEC, scheduled))
+            return cls(*cols, tuple(getattr(x, "num_spec_tokens", 0) for x in scheduled))
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
 
 
 @dataclass(slots=True)
@@ -93,6 +128,33 @@ class SchedulerOutput:
     @property
     def num_scheduled(self) -> int:
         return len(self._batch)
+
+    @property
+    def only_plain_decodes(self) -> bool:
+        """Every scheduled request is a plain decode (one token into a block it holds, no
+        drafts): nothing in the batch is newly admitted, chunked or verified."""
+        return not self._entries
+
+    def columns(self) -> StepColumns:
+        """`scheduled` as columns, read from the scheduler's records (whose token counts already
+        include this step's) without building a `ScheduledRequest` per plain decode: every row
+        is taken for a one-token decode that samples, then the few entries that are not (chunks,
+        admissions, drafts) are patched in by position."""
+        if self._scheduled is not None or not self._batch or len(self._entries) * 8 > len(self._batch):
+            return StepColumns.of(self.scheduled)  # built already, or mostly entries anyway
+        return self._record_columns()
+
+    def _record_columns(self) -> StepColumns:
+        """columns() from the records and the entries that are not one-token sampling decodes."""
+        rids, computed, tables = zip(*map(_RECORD_COLUMNS, self._batch))
+        n = len(rids)
+        new, samples, spec = [1] * n, [True] * n, [0] * n
+        for rid, e in self._entries.items():
+            if e.num_new_tokens != 1 or not e.samples or e.num_spec_tokens:
+                i = rids.index(rid)  # C-level scan; entries of this kind are few in such a batch
+                new[i], samples[i], spec[i] = e.num_new_tokens, e.samples, e.num_spec_tokens
+        return StepColumns(rids, tuple(new), tuple(map(int.__sub__, computed, new)), tuple(samples),
+                           tables, tuple(spec))
 
     def _sampling(self) -> list:
         """Records of the requests that produce tokens this step, in batch order."""

@@ -7,7 +7,7 @@ the scheduler update after the step), with N running decodes at contexts of 1-4K
 A real `Scheduler` drives a `ModelRunner` built on the CPU around the tiny model (prepare never
 runs the model, so the model's size does not matter). Each step is timed in three parts, as
 the engine's synchronous step pays them: `schedule` = scheduler.schedule(); `prepare` =
-materialising `out.scheduled`, the token-id dict the engine passes, and runner.prepare()
+reading the batch (`out.columns()`, as the engine does), the token-id dict it passes, and runner.prepare()
 less its host-to-device copies (on the CPU those are memcpys a GPU's copy engine does
 instead; on a GPU their host cost is 7 launches of an asynchronous copy);
 `update` = scheduler.update_from_output() with one sampled token per request. Figures are the
@@ -112,15 +112,25 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _batch_of(out) -> tuple[object, list[int]]:
+    """The batch as the engine hands it to prepare(): the output's columns (code before
+    SchedulerOutput.columns, for --compare-ref: its entries), and the request ids."""
+    if hasattr(out, "columns"):
+        cols = out.columns()
+        return cols, cols.request_ids
+    return out.scheduled, [s.request_id for s in out.scheduled]
+
+
 def _step(sched: Scheduler, runner: ModelRunner, tokens: dict[int, list[int]], counter=None) -> None:
     """One untimed decode step, its prepare() under `counter` (a context manager) if given."""
     out = sched.schedule()
-    ids = {s.request_id: tokens[s.request_id] for s in out.scheduled}
+    cols, rids = _batch_of(out)
+    ids = {r: tokens[r] for r in rids}
     if counter is None:
-        inp = runner.prepare(out.scheduled, ids)
+        inp = runner.prepare(cols, ids)
     else:
         with counter:
-            inp = runner.prepare(out.scheduled, ids)
+            inp = runner.prepare(cols, ids)
     for rid in inp.sample_request_ids:
         tokens[rid].append(7)
     sched.update_from_output(out, {rid: [7] for rid in inp.sample_request_ids})
@@ -170,8 +180,8 @@ def _time_steps(batch: int, steps: int, seed: int) -> tuple[list[float], list[fl
         t0 = clock()
         out = sched.schedule()
         t1 = clock()
-        scheduled = out.scheduled
-        inp = runner.prepare(scheduled, {s.request_id: tokens[s.request_id] for s in scheduled})
+        cols, rids = _batch_of(out)
+        inp = runner.prepare(cols, {r: tokens[r] for r in rids})
         t2 = clock()
         sampled = {rid: [7] for rid in inp.sample_request_ids}
         for rid in inp.sample_request_ids:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from engine import block_pool
 from engine.request import Request
 from engine.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
+from engine.scheduler_output import StepColumns
 
 configs = st.builds(
     SchedulerConfig,
@@ -92,6 +93,11 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
                     ref.append(b)
                 assert s._lookup(head)[0] == ref
         out = s.schedule()
+        # the runner's columns, read from the records before any entry is built, are the entries'
+        if out.num_scheduled:
+            cols = out._record_columns()
+            assert cols == StepColumns.of(out.scheduled) == out.columns()
+            assert all(a is x.block_ids for a, x in zip(cols.block_ids, out.scheduled))  # live tables
         # budget and caps
         assert out.num_batched_tokens == sum(x.num_new_tokens for x in out.scheduled)
         assert out.num_batched_tokens <= cfg.max_num_batched_tokens
