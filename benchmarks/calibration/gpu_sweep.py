@@ -301,8 +301,10 @@ def probe_capacity(r: Runner, plan: Plan, source: str) -> float:
     return float(summary["request_throughput"])
 
 
-def validation_runs(r: Runner, plan: Plan, capacity: dict[str, float]) -> None:
+def validation_runs(r: Runner, plan: Plan, capacity: dict[str, float], only: set[str] | None = None) -> None:
     for name, source, load, async_, extra in VALIDATION:
+        if only is not None and name not in only:
+            continue
         rate = load * capacity[source]
         n = max(plan.min_validation_requests, int(rate * plan.validation_s))
         reqs = workload_requests(source, n, rate, plan.max_prompt_len)
@@ -322,7 +324,12 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke test on any device")
     ap.add_argument("--parts", default="sweep,validation",
                     help="sweep,validation; or decode (the grid only), skew (the skewed decode batches only), "
-                         "or decode,skew")
+                         "or decode,skew; or mixed (the mixed-load runs only, with --capacity)")
+    ap.add_argument("--capacity", type=json.loads, default=None,
+                    help='--parts mixed: the measured capacities instead of probing them, JSON '
+                         '{"chat-production": 10.3, ...}')
+    ap.add_argument("--validation-only", default="",
+                    help="--parts mixed: also these validation runs (comma list of names)")
     ap.add_argument("--deadline-s", type=float, default=500.0, help="start no run after this")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -350,6 +357,16 @@ def main() -> None:
         if "decode" in parts:
             decode_grid(r, plan, ids)
         (a.out / a.model / "index.json").write_text(json.dumps({"runs": r.index, **meta}, indent=2) + "\n")
+        return
+    if parts == {"mixed"}:  # the mixed-load runs (and named validation runs) a shortened call skipped
+        if not a.capacity:
+            ap.error("--parts mixed needs --capacity (the probes' req/s from the earlier call)")
+        mixed_sweep(r, plan, a.capacity["chat-production"], ids)
+        if a.validation_only:
+            validation_runs(r, plan, a.capacity, set(a.validation_only.split(",")))
+        (a.out / a.model / "index.json").write_text(json.dumps({"capacity_rps": a.capacity, "runs": r.index,
+                                                                **meta}, indent=2) + "\n")
+        log("done")
         return
     capacity = {}
     for source in dict.fromkeys(v[1] for v in VALIDATION):
