@@ -38,6 +38,7 @@ from engine.flags import FlagError
 from engine.model import LlamaModel
 from engine.scheduler_output import StepColumns
 from kernels import DECODE_MAX_QUERY_LEN
+from kernels.work_lists import AttentionWork, plan_work, work_capacity
 
 # Block-table rows to update one slice at a time; more go through one numpy scatter.
 ROW_SLICE_MAX_ROWS = 16
@@ -284,8 +285,6 @@ class ModelRunner:
             self.spec.num_heads, self.spec.num_kv_heads, self.kv_dtype == torch.float8_e4m3fn)
         self._work_cap = (0, 0)
         if self._work_block_qs is not None:
-            from kernels.paged_attention import work_capacity
-
             self._work_cap = work_capacity(max_num_seqs, max(max_num_batched_tokens, max_num_seqs),
                                            self._work_block_qs)
         self._alloc_buffers()
@@ -670,24 +669,18 @@ class ModelRunner:
             return None
         if layout.graph_kind is None and int(q_lens.max(initial=0)) <= DECODE_MAX_QUERY_LEN:
             return None
-        from kernels.paged_attention import plan_work
-
         counts = plan_work(q_lens, layout.seq_lens, self._work_block_qs, self._np["work"], self._work_cap[0])
         self._np["work_counts"][:2] = counts
         return counts
 
     def work_bound(self, num_tokens: int, num_seqs: int) -> tuple[int, int]:
         """The most work items a step of at most this many tokens and sequences can list."""
-        from kernels.paged_attention import work_capacity
-
         return work_capacity(num_seqs, num_tokens, self._work_block_qs)
 
-    def _work(self, items: tuple[int, int] | None, in_graph: bool = False):
+    def _work(self, items: tuple[int, int] | None, in_graph: bool = False) -> AttentionWork | None:
         """The kernels' view of the staged work lists (None when the step has none)."""
         if items is None:
             return None
-        from kernels.paged_attention import AttentionWork
-
         return AttentionWork(self.d_work, self.d_work_counts, self._work_cap[0], items,
                              self._work_block_qs, in_graph)
 
@@ -801,8 +794,6 @@ class ModelRunner:
             num_decode = sum(1 for x in q_lens if x <= DECODE_MAX_QUERY_LEN)
             work = None
             if max(q_lens) > DECODE_MAX_QUERY_LEN and self._work_block_qs is not None:
-                from kernels.paged_attention import plan_work
-
                 items = np.zeros(sum(self._work_cap), dtype=np.int32)
                 counts = plan_work(np.array(q_lens), np.array(seq_lens), self._work_block_qs, items,
                                    self._work_cap[0])

@@ -11,8 +11,6 @@ _EMPTY: tuple[int, ...] = ()
 # one C-level call per entry / record for the columns a runner reads
 _ENTRY_COLUMNS = operator.attrgetter("request_id", "num_new_tokens", "num_computed_tokens", "samples",
                                      "block_ids", "num_spec_tokens")
-_ENTRY_COLUMNS_NO_SPEC = operator.attrgetter("request_id", "num_new_tokens", "num_computed_tokens", "samples",
-                                             "block_ids")
 _RECORD_COLUMNS = operator.attrgetter("request_id", "num_computed_tokens", "block_ids")
 
 
@@ -54,11 +52,7 @@ class StepColumns:
         """Columns of a list of `ScheduledRequest`s (or objects with those fields)."""
         if not scheduled:
             return cls((), (), (), (), (), ())
-        try:
-            return cls(*zip(*map(_ENTRY_COLUMNS, scheduled)))
-        except AttributeError:  # stand-in entries of tests and benchmarks carry no drafts
-            cols = zip(*map(_ENTRY_COLUMNS_NO_SPEC, scheduled))
-            return cls(*cols, tuple(getattr(x, "num_spec_tokens", 0) for x in scheduled))
+        return cls(*zip(*map(_ENTRY_COLUMNS, scheduled)))
 
     def __len__(self) -> int:
         return len(self.request_ids)

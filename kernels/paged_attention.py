@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from kernels.backend import DECODE_MAX_QUERY_LEN
 from kernels.reference import is_fp8
+from kernels.work_lists import AttentionWork, plan_work, work_capacity  # noqa: F401 (re-exported)
 
 LOG2E = 1.4426950408889634
 
@@ -1014,34 +1014,14 @@ class _LaunchPlan:  # built once per launch on the host: no frozen-init overhead
     seq_kind: int = ALL_SEQS
 
 
-# Work lists: for a mixed batch the host lists each launch's Q blocks (`plan_work`), and the
-# kernel's programs stride over the list instead of finding their block by binary search over
-# a static grid. A CUDA graph's static grid holds a block per token and per sequence of the
+# Work lists (kernels.work_lists): for a mixed batch the host lists each launch's Q blocks and
+# the kernel's programs stride over the list instead of finding their block by binary search
+# over a static grid. A CUDA graph's static grid holds a block per token and per sequence of the
 # padded batch (H200, Llama-3.2-1B, a 512-token step: 3,072 decode-launch and 6,528 prefill-
 # launch programs per layer for ~20 real blocks), and those empty programs took the mixed graph
-# from 2.26 to 3.20 ms. With a list the grid is at most WORK_PROGRAMS_PER_SM per SM (all heads
-# and segments together), whatever the graph's padding.
-WORK_SEQ_SHIFT = 16  # an item is sequence << 16 | Q block of the sequence
+# from 2.26 to 3.20 ms. With a list a graph's grid is at most WORK_PROGRAMS_PER_SM per SM (all
+# heads and segments together), whatever the graph's padding.
 WORK_PROGRAMS_PER_SM = 4
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionWork:
-    """The device work lists of one mixed step (what `plan_work` filled, copied over).
-
-    `items` (int32): the decode launch's Q blocks in [0, decode_capacity), the prefill
-    launch's from decode_capacity on; `counts` (int32 [2]): how many each launch has, read on
-    the device; `max_items`: (decode, prefill) bounds the grids are sized by: the exact counts
-    for an eager step, the most a CUDA graph's replays can bring for a graph."""
-
-    items: torch.Tensor
-    counts: torch.Tensor
-    decode_capacity: int
-    max_items: tuple[int, int]
-    block_qs: tuple[int, int]  # query tokens per Q block the lists were made with (work_block_qs)
-    # in a CUDA graph the grid is capped at WORK_PROGRAMS_PER_SM per SM, each program striding
-    # over the list; an eager launch gets one program per item, as its static grid would
-    in_graph: bool = False
 
 
 def work_block_qs(num_q_heads: int, num_kv_heads: int, kv_fp8: bool = False) -> tuple[int, int]:
@@ -1052,39 +1032,12 @@ def work_block_qs(num_q_heads: int, num_kv_heads: int, kv_fp8: bool = False) -> 
             choose_config(DECODE_MAX_QUERY_LEN + 1, qpk, kv_fp8).block_m // qpk)
 
 
-def work_capacity(max_seqs: int, max_tokens: int, block_qs: tuple[int, int]) -> tuple[int, int]:
-    """Most items each list can hold for batches of up to `max_seqs` sequences and
-    `max_tokens` tokens (a decode-like sequence has 1..DECODE_MAX_QUERY_LEN tokens, a chunk
-    more)."""
-    dec_q, pre_q = block_qs
-    max_seqs = min(max_seqs, max_tokens)
-    max_chunks = min(max_seqs, max_tokens // (DECODE_MAX_QUERY_LEN + 1))
-    return (max_seqs * -(-DECODE_MAX_QUERY_LEN // dec_q),
-            -(-max_tokens // pre_q) + max_chunks if max_chunks else 0)
-
-
-def plan_work(q_lens: np.ndarray, seq_lens: np.ndarray, block_qs: tuple[int, int], out: np.ndarray,
-              decode_capacity: int) -> tuple[int, int]:
-    """Write the Q blocks of both launches of a batch into `out` (int32; decode items from 0,
-    prefill items from `decode_capacity`); returns (decode items, prefill items). Each list is
-    ordered by keys per block, most first, so that long blocks start first and short ones fill
-    the tail (the static grid's reverse order did the same for causal chunks)."""
-    counts = []
-    for kind_mask, bq, base in ((q_lens <= DECODE_MAX_QUERY_LEN, block_qs[0], 0),
-                                (q_lens > DECODE_MAX_QUERY_LEN, block_qs[1], decode_capacity)):
-        seqs = np.flatnonzero(kind_mask & (q_lens > 0))
-        nb = -(-q_lens[seqs] // bq)
-        n = int(nb.sum())
-        if n == len(seqs):  # one block each (every decode): no repeats needed
-            rows, blk = seqs, np.zeros(n, dtype=np.int64)
-        else:
-            rows = np.repeat(seqs, nb)
-            blk = np.arange(n) - np.repeat(np.cumsum(nb) - nb, nb)
-        keys = seq_lens[rows] - q_lens[rows] + np.minimum((blk + 1) * bq, q_lens[rows])
-        order = np.argsort(-keys, kind="stable")
-        out[base: base + n] = (rows[order] << WORK_SEQ_SHIFT) | blk[order]
-        counts.append(n)
-    return counts[0], counts[1]
+def _work_grid(bound: int, programs_per_item: int, work: AttentionWork, device: torch.device) -> int:
+    """Grid axis 0 of a work-list launch: one program per item up to `bound` (eager), capped in a
+    CUDA graph so all its programs (`programs_per_item` per item) hold WORK_PROGRAMS_PER_SM per SM."""
+    if not work.in_graph:
+        return bound
+    return min(bound, max(1, -(-WORK_PROGRAMS_PER_SM * num_sms_of(device) // programs_per_item)))
 
 
 def launch_kinds(num_seqs: int, max_query_len: int, num_decode_seqs: int | None) -> tuple[int, ...]:
@@ -1238,11 +1191,7 @@ def _launch(plan: _LaunchPlan, out: torch.Tensor, q: torch.Tensor, k_cache: torc
                              f"tile shape makes {block_q}: plan it with the launch's block_q")
         items = work.items[work.decode_capacity:] if k else work.items
         num_items = work.counts[k:k + 1]
-        grid0 = work.max_items[k]
-        if work.in_graph:
-            per_item = num_kv_heads * splits
-            grid0 = min(grid0, max(1, -(-WORK_PROGRAMS_PER_SM * num_sms_of(q.device) // per_item)))
-        grid = (grid0, num_kv_heads, splits)
+        grid = (_work_grid(work.max_items[k], num_kv_heads * splits, work, q.device), num_kv_heads, splits)
     q_strides, out_strides, cache_strides = q.stride(), out.stride(), k_cache.stride()
     _paged_attention_kernel[grid](
         out, segm_out, segm_lse, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
@@ -1261,10 +1210,7 @@ def _launch(plan: _LaunchPlan, out: torch.Tensor, q: torch.Tensor, k_cache: torc
         if work is None:  # a program per (token, head), finding its sequence by binary search
             merge_grid = (num_tokens, num_q_heads)
         else:  # a program per listed Q block and head; a graph's capped as the attention's
-            merge0 = work.max_items[k]
-            if work.in_graph:
-                merge0 = min(merge0, max(1, -(-WORK_PROGRAMS_PER_SM * num_sms_of(q.device) // num_q_heads)))
-            merge_grid = (merge0, num_q_heads)
+            merge_grid = (_work_grid(work.max_items[k], num_q_heads, work, q.device), num_q_heads)
         _merge_splits_kernel[merge_grid](
             out, segm_out, segm_lse, query_start_loc, seq_lens, items, num_items, out_strides[0],
             out_strides[1], num_q_heads, splits, plan.min_tiles_per_split, num_seqs, block_q, TILE_N=cfg.tile_n,

@@ -390,7 +390,8 @@ def decode_state(runner, batch: int, seed: int = 1):
     for i, c in enumerate(ctx.tolist()):
         nb = -(-(c + 1) // runner.block_size)
         sched.append(SimpleNamespace(request_id=i, num_new_tokens=1, num_computed_tokens=c,
-                                     block_ids=list(range(nxt, nxt + nb)), samples=True))
+                                     block_ids=list(range(nxt, nxt + nb)), samples=True,
+                                     num_spec_tokens=0))
         toks[i] = [17] * (c + 1)
         nxt += nb
     inp = runner.prepare(sched, toks)

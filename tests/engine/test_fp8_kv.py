@@ -35,7 +35,7 @@ def make_runner(kv_cache_dtype: str, backend: str = "torch", seed: int = 0) -> M
 
 def sched(rid, new, computed, blocks):
     return types.SimpleNamespace(request_id=rid, num_new_tokens=new, num_computed_tokens=computed,
-                                 samples=True, block_ids=blocks)
+                                 samples=True, block_ids=blocks, num_spec_tokens=0)
 
 
 def two_step_logits(r: ModelRunner, between=None) -> list[torch.Tensor]:

@@ -160,9 +160,9 @@ def test_padded_mixed_layout_hand_computed():
     r.use_mixed_graphs({t: None for t in r.mixed_graph_sizes()})
     assert r.mixed_graph_sizes() == [1, 2, 4, 8, 16, 24]
     sched = [types.SimpleNamespace(request_id=7, num_new_tokens=6, num_computed_tokens=4,
-                                   samples=False, block_ids=[5, 2, 9]),
+                                   samples=False, block_ids=[5, 2, 9], num_spec_tokens=0),
              types.SimpleNamespace(request_id=3, num_new_tokens=1, num_computed_tokens=6,
-                                   samples=True, block_ids=[0, 11])]
+                                   samples=True, block_ids=[0, 11], num_spec_tokens=0)]
     inp = r.prepare(sched, {7: list(range(100, 110)), 3: list(range(50, 57))})
     assert (inp.graph_kind, inp.graph_size, inp.num_padded_tokens, inp.num_decode_seqs) == ("mixed", 8, 8, 1)
     assert r.d_qsl[:6].tolist() == [0, 6, 7, 7, 7, 7]
@@ -171,6 +171,30 @@ def test_padded_mixed_layout_hand_computed():
     assert r.d_logits_idx[:1].tolist() == [6]
     # the rows went through the packed copy into the full-width table the graphs read
     assert r.d_block_tables[0, :3].tolist() == [5, 2, 9] and r.d_block_tables[1, :2].tolist() == [0, 11]
+
+
+def test_work_lists_staged_with_the_step():
+    """A runner whose backend takes work lists stages, with the step's one copy, the Q blocks of
+    each launch (the decode of row 1; the chunk of row 0, one block of 6 tokens) and their
+    counts, for an eager step as for a mixed graph; a pure-decode step stages none."""
+    model = LlamaModel(get_model("tiny"), max_positions=64, seed=0, attention_backend="triton")
+    r = ModelRunner(model, block_size=4, max_num_seqs=5, max_num_batched_tokens=24, max_model_len=64)
+    dec_cap = r._work_cap[0]
+    sched = [types.SimpleNamespace(request_id=7, num_new_tokens=6, num_computed_tokens=4,
+                                   samples=False, block_ids=[5, 2, 9], num_spec_tokens=0),
+             types.SimpleNamespace(request_id=3, num_new_tokens=1, num_computed_tokens=6,
+                                   samples=True, block_ids=[0, 11], num_spec_tokens=0)]
+    toks = {7: list(range(100, 110)), 3: list(range(50, 57))}
+    for graphs in (False, True):
+        r.use_mixed_graphs({t: None for t in r.mixed_graph_sizes()} if graphs else {})
+        inp = r.prepare(sched, toks)
+        assert inp.graph_kind == ("mixed" if graphs else None) and inp.work_items == (1, 1)
+        assert r.d_work_counts.tolist() == [1, 1]
+        assert r.d_work[0].item() == 1 << 16 and r.d_work[dec_cap].item() == 0  # (row << 16) | block
+    decodes = [types.SimpleNamespace(request_id=3, num_new_tokens=1, num_computed_tokens=7,
+                                     samples=True, block_ids=[0, 11], num_spec_tokens=0)]
+    r.use_mixed_graphs({})
+    assert r.prepare(decodes, {3: list(range(50, 58))}).work_items is None
 
 
 def test_mixed_graph_buckets():

@@ -28,7 +28,7 @@ def runner(**kw) -> ModelRunner:
 
 def sched(rid, new, computed, blocks, samples):
     return types.SimpleNamespace(request_id=rid, num_new_tokens=new, num_computed_tokens=computed,
-                                 samples=samples, block_ids=blocks)
+                                 samples=samples, block_ids=blocks, num_spec_tokens=0)
 
 
 def test_prepare_mixed_batch_hand_computed():

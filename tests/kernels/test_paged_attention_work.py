@@ -12,14 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels.paged_attention as pa
-from kernels.paged_attention import (
-    AttentionWork,
-    paged_attention,
-    plan_work,
-    work_block_qs,
-    work_capacity,
-)
+from kernels.paged_attention import paged_attention, work_block_qs
 from kernels.reference import paged_attention_ref
+from kernels.work_lists import AttentionWork, plan_work, work_capacity
 from tests.kernels.helpers import SETTINGS, PagedBatch, assert_close, make_batch
 
 
