@@ -125,27 +125,57 @@ def latency_stats(prefix: str, values_s: np.ndarray, weights: np.ndarray | None 
     return dict(zip(keys, [mean, med, std, *pct]))
 
 
-def step_itl_samples(steps: dict[str, np.ndarray], extra_gaps_s: np.ndarray | None = None
+def step_itl_samples(steps: dict[str, np.ndarray], extra_gaps_s: np.ndarray | None = None,
+                     *, weight_cuts: np.ndarray | None = None, pipelined: bool = False
                      ) -> tuple[np.ndarray, np.ndarray]:
     """(inter-token gap, weight) from a step table: in a busy engine every decoding sequence gets
     its next token at the end of each step, so the ITL distribution is the step durations weighted
     by the sequences decoding in them (multi-step rows expanded exactly). `extra_gaps_s` adds
-    weight-1 samples (the simulator's gaps across a preemption)."""
+    weight-1 samples (the simulator's gaps across a preemption or across steps that left a
+    decoder out); `weight_cuts` (per row) removes those decoders from their row's weight.
+
+    `pipelined` (async scheduling): a step's tokens reach the host when the NEXT step's device
+    work starts, so the decoders of step j - 1 wait the period of step j for their token: each
+    period is weighted by the previous step's decoders, per replica in time order."""
     extra = np.zeros(0) if extra_gaps_s is None else np.asarray(extra_gaps_s, dtype=np.float64)
+    b = steps["num_decode_seqs"].astype(np.float64)
+    if weight_cuts is not None:
+        b = b - weight_cuts
+    if pipelined:
+        vals, wts = _pipelined_step_samples(steps, b)
+        return np.concatenate([extra, vals]), np.concatenate([np.ones(extra.size), wts])
     vals, wts = [extra], [np.ones(extra.size)]
-    dec = steps["num_decode_seqs"] > 0
+    dec = b > 0
     n = steps["n_steps"][dec].astype(np.int64)
-    b = steps["num_decode_seqs"][dec]
+    b = b[dec]
     single = n == 1
     vals.append(steps["total_s"][dec][single])
     wts.append(b[single])
     k = n[~single]
     if k.size:  # a row of k steps: durations first + (last - first) * i / (k - 1), i = 0..k-1
         first, last = steps["first_dt_s"][dec][~single], steps["last_dt_s"][dec][~single]
-        i = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-        vals.append(np.repeat(first, k) + np.repeat(last - first, k) * i / np.maximum(np.repeat(k, k) - 1, 1))
+        vals.append(_row_steps(first, last, k))
         wts.append(np.repeat(b[~single], k))
     return np.concatenate(vals), np.concatenate(wts).astype(np.float64)
+
+
+def _row_steps(first: np.ndarray, last: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Each row's k step durations, first + (last - first) * i / (k - 1), rows in order."""
+    i = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+    return np.repeat(first, k) + np.repeat(last - first, k) * i / np.maximum(np.repeat(k, k) - 1, 1)
+
+
+def _pipelined_step_samples(steps: dict[str, np.ndarray], weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every step's period paired with the decoders of the step before it on its replica."""
+    order = np.lexsort((steps["t_start_s"], steps["replica"]))
+    k = steps["n_steps"][order].astype(np.int64)
+    periods = _row_steps(steps["first_dt_s"][order], steps["last_dt_s"][order], k)  # one row: its total_s
+    w = np.repeat(weights[order], k)
+    replica = np.repeat(steps["replica"][order], k)
+    prev_w = np.concatenate([[0.0], w[:-1]])
+    prev_w[np.concatenate([[True], replica[1:] != replica[:-1]])] = 0.0  # a replica's first step
+    keep = prev_w > 0
+    return periods[keep], prev_w[keep]
 
 
 def good_mask(requests: dict[str, np.ndarray], slo: SLO | None) -> np.ndarray:

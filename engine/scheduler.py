@@ -354,6 +354,17 @@ class Scheduler:
         what a cost model needs before a skip-ahead."""
         return [r.num_computed_tokens for r in self.running]
 
+    def unscheduled_decoders(self, out: SchedulerOutput) -> list[int]:
+        """Running requests that have produced tokens but that `out` (the latest schedule,
+        before its update) left out: with chunked prefill off, every decode during a step that
+        admits prompts; with it on, decodes behind a token budget spent on earlier running
+        prompts. Each such request's next token comes more than one step after its last."""
+        running = self.running
+        if out.num_scheduled >= len(running):
+            return []
+        ids = {r.request_id for r in out._batch}
+        return [r.request_id for r in running if r.num_generated and r.request_id not in ids]
+
     def between_steps(self) -> bool:
         """Whether the latest schedule() output has been applied (or none was made)."""
         return self._last_out is None or self._last_out._updated

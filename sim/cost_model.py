@@ -670,6 +670,20 @@ class CostModel:
             return max(gpu_s + self._gap_s, cpu_s + self._host_s)
         return gpu_s + cpu_s + self._host_s
 
+    @property
+    def async_gap_s(self) -> float:
+        """Device seconds the fitted profile adds to each async step (0 when synchronous)."""
+        return self._gap_s
+
+    def device_and_host_s(self, gpu_s: float, cpu_s: float) -> tuple[float, float]:
+        """(device seconds, host seconds) of one step as the engine's loop spends them: the host
+        schedules and prepares (cpu + the fitted host term), then the device runs (gpu, plus the
+        fitted gap under async scheduling). Synchronous: the two add up to `combine`. Async: the
+        simulator's pipelined loop overlaps a step's host part with the previous step's device part."""
+        if self.async_scheduling:
+            return gpu_s + self._gap_s, cpu_s + self._host_s
+        return gpu_s, cpu_s + self._host_s
+
     # --- closed forms ---------------------------------------------------------------
     def decode_linear(self, num_seqs: int) -> DecodeTerms:
         """A pure decode of `num_seqs` sequences without speculation, linear in its summed and
@@ -800,11 +814,12 @@ class DecodeRuns:
             self._elapsed_before.append(elapsed)
         self.n = n
 
-    def _run_of(self, i: int) -> int:
+    def run_of(self, i: int) -> int:
+        """The run step i belongs to."""
         return bisect_right(self.first_steps, i) - 1
 
     def dt(self, i: int) -> float:
-        k = self._run_of(i)
+        k = self.run_of(i)
         return self.runs[k].dt(i - self.first_steps[k])
 
     def elapsed_s(self, m: int) -> float:
@@ -813,7 +828,7 @@ class DecodeRuns:
             return 0.0
         if m >= self.n:
             return self._elapsed_before[-1]
-        k = self._run_of(m)
+        k = self.run_of(m)
         return self._elapsed_before[k] + self.runs[k].elapsed_s(m - self.first_steps[k])
 
     def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None) -> int:

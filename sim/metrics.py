@@ -3,9 +3,11 @@ summary and Prometheus text (engine/run_summary.py, shared with the engine's rep
 
 Inter-token latency is not kept per token: in a busy engine every decoding sequence gets its
 next token at the end of each step, so the ITL distribution is the step durations weighted by
-the number of sequences decoding in them (skip-ahead rows expanded exactly). A request resumed
-after a preemption adds one sample: the gap from its last token before the preemption to its
-first token after (the jitter preemption causes).
+the number of sequences decoding in them (skip-ahead rows expanded exactly; under async
+scheduling a step's period weighted by the previous step's decoders, whose tokens it delivers).
+A gap that spans more than one step is one sample of its own: a request resumed after a
+preemption (the jitter preemption causes), or a decoder that steps left out (a prefill-only step
+with chunked prefill off), which its resuming step's weight then excludes.
 """
 
 from __future__ import annotations
@@ -20,13 +22,30 @@ import numpy as np
 
 from engine.outputs import check_output_dir, staged_dir
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
-from engine.run_summary import SLO, SLO_KEYS, RunTables, jsonable, weighted_percentiles
+from engine.run_summary import (
+    SLO,
+    SLO_KEYS,
+    RunTables,
+    jsonable,
+    step_itl_samples,
+    weighted_percentiles,
+)
 
 
 @dataclass
 class SimResult(RunTables):
     """Everything one simulation produced; tables are column dicts of numpy arrays.
-    `itl_gaps_s` holds the token gaps of requests resumed after a preemption."""
+    `itl_gaps_s` holds the token gaps that span more than one step (a request resumed after a
+    preemption, a decoder a step left out); `itl_weight_cuts` (per step row) the decoders of
+    each row whose gap is among them; `pipelined`: the run scheduled asynchronously, so a step's
+    tokens arrive one step later (engine/run_summary.step_itl_samples)."""
+
+    itl_weight_cuts: np.ndarray | None = None
+    pipelined: bool = False
+
+    def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
+        return step_itl_samples(self.steps, self.itl_gaps_s, weight_cuts=self.itl_weight_cuts,
+                                pipelined=self.pipelined)
 
     @property
     def stall_itl_s(self) -> np.ndarray:

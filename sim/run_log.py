@@ -42,8 +42,10 @@ class RequestLog:
         # flags read on every sampled token: Python lists index faster than numpy arrays
         self._was_scheduled = [False] * n
         self._has_token = [False] * n
-        self._last_token_before_preemption_s: dict[int, float] = {}
-        self.stall_gaps_s: list[float] = []  # token gaps of requests resumed after a preemption
+        # requests whose next token will come more than one step after their last (preempted,
+        # or a running decoder a step left out): when that last token came
+        self._gap_open_s: dict[int, float] = {}
+        self.stall_gaps_s: list[float] = []  # those gaps, closed: weight-1 ITL samples
 
     def index(self, request_id: int) -> int:
         return self._pos[request_id]
@@ -60,17 +62,43 @@ class RequestLog:
             self.scheduled_s[i] = t
 
     def token(self, request_id: int, t: float) -> None:
-        """A step that ended at t gave this request a token after its prefill: its first token,
-        or the first after a preemption (one long inter-token gap)."""
+        """A step whose tokens arrived at t gave this request a token: its first, or the first
+        after a preemption (one long inter-token gap)."""
         i = self._pos[request_id]
         if not self._has_token[i]:
             self._has_token[i] = True
             self.first_token_s[i] = t
             return
-        gaps_open = self._last_token_before_preemption_s
+        gaps_open = self._gap_open_s
         last = gaps_open.pop(request_id, None) if gaps_open else None
         if last is not None:
             self.stall_gaps_s.append(t - last)
+
+    @property
+    def gaps_open(self) -> bool:
+        return bool(self._gap_open_s)
+
+    def left_out(self, request_ids: Sequence[int], last_token_s: float) -> None:
+        """Running decoders a step left out; their last token came at `last_token_s` (an earlier
+        left-out step's time stays)."""
+        for rid in request_ids:
+            self._gap_open_s.setdefault(rid, last_token_s)
+
+    def gaps(self, gap_s: float, count: int) -> None:
+        """`count` decoders waited `gap_s` for a token (a gap no step's period measures)."""
+        self.stall_gaps_s.extend([gap_s] * count)
+
+    def decoded_after_gap(self, request_ids: Sequence[int], t: float) -> int:
+        """Decodes of one step whose tokens arrived at t: those with an open gap close it (a
+        weight-1 ITL sample); returns how many did, which the step's ITL weight excludes."""
+        gaps_open = self._gap_open_s
+        closed = 0
+        for rid in request_ids:
+            last = gaps_open.pop(rid, None)
+            if last is not None:
+                self.stall_gaps_s.append(t - last)
+                closed += 1
+        return closed
 
     def spec_counts(self, samplers, counts: dict[int, int]) -> None:
         """A speculative step: each verifying request's drafts and the tokens it kept."""
@@ -84,7 +112,7 @@ class RequestLog:
     def preempted(self, request_id: int, last_token_s: float) -> None:
         """Preempted after producing tokens, the last at `last_token_s` (its step's start)."""
         if self._has_token[self._pos[request_id]]:
-            self._last_token_before_preemption_s.setdefault(request_id, last_token_s)
+            self._gap_open_s.setdefault(request_id, last_token_s)
 
     def rejected(self, request_id: int, reason: str) -> None:
         i = self._pos[request_id]
@@ -144,12 +172,23 @@ class StepLog:
 
     def __init__(self) -> None:
         self.records: list[StepRecord] = []
+        self._itl_cuts: dict[int, int] = {}  # row -> decoders whose token gap is a sample of its own
 
-    def append(self, record: StepRecord) -> None:
+    def append(self, record: StepRecord, itl_cut: int = 0) -> None:
+        if itl_cut:
+            self._itl_cuts[len(self.records)] = itl_cut
         self.records.append(record)
 
     def table(self) -> dict[str, np.ndarray]:
         return to_columns(self.records, StepRecord)
+
+    def itl_weight_cuts(self) -> np.ndarray | None:
+        """Per row, the decoders the step-weighted ITL leaves to their own samples (None: none)."""
+        if not self._itl_cuts:
+            return None
+        cuts = np.zeros(len(self.records))
+        cuts[list(self._itl_cuts)] = list(self._itl_cuts.values())
+        return cuts
 
 
 __all__ = ["RequestLog", "StepLog"]

@@ -59,7 +59,7 @@ from engine.run_summary import per_position_counters
 from engine.scheduler import Scheduler
 from engine.scheduler_output import RequestResult, SchedulerOutput
 from sim.config import DeploymentConfig, EngineConfig
-from sim.cost_model import CostModel, CostProfile, DecodeRuns
+from sim.cost_model import CostModel, CostProfile, DecodeRun, DecodeRuns
 from sim.hardware import transfer_time_s
 from sim.memory import MemoryPlan, draft_spec, plan_memory
 from sim.metrics import SLO, SimResult
@@ -131,6 +131,11 @@ class _Replica:
             block_size=engine.block_size * kv_block_coarsening,
             num_speculative_tokens=engine.num_speculative_tokens))
         self.skip_ahead = skip_ahead and not cost.k  # speculative steps draw at random: always step
+        # async scheduling (the engine runs speculative decoding synchronously): the loop runs a
+        # step ahead of the device, as engine/core.py's _step_async does
+        self.pipelined = cost.async_scheduling and not cost.k
+        self.inflight: _InFlight | None = None  # pipelined: the step whose tokens are not in yet
+        self.left_out_ids: set[int] = set()  # decoders a step left out, until they decode again
         self.wake: simpy.Event | None = None
         self.skipping = False
         self._skip_plan: _Stretch | None = None  # the skip in progress, started at _skip_t0
@@ -196,18 +201,19 @@ class _Replica:
     # --- the step loop --------------------------------------------------------------
     def run(self) -> Process:
         sched = self.sched
+        step = self._pipelined_step if self.pipelined else self._one_step
         while True:
             if self.boundary_waiters:  # rare (a disaggregated decode replica): keep the hot loop bare
                 self._at_boundary()
-            if not sched.has_unfinished():
+            if not sched.has_unfinished() and self.inflight is None:
                 yield from self._wait_for_work()
                 continue
-            if self.skip_ahead:
+            if self.skip_ahead and not self.left_out_ids:  # a left-out decoder resumes in a step of its own
                 n = uniform_decode_steps(sched)
                 if n >= 2:
                     yield from self._skip(n)
                     continue
-            yield from self._one_step()
+            yield from step()
 
     def _wait_for_work(self) -> Process:
         self.wake = self.env.event()
@@ -215,6 +221,7 @@ class _Replica:
         self.wake = None
 
     def _one_step(self) -> Process:
+        """Synchronous scheduling: schedule, run the step, then apply its tokens at its end."""
         env, sched, cost = self.env, self.sched, self.cost
         t0 = env.now
         out = sched.schedule()
@@ -227,6 +234,8 @@ class _Replica:
         samplers = self._samplers(out, t0) if out.num_prefill_seqs or cost.k else None
         gpu_s, cpu_s = cost.gpu_time_s(out), cost.cpu_time_s(out, self.coarsening)
         dt = cost.combine(gpu_s, cpu_s)
+        left_out = sched.unscheduled_decoders(out)
+        resumed = self._resuming(out) if self.left_out_ids else None
         yield env.timeout(dt)
         t1 = env.now
         counts, drafted, accepted = None, 0, 0
@@ -234,6 +243,7 @@ class _Replica:
             counts, drafted, accepted = self.spec.counts(samplers, t1)
             self.log.spec_counts(samplers, counts)
         results = sched.update_from_output(out, counts)
+        cut = self.log.decoded_after_gap(resumed, t1) if resumed else 0
         if samplers is None:
             n_out = out.num_decode_seqs
         else:
@@ -245,12 +255,81 @@ class _Replica:
             # its last token came at the end of the previous step; the gap until its next token
             # is an inter-token latency the step-weighted ITL does not see
             self.log.preempted(rid, t0)
+        if left_out:
+            self._leave_out(left_out, t0)
         self._ended(results, t1)
-        self.step_log.append(self._step_record(out, t0, dt, gpu_s, cpu_s, n_out, drafted, accepted))
+        self.step_log.append(self._step_record(out, t0, dt, gpu_s, cpu_s, n_out, drafted, accepted), cut)
 
-    def _empty_step(self, out: SchedulerOutput, t0: float) -> Process:
+    def _pipelined_step(self) -> Process:
+        """Async scheduling, as engine/core.py's `_step_async` runs it: schedule and launch step i
+        (the scheduler takes its token counts at once), then collect step i - 1's tokens, which
+        arrive when i - 1's device work has ended and i's launch is done; i's device work starts
+        then, and the next schedule() runs. So step i admits what arrived before i - 1's device
+        work ended, not before i - 1's tokens came back (the one-step-earlier cut that groups
+        arrivals into fewer, larger steps when missed)."""
+        env, sched, cost = self.env, self.sched, self.cost
+        t0 = env.now
+        out = sched.schedule()
+        for rid, reason in out.rejected:
+            self.log.rejected(rid, reason)
+        prev = self.inflight
+        if not out.num_batched_tokens:
+            self._ended(sched.update_from_output(out, None), t0)
+            if prev is None:
+                yield from self._empty_step(out, t0, updated=True)
+                return
+            self.inflight = None  # nothing new to launch: wait for the last step's tokens
+            if prev.gpu_end_s > t0:
+                yield env.timeout(delay_until(t0, prev.gpu_end_s))
+            self._collect(prev, env.now, t0)
+            # its decoders' previous tokens came at t0: a gap no step row's period measures
+            self.log.gaps(env.now - t0, prev.num_decodes - len(prev.resumed or ()))
+            return
+        samplers = self._samplers(out, t0) if out.num_prefill_seqs else None
+        gpu_s, cpu_s = cost.gpu_time_s(out), cost.cpu_time_s(out, self.coarsening)
+        device_s, host_s = cost.device_and_host_s(gpu_s, cpu_s)
+        left_out = sched.unscheduled_decoders(out)
+        resumed = self._resuming(out) if self.left_out_ids else None
+        results = sched.update_from_output(out, None)
+        launched = t0 + host_s
+        start = launched if prev is None or prev.gpu_end_s <= launched else prev.gpu_end_s
+        n_out = out.num_decode_seqs if samplers is None else len(samplers)
+        self.inflight = _InFlight(t0, start + device_s, results, out.num_decode_seqs, samplers, resumed, out, gpu_s,
+                                  cpu_s, n_out)
+        yield env.timeout(delay_until(t0, start))
+        now = env.now
+        if prev is not None:
+            self._collect(prev, now, t0)
+        for rid in out.preempted_ids:  # its last token: the one collected just now at the latest
+            self.log.preempted(rid, now)
+        if left_out:
+            self._leave_out(left_out, now)
+
+    def _collect(self, fl: _InFlight, t: float, next_t0: float) -> None:
+        """A pipelined step's tokens reached the host at t; the step after it started at next_t0."""
+        cut = self.log.decoded_after_gap(fl.resumed, t) if fl.resumed else 0
+        if fl.samplers is not None and self.role != "prefill":
+            for sr in fl.samplers:
+                self.log.token(sr.request_id, t)
+        self._ended(fl.results, t)
+        if fl.out is not None:  # a stretch's last step has its row already
+            self.step_log.append(self._step_record(fl.out, fl.t_start_s, next_t0 - fl.t_start_s, fl.gpu_s,
+                                                   fl.cpu_s, fl.n_out, 0, 0), cut)
+
+    def _resuming(self, out: SchedulerOutput) -> list[int]:
+        """Left-out decoders that decode in `out` (read before its update)."""
+        ids = [sr.request_id for sr in out.scheduled if not sr.is_prefill and sr.request_id in self.left_out_ids]
+        self.left_out_ids.difference_update(ids)
+        return ids
+
+    def _leave_out(self, request_ids: list[int], last_token_s: float) -> None:
+        self.left_out_ids.update(request_ids)
+        self.log.left_out(request_ids, last_token_s)
+
+    def _empty_step(self, out: SchedulerOutput, t0: float, *, updated: bool = False) -> Process:
         """Nothing runnable (e.g. only rejections this step): report, then wait for new work."""
-        self._ended(self.sched.update_from_output(out, None), t0)
+        if not updated:
+            self._ended(self.sched.update_from_output(out, None), t0)
         if self.sched.num_running:  # would spin forever at one instant: a scheduler bug
             raise RuntimeError(f"replica {self.idx}: scheduler returned an empty step with "
                                f"{self.sched.num_running} running requests at t={t0:.6f} s")
@@ -292,11 +371,14 @@ class _Replica:
         plan = self._plan_stretch(n, self.next_arrival_s() - t0)
         self._skip_plan, self._skip_t0 = plan, t0
         m = yield from self._sleep_through(plan, plan.runs.n)
-        for k, first, num_steps in plan.segments_within(m):
-            adv = advance_decode(self.sched, num_steps)
-            for res, s in zip(adv.finished, adv.finish_steps):
-                self._ended([res], t0 + plan.step_start_s(first + s + 1))
-            self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
+        if self.pipelined:
+            self._apply_pipelined(plan, t0, m)
+        else:
+            for k, first, num_steps in plan.segments_within(m):
+                adv = advance_decode(self.sched, num_steps)
+                for res, s in zip(adv.finished, adv.finish_steps):
+                    self._ended([res], t0 + plan.step_start_s(first + s + 1))
+                self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
         for req, ext in self.pending:
             self._admit(req, ext)
         self.pending.clear()
@@ -304,6 +386,29 @@ class _Replica:
             last = self.step_log.records[-1]
             last.num_running, last.num_waiting, last.kv_usage = (
                 self.sched.num_running, self.sched.num_waiting, self.sched.kv_usage)
+
+    def _apply_pipelined(self, plan: _Stretch, t0: float, m: int) -> None:
+        """The first m steps of a stretch under async scheduling: the step before it is collected
+        at the end of the stretch's first period, step s's tokens at the end of period s + 1, and
+        step m - 1 stays in flight (the next step collects it)."""
+        if not m:
+            return
+        prev = self.inflight
+        if prev is not None:
+            self.inflight = None
+            self._collect(prev, t0 + plan.step_start_s(1), t0)
+        in_flight: list[RequestResult] = []  # finished in step m - 1
+        for k, first, num_steps in plan.segments_within(m):
+            adv = advance_decode(self.sched, num_steps)
+            for res, s in zip(adv.finished, adv.finish_steps):
+                if first + s + 2 <= m:
+                    self._ended([res], t0 + plan.step_start_s(first + s + 2))
+                else:
+                    in_flight.append(res)
+            self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
+        end = t0 + plan.step_start_s(m)  # step m - 1's device work starts here
+        self.inflight = _InFlight(t0 + plan.step_start_s(m - 1), end + plan.device_s(m - 1), in_flight,
+                                  adv.num_seqs_at(num_steps - 1))
 
     def _plan_stretch(self, n: int, horizon_s: float) -> _Stretch:
         """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
@@ -313,8 +418,12 @@ class _Replica:
         ctx = sched.running_context_lens()  # KV tokens before the skip
         by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
         runs = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(ctx, remaining, runs.n)
         finish_after_steps = [x for x, _ in by_remaining[:bisect_right(by_remaining, (runs.n, math.inf))]]
+        if self.pipelined:
+            fl = self.inflight
+            lead_s = max(fl.gpu_end_s - self.env.now, 0.0) if fl is not None else 0.0
+            return _Stretch.pipelined(runs, lead_s, finish_after_steps)
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(ctx, remaining, runs.n)
         return _Stretch(runs, block_s, finish_after_steps)
 
     def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
@@ -363,7 +472,10 @@ class _Replica:
         end = first + num_steps
         start_s, end_s = plan.step_start_s(first), plan.step_start_s(end)
         cpu_s = run.cpu_elapsed_s(num_steps)
-        gpu_s = run.elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
+        if plan.own_device is not None:  # pipelined: the periods mix neighbouring steps' device time
+            gpu_s = plan.device_elapsed_s(first, end) - num_steps * self.cost.async_gap_s
+        else:
+            gpu_s = run.elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
         if plan.block_s is not None:
             cpu_s += plan.block_s(end) - plan.block_s(first)
         b = adv.num_seqs
@@ -410,17 +522,58 @@ class _Replica:
 
 
 @dataclasses.dataclass(slots=True)
+class _InFlight:
+    """Async scheduling: the step launched last, whose tokens reach the host once its device work
+    has ended (the engine's `_Pending`). Its finished requests end then; its row is written then
+    too, when its period (up to the next schedule) is known, unless a stretch wrote it already."""
+
+    t_start_s: float  # its schedule() ran then
+    gpu_end_s: float  # its device work ends then
+    results: list[RequestResult]  # requests it finished
+    num_decodes: int  # its decoding sequences
+    samplers: list | None = None  # entries whose token time is logged (None: plain decodes only)
+    resumed: list[int] | None = None  # left-out decoders back in it: their gaps close at its tokens
+    out: SchedulerOutput | None = None  # None: its row is written already (a stretch's last step)
+    gpu_s: float = 0.0
+    cpu_s: float = 0.0
+    n_out: int = 0
+
+
+@dataclasses.dataclass(slots=True)
 class _Stretch:
-    """A skip's plan: step durations (one DecodeRun per constant batch, `runs.first_steps` where
-    each starts), the CPU time of the blocks its first m steps allocate and hash (None when
-    async scheduling hides it), and after how many steps each finishing request is done."""
+    """A skip's plan: step durations (`runs`, each a DecodeRun of steps whose duration is linear,
+    `runs.first_steps` where each starts), the CPU time of the blocks its first m steps allocate
+    and hash (None when async scheduling hides it), and after how many steps each finishing
+    request is done.
+
+    Pipelined (async scheduling, `own_device` set): step i's period is max(its host time, step
+    i - 1's device time), so each constant batch is two runs, its first step (paired with the
+    previous batch's last device time, or with what is left of the in-flight step's) and the
+    rest; `own_device[j]` = (d0, slope): run j's steps' own device seconds d0 + slope * i."""
 
     runs: DecodeRuns
     block_s: Callable[[int], float] | None
     finish_after_steps: list[int]  # sorted
+    own_device: list[tuple[float, float]] | None = None
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
     _starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    @classmethod
+    def pipelined(cls, batches: DecodeRuns, lead_s: float, finish_after_steps: list[int]) -> _Stretch:
+        """`batches`: one DecodeRun per constant batch, each step's device and host terms (as
+        `CostModel.decode_run` gives them); `lead_s`: device seconds the in-flight step has left."""
+        runs, own = [], []
+        prev_device_s = lead_s
+        for r in batches.runs:
+            runs.append(DecodeRun(g0=prev_device_s, slope=0.0, cpu=r.cpu, n=1, overlap=True))
+            own.append((r.g0, 0.0))
+            if r.n > 1:
+                runs.append(DecodeRun(g0=r.g0, slope=r.slope, cpu=r.cpu + r.cpu_slope, n=r.n - 1, overlap=True,
+                                      cpu_slope=r.cpu_slope))
+                own.append((r.g0 + r.slope, r.slope))
+            prev_device_s = r.g0 + r.slope * (r.n - 1)
+        return cls(DecodeRuns(runs), None, finish_after_steps, own)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
@@ -430,20 +583,36 @@ class _Stretch:
             self._starts[m] = t
         return t
 
+    def device_s(self, i: int) -> float:
+        """Pipelined: step i's own device seconds."""
+        k = self.runs.run_of(i)
+        d0, slope = self.own_device[k]
+        return d0 + slope * (i - self.runs.first_steps[k])
+
+    def device_elapsed_s(self, first: int, end: int) -> float:
+        """Pipelined: the own device seconds of steps [first, end), all in one run."""
+        k = self.runs.run_of(first)
+        d0, slope = self.own_device[k]
+        i0 = first - self.runs.first_steps[k]
+        n = end - first
+        return n * d0 + slope * (2 * i0 + n - 1) * n / 2
+
     def num_finished_by(self, elapsed_s: float) -> int:
-        """Finishing requests whose last step has ended `elapsed_s` into the stretch."""
+        """Finishing requests that have left the scheduler `elapsed_s` into the stretch: at the
+        end of their last step, or (pipelined) when it was scheduled."""
         steps = self.finish_after_steps
+        lag = 1 if self.own_device is not None else 0
         lo, hi = 0, len(steps)  # finishes [0, lo) are done by then, [hi, end) are not
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.step_start_s(steps[mid]) <= elapsed_s:
+            if self.step_start_s(steps[mid] - lag) <= elapsed_s:
                 lo = mid + 1
             else:
                 hi = mid
         return lo
 
     def segments_within(self, m: int) -> list[tuple[int, int, int]]:
-        """(segment index, first step, steps) of the segments, cut to the first m steps."""
+        """(run index, first step, steps) of the runs, cut to the first m steps."""
         return [(k, f, min(r.n, m - f)) for k, (f, r) in enumerate(zip(self.runs.first_steps, self.runs.runs))
                 if f < m]
 
@@ -615,7 +784,9 @@ class Simulation:
     def _result(self, wall_s: float) -> SimResult:
         return SimResult(requests=self.log.table(), steps=self.step_log.table(), meta=self._meta(),
                          counters=self._counters(), wall_s=wall_s,
-                         itl_gaps_s=np.asarray(self.log.stall_gaps_s, dtype=np.float64))
+                         itl_gaps_s=np.asarray(self.log.stall_gaps_s, dtype=np.float64),
+                         itl_weight_cuts=self.step_log.itl_weight_cuts(),
+                         pipelined=any(rep.pipelined for rep in self.replicas if rep.role != "prefill"))
 
 
 @contextlib.contextmanager

@@ -252,11 +252,11 @@ def test_skipping_through_finishes_equals_stepping(replicas, router, overlap, pr
         one = expand_step_rows(sa)
         for c in cols:
             np.testing.assert_array_equal(one[c], sb[c], err_msg=c)
-        # consecutive skip rows with no step between them and a smaller batch: a finish mid-stretch
+        # a skip row followed at once by a row of a smaller batch: a finish mid-stretch (under async
+        # scheduling a batch's first step of a stretch is a row of its own)
         multi = sa["n_steps"] > 1
         back_to_back = np.isclose(sa["t_start_s"][1:], (sa["t_start_s"] + sa["total_s"])[:-1], rtol=0, atol=1e-12)
-        through += int((multi[1:] & multi[:-1] & back_to_back
-                        & (sa["num_decode_seqs"][1:] < sa["num_decode_seqs"][:-1])).sum())
+        through += int((multi[:-1] & back_to_back & (sa["num_decode_seqs"][1:] < sa["num_decode_seqs"][:-1])).sum())
     assert through > 5, through
     assert len(a.steps["n_steps"]) < len(b.steps["n_steps"]) / 3
 
