@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from engine.sampling import Sampler, SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler_output import RequestResult, SchedulerOutput
 from engine.spec_decode.proposers import DraftModelProposer, NgramProposer, Proposal, WithDrafts
+from engine.startup import StartupLog, log_progress, process_age_s
 from kernels import compiled_kernel_count
 
 
@@ -174,10 +175,16 @@ def check_draft(draft: LlamaModel, target: LlamaModel, max_model_len: int) -> No
 
 class EngineCore:
     def __init__(self, config: EngineArgs, model: LlamaModel | None = None,
-                 eos_token_ids: tuple[int, ...] = (), draft_model: LlamaModel | None = None) -> None:
+                 eos_token_ids: tuple[int, ...] = (), draft_model: LlamaModel | None = None,
+                 progress: Callable[[str], None] = log_progress) -> None:
+        """`progress` hears each start-up phase as it ends (and a long capture's progress)."""
+        self.startup = StartupLog(progress)
+        self.ready_s: float | None = None  # process start -> first request accepted
         self.device = resolve_device(config.device)
         if model is None:
-            model = build_model(config, self.device, config.max_model_len)
+            with self.startup.phase("model") as detail:
+                model = build_model(config, self.device, config.max_model_len)
+                detail.append(f"{model.spec.name}, {model.dtype}")
         self.model = model
         self.spec = model.spec
         name, memory_bytes = device_facts(self.device)
@@ -192,26 +199,20 @@ class EngineCore:
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
             kv_cache_dtype=config.kv_cache_dtype, max_cudagraph_capture_size=config.max_cudagraph_capture_size)
         self._init_speculation(config, draft_model)
-        self.num_gpu_blocks = self.runner.allocate_kv_cache(
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            num_gpu_blocks_override=config.num_gpu_blocks_override,
-            cpu_kv_cache_bytes=config.cpu_kv_cache_bytes)
-        if self.drafter is not None:
-            self.drafter.allocate_kv(self.num_gpu_blocks)
-            self.runner.memory_report |= {"draft_weights_bytes": self.drafter.weights_bytes(),
-                                          "draft_kv_bytes_per_block": self.runner.draft_block_bytes}
+        with self.startup.phase("KV cache") as detail:
+            self.num_gpu_blocks = self.runner.allocate_kv_cache(
+                gpu_memory_utilization=config.gpu_memory_utilization,
+                num_gpu_blocks_override=config.num_gpu_blocks_override,
+                cpu_kv_cache_bytes=config.cpu_kv_cache_bytes)
+            if self.drafter is not None:
+                self.drafter.allocate_kv(self.num_gpu_blocks)
+                self.runner.memory_report |= {"draft_weights_bytes": self.drafter.weights_bytes(),
+                                              "draft_kv_bytes_per_block": self.runner.draft_block_bytes}
+            detail.append(f"{self.num_gpu_blocks:,} blocks of {config.block_size} tokens")
         self.graph_capture_s = 0.0
         graphs = not config.enforce_eager and config.cudagraph_mode != "NONE"
         if self.runner.is_cuda and graphs and model.backend.name == "triton":
-            self.graph_capture_s = self.runner.capture_decode_graphs()
-            if config.cudagraph_mode == "FULL":
-                self.graph_capture_s += self.runner.capture_mixed_graphs()
-            if self.drafter is not None:  # the draft's single-token forwards are pure decodes,
-                self.graph_capture_s += self.drafter.runner.capture_decode_graphs()
-                # its catch-up of a decode batch is uniform two-token (proposers._two_token_catch_up)
-                self.graph_capture_s += self.drafter.runner.capture_verify_graphs(1)
-            if self.spec_k:
-                self.graph_capture_s += self.runner.capture_verify_graphs(self.spec_k)
+            self.graph_capture_s = self._capture_graphs(config)
         self.scheduler = Scheduler(scheduler_config(config, num_gpu_blocks=self.num_gpu_blocks,
                                                     max_model_len=self.max_model_len,
                                                     num_speculative_tokens=self.spec_k))
@@ -227,6 +228,28 @@ class EngineCore:
         self._token_bufs = [torch.zeros(b, dtype=torch.int64, pin_memory=self.runner.is_cuda)
                             for _ in range(2)]
         self._token_buf_idx = 0
+
+    def _capture_graphs(self, config: EngineArgs) -> float:
+        """Every CUDA graph the engine replays, each kind a start-up phase; returns seconds."""
+        runner, drafter = self.runner, self.drafter
+        kinds = [("decode graphs", runner.decode_graph_sizes(), runner.capture_decode_graphs, ())]
+        if config.cudagraph_mode == "FULL":
+            kinds.append(("mixed graphs", runner.mixed_graph_sizes(), runner.capture_mixed_graphs, ()))
+        if drafter is not None:  # the draft's single-token forwards are pure decodes; its
+            # catch-up of a decode batch is uniform two-token (proposers._two_token_catch_up)
+            kinds += [("draft decode graphs", drafter.runner.decode_graph_sizes(),
+                       drafter.runner.capture_decode_graphs, ()),
+                      ("draft verify graphs", drafter.runner.verify_graph_sizes(1),
+                       drafter.runner.capture_verify_graphs, (1,))]
+        if self.spec_k:
+            kinds.append(("verify graphs", runner.verify_graph_sizes(self.spec_k), runner.capture_verify_graphs,
+                          (self.spec_k,)))
+        seconds = 0.0
+        for name, sizes, capture, args in kinds:
+            with self.startup.phase(name) as detail:
+                seconds += capture(*args, progress=self.startup.counter(name, len(sizes)))
+                detail.append(f"{len(sizes)} graphs" + (f", {min(sizes)}-{max(sizes)}" if sizes else ""))
+        return seconds
 
     def _init_speculation(self, config: EngineArgs, draft_model: LlamaModel | None) -> None:
         """The proposer of `speculative_config`; a draft model's weights are loaded and its KV
@@ -281,26 +304,32 @@ class EngineCore:
         together, alone = fresh_prompts(), fresh_prompts()
         ids = itertools.count(WARM_UP_REQUEST_ID_BASE)
         steps = 0
-        # together (mixed batches), one by one, then the longest again (a cache hit)
-        for wave in [together] + [[p] for p in alone] + [[alone[-1]]]:
-            for prompt in wave:
-                self._add_warm_request(next(ids), prompt)
-            steps += self._drain()
-        # short chunks beside running decodes (1 and 7 of them): eager steps of few tokens
-        short = [p for p in fresh_prompts() if len(p) <= 128]
-        for num_decoding in (1, 7):
-            for k in range(num_decoding):
-                self._add_warm_request(next(ids), short[0] * 16, output_len=2 * WARM_UP_OUTPUT_TOKENS + k)
-            steps += self._drain(max_steps=2)
-            for p in short:
-                self._add_warm_request(next(ids), p)
-            steps += self._drain()
+        with self.startup.phase("warm-up batches") as detail:
+            # together (mixed batches), one by one, then the longest again (a cache hit)
+            waves = [together] + [[p] for p in alone] + [[alone[-1]]]
+            told = self.startup.counter("warm-up batches", len(waves) + 2)
+            for i, wave in enumerate(waves):
+                for prompt in wave:
+                    self._add_warm_request(next(ids), prompt)
+                steps += self._drain()
+                told(i + 1)
+            # short chunks beside running decodes (1 and 7 of them): eager steps of few tokens
+            short = [p for p in fresh_prompts() if len(p) <= 128]
+            for num_decoding in (1, 7):
+                for k in range(num_decoding):
+                    self._add_warm_request(next(ids), short[0] * 16, output_len=2 * WARM_UP_OUTPUT_TOKENS + k)
+                steps += self._drain(max_steps=2)
+                for p in short:
+                    self._add_warm_request(next(ids), p)
+                steps += self._drain()
+            num_requests = next(ids) - WARM_UP_REQUEST_ID_BASE
+            detail.append(f"{num_requests} requests, {steps} steps, prompts up to {max(lens)} tokens")
         # every attention launch an eager step can make, split or not (which of them a replay
         # meets depends on its batches' lengths)
-        self.runner.warm_up_attention_launches()
-        if self.runner.is_cuda:
-            torch.cuda.synchronize(self.device)
-        num_requests = next(ids) - WARM_UP_REQUEST_ID_BASE
+        with self.startup.phase("attention launches") as detail:
+            detail.append(f"{self.runner.warm_up_attention_launches()} launches")
+            if self.runner.is_cuda:
+                torch.cuda.synchronize(self.device)
         self.start_over()
         return WarmUpReport(seconds=time.perf_counter() - t0, num_requests=num_requests,
                             num_steps=steps, kernels_compiled=compiled_kernel_count() - compiled0)
@@ -366,6 +395,8 @@ class EngineCore:
                   "hold_blocks_on_finish": hold_blocks_on_finish}
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id} was already added")
+        if self.ready_s is None and request.request_id < WARM_UP_REQUEST_ID_BASE:
+            self.ready_s = process_age_s()
         st = RequestState(request=request, params=params, token_ids=list(prompt_token_ids),
                           num_prompt_tokens=len(prompt_token_ids),
                           arrival_s=self.now() if arrival_s is None else arrival_s)

@@ -145,6 +145,7 @@ class ReplayResult(RunTables):
     scheduler_stats: dict = field(default_factory=dict)
     unfinished_ids: list[int] = field(default_factory=list)  # cut off by max_wall_s
     gc_stats: GcStats | None = None  # written to summary.json as "gc"
+    startup: dict | None = None  # the engine's StartupLog, written to summary.json as "startup"
     # GC pause seconds inside each step of the step table (same rows), not a records.py column
     step_gc_pause_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_launch_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # StepResult.launch_s per row
@@ -176,6 +177,8 @@ class ReplayResult(RunTables):
         summary = jsonable(self.summary())
         if self.gc_stats is not None:  # not a summary() key: the simulator's summaries have no GC
             summary["gc"] = jsonable(self.gc_stats.as_dict())
+        if self.startup is not None:  # the engine's start-up phases (ready_s is a summary key)
+            summary["startup"] = jsonable(self.startup)
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         (out / "metrics.prom").write_text(self.prometheus_text())
         (out / "scheduler_stats.json").write_text(json.dumps(self.scheduler_stats, indent=2, default=float))
@@ -239,7 +242,8 @@ def replay(core: EngineCore, requests: Sequence[Request], *,
                                                              core.scheduler.num_spec_accepted_per_pos),
         wall_s=wall, itl_gaps_s=np.asarray(run.itl_gaps_s, dtype=np.float64),
         scheduler_stats=_stats_delta(stats_before, _stats_dict(core.scheduler)), unfinished_ids=missing,
-        gc_stats=gc_stats, step_gc_pause_s=np.asarray(run.step_gc_pause_s, dtype=np.float64),
+        gc_stats=gc_stats, startup=core.startup.as_dict(),
+        step_gc_pause_s=np.asarray(run.step_gc_pause_s, dtype=np.float64),
         step_launch_s=np.asarray(run.step_launch_s, dtype=np.float64))
 
 
@@ -308,7 +312,7 @@ def _meta(core: EngineCore, arrivals: list[float]) -> dict[str, Any]:
             "request_rate": (len(arrivals) - 1) / span if span > 0 else "inf",
             "num_gpu_blocks": core.num_gpu_blocks, "max_model_len": core.max_model_len,
             # the engine's effective scheduling mode (speculative decoding runs synchronously)
-            "async_scheduling": core.async_scheduling,
+            "async_scheduling": core.async_scheduling, "ready_s": core.ready_s,
             "speculative_config": sc.vllm_json() if (sc := core.config.speculative_config) else None}
 
 

@@ -40,7 +40,7 @@ PERCENTILES = (50, 90, 95, 99)
 COUNTER_KEYS = ("prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "spec_num_drafts",
                 "spec_draft_tokens", "spec_accepted_tokens")
 # what a run's meta says about its engine configuration (None where a run does not say), in its summary
-ENGINE_META_KEYS = ("async_scheduling", "speculative_config")
+ENGINE_META_KEYS = ("async_scheduling", "speculative_config", "ready_s")  # ready_s: engines only
 # plus, with speculative decoding, accepted drafts by position: POS_KEY.format(i) for i < k
 POS_KEY = "spec_accepted_tokens_pos_{}"
 

@@ -810,8 +810,13 @@ class ModelRunner:
         self.d_work_counts.zero_()
         return launches
 
+    def decode_graph_sizes(self) -> list[int]:
+        """Decode batch sizes that get a CUDA graph."""
+        return decode_graph_buckets(self.max_num_seqs)
+
     @torch.inference_mode()
-    def capture_decode_graphs(self, sizes: list[int] | None = None) -> float:
+    def capture_decode_graphs(self, sizes: list[int] | None = None,
+                              progress: Callable[[int], None] | None = None) -> float:
         """Capture one CUDA graph per decode bucket (largest first, one memory pool); returns seconds.
 
         Captured with max_seq_len = max_model_len and the full block-table width, so any decode
@@ -819,7 +824,7 @@ class ModelRunner:
         """
         assert self.is_cuda and self.kv_caches is not None
         t0 = time.perf_counter()
-        sizes = sorted(sizes or decode_graph_buckets(self.max_num_seqs), reverse=True)
+        sizes = sorted(sizes or self.decode_graph_sizes(), reverse=True)
         # Safe dummy inputs: one token per sequence at position 0, written nowhere.
         self.d_input_ids.zero_()
         self.d_positions.zero_()
@@ -832,7 +837,8 @@ class ModelRunner:
         # memory the KV cache was already given.
         self._logits_buf = torch.empty(max(sizes), self.spec.vocab_size, dtype=self.model.lm_head_weight.dtype,
                                        device=self.device)
-        for b, (g, logits) in self._capture(sizes, lambda b: self.graph_forward(b, 1, self._logits_buf)).items():
+        for b, (g, logits) in self._capture(sizes, lambda b: self.graph_forward(b, 1, self._logits_buf),
+                                            progress).items():
             self.graphs[b] = g
             self._graph_logits[b] = logits
         return time.perf_counter() - t0
@@ -854,7 +860,7 @@ class ModelRunner:
         return self.model.compute_logits(h, out=logits_out[:t])
 
     @torch.inference_mode()
-    def capture_verify_graphs(self, k: int) -> float:
+    def capture_verify_graphs(self, k: int, progress: Callable[[int], None] | None = None) -> float:
         """One CUDA graph per verify bucket (uniform batches of decodes with k drafts each);
         returns seconds. Dummy inputs as for decode graphs, q = 1 + k tokens per sequence."""
         assert self.is_cuda and self.kv_caches is not None
@@ -872,7 +878,7 @@ class ModelRunner:
         self.d_block_tables.zero_()
         buf = torch.empty(max(sizes) * q, self.spec.vocab_size, dtype=self.model.lm_head_weight.dtype,
                           device=self.device)
-        for b, (g, logits) in self._capture(sizes, lambda b: self.graph_forward(b, q, buf)).items():
+        for b, (g, logits) in self._capture(sizes, lambda b: self.graph_forward(b, q, buf), progress).items():
             self.verify_graphs[b] = g
             self._verify_logits[b] = logits
         return time.perf_counter() - t0
@@ -909,7 +915,7 @@ class ModelRunner:
                                              device=self.device)
 
     @torch.inference_mode()
-    def capture_mixed_graphs(self) -> float:
+    def capture_mixed_graphs(self, progress: Callable[[int], None] | None = None) -> float:
         """One CUDA graph per mixed token bucket (largest first, one memory pool); returns
         seconds. Captured over empty sequences (nothing attended, nothing written)."""
         assert self.is_cuda and self.kv_caches is not None
@@ -924,14 +930,16 @@ class ModelRunner:
         self.d_seq_lens.zero_()
         self.d_qsl.zero_()
         self.d_work_counts.zero_()  # no work listed: the captured launches attend nothing
-        captured = self._capture(sizes, self.mixed_graph_forward)
+        captured = self._capture(sizes, self.mixed_graph_forward, progress)
         self.use_mixed_graphs({t: g for t, (g, _) in captured.items()})
         return time.perf_counter() - t0
 
-    def _capture(self, sizes: list[int], forward: Callable[[int], Any]) -> dict[int, tuple[torch.cuda.CUDAGraph, Any]]:
+    def _capture(self, sizes: list[int], forward: Callable[[int], Any], progress: Callable[[int], None] | None = None
+                 ) -> dict[int, tuple[torch.cuda.CUDAGraph, Any]]:
         """One CUDA graph of `forward(n)` per size, in the order given (largest first: one
         memory pool serves the smaller ones): each run twice on a side stream first (Triton
-        compiles there), then captured; (graph, the captured call's output) by size."""
+        compiles there), then captured; (graph, the captured call's output) by size.
+        `progress(done)` is told after each graph."""
         captured: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
         pool = None
         stream = torch.cuda.Stream(self.device)
@@ -947,5 +955,7 @@ class ModelRunner:
             pool = g.pool()
             self.num_graph_captures += 1
             captured[n] = (g, out)
+            if progress is not None:
+                progress(len(captured))
         torch.cuda.synchronize(self.device)
         return captured

@@ -106,7 +106,7 @@ def run(
 
     wl = load_workload(workload, source)
     requests = cap_prompt_lengths(wl.requests, max_prompt_len)
-    core = EngineCore(cfg)
+    core = EngineCore(cfg, progress=lambda line: typer.echo(line, err=True))
     warm = core.warm_up()  # compile every kernel variant before the clock starts
     typer.echo(f"warm-up: {warm.num_requests} requests, {warm.num_steps} steps, {warm.seconds:.1f} s, "
                f"{warm.kernels_compiled} kernel variants compiled", err=True)
