@@ -31,12 +31,10 @@ import faulthandler
 import gc
 import json
 import pstats
-import statistics
 import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +44,16 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from engine.config import EngineArgs  # noqa: E402
-from engine.core import EngineCore  # noqa: E402
-from engine.replay import replay  # noqa: E402
-from engine.request import Request  # noqa: E402
-from engine.run_summary import jsonable  # noqa: E402
-from engine.runner import ModelRunner  # noqa: E402
-from engine.scheduler import Scheduler  # noqa: E402
-from engine.scheduler_output import SchedulerOutput  # noqa: E402
+from engine.config import EngineArgs
+from engine.core import EngineCore
+from engine.replay import replay
+from engine.request import Request
+from engine.run_summary import jsonable
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.scheduler_output import SchedulerOutput
 
 # deadlines of the parts run by `all` (seconds; one device call is 600 s)
 DEADLINES_S = {"startup-llama-3.2-1b": 210, "startup-llama-3.1-8b": 150, "drift": 120, "host": 80}
@@ -258,7 +256,7 @@ def run_all(out: Path, tiny: bool, python: str) -> dict:
             cmd.append("--tiny")
         t = time.perf_counter()
         try:
-            p = subprocess.run(cmd, timeout=deadline, capture_output=True, text=True)
+            p = subprocess.run(cmd, timeout=deadline, capture_output=True, text=True, check=False)
             rc, text = p.returncode, p.stdout + p.stderr
         except subprocess.TimeoutExpired as exc:
             rc, text = "timeout", (exc.stdout or b"").decode() + (exc.stderr or b"").decode()

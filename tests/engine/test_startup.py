@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-import engine.startup as startup
+from engine import startup
 from engine.config import EngineArgs
 from engine.core import EngineCore
 from engine.replay import replay

@@ -19,13 +19,13 @@ pytest.importorskip("torch")
 
 from engine.config import EngineArgs
 from engine.core import EngineCore
+from engine.model_spec import get_model
 from engine.records import expand_step_rows
 from engine.replay import replay
 from engine.request import Request
 from engine.virtual_clock import StepTimes, virtual_clock
 from sim.config import DeploymentConfig, EngineConfig
 from sim.hardware import get_gpu
-from engine.model_spec import get_model
 from sim.simulator import Simulation
 from tests.sim.simhelpers import frozen_profile
 
