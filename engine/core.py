@@ -270,6 +270,24 @@ class EngineCore:
                                           max_model_len=self.max_model_len)
         self.runner.draft_block_bytes = self.drafter.runner.block_bytes()
 
+    def _switch_speculation(self, cfg: EngineArgs) -> None:
+        """start_over with another n-gram speculation (or none): nothing to load, and the verify
+        graphs of a new k are captured now. A draft model sizes the KV pool: it is fixed at build."""
+        sc, built = cfg.speculative_config, self._built_config.speculative_config
+        if self.drafter is not None or (sc is not None and sc.method != "ngram"):
+            if sc != built:
+                raise ValueError("start_over cannot change a draft model's speculative_config: build a new engine; "
+                                 "it switches only n-gram speculation on and off")
+            return
+        self._init_speculation(cfg, None)
+        graphs = not cfg.enforce_eager and cfg.cudagraph_mode != "NONE"
+        if self.spec_k and self.runner.is_cuda and graphs and self.model.backend.name == "triton" \
+                and self.runner.verify_q != self.spec_k + 1:
+            with self.startup.phase("verify graphs") as detail:
+                sizes = self.runner.verify_graph_sizes(self.spec_k)
+                self.graph_capture_s += self.runner.capture_verify_graphs(self.spec_k)
+                detail.append(f"{len(sizes)} graphs for k={self.spec_k}")
+
     def now(self) -> float:
         """Seconds on the engine clock (since construction or `reset_clock`)."""
         return time.perf_counter() - self.epoch
@@ -361,10 +379,16 @@ class EngineCore:
         model or KV allocation: batch limits at most those the runner was sized for, and at most
         the allocated KV blocks (a smaller pool leaves the rest of the KV memory unused).
         """
-        bad = set(scheduling_flags) - self.RESTART_FLAGS
+        bad = set(scheduling_flags) - self.RESTART_FLAGS - {"speculative_config"}
         if bad:
             raise ValueError(f"start_over cannot change {sorted(bad)}: they size the runner; build a new engine")
-        cfg = self._built_config.model_copy(update=scheduling_flags)  # flags of earlier restarts do not stick
+        flags = dict(scheduling_flags)
+        spec = flags.pop("speculative_config", self._built_config.speculative_config)
+        cfg = self._built_config.model_copy(update=flags)  # flags of earlier restarts do not stick
+        if spec != self._built_config.speculative_config:
+            cfg = EngineArgs.model_validate(cfg.model_dump() | {"speculative_config": spec})
+        if cfg.speculative_config != self.config.speculative_config:
+            self._switch_speculation(cfg)
         cfg = cfg.with_effective_async()
         for name, cap in (("max_num_seqs", self.runner.max_num_seqs),
                           ("max_num_batched_tokens", self.runner.max_num_batched_tokens),

@@ -870,6 +870,7 @@ class ModelRunner:
         if not sizes:
             return 0.0
         self.verify_q = q
+        self.verify_graphs, self._verify_logits = {}, {}  # another k's graphs are of no use
         self.d_input_ids.zero_()
         self.d_positions.zero_()
         self.d_slots.fill_(-1)

@@ -253,3 +253,21 @@ def test_verify_graph_layout_gives_the_same_tokens(name):
         r._verify_logits[b] = buf[: b * (k + 1)]
     assert drive(core, workload(0)) == reference(0, 13)
     assert r.num_graph_replays > 0
+
+
+def test_start_over_switches_ngram_speculation_on_and_off():
+    """One engine built without speculation serves n-gram speculation after start_over (the same
+    greedy tokens, drafts verified, async turned off as with drafts) and then none again; a draft
+    model's config cannot be switched there (it sizes the KV pool)."""
+    core = engine(None, async_scheduling=True)
+    spec = SPECS["ngram"][0]
+    core.start_over(speculative_config=spec)
+    assert core.spec_k == 3 and core.scheduler.config.num_speculative_tokens == 3 and not core.async_scheduling
+    assert drive(core, workload(0)) == reference(0, None)
+    assert core.scheduler.stats.num_spec_drafts > 0 and core.scheduler.stats.num_spec_accepted_tokens > 0
+    core.start_over()
+    assert core.spec_k == 0 and core.ngram is None and core.async_scheduling
+    assert drive(core, workload(0)) == reference(0, None)
+    assert core.scheduler.stats.num_spec_drafts == 0
+    with pytest.raises(ValueError, match="draft model"):
+        core.start_over(speculative_config={"model": "tiny", "num_speculative_tokens": 2})
