@@ -27,6 +27,7 @@ from engine.flags import SCHEDULING_FLAGS
 from engine.model_spec import ModelSpec, get_model
 from engine.records import STEP_COLUMNS
 from engine.request import Request
+from engine.run_summary import SLO, good_mask
 from sim.calibrate import OPTIONAL_COLUMNS, RECONSTRUCTED_STEPS_FILE, merge_reconstructed
 from sim.config import EngineConfig
 from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
@@ -179,6 +180,7 @@ class ValidationReport(_Record):
     profiles: list[str]
     fitted_runs: dict[str, list[str]]  # profile -> the runs its provenance says it was fitted on
     runs: list[RunComparison]
+    ranking: RankingReport | None = None  # --rank: the runs' goodput order, engine vs simulator
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(), indent=2, allow_nan=False) + "\n"
@@ -520,6 +522,100 @@ def _flags_used(cfg: EngineConfig) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in keys}
 
 
+# --------------------------------------------------------------------------- ranking
+RANK_SEPARATION = 0.03  # engine goodputs further apart than this must be ordered alike
+
+
+class RankedRun(_Record):
+    """One configuration of a ranking set: goodput (requests/s meeting the SLO) on both sides."""
+
+    name: str
+    engine_goodput: float
+    sim_goodput: float
+    error: float | None
+
+
+class RankingReport(_Record):
+    """Whether the simulator orders engine configurations of one workload as the engine does:
+    every pair the engine separates by more than `separation` (relative) must come out in the
+    same order; `pick_loss` is the goodput lost by running the simulator's best configuration
+    instead of the engine's (0 when both pick the same)."""
+
+    slo: dict[str, float]
+    separation: float
+    runs: list[RankedRun]
+    engine_order: list[str]
+    sim_order: list[str]
+    pairs_separated: int
+    pairs_agreeing: int
+    disagreements: list[str]
+    spread: float  # (best - worst) / best engine goodput
+    pick_loss: float
+    passed: bool
+
+
+def read_requests(path: Path) -> dict[str, np.ndarray]:
+    """An engine run's requests.jsonl as columns (the columns goodput needs)."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    cols = ("status", "ttft_s", "tpot_s", "e2e_s")
+    return {c: np.array([r.get(c) if r.get(c) is not None else (math.nan if c != "status" else "")
+                         for r in rows], dtype=object if c == "status" else np.float64) for c in cols}
+
+
+def engine_goodput(run_dir: Path, slo: SLO) -> float:
+    """Requests per second meeting `slo` in an engine run (its own duration, as the summary's)."""
+    reqs = read_requests(run_dir / "requests.jsonl")
+    duration = read_json_file(run_dir / "summary.json")["duration"]
+    return float(good_mask(reqs, slo).sum() / duration) if duration else 0.0
+
+
+def rank_runs(run_dirs: list[str | Path], slo: SLO, profile: str | None = None,
+              separation: float = RANK_SEPARATION) -> RankingReport:
+    """Simulate each engine run (as `validate_run`) and compare the two goodput orders."""
+    runs = []
+    for d in map(Path, run_dirs):
+        info = read_run_info(d)
+        cfg = sim_engine_config(info)
+        config = SimConfig(model=info.model, gpu=info.gpu, engine=cfg,
+                           profile=resolve_profile(profile, info.model, info.gpu), label=info.name)
+        sim = run(LoadedWorkload(replayed_requests(d, info), info.name), config).summary(slo)["request_goodput"]
+        eng = engine_goodput(d, slo)
+        runs.append(RankedRun(name=info.name, engine_goodput=eng, sim_goodput=float(sim),
+                              error=relative_error(eng, float(sim))))
+    return ranking(runs, slo, separation)
+
+
+def ranking(runs: list[RankedRun], slo: SLO, separation: float = RANK_SEPARATION) -> RankingReport:
+    """The pairwise comparison of `rank_runs` on goodputs already known."""
+    separated = agreeing = 0
+    disagreements = []
+    for i, a in enumerate(runs):
+        for b in runs[i + 1:]:
+            hi, lo = (a, b) if a.engine_goodput >= b.engine_goodput else (b, a)
+            if hi.engine_goodput <= 0 or (hi.engine_goodput - lo.engine_goodput) / hi.engine_goodput <= separation:
+                continue
+            separated += 1
+            if hi.sim_goodput > lo.sim_goodput:
+                agreeing += 1
+            else:
+                disagreements.append(f"{hi.name} > {lo.name} on the engine ({hi.engine_goodput:.3g} vs "
+                                     f"{lo.engine_goodput:.3g} req/s), not in the simulator ({hi.sim_goodput:.3g} "
+                                     f"vs {lo.sim_goodput:.3g})")
+    eng_best = max(runs, key=lambda r: r.engine_goodput)
+    sim_best = max(runs, key=lambda r: r.sim_goodput)
+    best = eng_best.engine_goodput
+    return RankingReport(
+        slo=slo.as_dict(), separation=separation, runs=runs,
+        engine_order=[r.name for r in sorted(runs, key=lambda r: -r.engine_goodput)],
+        sim_order=[r.name for r in sorted(runs, key=lambda r: -r.sim_goodput)],
+        pairs_separated=separated, pairs_agreeing=agreeing, disagreements=disagreements,
+        spread=(best - min(r.engine_goodput for r in runs)) / best if best > 0 else 0.0,
+        pick_loss=(best - sim_best.engine_goodput) / best if best > 0 else 0.0,
+        passed=agreeing == separated)
+
+
+ValidationReport.model_rebuild()
+
 __all__ = [
     "ALL_METRICS",
     "ERROR_METRICS",
@@ -530,6 +626,8 @@ __all__ = [
     "EngineRunInfo",
     "KVBlocks",
     "MetricComparison",
+    "RankedRun",
+    "RankingReport",
     "RunComparison",
     "RunFolderError",
     "StepKindComparison",
@@ -538,8 +636,11 @@ __all__ = [
     "compare_step_kinds",
     "compare_summaries",
     "cost_model_step_s",
+    "engine_goodput",
     "fitted_runs",
     "profile_path",
+    "rank_runs",
+    "ranking",
     "read_run_info",
     "relative_error",
     "resolve_profile",

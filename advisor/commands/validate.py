@@ -24,16 +24,19 @@ from rich.table import Table
 
 from advisor.options import Force, clean_errors
 from engine.outputs import check_output_dir, check_output_file, staged_file
+from engine.run_summary import SLO
 from sim.cost_model import CostProfile
 from sim.validate import (
     ERROR_METRICS,
     MEDIAN_ABS_ERROR_TARGET,
     P99_ABS_ERROR_TARGET,
+    RankingReport,
     RunComparison,
     RunFolderError,
     ValidationReport,
     fitted_runs,
     profile_path,
+    rank_runs,
     read_run_info,
     resolve_profile,
     validate_run,
@@ -68,10 +71,14 @@ def validate(
     write_profile_validation: Annotated[bool, typer.Option(
         "--write-profile-validation", help="store the per-metric errors in each profile JSON's 'validation' "
         "field")] = False,
+    rank: Annotated[str | None, typer.Option(
+        "--rank", help='also check that the simulator orders the runs (configurations of one workload) by '
+        'goodput at this SLO as the engine does, e.g. "ttft:1000 tpot:35"')] = None,
     force: Force = False,
 ) -> None:
     """Replay engine runs in the simulator with identical requests, flags and KV blocks; compare per metric."""
     profiles = profile or ["auto"]
+    rank_slo = SLO.parse(rank) if rank is not None else None
     if out is not None:  # before any work: a refused --out must not cost the simulations
         check_report_outputs(out, force=force, inputs=run_dirs)
     plan = plan_runs(run_dirs, profiles, allow_fitted=allow_fitted)
@@ -83,7 +90,10 @@ def validate(
         res = validate_run(run_dir, prof)
         print_comparison(res, console)
         results.append(res)
-    report = build_report(results, command_line(run_dirs, profiles, out, allow_fitted, write_profile_validation))
+    report = build_report(results, command_line(run_dirs, profiles, out, allow_fitted, write_profile_validation,
+                                                rank))
+    if rank_slo is not None:
+        report = report.model_copy(update={"ranking": rank_runs(run_dirs, rank_slo, profiles[0])})
     print_overview(report, console)
     if out is not None:
         write_report(report, out)
@@ -151,7 +161,7 @@ def check_profiles_writable(profiles: set[str]) -> None:
 
 
 def command_line(run_dirs: list[Path], profiles: list[str], out: Path | None, allow_fitted: bool,
-                 write_profile_validation: bool = False) -> str:
+                 write_profile_validation: bool = False, rank: str | None = None) -> str:
     """The command that regenerates the report (run folders as given)."""
     parts = ["costline", "validate", *map(str, run_dirs)]
     for p in profiles:
@@ -160,6 +170,8 @@ def command_line(run_dirs: list[Path], profiles: list[str], out: Path | None, al
         parts.append("--allow-fitted")
     if write_profile_validation:
         parts.append("--write-profile-validation")
+    if rank is not None:
+        parts += ["--rank", rank]
     if out is not None:
         parts += ["--out", str(out), "--force"]
     return shlex.join(parts)
@@ -243,6 +255,25 @@ def print_overview(report: ValidationReport, console: Console) -> None:
         t.add_row(r.model, r.name, r.profile, _pct(r.verdict.median_abs_error), _pct(r.verdict.max_p99_abs_error),
                   f"{fmt_value('n', pre.engine)} / {fmt_value('n', pre.sim)}", "yes" if r.verdict.passed else "no")
     console.print(t)
+    if report.ranking is not None:
+        print_ranking(report.ranking, console)
+
+
+def print_ranking(rk: RankingReport, console: Console) -> None:
+    slo = " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in rk.slo.items())
+    t = Table(title=f"[bold]goodput order at {slo}[/] (engine spread {rk.spread:.1%})", title_justify="left")
+    for col in ("run", "engine req/s", "sim req/s", "error", "engine rank", "sim rank"):
+        t.add_column(col)
+    for r in rk.runs:
+        t.add_row(r.name, f"{r.engine_goodput:.3g}", f"{r.sim_goodput:.3g}", _pct(r.error),
+                  str(rk.engine_order.index(r.name) + 1), str(rk.sim_order.index(r.name) + 1))
+    console.print(t)
+    verdict = "same order" if rk.passed else "ORDER DIFFERS"
+    console.print(f"{verdict}: {rk.pairs_agreeing} of {rk.pairs_separated} pairs the engine separates by more "
+                  f"than {rk.separation:.0%} agree; following the simulator's pick loses {rk.pick_loss:.1%} of "
+                  "goodput", highlight=False)
+    for d in rk.disagreements:
+        console.print(f"  {d}", highlight=False)
 
 
 def write_report(report: ValidationReport, out: Path) -> None:
@@ -262,12 +293,28 @@ def render_markdown(report: ValidationReport) -> str:
              f"TPOT / ITL / e2e mean, p50, p90, p99; every p99 within {P99_ABS_ERROR_TARGET:.0%}; preemptions "
              "within 5% (or 2); prefix-hit rate within 1 point. Error = (sim - engine) / engine."), ""]
     lines += _fitting_lines(report) + _overview_lines(report)
+    if report.ranking is not None:
+        lines += _ranking_lines(report.ranking)
     by_run: dict[str, list[RunComparison]] = {}
     for r in report.runs:
         by_run.setdefault(r.run_dir, []).append(r)
     for runs in by_run.values():
         lines += _run_section(runs)
     return "\n".join(lines) + "\n"
+
+
+def _ranking_lines(rk: RankingReport) -> list[str]:
+    slo = " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in rk.slo.items())
+    lines = [f"## Goodput order at {slo}", "",
+             f"Engine spread {rk.spread:.1%}; {rk.pairs_agreeing} of {rk.pairs_separated} pairs the engine separates "
+             f"by more than {rk.separation:.0%} come out in the same order in the simulator "
+             f"(**{'pass' if rk.passed else 'fail'}**); following the simulator's pick loses {rk.pick_loss:.1%} "
+             "of goodput.", "", "| run | engine req/s | sim req/s | error | engine rank | sim rank |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rk.runs:
+        lines.append(f"| {r.name} | {r.engine_goodput:.3g} | {r.sim_goodput:.3g} | {_pct(r.error)} | "
+                     f"{rk.engine_order.index(r.name) + 1} | {rk.sim_order.index(r.name) + 1} |")
+    return [*lines, *(f"- {d}" for d in rk.disagreements), ""]
 
 
 def _fitting_lines(report: ValidationReport) -> list[str]:

@@ -52,13 +52,14 @@ def requests(n: int = 40) -> list[Request]:
     return out
 
 
-def write_run(folder: Path, name: str = "sim-as-engine", purpose: str = "validation") -> Path:
-    """A run folder in the GPU script's format, its tables and summary from a simulator run."""
+def write_run(folder: Path, name: str = "sim-as-engine", purpose: str = "validation", **engine_args) -> Path:
+    """A run folder in the GPU script's format, its tables and summary from a simulator run
+    (`engine_args`: flags other than ENGINE_ARGS')."""
     folder.mkdir(parents=True)
     export_mooncake(Workload.from_requests(requests()), folder / "workload.jsonl")
     reqs = load_mooncake(folder / "workload.jsonl", hash_block_size=BLOCK).requests
-    flags = {k: v for k, v in ENGINE_ARGS.items() if k not in ("model", "usage_context", "device",
-                                                                 "attention_backend")}
+    args = ENGINE_ARGS | engine_args
+    flags = {k: v for k, v in args.items() if k not in ("model", "usage_context", "device", "attention_backend")}
     cfg = EngineConfig(**flags | {"num_gpu_blocks_override": NUM_GPU_BLOCKS, "attention_backend": "costline"})
     # stepped (no skip-ahead), as an engine trace is: one row per step, each with its GPU time
     res = run(reqs, SimConfig(model="llama-3.2-1b", gpu="h200", engine=cfg, profile="default", skip_ahead=False))
@@ -66,8 +67,11 @@ def write_run(folder: Path, name: str = "sim-as-engine", purpose: str = "validat
     steps = res.steps
     rows = zip(*(steps[c].tolist() for c in steps))
     (folder / "steps.jsonl").write_text("".join(json.dumps(jsonable(dict(zip(steps, r)))) + "\n" for r in rows))
+    req_rows = zip(*(res.requests[c].tolist() for c in res.requests))
+    (folder / "requests.jsonl").write_text("".join(json.dumps(jsonable(dict(zip(res.requests, r)))) + "\n"
+                                                   for r in req_rows))
     info = {"schema": "costline-engine-run/1", "name": name, "purpose": purpose, "model": "llama-3.2-1b",
-            "gpu": "h200", "engine_args": ENGINE_ARGS, "hash_block_size": BLOCK, "honor_arrivals": True,
+            "gpu": "h200", "engine_args": args, "hash_block_size": BLOCK, "honor_arrivals": True,
             "num_gpu_blocks": NUM_GPU_BLOCKS, "memory": {}, "engine_commit": "x", "date": "2026-12-01",
             "versions": {}, "description": "simulator output posing as an engine run"}
     (folder / "run.json").write_text(json.dumps(info))
