@@ -306,10 +306,10 @@ def render_markdown(report: ValidationReport) -> str:
 def _ranking_lines(rk: RankingReport) -> list[str]:
     slo = " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in rk.slo.items())
     lines = [f"## Goodput order at {slo}", "",
-             f"Engine spread {rk.spread:.1%}; {rk.pairs_agreeing} of {rk.pairs_separated} pairs the engine separates "
-             f"by more than {rk.separation:.0%} come out in the same order in the simulator "
-             f"(**{'pass' if rk.passed else 'fail'}**); following the simulator's pick loses {rk.pick_loss:.1%} "
-             "of goodput.", "", "| run | engine req/s | sim req/s | error | engine rank | sim rank |",
+             (f"Engine spread {rk.spread:.1%}; {rk.pairs_agreeing} of {rk.pairs_separated} pairs the engine "
+              f"separates by more than {rk.separation:.0%} come out in the same order in the simulator "
+              f"(**{'pass' if rk.passed else 'fail'}**); following the simulator's pick loses {rk.pick_loss:.1%} "
+              "of goodput."), "", "| run | engine req/s | sim req/s | error | engine rank | sim rank |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in rk.runs:
         lines.append(f"| {r.name} | {r.engine_goodput:.3g} | {r.sim_goodput:.3g} | {_pct(r.error)} | "
