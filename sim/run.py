@@ -147,8 +147,9 @@ def load(workload: WorkloadInput, source: SourceOptions | None = None, *, seed: 
 
 
 def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | None = None,
-        progress: Callable[[float], None] | None = None) -> SimResult:
-    """Simulate `workload` on the deployment `config` describes (same inputs, same result)."""
+        progress: Callable[[float], None] | None = None, until_s: float | None = None) -> SimResult:
+    """Simulate `workload` on the deployment `config` describes (same inputs, same result);
+    `until_s` stops the clock there (what is in flight then is reported unfinished)."""
     loaded = load(workload, source, seed=config.seed)
     coarsening = kv_block_coarsening_for(config.kv_block_coarsening, config.engine.block_size,
                                          loaded.requests)
@@ -160,7 +161,7 @@ def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | N
                      progress=progress, label=config.label or loaded.name,
                      meta={"workload": loaded.name, "workload_notes": loaded.notes} | profile_meta(profile),
                      kv_block_coarsening=coarsening)
-    return sim.run()
+    return sim.run(until_s=until_s)
 
 
 def profile_meta(profile: CostProfile) -> dict[str, Any]:

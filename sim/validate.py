@@ -494,8 +494,11 @@ def validate_run(run_dir: str | Path, profile: str | None = None) -> RunComparis
     requests = replayed_requests(run_dir, info)
     cfg = sim_engine_config(info)
     used = resolve_profile(profile, info.model, info.gpu)
-    config = SimConfig(model=info.model, gpu=info.gpu, engine=cfg, profile=used, label=info.name)
-    result = run(LoadedWorkload(requests, info.name), config)
+    cut = engine_cut_s(run_dir, info, engine_summary)
+    # a skip-ahead stretch in flight at the cut would keep its finishes: step a cut run one by one
+    config = SimConfig(model=info.model, gpu=info.gpu, engine=cfg, profile=used, label=info.name,
+                       skip_ahead=cut is None)
+    result = run(LoadedWorkload(requests, info.name), config, until_s=cut)
     sim_summary = result.summary()
     metrics = compare_summaries(engine_summary, sim_summary)
     own, note = sim_own_blocks(info, cfg, CostProfile.load(used))
@@ -507,6 +510,25 @@ def validate_run(run_dir: str | Path, profile: str | None = None) -> RunComparis
         num_requests=len(requests), flags=_flags_used(cfg), metrics=metrics, kv_blocks=kv,
         step_kinds=_step_kinds(run_dir, result.steps, config),
         verdict=verdict(metrics))
+
+
+def engine_cut_s(run_dir: Path, info: EngineRunInfo, engine_summary: dict[str, Any]) -> float | None:
+    """When the engine stopped a run it cut short (requests left unfinished at its wall-time cap),
+    on its clock: the end of its last step (else run.json's wall time); None when it served every
+    request. The simulator stops there too, so both sides are compared over the same span."""
+    if not engine_summary.get("unfinished"):
+        return None
+    steps = read_steps(run_dir / "steps.jsonl")
+    if steps is not None and steps["t_start_s"].size:
+        last = int(np.argmax(steps["t_start_s"]))
+        end = float(steps["t_start_s"][last] + steps["total_s"][last])
+        if info.engine_args.get("async_scheduling") and not info.engine_args.get("speculative_config"):
+            # async: a step's row is written when the NEXT step collects its tokens, a period later:
+            # stop half-way through the period after that (not on the boundary, where rounding decides)
+            end += 1.5 * float(steps["total_s"][last])
+        return end + 1e-9  # what ends at that very time counts (a ns of rounding)
+    wall = (info.model_extra or {}).get("wall_s")
+    return float(wall) if isinstance(wall, int | float) and wall > 0 else None
 
 
 def _step_kinds(run_dir: Path, sim_steps: dict[str, np.ndarray], config: SimConfig) -> list[StepKindComparison]:
@@ -576,9 +598,11 @@ def rank_runs(run_dirs: list[str | Path], slo: SLO, profile: str | None = None,
     for d in map(Path, run_dirs):
         info = read_run_info(d)
         cfg = sim_engine_config(info)
-        config = SimConfig(model=info.model, gpu=info.gpu, engine=cfg,
+        cut = engine_cut_s(d, info, read_json_file(d / "summary.json"))
+        config = SimConfig(model=info.model, gpu=info.gpu, engine=cfg, skip_ahead=cut is None,
                            profile=resolve_profile(profile, info.model, info.gpu), label=info.name)
-        sim = run(LoadedWorkload(replayed_requests(d, info), info.name), config).summary(slo)["request_goodput"]
+        sim = run(LoadedWorkload(replayed_requests(d, info), info.name), config, until_s=cut).summary(slo)[
+            "request_goodput"]
         eng = engine_goodput(d, slo)
         runs.append(RankedRun(name=info.name, engine_goodput=eng, sim_goodput=float(sim),
                               error=relative_error(eng, float(sim))))

@@ -52,9 +52,10 @@ def requests(n: int = 40) -> list[Request]:
     return out
 
 
-def write_run(folder: Path, name: str = "sim-as-engine", purpose: str = "validation", **engine_args) -> Path:
+def write_run(folder: Path, name: str = "sim-as-engine", purpose: str = "validation", until_s: float | None = None,
+              **engine_args) -> Path:
     """A run folder in the GPU script's format, its tables and summary from a simulator run
-    (`engine_args`: flags other than ENGINE_ARGS')."""
+    (`engine_args`: flags other than ENGINE_ARGS'; `until_s`: cut short there, as a wall-time cap does)."""
     folder.mkdir(parents=True)
     export_mooncake(Workload.from_requests(requests()), folder / "workload.jsonl")
     reqs = load_mooncake(folder / "workload.jsonl", hash_block_size=BLOCK).requests
@@ -62,7 +63,8 @@ def write_run(folder: Path, name: str = "sim-as-engine", purpose: str = "validat
     flags = {k: v for k, v in args.items() if k not in ("model", "usage_context", "device", "attention_backend")}
     cfg = EngineConfig(**flags | {"num_gpu_blocks_override": NUM_GPU_BLOCKS, "attention_backend": "costline"})
     # stepped (no skip-ahead), as an engine trace is: one row per step, each with its GPU time
-    res = run(reqs, SimConfig(model="llama-3.2-1b", gpu="h200", engine=cfg, profile="default", skip_ahead=False))
+    res = run(reqs, SimConfig(model="llama-3.2-1b", gpu="h200", engine=cfg, profile="default", skip_ahead=False),
+              until_s=until_s)
     (folder / "summary.json").write_text(json.dumps(jsonable(res.summary())))
     steps = res.steps
     rows = zip(*(steps[c].tolist() for c in steps))
@@ -73,7 +75,8 @@ def write_run(folder: Path, name: str = "sim-as-engine", purpose: str = "validat
     info = {"schema": "costline-engine-run/1", "name": name, "purpose": purpose, "model": "llama-3.2-1b",
             "gpu": "h200", "engine_args": args, "hash_block_size": BLOCK, "honor_arrivals": True,
             "num_gpu_blocks": NUM_GPU_BLOCKS, "memory": {}, "engine_commit": "x", "date": "2026-12-01",
-            "versions": {}, "description": "simulator output posing as an engine run"}
+            "versions": {}, "description": "simulator output posing as an engine run",
+            **({"wall_s": until_s} if until_s else {})}
     (folder / "run.json").write_text(json.dumps(info))
     return folder
 
@@ -105,6 +108,20 @@ def test_a_simulated_run_validates_exactly_and_writes_the_report(run_dir, tmp_pa
     md = (out / "validation.md").read_text()
     assert report.command in md and "| TTFT p99 |" in md
     assert report.command.startswith("costline validate ") and "--profile default" in report.command
+
+
+def test_a_run_cut_short_is_simulated_to_the_same_time(tmp_path):
+    """An engine run stopped by its wall-time cap (requests unfinished) is compared with a
+    simulation stopped at the end of the engine's last step, not with one that served everything."""
+    cut = write_run(tmp_path / "cut", "cut-short", until_s=0.5)
+    res = runner.invoke(app, ["validate", str(cut), "--profile", "default", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    (r,) = ValidationReport.from_json((tmp_path / "r" / "validation.json").read_text()).runs
+    assert r.metric("unfinished").engine == r.metric("unfinished").sim > 0
+    assert r.metric("completed").sim == r.metric("completed").engine > 0
+    for key in ERROR_METRICS:
+        m = r.metric(key)
+        assert m.sim == pytest.approx(m.engine, rel=1e-9), key
 
 
 def test_an_existing_report_needs_force(run_dir, tmp_path):
