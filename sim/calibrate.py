@@ -501,7 +501,10 @@ def _median_p90(e: np.ndarray) -> tuple[float, float]:
 
 
 def fit_overlap(gpu: np.ndarray, cpu: np.ndarray, wall: np.ndarray, is_async: np.ndarray) -> OverlapTerms:
-    """The combine rule's terms from measured gpu, cpu and wall times (soft-L1 relative loss)."""
+    """The combine rule's terms from measured gpu, cpu and wall times (soft-L1 relative loss):
+    async `wall = max(gpu + gap, cpu + host)` where `cpu` is the host time of the step whose host
+    work overlaps this step's GPU work (the next one: the simulator's pipelined loop); sync
+    `wall = gpu + cpu + extra`."""
     out: dict[str, float] = {}
     a = is_async & np.isfinite(wall) & (wall > 0)
     if a.sum() >= 10:
@@ -597,6 +600,10 @@ class _Rows:
     gpu_y: np.ndarray
     cpu_y: np.ndarray
     wall: np.ndarray
+    # the row whose host time shares `wall` with this row's GPU time: itself when synchronous;
+    # under async scheduling the next step (its host work runs while this step's GPU work does,
+    # the simulator's pipelined loop); -1 where that row was not kept
+    wall_host_row: np.ndarray
     is_async: np.ndarray
     held: np.ndarray
     n_warmup: int
@@ -620,9 +627,14 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
         gy = s["gpu_s"] + np.nan_to_num(s["sample_s"])
         cy = s["schedule_s"] + s["prepare_s"]
         keep &= np.isfinite(gy) & (gy > 0) & np.isfinite(cy) & (cy > 0)
+        # index of each kept row among all kept rows so far (-1: dropped), then its host row
+        offset = sum(int(p["gpu_y"].size) for p in parts)
+        pos = np.where(keep, offset + np.cumsum(keep) - 1, -1)
+        host_row = pos if not r.async_scheduling else np.append(pos[1:], -1)
         parts.append({"kind": kind[keep], "gpu_x": {k: v[keep] for k, v in gx.items()},
                           "cpu_x": {k: v[keep] for k, v in cpu_features(s).items()}, "gpu_y": gy[keep], "cpu_y": cy[keep],
-                          "wall": wall[keep], "is_async": np.full(int(keep.sum()), r.async_scheduling),
+                          "wall": wall[keep], "wall_host_row": host_row[keep],
+                          "is_async": np.full(int(keep.sum()), r.async_scheduling),
                           "held": held_out(r.name, s["step_id"][keep], share)})
 
     def cat(key: str) -> Any:
@@ -711,14 +723,19 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     train = ~rows.held
     cpu, cpu_sync = _fit_cpu_by_scheduling(rows, train)
     cpu_pred = np.where(rows.is_async, _cpu_seconds(cpu, rows), _cpu_seconds(cpu_sync or cpu, rows))
-    overlap = fit_overlap(rows.gpu_y[train], rows.cpu_y[train], rows.wall[train], rows.is_async[train])
-    step_pred = np.where(rows.is_async, np.maximum(gpu_pred + overlap.async_gpu_gap_s, cpu_pred + overlap.async_host_s),
+    # the wall time's host side: the row whose host work shares it (rows.wall_host_row)
+    paired = rows.wall_host_row >= 0
+    host_row = np.where(paired, rows.wall_host_row, 0)
+    wall = np.where(paired, rows.wall, np.nan)
+    overlap = fit_overlap(rows.gpu_y[train], rows.cpu_y[host_row][train], wall[train], rows.is_async[train])
+    cpu_wall = cpu_pred[host_row]
+    step_pred = np.where(rows.is_async, np.maximum(gpu_pred + overlap.async_gpu_gap_s, cpu_wall + overlap.async_host_s),
                          gpu_pred + cpu_pred + overlap.sync_extra_s)
     for kind, in_kind in masks.items():
         h = in_kind & rows.held
-        hw = h & np.isfinite(rows.wall) & (rows.wall > 0)
+        hw = h & np.isfinite(wall) & (wall > 0)
         gm, gp = _median_p90(_rel_err(gpu_pred[h], rows.gpu_y[h]))
-        sm, sp = _median_p90(_rel_err(step_pred[hw], rows.wall[hw]))
+        sm, sp = _median_p90(_rel_err(step_pred[hw], wall[hw]))
         errors[kind] = KindError(n_fit=fit_counts[kind][0], n_held_out=int(h.sum()), n_outliers=fit_counts[kind][1],
                                  gpu_median=gm, gpu_p90=gp, step_median=sm, step_p90=sp)
     mem = fit_memory(runs, model)

@@ -114,9 +114,10 @@ def timing_columns(gpu: np.ndarray, cpu: np.ndarray, async_scheduling: bool) -> 
     TRUE_OVERLAP says: the GPU time split 9:1 into forward and sampling, the host's 4:6 into
     scheduling and input preparation."""
     o, n = TRUE_OVERLAP, len(gpu)
-    if async_scheduling:  # step N's wall time is the period of step N+1 (see step_wall_s)
-        wall = np.maximum(gpu + o.async_gpu_gap_s, cpu + o.async_host_s)
-        total = np.concatenate([[cpu[0]], wall[:-1]])
+    if async_scheduling:  # step N's GPU time is the period of step N+1, beside N+1's host time
+        # (the simulator's pipelined loop; see step_wall_s); the first step's period is its host time
+        total = np.concatenate([[cpu[0] + o.async_host_s],
+                                np.maximum(gpu[:-1] + o.async_gpu_gap_s, cpu[1:] + o.async_host_s)])
     else:
         total = gpu + cpu + o.sync_extra_s
     return {"step_id": np.arange(n, dtype=float), "t_start_s": np.concatenate([[0.0], np.cumsum(total)[:-1]]),
