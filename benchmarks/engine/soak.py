@@ -1,6 +1,6 @@
 """Soak: one engine process serving production-like traffic for >= 20 minutes, checked every minute.
 
-    python3 benchmarks/engine/soak.py --out DIR [--minutes 20] [--deadline-s 1380]
+    python3 benchmarks/engine/soak.py --out DIR [--minutes 20] [--deadline-s 1180]
         [--models llama-3.1-8b llama-3.2-1b]
     python3 benchmarks/engine/soak.py --tiny --out DIR     # CPU smoke test (tests/engine/test_soak.py)
 
@@ -92,8 +92,8 @@ class Sizes:
     probe_host_batch: int = 128
     probe_reps: int = 15
     canary_n: int = 300_000
-    ranking_requests: int = 300
-    saturated_requests: int = 600
+    ranking_requests: int = 240
+    saturated_requests: int = 500
 
 
 TINY_SIZES = Sizes(max_model_len=512, runner_budget=512, blocks={"tiny": 2000}, probe_decode=(4, 64),
@@ -217,7 +217,13 @@ def drift_table(rows: list[dict]) -> dict:
 
 # ------------------------------------------------------------------------------------ runs
 class SoakRunner(gs.Runner):
-    """gpu_sweep's Runner, every run at BUDGET tokens unless it asks for another budget."""
+    """gpu_sweep's Runner, every run at BUDGET tokens unless it asks for another budget; once
+    `filling`, runs go on past the queue's deadline (production traffic, each run short)."""
+
+    filling = False
+
+    def time_left(self) -> float:
+        return 1e9 if self.filling else super().time_left()
 
     def run(self, purpose: str, name: str, reqs, *, honor_arrivals: bool, description: str,
             max_wall_s: float | None = None, **flags) -> dict | None:
@@ -254,13 +260,25 @@ def held_out_runs(r: SoakRunner, plan: gs.Plan, sizes: Sizes, capacity: dict[str
                               "prompt_lookup_max": 4})
 
 
-def production_filler(r: SoakRunner, plan: gs.Plan, capacity: dict[str, float], k: int) -> None:
-    """More production-like traffic (another slice each time)."""
+def overload_run(r: SoakRunner, plan: gs.Plan) -> None:
+    """Mooncake conversation at 11x its recorded pace (the first requests arrive within ~10 s;
+    prompts average ~13K tokens): far past capacity, decode steps over millions of KV tokens.
+    Cut at 60 s; the question is where the time goes (each step against the cost model)."""
+    reqs = gs.workload_requests("mooncake-conversation", 300, None, plan.max_prompt_len)
+    reqs = [dataclasses.replace(q, arrival_s=q.arrival_s / 11.0) for q in reqs]
+    r.run("validation", "mooncake-overload", reqs, honor_arrivals=True, max_wall_s=60,
+          description="mooncake-conversation: first 300 requests at 11x their recorded pace (overload), cut at 60 s",
+          async_scheduling=True)
+
+
+def production_filler(r: SoakRunner, plan: gs.Plan, capacity: dict[str, float], k: int, max_wall_s: float) -> None:
+    """More production-like traffic (another slice each time), at most `max_wall_s`."""
     source = ("chat-production", "code-bursty", "mooncake-conversation")[k % 3]
     rate = 0.8 * capacity[source]
-    reqs = gs.workload_requests(source, max(plan.min_validation_requests, int(rate * 30)), rate, plan.max_prompt_len,
-                                other_slice=bool(k % 2))
-    r.run("soak", f"filler-{k}-{source}", reqs, honor_arrivals=True, max_wall_s=90,
+    reqs = gs.workload_requests(source, max(plan.min_validation_requests, int(rate * max_wall_s * 0.7)), rate,
+                                plan.max_prompt_len, other_slice=bool(k % 2))
+    r.filling = True
+    r.run("soak", f"filler-{k}-{source}", reqs, honor_arrivals=True, max_wall_s=max_wall_s,
           description=f"soak traffic: {source} at 80% of capacity", async_scheduling=k % 2 == 0)
 
 
@@ -280,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", nargs="+", default=["llama-3.1-8b", "llama-3.2-1b"])
     ap.add_argument("--minutes", type=float, default=20.0, help="keep serving at least this long")
-    ap.add_argument("--deadline-s", type=float, default=1380.0, help="start nothing after this")
+    ap.add_argument("--deadline-s", type=float, default=1180.0,
+                    help="start no sweep or validation part after this (production traffic fills up to --minutes)")
     ap.add_argument("--probe-every-s", type=float, default=60.0)
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU: a smoke test")
     a = ap.parse_args(argv)
@@ -345,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         item(f"{m} validation", lambda r=r, plan=plan, m=m: gs.validation_runs(r, plan, capacity[m]))
         if m == models[0]:
             item(f"{m} held-out", lambda r=r, plan=plan, m=m: held_out_runs(r, plan, sizes, capacity[m]))
+        else:
+            item(f"{m} overload", lambda r=r, plan=plan: overload_run(r, plan))
     for m in models:
         r, plan, ids = runners[m], plans[m], gs.Ids()
         if m not in capacity:
@@ -354,11 +375,17 @@ def main(argv: list[str] | None = None) -> int:
             item(f"{m} {part}", lambda fn=fn, r=r, plan=plan, ids=ids: fn(r, plan, ids))
         item(f"{m} mixed", lambda r=r, plan=plan, ids=ids, m=m: gs.mixed_sweep(r, plan, capacity[m]["chat-production"],
                                                                                 ids))
-    k = 0
-    while time.perf_counter() - T0 < 60 * a.minutes and time.perf_counter() - T0 < a.deadline_s - 60:
+    k = 0  # production traffic until the soak has lasted --minutes (past --deadline-s too: it is short)
+    while time.perf_counter() - T0 < 60 * a.minutes and any(m in capacity for m in models):
         m = models[k % len(models)]
         if m in capacity:
-            item(f"filler {k}", lambda k=k, m=m: production_filler(runners[m], plans[m], capacity[m], k))
+            left = 60 * a.minutes - (time.perf_counter() - T0)
+            maybe_probe()
+            try:
+                production_filler(runners[m], plans[m], capacity[m], k, max(10.0, min(60.0, left + 5)))
+            except Exception as exc:  # noqa: BLE001 - reported, the soak goes on
+                errors.append({"item": f"filler {k}", "error": repr(exc), "trace": traceback.format_exc()[-3000:]})
+            save()
         k += 1
         if a.tiny and k >= 2:
             break
