@@ -131,7 +131,8 @@ def resolve_device(name: str) -> torch.device:
 
 def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None
                 ) -> LlamaModel:
-    """A preset with seeded random weights, or a checkpoint directory."""
+    """A preset with seeded random weights, or a checkpoint directory (FP8 weights with
+    `quantization="fp8"`, engine/quant.py)."""
     path = Path(config.model)
     dtype = None if config.dtype == "auto" else TORCH_DTYPES[config.dtype]
     backend = config.attention_backend
@@ -140,11 +141,17 @@ def build_model(config: EngineArgs, device: torch.device, max_model_len: int | N
     if path.is_dir():
         from engine.loader import load_model
 
-        return load_model(path, device=device, dtype=dtype, attention_backend=backend,
-                          max_positions=max_model_len)
-    spec = get_model(config.model)
-    return LlamaModel(spec, max_positions=max_model_len or spec.max_position_embeddings, device=device,
-                      dtype=dtype, attention_backend=backend, seed=config.seed)
+        model = load_model(path, device=device, dtype=dtype, attention_backend=backend,
+                           max_positions=max_model_len)
+    else:
+        spec = get_model(config.model)
+        model = LlamaModel(spec, max_positions=max_model_len or spec.max_position_embeddings, device=device,
+                           dtype=dtype, attention_backend=backend, seed=config.seed)
+    if config.quantization == "fp8":
+        from engine.quant import quantize_fp8
+
+        quantize_fp8(model)
+    return model
 
 
 def device_facts(device: torch.device) -> tuple[str, float]:
@@ -159,8 +166,9 @@ def build_draft_model(config: EngineArgs, device: torch.device, max_model_len: i
     """The draft of `speculative_config.model`: a checkpoint directory or a preset (seeded
     random weights with the engine's seed, like the target's)."""
     assert config.speculative_config is not None and config.speculative_config.model
-    return build_model(config.model_copy(update={"model": config.speculative_config.model}), device,
-                       max_model_len)
+    # the draft keeps its own precision (vLLM applies --quantization to the target only)
+    return build_model(config.model_copy(update={"model": config.speculative_config.model, "quantization": None}),
+                       device, max_model_len)
 
 
 def check_draft(draft: LlamaModel, target: LlamaModel, max_model_len: int) -> None:

@@ -214,6 +214,9 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
     Flag("kv_cache_dtype", str, "auto", "KV cache element type: auto = the model dtype; fp8 = "
          "fp8_e4m3 with per-layer scales (1.0 unless set), half the bytes per block",
          choices=("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    Flag("quantization", str, None, "fp8 = dynamic FP8 weights (W8A8) on a 16-bit checkpoint: the "
+         "decoder's projections in float8_e4m3fn with per-tensor scales, activations per token",
+         choices=("fp8",), aliases=("-q",)),
 )
 
 # The flags defined here; the simulator adds its own (`sim.config.SIM_ONLY_FLAGS`).

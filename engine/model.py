@@ -16,6 +16,7 @@ which sequence and where their K/V live.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,9 @@ from torch import nn
 from engine.attention import AttentionMetadata
 from engine.model_spec import ModelSpec
 from kernels import Backend, get_backend
+
+if TYPE_CHECKING:
+    from engine.quant import Fp8Weight
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
@@ -97,6 +101,16 @@ class DecoderLayer(nn.Module):
                              persistent=False)
         self.register_buffer("v_scale", torch.ones(1, device=device, dtype=torch.float32),
                              persistent=False)
+        # --quantization fp8: projection name -> its FP8 weight (engine/quant.py), used in place
+        # of the 16-bit one
+        self.fp8: dict[str, Fp8Weight] = {}
+
+    def project(self, backend: Backend, name: str, x: torch.Tensor) -> torch.Tensor:
+        """`x` through the projection `name` (qkv_proj, o_proj, gate_up_proj, down_proj)."""
+        lin, q = getattr(self, name), self.fp8.get(name)
+        if q is None:
+            return backend.linear(x, lin.weight, lin.bias)
+        return backend.linear_fp8(x, q.weight, q.scale, lin.bias)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
                 backend: Backend, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -105,7 +119,7 @@ class DecoderLayer(nn.Module):
         residual add; returns (x after attention, MLP output), whose sum (and the next norm) the
         caller computes in one `add_rms_norm`."""
         t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
-        qkv = backend.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
+        qkv = self.project(backend, "qkv_proj", h)
         q = backend.rope_store_kv(qkv, positions, rotary.cos, rotary.sin, k_cache,
                                   v_cache, meta.slot_mapping, hq, hkv, d, self.k_scale,
                                   self.v_scale)
@@ -113,11 +127,11 @@ class DecoderLayer(nn.Module):
                                     meta.query_start_loc, self.scale, meta.max_query_len,
                                     meta.max_seq_len, k_scale=self.k_scale, v_scale=self.v_scale,
                                     num_decode_seqs=meta.num_decode_seqs, work=meta.work)
-        x, h = backend.add_rms_norm(x, backend.linear(o.reshape(t, hq * d), self.o_proj.weight),
+        x, h = backend.add_rms_norm(x, self.project(backend, "o_proj", o.reshape(t, hq * d)),
                                     self.post_attention_layernorm.weight,
                                     self.post_attention_layernorm.eps)
-        gate_up = backend.linear(h, self.gate_up_proj.weight)
-        return x, backend.linear(backend.silu_mul(gate_up), self.down_proj.weight)
+        gate_up = self.project(backend, "gate_up_proj", h)
+        return x, self.project(backend, "down_proj", backend.silu_mul(gate_up))
 
 
 class LlamaModel(nn.Module):

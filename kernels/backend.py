@@ -48,6 +48,9 @@ class Backend:
     #   (x, delta, weight, eps) -> (x + delta, RMSNorm(x + delta) * weight)
     silu_mul: Callable[..., torch.Tensor]  # (gate_up) -> SiLU(gate) * up
     linear: Callable[..., torch.Tensor]  # (x, weight, bias=None, out=None) -> x @ weight.T + bias
+    # (x, weight_fp8, weight_scale [1, N], bias=None) -> x @ (weight_fp8 * scale).T + bias, x
+    # quantized per token to FP8 (--quantization fp8)
+    linear_fp8: Callable[..., torch.Tensor]
     # (num_q_heads, num_kv_heads, kv_fp8) -> query tokens per Q block of the decode and prefill
     # launches, the units of paged_attention's work lists (kernels.paged_attention.plan_work);
     # None: the backend takes no work lists
@@ -74,12 +77,13 @@ def get_backend(name: str, *, linear: str | None = None) -> Backend:
 
         return Backend(
             "torch", ref.paged_attention_ref, ref.write_kv_cache_ref, ref.rope_store_kv_ref,
-            ref.add_rms_norm_ref, ref.silu_mul_ref, ref.linear_ref, ref.work_block_qs_ref,
+            ref.add_rms_norm_ref, ref.silu_mul_ref, ref.linear_ref, ref.linear_fp8_ref, ref.work_block_qs_ref,
         )  # fmt: skip
     if name == "triton":
         from kernels.cache_write import write_kv_cache
         from kernels.fused import add_rms_norm, rope_store_kv, silu_mul
         from kernels.paged_attention import paged_attention, work_block_qs
+        from kernels.reference import linear_fp8_ref
 
         if linear_choice(linear) == "skinny":
             from kernels.skinny_gemm import linear as gemm
@@ -87,7 +91,7 @@ def get_backend(name: str, *, linear: str | None = None) -> Backend:
             from kernels.reference import linear_ref as gemm
         return Backend(
             "triton", paged_attention, write_kv_cache, rope_store_kv, add_rms_norm, silu_mul, gemm,
-            work_block_qs,
+            linear_fp8_ref, work_block_qs,
         )
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKEND_NAMES}")
 

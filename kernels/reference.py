@@ -215,6 +215,26 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return torch.addmm(bias, x, weight.t(), out=out)
 
 
+# float8_e4m3fn's largest finite value: a scale maps a tensor's (or row's) absolute maximum to it
+FP8_MAX = 448.0
+
+
+def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of `x` [M, K] as float8_e4m3fn with its own scale (dynamic per-token quantization):
+    (x_fp8, scale [M, 1] float32), x ~ x_fp8 * scale."""
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / FP8_MAX
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def linear_fp8_ref(x: torch.Tensor, weight_fp8: torch.Tensor, weight_scale: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ (weight_fp8 * weight_scale).T (+ bias)`` with `x` [M, K] quantized per token to FP8
+    (vLLM's dynamic W8A8): torch._scaled_mm (cuBLASLt's FP8 GEMM on a GPU) accumulates in fp32
+    and scales rows by x's scales, columns by `weight_scale` [1, N] float32; out in x's dtype."""
+    xq, xs = quantize_fp8_rows(x)
+    return torch._scaled_mm(xq, weight_fp8.t(), scale_a=xs, scale_b=weight_scale, bias=bias, out_dtype=x.dtype)
+
+
 def work_block_qs_ref(num_q_heads: int, num_kv_heads: int, kv_fp8: bool = False) -> None:
     """The reference attends sequence by sequence: it takes no work lists (None)."""
     del num_q_heads, num_kv_heads, kv_fp8

@@ -1,0 +1,61 @@
+"""FP8 weights: vLLM's `--quantization fp8` on a 16-bit checkpoint (dynamic W8A8).
+
+Each decoder projection's weight (qkv, o, gate_up, down) becomes float8_e4m3fn with one
+per-tensor scale (its absolute maximum maps to 448, e4m3's largest finite value), as vLLM's
+`Fp8LinearMethod` quantizes a checkpoint that carries no FP8 weights. At run time activations are
+quantized per token (`kernels.reference.quantize_fp8_rows`) and the GEMM is `torch._scaled_mm`
+(cuBLASLt's FP8 GEMM on a GPU), accumulating in fp32. The embedding, the norms and the LM head
+stay 16-bit, as vLLM keeps them. Half the projections' bytes: on a GPU the KV pool grows by that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.reference import FP8_MAX
+
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Weight:
+    """One projection in FP8: `weight` [N, K] float8_e4m3fn, `scale` [1, N] float32 (its
+    per-tensor scale, broadcast to the row-wise form `torch._scaled_mm` takes with per-token x)."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> Fp8Weight:
+        w = weight.detach()
+        scale = w.abs().amax().float().clamp_min(1e-12) / FP8_MAX
+        q = (w.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).contiguous()
+        return cls(q, scale.reshape(1, 1).expand(1, w.shape[0]).contiguous())
+
+    def dequantized(self) -> torch.Tensor:
+        return self.weight.float() * self.scale.reshape(-1, 1)
+
+
+@torch.no_grad()
+def quantize_fp8(model) -> int:
+    """Quantize `model`'s decoder projections in place (engine.model.LlamaModel); their 16-bit
+    weights are freed. Returns the bytes freed. A projection whose dimensions are not multiples of
+    16 (what FP8 GEMMs require) is refused naming it."""
+    freed = 0
+    for i, layer in enumerate(model.layers):
+        for name in PROJECTIONS:
+            lin = getattr(layer, name)
+            n, k = lin.weight.shape
+            if n % 16 or k % 16:
+                raise ValueError(f"--quantization fp8: layer {i} {name} is {n} x {k}; FP8 GEMMs need both "
+                                 "dimensions multiples of 16 (leave --quantization unset for this model)")
+            q = Fp8Weight.of(lin.weight)
+            freed += lin.weight.numel() * lin.weight.element_size() - q.weight.numel() - q.scale.numel() * 4
+            layer.fp8[name] = q
+            lin.weight.data = torch.empty(0, dtype=lin.weight.dtype, device=lin.weight.device)
+    return freed
+
+
+__all__ = ["PROJECTIONS", "Fp8Weight", "quantize_fp8"]
