@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.input_files import InputFileError, decode_utf8, load_yaml, parse_json, read_bytes
 from engine.request import Request
 from sim.builtin_traces import BUILTIN_TRACES, builtin_trace_path
 from sim.generate import generate
@@ -104,41 +105,24 @@ def _plain(err: dict) -> str:
         return str(err["msg"]).removeprefix("Value error, ")
 
 
+# A spec is a few KB (`costline workload fit` writes ~20 KB with 1,001 quantiles per length law);
+# a larger file is refused before it is parsed.
+MAX_SPEC_BYTES = 16 << 20
+
+
 def _parse_spec_text(path: Path) -> object:
-    """The spec file's document; SpecFileError with line and column when it does not parse."""
-    check_input_file(path)
-    raw = path.read_bytes()
+    """The spec file's document; SpecFileError with line and column when it does not parse.
+    YAML is read without aliases (engine/input_files.py); NaN and Infinity parse, so that the
+    spec's validation names the field that holds them."""
+    fix = "write the spec as one JSON object (`costline workload fit` writes one)"
     try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise SpecFileError(f"{path}, line {line}: byte 0x{raw[exc.start]:02x} is not UTF-8. "
-                            "Fix: save the spec as UTF-8") from None
-    if path.suffix.lower() in (".yaml", ".yml"):
-        return _parse_yaml(path, text)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecFileError(f"{path}, line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}). "
-                            "Fix: write the spec as one JSON object (`costline workload fit` writes one)") from None
-    except (ValueError, RecursionError) as exc:  # 4300+ digit integers, absurd nesting
-        raise SpecFileError(f"{path}: not a usable JSON document ({exc or 'nested too deeply'}). "
-                            "Fix: write the spec as one JSON object") from None
-
-
-def _parse_yaml(path: Path, text: str) -> object:
-    try:
-        import yaml  # type: ignore[import-untyped]
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise SpecFileError(f"{path}: YAML specs need PyYAML (pip install pyyaml). Fix: install it, "
-                            "or write the spec as JSON") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise SpecFileError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}). "
-                            "Fix: correct the YAML syntax there") from None
+        check_input_file(path)
+        text = decode_utf8(path, read_bytes(path, max_bytes=MAX_SPEC_BYTES, what="workload spec"))
+        if path.suffix.lower() in (".yaml", ".yml"):
+            return load_yaml(text, path)
+        return parse_json(text, path, allow_nan=True, fix=fix)
+    except InputFileError as exc:
+        raise SpecFileError(str(exc)) from None
 
 
 def load_spec(path: str | Path) -> WorkloadSpec:

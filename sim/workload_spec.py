@@ -265,16 +265,11 @@ class WorkloadSpec(_Strict):
 
     @classmethod
     def from_file(cls, path: str | Path) -> WorkloadSpec:
-        """Read a JSON spec file; a validation error names the field path (e.g. `arrival.rate_rps`)."""
-        p = Path(path)
-        text = p.read_text()
-        if p.suffix.lower() in (".yaml", ".yml"):
-            try:
-                import yaml  # type: ignore[import-untyped]
-            except ImportError as exc:  # pragma: no cover - depends on the environment
-                raise ValueError(f"{p}: YAML specs need PyYAML (pip install pyyaml); or write the spec as JSON") from exc
-            return cls.model_validate(yaml.safe_load(text))
-        return cls.model_validate(json.loads(text))
+        """Read a JSON or YAML spec file (bounded, YAML without aliases); an error names the file,
+        the line or the field path (e.g. `arrival.rate_rps`): `sim.workload_source.load_spec`."""
+        from sim.workload_source import load_spec
+
+        return load_spec(path)
 
     def with_overrides(self, **changes: object) -> WorkloadSpec:
         """A validated copy with top-level fields replaced (e.g. num_requests, seed)."""
