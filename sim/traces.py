@@ -579,16 +579,22 @@ def spread_ties(wl: Workload, seed: int = 0) -> Workload:
 # --------------------------------------------------------------------------- export
 
 
-def export_mooncake(wl: Workload, path: str | Path) -> Path:
+def export_mooncake(wl: Workload, path: str | Path | TextIO) -> Path | TextIO:
     """Write `wl` as Mooncake JSONL (timestamp in integer ms), replayable by
     `vllm bench serve --dataset-name timed_trace --dataset-path FILE
-     --timed-trace-sec-multiplier 0.001 --timed-trace-chunk-hash-size <wl.hash_block_size>`."""
-    path = Path(path)
+     --timed-trace-sec-multiplier 0.001 --timed-trace-chunk-hash-size <wl.hash_block_size>`.
+    `path` may be an open text stream (standard output)."""
     ids, offs = wl.flat_hash_ids()
     ts_ms = np.rint((wl.arrival_s - wl.arrival_s[0]) * 1000.0).astype(np.int64).tolist()
     ids_l, offs_l = ids.tolist(), offs.tolist()
-    with path.open("w", encoding="utf-8") as f:
-        for i, (t, p, o) in enumerate(zip(ts_ms, wl.prompt_len.tolist(), wl.output_len.tolist(), strict=True)):
-            f.write(json.dumps({"timestamp": t, "input_length": p, "output_length": o,
-                                "hash_ids": ids_l[offs_l[i]:offs_l[i + 1]]}, separators=(", ", ": ")) + "\n")
-    return path
+
+    def write(f: TextIO) -> None:
+        f.writelines(json.dumps({"timestamp": t, "input_length": p, "output_length": o,
+                                "hash_ids": ids_l[offs_l[i]:offs_l[i + 1]]}, separators=(", ", ": ")) + "\n" for i, (t, p, o) in enumerate(zip(ts_ms, wl.prompt_len.tolist(), wl.output_len.tolist(), strict=True)))
+
+    if not isinstance(path, str | Path):
+        write(path)
+        return path
+    with Path(path).open("w", encoding="utf-8") as f:
+        write(f)
+    return Path(path)

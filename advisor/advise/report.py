@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich import box
@@ -164,10 +165,12 @@ def serve_script(rec: Recommendation) -> str:
             f"set -euo pipefail\n{rec.serve_command}\n")
 
 
-def write_outputs(rec: Recommendation, out_dir: str | Path, *, force: bool = False) -> Path:
+def write_outputs(rec: Recommendation, out_dir: str | Path, *, force: bool = False,
+                  inputs: Sequence[str | Path | None] = ()) -> Path:
     """recommendation.json, report.md + PNG charts and serve.sh in `out_dir`; an existing run is
-    refused without `force`, and an interrupted write leaves the previous one whole."""
-    out = check_output_dir(out_dir, flag="--out", force=force)
+    refused without `force`, an input never replaced, and an interrupted write leaves the
+    previous one whole."""
+    out = check_output_dir(out_dir, flag="--out", force=force, inputs=inputs)
     with staged_dir(out) as tmp:
         (tmp / "recommendation.json").write_text(json.dumps(json.loads(rec.model_dump_json()), indent=2) + "\n")
         charts = _charts(rec, tmp)

@@ -62,8 +62,9 @@ def advise(
     request = AdviseRequest(model=model, gpu=gpu, num_gpus=num_gpus, slo=slo, objective=objective,  # type: ignore[arg-type]
                             budget=budget, seed=seed, ray=ray, profile=profile,  # type: ignore[arg-type]
                             **({"workers": workers} if workers else {}))
+    inputs = [workload, profile]
     if out is not None:
-        check_output_dir(out, flag="--out", force=force)  # refuse before minutes of work, not after
+        check_output_dir(out, flag="--out", force=force, inputs=inputs)  # refuse before minutes of work, not after
     console = Console(stderr=as_json)
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=Console(stderr=True),
                   transient=True) as bar:
@@ -75,5 +76,5 @@ def advise(
     else:
         print_report(rec, console)
     if out is not None:
-        path = write_outputs(rec, out, force=force)
+        path = write_outputs(rec, out, force=force, inputs=inputs)
         console.print(f"wrote {path}/recommendation.json, report.md, serve.sh and charts")

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.options import Force, clean_errors
-from engine.outputs import check_output_dir, check_output_file, staged_file
+from engine.outputs import check_output_dir, check_output_file, refuse_input_overlap, staged_file
 from sim.cost_model import CostProfile
 from sim.validate import (
     ERROR_METRICS,
@@ -73,7 +73,7 @@ def validate(
     """Replay engine runs in the simulator with identical requests, flags and KV blocks; compare per metric."""
     profiles = profile or ["auto"]
     if out is not None:  # before any work: a refused --out must not cost the simulations
-        check_report_outputs(out, force=force, inputs=run_dirs)
+        check_report_outputs(out, force=force, inputs=[*run_dirs, *(profile_path(p) for p in profiles)])
     plan = plan_runs(run_dirs, profiles, allow_fitted=allow_fitted)
     if write_profile_validation:
         check_profiles_writable({p for _, p in plan})
@@ -111,6 +111,7 @@ def store_validations(report: ValidationReport, console: Console) -> None:
 
 # --------------------------------------------------------------------------- checks before work
 def check_report_outputs(out: Path, *, force: bool, inputs: list[Path]) -> None:
+    refuse_input_overlap(out, inputs, "--out")  # the folder itself, whether or not it exists
     if not out.exists():
         check_output_dir(out, flag="--out", inputs=inputs)
         return

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.options import Force, clean_errors, source_options
-from engine.outputs import check_output_file, staged_file
+from engine.outputs import check_output_file, is_stdout, staged_file
 from sim.arrivals import scale_rate
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload
@@ -97,7 +97,7 @@ def describe(
 @source_options(exclude=("num_requests", "speedup", "rate_rps"), into="options")
 def fit(
     source: Source,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the spec here (default: stdout)")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the spec here (default, or -: standard output)")] = None,
     lengths: Annotated[str, typer.Option("--lengths", help="empirical (trace quantiles) or lognormal")] = "empirical",
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the fitted rate ('my traffic, doubled' = 2)")] = 1.0,
     force: Force = False,
@@ -109,6 +109,8 @@ def fit(
     if not rate_scale > 0:
         raise typer.BadParameter("--rate-scale must be > 0")
     opts = options or SourceOptions()
+    if is_stdout(output):
+        output = None
     if output is not None:
         check_output_file(output, flag="--output", force=force, inputs=[source])
     wl = load_workload(source, opts)
@@ -132,11 +134,14 @@ def fit(
 @source_options(into="options")
 def export(
     source: Source,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Mooncake JSONL file to write")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Mooncake JSONL file to write (-: standard output)")],
     force: Force = False,
     options: SourceOptions | None = None,
 ) -> None:
     """Write any workload as Mooncake JSONL, replayable by `vllm bench serve --dataset-name timed_trace`."""
+    if is_stdout(output):
+        export_mooncake(load_workload(source, options), sys.stdout)
+        return
     check_output_file(output, flag="--output", force=force, inputs=[source])
     wl = load_workload(source, options)
     with staged_file(output) as tmp:
