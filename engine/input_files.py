@@ -176,14 +176,36 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# pydantic's error types in plain words (its own name internal classes and add a URL)
+PLAIN = {
+    "greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}", "less_than": "must be < {lt}",
+    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be a whole number",
+    "float_type": "must be a number", "float_parsing": "must be a number", "finite_number": "must be a finite number",
+    "bool_type": "must be true or false", "bool_parsing": "must be true or false",
+    "string_type": "must be a string", "list_type": "must be a list ([...])", "tuple_type": "must be a list ([...])",
+    "dict_type": "must be an object ({{...}})", "model_type": "must be an object ({{...}})",
+    "model_attributes_type": "must be an object ({{...}})", "literal_error": "must be one of {expected}",
+    "missing": "is required", "extra_forbidden": "is not a known key (check its spelling)",
+    "union_tag_invalid": "kind must be one of {expected_tags}",
+}
+
+
+def plain_message(err: dict[str, Any]) -> str:
+    """One pydantic error in plain words."""
+    try:
+        return PLAIN[err["type"]].format(**(err.get("ctx") or {}))
+    except (KeyError, IndexError):
+        return str(err["msg"]).removeprefix("Value error, ")
+
+
 def validation_lines(path: str | Path, exc: Any, data: Any = None, prefix: Sequence[Any] = ()) -> list[str]:
     """A pydantic ValidationError as one line per problem: the key path, what is wrong, the value."""
     lines = []
     for err in exc.errors():
         loc = [*prefix, *err["loc"]]
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        got = _short(err.get("input")) if err["type"] != "missing" else "missing"
-        lines.append(f"{path}: key '{key_path(loc)}': {msg} (got {got})")
+        got = f" (got {_short(err.get('input'))})" if err["type"] != "missing" else ""
+        lines.append(f"{path}: key '{key_path(loc)}' {plain_message(err)}{got}")
     return lines
 
 
@@ -230,6 +252,22 @@ def _refuse_aliases(yaml: Any, text: str, path: str | Path, loader: Any) -> None
             depth -= 1
 
 
-__all__ = ["MAX_JSON_BYTES", "MAX_NESTING", "MAX_YAML_BYTES", "InputFileError", "check_regular_file", "decode_utf8",
-           "expect", "expect_object", "json_type", "key_path", "load_yaml", "parse_json", "read_bytes", "read_json",
-           "validation_lines"]
+__all__ = [
+    "MAX_JSON_BYTES",
+    "MAX_NESTING",
+    "MAX_YAML_BYTES",
+    "PLAIN",
+    "InputFileError",
+    "check_regular_file",
+    "decode_utf8",
+    "expect",
+    "expect_object",
+    "json_type",
+    "key_path",
+    "load_yaml",
+    "parse_json",
+    "plain_message",
+    "read_bytes",
+    "read_json",
+    "validation_lines",
+]

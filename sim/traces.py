@@ -47,6 +47,7 @@ from typing import Literal, TextIO
 import numpy as np
 
 from sim.workload import Workload
+from sim.workload_spec import MAX_ARRIVAL_S
 
 TraceFormat = Literal["auto", "mooncake", "azure", "burstgpt"]
 FORMATS = ("mooncake", "azure", "burstgpt")
@@ -110,14 +111,23 @@ class _Rows:
 def _trace_workload(*, path: Path, fmt: str, arrival_s: list[float], prompt_len: list[int],
                     output_len: list[int], hash_block_size: int, skipped: Counter[str], bad_rows_total: int,
                     hash_ids: np.ndarray | None = None, hash_counts: list[int] | None = None,
-                    category: list[str] | str = "default", session_id: list[int] | None = None) -> Workload:
+                    category: list[str] | str = "default", session_id: list[int] | None = None,
+                    lines: list[int] | None = None, time_field: str = "timestamp") -> Workload:
     """The Workload of a loaded trace's rows, with notes on what was skipped. Without `hash_ids`
-    (no prefix information) every block gets a fresh id."""
+    (no prefix information) every block gets a fresh id. `lines` are the rows' line numbers (to
+    name the first one arriving later than MAX_ARRIVAL_S after the first)."""
     if not arrival_s:
         detail = f" ({bad_rows_total} rows skipped: {dict(skipped)})" if bad_rows_total else ""
         raise TraceFormatError(path, None, None, f"no usable requests in this {fmt} trace{detail}",
                                "check that the file is the trace you meant and is not truncated")
     t = np.asarray(arrival_s, dtype=np.float64)
+    late = np.flatnonzero(t - t[0] > MAX_ARRIVAL_S)
+    if late.size:
+        k = int(late[0])
+        raise TraceFormatError(path, lines[k] if lines else None, time_field,
+                               f"this row arrives {t[k] - t[0]:.3g} s after the first, more than the "
+                               f"{MAX_ARRIVAL_S:.0e} s (~31 years) a simulation clock keeps exact",
+                               "check the timestamps' unit and this row (or cut the trace into windows)")
     p = np.asarray(prompt_len, dtype=np.int64)
     sessions = None if session_id is None else np.asarray(session_id, dtype=np.int64)
     if hash_ids is None:
@@ -213,7 +223,7 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
     return _trace_workload(path=path, fmt="mooncake", arrival_s=[r.timestamp_ms / 1000.0 for r in kept],
                            prompt_len=[r.input_length for r in kept], output_len=[r.output_length for r in kept],
                            hash_block_size=bs, hash_ids=flat, hash_counts=counts, skipped=rows.skipped,
-                           bad_rows_total=sum(rows.skipped.values()))
+                           bad_rows_total=sum(rows.skipped.values()), lines=[r.lineno for r in kept])
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +369,7 @@ def load_azure(path: str | Path, *, lenient: bool = False, hash_block_size: int 
     t_ns: list[int] = []
     prompt: list[int] = []
     output: list[int] = []
+    kept_lines: list[int] = []
     last: tuple[int, int] | None = None
     for lineno, r in body:
         if rows.short(lineno, header, r):
@@ -385,10 +396,11 @@ def load_azure(path: str | Path, *, lenient: bool = False, hash_block_size: int 
         t_ns.append(ns)
         prompt.append(n_in)
         output.append(n_out)
+        kept_lines.append(lineno)
     arrival = [] if not t_ns else ((np.asarray(t_ns, dtype=np.int64) - t_ns[0]) / 1e9).tolist()
     return _trace_workload(path=path, fmt="azure", arrival_s=arrival, prompt_len=prompt, output_len=output,
                            hash_block_size=hash_block_size, skipped=rows.skipped,
-                           bad_rows_total=sum(rows.skipped.values()))
+                           bad_rows_total=sum(rows.skipped.values()), lines=kept_lines, time_field="TIMESTAMP")
 
 
 def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: int = 16,
@@ -404,6 +416,7 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
     output: list[int] = []
     category: list[str] = []
     session: list[int] = []
+    kept_lines: list[int] = []
     has_session = "Session ID" in col
     last: tuple[float, int] | None = None
     for lineno, r in body:
@@ -437,6 +450,7 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
         arrival.append(ts)
         prompt.append(n_in)
         output.append(max(n_out, 1))
+        kept_lines.append(lineno)
         kind = r[col["Log Type"]].strip().lower() if "Log Type" in col else ""
         category.append("api" if kind.startswith("api") else "conversation" if kind.startswith("conv") else "default")
         if has_session:
@@ -445,7 +459,8 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
     return _trace_workload(path=path, fmt="burstgpt", arrival_s=arrival, prompt_len=prompt, output_len=output,
                            hash_block_size=hash_block_size, category=category,
                            session_id=session if has_session else None, skipped=rows.skipped,
-                           bad_rows_total=sum(v for k, v in rows.skipped.items() if not k.startswith("failed")))
+                           bad_rows_total=sum(v for k, v in rows.skipped.items() if not k.startswith("failed")),
+                           lines=kept_lines, time_field="Timestamp")
 
 
 # --------------------------------------------------------------------------- detection, options

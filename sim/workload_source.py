@@ -10,8 +10,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.flags import FlagError
 from engine.input_files import InputFileError, decode_utf8, load_yaml, parse_json, read_bytes
 from engine.request import Request
 from sim.builtin_traces import BUILTIN_TRACES, builtin_trace_path
@@ -19,7 +21,7 @@ from sim.generate import generate
 from sim.traces import TraceFormat, check_input_file, load_trace, spread_ties
 from sim.workload import Workload
 from sim.workload_presets import get_preset, preset_names
-from sim.workload_spec import MAX_REQUESTS, MAX_TOKENS, WorkloadSpec
+from sim.workload_spec import MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS, WorkloadSpec
 
 
 class SourceOptions(BaseModel):
@@ -195,7 +197,29 @@ def load_workload(source: str, opts: SourceOptions | None = None) -> Workload:
         wl = wl.scaled(opts.speedup)
     if opts.rate_rps is not None:
         wl = wl.at_rate(opts.rate_rps)
+    check_arrival_times(wl, source, opts)
     return wl
+
+
+def check_arrival_times(wl: Workload, source: str, opts: SourceOptions) -> None:
+    """Every arrival a finite time in [0, MAX_ARRIVAL_S]: a generated spec at a rate of one
+    request a century, or `--speedup 1e-300`, would otherwise simulate on a clock that rounds
+    step times away (or never advances)."""
+    t = wl.arrival_s
+    if t.size == 0 or (np.isfinite(t).all() and t.min() >= 0 and t.max() <= MAX_ARRIVAL_S):
+        return
+    bad = np.flatnonzero(~(np.isfinite(t) & (t >= 0) & (t <= MAX_ARRIVAL_S)))
+    k = int(bad[0])
+    what = f"request {k} arrives at {t[k]:.3g} s, beyond the {MAX_ARRIVAL_S:.0e} s (~31 years) a simulation " \
+        "clock keeps exact"
+    if opts.speedup is not None:
+        raise FlagError("speedup", f"{opts.speedup:g}", f"{what}; use a larger {{speedup}}")
+    if opts.rate_rps is not None:
+        raise FlagError("rate_rps", f"{opts.rate_rps:g}", f"{what}; use a higher {{rate_rps}}")
+    if opts.start_s is not None and opts.start_s < 0:
+        raise FlagError("start_s", f"{opts.start_s:g}", f"{what} (a negative start delays every arrival); "
+                        "use {start_s} >= 0")
+    raise SpecFileError(f"{source}: {what}. Fix: raise the spec's arrival rate or lower num_requests")
 
 
 def cap_prompt_lengths(requests: Sequence[Request], max_prompt_len: int | None) -> list[Request]:

@@ -14,6 +14,7 @@ from advisor.options import Force, clean_errors
 from engine.model_spec import get_model
 from engine.outputs import check_output_file, staged_file
 from sim.config import EngineConfig
+from sim.engine_runs import check_run_for_fit
 from sim.hardware import GPU_PRESETS, get_gpu
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ def calibrate(
             for name in SCALED_GPUS:
                 check_output_file(out.parent / f"{GPU_PRESETS[name].name}-{model}.json", flag="--scaled",
                                   force=force, inputs=runs)
+    for r in runs:  # every run checked (and of this model and GPU) before the first is fitted
+        check_run_for_fit(r, model, gpu)
     default = EngineConfig(async_scheduling=async_scheduling, max_num_seqs=max_num_seqs)
     fit = fit_profile([load_run(r, default) for r in runs], m, g, default)
     console = Console()

@@ -32,6 +32,7 @@ from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
 from sim.memory import plan_memory
 from sim.metrics import jsonable  # the summary as strict JSON (NaN -> null)
 from sim.run import (
+    MAX_KV_BLOCK_COARSENING,
     LoadedWorkload,
     SimConfig,
     check_simulation_size,
@@ -80,9 +81,24 @@ def _check_link(link: str, link_gb_per_s: float | None, link_latency_ms: float |
 def parse_coarsening(text: str) -> int | str:
     if text == "auto":
         return text
-    if not text.isdigit() or int(text) < 1:
-        raise FlagError("kv_block_coarsening", repr(text), "use a positive integer or 'auto'")
+    if not text.isdigit() or not 1 <= int(text) <= MAX_KV_BLOCK_COARSENING:
+        raise FlagError("kv_block_coarsening", repr(text), f"use an integer from 1 to {MAX_KV_BLOCK_COARSENING} "
+                        "or 'auto' (coarser blocks model another engine)")
     return int(text)
+
+
+def coarsening_warning(config: SimConfig, requests: list) -> str | None:
+    """A fixed --sim-block-coarsening coarser than the workload's hash blocks changes the answer
+    (prefix hits end on coarse boundaries, a request's last block wastes more of the pool): say so."""
+    want = config.kv_block_coarsening
+    if want == "auto" or want == 1:
+        return None
+    auto = kv_block_coarsening_for("auto", config.engine.block_size, requests)
+    if want <= auto:
+        return None
+    return (f"warning: --sim-block-coarsening {want} is coarser than this workload's "
+            f"{min(r.hash_block_size for r in requests)}-token hash blocks: prefix hits and KV fragmentation "
+            f"are approximated, latencies may differ from the engine's; auto would use {auto}")
 
 
 def _ms(x: Any) -> str:
@@ -222,6 +238,9 @@ def simulate(
     if out is not None:  # before any work: a refused --out must not cost a simulation
         check_output_dir(out, flag="--out", force=force, inputs=[workload, profile])
     loaded = reshape(load(workload, source, seed=seed), max_prompt_len=max_prompt_len, no_arrivals=no_arrivals)
+    warning = coarsening_warning(config, loaded.requests)
+    if warning:
+        Console(stderr=True, markup=False, highlight=False).print(warning, soft_wrap=True)
     result = _run_with_progress(loaded, config, show=not as_json)
     summary = summarize(result)
     warn_unserved(summary)

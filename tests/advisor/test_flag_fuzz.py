@@ -98,7 +98,8 @@ REFUSED = [
     (["--num-requests", "20000000"], "--num-requests 20000000: must be <= 10000000"),
     (["--seed", "-1"], "--seed -1: must be an integer >= 0"),
     (["--router", "fastest"], "--router 'fastest': must be one of"),
-    (["--sim-block-coarsening", "0"], "--sim-block-coarsening '0': use a positive integer or 'auto'"),
+    (["--sim-block-coarsening", "0"], "--sim-block-coarsening '0': use an integer from 1 to 64 or 'auto'"),
+    (["--sim-block-coarsening", "1000000000"], "--sim-block-coarsening '1000000000': use an integer from 1 to 64"),
     (["--speedup", "0"], "--speedup 0.0: must be > 0"),
     (["--rate", "-1"], "--rate -1.0: must be > 0"),
 ]
