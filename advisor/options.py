@@ -21,10 +21,9 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.markup import escape
 
 from advisor import errors
+from advisor.console import console, styled
 from advisor.errors import error_text, is_input_error
 from engine.flags import FLAGS_BY_NAME, Flag, FlagError, parse_size
 from sim.config import SIM_ONLY_FLAGS
@@ -223,7 +222,7 @@ def clean_errors(fn: F) -> F:
             if errors.DEBUG:
                 traceback.print_exc()
             msg = error_text(exc) if isinstance(exc, KeyError) else cli_message(exc)
-            Console(stderr=True).print(f"[bold red]error:[/] {escape(msg)}", highlight=False, markup=True, soft_wrap=True)
+            console(stderr=True).print(styled(("error:", "bold red"), " ", msg), soft_wrap=True)
             raise typer.Exit(code=2) from None
 
     return command  # type: ignore[return-value]

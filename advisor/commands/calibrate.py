@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from advisor.console import console as plain_console
 from advisor.options import Force, clean_errors
 from engine.model_spec import get_model
 from engine.outputs import check_output_file, staged_file
@@ -75,7 +76,7 @@ def calibrate(
         check_run_for_fit(r, model, gpu)
     default = EngineConfig(async_scheduling=async_scheduling, max_num_seqs=max_num_seqs)
     fit = fit_profile([load_run(r, default) for r in runs], m, g, default)
-    console = Console()
+    console = plain_console()
     print_fit(fit, console)
     if out is None:
         console.print("not written: pass --out PROFILE.json to keep it", highlight=False)

@@ -24,6 +24,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from advisor.console import console as plain_console
+from advisor.console import styled
 from advisor.options import Force, clean_errors, flag_options, source_options
 from advisor.report import warn_unserved
 from engine.flags import FlagError
@@ -106,7 +108,7 @@ def _ms(x: Any) -> str:
 
 
 def print_summary(s: dict[str, Any], console: Console) -> None:
-    t = Table(title=f"[bold]{s.get('label') or 'simulation'}[/]: {s['deployment']}", title_justify="left")
+    t = Table(title=styled((str(s.get("label") or "simulation"), "bold"), f": {s['deployment']}"), title_justify="left")
     t.add_column("metric", style="bold cyan")
     for c in ("mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")
@@ -169,7 +171,7 @@ def compare_runs(a_dir: str, b_dir: str, console: Console) -> None:
     from sim.metrics import load_summary
 
     a, b = load_summary(a_dir), load_summary(b_dir)
-    t = Table(title="[bold]compare[/]", title_justify="left")
+    t = Table(title=styled(("compare", "bold")), title_justify="left")
     t.add_column("metric", style="bold cyan")
     t.add_column(f"A: {a_dir}", justify="right")
     t.add_column(f"B: {b_dir}", justify="right")
@@ -217,7 +219,7 @@ def simulate(
     source: SourceOptions | None = None,
 ) -> None:
     """Simulate a workload on `vllm serve` replicas (server defaults); print a summary, optionally save the run."""
-    console = Console()
+    console = plain_console()
     if compare:
         compare_runs(compare[0], compare[1], console)
         return
@@ -240,7 +242,7 @@ def simulate(
     loaded = reshape(load(workload, source, seed=seed), max_prompt_len=max_prompt_len, no_arrivals=no_arrivals)
     warning = coarsening_warning(config, loaded.requests)
     if warning:
-        Console(stderr=True, markup=False, highlight=False).print(warning, soft_wrap=True)
+        plain_console(stderr=True).print(warning, soft_wrap=True)
     result = _run_with_progress(loaded, config, show=not as_json)
     summary = summarize(result)
     warn_unserved(summary)
@@ -279,7 +281,7 @@ def _run_with_progress(loaded: LoadedWorkload, config: SimConfig, *, show: bool)
         return run(loaded, config)
     from rich.progress import Progress
 
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with Progress(console=plain_console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"simulating {len(loaded.requests):,} requests", total=1.0)
         return run(loaded, config, progress=lambda f: bar.update(task, completed=f))
 

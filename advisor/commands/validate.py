@@ -22,6 +22,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from advisor.console import console as plain_console
+from advisor.console import styled
 from advisor.options import Force, clean_errors
 from engine.outputs import check_output_dir, check_output_file, refuse_input_overlap, staged_file
 from sim.cost_model import CostProfile
@@ -77,7 +79,7 @@ def validate(
     plan = plan_runs(run_dirs, profiles, allow_fitted=allow_fitted)
     if write_profile_validation:
         check_profiles_writable({p for _, p in plan})
-    console = Console()
+    console = plain_console()
     results = []
     for run_dir, prof in plan:
         res = validate_run(run_dir, prof)
@@ -217,7 +219,7 @@ def _signed(x: float | None) -> str:
 
 
 def print_comparison(r: RunComparison, console: Console) -> None:
-    t = Table(title=f"[bold]{r.name}[/] ({r.purpose}, {r.model} on {r.gpu}, profile {r.profile})",
+    t = Table(title=styled((r.name, "bold"), f" ({r.purpose}, {r.model} on {r.gpu}, profile {r.profile})"),
               title_justify="left")
     for col, just in (("metric", "left"), ("engine", "right"), ("sim", "right"), ("error", "right")):
         t.add_column(col, justify=just, style="bold cyan" if col == "metric" else None)
@@ -236,7 +238,7 @@ def print_comparison(r: RunComparison, console: Console) -> None:
 
 
 def print_overview(report: ValidationReport, console: Console) -> None:
-    t = Table(title="[bold]validation[/]", title_justify="left")
+    t = Table(title=styled(("validation", "bold")), title_justify="left")
     for col in ("model", "run", "profile", "median |err|", "worst p99", "preemptions e/s", "pass"):
         t.add_column(col)
     for r in report.runs:

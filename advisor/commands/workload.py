@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from advisor.console import console as plain_console
+from advisor.console import styled
 from advisor.options import Force, clean_errors, source_options
 from engine.outputs import check_output_file, is_stdout, staged_file
 from sim.arrivals import scale_rate
@@ -54,8 +56,8 @@ def _lengths_line(s: dict[str, float]) -> str:
 
 def print_description(d: dict[str, Any], console: Console | None = None) -> None:
     """The human-readable describe report (the figures sim/traces_data/README.md quotes)."""
-    console = console or Console()
-    t = Table(show_header=False, box=None, pad_edge=False, title=f"[bold]{d['name']}[/]", title_justify="left")
+    console = console or plain_console()
+    t = Table(show_header=False, box=None, pad_edge=False, title=styled((str(d["name"]), "bold")), title_justify="left")
     t.add_column(style="bold cyan", no_wrap=True)
     t.add_column()
     t.add_row("requests", f"{d['requests']:,}")
@@ -126,7 +128,7 @@ def fit(
     else:
         with staged_file(output) as tmp:
             tmp.write_text(text)
-        Console(stderr=True).print(f"wrote {output}: {spec.description}", highlight=False)
+        plain_console(stderr=True).print(f"wrote {output}: {spec.description}")
 
 
 @app.command("export")
@@ -146,7 +148,7 @@ def export(
     wl = load_workload(source, options)
     with staged_file(output) as tmp:
         export_mooncake(wl, tmp)
-    Console(stderr=True).print(
+    plain_console(stderr=True).print(
         f"wrote {len(wl):,} requests to {output}; replay with: vllm bench serve --dataset-name timed_trace "
         f"--dataset-path {output} --timed-trace-sec-multiplier 0.001 "
         f"--timed-trace-chunk-hash-size {wl.hash_block_size}", highlight=False, soft_wrap=True)
@@ -162,4 +164,4 @@ def presets() -> None:
         t.add_row(name, get_preset(name).description)
     for trace in BUILTIN_TRACES.values():
         t.add_row(trace.name, f"{trace.description} ({trace.licence})")
-    Console().print(t, highlight=False)
+    plain_console().print(t)
