@@ -73,7 +73,7 @@ def _inputs(cfg: EngineArgs, workload: str) -> list[str | None]:
 def _check_outputs(out: Path, metrics_file: Path | None, *, force: bool, inputs: list[str | None]) -> None:
     check_output_dir(out, flag="--out", force=force, inputs=inputs)
     if metrics_file is not None:
-        check_output_file(metrics_file, flag="--metrics-file", force=force, inputs=[*inputs, out])
+        check_output_file(metrics_file, flag="--metrics-file", force=force, inputs=inputs)
 
 
 @app.command("run")
@@ -100,8 +100,12 @@ def run(
     """Timed replay of a workload as `vllm serve` would see it (server defaults): per-request
     TTFT/TPOT/ITL/e2e/queue and a per-step trace."""
     cfg = EngineArgs(usage_context="api_server", **(engine_flags or {}))
-    _check_outputs(out, metrics_file, force=force, inputs=_inputs(cfg, workload))  # before any work
     _require_torch()
+    from engine.preflight import check_engine_args, check_metrics_endpoint
+
+    check_metrics_endpoint(metrics_port, metrics_host)  # before the model load and the warm-up
+    _check_outputs(out, metrics_file, force=force, inputs=_inputs(cfg, workload))  # before any work
+    check_engine_args(cfg)
     if disagg is not None:
         return _run_disagg(cfg, disagg, workload, max_prompt_len, no_arrivals, out, metrics_file, metrics_port,
                            source, force)
@@ -172,9 +176,11 @@ def bench(
     import numpy as np
 
     from engine.llm import LLM
+    from engine.preflight import check_engine_args
     from engine.sampling import SamplingParams
 
     cfg = EngineArgs(usage_context="offline", **(engine_flags or {}))
+    check_engine_args(cfg)  # device, backend, model size: before the model is built
     llm = LLM(**cfg.model_dump())
     _check_bench_length(input_len, output_len, llm.engine.max_model_len)
     rng = np.random.default_rng(cfg.seed)
