@@ -118,19 +118,21 @@ class SimConfig(BaseModel):
 
 
 def check_simulation_size(deployment: DeploymentConfig, kv_block_coarsening: int,
-                          profile: CostProfile | None = None) -> int:
+                          profile: CostProfile | None = None, *, limit: int = MAX_SIMULATED_BLOCKS,
+                          limit_hint: str = "") -> int:
     """Refuse, before anything is allocated, a deployment whose simulated KV pools would not fit
-    in memory, or whose model does not fit its GPUs (`plan_memory` says which figures). Returns
-    the simulated blocks over all replicas."""
+    in memory (more than `limit` blocks), or whose model does not fit its GPUs (`plan_memory`
+    says which figures). Returns the simulated blocks over all replicas."""
     engine = deployment.engine.resolved_for(deployment.gpu, deployment.model)
     plan = plan_memory(deployment.model, deployment.gpu, engine, profile)
     d = deployment.disaggregation
     replicas = d.num_prefill_replicas + d.num_decode_replicas if d else deployment.num_replicas
     blocks = replicas * max(plan.num_gpu_blocks // kv_block_coarsening, 1)
-    if blocks > MAX_SIMULATED_BLOCKS:
+    if blocks > limit:
         gib = blocks * SIM_BYTES_PER_BLOCK / 2**30
-        figures = (f"would simulate {replicas:,} replica(s) x {plan.num_gpu_blocks:,} KV blocks (~{gib:.0f} GiB "
-                   f"of simulator memory, cap {MAX_SIMULATED_BLOCKS:,} blocks); ")
+        cap = f"cap {limit:,} blocks" + (f", {limit_hint}" if limit_hint else "")
+        figures = (f"would simulate {replicas:,} replica(s) x {plan.num_gpu_blocks:,} KV blocks (~{gib:.1f} GiB "
+                   f"of simulator memory, {cap}); ")
         if engine.num_gpu_blocks_override is not None:
             raise FlagError("num_gpu_blocks_override", engine.num_gpu_blocks_override,
                             figures + "lower {num_gpu_blocks_override} or raise {kv_block_coarsening}")

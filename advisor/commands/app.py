@@ -23,10 +23,14 @@ APP_MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
 
 
 def streamlit_command(port: int, address: str, headless: bool) -> list[str]:
-    """The `streamlit run` command line for the packaged app."""
+    """The `streamlit run` command line for the packaged app: uploads capped at the dashboard's
+    limit, and no traceback details shown to whoever opens the page (they name server paths)."""
+    from app import MAX_UPLOAD_MB
+
     return [sys.executable, "-m", "streamlit", "run", str(APP_MAIN), "--server.port", str(port),
             "--server.address", address, "--server.headless", str(headless).lower(),
-            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
+            "--server.maxUploadSize", str(MAX_UPLOAD_MB), "--client.showErrorDetails", "false"]
 
 
 @clean_errors
