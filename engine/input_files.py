@@ -162,8 +162,9 @@ def expect(path: str | Path, keys: Sequence[Any], value: Any, types: type | tupl
     if isinstance(value, float) and ok and not math.isfinite(value):
         ok = False
     if not ok:
-        raise InputFileError(f"{path}: key '{key_path(keys)}' must be {expected}, not {json_type(value)} "
-                             f"({_short(value)})")
+        got = (f"{value} (NaN and Infinity are not numbers here)" if isinstance(value, float)
+               else f"{json_type(value)} ({_short(value)})")
+        raise InputFileError(f"{path}: key '{key_path(keys)}' must be {expected}, not {got}")
     return value
 
 

@@ -29,6 +29,7 @@ from advisor.console import styled
 from advisor.options import Force, clean_errors, flag_options, source_options
 from advisor.report import warn_unserved
 from engine.flags import FlagError
+from engine.input_files import expect
 from engine.outputs import check_output_dir
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
 from sim.memory import plan_memory
@@ -171,6 +172,10 @@ def compare_runs(a_dir: str, b_dir: str, console: Console) -> None:
     from sim.metrics import load_summary
 
     a, b = load_summary(a_dir), load_summary(b_dir)
+    for folder, s in ((a_dir, a), (b_dir, b)):  # a number or null where a figure belongs, else named
+        for k in COMPARE_KEYS:
+            if s.get(k) is not None:
+                expect(Path(folder) / "summary.json", [k], s[k], (int, float), "a number or null")
     t = Table(title=styled(("compare", "bold")), title_justify="left")
     t.add_column("metric", style="bold cyan")
     t.add_column(f"A: {a_dir}", justify="right")
