@@ -380,6 +380,10 @@ def load_azure(path: str | Path, *, lenient: bool = False, hash_block_size: int 
             rows.bad(lineno, "TIMESTAMP", f"{r[col['TIMESTAMP']]!r} is not a date-time",
                      "write it as YYYY-MM-DD HH:MM:SS.fffffff (an optional +HH:MM offset is allowed)", "bad TIMESTAMP")
             continue
+        if not -(2**63) < ns < 2**63:
+            rows.bad(lineno, "TIMESTAMP", f"{r[col['TIMESTAMP']].strip()} is outside the years 1678-2262 a "
+                     "nanosecond clock holds", "check this row's date", "TIMESTAMP out of range")
+            continue
         n_in = rows.count(lineno, "ContextTokens", r[col["ContextTokens"]], 1,
                           "give the prompt length as a positive integer")
         if n_in is None:
@@ -557,6 +561,9 @@ def detect_format(path: str | Path) -> str:
                                "check the file (a .gz file must be a complete gzip archive)") from None
     if not head.strip():
         raise TraceFormatError(path, None, None, "the file is empty", "give a non-empty trace file")
+    if head.count("\ufffd") > max(8, len(head) // 100) or "\x00" in head:
+        raise TraceFormatError(path, None, None, "is not UTF-8 text (a binary file?)",
+                               "give a trace: Mooncake JSONL, an Azure or a BurstGPT CSV (plain or .gz)")
     first = head.lstrip().splitlines()[0]
     if first.startswith("{"):
         return "mooncake"
