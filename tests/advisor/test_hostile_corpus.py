@@ -1,0 +1,465 @@
+"""A corpus of hostile inputs across every command, the Python API and the dashboard's URL (issue 32).
+
+Each input must be refused clearly, or (where marked) accepted with bounded work:
+- the command line: exit status 2 (or the status given), the expected words, one message and no
+  traceback; nothing reaches the catch-all handler of advisor/cli.py (the exception CliRunner
+  records is the clean SystemExit, never an escaped error); no input file changed, no output
+  left behind; within `TIME_LIMIT_S` and `PEAK_LIMIT_BYTES` of Python allocations (tracemalloc,
+  numpy included);
+- the API: an input error (advisor/errors.py `is_input_error`) naming the request, field or file;
+- the dashboard's URL: every parameter that would name a server path, leave its bounds or make
+  the deployment fail is ignored and named, and what remains is a scenario a page may simulate.
+
+`test_the_corpus_is_large_enough` checks the count at the end (`MIN_CASES`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from contextlib import chdir
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from advisor.cli import app
+
+runner = CliRunner()
+TIME_LIMIT_S = 10.0
+PEAK_LIMIT_BYTES = 512 << 20
+MIN_CASES = 300
+SEEN: set[str] = set()  # ids of the cases that ran and passed
+CLEAN = ("Traceback", "unexpected", "internal error", "errors.pydantic.dev")
+
+# --------------------------------------------------------------------------- assets
+TRACE = "".join(json.dumps({"timestamp": 100 * i, "input_length": 40 + i, "output_length": 5, "hash_ids": [i]}) + "\n"
+                for i in range(12))
+SPEC = json.dumps({"name": "s", "num_requests": 5, "arrival": {"kind": "poisson", "rate_rps": 2.0},
+                   "prompt_tokens": {"kind": "fixed", "tokens": 100}, "output_tokens": {"kind": "fixed", "tokens": 10}})
+YEARS = "".join(json.dumps({"timestamp": int(t), "input_length": 30, "output_length": 3, "hash_ids": [i]}) + "\n"
+                for i, t in enumerate((0, 4.0e10, 9.4e10)))  # three requests over three years (ms)
+FAR = YEARS.replace("94000000000", "1000000000000000000")  # 1e18 ms: beyond any clock
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> dict[str, Path]:
+    """Files the cases copy into their folder: an engine run folder, a model folder, a profile."""
+    from tests.advisor.test_validate_cli import write_run
+
+    root = tmp_path_factory.mktemp("assets")
+    out = {"run": write_run(root / "RUN")}
+    import torch  # noqa: F401 - the engine's model folder
+
+    from engine.loader import save_model
+    from engine.model import LlamaModel
+    from engine.model_spec import get_model
+
+    save_model(LlamaModel(get_model("tiny"), max_positions=64, seed=0), root / "model")
+    out["model"] = root / "model"
+    out["profile"] = Path(__file__).resolve().parents[2] / "sim" / "profiles" / "default.json"
+    return out
+
+
+def _snapshot(folder: Path) -> dict[str, Any]:
+    """Every entry under `folder`: a file's bytes, a link's target (what must not change)."""
+    snap: dict[str, Any] = {}
+    for dirpath, dirnames, files in os.walk(folder):
+        for name in dirnames + files:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(folder))
+            snap[rel] = ("link", os.readlink(p)) if p.is_symlink() else (p.read_bytes() if p.is_file() else "dir")
+    return snap
+
+
+@dataclass(frozen=True)
+class Cli:
+    """One command line in a fresh folder holding `files` (name -> text | bytes | '@asset' |
+    ('link', target)); it must end with `code` and show every `expect` fragment."""
+
+    id: str
+    args: tuple[str, ...]
+    expect: tuple[str, ...] = ()
+    files: tuple[tuple[str, Any], ...] = ()
+    code: int = 2
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _place(folder: Path, files: tuple[tuple[str, Any], ...], assets: dict[str, Path]) -> None:
+    for name, what in files:
+        p = folder / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(what, tuple):
+            p.symlink_to(what[1])
+        elif isinstance(what, str) and what.startswith("@"):
+            src = assets[what[1:]]
+            shutil.copytree(src, p) if src.is_dir() else shutil.copyfile(src, p)
+        elif isinstance(what, bytes):
+            p.write_bytes(what)
+        elif callable(what):
+            what(p)
+        else:
+            p.write_text(what)
+
+
+def run_cli(case: Cli, assets: dict[str, Path]) -> str:
+    """Run `case` (see Cli) and check everything the module's docstring promises."""
+    with tempfile.TemporaryDirectory() as tmp, chdir(tmp), \
+            pytest.MonkeyPatch.context() as mp:
+        folder = Path(tmp)
+        _place(folder, case.files, assets)
+        before = _snapshot(folder)
+        mp.setattr("sys.argv", ["costline", *case.args])  # an alias is named as typed (advisor.options)
+        for k, v in case.env:
+            mp.setenv(k, v)
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        try:
+            res = runner.invoke(app, list(case.args), terminal_width=400)
+        finally:
+            wall = time.perf_counter() - t0
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        after = _snapshot(folder)
+    out = " ".join(res.output.split())
+    assert res.exception is None or isinstance(res.exception, SystemExit), (case.id, repr(res.exception), out)
+    assert res.exit_code == case.code, (case.id, res.exit_code, out)
+    assert not any(w in out for w in CLEAN), (case.id, out)
+    missing = [e for e in case.expect if e not in out]
+    assert not missing, (case.id, missing, out)
+    assert after == before, (case.id, "an input changed or an output was left behind",
+                             sorted(set(after) ^ set(before)))
+    assert wall <= TIME_LIMIT_S, (case.id, wall)
+    assert peak <= PEAK_LIMIT_BYTES, (case.id, peak)
+    SEEN.add(f"cli:{case.id}")
+    return out
+
+
+# --------------------------------------------------------------------------- outputs: one rule
+CAL = ("calibrate", "RUN", "--model", "llama-3.2-1b", "--gpu", "h200")
+SAME, HOLDS, INSIDE = "is also the input", "holds the input", "is inside the input"
+
+
+def _output_cases() -> list[Cli]:
+    trace = (("t.jsonl", TRACE),)
+    run_ = (("RUN", "@run"),)
+    model = (("model", "@model"),)
+    base = [
+        Cli("export-onto-input", ("workload", "export", "t.jsonl", "-o", "t.jsonl"), ("--output", SAME), trace),
+        Cli("fit-onto-input", ("workload", "fit", "t.jsonl", "-o", "t.jsonl"), ("--output", SAME), trace),
+        Cli("fit-spec-onto-input", ("workload", "fit", "s.json", "-o", "s.json"), ("--output", SAME),
+            (("s.json", SPEC),)),
+        Cli("export-onto-link-to-input", ("workload", "export", "t.jsonl", "-o", "l.jsonl"), ("--output", SAME),
+            (*trace, ("l.jsonl", ("link", "t.jsonl")))),
+        Cli("export-into-input-dir-via-link", ("workload", "export", "d/t.jsonl", "-o", "ld/t.jsonl"),
+            ("--output", SAME), (("d/t.jsonl", TRACE), ("ld", ("link", "d")))),
+        Cli("simulate-out-onto-trace", ("simulate", "-w", "t.jsonl", "--out", "t.jsonl"), ("--out", SAME), trace),
+        Cli("simulate-out-holds-trace", ("simulate", "-w", "d/t.jsonl", "--out", "d"), ("--out", HOLDS),
+            (("d/t.jsonl", TRACE),)),
+        Cli("simulate-out-holds-profile", ("simulate", "-w", "lab-poisson", "-n", "3", "--profile", "p/x.json",
+                                           "--out", "p"), ("--out", HOLDS), (("p/x.json", "@profile"),)),
+        Cli("simulate-out-link-to-trace-dir", ("simulate", "-w", "d/t.jsonl", "--out", "l"), ("--out", HOLDS),
+            (("d/t.jsonl", TRACE), ("l", ("link", "d")))),
+        Cli("advise-out-holds-trace", ("advise", "-w", "d/t.jsonl", "--out", "d"), ("--out", HOLDS),
+            (("d/t.jsonl", TRACE),)),
+        Cli("advise-out-holds-profile", ("advise", "-w", "lab-poisson", "--profile", "p/x.json", "--out", "p"),
+            ("--out", HOLDS), (("p/x.json", "@profile"),)),
+        Cli("calibrate-out-inside-run", (*CAL, "--out", "RUN/steps.jsonl"), ("--out", INSIDE), run_),
+        Cli("calibrate-out-new-file-inside-run", (*CAL, "--out", "RUN/p.json"), ("--out", INSIDE), run_),
+        Cli("calibrate-out-is-run", (*CAL, "--out", "RUN"), ("--out", SAME), run_),
+        Cli("calibrate-steps-onto-itself", ("calibrate", "RUN/steps.jsonl", "--model", "llama-3.2-1b", "--gpu", "h200",
+                                            "--out", "RUN/steps.jsonl"), ("--out", SAME), run_),
+        Cli("calibrate-scaled-inside-run", (*CAL, "--out", "RUN/p.json", "--scaled"), ("--out", INSIDE), run_),
+        Cli("validate-out-is-run", ("validate", "RUN", "--out", "RUN"), ("--out", SAME), run_),
+        Cli("validate-out-inside-run", ("validate", "RUN", "--out", "RUN/report"), ("--out", INSIDE), run_),
+        Cli("validate-out-link-to-run", ("validate", "RUN", "--out", "l"), ("--out", SAME),
+            (*run_, ("l", ("link", "RUN")))),
+        Cli("validate-out-holds-run", ("validate", "d/RUN", "--out", "d"), ("--out", HOLDS), (("d/RUN", "@run"),)),
+        Cli("validate-out-holds-profile", ("validate", "RUN", "--profile", "p/x.json", "--out", "p"), ("--out", HOLDS),
+            (*run_, ("p/x.json", "@profile"))),
+        Cli("engine-out-is-model", ("engine", "run", "--model", "model", "--out", "model"), ("--out", SAME), model),
+        Cli("engine-out-inside-model", ("engine", "run", "--model", "model", "--out", "model/run"), ("--out", INSIDE),
+            model),
+        Cli("engine-out-link-to-model", ("engine", "run", "--model", "model", "--out", "l"), ("--out", SAME),
+            (*model, ("l", ("link", "model")))),
+        Cli("engine-out-holds-trace", ("engine", "run", "-w", "d/t.jsonl", "--out", "d"), ("--out", HOLDS),
+            (("d/t.jsonl", TRACE),)),
+        Cli("engine-metrics-onto-trace", ("engine", "run", "-w", "t.jsonl", "--out", "r", "--metrics-file", "t.jsonl"),
+            ("--metrics-file", SAME), trace),
+        Cli("engine-metrics-inside-model", ("engine", "run", "--model", "model", "--out", "r", "--metrics-file",
+                                            "model/m.prom"), ("--metrics-file", INSIDE), model),
+    ]
+    cases = base + [Cli(c.id + "+force", (*c.args, "--force"), c.expect, c.files) for c in base]
+    empty = [  # outputs that name nothing of their own, or standard output where a folder is written
+        *(Cli(f"{cmd[0]}-{cmd[1] if len(cmd) > 1 else ''}-out-{name}", (*cmd, flag, value), (flag, words))
+          for cmd, flag in ((("simulate", "-w", "lab-poisson", "-n", "3"), "--out"),
+                            (("advise", "-w", "lab-poisson"), "--out"),
+                            (("engine", "run"), "--out"),
+                            (("workload", "export", "lab-poisson", "-n", "3"), "--output"),
+                            (("workload", "fit", "lab-poisson"), "--output"))
+          for name, value, words in (("empty", "", "names no"), ("dot", ".", "names no"), ("dotdot", "..", "names no"))),
+        Cli("simulate-out-stdout", ("simulate", "-w", "lab-poisson", "-n", "3", "--out", "-"), ("--out -", "standard output")),
+        Cli("advise-out-stdout", ("advise", "--out", "-"), ("--out -", "standard output")),
+        Cli("engine-out-stdout", ("engine", "run", "--out", "-"), ("--out -", "standard output")),
+        Cli("engine-metrics-stdout", ("engine", "run", "--out", "r", "--metrics-file", "-"),
+            ("--metrics-file -", "standard output")),
+        Cli("calibrate-out-stdout", (*CAL, "--out", "-"), ("--out -", "standard output"), (("RUN", "@run"),)),
+        Cli("validate-out-empty", ("validate", "RUN", "--out", ""), ("--out",), (("RUN", "@run"),)),
+    ]
+    return cases + empty
+
+
+OUTPUT_CASES = _output_cases()
+
+
+@pytest.mark.parametrize("case", OUTPUT_CASES, ids=lambda c: c.id)
+def test_an_output_never_replaces_or_enters_an_input(case, assets):
+    run_cli(case, assets)
+
+
+def test_export_to_standard_output(assets):
+    """`-o -` writes the trace to standard output (and no file named '-')."""
+    out = run_cli(Cli("export-stdout", ("workload", "export", "lab-poisson", "-n", "2", "-o", "-"), ('"timestamp": 0',),
+                      code=0), assets)
+    assert out.count('"timestamp"') == 2
+    run_cli(Cli("fit-stdout", ("workload", "fit", "lab-poisson", "-o", "-"), ('"arrival"',), code=0), assets)
+
+
+# --------------------------------------------------------------------------- hostile files
+def _gzip_bomb(p: Path) -> None:
+    """~250 KB of gzip that inflates to 256 MB of one repeated trace row."""
+    row = (json.dumps({"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [0]}) + "\n").encode()
+    with gzip.open(p, "wb", compresslevel=9) as f:
+        block = row * ((1 << 20) // len(row))
+        for _ in range(256):
+            f.write(block)
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj)
+
+
+def _run_with(file: str, edit: Callable[[Any], Any] | str | bytes) -> Callable[[Path], None]:
+    """An engine run folder whose `file` is rewritten by `edit` (a function of its JSON, or text)."""
+    def make(p: Path) -> None:
+        from tests.advisor.test_validate_cli import write_run  # written once per module below
+
+        shutil.copytree(_ASSETS["run"], p)
+        target = p / file
+        if callable(edit):
+            target.write_text(json.dumps(edit(json.loads(target.read_text()))))
+        elif isinstance(edit, bytes):
+            target.write_bytes(edit)
+        else:
+            target.write_text(edit)
+        del write_run
+
+    return make
+
+
+def _summary(**changes: Any) -> Callable[[Any], Any]:
+    return lambda s: s | changes
+
+
+def _info(**changes: Any) -> Callable[[Any], Any]:
+    return lambda s: s | changes
+
+
+def _model_with(config: Any, weights: bytes | None = None, index: Any = None) -> Callable[[Path], None]:
+    """A model folder: the tiny model's files, its config.json replaced (text or JSON), its weights
+    replaced by `weights`, or an index written."""
+    def make(p: Path) -> None:
+        shutil.copytree(_ASSETS["model"], p)
+        if config is not None:
+            (p / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+        if weights is not None:
+            (p / "model.safetensors").write_bytes(weights)
+        if index is not None:
+            (p / "model.safetensors").unlink()
+            (p / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    return make
+
+
+_ASSETS: dict[str, Path] = {}
+HUGE_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 1 << 24, "intermediate_size": 1 << 24,
+               "num_hidden_layers": 1 << 12, "num_attention_heads": 1 << 10, "vocab_size": 1 << 24}
+LLAMA_405B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 16384, "intermediate_size": 53248,
+              "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256,
+              "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+BILLION_LAUGHS = "\n".join(["a: &a [\"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\"]",
+                            *(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]"
+                              for i in range(9)), "num_requests: 5"])
+SPEC_YAML = ("name: y\nnum_requests: 5\narrival: {kind: poisson, rate_rps: 2.0}\n"
+             "prompt_tokens: {kind: fixed, tokens: 100}\noutput_tokens: {kind: fixed, tokens: 10}\n")
+PROFILE_OK = (Path(__file__).resolve().parents[2] / "sim" / "profiles" / "default.json").read_text()
+
+
+def _profile(**changes: Any) -> str:
+    return json.dumps(json.loads(PROFILE_OK) | changes)
+
+
+WORKLOAD_CMDS = {"describe": ("workload", "describe"), "simulate": ("simulate", "-w"), "fit": ("workload", "fit"),
+                 "export": ("workload", "export", "-o", "out.jsonl"), "advise": ("advise", "-w")}
+
+
+def _file_cases() -> list[Cli]:
+    cases: list[Cli] = []
+    bad_traces = [  # (id, file name, content, expected words)
+        ("far-future-timestamp", "far.jsonl", FAR, ("far.jsonl", "line 3", "timestamp", "1e+09 s")),
+        ("gzip-bomb", "bomb.jsonl.gz", _gzip_bomb, ("bomb.jsonl.gz", "compression bomb")),
+        ("binary-as-trace", "bin.csv", bytes(range(128, 256)) * 4096, ("bin.csv", "not UTF-8 text")),
+        ("nan-timestamp", "n.jsonl", TRACE.replace('"timestamp": 300', '"timestamp": NaN'), ("line 4", "timestamp")),
+        ("inf-timestamp", "i.jsonl", TRACE.replace('"timestamp": 300', '"timestamp": Infinity'), ("line 4", "timestamp")),
+        ("list-row", "l.jsonl", TRACE + "[1, 2, 3]\n", ("line 13", "not an object")),
+        ("deep-row", "d.jsonl", TRACE + "{" + '"a": [' * 3000 + "]" * 3000 + "}\n", ("line 13",)),
+        ("azure-far-future", "a.csv", ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-01-01 00:00:00,10,5\n"
+                                       "2100-01-01 00:00:00,10,5\n"), ("a.csv", "line 3", "TIMESTAMP", "1e+09 s")),
+        ("azure-year-9999", "a.csv", ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-01-01 00:00:00,10,5\n"
+                                      "9999-01-01 00:00:00,10,5\n"), ("a.csv", "line 3", "TIMESTAMP")),
+        ("burstgpt-far-future", "b.csv", ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                                          "0,ChatGPT,10,5,15,Conversation log\n1e300,ChatGPT,10,5,15,Conversation log\n"),
+         ("b.csv", "line 3", "Timestamp", "1e+09 s")),
+        ("spec-arrivals-beyond-clock", "s.json", _json(json.loads(SPEC) | {"arrival": {"kind": "poisson",
+                                                                                         "rate_rps": 1e-12}}),
+         ("s.json", "beyond the 1e+09 s")),
+        ("yaml-billion-laughs", "s.yaml", BILLION_LAUGHS, ("s.yaml", "aliases")),
+        ("yaml-deep", "s.yaml", "a: " + "[" * 200 + "]" * 200 + "\n", ("s.yaml", "nested")),
+        ("yaml-too-long", "s.yaml", SPEC_YAML + "# " + "x" * (1 << 21) + "\n", ("s.yaml", "bytes of YAML")),
+        ("yaml-syntax", "s.yaml", "name: [1, 2\n", ("s.yaml", "line", "not valid YAML")),
+        ("yaml-inf-rate", "s.yaml", SPEC_YAML.replace("2.0", ".inf"), ("s.yaml", "arrival.rate_rps")),
+        ("yaml-list", "s.yaml", "- 1\n- 2\n", ("s.yaml", "invalid workload spec")),
+        ("yaml-binary-tag", "s.yaml", SPEC_YAML + "extra: !!python/object:os.system ls\n", ("s.yaml",)),
+        ("spec-huge-file", "s.json", '{"name": "' + "x" * (17 << 20) + '"}', ("s.json", "bytes")),
+        ("spec-deep-json", "s.json", '{"a": ' + "[" * 100 + "]" * 100 + "}", ("s.json", "nested")),
+        ("spec-name-markup", "s.json", _json(json.loads(SPEC) | {"name": "[/]", "num_requests": "x"}),
+         ("s.json", "num_requests")),
+    ]
+    for tid, name, content, words in bad_traces:
+        for cmd, argv in WORKLOAD_CMDS.items():
+            if cmd == "export":
+                args = (*argv[:2], name, *argv[2:])
+            elif cmd == "advise":
+                args = (*argv, name)
+            else:
+                args = (*argv, name)
+            cases.append(Cli(f"{tid}/{cmd}", args, words, ((name, content),)))
+    bounded = [  # accepted: the statistics and the run cost what three requests cost, whatever the span
+        Cli("three-years/describe", ("workload", "describe", "y.jsonl"), ("requests 3",), (("y.jsonl", YEARS),), 0),
+        Cli("three-years/fit", ("workload", "fit", "y.jsonl"), ('"arrival"',), (("y.jsonl", YEARS),), 0),
+        Cli("three-years/simulate", ("simulate", "-w", "y.jsonl"), ("3 completed",), (("y.jsonl", YEARS),), 0),
+        Cli("three-years/describe-json", ("workload", "describe", "y.jsonl", "--json"), ('"requests": 3',),
+            (("y.jsonl", YEARS),), 0),
+    ]
+    return cases + bounded
+
+
+FILE_CASES = _file_cases()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _share_assets(assets) -> None:
+    _ASSETS.update(assets)
+
+
+@pytest.mark.parametrize("case", FILE_CASES, ids=lambda c: c.id)
+def test_hostile_workload_files(case, assets):
+    run_cli(case, assets)
+
+
+# --------------------------------------------------------------------------- run folders, profiles, models
+def _run_cases() -> list[Cli]:
+    run_ = (("RUN", "@run"),)
+    val = ("validate", "RUN", "--profile", "default")
+    edits = [  # (id, file, edit, words)
+        ("run-json-list", "run.json", "[1, 2]", ("run.json", "must be a JSON object")),
+        ("run-json-nan", "run.json", '{"schema": NaN}', ("run.json", "NaN")),
+        ("run-json-truncated", "run.json", '{"schema": "costline-engine-run/1", ', ("run.json", "line 1")),
+        ("run-json-not-utf8", "run.json", b'{"name": "\xff"}', ("run.json", "not UTF-8")),
+        ("summary-list", "summary.json", "[]", ("summary.json", "must be a JSON object")),
+        ("summary-p50-above-p99", "summary.json", _summary(median_ttft_ms=1e6), ("summary.json", "impossible")),
+        ("summary-negative", "summary.json", _summary(mean_tpot_ms=-3.0), ("summary.json", "never negative")),
+        ("summary-counts", "summary.json", _summary(completed=400), ("summary.json", "impossible")),
+        ("summary-prompts", "summary.json", _summary(num_prompts=7), ("summary.json", "impossible")),
+        ("summary-throughput", "summary.json", _summary(request_throughput=1e6), ("summary.json", "impossible")),
+        ("summary-string", "summary.json", _summary(completed="all"), ("summary.json", "completed")),
+        ("summary-hits", "summary.json", _summary(prefix_cache_hits_tokens=10**12), ("summary.json", "impossible")),
+        ("summary-ttft-after-e2e", "summary.json", _summary(mean_ttft_ms=1e7, median_ttft_ms=1e7, p90_ttft_ms=1e7,
+                                                            p99_ttft_ms=1e7), ("summary.json", "impossible")),
+        ("steps-list-row", "steps.jsonl", "[1, 2]\n", ("steps.jsonl", "line 1", "JSON object")),
+        ("steps-string-value", "steps.jsonl", '{"gpu_s": "fast"}\n', ("steps.jsonl", "line 1", "gpu_s")),
+        ("steps-nan", "steps.jsonl", '{"total_s": NaN}\n', ("steps.jsonl", "line 1")),
+    ]
+    cases = []
+    for tid, file, edit, words in edits:
+        files = (("RUN", _run_with(file, edit)),)
+        cases.append(Cli(f"{tid}/validate", val, words, files))
+        if file != "summary.json":
+            cases.append(Cli(f"{tid}/calibrate", CAL, words, files))
+    cases += [
+        Cli("engine-args-list/calibrate", CAL, ("run.json", "engine_args", "object"),
+            (("RUN", _run_with("run.json", _info(engine_args=[1]))),)),
+        Cli("engine-args-string-seqs/calibrate", CAL, ("run.json", "engine_args.max_num_seqs", "integer"),
+            (("RUN", _run_with("run.json", lambda i: i | {"engine_args": i["engine_args"] | {"max_num_seqs": "16"}})),)),
+        Cli("run-model-number/calibrate", CAL, ("run.json", "'model'", "string"),
+            (("RUN", _run_with("run.json", _info(model=5))),)),
+        Cli("calibrate-other-model", ("calibrate", "RUN", "--model", "tiny", "--gpu", "h200"),
+            ("llama-3.2-1b", "--model tiny"), run_),
+        Cli("calibrate-other-gpu", ("calibrate", "RUN", "--model", "llama-3.2-1b", "--gpu", "a100-80gb"),
+            ("'h200'", "--gpu a100-80gb"), run_),
+        Cli("calibrate-missing", ("calibrate", "nope", "--model", "tiny", "--gpu", "h200"), ("nope", "no such")),
+        Cli("calibrate-unknown-model", ("calibrate", "RUN", "--model", "nope", "--gpu", "h200"), ("nope",), run_),
+        Cli("calibrate-markup-name", ("calibrate", "[/]", "--model", "tiny", "--gpu", "h200"), ("[/]",)),
+        Cli("validate-other-model-profile", ("validate", "RUN", "--profile", "h200-llama-3.1-8b"),
+            ("measured on model llama-3.1-8b",), run_),
+        Cli("validate-other-gpu-profile", ("validate", "RUN", "--profile", "a100-80gb-llama-3.2-1b"),
+            ("measured on GPU a100-80gb",), run_),
+        Cli("validate-not-a-folder", ("validate", "[/]"), ("[/]", "not a folder")),
+        Cli("validate-no-summary", ("validate", "RUN", "--profile", "default"), ("summary.json",),
+            (("RUN", lambda p: (shutil.copytree(_ASSETS["run"], p), (p / "summary.json").unlink())),)),
+        Cli("compare-list", ("simulate", "--compare", "a", "a"), ("a/summary.json", "JSON object"),
+            (("a/summary.json", "[1]"),)),
+        Cli("compare-string", ("simulate", "--compare", "a", "a"), ("a/summary.json", "completed", "number"),
+            (("a/summary.json", '{"completed": "x"}'),)),
+        Cli("compare-nan", ("simulate", "--compare", "a", "a"), ("a/summary.json", "completed"),
+            (("a/summary.json", '{"completed": NaN}'),)),
+        Cli("compare-missing", ("simulate", "--compare", "a", "b"), ("a",)),
+    ]
+    bad_profiles = [  # (id, content, words)
+        ("profile-list", "[1, 2]", ("p.json", "must be a JSON object")),
+        ("profile-name-number", _profile(name=5), ("p.json", "'name'", "string")),
+        ("profile-nan", PROFILE_OK.replace("0.7", "NaN", 1), ("p.json", "NaN")),
+        ("profile-schema", _profile(schema_version=7), ("p.json", "schema_version")),
+        ("profile-negative", _profile(cpu_step_s=-1), ("p.json", "cpu_step_s")),
+        ("profile-decode-list", _profile(schema_version=2, decode=[1]), ("p.json", "decode")),
+        ("profile-truncated", PROFILE_OK[:40], ("p.json", "line", "not valid JSON")),
+        ("profile-not-utf8", b"\xff\xfe{}", ("p.json", "UTF-8")),
+        ("profile-huge", '{"name": "' + "x" * (5 << 20) + '"}', ("p.json", "bytes")),
+        ("profile-unknown-key", _profile(bogus=1), ("p.json", "bogus")),
+    ]
+    for tid, content, words in bad_profiles:
+        files = (("p.json", content),)
+        cases += [Cli(f"{tid}/simulate", ("simulate", "-w", "lab-poisson", "-n", "3", "--profile", "p.json"), words,
+                      files),
+                  Cli(f"{tid}/advise", ("advise", "-w", "lab-poisson", "--profile", "p.json"), words, files),
+                  Cli(f"{tid}/validate", ("validate", "RUN", "--profile", "p.json"), words, (*files, *run_))]
+    cases += [Cli(f"profile-path-{i}/simulate", ("simulate", "-w", "lab-poisson", "-n", "3", "--profile", p),
+                  ("not found",)) for i, p in enumerate(("[/]", "/nonexistent/p.json", "../../x.json", ""))
+              if p]
+    return cases
+
+
+RUN_CASES = _run_cases()
+
+
+@pytest.mark.parametrize("case", RUN_CASES, ids=lambda c: c.id)
+def test_hostile_run_folders_profiles_and_summaries(case, assets):
+    run_cli(case, assets)
