@@ -136,6 +136,9 @@ def check_simulation_size(deployment: DeploymentConfig, kv_block_coarsening: int
         if engine.num_gpu_blocks_override is not None:
             raise FlagError("num_gpu_blocks_override", engine.num_gpu_blocks_override,
                             figures + "lower {num_gpu_blocks_override} or raise {kv_block_coarsening}")
+        if d is not None:  # the GPUs follow from the split
+            raise FlagError("disaggregation", f"{d.num_prefill_replicas}:{d.num_decode_replicas}",
+                            figures + "use fewer replicas in {disaggregation}, or raise {kv_block_coarsening}")
         raise FlagError("num_gpus", deployment.num_gpus,
                         figures + "lower {num_gpus}, or raise {kv_block_coarsening} (e.g. 32 or auto)")
     return blocks

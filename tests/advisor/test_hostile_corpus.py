@@ -463,3 +463,161 @@ RUN_CASES = _run_cases()
 @pytest.mark.parametrize("case", RUN_CASES, ids=lambda c: c.id)
 def test_hostile_run_folders_profiles_and_summaries(case, assets):
     run_cli(case, assets)
+
+
+# --------------------------------------------------------------------------- engine, flags and options
+def _engine_cases() -> list[Cli]:
+    run = ("engine", "run", "--first", "2", "--out", "r")
+    bench = ("engine", "bench", "--num-prompts", "2")
+    cases = []
+    for cmd, base in (("run", run), ("bench", bench)):
+        cases += [
+            Cli(f"{cmd}-device-banana", (*base, "--device", "banana"), ("--device 'banana'", "cpu")),
+            Cli(f"{cmd}-device-missing-gpu", (*base, "--device", "cuda:99"), ("--device cuda:99",)),
+            Cli(f"{cmd}-device-empty", (*base, "--device", ""), ("--device",)),
+            Cli(f"{cmd}-triton-without-gpu", (*base, "--device", "cpu", "--attention-backend", "triton"),
+                ("--attention-backend triton", "GPU"), env=(("TRITON_INTERPRET", "0"),)),
+            Cli(f"{cmd}-backend-banana", (*base, "--attention-backend", "banana"), ("--attention-backend",)),
+            Cli(f"{cmd}-cpu-kv-100T", (*base, "--device", "cpu", "--cpu-kv-cache-bytes", "100T"),
+                ("--cpu-kv-cache-bytes", "memory")),
+            Cli(f"{cmd}-cpu-kv-zero", (*base, "--cpu-kv-cache-bytes", "0"), ("--cpu-kv-cache-bytes",)),
+            Cli(f"{cmd}-model-huge-config", (*base, "--device", "cpu", "--model", "m"), ("--model m", "weights need"),
+                (("m", _model_with(HUGE_CONFIG)),)),
+            Cli(f"{cmd}-model-config-list", (*base, "--device", "cpu", "--model", "m"), ("config.json", "JSON object"),
+                (("m", _model_with("[1]")),)),
+            Cli(f"{cmd}-model-config-string-size", (*base, "--device", "cpu", "--model", "m"),
+                ("config.json", "'hidden_size'", "integer"), (("m", _model_with(LLAMA_405B | {"hidden_size": "x"})),)),
+            Cli(f"{cmd}-model-config-absurd-vocab", (*base, "--device", "cpu", "--model", "m"),
+                ("config.json", "'vocab_size'"), (("m", _model_with(LLAMA_405B | {"vocab_size": 10**12})),)),
+            Cli(f"{cmd}-model-config-arch-string", (*base, "--device", "cpu", "--model", "m"),
+                ("config.json", "'architectures'", "list"),
+                (("m", _model_with(LLAMA_405B | {"architectures": "LlamaForCausalLM"})),)),
+            Cli(f"{cmd}-model-config-missing-key", (*base, "--device", "cpu", "--model", "m"),
+                ("config.json", "'num_hidden_layers'", "missing"),
+                (("m", _model_with({k: v for k, v in LLAMA_405B.items() if k != "num_hidden_layers"})),)),
+            Cli(f"{cmd}-model-config-truncated", (*base, "--device", "cpu", "--model", "m"),
+                ("config.json", "line 1", "not valid JSON"), (("m", _model_with('{"hidden_size": 4')),)),
+            Cli(f"{cmd}-model-config-rope-list", (*base, "--device", "cpu", "--model", "m"),
+                ("config.json", "'rope_scaling'"), (("m", _model_with(LLAMA_405B | {"rope_scaling": [1]})),)),
+            Cli(f"{cmd}-model-no-config", (*base, "--device", "cpu", "--model", "m"), ("m", "config.json"),
+                (("m/x.txt", "x"),)),
+            Cli(f"{cmd}-model-unknown", (*base, "--model", "no-such-model"), ("--model 'no-such-model'",)),
+            Cli(f"{cmd}-draft-huge", (*base, "--device", "cpu", "--speculative-config",
+                                      '{"method": "draft_model", "model": "m", "num_speculative_tokens": 2}'),
+                ("--speculative-config", "weights need"), (("m", _model_with(HUGE_CONFIG)),)),
+            Cli(f"{cmd}-model-label-markup", (*base, "--model", "[/]"), ("--model '[/]'",)),
+        ]
+    cases += [  # the real model load: a damaged checkpoint is named before the warm-up
+        Cli("run-damaged-safetensors", (*run, "--device", "cpu", "--model", "m"), ("model.safetensors", "damaged"),
+            (("m", _model_with(None, weights=b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage" + b"\x00" * 64)),)),
+        Cli("run-truncated-safetensors", (*run, "--device", "cpu", "--model", "m"), ("model.safetensors",),
+            (("m", _model_with(None, weights=b"\xff" * 7)),)),
+        Cli("run-index-escapes-folder", (*run, "--device", "cpu", "--model", "m"), ("weight_map", "plain file name"),
+            (("m", _model_with(None, index={"weight_map": {"model.norm.weight": "../../../etc/passwd"}})),)),
+        Cli("run-index-list", (*run, "--device", "cpu", "--model", "m"), ("index", "weight_map"),
+            (("m", _model_with(None, index={"weight_map": [1]})),)),
+        Cli("run-metrics-port-99999", (*run, "--metrics-port", "99999"), ("--metrics-port 99999", "65535")),
+        Cli("run-metrics-port-0", (*run, "--metrics-port", "0"), ("--metrics-port 0",)),
+        Cli("run-metrics-port-negative", (*run, "--metrics-port", "-5"), ("--metrics-port -5",)),
+        Cli("run-metrics-host-words", (*run, "--metrics-port", "9464", "--metrics-host", "not a host"),
+            ("--metrics-host 'not a host'",)),
+        Cli("run-metrics-host-url", (*run, "--metrics-port", "9464", "--metrics-host", "http://x/"),
+            ("--metrics-host 'http://x/'",)),
+        Cli("run-metrics-host-without-port", (*run, "--metrics-host", "0.0.0.0"), ("--metrics-host", "--metrics-port")),
+        Cli("run-metrics-host-foreign-ip", (*run, "--metrics-port", "9464", "--metrics-host", "203.0.113.9"),
+            ("--metrics-port 9464 on 203.0.113.9", "cannot listen")),
+        Cli("run-disagg-bad", (*run, "--disagg", "x:y"), ("--disagg",)),
+        Cli("bench-huge-prompts", ("engine", "bench", "--num-prompts", "100000", "--input-len", "100000"),
+            ("--num-prompts 100000",)),
+    ]
+    return cases
+
+
+def _flag_cases() -> list[Cli]:
+    sim = ("simulate", "-w", "lab-poisson", "-n", "3")
+    rows = [  # (id, extra arguments, words): sizes, times and values out of range, by flag
+        ("coarsening-1e9", ("--sim-block-coarsening", "1000000000"), ("--sim-block-coarsening", "64")),
+        ("coarsening-65", ("--sim-block-coarsening", "65"), ("--sim-block-coarsening '65'",)),
+        ("coarsening-negative", ("--sim-block-coarsening", "-1"), ("--sim-block-coarsening",)),
+        ("coarsening-word", ("--sim-block-coarsening", "fast"), ("--sim-block-coarsening 'fast'",)),
+        ("num-gpus-5000", ("--num-gpus", "5000"), ("--num-gpus 5000",)),
+        ("num-gpus-20-digits", ("--num-gpus", "99999999999999999999"), ("--num-gpus",)),
+        ("blocks-1e9", ("--num-gpu-blocks-override", "1000000000"), ("--num-gpu-blocks-override 1000000000",)),
+        ("seqs-20-digits", ("--max-num-seqs", "99999999999999999999"), ("--max-num-seqs",)),
+        ("budget-1T", ("--max-num-batched-tokens", "1T"), ("--max-num-batched-tokens",)),
+        ("model-len-20-digits", ("--max-model-len", "99999999999999999999"), ("--max-model-len",)),
+        ("util-0.005", ("--gpu-memory-utilization", "0.005"), ("--gpu-memory-utilization 0.005",)),
+        ("util-nan", ("--gpu-memory-utilization", "nan"), ("--gpu-memory-utilization",)),
+        ("util-inf", ("--gpu-memory-utilization", "inf"), ("--gpu-memory-utilization",)),
+        ("block-size-1e9", ("--block-size", "1000000000"), ("--block-size 1000000000", "from 1 to 1024")),
+        ("tp-1e6", ("-tp", "1000000"), ("-tp 1000000",)),
+        ("disagg-huge", ("--disagg", "100000:100000"), ("--disagg",)),
+        ("disagg-zero", ("--disagg", "0:1"), ("--disagg",)),
+        ("link-nan", ("--disagg", "1:1", "--kv-link-gb-per-s", "nan"), ("--kv-link-gb-per-s",)),
+        ("link-latency-inf", ("--disagg", "1:1", "--link-latency-ms", "inf"), ("--link-latency-ms",)),
+        ("goodput-nan", ("--goodput", "ttft:nan"), ("--goodput",)),
+        ("goodput-markup", ("--goodput", "[/]:5"), ("--goodput '[/]:5'",)),
+        ("speedup-tiny", ("--speedup", "1e-300"), ("--speedup 1e-300", "1e+09 s")),
+        ("rate-tiny", ("--rate", "1e-300"), ("--rate 1e-300",)),
+        ("start-far-negative", ("--start-s", "-1e300"), ("--start-s",)),
+        ("end-before-start", ("--start-s", "10", "--end-s", "5"), ("window",)),
+        ("first-zero", ("--first", "0"), ("--first",)),
+        ("requests-1e11", ("-n", "100000000000"), ("-n 100000000000",)),
+        ("hash-block-huge", ("--hash-block-size", "100000000000"), ("--hash-block-size",)),
+        ("max-prompt-len-zero", ("--max-prompt-len", "0"), ("--max-prompt-len",)),
+        ("spec-config-deep", ("-sc", '{"a":' * 2000 + "1" + "}" * 2000), ("-sc",)),
+        ("spec-config-list", ("--speculative-config", "[1, 2]"), ("--speculative-config",)),
+        ("router-markup", ("--router", "[red]x"), ("--router '[red]x'",)),
+        ("model-path", ("--model", "/etc/passwd"), ("--model '/etc/passwd'",)),
+        ("gpu-unknown", ("--gpu", "nope"), ("--gpu 'nope'",)),
+        ("profile-dir", ("--profile", "/"), ("cost profile '/'",)),
+    ]
+    cases = [Cli(f"simulate-{tid}", (*sim, *extra), words) for tid, extra, words in rows]
+    advise = ("advise", "-w", "lab-poisson")
+    cases += [Cli(f"advise-{tid}", (*advise, *extra), words) for tid, extra, words in (
+        ("gpu-nope", ("--gpu", "nope"), ("--gpu 'nope'",)),
+        ("model-nope", ("--model", "nope"), ("--model 'nope'",)),
+        ("model-path", ("--model", "/etc"), ("--model '/etc'",)),
+        ("num-gpus-0", ("--num-gpus", "0"), ("--num-gpus",)),
+        ("num-gpus-65", ("--num-gpus", "65"), ("--num-gpus",)),
+        ("slo-nan", ("--slo", "ttft_p99:nan"), ("--slo",)),
+        ("slo-markup", ("--slo", "[/]"), ("--slo '[/]'",)),
+        ("workers-0", ("--workers", "-1"), ("--workers",)),
+        ("objective", ("--objective", "fastest"), ("--objective",)),
+        ("budget", ("--budget", "forever"), ("--budget",)),
+        ("profile-missing", ("--profile", "/nonexistent.json"), ("not found",)),
+        ("workload-missing", ("-w", "/nonexistent/t.jsonl"), ("/nonexistent/t.jsonl",)),
+        ("speedup-tiny", ("--speedup", "1e-300"), ("--speedup",)),
+        ("requests-huge", ("--num-requests", "100000000000"), ("--num-requests",)),
+    )]
+    cases += [Cli(f"markup-{i}", args, words) for i, (args, words) in enumerate((
+        (("workload", "describe", "[/]"), ("[/]",)),
+        (("workload", "describe", "[bold]x.json"), ("[bold]x.json",)),
+        (("simulate", "-w", "[/]"), ("[/]",)),
+        (("workload", "fit", "[red]"), ("[red]",)),
+        (("workload", "export", "[/]", "-o", "x.jsonl"), ("[/]",)),
+    ))]
+    ok = [  # accepted, printed as typed
+        Cli("label-markup", (*sim, "--label", "[/]"), ("[/]",), code=0),
+        Cli("label-markup-tags", (*sim, "--label", "[bold red]x[/]"), ("[bold red]x[/]",), code=0),
+        Cli("spec-named-markup", ("workload", "describe", "s.json"), ("[/]",),
+            (("s.json", _json(json.loads(SPEC) | {"name": "[/]"})),), code=0),
+        Cli("file-named-markup", ("simulate", "-w", "[b]t.jsonl"), ("[b]t",), (("[b]t.jsonl", TRACE),), code=0),
+        Cli("coarsening-64-warns", (*sim, "--sim-block-coarsening", "64"), ("warning", "coarser"), code=0),
+    ]
+    return cases + ok
+
+
+ENGINE_CASES = _engine_cases()
+FLAG_CASES = _flag_cases()
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=lambda c: c.id)
+def test_hostile_engine_flags_and_model_folders(case, assets):
+    pytest.importorskip("torch")
+    run_cli(case, assets)
+
+
+@pytest.mark.parametrize("case", FLAG_CASES, ids=lambda c: c.id)
+def test_hostile_flags_and_options(case, assets):
+    run_cli(case, assets)
