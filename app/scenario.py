@@ -273,16 +273,23 @@ def _parsed(params: dict[str, str]) -> tuple[Scenario, list[str]]:
 
 
 # Scenario fields a deployment depends on, and the URL parameter of each.
-_DEPLOYMENT = ("num_gpus", "model", "gpu", "disagg", "router", "profile", "first", "workload", "spec")
+_DEPLOYMENT = ("num_gpus", "model", "gpu", "disagg", "kv_link", "router", "profile", "first", "workload", "spec", "seed")
 
 
 def deployment_problem(s: Scenario) -> str | None:
-    """Why the scenario's deployment cannot be simulated on a dashboard (None: it can): vLLM's
-    start-up rules, the model fitting its GPUs, and the dashboard's simulation budget."""
+    """Why the scenario cannot be simulated on a dashboard (None: it can): vLLM's start-up rules,
+    the model fitting its GPUs, the dashboard's simulation budget, and an edited spec that
+    generates (its arrivals within the simulation clock)."""
     from advisor.options import cli_message
 
     try:
         check_budget(s)
+        if s.spec:
+            from sim.generate import generate
+            from sim.workload_source import SourceOptions, check_arrival_times
+
+            spec = WorkloadSpec.model_validate_json(s.spec).with_overrides(seed=s.seed)
+            check_arrival_times(generate(spec), "the edited spec", SourceOptions())
     except (ValidationError, ValueError) as exc:
         return cli_message(exc).splitlines()[0]
     return None

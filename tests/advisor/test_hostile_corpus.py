@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -32,12 +33,15 @@ import pytest
 from typer.testing import CliRunner
 
 from advisor.cli import app
+from advisor.errors import is_input_error
+from engine.request import Request
 
 runner = CliRunner()
 TIME_LIMIT_S = 10.0
 PEAK_LIMIT_BYTES = 512 << 20
 MIN_CASES = 300
 SEEN: set[str] = set()  # ids of the cases that ran and passed
+WORST = {"wall_s": 0.0, "peak_bytes": 0}  # over the cases that measured them
 CLEAN = ("Traceback", "unexpected", "internal error", "errors.pydantic.dev")
 
 # --------------------------------------------------------------------------- assets
@@ -110,6 +114,11 @@ def _place(folder: Path, files: tuple[tuple[str, Any], ...], assets: dict[str, P
             p.write_text(what)
 
 
+def _measured(wall: float, peak: int) -> None:
+    WORST["wall_s"] = max(WORST["wall_s"], wall)
+    WORST["peak_bytes"] = max(WORST["peak_bytes"], peak)
+
+
 def run_cli(case: Cli, assets: dict[str, Path]) -> str:
     """Run `case` (see Cli) and check everything the module's docstring promises."""
     with tempfile.TemporaryDirectory() as tmp, chdir(tmp), \
@@ -139,6 +148,7 @@ def run_cli(case: Cli, assets: dict[str, Path]) -> str:
                              sorted(set(after) ^ set(before)))
     assert wall <= TIME_LIMIT_S, (case.id, wall)
     assert peak <= PEAK_LIMIT_BYTES, (case.id, peak)
+    _measured(wall, peak)
     SEEN.add(f"cli:{case.id}")
     return out
 
@@ -621,3 +631,346 @@ def test_hostile_engine_flags_and_model_folders(case, assets):
 @pytest.mark.parametrize("case", FLAG_CASES, ids=lambda c: c.id)
 def test_hostile_flags_and_options(case, assets):
     run_cli(case, assets)
+
+
+# --------------------------------------------------------------------------- the Python API
+def _req(i: int, t: Any, prompt: int = 32, block: int = 16) -> Request:
+    return Request(i, t, prompt, 4, tuple(range(i * 100, i * 100 + -(-prompt // block))), block)
+
+
+@pytest.fixture(scope="module")
+def api_dir(tmp_path_factory, assets) -> Path:
+    """Files the API cases name."""
+    d = tmp_path_factory.mktemp("api")
+    (d / "bomb.yaml").write_text(BILLION_LAUGHS)
+    (d / "far.jsonl").write_text(FAR)
+    _gzip_bomb(d / "bomb.jsonl.gz")
+    (d / "list.json").write_text("[1, 2]")
+    (d / "words.txt").write_text("user:x:0:0:root")
+    (d / "nan.json").write_text(PROFILE_OK.replace("0.7", "NaN", 1))
+    _run_with("run.json", "[1]")(d / "RUN-list")
+    _run_with("summary.json", _summary(median_e2el_ms=1e9))(d / "RUN-impossible")
+    _run_with("steps.jsonl", "[1]\n")(d / "RUN-steps")
+    _model_with(HUGE_CONFIG)(d / "huge")
+    _model_with(None, weights=b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage" + b"\x00" * 64)(d / "damaged")
+    _model_with("[1]")(d / "config-list")
+    return d
+
+
+def _api_cases() -> list[tuple[str, Callable[[Path], Any], str]]:
+    from advisor.advise import AdviseRequest
+    from engine.config import EngineArgs
+    from engine.hf_config import spec_from_hf_config
+    from engine.input_files import load_yaml, read_json
+    from engine.outputs import check_output_dir, check_output_file
+    from engine.preflight import check_metrics_endpoint
+    from sim.engine_runs import check_steps_file
+    from sim.profile_files import load_profile
+    from sim.run import SimConfig, run
+    from sim.traces import load_trace
+    from sim.validate import validate_run
+    from sim.workload import Workload
+    from sim.workload_source import SourceOptions, load_workload
+    from sim.workload_spec import WorkloadSpec
+
+    nan, inf = math.nan, math.inf
+    two = [_req(0, 0.0)]
+    cases: list[tuple[str, Callable[[Path], Any], str]] = [
+        *((f"run-arrival-{name}", (lambda d, t=t: run([*two, _req(1, t)], SimConfig())), "request 1 (item 1)")
+          for name, t in (("nan", nan), ("inf", inf), ("-inf", -inf), ("negative", -1.0), ("1e300", 1e300),
+                          ("string", "soon"), ("none", None), ("bool", True), ("2e9", 2e9))),
+        ("run-arrival-numpy-nan", lambda d: run([*two, _req(1, __import__("numpy").float64("nan"))], SimConfig()),
+         "arrival_s"),
+        ("run-item-dict", lambda d: run([{"arrival_s": 0}], SimConfig()), "workload item 0"),
+        ("run-int", lambda d: run(5, SimConfig()), "workload: a int"),
+        ("run-bytes", lambda d: run(b"lab-poisson", SimConfig()), "workload: a bytes"),
+        ("run-empty", lambda d: run([], SimConfig()), "no requests"),
+        ("run-prompt-1e8", lambda d: run([_req(0, 0.0, 10**8, 10**8)], SimConfig()), "more than the 10,000,000"),
+        ("run-missing-file", lambda d: run(str(d / "nope.jsonl"), SimConfig()), "nope.jsonl"),
+        ("run-yaml-bomb", lambda d: run(str(d / "bomb.yaml"), SimConfig()), "aliases"),
+        ("run-far-trace", lambda d: run(str(d / "far.jsonl"), SimConfig()), "1e+09 s"),
+        ("run-gzip-bomb", lambda d: run(str(d / "bomb.jsonl.gz"), SimConfig()), "compression bomb"),
+        ("run-profile-missing", lambda d: run(two, SimConfig(profile=str(d / "nope.json"))), "not found"),
+        ("run-profile-list", lambda d: run(two, SimConfig(profile=str(d / "list.json"))), "JSON object"),
+        ("run-profile-nan", lambda d: run(two, SimConfig(profile=str(d / "nan.json"))), "NaN"),
+        ("run-speedup-tiny", lambda d: run("lab-poisson", SimConfig(), source=SourceOptions(speedup=1e-300)),
+         "speedup"),
+        ("simconfig-model", lambda d: SimConfig(model="/etc/passwd"), "unknown model preset"),
+        ("simconfig-gpu", lambda d: SimConfig(gpu="../x"), "unknown GPU preset"),
+        ("simconfig-coarsening", lambda d: SimConfig(kv_block_coarsening=10**9), "kv_block_coarsening"),
+        ("simconfig-num-gpus", lambda d: SimConfig(num_gpus=10**6), "4096"),
+        ("simconfig-seed", lambda d: SimConfig(seed=-1), "seed"),
+        ("workload-from-requests-nan", lambda d: Workload.from_requests([_req(0, nan)]), "arrival_s"),
+        ("workload-from-requests-inf", lambda d: Workload.from_requests([_req(0, inf)]), "arrival_s"),
+        ("load-workload-far", lambda d: load_workload(str(d / "far.jsonl")), "1e+09 s"),
+        ("load-workload-rate-tiny", lambda d: load_workload("lab-poisson", SourceOptions(rate_rps=1e-300)), "rate"),
+        ("spec-from-file-bomb", lambda d: WorkloadSpec.from_file(d / "bomb.yaml"), "aliases"),
+        ("load-trace-bomb", lambda d: load_trace(d / "bomb.jsonl.gz"), "compression bomb"),
+        ("load-trace-dev-zero", lambda d: load_trace("/dev/zero"), "character device"),
+        ("load-yaml-bomb", lambda d: load_yaml(BILLION_LAUGHS, "x.yaml"), "aliases"),
+        ("read-json-list", lambda d: read_json(d / "list.json"), "JSON object"),
+        ("read-json-dir", lambda d: read_json(d), "folder"),
+        ("read-json-dev-zero", lambda d: read_json("/dev/zero"), "character device"),
+        ("load-profile-list", lambda d: load_profile(str(d / "list.json")), "JSON object"),
+        ("load-profile-not-json", lambda d: load_profile(str(d / "words.txt")), "not valid JSON"),
+        ("advise-request-gpu", lambda d: AdviseRequest(gpu="x"), "unknown GPU preset"),
+        ("advise-request-model", lambda d: AdviseRequest(model="x"), "unknown model preset"),
+        ("advise-request-profile", lambda d: AdviseRequest(profile=str(d / "list.json")), "JSON object"),
+        ("advise-request-gpus", lambda d: AdviseRequest(num_gpus=10**6), "64"),
+        ("validate-run-json-list", lambda d: validate_run(d / "RUN-list"), "JSON object"),
+        ("validate-impossible-summary", lambda d: validate_run(d / "RUN-impossible", "default"), "impossible"),
+        ("check-steps-list-row", lambda d: check_steps_file(d / "RUN-steps" / "steps.jsonl"), "JSON object"),
+        ("hf-config-list", lambda d: spec_from_hf_config([1]), "JSON object"),
+        ("hf-config-strings", lambda d: spec_from_hf_config(LLAMA_405B | {"num_hidden_layers": "126"}),
+         "num_hidden_layers"),
+        ("engine-args-device", lambda d: EngineArgs(device="banana"), "device"),
+        ("engine-args-block", lambda d: EngineArgs(block_size=10**9), "block_size"),
+        ("metrics-port", lambda d: check_metrics_endpoint(99999, "127.0.0.1"), "65535"),
+        ("metrics-host", lambda d: check_metrics_endpoint(9464, "a b"), "not an IP address"),
+        ("output-is-input", lambda d: check_output_file(d / "list.json", flag="out", inputs=[d / "list.json"],
+                                                        force=True), "is also the input"),
+        ("output-inside-input", lambda d: check_output_dir(d / "RUN-list" / "x", flag="out",
+                                                           inputs=[d / "RUN-list"], force=True), "inside the input"),
+        ("output-holds-input", lambda d: check_output_dir(d, flag="out", inputs=[d / "list.json"], force=True),
+         "holds the input"),
+    ]
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return cases
+    from engine.llm import LLM
+    from engine.loader import load_model
+
+    cases += [
+        ("llm-device", lambda d: LLM(model="tiny", device="banana"), "device"),
+        ("llm-huge-model", lambda d: LLM(model=str(d / "huge"), device="cpu"), "weights need"),
+        ("llm-config-list", lambda d: LLM(model=str(d / "config-list"), device="cpu"), "JSON object"),
+        ("load-model-damaged", lambda d: load_model(d / "damaged"), "damaged"),
+        ("load-model-huge", lambda d: load_model(d / "huge"), "weights need"),
+    ]
+    return cases
+
+
+API_CASES = _api_cases()
+
+
+@pytest.mark.parametrize("name, call, words", API_CASES, ids=[c[0] for c in API_CASES])
+def test_hostile_api_calls(name, call, words, api_dir):
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(Exception) as raised:
+            call(api_dir)
+    finally:
+        wall = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    exc = raised.value
+    assert is_input_error(exc), (name, type(exc).__name__, str(exc))
+    assert words in str(exc), (name, str(exc))
+    assert wall <= TIME_LIMIT_S and peak <= PEAK_LIMIT_BYTES, (name, wall, peak)
+    _measured(wall, peak)
+    SEEN.add(f"api:{name}")
+
+
+# --------------------------------------------------------------------------- the dashboard's URL
+SECRET = "costline-secret-3b1f"  # the content of a server file a link tries to reach
+
+
+@pytest.fixture(scope="module")
+def server_file(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("server")
+    (d / "secret.json").write_text(json.dumps({"schema_version": 1, "name": SECRET}))
+    (d / "secret.jsonl").write_text(SECRET + "\n")
+    with gzip.open(d / "bomb.jsonl.gz", "wb") as f:
+        f.write(b"\0" * (64 << 20))
+    return d
+
+
+PATHS = ("{secret}", "/etc/passwd", "../../../../etc/passwd", "/proc/self/environ", "file:///etc/passwd",
+         "~/.ssh/id_rsa", "sim/presets/chat-production.json", "./chat-production", "C:\\Windows\\win.ini",
+         "{bomb}", "chat-production/../../README.md", "x" * 5000, "\x00", "")
+NUMBERS = ("-1", "0", "512", "4097", "99999999999999999999", "nan", "inf", "1e400", "0x10", "1.5", "", "10000001")
+FLAG_VALUES = ("-1", "99999999999999999999", "nan", "inf", "1e309", "abc", "0.005", "")
+
+
+def _url_cases() -> list[tuple[str, dict[str, str], str]]:
+    """(id, query parameters, the parameter a warning must name)."""
+    from app.scenario import FLAGS, flag_param, pack_spec
+
+    cases = []
+    for field in ("workload", "profile", "model", "gpu", "router", "trace_format", "kv_link"):
+        for i, value in enumerate(PATHS):
+            cases.append((f"{field}-path-{i}", {field: value}, field))
+    for field in ("num_gpus", "seed", "first"):
+        for value in NUMBERS:
+            if field != "num_gpus" and value in ("0", "512", "4097", "10000001") and not (field == "first" and
+                                                                                     value in ("0", "10000001")):
+                continue  # a valid seed or count, not a hostile one
+            cases.append((f"{field}-{value[:12] or 'empty'}", {field: value}, field))
+    for flag in FLAGS.values():
+        for value in FLAG_VALUES if flag.type in (int, float) else ("maybe", "[/]", "{" * 500):
+            if flag.type is float and value == "0.005" or flag.type is int and value in ("-1", "99999999999999999999",
+                                                                                         "abc", "", "nan", "inf",
+                                                                                         "1e309") or flag.type is float and value in ("-1", "nan", "inf", "1e309", "abc", "") or flag.type not in (int, float):
+                pass
+            else:
+                continue
+            if flag.name in ("long_prefill_token_threshold",) and value in ("99999999999999999999",):
+                continue  # a threshold above every prompt only means "no cap": valid
+            cases.append((f"flag-{flag.name}-{value[:8] or 'empty'}", {flag_param(flag): value}, flag_param(flag)))
+    spec = json.loads(SPEC)
+    cases += [
+        ("budget-vs-seqs", {"max-num-batched-tokens": "8", "max-num-seqs": "16"}, "max-num-batched-tokens"),
+        ("disagg-huge", {"disagg": "2048:2048"}, "disagg"),
+        ("disagg-words", {"disagg": "lots"}, "disagg"),
+        ("link-without-disagg", {"kv_link": "nvlink"}, "kv_link"),
+        ("gpus-512", {"num_gpus": "512"}, "num_gpus"),
+        ("gpus-512-70b", {"num_gpus": "512", "model": "llama-3.1-70b"}, "num_gpus"),
+        ("tp-bad", {"tensor-parallel-size": "3"}, "tensor-parallel-size"),
+        ("slo-negative", {"slo": "ttft:-1"}, "slo"),
+        ("slo-markup", {"slo": "[x](http://e)"}, "slo"),
+        ("unknown-key", {"colour": "blue"}, "colour"),
+        ("unknown-markdown-key", {"[a](http://x)": "1"}, "a"),
+        ("spec-zip-bomb", {"spec": pack_spec("{}").replace(pack_spec("{}"), "") or _zip_bomb()}, "spec"),
+        ("spec-garbage", {"spec": "!!!!"}, "spec"),
+        ("spec-10M-requests", {"workload": "custom", "spec": pack_spec(json.dumps(spec | {"num_requests": 10**7}))},
+         "spec"),
+        ("spec-slow-arrivals", {"workload": "custom", "spec": pack_spec(json.dumps(
+            spec | {"arrival": {"kind": "poisson", "rate_rps": 1e-12}}))}, "spec"),
+        ("spec-nan", {"workload": "custom", "spec": _pack_raw('{"name": NaN}')}, "spec"),
+        ("spec-long", {"spec": "A" * 200_000}, "spec"),
+    ]
+    return cases
+
+
+def _zip_bomb() -> str:
+    import base64
+    import zlib
+
+    return base64.urlsafe_b64encode(zlib.compress(b"{" + b" " * (200 << 20) + b"}", 9)).decode().rstrip("=")
+
+
+def _pack_raw(text: str) -> str:
+    import base64
+    import zlib
+
+    return base64.urlsafe_b64encode(zlib.compress(text.encode(), 9)).decode().rstrip("=")
+
+
+URL_CASES = _url_cases()
+
+
+@pytest.mark.parametrize("name, params, named", URL_CASES, ids=[c[0] for c in URL_CASES])
+def test_hostile_dashboard_links(name, params, named, server_file):
+    from app.scenario import Scenario, deployment_problem, from_query_params
+    from sim.builtin_traces import BUILTIN_TRACES
+    from sim.profile_files import shipped_profiles
+    from sim.workload_presets import preset_names
+
+    params = {k: v.format(secret=server_file / "secret.json", bomb=server_file / "bomb.jsonl.gz")
+              if k in ("workload", "profile", "model", "gpu") else v for k, v in params.items()}
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        s, problems = from_query_params(params)
+    finally:
+        wall = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    text = " ".join(problems)
+    assert any(named in p and "ignored" in p for p in problems), (name, problems)
+    assert SECRET not in text and "root:" not in text, (name, text)  # nothing read from the server
+    assert s.workload in (*preset_names(), *BUILTIN_TRACES, "custom", "upload")
+    assert s.profile == "auto" or s.profile in shipped_profiles()
+    assert deployment_problem(s) is None, (name, deployment_problem(s))  # what is left is simulated
+    assert isinstance(s, Scenario)
+    assert wall <= TIME_LIMIT_S and peak <= PEAK_LIMIT_BYTES, (name, wall, peak)
+    _measured(wall, peak)
+    SEEN.add(f"url:{name}")
+
+
+@pytest.mark.parametrize("name, make, words", [
+    ("upload-too-large", lambda: ("t.jsonl", b"0" * ((32 << 20) + 1)), "32 MB"),
+    ("upload-gzip-bomb", lambda: ("t.jsonl.gz", gzip.compress(b"\0" * (80 << 20), 9)), "inflates to more than"),
+    ("upload-truncated-gzip", lambda: ("t.jsonl.gz", gzip.compress(TRACE.encode())[:-12]), "gzip"),
+])
+def test_hostile_dashboard_uploads(name, make, words):
+    from app.compute import UploadError, load_scenario_workload
+
+    upload_name, data = make()
+    tracemalloc.start()
+    try:
+        with pytest.raises(UploadError) as raised:
+            load_scenario_workload("upload", None, None, 0, upload_name, data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert words in str(raised.value) and peak - len(data) <= PEAK_LIMIT_BYTES, (name, str(raised.value), peak)
+    SEEN.add(f"upload:{name}")
+
+
+def test_a_page_load_never_reads_or_exhausts_the_server(server_file):
+    """The What-if page opened with links naming a server file, a traversal and an oversized
+    deployment: each is warned about and ignored, the page runs the default scenario."""
+    from streamlit.testing.v1 import AppTest
+
+    main = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+    at = AppTest.from_file(main, default_timeout=120)
+    at.query_params.update({"workload": str(server_file / "secret.jsonl"), "profile": "../../../../etc/passwd",
+                            "num_gpus": "512", "gpu-memory-utilization": "0.005", "seed": "99999999999999999999"})
+    at.run()
+    assert not at.exception
+    warnings = " ".join(w.value for w in at.warning)
+    for key in ("workload", "profile", "num_gpus", "gpu-memory-utilization", "seed"):
+        assert key in warnings, (key, warnings)
+    shown = " ".join(str(e.value) for e in (*at.error, *at.warning, *at.markdown, *at.caption))
+    assert SECRET not in shown and "root:" not in shown
+    assert at.metric and not at.error  # the default scenario ran
+    SEEN.add("page:hostile-link")
+
+
+def test_the_corpus_is_large_enough():
+    """Runs last (file order): every family above contributed its cases, none reached the
+    catch-all (each case checks that), and there are at least MIN_CASES of them."""
+    families = {k.split(":")[0] for k in SEEN}
+    assert {"cli", "api", "url", "upload", "page"} <= families, families
+    assert len(SEEN) >= MIN_CASES, len(SEEN)
+    counts = {f: sum(k.startswith(f + ":") for k in SEEN) for f in sorted(families)}
+    print(f"\nhostile corpus: {len(SEEN)} inputs refused clearly {counts}; slowest {WORST['wall_s']:.2f} s, "
+          f"largest Python peak {WORST['peak_bytes'] / 2**20:.0f} MiB")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, files, args", [
+    ("405b-config-no-weights", (("m", _model_with(LLAMA_405B)),), ("engine", "run", "--model", "m", "--device", "cpu")),
+    ("yaml-billion-laughs", (("s.yaml", BILLION_LAUGHS),), ("workload", "describe", "s.yaml")),
+    ("gzip-bomb", (("b.jsonl.gz", _gzip_bomb),), ("simulate", "-w", "b.jsonl.gz")),
+    ("three-years", (("y.jsonl", YEARS),), ("simulate", "-w", "y.jsonl")),
+])
+def test_whole_process_memory_stays_bounded(name, files, args, assets):
+    """The process as a user runs it (torch, numpy and all): resident memory at most
+    PEAK_LIMIT_BYTES and TIME_LIMIT_S, exit status 2 (or 0 for the bounded three-year trace)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    argv = [*args, "--out", "out"] if args[0] == "engine" else list(args)
+    # the process reports its own peak resident memory (VmHWM: getrusage's maxrss outlives exec)
+    child = ("import atexit\n"
+             "def peak():\n"
+             "    hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+             "    open('rss', 'w').write(hwm.split()[1])\n"
+             "atexit.register(peak)\n"
+             f"from advisor.cli import main\nmain({argv!r})\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        _place(Path(tmp), files, assets)
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-c", child], cwd=tmp, capture_output=True, text=True, timeout=60,
+                             check=False, env=os.environ | {"PYTHONPATH": str(Path(__file__).parents[2])})
+        wall = time.perf_counter() - t0
+        rss = int((Path(tmp) / "rss").read_text()) * 1024
+    assert res.returncode == (0 if name == "three-years" else 2), res.stderr
+    assert "unexpected" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert rss <= PEAK_LIMIT_BYTES, (name, rss)
+    assert wall <= TIME_LIMIT_S + 5, (name, wall)  # + the interpreter's and torch's start-up
