@@ -158,8 +158,9 @@ SCHEDULING_FLAGS: tuple[Flag, ...] = (
          "other than A100, else 256", ge=1, human_size=True),
     Flag("max_model_len", int, None, "prompt + output cap per request; default the model's "
          "max_position_embeddings", ge=1, human_size=True),
-    # vLLM takes 1-128 on GPUs (256 on some backends); above 1,024 a block is a whole prompt
-    Flag("block_size", int, 16, "tokens per KV block (FlashAttention wants a multiple of 16)", ge=1, le=1024),
+    # vLLM takes 1-128 on most GPU backends and sizes hybrid models' blocks itself (2,048, vllm#53749);
+    # far beyond that a block is a whole prompt, and a 1e9-token block only exhausts memory
+    Flag("block_size", int, 16, "tokens per KV block (FlashAttention wants a multiple of 16)", ge=1, le=4096),
     Flag("gpu_memory_utilization", float, 0.92, "share of GPU memory for weights, activations and "
          "KV cache (vLLM PR #38284 made it 0.92)", gt=0.0, le=1.0,
          aliases=("--device-memory-utilization",)),

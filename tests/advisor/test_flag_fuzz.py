@@ -55,7 +55,7 @@ REFUSED = [
     (["--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096", "--max-model-len", "8192"], "--max-num-batched-tokens 4096: must be >= --max-model-len (8192)"),
     (["--block-size", "7"], "--block-size 7: must be a multiple of 16 for the flash_attn attention backend"),
     (["--block-size", "24", "--attention-backend", "flashinfer"], "--block-size 24: must be a multiple of 16 for the flashinfer"),
-    (["--block-size", "0"], "--block-size 0: must be an integer from 1 to 1024"),
+    (["--block-size", "0"], "--block-size 0: must be an integer from 1 to 4096"),
     (["-tp", "3"], "-tp 3: must divide the model's 32 attention heads"),
     (["--tensor-parallel-size", "5", "--model", "llama-3.1-70b"], "--tensor-parallel-size 5: must divide the model's 64"),
     (["--tensor-parallel-size", "0"], "--tensor-parallel-size 0: must be an integer >= 1"),
@@ -216,7 +216,7 @@ BENCH = ["engine", "bench", "--model", "tiny", "--device", "cpu"]
     (["--num-prompts", "2", "--input-len", "100000"], "--input-len 100000 + --output-len 64 exceeds the model length 4096"),
     (["--input-len", "4000", "--output-len", "200"], "--input-len 4000 + --output-len 200 exceeds the model length 4096"),
     (["--max-num-batched-tokens", "8", "--max-num-seqs", "16"], "--max-num-batched-tokens 8: must be >= --max-num-seqs (16)"),
-    (["--block-size", "-16"], "--block-size -16: must be an integer from 1 to 1024"),
+    (["--block-size", "-16"], "--block-size -16: must be an integer from 1 to 4096"),
     (["--seed", "-3"], "--seed -3: must be an integer >= 0"),
 ])
 def test_engine_bench_refusals(extra, message):
