@@ -280,6 +280,12 @@ def deployment_problem(s: Scenario) -> str | None:
     """Why the scenario cannot be simulated on a dashboard (None: it can): vLLM's start-up rules,
     the model fitting its GPUs, the dashboard's simulation budget, and an edited spec that
     generates (its arrivals within the simulation clock)."""
+    refusal = _refusal(s)
+    return None if refusal is None else refusal[0]
+
+
+def _refusal(s: Scenario) -> tuple[str, str | None] | None:
+    """(the message, the field it names, if any), or None when the scenario may run."""
     from advisor.options import cli_message
 
     try:
@@ -291,7 +297,10 @@ def deployment_problem(s: Scenario) -> str | None:
             spec = WorkloadSpec.model_validate_json(s.spec).with_overrides(seed=s.seed)
             check_arrival_times(generate(spec), "the edited spec", SourceOptions())
     except (ValidationError, ValueError) as exc:
-        return cli_message(exc).splitlines()[0]
+        cause = exc
+        if isinstance(exc, ValidationError) and exc.errors():
+            cause = (exc.errors()[0].get("ctx") or {}).get("error", exc)
+        return cli_message(exc).splitlines()[0], getattr(cause, "field", None)
     return None
 
 
@@ -326,32 +335,36 @@ def workload_coarsening(s: Scenario) -> int:
     return kv_block_coarsening_for("auto", block, [_R()])  # type: ignore[list-item]
 
 
+# A refused field's URL parameter, where the names differ.
+_PARAM_OF_FIELD = {"disaggregation": "disagg", "slo": "slo"}
+
+
 def _deployable(s: Scenario, params: dict[str, str], problems: list[str]) -> Scenario:
-    """`s`, less the URL parameters its deployment refuses: each flag or setting whose removal
-    alone makes it valid is dropped and named; failing that, every one the URL set."""
-    why = deployment_problem(s)
-    if why is None:
+    """`s`, less the URL parameters its deployment refuses: the one the refusal names (or else the
+    first whose removal alone makes it valid) is dropped and named; failing that, every one the
+    URL set."""
+    refusal = _refusal(s)
+    if refusal is None:
         return s
-    given_flags = [n for n in s.flags if flag_param(FLAGS[n]) in params]
-    given = [f for f in _DEPLOYMENT if f in params and getattr(s, f) != getattr(Scenario(), f)]
-    for _ in range(len(given_flags) + len(given)):
-        for name in given_flags:
+    why, field = refusal
+    default = Scenario()
+    trials: list[tuple[str, Scenario]] = []
+    for name in s.flags:
+        if flag_param(FLAGS[name]) in params:
             trial = s.model_copy(update={"flags": {k: v for k, v in s.flags.items() if k != name}})
-            if deployment_problem(trial) is None:
-                problems.append(f"query parameter {flag_param(FLAGS[name])}={params[flag_param(FLAGS[name])]}: "
-                                f"{why}; ignored")
-                return trial
-        for name in given:
-            trial = s.model_copy(update={name: getattr(Scenario(), name)})
-            if deployment_problem(trial) is None:
-                problems.append(f"query parameter {name}={params[name]}: {why}; ignored")
-                return trial
-        break
-    base = Scenario()
-    dropped = [flag_param(FLAGS[n]) for n in given_flags] + given
-    problems.append(f"query parameters {', '.join(dropped) or '(none)'}: {why}; ignored")
-    return base if deployment_problem(base.model_copy(update={"workload": s.workload, "spec": s.spec})) \
-        else base.model_copy(update={"workload": s.workload, "spec": s.spec})
+            trials.append((flag_param(FLAGS[name]), trial))
+    for name in _DEPLOYMENT:
+        if name in params and getattr(s, name) != getattr(default, name):
+            trials.append((name, s.model_copy(update={name: getattr(default, name)})))
+    named = FLAGS[field].cli.removeprefix("--") if field in FLAGS else _PARAM_OF_FIELD.get(field or "", field)
+    trials.sort(key=lambda t: t[0] != named)  # the parameter the refusal names first
+    for param, trial in trials:
+        if _refusal(trial) is None:
+            problems.append(f"query parameter {param}={params[param]}: {why}; ignored")
+            return trial
+    problems.append(f"query parameters {', '.join(p for p, _ in trials) or '(none)'}: {why}; ignored")
+    kept = default.model_copy(update={"workload": s.workload, "spec": s.spec})
+    return default if _refusal(kept) else kept
 
 
 def _one_line(exc: Exception, key: str) -> str:

@@ -35,6 +35,11 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9
                        r"[A-Za-z0-9])?)*\.?$")
 
 
+def is_host_name(text: str) -> bool:
+    """Whether `text` is spelled as a host name (RFC 1123 labels); no lookup."""
+    return bool(_HOSTNAME.match(text))
+
+
 def host_memory_total() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
@@ -161,7 +166,7 @@ def check_metrics_endpoint(port: int | None, host: str) -> None:
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        if not _HOSTNAME.match(host):
+        if not is_host_name(host):
             raise ValueError(f"--metrics-host {host!r}: not an IP address or host name; use 127.0.0.1 (this "
                              "machine only) or 0.0.0.0 (every interface)") from None
     try:
@@ -178,5 +183,15 @@ def check_metrics_endpoint(port: int | None, host: str) -> None:
                              "free port (or an address of this machine)") from None
 
 
-__all__ = ["check_backend", "check_cpu_kv_cache_bytes", "check_device", "check_engine_args", "check_metrics_endpoint",
-           "check_weights_fit", "host_memory_available", "host_memory_total", "model_spec"]
+__all__ = [
+    "check_backend",
+    "check_cpu_kv_cache_bytes",
+    "check_device",
+    "check_engine_args",
+    "check_metrics_endpoint",
+    "check_weights_fit",
+    "host_memory_available",
+    "host_memory_total",
+    "is_host_name",
+    "model_spec",
+]

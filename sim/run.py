@@ -139,8 +139,8 @@ def check_simulation_size(deployment: DeploymentConfig, kv_block_coarsening: int
         if d is not None:  # the GPUs follow from the split
             raise FlagError("disaggregation", f"{d.num_prefill_replicas}:{d.num_decode_replicas}",
                             figures + "use fewer replicas in {disaggregation}, or raise {kv_block_coarsening}")
-        raise FlagError("num_gpus", deployment.num_gpus,
-                        figures + "lower {num_gpus}, or raise {kv_block_coarsening} (e.g. 32 or auto)")
+        coarser = ", or raise {kv_block_coarsening} (e.g. 32 or auto)" if limit == MAX_SIMULATED_BLOCKS else ""
+        raise FlagError("num_gpus", deployment.num_gpus, figures + "lower {num_gpus}" + coarser)
     return blocks
 
 

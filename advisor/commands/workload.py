@@ -19,6 +19,7 @@ from rich.table import Table
 from advisor.console import console as plain_console
 from advisor.console import styled
 from advisor.options import Force, clean_errors, source_options
+from engine.input_files import plain_message
 from engine.outputs import check_output_file, is_stdout, staged_file
 from sim.arrivals import scale_rate
 from sim.builtin_traces import BUILTIN_TRACES
@@ -108,8 +109,8 @@ def fit(
     """Write a WorkloadSpec that reproduces the source's rate, burstiness, lengths and reuse."""
     if lengths not in ("empirical", "lognormal"):
         raise typer.BadParameter("--lengths must be 'empirical' or 'lognormal'")
-    if not rate_scale > 0:
-        raise typer.BadParameter("--rate-scale must be > 0")
+    if not (math.isfinite(rate_scale) and rate_scale > 0):
+        raise typer.BadParameter("--rate-scale must be a finite number > 0")
     opts = options or SourceOptions()
     if is_stdout(output):
         output = None
@@ -119,9 +120,15 @@ def fit(
     spec = fit_spec(wl, lengths=lengths, seed=opts.seed or 0)  # type: ignore[arg-type]
     if rate_scale != 1.0:
         # same duration at the higher rate: scale the request count with the rate
-        spec = spec.with_overrides(arrival=scale_rate(spec.arrival, rate_scale).model_dump(),
-                                   num_requests=max(1, round(spec.num_requests * rate_scale)),
-                                   description=spec.description + f" Rate scaled x{rate_scale:g}.")
+        try:
+            spec = spec.with_overrides(arrival=scale_rate(spec.arrival, rate_scale).model_dump(),
+                                       num_requests=max(1, min(round(spec.num_requests * rate_scale), 2**62)),
+                                       description=spec.description + f" Rate scaled x{rate_scale:g}.")
+        except ValueError as exc:  # the scaled rate or request count leaves a spec's bounds
+            first = exc.errors()[0] if hasattr(exc, "errors") else None
+            why = f"{'.'.join(map(str, first['loc']))}: {plain_message(first)}" if first else str(exc)
+            raise ValueError(f"--rate-scale {rate_scale:g}: the scaled spec is out of bounds ({why}); use a "
+                             "smaller factor") from None
     text = spec.to_json() + "\n"
     if output is None:
         sys.stdout.write(text)
