@@ -600,6 +600,18 @@ def _flag_cases() -> list[Cli]:
         ("speedup-tiny", ("--speedup", "1e-300"), ("--speedup",)),
         ("requests-huge", ("--num-requests", "100000000000"), ("--num-requests",)),
     )]
+    cases += [
+        Cli("fit-rate-scale-inf", ("workload", "fit", "lab-poisson", "--rate-scale", "inf"), ("--rate-scale",)),
+        Cli("fit-rate-scale-1e308", ("workload", "fit", "lab-poisson", "--rate-scale", "1e308"), ("--rate-scale",)),
+        Cli("fit-rate-scale-1e6", ("workload", "fit", "lab-poisson", "--rate-scale", "1e6"), ("--rate-scale",)),
+        Cli("fit-lengths-word", ("workload", "fit", "lab-poisson", "--lengths", "[/]"), ("--lengths",)),
+        Cli("app-address-words", ("app", "--address", "not a host", "--headless"), ("--address 'not a host'",)),
+        Cli("app-address-url", ("app", "--address", "http://0.0.0.0", "--headless"), ("--address",)),
+        Cli("app-port-99999", ("app", "--port", "99999", "--headless"), ("--port",)),
+        Cli("advise-one-request", ("advise", "-w", "t.jsonl"), ("t.jsonl", "three requests"),
+            (("t.jsonl", TRACE.splitlines()[0] + "\n"),)),
+        Cli("advise-all-at-once", ("advise", "-w", "t.jsonl", "--no-arrivals"), ("--no-arrivals",)),
+    ]
     cases += [Cli(f"markup-{i}", args, words) for i, (args, words) in enumerate((
         (("workload", "describe", "[/]"), ("[/]",)),
         (("workload", "describe", "[bold]x.json"), ("[bold]x.json",)),
