@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from advisor.cli import app
@@ -986,3 +988,46 @@ def test_whole_process_memory_stays_bounded(name, files, args, assets):
     assert "unexpected" not in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert rss <= PEAK_LIMIT_BYTES, (name, rss)
     assert wall <= TIME_LIMIT_S + 5, (name, wall)  # + the interpreter's and torch's start-up
+
+
+# --------------------------------------------------------------------------- generated inputs
+def _url_keys() -> list[str]:
+    from app.scenario import _SCALARS, FLAGS, flag_param
+
+    return [*_SCALARS, "spec", *(flag_param(f) for f in FLAGS.values())]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(params=st.dictionaries(st.sampled_from(_url_keys()) | st.text(max_size=8),
+                              st.text(max_size=30) | st.integers(-(10**30), 10**30).map(str)
+                              | st.floats(allow_nan=True, allow_infinity=True).map(repr), max_size=4))
+def test_any_link_gives_a_scenario_a_page_may_run(params):
+    """Whatever a link holds, the page gets a scenario it may simulate, and a warning for each
+    parameter it ignored; nothing raises."""
+    from app.scenario import deployment_problem, from_query_params
+    from sim.profile_files import shipped_profiles
+
+    s, problems = from_query_params(params)
+    assert deployment_problem(s) is None, (params, deployment_problem(s))
+    assert s.profile == "auto" or s.profile in shipped_profiles()
+    assert all(isinstance(p, str) and "ignored" in p for p in problems)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(times=st.lists(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(10**20), 10**20),
+                      min_size=1, max_size=4))
+def test_any_arrival_times_run_or_are_refused_at_the_boundary(times):
+    """`sim.run.run` on any arrival times: a result whose summary is finite, or an input error
+    naming the request, within the time limit (an infinite time used to never return)."""
+    from sim.run import SimConfig, run
+
+    reqs = [_req(i, t) for i, t in enumerate(times)]
+    t0 = time.perf_counter()
+    try:
+        summary = run(reqs, SimConfig(model="llama-3.2-1b")).summary()
+    except ValueError as exc:
+        assert is_input_error(exc) and "arrival_s" in str(exc), str(exc)
+    else:
+        assert all(0 <= t <= 1e9 for t in times)
+        assert math.isfinite(summary["duration"]) and summary["completed"] == len(times)
+    assert time.perf_counter() - t0 <= TIME_LIMIT_S
