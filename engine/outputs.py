@@ -5,9 +5,9 @@ output is refused unless `force`, and the location must be writable. One rule, i
 (`refuse_input_overlap`), holds for every command that writes: an output that is, contains, or
 is inside an input (symbolic links resolved) is refused, and `force` never overrides it. A name
 that names no file or folder of its own (empty, `.`, `..`) is refused too; `-` (standard
-output) is the caller's to allow (`is_stdout`). Writing goes to a temporary name in the same folder, renamed into
-place at the end (`staged_file`, `staged_dir`), so an interrupted run leaves the previous
-results as they were, and a replaced run folder never mixes two runs' files.
+output) is the caller's to allow (`is_stdout`). Writing goes to a temporary name in the same
+folder, renamed into place at the end (`staged_file`, `staged_dir`), so an interrupted run
+leaves the previous results as they were, and a replaced run folder never mixes two runs' files.
 
 Lives in engine/ because both the engine's `ReplayResult.write` and the simulator's
 `SimResult.save` use it (engine/ imports neither sim/ nor advisor/).
