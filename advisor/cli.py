@@ -13,12 +13,14 @@ from typing import Annotated
 
 import typer
 
+from advisor import errors
 from advisor.commands import advise as advise_cmd
 from advisor.commands import app as app_cmd
 from advisor.commands import engine as engine_cmd
 from advisor.commands import simulate, workload
 from advisor.commands import validate as validate_cmd
 from advisor.commands.calibrate import calibrate
+from advisor.errors import bug_line
 
 app = typer.Typer(
     help="costline: what each LLM-serving optimization really buys under your traffic.",
@@ -56,19 +58,19 @@ def demo() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The `costline` entry point. An input error already ends as one line and exit status 2
-    (advisor.options.clean_errors); anything else that escapes is a bug: one line and exit
-    status 1, the traceback only with --debug."""
+    (advisor.options.clean_errors); anything else that escapes is a bug (advisor/errors.py): one
+    line saying so and exit status 1, the traceback only with --debug."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args
+    errors.DEBUG = debug
     try:
         app(args=[a for a in args if a != DEBUG_FLAG], prog_name="costline")
     except Exception as exc:  # noqa: BLE001 - the last line of defence, by design
         if debug:
             traceback.print_exc()
         else:
-            what = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-            print(f"error: unexpected {what}\nrun again with {DEBUG_FLAG} for the traceback, and please "
-                  "report it", file=sys.stderr)
+            print(f"error: unexpected {bug_line(exc)}\nrun again with {DEBUG_FLAG} for the traceback, and "
+                  "please report it", file=sys.stderr)
         raise SystemExit(1) from None
 
 

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import inspect
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from functools import wraps
 from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.markup import escape
 
+from advisor import errors
+from advisor.console import console, styled
+from advisor.errors import error_text, is_input_error
 from engine.flags import FLAGS_BY_NAME, Flag, FlagError, parse_size
 from sim.config import SIM_ONLY_FLAGS
-from sim.traces import TraceFormatError
-from sim.workload_source import SourceOptions, SpecFileError
+from sim.workload_source import SourceOptions
 from sim.workload_spec import MAX_REQUESTS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -207,15 +208,21 @@ def cli_message(exc: Exception) -> str:
 
 
 def clean_errors(fn: F) -> F:
-    """Turn input errors into one message on stderr and exit status 2, never a traceback."""
+    """Turn input errors (advisor/errors.py `is_input_error`) into one message on stderr and exit
+    status 2, never a traceback (with --debug the traceback comes first). Anything else is a bug
+    and propagates to the entry point's handler (advisor/cli.py), which says so."""
 
     @wraps(fn)
     def command(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (TraceFormatError, SpecFileError, ValueError, KeyError, OSError) as exc:
-            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else cli_message(exc)
-            Console(stderr=True).print(f"[bold red]error:[/] {escape(msg)}", highlight=False, markup=True, soft_wrap=True)
+        except (ValueError, KeyError, OSError) as exc:
+            if not is_input_error(exc):
+                raise
+            if errors.DEBUG:
+                traceback.print_exc()
+            msg = error_text(exc) if isinstance(exc, KeyError) else cli_message(exc)
+            console(stderr=True).print(styled(("error:", "bold red"), " ", msg), soft_wrap=True)
             raise typer.Exit(code=2) from None
 
     return command  # type: ignore[return-value]

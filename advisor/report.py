@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
+from advisor.console import console as plain_console
+from advisor.console import styled
 
 # What lifts each limit the scheduler rejects a request for (engine/run_summary.rejection_kind).
 _FIXES = {
@@ -33,9 +33,9 @@ def unserved_lines(summary: dict[str, Any]) -> list[str]:
 
 def warn_unserved(summary: dict[str, Any]) -> None:
     """`unserved_lines` on stderr (stdout may carry the summary JSON)."""
-    console = Console(stderr=True)
+    console = plain_console(stderr=True)
     for line in unserved_lines(summary):
-        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        console.print(styled(("warning:", "bold yellow"), " ", line), soft_wrap=True)
 
 
 __all__ = ["unserved_lines", "warn_unserved"]

@@ -5,13 +5,14 @@ optional `validation` field. A summary without those keys ran the first-principl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.input_files import read_json
 from sim.cost_model import PROFILES_DIR
+from sim.profile_files import MAX_PROFILE_BYTES
 
 FIRST_PRINCIPLES = "first principles"
 SCALED = "scaled, not validated"
@@ -32,9 +33,10 @@ class ProfileInfo:
 
 
 def profile_file(name: str) -> Path | None:
-    p = Path(name)
-    if p.suffix and p.is_file():
-        return p
+    """The shipped profile `name` names (sim/profiles/NAME.json); never a path elsewhere: a run's
+    summary and a URL can carry any text, and the page must not read server files by it."""
+    if not name or Path(name).name != name or name.startswith("."):
+        return None
     q = PROFILES_DIR / f"{name}.json"
     return q if q.is_file() else None
 
@@ -44,10 +46,9 @@ def read_profile(name: str) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json(path, max_bytes=MAX_PROFILE_BYTES)
+    except ValueError:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def validation_rows(validation: Any) -> list[dict[str, Any]]:

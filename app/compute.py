@@ -15,6 +15,7 @@ import io
 import tempfile
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,15 +25,27 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from app.scenario import CUSTOM, DEFAULT_TRACE_REQUESTS, UPLOAD, Scenario
+from app import MAX_UPLOAD_MB
+from app.scenario import (
+    APP_MAX_REQUESTS,
+    CUSTOM,
+    DEFAULT_TRACE_REQUESTS,
+    UPLOAD,
+    Scenario,
+    check_budget,
+)
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.generate import generate
 from sim.metrics import jsonable
-from sim.run import LoadedWorkload, run, summarize
+from sim.run import LoadedWorkload, kv_block_coarsening_for, run, summarize
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
 
 MAX_CACHED_RUNS = 32  # a run holds its two tables: ~1-4 MB for 2,000 requests
+# An upload as sent (the uploader refuses larger; `costline app` tells Streamlit the same), and its
+# text once a .gz is inflated: a small gzip bomb is refused while it is read, 1 MB at a time.
+MAX_UPLOAD_BYTES = MAX_UPLOAD_MB << 20
+MAX_UPLOAD_TEXT_BYTES = 64 << 20
 
 
 class UploadError(ValueError):
@@ -77,6 +90,27 @@ def in_page_words(message: str) -> str:
     return message
 
 
+def check_upload(name: str, data: bytes) -> None:
+    """Refuse an upload beyond the dashboard's limits before it is parsed: its size, and for a
+    .gz file the size it inflates to (read in 1 MB pieces, so a bomb never lands in memory whole)."""
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise UploadError(f"{Path(name).name}: {len(data) / 2**20:,.1f} MB; the dashboard takes uploads of up to "
+                          f"{MAX_UPLOAD_MB} MB (`costline simulate -w FILE` takes any size)")
+    if not name.lower().endswith(".gz"):
+        return
+    inflate, total, rest = zlib.decompressobj(16 + zlib.MAX_WBITS), 0, data
+    try:
+        while rest and not inflate.eof:
+            total += len(inflate.decompress(rest, 1 << 20))
+            rest = inflate.unconsumed_tail
+            if total > MAX_UPLOAD_TEXT_BYTES:
+                raise UploadError(f"{Path(name).name}: inflates to more than {MAX_UPLOAD_TEXT_BYTES >> 20} MB of "
+                                  "text; the dashboard takes less (cut the trace, or use `costline simulate`)")
+    except zlib.error as exc:
+        raise UploadError(f"{Path(name).name}: not a complete gzip file ({exc}); upload it again, or "
+                          "uncompressed") from None
+
+
 def source_options(s: Scenario) -> SourceOptions:
     first = s.first
     if first is None and (s.workload in BUILTIN_TRACES or s.workload == UPLOAD):
@@ -101,6 +135,7 @@ def load_scenario_workload(workload: str, spec: str | None, first: int | None, s
     if workload == UPLOAD:
         if upload_name is None or upload_data is None:
             raise ValueError("no file uploaded: upload a trace or spec on the Workload page")
+        check_upload(upload_name, upload_data)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(upload_name).name
             path.write_bytes(upload_data)
@@ -122,7 +157,12 @@ def scenario_workload(s: Scenario, upload: Upload | None) -> Workload:
 def simulate(s: Scenario, upload: Upload | None, progress: Callable[[float], None] | None = None) -> RunOutput:
     """One simulation of a scenario, uncached."""
     wl = scenario_workload(s, upload)
+    if len(wl) > APP_MAX_REQUESTS:
+        raise ValueError(f"{len(wl):,} requests: the dashboard simulates at most {APP_MAX_REQUESTS:,} (set 'the "
+                         "first N requests' lower, or use `costline simulate`)")
     loaded = LoadedWorkload(list(wl.requests), wl.name, list(wl.notes))
+    # the simulation budget, with the workload's own block coarsening now that it is known
+    check_budget(s, kv_block_coarsening_for("auto", s.engine().block_size, loaded.requests))
     t0 = time.perf_counter()
     result = run(loaded, s.sim_config(), progress=progress)
     wall_s = time.perf_counter() - t0
@@ -177,10 +217,13 @@ def run_scenario(s: Scenario, upload: Upload | None,
 
 
 __all__ = [
+    "MAX_UPLOAD_BYTES",
+    "MAX_UPLOAD_MB",
     "RunCache",
     "RunOutput",
     "Upload",
     "UploadError",
+    "check_upload",
     "load_scenario_workload",
     "run_cache",
     "run_scenario",

@@ -45,11 +45,12 @@ def prefix_reuse_curve(hash_ids: Iterable[Sequence[int]], prompt_len: np.ndarray
 
 
 def _bin_width(duration_s: float) -> float:
-    """About a hundred bars over the workload's span, at a round width."""
-    for width in (0.1, 0.5, 1, 5, 10, 30, 60, 300, 600):
+    """About a hundred bars over the workload's span, at a round width; never more than ~150 bars,
+    however long the span (a trace spanning years gets wide bars, not billions of them)."""
+    for width in (0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 3600):
         if duration_s / width <= 150:
             return float(width)
-    return 3600.0
+    return float(max(3600.0, math.ceil(duration_s / 150 / 3600) * 3600))
 
 
 def arrivals_figure(wl: Workload) -> go.Figure:

@@ -16,6 +16,7 @@ import streamlit as st
 from app.figures import cost_line_figure, gap_figure, waterfall_figure
 from app.scenario import FLAGS
 from app.widgets import fmt
+from engine.input_files import InputFileError, decode_utf8, parse_json
 
 METRICS = (("goodput_rps", "Goodput (req/s)"), ("throughput_tok_s", "Throughput (tok/s)"),
            ("ttft_p99_ms", "p99 TTFT (ms)"), ("tpot_p99_ms", "p99 TPOT (ms)"),
@@ -45,6 +46,9 @@ def as_dict(rec: Any) -> dict[str, Any]:
     elif dataclasses.is_dataclass(rec) and not isinstance(rec, type):
         rec = dataclasses.asdict(rec)
     data = json.loads(json.dumps(rec, default=str))
+    if not isinstance(data, dict):
+        raise RecommendationError(f"not a recommendation: a JSON {type(data).__name__}, not an object "
+                                  "(load the recommendation.json `costline advise --out` writes)")
     missing = [k for k in ("best", "baseline", "ladder") if k not in data]
     if missing:
         raise RecommendationError(f"not a recommendation: missing {', '.join(missing)} "
@@ -54,8 +58,8 @@ def as_dict(rec: Any) -> dict[str, Any]:
 
 def load_json(data: bytes) -> dict[str, Any]:
     try:
-        return as_dict(json.loads(data.decode("utf-8")))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return as_dict(parse_json(decode_utf8("recommendation.json", data), "recommendation.json"))
+    except InputFileError as exc:
         raise RecommendationError(f"not a JSON recommendation ({exc}); load a recommendation.json") from None
 
 

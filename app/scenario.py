@@ -6,6 +6,14 @@ default, by its vLLM name). `to_query_params` / `from_query_params` make it shar
 carries only what differs from the defaults, and an edited spec travels compressed in `spec`.
 An upload's bytes do not travel (a URL cannot hold a trace); the page says so.
 
+Anyone who can open the dashboard can write its URL, so a scenario names only what ships with the
+package (presets, built-in traces, shipped profiles, model and GPU presets): never a path on the
+server. Every number is bounded as the command line bounds its flag, and by the dashboard's own
+budget (`APP_MAX_REQUESTS` requests, `APP_MAX_SIMULATED_BLOCKS` KV blocks a page may simulate),
+so no link can make a page load read a file, run for minutes or take gigabytes. A parameter that
+does not pass is ignored and named (`from_query_params`), and so is one the deployment refuses
+(a memory share the model does not fit in, a budget below --max-num-seqs).
+
 No Streamlit here, so the round-trip is unit-tested without a browser.
 """
 
@@ -16,11 +24,18 @@ import json
 import zlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.flags import Flag
-from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
-from sim.run import SimConfig
+from engine.input_files import plain_message
+from engine.model_spec import MODEL_PRESETS
+from engine.run_summary import SLO
+from sim.builtin_traces import BUILTIN_TRACES
+from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig, RouterPolicy
+from sim.hardware import GPU_PRESETS
+from sim.profile_files import shipped_profiles
+from sim.run import MAX_NUM_GPUS, SimConfig, check_simulation_size
+from sim.workload_presets import preset_names
 from sim.workload_spec import WorkloadSpec
 
 FLAGS: dict[str, Flag] = {f.name: f for f in ENGINE_CONFIG_FLAGS}
@@ -33,6 +48,12 @@ SIM_DEFAULT_PROFILE = SimConfig.model_fields["profile"].default
 DEFAULT_PROFILE = SIM_DEFAULT_PROFILE or "auto"
 UPLOAD = "upload"  # the workload name of an uploaded trace or spec
 CUSTOM = "custom"  # the workload name of a spec edited on the Workload page
+# What one page load may simulate: ~10 s and ~250 MB on a 2-core server at most. The command line
+# has no such budget (a user's own machine); a dashboard is shared by whoever has its address.
+APP_MAX_REQUESTS = 10_000
+APP_MAX_SIMULATED_BLOCKS = 2_000_000  # ~110 bytes each in the simulator's block manager
+MAX_SPEC_JSON_BYTES = 1 << 20  # an edited spec in the URL, unpacked
+MAX_SEED = 2**53 - 1  # the largest integer a browser number input holds exactly
 
 
 class QueryParamError(ValueError):
@@ -46,19 +67,88 @@ class Scenario(BaseModel):
 
     workload: str = DEFAULT_WORKLOAD
     spec: str | None = Field(None, description="the edited WorkloadSpec as JSON (workload 'custom')")
-    first: int | None = Field(None, ge=1, description="simulate a trace's first N requests")
+    first: int | None = Field(None, ge=1, le=APP_MAX_REQUESTS, description="simulate a trace's first N requests")
     trace_format: Literal["auto", "mooncake", "azure", "burstgpt"] = "auto"
     lenient: bool = Field(False, description="skip a trace's bad rows (counted) instead of refusing it")
     model: str = "llama-3.1-8b"
     gpu: str = "h200"
-    num_gpus: int = Field(1, ge=1, le=4096)
+    num_gpus: int = Field(1, ge=1, le=MAX_NUM_GPUS)
     slo: str = DEFAULT_SLO
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     profile: str = DEFAULT_PROFILE
-    router: str = "least_loaded"
+    router: RouterPolicy = "least_loaded"
     disagg: str = Field("", description="disaggregated prefill, P:D replica counts (costline simulate --disagg)")
     kv_link: Literal["network", "nvlink"] = "network"
     flags: dict[str, Any] = Field(default_factory=dict, description="engine flags that differ from the defaults")
+
+    @field_validator("workload")
+    @classmethod
+    def _shipped_workload(cls, v: str) -> str:
+        if v in (CUSTOM, UPLOAD) or v in preset_names() or v in BUILTIN_TRACES:
+            return v
+        raise ValueError(f"{v!r} is not a preset or built-in trace ({', '.join([*preset_names(), *BUILTIN_TRACES])});"
+                         " the dashboard reads your own files only as uploads (Workload page)")
+
+    @field_validator("spec")
+    @classmethod
+    def _bounded_spec(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if len(v) > MAX_SPEC_JSON_BYTES:
+            raise ValueError(f"the edited spec is {len(v):,} bytes; at most {MAX_SPEC_JSON_BYTES:,}")
+        spec = WorkloadSpec.model_validate_json(v)
+        if spec.num_requests > APP_MAX_REQUESTS:
+            raise ValueError(f"the spec asks for {spec.num_requests:,} requests; the dashboard simulates at most "
+                             f"{APP_MAX_REQUESTS:,} (`costline simulate` takes more)")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model_preset(cls, v: str) -> str:
+        if v not in MODEL_PRESETS:
+            raise ValueError(f"{v!r} is not a model preset ({', '.join(MODEL_PRESETS)})")
+        return v
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_preset(cls, v: str) -> str:
+        if v not in GPU_PRESETS:
+            raise ValueError(f"{v!r} is not a GPU preset ({', '.join(GPU_PRESETS)})")
+        return v
+
+    @field_validator("profile")
+    @classmethod
+    def _shipped_profile(cls, v: str) -> str:
+        if v == "auto" or v in shipped_profiles():
+            return v
+        raise ValueError(f"{v!r} is not a shipped cost profile (auto, {', '.join(shipped_profiles())}); the "
+                         "dashboard never reads a profile from a path")
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, v: str) -> str:
+        SLO.parse(v)  # a malformed pair is refused, naming it
+        return v
+
+    @field_validator("disagg")
+    @classmethod
+    def _disagg(cls, v: str) -> str:
+        if v:
+            from advisor.commands.simulate import parse_disagg
+
+            d = parse_disagg(v, link="network", link_gb_per_s=None, link_latency_ms=None)
+            if d is not None and d.num_prefill_replicas + d.num_decode_replicas > MAX_NUM_GPUS:
+                raise ValueError(f"{v!r}: more than {MAX_NUM_GPUS} replicas")
+        return v
+
+    @field_validator("flags")
+    @classmethod
+    def _flags(cls, v: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(v) - set(FLAGS))
+        if unknown:
+            raise ValueError(f"not engine flags: {', '.join(unknown)}")
+        EngineConfig(**v)
+        return v
 
     def engine(self) -> EngineConfig:
         return EngineConfig(**self.flags)
@@ -102,7 +192,10 @@ def pack_spec(spec_json: str) -> str:
 
 def unpack_spec(packed: str) -> str:
     try:
-        raw = zlib.decompress(base64.urlsafe_b64decode(packed + "=" * (-len(packed) % 4)))
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(base64.urlsafe_b64decode(packed + "=" * (-len(packed) % 4)), MAX_SPEC_JSON_BYTES)
+        if inflate.unconsumed_tail:  # a zip bomb in a link: refused before it is inflated
+            raise ValueError(f"it unpacks to more than {MAX_SPEC_JSON_BYTES:,} bytes")
         return WorkloadSpec.model_validate_json(raw).model_dump_json()
     except (ValueError, zlib.error) as exc:
         first = str(exc).splitlines()[0]
@@ -150,7 +243,13 @@ def parse_flag_value(flag: Flag, text: str) -> Any:
 
 def from_query_params(params: dict[str, str]) -> tuple[Scenario, list[str]]:
     """The scenario a URL describes, and one message per parameter that was ignored (unknown,
-    unparsable or out of range), naming it: a shared link never breaks the page."""
+    unparsable, out of range, or refused by the deployment it describes), naming it: a shared
+    link never breaks the page, and never reaches a simulation the command line would refuse."""
+    scenario, problems = _parsed(params)
+    return _deployable(scenario, params, problems), problems
+
+
+def _parsed(params: dict[str, str]) -> tuple[Scenario, list[str]]:
     problems: list[str] = []
     by_param = {flag_param(f): f for f in ENGINE_CONFIG_FLAGS}
     values: dict[str, Any] = {}
@@ -173,11 +272,108 @@ def from_query_params(params: dict[str, str]) -> tuple[Scenario, list[str]]:
     return _validated(values, flags, problems), problems
 
 
+# Scenario fields a deployment depends on, and the URL parameter of each.
+_DEPLOYMENT = ("num_gpus", "model", "gpu", "disagg", "kv_link", "router", "profile", "first", "workload", "spec", "seed")
+
+
+def deployment_problem(s: Scenario) -> str | None:
+    """Why the scenario cannot be simulated on a dashboard (None: it can): vLLM's start-up rules,
+    the model fitting its GPUs, the dashboard's simulation budget, and an edited spec that
+    generates (its arrivals within the simulation clock)."""
+    refusal = _refusal(s)
+    return None if refusal is None else refusal[0]
+
+
+def _refusal(s: Scenario) -> tuple[str, str | None] | None:
+    """(the message, the field it names, if any), or None when the scenario may run."""
+    from advisor.options import cli_message
+
+    try:
+        check_budget(s)
+        if s.spec:
+            from sim.generate import generate
+            from sim.workload_source import SourceOptions, check_arrival_times
+
+            spec = WorkloadSpec.model_validate_json(s.spec).with_overrides(seed=s.seed)
+            check_arrival_times(generate(spec), "the edited spec", SourceOptions())
+    except (ValidationError, ValueError) as exc:
+        cause = exc
+        if isinstance(exc, ValidationError) and exc.errors():
+            cause = (exc.errors()[0].get("ctx") or {}).get("error", exc)
+        return cli_message(exc).splitlines()[0], getattr(cause, "field", None)
+    return None
+
+
+def check_budget(s: Scenario, coarsening: int | None = None) -> None:
+    """Refuse a scenario whose simulated KV pools exceed the dashboard's budget (or that vLLM would
+    refuse to start). `coarsening` is the workload's (None: the finest its source can have)."""
+    cfg = s.sim_config()
+    deployment = cfg.deployment()
+    check_simulation_size(deployment, coarsening or workload_coarsening(s), limit=APP_MAX_SIMULATED_BLOCKS,
+                          limit_hint="the dashboard's budget; `costline simulate` takes more")
+
+
+def workload_coarsening(s: Scenario) -> int:
+    """The KV block coarsening 'auto' gives the scenario's workload, before it is loaded: from the
+    hash block its source records (an upload's is not known yet: the finest, 1)."""
+    from sim.run import kv_block_coarsening_for
+
+    if s.workload in BUILTIN_TRACES:
+        hash_block = BUILTIN_TRACES[s.workload].hash_block_size
+    elif s.workload == UPLOAD:
+        return 1
+    else:
+        from sim.workload_presets import get_preset
+
+        hash_block = (s.workload_spec() or get_preset(s.workload if s.workload in preset_names()
+                                                      else DEFAULT_WORKLOAD)).hash_block_size
+    block = s.engine().block_size
+
+    class _R:  # what kv_block_coarsening_for reads of a request
+        hash_block_size = hash_block
+
+    return kv_block_coarsening_for("auto", block, [_R()])  # type: ignore[list-item]
+
+
+# A refused field's URL parameter, where the names differ.
+_PARAM_OF_FIELD = {"disaggregation": "disagg", "slo": "slo"}
+
+
+def _deployable(s: Scenario, params: dict[str, str], problems: list[str]) -> Scenario:
+    """`s`, less the URL parameters its deployment refuses: the one the refusal names (or else the
+    first whose removal alone makes it valid) is dropped and named; failing that, every one the
+    URL set."""
+    refusal = _refusal(s)
+    if refusal is None:
+        return s
+    why, field = refusal
+    default = Scenario()
+    trials: list[tuple[str, Scenario]] = []
+    for name in s.flags:
+        if flag_param(FLAGS[name]) in params:
+            trial = s.model_copy(update={"flags": {k: v for k, v in s.flags.items() if k != name}})
+            trials.append((flag_param(FLAGS[name]), trial))
+    for name in _DEPLOYMENT:
+        if name in params and getattr(s, name) != getattr(default, name):
+            trials.append((name, s.model_copy(update={name: getattr(default, name)})))
+    named = FLAGS[field].cli.removeprefix("--") if field in FLAGS else _PARAM_OF_FIELD.get(field or "", field)
+    trials.sort(key=lambda t: t[0] != named)  # the parameter the refusal names first
+    for param, trial in trials:
+        if _refusal(trial) is None:
+            problems.append(f"query parameter {param}={params[param]}: {why}; ignored")
+            return trial
+    problems.append(f"query parameters {', '.join(p for p, _ in trials) or '(none)'}: {why}; ignored")
+    kept = default.model_copy(update={"workload": s.workload, "spec": s.spec})
+    return default if _refusal(kept) else kept
+
+
 def _one_line(exc: Exception, key: str) -> str:
     if isinstance(exc, QueryParamError):
         return f"{exc}; ignored"
-    msg = str(exc).splitlines()
-    detail = msg[-2].strip() if isinstance(exc, ValidationError) and len(msg) > 1 else msg[0]
+    if isinstance(exc, ValidationError):
+        detail = plain_message(exc.errors()[0])
+    else:
+        detail = str(exc).splitlines()[0]
     return f"query parameter {key}: {detail}; ignored"
 
 
@@ -188,12 +384,20 @@ def _validated(values: dict[str, Any], flags: dict[str, Any], problems: list[str
     except ValidationError as exc:
         bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
         for key in sorted(bad):
-            problems.append(f"query parameter {key}={values.get(key)!r}: "
-                            f"{next(e['msg'] for e in exc.errors() if e['loc'] and e['loc'][0] == key)}; ignored")
+            err = next(e for e in exc.errors() if e["loc"] and e["loc"][0] == key)
+            shown = (", ".join(f"{flag_param(FLAGS[n])}={_flag_text(v)}" for n, v in flags.items()) if key == "flags"
+                     else f"{key}={_shorten(values.get(key))}")
+            problems.append(f"query parameter{'s' if key == 'flags' else ''} {shown}: {plain_message(err)}; ignored")
         return Scenario(**{k: v for k, v in values.items() if k not in bad},
                         flags={} if "flags" in bad else flags)
 
 
-__all__ = ["CUSTOM", "DEFAULT_PROFILE", "DEFAULT_SLO", "DEFAULT_TRACE_REQUESTS", "DEFAULT_WORKLOAD", "FLAGS", "UPLOAD",
-           "QueryParamError", "Scenario", "flag_param", "from_query_params", "pack_spec",
-           "parse_flag_value", "to_query_params", "unpack_spec"]
+def _shorten(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+__all__ = ["APP_MAX_REQUESTS", "APP_MAX_SIMULATED_BLOCKS", "CUSTOM", "DEFAULT_PROFILE", "DEFAULT_SLO",
+           "DEFAULT_TRACE_REQUESTS", "DEFAULT_WORKLOAD", "FLAGS", "UPLOAD", "QueryParamError", "Scenario", "check_budget",
+           "deployment_problem", "flag_param", "from_query_params", "pack_spec", "parse_flag_value", "to_query_params",
+           "unpack_spec", "workload_coarsening"]

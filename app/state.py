@@ -51,8 +51,18 @@ def sync_url() -> None:
 
 
 def show_url_problems() -> None:
+    """One warning per ignored URL parameter; what the link carried is shown as text, never as
+    Markdown (a link or image in a parameter stays inert)."""
     for msg in st.session_state.get(PROBLEMS, []):
-        st.warning(msg)
+        st.warning(inert_markdown(msg))
+
+
+_MARKDOWN = str.maketrans({c: "\\" + c for c in "[]<>`$"})
+
+
+def inert_markdown(text: str) -> str:
+    """`text` with the characters that make Markdown links, images, HTML, code and maths escaped."""
+    return text.translate(_MARKDOWN)
 
 
 __all__ = ["init", "scenario", "show_url_problems", "sync_url", "update", "upload"]

@@ -9,12 +9,12 @@ from typing import Any
 
 import streamlit as st
 
-from app.scenario import DEFAULT_PROFILE, Scenario
+from app.scenario import DEFAULT_PROFILE, MAX_SEED, Scenario
 from engine.flags import Flag
 from engine.model_spec import MODEL_PRESETS
 from sim.config import ENGINE_CONFIG_FLAGS
-from sim.cost_model import PROFILES_DIR
 from sim.hardware import GPU_PRESETS
+from sim.profile_files import shipped_profiles
 
 ROUTERS = ("least_loaded", "round_robin", "prefix_aware")
 AUTO = "(auto)"  # a flag left to vLLM's start-up default
@@ -68,8 +68,8 @@ def flag_controls(s: Scenario) -> dict[str, Any]:
 
 
 def profile_names() -> list[str]:
-    names = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
-    return list(dict.fromkeys([DEFAULT_PROFILE, "default", *names]))
+    """The profiles a scenario may name: auto and the shipped ones (never a path)."""
+    return list(dict.fromkeys([DEFAULT_PROFILE, "default", *shipped_profiles()]))
 
 
 def _select(label: str, options: list[str], current: str, key: str, help_: str | None = None) -> str:
@@ -89,13 +89,25 @@ def deployment_controls(s: Scenario) -> dict[str, Any]:
         "router": _select("router", list(ROUTERS), s.router, "dep.router", "how requests reach replicas"),
         "profile": _select("cost profile", profile_names(), s.profile, "dep.profile",
                            "step-cost profile (sim/profiles); the Calibration page shows which one ran"),
-        "seed": st.number_input("seed", min_value=0, value=s.seed, step=1, key="dep.seed"),
+        "seed": st.number_input("seed", min_value=0, max_value=MAX_SEED, value=s.seed, step=1, key="dep.seed"),
         "disagg": st.text_input("disaggregated prefill (P:D replicas)", value=s.disagg, key="dep.disagg",
                                 placeholder="off; e.g. 3:1", help="prefill and decode on separate replicas; "
                                 "the GPU count then follows (P + D) x --tensor-parallel-size").strip(),
         "kv_link": _select("P/D KV link", ["network", "nvlink"], s.kv_link, "dep.kv_link",
                            "how KV moves from prefill to decode replicas"),
     }
+
+
+def error_text(exc: BaseException) -> str:
+    """An error as a page shows it: an input error's own message (flags by their vLLM spelling), or,
+    for anything else, that it is a bug (never presented as the user's fault)."""
+    from advisor.errors import BUG, is_input_error
+    from advisor.options import cli_message
+
+    if is_input_error(exc):
+        return cli_message(exc) if isinstance(exc, ValueError) else str(exc)
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{BUG}: {type(exc).__name__}{': ' + first if first else ''}; please report it"
 
 
 def fmt(x: Any, digits: int = 2) -> str:
@@ -111,4 +123,5 @@ def fmt(x: Any, digits: int = 2) -> str:
     return str(x)
 
 
-__all__ = ["AUTO", "deployment_controls", "flag_control", "flag_controls", "flag_key", "fmt", "profile_names"]
+__all__ = ["AUTO", "deployment_controls", "error_text", "flag_control", "flag_controls", "flag_key", "fmt",
+           "profile_names"]

@@ -9,6 +9,7 @@ scheduler runs with. No torch here: the simulator imports this module.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from engine.flags import (
     ENGINE_ONLY_FLAGS,
     SCHEDULING_FLAGS,
+    FlagError,
     UsageContext,
     batch_defaults,
     check_batch,
@@ -94,6 +96,14 @@ class EngineArgs(flag_model("_EngineFields", ENGINE_ONLY_FLAGS, SchedulingArgs))
     @classmethod
     def _parse_spec(cls, v: Any) -> Any:
         return parse_speculative_config(v)
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, v: str) -> str:
+        # whether the device is there is engine/preflight.py's to say (it needs torch)
+        if not re.fullmatch(r"auto|cpu|cuda(:\d{1,3})?", v):
+            raise FlagError("device", repr(v), "must be auto, cpu, cuda or cuda:N (N: the GPU's index)")
+        return v
 
     @property
     def num_speculative_tokens(self) -> int:

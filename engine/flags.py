@@ -91,6 +91,8 @@ class Flag:
         kind = {int: "an integer", float: "a number", bool: "true or false"}.get(self.type, "a string")
         if self.gt is not None and self.le is not None:
             return f"must be in ({self.gt:g}, {self.le:g}]"
+        if self.ge is not None and self.le is not None:
+            return f"must be {kind} from {self.ge:g} to {self.le:g}"
         if self.ge is not None:
             return f"must be {kind} >= {self.ge:g}"
         if self.gt is not None:
@@ -156,7 +158,9 @@ SCHEDULING_FLAGS: tuple[Flag, ...] = (
          "other than A100, else 256", ge=1, human_size=True),
     Flag("max_model_len", int, None, "prompt + output cap per request; default the model's "
          "max_position_embeddings", ge=1, human_size=True),
-    Flag("block_size", int, 16, "tokens per KV block (FlashAttention wants a multiple of 16)", ge=1),
+    # vLLM takes 1-128 on most GPU backends and sizes hybrid models' blocks itself (2,048, vllm#53749);
+    # far beyond that a block is a whole prompt, and a 1e9-token block only exhausts memory
+    Flag("block_size", int, 16, "tokens per KV block (FlashAttention wants a multiple of 16)", ge=1, le=4096),
     Flag("gpu_memory_utilization", float, 0.92, "share of GPU memory for weights, activations and "
          "KV cache (vLLM PR #38284 made it 0.92)", gt=0.0, le=1.0,
          aliases=("--device-memory-utilization",)),

@@ -13,6 +13,7 @@ from typing import Any
 from engine.config import EngineArgs
 from engine.core import EngineCore, RequestState, content_hash_ids
 from engine.model import LlamaModel
+from engine.preflight import check_engine_args
 from engine.records import StepRecord
 from engine.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.sampling import SamplingParams
@@ -55,6 +56,8 @@ class LLM:
                  eos_token_id: int | None = None, **engine_args: Any) -> None:
         engine_args.setdefault("usage_context", "offline")  # vLLM's LLM class has its own defaults
         self.config = EngineArgs(model=model, **engine_args)
+        if llm_model is None:  # device, backend and model size checked before anything is built
+            check_engine_args(self.config)
         eos = (eos_token_id,) if eos_token_id is not None else ()
         self.engine = EngineCore(self.config, model=llm_model, eos_token_ids=eos)
         self._next_id = 0

@@ -13,51 +13,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.hf_config import SUPPORTED_ARCHS, spec_from_hf_config, spec_of_folder
+from engine.input_files import InputFileError, expect, expect_object, read_json
 from engine.model import TORCH_DTYPES, LlamaModel
-from engine.model_spec import ModelSpec, RopeScaling
-
-SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-
-
-def spec_from_hf_config(cfg: dict, name: str = "hf") -> ModelSpec:
-    """A ModelSpec from a parsed HF config.json; clear errors for what the engine lacks."""
-    arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"config.json architectures={arch!r} is not supported; use one of {SUPPORTED_ARCHS}")
-    if cfg.get("attention_bias") and arch != "Qwen2ForCausalLM":
-        raise ValueError("config.json attention_bias=true (a bias on o_proj too) is not supported")
-    # transformers 5 nests rope settings in rope_parameters; older configs use rope_theta/rope_scaling.
-    rope = dict(cfg.get("rope_scaling") or {})
-    rope.update(cfg.get("rope_parameters") or {})
-    theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    scaling = None
-    if rope_type == "llama3":
-        scaling = RopeScaling(
-            factor=rope["factor"], low_freq_factor=rope["low_freq_factor"],
-            high_freq_factor=rope["high_freq_factor"],
-            original_max_position_embeddings=rope["original_max_position_embeddings"])
-    elif rope_type != "default":
-        raise ValueError(f"config.json rope type {rope_type!r} is not supported (only 'llama3' or none)")
-    heads = cfg["num_attention_heads"]
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-    return ModelSpec(
-        name=name,
-        num_layers=cfg["num_hidden_layers"],
-        hidden_size=cfg["hidden_size"],
-        num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads", heads),
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        intermediate_size=cfg["intermediate_size"],
-        vocab_size=cfg["vocab_size"],
-        tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-        qkv_bias=arch == "Qwen2ForCausalLM",
-        rope_theta=theta,
-        rope_scaling=scaling,
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-        max_position_embeddings=cfg.get("max_position_embeddings", 8192),
-        dtype=dtype if dtype in TORCH_DTYPES else "bfloat16",
-    )
+from engine.model_spec import ModelSpec
 
 
 def hf_config_from_spec(spec: ModelSpec) -> dict:
@@ -146,16 +105,35 @@ def save_model(model: LlamaModel, path: str | Path, max_shard_bytes: int | None 
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
+def _load_file(file: Path) -> dict[str, torch.Tensor]:
+    """One safetensors file; a damaged one (header, offsets) is named, not a library error."""
+    if not file.is_file():
+        raise InputFileError(f"{file}: no such weights file (the index names it); the checkpoint is incomplete")
+    try:
+        return load_file(str(file))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError for damage
+        raise InputFileError(f"{file}: not a readable safetensors file ({str(exc).splitlines()[0]}); the "
+                             "checkpoint is damaged: download or save it again") from None
+
+
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     single = path / "model.safetensors"
     index = path / "model.safetensors.index.json"
     if single.exists():
-        return load_file(str(single))
+        return _load_file(single)
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        data = read_json(index, what="safetensors index", fix="save the checkpoint again")
+        weight_map = expect_object(index, ["weight_map"], data.get("weight_map"))
+        files = set()
+        for name, f in weight_map.items():
+            expect(index, ["weight_map", name], f, str, "a file name")
+            if Path(f).name != f or f in (".", ".."):  # a shard lives in the model folder, nowhere else
+                raise InputFileError(f"{index}: key 'weight_map.{name}' names {f!r}, not a file in {path}; "
+                                     "a shard must be a plain file name")
+            files.add(f)
         out: dict[str, torch.Tensor] = {}
-        for f in files:
-            out |= load_file(str(path / f))
+        for f in sorted(files):
+            out |= _load_file(path / f)
         return out
     raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json found")
 
@@ -164,10 +142,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
                attention_backend: str = "torch", max_positions: int | None = None) -> LlamaModel:
     """Build the model a HF-style directory describes and copy its weights in."""
     path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face-style model directory)")
-    spec = spec_from_hf_config(json.loads(cfg_file.read_text()), name=path.name)
+    spec = spec_of_folder(path)  # checked, and sized against the device before LlamaModel allocates
     model = LlamaModel(spec, max_positions=max_positions or min(spec.max_position_embeddings, 8192),
                        device=device, dtype=dtype, attention_backend=attention_backend, seed=None)
     tensors = _read_tensors(path)
@@ -201,4 +176,4 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     return model
 
 
-__all__ = ["TORCH_DTYPES", "hf_config_from_spec", "load_model", "save_model", "spec_from_hf_config"]
+__all__ = ["SUPPORTED_ARCHS", "TORCH_DTYPES", "hf_config_from_spec", "load_model", "save_model", "spec_from_hf_config"]

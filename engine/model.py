@@ -24,6 +24,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.model_spec import ModelSpec
+from engine.preflight import check_weights_fit
 from kernels import Backend, get_backend
 
 if TYPE_CHECKING:
@@ -148,6 +149,7 @@ class LlamaModel(nn.Module):
         self.spec = spec
         device = torch.device(device)
         dtype = dtype or TORCH_DTYPES[spec.dtype]
+        check_weights_fit(spec, dtype.itemsize, device)  # before a byte is allocated
         self.dtype = dtype
         kw = {"device": device, "dtype": dtype}
         self.embed_tokens = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, **kw))

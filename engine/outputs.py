@@ -1,10 +1,13 @@
 """Output files and run folders that never overwrite by accident and never end half-written.
 
 Checks run before any work (`check_output_file`, `check_output_dir`): an existing non-empty
-output is refused unless `force`, an output that is (or holds) an input is always refused, and
-the location must be writable. Writing goes to a temporary name in the same folder, renamed into
-place at the end (`staged_file`, `staged_dir`), so an interrupted run leaves the previous
-results as they were, and a replaced run folder never mixes two runs' files.
+output is refused unless `force`, and the location must be writable. One rule, in one function
+(`refuse_input_overlap`), holds for every command that writes: an output that is, contains, or
+is inside an input (symbolic links resolved) is refused, and `force` never overrides it. A name
+that names no file or folder of its own (empty, `.`, `..`) is refused too; `-` (standard
+output) is the caller's to allow (`is_stdout`). Writing goes to a temporary name in the same
+folder, renamed into place at the end (`staged_file`, `staged_dir`), so an interrupted run
+leaves the previous results as they were, and a replaced run folder never mixes two runs' files.
 
 Lives in engine/ because both the engine's `ReplayResult.write` and the simulator's
 `SimResult.save` use it (engine/ imports neither sim/ nor advisor/).
@@ -39,15 +42,52 @@ def _umask() -> int:
     return mask
 
 
-def _same_path(a: Path, b: Path) -> bool:
-    if a.exists() and b.exists():
-        return os.path.samefile(a, b)
-    return a.resolve() == b.resolve()
+STDOUT = "-"
+
+
+def is_stdout(path: str | Path | None) -> bool:
+    """Whether an output option names standard output (`-o -`)."""
+    return path is not None and str(path) == STDOUT
+
+
+def _real(p: Path) -> Path:
+    """`p` with every symbolic link resolved (the missing tail of a path taken as written)."""
+    return Path(os.path.realpath(p))
 
 
 def _existing_inputs(inputs: Iterable[str | Path | None]) -> list[Path]:
     """The inputs that name files or folders on disk (a preset name is not a path)."""
-    return [Path(p) for p in inputs if p is not None and str(p) and Path(p).exists()]
+    return [Path(p) for p in inputs if p is not None and str(p) and os.path.lexists(p)]
+
+
+def refuse_input_overlap(path: str | Path, inputs: Iterable[str | Path | None], flag: str) -> None:
+    """The one rule for every output: refused when it is an input, contains one (a folder
+    holding it) or is inside one (a file or folder in an input folder), after resolving
+    symbolic links. No `--force` overrides it: writing there would destroy or mix into an input."""
+    out = _real(Path(path))
+    for src in _existing_inputs(inputs):
+        real = _real(src)
+        same = out == real or (out.exists() and real.exists() and os.path.samefile(out, real))
+        if same:
+            raise OutputPathError(f"{flag} {path} is also the input {src}: writing it would destroy the "
+                                  f"input (--force never overrides this); choose another {flag}")
+        if real.is_relative_to(out):
+            raise OutputPathError(f"{flag} {path} holds the input {src}: replacing it would destroy the "
+                                  f"input (--force never overrides this); choose another {flag}")
+        if out.is_relative_to(real):
+            raise OutputPathError(f"{flag} {path} is inside the input {src}: writing there would change "
+                                  f"the input (--force never overrides this); choose a {flag} outside it")
+
+
+def _refuse_no_name(path: Path, flag: str, noun: str) -> None:
+    """An output must name a file or folder of its own: not empty, `.`, `..` or `-`."""
+    example = f"{flag} {'runs/a' if noun == 'folder' else 'out.json'}"
+    if is_stdout(path):
+        raise OutputPathError(f"{flag} -: this command writes a {noun}, not standard output; give its name, "
+                              f"e.g. {example}")
+    if path.name in ("", ".", ".."):
+        raise OutputPathError(f"{flag} {str(path)!r} is empty or names no {noun} of its own ('.', '..'); give "
+                              f"a new name, e.g. {example}")
 
 
 def _probe_writable(folder: Path, flag: str, path: Path) -> None:
@@ -67,10 +107,8 @@ def check_output_file(path: str | Path, *, flag: str, force: bool = False,
     """Refuse `path` as an output file unless it can be written now without losing anything.
     `flag` and `force_hint` are how the caller spells the option and the override."""
     path = Path(path)
-    for src in _existing_inputs(inputs):
-        if _same_path(path, src):
-            raise OutputPathError(f"{flag} {path} is also the input {src}: writing it would destroy the "
-                                  f"input; choose another {flag}")
+    _refuse_no_name(path, flag, "file")
+    refuse_input_overlap(path, inputs, flag)
     if path.is_dir():
         raise OutputPathError(f"{flag} {path} is a folder; give a file name, e.g. {path / 'out.json'}")
     if path.exists() and not path.is_file():
@@ -99,10 +137,8 @@ def check_output_dir(path: str | Path, *, flag: str, force: bool = False,
     """Refuse `path` as a run folder unless it can be written now without losing anything.
     A missing folder (and its parents) is created only when the run is written."""
     path = Path(path)
-    for src in _existing_inputs(inputs):
-        if _same_path(path, src) or path.resolve() in src.resolve().parents:
-            raise OutputPathError(f"{flag} {path} holds the input {src}: replacing it would destroy the "
-                                  f"input; choose another {flag}")
+    _refuse_no_name(path, flag, "folder")
+    refuse_input_overlap(path, inputs, flag)
     if path.exists() and not path.is_dir():
         raise OutputPathError(f"{flag} {path} is a file; give a folder for the run's files")
     if path.is_dir() and any(path.iterdir()):
@@ -180,4 +216,5 @@ def _swap_in(tmp: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-__all__ = ["RUN_FILES", "OutputPathError", "check_output_dir", "check_output_file", "staged_dir", "staged_file"]
+__all__ = ["RUN_FILES", "STDOUT", "OutputPathError", "check_output_dir", "check_output_file", "is_stdout",
+           "refuse_input_overlap", "staged_dir", "staged_file"]

@@ -194,10 +194,10 @@ def good_mask(requests: dict[str, np.ndarray], slo: SLO | None) -> np.ndarray:
 
 def peaks(requests: dict[str, np.ndarray], steps: dict[str, np.ndarray]) -> tuple[float, int]:
     """(most output tokens ended in one 1-second bin, most requests in the system at once)."""
-    if steps["t_start_s"].size:
+    if steps["t_start_s"].size:  # occupied bins only: memory grows with the steps, not the span
         ends = steps["t_start_s"] + steps["total_s"]
-        bins = np.floor(ends - float(steps["t_start_s"].min())).astype(np.int64)
-        max_tok = float(np.bincount(bins, weights=steps["num_output_tokens"]).max())
+        bins = np.unique(np.floor(ends - float(steps["t_start_s"].min())), return_inverse=True)[1]
+        max_tok = float(np.bincount(bins.ravel(), weights=steps["num_output_tokens"]).max())
     else:
         max_tok = 0.0
     fin = np.where(np.isnan(requests["finish_s"]), np.inf, requests["finish_s"])

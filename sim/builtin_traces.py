@@ -19,6 +19,7 @@ class BuiltinTrace:
     file: str  # in TRACES_DIR
     description: str
     licence: str
+    hash_block_size: int = 16  # tokens per hash id as loaded (Mooncake: 512; the CSV traces: fresh 16s)
 
     @property
     def path(self) -> Path:
@@ -28,7 +29,7 @@ class BuiltinTrace:
 BUILTIN_TRACES: dict[str, BuiltinTrace] = {t.name: t for t in (
     BuiltinTrace("mooncake-conversation", "mooncake_conversation_trace.jsonl.gz",
                  "real trace: Kimi conversations (Mooncake FAST'25), 12,031 requests in 59 min, prompts "
-                 "mean 12k tokens, 37% prefix reuse known per 512-token block", "Apache-2.0"),
+                 "mean 12k tokens, 37% prefix reuse known per 512-token block", "Apache-2.0", 512),
     BuiltinTrace("azure-code-2023", "AzureLLMInferenceTrace_code.csv.gz",
                  "real trace: Azure coding service (Splitwise, ISCA'24), 8,819 requests in 57 min, very "
                  "bursty, prompts mean 2k tokens, outputs median 13", "CC-BY-4.0"),

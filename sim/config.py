@@ -127,6 +127,9 @@ class EngineConfig(flag_model("_EngineConfigFields", SIM_ONLY_FLAGS, SchedulingA
             except json.JSONDecodeError as e:
                 raise ValueError(f"speculative_config is not valid JSON ({e.msg}); "
                                  """e.g. '{"method":"ngram","num_speculative_tokens":4}'""") from None
+            except (RecursionError, ValueError) as e:  # absurd nesting, a 4,300-digit number
+                raise ValueError(f"speculative_config is not usable JSON ({e or 'nested too deeply'}); "
+                                 """e.g. '{"method":"ngram","num_speculative_tokens":4}'""") from None
         return v
 
     @model_validator(mode="after")

@@ -15,12 +15,61 @@ from sim.workload_spec import (
     ZipfLength,
 )
 
+# A Zipf law's support is tabulated up to this many values; past it, the tail (where k^-exponent
+# is smooth) is drawn from the continuous law and rounded, so memory does not grow with max_tokens
+# (10M values were 80 MB per array). A support this small or smaller is drawn exactly, as before.
+ZIPF_EXACT_SUPPORT = 1 << 16
+
 
 def zipf_pmf(exponent: float, low: int, high: int) -> np.ndarray:
     """P(k) for k in [low, high], proportional to k^-exponent."""
     k = np.arange(low, high + 1, dtype=np.float64)
     w = k ** -exponent
     return w / w.sum()
+
+
+def _power_integral(exponent: float, a: float, b: float, extra: float = 0.0) -> float:
+    """Integral of x^(extra - exponent) over [a, b]."""
+    p = 1.0 + extra - exponent
+    return float(np.log(b / a)) if abs(p) < 1e-12 else float((b**p - a**p) / p)
+
+
+def _zipf_tail(exponent: float, a: float, b: float, q: np.ndarray) -> np.ndarray:
+    """The x in [a, b] below which a fraction q of the continuous law's mass lies."""
+    p = 1.0 - exponent
+    if abs(p) < 1e-12:
+        return a * (b / a) ** q
+    return (a**p + q * (b**p - a**p)) ** (1.0 / p)
+
+
+def _sample_zipf(dist: ZipfLength, n: int, rng: np.random.Generator) -> np.ndarray:
+    low, high, e = dist.min_tokens, dist.max_tokens, dist.exponent
+    if high - low + 1 <= ZIPF_EXACT_SUPPORT:
+        cdf = np.cumsum(zipf_pmf(e, low, high))
+        idx = np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right")
+        return (low + np.minimum(idx, cdf.size - 1)).astype(np.float64)
+    k0 = low + ZIPF_EXACT_SUPPORT  # head low..k0-1 exact; tail k0..high continuous, rounded
+    head = np.cumsum(np.arange(low, k0, dtype=np.float64) ** -e)
+    a, b = k0 - 0.5, high + 0.5
+    tail = _power_integral(e, a, b)
+    u = rng.random(n) * (head[-1] + tail)
+    out = np.empty(n)
+    in_head = u < head[-1]
+    out[in_head] = low + np.minimum(np.searchsorted(head, u[in_head], side="right"), head.size - 1)
+    x = _zipf_tail(e, a, b, (u[~in_head] - head[-1]) / tail)
+    out[~in_head] = np.clip(np.floor(x + 0.5), k0, high)
+    return out
+
+
+def _zipf_mean(dist: ZipfLength) -> float:
+    low, high, e = dist.min_tokens, dist.max_tokens, dist.exponent
+    if high - low + 1 <= ZIPF_EXACT_SUPPORT:
+        pmf = zipf_pmf(e, low, high)
+        return float((pmf * np.arange(low, high + 1)).sum())
+    k = np.arange(low, low + ZIPF_EXACT_SUPPORT, dtype=np.float64)
+    a, b = low + ZIPF_EXACT_SUPPORT - 0.5, high + 0.5
+    mass = float((k**-e).sum()) + _power_integral(e, a, b)
+    return (float((k ** (1 - e)).sum()) + _power_integral(e, a, b, extra=1.0)) / mass
 
 
 def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -37,9 +86,7 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.nda
         # inverse CDF; 1 - U keeps the draw away from U = 0 (an infinite length)
         raw = dist.scale * (1.0 - rng.random(n)) ** (-1.0 / dist.alpha)
     elif isinstance(dist, ZipfLength):
-        cdf = np.cumsum(zipf_pmf(dist.exponent, dist.min_tokens, dist.max_tokens))
-        idx = np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right")
-        raw = (dist.min_tokens + np.minimum(idx, cdf.size - 1)).astype(np.float64)
+        raw = _sample_zipf(dist, n, rng)
     elif isinstance(dist, EmpiricalLength):
         values = np.asarray(dist.values, dtype=np.float64)
         raw = values[rng.integers(0, values.size, n)]
@@ -63,6 +110,5 @@ def mean_length(dist: LengthDist) -> float:
     if isinstance(dist, ParetoLength):
         return dist.alpha * dist.scale / (dist.alpha - 1) if dist.alpha > 1 else float("inf")
     if isinstance(dist, ZipfLength):
-        pmf = zipf_pmf(dist.exponent, dist.min_tokens, dist.max_tokens)
-        return float((pmf * np.arange(dist.min_tokens, dist.max_tokens + 1)).sum())
+        return _zipf_mean(dist)
     return float(np.mean(dist.values))

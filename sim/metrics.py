@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.input_files import read_json
 from engine.outputs import check_output_dir, staged_dir
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
 from engine.run_summary import (
@@ -110,16 +111,9 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ValueError(f"{run_dir}: no summary.json there; pass a directory written by "
                          "`costline simulate --out DIR`")
-    try:
-        summary = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{p}: not UTF-8 text (byte {exc.start}); pass the summary.json of a saved run") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{p}: line {exc.lineno}: not valid JSON ({exc.msg}); the file is damaged or "
-                         "truncated: run the simulation again with --out") from None
-    if not isinstance(summary, dict):  # a bad file is an input error (ValueError: exit status 2)
-        raise ValueError(f"{p}: holds a JSON {type(summary).__name__}, not a run summary (an object)")  # noqa: TRY004
-    return summary
+    # bounded, UTF-8 and syntax errors with line and column, an object: engine/input_files.py
+    return read_json(p, what="run summary", allow_nan=True,
+                     fix="the file is damaged or truncated: run the simulation again with --out")
 
 
 __all__ = [

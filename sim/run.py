@@ -13,11 +13,13 @@ times loads it once with `load` and passes the `LoadedWorkload` to each `run`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.flags import FlagError
@@ -28,9 +30,11 @@ from sim.cost_model import CostProfile
 from sim.hardware import get_gpu
 from sim.memory import plan_memory
 from sim.metrics import SLO, SimResult
+from sim.profile_files import load_profile
 from sim.simulator import Simulation, kv_block_coarsening_for
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
+from sim.workload_spec import MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS
 
 # A deployment of more GPUs than this is refused: every replica is simulated (its scheduler, its
 # KV block pool), memory and time grow linearly with replicas, and 4096 GPUs is beyond any single
@@ -40,6 +44,9 @@ MAX_NUM_GPUS = 4096
 # 5.5 MB for one H200 replica of llama-3.1-8b, 52,826 blocks), so 50M blocks keep a run near 5.5 GB.
 MAX_SIMULATED_BLOCKS = 50_000_000
 SIM_BYTES_PER_BLOCK = 110
+# Engine KV blocks per simulated block: "auto" never goes past 64 (a 1,024-token block at 16);
+# coarser, a request's last block wastes most of the pool and the run models another engine.
+MAX_KV_BLOCK_COARSENING = 64
 
 
 class SimConfig(BaseModel):
@@ -72,8 +79,22 @@ class SimConfig(BaseModel):
     @field_validator("kv_block_coarsening")
     @classmethod
     def _positive(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 1:
-            raise ValueError(f"kv_block_coarsening {v}: use a positive integer or 'auto'")
+        if isinstance(v, int) and not 1 <= v <= MAX_KV_BLOCK_COARSENING:
+            raise FlagError("kv_block_coarsening", v, f"must be an integer from 1 to {MAX_KV_BLOCK_COARSENING}, "
+                            "or 'auto' (coarser blocks model another engine: a request's last block would "
+                            "waste most of the KV pool)")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        get_model(v)  # an unknown preset is refused here, naming the presets
+        return v
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        get_gpu(v)
         return v
 
     def deployment(self) -> DeploymentConfig:
@@ -97,24 +118,29 @@ class SimConfig(BaseModel):
 
 
 def check_simulation_size(deployment: DeploymentConfig, kv_block_coarsening: int,
-                          profile: CostProfile | None = None) -> int:
+                          profile: CostProfile | None = None, *, limit: int = MAX_SIMULATED_BLOCKS,
+                          limit_hint: str = "") -> int:
     """Refuse, before anything is allocated, a deployment whose simulated KV pools would not fit
-    in memory, or whose model does not fit its GPUs (`plan_memory` says which figures). Returns
-    the simulated blocks over all replicas."""
+    in memory (more than `limit` blocks), or whose model does not fit its GPUs (`plan_memory`
+    says which figures). Returns the simulated blocks over all replicas."""
     engine = deployment.engine.resolved_for(deployment.gpu, deployment.model)
     plan = plan_memory(deployment.model, deployment.gpu, engine, profile)
     d = deployment.disaggregation
     replicas = d.num_prefill_replicas + d.num_decode_replicas if d else deployment.num_replicas
     blocks = replicas * max(plan.num_gpu_blocks // kv_block_coarsening, 1)
-    if blocks > MAX_SIMULATED_BLOCKS:
+    if blocks > limit:
         gib = blocks * SIM_BYTES_PER_BLOCK / 2**30
-        figures = (f"would simulate {replicas:,} replica(s) x {plan.num_gpu_blocks:,} KV blocks (~{gib:.0f} GiB "
-                   f"of simulator memory, cap {MAX_SIMULATED_BLOCKS:,} blocks); ")
+        cap = f"cap {limit:,} blocks" + (f", {limit_hint}" if limit_hint else "")
+        figures = (f"would simulate {replicas:,} replica(s) x {plan.num_gpu_blocks:,} KV blocks (~{gib:.1f} GiB "
+                   f"of simulator memory, {cap}); ")
         if engine.num_gpu_blocks_override is not None:
             raise FlagError("num_gpu_blocks_override", engine.num_gpu_blocks_override,
                             figures + "lower {num_gpu_blocks_override} or raise {kv_block_coarsening}")
-        raise FlagError("num_gpus", deployment.num_gpus,
-                        figures + "lower {num_gpus}, or raise {kv_block_coarsening} (e.g. 32 or auto)")
+        if d is not None:  # the GPUs follow from the split
+            raise FlagError("disaggregation", f"{d.num_prefill_replicas}:{d.num_decode_replicas}",
+                            figures + "use fewer replicas in {disaggregation}, or raise {kv_block_coarsening}")
+        coarser = ", or raise {kv_block_coarsening} (e.g. 32 or auto)" if limit == MAX_SIMULATED_BLOCKS else ""
+        raise FlagError("num_gpus", deployment.num_gpus, figures + "lower {num_gpus}" + coarser)
     return blocks
 
 
@@ -130,11 +156,51 @@ class LoadedWorkload:
 WorkloadInput = str | Path | Workload | Sequence[Request] | LoadedWorkload
 
 
+def check_requests(requests: Sequence[Any]) -> list[Request]:
+    """The requests a simulation may take: `Request`s, at most MAX_REQUESTS, each arriving at a
+    finite time in [0, MAX_ARRIVAL_S] s with lengths up to MAX_TOKENS. A NaN or infinite arrival
+    would never be reached (the run would not return) or poison every summary; a negative one
+    would count the time before t = 0 as queueing. ValueError naming the request otherwise."""
+    reqs = list(requests)
+    if not reqs:
+        raise ValueError("the workload has no requests; give at least one")
+    if len(reqs) > MAX_REQUESTS:
+        raise ValueError(f"{len(reqs):,} requests: at most {MAX_REQUESTS:,} are simulated at once; split the workload")
+    for i, r in enumerate(reqs):
+        if not isinstance(r, Request):
+            raise ValueError(f"workload item {i}: a {type(r).__name__}, not an engine.request.Request; give "  # noqa: TRY004
+                             "Requests, a Workload, or a preset, spec or trace name")
+    t = np.fromiter((_time(r.arrival_s) for r in reqs), dtype=np.float64, count=len(reqs))
+    longest = max(max(r.prompt_len, r.output_len) for r in reqs)
+    ok = np.isfinite(t) & (t >= 0) & (t <= MAX_ARRIVAL_S)
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise ValueError(f"request {reqs[i].request_id} (item {i}): arrival_s {reqs[i].arrival_s!r} is not a "
+                         f"finite time from 0 to {MAX_ARRIVAL_S:.0e} s; give every request a finite arrival "
+                         "time in seconds >= 0")
+    if longest > MAX_TOKENS:
+        i = next(i for i, r in enumerate(reqs) if max(r.prompt_len, r.output_len) > MAX_TOKENS)
+        raise ValueError(f"request {reqs[i].request_id} (item {i}): {longest:,} tokens, more than the "
+                         f"{MAX_TOKENS:,} per request any served model takes")
+    return reqs
+
+
+def _time(x: Any) -> float:
+    """A request's arrival as a float; NaN for anything that is not a real number."""
+    if isinstance(x, bool) or not isinstance(x, int | float | np.integer | np.floating):
+        return math.nan
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf
+
+
 def load(workload: WorkloadInput, source: SourceOptions | None = None, *, seed: int = 0) -> LoadedWorkload:
     """`workload` as requests: a preset name, a spec or trace path (read with `source`), a
-    `Workload` or a list of `Request`s. `seed` seeds a generated workload unless `source` does."""
+    `Workload` or a list of `Request`s. `seed` seeds a generated workload unless `source` does.
+    Requests given directly are checked (`check_requests`)."""
     if isinstance(workload, LoadedWorkload):
-        return workload
+        return LoadedWorkload(check_requests(workload.requests), workload.name, workload.notes)
     if isinstance(workload, (str, Path)):
         opts = source or SourceOptions()
         if opts.seed is None:
@@ -142,8 +208,11 @@ def load(workload: WorkloadInput, source: SourceOptions | None = None, *, seed: 
         wl = load_workload(str(workload), opts)
         return LoadedWorkload(list(wl.requests), Path(workload).stem, list(wl.notes))
     if isinstance(workload, Workload):
-        return LoadedWorkload(list(workload.requests), workload.name, list(workload.notes))
-    return LoadedWorkload(list(workload), "requests")
+        return LoadedWorkload(check_requests(workload.requests), workload.name, list(workload.notes))
+    if isinstance(workload, str | bytes | dict) or not isinstance(workload, Sequence | Iterable):
+        raise ValueError(f"workload: a {type(workload).__name__}; give a preset, spec or trace name or path, a "  # noqa: TRY004
+                         "Workload, or a list of Requests")
+    return LoadedWorkload(check_requests(workload), "requests")
 
 
 def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | None = None,
@@ -154,7 +223,7 @@ def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | N
     coarsening = kv_block_coarsening_for(config.kv_block_coarsening, config.engine.block_size,
                                          loaded.requests)
     deployment = config.deployment()
-    profile = CostProfile.resolve(config.profile, config.model, config.gpu)
+    profile = load_profile(config.profile, config.model, config.gpu)
     check_simulation_size(deployment, coarsening, profile)
     sim = Simulation(deployment, loaded.requests, seed=config.seed,
                      profile=profile, slo=config.slo, skip_ahead=config.skip_ahead,
@@ -175,11 +244,13 @@ def summarize(result: SimResult, slo: SLO | None = None) -> dict[str, Any]:
 
 
 __all__ = [
+    "MAX_KV_BLOCK_COARSENING",
     "MAX_NUM_GPUS",
     "MAX_SIMULATED_BLOCKS",
     "LoadedWorkload",
     "SimConfig",
     "WorkloadInput",
+    "check_requests",
     "check_simulation_size",
     "kv_block_coarsening_for",
     "load",

@@ -30,6 +30,7 @@ defect). `keep_failed=True` keeps them as requests with a 1-token output instead
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import io
@@ -47,6 +48,7 @@ from typing import Literal, TextIO
 import numpy as np
 
 from sim.workload import Workload
+from sim.workload_spec import MAX_ARRIVAL_S
 
 TraceFormat = Literal["auto", "mooncake", "azure", "burstgpt"]
 FORMATS = ("mooncake", "azure", "burstgpt")
@@ -110,14 +112,23 @@ class _Rows:
 def _trace_workload(*, path: Path, fmt: str, arrival_s: list[float], prompt_len: list[int],
                     output_len: list[int], hash_block_size: int, skipped: Counter[str], bad_rows_total: int,
                     hash_ids: np.ndarray | None = None, hash_counts: list[int] | None = None,
-                    category: list[str] | str = "default", session_id: list[int] | None = None) -> Workload:
+                    category: list[str] | str = "default", session_id: list[int] | None = None,
+                    lines: list[int] | None = None, time_field: str = "timestamp") -> Workload:
     """The Workload of a loaded trace's rows, with notes on what was skipped. Without `hash_ids`
-    (no prefix information) every block gets a fresh id."""
+    (no prefix information) every block gets a fresh id. `lines` are the rows' line numbers (to
+    name the first one arriving later than MAX_ARRIVAL_S after the first)."""
     if not arrival_s:
         detail = f" ({bad_rows_total} rows skipped: {dict(skipped)})" if bad_rows_total else ""
         raise TraceFormatError(path, None, None, f"no usable requests in this {fmt} trace{detail}",
                                "check that the file is the trace you meant and is not truncated")
     t = np.asarray(arrival_s, dtype=np.float64)
+    late = np.flatnonzero(t - t[0] > MAX_ARRIVAL_S)
+    if late.size:
+        k = int(late[0])
+        raise TraceFormatError(path, lines[k] if lines else None, time_field,
+                               f"this row arrives {t[k] - t[0]:.3g} s after the first, more than the "
+                               f"{MAX_ARRIVAL_S:.0e} s (~31 years) a simulation clock keeps exact",
+                               "check the timestamps' unit and this row (or cut the trace into windows)")
     p = np.asarray(prompt_len, dtype=np.int64)
     sessions = None if session_id is None else np.asarray(session_id, dtype=np.int64)
     if hash_ids is None:
@@ -213,7 +224,7 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
     return _trace_workload(path=path, fmt="mooncake", arrival_s=[r.timestamp_ms / 1000.0 for r in kept],
                            prompt_len=[r.input_length for r in kept], output_len=[r.output_length for r in kept],
                            hash_block_size=bs, hash_ids=flat, hash_counts=counts, skipped=rows.skipped,
-                           bad_rows_total=sum(rows.skipped.values()))
+                           bad_rows_total=sum(rows.skipped.values()), lines=[r.lineno for r in kept])
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +370,7 @@ def load_azure(path: str | Path, *, lenient: bool = False, hash_block_size: int 
     t_ns: list[int] = []
     prompt: list[int] = []
     output: list[int] = []
+    kept_lines: list[int] = []
     last: tuple[int, int] | None = None
     for lineno, r in body:
         if rows.short(lineno, header, r):
@@ -367,6 +379,10 @@ def load_azure(path: str | Path, *, lenient: bool = False, hash_block_size: int 
         if ns is None:
             rows.bad(lineno, "TIMESTAMP", f"{r[col['TIMESTAMP']]!r} is not a date-time",
                      "write it as YYYY-MM-DD HH:MM:SS.fffffff (an optional +HH:MM offset is allowed)", "bad TIMESTAMP")
+            continue
+        if not -(2**63) < ns < 2**63:
+            rows.bad(lineno, "TIMESTAMP", f"{r[col['TIMESTAMP']].strip()} is outside the years 1678-2262 a "
+                     "nanosecond clock holds", "check this row's date", "TIMESTAMP out of range")
             continue
         n_in = rows.count(lineno, "ContextTokens", r[col["ContextTokens"]], 1,
                           "give the prompt length as a positive integer")
@@ -385,10 +401,11 @@ def load_azure(path: str | Path, *, lenient: bool = False, hash_block_size: int 
         t_ns.append(ns)
         prompt.append(n_in)
         output.append(n_out)
+        kept_lines.append(lineno)
     arrival = [] if not t_ns else ((np.asarray(t_ns, dtype=np.int64) - t_ns[0]) / 1e9).tolist()
     return _trace_workload(path=path, fmt="azure", arrival_s=arrival, prompt_len=prompt, output_len=output,
                            hash_block_size=hash_block_size, skipped=rows.skipped,
-                           bad_rows_total=sum(rows.skipped.values()))
+                           bad_rows_total=sum(rows.skipped.values()), lines=kept_lines, time_field="TIMESTAMP")
 
 
 def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: int = 16,
@@ -404,6 +421,7 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
     output: list[int] = []
     category: list[str] = []
     session: list[int] = []
+    kept_lines: list[int] = []
     has_session = "Session ID" in col
     last: tuple[float, int] | None = None
     for lineno, r in body:
@@ -437,6 +455,7 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
         arrival.append(ts)
         prompt.append(n_in)
         output.append(max(n_out, 1))
+        kept_lines.append(lineno)
         kind = r[col["Log Type"]].strip().lower() if "Log Type" in col else ""
         category.append("api" if kind.startswith("api") else "conversation" if kind.startswith("conv") else "default")
         if has_session:
@@ -445,7 +464,8 @@ def load_burstgpt(path: str | Path, *, lenient: bool = False, hash_block_size: i
     return _trace_workload(path=path, fmt="burstgpt", arrival_s=arrival, prompt_len=prompt, output_len=output,
                            hash_block_size=hash_block_size, category=category,
                            session_id=session if has_session else None, skipped=rows.skipped,
-                           bad_rows_total=sum(v for k, v in rows.skipped.items() if not k.startswith("failed")))
+                           bad_rows_total=sum(v for k, v in rows.skipped.items() if not k.startswith("failed")),
+                           lines=kept_lines, time_field="Timestamp")
 
 
 # --------------------------------------------------------------------------- detection, options
@@ -481,37 +501,53 @@ def check_input_file(path: str | Path) -> Path:
     return path
 
 
-def _read_capped(f: io.BufferedIOBase) -> bytes:
-    """Up to MAX_TRACE_BYTES + 1 bytes, in chunks: one read of that size would reserve it all."""
-    chunks: list[bytes] = []
-    total = 0
-    while total <= MAX_TRACE_BYTES and (chunk := f.read(1 << 20)):
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
+# A .gz trace inflates ~4-15x (the shipped Mooncake trace: 3.8x); past this ratio, once some text
+# is out, it is a compression bomb, refused while it is read instead of after gigabytes.
+MAX_GZIP_RATIO = 200
+_RATIO_AFTER_BYTES = 16 << 20
+_CHUNK = 1 << 20
 
 
 def read_text(path: Path, encoding: str) -> str:
-    """The whole (decompressed) file as text, at most MAX_TRACE_BYTES; bytes that are not valid
-    in `encoding` are reported with their line and column."""
+    """The whole (decompressed) file as text, at most MAX_TRACE_BYTES, decoded as it is read: a
+    byte that is not valid in `encoding` is reported with its line and column as soon as it is met
+    (a large binary file is refused after its first megabyte, not after all of it), and a .gz file
+    inflating more than MAX_GZIP_RATIO times is refused as a compression bomb."""
     check_input_file(path)
+    decoder = codecs.getincrementaldecoder(encoding)()
+    parts: list[str] = []
+    total = lines = since_newline = 0
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as f:
-            data = _read_capped(f)
+        with path.open("rb") as raw, (gzip.GzipFile(fileobj=raw, mode="rb") if path.suffix == ".gz" else raw) as f:
+            while True:
+                chunk = f.read(_CHUNK)
+                total += len(chunk)
+                if total > MAX_TRACE_BYTES:
+                    raise TraceFormatError(path, None, None, f"is larger than {MAX_TRACE_BYTES >> 30} GiB of text",
+                                           "cut it into parts (e.g. with `split -l`) or window it before loading")
+                if f is not raw and total > _RATIO_AFTER_BYTES and total > MAX_GZIP_RATIO * max(raw.tell(), 1):
+                    raise TraceFormatError(path, None, None, f"inflates more than {MAX_GZIP_RATIO} times ({raw.tell():,} "
+                                           f"compressed bytes gave {total:,} so far): not a trace but a compression "
+                                           "bomb", "give the trace itself")
+                pending = decoder.getstate()[0]
+                try:
+                    parts.append(decoder.decode(chunk, final=not chunk))
+                except UnicodeDecodeError as exc:
+                    data = pending + chunk
+                    line = lines + data.count(b"\n", 0, exc.start) + 1
+                    nl = data.rfind(b"\n", 0, exc.start)
+                    col = exc.start - nl if nl >= 0 else since_newline - len(pending) + exc.start + 1
+                    raise TraceFormatError(path, line, None, f"byte 0x{data[exc.start]:02x} at column {col} is not "
+                                           f"{exc.encoding}", "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 "
+                                           "FILE > FILE.utf8`) or remove the stray bytes") from None
+                if not chunk:
+                    return "".join(parts)
+                lines += chunk.count(b"\n")
+                nl = chunk.rfind(b"\n")
+                since_newline = len(chunk) - nl - 1 if nl >= 0 else since_newline + len(chunk)
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceFormatError(path, None, None, f"cannot be read ({exc})",
                                "check the file (a .gz file must be a complete gzip archive)") from None
-    if len(data) > MAX_TRACE_BYTES:
-        raise TraceFormatError(path, None, None, f"is larger than {MAX_TRACE_BYTES >> 30} GiB of text",
-                               "cut it into parts (e.g. with `split -l`) or window it before loading")
-    try:
-        return data.decode(encoding)
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise TraceFormatError(path, line, None, f"byte 0x{data[exc.start]:02x} at column {col} is not {exc.encoding}",
-                               "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`) "
-                               "or remove the stray bytes") from None
 
 
 def detect_format(path: str | Path) -> str:
@@ -525,6 +561,9 @@ def detect_format(path: str | Path) -> str:
                                "check the file (a .gz file must be a complete gzip archive)") from None
     if not head.strip():
         raise TraceFormatError(path, None, None, "the file is empty", "give a non-empty trace file")
+    if head.count("\ufffd") > max(8, len(head) // 100) or "\x00" in head:
+        raise TraceFormatError(path, None, None, "is not UTF-8 text (a binary file?)",
+                               "give a trace: Mooncake JSONL, an Azure or a BurstGPT CSV (plain or .gz)")
     first = head.lstrip().splitlines()[0]
     if first.startswith("{"):
         return "mooncake"
@@ -579,16 +618,22 @@ def spread_ties(wl: Workload, seed: int = 0) -> Workload:
 # --------------------------------------------------------------------------- export
 
 
-def export_mooncake(wl: Workload, path: str | Path) -> Path:
+def export_mooncake(wl: Workload, path: str | Path | TextIO) -> Path | TextIO:
     """Write `wl` as Mooncake JSONL (timestamp in integer ms), replayable by
     `vllm bench serve --dataset-name timed_trace --dataset-path FILE
-     --timed-trace-sec-multiplier 0.001 --timed-trace-chunk-hash-size <wl.hash_block_size>`."""
-    path = Path(path)
+     --timed-trace-sec-multiplier 0.001 --timed-trace-chunk-hash-size <wl.hash_block_size>`.
+    `path` may be an open text stream (standard output)."""
     ids, offs = wl.flat_hash_ids()
     ts_ms = np.rint((wl.arrival_s - wl.arrival_s[0]) * 1000.0).astype(np.int64).tolist()
     ids_l, offs_l = ids.tolist(), offs.tolist()
-    with path.open("w", encoding="utf-8") as f:
-        for i, (t, p, o) in enumerate(zip(ts_ms, wl.prompt_len.tolist(), wl.output_len.tolist(), strict=True)):
-            f.write(json.dumps({"timestamp": t, "input_length": p, "output_length": o,
-                                "hash_ids": ids_l[offs_l[i]:offs_l[i + 1]]}, separators=(", ", ": ")) + "\n")
-    return path
+
+    def write(f: TextIO) -> None:
+        f.writelines(json.dumps({"timestamp": t, "input_length": p, "output_length": o,
+                                "hash_ids": ids_l[offs_l[i]:offs_l[i + 1]]}, separators=(", ", ": ")) + "\n" for i, (t, p, o) in enumerate(zip(ts_ms, wl.prompt_len.tolist(), wl.output_len.tolist(), strict=True)))
+
+    if not isinstance(path, str | Path):
+        write(path)
+        return path
+    with Path(path).open("w", encoding="utf-8") as f:
+        write(f)
+    return Path(path)

@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from engine.flags import SCHEDULING_FLAGS
+from engine.input_files import InputFileError, read_json
 from engine.model_spec import ModelSpec, get_model
 from engine.records import STEP_COLUMNS
 from engine.request import Request
@@ -31,8 +32,10 @@ from engine.run_summary import SLO, good_mask
 from sim.calibrate import OPTIONAL_COLUMNS, RECONSTRUCTED_STEPS_FILE, merge_reconstructed
 from sim.config import EngineConfig
 from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
+from sim.engine_runs import EngineRunError, check_engine_summary, check_steps_file, read_run_json
 from sim.hardware import GPUSpec, get_gpu
 from sim.memory import plan_memory
+from sim.profile_files import load_profile, target_mismatch
 from sim.run import LoadedWorkload, SimConfig, run
 from sim.traces import load_mooncake
 from sim.workload_source import all_at_time_zero
@@ -261,15 +264,14 @@ def _count(m: MetricComparison | None) -> str:
 def read_run_info(run_dir: Path) -> EngineRunInfo:
     """run.json, checked: a missing file or field names the file and the field."""
     path = run_dir / "run.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         raise RunFolderError(f"{run_dir}: no run.json; give a folder the engine GPU script wrote "
-                             f"(run.json, summary.json, workload.jsonl)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunFolderError(f"{path}: not valid JSON ({exc}); the file is damaged: rerun the engine run") from None
-    if not isinstance(data, dict):
-        raise RunFolderError(f"{path}: must be a JSON object (schema {RUN_SCHEMA})")
+                             f"(run.json, summary.json, workload.jsonl)")
+    try:
+        data = read_run_json(run_dir)
+    except EngineRunError as exc:
+        raise RunFolderError(str(exc)) from None
+    assert data is not None
     if data.get("schema") != RUN_SCHEMA:
         raise RunFolderError(f"{path}: field 'schema' is {data.get('schema')!r}, expected {RUN_SCHEMA!r}")
     data = {("schema_name" if k == "schema" else k): v for k, v in data.items()}
@@ -284,19 +286,24 @@ def read_run_info(run_dir: Path) -> EngineRunInfo:
 
 
 def read_json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """A run folder's JSON object (summary.json), bounded; NaN reads as a missing value."""
+    if not path.exists():
         raise RunFolderError(f"{path.parent}: no {path.name}; give a complete engine run folder "
-                             f"({', '.join(RUN_INPUT_FILES)})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunFolderError(f"{path}: not valid JSON ({exc}); the file is damaged: rerun the engine run") from None
+                             f"({', '.join(RUN_INPUT_FILES)})")
+    try:
+        return read_json(path, what=path.name, allow_nan=True, fix="the file is damaged: rerun the engine run")
+    except InputFileError as exc:
+        raise RunFolderError(str(exc)) from None
 
 
 def read_steps(path: Path) -> dict[str, np.ndarray] | None:
     """An engine step trace (JSONL of engine/records.py StepRecord rows) as columns; None if absent."""
     if not path.is_file():
         return None
+    try:
+        check_steps_file(path)
+    except (EngineRunError, InputFileError) as exc:
+        raise RunFolderError(f"{exc} (or remove steps.jsonl to validate without it)") from None
     rows = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -382,6 +389,16 @@ def resolve_profile(profile: str | None, model: str, gpu: str) -> str:
     return fitted.stem if fitted.is_file() else "default"
 
 
+def check_profile_target(run_dir: Path, info: EngineRunInfo, profile: str) -> None:
+    """A profile measured on another model or GPU than the run's would "validate" a pairing nobody
+    runs: refused, naming both."""
+    why = target_mismatch(load_profile(profile, info.model, info.gpu), info.model, info.gpu)
+    if why is not None:
+        raise RunFolderError(f"{run_dir}: {why}; this run is {info.model} on {info.gpu}: validate it with a "
+                             "profile of that model and GPU (--profile auto picks the shipped one, default is "
+                             "first principles)")
+
+
 def profile_path(profile: str) -> Path:
     """A profile's JSON file, as `CostProfile.load` finds it: a path, or a name under sim/profiles."""
     p = Path(profile)
@@ -393,7 +410,7 @@ def fitted_runs(profile: str) -> list[str]:
     path = profile_path(profile)
     if not path.is_file():
         return []
-    prov = json.loads(path.read_text(encoding="utf-8")).get("provenance") or {}
+    prov = load_profile(profile).provenance or {}
     runs = prov.get("runs") if isinstance(prov, dict) else None
     return [str(r.get("path") or r.get("name")) if isinstance(r, dict) else str(r) for r in runs or []]
 
@@ -474,7 +491,7 @@ def cost_model_step_s(steps: dict[str, np.ndarray], config: SimConfig) -> tuple[
     its step-time error with the schedule held fixed."""
     dep = config.deployment()
     engine = dep.engine.resolved_for(dep.gpu, dep.model)
-    cost = CostModel(dep.model, dep.gpu, engine, CostProfile.load(config.profile))
+    cost = CostModel(dep.model, dep.gpu, engine, load_profile(config.profile, config.model, config.gpu))
     cols = {k: steps[k].astype(np.int64).tolist() for k in _StepRow.__slots__}
     rows = (_StepRow(dict(zip(cols, vals))) for vals in zip(*cols.values()))
     times = np.array([(cost.gpu_time_s(b), cost.cpu_time_s(b)) for b in rows], dtype=np.float64).reshape(-1, 2)
@@ -493,7 +510,9 @@ def validate_run(run_dir: str | Path, profile: str | None = None) -> RunComparis
     engine_summary = read_json_file(run_dir / "summary.json")
     requests = replayed_requests(run_dir, info)
     cfg = sim_engine_config(info)
+    check_engine_summary(run_dir / "summary.json", engine_summary, len(requests))
     used = resolve_profile(profile, info.model, info.gpu)
+    check_profile_target(run_dir, info, used)
     cut = engine_cut_s(run_dir, info, engine_summary)
     # a skip-ahead stretch in flight at the cut would keep its finishes: step a cut run one by one
     config = SimConfig(model=info.model, gpu=info.gpu, engine=cfg, profile=used, label=info.name,
@@ -501,7 +520,7 @@ def validate_run(run_dir: str | Path, profile: str | None = None) -> RunComparis
     result = run(LoadedWorkload(requests, info.name), config, until_s=cut)
     sim_summary = result.summary()
     metrics = compare_summaries(engine_summary, sim_summary)
-    own, note = sim_own_blocks(info, cfg, CostProfile.load(used))
+    own, note = sim_own_blocks(info, cfg, load_profile(used))
     kv = KVBlocks(engine=info.num_gpu_blocks, simulated=int(sim_summary["num_gpu_blocks"]), sim_own=own,
                   sim_own_error=relative_error(info.num_gpu_blocks, own), note=note)
     return RunComparison(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.request import Request
+from sim.workload_spec import MAX_ARRIVAL_S
 
 
 def segment_arange(counts: np.ndarray) -> np.ndarray:
@@ -115,8 +116,14 @@ class Workload:
         if len(sizes) != 1:
             raise ValueError(f"requests mix hash block sizes {sorted(sizes)}; a workload has one")
         lens = np.array([len(r.hash_ids) for r in requests], dtype=np.int64)
+        arrival = np.array([r.arrival_s for r in requests], dtype=np.float64)
+        ok = np.isfinite(arrival) & (arrival >= 0) & (arrival <= MAX_ARRIVAL_S)
+        if not ok.all():  # finite times only: a NaN would poison every statistic, inf never arrive
+            i = int(np.flatnonzero(~ok)[0])
+            raise ValueError(f"request {requests[i].request_id} (item {i}): arrival_s {requests[i].arrival_s!r} is "
+                             f"not a finite time from 0 to {MAX_ARRIVAL_S:.0e} s")
         return cls.from_columns(
-            arrival_s=np.array([r.arrival_s for r in requests]),
+            arrival_s=arrival,
             prompt_len=np.array([r.prompt_len for r in requests]),
             output_len=np.array([r.output_len for r in requests]),
             hash_ids=np.fromiter((h for r in requests for h in r.hash_ids), dtype=np.int64, count=int(lens.sum())),

@@ -10,15 +10,18 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.flags import FlagError
+from engine.input_files import InputFileError, decode_utf8, load_yaml, parse_json, read_bytes
 from engine.request import Request
 from sim.builtin_traces import BUILTIN_TRACES, builtin_trace_path
 from sim.generate import generate
 from sim.traces import TraceFormat, check_input_file, load_trace, spread_ties
 from sim.workload import Workload
 from sim.workload_presets import get_preset, preset_names
-from sim.workload_spec import MAX_REQUESTS, MAX_TOKENS, WorkloadSpec
+from sim.workload_spec import MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS, WorkloadSpec
 
 
 class SourceOptions(BaseModel):
@@ -104,41 +107,24 @@ def _plain(err: dict) -> str:
         return str(err["msg"]).removeprefix("Value error, ")
 
 
+# A spec is a few KB (`costline workload fit` writes ~20 KB with 1,001 quantiles per length law);
+# a larger file is refused before it is parsed.
+MAX_SPEC_BYTES = 16 << 20
+
+
 def _parse_spec_text(path: Path) -> object:
-    """The spec file's document; SpecFileError with line and column when it does not parse."""
-    check_input_file(path)
-    raw = path.read_bytes()
+    """The spec file's document; SpecFileError with line and column when it does not parse.
+    YAML is read without aliases (engine/input_files.py); NaN and Infinity parse, so that the
+    spec's validation names the field that holds them."""
+    fix = "write the spec as one JSON object (`costline workload fit` writes one)"
     try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise SpecFileError(f"{path}, line {line}: byte 0x{raw[exc.start]:02x} is not UTF-8. "
-                            "Fix: save the spec as UTF-8") from None
-    if path.suffix.lower() in (".yaml", ".yml"):
-        return _parse_yaml(path, text)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecFileError(f"{path}, line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg}). "
-                            "Fix: write the spec as one JSON object (`costline workload fit` writes one)") from None
-    except (ValueError, RecursionError) as exc:  # 4300+ digit integers, absurd nesting
-        raise SpecFileError(f"{path}: not a usable JSON document ({exc or 'nested too deeply'}). "
-                            "Fix: write the spec as one JSON object") from None
-
-
-def _parse_yaml(path: Path, text: str) -> object:
-    try:
-        import yaml  # type: ignore[import-untyped]
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise SpecFileError(f"{path}: YAML specs need PyYAML (pip install pyyaml). Fix: install it, "
-                            "or write the spec as JSON") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise SpecFileError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}). "
-                            "Fix: correct the YAML syntax there") from None
+        check_input_file(path)
+        text = decode_utf8(path, read_bytes(path, max_bytes=MAX_SPEC_BYTES, what="workload spec"))
+        if path.suffix.lower() in (".yaml", ".yml"):
+            return load_yaml(text, path)
+        return parse_json(text, path, allow_nan=True, fix=fix)
+    except InputFileError as exc:
+        raise SpecFileError(str(exc)) from None
 
 
 def load_spec(path: str | Path) -> WorkloadSpec:
@@ -211,7 +197,29 @@ def load_workload(source: str, opts: SourceOptions | None = None) -> Workload:
         wl = wl.scaled(opts.speedup)
     if opts.rate_rps is not None:
         wl = wl.at_rate(opts.rate_rps)
+    check_arrival_times(wl, source, opts)
     return wl
+
+
+def check_arrival_times(wl: Workload, source: str, opts: SourceOptions) -> None:
+    """Every arrival a finite time in [0, MAX_ARRIVAL_S]: a generated spec at a rate of one
+    request a century, or `--speedup 1e-300`, would otherwise simulate on a clock that rounds
+    step times away (or never advances)."""
+    t = wl.arrival_s
+    if t.size == 0 or (np.isfinite(t).all() and t.min() >= 0 and t.max() <= MAX_ARRIVAL_S):
+        return
+    bad = np.flatnonzero(~(np.isfinite(t) & (t >= 0) & (t <= MAX_ARRIVAL_S)))
+    k = int(bad[0])
+    what = f"request {k} arrives at {t[k]:.3g} s, beyond the {MAX_ARRIVAL_S:.0e} s (~31 years) a simulation " \
+        "clock keeps exact"
+    if opts.speedup is not None:
+        raise FlagError("speedup", f"{opts.speedup:g}", f"{what}; use a larger {{speedup}}")
+    if opts.rate_rps is not None:
+        raise FlagError("rate_rps", f"{opts.rate_rps:g}", f"{what}; use a higher {{rate_rps}}")
+    if opts.start_s is not None and opts.start_s < 0:
+        raise FlagError("start_s", f"{opts.start_s:g}", f"{what} (a negative start delays every arrival); "
+                        "use {start_s} >= 0")
+    raise SpecFileError(f"{source}: {what}. Fix: raise the spec's arrival rate or lower num_requests")
 
 
 def cap_prompt_lengths(requests: Sequence[Request], max_prompt_len: int | None) -> list[Request]:

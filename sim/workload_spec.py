@@ -5,8 +5,8 @@ A spec says how requests arrive (`arrival`), how long prompts and outputs are
 (`system_prompts`, `dynamic_prefix`, `sessions`) and what the requests are for
 (`task_mix`). `sim.generate.generate(spec)` turns it into a `Workload`.
 
-Limits: at most `MAX_REQUESTS` requests and `MAX_TOKENS` tokens per length parameter; every
-number must be finite (NaN and Infinity are refused).
+Limits: at most `MAX_REQUESTS` requests and `MAX_TOKENS` tokens per length parameter, arrivals
+within `MAX_ARRIVAL_S` of the start; every number must be finite (NaN and Infinity are refused).
 
 Conventions
 - `prompt_tokens` is the length of a whole single-turn (or first-turn) prompt,
@@ -33,6 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MAX_REQUESTS = 10_000_000  # a generated workload's size cap: ~1 GiB of columns, minutes to simulate
 MAX_TURNS = 10_000  # per session: far beyond any real conversation
 MAX_TOKENS = 10_000_000  # per request: the longest context any served model offers (Llama 4 Scout)
+# Latest arrival a workload may hold, in seconds from its start (~31.7 years): a float clock there
+# still resolves 0.1 us, so step and latency times stay exact; beyond it they would silently round.
+MAX_ARRIVAL_S = 1e9
 
 
 class _Strict(BaseModel):
@@ -265,16 +268,11 @@ class WorkloadSpec(_Strict):
 
     @classmethod
     def from_file(cls, path: str | Path) -> WorkloadSpec:
-        """Read a JSON spec file; a validation error names the field path (e.g. `arrival.rate_rps`)."""
-        p = Path(path)
-        text = p.read_text()
-        if p.suffix.lower() in (".yaml", ".yml"):
-            try:
-                import yaml  # type: ignore[import-untyped]
-            except ImportError as exc:  # pragma: no cover - depends on the environment
-                raise ValueError(f"{p}: YAML specs need PyYAML (pip install pyyaml); or write the spec as JSON") from exc
-            return cls.model_validate(yaml.safe_load(text))
-        return cls.model_validate(json.loads(text))
+        """Read a JSON or YAML spec file (bounded, YAML without aliases); an error names the file,
+        the line or the field path (e.g. `arrival.rate_rps`): `sim.workload_source.load_spec`."""
+        from sim.workload_source import load_spec
+
+        return load_spec(path)
 
     def with_overrides(self, **changes: object) -> WorkloadSpec:
         """A validated copy with top-level fields replaced (e.g. num_requests, seed)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.run_summary import SLO
 
@@ -45,6 +45,30 @@ class AdviseRequest(_Record):
     ray: str | None = Field(None, description="None = local processes; 'auto' or a Ray address")
     budget: Budget = "quick"
     profile: str | None = Field(None, description="cost profile; None = what the simulator picks")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        from engine.model_spec import get_model
+
+        get_model(v)  # refused before any simulation starts, naming the presets
+        return v
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        from sim.hardware import get_gpu
+
+        get_gpu(v)
+        return v
+
+    @model_validator(mode="after")
+    def _usable_profile(self) -> AdviseRequest:
+        if self.profile is not None:
+            from sim.profile_files import load_profile
+
+            load_profile(self.profile, self.model, self.gpu)  # a damaged file named before the search
+        return self
 
     @field_validator("slo", mode="before")
     @classmethod

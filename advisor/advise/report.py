@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich import box
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.advise.records import Metrics, Recommendation
+from advisor.console import styled
 from engine.outputs import check_output_dir, staged_dir
 
 
@@ -30,16 +32,17 @@ def _metric_rows(m: Metrics) -> list[str]:
 
 def print_report(rec: Recommendation, console: Console) -> None:
     w = rec.workload
-    console.print(f"[bold]costline advise[/]: {w['name']} ({w['num_requests']:,} requests, {w['rate_rps']:.2f} req/s), "
-                  f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO {rec.request.slo}, "
-                  f"objective {rec.request.objective}; profile {rec.profile.name} ({rec.profile.status})")
+    console.print(styled(("costline advise", "bold"), f": {w['name']} ({w['num_requests']:,} requests, "
+                         f"{w['rate_rps']:.2f} req/s), {rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, "
+                         f"SLO {rec.request.slo}, objective {rec.request.objective}; profile {rec.profile.name} "
+                         f"({rec.profile.status})"))
     # light borders and one-word rows: eight columns fit an 80-column terminal unwrapped
     t = Table(title="defaults vs recommended (goodput in req/s, latencies in ms)", title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
     for c in ("", "goodput", "SLO met", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "preempt."):
         t.add_column(c, justify="right" if c else "left", no_wrap=not c)
     t.add_row("defaults", *_metric_rows(rec.baseline.metrics))
-    t.add_row("[bold green]recommended[/]", *_metric_rows(rec.best.metrics))
+    t.add_row(styled(("recommended", "bold green")), *_metric_rows(rec.best.metrics))
     console.print(t)
     # the label can be long: under the table, not in a column the terminal width squeezes
     console.print(f"recommended = {rec.best.label}", highlight=False)
@@ -50,24 +53,25 @@ def print_report(rec: Recommendation, console: Console) -> None:
         lad.add_row(s.optimization, _pct(s.delta_goodput_pct), _pct(s.delta_ttft_p99_pct), _pct(s.delta_tpot_p99_pct),
                     str(s.gpus_needed or "-"))
     console.print(lad)
-    console.print("[bold]rejected[/]")
+    console.print(styled(("rejected", "bold")))
     for r in rec.rejected:
         console.print(f"  - {r.reason}", highlight=False)
-    console.print("[bold]where each optimization stops paying[/]")
+    console.print(styled(("where each optimization stops paying", "bold")))
     for line in rec.cost_lines:
         console.print(f"  - {line.answer}", highlight=False)
     if rec.gap:
         g = rec.gap
         shares = ", ".join(f"{f.factor} {f.share_pct:+.0f}%" for f in g.factors)
-        console.print(f"[bold]lab -> production[/]: gain x{g.lab_gain:.2f} in the lab, x{g.production_gain:.2f} on your "
-                      f"traffic ({g.gain_metric}); factors: {shares}", highlight=False)
+        console.print(styled(("lab -> production", "bold"), f": gain x{g.lab_gain:.2f} in the lab, "
+                             f"x{g.production_gain:.2f} on your traffic ({g.gain_metric}); factors: {shares}"))
     rb = rec.robustness
-    console.print("[bold]robustness[/]: " + ", ".join(f"{r.perturbation} regret {r.regret_pct:.1f}%" for r in rb.rows)
-                  + f"; fallback: {rb.fallback.label} (worst regret {rb.fallback_max_regret_pct:.1f}%)", highlight=False)
-    console.print("[bold]your questions[/]")
+    console.print(styled(("robustness", "bold"), ": " + ", ".join(f"{r.perturbation} regret {r.regret_pct:.1f}%"
+                                                                  for r in rb.rows)
+                         + f"; fallback: {rb.fallback.label} (worst regret {rb.fallback_max_regret_pct:.1f}%)"))
+    console.print(styled(("your questions", "bold")))
     for q in rec.questions:
         console.print(f"  - {q.question}\n    {q.answer}", highlight=False)
-    console.print(f"[bold]run[/]: {rec.serve_command}", highlight=False, soft_wrap=True)
+    console.print(styled(("run", "bold"), f": {rec.serve_command}"), soft_wrap=True)
     console.print(f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s")
 
 
@@ -164,10 +168,12 @@ def serve_script(rec: Recommendation) -> str:
             f"set -euo pipefail\n{rec.serve_command}\n")
 
 
-def write_outputs(rec: Recommendation, out_dir: str | Path, *, force: bool = False) -> Path:
+def write_outputs(rec: Recommendation, out_dir: str | Path, *, force: bool = False,
+                  inputs: Sequence[str | Path | None] = ()) -> Path:
     """recommendation.json, report.md + PNG charts and serve.sh in `out_dir`; an existing run is
-    refused without `force`, and an interrupted write leaves the previous one whole."""
-    out = check_output_dir(out_dir, flag="--out", force=force)
+    refused without `force`, an input never replaced, and an interrupted write leaves the
+    previous one whole."""
+    out = check_output_dir(out_dir, flag="--out", force=force, inputs=inputs)
     with staged_dir(out) as tmp:
         (tmp / "recommendation.json").write_text(json.dumps(json.loads(rec.model_dump_json()), indent=2) + "\n")
         charts = _charts(rec, tmp)

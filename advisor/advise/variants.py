@@ -41,7 +41,12 @@ def spec_for(workload: Any, wl: Workload, source: SourceOptions | None = None) -
             spec = None
         if spec is not None:
             return spec.with_overrides(num_requests=len(wl))
-    return fit_spec(wl, lengths="empirical")
+    try:
+        return fit_spec(wl, lengths="empirical")
+    except ValueError as exc:  # the perturbed and lab variants are fitted from the traffic
+        name = workload if isinstance(workload, str) else wl.name
+        raise ValueError(f"{name}: {exc} ({len(wl)} request(s), {wl.duration_s:g} s); the advisor fits your "
+                         "traffic to vary it: give a longer trace or window") from None
 
 
 def rate_of(spec: WorkloadSpec) -> float:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from advisor.console import console as plain_console
 from advisor.options import Force, clean_errors, source_options
 from sim.workload_source import SourceOptions
 
@@ -62,10 +62,12 @@ def advise(
     request = AdviseRequest(model=model, gpu=gpu, num_gpus=num_gpus, slo=slo, objective=objective,  # type: ignore[arg-type]
                             budget=budget, seed=seed, ray=ray, profile=profile,  # type: ignore[arg-type]
                             **({"workers": workers} if workers else {}))
+    inputs = [workload, profile]
     if out is not None:
-        check_output_dir(out, flag="--out", force=force)  # refuse before minutes of work, not after
-    console = Console(stderr=as_json)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+        check_output_dir(out, flag="--out", force=force, inputs=inputs)  # refuse before minutes of work, not after
+    console = plain_console(stderr=as_json)
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TimeElapsedColumn(),
+                  console=plain_console(stderr=True),
                   transient=True) as bar:
         task = bar.add_task("advising", total=1.0)
         rec = run_advise(workload, request, progress=lambda f, msg: bar.update(task, completed=f, description=msg),
@@ -75,5 +77,5 @@ def advise(
     else:
         print_report(rec, console)
     if out is not None:
-        path = write_outputs(rec, out, force=force)
+        path = write_outputs(rec, out, force=force, inputs=inputs)
         console.print(f"wrote {path}/recommendation.json, report.md, serve.sh and charts")

@@ -23,10 +23,36 @@ APP_MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
 
 
 def streamlit_command(port: int, address: str, headless: bool) -> list[str]:
-    """The `streamlit run` command line for the packaged app."""
+    """The `streamlit run` command line for the packaged app: uploads capped at the dashboard's
+    limit, and no traceback details shown to whoever opens the page (they name server paths)."""
+    from app import MAX_UPLOAD_MB
+
     return [sys.executable, "-m", "streamlit", "run", str(APP_MAIN), "--server.port", str(port),
             "--server.address", address, "--server.headless", str(headless).lower(),
-            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
+            "--server.maxUploadSize", str(MAX_UPLOAD_MB), "--client.showErrorDetails", "false"]
+
+
+def check_address(address: str) -> None:
+    """An address Streamlit can listen on: an IP address of this machine or a host name it resolves
+    (refused here rather than as Streamlit's traceback after start-up)."""
+    import ipaddress
+    import socket
+
+    try:
+        ipaddress.ip_address(address)
+        return
+    except ValueError:
+        pass
+    from engine.preflight import is_host_name
+
+    try:
+        if not is_host_name(address):  # no lookup for what cannot be a name
+            raise ValueError(address)
+        socket.getaddrinfo(address, None)
+    except (socket.gaierror, UnicodeError, ValueError):
+        raise ValueError(f"--address {address!r}: not an IP address or a host name this machine knows; use "
+                         "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
 
 
 @clean_errors
@@ -40,6 +66,7 @@ def serve(
         raise ValueError("the dashboard needs the app extra: pip install -e '.[app]' (or bash dev.sh demo app)")
     if not APP_MAIN.is_file():
         raise ValueError(f"{APP_MAIN}: the dashboard is missing from this installation; reinstall costline")
+    check_address(address)
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(APP_MAIN.parents[1]),
                                                                     os.environ.get("PYTHONPATH")]))}
     cmd = streamlit_command(port, address, headless)

@@ -10,11 +10,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from advisor.console import console as plain_console
 from advisor.options import Force, clean_errors
 from engine.model_spec import get_model
 from engine.outputs import check_output_file, staged_file
 from sim.config import EngineConfig
-from sim.hardware import get_gpu
+from sim.engine_runs import check_run_for_fit
+from sim.hardware import GPU_PRESETS, get_gpu
 
 if TYPE_CHECKING:
     from sim.calibrate import FitResult
@@ -59,16 +61,22 @@ def calibrate(
 ) -> None:
     """Fit a cost profile (schema v2) for one model on one GPU from engine step traces; print the fit."""
     # scipy's optimisers load only for this command (the CLI's other commands start without them)
-    from sim.calibrate import fit_profile, load_run, write_scaled_profiles
+    from sim.calibrate import SCALED_GPUS, fit_profile, load_run, write_scaled_profiles
 
     m, g = get_model(model), get_gpu(gpu)
     if scaled and out is None:
         raise ValueError("--scaled writes beside --out: give --out PROFILE.json too")
     if out is not None:  # before the work: a refused --out must not cost a fit
         check_output_file(out, flag="--out", force=force, inputs=runs)
+        if scaled:  # the files write_scaled_profiles will write, checked now
+            for name in SCALED_GPUS:
+                check_output_file(out.parent / f"{GPU_PRESETS[name].name}-{model}.json", flag="--scaled",
+                                  force=force, inputs=runs)
+    for r in runs:  # every run checked (and of this model and GPU) before the first is fitted
+        check_run_for_fit(r, model, gpu)
     default = EngineConfig(async_scheduling=async_scheduling, max_num_seqs=max_num_seqs)
     fit = fit_profile([load_run(r, default) for r in runs], m, g, default)
-    console = Console()
+    console = plain_console()
     print_fit(fit, console)
     if out is None:
         console.print("not written: pass --out PROFILE.json to keep it", highlight=False)

@@ -64,7 +64,13 @@ def _require_torch() -> None:
               "`bash dev.sh test` sets up both)")
 
 
-def _check_outputs(out: Path, metrics_file: Path | None, *, force: bool, inputs: list[str]) -> None:
+def _inputs(cfg: EngineArgs, workload: str) -> list[str | None]:
+    """What the run reads from disk: the workload file, the model and draft model folders."""
+    draft = cfg.speculative_config.model if cfg.speculative_config is not None else None
+    return [workload, cfg.model, draft]
+
+
+def _check_outputs(out: Path, metrics_file: Path | None, *, force: bool, inputs: list[str | None]) -> None:
     check_output_dir(out, flag="--out", force=force, inputs=inputs)
     if metrics_file is not None:
         check_output_file(metrics_file, flag="--metrics-file", force=force, inputs=inputs)
@@ -94,8 +100,12 @@ def run(
     """Timed replay of a workload as `vllm serve` would see it (server defaults): per-request
     TTFT/TPOT/ITL/e2e/queue and a per-step trace."""
     cfg = EngineArgs(usage_context="api_server", **(engine_flags or {}))
-    _check_outputs(out, metrics_file, force=force, inputs=[workload])  # before any work
     _require_torch()
+    from engine.preflight import check_engine_args, check_metrics_endpoint
+
+    check_metrics_endpoint(metrics_port, metrics_host)  # before the model load and the warm-up
+    _check_outputs(out, metrics_file, force=force, inputs=_inputs(cfg, workload))  # before any work
+    check_engine_args(cfg)
     if disagg is not None:
         return _run_disagg(cfg, disagg, workload, max_prompt_len, no_arrivals, out, metrics_file, metrics_port,
                            source, force)
@@ -113,7 +123,7 @@ def run(
     metrics = EngineMetrics(cfg.model, core.max_model_len) if (metrics_file or metrics_port) else None
     if metrics and metrics_port:
         metrics.serve(metrics_port, host=metrics_host)
-    _check_outputs(out, metrics_file, force=force, inputs=[workload])  # again: the model load took a while
+    _check_outputs(out, metrics_file, force=force, inputs=_inputs(cfg, workload))  # again: the model load took a while
     with staged_dir(out) as folder:  # the live step trace streams into the folder aside
         res = replay(core, requests, honor_arrivals=not no_arrivals, metrics=metrics,
                      trace_file=folder / "steps.jsonl")
@@ -138,7 +148,7 @@ def _run_disagg(cfg: EngineArgs, disagg: str, workload: str, max_prompt_len: int
         _fail("--disagg writes its metrics.prom into --out; drop --metrics-file / --metrics-port")
     requests = cap_prompt_lengths(load_workload(workload, source).requests, max_prompt_len)
     res = replay_disagg(cfg, requests, split=split, honor_arrivals=not no_arrivals)
-    _check_outputs(out, None, force=force, inputs=[workload])  # again: the replay took a while
+    _check_outputs(out, None, force=force, inputs=_inputs(cfg, workload))  # again: the replay took a while
     with staged_dir(out) as folder:
         summary = res.write_files(folder)
     typer.echo(json.dumps({k: v for k, v in summary.items() if v is not None}, indent=2))
@@ -166,9 +176,11 @@ def bench(
     import numpy as np
 
     from engine.llm import LLM
+    from engine.preflight import check_engine_args
     from engine.sampling import SamplingParams
 
     cfg = EngineArgs(usage_context="offline", **(engine_flags or {}))
+    check_engine_args(cfg)  # device, backend, model size: before the model is built
     llm = LLM(**cfg.model_dump())
     _check_bench_length(input_len, output_len, llm.engine.max_model_len)
     rng = np.random.default_rng(cfg.seed)

@@ -24,14 +24,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from advisor.console import console as plain_console
+from advisor.console import styled
 from advisor.options import Force, clean_errors, flag_options, source_options
 from advisor.report import warn_unserved
 from engine.flags import FlagError
+from engine.input_files import expect
 from engine.outputs import check_output_dir
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
 from sim.memory import plan_memory
 from sim.metrics import jsonable  # the summary as strict JSON (NaN -> null)
 from sim.run import (
+    MAX_KV_BLOCK_COARSENING,
     LoadedWorkload,
     SimConfig,
     check_simulation_size,
@@ -80,9 +84,24 @@ def _check_link(link: str, link_gb_per_s: float | None, link_latency_ms: float |
 def parse_coarsening(text: str) -> int | str:
     if text == "auto":
         return text
-    if not text.isdigit() or int(text) < 1:
-        raise FlagError("kv_block_coarsening", repr(text), "use a positive integer or 'auto'")
+    if not text.isdigit() or not 1 <= int(text) <= MAX_KV_BLOCK_COARSENING:
+        raise FlagError("kv_block_coarsening", repr(text), f"use an integer from 1 to {MAX_KV_BLOCK_COARSENING} "
+                        "or 'auto' (coarser blocks model another engine)")
     return int(text)
+
+
+def coarsening_warning(config: SimConfig, requests: list) -> str | None:
+    """A fixed --sim-block-coarsening coarser than the workload's hash blocks changes the answer
+    (prefix hits end on coarse boundaries, a request's last block wastes more of the pool): say so."""
+    want = config.kv_block_coarsening
+    if want == "auto" or want == 1:
+        return None
+    auto = kv_block_coarsening_for("auto", config.engine.block_size, requests)
+    if want <= auto:
+        return None
+    return (f"warning: --sim-block-coarsening {want} is coarser than this workload's "
+            f"{min(r.hash_block_size for r in requests)}-token hash blocks: prefix hits and KV fragmentation "
+            f"are approximated, latencies may differ from the engine's; auto would use {auto}")
 
 
 def _ms(x: Any) -> str:
@@ -90,7 +109,7 @@ def _ms(x: Any) -> str:
 
 
 def print_summary(s: dict[str, Any], console: Console) -> None:
-    t = Table(title=f"[bold]{s.get('label') or 'simulation'}[/]: {s['deployment']}", title_justify="left")
+    t = Table(title=styled((str(s.get("label") or "simulation"), "bold"), f": {s['deployment']}"), title_justify="left")
     t.add_column("metric", style="bold cyan")
     for c in ("mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")
@@ -153,7 +172,11 @@ def compare_runs(a_dir: str, b_dir: str, console: Console) -> None:
     from sim.metrics import load_summary
 
     a, b = load_summary(a_dir), load_summary(b_dir)
-    t = Table(title="[bold]compare[/]", title_justify="left")
+    for folder, s in ((a_dir, a), (b_dir, b)):  # a number or null where a figure belongs, else named
+        for k in COMPARE_KEYS:
+            if s.get(k) is not None:
+                expect(Path(folder) / "summary.json", [k], s[k], (int, float), "a number or null")
+    t = Table(title=styled(("compare", "bold")), title_justify="left")
     t.add_column("metric", style="bold cyan")
     t.add_column(f"A: {a_dir}", justify="right")
     t.add_column(f"B: {b_dir}", justify="right")
@@ -201,7 +224,7 @@ def simulate(
     source: SourceOptions | None = None,
 ) -> None:
     """Simulate a workload on `vllm serve` replicas (server defaults); print a summary, optionally save the run."""
-    console = Console()
+    console = plain_console()
     if compare:
         compare_runs(compare[0], compare[1], console)
         return
@@ -222,6 +245,9 @@ def simulate(
     if out is not None:  # before any work: a refused --out must not cost a simulation
         check_output_dir(out, flag="--out", force=force, inputs=[workload, profile])
     loaded = reshape(load(workload, source, seed=seed), max_prompt_len=max_prompt_len, no_arrivals=no_arrivals)
+    warning = coarsening_warning(config, loaded.requests)
+    if warning:
+        plain_console(stderr=True).print(warning, soft_wrap=True)
     result = _run_with_progress(loaded, config, show=not as_json)
     summary = summarize(result)
     warn_unserved(summary)
@@ -260,7 +286,7 @@ def _run_with_progress(loaded: LoadedWorkload, config: SimConfig, *, show: bool)
         return run(loaded, config)
     from rich.progress import Progress
 
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with Progress(console=plain_console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"simulating {len(loaded.requests):,} requests", total=1.0)
         return run(loaded, config, progress=lambda f: bar.update(task, completed=f))
 

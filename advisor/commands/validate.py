@@ -22,8 +22,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from advisor.console import console as plain_console
+from advisor.console import styled
 from advisor.options import Force, clean_errors
-from engine.outputs import check_output_dir, check_output_file, staged_file
+from engine.outputs import check_output_dir, check_output_file, refuse_input_overlap, staged_file
 from engine.run_summary import SLO
 from sim.cost_model import CostProfile
 from sim.validate import (
@@ -80,11 +82,11 @@ def validate(
     profiles = profile or ["auto"]
     rank_slo = SLO.parse(rank) if rank is not None else None
     if out is not None:  # before any work: a refused --out must not cost the simulations
-        check_report_outputs(out, force=force, inputs=run_dirs)
+        check_report_outputs(out, force=force, inputs=[*run_dirs, *(profile_path(p) for p in profiles)])
     plan = plan_runs(run_dirs, profiles, allow_fitted=allow_fitted)
     if write_profile_validation:
         check_profiles_writable({p for _, p in plan})
-    console = Console()
+    console = plain_console()
     results = []
     for run_dir, prof in plan:
         res = validate_run(run_dir, prof)
@@ -121,6 +123,7 @@ def store_validations(report: ValidationReport, console: Console) -> None:
 
 # --------------------------------------------------------------------------- checks before work
 def check_report_outputs(out: Path, *, force: bool, inputs: list[Path]) -> None:
+    refuse_input_overlap(out, inputs, "--out")  # the folder itself, whether or not it exists
     if not out.exists():
         check_output_dir(out, flag="--out", inputs=inputs)
         return
@@ -228,7 +231,7 @@ def _signed(x: float | None) -> str:
 
 
 def print_comparison(r: RunComparison, console: Console) -> None:
-    t = Table(title=f"[bold]{r.name}[/] ({r.purpose}, {r.model} on {r.gpu}, profile {r.profile})",
+    t = Table(title=styled((r.name, "bold"), f" ({r.purpose}, {r.model} on {r.gpu}, profile {r.profile})"),
               title_justify="left")
     for col, just in (("metric", "left"), ("engine", "right"), ("sim", "right"), ("error", "right")):
         t.add_column(col, justify=just, style="bold cyan" if col == "metric" else None)
@@ -247,7 +250,7 @@ def print_comparison(r: RunComparison, console: Console) -> None:
 
 
 def print_overview(report: ValidationReport, console: Console) -> None:
-    t = Table(title="[bold]validation[/]", title_justify="left")
+    t = Table(title=styled(("validation", "bold")), title_justify="left")
     for col in ("model", "run", "profile", "median |err|", "worst p99", "preemptions e/s", "pass"):
         t.add_column(col)
     for r in report.runs:

@@ -16,8 +16,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from advisor.console import console as plain_console
+from advisor.console import styled
 from advisor.options import Force, clean_errors, source_options
-from engine.outputs import check_output_file, staged_file
+from engine.input_files import plain_message
+from engine.outputs import check_output_file, is_stdout, staged_file
 from sim.arrivals import scale_rate
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload
@@ -54,8 +57,8 @@ def _lengths_line(s: dict[str, float]) -> str:
 
 def print_description(d: dict[str, Any], console: Console | None = None) -> None:
     """The human-readable describe report (the figures sim/traces_data/README.md quotes)."""
-    console = console or Console()
-    t = Table(show_header=False, box=None, pad_edge=False, title=f"[bold]{d['name']}[/]", title_justify="left")
+    console = console or plain_console()
+    t = Table(show_header=False, box=None, pad_edge=False, title=styled((str(d["name"]), "bold")), title_justify="left")
     t.add_column(style="bold cyan", no_wrap=True)
     t.add_column()
     t.add_row("requests", f"{d['requests']:,}")
@@ -97,7 +100,7 @@ def describe(
 @source_options(exclude=("num_requests", "speedup", "rate_rps"), into="options")
 def fit(
     source: Source,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the spec here (default: stdout)")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the spec here (default, or -: standard output)")] = None,
     lengths: Annotated[str, typer.Option("--lengths", help="empirical (trace quantiles) or lognormal")] = "empirical",
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the fitted rate ('my traffic, doubled' = 2)")] = 1.0,
     force: Force = False,
@@ -106,25 +109,33 @@ def fit(
     """Write a WorkloadSpec that reproduces the source's rate, burstiness, lengths and reuse."""
     if lengths not in ("empirical", "lognormal"):
         raise typer.BadParameter("--lengths must be 'empirical' or 'lognormal'")
-    if not rate_scale > 0:
-        raise typer.BadParameter("--rate-scale must be > 0")
+    if not (math.isfinite(rate_scale) and rate_scale > 0):
+        raise typer.BadParameter("--rate-scale must be a finite number > 0")
     opts = options or SourceOptions()
+    if is_stdout(output):
+        output = None
     if output is not None:
         check_output_file(output, flag="--output", force=force, inputs=[source])
     wl = load_workload(source, opts)
     spec = fit_spec(wl, lengths=lengths, seed=opts.seed or 0)  # type: ignore[arg-type]
     if rate_scale != 1.0:
         # same duration at the higher rate: scale the request count with the rate
-        spec = spec.with_overrides(arrival=scale_rate(spec.arrival, rate_scale).model_dump(),
-                                   num_requests=max(1, round(spec.num_requests * rate_scale)),
-                                   description=spec.description + f" Rate scaled x{rate_scale:g}.")
+        try:
+            spec = spec.with_overrides(arrival=scale_rate(spec.arrival, rate_scale).model_dump(),
+                                       num_requests=max(1, min(round(spec.num_requests * rate_scale), 2**62)),
+                                       description=spec.description + f" Rate scaled x{rate_scale:g}.")
+        except ValueError as exc:  # the scaled rate or request count leaves a spec's bounds
+            first = exc.errors()[0] if hasattr(exc, "errors") else None
+            why = f"{'.'.join(map(str, first['loc']))}: {plain_message(first)}" if first else str(exc)
+            raise ValueError(f"--rate-scale {rate_scale:g}: the scaled spec is out of bounds ({why}); use a "
+                             "smaller factor") from None
     text = spec.to_json() + "\n"
     if output is None:
         sys.stdout.write(text)
     else:
         with staged_file(output) as tmp:
             tmp.write_text(text)
-        Console(stderr=True).print(f"wrote {output}: {spec.description}", highlight=False)
+        plain_console(stderr=True).print(f"wrote {output}: {spec.description}")
 
 
 @app.command("export")
@@ -132,16 +143,19 @@ def fit(
 @source_options(into="options")
 def export(
     source: Source,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Mooncake JSONL file to write")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Mooncake JSONL file to write (-: standard output)")],
     force: Force = False,
     options: SourceOptions | None = None,
 ) -> None:
     """Write any workload as Mooncake JSONL, replayable by `vllm bench serve --dataset-name timed_trace`."""
+    if is_stdout(output):
+        export_mooncake(load_workload(source, options), sys.stdout)
+        return
     check_output_file(output, flag="--output", force=force, inputs=[source])
     wl = load_workload(source, options)
     with staged_file(output) as tmp:
         export_mooncake(wl, tmp)
-    Console(stderr=True).print(
+    plain_console(stderr=True).print(
         f"wrote {len(wl):,} requests to {output}; replay with: vllm bench serve --dataset-name timed_trace "
         f"--dataset-path {output} --timed-trace-sec-multiplier 0.001 "
         f"--timed-trace-chunk-hash-size {wl.hash_block_size}", highlight=False, soft_wrap=True)
@@ -157,4 +171,4 @@ def presets() -> None:
         t.add_row(name, get_preset(name).description)
     for trace in BUILTIN_TRACES.values():
         t.add_row(trace.name, f"{trace.description} ({trace.licence})")
-    Console().print(t, highlight=False)
+    plain_console().print(t)

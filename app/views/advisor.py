@@ -12,9 +12,11 @@ from app import state
 from app.compute import scenario_workload
 from app.recommendation import RecommendationError, advise_api, as_dict, load_json, render
 from app.scenario import Scenario
+from app.widgets import error_text
 from engine.run_summary import SLO
 
 REC_KEY = "recommendation"
+MAX_RECOMMENDATION_MB = 8  # a recommendation.json is ~100 KB
 
 
 def run_advisor(s: Scenario, budget: str) -> dict[str, Any] | None:
@@ -35,8 +37,8 @@ def run_advisor(s: Scenario, budget: str) -> dict[str, Any] | None:
         request = request_cls(model=s.model, gpu=s.gpu, num_gpus=s.num_gpus, slo=SLO.parse(s.slo), seed=s.seed,
                               budget=budget, profile=None if s.profile == "auto" else s.profile)
         rec = as_dict(advise(wl, request, progress=progress))
-    except (ValueError, OSError) as exc:
-        st.error(f"the advisor refused this scenario: {str(exc).splitlines()[0]}")
+    except Exception as exc:  # noqa: BLE001 - shown on the page, an input error or a bug as such
+        st.error(f"the advisor refused this scenario: {error_text(exc).splitlines()[0]}")
         return None
     finally:
         bar.empty()
@@ -57,7 +59,8 @@ def main() -> None:
             rec = run_advisor(s, budget or "quick")
             if rec is not None:
                 st.session_state[REC_KEY] = rec
-    f = st.file_uploader("or load a recommendation.json", type=["json"], key="adv.upload")
+    f = st.file_uploader("or load a recommendation.json", type=["json"], key="adv.upload",
+                         max_upload_size=MAX_RECOMMENDATION_MB)
     if f is not None:
         try:
             st.session_state[REC_KEY] = load_json(f.getvalue())
@@ -67,8 +70,9 @@ def main() -> None:
     if rec is not None:
         try:
             render(as_dict(rec))
-        except (RecommendationError, KeyError, TypeError) as exc:
-            st.error(f"cannot show this recommendation: {exc}")
+        except (RecommendationError, KeyError, TypeError, AttributeError, ValueError) as exc:
+            st.error(f"cannot show this recommendation: it lacks or mistypes {exc} (load the recommendation.json "
+                     "`costline advise --out` writes)")
 
 
 main()

@@ -4,11 +4,11 @@ a warning when the GPU's profile is scaled from another GPU rather than validate
 from __future__ import annotations
 
 import streamlit as st
-from pydantic import ValidationError
 
 from app import state
 from app.calibration import FIRST_PRINCIPLES, profile_info
 from app.compute import run_scenario
+from app.widgets import error_text
 
 
 def main() -> None:
@@ -16,8 +16,8 @@ def main() -> None:
     s = state.scenario()
     try:
         out = run_scenario(s, state.upload())
-    except (ValidationError, ValueError, OSError) as exc:
-        st.error(f"cannot simulate this scenario: {str(exc).splitlines()[0]}")
+    except Exception as exc:  # noqa: BLE001 - shown on the page, an input error or a bug as such
+        st.error(f"cannot simulate this scenario: {error_text(exc).splitlines()[0]}")
         return
     info = profile_info(out.summary, s.profile)
     c1, c2 = st.columns(2)

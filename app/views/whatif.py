@@ -13,7 +13,7 @@ from app import state
 from app.compute import RunOutput, run_scenario, table_parquet
 from app.figures import cdf_figure, latency_rows, timeline_figure
 from app.scenario import Scenario
-from app.widgets import deployment_controls, flag_controls, fmt
+from app.widgets import deployment_controls, error_text, flag_controls, fmt
 
 HEADLINE = (("Goodput (req/s)", "request_goodput"), ("Throughput (req/s)", "request_throughput"),
             ("Output (tok/s)", "output_throughput"), ("p99 TTFT (ms)", "p99_ttft_ms"),
@@ -25,10 +25,9 @@ COMPARE = ("request_goodput", "request_throughput", "output_throughput", "output
 
 
 def error_message(exc: Exception) -> str:
-    """A configuration error in one line per problem, naming the flag as `vllm serve` spells it."""
-    from advisor.options import cli_message
-
-    return cli_message(exc)
+    """A configuration error in one line per problem, naming the flag as `vllm serve` spells it
+    (an internal error says it is a bug)."""
+    return error_text(exc)
 
 
 def controls() -> Scenario | None:
@@ -84,7 +83,7 @@ def simulate(s: Scenario) -> RunOutput | None:
     try:
         out = run_scenario(s, state.upload(), progress=lambda f: bar.progress(min(max(f, 0.0), 1.0),
                                                                              text="simulating ..."))
-    except (ValidationError, ValueError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - shown on the page, an input error or a bug as such
         bar.empty()
         st.error(f"cannot simulate this scenario: {error_message(exc)}")
         return None

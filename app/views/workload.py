@@ -8,10 +8,17 @@ from typing import Any
 import streamlit as st
 from pydantic import ValidationError
 
-from app import state
+from app import MAX_UPLOAD_MB, state
 from app.compute import Upload, scenario_workload
 from app.figures import arrivals_figure, lengths_figure, prefix_reuse_curve, reuse_figure
-from app.scenario import CUSTOM, DEFAULT_TRACE_REQUESTS, DEFAULT_WORKLOAD, UPLOAD, Scenario
+from app.scenario import (
+    APP_MAX_REQUESTS,
+    CUSTOM,
+    DEFAULT_TRACE_REQUESTS,
+    DEFAULT_WORKLOAD,
+    UPLOAD,
+    Scenario,
+)
 from app.spec_edit import (
     LAW_PARAMS,
     SpecEditError,
@@ -23,7 +30,7 @@ from app.spec_edit import (
     with_law,
     with_prefixes,
 )
-from app.widgets import fmt
+from app.widgets import error_text, fmt
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload
 from sim.workload_presets import get_preset, preset_names
@@ -43,8 +50,10 @@ def kind_of(s: Scenario) -> str:
 
 
 def first_n(s: Scenario) -> int:
-    return int(st.number_input("simulate the first N requests", min_value=1, value=s.first or DEFAULT_TRACE_REQUESTS,
-                               step=500, key="w.first", help="a trace holds ~10k requests; 2,000 answer in ~1 s"))
+    return int(st.number_input("simulate the first N requests", min_value=1, max_value=APP_MAX_REQUESTS,
+                               value=s.first or DEFAULT_TRACE_REQUESTS, step=500, key="w.first",
+                               help=f"a trace holds ~10k requests; 2,000 answer in ~1 s (at most {APP_MAX_REQUESTS:,} "
+                               "here)"))
 
 
 def pick_source(s: Scenario) -> dict[str, Any]:
@@ -61,7 +70,7 @@ def pick_source(s: Scenario) -> dict[str, Any]:
         return {"workload": name, "spec": None, "first": first_n(s), "trace_format": "auto", "lenient": False}
     if kind == "upload":
         f = st.file_uploader("Mooncake JSONL, Azure or BurstGPT CSV (plain or .gz), or a workload spec (JSON)",
-                             type=UPLOAD_TYPES, key="w.upload")
+                             type=UPLOAD_TYPES, key="w.upload", max_upload_size=MAX_UPLOAD_MB)
         if f is not None:
             st.session_state[state.UPLOAD_KEY] = Upload(f.name, f.getvalue())
         st.caption("An uploaded file stays in this session: a shared link cannot carry it.")
@@ -107,7 +116,8 @@ def edit_spec(s: Scenario) -> WorkloadSpec:
 
 def edited(spec: WorkloadSpec) -> WorkloadSpec:
     c1, c2, c3 = st.columns(3)
-    n = c1.number_input("requests", min_value=1, max_value=200_000, value=spec.num_requests, step=500, key="spec.n")
+    n = c1.number_input("requests", min_value=1, max_value=APP_MAX_REQUESTS, value=min(spec.num_requests, APP_MAX_REQUESTS),
+                        step=500, key="spec.n")
     rate, burst = arrival_rate_burstiness(spec)
     rate = c2.number_input("rate (req/s)", min_value=0.01, value=float(rate), key="spec.rate")
     if burst is not None:
@@ -169,8 +179,8 @@ def main() -> None:
             st.info("Upload a trace or a spec to see its statistics and simulate it.")
             return
         wl = scenario_workload(s, state.upload())
-    except (ValidationError, ValueError, OSError) as exc:
-        st.error(f"cannot read this workload: {exc}")
+    except Exception as exc:  # noqa: BLE001 - shown on the page, an input error or a bug as such
+        st.error(f"cannot read this workload: {error_text(exc)}")
         return
     d = describe_workload(wl)
     statistics(d)

@@ -95,6 +95,9 @@ def parse_speculative_config(value: Any, cls: type[SpeculativeConfig] = Speculat
             value = json.loads(value)
         except json.JSONDecodeError as e:
             raise _flag_error(repr(value), f"is not valid JSON ({e.msg}); e.g. '{EXAMPLE}'") from None
+        except (RecursionError, ValueError) as e:  # absurd nesting, a 4,300-digit number
+            raise _flag_error(repr(value)[:60], f"is not usable JSON ({e or 'nested too deeply'}); e.g. "
+                              f"'{EXAMPLE}'") from None
     if isinstance(value, BaseModel):
         value = value.model_dump(exclude_unset=True)
     if not isinstance(value, dict):

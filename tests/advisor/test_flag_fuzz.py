@@ -55,7 +55,7 @@ REFUSED = [
     (["--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096", "--max-model-len", "8192"], "--max-num-batched-tokens 4096: must be >= --max-model-len (8192)"),
     (["--block-size", "7"], "--block-size 7: must be a multiple of 16 for the flash_attn attention backend"),
     (["--block-size", "24", "--attention-backend", "flashinfer"], "--block-size 24: must be a multiple of 16 for the flashinfer"),
-    (["--block-size", "0"], "--block-size 0: must be an integer >= 1"),
+    (["--block-size", "0"], "--block-size 0: must be an integer from 1 to 4096"),
     (["-tp", "3"], "-tp 3: must divide the model's 32 attention heads"),
     (["--tensor-parallel-size", "5", "--model", "llama-3.1-70b"], "--tensor-parallel-size 5: must divide the model's 64"),
     (["--tensor-parallel-size", "0"], "--tensor-parallel-size 0: must be an integer >= 1"),
@@ -98,7 +98,8 @@ REFUSED = [
     (["--num-requests", "20000000"], "--num-requests 20000000: must be <= 10000000"),
     (["--seed", "-1"], "--seed -1: must be an integer >= 0"),
     (["--router", "fastest"], "--router 'fastest': must be one of"),
-    (["--sim-block-coarsening", "0"], "--sim-block-coarsening '0': use a positive integer or 'auto'"),
+    (["--sim-block-coarsening", "0"], "--sim-block-coarsening '0': use an integer from 1 to 64 or 'auto'"),
+    (["--sim-block-coarsening", "1000000000"], "--sim-block-coarsening '1000000000': use an integer from 1 to 64"),
     (["--speedup", "0"], "--speedup 0.0: must be > 0"),
     (["--rate", "-1"], "--rate -1.0: must be > 0"),
 ]
@@ -215,7 +216,7 @@ BENCH = ["engine", "bench", "--model", "tiny", "--device", "cpu"]
     (["--num-prompts", "2", "--input-len", "100000"], "--input-len 100000 + --output-len 64 exceeds the model length 4096"),
     (["--input-len", "4000", "--output-len", "200"], "--input-len 4000 + --output-len 200 exceeds the model length 4096"),
     (["--max-num-batched-tokens", "8", "--max-num-seqs", "16"], "--max-num-batched-tokens 8: must be >= --max-num-seqs (16)"),
-    (["--block-size", "-16"], "--block-size -16: must be an integer >= 1"),
+    (["--block-size", "-16"], "--block-size -16: must be an integer from 1 to 4096"),
     (["--seed", "-3"], "--seed -3: must be an integer >= 0"),
 ])
 def test_engine_bench_refusals(extra, message):

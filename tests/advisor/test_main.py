@@ -23,7 +23,8 @@ def test_an_unexpected_error_is_one_line_and_a_hint(monkeypatch, capsys):
     monkeypatch.setattr(workload_cmd, "describe_workload", boom)
     assert run_main(["workload", "describe", "lab-poisson", "-n", "5"]) == 1
     err = capsys.readouterr().err
-    assert err.splitlines() == ["error: unexpected RuntimeError: boom",
+    assert err.splitlines() == [("error: unexpected internal error (a bug in costline, not a problem with your "
+                                 "input): RuntimeError: boom"),
                                 "run again with --debug for the traceback, and please report it"]
 
 

@@ -260,9 +260,9 @@ def test_engine_run_passes_metrics_host_and_force_replaces_a_run(tmp_path, monke
 
 # --------------------------------------------------------------------------- --compare inputs
 @pytest.mark.parametrize("content, needle", [
-    (b'{"completed": 3, "dura', "line 1: not valid JSON"),
-    (b"\xff\xfe{}", "not UTF-8 text"),
-    (b"[1, 2]", "holds a JSON list, not a run summary"),
+    (b'{"completed": 3, "dura', "line 1, column 18: not valid JSON"),
+    (b"\xff\xfe{}", "is not UTF-8"),
+    (b"[1, 2]", "must be a JSON object ({...}), not a list"),
     (b"", "not valid JSON"),
 ])
 def test_compare_names_a_damaged_summary(tmp_path, content, needle):

@@ -93,7 +93,7 @@ def test_disaggregation_options():
     (["--block-size", "8"], "--block-size 8: must be a multiple of 16 for the flash_attn attention backend"),
     (["--scheduling-policy", "lifo"], "--scheduling-policy lifo: must be one of fcfs, priority"),
     (["--speculative-config", "{oops"], "--speculative-config '{oops': speculative_config is not valid JSON"),
-    (["--sim-block-coarsening", "0"], "--sim-block-coarsening '0': use a positive integer or 'auto'"),
+    (["--sim-block-coarsening", "0"], "--sim-block-coarsening '0': use an integer from 1 to 64 or 'auto'"),
     (["--max-model-len", "200000"], "--max-model-len 200000: exceeds the model's max_position_embeddings"),
 ])
 def test_errors_name_the_flag_and_the_fix(args, message):

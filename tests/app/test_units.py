@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import app.calibration as app_calibration
 from app.calibration import SCALED, profile_info, read_profile, validation_rows
 from app.figures import (
     arrivals_per_bin,
@@ -23,7 +24,7 @@ from app.figures import (
     timeline_series,
     waterfall_figure,
 )
-from app.scenario import Scenario, from_query_params, pack_spec, to_query_params
+from app.scenario import APP_MAX_REQUESTS, Scenario, from_query_params, pack_spec, to_query_params
 from app.spec_edit import SpecEditError, parse_task_mix, with_arrival, with_law, with_prefixes
 from sim.describe import interarrival_cv, prefix_reuse
 from sim.generate import generate
@@ -40,17 +41,16 @@ def test_default_scenario_has_an_empty_url() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(seqs=st.none() | st.integers(1, 4096), caching=st.booleans(), util=st.floats(0.5, 1.0),
-       policy=st.sampled_from(["fcfs", "priority"]), gpus=st.integers(1, 64),
+       policy=st.sampled_from(["fcfs", "priority"]), gpus=st.integers(1, 32),  # 32: the dashboard's budget
        slo=st.sampled_from(["ttft:500 tpot:50", "", "e2el:9000"]), seed=st.integers(0, 2**31),
-       source=st.fixed_dictionaries({"lenient": st.booleans(), "first": st.none() | st.integers(1, 10**6),
-                                     "trace_format": st.sampled_from(["auto", "mooncake", "azure", "burstgpt"]),
-                                     "disagg": st.sampled_from(["", "3:1"]),
-                                     "kv_link": st.sampled_from(["network", "nvlink"])}))
-def test_scenario_round_trips_through_the_url(seqs, caching, util, policy, gpus, slo, seed, source) -> None:
+       source=st.fixed_dictionaries({"lenient": st.booleans(), "first": st.none() | st.integers(1, APP_MAX_REQUESTS),
+                                     "trace_format": st.sampled_from(["auto", "mooncake", "azure", "burstgpt"])}),
+       pd=st.sampled_from([{"disagg": ""}, {"disagg": "3:1"}, {"disagg": "3:1", "kv_link": "nvlink"}]))
+def test_scenario_round_trips_through_the_url(seqs, caching, util, policy, gpus, slo, seed, source, pd) -> None:
     flags = {k: v for k, v in {"max_num_seqs": seqs, "enable_prefix_caching": caching,
                                "gpu_memory_utilization": util, "scheduling_policy": policy}.items()
              if v is not None}
-    s = Scenario(num_gpus=gpus, slo=slo, seed=seed, flags=flags, workload="custom", **source,
+    s = Scenario(num_gpus=gpus, slo=slo, seed=seed, flags=flags, workload="custom", **source, **pd,
                  spec=get_preset("lab-poisson").model_dump_json())
     params = to_query_params(s)
     assert all(isinstance(v, str) for v in params.values())
@@ -216,16 +216,25 @@ def test_flags_text_spells_flags_as_vllm_serve_does() -> None:
 # ----------------------------------------------------------------------------- calibration
 
 
-def test_profile_info_reads_status_and_validation(tmp_path) -> None:
+def test_profile_info_reads_status_and_validation(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(app_calibration, "PROFILES_DIR", tmp_path)  # a shipped profile, by name
     p = tmp_path / "h100-scaled.json"
     p.write_text(json.dumps({"name": "h100-scaled", "hardware": "h100-sxm",
                              "validation": {"ttft_p99": {"median_abs_error_pct": 4.2, "worst_p99_pct": 8.0},
                                             "tpot_p50": 2.5}}))
-    info = profile_info({"profile": str(p), "profile_status": SCALED}, "default")
-    assert info.scaled and info.name == str(p)
+    info = profile_info({"profile": "h100-scaled", "profile_status": SCALED}, "default")
+    assert info.scaled and info.name == "h100-scaled"
     assert info.validation == [{"metric": "ttft_p99", "median_abs_error_pct": 4.2, "worst_p99_pct": 8.0},
                                {"metric": "tpot_p50", "error": 2.5}]
     assert info.provenance == {"hardware": "h100-sxm"}
+
+
+def test_a_profile_is_read_by_shipped_name_only(tmp_path) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"validation": {"leak": 1}, "hardware": "x"}))
+    for name in (str(secret), str(tmp_path / "secret"), "../../../" + str(secret), "/etc/passwd", ".hidden"):
+        assert read_profile(name) == {}
+        assert profile_info({"profile": name}, "default").provenance == {}
 
 
 def test_a_summary_without_profile_keys_ran_first_principles() -> None:

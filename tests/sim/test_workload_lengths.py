@@ -126,3 +126,28 @@ def test_empirical_fit_keeps_the_quantiles():
     d = fit_lengths(x)
     assert isinstance(d, EmpiricalLength) and len(d.values) == 1001
     assert d.values[500] == np.percentile(x, 50, method="inverted_cdf") and d.values[-1] == x.max()
+
+
+@pytest.mark.parametrize("exponent", [0.5, 1.0, 1.3])
+def test_a_wide_zipf_law_is_drawn_without_tabulating_its_support(exponent):
+    """Past ZIPF_EXACT_SUPPORT values the tail is drawn from the continuous law: the mean and the
+    quantiles match the exact law's, and memory no longer grows with max_tokens (10M values were
+    several 80 MB arrays)."""
+    import tracemalloc
+
+    from sim.lengths import ZIPF_EXACT_SUPPORT, mean_length
+
+    high = 4 * ZIPF_EXACT_SUPPORT
+    dist = ZipfLength(exponent=exponent, min_tokens=1, max_tokens=high)
+    pmf = zipf_pmf(exponent, 1, high)
+    exact_mean = float((pmf * np.arange(1, high + 1)).sum())
+    assert mean_length(dist) == pytest.approx(exact_mean, rel=1e-4)
+    x = sample_lengths(dist, 100_000, np.random.default_rng(3))
+    want = np.searchsorted(np.cumsum(pmf), [0.5, 0.9, 0.99]) + 1
+    assert np.percentile(x, [50, 90, 99]) == pytest.approx(want, rel=0.05, abs=2)
+    tracemalloc.start()
+    sample_lengths(ZipfLength(exponent=exponent, min_tokens=1, max_tokens=10_000_000), 1000,
+                   np.random.default_rng(0))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 << 20, peak
