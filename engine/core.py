@@ -595,10 +595,8 @@ class EngineCore:
 
     def _note_first_scheduled(self, out, now_s: float) -> None:
         """Stamp each request's first scheduling time and the prefix-cache hit it was admitted with
-        (a batch of plain decodes admits nothing: every one was scheduled before)."""
-        if out.only_plain_decodes:
-            return
-        for s in out.scheduled:
+        (a request is first scheduled by its admission: only this step's admissions are read)."""
+        for s in out.admitted:
             st = self.requests[s.request_id]
             if st.first_scheduled_s is None:
                 st.first_scheduled_s = now_s

@@ -778,9 +778,10 @@ class Scheduler:
         r.num_computed_tokens = base + num_new
         # decode from the start: the whole prompt's KV and the first token arrived (P/D)
         is_prefill = not (r.num_generated > 0 and not r.num_preemptions)
-        out._entries[r.request_id] = ScheduledRequest(
+        e = out._entries[r.request_id] = ScheduledRequest(
             r.request_id, num_new, base, num_hit, 0, is_prefill, r.num_computed_tokens >= r.num_tokens,
             r.block_ids, tuple(new) if new else _EMPTY)
+        out._admitted.append(e)
         out._batch.append(r)
         return num_new
 
@@ -862,11 +863,14 @@ class Scheduler:
                 f"update_from_output() must be called once, for the latest schedule() output "
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})")
         sampling = out._sampling()
-        self._check_sampled(out, sampling, sampled)
+        one_each = self._check_sampled(out, sampling, sampled)
         stopped = self._check_stopped(out, sampling, stopped)
         out._updated = True
         results = self._take_rejected(out)
-        counts, token_ids = _counts_and_token_ids(sampled)
+        if one_each:  # one token per request: no counts to build (ids, if given, are lists)
+            counts, token_ids = None, (None if one_each == "counts" else sampled)
+        else:
+            counts, token_ids = _counts_and_token_ids(sampled)
         drafts = out._entries if out.num_spec_tokens else None
         num_generated = len(sampling) if counts is None else sum(counts.values())
         any_finished = False
@@ -931,8 +935,10 @@ class Scheduler:
                 del r.block_ids[keep:]
                 out.num_blocks_freed += self.pool.free_tail_first(tail)
 
-    def _check_sampled(self, out: SchedulerOutput, sampling: list, sampled: dict | None) -> None:
-        """Validate `sampled` against the step before anything changes."""
+    def _check_sampled(self, out: SchedulerOutput, sampling: list, sampled: dict | None) -> str | None:
+        """Validate `sampled` against the step before anything changes. Returns what it
+        found when each sampling request has exactly one token: "none" (sampled None), "ids"
+        (a one-id list each) or "counts" (a count of 1 each); else None."""
         if sampled is None:
             if self._any_token_ids:
                 for r in sampling:
@@ -940,13 +946,15 @@ class Scheduler:
                         raise ValueError(
                             f"request {r.request_id} was added with prompt_token_ids, so "
                             f"update_from_output needs its sampled token ids (sampled=None given)")
-            return
+            return "none"
         if not out.num_spec_tokens and len(sampled) == len(sampling):
-            # the common shape, checked at C speed: one token (id list or count) each
+            # the common shapes, checked at C speed: one token (id list or count) each
             try:
                 vals = list(map(sampled.__getitem__, map(_request_id, sampling)))
+                if not self._any_token_ids and vals.count(1) == len(vals):
+                    return "counts"  # async scheduling's counts (a list never equals 1)
                 if list(map(len, vals)).count(1) == len(vals):
-                    return
+                    return "ids"
             except (KeyError, TypeError):  # a missing entry or a count: the full check says
                 pass
         for r in sampling:
@@ -956,6 +964,7 @@ class Scheduler:
             raise ValueError(
                 f"step {out.step_id}: sampled has entries for requests {stray} that do not "
                 f"sample this step (samples=False or not scheduled)")
+        return None
 
     @staticmethod
     def _check_one_sampled(out: SchedulerOutput, r: _ReqState, v) -> None:

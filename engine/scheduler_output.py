@@ -106,6 +106,7 @@ class SchedulerOutput:
     _batch: list = field(default_factory=list, repr=False)
     _entries: dict[int, ScheduledRequest] = field(default_factory=dict, repr=False)
     _num_silent: int = field(default=0, repr=False)  # entries that do not sample
+    _admitted: list[ScheduledRequest] = field(default_factory=list, repr=False)
     _scheduled: list[ScheduledRequest] | None = field(default=None, repr=False)
     _updated: bool = field(default=False, repr=False)
 
@@ -118,6 +119,12 @@ class SchedulerOutput:
                                                       False, True, r.block_ids, _EMPTY)
                 for r in self._batch]
         return self._scheduled
+
+    @property
+    def admitted(self) -> list[ScheduledRequest]:
+        """The entries of the requests admitted this step (from the waiting queue: first
+        admissions and re-admissions after preemption), in batch order."""
+        return self._admitted
 
     @property
     def num_scheduled(self) -> int:
