@@ -25,6 +25,7 @@ Larger batches run eagerly.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 import os
@@ -117,11 +118,11 @@ class StepInputs:
 class _InputTokens:
     """The step's input token ids, flattened; a decode whose input token the previous step
     sampled but the host has not read yet holds a 0 at `gather_dst[i]`, filled on the device
-    from row `gather_src[i]` of the previous step's sampled tokens."""
+    from row `gather_src[i]` of the previous step's sampled tokens (lists, or int64 arrays)."""
 
-    flat_ids: list[int]
-    gather_dst: list[int]
-    gather_src: list[int]
+    flat_ids: list[int] | np.ndarray
+    gather_dst: list[int] | np.ndarray
+    gather_src: list[int] | np.ndarray
 
 
 @dataclass(slots=True)
@@ -139,7 +140,7 @@ class _StepLayout:
     qsl: np.ndarray  # [padded_seqs + 1] query start offsets
     positions: np.ndarray  # [num_tokens]
     slots: np.ndarray  # [num_tokens] flat KV-cache slots
-    sample_rows: list[int]  # scheduled rows that sample a token
+    sample_rows: Sequence[int]  # scheduled rows that sample a token (a range when all do)
     block_cols: int  # block-table columns to copy: the widest row of the step
 
 
@@ -178,7 +179,7 @@ def _input_tokens(rids: Sequence[int], starts: Sequence[int], q_lens: Sequence[i
     decode whose input token was sampled by the previous step and is not on the host yet."""
     n = len(q_lens)
     if n == sum(q_lens):  # one token per request (a decode batch): C-level passes
-        lists = list(map(token_ids.__getitem__, rids))
+        lists = map(token_ids.__getitem__, rids)
         if inflight is None:
             # every input token on the host (synchronous scheduling); an IndexError means
             # some token is unknown, which the loop names
@@ -186,9 +187,15 @@ def _input_tokens(rids: Sequence[int], starts: Sequence[int], q_lens: Sequence[i
                 return _InputTokens(list(map(operator.getitem, lists, starts)), [], [])
             except IndexError:
                 pass
-        elif list(map(len, lists)) == list(starts) and all(map(inflight[0].__contains__, rids)):
-            # every input token is the one the previous step sampled (steady async decoding)
-            return _InputTokens([0] * n, list(range(n)), list(map(inflight[0].__getitem__, rids)))
+        elif list(map(len, lists)) == list(starts):
+            # every input token is the one the previous step sampled (steady async decoding);
+            # a KeyError (a request the previous step did not sample) is named by the loop
+            try:
+                src = np.fromiter(map(inflight[0].__getitem__, rids), dtype=np.int64, count=n)
+            except KeyError:
+                pass
+            else:
+                return _InputTokens(np.zeros(n, dtype=np.int64), np.arange(n), src)
     tokens = _InputTokens([], [], [])
     flat_ids = tokens.flat_ids
     for rid, c, q in zip(rids, starts, q_lens):
@@ -209,7 +216,7 @@ def _input_tokens(rids: Sequence[int], starts: Sequence[int], q_lens: Sequence[i
     return tokens
 
 
-def _spec_counts(num_spec_tokens: Sequence[int], sample_rows: list[int]) -> np.ndarray:
+def _spec_counts(num_spec_tokens: Sequence[int], sample_rows: Sequence[int]) -> np.ndarray:
     """Drafts verified by each sampling row."""
     return np.fromiter((num_spec_tokens[i] for i in sample_rows), dtype=np.int64, count=len(sample_rows))
 
@@ -283,6 +290,8 @@ class ModelRunner:
         self.kv_caches: torch.Tensor | None = None
         self.num_blocks = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._decode_sizes_key: tuple[int, int] | None = None
+        self._decode_sizes_list: list[int] = []
         # verify graphs: batch size -> graph of that many decodes with k drafts each (q = 1 + k)
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_q = 0
@@ -554,7 +563,7 @@ class ModelRunner:
         starts = np.array(c_t, dtype=np.int64)
         tokens = _input_tokens(rids, c_t, q_t, token_ids, inflight)
         entries, max_blocks = self._stage_block_tables(tables, starts)
-        sample_rows = list(range(n)) if all_sample else list(itertools.compress(range(n), samples))
+        sample_rows = range(n) if all_sample else list(itertools.compress(range(n), samples))
         spec = _spec_counts(cols.num_spec_tokens, sample_rows) if verify else None
         layout = self._layout(q_lens, starts, sample_rows, max_blocks, spec)
         num_logits = self._stage_host(layout, tokens.flat_ids, spec)
@@ -612,9 +621,13 @@ class ModelRunner:
         cache = self._row_cache
         n = len(tables)
         nbs = np.fromiter(map(len, tables), dtype=np.int64, count=n)
-        same = np.fromiter(map(operator.is_, cache.tables[:n], tables), dtype=bool, count=n)
         firsts = np.minimum(cache.num_blocks[:n], cache.starts[:n] // self.block_size + 1)
-        firsts[~same] = 0
+        held = cache.tables[:n]
+        # every row holds its request's table again (a steady batch): one C-level compare,
+        # which short-cuts on identity (a new list equal to the old one is as good: the row
+        # holds its blocks); else row by row, by identity
+        if held != list(tables):
+            firsts[~np.fromiter(map(operator.is_, held, tables), dtype=bool, count=n)] = 0
         rows = np.flatnonzero(nbs > firsts)
         cache.tables[:n] = tables
         cache.num_blocks[:n] = nbs
@@ -673,7 +686,7 @@ class ModelRunner:
         self._staged_entries[st] = k
         return k
 
-    def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None,
+    def _pick_graph(self, q_lens: np.ndarray, sample_rows: Sequence[int], spec: np.ndarray | None,
                     num_tokens: int) -> _GraphChoice | None:
         """The CUDA graph this step replays, or None (eager): a decode graph for a pure decode
         batch, a verify graph when every request is a decode with exactly k drafts (the
@@ -681,9 +694,9 @@ class ModelRunner:
         n = len(q_lens)
         if len(sample_rows) == n:
             if spec is None and self.graphs and num_tokens == n:
-                b = next((b for b in sorted(self.graphs) if b >= n), None)
-                if b is not None:
-                    return _GraphChoice("decode", b, 1)
+                sizes = self._decode_sizes()
+                if n <= sizes[-1]:
+                    return _GraphChoice("decode", sizes[bisect.bisect_left(sizes, n)], 1)
             q = self.verify_q
             if spec is not None and self.verify_graphs and bool((spec == q - 1).all()) \
                     and bool((q_lens == q).all()):
@@ -696,7 +709,14 @@ class ModelRunner:
                 return _GraphChoice("mixed", t, 0)
         return None
 
-    def _layout(self, q_lens: np.ndarray, starts: np.ndarray, sample_rows: list[int],
+    def _decode_sizes(self) -> list[int]:
+        """The decode graphs' sizes, sorted (kept while `graphs` is the same dict of as many)."""
+        key = (id(self.graphs), len(self.graphs))
+        if self._decode_sizes_key != key:
+            self._decode_sizes_key, self._decode_sizes_list = key, sorted(self.graphs)
+        return self._decode_sizes_list
+
+    def _layout(self, q_lens: np.ndarray, starts: np.ndarray, sample_rows: Sequence[int],
                 max_blocks: int, spec: np.ndarray | None = None) -> _StepLayout:
         """Where every token of the step goes: the CUDA graph (if any), padding, positions,
         query offsets and KV slots (from the block table's host mirror, already updated)."""
@@ -755,7 +775,8 @@ class ModelRunner:
         h_sl[n:layout.padded_seqs] = layout.graph_q
         self._np["qsl"][: layout.padded_seqs + 1] = layout.qsl
         h_li = self._np["logits_idx"]
-        ends = layout.qsl[1:][layout.sample_rows]
+        rows = layout.sample_rows
+        ends = layout.qsl[1: n + 1] if len(rows) == n else layout.qsl[1:][rows]
         if spec is None:
             self._num_logits = len(ends)
             h_li[: len(ends)] = ends - 1
