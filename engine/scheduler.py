@@ -667,23 +667,31 @@ class Scheduler:
         bs = self.block_size
         plain = not self.config.num_speculative_tokens
         caching = self.caching
+        last = bs - 1
+        append = batch.append
         i = 0
         num_running = len(running)
         while i < num_running and budget > 0:
+            if plain:
+                # The bulk of a busy step, kept inline: a run of plain decodes (one token each,
+                # into a block the request holds or, at a block boundary, a free one), up to
+                # the first request that is not one (or the budget's end)
+                start = len(batch)
+                for r in islice(running, i, i + budget):
+                    c = r.num_computed_tokens
+                    if not r.sampled_since_admission or (
+                            c >= len(r.block_ids) * bs and not self._open_block(r, out)):
+                        break
+                    r.num_computed_tokens = c + 1
+                    if caching and c % bs == last and c // bs >= r.num_cached_blocks:
+                        out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
+                    append(r)
+                done = len(batch) - start
+                i += done
+                budget -= done
+                if i >= num_running or budget <= 0:
+                    break
             r = running[i]
-            c = r.num_computed_tokens
-            table = r.block_ids
-            # The bulk of a busy step, kept inline: one decode token, into a block the request
-            # holds or, at a block boundary, a free one.
-            if plain and r.sampled_since_admission and (
-                    c < len(table) * bs or self._open_block(r, out)):
-                r.num_computed_tokens = c + 1
-                if caching and c % bs == bs - 1 and c // bs >= r.num_cached_blocks:
-                    out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
-                batch.append(r)
-                budget -= 1
-                i += 1
-                continue
             num_preempted = len(out.preempted_ids)
             if not self._schedule_chunk(r, budget, out):
                 break  # r itself was preempted: nothing after it fits either
