@@ -350,6 +350,7 @@ class ModelRunner:
         self._bt_host = np.zeros((b, self.max_blocks_per_seq), dtype=np.int32)
         self._bt_host_flat = self._bt_host.reshape(-1)
         self._row_cache = _RowCache.empty(b)
+        self._row_starts = np.arange(b, dtype=np.int64) * self.max_blocks_per_seq  # flat index of each row
         # The in-flight gather's fixed-size lists: entries past the step's own write the
         # spare token id (index t) from row 0
         self._ids_dummy = t
@@ -732,20 +733,23 @@ class ModelRunner:
             padded_seqs, padded_tokens = self.mixed_graph_seqs(choice.size), choice.size
         else:
             padded_seqs, padded_tokens = choice.size, choice.size * gq
-        qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
         bs = self.block_size
-        bt = self._bt_host
-        if num_tokens == n:  # one token per sequence (no request computes 0): no repeats needed
-            qsl[1: n + 1] = self._arange[1: n + 1]
-            positions, seq_idx = starts, self._arange[:n]
+        if num_tokens == n and (gq == 1 or padded_seqs == n):
+            # one token per sequence, padding sequences too: the offsets are 0, 1, 2, ...
+            qsl = self._arange[: padded_seqs + 1]  # read only
         else:
+            qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
             np.cumsum(q_lens, out=qsl[1: n + 1])
+            # padding sequences: gq dummy tokens each (none for a mixed graph: its padding
+            # tokens follow the last sequence and belong to none)
+            qsl[n + 1:] = num_tokens + gq * self._arange[1: padded_seqs - n + 1]
+        if num_tokens == n:  # one token per sequence (no request computes 0): no repeats needed
+            positions, rows_at = starts, self._row_starts[:n]
+        else:
             positions = np.repeat(starts - qsl[:n], q_lens) + self._arange[:num_tokens]
-            seq_idx = np.repeat(self._arange[:n], q_lens)
-        # padding sequences: gq dummy tokens each (none for a mixed graph: its padding tokens
-        # follow the last sequence and belong to none)
-        qsl[n + 1:] = num_tokens + gq * self._arange[1: padded_seqs - n + 1]
-        slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
+            rows_at = np.repeat(self._row_starts[:n], q_lens)
+        # each token's block id, read from the mirror's flat rows
+        slots = self._bt_host_flat[rows_at + positions // bs].astype(np.int64) * bs + positions % bs
         return _StepLayout(
             num_seqs=n, num_tokens=num_tokens, padded_seqs=padded_seqs, padded_tokens=padded_tokens,
             graph_size=None if choice is None else choice.size, graph_q=gq,
