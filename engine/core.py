@@ -79,8 +79,7 @@ class _Pending:
     """A launched step whose sampled tokens are not yet on the host (async scheduling)."""
 
     out: object  # SchedulerOutput
-    sample_ids: list[int]
-    row_of: dict[int, int]
+    sample_ids: list[int]  # row i of the sampled tokens is sample_ids[i]'s
     tokens_dev: torch.Tensor | None
     tokens_host: torch.Tensor | None
     done: object  # torch.cuda.Event or None
@@ -673,7 +672,7 @@ class EngineCore:
             return prev
         self._note_first_scheduled(out, t1 - self.epoch)
         p = self._pending
-        inflight = (p.row_of, p.tokens_dev) if p is not None and p.tokens_dev is not None else None
+        inflight = (p.sample_ids, p.tokens_dev) if p is not None and p.tokens_dev is not None else None
         cols = out.columns()
         inp = self.runner.prepare(cols, self._token_ids, inflight)
         t2 = time.perf_counter()
@@ -699,7 +698,7 @@ class EngineCore:
         t3 = time.perf_counter()
         # While the GPU runs this step: collect the previous one, then tell the scheduler.
         prev = self._collect(t0)
-        pend = _Pending(out=out, sample_ids=sample_ids, row_of={r: i for i, r in enumerate(sample_ids)},
+        pend = _Pending(out=out, sample_ids=sample_ids,
                         tokens_dev=tokens_dev, tokens_host=tokens_host, done=done, events=events,
                         t0=t0, schedule_s=t1 - t0, prepare_s=t2 - t1, launch_s=t3 - t2)
         for res in self.scheduler.update_from_output(out, {r: 1 for r in sample_ids}):

@@ -172,13 +172,22 @@ class _RowCache:
         self.tables[lo:hi] = [None] * (hi - lo)
 
 
+def _row_of(rows: dict[int, int] | Sequence[int]) -> dict[int, int]:
+    """In-flight rows as a dict: request id -> row (given as one, or as the ids by row)."""
+    return rows if isinstance(rows, dict) else {r: i for i, r in enumerate(rows)}
+
+
 def _input_tokens(rids: Sequence[int], starts: Sequence[int], q_lens: Sequence[int],
                   token_ids: dict[int, list[int]],
-                  inflight: tuple[dict[int, int], torch.Tensor] | None) -> _InputTokens:
+                  inflight: tuple[dict[int, int] | Sequence[int], torch.Tensor] | None,
+                  one_each: bool | None = None) -> _InputTokens:
     """Each request's tokens [start, start + q_len) from `token_ids`, or from `inflight` for a
-    decode whose input token was sampled by the previous step and is not on the host yet."""
+    decode whose input token was sampled by the previous step and is not on the host yet.
+    `one_each`: whether every q_len is 1 (None: found here)."""
     n = len(q_lens)
-    if n == sum(q_lens):  # one token per request (a decode batch): C-level passes
+    if one_each is None:
+        one_each = n == sum(q_lens)
+    if one_each:  # one token per request (a decode batch): C-level passes
         lists = map(token_ids.__getitem__, rids)
         if inflight is None:
             # every input token on the host (synchronous scheduling); an IndexError means
@@ -190,12 +199,17 @@ def _input_tokens(rids: Sequence[int], starts: Sequence[int], q_lens: Sequence[i
         elif list(map(len, lists)) == list(starts):
             # every input token is the one the previous step sampled (steady async decoding);
             # a KeyError (a request the previous step did not sample) is named by the loop
+            rows = inflight[0]
+            if not isinstance(rows, dict) and list(rows) == list(rids):  # the same batch, in order
+                return _InputTokens(np.zeros(n, dtype=np.int64), np.arange(n), np.arange(n))
             try:
-                src = np.fromiter(map(inflight[0].__getitem__, rids), dtype=np.int64, count=n)
+                src = np.fromiter(map(_row_of(rows).__getitem__, rids), dtype=np.int64, count=n)
             except KeyError:
                 pass
             else:
                 return _InputTokens(np.zeros(n, dtype=np.int64), np.arange(n), src)
+    if inflight is not None:
+        inflight = (_row_of(inflight[0]), inflight[1])
     tokens = _InputTokens([], [], [])
     flat_ids = tokens.flat_ids
     for rid, c, q in zip(rids, starts, q_lens):
@@ -359,7 +373,10 @@ class ModelRunner:
             sv["gather_dst"][:] = t
         self._staged_entries = [0, 0]  # per staging set: block-table entries written last time
         self._staged_gathers = [0, 0]  # per staging set: gather entries written last time
+        # shared read-only arrays (a one-token step's q_lens and query offsets are views of them)
         self._arange = np.arange(t + 1, dtype=np.int64)
+        self._ones = np.ones(t, dtype=np.int64)
+        self._arange.flags.writeable = self._ones.flags.writeable = False
         self._stage_done: list[torch.cuda.Event | None] = [None, None]
         self._stream = None  # the stream the steps' copies run on (taken at the first record)
         self._stage_idx = 0
@@ -522,7 +539,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, scheduled, token_ids: dict[int, list[int]],
-                inflight: tuple[dict[int, int], torch.Tensor] | None = None, *,
+                inflight: tuple[dict[int, int] | Sequence[int], torch.Tensor] | None = None, *,
                 verify: bool = False) -> StepInputs:
         """Fill the device buffers from the scheduler's output; no device sync.
 
@@ -537,7 +554,7 @@ class ModelRunner:
         recomputation after preemption).
 
         `inflight` (async scheduling): (row of each request in the previous step's sampled
-        tokens, those tokens on the device). A decode whose input token is still in flight gets
+        tokens, as a dict or as the request ids by row; those tokens on the device). A decode whose input token is still in flight gets
         it by a device-side gather, so the host never waits for it: inside the step's CUDA
         graph when it replays one (the tokens are read from the persistent buffer that
         `sampled_tokens_out` hands the sampler; other tensors are copied there first), here
@@ -560,9 +577,9 @@ class ModelRunner:
                                            cols.samples, cols.block_ids)
         one_each = n == sum(q_t)  # one token per request (none computes 0)
         all_sample = samples.count(True) == n
-        q_lens = np.ones(n, dtype=np.int64) if one_each else np.array(q_t, dtype=np.int64)
+        q_lens = self._ones[:n] if one_each else np.array(q_t, dtype=np.int64)  # read only
         starts = np.array(c_t, dtype=np.int64)
-        tokens = _input_tokens(rids, c_t, q_t, token_ids, inflight)
+        tokens = _input_tokens(rids, c_t, q_t, token_ids, inflight, one_each)
         entries, max_blocks = self._stage_block_tables(tables, starts)
         sample_rows = range(n) if all_sample else list(itertools.compress(range(n), samples))
         spec = _spec_counts(cols.num_spec_tokens, sample_rows) if verify else None
@@ -722,7 +739,7 @@ class ModelRunner:
         """Where every token of the step goes: the CUDA graph (if any), padding, positions,
         query offsets and KV slots (from the block table's host mirror, already updated)."""
         n = len(q_lens)
-        num_tokens = int(q_lens.sum())
+        num_tokens = n if q_lens.base is self._ones else int(q_lens.sum())  # a view of ones: n
         choice = self._pick_graph(q_lens, sample_rows, spec, num_tokens)
         gq = 1 if choice is None else choice.q
         # a graph reads the full-width table, but the kernels read a row only up to its
