@@ -4,7 +4,7 @@ nothing, so every figure is host work.
 
     PYTHONPATH=. python benchmarks/engine/bench_host_step.py [--batch 32 128 256] [--mode async sync]
         [--steps 200] [--repeats 5] [--context 1000 1300] [--compare-ref GIT_REV]
-        [--out FILE.json [--force]] [--profile]
+        [--out FILE.json [--force]] [--profile] [--functions]
 
 An `EngineCore` on the CPU (the tiny model; its forward never runs) holds `--batch` requests
 past their prefill, at contexts uniform in `--context` tokens (the H200's `diagnose.py host`
@@ -32,7 +32,8 @@ time; `views` = how many of them only make a view) and `step_ops` those of the w
 kernels/ packages, extracted with `git archive`; this script is the same) in the same run: the
 repeats alternate between this tree and REV, each in a fresh process, so both see the same
 machine load. `--profile` prints cProfile's top functions over the steps of the first batch
-and mode (this tree only).
+and mode (this tree only). `--functions` also times each host function the code has (a wrapper
+around each, after the unwrapped figures; the least of 3 rounds): us per step by function.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class Row:
     step_ops: int = -1  # torch ops of the whole step() call
     events: int = -1  # stand-in event calls of one step
     op_names: dict | None = None  # runner.prepare()'s ops by name
+    functions: dict | None = None  # --functions: us per step of each host function (wrapped)
 
     @property
     def host_us(self) -> float:
@@ -266,18 +268,68 @@ def _count(core) -> tuple[OpCounter, OpCounter, int]:
     return prep_ops, step_ops, events
 
 
-def measure_once(batch: int, mode: str, steps: int, context: tuple[int, int]) -> Row:
+# host functions timed by --functions, where the code has them (owner, name)
+FUNCTIONS = (("scheduler", "schedule"), ("scheduler", "update_from_output"), ("output", "columns"),
+             ("core", "_note_first_scheduled"), ("core", "_collect"), ("core", "_sample"), ("sampler", "sample"),
+             ("runner", "prepare"), ("runner", "_stage_block_tables"), ("runner", "_write_rows"),
+             ("runner", "_layout"), ("runner", "_stage_host"), ("runner", "_stage_gather"),
+             ("runner", "_stage_block_entries"), ("runner", "_copy_to_device"), ("runner", "_gather_inflight"),
+             ("runner", "_next_stage"), ("runner", "_record_stage_done"), ("runner_module", "_input_tokens"))
+
+
+def _time_functions(core, steps: int, rounds: int = 3) -> dict[str, float]:
+    """Us per step of each host function (a timing wrapper around each; the least of `rounds`
+    rounds of `steps` steps), measured after the unwrapped figures."""
+    import engine.runner as runner_module
+    from engine.scheduler_output import SchedulerOutput
+
+    owners = {"scheduler": type(core.scheduler), "output": SchedulerOutput, "core": type(core),
+              "sampler": type(core.sampler), "runner": type(core.runner), "runner_module": runner_module}
+    acc: dict[str, float] = {}
+    saved = []
+    for owner_name, name in FUNCTIONS:
+        owner = owners[owner_name]
+        fn = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        if fn is None:
+            continue
+        saved.append((owner, name, fn))
+
+        def timed(*a, __fn=fn, __name=name, **k):
+            t = time.perf_counter()
+            try:
+                return __fn(*a, **k)
+            finally:
+                acc[__name] = acc.get(__name, 0.0) + time.perf_counter() - t
+
+        setattr(owner, name, timed)
+    best: dict[str, float] = {}
+    try:
+        for _ in range(rounds):
+            acc.clear()
+            for _ in range(steps):
+                core.step()
+            for k, v in acc.items():
+                best[k] = min(best.get(k, float("inf")), v / steps * 1e6)
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+    return dict(sorted(best.items(), key=lambda kv: -kv[1]))
+
+
+def measure_once(batch: int, mode: str, steps: int, context: tuple[int, int], functions: bool = False) -> Row:
     core = _engine(batch, mode, context)
     gc.collect()
     gc.freeze()
     try:
         t = _time_steps(core, steps)
         prep_ops, step_ops, events = _count(core)
+        funcs = _time_functions(core, steps) if functions else None
     finally:
         gc.unfreeze()
     us = {k: statistics.median(v) * 1e6 for k, v in t.items()}
     return Row(batch, mode, us["schedule"], us["prepare"], us["launch"], us["update"], us["rest"], us["step"],
-               prep_ops.total, prep_ops.views, step_ops.total, events, dict(sorted(prep_ops.counts.items())))
+               prep_ops.total, prep_ops.views, step_ops.total, events, dict(sorted(prep_ops.counts.items())),
+               funcs)
 
 
 def profile(batch: int, mode: str, steps: int, context: tuple[int, int], top: int = 25) -> None:
@@ -300,10 +352,20 @@ def _table(rows: list[Row], title: str) -> str:
     return "\n".join(lines)
 
 
+def _functions_table(rows: list[Row]) -> str:
+    lines = ["us per step by function (wrapped; nested calls are inside their callers)"]
+    for r in rows:
+        top = ", ".join(f"{k} {v:.1f}" for k, v in (r.functions or {}).items())
+        lines.append(f"{r.batch:>5} {r.mode:>5}: {top}")
+    return "\n".join(lines)
+
+
 def _run_child(pythonpath: str, args: argparse.Namespace, out: Path) -> list[Row]:
     """One repeat of every (batch, mode) in a fresh process, with the engine at `pythonpath`."""
     cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--out", str(out), "--force",
            "--context", *map(str, args.context), "--batch", *map(str, args.batch), "--mode", *args.mode]
+    if args.functions:
+        cmd.append("--functions")
     subprocess.run(cmd, check=True, env=os.environ | {"PYTHONPATH": pythonpath}, stdout=subprocess.DEVNULL)
     return [Row(**r) for r in json.loads(out.read_text())["rows"]]
 
@@ -345,13 +407,15 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="JSON file of the figures")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     p.add_argument("--profile", action="store_true", help="cProfile's top functions (first batch and mode)")
+    p.add_argument("--functions", action="store_true",
+                   help="also time each host function (wrapped, after the unwrapped figures)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(1)
     _patch_cuda()
     context = (args.context[0], args.context[1])
     if args.child:
-        rows = [measure_once(b, m, args.steps, context) for b in args.batch for m in args.mode]
+        rows = [measure_once(b, m, args.steps, context, args.functions) for b in args.batch for m in args.mode]
         args.out.write_text(json.dumps({"rows": [asdict(r) for r in rows]}) + "\n")
         return
     if args.out and args.out.exists() and not args.force:
@@ -374,6 +438,8 @@ def main() -> None:
                 ref.append(_run_child(str(ref_path), args, Path(tmp) / f"ref{i}.json"))
     rows = _best(tree)
     print(_table(rows, "this tree (median us per steady decode step)"))
+    if args.functions:
+        print(_functions_table(rows))
     result = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": _machine(),
               "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
@@ -382,6 +448,8 @@ def main() -> None:
     if args.compare_ref:
         ref_rows = _best(ref)
         print(_table(ref_rows, f"\nref {args.compare_ref} (median us per steady decode step)"))
+        if args.functions:
+            print(_functions_table(ref_rows))
         speed = {f"{r.batch}-{r.mode}": {"host_x": round(q.host_us / r.host_us, 2),
                                          "step_x": round(q.step_us / r.step_us, 2)}
                  for r, q in zip(rows, ref_rows)}
