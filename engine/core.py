@@ -57,6 +57,7 @@ class RequestState:
     num_spec_drafts: int = 0  # decode steps that verified drafts
     num_spec_draft_tokens: int = 0
     num_spec_accepted_tokens: int = 0
+    stop_ids: frozenset[int] = frozenset()  # tokens that end it: EOS unless ignore_eos, its stop ids
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -78,8 +79,7 @@ class _Pending:
     """A launched step whose sampled tokens are not yet on the host (async scheduling)."""
 
     out: object  # SchedulerOutput
-    sample_ids: list[int]
-    row_of: dict[int, int]
+    sample_ids: list[int]  # row i of the sampled tokens is sample_ids[i]'s
     tokens_dev: torch.Tensor | None
     tokens_host: torch.Tensor | None
     done: object  # torch.cuda.Event or None
@@ -226,6 +226,8 @@ class EngineCore:
                                                     num_speculative_tokens=self.spec_k))
         self.sampler = Sampler(self.device, default_seed=config.seed)
         self.requests: dict[int, RequestState] = {}
+        # each unfinished request's token list (RequestState.token_ids), what runner.prepare reads
+        self._token_ids: dict[int, list[int]] = {}
         self.epoch = time.perf_counter()
         # Step timing events: CUDA events on a GPU (tests inject a stand-in with the same contract)
         self._use_events = self.runner.is_cuda
@@ -414,6 +416,7 @@ class EngineCore:
         if self.drafter is not None:
             self.drafter.reset()
         self.requests.clear()
+        self._token_ids.clear()
         self._pending = None
         self._stopped_ids = []
         self.reset_clock()
@@ -431,8 +434,11 @@ class EngineCore:
             self.ready_s = process_age_s()
         st = RequestState(request=request, params=params, token_ids=list(prompt_token_ids),
                           num_prompt_tokens=len(prompt_token_ids),
-                          arrival_s=self.now() if arrival_s is None else arrival_s)
+                          arrival_s=self.now() if arrival_s is None else arrival_s,
+                          stop_ids=frozenset(params.stop_token_ids).union(
+                              () if params.ignore_eos else self.eos_token_ids))
         self.requests[request.request_id] = st
+        self._token_ids[request.request_id] = st.token_ids
         self.sampler.add_request(request.request_id, params)
         if self.async_scheduling:
             # The scheduler is told token counts, not ids (they are still on the GPU when it
@@ -523,17 +529,30 @@ class EngineCore:
         """One token per sampling request, recorded; (sampled, stopped, time the tokens arrived)."""
         tokens: list[int] = []
         if sample_ids:
-            params = [self.requests[r].params for r in sample_ids]
+            params = self._sampling_params(sample_ids)
             tokens = self.sampler.sample(logits, sample_ids, params).tolist()  # the step's one sync
         t4 = time.perf_counter()
         t_tok = t4 - self.epoch
         sampled: dict[int, list[int]] = {}
         stopped: set[int] = set()  # decided per request, from its own sampling params
-        for rid, tok in zip(sample_ids, tokens):
+        reqs = self.requests
+        for rid, tok in zip(sample_ids, tokens):  # _record_token, inlined (a call per token)
             sampled[rid] = [tok]
-            if self._record_token(self.requests[rid], tok, t_tok):
+            st = reqs[rid]
+            ids = st.token_ids
+            ids.append(tok)
+            st.token_times_s.append(t_tok)
+            if tok in st.stop_ids:
+                st.stop_len = len(ids)
                 stopped.add(rid)
         return sampled, stopped, t4
+
+    def _sampling_params(self, sample_ids: list[int]) -> list[SamplingParams] | None:
+        """The sampler's params of these requests; None when every request is greedy."""
+        if not self.sampler.has_random:
+            return None
+        reqs = self.requests
+        return [reqs[r].params for r in sample_ids]
 
     # ------------------------------------------------------------------ speculative decoding
     def _propose_draft(self, out: SchedulerOutput) -> tuple[dict[int, Proposal], float]:
@@ -575,7 +594,7 @@ class EngineCore:
         """Each scheduled request's tokens; a verifying decode's followed by its drafts."""
         reqs = self.requests
         if not verify:
-            return {r: reqs[r].token_ids for r in cols.request_ids}
+            return self._token_ids
         return {s.request_id: (WithDrafts(reqs[s.request_id].token_ids,
                                           proposals[s.request_id].tokens[: s.num_spec_tokens])
                                if s.num_spec_tokens else reqs[s.request_id].token_ids)
@@ -617,8 +636,7 @@ class EngineCore:
 
     def _is_stop(self, st: RequestState, tok: int) -> bool:
         """Whether `tok` ends this request: EOS unless its ignore_eos, or one of its stop ids."""
-        p = st.params
-        return (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids
+        return tok in st.stop_ids
 
     def _finish_unscheduled(self, out) -> list[RequestState]:
         """Finish what an empty step still reports (rejections come back from the scheduler here)."""
@@ -627,10 +645,8 @@ class EngineCore:
 
     def _note_first_scheduled(self, out, now_s: float) -> None:
         """Stamp each request's first scheduling time and the prefix-cache hit it was admitted with
-        (a batch of plain decodes admits nothing: every one was scheduled before)."""
-        if out.only_plain_decodes:
-            return
-        for s in out.scheduled:
+        (a request is first scheduled by its admission: only this step's admissions are read)."""
+        for s in out.admitted:
             st = self.requests[s.request_id]
             if st.first_scheduled_s is None:
                 st.first_scheduled_s = now_s
@@ -644,6 +660,7 @@ class EngineCore:
         st.num_preemptions = res.num_preemptions
         st.num_cached_tokens = res.num_cached_tokens
         st.finished_s = self.now()
+        self._token_ids.pop(res.request_id, None)
         self.sampler.remove_request(res.request_id)
         self._ngram_drafts.pop(res.request_id, None)
         if self.drafter is not None:
@@ -687,10 +704,9 @@ class EngineCore:
             return prev
         self._note_first_scheduled(out, t1 - self.epoch)
         p = self._pending
-        inflight = (p.row_of, p.tokens_dev) if p is not None and p.tokens_dev is not None else None
+        inflight = (p.sample_ids, p.tokens_dev) if p is not None and p.tokens_dev is not None else None
         cols = out.columns()
-        reqs = self.requests
-        inp = self.runner.prepare(cols, {r: reqs[r].token_ids for r in cols.request_ids}, inflight)
+        inp = self.runner.prepare(cols, self._token_ids, inflight)
         t2 = time.perf_counter()
         events = None
         if self._use_events:
@@ -702,8 +718,9 @@ class EngineCore:
         sample_ids = inp.sample_request_ids
         tokens_dev = tokens_host = done = None
         if sample_ids:
-            params = [self.requests[r].params for r in sample_ids]
-            tokens_dev = self.sampler.sample(logits, sample_ids, params)
+            # into the runner's persistent buffer: the next step's graph gathers from there
+            tokens_dev = self.sampler.sample(logits, sample_ids, self._sampling_params(sample_ids),
+                                             out=self.runner.sampled_tokens_out(len(sample_ids)))
             self._token_buf_idx ^= 1
             tokens_host = self._token_bufs[self._token_buf_idx][: len(sample_ids)]
             tokens_host.copy_(tokens_dev, non_blocking=True)
@@ -713,7 +730,7 @@ class EngineCore:
         t3 = time.perf_counter()
         # While the GPU runs this step: collect the previous one, then tell the scheduler.
         prev = self._collect(t0)
-        pend = _Pending(out=out, sample_ids=sample_ids, row_of={r: i for i, r in enumerate(sample_ids)},
+        pend = _Pending(out=out, sample_ids=sample_ids,
                         tokens_dev=tokens_dev, tokens_host=tokens_host, done=done, events=events,
                         t0=t0, schedule_s=t1 - t0, prepare_s=t2 - t1, launch_s=t3 - t2)
         for res in self.scheduler.update_from_output(out, {r: 1 for r in sample_ids}):
@@ -749,12 +766,17 @@ class EngineCore:
             tokens = p.tokens_host.tolist()
         t_tok = time.perf_counter() - self.epoch
         sampled: dict[int, list[int]] = {}
+        reqs = self.requests
         for rid, tok in zip(p.sample_ids, tokens):
-            st = self.requests[rid]
+            st = reqs[rid]
             if st.stop_len is not None:  # the wasted lookahead token after a stop: discarded
                 continue
             sampled[rid] = [tok]
-            if self._record_token(st, tok, t_tok):
+            ids = st.token_ids  # _record_token, inlined (a call per token)
+            ids.append(tok)
+            st.token_times_s.append(t_tok)
+            if tok in st.stop_ids:
+                st.stop_len = len(ids)
                 self._stopped_ids.append(rid)
         finished = [self._end_request(r) for r in p.finished]
         if p.events is not None:

@@ -3,9 +3,12 @@
 One step = one flattened batch: every scheduled request contributes `num_new_tokens` tokens
 (a prefill chunk, a recomputation after preemption, or one decode token). Inputs are built with
 numpy on the host, staged in pinned memory and copied to persistent device buffers without a
-sync; the only sync of a step is the sampler's read-back of the sampled tokens. Block-table
-rows persist in the staging sets and are updated incrementally: a decode step writes a row
-only when its request crossed into a new block, joined, or moved to another row.
+sync; the only sync of a step is the sampler's read-back of the sampled tokens. The block
+table is kept on the device and mirrored on the host, and updated incrementally: a decode step
+writes a row only when its request crossed into a new block, joined, or moved to another row,
+and sends the device only the entries it changed. Under async scheduling a decode's input
+token, sampled by the previous step and still on the device, is gathered on the device (inside
+the step's CUDA graph when it replays one).
 
 On a GPU, pure-decode batches (every request computes exactly one token) replay a CUDA graph
 captured for the next bucket size up, and so do uniform speculative verify batches (every
@@ -22,6 +25,7 @@ Larger batches run eagerly.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 import os
@@ -114,11 +118,11 @@ class StepInputs:
 class _InputTokens:
     """The step's input token ids, flattened; a decode whose input token the previous step
     sampled but the host has not read yet holds a 0 at `gather_dst[i]`, filled on the device
-    from row `gather_src[i]` of the previous step's sampled tokens."""
+    from row `gather_src[i]` of the previous step's sampled tokens (lists, or int64 arrays)."""
 
-    flat_ids: list[int]
-    gather_dst: list[int]
-    gather_src: list[int]
+    flat_ids: list[int] | np.ndarray
+    gather_dst: list[int] | np.ndarray
+    gather_src: list[int] | np.ndarray
 
 
 @dataclass(slots=True)
@@ -136,7 +140,7 @@ class _StepLayout:
     qsl: np.ndarray  # [padded_seqs + 1] query start offsets
     positions: np.ndarray  # [num_tokens]
     slots: np.ndarray  # [num_tokens] flat KV-cache slots
-    sample_rows: list[int]  # scheduled rows that sample a token
+    sample_rows: Sequence[int]  # scheduled rows that sample a token (a range when all do)
     block_cols: int  # block-table columns to copy: the widest row of the step
 
 
@@ -151,8 +155,9 @@ class _GraphChoice:
 
 @dataclass(slots=True)
 class _RowCache:
-    """What one staging set's block-table rows hold: per row, the table (list) last written
-    there, how many of its blocks were written and that step's first token position."""
+    """What the block table's rows hold (host mirror and device alike): per row, the table
+    (list) last written there, how many of its blocks were written and that step's first
+    token position."""
 
     tables: list[list[int] | None]
     num_blocks: np.ndarray
@@ -167,18 +172,44 @@ class _RowCache:
         self.tables[lo:hi] = [None] * (hi - lo)
 
 
+def _row_of(rows: dict[int, int] | Sequence[int]) -> dict[int, int]:
+    """In-flight rows as a dict: request id -> row (given as one, or as the ids by row)."""
+    return rows if isinstance(rows, dict) else {r: i for i, r in enumerate(rows)}
+
+
 def _input_tokens(rids: Sequence[int], starts: Sequence[int], q_lens: Sequence[int],
                   token_ids: dict[int, list[int]],
-                  inflight: tuple[dict[int, int], torch.Tensor] | None) -> _InputTokens:
+                  inflight: tuple[dict[int, int] | Sequence[int], torch.Tensor] | None,
+                  one_each: bool | None = None) -> _InputTokens:
     """Each request's tokens [start, start + q_len) from `token_ids`, or from `inflight` for a
-    decode whose input token was sampled by the previous step and is not on the host yet."""
-    if inflight is None and len(q_lens) == sum(q_lens):
-        # a decode batch with every input token on the host (synchronous scheduling): one
-        # comprehension; an IndexError means some token is unknown, which the loop names
-        try:
-            return _InputTokens([token_ids[r][c] for r, c in zip(rids, starts)], [], [])
-        except IndexError:
-            pass
+    decode whose input token was sampled by the previous step and is not on the host yet.
+    `one_each`: whether every q_len is 1 (None: found here)."""
+    n = len(q_lens)
+    if one_each is None:
+        one_each = n == sum(q_lens)
+    if one_each:  # one token per request (a decode batch): C-level passes
+        lists = map(token_ids.__getitem__, rids)
+        if inflight is None:
+            # every input token on the host (synchronous scheduling); an IndexError means
+            # some token is unknown, which the loop names
+            try:
+                return _InputTokens(list(map(operator.getitem, lists, starts)), [], [])
+            except IndexError:
+                pass
+        elif list(map(len, lists)) == list(starts):
+            # every input token is the one the previous step sampled (steady async decoding);
+            # a KeyError (a request the previous step did not sample) is named by the loop
+            rows = inflight[0]
+            if not isinstance(rows, dict) and list(rows) == list(rids):  # the same batch, in order
+                return _InputTokens(np.zeros(n, dtype=np.int64), np.arange(n), np.arange(n))
+            try:
+                src = np.fromiter(map(_row_of(rows).__getitem__, rids), dtype=np.int64, count=n)
+            except KeyError:
+                pass
+            else:
+                return _InputTokens(np.zeros(n, dtype=np.int64), np.arange(n), src)
+    if inflight is not None:
+        inflight = (_row_of(inflight[0]), inflight[1])
     tokens = _InputTokens([], [], [])
     flat_ids = tokens.flat_ids
     for rid, c, q in zip(rids, starts, q_lens):
@@ -199,7 +230,7 @@ def _input_tokens(rids: Sequence[int], starts: Sequence[int], q_lens: Sequence[i
     return tokens
 
 
-def _spec_counts(num_spec_tokens: Sequence[int], sample_rows: list[int]) -> np.ndarray:
+def _spec_counts(num_spec_tokens: Sequence[int], sample_rows: Sequence[int]) -> np.ndarray:
     """Drafts verified by each sampling row."""
     return np.fromiter((num_spec_tokens[i] for i in sample_rows), dtype=np.int64, count=len(sample_rows))
 
@@ -222,14 +253,25 @@ class _Section:
 STAGING_ALIGN_BYTES = 256
 
 
+def block_entry_capacity(seqs: int) -> int:
+    """Block-table entries a step sends as (index, value) pairs; a step that changes more
+    sends its rows packed instead. Room for every row crossing into a new block at once (a
+    batch admitted together crosses together) and a few admissions' rows beside them."""
+    return 2 * seqs + 256
+
+
 def _staging_sections(tokens: int, seqs: int, max_blocks: int, work_items: int = 0) -> list[_Section]:
-    """The staging layout: small per-sequence inputs (and the attention's work lists), the
-    per-token inputs, then the packed block-table rows last (their used part varies most, and a
-    step copies up to its end)."""
+    """The staging layout: small per-sequence inputs (the attention's work lists, the in-flight
+    gather's lists and the block-table entries changed this step among them), the per-token
+    inputs, then the packed block-table rows last (their used part varies most, and a step
+    that sends them copies up to their end). The token ids have one element more than the
+    token capacity: where the fixed-size gather lists' unused entries write."""
     wanted = [("seq_lens", torch.int32, seqs), ("qsl", torch.int32, seqs + 1),
               ("work_counts", torch.int32, 2), ("work", torch.int32, max(work_items, 1)),
               ("gather_dst", torch.int64, seqs), ("gather_src", torch.int64, seqs),
-              ("ids", torch.int64, tokens), ("pos", torch.int64, tokens), ("slots", torch.int64, tokens),
+              ("bt_idx", torch.int64, block_entry_capacity(seqs)),
+              ("bt_val", torch.int32, block_entry_capacity(seqs)),
+              ("ids", torch.int64, tokens + 1), ("pos", torch.int64, tokens), ("slots", torch.int64, tokens),
               ("logits_idx", torch.int64, tokens), ("bt_packed", torch.int32, seqs * max_blocks)]
     sections, off = [], 0
     for name, dtype, numel in wanted:
@@ -262,6 +304,8 @@ class ModelRunner:
         self.kv_caches: torch.Tensor | None = None
         self.num_blocks = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._decode_sizes_key: tuple[int, int] | None = None
+        self._decode_sizes_list: list[int] = []
         # verify graphs: batch size -> graph of that many decodes with k drafts each (q = 1 + k)
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_q = 0
@@ -308,14 +352,33 @@ class ModelRunner:
             raw = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pin)
             st = {sec.name: _typed_view(raw, sec) for sec in self._sections}
             st["raw"] = raw
-            # the full-width rows kept between steps (host only: the step's rows are packed
-            # into "bt_packed" for the copy)
-            st["block_tables"] = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32)
             self._stages.append(st)
-        self._row_caches = [_RowCache.empty(b) for _ in range(2)]
-        self._arange = np.arange(t + 1, dtype=np.int64)
         self._stage_views = [{k: v.numpy() for k, v in st.items()} for st in self._stages]
+        # The block table as the device holds it, mirrored on the host (full-width rows kept
+        # between steps): a step sends the device only the entries it changed, as (flat
+        # index, block id) pairs applied by one fixed-size index_copy_ (entries past the
+        # step's own point at the table's one spare element), or, past their capacity, its
+        # rows packed (one more section of the copy) and spread on the device.
+        self._bt_cap = block_entry_capacity(b)
+        self._bt_dummy = b * self.max_blocks_per_seq  # the spare element
+        self._bt_host = np.zeros((b, self.max_blocks_per_seq), dtype=np.int32)
+        self._bt_host_flat = self._bt_host.reshape(-1)
+        self._row_cache = _RowCache.empty(b)
+        self._row_starts = np.arange(b, dtype=np.int64) * self.max_blocks_per_seq  # flat index of each row
+        # The in-flight gather's fixed-size lists: entries past the step's own write the
+        # spare token id (index t) from row 0
+        self._ids_dummy = t
+        for sv in self._stage_views:
+            sv["bt_idx"][:] = self._bt_dummy
+            sv["gather_dst"][:] = t
+        self._staged_entries = [0, 0]  # per staging set: block-table entries written last time
+        self._staged_gathers = [0, 0]  # per staging set: gather entries written last time
+        # shared read-only arrays (a one-token step's q_lens and query offsets are views of them)
+        self._arange = np.arange(t + 1, dtype=np.int64)
+        self._ones = np.ones(t, dtype=np.int64)
+        self._arange.flags.writeable = self._ones.flags.writeable = False
         self._stage_done: list[torch.cuda.Event | None] = [None, None]
+        self._stream = None  # the stream the steps' copies run on (taken at the first record)
         self._stage_idx = 0
         self._num_logits = 0  # logits rows of the step staged last
         self._use_stage(0)
@@ -323,24 +386,46 @@ class ModelRunner:
         # staging: their storage never changes, so the CUDA graphs' captured pointers stay valid.
         self.d_raw = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
         d = {sec.name: _typed_view(self.d_raw, sec) for sec in self._sections}
-        self.d_input_ids, self.d_positions, self.d_slots = d["ids"], d["pos"], d["slots"]
+        self.d_ids_ext = d["ids"]  # the token ids and the gather's spare element
+        self.d_input_ids, self.d_positions, self.d_slots = d["ids"][:t], d["pos"], d["slots"]
         self.d_slots.fill_(-1)
         self.d_seq_lens, self.d_qsl = d["seq_lens"], d["qsl"]
         self.d_logits_idx = d["logits_idx"]  # verify: 1 + k rows each
         self.d_gather_dst, self.d_gather_src = d["gather_dst"], d["gather_src"]
+        self.d_gather_dst.fill_(t)
+        self.d_bt_idx, self.d_bt_val = d["bt_idx"], d["bt_val"]
+        self.d_bt_idx.fill_(self._bt_dummy)
         self.d_bt_packed = d["bt_packed"]
         self.d_work, self.d_work_counts = d["work"], d["work_counts"]
-        self.d_block_tables = torch.zeros((b, self.max_blocks_per_seq), dtype=torch.int32, device=self.device)
+        self.d_bt_flat = torch.zeros(b * self.max_blocks_per_seq + 1, dtype=torch.int32, device=self.device)
+        self.d_block_tables = self.d_bt_flat[: b * self.max_blocks_per_seq].view(b, self.max_blocks_per_seq)
+        # The sampled tokens of a step, where the next step's graphs gather their in-flight
+        # input tokens from (the engine's sampler writes here: sampled_tokens_out)
+        self.d_sampled = torch.zeros(b, dtype=torch.int64, device=self.device)
+        self._sampled_views: dict[int, torch.Tensor] = {}
+        # views of the host-to-device copy by its end (bytes), per staging set
+        self._copy_views: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{}, {}]
 
     def _use_stage(self, i: int) -> None:
-        st = self._stages[i]
-        self.h_raw = st["raw"]
-        self.h_input_ids, self.h_positions, self.h_slots = st["ids"], st["pos"], st["slots"]
-        self.h_seq_lens, self.h_qsl, self.h_logits_idx = st["seq_lens"], st["qsl"], st["logits_idx"]
-        self.h_gather_dst, self.h_gather_src = st["gather_dst"], st["gather_src"]
-        self.h_block_tables, self.h_bt_packed = st["block_tables"], st["bt_packed"]
+        self.h_raw = self._stages[i]["raw"]
         # numpy views of the same memory, made once (a .numpy() call per use costs more)
         self._np = self._stage_views[i]
+
+    def reset_block_tables(self) -> None:
+        """Zero the device block table and its host mirror, every row to be written whole
+        again (after writing the device table directly: warm-up launches, graph capture)."""
+        self.d_block_tables.zero_()
+        self._bt_host.fill(0)
+        self._row_cache = _RowCache.empty(self.max_num_seqs)
+
+    def sampled_tokens_out(self, n: int) -> torch.Tensor:
+        """The first `n` rows of the persistent sampled-token buffer, for the sampler's output:
+        a next step that passes them as its in-flight tokens gathers inside its CUDA graph (any
+        other tensor is first copied there)."""
+        v = self._sampled_views.get(n)
+        if v is None:
+            v = self._sampled_views[n] = self.d_sampled[:n]
+        return v
 
     # ------------------------------------------------------------------ KV cache
     def block_bytes(self) -> int:
@@ -454,7 +539,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, scheduled, token_ids: dict[int, list[int]],
-                inflight: tuple[dict[int, int], torch.Tensor] | None = None, *,
+                inflight: tuple[dict[int, int] | Sequence[int], torch.Tensor] | None = None, *,
                 verify: bool = False) -> StepInputs:
         """Fill the device buffers from the scheduler's output; no device sync.
 
@@ -463,16 +548,24 @@ class ModelRunner:
         scheduler's live tables: between steps one only grows at its end or, after a verify
         step, loses blocks past its kept tokens; anything else must come as a new list (rows
         of the block table are kept per list and updated incrementally). `token_ids[rid]`
-        holds the request's prompt then its generated tokens. A request samples a token when this step
+        holds the request's prompt then its generated tokens (other requests' entries are
+        not read). A request samples a token when this step
         reaches the end of the tokens it holds (end of prefill, a decode, or the end of a
         recomputation after preemption).
 
         `inflight` (async scheduling): (row of each request in the previous step's sampled
-        tokens, those tokens on the device). A decode whose input token is still in flight gets
-        it by a device-side gather, so the host never waits for it.
+        tokens, as a dict or as the request ids by row; those tokens on the device). A decode whose input token is still in flight gets
+        it by a device-side gather, so the host never waits for it: inside the step's CUDA
+        graph when it replays one (the tokens are read from the persistent buffer that
+        `sampled_tokens_out` hands the sampler; other tensors are copied there first), here
+        for an eager step.
 
         `verify`: some decodes carry drafts (their token lists include them): every one of
         their positions gets a logits row.
+
+        A steady decode step (every request one token, block tables grown by at most their
+        new blocks) runs one host-to-device copy, plus one fixed-size index_copy_ when some
+        row crossed into a new block: no other torch call, no view made.
         """
         self._next_stage()
         # every field prepare reads, as columns: from the scheduler's records for a batch of
@@ -482,27 +575,29 @@ class ModelRunner:
         n = len(cols)
         rids, q_t, c_t, samples, tables = (cols.request_ids, cols.num_new_tokens, cols.num_computed_tokens,
                                            cols.samples, cols.block_ids)
-        q_lens = np.array(q_t, dtype=np.int64)
+        one_each = n == sum(q_t)  # one token per request (none computes 0)
+        all_sample = samples.count(True) == n
+        q_lens = self._ones[:n] if one_each else np.array(q_t, dtype=np.int64)  # read only
         starts = np.array(c_t, dtype=np.int64)
-        tokens = _input_tokens(rids, c_t, q_t, token_ids, inflight)
-        max_blocks = self._stage_block_tables(tables, starts)
-        sample_rows = list(itertools.compress(range(n), samples))
+        tokens = _input_tokens(rids, c_t, q_t, token_ids, inflight, one_each)
+        entries, max_blocks = self._stage_block_tables(tables, starts)
+        sample_rows = range(n) if all_sample else list(itertools.compress(range(n), samples))
         spec = _spec_counts(cols.num_spec_tokens, sample_rows) if verify else None
         layout = self._layout(q_lens, starts, sample_rows, max_blocks, spec)
         num_logits = self._stage_host(layout, tokens.flat_ids, spec)
         work_items = self._stage_work(layout, q_lens)
-        num_gather = self._stage_gather(tokens) if tokens.gather_dst else 0
-        self._copy_to_device(layout)
+        num_gather = self._stage_gather(tokens)
+        self._copy_to_device(layout, self._stage_block_entries(layout, entries))
         if num_gather:
             assert inflight is not None  # _input_tokens gathers only from inflight tokens
-            self._gather_inflight(num_gather, inflight[1])
+            self._gather_inflight(layout, inflight[1])
         self._record_stage_done()
         return StepInputs(
-            request_ids=list(rids), sample_request_ids=[rids[i] for i in sample_rows],
+            request_ids=list(rids), sample_request_ids=list(rids) if all_sample else [rids[i] for i in sample_rows],
             num_tokens=layout.num_tokens, num_padded_tokens=layout.padded_tokens,
             graph_size=layout.graph_size, graph_q=layout.graph_q, graph_kind=layout.graph_kind,
-            num_decode_seqs=int(np.count_nonzero(q_lens <= DECODE_MAX_QUERY_LEN)),
-            max_query_len=int(q_lens.max()) if n else 0,
+            num_decode_seqs=n if one_each else int(np.count_nonzero(q_lens <= DECODE_MAX_QUERY_LEN)),
+            max_query_len=(1 if one_each else int(q_lens.max())) if n else 0,
             max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n, num_logits=num_logits,
             work_items=work_items,
         )
@@ -519,52 +614,97 @@ class ModelRunner:
         """Mark (on the GPU stream) where this step's copies out of the staging set end."""
         if self.is_cuda:
             # one event per staging set, re-recorded: _next_stage waited on its last record
-            # before this set was written again (saves an event creation per step)
+            # before this set was written again (saves an event creation per step); recorded
+            # on the stream the steps run on, taken once (current_stream() builds a Stream
+            # object per call)
             ev = self._stage_done[self._stage_idx]
             if ev is None:
                 ev = self._stage_done[self._stage_idx] = torch.cuda.Event()
-            ev.record()
+            if self._stream is None:
+                self._stream = torch.cuda.current_stream(self.device)
+            ev.record(self._stream)
 
-    def _stage_block_tables(self, tables: Sequence[list[int]], starts: np.ndarray) -> int:
-        """Bring each scheduled request's row (its live table `tables[i]`) of this staging
-        set's block table up to date; returns the widest row.
+    def _stage_block_tables(self, tables: Sequence[list[int]], starts: np.ndarray
+                            ) -> tuple[tuple[np.ndarray, list[int]] | None, int]:
+        """Bring the host mirror's row of each scheduled request (its live table `tables[i]`)
+        up to date; returns the entries written ((flat indices, block ids), None if none) and
+        the widest row.
 
-        A row that held the same request's table (the same list) when this staging set was
-        last used, for a step starting at token c, is only written from block c // bs + 1 on
-        (or from where it was written up to, if less): the scheduler only appends to a live
-        table, or, after a verify step, truncates the blocks past the tokens kept, which are
-        at least c + 1; a preempted request gets a new list. Any other row is written whole.
-        A steady decode batch thus writes only the rows that crossed into a new block."""
-        cache = self._row_caches[self._stage_idx]
+        A row that held the same request's table (the same list) when last written, for a step
+        starting at token c, is only written from block c // bs + 1 on (or from where it was
+        written up to, if less): the scheduler only appends to a live table, or, after a
+        verify step, truncates the blocks past the tokens kept, which are at least c + 1; a
+        preempted request gets a new list. Any other row is written whole. A steady decode
+        batch thus writes only the rows that crossed into a new block: their new block."""
+        cache = self._row_cache
         n = len(tables)
         nbs = np.fromiter(map(len, tables), dtype=np.int64, count=n)
-        same = np.fromiter(map(operator.is_, cache.tables[:n], tables), dtype=bool, count=n)
         firsts = np.minimum(cache.num_blocks[:n], cache.starts[:n] // self.block_size + 1)
-        firsts[~same] = 0
+        held = cache.tables[:n]
+        # every row holds its request's table again (a steady batch): one C-level compare,
+        # which short-cuts on identity (a new list equal to the old one is as good: the row
+        # holds its blocks); else row by row, by identity
+        if held != list(tables):
+            firsts[~np.fromiter(map(operator.is_, held, tables), dtype=bool, count=n)] = 0
         rows = np.flatnonzero(nbs > firsts)
         cache.tables[:n] = tables
         cache.num_blocks[:n] = nbs
         cache.starts[:n] = starts
-        if len(rows):
-            self._write_rows(tables, rows, firsts[rows], nbs[rows])
-        return max(1, int(nbs.max()) if n else 1)
+        entries = self._write_rows(tables, rows, firsts[rows], nbs[rows]) if len(rows) else None
+        return entries, max(1, int(nbs.max()) if n else 1)
 
-    def _write_rows(self, tables: list[list[int]], rows: np.ndarray, firsts: np.ndarray,
-                    ends: np.ndarray) -> None:
-        """Block ids [firsts[k], ends[k]) of tables[rows[k]] into their rows: a slice per
-        row when there are few (a steady decode batch), else one scatter."""
-        bt = self._np["block_tables"]
+    def _write_rows(self, tables: Sequence[list[int]], rows: np.ndarray, firsts: np.ndarray,
+                    ends: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """Block ids [firsts[k], ends[k]) of tables[rows[k]] into their rows of the host
+        mirror; returns their (flat indices, block ids). Python lists when the rows are few
+        (a steady decode batch), else numpy repeats."""
+        mb = self.max_blocks_per_seq
         if len(rows) <= ROW_SLICE_MAX_ROWS:
+            flat: list[int] = []
+            vals: list[int] = []
             for i, j, e in zip(rows.tolist(), firsts.tolist(), ends.tolist()):
-                bt[i, j:e] = tables[i][j:]
-            return
-        counts = ends - firsts
-        flat = list(itertools.chain.from_iterable(
-            tables[i][j:] for i, j in zip(rows.tolist(), firsts.tolist())))
-        offsets = np.repeat(np.cumsum(counts) - counts - firsts, counts)
-        bt[np.repeat(rows, counts), np.arange(len(flat)) - offsets] = flat
+                vals += tables[i][j:e]
+                flat += range(i * mb + j, i * mb + e)
+            idx = np.array(flat, dtype=np.int64)
+        else:
+            counts = ends - firsts
+            vals = list(itertools.chain.from_iterable(
+                tables[i][j:e] for i, j, e in zip(rows.tolist(), firsts.tolist(), ends.tolist())))
+            offsets = np.repeat(np.cumsum(counts) - counts - firsts, counts)
+            idx = np.repeat(rows, counts) * mb + (np.arange(len(vals)) - offsets)
+        self._bt_host_flat[idx] = vals
+        return idx, vals
 
-    def _pick_graph(self, q_lens: np.ndarray, sample_rows: list[int], spec: np.ndarray | None,
+    def _stage_block_entries(self, layout: _StepLayout, entries: tuple[np.ndarray, list[int]] | None
+                             ) -> int | None:
+        """Stage the block-table entries this step changed: its rows' (`entries`) and the
+        first column of its padding sequences' rows, zeroed where it is not (a padding
+        sequence attends to block 0's slots). Returns their number, or None when they exceed
+        the capacity: the step then sends its rows packed."""
+        n, padded = layout.num_seqs, layout.padded_seqs
+        if padded > n:
+            self._row_cache.forget(n, padded)  # rewritten whole when a sequence takes them again
+            col0 = self._bt_host[n:padded, 0]
+            pad = np.flatnonzero(col0)
+            if len(pad):
+                col0[pad] = 0
+                pad_idx = (pad + n) * self.max_blocks_per_seq
+                entries = ((pad_idx, [0] * len(pad)) if entries is None
+                           else (np.concatenate((entries[0], pad_idx)), entries[1] + [0] * len(pad)))
+        k = 0 if entries is None else len(entries[1])
+        if k > self._bt_cap:
+            return None
+        st = self._stage_idx
+        last = self._staged_entries[st]
+        if entries is not None:
+            self._np["bt_idx"][:k] = entries[0]
+            self._np["bt_val"][:k] = entries[1]
+        if last > k:  # entries this set held past this step's now point at the spare element
+            self._np["bt_idx"][k:last] = self._bt_dummy
+        self._staged_entries[st] = k
+        return k
+
+    def _pick_graph(self, q_lens: np.ndarray, sample_rows: Sequence[int], spec: np.ndarray | None,
                     num_tokens: int) -> _GraphChoice | None:
         """The CUDA graph this step replays, or None (eager): a decode graph for a pure decode
         batch, a verify graph when every request is a decode with exactly k drafts (the
@@ -572,9 +712,9 @@ class ModelRunner:
         n = len(q_lens)
         if len(sample_rows) == n:
             if spec is None and self.graphs and num_tokens == n:
-                b = next((b for b in sorted(self.graphs) if b >= n), None)
-                if b is not None:
-                    return _GraphChoice("decode", b, 1)
+                sizes = self._decode_sizes()
+                if n <= sizes[-1]:
+                    return _GraphChoice("decode", sizes[bisect.bisect_left(sizes, n)], 1)
             q = self.verify_q
             if spec is not None and self.verify_graphs and bool((spec == q - 1).all()) \
                     and bool((q_lens == q).all()):
@@ -587,12 +727,19 @@ class ModelRunner:
                 return _GraphChoice("mixed", t, 0)
         return None
 
-    def _layout(self, q_lens: np.ndarray, starts: np.ndarray, sample_rows: list[int],
+    def _decode_sizes(self) -> list[int]:
+        """The decode graphs' sizes, sorted (kept while `graphs` is the same dict of as many)."""
+        key = (id(self.graphs), len(self.graphs))
+        if self._decode_sizes_key != key:
+            self._decode_sizes_key, self._decode_sizes_list = key, sorted(self.graphs)
+        return self._decode_sizes_list
+
+    def _layout(self, q_lens: np.ndarray, starts: np.ndarray, sample_rows: Sequence[int],
                 max_blocks: int, spec: np.ndarray | None = None) -> _StepLayout:
         """Where every token of the step goes: the CUDA graph (if any), padding, positions,
-        query offsets and KV slots (from the block table already staged)."""
+        query offsets and KV slots (from the block table's host mirror, already updated)."""
         n = len(q_lens)
-        num_tokens = int(q_lens.sum())
+        num_tokens = n if q_lens.base is self._ones else int(q_lens.sum())  # a view of ones: n
         choice = self._pick_graph(q_lens, sample_rows, spec, num_tokens)
         gq = 1 if choice is None else choice.q
         # a graph reads the full-width table, but the kernels read a row only up to its
@@ -603,20 +750,23 @@ class ModelRunner:
             padded_seqs, padded_tokens = self.mixed_graph_seqs(choice.size), choice.size
         else:
             padded_seqs, padded_tokens = choice.size, choice.size * gq
-        qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
         bs = self.block_size
-        bt = self._np["block_tables"]
-        if num_tokens == n:  # one token per sequence (no request computes 0): no repeats needed
-            qsl[1: n + 1] = self._arange[1: n + 1]
-            positions, seq_idx = starts, self._arange[:n]
+        if num_tokens == n and (gq == 1 or padded_seqs == n):
+            # one token per sequence, padding sequences too: the offsets are 0, 1, 2, ...
+            qsl = self._arange[: padded_seqs + 1]  # read only
         else:
+            qsl = np.zeros(padded_seqs + 1, dtype=np.int64)
             np.cumsum(q_lens, out=qsl[1: n + 1])
+            # padding sequences: gq dummy tokens each (none for a mixed graph: its padding
+            # tokens follow the last sequence and belong to none)
+            qsl[n + 1:] = num_tokens + gq * self._arange[1: padded_seqs - n + 1]
+        if num_tokens == n:  # one token per sequence (no request computes 0): no repeats needed
+            positions, rows_at = starts, self._row_starts[:n]
+        else:
             positions = np.repeat(starts - qsl[:n], q_lens) + self._arange[:num_tokens]
-            seq_idx = np.repeat(self._arange[:n], q_lens)
-        # padding sequences: gq dummy tokens each (none for a mixed graph: its padding tokens
-        # follow the last sequence and belong to none)
-        qsl[n + 1:] = num_tokens + gq * self._arange[1: padded_seqs - n + 1]
-        slots = bt[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
+            rows_at = np.repeat(self._row_starts[:n], q_lens)
+        # each token's block id, read from the mirror's flat rows
+        slots = self._bt_host_flat[rows_at + positions // bs].astype(np.int64) * bs + positions % bs
         return _StepLayout(
             num_seqs=n, num_tokens=num_tokens, padded_seqs=padded_seqs, padded_tokens=padded_tokens,
             graph_size=None if choice is None else choice.size, graph_q=gq,
@@ -645,11 +795,9 @@ class ModelRunner:
         # a mixed graph's dummies are empty (gq = 0)
         h_sl[n:layout.padded_seqs] = layout.graph_q
         self._np["qsl"][: layout.padded_seqs + 1] = layout.qsl
-        if layout.padded_seqs > n:
-            self._np["block_tables"][n:layout.padded_seqs, 0] = 0
-            self._row_caches[self._stage_idx].forget(n, layout.padded_seqs)
         h_li = self._np["logits_idx"]
-        ends = layout.qsl[1:][layout.sample_rows]
+        rows = layout.sample_rows
+        ends = layout.qsl[1: n + 1] if len(rows) == n else layout.qsl[1:][rows]
         if spec is None:
             self._num_logits = len(ends)
             h_li[: len(ends)] = ends - 1
@@ -684,33 +832,71 @@ class ModelRunner:
         return AttentionWork(self.d_work, self.d_work_counts, self._work_cap[0], items,
                              self._work_block_qs, in_graph)
 
-    def _copy_to_device(self, layout: _StepLayout) -> None:
-        """ONE asynchronous copy of the staged inputs into the persistent device buffers: the
-        staging buffer's bytes up to the end of the step's packed block-table rows (the last
-        section). The token sections go whole (4 x 8 bytes per token of capacity, e.g. 64 KiB
-        at 2048 tokens: microseconds of copy engine time, far less than the launches saved).
-        The gather indices (async scheduling) travel in the same copy."""
-        seqs, cols = layout.padded_seqs, layout.block_cols
-        # rows packed on the host, then spread on the device into the table's full-width rows
-        # (whose stride the CUDA graphs captured)
-        packed = self._np["bt_packed"][: seqs * cols].reshape(seqs, cols)
-        np.copyto(packed, self._np["block_tables"][:seqs, :cols])
-        end = self._sections[-1].offset_bytes + seqs * cols * 4
-        self.d_raw[:end].copy_(self.h_raw[:end], non_blocking=True)
-        self.d_block_tables[:seqs, :cols].copy_(self.d_bt_packed[: seqs * cols].view(seqs, cols))
+    # copies of the packed block-table rows end on a multiple of this (fewer distinct views)
+    _COPY_END_QUANTUM_BYTES = 4096
+
+    def _copy_to_device(self, layout: _StepLayout, entries: int | None) -> None:
+        """ONE asynchronous copy of the staged inputs into the persistent device buffers, then
+        the block table's update: the `entries` changed ones by one fixed-size index_copy_
+        (none when no entry changed), or (`entries` None: too many) the step's rows packed
+        in the same copy and spread on the device into the table's full-width rows (whose
+        stride the CUDA graphs captured). The copy runs to the start of the packed rows, or
+        to their end when they are sent. The token sections go whole (4 x 8 bytes per token
+        of capacity, e.g. 64 KiB at 2048 tokens: microseconds of copy engine time, far less
+        than the launches saved). The gather indices (async scheduling) travel in the same
+        copy. The copy's views are kept by its end, so a steady step makes none."""
+        packed_at = self._sections[-1].offset_bytes
+        if entries is None:
+            seqs, cols = layout.padded_seqs, layout.block_cols
+            packed = self._np["bt_packed"][: seqs * cols].reshape(seqs, cols)
+            np.copyto(packed, self._bt_host[:seqs, :cols])
+            q = self._COPY_END_QUANTUM_BYTES
+            end = min(packed_at + -(-seqs * cols * 4 // q) * q, self._sections[-1].end_bytes)
+        else:
+            end = packed_at
+        views = self._copy_views[self._stage_idx]
+        dst_src = views.get(end)
+        if dst_src is None:
+            if len(views) >= 64:
+                views.clear()
+            dst_src = views[end] = (self.d_raw[:end], self.h_raw[:end])
+        dst_src[0].copy_(dst_src[1], non_blocking=True)
+        if entries is None:
+            self.d_block_tables[:seqs, :cols].copy_(self.d_bt_packed[: seqs * cols].view(seqs, cols))
+        elif entries:
+            self.d_bt_flat.index_copy_(0, self.d_bt_idx, self.d_bt_val)
 
     def _stage_gather(self, tokens: _InputTokens) -> int:
-        """Stage the gather indices of the decodes whose input token is still on the device."""
+        """Stage the gather lists of the decodes whose input token is still on the device:
+        fixed-size lists (a captured graph reads all of them), entries past the step's own
+        writing the spare token id from row 0."""
         g = len(tokens.gather_dst)
-        self._np["gather_dst"][:g] = tokens.gather_dst
-        self._np["gather_src"][:g] = tokens.gather_src
+        st = self._stage_idx
+        last = self._staged_gathers[st]
+        if g:
+            self._np["gather_dst"][:g] = tokens.gather_dst
+            self._np["gather_src"][:g] = tokens.gather_src
+        if last > g:
+            self._np["gather_dst"][g:last] = self._ids_dummy
+            self._np["gather_src"][g:last] = 0
+        self._staged_gathers[st] = g
         return g
 
-    def _gather_inflight(self, g: int, inflight_tokens: torch.Tensor) -> None:
-        """Put the previous step's sampled tokens, still on the device, into this step's ids
-        (their indices came with the step's one copy)."""
-        self.d_input_ids.index_copy_(0, self.d_gather_dst[:g],
-                                     inflight_tokens.index_select(0, self.d_gather_src[:g]))
+    def _gather_inflight(self, layout: _StepLayout, inflight_tokens: torch.Tensor) -> None:
+        """The previous step's sampled tokens, still on the device, into this step's ids (their
+        indices came with the step's one copy): the step's CUDA graph gathers them from the
+        persistent sampled-token buffer, where tokens sampled elsewhere are copied first; an
+        eager step gathers here."""
+        n = inflight_tokens.shape[0]
+        if self._sampled_views.get(n) is not inflight_tokens:
+            self.sampled_tokens_out(n).copy_(inflight_tokens)
+        if layout.graph_kind is None:
+            self._gather()
+
+    def _gather(self) -> None:
+        """ids[dst[i]] = sampled[src[i]] over the whole fixed-size lists (captured in every
+        CUDA graph; entries a step does not use write the spare id)."""
+        self.d_ids_ext.index_copy_(0, self.d_gather_dst, self.d_sampled.index_select(0, self.d_gather_src))
 
     def _meta(self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
               nb_cols: int, num_decode_seqs: int | None = None, work=None) -> AttentionMetadata:
@@ -806,7 +992,7 @@ class ModelRunner:
                                 k_scale=layer.k_scale, v_scale=layer.v_scale, num_splits=splits,
                                 prefill_splits=splits, num_decode_seqs=num_decode, work=work)
                 launches += 1
-        self.d_block_tables.zero_()
+        self.reset_block_tables()
         self.d_work_counts.zero_()
         return launches
 
@@ -831,7 +1017,7 @@ class ModelRunner:
         self.d_slots.fill_(-1)
         self.d_seq_lens.fill_(1)
         self.d_qsl.copy_(torch.arange(self.max_num_seqs + 1, dtype=torch.int32, device=self.device))
-        self.d_block_tables.zero_()
+        self.reset_block_tables()
         # One logits buffer for every graph (graph b writes its first b rows): a buffer per graph
         # would keep sum(buckets) x vocab logits alive, 17 GB for max_num_seqs 1024 at a 128k vocab,
         # memory the KV cache was already given.
@@ -855,6 +1041,7 @@ class ModelRunner:
         buffers, max_seq_len = max_model_len and the full block-table width (so any such batch
         can replay it), logits of every token into `logits_out`."""
         t = b * q
+        self._gather()  # async scheduling's in-flight input tokens (see prepare)
         meta = self._meta(t, b, q, self.max_model_len, self.max_blocks_per_seq)
         h = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
         return self.model.compute_logits(h, out=logits_out[:t])
@@ -876,7 +1063,7 @@ class ModelRunner:
         self.d_slots.fill_(-1)
         self.d_seq_lens.fill_(q)
         self.d_qsl.copy_(q * torch.arange(self.max_num_seqs + 1, dtype=torch.int32, device=self.device))
-        self.d_block_tables.zero_()
+        self.reset_block_tables()
         buf = torch.empty(max(sizes) * q, self.spec.vocab_size, dtype=self.model.lm_head_weight.dtype,
                           device=self.device)
         for b, (g, logits) in self._capture(sizes, lambda b: self.graph_forward(b, q, buf), progress).items():
@@ -902,6 +1089,7 @@ class ModelRunner:
         replay it; the kernel plans both its launches, not knowing the batch's kinds), hidden
         states copied into the persistent buffer the eager LM head reads."""
         t, s = num_tokens, self.mixed_graph_seqs(num_tokens)
+        self._gather()  # async scheduling's in-flight input tokens (see prepare)
         work = None if self._work_block_qs is None else self._work(self.work_bound(t, s), in_graph=True)
         meta = self._meta(t, s, t, self.max_model_len, self.max_blocks_per_seq, work=work)
         h = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)

@@ -65,11 +65,19 @@ class Sampler:
     def remove_request(self, request_id: int) -> None:
         self._generators.pop(request_id, None)
 
+    @property
+    def has_random(self) -> bool:
+        """Some request added (and not removed) samples at random."""
+        return bool(self._generators)
+
     def sample(self, logits: torch.Tensor, request_ids: list[int],
-               params: list[SamplingParams]) -> torch.Tensor:
-        """Token ids [rows] on the device (int64); the caller reads them back once per step.
+               params: list[SamplingParams] | None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [rows] on the device (int64), into `out` when given; the caller reads them
+        back once per step. `params` None: every row is greedy (see has_random).
         `logits` may be bf16: argmax is exact on them, random rows are upcast to fp32 first."""
-        tokens = logits.argmax(dim=-1)
+        tokens = logits.argmax(dim=-1) if out is None else torch.argmax(logits, dim=-1, out=out)
+        if params is None:
+            return tokens
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         for i in random_rows:
             p = params[i]

@@ -667,23 +667,31 @@ class Scheduler:
         bs = self.block_size
         plain = not self.config.num_speculative_tokens
         caching = self.caching
+        last = bs - 1
+        append = batch.append
         i = 0
         num_running = len(running)
         while i < num_running and budget > 0:
+            if plain:
+                # The bulk of a busy step, kept inline: a run of plain decodes (one token each,
+                # into a block the request holds or, at a block boundary, a free one), up to
+                # the first request that is not one (or the budget's end)
+                start = len(batch)
+                for r in islice(running, i, i + budget):
+                    c = r.num_computed_tokens
+                    if not r.sampled_since_admission or (
+                            c >= len(r.block_ids) * bs and not self._open_block(r, out)):
+                        break
+                    r.num_computed_tokens = c + 1
+                    if caching and c % bs == last and c // bs >= r.num_cached_blocks:
+                        out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
+                    append(r)
+                done = len(batch) - start
+                i += done
+                budget -= done
+                if i >= num_running or budget <= 0:
+                    break
             r = running[i]
-            c = r.num_computed_tokens
-            table = r.block_ids
-            # The bulk of a busy step, kept inline: one decode token, into a block the request
-            # holds or, at a block boundary, a free one.
-            if plain and r.sampled_since_admission and (
-                    c < len(table) * bs or self._open_block(r, out)):
-                r.num_computed_tokens = c + 1
-                if caching and c % bs == bs - 1 and c // bs >= r.num_cached_blocks:
-                    out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
-                batch.append(r)
-                budget -= 1
-                i += 1
-                continue
             num_preempted = len(out.preempted_ids)
             if not self._schedule_chunk(r, budget, out):
                 break  # r itself was preempted: nothing after it fits either
@@ -778,9 +786,10 @@ class Scheduler:
         r.num_computed_tokens = base + num_new
         # decode from the start: the whole prompt's KV and the first token arrived (P/D)
         is_prefill = not (r.num_generated > 0 and not r.num_preemptions)
-        out._entries[r.request_id] = ScheduledRequest(
+        e = out._entries[r.request_id] = ScheduledRequest(
             r.request_id, num_new, base, num_hit, 0, is_prefill, r.num_computed_tokens >= r.num_tokens,
             r.block_ids, tuple(new) if new else _EMPTY)
+        out._admitted.append(e)
         out._batch.append(r)
         return num_new
 
@@ -862,11 +871,14 @@ class Scheduler:
                 f"update_from_output() must be called once, for the latest schedule() output "
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})")
         sampling = out._sampling()
-        self._check_sampled(out, sampling, sampled)
+        one_each = self._check_sampled(out, sampling, sampled)
         stopped = self._check_stopped(out, sampling, stopped)
         out._updated = True
         results = self._take_rejected(out)
-        counts, token_ids = _counts_and_token_ids(sampled)
+        if one_each:  # one token per request: no counts to build (ids, if given, are lists)
+            counts, token_ids = None, (None if one_each == "counts" else sampled)
+        else:
+            counts, token_ids = _counts_and_token_ids(sampled)
         drafts = out._entries if out.num_spec_tokens else None
         num_generated = len(sampling) if counts is None else sum(counts.values())
         any_finished = False
@@ -931,8 +943,10 @@ class Scheduler:
                 del r.block_ids[keep:]
                 out.num_blocks_freed += self.pool.free_tail_first(tail)
 
-    def _check_sampled(self, out: SchedulerOutput, sampling: list, sampled: dict | None) -> None:
-        """Validate `sampled` against the step before anything changes."""
+    def _check_sampled(self, out: SchedulerOutput, sampling: list, sampled: dict | None) -> str | None:
+        """Validate `sampled` against the step before anything changes. Returns what it
+        found when each sampling request has exactly one token: "none" (sampled None), "ids"
+        (a one-id list each) or "counts" (a count of 1 each); else None."""
         if sampled is None:
             if self._any_token_ids:
                 for r in sampling:
@@ -940,13 +954,15 @@ class Scheduler:
                         raise ValueError(
                             f"request {r.request_id} was added with prompt_token_ids, so "
                             f"update_from_output needs its sampled token ids (sampled=None given)")
-            return
+            return "none"
         if not out.num_spec_tokens and len(sampled) == len(sampling):
-            # the common shape, checked at C speed: one token (id list or count) each
+            # the common shapes, checked at C speed: one token (id list or count) each
             try:
                 vals = list(map(sampled.__getitem__, map(_request_id, sampling)))
+                if not self._any_token_ids and vals.count(1) == len(vals):
+                    return "counts"  # async scheduling's counts (a list never equals 1)
                 if list(map(len, vals)).count(1) == len(vals):
-                    return
+                    return "ids"
             except (KeyError, TypeError):  # a missing entry or a count: the full check says
                 pass
         for r in sampling:
@@ -956,6 +972,7 @@ class Scheduler:
             raise ValueError(
                 f"step {out.step_id}: sampled has entries for requests {stray} that do not "
                 f"sample this step (samples=False or not scheduled)")
+        return None
 
     @staticmethod
     def _check_one_sampled(out: SchedulerOutput, r: _ReqState, v) -> None:

@@ -11,7 +11,6 @@ _EMPTY: tuple[int, ...] = ()
 # one C-level call per entry / record for the columns a runner reads
 _ENTRY_COLUMNS = operator.attrgetter("request_id", "num_new_tokens", "num_computed_tokens", "samples",
                                      "block_ids", "num_spec_tokens")
-_RECORD_COLUMNS = operator.attrgetter("request_id", "num_computed_tokens", "block_ids")
 
 
 @dataclass(slots=True)
@@ -106,6 +105,7 @@ class SchedulerOutput:
     _batch: list = field(default_factory=list, repr=False)
     _entries: dict[int, ScheduledRequest] = field(default_factory=dict, repr=False)
     _num_silent: int = field(default=0, repr=False)  # entries that do not sample
+    _admitted: list[ScheduledRequest] = field(default_factory=list, repr=False)
     _scheduled: list[ScheduledRequest] | None = field(default=None, repr=False)
     _updated: bool = field(default=False, repr=False)
 
@@ -118,6 +118,12 @@ class SchedulerOutput:
                                                       False, True, r.block_ids, _EMPTY)
                 for r in self._batch]
         return self._scheduled
+
+    @property
+    def admitted(self) -> list[ScheduledRequest]:
+        """The entries of the requests admitted this step (from the waiting queue: first
+        admissions and re-admissions after preemption), in batch order."""
+        return self._admitted
 
     @property
     def num_scheduled(self) -> int:
@@ -139,16 +145,21 @@ class SchedulerOutput:
         return self._record_columns()
 
     def _record_columns(self) -> StepColumns:
-        """columns() from the records and the entries that are not one-token sampling decodes."""
-        rids, computed, tables = zip(*map(_RECORD_COLUMNS, self._batch))
+        """columns() from the records and the entries that are not one-token sampling decodes
+        (a list comprehension per column: a specialised attribute read per record, cheaper
+        than a C-level attrgetter call)."""
+        batch = self._batch
+        rids = tuple([r.request_id for r in batch])
+        computed = [r.num_computed_tokens - 1 for r in batch]  # before the step's one token
         n = len(rids)
         new, samples, spec = [1] * n, [True] * n, [0] * n
         for rid, e in self._entries.items():
             if e.num_new_tokens != 1 or not e.samples or e.num_spec_tokens:
                 i = rids.index(rid)  # C-level scan; entries of this kind are few in such a batch
                 new[i], samples[i], spec[i] = e.num_new_tokens, e.samples, e.num_spec_tokens
-        return StepColumns(rids, tuple(new), tuple(map(int.__sub__, computed, new)), tuple(samples),
-                           tables, tuple(spec))
+                computed[i] += 1 - e.num_new_tokens
+        return StepColumns(rids, tuple(new), tuple(computed), tuple(samples),
+                           tuple([r.block_ids for r in batch]), tuple(spec))
 
     def _sampling(self) -> list:
         """Records of the requests that produce tokens this step, in batch order."""

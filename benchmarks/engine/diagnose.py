@@ -20,7 +20,9 @@ and the functions whose own time grew most between the first and the last replay
 
 `host`: a decode batch of 128 under async and synchronous scheduling, each host function of the
 step loop timed (schedule, the batch's columns, each staging step of prepare, the launches, the
-collect, the update), so the host time per step is split by function.
+collect, the update), so the host time per step is split by function; and the torch ops of one
+steady decode step's runner.prepare at that batch (`prepare_ops`: a TorchDispatchMode over that
+one call; on the GPU host each costs ~10-50 us).
 """
 
 from __future__ import annotations
@@ -193,10 +195,32 @@ class _Timers:
 HOST_PARTS: dict[type, tuple[str, ...]] = {
     Scheduler: ("schedule", "update_from_output"),
     SchedulerOutput: ("columns",),
-    ModelRunner: ("prepare", "_next_stage", "_stage_block_tables", "_layout", "_stage_host", "_stage_work",
-                  "_stage_gather", "_copy_to_device", "_gather_inflight", "_record_stage_done", "forward"),
+    ModelRunner: ("prepare", "_next_stage", "_stage_block_tables", "_write_rows", "_layout", "_stage_host",
+                  "_stage_work", "_stage_gather", "_stage_block_entries", "_copy_to_device", "_gather_inflight",
+                  "_record_stage_done", "forward"),
     EngineCore: ("_collect", "_note_first_scheduled", "_end_stopped"),
 }
+
+
+def _count_prepare_ops(runner: ModelRunner, batch: int, nth: int = 40) -> dict[str, int]:
+    """Wrap runner.prepare (the instance) so that the `nth` call on a batch of `batch` one-token
+    requests runs under an op counter; returns the counts (filled once that call ran)."""
+    from benchmarks.engine.bench_host_step import OpCounter
+
+    real, counts, seen = runner.prepare, {}, [0]
+
+    def prepare(cols, *a, **k):
+        if len(cols) == batch and sum(cols.num_new_tokens) == batch:
+            seen[0] += 1
+            if seen[0] == nth:
+                with OpCounter() as ops:
+                    inp = real(cols, *a, **k)
+                counts.update(ops.counts)
+                return inp
+        return real(cols, *a, **k)
+
+    runner.prepare = prepare
+    return counts
 
 
 def host(out: Path, tiny: bool) -> dict:
@@ -221,6 +245,7 @@ def host(out: Path, tiny: bool) -> dict:
                 timers.wrap(cls, n)
         timers.wrap(runner_module, "_input_tokens")
         timers.wrap(core.sampler, "sample")
+        ops = _count_prepare_ops(core.runner, batch, nth=5 if tiny else 40)
         try:
             t = time.perf_counter()
             res = replay(core, reqs, honor_arrivals=False)
@@ -229,6 +254,7 @@ def host(out: Path, tiny: bool) -> dict:
             for owner, n, fn in saved:
                 setattr(owner, n, fn)
             del core.sampler.sample
+            del core.runner.prepare
         s = res.steps
         dec = (s["num_prefill_tokens"] == 0) & (s["num_decode_seqs"] == batch)
         steps = int(s["step_id"].size)
@@ -236,7 +262,8 @@ def host(out: Path, tiny: bool) -> dict:
                         "per_step_us": {k: 1e6 * v / steps for k, v in sorted(timers.s.items(), key=lambda kv: -kv[1])},
                         "decode_step_ms_p50": {c: float(1e3 * np.median(s[c][dec])) if dec.any() else None
                                                for c in ("schedule_s", "prepare_s", "sample_s", "gpu_s", "total_s")},
-                        "launch_ms_p50": float(1e3 * np.median(res.step_launch_s[dec])) if dec.any() else None}
+                        "launch_ms_p50": float(1e3 * np.median(res.step_launch_s[dec])) if dec.any() else None,
+                        "prepare_ops": dict(sorted(ops.items())), "prepare_ops_total": sum(ops.values())}
         log(mode, json.dumps(jsonable(result[mode])))
     return result
 

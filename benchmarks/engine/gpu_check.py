@@ -65,6 +65,8 @@ GRAPH_MODES = (
     ("FULL_DECODE_ONLY", {"cudagraph_mode": "FULL_DECODE_ONLY"}),
     ("FULL", {"cudagraph_mode": "FULL"}),
     ("FULL-async", {"cudagraph_mode": "FULL", "async_scheduling": True}),
+    # async decode graphs gather their in-flight tokens; the eager mixed steps gather in prepare
+    ("FULL_DECODE_ONLY-async", {"cudagraph_mode": "FULL_DECODE_ONLY", "async_scheduling": True}),
     ("FULL-capture-40", {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 40}),
 )
 

@@ -1,9 +1,10 @@
-"""The runner's incrementally updated host buffers against a full rebuild: a runner that has
-prepared every earlier step (rows kept per staging set, written only from each step's first
-block on) must hand the device exactly what a fresh runner builds from scratch, over random
-step sequences driven by the real scheduler: joins, finishes, block boundaries, preemptions,
-prefill chunks, speculative drafts with rejections (tables truncated), and draft-model style
-calls on subsets of the batch."""
+"""The runner's incrementally updated buffers against a full rebuild: a runner that has
+prepared every earlier step (block-table rows kept in a host mirror, written only from each
+step's first block on, the device sent only the entries that changed, or the rows packed past
+the entry capacity) must hand the device exactly what a fresh runner builds from scratch, over
+random step sequences driven by the real scheduler: joins, finishes, block boundaries,
+preemptions, prefill chunks, speculative drafts with rejections (tables truncated), and
+draft-model style calls on subsets of the batch."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class Case:
     num_steps: int = 40
     graphs: bool = True
     row_slice_max_rows: int = runner_module.ROW_SLICE_MAX_ROWS  # 0: always the one-scatter path
+    entry_capacity: int | None = None  # block-table entries a step may send (None: the runner's)
 
 
 def _runner(case: Case) -> ModelRunner:
@@ -104,12 +106,14 @@ def _subset_call(kept: ModelRunner, case: Case, scheduled, tokens, rng: np.rando
 
 def drive(case: Case) -> Scheduler:
     """Run `case`'s random step sequence, checking every prepared step; returns the scheduler."""
-    default = runner_module.ROW_SLICE_MAX_ROWS
+    default, capacity = runner_module.ROW_SLICE_MAX_ROWS, runner_module.block_entry_capacity
     runner_module.ROW_SLICE_MAX_ROWS = case.row_slice_max_rows
+    if case.entry_capacity is not None:
+        runner_module.block_entry_capacity = lambda seqs: case.entry_capacity
     try:
         return _drive(case)
     finally:
-        runner_module.ROW_SLICE_MAX_ROWS = default
+        runner_module.ROW_SLICE_MAX_ROWS, runner_module.block_entry_capacity = default, capacity
 
 
 def _drive(case: Case) -> Scheduler:
@@ -157,11 +161,13 @@ def test_incremental_rows_equal_rebuild_through_preemptions_and_rejected_drafts(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(block_size=st.sampled_from([1, 2, 4, 16]), spec_k=st.integers(0, 3),
        budget_tokens=st.integers(8, 64), num_blocks=st.integers(70, 200), seed=st.integers(0, 2**31),
-       graphs=st.booleans(), row_slice_max_rows=st.sampled_from([0, 2, 16]))
+       graphs=st.booleans(), row_slice_max_rows=st.sampled_from([0, 2, 16]),
+       entry_capacity=st.sampled_from([None, 0, 3]))
 def test_incremental_rows_equal_rebuild(block_size, spec_k, budget_tokens, num_blocks, seed, graphs,
-                                        row_slice_max_rows):
+                                        row_slice_max_rows, entry_capacity):
+    # capacity 0: every change goes packed; 3: steps alternate between entries and packed rows
     drive(Case(block_size, spec_k, budget_tokens, max(num_blocks // block_size, MAX_MODEL_LEN // block_size + 1),
-               seed, graphs=graphs, row_slice_max_rows=row_slice_max_rows))
+               seed, graphs=graphs, row_slice_max_rows=row_slice_max_rows, entry_capacity=entry_capacity))
 
 
 def test_row_overwritten_by_graph_padding_is_rewritten_whole():
@@ -178,5 +184,5 @@ def test_row_overwritten_by_graph_padding_is_rewritten_whole():
         return [ScheduledRequest(rid, 1, pos, 0, 0, False, True, tables[rid], ()) for rid in rids]
 
     steps = [([0, 1, 2, 3], 6), ([0, 1, 2, 3], 6), ([0, 1, 2], 6), ([0, 1, 2], 6), ([0, 1, 2, 3], 7)]
-    for rids, pos in steps:  # staging sets alternate: set 0 sees steps 0, 2 (row 3 = padding), 4
+    for rids, pos in steps:  # row 3 is a padding sequence at steps 2 and 3, request 3's again at 4
         _check_step(r, case, decodes(rids, pos), tokens, False)
