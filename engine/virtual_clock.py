@@ -33,10 +33,12 @@ from engine.scheduler_output import SchedulerOutput
 
 @dataclass(frozen=True, slots=True)
 class StepTimes:
-    """One step: host seconds before its launch, then device seconds on the stream."""
+    """One step: host seconds before its launch, device seconds on the stream, and host seconds
+    of the launch itself (an eager step's kernels one by one), during which the device work runs."""
 
     host_s: float
     device_s: float
+    launch_s: float = 0.0
 
 
 class VirtualClock:
@@ -100,7 +102,8 @@ def virtual_clock(core: EngineCore, step_times: Callable[[SchedulerOutput], Step
 
     def timed_forward(*args: Any, **kwargs: Any) -> Any:
         logits = forward(*args, **kwargs)
-        clock.launch(last[0].device_s)
+        clock.launch(max(last[0].device_s, last[0].launch_s))  # the device starts on the first kernel
+        clock.sleep(last[0].launch_s)
         return logits
 
     def synced_sample(*args: Any, **kwargs: Any) -> Any:

@@ -418,23 +418,6 @@ def held_out(run_name: str, step_ids: np.ndarray, share: float = HELD_OUT_SHARE)
     return np.array([zlib.crc32(f"{run_name}:{int(s)}".encode()) < cut for s in step_ids], dtype=bool)
 
 
-def step_wall_s(steps: dict[str, np.ndarray], async_scheduling: bool) -> np.ndarray:
-    """Each step's wall time: its own `total_s` when synchronous. Under async scheduling a row's
-    `total_s` is the host loop that launches it and then waits for the PREVIOUS step's tokens, so
-    step N's wall time is row N+1's `total_s`, provided row N+1's call found step N still in
-    flight: the rows are back to back (row N's period ends where row N+1 starts; an empty
-    schedule or an idle wait between them collected step N instead). NaN where that fails and
-    for the last step."""
-    total = steps["total_s"]
-    if not async_scheduling:
-        return total.copy()
-    start = steps["t_start_s"]
-    out = np.full(total.shape, np.nan)
-    back_to_back = np.abs(start[1:] - (start[:-1] + total[:-1])) < _CONTIGUOUS_S
-    out[:-1] = np.where(back_to_back, total[1:], np.nan)
-    return out
-
-
 # --- robust fitting -----------------------------------------------------------------------------
 @dataclass(slots=True)
 class RobustFit:
@@ -500,33 +483,74 @@ def _median_p90(e: np.ndarray) -> tuple[float, float]:
     return float(np.median(e)), float(np.percentile(e, 90))
 
 
-def fit_overlap(gpu: np.ndarray, cpu: np.ndarray, wall: np.ndarray, is_async: np.ndarray) -> OverlapTerms:
-    """The combine rule's terms from measured gpu, cpu and wall times (soft-L1 relative loss):
-    async `wall = max(gpu + gap, cpu + host)` where `cpu` is the host time of the step whose host
-    work overlaps this step's GPU work (the next one: the simulator's pipelined loop); sync
-    `wall = gpu + cpu + extra`."""
+def pipelined_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray,
+                      contiguous: np.ndarray) -> np.ndarray:
+    """Each step's period under async scheduling as the simulator's pipelined loop times it
+    (sim/simulator.py `_pipelined_step`), from every step's device seconds, host seconds before
+    its launch, and launch seconds: period_i = max(host_i + launch_i, lead_i), where lead_i is
+    what is left of step i-1's device work when iteration i begins (0 where a row does not follow
+    the previous one back to back: the engine was idle or the run starts)."""
+    out = np.empty(device.size)
+    lead = 0.0
+    for i in range(device.size):
+        if not contiguous[i]:
+            lead = 0.0
+        h, launch_i = host[i], launch[i]
+        out[i] = period = max(h + launch_i, lead)
+        lead = max(h, lead) + max(device[i], launch_i) - period
+    return out
+
+
+def fit_overlap(rows: _Rows, train: np.ndarray) -> OverlapTerms:
+    """The wall-time terms from measured GPU, host and period times (soft-L1 relative loss). Async:
+    the gap on the device side, the unrecorded host work and an eager step's kernel launches, by
+    the pipelined recursion (`pipelined_periods`) over each run's rows with their MEASURED device
+    and host times. Sync: `period = gpu + cpu + extra`, the median extra."""
     out: dict[str, float] = {}
-    a = is_async & np.isfinite(wall) & (wall > 0)
-    if a.sum() >= 10:
-        g, c, y = gpu[a], cpu[a], wall[a]
+    a = rows.is_async
+    fit_rows = a & train & rows.contiguous & (rows.total > 0)
+    if fit_rows.sum() >= 10:
+        g, c, eager, y = rows.gpu_y[a], rows.cpu_y[a], (rows.kind[a] == "mixed").astype(float), rows.total[a]
+        contiguous, use = rows.contiguous[a], fit_rows[a]
 
-        def resid(p: np.ndarray) -> np.ndarray:
-            return (np.maximum(g + p[0], c + p[1]) - y) / y
+        def resid(x: np.ndarray) -> np.ndarray:
+            periods = pipelined_periods(g + x[0], c + x[1], eager * x[2], contiguous)
+            return (periods[use] - y[use]) / y[use]
 
-        # the host term has no gradient where the CPU side never binds: start from several
-        # values and keep the best fit, the smallest host term among equal ones
-        best = None
-        for host0 in sorted({0.0, *np.maximum(np.percentile(y - c, [10, 50, 90]), 0.0)}):
-            x0 = [max(float(np.median(y - g)), 0.0), float(host0)]
-            sol = least_squares(resid, x0, bounds=([0.0, 0.0], [np.inf, np.inf]), loss="soft_l1", f_scale=0.02)
-            if best is None or sol.cost < best.cost * (1 - 1e-9):
+        def fit(x0: list[float], fixed_host: float | None = None):
+            if fixed_host is None:
+                return least_squares(resid, x0, bounds=([0.0] * 3, [np.inf] * 3), loss="soft_l1", f_scale=0.02)
+            sol = least_squares(lambda x: resid(np.array([x[0], fixed_host, x[1]])), [x0[0], x0[2]],
+                                bounds=([0.0] * 2, [np.inf] * 2), loss="soft_l1", f_scale=0.02)
+            sol.x = np.array([sol.x[0], fixed_host, sol.x[1]])
+            return sol
+
+        best = min((fit([1e-5, host0, launch0]) for host0 in (0.0, 2e-4, 1e-3) for launch0 in (0.0, 0.01)),
+                   key=lambda sol: sol.cost)
+        # where the device side always binds (a large model's steps) the host term barely moves
+        # the loss and drifts: keep the smallest one whose fit is within 1% of the best
+        for host in (0.0, best.x[1] / 8, best.x[1] / 4, best.x[1] / 2):
+            sol = fit(list(best.x), fixed_host=host)
+            if sol.cost <= best.cost * 1.01:
                 best = sol
-        out["async_gpu_gap_s"], out["async_host_s"] = float(best.x[0]), float(best.x[1])
-    s = ~is_async & np.isfinite(wall) & (wall > 0)
-    if s.sum() >= 10:
-        extra = wall[s] - gpu[s] - cpu[s]
+                break
+        out["async_gpu_gap_s"], out["async_host_s"], out["async_eager_launch_s"] = map(float, best.x)
+    sync = ~a & train & (rows.total > 0)
+    if sync.sum() >= 10:
+        extra = rows.total[sync] - rows.gpu_y[sync] - rows.cpu_y[sync]
         out["sync_extra_s"] = max(float(np.median(extra)), 0.0)
     return OverlapTerms(**out)
+
+
+def predicted_periods(rows: _Rows, gpu_pred: np.ndarray, cpu_pred: np.ndarray, o: OverlapTerms) -> np.ndarray:
+    """Every row's period as the simulator would time it from the MODEL's GPU and host times."""
+    out = gpu_pred + cpu_pred + o.sync_extra_s
+    a = rows.is_async
+    if a.any():
+        eager = (rows.kind[a] == "mixed") * o.async_eager_launch_s
+        out[a] = pipelined_periods(gpu_pred[a] + o.async_gpu_gap_s, cpu_pred[a] + o.async_host_s, eager,
+                                   rows.contiguous[a])
+    return out
 
 
 # --- memory -------------------------------------------------------------------------------------
@@ -546,12 +570,13 @@ def profiled_tokens(memory: dict[str, Any], engine_args: dict[str, Any]) -> int:
     return engine_args.get("max_num_batched_tokens") or 8192
 
 
-def fit_memory(runs: Sequence[EngineRun], model: ModelSpec) -> MemoryTerms | None:
-    """The engine's KV sizing terms from the runs' run.json `memory` (None if no run has one):
-    activations = profiling peak - its temporary KV - weights, linear in max_num_batched_tokens
-    (fitted when the runs used several budgets, else the first-principles slope)."""
-    recs = [(r.run_info["memory"], r.run_info.get("engine_args") or {}) for r in runs
-            if r.run_info and r.run_info.get("memory")]
+def fit_memory(runs: Sequence[EngineRun | dict[str, Any]], model: ModelSpec) -> MemoryTerms | None:
+    """The engine's KV sizing terms from the runs' run.json `memory` (runs, or run.json dicts;
+    None if none has one): activations = profiling peak - its temporary KV - weights, linear in
+    max_num_batched_tokens (fitted when the runs used several budgets, else the first-principles
+    slope)."""
+    infos = [r if isinstance(r, dict) else r.run_info for r in runs]
+    recs = [(i["memory"], i.get("engine_args") or {}) for i in infos if i and i.get("memory")]
     if not recs:
         return None
     act = np.array([m["profile_peak_bytes"] - m["profile_tmp_kv_bytes"] - m["weights_bytes"] for m, _ in recs],
@@ -599,11 +624,10 @@ class _Rows:
     cpu_x: dict[str, np.ndarray]
     gpu_y: np.ndarray
     cpu_y: np.ndarray
-    wall: np.ndarray
-    # the row whose host time shares `wall` with this row's GPU time: itself when synchronous;
-    # under async scheduling the next step (its host work runs while this step's GPU work does,
-    # the simulator's pipelined loop); -1 where that row was not kept
-    wall_host_row: np.ndarray
+    total: np.ndarray  # the row's own period (engine `total_s`)
+    # the row follows the previous row of its run back to back (the same clock, no idle gap, no
+    # row dropped between): the pipelined recursion runs on through it
+    contiguous: np.ndarray
     is_async: np.ndarray
     held: np.ndarray
     n_warmup: int
@@ -621,19 +645,17 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
         s = {k: v[order] for k, v in s.items()}
         kind, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, not r.decode_graphs, knots,
                                  r.mixed_graph_max_tokens)
-        wall = step_wall_s(s, r.async_scheduling)
         keep = np.arange(order.size) >= warmup_steps
         n_warmup += int(min(warmup_steps, order.size))
         gy = s["gpu_s"] + np.nan_to_num(s["sample_s"])
         cy = s["schedule_s"] + s["prepare_s"]
         keep &= np.isfinite(gy) & (gy > 0) & np.isfinite(cy) & (cy > 0)
-        # index of each kept row among all kept rows so far (-1: dropped), then its host row
-        offset = sum(int(p["gpu_y"].size) for p in parts)
-        pos = np.where(keep, offset + np.cumsum(keep) - 1, -1)
-        host_row = pos if not r.async_scheduling else np.append(pos[1:], -1)
+        start, total = s["t_start_s"], s["total_s"]
+        back_to_back = np.abs(start[1:] - (start[:-1] + total[:-1])) < _CONTIGUOUS_S
+        contiguous = np.concatenate([[False], back_to_back & keep[:-1]])
         parts.append({"kind": kind[keep], "gpu_x": {k: v[keep] for k, v in gx.items()},
                           "cpu_x": {k: v[keep] for k, v in cpu_features(s).items()}, "gpu_y": gy[keep], "cpu_y": cy[keep],
-                          "wall": wall[keep], "wall_host_row": host_row[keep],
+                          "total": total[keep], "contiguous": contiguous[keep],
                           "is_async": np.full(int(keep.sum()), r.async_scheduling),
                           "held": held_out(r.name, s["step_id"][keep], share)})
 
@@ -704,9 +726,12 @@ def _knot(feature: str) -> int:
 def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model: ModelSpec, gpu: GPUSpec,
                 engine_config: EngineConfig | None = None, *, name: str | None = None,
                 warmup_steps: int = WARMUP_STEPS, held_out_share: float = HELD_OUT_SHARE,
-                provenance: dict[str, Any] | None = None) -> FitResult:
+                provenance: dict[str, Any] | None = None,
+                memory_runs: Sequence[dict[str, Any]] | None = None) -> FitResult:
     """Fit a v2 profile for `model` on `gpu` from engine step tables (`EngineRun`s, or bare
-    column tables that take their flags from `engine_config`)."""
+    column tables that take their flags from `engine_config`). `memory_runs` (run.json dicts):
+    where the KV sizing terms come from when the timed runs' engines were sized by an override
+    (several engines sharing a GPU) and record none."""
     dflt = (engine_config or EngineConfig()).resolved_for(gpu, model)
     runs = [t if isinstance(t, EngineRun) else
             EngineRun(name=f"table{i}", steps=t, async_scheduling=dflt.async_scheduling,
@@ -723,22 +748,17 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     train = ~rows.held
     cpu, cpu_sync = _fit_cpu_by_scheduling(rows, train)
     cpu_pred = np.where(rows.is_async, _cpu_seconds(cpu, rows), _cpu_seconds(cpu_sync or cpu, rows))
-    # the wall time's host side: the row whose host work shares it (rows.wall_host_row)
-    paired = rows.wall_host_row >= 0
-    host_row = np.where(paired, rows.wall_host_row, 0)
-    wall = np.where(paired, rows.wall, np.nan)
-    overlap = fit_overlap(rows.gpu_y[train], rows.cpu_y[host_row][train], wall[train], rows.is_async[train])
-    cpu_wall = cpu_pred[host_row]
-    step_pred = np.where(rows.is_async, np.maximum(gpu_pred + overlap.async_gpu_gap_s, cpu_wall + overlap.async_host_s),
-                         gpu_pred + cpu_pred + overlap.sync_extra_s)
+    overlap = fit_overlap(rows, train)
+    step_pred = predicted_periods(rows, gpu_pred, cpu_pred, overlap)
+    measured = (rows.contiguous | ~rows.is_async) & (rows.total > 0)  # periods the recursion reaches
     for kind, in_kind in masks.items():
         h = in_kind & rows.held
-        hw = h & np.isfinite(wall) & (wall > 0)
+        hw = h & measured
         gm, gp = _median_p90(_rel_err(gpu_pred[h], rows.gpu_y[h]))
-        sm, sp = _median_p90(_rel_err(step_pred[hw], wall[hw]))
+        sm, sp = _median_p90(_rel_err(step_pred[hw], rows.total[hw]))
         errors[kind] = KindError(n_fit=fit_counts[kind][0], n_held_out=int(h.sum()), n_outliers=fit_counts[kind][1],
                                  gpu_median=gm, gpu_p90=gp, step_median=sm, step_p90=sp)
-    mem = fit_memory(runs, model)
+    mem = fit_memory(runs, model) or (fit_memory(memory_runs, model) if memory_runs else None)
     n_steps = int(rows.gpu_y.size)
     prov = {"runs": [r.name for r in runs], "n_steps": n_steps, "n_warmup_dropped": rows.n_warmup,
             "date": time.strftime("%Y-%m-%d", time.gmtime()), "gpu": gpu.name, "model": model.name}
@@ -888,12 +908,13 @@ __all__ = [
     "held_out",
     "kind_masks",
     "load_run",
+    "pipelined_periods",
+    "predicted_periods",
     "profiled_tokens",
     "read_steps",
     "robust_nnls",
     "scale_profile",
     "step_features",
     "step_kinds",
-    "step_wall_s",
     "write_scaled_profiles",
 ]

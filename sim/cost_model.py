@@ -143,14 +143,18 @@ class CpuTerms(BaseModel):
 class OverlapTerms(BaseModel):
     """How a step's GPU and CPU time make its wall time, fitted from the engine's `total_s`.
 
-    Async scheduling: `max(gpu + async_gpu_gap_s, cpu + async_host_s)` (the gap: host work the
-    GPU waits on at a step boundary; host: the collect/update work no column records).
-    Synchronous: `gpu + cpu + sync_extra_s`."""
+    Async scheduling (the simulator's pipelined loop): a step's host part is `cpu +
+    async_host_s` (the collect/update work no column records), then, for a step that runs
+    eagerly, `async_eager_launch_s` of kernel launches from Python, during which its device work
+    already runs; its device part is `gpu + async_gpu_gap_s` (host work the GPU waits on at a
+    boundary). Synchronous: `gpu + cpu + sync_extra_s` (the launches overlap the step's own GPU
+    work)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     async_gpu_gap_s: float = _COEF
     async_host_s: float = _COEF
+    async_eager_launch_s: float = _COEF
     sync_extra_s: float = _COEF
 
 
@@ -496,6 +500,7 @@ class CostModel:
         self._cpu_blk_s, self._cpu_hash_s = p.cpu_per_block_allocated_s, p.cpu_per_block_hashed_s
         self._cpu_tok_s = self._cpu_ctx_s = 0.0
         self._gap_s = self._host_s = 0.0  # async: max(gpu + gap, cpu + host); sync: gpu + cpu + host
+        self._eager_launch_s = 0.0  # async: an eager step's kernel launches (see launch_s)
         self._max_num_seqs = engine.max_num_seqs or 256
         self._fit_decode = self._fit_mixed = self._fit_mixed_graph = None
         self._mixed_graph_max_tokens = 0  # largest step (tokens) a mixed graph takes; 0: none
@@ -535,6 +540,7 @@ class CostModel:
         o = p.overlap
         self._gap_s, self._host_s = ((o.async_gpu_gap_s, o.async_host_s) if self.async_scheduling
                                      else (0.0, o.sync_extra_s))
+        self._eager_launch_s = o.async_eager_launch_s if self.async_scheduling else 0.0
 
     # --- GPU ----------------------------------------------------------------------
     def forward_s(self, num_tokens: int, num_rows: int, prefill_pairs: float, prefill_kv_tokens: float,
@@ -669,6 +675,16 @@ class CostModel:
         if self.async_scheduling:
             return max(gpu_s + self._gap_s, cpu_s + self._host_s)
         return gpu_s + cpu_s + self._host_s
+
+    def launch_s(self, b: BatchComposition) -> float:
+        """Async scheduling: host seconds spent launching the step's kernels one by one, when it
+        runs eagerly (not as a CUDA graph); its device work starts meanwhile. 0 otherwise."""
+        if not self._eager_launch_s:
+            return 0.0
+        tokens = b.num_prefill_tokens + b.num_decode_tokens
+        graph = (not b.num_prefill_tokens and tokens == b.num_decode_seqs) or self._verify_graph(b) \
+            or tokens <= self._mixed_graph_max_tokens
+        return 0.0 if graph else self._eager_launch_s
 
     @property
     def async_gap_s(self) -> float:

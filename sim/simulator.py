@@ -261,12 +261,14 @@ class _Replica:
         self.step_log.append(self._step_record(out, t0, dt, gpu_s, cpu_s, n_out, drafted, accepted), cut)
 
     def _pipelined_step(self) -> Process:
-        """Async scheduling, as engine/core.py's `_step_async` runs it: schedule and launch step i
-        (the scheduler takes its token counts at once), then collect step i - 1's tokens, which
-        arrive when i - 1's device work has ended and i's launch is done; i's device work starts
-        then, and the next schedule() runs. So step i admits what arrived before i - 1's device
-        work ended, not before i - 1's tokens came back (the one-step-earlier cut that groups
-        arrivals into fewer, larger steps when missed)."""
+        """Async scheduling, as engine/core.py's `_step_async` runs it: schedule and prepare step
+        i (the scheduler takes its token counts at once), launch it, then collect step i - 1's
+        tokens, which arrive when i - 1's device work has ended and i's launch is done; then the
+        next schedule() runs. Step i's device work starts when i - 1's ends or its launching
+        begins, whichever is later: an eager step's launches (seconds of Python on a slow host)
+        overlap its own device work, so they lengthen this period and shorten the next. So step
+        i admits what arrived before i - 1's device work ended, not before i - 1's tokens came
+        back (the one-step-earlier cut that groups arrivals into fewer, larger steps when missed)."""
         env, sched, cost = self.env, self.sched, self.cost
         t0 = env.now
         out = sched.schedule()
@@ -288,15 +290,17 @@ class _Replica:
         samplers = self._samplers(out, t0) if out.num_prefill_seqs else None
         gpu_s, cpu_s = cost.gpu_time_s(out), cost.cpu_time_s(out, self.coarsening)
         device_s, host_s = cost.device_and_host_s(gpu_s, cpu_s)
+        launch_s = cost.launch_s(out)  # an eager step's launches: its device work runs meanwhile
         left_out = sched.unscheduled_decoders(out)
         resumed = self._resuming(out) if self.left_out_ids else None
         results = sched.update_from_output(out, None)
-        launched = t0 + host_s
-        start = launched if prev is None or prev.gpu_end_s <= launched else prev.gpu_end_s
+        launching, launched = t0 + host_s, t0 + host_s + launch_s
+        start = launching if prev is None or prev.gpu_end_s <= launching else prev.gpu_end_s
+        done = launched if prev is None or prev.gpu_end_s <= launched else prev.gpu_end_s  # i - 1 collected
         n_out = out.num_decode_seqs if samplers is None else len(samplers)
-        self.inflight = _InFlight(t0, start + device_s, results, out.num_decode_seqs, samplers, resumed, out, gpu_s,
-                                  cpu_s, n_out)
-        yield env.timeout(delay_until(t0, start))
+        self.inflight = _InFlight(t0, start + max(device_s, launch_s), results, out.num_decode_seqs, samplers, resumed,
+                                  out, gpu_s, cpu_s, n_out)
+        yield env.timeout(delay_until(t0, done))
         now = env.now
         if prev is not None:
             self._collect(prev, now, t0)

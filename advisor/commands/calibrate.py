@@ -57,25 +57,30 @@ def calibrate(
     scaled: Annotated[bool, typer.Option("--scaled", help="also write profiles scaled by datasheet ratios to the A100, H100, B200 and L4 presets beside --out")] = False,
     async_scheduling: Annotated[bool, typer.Option("--async-scheduling", help="bare steps files (no run.json) were recorded with async scheduling")] = False,
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="bare steps files: the engine's max_num_seqs (its CUDA graph sizes)")] = None,
+    memory_runs: Annotated[list[Path] | None, typer.Option(
+        "--memory-runs", help="engine run folders whose run.json memory terms size the KV pool, when the timed "
+        "runs' engines were sized by --num-gpu-blocks-override (repeat the option)")] = None,
     force: Force = False,
 ) -> None:
     """Fit a cost profile (schema v2) for one model on one GPU from engine step traces; print the fit."""
     # scipy's optimisers load only for this command (the CLI's other commands start without them)
     from sim.calibrate import SCALED_GPUS, fit_profile, load_run, write_scaled_profiles
+    from sim.validate import read_run_info
 
     m, g = get_model(model), get_gpu(gpu)
     if scaled and out is None:
         raise ValueError("--scaled writes beside --out: give --out PROFILE.json too")
     if out is not None:  # before the work: a refused --out must not cost a fit
-        check_output_file(out, flag="--out", force=force, inputs=runs)
+        check_output_file(out, flag="--out", force=force, inputs=[*runs, *(memory_runs or [])])
         if scaled:  # the files write_scaled_profiles will write, checked now
             for name in SCALED_GPUS:
                 check_output_file(out.parent / f"{GPU_PRESETS[name].name}-{model}.json", flag="--scaled",
-                                  force=force, inputs=runs)
+                                  force=force, inputs=[*runs, *(memory_runs or [])])
     for r in runs:  # every run checked (and of this model and GPU) before the first is fitted
         check_run_for_fit(r, model, gpu)
     default = EngineConfig(async_scheduling=async_scheduling, max_num_seqs=max_num_seqs)
-    fit = fit_profile([load_run(r, default) for r in runs], m, g, default)
+    memory = [read_run_info(d).model_dump() for d in memory_runs or []]
+    fit = fit_profile([load_run(r, default) for r in runs], m, g, default, memory_runs=memory)
     console = plain_console()
     print_fit(fit, console)
     if out is None:

@@ -264,7 +264,8 @@ def print_overview(report: ValidationReport, console: Console) -> None:
 
 def print_ranking(rk: RankingReport, console: Console) -> None:
     slo = " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in rk.slo.items())
-    t = Table(title=f"[bold]goodput order at {slo}[/] (engine spread {rk.spread:.1%})", title_justify="left")
+    t = Table(title=styled((f"goodput order at {slo}", "bold"), f" (engine spread {rk.spread:.1%})"),
+              title_justify="left")
     for col in ("run", "engine req/s", "sim req/s", "error", "engine rank", "sim rank"):
         t.add_column(col)
     for r in rk.runs:

@@ -24,7 +24,7 @@ TRUE_MIXED = GpuTerms(gemm=1.25, prefill_attention=1.6, decode_kv=1.4, decode_ma
                       step_s=2.5e-3, per_seq_s=2e-5)
 TRUE_CPU = CpuTerms(step_s=3e-4, per_seq_s=2.5e-5, per_token_s=2e-7, per_context_token_s=3e-9,
                     per_block_allocated_s=1.5e-6, per_block_hashed_s=1e-6)
-TRUE_OVERLAP = OverlapTerms(async_gpu_gap_s=1e-4, async_host_s=2e-4, sync_extra_s=5e-5)
+TRUE_OVERLAP = OverlapTerms(async_gpu_gap_s=1e-4, async_host_s=2e-4, async_eager_launch_s=4e-3, sync_extra_s=5e-5)
 MAX_NUM_SEQS = 256
 BLOCK = 16
 
@@ -105,21 +105,37 @@ def synthetic_run(model: ModelSpec, gpu: GPUSpec, *, n: int = 3000, seed: int = 
     spoiled = rng.random(n) < outlier_share
     gpu_total = np.where(spoiled, gpu_total * 3.0, gpu_total)
     gpu_total[0] += 1.1  # kernel compilation on the first step
-    cols |= timing_columns(gpu_total, cpu_total, async_scheduling)
+    cols |= timing_columns(gpu_total, cpu_total, async_scheduling, eager=cols["num_prefill_tokens"] > 0)
     return EngineRun(name=name, steps=cols, async_scheduling=async_scheduling, max_num_seqs=MAX_NUM_SEQS)
 
 
-def timing_columns(gpu: np.ndarray, cpu: np.ndarray, async_scheduling: bool) -> dict[str, np.ndarray]:
-    """A step table's clock columns from each step's GPU and host seconds, overlapped as
-    TRUE_OVERLAP says: the GPU time split 9:1 into forward and sampling, the host's 4:6 into
-    scheduling and input preparation."""
+def timing_columns(gpu: np.ndarray, cpu: np.ndarray, async_scheduling: bool,
+                   eager: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """A step table's clock columns from each step's GPU and host seconds, as TRUE_OVERLAP says:
+    the GPU time split 9:1 into forward and sampling, the host's 4:6 into scheduling and input
+    preparation. Async: the engine's loop event by event (`async_periods`); `eager` steps (no
+    CUDA graph) spend TRUE_OVERLAP's launch seconds launching, their device work running meanwhile."""
     o, n = TRUE_OVERLAP, len(gpu)
-    if async_scheduling:  # step N's GPU time is the period of step N+1, beside N+1's host time
-        # (the simulator's pipelined loop; see step_wall_s); the first step's period is its host time
-        total = np.concatenate([[cpu[0] + o.async_host_s],
-                                np.maximum(gpu[:-1] + o.async_gpu_gap_s, cpu[1:] + o.async_host_s)])
+    if async_scheduling:
+        launch = np.zeros(n) if eager is None else np.where(eager, o.async_eager_launch_s, 0.0)
+        total = async_periods(gpu + o.async_gpu_gap_s, cpu + o.async_host_s, launch)
     else:
         total = gpu + cpu + o.sync_extra_s
     return {"step_id": np.arange(n, dtype=float), "t_start_s": np.concatenate([[0.0], np.cumsum(total)[:-1]]),
             "total_s": total, "gpu_s": 0.9 * gpu, "sample_s": 0.1 * gpu, "schedule_s": 0.4 * cpu,
             "prepare_s": 0.6 * cpu}
+
+
+def async_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray) -> np.ndarray:
+    """The async engine's periods, written as its events (engine/core.py `_step_async`): iteration
+    i starts at T, prepares for host[i], launches for launch[i] while its device work starts as
+    soon as the device is free, then waits for step i-1's device work; the next iteration starts
+    when both are done."""
+    t = gpu_free = 0.0
+    out = np.empty(len(device))
+    for i in range(len(device)):
+        start = max(t + host[i], gpu_free)
+        done = max(t + host[i] + launch[i], gpu_free)  # step i-1 collected
+        gpu_free = start + max(device[i], launch[i])
+        out[i], t = done - t, done
+    return out

@@ -26,8 +26,8 @@ from sim.calibrate import (
     held_out,
     load_run,
     memory_checks,
+    pipelined_periods,
     scale_profile,
-    step_wall_s,
 )
 from sim.config import EngineConfig
 from sim.cost_model import CostModel, CostProfile, CpuTerms, DecodeRun, Roofline, graph_bucket
@@ -40,6 +40,7 @@ from tests.sim.calib_synth import (
     TRUE_DECODE,
     TRUE_MIXED,
     TRUE_OVERLAP,
+    async_periods,
     synthetic_run,
     true_cpu_s,
     true_gpu_s,
@@ -102,27 +103,26 @@ def _rows(steps, i):
 
 
 def test_simulator_reproduces_the_steps_and_the_reported_error(fit):
-    """The CostModel with the fitted profile (the simulator's own path) predicts each held-out
-    step; its median |error| against the measured wall time is the one the fit reports, and
-    against the noise-free truth it is well under the noise."""
+    """The CostModel with the fitted profile (the simulator's own path: its device, host and
+    launch parts) predicts each held-out step's period through the engine's loop; its median
+    |error| against the measured period is the one the fit reports, and against the noise-free
+    truth it is well under the noise."""
     runs, res = fit
     r = runs[0]
     eng = EngineConfig(async_scheduling=True, max_num_seqs=MAX_NUM_SEQS)
     cm = CostModel(M1, H200, eng, res.profile)
     s = r.steps
-    wall = step_wall_s(s, True)
-    held = held_out(r.name, s["step_id"]) & (np.arange(s["step_id"].size) >= 3) & np.isfinite(wall)
+    held = held_out(r.name, s["step_id"]) & (np.arange(s["step_id"].size) >= 3)
     is_dec = s["num_prefill_tokens"] == 0
     steps = [_rows(s, i) for i in range(s["step_id"].size)]
-    # the pipelined loop: step N's wall time pairs its device part with step N+1's host part
     parts = np.array([cm.device_and_host_s(cm.gpu_time_s(b), cm.cpu_time_s(b)) for b in steps])
-    pred = np.append(np.maximum(parts[:-1, 0], parts[1:, 1]), np.nan)
+    pred = async_periods(parts[:, 0], parts[:, 1], np.array([cm.launch_s(b) for b in steps]))
     o = TRUE_OVERLAP
     g, c = true_gpu_s(s, Roofline.of(M1, H200, eng)), true_cpu_s(s)
-    truth = np.append(np.maximum(g[:-1] + o.async_gpu_gap_s, c[1:] + o.async_host_s), np.nan)
-    held &= np.isfinite(pred)
-    assert np.nanmedian(np.abs(pred / truth - 1)) < 0.005
-    err = np.abs(pred - wall) / wall
+    truth = async_periods(g + o.async_gpu_gap_s, c + o.async_host_s, np.where(is_dec, 0.0, o.async_eager_launch_s))
+    assert np.median(np.abs(pred[3:] / truth[3:] - 1)) < 0.005
+    assert res.profile.overlap.async_eager_launch_s == pytest.approx(o.async_eager_launch_s, rel=0.1)
+    err = np.abs(pred - s["total_s"]) / s["total_s"]
     # the fit reports both runs together: this run alone must be close to it
     assert np.median(err[held & is_dec]) == pytest.approx(res.errors["decode"].step_median, rel=0.25)
     assert np.median(err[held & ~is_dec]) == pytest.approx(res.errors["mixed"].step_median, rel=0.25)
@@ -314,11 +314,22 @@ def test_v1_profiles_still_load_and_v2_round_trips(fit, tmp_path):
         CostProfile.load(p)
 
 
-def test_async_wall_time_is_the_next_back_to_back_period():
-    s = {"t_start_s": np.array([0.0, 1.0, 3.0, 6.0, 7.0]), "total_s": np.array([1.0, 2.0, 1.5, 1.0, 0.5])}
-    # row 2's period ends at 4.5 but row 3 starts at 6: an idle wait collected step 2
-    assert np.array_equal(step_wall_s(s, True), [2.0, 1.5, np.nan, 0.5, np.nan], equal_nan=True)
-    assert np.array_equal(step_wall_s(s, False), s["total_s"])
+def test_pipelined_periods_equal_the_engines_events():
+    """The fit's recursion (a lead carried from step to step) against the engine's loop written as
+    events, on random device, host and launch times, with idle gaps (non-contiguous rows)."""
+    rng = np.random.default_rng(3)
+    n = 400
+    device, host = rng.exponential(5e-3, n), rng.exponential(1e-3, n)
+    launch = np.where(rng.random(n) < 0.3, rng.exponential(8e-3, n), 0.0)
+    contiguous = np.ones(n, dtype=bool)
+    contiguous[0] = False
+    np.testing.assert_allclose(pipelined_periods(device, host, launch, contiguous),
+                               async_periods(device, host, launch), rtol=1e-9, atol=1e-15)
+    # an idle gap: the recursion restarts with nothing in flight, as the engine after a wait
+    cut = 200
+    contiguous[cut] = False
+    got = pipelined_periods(device, host, launch, contiguous)
+    np.testing.assert_allclose(got[cut:], async_periods(device[cut:], host[cut:], launch[cut:]), rtol=1e-9, atol=1e-15)
 
 
 # a synchronous host that is cheaper per step and dearer per context token than the async one
