@@ -20,7 +20,7 @@ format and parts):
    cached prefix, mixed loads, a tight pool);
 3. more production-like traffic (chat, code bursts, Mooncake) until `--minutes` have passed.
 
-Between runs, once a minute, the PROBES: identical crafted steps through each engine's runner,
+Between any two runs, once a minute, the PROBES: identical crafted steps through each engine's runner,
 timed with CUDA events (median of 15): a decode batch of 64 at 2K context (its CUDA graph), a
 512-token chunk beside 32 decodes (its mixed graph), a 4,096-token prefill (eager: host launches
 included); the host's prepare of a 128-decode batch (CPU time); a pure-Python canary loop (the
@@ -29,7 +29,7 @@ objects the GC tracks, the torch allocator's allocated / reserved bytes and segm
 engines' request tables. `DIR/soak.json` holds every probe and each probe's ratio to the first
 minute; `DIR/<model>/index.json` the runs. Nothing lost: every run reports its unfinished requests.
 
-Engines are built with max_model_len 32,768 and a 32,768-token runner (chunked prefill off raises
+Engines are built with max_model_len 40,960 and a 40,960-token runner (chunked prefill off raises
 the budget to max_model_len, as vLLM does); every other run starts over at a budget of 8,192.
 """
 
@@ -85,8 +85,10 @@ def log(*a: Any) -> None:
 class Sizes:
     """Per-model engine sizes and the probes' shapes."""
 
-    max_model_len: int = 32768
-    runner_budget: int = 32768
+    # room for the sweep's 32K-token skew prompts and their outputs (the 2026-12-02 soak ran at
+    # 32,768 and refused them)
+    max_model_len: int = 40960
+    runner_budget: int = 40960
     blocks: dict = dataclasses.field(default_factory=lambda: {"llama-3.1-8b": 30000, "llama-3.2-1b": 70000})
     probe_decode: tuple[int, int] = (64, 2048)  # batch, context
     probe_mixed: tuple[int, int, int] = (512, 32, 2048)  # chunk, decodes, their context
@@ -239,12 +241,15 @@ class SoakRunner(gs.Runner):
     `filling`, runs go on past the queue's deadline (production traffic, each run short)."""
 
     filling = False
+    before_run: Callable[[], None] | None = None  # the soak's probes, between any two runs
 
     def time_left(self) -> float:
         return 1e9 if self.filling else super().time_left()
 
     def run(self, purpose: str, name: str, reqs, *, honor_arrivals: bool, description: str,
             max_wall_s: float | None = None, **flags) -> dict | None:
+        if self.before_run is not None:
+            self.before_run()
         flags.setdefault("max_num_batched_tokens", min(BUDGET, self.core.runner.max_num_batched_tokens))
         if flags.get("enable_chunked_prefill") is False:
             flags.pop("max_num_batched_tokens")  # raised to max_model_len, as vLLM does
@@ -427,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
 
     meta["token_check"] = {m: token_check(c, 8 if a.tiny else 24, 200 if a.tiny else 1500) for m, c in cores.items()}
     log(f"async vs sync greedy tokens: {meta['token_check']}")
+    for r in runners.values():  # a minute's probes may fall due inside a long item too
+        r.before_run = maybe_probe
     probe(cores, sizes)  # once unrecorded: the probes' own first-use costs (kernel variants, buffers)
     maybe_probe(force=True)
     for m in models:
