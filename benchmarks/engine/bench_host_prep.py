@@ -111,6 +111,14 @@ class OpCounter(TorchDispatchMode):
         self.counts[name] = self.counts.get(name, 0) + 1
         return func(*args, **(kwargs or {}))
 
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def views(self) -> int:
+        return sum(n for name, n in self.counts.items() if name in VIEW_OPS)
+
 
 def _batch_of(out) -> tuple[object, list[int]]:
     """The batch as the engine hands it to prepare(): the output's columns (code before

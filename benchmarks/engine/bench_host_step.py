@@ -56,34 +56,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.engine.bench_host_prep import OpCounter
+
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 8192
-VIEW_OPS = frozenset({"slice", "view", "as_strided", "alias", "detach", "select", "reshape", "unsqueeze",
-                      "squeeze", "t", "transpose", "expand", "_unsafe_view"})
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the torch ops (by name) run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        self.counts[name] = self.counts.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    @property
-    def views(self) -> int:
-        return sum(n for name, n in self.counts.items() if name in VIEW_OPS)
 
 
 @dataclass(slots=True)
