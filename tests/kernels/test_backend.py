@@ -14,7 +14,7 @@ from kernels import BACKEND_NAMES, Backend, get_backend
 from tests.conftest import REPO
 
 ENTRIES = ("paged_attention", "write_kv_cache", "rope_store_kv", "add_rms_norm", "silu_mul", "linear",
-           "work_block_qs")
+           "linear_fp8", "work_block_qs")
 
 
 def run_python(code: str, **env: str) -> None:
@@ -38,6 +38,8 @@ def test_each_name_holds_its_own_set_of_kernels():
     assert torch_backend.work_block_qs(32, 8) is None  # the reference takes no work lists
     for entry in ("rope_store_kv", "add_rms_norm", "silu_mul"):
         assert getattr(triton_backend, entry) is getattr(fused, entry)
+    # FP8 weights: torch._scaled_mm on both (cuBLASLt's FP8 GEMM on a GPU)
+    assert triton_backend.linear_fp8 is reference.linear_fp8_ref
     assert set(BACKEND_NAMES) == {"torch", "triton"}
 
 
