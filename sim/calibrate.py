@@ -73,10 +73,10 @@ OPTIONAL_COLUMNS: tuple[str, ...] = ("max_decode_context",)
 # a run folder's reconstruction of a column its trace lacks (benchmarks/calibration/reschedule.py)
 RECONSTRUCTED_STEPS_FILE = "steps_maxctx.jsonl"
 GPU_FEATURES: dict[StepKind, tuple[str, ...]] = {
-    # per_seq_s: per sequence of the graph's padded batch (a replay runs the padding rows too);
-    # decode attention: one multiplier per padded-batch knot (decode_kv@B, see decode_knots), and
-    # one for the longest sequence's attention per knot (decode_max_kv@B)
-    "decode": ("gemm", "step_s", "per_seq_s"),
+    # decode graphs, per padded-batch knot (see decode_knots): the replay's fixed seconds
+    # (decode_step@B, in place of step_s + per_seq_s x B: not linear in B), the attention multiplier
+    # (decode_kv@B) and the longest sequence's (decode_max_kv@B)
+    "decode": ("gemm",),
     "mixed": ("gemm", "prefill_attention", "decode_kv", "decode_max_kv", "step_s", "per_seq_s"),
     # as eager mixed steps, over the token bucket; per_seq_s per scheduled sequence (the graph's
     # dummy sequences hold no tokens: their attention programs exit at once)
@@ -99,6 +99,11 @@ WARMUP_STEPS = 3
 SCALED_GPUS: tuple[str, ...] = ("a100-80gb", "h100-sxm", "b200", "l4")
 _TUKEY_C = 4.685  # 95% efficiency under Gaussian noise
 _HUBER_C = 1.345
+# Host seconds: a step's host time adds to its period (sync) or binds it (async), so the simulator
+# needs the mean host time of a step like it, skewed tail included, not its typical value; the
+# Huber threshold is wide (in robust standard deviations of the absolute residual) and only caps
+# the pull of a rare pause of many milliseconds.
+_HOST_HUBER_C = 10.0
 _CONTIGUOUS_S = 1e-6  # rows whose periods meet (both stamps come from one clock)
 
 
@@ -393,6 +398,7 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     knots = knots or decode_knots(max_num_seqs)
     hats = np.array([knot_weights(b, knots) for b in np.maximum(pad, 1)]).reshape(-1, len(knots))
     for j, k in enumerate(knots):
+        f[f"decode_step@{k}"] = np.where(is_decode, hats[:, j], 0.0)
         f[f"decode_kv@{k}"] = np.where(is_decode, f["decode_kv"] * hats[:, j], 0.0)
     # the longest sequence's term from batch 2 (at 1 it is the summed term: no knot there)
     max_knots = [k for k in knots if k > 1]
@@ -639,6 +645,7 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
     n_warmup = 0
     # one set of knots for all runs: the largest CUDA graph any of them captured
     knots = decode_knots(max(r.max_num_seqs or default_max_num_seqs for r in runs))
+    sampler = sampler_gpu_terms(runs)
     for r in runs:
         s = r.steps
         order = np.argsort(s["step_id"], kind="stable")
@@ -649,6 +656,8 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
         n_warmup += int(min(warmup_steps, order.size))
         gy = s["gpu_s"] + np.nan_to_num(s["sample_s"])
         cy = s["schedule_s"] + s["prepare_s"]
+        if not r.async_scheduling and sampler is not None:
+            gy, cy = _split_sync_sampling(s, sampler, cy)
         keep &= np.isfinite(gy) & (gy > 0) & np.isfinite(cy) & (cy > 0)
         start, total = s["t_start_s"], s["total_s"]
         back_to_back = np.abs(start[1:] - (start[:-1] + total[:-1])) < _CONTIGUOUS_S
@@ -665,6 +674,37 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
         return np.concatenate([p[key] for p in parts])
 
     return _Rows(**{k: cat(k) for k in parts[0]}, n_warmup=n_warmup)
+
+
+def _sampled_rows(steps: dict[str, np.ndarray]) -> np.ndarray:
+    """Rows a step's sampler runs on, at most (a partial prefill chunk samples nothing)."""
+    return steps["num_decode_seqs"] + steps["num_prefill_seqs"]
+
+
+def sampler_gpu_terms(runs: Sequence[EngineRun]) -> tuple[float, float] | None:
+    """(seconds per step, per sampled row) of the sampler on the GPU, from the async runs, whose
+    `sample_s` is CUDA-event time; None without async runs. A synchronous step's `sample_s` is
+    host wall time instead (the forward's end to the sampled tokens on the host: the sampler, the
+    copy, the wait and the host's bookkeeping), 2-3x the sampler's GPU time on the H200."""
+    parts = [(_sampled_rows(r.steps), r.steps["sample_s"]) for r in runs if r.async_scheduling]
+    if not parts:
+        return None
+    n, y = (np.concatenate(v) for v in zip(*parts))
+    ok = np.isfinite(y) & (y > 0) & (n > 0)
+    if ok.sum() < MIN_STEPS_PER_FEATURE * 2:
+        return None
+    fit = robust_nnls(np.column_stack([np.ones(int(ok.sum())), n[ok]]), y[ok])
+    return float(fit.coef[0]), float(fit.coef[1])
+
+
+def _split_sync_sampling(steps: dict[str, np.ndarray], sampler: tuple[float, float],
+                         cpu_y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU, CPU) seconds of synchronous steps: the sampler's GPU time (as the async runs measured
+    it) on the GPU side, the rest of the host's sampling wall time on the CPU side, so that one GPU
+    model serves both loops and the sync CPU terms carry what only the sync loop waits for."""
+    sample = np.nan_to_num(steps["sample_s"])
+    on_gpu = np.minimum(sampler[0] + sampler[1] * _sampled_rows(steps), sample)
+    return steps["gpu_s"] + on_gpu, cpu_y + (sample - on_gpu)
 
 
 def _matrix(x: dict[str, np.ndarray], names: Sequence[str], mask: np.ndarray) -> np.ndarray:
@@ -690,12 +730,15 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float],
     if graph_rows is not None:
         x = x | {"step_s": (~graph_rows).astype(np.float64), "graph_step_s": graph_rows.astype(np.float64)}
         names, in_kind = (*names, "graph_step_s"), in_kind & ~graph_rows
-    # knots without steps near them stay at their prior: they do not count in the steps needed
-    need = MIN_STEPS_PER_FEATURE * (len(names) + (kind == "decode"))
-    if kind == "decode":
-        names = (*names, *sorted((k for k in rows.gpu_x if k.startswith("decode_kv@")), key=_knot),
-                 *sorted((k for k in rows.gpu_x if k.startswith("decode_max_kv@")), key=_knot))
+    # attention knots without steps near them stay at their prior: they do not count in the steps
+    # needed; a fixed-cost knot has no prior: one without steps near it is left out (its batches
+    # interpolate between, or take the value of, the nearest knots that have steps)
+    need = MIN_STEPS_PER_FEATURE * (len(names) + 3 * (kind == "decode"))
     train = in_kind & ~rows.held
+    if kind == "decode":
+        names = (*names, *_supported_knots(x, "decode_step", train),
+                 *sorted((k for k in rows.gpu_x if k.startswith("decode_kv@")), key=_knot),
+                 *sorted((k for k in rows.gpu_x if k.startswith("decode_max_kv@")), key=_knot))
     if train.sum() < need:
         what = {"decode": "decode-only", "mixed": "eager prefill or mixed"}.get(kind, kind)
         raise CalibrationInputError(f"{source}: {int(train.sum())} {what} steps to fit from (after warm-up and "
@@ -710,9 +753,9 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float],
     pred = offset + sum(c * x[n] for n, c in coef.items())
     graph_step_s = coef.pop("graph_step_s", None)
     knots = {p: tuple((_knot(n), coef.pop(n)) for n in list(coef) if n.startswith(f"{p}@"))
-             for p in ("decode_kv", "decode_max_kv")}
+             for p in ("decode_step", "decode_kv", "decode_max_kv")}
     terms = GpuTerms(**coef | fixed, decode_kv_by_batch=knots["decode_kv"],
-                     decode_max_kv_by_batch=knots["decode_max_kv"])
+                     decode_max_kv_by_batch=knots["decode_max_kv"], decode_step_by_batch=knots["decode_step"])
     outliers = np.zeros(rows.gpu_y.size, dtype=bool)
     outliers[train] = fit.outliers
     graph = None if graph_step_s is None else terms.model_copy(update={"step_s": graph_step_s})
@@ -721,6 +764,13 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float],
 
 def _knot(feature: str) -> int:
     return int(feature.split("@")[1])
+
+
+def _supported_knots(x: dict[str, np.ndarray], family: str, train: np.ndarray) -> list[str]:
+    """The `family@B` features whose hat weights over the training rows add up to at least
+    MIN_STEPS_PER_FEATURE steps, in knot order."""
+    names = sorted((k for k in x if k.startswith(f"{family}@")), key=_knot)
+    return [n for n in names if float(x[n][train].sum()) >= MIN_STEPS_PER_FEATURE]
 
 
 def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model: ModelSpec, gpu: GPUSpec,
@@ -839,8 +889,28 @@ def _fit_cpu_by_scheduling(rows: _Rows, train: np.ndarray) -> tuple[CpuTerms, Cp
 
 
 def _fit_cpu(rows: _Rows, train: np.ndarray) -> CpuTerms:
-    fit = robust_nnls(_matrix(rows.cpu_x, CPU_FEATURES, train), rows.cpu_y[train])
-    return CpuTerms(**dict(zip(CPU_FEATURES, map(float, fit.coef))))
+    coef = mean_nnls(_matrix(rows.cpu_x, CPU_FEATURES, train), rows.cpu_y[train])
+    return CpuTerms(**dict(zip(CPU_FEATURES, map(float, coef))))
+
+
+def mean_nnls(X: np.ndarray, y: np.ndarray, c: float = _HOST_HUBER_C, max_iter: int = 30) -> np.ndarray:
+    """Non-negative coefficients for the conditional MEAN of y: least squares on absolute
+    residuals, Huber-weighted beyond `c` robust standard deviations (iteratively reweighted)."""
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    A = X / scale
+    w = np.ones(y.size)
+    coef = np.zeros(X.shape[1])
+    for _ in range(max_iter):
+        sw = np.sqrt(w)
+        coef, _ = nnls(A * sw[:, None], y * sw, maxiter=50 * X.shape[1])
+        r = A @ coef - y
+        s = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-12)
+        w_new = np.minimum(1.0, c * s / np.maximum(np.abs(r), 1e-300))
+        if np.allclose(w_new, w, atol=1e-6):
+            break
+        w = w_new
+    return coef / scale
 
 
 def _cpu_seconds(cpu: CpuTerms, rows: _Rows) -> np.ndarray:

@@ -92,6 +92,11 @@ class GpuTerms(BaseModel):
     # `decode_max_kv` for eager steps, by padded-batch knot for decode-only steps
     decode_max_kv: float = _COEF
     decode_max_kv_by_batch: tuple[tuple[int, float], ...] = ()
+    # decode-only steps: seconds per replay of the graph of a padded batch, (batch, seconds) knots
+    # interpolated in log2(batch), added to step_s + per_seq_s x batch (a fit with knots leaves those
+    # two at 0). A graph's fixed cost is not linear in its batch: the attention kernel's split count
+    # (so its programs and the merge), the sampler's shapes and the GEMM tiles change by batch.
+    decode_step_by_batch: tuple[tuple[int, float], ...] = ()
 
     def decode_kv_multiplier(self, padded_batch: int) -> float:
         return _by_knot(self.decode_kv_by_batch, self.decode_kv, padded_batch)
@@ -100,6 +105,10 @@ class GpuTerms(BaseModel):
         if padded_batch <= 1 and self.decode_max_kv_by_batch:  # one sequence: the summed term is it
             return 0.0
         return _by_knot(self.decode_max_kv_by_batch, self.decode_max_kv, padded_batch)
+
+    def decode_step_extra_s(self, padded_batch: int) -> float:
+        """Seconds a decode graph of `padded_batch` costs beyond step_s + per_seq_s x batch."""
+        return _by_knot(self.decode_step_by_batch, 0.0, padded_batch)
 
 
 def _by_knot(by_batch: tuple[tuple[int, float], ...], default: float, padded_batch: int) -> float:
@@ -617,7 +626,7 @@ class CostModel:
         pad = graph_bucket(b.num_decode_seqs, self._max_num_seqs)
         r, t = self.roofline, self.profile.decode
         per_token = max(r.attn_s_per_pair * q, r.kv_s_per_token)
-        return (self._fit_decode.seconds(pad * q, pad * q, 0.0, 0.0, float(q), 0.0, pad)
+        return (self._fit_decode.seconds(pad * q, pad * q, 0.0, 0.0, float(q), 0.0, pad) + t.decode_step_extra_s(pad)
                 + per_token * t.decode_kv_multiplier(pad) * b.sum_decode_context
                 + per_token * t.decode_max_kv_multiplier(pad) * b.max_decode_context)
 
@@ -707,8 +716,9 @@ class CostModel:
         cpu = self._cpu_step_s + self._cpu_seq_s * num_seqs + self._cpu_tok_s * num_seqs
         if self._fit_decode is not None:
             pad = graph_bucket(num_seqs, self._max_num_seqs)
-            a = self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad) + self._ar_s_per_token * num_seqs
             r, t = self.roofline, self.profile.decode
+            a = (self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad) + t.decode_step_extra_s(pad)
+                 + self._ar_s_per_token * num_seqs)
             per_token = max(r.attn_s_per_pair, r.kv_s_per_token)
             return DecodeTerms(a, per_token * t.decode_kv_multiplier(pad),
                                per_token * t.decode_max_kv_multiplier(pad), cpu)

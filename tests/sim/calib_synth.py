@@ -18,14 +18,19 @@ EW = FIXED_MULTIPLIERS["elementwise"]
 KV_BY_BATCH = ((1, 1.2), (2, 1.25), (4, 1.3), (8, 1.35), (16, 1.9), (32, 1.4), (64, 1.1), (128, 1.05), (256, 1.1))
 # the longest sequence's attention: no split-KV from padded batch 16 on
 MAX_KV_BY_BATCH = ((2, 0.0), (4, 0.0), (8, 0.0), (16, 0.9), (32, 0.8), (64, 0.6), (128, 0.0), (256, 0.0))
-TRUE_DECODE = GpuTerms(gemm=1.15, elementwise=EW, step_s=1.2e-3, per_seq_s=8e-6, decode_kv_by_batch=KV_BY_BATCH,
-                       decode_max_kv_by_batch=MAX_KV_BY_BATCH)
+# a graph replay's fixed seconds by padded batch: not linear in the batch (the split count changes
+# the attention's programs at 16, the sampler's shapes at 128)
+STEP_BY_BATCH = ((1, 1.2e-3), (2, 1.21e-3), (4, 1.23e-3), (8, 1.26e-3), (16, 1.45e-3), (32, 1.38e-3),
+                 (64, 1.5e-3), (128, 1.95e-3), (256, 2.6e-3))
+TRUE_DECODE = GpuTerms(gemm=1.15, elementwise=EW, decode_kv_by_batch=KV_BY_BATCH,
+                       decode_max_kv_by_batch=MAX_KV_BY_BATCH, decode_step_by_batch=STEP_BY_BATCH)
 TRUE_MIXED = GpuTerms(gemm=1.25, prefill_attention=1.6, decode_kv=1.4, decode_max_kv=0.5, elementwise=EW,
                       step_s=2.5e-3, per_seq_s=2e-5)
 TRUE_CPU = CpuTerms(step_s=3e-4, per_seq_s=2.5e-5, per_token_s=2e-7, per_context_token_s=3e-9,
                     per_block_allocated_s=1.5e-6, per_block_hashed_s=1e-6)
 TRUE_OVERLAP = OverlapTerms(async_gpu_gap_s=1e-4, async_host_s=2e-4, async_eager_launch_s=4e-3, sync_extra_s=5e-5)
 MAX_NUM_SEQS = 256
+SAMPLER_GPU_S = 4e-5  # the sampler's kernels per step (H200: 42-46 us on a 128K vocabulary)
 BLOCK = 16
 
 
@@ -76,12 +81,15 @@ def true_gpu_s(cols: dict[str, np.ndarray], rates: Roofline) -> np.ndarray:
     decode_mult = np.interp(np.log2(np.maximum(pad, 1)), knots, mult)  # linear in log2(batch)
     mknots, mmult = np.log2([k for k, _ in MAX_KV_BY_BATCH]), [c for _, c in MAX_KV_BY_BATCH]
     max_mult = np.where(pad > 1, np.interp(np.log2(np.maximum(pad, 1)), mknots, mmult), 0.0)
+    sknots, sfixed = np.log2([k for k, _ in STEP_BY_BATCH]), [c for _, c in STEP_BY_BATCH]
+    decode_fixed = np.interp(np.log2(np.maximum(pad, 1)), sknots, sfixed)
     out = np.zeros(n_dec.size)
-    for t, mask, dkv, dmax in ((TRUE_DECODE, is_dec, decode_mult, max_mult),
-                               (TRUE_MIXED, ~is_dec, TRUE_MIXED.decode_kv, TRUE_MIXED.decode_max_kv)):
+    for t, mask, dkv, dmax, fixed in (
+            (TRUE_DECODE, is_dec, decode_mult, max_mult, decode_fixed),
+            (TRUE_MIXED, ~is_dec, TRUE_MIXED.decode_kv, TRUE_MIXED.decode_max_kv, 0.0)):
         g = (t.gemm * f["gemm"] + t.prefill_attention * f["prefill_attention"] + dkv * f["decode_kv"]
              + dmax * f["decode_max_kv"]
-             + t.elementwise * f["elementwise"] + t.step_s + t.per_seq_s * seqs)
+             + t.elementwise * f["elementwise"] + t.step_s + t.per_seq_s * seqs + fixed)
         out = np.where(mask, g, out)
     return out
 
@@ -112,18 +120,22 @@ def synthetic_run(model: ModelSpec, gpu: GPUSpec, *, n: int = 3000, seed: int = 
 def timing_columns(gpu: np.ndarray, cpu: np.ndarray, async_scheduling: bool,
                    eager: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """A step table's clock columns from each step's GPU and host seconds, as TRUE_OVERLAP says:
-    the GPU time split 9:1 into forward and sampling, the host's 4:6 into scheduling and input
-    preparation. Async: the engine's loop event by event (`async_periods`); `eager` steps (no
-    CUDA graph) spend TRUE_OVERLAP's launch seconds launching, their device work running meanwhile."""
+    the GPU time split into the forward and SAMPLER_GPU_S of sampling, the host's 4:6 into
+    scheduling and input preparation. As the engine records them, a synchronous step's `sample_s`
+    is host wall time: the sampler's GPU time plus a third of its preparation's host time (the
+    copy, the wait and the bookkeeping of the sampled tokens). Async: the engine's loop event by
+    event (`async_periods`); `eager` steps (no CUDA graph) spend TRUE_OVERLAP's launch seconds
+    launching, their device work running meanwhile."""
     o, n = TRUE_OVERLAP, len(gpu)
     if async_scheduling:
         launch = np.zeros(n) if eager is None else np.where(eager, o.async_eager_launch_s, 0.0)
         total = async_periods(gpu + o.async_gpu_gap_s, cpu + o.async_host_s, launch)
     else:
         total = gpu + cpu + o.sync_extra_s
+    host_sampling = np.zeros(n) if async_scheduling else 0.2 * cpu
     return {"step_id": np.arange(n, dtype=float), "t_start_s": np.concatenate([[0.0], np.cumsum(total)[:-1]]),
-            "total_s": total, "gpu_s": 0.9 * gpu, "sample_s": 0.1 * gpu, "schedule_s": 0.4 * cpu,
-            "prepare_s": 0.6 * cpu}
+            "total_s": total, "gpu_s": gpu - SAMPLER_GPU_S, "sample_s": SAMPLER_GPU_S + host_sampling,
+            "schedule_s": 0.4 * cpu, "prepare_s": 0.6 * cpu - host_sampling}
 
 
 def async_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray) -> np.ndarray:
