@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
 
-from engine.model_spec import ModelSpec, blocks_for_tokens, dtype_bytes
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from engine.model_spec import ModelSpec, blocks_for_tokens, dtype_bytes, get_model
 
 GB = 1e9
 
@@ -71,6 +73,21 @@ def get_gpu(name: str) -> GPUSpec:
         return GPU_PRESETS[name.lower()]
     except KeyError:
         raise ValueError(f"unknown GPU preset {name!r}; choose one of {sorted(GPU_PRESETS)}") from None
+
+
+def _model_preset(name: str) -> str:
+    get_model(name)  # an unknown preset is refused here, naming the presets
+    return name
+
+
+def _gpu_preset(name: str) -> str:
+    get_gpu(name)
+    return name
+
+
+# A record's field that names a preset: refused at validation, before any work, naming the presets
+ModelPreset = Annotated[str, AfterValidator(_model_preset)]
+GpuPreset = Annotated[str, AfterValidator(_gpu_preset)]
 
 
 def kv_capacity_tokens(

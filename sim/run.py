@@ -27,7 +27,7 @@ from engine.model_spec import get_model
 from engine.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig, RouterPolicy
 from sim.cost_model import CostProfile
-from sim.hardware import get_gpu
+from sim.hardware import GpuPreset, ModelPreset, get_gpu
 from sim.memory import plan_memory
 from sim.metrics import SLO, SimResult
 from sim.profile_files import load_profile
@@ -54,8 +54,8 @@ class SimConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = Field("llama-3.1-8b", description="model preset name")
-    gpu: str = Field("h200", description="GPU preset name")
+    model: ModelPreset = Field("llama-3.1-8b", description="model preset name")
+    gpu: GpuPreset = Field("h200", description="GPU preset name")
     num_gpus: int | None = Field(None, ge=1, le=MAX_NUM_GPUS, description="GPUs in total; None = one replica, or what "
                                  "the P/D split needs")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="vllm serve flags")
@@ -83,18 +83,6 @@ class SimConfig(BaseModel):
             raise FlagError("kv_block_coarsening", v, f"must be an integer from 1 to {MAX_KV_BLOCK_COARSENING}, "
                             "or 'auto' (coarser blocks model another engine: a request's last block would "
                             "waste most of the KV pool)")
-        return v
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, v: str) -> str:
-        get_model(v)  # an unknown preset is refused here, naming the presets
-        return v
-
-    @field_validator("gpu")
-    @classmethod
-    def _known_gpu(cls, v: str) -> str:
-        get_gpu(v)
         return v
 
     def deployment(self) -> DeploymentConfig:

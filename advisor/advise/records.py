@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.run_summary import SLO
+from sim.hardware import GpuPreset, ModelPreset
 
 Objective = Literal["goodput", "min-gpus", "cost"]
 Budget = Literal["quick", "full"]
@@ -33,8 +34,8 @@ def normalise_slo(text: str) -> str:
 class AdviseRequest(_Record):
     """What the user asks: traffic aside, the deployment and targets to advise on."""
 
-    model: str = "llama-3.1-8b"
-    gpu: str = "h200"
+    model: ModelPreset = "llama-3.1-8b"  # refused before any simulation starts, naming the presets
+    gpu: GpuPreset = "h200"
     num_gpus: int = Field(1, ge=1, le=64)
     slo: str = Field("ttft_p99:500 tpot_p99:50", description="goodput targets in ms, e.g. "
                      "'ttft_p99:500 tpot_p99:50' or 'ttft:500 tpot:50'")
@@ -45,22 +46,6 @@ class AdviseRequest(_Record):
     ray: str | None = Field(None, description="None = local processes; 'auto' or a Ray address")
     budget: Budget = "quick"
     profile: str | None = Field(None, description="cost profile; None = what the simulator picks")
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, v: str) -> str:
-        from engine.model_spec import get_model
-
-        get_model(v)  # refused before any simulation starts, naming the presets
-        return v
-
-    @field_validator("gpu")
-    @classmethod
-    def _known_gpu(cls, v: str) -> str:
-        from sim.hardware import get_gpu
-
-        get_gpu(v)
-        return v
 
     @model_validator(mode="after")
     def _usable_profile(self) -> AdviseRequest:
