@@ -101,11 +101,29 @@ def metrics_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
              f"best ({best.get('label')})": fmt(best["metrics"].get(k))} for k in TABLE_METRICS]
 
 
+def interval_text(gain: Any) -> str:
+    """A GainInterval's JSON as '+10.7% (90%: +2.3% to +18.7%)'; '-' without one."""
+    if not isinstance(gain, dict):
+        return "-"
+    g, lo, hi = (gain.get(k) for k in ("gain_pct", "low_pct", "high_pct"))
+    if not all(isinstance(x, (int, float)) for x in (g, lo, hi)):
+        return "-"
+    return f"{g:+.1f}% (90%: {lo:+.1f}% to {hi:+.1f}%)"
+
+
 def ladder_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"optimization": r["optimization"], "flags added": flags_text(r.get("flags_added")),
-             "goodput %": fmt(r.get("delta_goodput_pct"), 1), "p99 TTFT %": fmt(r.get("delta_ttft_p99_pct"), 1),
+             "goodput %": fmt(r.get("delta_goodput_pct"), 1), "90% interval": interval_text(r.get("gain")),
+             "p99 TTFT %": fmt(r.get("delta_ttft_p99_pct"), 1),
              "p99 TPOT %": fmt(r.get("delta_tpot_p99_pct"), 1), "GPUs": r.get("gpus_needed")}
             for r in rec.get("ladder") or []]
+
+
+def kept_defaults_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The changes the search found whose interval does not clear the bar: vLLM's default stays."""
+    return [{"optimization": k.get("optimization"), "flags it would add": flags_text(k.get("flags")),
+             "gain (90% interval)": interval_text(k.get("gain")), "why": k.get("reason")}
+            for k in rec.get("kept_defaults") or []]
 
 
 def render(rec: dict[str, Any]) -> None:
@@ -124,11 +142,24 @@ def render(rec: dict[str, Any]) -> None:
     st.subheader("The ladder")
     st.plotly_chart(waterfall_figure(rec.get("ladder") or []), key="rec.waterfall")
     st.dataframe(ladder_table(rec), hide_index=True, key="rec.ladder")
+    min_gain = (rec.get("request") or {}).get("min_gain_pct")
+    if not rec.get("ladder"):
+        st.info("No change clears the bar: vLLM's defaults are the recommendation.")
+    if rec.get("kept_defaults"):
+        st.markdown(f"**Kept at vLLM's default** (the low end of the gain's 90% interval is not above "
+                    f"{fmt(min_gain, 1)}%)")
+        st.dataframe(kept_defaults_table(rec), hide_index=True, key="rec.kept")
     if rec.get("rejected"):
         st.markdown("**Rejected**")
         st.dataframe([{"optimization": r["optimization"], "flags": flags_text(r.get("flags")),
                        "goodput %": fmt(r.get("delta_goodput_pct"), 1), "why": r.get("reason")}
                       for r in rec["rejected"]], hide_index=True, key="rec.rejected")
+    if rec.get("assumptions"):
+        st.subheader("What the figures rest on")
+        st.dataframe([{"input": a.get("input"), "provenance": a.get("provenance"), "value": a.get("value"),
+                       "source": a.get("source"), "how to measure it": a.get("how_to_measure"),
+                       "where the advice flips": a.get("flips_at") or "-"} for a in rec["assumptions"]],
+                     hide_index=True, key="rec.assumptions")
     cost_lines(rec.get("cost_lines") or [])
     if rec.get("gap"):
         st.subheader("Lab -> production gap")

@@ -252,6 +252,11 @@ class CostProfile(BaseModel):
     overlap: OverlapTerms | None = None
     memory: MemoryTerms | None = None
     spec: SpecTerms | None = None  # speculative decoding as measured (None: first principles)
+    # FP8 weights (--quantization fp8): the GEMMs' compute rate over bf16's. None: the datasheet's
+    # FP8 rate (2x on Hopper), a prior; costline's engine measured 1.43-1.65x for the GEMM alone at
+    # M >= 1,024 on the H200 (benchmarks/engine/RESULTS.md, "FP8 GEMMs"). The weights' bytes halve
+    # either way.
+    fp8_gemm_speedup: float | None = Field(default=None, gt=0, le=4)
     scaled_from: str | None = None  # the fitted profile whose multipliers this one reuses
     provenance: dict[str, Any] | None = None  # engine commit, GPU, date, runs, steps used
     fit_error: dict[str, Any] | None = None  # per step kind: held-out median / p90 relative error
@@ -392,10 +397,14 @@ class Roofline:
     ew_s_per_token: float  # element-wise traffic per token
 
     @classmethod
-    def of(cls, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig) -> Roofline:
+    def of(cls, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
+           fp8_gemm_speedup: float | None = None) -> Roofline:
+        """`fp8_gemm_speedup`: FP8 weights' GEMM compute rate over bf16's (None: the datasheet's)."""
         tp = engine.tensor_parallel_size
         wdt = engine.weight_dtype or model.dtype
         gemm_rate = gpu.tflops(wdt) * 1e12
+        if engine.weight_dtype == "fp8" and fp8_gemm_speedup is not None:
+            gemm_rate = gpu.bf16_tflops * 1e12 * fp8_gemm_speedup
         bw = gpu.hbm_gb_per_s * GB
         L, h = model.num_layers, model.hidden_size
         layer_params = L * model.params_per_layer
@@ -485,7 +494,7 @@ class CostModel:
         tp = engine.tensor_parallel_size
         self.async_scheduling = engine.async_scheduling
         act_b = dtype_bytes(model.dtype)
-        self.roofline = r = Roofline.of(model, gpu, engine)
+        self.roofline = r = Roofline.of(model, gpu, engine, p.fp8_gemm_speedup)
         L, h = model.num_layers, model.hidden_size
         # GEMM: seconds per token / per sampled row (compute side), weights (memory side)
         self._gemm_s_per_token = r.gemm_s_per_token / p.gemm_compute_efficiency

@@ -70,6 +70,8 @@ class SimConfig(BaseModel):
         1, description="engine KV blocks per simulated block (speed option); 'auto' = as coarse as "
         "the workload's hash blocks allow")
     label: str | None = None
+    fp8_gemm_speedup: float | None = Field(None, gt=0, le=4, description="price FP8 weights' GEMMs at this "
+                                           "rate over bf16's instead of the profile's (the advisor's input range)")
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -212,6 +214,8 @@ def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | N
                                          loaded.requests)
     deployment = config.deployment()
     profile = load_profile(config.profile, config.model, config.gpu)
+    if config.fp8_gemm_speedup is not None:
+        profile = profile.model_copy(update={"fp8_gemm_speedup": config.fp8_gemm_speedup})
     check_simulation_size(deployment, coarsening, profile)
     sim = Simulation(deployment, loaded.requests, seed=config.seed,
                      profile=profile, slo=config.slo, skip_ahead=config.skip_ahead,

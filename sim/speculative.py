@@ -53,6 +53,25 @@ DEFAULT_ACCEPTANCE: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 ALPHA_MIN, ALPHA_MAX = 1e-6, 1 - 1e-6
+# The range a prior mean acceptance is trusted to: +-30% of it (the advisor's gain interval
+# simulates both ends). Public figures for one method on one task differ by about that much
+# between reports, draft sizes and temperatures; a measured table (`acceptance_beta`) replaces it.
+ACCEPTANCE_RANGE = 0.30
+MAX_SCALED_ACCEPTANCE = 0.98
+
+
+def scaled_acceptance(spec: SpeculativeConfig, factor: float) -> dict:
+    """The speculative config (as a dict) with every task's mean acceptance x `factor` (capped
+    at MAX_SCALED_ACCEPTANCE), the same Beta concentration: the prior table unless the config
+    carries its own."""
+    table = dict(DEFAULT_ACCEPTANCE.get(spec.method, DEFAULT_ACCEPTANCE["eagle"]))
+    table |= spec.acceptance_beta or {}
+    scaled = {}
+    for cat, (a, b) in table.items():
+        total = a + b
+        mean = min(a / total * factor, MAX_SCALED_ACCEPTANCE)
+        scaled[cat] = (mean * total, (1 - mean) * total)
+    return spec.model_copy(update={"acceptance_beta": scaled}).model_dump()
 
 
 def sample_accepted(rng: np.random.Generator, alpha: np.ndarray, k: int) -> np.ndarray:
@@ -197,5 +216,14 @@ def load_acceptance_table(path: str | Path) -> dict[str, dict[str, tuple[float, 
     return {m: {c: (float(ab[0]), float(ab[1])) for c, ab in cats.items()} for m, cats in table.items()}
 
 
-__all__ = ["DEFAULT_ACCEPTANCE", "AcceptanceModel", "SpecTokens", "fit_acceptance_beta", "load_acceptance_table",
-           "sample_accepted", "steps_pmf"]
+__all__ = [
+    "ACCEPTANCE_RANGE",
+    "DEFAULT_ACCEPTANCE",
+    "AcceptanceModel",
+    "SpecTokens",
+    "fit_acceptance_beta",
+    "load_acceptance_table",
+    "sample_accepted",
+    "scaled_acceptance",
+    "steps_pmf",
+]

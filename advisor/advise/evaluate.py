@@ -18,6 +18,7 @@ from typing import Any, Self
 import numpy as np
 
 from advisor.advise.records import Metrics
+from advisor.advise.uncertainty import goodput_band, latency_error
 from sim.generate import generate
 from sim.run import LoadedWorkload, SimConfig, run
 from sim.workload import Workload
@@ -146,8 +147,13 @@ def simulate_task(workloads: _Workloads, task: SimTask) -> Outcome:
         result = run(workloads.get(task), task.config)
     except ValueError as exc:
         return Outcome(INFEASIBLE, {}, str(exc).splitlines()[0])
-    out = outcome_of(result.summary())
+    summary = result.summary()
+    out = outcome_of(summary)
     out.cdf_ms = latency_cdf_ms(result.requests)
+    # goodput if the engine's latencies were off from these by the profile's validation error
+    error = latency_error(result.meta.get("profile_validation"), str(result.meta.get("profile_status", "")))
+    out.extras["goodput_low_rps"], out.extras["goodput_high_rps"] = goodput_band(
+        result.requests, task.config.slo, float(summary["duration"] or 0.0), error)
     return out
 
 

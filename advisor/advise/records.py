@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from advisor.advise.assumptions import Assumption
+from advisor.advise.uncertainty import DEFAULT_MIN_GAIN_PCT, GainInterval
 from engine.run_summary import SLO
 from sim.hardware import GpuPreset, ModelPreset
 
@@ -46,6 +48,9 @@ class AdviseRequest(_Record):
     ray: str | None = Field(None, description="None = local processes; 'auto' or a Ray address")
     budget: Budget = "quick"
     profile: str | None = Field(None, description="cost profile; None = what the simulator picks")
+    min_gain_pct: float = Field(DEFAULT_MIN_GAIN_PCT, ge=0, le=1000,
+                                description="a change is recommended only when the low end of its gain's 90% "
+                                "interval is above this (percent); otherwise vLLM's default stays")
 
     @model_validator(mode="after")
     def _usable_profile(self) -> AdviseRequest:
@@ -97,6 +102,16 @@ class LadderStep(_Record):
     delta_tpot_p99_pct: float
     gpus_needed: int | None = Field(description="fewest GPUs meeting the SLOs at this rung "
                                     "(None: not met within the GPUs given)")
+    gain: GainInterval | None = Field(None, description="this rung's gain over the previous one, 90% interval")
+
+
+class KeptDefault(_Record):
+    """A change the search found but the error bars do not support: vLLM's default stays."""
+
+    optimization: str
+    flags: dict[str, Any]
+    gain: GainInterval
+    reason: str
 
 
 class Rejected(_Record):
@@ -172,6 +187,9 @@ class Recommendation(_Record):
     baseline: ScoredConfig
     best: ScoredConfig
     ladder: list[LadderStep]
+    kept_defaults: list[KeptDefault] = Field(default_factory=list, description="changes inside the error bars")
+    assumptions: list[Assumption] = Field(
+        default_factory=list, description="the inputs the recommendation's figures rest on, with their provenance")
     rejected: list[Rejected]
     cost_lines: list[CostLine]
     gap: Gap | None

@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from advisor.advise.records import Metrics, Recommendation
+from advisor.advise.records import LadderStep, Metrics, Recommendation
 from advisor.console import styled
 from engine.outputs import check_output_dir, staged_dir
 
@@ -23,6 +23,11 @@ def _n(x: float | None, fmt: str = ",.1f") -> str:
 
 def _pct(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x:+.1f}%"
+
+
+def _gain(step: LadderStep) -> str:
+    """A rung's goodput gain with its interval (the interval's own text), else the point."""
+    return step.gain.text() if step.gain is not None else _pct(step.delta_goodput_pct)
 
 
 def _metric_rows(m: Metrics) -> list[str]:
@@ -46,13 +51,18 @@ def print_report(rec: Recommendation, console: Console) -> None:
     console.print(t)
     # the label can be long: under the table, not in a column the terminal width squeezes
     console.print(f"recommended = {rec.best.label}", highlight=False)
-    lad = Table(title="ladder: one optimization at a time", title_justify="left")
-    for c in ("optimization", "goodput", "TTFT p99", "TPOT p99", "GPUs needed"):
+    lad = Table(title=f"ladder: one optimization at a time (each kept only if its gain's 90% interval "
+                      f"stays above {rec.request.min_gain_pct:+g}%)", title_justify="left")
+    for c in ("optimization", "gain (90% interval)", "TTFT p99", "TPOT p99", "GPUs needed"):
         lad.add_column(c, justify="left" if c == "optimization" else "right")
     for s in rec.ladder:
-        lad.add_row(s.optimization, _pct(s.delta_goodput_pct), _pct(s.delta_ttft_p99_pct), _pct(s.delta_tpot_p99_pct),
+        lad.add_row(s.optimization, _gain(s), _pct(s.delta_ttft_p99_pct), _pct(s.delta_tpot_p99_pct),
                     str(s.gpus_needed or "-"))
     console.print(lad)
+    if not rec.ladder:
+        console.print("  no change clears the bar: vLLM's defaults are the recommendation", highlight=False)
+    for k in rec.kept_defaults:
+        console.print(f"  - {k.reason}", highlight=False)
     console.print(styled(("rejected", "bold")))
     for r in rec.rejected:
         console.print(f"  - {r.reason}", highlight=False)
@@ -71,6 +81,12 @@ def print_report(rec: Recommendation, console: Console) -> None:
     console.print(styled(("your questions", "bold")))
     for q in rec.questions:
         console.print(f"  - {q.question}\n    {q.answer}", highlight=False)
+    console.print(styled(("what the figures rest on", "bold"), " (measured / scaled / transferred / prior)"))
+    for a in rec.assumptions:
+        flip = f"; {a.flips_at}" if a.flips_at else ""
+        console.print(f"  - [{a.provenance}] {a.input}: {a.value} ({a.source}){flip}", highlight=False, markup=False)
+        if a.provenance != "measured":
+            console.print(f"    measure it: {a.how_to_measure}", highlight=False, markup=False)
     console.print(styled(("run", "bold"), f": {rec.serve_command}"), soft_wrap=True)
     console.print(f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s")
 
@@ -140,9 +156,16 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
            f"| vLLM defaults | {b.goodput_rps:.2f} | {b.slo_attainment:.1%} | {_n(b.ttft_p99_ms)} | {_n(b.tpot_p99_ms)} |",
            (f"| recommended: {rec.best.label} | {r.goodput_rps:.2f} | {r.slo_attainment:.1%} | {_n(r.ttft_p99_ms)} | "
            f"{_n(r.tpot_p99_ms)} |"), "", "```sh", rec.serve_command, "```", "", "## Ladder", "",
-           "| optimization | goodput | TTFT p99 | TPOT p99 | GPUs needed |", "|---|---|---|---|---|"]
-    out += [f"| {s.optimization} | {_pct(s.delta_goodput_pct)} | {_pct(s.delta_ttft_p99_pct)} | "
+           (f"Each change is kept only if the low end of its gain's 90% interval is above "
+            f"{rec.request.min_gain_pct:+g}% (the interval: the profile's validation error, other realizations of "
+            "the traffic, the range of every unmeasured input; docs/advisor.md)."), "",
+           "| optimization | gain (90% interval) | TTFT p99 | TPOT p99 | GPUs needed |", "|---|---|---|---|---|"]
+    out += [f"| {s.optimization} | {_gain(s)} | {_pct(s.delta_ttft_p99_pct)} | "
             f"{_pct(s.delta_tpot_p99_pct)} | {s.gpus_needed or '-'} |" for s in rec.ladder]
+    if not rec.ladder:
+        out += ["", "No change clears the bar: vLLM's defaults are the recommendation."]
+    if rec.kept_defaults:
+        out += ["", "Kept at vLLM's default (inside the error bars):", ""] + [f"- {k.reason}" for k in rec.kept_defaults]
     out += ["", "## Rejected", ""] + [f"- {x.reason}" for x in rec.rejected]
     out += ["", "## Where each optimization stops paying", ""] + [f"- {c.answer}" for c in rec.cost_lines]
     if rec.gap:
@@ -155,6 +178,11 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
     out += ["", (f"Fallback safe under all of them: {rec.robustness.fallback.label} "
             f"(worst regret {rec.robustness.fallback_max_regret_pct:.1f}%)."), "", "## Questions", ""]
     out += [f"- **{q.question}** {q.answer}" for q in rec.questions]
+    out += ["", "## What the figures rest on", "",
+            "| input | provenance | value | source | how to measure it | where the advice flips |",
+            "|---|---|---|---|---|---|"]
+    out += [f"| {a.input} | {a.provenance} | {a.value} | {a.source} | {a.how_to_measure} | {a.flips_at or '-'} |"
+            for a in rec.assumptions]
     out += ["", "## Metrics to watch", "", "| metric | threshold | why |", "|---|---|---|"]
     out += [f"| `{m.metric}` | {m.threshold} | {m.why} |" for m in rec.metrics_to_watch]
     out += ["", "## Charts", ""] + [f"![{c}]({c})" for c in charts]

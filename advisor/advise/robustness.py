@@ -13,7 +13,7 @@ from advisor.advise.search import Context, Scored, primary
 from advisor.advise.space import Candidate
 from advisor.advise.variants import burstier, heavier_tail, less_reuse, with_rate
 from sim.config import SpeculativeConfig
-from sim.speculative import DEFAULT_ACCEPTANCE
+from sim.speculative import scaled_acceptance
 from sim.workload_spec import WorkloadSpec
 
 ACCEPTANCE_DROP = 0.30
@@ -37,13 +37,7 @@ PERTURBATIONS: dict[str, Callable[[WorkloadSpec], WorkloadSpec]] = {
 
 def lower_acceptance(spec: SpeculativeConfig, drop: float = ACCEPTANCE_DROP) -> dict[str, Any]:
     """The speculative config with every task's mean acceptance x (1 - drop), same spread."""
-    table = dict(DEFAULT_ACCEPTANCE.get(spec.method, DEFAULT_ACCEPTANCE["eagle"]))
-    table |= spec.acceptance_beta or {}
-    scaled = {}
-    for cat, (a, b) in table.items():
-        total, mean = a + b, a / (a + b) * (1 - drop)
-        scaled[cat] = (mean * total, (1 - mean) * total)
-    return spec.model_copy(update={"acceptance_beta": scaled}).model_dump()
+    return scaled_acceptance(spec, 1 - drop)
 
 
 def scored_config(ctx: Context, s: Scored) -> ScoredConfig:

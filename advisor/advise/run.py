@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from advisor.advise.assumptions import assumptions
 from advisor.advise.cost_lines import cost_lines
 from advisor.advise.evaluate import Evaluator
 from advisor.advise.gap import gain, lab_gap
-from advisor.advise.ladder import ladder, rejected
+from advisor.advise.ladder import Realizations, ladder, rejected
 from advisor.advise.questions import metrics_to_watch, questions
 from advisor.advise.records import AdviseRequest, ProfileInfo, Recommendation
 from advisor.advise.robustness import robustness, scored_config
@@ -20,6 +22,7 @@ from advisor.advise.space import dimensions, serve_command
 from advisor.advise.variants import spec_for
 from engine.request import Request
 from sim.describe import describe_workload
+from sim.profile_files import load_profile
 from sim.run import LoadedWorkload
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
@@ -29,6 +32,7 @@ Progress = Callable[[float, str], None]
 STAGES = ((0.0, "searching"), (0.45, "ladder"), (0.55, "cost lines"), (0.8, "lab -> production gap"),
           (0.9, "robustness"))
 ANALYSIS_REQUESTS = {"quick": 300, "full": 4000}  # requests per cost-line, gap and robustness run
+REALIZATIONS = {"quick": 3, "full": 5}  # other realizations of the traffic per ladder rung (gain intervals)
 
 
 def as_workload(workload: Any, seed: int, source: SourceOptions | None = None) -> Workload:
@@ -82,9 +86,13 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
         say(STAGES[0][0], STAGES[0][1])
         found = search(ev, ctx, lambda msg: say(0.05, msg))
         say(*STAGES[1])
-        steps = ladder(ev, ctx, found)
-        say(*STAGES[2])
         small = spec.with_overrides(num_requests=n_analysis)
+        profile = load_profile(ctx.profile, ctx.model, ctx.gpu)
+        steps = ladder(ev, ctx, found, Realizations(small, REALIZATIONS[request.budget], n_analysis),
+                       request.min_gain_pct, profile)
+        # the recommendation: the defaults plus the changes that clear the bar
+        found = dataclasses.replace(found, best=steps.final)
+        say(*STAGES[2])
         production = gain(found.baseline.outcome, found.best.outcome)
         # the three analyses are independent: run them side by side so the workers stay busy
         with ThreadPoolExecutor(3 if ev.parallel else 1) as pool:
@@ -104,7 +112,9 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
     return Recommendation(
         request=request, profile=_profile(request, found.best.outcome.extras),
         workload=_workload_info(wl, ctx, spec.name), baseline=scored_config(ctx, found.baseline),
-        best=scored_config(ctx, found.best), ladder=steps, rejected=rejected(ctx, found), cost_lines=lines,
+        best=scored_config(ctx, found.best), ladder=steps.steps, kept_defaults=steps.kept,
+        rejected=rejected(ctx, found, steps.kept_dims), cost_lines=lines,
+        assumptions=assumptions(best_engine, profile, request.gpu, steps.flips),
         gap=gap, robustness=rob,
         serve_command=serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus)),
         metrics_to_watch=metrics_to_watch(slo, found, lines), questions=questions(ctx, found, lines),

@@ -88,6 +88,32 @@ def test_ladder_adds_up_to_the_recommendation(rec: Recommendation) -> None:
     assert rec.best.metrics.goodput_rps >= rec.baseline.metrics.goodput_rps * 0.99
 
 
+def test_every_kept_change_clears_the_bar_and_every_other_is_reported(rec: Recommendation) -> None:
+    """The no-change rule: each rung's interval is above --min-gain at its low end, contains its
+    point gain, and the changes the search found but the bar refused keep vLLM's default."""
+    bar = rec.request.min_gain_pct
+    for s in rec.ladder:
+        assert s.gain is not None and s.gain.low_pct > bar, s.optimization
+        assert s.gain.low_pct <= s.gain.gain_pct <= s.gain.high_pct
+        assert s.gain.gain_pct == pytest.approx(s.delta_goodput_pct, abs=1e-3)  # goodput objective
+        assert s.gain.realizations == 3  # the quick budget's other traffic realizations
+    for k in rec.kept_defaults:
+        assert k.gain.low_pct <= bar and "keep vLLM's default" in k.reason and k.gain.text() in k.reason
+    # provenance: the step costs first, measured (auto picks the H200 8B fit)
+    assert rec.assumptions[0].input == "step costs (cost profile)" and rec.assumptions[0].provenance == "measured"
+    kept = {k.optimization.split(":")[0] for k in rec.kept_defaults}
+    assert not kept & {r.optimization.split(":")[0] for r in rec.rejected}  # told once, with its interval
+
+
+def test_a_bar_nothing_clears_recommends_vllm_defaults(tmp_path) -> None:
+    path = tmp_path / "small.json"
+    path.write_text(SMALL.with_overrides(num_requests=60).to_json())
+    high = advise(str(path), AdviseRequest(workers=1, slo="ttft_p99:300 tpot_p99:30", min_gain_pct=1000))
+    assert high.ladder == [] and high.best.flags == {} and high.best.metrics == high.baseline.metrics
+    assert high.serve_command == "vllm serve llama-3.1-8b"
+    assert all(k.gain.low_pct <= 1000 for k in high.kept_defaults)
+
+
 def test_rejected_reasons_and_questions_are_quantified(rec: Recommendation) -> None:
     assert rec.rejected
     assert all(any(ch.isdigit() for ch in r.reason) for r in rec.rejected)

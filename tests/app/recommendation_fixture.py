@@ -13,13 +13,18 @@ def _metrics(goodput: float, tok_s: float, ttft_p99: float, tpot_p99: float, att
             "itl_p99_ms": tpot_p99 * 1.5, "e2e_p99_ms": 9000.0, "slo_attainment": attain, "preemptions": preempt}
 
 
+def _gain(gain: float, low: float, high: float) -> dict[str, Any]:
+    return {"gain_pct": gain, "low_pct": low, "high_pct": high, "validation_pct": (high - low) / 2,
+            "traffic_pct": 0.0, "realizations": 3, "inputs": {}}
+
+
 def recommendation(profile_status: str = "validated") -> dict[str, Any]:
     base = _metrics(5.5, 1800.0, 950.0, 30.0, 0.71, 12)
     best = _metrics(7.25, 2400.0, 420.0, 21.0, 0.93, 0)
     return {
         "request": {"model": "llama-3.1-8b", "gpu": "h200", "num_gpus": 1, "slo": "ttft:500 tpot:50",
                     "objective": "goodput", "seed": 0, "workers": 1, "ray": None, "budget": "quick",
-                    "profile": None},
+                    "profile": None, "min_gain_pct": 2.0},
         "profile": {"name": "h200-llama-3.1-8b", "status": profile_status},
         "workload": {"name": "chat-production", "num_requests": 2000, "rate_rps": 7.6},
         "baseline": {"label": "vLLM defaults", "flags": {}, "num_gpus": 1, "metrics": base},
@@ -28,11 +33,15 @@ def recommendation(profile_status: str = "validated") -> dict[str, Any]:
         "ladder": [
             {"optimization": "prefix caching", "flags_added": {"enable_prefix_caching": True},
              "metrics": _metrics(6.4, 2100.0, 600.0, 25.0, 0.85, 3), "delta_goodput_pct": 16.4,
-             "delta_ttft_p99_pct": -36.8, "delta_tpot_p99_pct": -16.7, "gpus_needed": 1},
+             "delta_ttft_p99_pct": -36.8, "delta_tpot_p99_pct": -16.7, "gpus_needed": 1,
+             "gain": _gain(16.4, 9.0, 23.8)},
             {"optimization": "chunked prefill 4096", "flags_added": {"max_num_batched_tokens": 4096},
              "metrics": best, "delta_goodput_pct": 13.3, "delta_ttft_p99_pct": -30.0,
-             "delta_tpot_p99_pct": -16.0, "gpus_needed": 1},
+             "delta_tpot_p99_pct": -16.0, "gpus_needed": 1, "gain": _gain(13.3, 4.1, 22.5)},
         ],
+        "kept_defaults": [{"optimization": "block size: 64", "flags": {"block_size": 64},
+                           "gain": _gain(0.7, -2.4, 3.8),
+                           "reason": "keep vLLM's default for block size: +0.7% \u00b1 3.1% predicted"}],
         "rejected": [{"optimization": "ngram speculation",
                       "flags": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}},
                       "reason": "acceptance too low at this load", "delta_goodput_pct": -4.0}],

@@ -297,8 +297,13 @@ def test_advisor_page_renders_a_recommendation_from_its_keys() -> None:
     assert ladder["optimization"].tolist() == ["prefix caching", "chunked prefill 4096"]
     assert ladder["goodput %"].tolist() == ["16.4", "13.3"]
     assert ladder["flags added"].tolist() == ["--enable-prefix-caching", "--max-num-batched-tokens 4096"]
+    assert ladder["90% interval"].tolist() == ["+16.4% (90%: +9.0% to +23.8%)", "+13.3% (90%: +4.1% to +22.5%)"]
+    kept = at.dataframe[2].value  # a change inside the error bars: vLLM's default stays
+    assert kept["optimization"].tolist() == ["block size: 64"]
+    assert kept["gain (90% interval)"].tolist() == ["+0.7% (90%: -2.4% to +3.8%)"]
+    assert any("Kept at vLLM's default" in x.value and "2.0%" in x.value for x in at.markdown)
     assert any("fallback: prefix caching only (max regret 7.5%)" in c.value for c in at.caption)
-    robust = at.dataframe[3].value
+    robust = at.dataframe[4].value
     assert robust["regret %"].tolist() == ["5.0"]
 
 

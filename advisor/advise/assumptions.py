@@ -1,0 +1,172 @@
+"""Where every price a recommendation rests on comes from, and how a user measures the ones we
+did not.
+
+Each input is tagged `measured` (fitted on this GPU and model), `scaled` (another GPU's fit scaled
+by datasheet ratios), `transferred` (measured elsewhere: another model, another kernel) or
+`prior` (a literature or datasheet figure, its source named). The unmeasured ones with a range
+are simulated at both ends (the gain interval's part (c), advisor/advise/uncertainty.py), and the
+report says how to measure each on one's own vLLM and at which value the advice would flip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from sim.config import EngineConfig
+from sim.cost_model import STATUS_FIRST_PRINCIPLES, STATUS_SCALED, CostProfile
+from sim.kv_dtype_costs import kv_dtype_cost
+from sim.speculative import ACCEPTANCE_RANGE, DEFAULT_ACCEPTANCE, scaled_acceptance
+
+Provenance = Literal["measured", "scaled", "transferred", "prior"]
+
+# FP8 weights' GEMM compute rate over bf16's when no profile measured it: from the lowest the
+# H200 engine measured for the GEMM alone (1.43x at M = 1,024; lower still at small M, where the
+# GEMMs are bandwidth-bound and the halved bytes decide) to the datasheet's 2x.
+FP8_GEMM_SPEEDUP_RANGE = (1.3, 2.0)
+
+
+class Assumption(BaseModel):
+    """One input a recommendation's figures depend on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: str
+    provenance: Provenance
+    value: str
+    source: str
+    how_to_measure: str
+    low: float | None = None  # the range the gain interval simulates (None: not varied)
+    high: float | None = None
+    flips_at: str | None = None  # where the advice would change, when the range crosses the bar
+
+
+@dataclass(frozen=True, slots=True)
+class InputRange:
+    """How to simulate one unmeasured input at its low and its high end: updates to a SimConfig
+    (`config`) or to its engine (`engine`)."""
+
+    name: str
+    low: float
+    high: float
+    config_low: Mapping[str, Any]
+    config_high: Mapping[str, Any]
+    engine_low: Mapping[str, Any]
+    engine_high: Mapping[str, Any]
+
+
+def profile_provenance(profile: CostProfile) -> Provenance:
+    if profile.status == STATUS_FIRST_PRINCIPLES or not profile.is_fitted:
+        return "prior"
+    return "scaled" if profile.status == STATUS_SCALED else "measured"
+
+
+def step_costs(profile: CostProfile) -> Assumption:
+    v = profile.validation or {}
+    err = v.get("median_abs_error")
+    measured = profile_provenance(profile)
+    source = {"prior": "datasheet rates with first-principles efficiencies (sim/profiles/default.json)",
+              "scaled": f"{profile.name}: another GPU's fit scaled by datasheet ratios",
+              "measured": f"{profile.name}: fitted on engine runs of this GPU and model"}[measured]
+    if isinstance(err, float):
+        source += f"; validated at {err:.1%} median |error| on held-out runs"
+    return Assumption(input="step costs (cost profile)", provenance=measured, value=profile.name, source=source,
+                      how_to_measure="`costline calibrate` on runs of your own engine (docs/calibration.md), "
+                                     "then `costline validate` on held-out ones")
+
+
+def _acceptance_value(method: str) -> str:
+    table = DEFAULT_ACCEPTANCE.get(method, DEFAULT_ACCEPTANCE["eagle"])
+    means = {cat: a / (a + b) for cat, (a, b) in table.items()}
+    return ", ".join(f"{cat} {m:.2f}" for cat, m in means.items() if cat in ("chat", "code", "json", "default"))
+
+
+def knob_assumptions(engine: EngineConfig, profile: CostProfile, gpu: str) -> list[Assumption]:
+    """The prices of the knobs `engine` turns on (on `gpu`), beyond the step costs."""
+    out = []
+    if engine.quantization == "fp8":
+        speedup = profile.fp8_gemm_speedup
+        out.append(Assumption(
+            input="FP8 weights: GEMM speed-up over bf16", provenance="measured" if speedup else "prior",
+            value=f"{speedup:.2f}x" if speedup else "2.0x (datasheet FP8 rate); weights' bytes halved",
+            source=(f"{profile.name}: FP8-weight engine runs" if speedup else
+                    "datasheet; costline's H200 engine measured 1.43-1.65x for the GEMM alone at M >= 1,024 "
+                    "(benchmarks/engine/RESULTS.md)"),
+            how_to_measure="run `vllm bench serve` on your traffic with and without `--quantization fp8` and "
+                           "compare `vllm:time_per_output_token_seconds` and throughput",
+            low=None if speedup else FP8_GEMM_SPEEDUP_RANGE[0], high=None if speedup else FP8_GEMM_SPEEDUP_RANGE[1]))
+    if engine.kv_cache_dtype not in (None, "auto"):
+        kvc = kv_dtype_cost(engine.kv_cache_dtype, gpu)
+        out.append(Assumption(
+            input=f"{engine.kv_cache_dtype} KV cache: attention time over the 16-bit cache's", provenance="transferred",
+            value=f"decode x{kvc.decode_time_ratio:.2f}, prefill x{kvc.prefill_time_ratio:.2f}; twice the KV blocks",
+            source=f"measured on costline's Triton kernels, not vLLM's ({kvc.source})",
+            how_to_measure="compare `vllm:time_per_output_token_seconds` and `vllm:kv_cache_usage_perc` with and "
+                           f"without `--kv-cache-dtype {engine.kv_cache_dtype}` under the same load"))
+    spec = engine.speculative_config
+    if spec is not None:
+        user = bool(spec.acceptance_beta)
+        out.append(Assumption(
+            input=f"{spec.method} acceptance per draft token", provenance="measured" if user else "prior",
+            value="as given (--acceptance)" if user else _acceptance_value(spec.method),
+            source=("the user's measurement" if user else
+                    "prior table in the range public reports give (sim/speculative.py); "
+                    f"simulated at \u00b1{ACCEPTANCE_RANGE:.0%}"),
+            how_to_measure="scrape `vllm:spec_decode_num_accepted_tokens_total` / "
+                           "`vllm:spec_decode_num_draft_tokens_total` (and `..._per_pos_total` by position) from "
+                           "your vLLM, then `costline advise --acceptance TASK=RATE`",
+            low=None if user else 1 - ACCEPTANCE_RANGE, high=None if user else 1 + ACCEPTANCE_RANGE))
+        if spec.method != "ngram":
+            measured = profile.spec is not None
+            out.append(Assumption(
+                input=f"{spec.method} proposer cost per pass", provenance="transferred" if measured else "prior",
+                value=(f"{profile.spec.draft_pass_s * 1e3:.2f} ms fixed per pass" if measured else
+                       f"{profile.draft_pass_overhead_s * 1e3:.2f} ms fixed per pass + the draft's roofline"),
+                source=("measured on the byte-level pair's draft model (benchmarks/spec_decode), not this model"
+                        if measured else "first principles"),
+                how_to_measure="compare `vllm:time_per_output_token_seconds` at concurrency 1 with and without "
+                               "speculation against the acceptance length"))
+    return out
+
+
+def assumptions(engine: EngineConfig, profile: CostProfile, gpu: str,
+                flips: Mapping[str, str] | None = None) -> list[Assumption]:
+    """Every input a configuration's figures rest on, the step costs first; `flips`: where the
+    advice changes within an input's range (the ladder's finding)."""
+    out = [step_costs(profile), *knob_assumptions(engine, profile, gpu)]
+    return [a.model_copy(update={"flips_at": (flips or {}).get(a.input)}) for a in out]
+
+
+def input_ranges(cur: EngineConfig, nxt: EngineConfig, profile: CostProfile) -> list[InputRange]:
+    """The unmeasured inputs `nxt` brings in (`cur` does not use them), each with how to simulate
+    its two ends."""
+    out = []
+    if nxt.quantization == "fp8" and cur.quantization != "fp8" and profile.fp8_gemm_speedup is None:
+        lo, hi = FP8_GEMM_SPEEDUP_RANGE
+        out.append(InputRange("FP8 weights: GEMM speed-up over bf16", lo, hi, {"fp8_gemm_speedup": lo},
+                              {"fp8_gemm_speedup": hi}, {}, {}))
+    spec = nxt.speculative_config
+    if spec is not None and not spec.acceptance_beta and cur.speculative_config is None:
+        lo, hi = 1 - ACCEPTANCE_RANGE, 1 + ACCEPTANCE_RANGE
+        out.append(InputRange(f"{spec.method} acceptance per draft token", lo, hi, {}, {},
+                              {"speculative_config": scaled_acceptance(spec, lo)},
+                              {"speculative_config": scaled_acceptance(spec, hi)}))
+    return out
+
+
+def flip_point(name: str, low: float, high: float, gain_low: float, gain_high: float, bar: float) -> str | None:
+    """Where, between the range's ends, the gain crosses the bar (linear between the two
+    simulated ends), said in the input's terms; None when both ends are on the same side."""
+    if (gain_low - bar) * (gain_high - bar) > 0 or gain_low == gain_high:
+        return None
+    x = low + (bar - gain_low) * (high - low) / (gain_high - gain_low)
+    side = "above" if gain_high > gain_low else "below"
+    scale = "x the prior" if "acceptance" in name else "x"
+    return f"the change clears {bar:+g}% only {side} {x:.2f}{scale} (simulated {low:.2f} to {high:.2f})"
+
+
+__all__ = ["FP8_GEMM_SPEEDUP_RANGE", "Assumption", "InputRange", "Provenance", "assumptions", "flip_point", "input_ranges",
+           "knob_assumptions", "profile_provenance", "step_costs"]

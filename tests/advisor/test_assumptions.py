@@ -1,0 +1,87 @@
+"""Provenance of every price a recommendation rests on: tags from the profile and the knobs, the
+ranges the gain interval simulates, where the advice flips, and the FP8 price override."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.advise.assumptions import (
+    FP8_GEMM_SPEEDUP_RANGE,
+    assumptions,
+    flip_point,
+    input_ranges,
+    knob_assumptions,
+    profile_provenance,
+)
+from engine.model_spec import get_model
+from sim.config import EngineConfig, SpeculativeConfig
+from sim.cost_model import Roofline
+from sim.hardware import get_gpu
+from sim.profile_files import load_profile
+from sim.speculative import ACCEPTANCE_RANGE, DEFAULT_ACCEPTANCE
+
+EAGLE = SpeculativeConfig(method="eagle3", num_speculative_tokens=4)
+ALL_ON = EngineConfig(quantization="fp8", kv_cache_dtype="fp8", speculative_config=EAGLE)
+
+
+def test_the_profile_says_measured_scaled_or_prior():
+    assert profile_provenance(load_profile("h200-llama-3.1-8b")) == "measured"
+    assert profile_provenance(load_profile("a100-80gb-llama-3.1-8b")) == "scaled"
+    assert profile_provenance(load_profile("default")) == "prior"
+
+
+def test_each_knob_names_its_provenance_and_range():
+    prof = load_profile("h200-llama-3.1-8b")
+    got = {a.input: a for a in knob_assumptions(ALL_ON, prof, "h200")}
+    fp8 = got["FP8 weights: GEMM speed-up over bf16"]
+    assert (fp8.provenance, fp8.low, fp8.high) == ("prior", *FP8_GEMM_SPEEDUP_RANGE)
+    kv = got["fp8 KV cache: attention time over the 16-bit cache's"]
+    assert kv.provenance == "transferred" and "costline's Triton kernels" in kv.source
+    acc = got["eagle3 acceptance per draft token"]
+    assert (acc.provenance, acc.low, acc.high) == ("prior", 1 - ACCEPTANCE_RANGE, 1 + ACCEPTANCE_RANGE)
+    assert "vllm:spec_decode_num_accepted_tokens_total" in acc.how_to_measure
+    assert got["eagle3 proposer cost per pass"].provenance == "prior"  # this profile has no SpecTerms
+    # measured by the user / by a profile: tagged so, and no range to simulate
+    mine = ALL_ON.model_copy(update={"speculative_config": EAGLE.model_copy(
+        update={"acceptance_beta": {"default": (7.0, 3.0)}})})
+    measured = prof.model_copy(update={"fp8_gemm_speedup": 1.5})
+    got = {a.input: a for a in knob_assumptions(mine, measured, "h200")}
+    assert got["eagle3 acceptance per draft token"].provenance == "measured"
+    assert got["eagle3 acceptance per draft token"].low is None
+    assert (got["FP8 weights: GEMM speed-up over bf16"].provenance, got["FP8 weights: GEMM speed-up over bf16"].value) \
+        == ("measured", "1.50x")
+    assert input_ranges(EngineConfig(), mine, measured) == []
+    # nothing on: only the step costs, first
+    only = assumptions(EngineConfig(), prof, "h200")
+    assert [a.input for a in only] == ["step costs (cost profile)"] and "1.3%" in only[0].source
+
+
+def test_ranges_come_only_with_the_rung_that_brings_the_input_in():
+    prof = load_profile("h200-llama-3.1-8b")
+    names = [r.name for r in input_ranges(EngineConfig(), ALL_ON, prof)]
+    assert names == ["FP8 weights: GEMM speed-up over bf16", "eagle3 acceptance per draft token"]
+    assert input_ranges(ALL_ON, ALL_ON, prof) == []  # already in the previous rung: not this rung's doing
+    acc = input_ranges(EngineConfig(), EngineConfig(speculative_config=EAGLE), prof)[0]
+    a, b = acc.engine_low["speculative_config"]["acceptance_beta"]["chat"]
+    a0, b0 = DEFAULT_ACCEPTANCE["eagle3"]["chat"]
+    assert a / (a + b) == pytest.approx(a0 / (a0 + b0) * (1 - ACCEPTANCE_RANGE)) and a + b == pytest.approx(a0 + b0)
+    fp8 = input_ranges(EngineConfig(), EngineConfig(quantization="fp8"), prof)[0]
+    assert (fp8.config_low, fp8.config_high) == ({"fp8_gemm_speedup": 1.3}, {"fp8_gemm_speedup": 2.0})
+
+
+def test_flip_point_interpolates_between_the_simulated_ends():
+    # gain -4% at 0.7x the prior, +8% at 1.3x: crosses +2% half-way, at 1.0x
+    assert flip_point("eagle3 acceptance", 0.7, 1.3, -4.0, 8.0, 2.0) == (
+        "the change clears +2% only above 1.00x the prior (simulated 0.70 to 1.30)")
+    assert flip_point("FP8 weights", 1.3, 2.0, 5.0, 9.0, 2.0) is None  # both ends clear it
+
+
+def test_the_fp8_gemm_price_follows_the_speedup():
+    m, g = get_model("llama-3.1-8b"), get_gpu("h200")
+    bf16 = Roofline.of(m, g, EngineConfig())
+    datasheet = Roofline.of(m, g, EngineConfig(quantization="fp8"))
+    measured = Roofline.of(m, g, EngineConfig(quantization="fp8"), fp8_gemm_speedup=1.5)
+    assert datasheet.gemm_s_per_token == pytest.approx(bf16.gemm_s_per_token * g.bf16_tflops / g.fp8_tflops)
+    assert measured.gemm_s_per_token == pytest.approx(bf16.gemm_s_per_token / 1.5)
+    assert measured.weights_s == pytest.approx(bf16.weights_s / 2)  # the bytes halve whatever the rate
+    assert Roofline.of(m, g, EngineConfig(), fp8_gemm_speedup=1.5) == bf16  # bf16 weights: no effect
