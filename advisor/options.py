@@ -146,7 +146,8 @@ ALL_FLAGS: dict[str, Flag] = FLAGS_BY_NAME | {f.name: f for f in SIM_ONLY_FLAGS}
 # Config fields whose option is not spelled like the field.
 OPTION_OF_FIELD = {"disaggregation": "--disagg", "kv_block_coarsening": "--sim-block-coarsening",
                    "link_gb_per_s": "--kv-link-gb-per-s", "link": "--kv-link", "rate_rps": "--rate",
-                   "trace_format": "--format", "slo": "--goodput"}
+                   "trace_format": "--format", "slo": "--goodput",
+                   "min_gain_pct": "--min-gain"}
 
 
 def cli_spelling(field: str, argv: Sequence[str] | None = None) -> str:

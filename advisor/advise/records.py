@@ -13,6 +13,7 @@ from advisor.advise.assumptions import Assumption
 from advisor.advise.uncertainty import DEFAULT_MIN_GAIN_PCT, GainInterval
 from engine.run_summary import SLO
 from sim.hardware import GpuPreset, ModelPreset
+from sim.speculative import DEFAULT_ACCEPTANCE
 
 Objective = Literal["goodput", "min-gpus", "cost"]
 Budget = Literal["quick", "full"]
@@ -48,9 +49,29 @@ class AdviseRequest(_Record):
     ray: str | None = Field(None, description="None = local processes; 'auto' or a Ray address")
     budget: Budget = "quick"
     profile: str | None = Field(None, description="cost profile; None = what the simulator picks")
+    acceptance: dict[str, dict[str, float]] | None = Field(
+        None, description="measured mean acceptance per draft token: method ('*' = any) -> task -> rate in (0, 1); "
+        "also 'eagle3:chat=0.71,code=0.8 ngram:chat=0.2'")
     min_gain_pct: float = Field(DEFAULT_MIN_GAIN_PCT, ge=0, le=1000,
                                 description="a change is recommended only when the low end of its gain's 90% "
                                 "interval is above this (percent); otherwise vLLM's default stays")
+
+    @field_validator("acceptance", mode="before")
+    @classmethod
+    def _parse_acceptance(cls, v: Any) -> Any:
+        return parse_acceptance(v) if isinstance(v, str) else v
+
+    @field_validator("acceptance")
+    @classmethod
+    def _rates(cls, v: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]] | None:
+        for method, rates in (v or {}).items():
+            if method != "*" and method not in DEFAULT_ACCEPTANCE:
+                raise ValueError(f"acceptance: unknown method {method!r}; use one of {', '.join(DEFAULT_ACCEPTANCE)} or *")
+            for task, rate in rates.items():
+                if not 0 < rate < 1:
+                    raise ValueError(f"acceptance: {method}:{task}={rate} must be a rate between 0 and 1 "
+                                     "(accepted draft tokens / draft tokens)")
+        return v
 
     @model_validator(mode="after")
     def _usable_profile(self) -> AdviseRequest:
@@ -71,6 +92,26 @@ class AdviseRequest(_Record):
 
     def parsed_slo(self) -> SLO | None:
         return SLO.parse(normalise_slo(self.slo))
+
+
+def parse_acceptance(text: str) -> dict[str, dict[str, float]]:
+    """'eagle3:chat=0.71,code=0.8 ngram:chat=0.2' (or 'chat=0.71' for any method) as
+    {method: {task: rate}}; a malformed part is refused naming it."""
+    out: dict[str, dict[str, float]] = {}
+    for group in text.split():
+        method, sep, pairs = group.partition(":")
+        if not sep:  # no METHOD: prefix: any method
+            method, pairs = "*", group
+        rates = out.setdefault(method, {})
+        for pair in pairs.split(","):
+            task, sep, raw = pair.partition("=")
+            try:
+                rates[task.strip()] = float(raw)
+            except ValueError:
+                raise ValueError(f"acceptance: {pair!r} is not TASK=RATE (e.g. 'eagle3:chat=0.71,code=0.8')") from None
+            if not sep or not task.strip():
+                raise ValueError(f"acceptance: {pair!r} is not TASK=RATE (e.g. 'eagle3:chat=0.71,code=0.8')")
+    return out
 
 
 class Metrics(_Record):

@@ -75,7 +75,8 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
     wl = as_workload(workload, request.seed, source)
     spec = spec_for(workload, wl, source)
     # min-gpus and cost compare deployments on fewer GPUs than given too
-    dims = dimensions(request.model, request.num_gpus, min_gpus=None if request.objective == "goodput" else 1)
+    dims = dimensions(request.model, request.num_gpus, min_gpus=None if request.objective == "goodput" else 1,
+                      acceptance=request.acceptance)
     slo = request.parsed_slo()
     slo_text = " ".join(f"{k}:{v:g}" for k, v in slo.as_dict().items()) if slo else None
     ctx = Context(model=request.model, gpu=request.gpu, num_gpus=request.num_gpus, slo=slo_text, seed=request.seed,

@@ -7,7 +7,9 @@ disaggregated prefill P:D) depend on the GPUs given and on the model's attention
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,11 +89,30 @@ def layouts(model: str, num_gpus: int, *, min_gpus: int | None = None) -> list[L
     return [default] + [lay for lay in out if lay != default]
 
 
-def dimensions(model: str, num_gpus: int, *, min_gpus: int | None = None) -> tuple[Dimension, ...]:
+ACCEPTANCE_CONCENTRATION = 20.0  # a measured mean's Beta spread across requests: the prior table's
+
+
+def with_acceptance(dims: tuple[Dimension, ...], acceptance: Mapping[str, Mapping[str, float]]) -> tuple[Dimension, ...]:
+    """The speculative options carrying the user's measured mean acceptance (method -> task ->
+    rate; method "*" for every method) over the prior table's, as `acceptance_beta`."""
+    def measured(opt: Option) -> Option:
+        spec = opt.flags.get("speculative_config")
+        rates = acceptance.get(spec["method"], acceptance.get("*")) if spec else None
+        if not rates:
+            return opt
+        beta = {task: (m * ACCEPTANCE_CONCENTRATION, (1 - m) * ACCEPTANCE_CONCENTRATION) for task, m in rates.items()}
+        return dataclasses.replace(opt, flags=opt.flags | {"speculative_config": spec | {"acceptance_beta": beta}})
+
+    return tuple(dataclasses.replace(d, options=tuple(measured(o) for o in d.options)) for d in dims)
+
+
+def dimensions(model: str, num_gpus: int, *, min_gpus: int | None = None,
+               acceptance: Mapping[str, Mapping[str, float]] | None = None) -> tuple[Dimension, ...]:
     lays = layouts(model, num_gpus, min_gpus=min_gpus)
+    dims = with_acceptance(ENGINE_DIMENSIONS, acceptance) if acceptance else ENGINE_DIMENSIONS
     if len(lays) == 1:
-        return ENGINE_DIMENSIONS
-    return (*ENGINE_DIMENSIONS, Dimension("parallelism", tuple(Option(lay.name, layout=lay) for lay in lays)))
+        return dims
+    return (*dims, Dimension("parallelism", tuple(Option(lay.name, layout=lay) for lay in lays)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,9 @@ def advise(
     workers: Annotated[int | None, typer.Option("--workers", help="local processes (default: the CPU cores)")] = None,
     ray: Annotated[str | None, typer.Option("--ray", help="run the simulations on Ray: auto or a cluster address")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="cost profile (default: what the simulator picks)")] = None,
+    min_gain: Annotated[float, typer.Option("--min-gain", help="recommend a change only when the low end of its gain's 90% interval is above this many percent")] = 2.0,
+    acceptance: Annotated[str | None, typer.Option("--acceptance", help="your vLLM's measured acceptance per draft token: \"eagle3:chat=0.71,code=0.8\" (METHOD: optional)")] = None,
+    vllm_metrics: Annotated[Path | None, typer.Option("--vllm-metrics", help="a /metrics scrape of your vLLM: its spec-decode acceptance (--acceptance wins where both say)")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write recommendation.json, report.md + charts and serve.sh here")] = None,
     force: Force = False,
     as_json: Annotated[bool, typer.Option("--json", help="print recommendation.json instead of the report")] = False,
@@ -59,10 +62,17 @@ def advise(
     from engine.outputs import check_output_dir
 
     _check_slo(slo)
+    measured = None
+    if vllm_metrics is not None:
+        from advisor.advise.records import parse_acceptance
+        from advisor.advise.vllm_metrics import acceptance_from_metrics
+
+        measured = acceptance_from_metrics(vllm_metrics) | (parse_acceptance(acceptance) if acceptance else {})
     request = AdviseRequest(model=model, gpu=gpu, num_gpus=num_gpus, slo=slo, objective=objective,  # type: ignore[arg-type]
                             budget=budget, seed=seed, ray=ray, profile=profile,  # type: ignore[arg-type]
+                            min_gain_pct=min_gain, acceptance=measured or acceptance,  # type: ignore[arg-type]
                             **({"workers": workers} if workers else {}))
-    inputs = [workload, profile]
+    inputs = [workload, profile, vllm_metrics]
     if out is not None:
         check_output_dir(out, flag="--out", force=force, inputs=inputs)  # refuse before minutes of work, not after
     console = plain_console(stderr=as_json)

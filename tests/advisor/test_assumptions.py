@@ -85,3 +85,73 @@ def test_the_fp8_gemm_price_follows_the_speedup():
     assert measured.gemm_s_per_token == pytest.approx(bf16.gemm_s_per_token / 1.5)
     assert measured.weights_s == pytest.approx(bf16.weights_s / 2)  # the bytes halve whatever the rate
     assert Roofline.of(m, g, EngineConfig(), fp8_gemm_speedup=1.5) == bf16  # bf16 weights: no effect
+
+
+def test_a_measured_acceptance_reaches_every_speculative_option():
+    from advisor.advise import AdviseRequest
+    from advisor.advise.space import ENGINE_DIMENSIONS, dimensions
+
+    req = AdviseRequest(acceptance="eagle3:chat=0.5,code=0.6 ngram:chat=0.1")
+    assert req.acceptance == {"eagle3": {"chat": 0.5, "code": 0.6}, "ngram": {"chat": 0.1}}
+    dims = dimensions("llama-3.1-8b", 1, acceptance=req.acceptance)
+    spec = next(d for d in dims if d.name == "speculative decoding")
+    beta = {o.name: o.flags.get("speculative_config", {}).get("acceptance_beta") for o in spec.options}
+    assert beta["off"] is None
+    assert beta["eagle3 k=4"]["chat"] == pytest.approx((10.0, 10.0)) and beta["eagle3 k=2"]["code"] == pytest.approx((12.0, 8.0))
+    assert beta["ngram k=4"] == {"chat": pytest.approx((2.0, 18.0))}
+    assert dimensions("llama-3.1-8b", 1) == ENGINE_DIMENSIONS  # none given: the priors
+    # measured: tagged so, and no range simulated for it
+    eng = EngineConfig(**spec.options[3].flags)
+    got = {a.input: a for a in knob_assumptions(eng, load_profile("h200-llama-3.1-8b"), "h200")}
+    assert got["eagle3 acceptance per draft token"].provenance == "measured"
+    assert input_ranges(EngineConfig(), eng, load_profile("h200-llama-3.1-8b")) == []
+    for bad, words in (("chat=1.5", "between 0 and 1"), ("eagle9:chat=0.5", "unknown method"), ("chat", "TASK=RATE")):
+        with pytest.raises(ValueError, match=words):
+            AdviseRequest(acceptance=bad)
+
+
+PROM = """# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 1000.0
+vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 1000.0
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 700.0
+vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 500.0
+"""
+
+
+def test_acceptance_read_from_a_vllm_scrape(tmp_path):
+    from advisor.advise.vllm_metrics import acceptance_from_metrics
+    from engine.input_files import InputFileError
+
+    path = tmp_path / "metrics.prom"
+    path.write_text(PROM)
+    got = acceptance_from_metrics(path, "eagle3")
+    assert set(got) == {"eagle3"} and set(got["eagle3"]) == set(DEFAULT_ACCEPTANCE["eagle3"])
+    assert list(got["eagle3"].values()) == [pytest.approx(1200 / 2000)] * len(got["eagle3"])  # both engines summed
+    for text, words in (("vllm:num_requests_running 3\n", "no vllm:spec_decode_num_draft_tokens_total"),
+                        ("not { prometheus", "not Prometheus text")):
+        path.write_text(text)
+        with pytest.raises(InputFileError, match=words):
+            acceptance_from_metrics(path)
+
+
+def test_the_cli_takes_the_scrape_and_says_the_acceptance_is_measured(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+    from tests.advisor.test_advise import SMALL
+
+    (tmp_path / "m.prom").write_text(PROM)
+    (tmp_path / "w.json").write_text(SMALL.with_overrides(num_requests=60).to_json())
+    res = CliRunner().invoke(app, ["advise", "-w", str(tmp_path / "w.json"), "--vllm-metrics", str(tmp_path / "m.prom"),
+                                   "--acceptance", "ngram:chat=0.1", "--workers", "1", "--json", "--min-gain", "0"])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.stdout[res.stdout.index("{"):])
+    assert rec["request"]["acceptance"]["*"]["chat"] == pytest.approx(0.6)
+    assert rec["request"]["acceptance"]["ngram"] == {"chat": 0.1} and rec["request"]["min_gain_pct"] == 0
+    bad = CliRunner().invoke(app, ["advise", "--vllm-metrics", str(tmp_path / "nope.prom")])
+    assert bad.exit_code == 2 and "nope.prom" in bad.output
