@@ -1,7 +1,7 @@
 """Kernels of the engine's forward: Triton versions and their plain-PyTorch references.
 
 - ``kernels.reference``: the references (plain PyTorch; the tests' yardstick and the CPU path).
-- ``kernels.paged_attention``, ``kernels.cache_write``, ``kernels.fused``, ``kernels.skinny_gemm``:
+- ``kernels.paged_attention``, ``kernels.cache_write``, ``kernels.fused``, ``kernels.fp8_linear``:
   the Triton kernels.
 - ``get_backend("torch" | "triton") -> Backend``: one set or the other behind one interface.
 

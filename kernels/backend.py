@@ -81,9 +81,9 @@ def get_backend(name: str, *, linear: str | None = None) -> Backend:
         )  # fmt: skip
     if name == "triton":
         from kernels.cache_write import write_kv_cache
+        from kernels.fp8_linear import linear_fp8
         from kernels.fused import add_rms_norm, rope_store_kv, silu_mul
         from kernels.paged_attention import paged_attention, work_block_qs
-        from kernels.reference import linear_fp8_ref
 
         if linear_choice(linear) == "skinny":
             from kernels.skinny_gemm import linear as gemm
@@ -91,7 +91,7 @@ def get_backend(name: str, *, linear: str | None = None) -> Backend:
             from kernels.reference import linear_ref as gemm
         return Backend(
             "triton", paged_attention, write_kv_cache, rope_store_kv, add_rms_norm, silu_mul, gemm,
-            linear_fp8_ref, work_block_qs,
+            linear_fp8, work_block_qs,
         )
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKEND_NAMES}")
 

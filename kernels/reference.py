@@ -226,12 +226,19 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
+def quantize_fp8_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` as float8_e4m3fn with one scale for the whole tensor (vLLM's dynamic per-tensor
+    activation scheme, the default of `--quantization fp8`): (x_fp8, scale [] float32)."""
+    scale = x.abs().amax().float().clamp_min(1e-12) / FP8_MAX
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
 def linear_fp8_ref(x: torch.Tensor, weight_fp8: torch.Tensor, weight_scale: torch.Tensor,
                    bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ (weight_fp8 * weight_scale).T (+ bias)`` with `x` [M, K] quantized per token to FP8
-    (vLLM's dynamic W8A8): torch._scaled_mm (cuBLASLt's FP8 GEMM on a GPU) accumulates in fp32
-    and scales rows by x's scales, columns by `weight_scale` [1, N] float32; out in x's dtype."""
-    xq, xs = quantize_fp8_rows(x)
+    """``x @ (weight_fp8 * weight_scale).T (+ bias)`` with `x` [M, K] quantized to FP8 with one
+    dynamic scale (vLLM's dynamic W8A8) and `weight_scale` [] float32 the weight's per-tensor scale:
+    torch._scaled_mm (cuBLASLt's FP8 GEMM on a GPU), fp32 accumulation; out in x's dtype."""
+    xq, xs = quantize_fp8_tensor(x)
     return torch._scaled_mm(xq, weight_fp8.t(), scale_a=xs, scale_b=weight_scale, bias=bias, out_dtype=x.dtype)
 
 

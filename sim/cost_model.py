@@ -252,11 +252,14 @@ class CostProfile(BaseModel):
     overlap: OverlapTerms | None = None
     memory: MemoryTerms | None = None
     spec: SpecTerms | None = None  # speculative decoding as measured (None: first principles)
-    # FP8 weights (--quantization fp8): the GEMMs' compute rate over bf16's. None: the datasheet's
-    # FP8 rate (2x on Hopper), a prior; costline's engine measured 1.43-1.65x for the GEMM alone at
-    # M >= 1,024 on the H200 (benchmarks/engine/RESULTS.md, "FP8 GEMMs"). The weights' bytes halve
-    # either way.
+    # FP8 weights (--quantization fp8): the decoder GEMMs' compute rate over bf16's. None: the
+    # datasheet's FP8 rate (2x on Hopper), a prior. The weights' bytes halve either way; the LM head
+    # stays 16-bit (as in vLLM). `fp8_step_s`: GPU seconds FP8 weights add to every forward (the
+    # activations' dynamic quantization: two small kernels and a memset per projection). Both are
+    # fitted from the engine's FP8 steps (sim/fp8_weights_fit.py) where `fp8_fit` says so.
     fp8_gemm_speedup: float | None = Field(default=None, gt=0, le=4)
+    fp8_step_s: float | None = Field(default=None, ge=0, le=0.05)
+    fp8_fit: dict[str, Any] | None = None  # how the two were measured: runs, steps, errors, commit
     scaled_from: str | None = None  # the fitted profile whose multipliers this one reuses
     provenance: dict[str, Any] | None = None  # engine commit, GPU, date, runs, steps used
     fit_error: dict[str, Any] | None = None  # per step kind: held-out median / p90 relative error
@@ -402,7 +405,9 @@ class Roofline:
         """`fp8_gemm_speedup`: FP8 weights' GEMM compute rate over bf16's (None: the datasheet's)."""
         tp = engine.tensor_parallel_size
         wdt = engine.weight_dtype or model.dtype
-        gemm_rate = gpu.tflops(wdt) * 1e12
+        gemm_rate = head_rate = gpu.tflops(model.dtype) * 1e12  # the LM head keeps the model's dtype
+        if engine.weight_dtype is not None:
+            gemm_rate = gpu.tflops(wdt) * 1e12
         if engine.weight_dtype == "fp8" and fp8_gemm_speedup is not None:
             gemm_rate = gpu.bf16_tflops * 1e12 * fp8_gemm_speedup
         bw = gpu.hbm_gb_per_s * GB
@@ -416,8 +421,8 @@ class Roofline:
         kvc = kv_dtype_cost(engine.kv_cache_dtype, gpu.name)
         attn_s_per_pair = 4 * L * model.num_heads * model.head_dim / tp / (gpu.bf16_tflops * 1e12)
         return cls(gemm_s_per_token=2 * layer_params / tp / gemm_rate,
-                   gemm_s_per_row=2 * head_params / tp / gemm_rate,
-                   weights_s=(layer_params + head_params) * dtype_bytes(wdt) / tp / bw,
+                   gemm_s_per_row=2 * head_params / tp / head_rate,
+                   weights_s=(layer_params * dtype_bytes(wdt) + head_params * dtype_bytes(model.dtype)) / tp / bw,
                    attn_s_per_pair=attn_s_per_pair,
                    kv_s_per_token=model.kv_bytes_per_token(engine.kv_cache_dtype) / tp / bw * kvc.decode_per_byte,
                    prefill_s_per_pair=attn_s_per_pair * kvc.prefill_time_ratio,
@@ -512,7 +517,9 @@ class CostModel:
             self._ar_s_per_token = 2 * L * 2 * (tp - 1) / tp * h * act_b / link
         else:
             self._ar_fixed_s = self._ar_s_per_token = 0.0
-        self._gpu_fixed_s = p.gpu_step_overhead_s
+        # FP8 weights' per-forward cost (activation quantization), where measured
+        self._fp8_step_s = (p.fp8_step_s or 0.0) if engine.weight_dtype == "fp8" else 0.0
+        self._gpu_fixed_s = p.gpu_step_overhead_s + self._fp8_step_s
         self._decode_terms: dict[int, DecodeTerms] = {}  # num_seqs -> decode_linear()
         self._cpu_step_s, self._cpu_seq_s = p.cpu_step_s, p.cpu_per_seq_s
         self._cpu_blk_s, self._cpu_hash_s = p.cpu_per_block_allocated_s, p.cpu_per_block_hashed_s
@@ -543,7 +550,7 @@ class CostModel:
     def _use_fit(self, p: CostProfile) -> None:
         """Fold a v2 profile's fitted terms (the all-reduce terms stay first-principles: the fit is
         of one GPU)."""
-        ar = self._ar_fixed_s
+        ar = self._ar_fixed_s + self._fp8_step_s
         self._fit_decode = _Forward.fitted(self.roofline, p.decode, ar)
         self._fit_mixed = _Forward.fitted(self.roofline, p.mixed, ar)
         if p.mixed_graph is not None:

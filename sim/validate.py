@@ -339,6 +339,7 @@ def replayed_requests(run_dir: Path, info: EngineRunInfo) -> list[Request]:
 
 # --------------------------------------------------------------------------- the simulated twin
 SCHEDULING_NAMES = frozenset(f.name for f in SCHEDULING_FLAGS)
+PRECISION_NAMES = ("quantization", "kv_cache_dtype")
 
 
 def sim_engine_config(info: EngineRunInfo) -> EngineConfig:
@@ -346,6 +347,8 @@ def sim_engine_config(info: EngineRunInfo) -> EngineConfig:
     backend (any block size), the engine's KV block count, and the limits the engine resolved
     (same rules, same GPU, same entry point: its usage context)."""
     flags = {k: v for k, v in info.engine_args.items() if k in SCHEDULING_NAMES}
+    # the precision flags price the forward (FP8 weights, an FP8 cache): carried when set
+    flags |= {k: info.engine_args[k] for k in PRECISION_NAMES if info.engine_args.get(k) not in (None, "auto")}
     flags |= {"attention_backend": "costline", "num_gpu_blocks_override": info.num_gpu_blocks}
     try:
         cfg = EngineConfig(**flags)

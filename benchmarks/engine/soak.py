@@ -294,63 +294,6 @@ def overload_run(r: SoakRunner, plan: gs.Plan) -> None:
           async_scheduling=True)
 
 
-FP8_SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}  # 8B (K, N)
-FP8_MS = (1, 16, 64, 256, 1024, 4096, 8192)
-
-
-def fp8_gemm_bench(device: str, tiny: bool) -> dict:
-    """FP8 (--quantization fp8) against bf16 GEMMs on the 8B projections, by M: bf16 F.linear,
-    the engine's FP8 linear (per-token activation quantization + torch._scaled_mm) and the
-    `_scaled_mm` alone (median ms, CUDA events); and the FP8 result against the float64 product
-    of its quantized operands (relative error)."""
-    from engine.quant import Fp8Weight
-    from kernels.reference import linear_fp8_ref, quantize_fp8_rows
-
-    shapes = {"tiny": (64, 128)} if tiny else FP8_SHAPES
-    ms = (1, 16) if tiny else FP8_MS
-    dt = torch.float32 if tiny else torch.bfloat16
-    rows = []
-    for name, (k, n) in shapes.items():
-        w = torch.randn(n, k, device=device, dtype=dt) * 0.02
-        q = Fp8Weight.of(w)
-        for m in ms:
-            x = torch.randn(m, k, device=device, dtype=dt)
-            xq, xs = quantize_fp8_rows(x)
-            fns = {"bf16_ms": lambda x=x, w=w: torch.nn.functional.linear(x, w),
-                   "fp8_ms": lambda x=x, q=q: linear_fp8_ref(x, q.weight, q.scale),
-                   "fp8_gemm_only_ms": lambda xq=xq, xs=xs, q=q: torch._scaled_mm(
-                       xq, q.weight.t(), scale_a=xs, scale_b=q.scale, out_dtype=dt)}
-            row = {"proj": name, "m": m, "k": k, "n": n}
-            for key, fn in fns.items():
-                row[key] = _time_ms(fn, device)
-            exact = (xq.double() * xs.double()) @ q.dequantized().double().t()
-            row["rel_err_vs_operands"] = float((linear_fp8_ref(x, q.weight, q.scale).double() - exact).norm()
-                                               / exact.norm())
-            row["speedup"] = row["bf16_ms"] / row["fp8_ms"]
-            rows.append(row)
-            log("fp8", json.dumps(row))
-    return {"rows": rows}
-
-
-def _time_ms(fn: Callable[[], Any], device: str, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    if device != "cuda":
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return 1e3 * (time.perf_counter() - t) / reps
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def production_filler(r: SoakRunner, plan: gs.Plan, capacity: dict[str, float], k: int, max_wall_s: float) -> None:
     """More production-like traffic (another slice each time), at most `max_wall_s`."""
     source = ("chat-production", "code-bursty", "mooncake-conversation")[k % 3]
@@ -460,7 +403,6 @@ def main(argv: list[str] | None = None) -> int:
             item(f"{m} {part}", lambda fn=fn, r=r, plan=plan, ids=ids: fn(r, plan, ids))
         item(f"{m} mixed", lambda r=r, plan=plan, ids=ids, m=m: gs.mixed_sweep(r, plan, capacity[m]["chat-production"],
                                                                                 ids))
-    item("fp8 GEMMs", lambda: extra.update(fp8_gemm=fp8_gemm_bench(device, a.tiny)))
     k = 0  # production traffic until the soak has lasted --minutes (past --deadline-s too: it is short)
     while time.perf_counter() - T0 < 60 * a.minutes and any(m in capacity for m in models):
         m = models[k % len(models)]

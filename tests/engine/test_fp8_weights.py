@@ -17,7 +17,7 @@ from engine.model_spec import get_model
 from engine.quant import PROJECTIONS, Fp8Weight, quantize_fp8
 from engine.replay import replay
 from engine.request import Request
-from kernels.reference import FP8_MAX, linear_fp8_ref, quantize_fp8_rows
+from kernels.reference import FP8_MAX, linear_fp8_ref, quantize_fp8_tensor
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -31,20 +31,25 @@ def test_fp8_gemm_is_the_product_of_its_quantized_operands(m, k16, n16, seed, sp
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, 16 * k16, generator=g) * torch.logspace(0, 1, m).reshape(-1, 1) * spread  # rows of other scales
     w = Fp8Weight.of(torch.randn(16 * n16, 16 * k16, generator=g))
-    xq, xs = quantize_fp8_rows(x)
+    xq, xs = quantize_fp8_tensor(x)
     exact = (xq.double() * xs.double()) @ w.dequantized().double().t()
     got = linear_fp8_ref(x, w.weight, w.scale)
     assert got.dtype == x.dtype and got.shape == (m, 16 * n16)
     assert rel(got, exact) < 1e-5  # fp32 accumulation of the very operands
-    # each row's largest entry maps to the top of e4m3's range, and nothing overflows
-    assert torch.allclose(xq.float().abs().amax(-1), torch.full((m,), FP8_MAX))
-    assert rel(got, x.double() @ w.dequantized().double().t()) < 0.08  # e4m3: 3 mantissa bits per operand
+    # the tensor's largest entry maps to the top of e4m3's range (one scale for all rows, as
+    # vLLM's dynamic scheme), and nothing overflows
+    assert xs.shape == () and float(xq.float().abs().max()) == FP8_MAX
+    # rows far below the largest lose mantissa bits to e4m3's subnormals: judge the product on
+    # the rows within 2^6 of the top, where e4m3 keeps its 3 mantissa bits
+    big = x.abs().amax(-1) > x.abs().max() / 64
+    ref = x.double() @ w.dequantized().double().t()
+    assert rel(got[big], ref[big]) < 0.08
 
 
 def test_weight_quantization_is_per_tensor_within_e4m3_precision():
     w = torch.randn(64, 128) * 0.02
     q = Fp8Weight.of(w)
-    assert q.weight.dtype == torch.float8_e4m3fn and q.scale.shape == (1, 64) and bool((q.scale == q.scale[0, 0]).all())
+    assert q.weight.dtype == torch.float8_e4m3fn and q.scale.shape == ()
     assert float(q.weight.float().abs().max()) == FP8_MAX
     big = w.abs() > w.abs().max() / 16  # normal range of e4m3 relative to the scale
     assert float(((q.dequantized() - w).abs() / w.abs())[big].max()) <= 2**-4 + 1e-6
