@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import os
 import platform
 import sys
 from pathlib import Path
@@ -63,8 +62,7 @@ def main() -> None:
         warm = core.warm_up()
         gs.log(f"{weights}: {core.num_gpu_blocks} KV blocks; warm-up {warm}")
         gpu = torch.cuda.get_device_name() if core.runner.is_cuda else "cpu"
-        # the device gets a copy of the tree without .git: the caller passes the commit it sent
-        meta = {"gpu": "h200" if "H200" in gpu else gpu, "engine_commit": os.environ.get("COSTLINE_COMMIT") or gs._commit(),
+        meta = {"gpu": "h200" if "H200" in gpu else gpu, "engine_commit": gs._commit(),
                 "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 "versions": {"torch": torch.__version__, "python": platform.python_version(),
                              "triton": gs._version("triton"), "cuda": torch.version.cuda},

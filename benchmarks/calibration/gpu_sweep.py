@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -393,11 +394,20 @@ def main() -> None:
 
 
 def _commit() -> str:
+    """The commit of the engine code that ran: $COSTLINE_COMMIT when the caller set it (a device
+    machine gets a copy of the tree without .git), else HEAD, marked "-dirty" when the engine or
+    kernels differ from it (a stale HEAD would otherwise be recorded for code that is not in it)."""
+    sent = os.environ.get("COSTLINE_COMMIT")
+    if sent:
+        return sent
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engine", "kernels"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return head + ("-dirty" if dirty else "")
 
 
 def _version(name: str) -> str:
