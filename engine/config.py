@@ -84,7 +84,7 @@ def scheduler_config(args: SchedulingArgs, *, num_gpu_blocks: int, max_model_len
 
 
 class EngineArgs(flag_model("_EngineFields", ENGINE_ONLY_FLAGS, SchedulingArgs)):  # type: ignore[misc]
-    """What the real engine (`engine.core.EngineCore`, `engine.llm.LLM`) is started with.
+    """What the real engine (`engine.engine_loop.EngineCore`, `engine.llm.LLM`) is started with.
 
     `usage_context` picks vLLM's defaults: "api_server" models `vllm serve` (`costline engine
     run`), "offline" the `LLM` class (`engine.llm.LLM`, `costline engine bench`).

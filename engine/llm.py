@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineArgs
-from engine.core import EngineCore, RequestState, content_hash_ids
+from engine.engine_loop import EngineCore, RequestState, content_hash_ids
 from engine.model import LlamaModel
 from engine.preflight import check_engine_args
 from engine.records import StepRecord

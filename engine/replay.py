@@ -30,7 +30,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from engine.core import EngineCore, RequestState
+from engine.engine_loop import EngineCore, RequestState
 from engine.metrics import EngineMetrics
 from engine.outputs import check_output_dir, staged_dir
 from engine.records import RequestRecord, StepRecord, to_columns

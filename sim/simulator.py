@@ -132,7 +132,7 @@ class _Replica:
             num_speculative_tokens=engine.num_speculative_tokens))
         self.skip_ahead = skip_ahead and not cost.k  # speculative steps draw at random: always step
         # async scheduling (the engine runs speculative decoding synchronously): the loop runs a
-        # step ahead of the device, as engine/core.py's _step_async does
+        # step ahead of the device, as engine/engine_loop.py's _step_async does
         self.pipelined = cost.async_scheduling and not cost.k
         self.inflight: _InFlight | None = None  # pipelined: the step whose tokens are not in yet
         self.left_out_ids: set[int] = set()  # decoders a step left out, until they decode again
@@ -261,7 +261,7 @@ class _Replica:
         self.step_log.append(self._step_record(out, t0, dt, gpu_s, cpu_s, n_out, drafted, accepted), cut)
 
     def _pipelined_step(self) -> Process:
-        """Async scheduling, as engine/core.py's `_step_async` runs it: schedule and prepare step
+        """Async scheduling, as engine/engine_loop.py's `_step_async` runs it: schedule and prepare step
         i (the scheduler takes its token counts at once), launch it, then collect step i - 1's
         tokens, which arrive when i - 1's device work has ended and i's launch is done; then the
         next schedule() runs. Step i's device work starts when i - 1's ends or its launching

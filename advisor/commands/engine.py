@@ -109,7 +109,7 @@ def run(
     if disagg is not None:
         return _run_disagg(cfg, disagg, workload, max_prompt_len, no_arrivals, out, metrics_file, metrics_port,
                            source, force)
-    from engine.core import EngineCore
+    from engine.engine_loop import EngineCore
     from engine.metrics import EngineMetrics
     from engine.replay import replay
     from sim.workload_source import cap_prompt_lengths, load_workload

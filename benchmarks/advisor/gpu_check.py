@@ -88,7 +88,7 @@ def run(plan_dir: Path, out: Path, only: tuple[str, ...] = PAIR) -> None:
     import torch
 
     from engine.config import EngineArgs
-    from engine.core import EngineCore
+    from engine.engine_loop import EngineCore
     from engine.replay import replay
     from engine.run_summary import SLO
     from kernels import compiled_kernel_count

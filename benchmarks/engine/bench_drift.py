@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.engine_loop import EngineCore
 from engine.replay import ReplayResult, replay
 from engine.request import Request
 from engine.run_summary import jsonable

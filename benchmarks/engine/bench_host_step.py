@@ -148,7 +148,7 @@ def _engine(batch: int, mode: str, context: tuple[int, int], seed: int = 0):
     """An engine on the CPU with `batch` requests decoding at contexts in `context` (prefill
     steps skip the model: their forward returns zero logits)."""
     from engine.config import EngineArgs
-    from engine.core import EngineCore
+    from engine.engine_loop import EngineCore
     from engine.model import LlamaModel
     from engine.model_spec import get_model
     from engine.request import Request

@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:
 import torch
 
 from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.engine_loop import EngineCore
 from engine.replay import replay
 from engine.request import Request
 from engine.run_summary import jsonable

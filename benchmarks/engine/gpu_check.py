@@ -129,7 +129,7 @@ def soak(seconds: float) -> None:
     import dataclasses
 
     from engine.config import EngineArgs
-    from engine.core import EngineCore
+    from engine.engine_loop import EngineCore
     from engine.replay import replay
     from kernels import compiled_kernel_count
     from sim.workload_source import SourceOptions, load_workload

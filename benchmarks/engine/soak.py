@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "calibration"))
 import gpu_sweep as gs
 
 from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.engine_loop import EngineCore
 from engine.replay import replay
 from engine.run_summary import jsonable
 

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.spec_decode import corpora, train_pair
 from engine.config import EngineArgs
-from engine.core import EngineCore, content_hash_ids
+from engine.engine_loop import EngineCore, content_hash_ids
 from engine.loader import load_model
 from engine.replay import ReplayResult, replay
 from engine.request import Request

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineArgs
-from engine.core import EngineCore, build_model, resolve_device
+from engine.engine_loop import EngineCore, build_model, resolve_device
 from engine.model import LlamaModel
 from engine.request import Request
 from engine.sampling import SamplingParams

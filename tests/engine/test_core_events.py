@@ -14,7 +14,7 @@ import itertools
 import pytest
 
 from engine.config import EngineArgs
-from engine.core import (
+from engine.engine_loop import (
     WARM_UP_OUTPUT_TOKENS,
     WARM_UP_REQUEST_ID_BASE,
     EngineCore,

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from engine.config import EngineArgs
-from engine.core import EngineCore
 from engine.disagg.records import DisaggSplit
 from engine.disagg.router import Deployment, Fault, replay_disagg
+from engine.engine_loop import EngineCore
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
 from engine.request import Request, materialize_prompt
 from engine.sampling import SamplingParams

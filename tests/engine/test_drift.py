@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.engine import bench_drift, bench_gpu
 from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.engine_loop import EngineCore
 from engine.records import StepRecord
 from engine.replay import GcWatch, frozen_heap, replay
 from engine.request import Request

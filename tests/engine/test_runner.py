@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.engine_loop import EngineCore
 from engine.metrics import EngineMetrics, build_1_2_5_buckets
 from engine.model import LlamaModel
 from engine.model_spec import get_model

@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 from engine import startup
 from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.engine_loop import EngineCore
 from engine.replay import replay
 from engine.request import Request
 

@@ -139,7 +139,7 @@ def timing_columns(gpu: np.ndarray, cpu: np.ndarray, async_scheduling: bool,
 
 
 def async_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray) -> np.ndarray:
-    """The async engine's periods, written as its events (engine/core.py `_step_async`): iteration
+    """The async engine's periods, written as its events (engine/engine_loop.py `_step_async`): iteration
     i starts at T, prepares for host[i], launches for launch[i] while its device work starts as
     soon as the device is free, then waits for step i-1's device work; the next iteration starts
     when both are done."""

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("torch")
 
 from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.engine_loop import EngineCore
 from engine.model_spec import get_model
 from engine.records import expand_step_rows
 from engine.replay import replay

@@ -22,7 +22,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.engine_loop import EngineCore
 from engine.metrics import EngineMetrics
 from engine.model_spec import get_model
 from engine.records import REQUEST_COLUMNS, STEP_COLUMNS, expand_step_rows

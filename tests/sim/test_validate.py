@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.engine_loop import EngineCore
 from engine.replay import replay
 from engine.request import Request
 from sim.traces import export_mooncake, load_mooncake
