@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata
-from engine.model_spec import ModelSpec
+from engine.core.model_spec import ModelSpec
 from engine.preflight import check_weights_fit
 from kernels import Backend, get_backend
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import engine.engine_loop as engine_loop_module
 import engine.replay as replay_module
+from engine.core.scheduler_output import SchedulerOutput
 from engine.engine_loop import EngineCore
-from engine.scheduler_output import SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)

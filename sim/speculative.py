@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from scipy import optimize, special
 
-from engine.scheduler_output import ScheduledRequest
+from engine.core.scheduler_output import ScheduledRequest
 from sim.config import SpeculativeConfig
 
 

@@ -35,12 +35,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.model_spec import ModelSpec, get_model
+from engine.core.request import Request
 from engine.engine_loop import EngineCore
 from engine.llm import LLM
-from engine.model_spec import ModelSpec, get_model
 from engine.replay import GcWatch, frozen_heap, replay
-from engine.request import Request
 from engine.sampling import SamplingParams
 from kernels import Backend
 from kernels.reference import add_rms_norm_ref, rotate_qkv_ref, silu_mul_ref

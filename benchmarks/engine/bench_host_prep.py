@@ -44,12 +44,12 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.core.model_spec import get_model
+from engine.core.outputs import OutputPathError, check_output_file
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.model import LlamaModel
-from engine.model_spec import get_model
-from engine.outputs import OutputPathError, check_output_file
-from engine.request import Request
 from engine.runner import ModelRunner
-from engine.scheduler import Scheduler, SchedulerConfig
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 8192

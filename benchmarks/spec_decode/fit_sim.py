@@ -47,9 +47,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.model_spec import get_model
-from engine.request import Request
-from engine.run_summary import jsonable
+from engine.core.model_spec import get_model
+from engine.core.request import Request
+from engine.core.run_summary import jsonable
 from sim.calibrate import fit_profile, load_run, robust_nnls
 from sim.config import SpeculativeConfig
 from sim.cost_model import PROFILES_DIR, BatchComposition, CostModel, CostProfile, SpecTerms

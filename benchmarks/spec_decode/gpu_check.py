@@ -10,7 +10,7 @@ prefix-cache hits and how many steps replayed a graph. Exit status 1 when a run 
 
 On a machine without CUDA it runs the same on the CPU, eagerly (no graphs), so the script can
 be dry-run: `python benchmarks/spec_decode/gpu_check.py --target tiny --draft tiny --out v.json`.
-`target`/`draft`: checkpoint directories (engine.loader) or model presets (engine.model_spec).
+`target`/`draft`: checkpoint directories (engine.loader) or model presets (engine.core.model_spec).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.request import Request
 from engine.engine_loop import EngineCore, build_model, resolve_device
 from engine.model import LlamaModel
-from engine.request import Request
 from engine.sampling import SamplingParams
 
 

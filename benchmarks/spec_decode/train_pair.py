@@ -44,9 +44,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.spec_decode import corpora
+from engine.core.model_spec import ModelSpec, get_model
 from engine.loader import save_model
 from engine.model import INIT_STD, LlamaModel, rope_inv_freq
-from engine.model_spec import ModelSpec, get_model
 
 TASK_MIX = {"code": 0.45, "prose": 0.2, "json": 0.35}
 TINY_TARGET = ModelSpec(name="byte-tiny-target", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,

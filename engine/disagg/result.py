@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.disagg_records import TransferRecord
+from engine.core.records import RequestRecord, StepRecord, to_columns
 from engine.disagg.messages import PoolReport
-from engine.disagg.records import TransferRecord
-from engine.records import RequestRecord, StepRecord, to_columns
 from engine.replay import ReplayResult
 
 if TYPE_CHECKING:

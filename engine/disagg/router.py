@@ -25,14 +25,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.disagg_records import TRANSFER_MODES, TRANSPORTS, DisaggSplit, TransferRecord
+from engine.core.model_spec import get_model
+from engine.core.request import Request, materialize_prompt
 from engine.disagg import messages as m
 from engine.disagg.kv_transfer import num_descriptors
-from engine.disagg.records import TRANSFER_MODES, TRANSPORTS, DisaggSplit, TransferRecord
 from engine.disagg.result import DisaggResult, build_result
 from engine.disagg.worker import WorkerConfig, worker_main
-from engine.model_spec import get_model
-from engine.request import Request, materialize_prompt
 
 MAX_PREFILL_ATTEMPTS = 2  # a request whose prefill instance died is retried once elsewhere
 IDLE_TIMEOUT_S = 3600.0  # an instance waiting for its next replay this long ends itself

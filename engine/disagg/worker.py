@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
 from engine.disagg import messages as m
 from engine.disagg.kv_transfer import (
     Transfer,

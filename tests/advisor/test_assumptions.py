@@ -13,7 +13,7 @@ from advisor.advise.assumptions import (
     knob_assumptions,
     profile_provenance,
 )
-from engine.model_spec import get_model
+from engine.core.model_spec import get_model
 from sim.config import EngineConfig, SpeculativeConfig
 from sim.cost_model import Roofline
 from sim.hardware import get_gpu
@@ -123,7 +123,7 @@ vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 500.0
 
 def test_acceptance_read_from_a_vllm_scrape(tmp_path):
     from advisor.advise.vllm_metrics import acceptance_from_metrics
-    from engine.input_files import InputFileError
+    from engine.core.input_files import InputFileError
 
     path = tmp_path / "metrics.prom"
     path.write_text(PROM)

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.engine import bench_drift, bench_gpu
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.records import StepRecord
+from engine.core.request import Request
 from engine.engine_loop import EngineCore
-from engine.records import StepRecord
 from engine.replay import GcWatch, frozen_heap, replay
-from engine.request import Request
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = 4

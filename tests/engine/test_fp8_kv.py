@@ -8,11 +8,11 @@ import types
 import pytest
 import torch
 
-from engine.config import EngineArgs
-from engine.flags import FlagError
+from engine.core.config import EngineArgs
+from engine.core.flags import FlagError
+from engine.core.model_spec import get_model
 from engine.llm import LLM
 from engine.model import LlamaModel
-from engine.model_spec import get_model
 from engine.runner import ModelRunner, kv_cache_torch_dtype
 from engine.sampling import SamplingParams
 

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine.attention import AttentionMetadata
+from engine.core.model_spec import RopeScaling, get_model
 from engine.loader import load_model, save_model
 from engine.model import LlamaModel
-from engine.model_spec import RopeScaling, get_model
 from tests.engine.dense_reference import dense_logits
 
 TINY = get_model("tiny")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.request import Request
-from engine.scheduler import PREEMPTED, Scheduler, SchedulerConfig
+from engine.core.request import Request
+from engine.core.scheduler import PREEMPTED, Scheduler, SchedulerConfig
 
 
 def mk(rid, prompt, out, hash_ids, hbs=4, arrival=None, priority=0):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.request import Request
-from engine.scheduler import FINISHED, Scheduler, SchedulerConfig
+from engine.core.request import Request
+from engine.core.scheduler import FINISHED, Scheduler, SchedulerConfig
 
 
 def _step(s: Scheduler):

@@ -19,12 +19,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.model_spec import get_model
+from engine.core.records import expand_step_rows
+from engine.core.request import Request
 from engine.engine_loop import EngineCore
-from engine.model_spec import get_model
-from engine.records import expand_step_rows
 from engine.replay import replay
-from engine.request import Request
 from engine.virtual_clock import StepTimes, virtual_clock
 from sim.config import DeploymentConfig, EngineConfig
 from sim.hardware import get_gpu

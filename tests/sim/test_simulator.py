@@ -10,9 +10,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.model_spec import ModelSpec
-from engine.records import expand_step_rows
-from engine.request import Request
+from engine.core.model_spec import ModelSpec
+from engine.core.records import expand_step_rows
+from engine.core.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
 from sim.cost_model import CostModel, CostProfile
 from sim.hardware import get_gpu

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks.spec_decode import bench_h200, fit_sim
-from engine.request import Request
-from engine.run_summary import jsonable
+from engine.core.request import Request
+from engine.core.run_summary import jsonable
 from sim.config import EngineConfig, SpeculativeConfig
 from sim.cost_model import CostProfile
 from sim.run import LoadedWorkload, SimConfig, run
@@ -144,7 +144,7 @@ def test_measurements_are_written_as_markdown_tables():
 def test_draft_pass_cost_is_recovered_from_propose_times(tmp_path):
     """propose_s = the draft's roofline math + k forwards (the catch-up and k - 1 single-token ones)
     x 0.4 ms: the fit finds 0.4 ms per forward."""
-    from engine.model_spec import get_model
+    from engine.core.model_spec import get_model
     from sim.cost_model import CostModel, SpecTerms
     from sim.hardware import get_gpu
 
