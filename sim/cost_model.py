@@ -717,11 +717,6 @@ class CostModel:
         return DecodeRun(g0=g0, slope=t.per_context_s * num_seqs + t.per_max_context_s, cpu=cpu, n=num_steps,
                          overlap=self.async_scheduling, cpu_slope=self._cpu_ctx_s * num_seqs)
 
-    def decode_stretch(self, segments: Sequence[tuple[int, int, int, int]]) -> DecodeRuns:
-        """Consecutive pure-decode segments, each (num_seqs, sum_context of its first step, num_steps,
-        max_context of its first step)."""
-        return DecodeRuns([self.decode_run(b, c, k, m) for b, c, k, m in segments])
-
 
 @dataclass(frozen=True, slots=True)
 class DecodeTerms:

@@ -100,7 +100,6 @@ def _write_csv(path: Path, table: dict[str, np.ndarray]) -> None:
 
 
 # vllm/benchmarks/serve.py `_check_goodput_args`: only these keys, values in ms, never negative.
-_jsonable = jsonable  # alias: callers written against the private name keep working
 
 
 def load_summary(run_dir: str | Path) -> dict[str, Any]:

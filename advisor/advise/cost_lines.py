@@ -88,10 +88,6 @@ class _Sweeps:
         return self.ev.map(tasks)
 
 
-def _answer_point(line: CostLine) -> float:
-    return min(line.points, key=lambda p: abs(p.x - line.operating_point)).gain_pct
-
-
 def spec_lines(sw: _Sweeps) -> list[CostLine]:
     spec = sw.engine.speculative_config or SpeculativeConfig(**FALLBACK_SPEC)
     on = {"speculative_config": spec.model_dump()}

@@ -24,7 +24,7 @@ Input: what bench_h200.py brought back (results.json, runs.tar.xz or its extract
 
 Writes benchmarks/spec_decode/results.{md,json}, sim/profiles/h200-byte-lm-100m.json (which the
 simulator picks for model byte-lm-100m on gpu h200) and sim/profiles/spec-acceptance-byte-lm.json
-(`sim.speculative.load_acceptance_table`; pass it as speculative_config.acceptance_beta).
+(its "acceptance_beta" key: pass it as speculative_config.acceptance_beta).
 
     python3 benchmarks/spec_decode/fit_sim.py --results R/results.json --runs R/runs.tar.xz
 """

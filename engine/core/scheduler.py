@@ -372,10 +372,6 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0 or bool(self._pending_rejected)
 
-    def status_of(self, request_id: int) -> str:
-        """"waiting", "running", "preempted", "finished" or "rejected"."""
-        return self.requests[request_id].status
-
     def block_ids_of(self, request_id: int) -> list[int]:
         """A copy of the request's block table: what a KV connector sends for a held request."""
         return list(self.requests[request_id].block_ids)

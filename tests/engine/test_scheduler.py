@@ -235,7 +235,7 @@ def test_stopped_is_per_request_for_the_same_token():
     out = s.schedule()
     res = s.update_from_output(out, {0: [2], 1: [2]}, stopped={0})
     assert [(r.request_id, r.reason, r.num_generated) for r in res] == [(0, "stop", 1)]
-    assert s.status_of(0) == FINISHED and s.num_running == 1
+    assert s.requests[0].status == FINISHED and s.num_running == 1
     s.check_invariants()
     out = s.schedule()
     assert [x.request_id for x in out.scheduled] == [1]

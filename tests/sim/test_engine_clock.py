@@ -21,7 +21,6 @@ pytest.importorskip("torch")
 
 from engine.core.config import EngineArgs
 from engine.core.model_spec import get_model
-from engine.core.records import expand_step_rows
 from engine.core.request import Request
 from engine.engine_loop import EngineCore
 from engine.replay import replay
@@ -30,6 +29,7 @@ from sim.config import DeploymentConfig, EngineConfig
 from sim.hardware import get_gpu
 from sim.simulator import Simulation
 from tests.sim.simhelpers import frozen_profile
+from tests.sim.step_rows import expand_step_rows
 
 BLOCK = 4
 LAUNCH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "num_decode_seqs", "num_prefill_seqs")

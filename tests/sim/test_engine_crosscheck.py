@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.core.config import EngineArgs
 from engine.core.model_spec import get_model
-from engine.core.records import REQUEST_COLUMNS, STEP_COLUMNS, expand_step_rows
+from engine.core.records import REQUEST_COLUMNS, STEP_COLUMNS
 from engine.core.request import Request
 from engine.engine_loop import EngineCore
 from engine.metrics import EngineMetrics
@@ -33,6 +33,7 @@ from sim.config import DeploymentConfig, EngineConfig
 from sim.hardware import get_gpu
 from sim.simulator import Simulation
 from tests.sim.simhelpers import shared_prefix_requests
+from tests.sim.step_rows import expand_step_rows
 
 BLOCK = 4
 FLAGS = {"block_size": BLOCK, "max_num_batched_tokens": 32, "max_num_seqs": 6, "max_model_len": 160,

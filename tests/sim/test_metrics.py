@@ -12,12 +12,12 @@ from engine.core.records import (
     REQUEST_COLUMNS,
     STEP_COLUMNS,
     StepRecord,
-    expand_step_rows,
     to_columns,
 )
 from sim.metrics import SLO, SimResult, jsonable, load_summary, weighted_percentiles
 from sim.simulator import simulate
 from tests.sim.simhelpers import deployment, poisson
+from tests.sim.step_rows import expand_step_rows
 
 
 def _result() -> SimResult:

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.model_spec import ModelSpec
-from engine.core.records import expand_step_rows
 from engine.core.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
 from sim.cost_model import CostModel, CostProfile
@@ -27,6 +26,7 @@ from tests.sim.simhelpers import (
     req,
     step_s,
 )
+from tests.sim.step_rows import expand_step_rows
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
