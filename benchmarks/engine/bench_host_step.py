@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.engine.bench_host_prep import OpCounter
+from engine.op_counter import OpCounter
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 8192

@@ -205,7 +205,7 @@ HOST_PARTS: dict[type, tuple[str, ...]] = {
 def _count_prepare_ops(runner: ModelRunner, batch: int, nth: int = 40) -> dict[str, int]:
     """Wrap runner.prepare (the instance) so that the `nth` call on a batch of `batch` one-token
     requests runs under an op counter; returns the counts (filled once that call ran)."""
-    from benchmarks.engine.bench_host_step import OpCounter
+    from engine.op_counter import OpCounter
 
     real, counts, seen = runner.prepare, {}, [0]
 

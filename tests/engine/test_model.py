@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 
 from engine.attention import AttentionMetadata
 from engine.core.model_spec import RopeScaling, get_model
+from engine.dense_reference import dense_logits
 from engine.loader import load_model, save_model
 from engine.model import LlamaModel
-from tests.engine.dense_reference import dense_logits
 
 TINY = get_model("tiny")
 # Variants that exercise Llama-3 rope scaling (short original context so the scaled band is hit),
