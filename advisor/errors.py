@@ -27,8 +27,8 @@ from pydantic import ValidationError
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sim", "engine", "advisor", "app", "kernels")
 # Errors raised here guard invariants between our own layers: reaching the user they are bugs.
-INTERNAL = ("kernels/", "engine/scheduler.py", "engine/block_pool.py", "engine/decode_skip.py",
-            "engine/scheduler_output.py", "engine/runner.py")
+INTERNAL = ("kernels/", "engine/core/scheduler.py", "engine/core/block_pool.py", "engine/core/decode_skip.py",
+            "engine/core/scheduler_output.py", "engine/runner.py")
 DEBUG = False  # --debug was given (advisor/cli.py sets it): print tracebacks of input errors too
 BUG = "internal error (a bug in costline, not a problem with your input)"
 

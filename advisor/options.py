@@ -1,6 +1,6 @@
 """Command-line options built from definitions, shared by several commands.
 
-`flag_options(flags)` adds one option per `engine.flags.Flag` (its vLLM spellings, help and
+`flag_options(flags)` adds one option per `engine.core.flags.Flag` (its vLLM spellings, help and
 default) to a command and hands the command a dict of the values the user gave; the model the
 command builds (`EngineConfig`, `EngineArgs`) fills the rest, so defaults live in one place.
 `source_options()` adds the workload-source options and hands over a `SourceOptions`.
@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from advisor import errors
 from advisor.console import console, styled
 from advisor.errors import error_text, is_input_error
-from engine.flags import FLAGS_BY_NAME, Flag, FlagError, parse_size
+from engine.core.flags import FLAGS_BY_NAME, Flag, FlagError, parse_size
 from sim.config import SIM_ONLY_FLAGS
 from sim.workload_source import SourceOptions
 from sim.workload_spec import MAX_REQUESTS

@@ -7,7 +7,7 @@ from typing import Any
 from advisor.console import console as plain_console
 from advisor.console import styled
 
-# What lifts each limit the scheduler rejects a request for (engine/run_summary.rejection_kind).
+# What lifts each limit the scheduler rejects a request for (engine/core/run_summary.rejection_kind).
 _FIXES = {
     "max_model_len": "raise --max-model-len (up to the model's context length) or send shorter requests",
     "num_gpu_blocks": "give the KV cache more room: a higher --gpu-memory-utilization, a larger --gpu or "

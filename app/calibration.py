@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.input_files import read_json
+from engine.core.input_files import read_json
 from sim.cost_model import PROFILES_DIR
 from sim.profile_files import MAX_PROFILE_BYTES
 

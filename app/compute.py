@@ -71,7 +71,7 @@ class RunOutput:
 
 
 def table_parquet(table: dict[str, np.ndarray]) -> bytes:
-    """A run's table (engine/records.py columns) as Parquet bytes, for a download."""
+    """A run's table (engine/core/records.py columns) as Parquet bytes, for a download."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

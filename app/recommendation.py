@@ -16,7 +16,7 @@ import streamlit as st
 from app.figures import cost_line_figure, gap_figure, waterfall_figure
 from app.scenario import FLAGS
 from app.widgets import fmt
-from engine.input_files import InputFileError, decode_utf8, parse_json
+from engine.core.input_files import InputFileError, decode_utf8, parse_json
 
 METRICS = (("goodput_rps", "Goodput (req/s)"), ("throughput_tok_s", "Throughput (tok/s)"),
            ("ttft_p99_ms", "p99 TTFT (ms)"), ("tpot_p99_ms", "p99 TPOT (ms)"),

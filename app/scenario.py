@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.flags import Flag
-from engine.input_files import plain_message
-from engine.model_spec import MODEL_PRESETS
-from engine.run_summary import SLO
+from engine.core.flags import Flag
+from engine.core.input_files import plain_message
+from engine.core.model_spec import MODEL_PRESETS
+from engine.core.run_summary import SLO
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig, RouterPolicy
 from sim.hardware import GPU_PRESETS

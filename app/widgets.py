@@ -10,8 +10,8 @@ from typing import Any
 import streamlit as st
 
 from app.scenario import DEFAULT_PROFILE, MAX_SEED, Scenario
-from engine.flags import Flag
-from engine.model_spec import MODEL_PRESETS
+from engine.core.flags import Flag
+from engine.core.model_spec import MODEL_PRESETS
 from sim.config import ENGINE_CONFIG_FLAGS
 from sim.hardware import GPU_PRESETS
 from sim.profile_files import shipped_profiles

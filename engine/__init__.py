@@ -1,2 +1,3 @@
-"""The real engine. `request`, `model_spec`, `block_pool`, `block_keys`, `scheduler` and `decode_skip` import neither torch
-nor triton: the simulator drives the very same scheduler objects."""
+"""The real engine on torch: model, runner, sampling, speculative decoding, P/D instances, the
+engine loop and its replay. What it shares with the simulator (request, flags, configs, scheduler,
+KV block pool, records, summary) is in `engine.core`, which imports no torch."""

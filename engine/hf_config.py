@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.input_files import InputFileError, expect, read_json, validation_lines
-from engine.model_spec import ModelSpec, RopeScaling
+from engine.core.input_files import InputFileError, expect, read_json, validation_lines
+from engine.core.model_spec import ModelSpec, RopeScaling
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 MAX_DIM = 1 << 24  # any width, count or length above 16M is a damaged config, not a model

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import EngineArgs
-from engine.core import EngineCore, RequestState, content_hash_ids
+from engine.core.config import EngineArgs
+from engine.core.records import StepRecord
+from engine.core.request import FIRST_CONTENT_TOKEN_ID, Request
+from engine.engine_loop import EngineCore, RequestState, content_hash_ids
 from engine.model import LlamaModel
 from engine.preflight import check_engine_args
-from engine.records import StepRecord
-from engine.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.sampling import SamplingParams
 
 HASH_BLOCK_TOKENS = 16

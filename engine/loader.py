@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.core.input_files import InputFileError, expect, expect_object, read_json
+from engine.core.model_spec import ModelSpec
 from engine.hf_config import SUPPORTED_ARCHS, spec_from_hf_config, spec_of_folder
-from engine.input_files import InputFileError, expect, expect_object, read_json
 from engine.model import TORCH_DTYPES, LlamaModel
-from engine.model_spec import ModelSpec
 
 
 def hf_config_from_spec(spec: ModelSpec) -> dict:

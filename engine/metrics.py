@@ -1,4 +1,4 @@
-"""Live Prometheus metrics with vLLM's names and buckets (defined in engine/vllm_metrics.py).
+"""Live Prometheus metrics with vLLM's names and buckets (defined in engine/core/vllm_metrics.py).
 
 A private registry per engine, so tests and several engines in one process do not collide.
 Written to a text file (`write(path)`, the node-exporter textfile format) or served on a port
@@ -19,8 +19,8 @@ from prometheus_client import (
     write_to_textfile,
 )
 
-from engine.records import RequestRecord, StepRecord
-from engine.vllm_metrics import (
+from engine.core.records import RequestRecord, StepRecord
+from engine.core.vllm_metrics import (
     E2E_BUCKETS_S,
     HELP,
     ITERATION_TOKENS_BUCKETS,

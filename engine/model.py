@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata
-from engine.model_spec import ModelSpec
+from engine.core.model_spec import ModelSpec
 from engine.preflight import check_weights_fit
 from kernels import Backend, get_backend
 
@@ -173,22 +173,6 @@ class LlamaModel(nn.Module):
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, INIT_STD, generator=g)
-
-    @torch.no_grad()
-    def set_kv_scales(self, k_scales: list[torch.Tensor], v_scales: list[torch.Tensor]) -> None:
-        """Per-layer FP8 KV-cache scales (each float32, 1 element or num_kv_heads), e.g. from a
-        checkpoint's k_scale/v_scale. Set them before the engine is built: cached values are
-        valid only under the scale they were written with, and CUDA graphs capture the tensors."""
-        if len(k_scales) != len(self.layers) or len(v_scales) != len(self.layers):
-            raise ValueError(f"set_kv_scales: need one k and one v scale per layer "
-                             f"({len(self.layers)}); got {len(k_scales)} and {len(v_scales)}")
-        for layer, ks, vs in zip(self.layers, k_scales, v_scales):
-            for name, new in (("k_scale", ks), ("v_scale", vs)):
-                if new.numel() not in (1, self.spec.num_kv_heads) or not bool((new > 0).all()):
-                    raise ValueError(f"set_kv_scales: {name} needs 1 or num_kv_heads="
-                                     f"{self.spec.num_kv_heads} positive values; got {new.tolist()}")
-                dev = getattr(layer, name).device
-                setattr(layer, name, new.detach().to(device=dev, dtype=torch.float32).reshape(-1).clone())
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

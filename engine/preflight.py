@@ -22,24 +22,15 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 import socket
 from pathlib import Path
 from typing import Any
 
-from engine.flags import FlagError
-from engine.model_spec import ModelSpec, get_model
+from engine.core.flags import FlagError
+from engine.core.host_names import is_host_name
+from engine.core.model_spec import ModelSpec, get_model
 
 GIB = 2**30
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
-                       r"[A-Za-z0-9])?)*\.?$")
-
-
-def is_host_name(text: str) -> bool:
-    """Whether `text` is spelled as a host name (RFC 1123 labels); no lookup."""
-    return bool(_HOSTNAME.match(text))
-
-
 def host_memory_total() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
@@ -192,6 +183,5 @@ __all__ = [
     "check_weights_fit",
     "host_memory_available",
     "host_memory_total",
-    "is_host_name",
     "model_spec",
 ]

@@ -4,7 +4,7 @@ Each request enters the scheduler once the engine clock passes its `arrival_s` (
 `time_scale`); when nothing is running the loop sleeps until the next arrival. Records one
 `RequestRecord` per request (TTFT, TPOT, end-to-end and queue time, all measured from the
 intended arrival), one `StepRecord` per engine step, and every inter-token gap; the result has the
-simulator's tables, summary keys and Prometheus metric set (engine/run_summary.py).
+simulator's tables, summary keys and Prometheus metric set (engine/core/run_summary.py).
 
 Python's cyclic garbage collector: a full (generation 2) collection scans every tracked object, and
 an engine process holds hundreds of thousands of them from start-up (torch, the model's modules,
@@ -30,12 +30,12 @@ from typing import Any, Self
 
 import numpy as np
 
-from engine.core import EngineCore, RequestState
+from engine.core.outputs import check_output_dir, staged_dir
+from engine.core.records import RequestRecord, StepRecord, to_columns
+from engine.core.request import Request, materialize_prompt
+from engine.core.run_summary import RunTables, jsonable, per_position_counters
+from engine.engine_loop import EngineCore, RequestState
 from engine.metrics import EngineMetrics
-from engine.outputs import check_output_dir, staged_dir
-from engine.records import RequestRecord, StepRecord, to_columns
-from engine.request import Request, materialize_prompt
-from engine.run_summary import RunTables, jsonable, per_position_counters
 from engine.sampling import SamplingParams
 
 NAN = math.nan
@@ -164,7 +164,7 @@ class ReplayResult(RunTables):
         """requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json; returns
         the summary written (strict JSON values: NaN as None). A folder already holding a run is
         refused unless `force`; the files are written aside and then take `out_dir`'s place
-        (engine/outputs.py), so an interrupted write leaves the previous run whole."""
+        (engine/core/outputs.py), so an interrupted write leaves the previous run whole."""
         out = check_output_dir(out_dir, flag="out_dir", force=force, force_hint="force=True")
         with staged_dir(out) as tmp:
             return self.write_files(tmp)
@@ -317,7 +317,7 @@ def _meta(core: EngineCore, arrivals: list[float]) -> dict[str, Any]:
 
 
 def _counters(before: dict, after: dict, pos_before: list[int], pos_after: list[int]) -> dict[str, float]:
-    """The run-wide counters the summary reads (engine/run_summary.COUNTER_KEYS), this replay only."""
+    """The run-wide counters the summary reads (engine/core/run_summary.COUNTER_KEYS), this replay only."""
     names = {"prefix_cache_queries_tokens": "prefix_cache_queries_tokens",
              "prefix_cache_hits_tokens": "prefix_cache_hits_tokens", "spec_num_drafts": "num_spec_drafts",
              "spec_draft_tokens": "num_spec_draft_tokens", "spec_accepted_tokens": "num_spec_accepted_tokens"}

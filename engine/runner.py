@@ -38,17 +38,19 @@ import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata
-from engine.flags import FlagError
+from engine.core.cuda_graphs import (
+    VERIFY_GRAPH_MAX_TOKENS,
+    decode_graph_buckets,
+    mixed_graph_buckets,
+)
+from engine.core.flags import FlagError
+from engine.core.scheduler_output import StepColumns
 from engine.model import LlamaModel
-from engine.scheduler_output import StepColumns
 from kernels import DECODE_MAX_QUERY_LEN
 from kernels.work_lists import AttentionWork, plan_work, work_capacity
 
 # Block-table rows to update one slice at a time; more go through one numpy scatter.
 ROW_SLICE_MAX_ROWS = 16
-
-# vLLM's default largest CUDA-graph capture size, in tokens (max_cudagraph_capture_size)
-VERIFY_GRAPH_MAX_TOKENS = 512
 
 
 def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -62,34 +64,6 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
     raise FlagError("kv_cache_dtype", kv_cache_dtype,
                     f"the engine stores auto (= the model's {str(model_dtype).removeprefix('torch.')}) "
                     "or fp8 (= fp8_e4m3); set {kv_cache_dtype} to one of those")
-
-
-def mixed_graph_buckets(max_tokens: int) -> list[int]:
-    """Token counts that get a mixed CUDA graph: vLLM's capture sizes (1, 2, 4, 8, then steps
-    of 8 to 256 and of 16 to 512), up to `max_tokens`, which is always one; past 512 (a capture
-    size above vLLM's default) 16 sizes per doubling (steps of 32 to 1024, 64 to 2048, ...), so
-    no step pads more than 1/16 of itself past 256 tokens and a budget of 8,192 tokens adds 64
-    graphs, not 480. A step pads to the next size: at most 7 tokens (15 to 512), under 6.3% of
-    the step from 128 tokens on; a chunk of a few hundred tokens costs far more than that."""
-    sizes = [s for s in (1, 2, 4) if s <= max_tokens]
-    sizes += list(range(8, min(max_tokens, 256) + 1, 8))
-    sizes += list(range(272, min(max_tokens, 512) + 1, 16))
-    lo = 512
-    while lo < max_tokens:  # steps of lo / 16 from lo to 2 lo
-        sizes += list(range(lo + lo // 16, min(max_tokens, 2 * lo) + 1, lo // 16))
-        lo *= 2
-    if not sizes or sizes[-1] != max_tokens:
-        sizes.append(max_tokens)
-    return sizes
-
-
-# Decode batch sizes that get a CUDA graph (vLLM's pattern: 1, 2, 4, then steps of 8).
-def decode_graph_buckets(max_num_seqs: int) -> list[int]:
-    sizes = [b for b in (1, 2, 4) if b <= max_num_seqs]
-    sizes += list(range(8, max_num_seqs + 1, 8))
-    if sizes[-1] != max_num_seqs:
-        sizes.append(max_num_seqs)
-    return sizes
 
 
 @dataclass

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-import engine.core as core_module
+import engine.engine_loop as engine_loop_module
 import engine.replay as replay_module
-from engine.core import EngineCore
-from engine.scheduler_output import SchedulerOutput
+from engine.core.scheduler_output import SchedulerOutput
+from engine.engine_loop import EngineCore
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,7 @@ def virtual_clock(core: EngineCore, step_times: Callable[[SchedulerOutput], Step
     fake_time = SimpleNamespace(perf_counter=clock.perf_counter, sleep=clock.sleep)
     last: list[StepTimes] = []  # the times of the step scheduled last
     sched, runner = core.scheduler, core.runner
-    saved: list[tuple[Any, str, Any]] = [(core_module, "time", core_module.time),
+    saved: list[tuple[Any, str, Any]] = [(engine_loop_module, "time", engine_loop_module.time),
                                          (replay_module, "time", replay_module.time)]
     schedule, prepare, forward, sample = sched.schedule, runner.prepare, runner.forward, core._sample
 
@@ -110,7 +110,7 @@ def virtual_clock(core: EngineCore, step_times: Callable[[SchedulerOutput], Step
         clock.wait_until(clock.stream_end_s)  # the read-back of the sampled tokens waits for the step
         return sample(*args, **kwargs)
 
-    patches = [(core_module, "time", fake_time), (replay_module, "time", fake_time),
+    patches = [(engine_loop_module, "time", fake_time), (replay_module, "time", fake_time),
                (sched, "schedule", timed_schedule), (runner, "prepare", timed_prepare),
                (runner, "forward", timed_forward), (core, "_sample", synced_sample),
                (core, "_use_events", True), (core, "_new_event", lambda: _Event(clock))]
@@ -121,7 +121,7 @@ def virtual_clock(core: EngineCore, step_times: Callable[[SchedulerOutput], Step
         yield clock
     finally:
         for obj, name, value in saved:
-            if value is None and obj is not core_module and obj is not replay_module:
+            if value is None and obj is not engine_loop_module and obj is not replay_module:
                 delattr(obj, name)  # an instance attribute over its class's
             else:
                 setattr(obj, name, value)

@@ -11,8 +11,6 @@ Importing this package imports neither torch nor triton; each set is imported wh
 from kernels.backend import (
     BACKEND_NAMES,
     DECODE_MAX_QUERY_LEN,
-    LINEAR_ENV,
-    LINEAR_NAMES,
     Backend,
     BackendName,
     compiled_kernel_count,
@@ -20,4 +18,4 @@ from kernels.backend import (
     get_backend,
 )
 
-__all__ = ["BACKEND_NAMES", "DECODE_MAX_QUERY_LEN", "LINEAR_ENV", "LINEAR_NAMES", "Backend", "BackendName", "compiled_kernel_count", "compiled_kernel_keys", "get_backend"]
+__all__ = ["BACKEND_NAMES", "DECODE_MAX_QUERY_LEN", "Backend", "BackendName", "compiled_kernel_count", "compiled_kernel_keys", "get_backend"]

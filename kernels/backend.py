@@ -21,12 +21,6 @@ BackendName = Literal["torch", "triton"]
 # Here, free of torch and triton, so the runner can count decode-like sequences for its hint.
 DECODE_MAX_QUERY_LEN = 4
 BACKEND_NAMES: tuple[str, ...] = ("torch", "triton")
-# Which GEMM the "triton" backend's `linear` uses: "torch" (cuBLAS through F.linear, the default
-# until a GPU run shows the Triton kernel winning) or "skinny" (kernels.skinny_gemm up to its
-# table's max_m rows). Read from this environment variable when the backend is built, so it
-# needs no engine flag; `get_backend(..., linear=)` overrides it.
-LINEAR_ENV = "COSTLINE_LINEAR_BACKEND"
-LINEAR_NAMES: tuple[str, ...] = ("torch", "skinny")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,21 +51,9 @@ class Backend:
     work_block_qs: Callable[..., tuple[int, int] | None]
 
 
-def linear_choice(linear: str | None = None) -> str:
-    """The `linear` GEMM of the "triton" backend: ``linear``, else $COSTLINE_LINEAR_BACKEND,
-    else "torch"."""
-    import os
-
-    choice = linear or os.environ.get(LINEAR_ENV) or "torch"
-    if choice not in LINEAR_NAMES:
-        raise ValueError(f"unknown linear backend {choice!r} (argument or ${LINEAR_ENV}); "
-                         f"choose one of {LINEAR_NAMES}")
-    return choice
-
-
-def get_backend(name: str, *, linear: str | None = None) -> Backend:
-    """``"torch"``: the plain-PyTorch references; ``"triton"``: the Triton kernels, with the
-    GEMMs of ``linear_choice(linear)`` ("torch" references are always torch's BLAS)."""
+def get_backend(name: str) -> Backend:
+    """``"torch"``: the plain-PyTorch references; ``"triton"``: the Triton kernels, with torch's
+    BLAS for the GEMMs (``linear``: cuBLAS streams the decode GEMMs' weights near the bandwidth)."""
     if name == "torch":
         from kernels import reference as ref
 
@@ -84,11 +66,7 @@ def get_backend(name: str, *, linear: str | None = None) -> Backend:
         from kernels.fp8_linear import linear_fp8
         from kernels.fused import add_rms_norm, rope_store_kv, silu_mul
         from kernels.paged_attention import paged_attention, work_block_qs
-
-        if linear_choice(linear) == "skinny":
-            from kernels.skinny_gemm import linear as gemm
-        else:
-            from kernels.reference import linear_ref as gemm
+        from kernels.reference import linear_ref as gemm
         return Backend(
             "triton", paged_attention, write_kv_cache, rope_store_kv, add_rms_norm, silu_mul, gemm,
             linear_fp8, work_block_qs,

@@ -42,13 +42,13 @@ from typing import Any, Literal
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from engine.model_spec import ModelSpec, dtype_bytes
-from engine.outputs import check_output_file, staged_file
+from engine.core.cuda_graphs import VERIFY_GRAPH_MAX_TOKENS, decode_graph_bucket, mixed_graph_bucket
+from engine.core.model_spec import ModelSpec, dtype_bytes
+from engine.core.outputs import check_output_file, staged_file
 from sim.config import EngineConfig
 from sim.cost_model import (
     CUDAGRAPH_MODES,
     STEP_KINDS,
-    VERIFY_GRAPH_MAX_TOKENS,
     CostProfile,
     CpuTerms,
     GpuTerms,
@@ -56,14 +56,12 @@ from sim.cost_model import (
     OverlapTerms,
     Roofline,
     StepKind,
-    graph_bucket,
     knot_weights,
-    mixed_graph_bucket,
 )
 from sim.hardware import GPU_PRESETS, GPUSpec
 from sim.memory import plan_memory
 
-# columns a step trace must have (engine/records.py StepRecord names)
+# columns a step trace must have (engine/core/records.py StepRecord names)
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "step_id", "t_start_s", "total_s", "gpu_s", "schedule_s", "prepare_s", "sample_s", "num_prefill_tokens",
     "num_prefill_seqs", "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
@@ -299,8 +297,8 @@ def reschedule_with(folder: str | Path, arrival_margin_s: float) -> Reschedule:
     starts at or after its arrival (all before step 0 without `honor_arrivals`), token counts only
     (the runs ignore EOS). The scheduler is the engine's, so the steps reproduce exactly unless the
     arrivals fell otherwise between steps."""
-    from engine.config import EngineArgs, scheduler_config
-    from engine.scheduler import Scheduler
+    from engine.core.config import EngineArgs, scheduler_config
+    from engine.core.scheduler import Scheduler
     from sim.workload_source import SourceOptions, load_workload
 
     p = Path(folder)
@@ -355,7 +353,7 @@ def _composition(out: Any) -> dict[str, int]:
 def decode_knots(max_num_seqs: int) -> list[int]:
     """The padded batches where decode attention gets its own multiplier: powers of two up to
     the largest CUDA graph (the split-KV heuristics change with the batch's power of two)."""
-    top = graph_bucket(max_num_seqs, max_num_seqs)
+    top = decode_graph_bucket(max_num_seqs, max_num_seqs)
     knots = [1 << i for i in range(top.bit_length()) if 1 << i < top]
     return [*knots, top]
 
@@ -384,7 +382,7 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     tokens = g["num_prefill_tokens"] + g["num_decode_tokens"]
     kind = step_kinds(steps, not enforce_eager, mixed_graph_max_tokens)
     is_decode = kind == "decode"
-    pad = np.array([graph_bucket(int(b), max_num_seqs) for b in n_dec], dtype=np.float64)
+    pad = np.array([decode_graph_bucket(int(b), max_num_seqs) for b in n_dec], dtype=np.float64)
     pad = np.where(is_decode, pad, n_dec)
     bucket = np.array([mixed_graph_bucket(int(t), mixed_graph_max_tokens) if k == "mixed_graph" else t
                        for t, k in zip(tokens, kind)], dtype=np.float64)

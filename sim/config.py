@@ -8,7 +8,7 @@ with dashes turned to underscores, so that a configuration prints as a runnable
 
 Defaults that vLLM resolves at start-up from the GPU and model (`max_num_batched_tokens`,
 `max_num_seqs`, `max_model_len`) are `None` here and resolved by `resolved_for` with the
-engine's own rules (`engine.flags`).
+engine's own rules (`engine.core.flags`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.config import SchedulingArgs
-from engine.flags import SCHEDULING_FLAGS, Flag, check_block_size, check_tensor_parallel, flag_model
-from engine.model_spec import ModelSpec
-from engine.spec_decode.config import SpeculativeConfig as EngineSpeculativeConfig
+from engine.core.config import SchedulingArgs
+from engine.core.flags import (
+    SCHEDULING_FLAGS,
+    Flag,
+    check_block_size,
+    check_tensor_parallel,
+    flag_model,
+)
+from engine.core.model_spec import ModelSpec
+from engine.core.speculative_config import SpeculativeConfig as EngineSpeculativeConfig
 from sim.hardware import GB, GPUSpec
 from sim.links import DEFAULT_LINK_LATENCY_S, measured_link
 
@@ -30,7 +36,7 @@ RouterPolicy = Literal["round_robin", "least_loaded", "prefix_aware"]
 
 
 class SpeculativeConfig(EngineSpeculativeConfig):
-    """vLLM's `--speculative-config` JSON: the engine's keys (engine/spec_decode/config.py), more
+    """vLLM's `--speculative-config` JSON: the engine's keys (engine/core/speculative_config.py), more
     methods, and the simulator's acceptance model."""
 
     method: SpecMethod | None = None  # type: ignore[assignment]

@@ -42,8 +42,9 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from engine.flags import CUDAGRAPH_MODES
-from engine.model_spec import ModelSpec, dtype_bytes
+from engine.core.cuda_graphs import VERIFY_GRAPH_MAX_TOKENS, decode_graph_bucket, mixed_graph_bucket
+from engine.core.flags import CUDAGRAPH_MODES
+from engine.core.model_spec import ModelSpec, dtype_bytes
 from sim.config import EngineConfig
 from sim.hardware import GB, GPUSpec
 from sim.kv_dtype_costs import kv_dtype_cost
@@ -62,10 +63,6 @@ STATUS_SCALED = "scaled, not validated"
 STATUS_FIRST_PRINCIPLES = "first principles"
 
 _COEF = Field(default=0.0, ge=0)
-# engine/runner.py's cap on a verify graph's tokens (vLLM's default capture limit), restated
-# because the simulator does not import torch
-VERIFY_GRAPH_MAX_TOKENS = 512
-
 
 class GpuTerms(BaseModel):
     """A fitted forward pass (plus sampling) of one step kind: seconds = sum of each roofline
@@ -353,39 +350,6 @@ class BatchComposition(Protocol):
     num_blocks_hashed: int
 
 
-def graph_bucket(num_seqs: int, max_num_seqs: int) -> int:
-    """The decode CUDA graph a batch of `num_seqs` replays: the engine captures 1, 2, 4, then
-    multiples of 8 up to max_num_seqs (vLLM's pattern; engine/runner.py decode_graph_buckets,
-    restated here because the simulator does not import torch). Beyond the largest: eager."""
-    if num_seqs <= 4:
-        return 1 if num_seqs <= 1 else (2 if num_seqs == 2 else 4)
-    if num_seqs > max_num_seqs:
-        return num_seqs
-    return min(-(-num_seqs // 8) * 8, max_num_seqs)
-
-
-def mixed_graph_bucket(num_tokens: int, max_tokens: int) -> int | None:
-    """The mixed CUDA graph a step of `num_tokens` tokens replays, by its token count: the next of
-    1, 2, 4, then steps of 8 to 256 and of 16 to 512, then 16 per doubling (steps of lo / 16
-    between lo and 2 lo for lo = 512, 1024, ...), capped at `max_tokens` (itself a graph); None
-    above `max_tokens` (eager). engine/runner.py mixed_graph_buckets, restated here because the
-    simulator does not import torch (a test checks the two agree)."""
-    if num_tokens > max_tokens:
-        return None
-    if num_tokens <= 4:
-        b = 1 if num_tokens <= 1 else (2 if num_tokens == 2 else 4)
-    elif num_tokens <= 256:
-        b = -(-num_tokens // 8) * 8
-    elif num_tokens <= 512:
-        b = 256 + -(-(num_tokens - 256) // 16) * 16
-    else:
-        lo = 512
-        while num_tokens > 2 * lo:
-            lo *= 2
-        b = lo + -(-(num_tokens - lo) // (lo // 16)) * (lo // 16)
-    return min(b, max_tokens)
-
-
 @dataclass(frozen=True, slots=True)
 class Roofline:
     """Seconds per unit of work at the GPU's datasheet rates (efficiency 1), for one replica."""
@@ -633,13 +597,13 @@ class CostModel:
             return False
         if self.spec_method == "ngram" and n > 1:
             return False
-        return graph_bucket(n, self._max_num_seqs) * q <= VERIFY_GRAPH_MAX_TOKENS
+        return decode_graph_bucket(n, self._max_num_seqs) * q <= VERIFY_GRAPH_MAX_TOKENS
 
     def _verify_graph_s(self, b: BatchComposition) -> float:
         """A verify graph: the decode graph's terms over the padded batch's 1 + k tokens per
         sequence, logits at every position."""
         q = self.k + 1
-        pad = graph_bucket(b.num_decode_seqs, self._max_num_seqs)
+        pad = decode_graph_bucket(b.num_decode_seqs, self._max_num_seqs)
         r, t = self.roofline, self.profile.decode
         per_token = max(r.attn_s_per_pair * q, r.kv_s_per_token)
         return (self._fit_decode.seconds(pad * q, pad * q, 0.0, 0.0, float(q), 0.0, pad) + t.decode_step_extra_s(pad)
@@ -731,7 +695,7 @@ class CostModel:
         longest context (block terms excluded)."""
         cpu = self._cpu_step_s + self._cpu_seq_s * num_seqs + self._cpu_tok_s * num_seqs
         if self._fit_decode is not None:
-            pad = graph_bucket(num_seqs, self._max_num_seqs)
+            pad = decode_graph_bucket(num_seqs, self._max_num_seqs)
             r, t = self.roofline, self.profile.decode
             a = (self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad) + t.decode_step_extra_s(pad)
                  + self._ar_s_per_token * num_seqs)
@@ -759,11 +723,6 @@ class CostModel:
             g0 = gpu + self._host_s
         return DecodeRun(g0=g0, slope=t.per_context_s * num_seqs + t.per_max_context_s, cpu=cpu, n=num_steps,
                          overlap=self.async_scheduling, cpu_slope=self._cpu_ctx_s * num_seqs)
-
-    def decode_stretch(self, segments: Sequence[tuple[int, int, int, int]]) -> DecodeRuns:
-        """Consecutive pure-decode segments, each (num_seqs, sum_context of its first step, num_steps,
-        max_context of its first step)."""
-        return DecodeRuns([self.decode_run(b, c, k, m) for b, c, k, m in segments])
 
 
 @dataclass(frozen=True, slots=True)
@@ -912,7 +871,6 @@ __all__ = [
     "STATUS_SCALED",
     "STATUS_VALIDATED",
     "STEP_KINDS",
-    "VERIFY_GRAPH_MAX_TOKENS",
     "BatchComposition",
     "CostModel",
     "CostProfile",
@@ -925,7 +883,5 @@ __all__ = [
     "Roofline",
     "SpecTerms",
     "StepKind",
-    "graph_bucket",
     "knot_weights",
-    "mixed_graph_bucket",
 ]

@@ -24,7 +24,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from engine.input_files import (
+from engine.core.input_files import (
     InputFileError,
     check_regular_file,
     expect,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.model_spec import ModelSpec
+from engine.core.model_spec import ModelSpec
 from sim.config import EngineConfig
 from sim.cost_model import CostModel, CostProfile
 from sim.hardware import GPUSpec

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from engine.model_spec import ModelSpec, blocks_for_tokens, dtype_bytes, get_model
+from engine.core.model_spec import ModelSpec, blocks_for_tokens, dtype_bytes, get_model
 
 GB = 1e9
 

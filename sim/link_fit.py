@@ -46,11 +46,6 @@ class LinkFit:
     median_abs_error_s: float
     unidentified: tuple[str, ...] = ()
 
-    def predict_s(self, num_bytes: float, num_blocks: float = 0, num_descriptors: float = 1) -> float:
-        per_byte = 0.0 if math.isinf(self.bandwidth_gb_per_s) else 1.0 / (self.bandwidth_gb_per_s * GB)
-        return (self.latency_s + num_bytes * per_byte + self.per_block_s * num_blocks
-                + self.per_descriptor_s * num_descriptors)
-
     def disagg_fields(self, block_bytes: int, num_descriptors: int = 1) -> dict[str, float]:
         """DisaggConfig's `link_gb_per_s` and `link_latency_s` for transfers of `block_bytes`
         blocks in `num_descriptors` messages each."""

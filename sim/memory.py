@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.flags import FlagError
-from engine.model_spec import ModelSpec, dtype_bytes, get_model
+from engine.core.flags import FlagError
+from engine.core.model_spec import ModelSpec, dtype_bytes, get_model
 from sim.config import EngineConfig, SpeculativeConfig
 from sim.cost_model import CostProfile, MemoryTerms
 from sim.hardware import GPUSpec, kv_capacity_blocks, kv_capacity_tokens

@@ -1,5 +1,5 @@
-"""What a simulation measured: the request and step tables (engine/records.py columns), the
-summary and Prometheus text (engine/run_summary.py, shared with the engine's replay), and files.
+"""What a simulation measured: the request and step tables (engine/core/records.py columns), the
+summary and Prometheus text (engine/core/run_summary.py, shared with the engine's replay), and files.
 
 Inter-token latency is not kept per token: in a busy engine every decoding sequence gets its
 next token at the end of each step, so the ITL distribution is the step durations weighted by
@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.input_files import read_json
-from engine.outputs import check_output_dir, staged_dir
-from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
-from engine.run_summary import (
+from engine.core.input_files import read_json
+from engine.core.outputs import check_output_dir, staged_dir
+from engine.core.records import REQUEST_COLUMNS, STEP_COLUMNS
+from engine.core.run_summary import (
     SLO,
     SLO_KEYS,
     RunTables,
@@ -39,7 +39,7 @@ class SimResult(RunTables):
     `itl_gaps_s` holds the token gaps that span more than one step (a request resumed after a
     preemption, a decoder a step left out); `itl_weight_cuts` (per step row) the decoders of
     each row whose gap is among them; `pipelined`: the run scheduled asynchronously, so a step's
-    tokens arrive one step later (engine/run_summary.step_itl_samples)."""
+    tokens arrive one step later (engine/core/run_summary.step_itl_samples)."""
 
     itl_weight_cuts: np.ndarray | None = None
     pipelined: bool = False
@@ -55,7 +55,7 @@ class SimResult(RunTables):
     def save(self, out_dir: str | Path, fmt: str = "auto", *, force: bool = False) -> dict[str, Path]:
         """requests + steps tables (Parquet when pyarrow is there, else CSV), summary.json, metrics.prom.
 
-        A folder already holding a run is refused unless `force` (engine/outputs.py); the files
+        A folder already holding a run is refused unless `force` (engine/core/outputs.py); the files
         are written to a folder aside that then takes `out_dir`'s place, so an interrupted save
         leaves the previous run whole. Returns the final paths."""
         out = check_output_dir(out_dir, flag="out_dir", force=force, force_hint="force=True")
@@ -100,7 +100,6 @@ def _write_csv(path: Path, table: dict[str, np.ndarray]) -> None:
 
 
 # vllm/benchmarks/serve.py `_check_goodput_args`: only these keys, values in ms, never negative.
-_jsonable = jsonable  # alias: callers written against the private name keep working
 
 
 def load_summary(run_dir: str | Path) -> dict[str, Any]:
@@ -111,7 +110,7 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ValueError(f"{run_dir}: no summary.json there; pass a directory written by "
                          "`costline simulate --out DIR`")
-    # bounded, UTF-8 and syntax errors with line and column, an object: engine/input_files.py
+    # bounded, UTF-8 and syntax errors with line and column, an object: engine/core/input_files.py
     return read_json(p, what="run summary", allow_nan=True,
                      fix="the file is damaged or truncated: run the simulation again with --out")
 

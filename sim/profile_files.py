@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.input_files import InputFileError, read_json, validation_lines
+from engine.core.input_files import InputFileError, read_json, validation_lines
 from sim.cost_model import PROFILES_DIR, SUPPORTED_SCHEMA_VERSIONS, CostProfile
 
 MAX_PROFILE_BYTES = 4 << 20  # a fitted profile is ~10 KB

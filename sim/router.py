@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from engine.request import Request
+from engine.core.request import Request
 
 # The prefix-aware router only considers replicas whose load score (4 x waiting + running) is
 # within this of the least loaded one, so cache affinity never piles a queue onto one replica

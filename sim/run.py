@@ -22,9 +22,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.flags import FlagError
-from engine.model_spec import get_model
-from engine.request import Request
+from engine.core.flags import FlagError
+from engine.core.model_spec import get_model
+from engine.core.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig, RouterPolicy
 from sim.cost_model import CostProfile
 from sim.hardware import GpuPreset, ModelPreset, get_gpu
@@ -158,7 +158,7 @@ def check_requests(requests: Sequence[Any]) -> list[Request]:
         raise ValueError(f"{len(reqs):,} requests: at most {MAX_REQUESTS:,} are simulated at once; split the workload")
     for i, r in enumerate(reqs):
         if not isinstance(r, Request):
-            raise ValueError(f"workload item {i}: a {type(r).__name__}, not an engine.request.Request; give "  # noqa: TRY004
+            raise ValueError(f"workload item {i}: a {type(r).__name__}, not an engine.core.request.Request; give "  # noqa: TRY004
                              "Requests, a Workload, or a preset, spec or trace name")
     t = np.fromiter((_time(r.arrival_s) for r in reqs), dtype=np.float64, count=len(reqs))
     longest = max(max(r.prompt_len, r.output_len) for r in reqs)

@@ -1,6 +1,6 @@
 """What the simulator's replicas write down as a run goes: a `RequestLog` (one row per request,
 in arrival order) and a `StepLog` (one `StepRecord` per step or skipped stretch). They become the
-result's request and step tables, with engine/records.py's columns.
+result's request and step tables, with engine/core/records.py's columns.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.records import REQUEST_COLUMNS, StepRecord, to_columns
-from engine.request import Request
-from engine.scheduler_output import RequestResult
+from engine.core.records import REQUEST_COLUMNS, StepRecord, to_columns
+from engine.core.request import Request
+from engine.core.scheduler_output import RequestResult
 
 NAN = math.nan
 

@@ -3,7 +3,7 @@
 One process feeds arrivals (in trace order) to a router; the router picks a replica
 (round-robin, least-loaded, or prefix-aware); each replica is one process that loops
 
-    out = scheduler.schedule()                     # engine/scheduler.py, the object the engine drives
+    out = scheduler.schedule()                     # engine/core/scheduler.py, the object the engine drives
     gpu_s, cpu_s = cost.gpu_time_s(out), cost.cpu_time_s(out)   # sim/cost_model.py
     yield env.timeout(cost.combine(gpu_s, cpu_s))
     scheduler.update_from_output(out, counts)      # token counts, no token ids in the simulator
@@ -12,7 +12,7 @@ Each replica writes what happens to a request into the `RequestLog` (scheduled, 
 finished, rejected) and one `StepRecord` per step (or per skipped stretch) into the `StepLog`;
 those become the result's request and step tables, with the engine's column names.
 
-Skip-ahead (engine/decode_skip.py): when the next n steps can only be pure decode of the
+Skip-ahead (engine/core/decode_skip.py): when the next n steps can only be pure decode of the
 running requests (`uniform_decode_steps`; requests reaching their output length leave the
 batch on the way), the replica sleeps through them at once: between two finishes the batch
 is constant and the step durations have a closed form (`DecodeRun`, one per segment,
@@ -50,14 +50,14 @@ from typing import Any
 import numpy as np
 import simpy
 
-from engine.config import scheduler_config
-from engine.decode_skip import DecodeAdvance, advance_decode, uniform_decode_steps
-from engine.model_spec import blocks_for_tokens
-from engine.records import StepRecord, step_composition
-from engine.request import Request
-from engine.run_summary import per_position_counters
-from engine.scheduler import Scheduler
-from engine.scheduler_output import RequestResult, SchedulerOutput
+from engine.core.config import scheduler_config
+from engine.core.decode_skip import DecodeAdvance, advance_decode, uniform_decode_steps
+from engine.core.model_spec import blocks_for_tokens
+from engine.core.records import StepRecord, step_composition
+from engine.core.request import Request
+from engine.core.run_summary import per_position_counters
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import RequestResult, SchedulerOutput
 from sim.config import DeploymentConfig, EngineConfig
 from sim.cost_model import CostModel, CostProfile, DecodeRun, DecodeRuns
 from sim.hardware import transfer_time_s
@@ -132,7 +132,7 @@ class _Replica:
             num_speculative_tokens=engine.num_speculative_tokens))
         self.skip_ahead = skip_ahead and not cost.k  # speculative steps draw at random: always step
         # async scheduling (the engine runs speculative decoding synchronously): the loop runs a
-        # step ahead of the device, as engine/core.py's _step_async does
+        # step ahead of the device, as engine/engine_loop.py's _step_async does
         self.pipelined = cost.async_scheduling and not cost.k
         self.inflight: _InFlight | None = None  # pipelined: the step whose tokens are not in yet
         self.left_out_ids: set[int] = set()  # decoders a step left out, until they decode again
@@ -261,7 +261,7 @@ class _Replica:
         self.step_log.append(self._step_record(out, t0, dt, gpu_s, cpu_s, n_out, drafted, accepted), cut)
 
     def _pipelined_step(self) -> Process:
-        """Async scheduling, as engine/core.py's `_step_async` runs it: schedule and prepare step
+        """Async scheduling, as engine/engine_loop.py's `_step_async` runs it: schedule and prepare step
         i (the scheduler takes its token counts at once), launch it, then collect step i - 1's
         tokens, which arrive when i - 1's device work has ended and i's launch is done; then the
         next schedule() runs. Step i's device work starts when i - 1's ends or its launching
@@ -780,7 +780,7 @@ class Simulation:
                 "vllm_args": self._vllm_args(), **self._engine_meta()} | self.extra_meta
 
     def _engine_meta(self) -> dict[str, Any]:
-        """The scheduling mode and speculative config simulated (engine/run_summary.ENGINE_META_KEYS)."""
+        """The scheduling mode and speculative config simulated (engine/core/run_summary.ENGINE_META_KEYS)."""
         eng = self.dep.engine
         sc = eng.speculative_config
         return {"async_scheduling": eng.async_scheduling, "speculative_config": sc.vllm_json() if sc else None}

@@ -20,14 +20,12 @@ model's business (sim/cost_model.py); its *memory* is sim/memory.py's.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 from scipy import optimize, special
 
-from engine.scheduler_output import ScheduledRequest
+from engine.core.scheduler_output import ScheduledRequest
 from sim.config import SpeculativeConfig
 
 
@@ -208,21 +206,12 @@ def fit_acceptance_beta(accepted: Sequence[int], drafted: Sequence[int], k: int,
     return float(a), float(b)
 
 
-def load_acceptance_table(path: str | Path) -> dict[str, dict[str, tuple[float, float]]]:
-    """A fitted table {method: {category: (a, b)}} as benchmarks/spec_decode/fit_sim.py writes it
-    (its "acceptance_beta" key), ready for `SpeculativeConfig.acceptance_beta`."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    table = data.get("acceptance_beta", data)
-    return {m: {c: (float(ab[0]), float(ab[1])) for c, ab in cats.items()} for m, cats in table.items()}
-
-
 __all__ = [
     "ACCEPTANCE_RANGE",
     "DEFAULT_ACCEPTANCE",
     "AcceptanceModel",
     "SpecTokens",
     "fit_acceptance_beta",
-    "load_acceptance_table",
     "sample_accepted",
     "scaled_acceptance",
     "steps_pmf",

@@ -23,12 +23,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from engine.flags import SCHEDULING_FLAGS
-from engine.input_files import InputFileError, read_json
-from engine.model_spec import ModelSpec, get_model
-from engine.records import STEP_COLUMNS
-from engine.request import Request
-from engine.run_summary import SLO, good_mask
+from engine.core.flags import SCHEDULING_FLAGS
+from engine.core.input_files import InputFileError, read_json
+from engine.core.model_spec import ModelSpec, get_model
+from engine.core.records import STEP_COLUMNS
+from engine.core.request import Request
+from engine.core.run_summary import SLO, good_mask
 from sim.calibrate import OPTIONAL_COLUMNS, RECONSTRUCTED_STEPS_FILE, merge_reconstructed
 from sim.config import EngineConfig
 from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
@@ -211,7 +211,7 @@ def _number(x: Any) -> float | None:
 
 def compare_summaries(engine: dict[str, Any], sim: dict[str, Any],
                       metrics: tuple[str, ...] = ALL_METRICS) -> list[MetricComparison]:
-    """Per metric (summary keys of engine/run_summary.py): both values and the relative error."""
+    """Per metric (summary keys of engine/core/run_summary.py): both values and the relative error."""
     out = []
     for key in metrics:
         e, s = _number(engine.get(key)), _number(sim.get(key))
@@ -297,7 +297,7 @@ def read_json_file(path: Path) -> Any:
 
 
 def read_steps(path: Path) -> dict[str, np.ndarray] | None:
-    """An engine step trace (JSONL of engine/records.py StepRecord rows) as columns; None if absent."""
+    """An engine step trace (JSONL of engine/core/records.py StepRecord rows) as columns; None if absent."""
     if not path.is_file():
         return None
     try:
@@ -316,7 +316,7 @@ def read_steps(path: Path) -> dict[str, np.ndarray] | None:
         missing = [c for c in STEP_COLUMNS if c not in row and c not in OPTIONAL_COLUMNS]
         if missing:
             raise RunFolderError(f"{path}, line {lineno}: field '{missing[0]}' is missing (a step trace has "
-                                 "engine/records.py's StepRecord columns); rerun the engine run with this version")
+                                 "engine/core/records.py's StepRecord columns); rerun the engine run with this version")
         rows.append(row)
     cols = {c: np.array([math.nan if r.get(c) is None else r[c] for r in rows], dtype=np.float64)
             for c in STEP_COLUMNS}

@@ -1,4 +1,4 @@
-"""`Workload`: a column store of requests that hands out `engine.request.Request` objects.
+"""`Workload`: a column store of requests that hands out `engine.core.request.Request` objects.
 
 A million frozen dataclasses, each with a tuple of hash ids, take seconds and
 gigabytes to build, so a workload keeps its requests as numpy columns and builds
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.request import Request
+from engine.core.request import Request
 from sim.workload_spec import MAX_ARRIVAL_S
 
 

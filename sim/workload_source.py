@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.flags import FlagError
-from engine.input_files import InputFileError, decode_utf8, load_yaml, parse_json, read_bytes
-from engine.request import Request
+from engine.core.flags import FlagError
+from engine.core.input_files import InputFileError, decode_utf8, load_yaml, parse_json, read_bytes
+from engine.core.request import Request
 from sim.builtin_traces import BUILTIN_TRACES, builtin_trace_path
 from sim.generate import generate
 from sim.traces import TraceFormat, check_input_file, load_trace, spread_ties
@@ -114,7 +114,7 @@ MAX_SPEC_BYTES = 16 << 20
 
 def _parse_spec_text(path: Path) -> object:
     """The spec file's document; SpecFileError with line and column when it does not parse.
-    YAML is read without aliases (engine/input_files.py); NaN and Infinity parse, so that the
+    YAML is read without aliases (engine/core/input_files.py); NaN and Infinity parse, so that the
     spec's validation names the field that holds them."""
     fix = "write the spec as one JSON object (`costline workload fit` writes one)"
     try:

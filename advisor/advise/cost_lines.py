@@ -18,7 +18,7 @@ from advisor.advise.robustness import lower_acceptance
 from advisor.advise.search import Context
 from advisor.advise.space import Candidate, Layout
 from advisor.advise.variants import rate_of, scaled_prompts, with_dynamic, with_rate, with_reuse
-from engine.model_spec import get_model
+from engine.core.model_spec import get_model
 from sim.config import DisaggConfig, SpeculativeConfig
 from sim.workload_spec import WorkloadSpec
 
@@ -86,10 +86,6 @@ class _Sweeps:
 
     def run(self, tasks: list[SimTask]) -> list[Outcome]:
         return self.ev.map(tasks)
-
-
-def _answer_point(line: CostLine) -> float:
-    return min(line.points, key=lambda p: abs(p.x - line.operating_point)).gain_pct
 
 
 def spec_lines(sw: _Sweeps) -> list[CostLine]:

@@ -9,7 +9,7 @@ import math
 from advisor.advise.cost_lines import speed_words, speedup_pct
 from advisor.advise.records import CostLine, MetricToWatch, Question
 from advisor.advise.search import Context, Scored, SearchResult
-from engine.run_summary import SLO
+from engine.core.run_summary import SLO
 
 
 def _line(lines: list[CostLine], optimization: str, variable: str | None = None) -> CostLine | None:

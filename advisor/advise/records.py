@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from advisor.advise.assumptions import Assumption
 from advisor.advise.uncertainty import DEFAULT_MIN_GAIN_PCT, GainInterval
-from engine.run_summary import SLO
+from engine.core.run_summary import SLO
 from sim.hardware import GpuPreset, ModelPreset
 from sim.speculative import DEFAULT_ACCEPTANCE
 

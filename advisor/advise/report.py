@@ -14,7 +14,7 @@ from rich.table import Table
 
 from advisor.advise.records import LadderStep, Metrics, Recommendation
 from advisor.console import styled
-from engine.outputs import check_output_dir, staged_dir
+from engine.core.outputs import check_output_dir, staged_dir
 
 
 def _n(x: float | None, fmt: str = ",.1f") -> str:

@@ -20,7 +20,7 @@ from advisor.advise.robustness import robustness, scored_config
 from advisor.advise.search import Context, search
 from advisor.advise.space import dimensions, serve_command
 from advisor.advise.variants import spec_for
-from engine.request import Request
+from engine.core.request import Request
 from sim.describe import describe_workload
 from sim.profile_files import load_profile
 from sim.run import LoadedWorkload

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.model_spec import get_model
+from engine.core.model_spec import get_model
 from sim.config import DisaggConfig, EngineConfig
 from sim.run import SimConfig
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.run_summary import SLO, good_mask
+from engine.core.run_summary import SLO, good_mask
 
 Z90 = 1.6449  # two-sided 90% of a normal
 MEDIAN_ABS_TO_SIGMA = 1 / 0.6745  # median |N(0, s)| = 0.6745 s

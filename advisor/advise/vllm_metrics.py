@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.input_files import InputFileError, decode_utf8, read_bytes
+from engine.core.input_files import InputFileError, decode_utf8, read_bytes
 from sim.speculative import DEFAULT_ACCEPTANCE
 
 MAX_METRICS_BYTES = 32 << 20  # a /metrics page is tens of KB; a scrape of many engines a few MB

@@ -24,8 +24,8 @@ from sim.workload_source import SourceOptions
 def _check_slo(text: str) -> None:
     """Refuse a malformed --slo naming the option as typed (SLO.parse names vLLM's --goodput)."""
     from advisor.advise.records import normalise_slo
-    from engine.flags import FlagError
-    from engine.run_summary import SLO
+    from engine.core.flags import FlagError
+    from engine.core.run_summary import SLO
 
     try:
         SLO.parse(normalise_slo(text))
@@ -59,7 +59,7 @@ def advise(
     from advisor.advise import AdviseRequest
     from advisor.advise import advise as run_advise
     from advisor.advise.report import print_report, write_outputs
-    from engine.outputs import check_output_dir
+    from engine.core.outputs import check_output_dir
 
     _check_slo(slo)
     measured = None

@@ -39,13 +39,13 @@ def check_address(address: str) -> None:
     import ipaddress
     import socket
 
+    from engine.core.host_names import is_host_name
+
     try:
         ipaddress.ip_address(address)
         return
     except ValueError:
         pass
-    from engine.preflight import is_host_name
-
     try:
         if not is_host_name(address):  # no lookup for what cannot be a name
             raise ValueError(address)

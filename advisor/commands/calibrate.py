@@ -12,8 +12,8 @@ from rich.table import Table
 
 from advisor.console import console as plain_console
 from advisor.options import Force, clean_errors
-from engine.model_spec import get_model
-from engine.outputs import check_output_file, staged_file
+from engine.core.model_spec import get_model
+from engine.core.outputs import check_output_file, staged_file
 from sim.config import EngineConfig
 from sim.engine_runs import check_run_for_fit
 from sim.hardware import GPU_PRESETS, get_gpu

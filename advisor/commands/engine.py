@@ -13,9 +13,9 @@ import typer
 
 from advisor.options import Force, clean_errors, flag_options, source_options
 from advisor.report import warn_unserved
-from engine.config import EngineArgs
-from engine.flags import ENGINE_ONLY_FLAGS, SCHEDULING_FLAGS
-from engine.outputs import check_output_dir, check_output_file, staged_dir, staged_file
+from engine.core.config import EngineArgs
+from engine.core.flags import ENGINE_ONLY_FLAGS, SCHEDULING_FLAGS
+from engine.core.outputs import check_output_dir, check_output_file, staged_dir, staged_file
 from sim.workload_source import SourceOptions
 
 app = typer.Typer(help="Run the real engine (paged KV, continuous batching) on a workload.",
@@ -109,7 +109,7 @@ def run(
     if disagg is not None:
         return _run_disagg(cfg, disagg, workload, max_prompt_len, no_arrivals, out, metrics_file, metrics_port,
                            source, force)
-    from engine.core import EngineCore
+    from engine.engine_loop import EngineCore
     from engine.metrics import EngineMetrics
     from engine.replay import replay
     from sim.workload_source import cap_prompt_lengths, load_workload
@@ -139,7 +139,7 @@ def run(
 def _run_disagg(cfg: EngineArgs, disagg: str, workload: str, max_prompt_len: int | None, no_arrivals: bool,
                 out: Path, metrics_file: Path | None, metrics_port: int | None, source, force: bool) -> None:
     """`engine run --disagg P:D`: the replay across P + D instance processes (engine/disagg/)."""
-    from engine.disagg.records import DisaggSplit
+    from engine.core.disagg_records import DisaggSplit
     from engine.disagg.router import replay_disagg
     from sim.workload_source import cap_prompt_lengths, load_workload
 

@@ -6,7 +6,7 @@
 
 Engine flags carry vLLM's names and spellings (`--disable-prefix-caching`,
 `--speculative-config '{...}'`, sizes like `8k`), so a run's configuration pastes into
-`vllm serve`; they are built from `engine.flags`, and the command only turns options into a
+`vllm serve`; they are built from `engine.core.flags`, and the command only turns options into a
 `sim.run.SimConfig` and calls `sim.run.run`. Files under `--out`: requests and steps tables (Parquet when pyarrow is
 installed, else CSV), `summary.json` (`vllm bench serve` keys) and `metrics.prom`.
 """
@@ -28,9 +28,9 @@ from advisor.console import console as plain_console
 from advisor.console import styled
 from advisor.options import Force, clean_errors, flag_options, source_options
 from advisor.report import warn_unserved
-from engine.flags import FlagError
-from engine.input_files import expect
-from engine.outputs import check_output_dir
+from engine.core.flags import FlagError
+from engine.core.input_files import expect
+from engine.core.outputs import check_output_dir
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
 from sim.memory import plan_memory
 from sim.metrics import jsonable  # the summary as strict JSON (NaN -> null)

@@ -25,8 +25,13 @@ from rich.table import Table
 from advisor.console import console as plain_console
 from advisor.console import styled
 from advisor.options import Force, clean_errors
-from engine.outputs import check_output_dir, check_output_file, refuse_input_overlap, staged_file
-from engine.run_summary import SLO
+from engine.core.outputs import (
+    check_output_dir,
+    check_output_file,
+    refuse_input_overlap,
+    staged_file,
+)
+from engine.core.run_summary import SLO
 from sim.cost_model import CostProfile
 from sim.validate import (
     ERROR_METRICS,

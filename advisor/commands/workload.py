@@ -19,8 +19,8 @@ from rich.table import Table
 from advisor.console import console as plain_console
 from advisor.console import styled
 from advisor.options import Force, clean_errors, source_options
-from engine.input_files import plain_message
-from engine.outputs import check_output_file, is_stdout, staged_file
+from engine.core.input_files import plain_message
+from engine.core.outputs import check_output_file, is_stdout, staged_file
 from sim.arrivals import scale_rate
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload

@@ -13,7 +13,7 @@ from app.compute import scenario_workload
 from app.recommendation import RecommendationError, advise_api, as_dict, load_json, render
 from app.scenario import Scenario
 from app.widgets import error_text
-from engine.run_summary import SLO
+from engine.core.run_summary import SLO
 
 REC_KEY = "recommendation"
 MAX_RECOMMENDATION_MB = 8  # a recommendation.json is ~100 KB

@@ -87,10 +87,10 @@ def run(plan_dir: Path, out: Path, only: tuple[str, ...] = PAIR) -> None:
 
     import torch
 
-    from engine.config import EngineArgs
-    from engine.core import EngineCore
+    from engine.core.config import EngineArgs
+    from engine.core.run_summary import SLO
+    from engine.engine_loop import EngineCore
     from engine.replay import replay
-    from engine.run_summary import SLO
     from kernels import compiled_kernel_count
 
     out.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from advisor.advise.uncertainty import Sample, gain_interval, goodput_band, latency_error
-from engine.model_spec import get_model
-from engine.run_summary import SLO
+from engine.core.model_spec import get_model
+from engine.core.run_summary import SLO
 from sim.calibrate import read_steps
 from sim.config import EngineConfig
 from sim.cost_model import CostProfile

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.calibration import gpu_sweep as gs
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.engine_loop import EngineCore
 
 WORKLOADS = ("chat-production", "rag-long-prompt", "code-bursty")
 LOAD = 0.8

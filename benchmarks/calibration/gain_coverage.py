@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from advisor.advise.uncertainty import Sample, gain_interval, goodput_band, latency_error
-from engine.run_summary import SLO
+from engine.core.run_summary import SLO
 from sim.profile_files import load_profile
 from sim.run import LoadedWorkload, SimConfig, run
 from sim.validate import (

@@ -42,10 +42,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.replay import replay
-from engine.request import Request
 from kernels import compiled_kernel_keys
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.workload_source import SourceOptions, load_workload

@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.disagg.transfer_sweep import Item, Layout, run_sweep
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.model_spec import get_model
+from engine.core.request import Request
 from engine.disagg.router import Deployment
-from engine.model_spec import get_model
-from engine.request import Request
 from sim.link_fit import fit_link, overlap_with_compute
 
 MIB = 2**20

@@ -18,9 +18,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.request import Request
 from engine.disagg.router import replay_disagg
-from engine.request import Request
 
 ARGS = EngineArgs(model="tiny", device="cpu", max_model_len=256, block_size=4, num_gpu_blocks_override=64,
                   max_num_seqs=8, max_num_batched_tokens=64)

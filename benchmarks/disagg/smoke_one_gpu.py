@@ -24,9 +24,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.request import Request
 from engine.disagg.router import Deployment
-from engine.request import Request
 
 
 def requests(prompt_lens: list[int], output_len: int, rate: float, seed: int = 0) -> list[Request]:

@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.request import Request
+from engine.core.run_summary import jsonable
+from engine.engine_loop import EngineCore
 from engine.replay import ReplayResult, replay
-from engine.request import Request
-from engine.run_summary import jsonable
 
 MODES = ("unfrozen", "frozen")
 

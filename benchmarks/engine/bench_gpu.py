@@ -35,12 +35,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.model_spec import ModelSpec, get_model
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.llm import LLM
-from engine.model_spec import ModelSpec, get_model
 from engine.replay import GcWatch, frozen_heap, replay
-from engine.request import Request
 from engine.sampling import SamplingParams
 from kernels import Backend
 from kernels.reference import add_rms_norm_ref, rotate_qkv_ref, silu_mul_ref
@@ -158,7 +158,7 @@ def make_llm(model: str, args: dict, legacy: bool = False) -> LLM:
     run. (Runs before the fused kernels also upcast the logits to fp32; that is gone.)"""
     if not legacy:
         return LLM(model, **args)
-    from engine.core import build_model, resolve_device
+    from engine.engine_loop import build_model, resolve_device
 
     cfg = EngineArgs(model=model, **args)
     m = build_model(cfg, resolve_device(cfg.device), cfg.max_model_len)

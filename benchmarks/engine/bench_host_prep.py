@@ -42,14 +42,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.core.model_spec import get_model
+from engine.core.outputs import OutputPathError, check_output_file
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.model import LlamaModel
-from engine.model_spec import get_model
-from engine.outputs import OutputPathError, check_output_file
-from engine.request import Request
+from engine.op_counter import VIEW_OPS, OpCounter
 from engine.runner import ModelRunner
-from engine.scheduler import Scheduler, SchedulerConfig
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 8192
@@ -92,32 +92,6 @@ def _setup(batch: int, seed: int) -> tuple[Scheduler, ModelRunner, dict[int, lis
             tokens[rid].append(7)
         sched.update_from_output(out, sampled)
     return sched, runner, tokens
-
-
-# ops that only make a new view: no launch, no copy on a GPU
-VIEW_OPS = frozenset({"slice", "view", "as_strided", "alias", "detach", "select", "reshape", "unsqueeze",
-                      "squeeze", "t", "transpose", "expand", "_unsafe_view"})
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the torch ops (by name) run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        self.counts[name] = self.counts.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    @property
-    def views(self) -> int:
-        return sum(n for name, n in self.counts.items() if name in VIEW_OPS)
 
 
 def _batch_of(out) -> tuple[object, list[int]]:

@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.engine.bench_host_prep import OpCounter
+from engine.op_counter import OpCounter
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 8192
@@ -147,11 +147,11 @@ class _NoGraph:
 def _engine(batch: int, mode: str, context: tuple[int, int], seed: int = 0):
     """An engine on the CPU with `batch` requests decoding at contexts in `context` (prefill
     steps skip the model: their forward returns zero logits)."""
-    from engine.config import EngineArgs
-    from engine.core import EngineCore
+    from engine.core.config import EngineArgs
+    from engine.core.model_spec import get_model
+    from engine.core.request import Request
+    from engine.engine_loop import EngineCore
     from engine.model import LlamaModel
-    from engine.model_spec import get_model
-    from engine.request import Request
     from engine.sampling import SamplingParams
 
     model = LlamaModel(get_model("tiny"), max_positions=MAX_MODEL_LEN, dtype=torch.float32, seed=0)
@@ -262,7 +262,7 @@ def _time_functions(core, steps: int, rounds: int = 3) -> dict[str, float]:
     """Us per step of each host function (a timing wrapper around each; the least of `rounds`
     rounds of `steps` steps), measured after the unwrapped figures."""
     import engine.runner as runner_module
-    from engine.scheduler_output import SchedulerOutput
+    from engine.core.scheduler_output import SchedulerOutput
 
     owners = {"scheduler": type(core.scheduler), "output": SchedulerOutput, "core": type(core),
               "sampler": type(core.sampler), "runner": type(core.runner), "runner_module": runner_module}

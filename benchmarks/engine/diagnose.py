@@ -48,14 +48,14 @@ if str(ROOT) not in sys.path:
 
 import torch
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.request import Request
+from engine.core.run_summary import jsonable
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import SchedulerOutput
+from engine.engine_loop import EngineCore
 from engine.replay import replay
-from engine.request import Request
-from engine.run_summary import jsonable
 from engine.runner import ModelRunner
-from engine.scheduler import Scheduler
-from engine.scheduler_output import SchedulerOutput
 
 # deadlines of the parts run by `all` (seconds; one device call is 600 s)
 DEADLINES_S = {"startup-llama-3.2-1b": 210, "startup-llama-3.1-8b": 150, "drift": 120, "host": 80}
@@ -205,7 +205,7 @@ HOST_PARTS: dict[type, tuple[str, ...]] = {
 def _count_prepare_ops(runner: ModelRunner, batch: int, nth: int = 40) -> dict[str, int]:
     """Wrap runner.prepare (the instance) so that the `nth` call on a batch of `batch` one-token
     requests runs under an op counter; returns the counts (filled once that call ran)."""
-    from benchmarks.engine.bench_host_step import OpCounter
+    from engine.op_counter import OpCounter
 
     real, counts, seen = runner.prepare, {}, [0]
 

@@ -92,7 +92,7 @@ def graph_modes(out_dir: Path, budget_s: float, dry_run: bool) -> None:
           "attention_backend": "triton", "device": device}
     if not dry_run:
         kw["gpu_memory_utilization"] = 0.2
-    from engine.model_spec import get_model
+    from engine.core.model_spec import get_model
 
     model = LlamaModel(get_model("tiny"), max_positions=2048, dtype=torch.float32,
                        device=device, attention_backend="triton", seed=0)
@@ -128,8 +128,8 @@ def soak(seconds: float) -> None:
     readable, every request must finish, and nothing may compile after the warm-up."""
     import dataclasses
 
-    from engine.config import EngineArgs
-    from engine.core import EngineCore
+    from engine.core.config import EngineArgs
+    from engine.engine_loop import EngineCore
     from engine.replay import replay
     from kernels import compiled_kernel_count
     from sim.workload_source import SourceOptions, load_workload

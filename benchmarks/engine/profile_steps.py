@@ -176,8 +176,8 @@ def check_split_prefill(device: str) -> list[dict]:
     """Prefill split-KV on the device: bf16 outputs of the attention kernel, unsplit and split
     (heuristic and forced), against the float32 reference on random caches; every output row
     written (poisoned first). Llama-3.1-8B layer shapes (32 q heads, 8 KV heads, D 128)."""
+    from kernels.paged_batches import make_batch, rel_norm_error
     from kernels.reference import paged_attention_ref
-    from tests.kernels.helpers import make_batch, rel_norm_error
 
     small = device == "cpu"
     cases = [([64], [900 if small else 8192]), ([300 if small else 512, 1, 1], [200 if small else 1536, 700, 90]),

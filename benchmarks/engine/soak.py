@@ -59,10 +59,10 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "calibration"))
 
 import gpu_sweep as gs
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.run_summary import jsonable
+from engine.engine_loop import EngineCore
 from engine.replay import replay
-from engine.run_summary import jsonable
 
 T0 = time.perf_counter()
 BUDGET = 8192  # every run's token budget unless it asks otherwise

@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.model_spec import get_model
-from engine.outputs import OutputPathError, check_output_file, staged_file
+from engine.core.model_spec import get_model
+from engine.core.outputs import OutputPathError, check_output_file, staged_file
 from sim.calibrate import WARMUP_STEPS, CalibrationInputError, load_run
 from sim.config import EngineConfig
 from sim.cost_model import Roofline

@@ -196,8 +196,8 @@ def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
 def accuracy() -> None:
     """Train the byte-level target briefly, then bf16 weights against FP8 weights on held-out text."""
     from benchmarks.spec_decode import corpora, train_pair
+    from engine.core.model_spec import get_model
     from engine.loader import load_model
-    from engine.model_spec import get_model
     from engine.quant import quantize_fp8
 
     dev = torch.device(DEVICE)

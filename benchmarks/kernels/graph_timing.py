@@ -1,4 +1,4 @@
-"""CUDA-graph timing shared by the small kernel probes (bench_split, bench_gemm, bench_fp8_words).
+"""CUDA-graph timing shared by the small kernel probes (bench_split, bench_fp8_words).
 
 bench_h200.py keeps its own do_bench-based timing (it parses its arguments at import).
 """

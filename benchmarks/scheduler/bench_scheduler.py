@@ -22,9 +22,9 @@ from pathlib import Path
 import pydantic
 import xxhash
 
-from engine.decode_skip import advance_decode, uniform_decode_steps
-from engine.request import Request
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.core.decode_skip import advance_decode, uniform_decode_steps
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler, SchedulerConfig
 
 HERE = Path(__file__).resolve().parent
 _clock = time.process_time

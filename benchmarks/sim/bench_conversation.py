@@ -19,7 +19,7 @@ import json
 import pstats
 import time
 
-from engine.model_spec import get_model
+from engine.core.model_spec import get_model
 from sim.config import DeploymentConfig
 from sim.generate import generate
 from sim.hardware import get_gpu

@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 
 def run_one(reqs, replicas: int, profile: bool = False, coarsening: int | str = 1,
             router: str = "least_loaded") -> dict:
-    from engine.model_spec import get_model
+    from engine.core.model_spec import get_model
     from sim.config import DeploymentConfig
     from sim.hardware import get_gpu
     from sim.simulator import Simulation
@@ -80,7 +80,7 @@ def conversation_run(repeat: int = 3) -> dict:
     sys.path.insert(0, str(HERE))
     from bench_conversation import SPEC
 
-    from engine.model_spec import get_model
+    from engine.core.model_spec import get_model
     from sim.config import DeploymentConfig
     from sim.generate import generate
     from sim.hardware import get_gpu

@@ -54,11 +54,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.spec_decode import corpora, train_pair
-from engine.config import EngineArgs
-from engine.core import EngineCore, content_hash_ids
+from engine.core.config import EngineArgs
+from engine.core.request import Request
+from engine.engine_loop import EngineCore, content_hash_ids
 from engine.loader import load_model
 from engine.replay import ReplayResult, replay
-from engine.request import Request
 
 T0 = time.perf_counter()
 HASH_BLOCK = 16
@@ -495,7 +495,7 @@ def best_k(rows: list[dict]) -> dict[str, int]:
 
 
 def _model_facts(model) -> dict[str, Any]:
-    from engine.model_spec import MODEL_PRESETS
+    from engine.core.model_spec import MODEL_PRESETS
 
     s = model.spec
     preset = next((n for n, m in MODEL_PRESETS.items()

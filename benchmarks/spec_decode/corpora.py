@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.request import FIRST_CONTENT_TOKEN_ID
+from engine.core.request import FIRST_CONTENT_TOKEN_ID
 
 TASKS = ("code", "prose", "json")
 HELD_OUT_PERCENT = 10

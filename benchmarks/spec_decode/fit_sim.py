@@ -24,7 +24,7 @@ Input: what bench_h200.py brought back (results.json, runs.tar.xz or its extract
 
 Writes benchmarks/spec_decode/results.{md,json}, sim/profiles/h200-byte-lm-100m.json (which the
 simulator picks for model byte-lm-100m on gpu h200) and sim/profiles/spec-acceptance-byte-lm.json
-(`sim.speculative.load_acceptance_table`; pass it as speculative_config.acceptance_beta).
+(its "acceptance_beta" key: pass it as speculative_config.acceptance_beta).
 
     python3 benchmarks/spec_decode/fit_sim.py --results R/results.json --runs R/runs.tar.xz
 """
@@ -47,9 +47,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.model_spec import get_model
-from engine.request import Request
-from engine.run_summary import jsonable
+from engine.core.model_spec import get_model
+from engine.core.request import Request
+from engine.core.run_summary import jsonable
 from sim.calibrate import fit_profile, load_run, robust_nnls
 from sim.config import SpeculativeConfig
 from sim.cost_model import PROFILES_DIR, BatchComposition, CostModel, CostProfile, SpecTerms

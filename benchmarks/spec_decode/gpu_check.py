@@ -10,7 +10,7 @@ prefix-cache hits and how many steps replayed a graph. Exit status 1 when a run 
 
 On a machine without CUDA it runs the same on the CPU, eagerly (no graphs), so the script can
 be dry-run: `python benchmarks/spec_decode/gpu_check.py --target tiny --draft tiny --out v.json`.
-`target`/`draft`: checkpoint directories (engine.loader) or model presets (engine.model_spec).
+`target`/`draft`: checkpoint directories (engine.loader) or model presets (engine.core.model_spec).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineArgs
-from engine.core import EngineCore, build_model, resolve_device
+from engine.core.config import EngineArgs
+from engine.core.request import Request
+from engine.engine_loop import EngineCore, build_model, resolve_device
 from engine.model import LlamaModel
-from engine.request import Request
 from engine.sampling import SamplingParams
 
 
@@ -71,7 +71,7 @@ class RunVerdict:
 @dataclass(slots=True)
 class Divergence:
     """Where a run's greedy tokens first leave the reference's, and how close the two candidates
-    are in an fp64 dense forward of the target (tests/engine/dense_reference.py): a gap of a few
+    are in an fp64 dense forward of the target (engine/dense_reference.py): a gap of a few
     hundredths of a logit is a numerical near-tie (bf16 kernels reduce in another order when a
     step verifies k+1 positions than when it decodes one), not a wrong acceptance."""
 
@@ -139,8 +139,8 @@ def _explain(divs: list[Divergence], target: str, prompts: dict[int, list[int]],
     if not divs or not path.is_dir():
         return
     try:
+        from engine.dense_reference import dense_logits
         from engine.loader import _read_tensors, spec_from_hf_config
-        from tests.engine.dense_reference import dense_logits
         spec = spec_from_hf_config(json.loads((path / "config.json").read_text()))
         w = {k: v.float().cpu() for k, v in _read_tensors(path).items()}
     except Exception as exc:  # noqa: BLE001

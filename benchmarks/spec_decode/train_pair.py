@@ -6,7 +6,7 @@ The training model is plain PyTorch with the engine's exact math (engine/model.p
 (query head h reads KV head h // group), SwiGLU with gate first in one fused gate/up matrix, and
 causal SDPA; its parameters carry the engine's names and fused layouts, so `export` copies them
 into an engine `LlamaModel` and writes them with `engine.loader.save_model`, and
-`engine.loader.load_model(dir)` loads them back (tests/spec_decode checks the logits agree).
+`engine.loader.load_model(dir)` loads them back (benchmarks/spec_decode/test_pair.py checks the logits agree).
 
 Training: bf16 autocast over fp32 master weights, AdamW (0.9, 0.95, weight decay 0.1 on matrices),
 linear warm-up then a cosine decay over the time budget (the schedule follows elapsed seconds, so
@@ -44,9 +44,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.spec_decode import corpora
+from engine.core.model_spec import ModelSpec, get_model
 from engine.loader import save_model
 from engine.model import INIT_STD, LlamaModel, rope_inv_freq
-from engine.model_spec import ModelSpec, get_model
 
 TASK_MIX = {"code": 0.45, "prose": 0.2, "json": 0.35}
 TINY_TARGET = ModelSpec(name="byte-tiny-target", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,

@@ -1,11 +1,2 @@
-"""Disaggregated prefill across processes: prefill and decode instances, KV transfer records."""
-
-from engine.disagg.records import (
-    TRANSFER_COLUMNS,
-    TRANSFER_MODES,
-    TRANSPORTS,
-    DisaggSplit,
-    TransferRecord,
-)
-
-__all__ = ["TRANSFER_COLUMNS", "TRANSFER_MODES", "TRANSPORTS", "DisaggSplit", "TransferRecord"]
+"""Disaggregated prefill across processes: prefill and decode instances, the router, KV transfer.
+The P:D split and the transfer records are torch-free, in `engine.core.disagg_records`."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.request import Request
+from engine.core.request import Request
 
 
 # ---------------------------------------------------------------- router -> instance

@@ -12,17 +12,34 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.config import EngineArgs
-from engine.disagg.messages import PoolReport
-from engine.disagg.records import TransferRecord
-from engine.records import RequestRecord, StepRecord, to_columns
+from engine.core.config import EngineArgs
+from engine.core.disagg_records import TransferRecord
+from engine.core.records import RequestRecord, StepRecord, to_columns
+from engine.core.request import Request
+from engine.disagg.messages import Finished, PoolReport, Prefilled
 from engine.replay import ReplayResult
 
 if TYPE_CHECKING:
-    from engine.disagg.router import _ReqState, _Router
+    from engine.disagg.router import Router
 
 NAN = math.nan
 FAILED_PREFIX = "failed: "  # finish_reason of a request lost to a dead instance or a failed transfer
+
+
+@dataclass
+class RoutedRequest:
+    """One request as the router follows it: written by the router, read by `build_result`."""
+
+    request: Request
+    prompt: list[int]
+    arrival_s: float
+    stage: str = "pending"  # pending / prefill / transfer / decode / done
+    prefill_replica: int = -1
+    decode_replica: int = -1
+    attempts: int = 0
+    prefilled: Prefilled | None = None
+    finished: Finished | None = None
+    failure: str = ""
 
 
 @dataclass
@@ -49,7 +66,7 @@ class DisaggResult(ReplayResult):
         return summary
 
 
-def request_record(st: _ReqState) -> RequestRecord:
+def request_record(st: RoutedRequest) -> RequestRecord:
     """The client's view: arrival at the router, first scheduled on the prefill side, tokens
     from the decode side (TTFT included), prefix hits of the prefill side."""
     r, p, f = st.request, st.prefilled, st.finished
@@ -75,7 +92,7 @@ def request_record(st: _ReqState) -> RequestRecord:
     return base
 
 
-def build_result(router: _Router, engine: EngineArgs) -> DisaggResult:
+def build_result(router: Router, engine: EngineArgs) -> DisaggResult:
     states = sorted(router.reqs.values(), key=lambda s: (s.arrival_s, s.request.request_id))
     records = [request_record(st) for st in states]
     for rec in records:
@@ -116,7 +133,7 @@ def p_ready(t: TransferRecord) -> bool:
     return not (math.isnan(t.ready_s) or math.isnan(t.recv_end_s))
 
 
-def _counters(router: _Router) -> dict[str, float]:
+def _counters(router: Router) -> dict[str, float]:
     """Prefix-cache lookups of the prefill (or mixed) side (transferred prompts are not lookups
     on the decode side, as in the simulator); speculative counters of the decode (or mixed) side."""
     out = dict.fromkeys(("prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "spec_num_drafts",

@@ -25,14 +25,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from engine.config import EngineArgs
+from engine.core.config import EngineArgs
+from engine.core.disagg_records import TRANSFER_MODES, TRANSPORTS, DisaggSplit, TransferRecord
+from engine.core.model_spec import get_model
+from engine.core.request import Request, materialize_prompt
 from engine.disagg import messages as m
 from engine.disagg.kv_transfer import num_descriptors
-from engine.disagg.records import TRANSFER_MODES, TRANSPORTS, DisaggSplit, TransferRecord
-from engine.disagg.result import DisaggResult, build_result
+from engine.disagg.result import DisaggResult, RoutedRequest, build_result
 from engine.disagg.worker import WorkerConfig, worker_main
-from engine.model_spec import get_model
-from engine.request import Request, materialize_prompt
 
 MAX_PREFILL_ATTEMPTS = 2  # a request whose prefill instance died is retried once elsewhere
 IDLE_TIMEOUT_S = 3600.0  # an instance waiting for its next replay this long ends itself
@@ -45,20 +45,6 @@ class Fault:
 
     replica: int
     after_pieces: int
-
-
-@dataclass
-class _ReqState:
-    request: Request
-    prompt: list[int]
-    arrival_s: float
-    stage: str = "pending"  # pending / prefill / transfer / decode / done
-    prefill_replica: int = -1
-    decode_replica: int = -1
-    attempts: int = 0
-    prefilled: m.Prefilled | None = None
-    finished: m.Finished | None = None
-    failure: str = ""
 
 
 @dataclass
@@ -140,7 +126,7 @@ class Deployment:
         if mode not in TRANSFER_MODES:
             raise ValueError(f"mode {mode!r}: use one of {TRANSFER_MODES}")
         self.engine, self.split, self.roles = engine, split, roles
-        self._router = _Router(engine, split, roles, devices, transport, mode, timeout_s, transfer_timeout_s,
+        self._router = Router(engine, split, roles, devices, transport, mode, timeout_s, transfer_timeout_s,
                                warm_up, fault)
 
     def __enter__(self) -> Self:
@@ -165,7 +151,10 @@ class Deployment:
         return build_result(r, self.engine)
 
 
-class _Router:
+class Router:
+    """The parent process of a deployment: starts the instances, routes each request to a prefill
+    and then a decode instance, and follows it to the end (`reqs`, `transfers`, `instances`)."""
+
     def __init__(self, engine: EngineArgs, split: DisaggSplit | None, roles: list[str], devices: list[str],
                  transport: str, mode: str, timeout_s: float, transfer_timeout_s: float, warm_up: bool,
                  fault: Fault | None) -> None:
@@ -200,7 +189,7 @@ class _Router:
 
     def new_session(self) -> None:
         """Forget the previous replay's requests; instances start over at the next Start."""
-        self.reqs: dict[int, _ReqState] = {}
+        self.reqs: dict[int, RoutedRequest] = {}
         self.transfers: dict[int, TransferRecord] = {}
         self.open_sides: set[tuple[int, str]] = set()  # (request, "send"/"recv") not yet reported
         self.epoch = 0.0
@@ -230,7 +219,7 @@ class _Router:
         vocab = _vocab_of(self.engine.model)
         for r in reqs:
             a = r.arrival_s * time_scale if honor_arrivals else 0.0
-            self.reqs[r.request_id] = _ReqState(r, materialize_prompt(r, vocab), a)
+            self.reqs[r.request_id] = RoutedRequest(r, materialize_prompt(r, vocab), a)
         order = list(self.reqs.values())
         self.epoch = time.perf_counter()  # prompts are built before the clock starts
         for inst in self.instances:
@@ -306,7 +295,7 @@ class _Router:
         live = [i for i in self.instances if i.role == role and i.alive]
         return min(live, key=lambda i: (i.load, i.replica)) if live else None
 
-    def _submit(self, st: _ReqState) -> None:
+    def _submit(self, st: RoutedRequest) -> None:
         """To the least-loaded prefill (or aggregated) instance; a split deployment also picks
         the decode instance now, so the prefill side can send the KV without a round trip."""
         front = "mixed" if self.split is None else "prefill"
@@ -387,7 +376,7 @@ class _Router:
                 rec.first_step_s = msg.first_step_s
         st.finished, st.stage = msg, "done"
 
-    def _fail(self, st: _ReqState, reason: str) -> None:
+    def _fail(self, st: RoutedRequest, reason: str) -> None:
         st.stage, st.failure = "done", reason
 
     # ------------------------------------------------------------------ failures

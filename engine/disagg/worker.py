@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
 from engine.disagg import messages as m
 from engine.disagg.kv_transfer import (
     Transfer,
@@ -36,6 +35,7 @@ from engine.disagg.kv_transfer import (
     staging_shape,
     wait_works,
 )
+from engine.engine_loop import EngineCore
 from engine.sampling import SamplingParams
 from kernels import compiled_kernel_count
 

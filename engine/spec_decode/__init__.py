@@ -1,2 +1,2 @@
-"""Speculative decoding in the real engine: the `--speculative-config` record (config.py, no
-torch), the proposers (proposers.py) and the acceptance rule (rejection.py)."""
+"""Speculative decoding in the real engine: the proposers (proposers.py) and the acceptance rule
+(rejection.py). The `--speculative-config` record is torch-free, in `engine.core.speculative_config`."""

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
+from engine.core.scheduler_output import ScheduledRequest
 from engine.model import LlamaModel
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
-from engine.scheduler_output import ScheduledRequest
 
 
 class NgramProposer:

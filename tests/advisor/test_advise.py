@@ -20,7 +20,7 @@ from advisor.advise.report import write_outputs
 from advisor.advise.scenarios import SCENARIOS
 from advisor.advise.search import search
 from advisor.cli import app
-from engine.outputs import OutputPathError
+from engine.core.outputs import OutputPathError
 from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
 from sim.generate import generate
 from sim.workload_spec import WorkloadSpec

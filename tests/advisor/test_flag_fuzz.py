@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from advisor.cli import app
-from engine.flags import FlagError
+from engine.core.flags import FlagError
 from sim.metrics import SLO
 
 runner = CliRunner()

@@ -37,7 +37,7 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 from advisor.errors import is_input_error
-from engine.request import Request
+from engine.core.request import Request
 
 runner = CliRunner()
 TIME_LIMIT_S = 10.0
@@ -66,9 +66,9 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     out = {"run": write_run(root / "RUN")}
     import torch  # noqa: F401 - the engine's model folder
 
+    from engine.core.model_spec import get_model
     from engine.loader import save_model
     from engine.model import LlamaModel
-    from engine.model_spec import get_model
 
     save_model(LlamaModel(get_model("tiny"), max_positions=64, seed=0), root / "model")
     out["model"] = root / "model"
@@ -677,10 +677,10 @@ def api_dir(tmp_path_factory, assets) -> Path:
 
 def _api_cases() -> list[tuple[str, Callable[[Path], Any], str]]:
     from advisor.advise import AdviseRequest
-    from engine.config import EngineArgs
+    from engine.core.config import EngineArgs
+    from engine.core.input_files import load_yaml, read_json
+    from engine.core.outputs import check_output_dir, check_output_file
     from engine.hf_config import spec_from_hf_config
-    from engine.input_files import load_yaml, read_json
-    from engine.outputs import check_output_dir, check_output_file
     from engine.preflight import check_metrics_endpoint
     from sim.engine_runs import check_steps_file
     from sim.profile_files import load_profile

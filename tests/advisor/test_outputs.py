@@ -1,5 +1,5 @@
 """Nothing is overwritten by accident, outputs are checked before the work, and a failed or
-interrupted write leaves the previous results whole (engine/outputs.py and the commands)."""
+interrupted write leaves the previous results whole (engine/core/outputs.py and the commands)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import advisor.commands.simulate as simulate_cmd
 from advisor.cli import app
-from engine.outputs import (
+from engine.core.outputs import (
     RUN_FILES,
     OutputPathError,
     check_output_dir,

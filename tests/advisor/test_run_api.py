@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from engine.request import Request
+from engine.core.request import Request
 from sim.config import DisaggConfig, EngineConfig
 from sim.metrics import SLO
 from sim.run import LoadedWorkload, SimConfig, kv_block_coarsening_for, load, run, summarize

@@ -19,7 +19,7 @@ from advisor.advise.uncertainty import (
     latency_error,
     scaled_slo,
 )
-from engine.run_summary import SLO
+from engine.core.run_summary import SLO
 
 Z90 = 1.6449
 

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 from advisor.report import unserved_lines
-from engine.request import Request
-from engine.run_summary import reason_counts, rejection_kind
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.core.request import Request
+from engine.core.run_summary import reason_counts, rejection_kind
+from engine.core.scheduler import Scheduler, SchedulerConfig
 
 runner = CliRunner()
 

@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from advisor.cli import app
-from engine.request import Request
-from engine.run_summary import jsonable
+from engine.core.request import Request
+from engine.core.run_summary import jsonable
 from sim.config import EngineConfig
 from sim.cost_model import PROFILES_DIR, CostProfile
 from sim.run import SimConfig, run

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from advisor.cli import app
-from engine.run_summary import SLO
+from engine.core.run_summary import SLO
 from sim.validate import RankedRun, ValidationReport, ranking
 from tests.advisor.test_validate_cli import write_run
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import block_pool
-from engine.block_pool import (
+from engine.core import block_pool
+from engine.core.block_pool import (
     HASH_ALGOS,
     BlockPool,
     make_block_hasher,
@@ -187,7 +187,7 @@ def test_chained_hash_depends_on_parent_content_and_extra(algo):
 
 @pytest.mark.parametrize("algo", HASH_ALGOS)
 def test_hashes_are_identical_across_processes(algo):
-    code = ("from engine.block_pool import make_block_hasher as m, root_hash as r; "
+    code = ("from engine.core.block_pool import make_block_hasher as m, root_hash as r; "
             f"h=m('{algo}'); x=h(r('{algo}'), (3, 1, 4, 1, 5), (2,)); print(repr(h(x, (9, 2, 6), ())))")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONPATH": ".", "PYTHONHASHSEED": seed}).stdout

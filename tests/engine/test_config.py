@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import EngineArgs, scheduler_config
-from engine.flags import (
+from engine.core.config import EngineArgs, scheduler_config
+from engine.core.flags import (
     FLAGS_BY_NAME,
     GIB,
     SCHEDULING_FLAGS,
@@ -16,8 +16,8 @@ from engine.flags import (
     parse_size,
     resolve_batch,
 )
-from engine.model_spec import get_model
-from engine.scheduler import SchedulerConfig
+from engine.core.model_spec import get_model
+from engine.core.scheduler import SchedulerConfig
 from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
 from sim.hardware import GPU_PRESETS, get_gpu
 

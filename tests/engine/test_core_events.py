@@ -13,15 +13,15 @@ import itertools
 
 import pytest
 
-from engine.config import EngineArgs
-from engine.core import (
+from engine.core.config import EngineArgs
+from engine.core.request import Request
+from engine.engine_loop import (
     WARM_UP_OUTPUT_TOKENS,
     WARM_UP_REQUEST_ID_BASE,
     EngineCore,
     warm_up_prompt_lens,
 )
 from engine.replay import replay
-from engine.request import Request
 
 STEP_MS = 2.5  # every fake event is this far after the one recorded before it
 

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from advisor.cli import app
-from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
+from engine.core.records import REQUEST_COLUMNS, STEP_COLUMNS
 
 ARGS = ["engine", "run", "--model", "tiny", "--device", "cpu", "--workload", "lab-random", "--first", "3",
         "--speedup", "1000", "--max-prompt-len", "40", "--max-model-len", "512", "--block-size", "8"]

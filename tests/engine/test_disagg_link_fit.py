@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.disagg.records import TransferRecord
+from engine.core.disagg_records import TransferRecord
 from sim.link_fit import fit_link, overlap_with_compute
 
 # the truth: 40 GB/s, 30 us per transfer, 10 us per block, 15 us per descriptor

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
-from engine.disagg.records import DisaggSplit
+from engine.core.config import EngineArgs
+from engine.core.disagg_records import DisaggSplit
+from engine.core.records import REQUEST_COLUMNS, STEP_COLUMNS
+from engine.core.request import Request, materialize_prompt
 from engine.disagg.router import Deployment, Fault, replay_disagg
-from engine.records import REQUEST_COLUMNS, STEP_COLUMNS
-from engine.request import Request, materialize_prompt
+from engine.engine_loop import EngineCore
 from engine.sampling import SamplingParams
 
 BLOCK = 4

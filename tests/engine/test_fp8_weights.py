@@ -9,14 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
-from engine.flags import FlagError
+from engine.core.config import EngineArgs
+from engine.core.flags import FlagError
+from engine.core.model_spec import get_model
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.model import LlamaModel
-from engine.model_spec import get_model
 from engine.quant import PROJECTIONS, Fp8Weight, quantize_fp8
 from engine.replay import replay
-from engine.request import Request
 from kernels.reference import FP8_MAX, linear_fp8_ref, quantize_fp8_tensor
 
 

@@ -12,8 +12,8 @@ from typing import ClassVar
 import pytest
 import torch
 
+from engine.core.model_spec import get_model
 from engine.model import LlamaModel
-from engine.model_spec import get_model
 from engine.runner import ModelRunner
 
 BLOCK = 4

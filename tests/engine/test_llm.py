@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.dense_reference import greedy_reference
 from engine.llm import LLM
 from engine.loader import _hf_tensors
 from engine.sampling import SamplingParams
-from tests.engine.dense_reference import greedy_reference
 
 
 def make_llm(**kw) -> LLM:

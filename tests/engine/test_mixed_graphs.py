@@ -15,13 +15,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
-from engine.flags import FlagError
+from engine.core.config import EngineArgs
+from engine.core.cuda_graphs import mixed_graph_buckets
+from engine.core.flags import FlagError
+from engine.core.model_spec import get_model
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.model import LlamaModel
-from engine.model_spec import get_model
-from engine.request import Request
-from engine.runner import ModelRunner, mixed_graph_buckets
+from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from tests.kernels.helpers import SETTINGS
 

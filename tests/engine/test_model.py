@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.attention import AttentionMetadata
+from engine.core.model_spec import RopeScaling, get_model
+from engine.dense_reference import dense_logits
 from engine.loader import load_model, save_model
 from engine.model import LlamaModel
-from engine.model_spec import RopeScaling, get_model
-from tests.engine.dense_reference import dense_logits
+from engine.paged_forward import new_kv, run_paged
 
 TINY = get_model("tiny")
 # Variants that exercise Llama-3 rope scaling (short original context so the scaled band is hit),
@@ -35,32 +34,6 @@ def hf_weights(model: LlamaModel, tmp_path) -> dict[str, torch.Tensor]:
     save_model(model, tmp_path)
     w = load_file(str(tmp_path / "model.safetensors"))
     return w
-
-
-def run_paged(model: LlamaModel, kv: torch.Tensor, seqs: list[tuple[list[int], int, list[int]]]):
-    """One flattened step. seqs: (all tokens so far, num already in cache, block ids)."""
-    ids, pos, slots, qsl, lens = [], [], [], [0], []
-    width = max(len(b) for _, _, b in seqs)
-    bt = torch.zeros(len(seqs), width, dtype=torch.int32)
-    for i, (toks, cached, blocks) in enumerate(seqs):
-        for p in range(cached, len(toks)):
-            ids.append(toks[p])
-            pos.append(p)
-            slots.append(blocks[p // BS] * BS + p % BS)
-        qsl.append(qsl[-1] + len(toks) - cached)
-        lens.append(len(toks))
-        bt[i, : len(blocks)] = torch.tensor(blocks)
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots), block_tables=bt, seq_lens=torch.tensor(lens, dtype=torch.int32),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
-        max_query_len=max(b - a for a, b in itertools.pairwise(qsl)), max_seq_len=max(lens))
-    with torch.no_grad():
-        h = model(torch.tensor(ids), torch.tensor(pos), kv, meta)
-        return model.compute_logits(h), qsl
-
-
-def new_kv(spec, blocks=32):
-    return torch.zeros(spec.num_layers, 2, blocks, BS, spec.num_kv_heads, spec.head_dim)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -8,14 +8,15 @@ import types
 import pytest
 import torch
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.cuda_graphs import decode_graph_buckets
+from engine.core.model_spec import get_model
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.metrics import EngineMetrics, build_1_2_5_buckets
 from engine.model import LlamaModel
-from engine.model_spec import get_model
 from engine.replay import replay
-from engine.request import Request
-from engine.runner import ModelRunner, decode_graph_buckets
+from engine.runner import ModelRunner
 
 TINY = get_model("tiny")
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+from engine.core.model_spec import get_model
+from engine.core.scheduler_output import ScheduledRequest
 from engine.model import LlamaModel
-from engine.model_spec import get_model
 from engine.runner import ModelRunner
-from engine.scheduler_output import ScheduledRequest
 from tests.engine.test_mixed_graphs import DecodeReplay, MixedReplay
 
 BLOCK = 4

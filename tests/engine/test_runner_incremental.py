@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import runner as runner_module
+from engine.core.model_spec import get_model
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler, SchedulerConfig
 from engine.model import LlamaModel
-from engine.model_spec import get_model
-from engine.request import Request
 from engine.runner import ModelRunner
-from engine.scheduler import Scheduler, SchedulerConfig
 
 MODEL = LlamaModel(get_model("tiny"), max_positions=256, seed=0)
 MAX_MODEL_LEN = 128
@@ -92,7 +92,7 @@ def _sampled(scheduled, rng: np.random.Generator) -> dict[int, list[int]]:
 
 def _subset_call(kept: ModelRunner, case: Case, scheduled, tokens, rng: np.random.Generator) -> None:
     """A draft-model style call: some of the batch, the same live tables, earlier starts."""
-    from engine.scheduler_output import ScheduledRequest
+    from engine.core.scheduler_output import ScheduledRequest
 
     pick = sorted(rng.choice(len(scheduled), size=rng.integers(1, len(scheduled) + 1), replace=False))
     entries = []
@@ -173,7 +173,7 @@ def test_incremental_rows_equal_rebuild(block_size, spec_k, budget_tokens, num_b
 def test_row_overwritten_by_graph_padding_is_rewritten_whole():
     """A row that served as a graph's padding sequence (its first block id zeroed) and then
     holds the same request again is written whole, not from the step's block on."""
-    from engine.scheduler_output import ScheduledRequest
+    from engine.core.scheduler_output import ScheduledRequest
 
     case = Case(block_size=2, spec_k=0, budget_tokens=64, num_blocks=64, seed=0)
     r = _runner(case)

@@ -11,11 +11,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.engine.bench_host_prep import OpCounter
+from engine.core.model_spec import get_model
+from engine.core.scheduler_output import ScheduledRequest
 from engine.model import LlamaModel
-from engine.model_spec import get_model
+from engine.op_counter import OpCounter
 from engine.runner import STAGING_ALIGN_BYTES, ModelRunner, _staging_sections, block_entry_capacity
-from engine.scheduler_output import ScheduledRequest
 
 MODEL = LlamaModel(get_model("tiny"), max_positions=256, seed=0)
 BLOCK_SIZE = 4

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from engine.request import Request
-from engine.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
+from engine.core.request import Request
+from engine.core.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
 
 
 def req(rid: int, prompt: int, out: int, *, hash_ids=None, hbs: int = 4, arrival: float | None = None,
@@ -34,7 +34,7 @@ def run_all(s: Scheduler, sampled=None, max_steps: int = 10_000):
 
 
 def test_import_does_not_pull_torch():
-    code = "import sys, engine.scheduler, engine.block_pool; assert 'torch' not in sys.modules; " \
+    code = "import sys, engine.core.scheduler, engine.core.block_pool; assert 'torch' not in sys.modules; " \
            "assert 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -235,7 +235,7 @@ def test_stopped_is_per_request_for_the_same_token():
     out = s.schedule()
     res = s.update_from_output(out, {0: [2], 1: [2]}, stopped={0})
     assert [(r.request_id, r.reason, r.num_generated) for r in res] == [(0, "stop", 1)]
-    assert s.status_of(0) == FINISHED and s.num_running == 1
+    assert s.requests[0].status == FINISHED and s.num_running == 1
     s.check_invariants()
     out = s.schedule()
     assert [x.request_id for x in out.scheduled] == [1]

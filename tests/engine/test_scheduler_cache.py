@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.request import Request
-from engine.scheduler import PREEMPTED, Scheduler, SchedulerConfig
+from engine.core.request import Request
+from engine.core.scheduler import PREEMPTED, Scheduler, SchedulerConfig
 
 
 def mk(rid, prompt, out, hash_ids, hbs=4, arrival=None, priority=0):
@@ -119,7 +119,7 @@ def test_preemption_victim_is_latest_arrival_and_resumes_first():
     assert [x.request_id for x in out.scheduled] == [0, 1, 2, 3]
     out, _ = step(s)
     assert out.preempted_ids == [2]
-    assert s.status_of(2) == PREEMPTED and s.requests[2].num_preemptions == 1
+    assert s.requests[2].status == PREEMPTED and s.requests[2].num_preemptions == 1
     assert [x.request_id for x in out.scheduled] == [0, 1]
     out, res = step(s)
     assert [x.request_id for x in out.scheduled] == [0, 1]  # no admission of 2 yet

@@ -1,4 +1,4 @@
-"""Skip-ahead (engine/decode_skip.py): n steps at once == n single steps, through finishes."""
+"""Skip-ahead (engine/core/decode_skip.py): n steps at once == n single steps, through finishes."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.decode_skip import DecodeStretch, advance_decode, uniform_decode_steps
-from engine.request import Request
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.core.decode_skip import DecodeStretch, advance_decode, uniform_decode_steps
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler, SchedulerConfig
 from tests.engine.test_scheduler_random import state_of
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.request import Request
-from engine.scheduler import FINISHED, Scheduler, SchedulerConfig
+from engine.core.request import Request
+from engine.core.scheduler import FINISHED, Scheduler, SchedulerConfig
 
 
 def _step(s: Scheduler):
@@ -95,7 +95,7 @@ def test_preempted_external_request_recomputes_everything():
     _, rows, _ = _step(s)  # r0 at 4 needs block 3; r1 at 8 needs a block: none left -> r1 preempted
     assert rows == [(0, 1, 4, 0, False, True, (3,))]
     assert s.requests[1].num_preemptions == 1 and s.stats.external_computed_tokens == 7
-    while s.status_of(1) != "running":
+    while s.requests[1].status != "running":
         _, rows, _ = _step(s)
     assert rows[-1][:3] == (1, 9, 0)  # recomputed locally: prompt 8 + its 1 output token
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.request import Request, materialize_prompt
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.core.request import Request, materialize_prompt
+from engine.core.scheduler import Scheduler, SchedulerConfig
 
 VOCAB = 1000
 

@@ -7,10 +7,10 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import block_pool
-from engine.request import Request
-from engine.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
-from engine.scheduler_output import StepColumns
+from engine.core import block_pool
+from engine.core.request import Request
+from engine.core.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
+from engine.core.scheduler_output import StepColumns
 
 configs = st.builds(
     SchedulerConfig,

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.request import Request
-from engine.scheduler import FINISHED, Scheduler, SchedulerConfig
+from engine.core.request import Request
+from engine.core.scheduler import FINISHED, Scheduler, SchedulerConfig
 
 configs = st.builds(
     SchedulerConfig,

@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 from advisor.options import cli_message
-from engine.config import EngineArgs
-from engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from engine.core.config import EngineArgs
+from engine.core.speculative_config import SpeculativeConfig, parse_speculative_config
 from sim.config import EngineConfig
 
 

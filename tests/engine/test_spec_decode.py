@@ -12,12 +12,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.model_spec import get_model
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.model import LlamaModel
-from engine.model_spec import get_model
 from engine.replay import replay
-from engine.request import Request
 from engine.sampling import SamplingParams
 from engine.spec_decode.proposers import NgramProposer, WithDrafts
 

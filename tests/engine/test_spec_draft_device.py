@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.core.scheduler_output import ScheduledRequest
 from engine.sampling import SamplingParams
-from engine.scheduler_output import ScheduledRequest
 from engine.spec_decode.proposers import DraftModelProposer, WithDrafts
 from tests.engine.test_spec_decode import drive, engine, tiny_model, workload
 

@@ -9,10 +9,10 @@ import pytest
 pytest.importorskip("torch")
 
 from engine import startup
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.replay import replay
-from engine.request import Request
 
 
 def test_process_age_counts_from_the_process_start():

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels.paged_attention as pa
+from engine.core.model_spec import get_model
 from engine.model import LlamaModel
-from engine.model_spec import get_model
 from engine.runner import ModelRunner
 from kernels import DECODE_MAX_QUERY_LEN
 

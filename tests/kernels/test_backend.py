@@ -56,7 +56,7 @@ def test_the_torch_backend_runs_a_forward_without_importing_triton():
         import kernels
         from engine.attention import AttentionMetadata
         from engine.model import LlamaModel
-        from engine.model_spec import get_model
+        from engine.core.model_spec import get_model
 
         model = LlamaModel(get_model("tiny"), max_positions=64, seed=0)
         assert model.backend.name == "torch"

@@ -20,6 +20,7 @@ from kernels.paged_attention import (
     load_config_table,
     paged_attention,
 )
+from kernels.paged_batches import make_batch, rel_norm_error
 from kernels.reference import (
     FP8_E4M3_MAX,
     dequantize_kv_ref,
@@ -27,7 +28,7 @@ from kernels.reference import (
     quantize_kv_ref,
     write_kv_cache_ref,
 )
-from tests.kernels.helpers import SETTINGS, make_batch, rel_norm_error
+from tests.kernels.helpers import SETTINGS
 from tests.kernels.test_fused import rope_case, rope_tables
 
 FP8 = torch.float8_e4m3fn

@@ -24,8 +24,8 @@ from kernels.paged_attention import (
     load_config_table,
     paged_attention,
 )
+from kernels.paged_batches import make_batch, rel_norm_error
 from kernels.reference import paged_attention_ref, quantize_kv_ref
-from tests.kernels.helpers import make_batch, rel_norm_error
 
 FP8 = torch.float8_e4m3fn
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

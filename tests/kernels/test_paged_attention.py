@@ -21,8 +21,9 @@ from kernels.paged_attention import (
     choose_num_splits,
     paged_attention,
 )
+from kernels.paged_batches import PagedBatch, make_batch, rel_norm_error
 from kernels.reference import paged_attention_ref
-from tests.kernels.helpers import SETTINGS, PagedBatch, assert_close, make_batch, rel_norm_error
+from tests.kernels.helpers import SETTINGS, assert_close
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # small tiles keep the CPU interpreter quick and make tiles smaller/larger than the block size

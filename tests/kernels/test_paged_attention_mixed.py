@@ -19,8 +19,9 @@ from kernels.paged_attention import (
     launch_kinds,
     paged_attention,
 )
+from kernels.paged_batches import PagedBatch, make_batch, rel_norm_error
 from kernels.reference import paged_attention_ref, quantize_kv_ref
-from tests.kernels.helpers import SETTINGS, PagedBatch, assert_close, make_batch, rel_norm_error
+from tests.kernels.helpers import SETTINGS, assert_close
 
 FP8 = torch.float8_e4m3fn
 SMALL = LaunchConfigs(decode=AttentionConfig(16, 16, 4, 2), prefill=AttentionConfig(32, 16, 4, 2))

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 import kernels.paged_attention as pa
 from kernels.paged_attention import paged_attention, work_block_qs
+from kernels.paged_batches import PagedBatch, make_batch
 from kernels.reference import paged_attention_ref
 from kernels.work_lists import AttentionWork, plan_work, work_capacity
-from tests.kernels.helpers import SETTINGS, PagedBatch, assert_close, make_batch
+from tests.kernels.helpers import SETTINGS, assert_close
 
 
 def reference(batch: PagedBatch) -> torch.Tensor:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.model_spec import ModelSpec
+from engine.core.cuda_graphs import decode_graph_bucket
+from engine.core.model_spec import ModelSpec
 from sim.calibrate import FIXED_MULTIPLIERS, EngineRun
 from sim.config import EngineConfig
-from sim.cost_model import CpuTerms, GpuTerms, OverlapTerms, Roofline, graph_bucket
+from sim.cost_model import CpuTerms, GpuTerms, OverlapTerms, Roofline
 from sim.hardware import GPUSpec
 
 EW = FIXED_MULTIPLIERS["elementwise"]
@@ -71,7 +72,7 @@ def true_gpu_s(cols: dict[str, np.ndarray], rates: Roofline) -> np.ndarray:
     padded to their CUDA graph's batch)."""
     n_dec = cols["num_decode_seqs"]
     is_dec = cols["num_prefill_tokens"] == 0
-    pad = np.array([graph_bucket(int(b), MAX_NUM_SEQS) for b in n_dec], dtype=float)
+    pad = np.array([decode_graph_bucket(int(b), MAX_NUM_SEQS) for b in n_dec], dtype=float)
     tokens = np.where(is_dec, pad, cols["num_prefill_tokens"] + n_dec)
     rows = np.where(is_dec, pad, cols["num_prefill_seqs"] + n_dec)
     f = rates.features(tokens, rows, cols["prefill_attn_pairs"], cols["sum_prefill_context"],
@@ -104,7 +105,7 @@ def true_cpu_s(cols: dict[str, np.ndarray]) -> np.ndarray:
 
 def synthetic_run(model: ModelSpec, gpu: GPUSpec, *, n: int = 3000, seed: int = 0, noise: float = 0.01,
                   outlier_share: float = 0.02, async_scheduling: bool = True, name: str = "synth") -> EngineRun:
-    """One run's step table (engine/records.py column names) with known costs."""
+    """One run's step table (engine/core/records.py column names) with known costs."""
     rng = np.random.default_rng(seed)
     cols = _compositions(rng, n)
     rates = Roofline.of(model, gpu, EngineConfig())
@@ -139,7 +140,7 @@ def timing_columns(gpu: np.ndarray, cpu: np.ndarray, async_scheduling: bool,
 
 
 def async_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray) -> np.ndarray:
-    """The async engine's periods, written as its events (engine/core.py `_step_async`): iteration
+    """The async engine's periods, written as its events (engine/engine_loop.py `_step_async`): iteration
     i starts at T, prepares for host[i], launches for launch[i] while its device work starts as
     soon as the device is free, then waits for step i-1's device work; the next iteration starts
     when both are done."""

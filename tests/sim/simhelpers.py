@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.model_spec import get_model
-from engine.request import Request
-from engine.scheduler_output import SchedulerOutput
+from engine.core.model_spec import get_model
+from engine.core.request import Request
+from engine.core.scheduler_output import SchedulerOutput
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
 from sim.hardware import get_gpu
 
@@ -74,7 +74,7 @@ def shared_prefix_requests(n: int, seed: int, block: int, arrival_gap_s: float =
     160-token max_model_len must reject; arrivals `arrival_gap_s` apart."""
     import numpy as np
 
-    from engine.request import Request
+    from engine.core.request import Request
 
     rng = np.random.default_rng(seed)
     systems = [tuple(range(1000 * g, 1000 * g + int(rng.integers(4, 11)))) for g in range(3)]

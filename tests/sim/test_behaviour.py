@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.request import Request
+from engine.core.request import Request
 from sim.metrics import SLO
 from sim.simulator import simulate
 from tests.sim.simhelpers import deployment, fresh_ids, poisson, req

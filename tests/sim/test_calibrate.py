@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from advisor.cli import app
-from engine.model_spec import get_model
-from engine.records import StepRecord
-from engine.request import Request
+from engine.core.cuda_graphs import decode_graph_bucket, decode_graph_buckets
+from engine.core.model_spec import get_model
+from engine.core.records import StepRecord
+from engine.core.request import Request
 from sim import cost_model
 from sim.calibrate import (
     CalibrationInputError,
@@ -32,7 +33,7 @@ from sim.calibrate import (
     scale_profile,
 )
 from sim.config import EngineConfig
-from sim.cost_model import CostModel, CostProfile, CpuTerms, DecodeRun, Roofline, graph_bucket
+from sim.cost_model import CostModel, CostProfile, CpuTerms, DecodeRun, Roofline
 from sim.hardware import get_gpu
 from sim.memory import plan_memory
 from sim.run import SimConfig, run
@@ -183,12 +184,10 @@ def test_decode_run_with_growing_cpu_time_sums_its_steps(g0, slope, cpu, cpu_slo
 
 
 def test_graph_buckets_are_the_engines():
-    from engine.runner import decode_graph_buckets  # torch: only this test needs it
-
     for max_seqs in (1, 5, 64, 100, 256):
         sizes = decode_graph_buckets(max_seqs)
         for b in range(1, max_seqs + 1):
-            assert graph_bucket(b, max_seqs) == min(s for s in sizes if s >= b)
+            assert decode_graph_bucket(b, max_seqs) == min(s for s in sizes if s >= b)
 
 
 # --- KV block count -------------------------------------------------------------------------------

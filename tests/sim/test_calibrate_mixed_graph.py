@@ -10,9 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from engine.model_spec import get_model
-from engine.records import StepRecord
-from engine.runner import mixed_graph_buckets  # the engine's buckets: the reference for the padding
+from engine.core.cuda_graphs import (
+    mixed_graph_buckets,  # the engine's buckets: the reference for the padding
+)
+from engine.core.model_spec import get_model
+from engine.core.records import StepRecord
 from sim.calibrate import (
     CalibrationInputError,
     EngineRun,

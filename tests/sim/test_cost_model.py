@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.model_spec import get_model
+from engine.core.model_spec import get_model
 from sim.config import EngineConfig, SpeculativeConfig
 from sim.cost_model import CostModel, CostProfile, DecodeRun, DecodeRuns
 from sim.hardware import get_gpu

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.model_spec import get_model
-from engine.records import StepRecord
+from engine.core.cuda_graphs import mixed_graph_bucket, mixed_graph_buckets
+from engine.core.model_spec import get_model
+from engine.core.records import StepRecord
 from sim.config import EngineConfig
-from sim.cost_model import CostModel, CostProfile, GpuTerms, Roofline, mixed_graph_bucket
+from sim.cost_model import CostModel, CostProfile, GpuTerms, Roofline
 from sim.hardware import get_gpu
 from tests.sim.simhelpers import frozen_profile
 
@@ -79,8 +80,6 @@ def test_profiles_without_graph_fields_predict_exactly_as_before(case):
 
 
 def test_bucket_is_the_engines():
-    from engine.runner import mixed_graph_buckets  # torch: only this test needs it
-
     for max_tokens in [*range(1, 600), 1000, 1024, 1025, 2048, 3000, 8192]:
         sizes = mixed_graph_buckets(max_tokens)
         for n in range(1, max_tokens + 20):

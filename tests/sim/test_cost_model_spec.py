@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.model_spec import get_model
+from engine.core.model_spec import get_model
 from sim.config import EngineConfig, SpeculativeConfig
 from sim.cost_model import CostModel, CostProfile, Roofline, SpecTerms
 from sim.hardware import get_gpu

@@ -19,17 +19,17 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
-from engine.model_spec import get_model
-from engine.records import expand_step_rows
+from engine.core.config import EngineArgs
+from engine.core.model_spec import get_model
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.replay import replay
-from engine.request import Request
 from engine.virtual_clock import StepTimes, virtual_clock
 from sim.config import DeploymentConfig, EngineConfig
 from sim.hardware import get_gpu
 from sim.simulator import Simulation
 from tests.sim.simhelpers import frozen_profile
+from tests.sim.step_rows import expand_step_rows
 
 BLOCK = 4
 LAUNCH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "num_decode_seqs", "num_prefill_seqs")

@@ -21,18 +21,19 @@ pytest.importorskip("torch")
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.model_spec import get_model
+from engine.core.records import REQUEST_COLUMNS, STEP_COLUMNS
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.metrics import EngineMetrics
-from engine.model_spec import get_model
-from engine.records import REQUEST_COLUMNS, STEP_COLUMNS, expand_step_rows
 from engine.replay import replay
-from engine.request import Request
 from sim.calibrate import RECONSTRUCTED_STEPS_FILE, load_run, reschedule
 from sim.config import DeploymentConfig, EngineConfig
 from sim.hardware import get_gpu
 from sim.simulator import Simulation
 from tests.sim.simhelpers import shared_prefix_requests
+from tests.sim.step_rows import expand_step_rows
 
 BLOCK = 4
 FLAGS = {"block_size": BLOCK, "max_num_batched_tokens": 32, "max_num_seqs": 6, "max_model_len": 160,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.model_spec import get_model
+from engine.core.model_spec import get_model
 from sim.config import EngineConfig
 from sim.cost_model import CostModel, CostProfile
 from sim.hardware import get_gpu

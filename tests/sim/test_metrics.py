@@ -8,10 +8,16 @@ import math
 import numpy as np
 import pytest
 
-from engine.records import REQUEST_COLUMNS, STEP_COLUMNS, StepRecord, expand_step_rows, to_columns
+from engine.core.records import (
+    REQUEST_COLUMNS,
+    STEP_COLUMNS,
+    StepRecord,
+    to_columns,
+)
 from sim.metrics import SLO, SimResult, jsonable, load_summary, weighted_percentiles
 from sim.simulator import simulate
 from tests.sim.simhelpers import deployment, poisson
+from tests.sim.step_rows import expand_step_rows
 
 
 def _result() -> SimResult:

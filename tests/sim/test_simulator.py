@@ -10,9 +10,8 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.model_spec import ModelSpec
-from engine.records import expand_step_rows
-from engine.request import Request
+from engine.core.model_spec import ModelSpec
+from engine.core.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
 from sim.cost_model import CostModel, CostProfile
 from sim.hardware import get_gpu
@@ -27,6 +26,7 @@ from tests.sim.simhelpers import (
     req,
     step_s,
 )
+from tests.sim.step_rows import expand_step_rows
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:

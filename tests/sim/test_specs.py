@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from engine.model_spec import MODEL_PRESETS, ModelSpec, blocks_for_tokens, get_model
-from engine.request import Request, materialize_prompt
+from engine.core.model_spec import MODEL_PRESETS, ModelSpec, blocks_for_tokens, get_model
+from engine.core.request import Request, materialize_prompt
 from sim.hardware import GPU_PRESETS, get_gpu, kv_capacity_tokens, transfer_time_s
 
 

@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.config import EngineArgs
-from engine.core import EngineCore
+from engine.core.config import EngineArgs
+from engine.core.request import Request
+from engine.engine_loop import EngineCore
 from engine.replay import replay
-from engine.request import Request
 from sim.traces import export_mooncake, load_mooncake
 from sim.validate import (
     ERROR_METRICS,

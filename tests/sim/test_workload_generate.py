@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from engine.request import Request
+from engine.core.request import Request
 from sim.describe import describe_workload, index_of_dispersion, prefix_reuse
 from sim.generate import generate
 from sim.workload import Workload, runs_from_flat

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.request import materialize_prompt
+from engine.core.request import materialize_prompt
 from sim.describe import prefix_reuse
 from sim.generate import generate
 from sim.workload_presets import get_preset

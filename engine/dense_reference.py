@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from engine.model_spec import ModelSpec
+from engine.core.model_spec import ModelSpec
 
 
 def _inv_freq(spec: ModelSpec) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The engine loop: scheduler -> input preparation -> forward -> sampling -> scheduler update.
 
 `EngineCore.step()` runs one iteration and returns what it produced plus one `StepRecord`
-(engine/records.py: the step table's columns, shared with the simulator). Scheduling decisions are the shared `Scheduler`'s,
+(engine/core/records.py: the step table's columns, shared with the simulator). Scheduling decisions are the shared `Scheduler`'s,
 unchanged; this module only executes them and keeps each request's tokens and timestamps.
 
 With `speculative_config` the step runs synchronously: schedule (1 + k slots per decode) ->
@@ -22,15 +22,15 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineArgs, scheduler_config
+from engine.core.config import EngineArgs, scheduler_config
+from engine.core.model_spec import get_model
+from engine.core.records import StepRecord, step_composition
+from engine.core.request import FIRST_CONTENT_TOKEN_ID, Request
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import RequestResult, SchedulerOutput
 from engine.model import TORCH_DTYPES, LlamaModel
-from engine.model_spec import get_model
-from engine.records import StepRecord, step_composition
-from engine.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
-from engine.scheduler import Scheduler
-from engine.scheduler_output import RequestResult, SchedulerOutput
 from engine.spec_decode.proposers import DraftModelProposer, NgramProposer, Proposal, WithDrafts
 from engine.startup import StartupLog, log_progress, process_age_s
 from kernels import compiled_kernel_count

@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Hashable, Sequence
 from typing import Protocol
 
-from engine.block_pool import make_block_hasher, make_bytes_hasher, pack_extra, root_hash
+from engine.core.block_pool import make_block_hasher, make_bytes_hasher, pack_extra, root_hash
 
 # Content key tag for blocks that hold generated tokens in the simulator (no token ids):
 # such a block is keyed by (GEN_TAG, request_id, block index), so only the request that

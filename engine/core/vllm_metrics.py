@@ -2,7 +2,7 @@
 vllm/v1/metrics/loggers.py).
 
 Defined once, so that the real engine's live metrics (`engine/metrics.py`) and the run
-exposition computed from a run's tables (`engine/run_summary.py`, used by the simulator and the
+exposition computed from a run's tables (`engine/core/run_summary.py`, used by the simulator and the
 engine's replay) print the same names and bucket bounds.
 """
 

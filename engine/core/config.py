@@ -3,7 +3,7 @@
 `SchedulingArgs` holds vLLM's scheduling and KV-cache flags; both the real engine's
 `EngineArgs` (here) and the simulated instance's `sim.config.EngineConfig` extend it, so the two
 resolve their GPU-dependent defaults with the same `resolve_limits`. Fields come from the flag
-records of `engine.flags`. `scheduler_config` turns either into the `SchedulerConfig` the shared
+records of `engine.core.flags`. `scheduler_config` turns either into the `SchedulerConfig` the shared
 scheduler runs with. No torch here: the simulator imports this module.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.flags import (
+from engine.core.flags import (
     ENGINE_ONLY_FLAGS,
     SCHEDULING_FLAGS,
     FlagError,
@@ -26,8 +26,8 @@ from engine.flags import (
     flag_model,
     resolve_batch,
 )
-from engine.scheduler import SchedulerConfig
-from engine.spec_decode.config import parse_speculative_config
+from engine.core.scheduler import SchedulerConfig
+from engine.core.speculative_config import parse_speculative_config
 
 
 class _SchedulingRules(BaseModel):
@@ -58,7 +58,7 @@ class _SchedulingRules(BaseModel):
 
 
 class SchedulingArgs(flag_model("_SchedulingFields", SCHEDULING_FLAGS, _SchedulingRules)):  # type: ignore[misc]
-    """vLLM's scheduling and KV-cache engine arguments (`engine.flags.SCHEDULING_FLAGS`).
+    """vLLM's scheduling and KV-cache engine arguments (`engine.core.flags.SCHEDULING_FLAGS`).
 
     `max_num_batched_tokens`, `max_num_seqs` and `max_model_len` may be None: `resolve_limits`
     fills them for the device, the model and the entry point, as vLLM does at start-up.
@@ -84,7 +84,7 @@ def scheduler_config(args: SchedulingArgs, *, num_gpu_blocks: int, max_model_len
 
 
 class EngineArgs(flag_model("_EngineFields", ENGINE_ONLY_FLAGS, SchedulingArgs)):  # type: ignore[misc]
-    """What the real engine (`engine.core.EngineCore`, `engine.llm.LLM`) is started with.
+    """What the real engine (`engine.engine_loop.EngineCore`, `engine.llm.LLM`) is started with.
 
     `usage_context` picks vLLM's defaults: "api_server" models `vllm serve` (`costline engine
     run`), "offline" the `LLM` class (`engine.llm.LLM`, `costline engine bench`).

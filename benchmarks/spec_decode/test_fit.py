@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from benchmarks.spec_decode import bench_h200, fit_sim
-from engine.request import Request
-from engine.run_summary import jsonable
+from engine.core.request import Request
+from engine.core.run_summary import jsonable
 from sim.config import EngineConfig, SpeculativeConfig
 from sim.cost_model import CostProfile
 from sim.run import LoadedWorkload, SimConfig, run
-from sim.speculative import AcceptanceModel, fit_acceptance_beta, load_acceptance_table, steps_pmf
+from sim.speculative import AcceptanceModel, fit_acceptance_beta, steps_pmf
 
 
 @pytest.mark.parametrize(("alpha", "k", "steps"), [(0.3, 2, 3), (0.8, 3, 2), (0.55, 1, 4)])
@@ -109,7 +109,7 @@ def test_fit_sim_recovers_acceptance_and_reproduces_simulated_runs(tmp_path):
     profile, table = tmp_path / "profile.json", tmp_path / "acceptance.json"
     report = fit_sim.fit_and_validate({"acceptance": rows, "best_k": {"draft_model": 3}}, runs, tmp_path / "out",
                                       profile, table)
-    fitted = load_acceptance_table(table)["draft_model"]
+    fitted = json.loads(table.read_text())["acceptance_beta"]["draft_model"]
     for task, (a, b) in TASK_BETA.items():
         fa, fb = fitted[task]
         assert fa / (fa + fb) == pytest.approx(a / (a + b), abs=0.04), task
@@ -144,7 +144,7 @@ def test_measurements_are_written_as_markdown_tables():
 def test_draft_pass_cost_is_recovered_from_propose_times(tmp_path):
     """propose_s = the draft's roofline math + k forwards (the catch-up and k - 1 single-token ones)
     x 0.4 ms: the fit finds 0.4 ms per forward."""
-    from engine.model_spec import get_model
+    from engine.core.model_spec import get_model
     from sim.cost_model import CostModel, SpecTerms
     from sim.hardware import get_gpu
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from benchmarks.spec_decode import corpora, train_pair
+from engine.core.model_spec import get_model
 from engine.loader import load_model
-from engine.model_spec import get_model
-from tests.engine.test_model import new_kv, run_paged
+from engine.paged_forward import new_kv, run_paged
 
 
 # ---------------------------------------------------------------------------- corpora

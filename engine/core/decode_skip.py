@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from engine.scheduler_output import RequestResult
+from engine.core.scheduler_output import RequestResult
 
 if TYPE_CHECKING:  # annotations only: the scheduler does not import this module
-    from engine.scheduler import Scheduler
+    from engine.core.scheduler import Scheduler
 
 
 @dataclass(slots=True)

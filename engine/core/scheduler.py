@@ -33,11 +33,11 @@ Semantics (vLLM V1, `vllm/v1/core/sched/scheduler.py`, re-derived, not copied):
   with a reason, never dropped.
 
 Driving it (simulator; the engine passes token ids to `add_request` and sampled token ids
-to `update_from_output`, and reads `out.scheduled`; skip-ahead lives in engine/decode_skip.py):
+to `update_from_output`, and reads `out.scheduled`; skip-ahead lives in engine/core/decode_skip.py):
 
     sched = Scheduler(SchedulerConfig(num_gpu_blocks=40_000))
     sched.add_request(req)                        # at its arrival
-    n = uniform_decode_steps(sched)               # engine/decode_skip.py: skip ahead while
+    n = uniform_decode_steps(sched)               # engine/core/decode_skip.py: skip ahead while
     if n > 1:                                     # nothing else can happen
         adv = advance_decode(sched, min(n, steps_until_next_arrival))
     else:
@@ -62,10 +62,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.block_keys import GEN_TAG, BlockKeys, HashIdKeys, TokenKeys
-from engine.block_pool import BlockPool
-from engine.request import Request
-from engine.scheduler_output import (
+from engine.core.block_keys import GEN_TAG, BlockKeys, HashIdKeys, TokenKeys
+from engine.core.block_pool import BlockPool
+from engine.core.request import Request
+from engine.core.scheduler_output import (
     _EMPTY,
     RequestResult,
     ScheduledRequest,
@@ -250,7 +250,7 @@ class Scheduler:
         self._any_token_ids = False  # some request was added with token ids (engine)
         self._num_added = 0
         self.step_id = 0
-        self._uniform_until = None  # engine/decode_skip.py: the latest uniform stretch found
+        self._uniform_until = None  # engine/core/decode_skip.py: the latest uniform stretch found
         # counters
         self.num_steps = 0
         self.num_preemptions = 0
@@ -371,10 +371,6 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0 or bool(self._pending_rejected)
-
-    def status_of(self, request_id: int) -> str:
-        """"waiting", "running", "preempted", "finished" or "rejected"."""
-        return self.requests[request_id].status
 
     def block_ids_of(self, request_id: int) -> list[int]:
         """A copy of the request's block table: what a KV connector sends for a held request."""
@@ -1110,8 +1106,8 @@ def _counts_and_token_ids(sampled: dict | None) -> tuple[dict[int, int] | None, 
         return sampled, None
     return {rid: v if isinstance(v, int) else len(v) for rid, v in sampled.items()}, sampled
 
-# what other layers import from here (records live in engine/scheduler_output.py, keys in
-# engine/block_keys.py)
+# what other layers import from here (records live in engine/core/scheduler_output.py, keys in
+# engine/core/block_keys.py)
 __all__ = [
     "FINISHED",
     "GEN_TAG",

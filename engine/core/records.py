@@ -19,7 +19,7 @@ last step. Step durations in a row grow linearly from `first_dt_s` to `last_dt_s
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Any
@@ -138,37 +138,6 @@ def to_columns(records: Sequence[Any], cls: type[StepRecord | RequestRecord]) ->
     return {n: np.fromiter(map(attrgetter(n), records), dtype=dtypes[n], count=len(records)) for n in names}
 
 
-def empty_table(columns: Iterable[str], dtypes: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {c: np.zeros(0, dtype=dtypes[c]) for c in columns}
-
-
-def expand_step_rows(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One row per engine step: a row of n_steps equal decode steps becomes n rows with that
-    composition (sum_decode_context growing by num_decode_seqs per step, max_decode_context by 1), per-step durations
-    (linear from first_dt_s to last_dt_s; starts accumulate them) and num_output_tokens (each step of such a row emits one
-    token per sequence). What a row only knows as a total stays unsplit: block counts stay on its
-    first step (zero on the others), and the GPU/CPU split of its steps is NaN."""
-    n = steps["n_steps"].astype(np.int64)
-    idx = np.repeat(np.arange(n.size), n)
-    i = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # position within the row
-    k = n[idx]
-    out = {c: v[idx] for c, v in steps.items()}
-    out["n_steps"] = np.ones(idx.size, dtype=np.int64)
-    out["step_id"] = out["step_id"] + i
-    out["sum_decode_context"] = out["sum_decode_context"] + i * out["num_decode_seqs"]
-    out["max_decode_context"] = out["max_decode_context"] + i * (out["num_decode_seqs"] > 0)
-    dt = out["first_dt_s"] + (out["last_dt_s"] - out["first_dt_s"]) * i / np.maximum(k - 1, 1)
-    out["total_s"], out["first_dt_s"], out["last_dt_s"] = dt, dt.copy(), dt.copy()
-    before = np.cumsum(dt) - dt  # durations of the earlier steps, then of the earlier rows too
-    out["t_start_s"] = out["t_start_s"] + before - np.repeat(before[np.cumsum(n) - n], n)
-    out["num_output_tokens"] = out["num_output_tokens"] // k
-    for c in ("gpu_s", "cpu_s", "propose_s"):
-        out[c] = np.where(k > 1, NAN, out[c])
-    for c in ("num_blocks_allocated", "num_blocks_hashed", "drafted", "accepted", "num_spec_accepted_tokens"):
-        out[c] = np.where(i == 0, out[c], 0)
-    return out
-
-
 __all__ = [
     "REQUEST_COLUMNS",
     "REQUEST_DTYPES",
@@ -176,7 +145,6 @@ __all__ = [
     "STEP_DTYPES",
     "RequestRecord",
     "StepRecord",
-    "expand_step_rows",
     "step_composition",
     "to_columns",
 ]

@@ -1,6 +1,6 @@
 """What the scheduler hands back: per-step decisions, finished requests and counters. Plain
 data (no scheduler internals to reach into), shared by the simulator's cost model and the
-engine's GPU runner. `engine.scheduler` re-exports every name here."""
+engine's GPU runner. `engine.core.scheduler` re-exports every name here."""
 
 from __future__ import annotations
 

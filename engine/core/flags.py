@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, create_model
 
-from engine.spec_decode.config import SpeculativeConfig
+from engine.core.speculative_config import SpeculativeConfig
 
 UsageContext = Literal["api_server", "offline"]
 # vLLM's compilation_config.cudagraph_mode values that costline's engine runs

@@ -78,7 +78,7 @@ def _key_problem(err: dict[str, Any]) -> str:
 
 
 def _flag_error(shown: str, text: str) -> Exception:
-    from engine.flags import FlagError  # engine.flags imports this module
+    from engine.core.flags import FlagError  # engine.core.flags imports this module
 
     # FlagError fills {field} placeholders in its rule: the JSON's own braces are literal
     return FlagError("speculative_config", shown, text.replace("{", "{{").replace("}", "}}"))

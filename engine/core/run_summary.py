@@ -1,11 +1,11 @@
 """One run summary and one Prometheus exposition, computed from the request and step tables
-(engine/records.py), for the simulator's runs and the engine's alike.
+(engine/core/records.py), for the simulator's runs and the engine's alike.
 
 The summary uses the keys of `vllm bench serve --save-result` (`mean_ttft_ms`, `p99_tpot_ms`,
 `request_goodput`, ...) so a simulated run, an engine replay and a measured vLLM run compare key
 by key; costline's extras (goodput per GPU, prefix hit rate, GPU busy share, CPU share of step
 time, KV transfer) sit beside them. The Prometheus text has vLLM's metric names and buckets
-(engine/vllm_metrics.py), so dashboards built for a real server read either run.
+(engine/core/vllm_metrics.py), so dashboards built for a real server read either run.
 
 Torch-free: the simulator imports it.
 """
@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from engine.flags import FlagError
-from engine.vllm_metrics import (
+from engine.core.flags import FlagError
+from engine.core.vllm_metrics import (
     E2E_BUCKETS_S,
     HELP,
     ITERATION_TOKENS_BUCKETS,
@@ -426,7 +426,7 @@ def jsonable(x: Any) -> Any:
 @dataclass
 class RunTables:
     """What one run (simulated or replayed) produced: column tables (dicts of numpy arrays whose
-    names are engine/records.py's), run metadata, run-wide counters, and its ITL samples."""
+    names are engine/core/records.py's), run metadata, run-wide counters, and its ITL samples."""
 
     requests: dict[str, np.ndarray]
     steps: dict[str, np.ndarray]

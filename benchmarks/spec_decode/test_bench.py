@@ -83,8 +83,8 @@ def tiny_pair(tmp_path_factory):
 
 def test_a_trained_pair_is_recognised_as_its_presets(tmp_path):
     """run.json names the simulator preset of the exported checkpoint (the simulator prices by it)."""
+    from engine.core.model_spec import get_model
     from engine.loader import load_model
-    from engine.model_spec import get_model
 
     spec = get_model("byte-lm-10m")
     train_pair.export(train_pair.TrainLlama(spec, max_positions=16), tmp_path / "draft")
