@@ -50,7 +50,8 @@ def test_the_profile_prices_fp8_steps_with_the_fitted_terms():
     model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
     profile = CostProfile.load("h200-llama-3.1-8b")
     bf16 = CostModel(model, gpu, EngineConfig(), profile)
-    plain = CostModel(model, gpu, EngineConfig(quantization="fp8"), profile.model_copy(update={"fp8_gemm_speedup": 1.8}))
+    plain = CostModel(model, gpu, EngineConfig(quantization="fp8"),
+                      profile.model_copy(update={"fp8_gemm_speedup": 1.8, "fp8_step_s": 0.0}))
     taxed = CostModel(model, gpu, EngineConfig(quantization="fp8"),
                       profile.model_copy(update={"fp8_gemm_speedup": 1.8, "fp8_step_s": 5e-4}))
     for n in (1, 64):  # decode graphs: the per-forward cost lands whole on every step
