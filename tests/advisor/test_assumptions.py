@@ -30,8 +30,23 @@ def test_the_profile_says_measured_scaled_or_prior():
     assert profile_provenance(load_profile("default")) == "prior"
 
 
+def _unmeasured_fp8(prof):
+    return prof.model_copy(update={"fp8_gemm_speedup": None, "fp8_step_s": None, "fp8_fit": None})
+
+
+def test_fp8_weights_are_measured_on_the_h200_8b_and_carried_over_elsewhere():
+    fp8 = "FP8 weights: GEMM speed-up over bf16"
+    own = {a.input: a for a in knob_assumptions(ALL_ON, load_profile("h200-llama-3.1-8b"), "h200")}[fp8]
+    assert own.provenance == "measured" and own.low is None
+    assert own.value == "1.70x, +0.59 ms per forward" and "held-out step error 1.5%" in own.source
+    h100 = {a.input: a for a in knob_assumptions(ALL_ON, load_profile("h100-sxm-llama-3.1-8b"), "h100-sxm")}[fp8]
+    assert h100.provenance == "transferred" and h100.source.startswith("carried over from")
+    one_b = {a.input: a for a in knob_assumptions(ALL_ON, load_profile("h200-llama-3.2-1b"), "h200")}[fp8]
+    assert one_b.provenance == "prior" and (one_b.low, one_b.high) == FP8_GEMM_SPEEDUP_RANGE
+
+
 def test_each_knob_names_its_provenance_and_range():
-    prof = load_profile("h200-llama-3.1-8b")
+    prof = _unmeasured_fp8(load_profile("h200-llama-3.1-8b"))
     got = {a.input: a for a in knob_assumptions(ALL_ON, prof, "h200")}
     fp8 = got["FP8 weights: GEMM speed-up over bf16"]
     assert (fp8.provenance, fp8.low, fp8.high) == ("prior", *FP8_GEMM_SPEEDUP_RANGE)
@@ -44,7 +59,7 @@ def test_each_knob_names_its_provenance_and_range():
     # measured by the user / by a profile: tagged so, and no range to simulate
     mine = ALL_ON.model_copy(update={"speculative_config": EAGLE.model_copy(
         update={"acceptance_beta": {"default": (7.0, 3.0)}})})
-    measured = prof.model_copy(update={"fp8_gemm_speedup": 1.5})
+    measured = prof.model_copy(update={"fp8_gemm_speedup": 1.5, "fp8_step_s": 0.0})
     got = {a.input: a for a in knob_assumptions(mine, measured, "h200")}
     assert got["eagle3 acceptance per draft token"].provenance == "measured"
     assert got["eagle3 acceptance per draft token"].low is None
@@ -57,7 +72,7 @@ def test_each_knob_names_its_provenance_and_range():
 
 
 def test_ranges_come_only_with_the_rung_that_brings_the_input_in():
-    prof = load_profile("h200-llama-3.1-8b")
+    prof = _unmeasured_fp8(load_profile("h200-llama-3.1-8b"))
     names = [r.name for r in input_ranges(EngineConfig(), ALL_ON, prof)]
     assert names == ["FP8 weights: GEMM speed-up over bf16", "eagle3 acceptance per draft token"]
     assert input_ranges(ALL_ON, ALL_ON, prof) == []  # already in the previous rung: not this rung's doing
