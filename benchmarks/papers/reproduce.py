@@ -323,8 +323,26 @@ def reproduce() -> dict[str, Any]:
     t_lab = time.perf_counter() - t0
 
     prod = [production(name, target, spec, plan) for name, target, spec, plan in prod_plans]
-    return {"rows": rows, "production": prod, "details": details, "tolerance": TOLERANCE,
+    return {"rows": rows, "production": prod, "summary": summarize(rows, prod), "details": details, "tolerance": TOLERANCE,
             "seconds": {"lab": round(t_lab, 1), "total": round(time.perf_counter() - t0, 1)}}
+
+
+def summarize(rows: list[dict[str, Any]], prod: list[dict[str, Any]]) -> dict[str, Any]:
+    """The numbers the conclusion quotes: how many figures reproduce, and what production keeps of
+    each lab gain (production gain / lab gain, per trace) and of each factor alone."""
+    kept = {f"{p['row']} / {t}": (p["gains"][t] / p["gains"]["lab"] if p["gains"][t] is not None else None)
+            for p in prod for t in lab.PRODUCTION_TRACES}
+    vals = sorted(v for v in kept.values() if v is not None)
+    factor_kept = {f: sorted(p["gains"][f] / p["gains"]["lab"] for p in prod)
+                   for f in ("bursts", "long-tailed lengths", "dynamic system prompts", "drifting task mix")}
+    return {"figures": len(rows), "within_20pct": sum(r["status"] != "explained" for r in rows),
+            "explained": sum(r["status"] == "explained" for r in rows),
+            "trace_kept": {k: (round(v, 3) if v is not None else None) for k, v in kept.items()},
+            "trace_kept_median": round(vals[len(vals) // 2 - 1] / 2 + vals[len(vals) // 2] / 2, 3) if len(vals) % 2 == 0
+            else round(vals[len(vals) // 2], 3),
+            "trace_halved_or_worse": sum(v <= 0.5 for v in vals), "trace_shrank": sum(v < 0.95 for v in vals),
+            "trace_grew": sum(v > 1.05 for v in vals), "trace_cases": len(vals),
+            "factor_kept_range": {f: [round(v[0], 3), round(v[-1], 3)] for f, v in factor_kept.items()}}
 
 
 def _row(c: dict[str, Any], costline: float, note: str) -> dict[str, Any]:
@@ -375,7 +393,7 @@ def charts(res: dict[str, Any], out: Path) -> list[str]:
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [r["paper"] for r in rows], 0.4, label="paper")
     ax.bar([i + 0.2 for i in x], [r["costline"] for r in rows], 0.4, label="costline")
-    ax.set_xticks(list(x), [r["id"].replace("-", "\n", 1) for r in rows], fontsize=6)
+    ax.set_xticks(list(x), [r["id"] for r in rows], fontsize=6, rotation=30, ha="right")
     ax.set_ylabel("gain (x)")
     ax.set_title("Published lab gains vs costline under the same setting", fontsize=9)
     ax.legend(fontsize=7)
