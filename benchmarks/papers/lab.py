@@ -20,8 +20,8 @@ from typing import Any
 from advisor.advise.evaluate import Outcome
 from advisor.advise.gap import gain as advisor_gain
 from advisor.advise.variants import burstier, heavier_tail, with_dynamic
-from engine.model_spec import ModelSpec, get_model
-from engine.request import Request
+from engine.core.model_spec import ModelSpec, get_model
+from engine.core.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
 from sim.generate import generate
 from sim.hardware import get_gpu
