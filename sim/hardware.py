@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from engine.model_spec import ModelSpec, blocks_for_tokens, dtype_bytes, get_model
+from engine.model_spec import ModelSpec, blocks_for_tokens, dtype_bytes
 
 GB = 1e9
 
@@ -76,7 +76,15 @@ def get_gpu(name: str) -> GPUSpec:
 
 
 def _model_preset(name: str) -> str:
-    get_model(name)  # an unknown preset is refused here, naming the presets
+    """A preset alias or its Hugging Face id, as the alias; an unknown name is refused naming both."""
+    from sim.models import preset_of
+
+    return preset_of(name)
+
+
+def _model_name(name: str) -> str:
+    """A preset alias or Hugging Face id kept as typed (the `vllm serve` line prints the id)."""
+    _model_preset(name)
     return name
 
 
@@ -87,6 +95,7 @@ def _gpu_preset(name: str) -> str:
 
 # A record's field that names a preset: refused at validation, before any work, naming the presets
 ModelPreset = Annotated[str, AfterValidator(_model_preset)]
+ModelName = Annotated[str, AfterValidator(_model_name)]
 GpuPreset = Annotated[str, AfterValidator(_gpu_preset)]
 
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from advisor.advise.assumptions import Assumption
 from advisor.advise.uncertainty import DEFAULT_MIN_GAIN_PCT, GainInterval
 from engine.run_summary import SLO
-from sim.hardware import GpuPreset, ModelPreset
+from sim.hardware import GpuPreset, ModelName
 from sim.speculative import DEFAULT_ACCEPTANCE
 
 Objective = Literal["goodput", "min-gpus", "cost"]
@@ -37,7 +37,8 @@ def normalise_slo(text: str) -> str:
 class AdviseRequest(_Record):
     """What the user asks: traffic aside, the deployment and targets to advise on."""
 
-    model: ModelPreset = "llama-3.1-8b"  # refused before any simulation starts, naming the presets
+    model: ModelName = Field("llama-3.1-8b", description="a model preset or its Hugging Face id "
+                             "(meta-llama/Llama-3.1-8B-Instruct); refused before any simulation, naming both")
     gpu: GpuPreset = "h200"
     num_gpus: int = Field(1, ge=1, le=64)
     slo: str = Field("ttft_p99:500 tpot_p99:50", description="goodput targets in ms, e.g. "
@@ -78,8 +79,15 @@ class AdviseRequest(_Record):
         if self.profile is not None:
             from sim.profile_files import load_profile
 
-            load_profile(self.profile, self.model, self.gpu)  # a damaged file named before the search
+            load_profile(self.profile, self.preset, self.gpu)  # a damaged file named before the search
         return self
+
+    @property
+    def preset(self) -> str:
+        """The model preset's alias (`model` may be its Hugging Face id)."""
+        from sim.models import preset_of
+
+        return preset_of(self.model)
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -236,6 +244,8 @@ class Recommendation(_Record):
     gap: Gap | None
     robustness: Robustness
     serve_command: str
+    serve_notes: list[str] = Field(default_factory=list, description="what to replace or know before pasting "
+                                   "serve_command (a draft-head placeholder)")
     metrics_to_watch: list[MetricToWatch]
     questions: list[Question]
     elapsed_s: float

@@ -24,6 +24,7 @@ from engine.request import Request
 from sim.describe import describe_workload
 from sim.profile_files import load_profile
 from sim.run import LoadedWorkload
+from sim.serve_line import ServeLine
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
 
@@ -66,6 +67,14 @@ def _profile(request: AdviseRequest, extras: dict[str, Any]) -> ProfileInfo:
     return ProfileInfo(name=str(name), status=str(status))
 
 
+def serve_notes(line: ServeLine) -> list[str]:
+    if not line.draft_placeholder:
+        return []
+    return [(f"{line.draft_placeholder} in --speculative-config is a placeholder: no public draft head for this model "
+            "and method is known to costline; put the Hugging Face id or path of one trained for this model in "
+            "\"model\" (vLLM refuses the method without it)")]
+
+
 def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None = None,
            source: SourceOptions | None = None) -> Recommendation:
     """The recommendation for `workload` under `request` (same inputs and seed, same answer).
@@ -75,11 +84,11 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
     wl = as_workload(workload, request.seed, source)
     spec = spec_for(workload, wl, source)
     # min-gpus and cost compare deployments on fewer GPUs than given too
-    dims = dimensions(request.model, request.num_gpus, min_gpus=None if request.objective == "goodput" else 1,
+    dims = dimensions(request.preset, request.num_gpus, min_gpus=None if request.objective == "goodput" else 1,
                       acceptance=request.acceptance)
     slo = request.parsed_slo()
     slo_text = " ".join(f"{k}:{v:g}" for k, v in slo.as_dict().items()) if slo else None
-    ctx = Context(model=request.model, gpu=request.gpu, num_gpus=request.num_gpus, slo=slo_text, seed=request.seed,
+    ctx = Context(model=request.preset, gpu=request.gpu, num_gpus=request.num_gpus, slo=slo_text, seed=request.seed,
                   profile=request.profile, objective=request.objective, dims=dims, num_requests=len(wl),
                   budget=request.budget)
     n_analysis = min(len(wl), ANALYSIS_REQUESTS[request.budget])
@@ -110,6 +119,7 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
         count = ev.count
     say(1.0, "done")
     best_engine = ctx.task(found.best.cand).config.engine
+    line = serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus))
     return Recommendation(
         request=request, profile=_profile(request, found.best.outcome.extras),
         workload=_workload_info(wl, ctx, spec.name), baseline=scored_config(ctx, found.baseline),
@@ -117,7 +127,7 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
         rejected=rejected(ctx, found, steps.kept_dims), cost_lines=lines,
         assumptions=assumptions(best_engine, profile, request.gpu, steps.flips),
         gap=gap, robustness=rob,
-        serve_command=serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus)),
+        serve_command=line.command, serve_notes=serve_notes(line),
         metrics_to_watch=metrics_to_watch(slo, found, lines), questions=questions(ctx, found, lines),
         elapsed_s=round(time.perf_counter() - t0, 2), num_simulations=count,
         latency_cdfs={"baseline": found.baseline.outcome.cdf_ms, "best": found.best.outcome.cdf_ms})

@@ -16,6 +16,7 @@ from typing import Any
 from engine.model_spec import get_model
 from sim.config import DisaggConfig, EngineConfig
 from sim.run import SimConfig
+from sim.serve_line import ServeLine, serve_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,14 +179,10 @@ def vllm_flags(engine: EngineConfig, layout: Layout) -> dict[str, Any]:
     return flags
 
 
-def serve_command(model: str, engine: EngineConfig, layout: Layout) -> str:
-    """`vllm serve MODEL` plus only the non-default flags (one line per instance kind)."""
-    args = " ".join(engine.to_vllm_args())
-    base = f"vllm serve {model}" + (f" {args}" if args else "")
-    if not layout.prefill_replicas:
-        if layout.num_gpus > layout.tensor_parallel_size:
-            return f"{base}  # x{layout.num_gpus // layout.tensor_parallel_size} replicas behind a router"
-        return base
-    kv = json.dumps(vllm_flags(engine, layout)["kv_transfer_config"], separators=(",", ":"))
-    return (f"{base} --kv-transfer-config '{kv}'  # {layout.prefill_replicas} prefill + "
-            f"{layout.decode_replicas} decode instances behind a P/D proxy")
+def serve_command(model: str, engine: EngineConfig, layout: Layout) -> ServeLine:
+    """`vllm serve HF_ID` plus only the non-default flags (one line per instance kind): the one
+    builder, `sim.serve_line`."""
+    d = layout.disaggregation()
+    return serve_line(model, engine, replicas=layout.num_gpus // layout.tensor_parallel_size,
+                      kv_connector=d.kv_connector if d else None, prefill_replicas=layout.prefill_replicas,
+                      decode_replicas=layout.decode_replicas)

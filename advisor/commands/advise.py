@@ -37,7 +37,7 @@ def _check_slo(text: str) -> None:
 @source_options(exclude=("seed",))
 def advise(
     workload: Annotated[str, typer.Option("--workload", "-w", help="preset, spec file, trace file or built-in trace name")] = "chat-production",
-    model: Annotated[str, typer.Option("--model", help="model preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, ...)")] = "llama-3.1-8b",
+    model: Annotated[str, typer.Option("--model", help="model preset or Hugging Face id (llama-3.1-8b = meta-llama/Llama-3.1-8B-Instruct, qwen2.5-7b, ...)")] = "llama-3.1-8b",
     gpu: Annotated[str, typer.Option("--gpu", help="GPU preset (h200, h100-sxm, a100-80gb, ...)")] = "h200",
     num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs to deploy on")] = 1,
     slo: Annotated[str, typer.Option("--slo", help="targets in ms: \"ttft_p99:500 tpot_p99:50\" (or vLLM's \"ttft:500 tpot:50\")")] = "ttft_p99:500 tpot_p99:50",

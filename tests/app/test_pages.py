@@ -67,7 +67,7 @@ def test_whatif_shows_the_apis_numbers_for_the_default_scenario() -> None:
             assert table.loc[f"{name} (ms)", p] == pytest.approx(api[f"{p}_{key}_ms"])
     assert table.loc["TTFT (ms)", "p99 meets SLO"] == (api["p99_ttft_ms"] <= 500)
     assert len(at.get("plotly_chart")) == 2  # CDFs and timelines
-    assert at.code[0].value == "vllm serve llama-3.1-8b"
+    assert at.code[0].value == "vllm serve meta-llama/Llama-3.1-8B-Instruct"
 
 
 def test_flag_controls_change_the_run_and_the_url() -> None:
