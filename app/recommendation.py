@@ -129,6 +129,9 @@ def kept_defaults_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
 def render(rec: dict[str, Any]) -> None:
     """Every part of a recommendation, from its keys."""
     profile = rec.get("profile") or {}
+    verdict = rec.get("verdict")
+    if isinstance(verdict, dict) and verdict.get("text"):  # first: the answer in one paragraph
+        (st.success if verdict.get("meets") else st.warning)(f"Verdict: {verdict['text']}")
     st.subheader(f"Recommended: {rec['best'].get('label')} on {rec['best'].get('num_gpus')} GPU(s)")
     st.caption(f"flags: {flags_text(rec['best'].get('flags')) or '(vLLM defaults)'}")
     st.caption(f"cost profile {profile.get('name', '-')} ({profile.get('status', 'unknown')}) | "
@@ -139,6 +142,8 @@ def render(rec: dict[str, Any]) -> None:
     headline(rec)
     st.dataframe(metrics_table(rec), hide_index=True, key="rec.metrics")
     st.code(rec.get("serve_command") or "", language="bash")
+    for note in rec.get("serve_notes") or []:
+        st.warning(note)
     st.subheader("The ladder")
     st.plotly_chart(waterfall_figure(rec.get("ladder") or []), key="rec.waterfall")
     st.dataframe(ladder_table(rec), hide_index=True, key="rec.ladder")

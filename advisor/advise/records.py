@@ -229,7 +229,28 @@ class ProfileInfo(_Record):
     status: str
 
 
+class SloCheck(_Record):
+    metric: str  # "TTFT p99"
+    target_ms: float
+    value_ms: float
+    met: bool
+
+
+class Verdict(_Record):
+    """Whether the recommended configuration meets each SLO on the GPUs given, and what it takes."""
+
+    meets: bool
+    num_gpus: int
+    gpu: str
+    checks: list[SloCheck]
+    slo_attainment: float = Field(description="share of requests meeting every target")
+    attainment_line: float = Field(description="the share at which the SLO counts as met")
+    gpus_needed: int | None = Field(description="GPUs estimated to meet the SLO (None: not estimable)")
+    text: str
+
+
 class Recommendation(_Record):
+    verdict: Verdict | None = Field(None, description="the plain verdict, first in every report")
     request: AdviseRequest
     profile: ProfileInfo
     workload: dict[str, Any]

@@ -37,6 +37,9 @@ def _metric_rows(m: Metrics) -> list[str]:
 
 def print_report(rec: Recommendation, console: Console) -> None:
     w = rec.workload
+    if rec.verdict is not None:  # first: what a reader needs if they read nothing else
+        console.print(styled(("verdict: ", "bold"), (rec.verdict.text, "bold green" if rec.verdict.meets else "bold red")),
+                      highlight=False)
     console.print(styled(("costline advise", "bold"), f": {w['name']} ({w['num_requests']:,} requests, "
                          f"{w['rate_rps']:.2f} req/s), {rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, "
                          f"SLO {rec.request.slo}, objective {rec.request.objective}; profile {rec.profile.name} "
@@ -88,6 +91,8 @@ def print_report(rec: Recommendation, console: Console) -> None:
         if a.provenance != "measured":
             console.print(f"    measure it: {a.how_to_measure}", highlight=False, markup=False)
     console.print(styled(("run", "bold"), f": {rec.serve_command}"), soft_wrap=True)
+    for note in rec.serve_notes:
+        console.print(f"  note: {note}", highlight=False, markup=False)
     console.print(f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s")
 
 
@@ -149,13 +154,17 @@ def _charts(rec: Recommendation, folder: Path) -> list[str]:
 
 def markdown(rec: Recommendation, charts: list[str]) -> str:
     b, r = rec.baseline.metrics, rec.best.metrics
-    out = [f"# costline advise: {rec.workload['name']}", "",
-           (f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO `{rec.request.slo}`, objective "
+    out = [f"# costline advise: {rec.workload['name']}", ""]
+    if rec.verdict is not None:
+        out += [f"**Verdict: {rec.verdict.text}**", ""]
+    out += [(f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO `{rec.request.slo}`, objective "
            f"{rec.request.objective}, cost profile {rec.profile.name} ({rec.profile.status})."), "",
            "| | goodput req/s | SLO met | TTFT p99 ms | TPOT p99 ms |", "|---|---|---|---|---|",
            f"| vLLM defaults | {b.goodput_rps:.2f} | {b.slo_attainment:.1%} | {_n(b.ttft_p99_ms)} | {_n(b.tpot_p99_ms)} |",
            (f"| recommended: {rec.best.label} | {r.goodput_rps:.2f} | {r.slo_attainment:.1%} | {_n(r.ttft_p99_ms)} | "
-           f"{_n(r.tpot_p99_ms)} |"), "", "```sh", rec.serve_command, "```", "", "## Ladder", "",
+           f"{_n(r.tpot_p99_ms)} |"), "", "```sh", rec.serve_command, "```", ""]
+    out += [f"Note: {n}" for n in rec.serve_notes] + ([""] if rec.serve_notes else [])
+    out += ["## Ladder", "",
            (f"Each change is kept only if the low end of its gain's 90% interval is above "
             f"{rec.request.min_gain_pct:+g}% (the interval: the profile's validation error, other realizations of "
             "the traffic, the range of every unmeasured input; docs/advisor.md)."), "",
@@ -192,7 +201,10 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
 
 def serve_script(rec: Recommendation) -> str:
     watch = "\n".join(f"#   {m.metric} {m.threshold}: {m.why}" for m in rec.metrics_to_watch)
-    return (f"#!/usr/bin/env bash\n# costline advise: {rec.best.label}\n# Prometheus metrics to watch:\n{watch}\n"
+    verdict = f"# verdict: {rec.verdict.text}\n" if rec.verdict is not None else ""
+    notes = "".join(f"# NOTE: {n}\n" for n in rec.serve_notes)
+    return (f"#!/usr/bin/env bash\n# costline advise: {rec.best.label}\n{verdict}{notes}"
+            f"# Prometheus metrics to watch:\n{watch}\n"
             f"set -euo pipefail\n{rec.serve_command}\n")
 
 

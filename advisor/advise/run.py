@@ -20,6 +20,7 @@ from advisor.advise.robustness import robustness, scored_config
 from advisor.advise.search import Context, search
 from advisor.advise.space import dimensions, serve_command
 from advisor.advise.variants import spec_for
+from advisor.advise.verdict import verdict
 from engine.request import Request
 from sim.describe import describe_workload
 from sim.profile_files import load_profile
@@ -120,10 +121,12 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
     say(1.0, "done")
     best_engine = ctx.task(found.best.cand).config.engine
     line = serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus))
+    best = scored_config(ctx, found.best)
     return Recommendation(
-        request=request, profile=_profile(request, found.best.outcome.extras),
+        verdict=verdict(best.metrics, request.slo, best.num_gpus, request.gpu), request=request,
+        profile=_profile(request, found.best.outcome.extras),
         workload=_workload_info(wl, ctx, spec.name), baseline=scored_config(ctx, found.baseline),
-        best=scored_config(ctx, found.best), ladder=steps.steps, kept_defaults=steps.kept,
+        best=best, ladder=steps.steps, kept_defaults=steps.kept,
         rejected=rejected(ctx, found, steps.kept_dims), cost_lines=lines,
         assumptions=assumptions(best_engine, profile, request.gpu, steps.flips),
         gap=gap, robustness=rob,

@@ -305,6 +305,23 @@ def test_advisor_page_renders_a_recommendation_from_its_keys() -> None:
     assert any("fallback: prefix caching only (max regret 7.5%)" in c.value for c in at.caption)
     robust = at.dataframe[4].value
     assert robust["regret %"].tolist() == ["5.0"]
+    assert not any(x.value.startswith("Verdict") for x in (*at.success, *at.warning))  # an old file: none
+
+
+def test_advisor_page_opens_with_the_verdict() -> None:
+    at = advisor_page()
+    rec = recommendation()
+    rec["verdict"] = {"meets": False, "num_gpus": 1, "gpu": "h200", "checks": [], "slo_attainment": 0.93,
+                      "attainment_line": 0.99, "gpus_needed": 2, "text": "MISSES the SLO ...; about 2 GPUs"}
+    rec["serve_notes"] = ["<eagle3-head-for-X> is a placeholder"]
+    at.session_state["recommendation"] = rec
+    at.run()
+    assert not at.exception
+    assert at.warning[0].value == "Verdict: MISSES the SLO ...; about 2 GPUs"
+    assert any(w.value == "<eagle3-head-for-X> is a placeholder" for w in at.warning)
+    rec["verdict"] |= {"meets": True, "text": "MEETS the SLO"}
+    at.run()
+    assert at.success[0].value == "Verdict: MEETS the SLO"
 
 
 def test_advisor_page_says_whether_the_advisor_is_installed() -> None:
