@@ -142,7 +142,7 @@ def render(rec: dict[str, Any]) -> None:
     headline(rec)
     st.dataframe(metrics_table(rec), hide_index=True, key="rec.metrics")
     st.code(rec.get("serve_command") or "", language="bash")
-    for note in rec.get("serve_notes") or []:
+    for note in (rec.get("serve_notes") or []) + (rec.get("quality_notes") or []):
         st.warning(note)
     st.subheader("The ladder")
     st.plotly_chart(waterfall_figure(rec.get("ladder") or []), key="rec.waterfall")

@@ -53,9 +53,22 @@ class AdviseRequest(_Record):
     acceptance: dict[str, dict[str, float]] | None = Field(
         None, description="measured mean acceptance per draft token: method ('*' = any) -> task -> rate in (0, 1); "
         "also 'eagle3:chat=0.71,code=0.8 ngram:chat=0.2'")
+    allow: list[str] | None = Field(None, description="search only options that change these (names of "
+                                    "advisor.advise.space.FEATURES or groups: spec, fp8, parallelism); None = all")
+    forbid: list[str] = Field(default_factory=list, description="never recommend options that change these "
+                              "(e.g. 'fp8-weights,spec')")
     min_gain_pct: float = Field(DEFAULT_MIN_GAIN_PCT, ge=0, le=1000,
                                 description="a change is recommended only when the low end of its gain's 90% "
                                 "interval is above this (percent); otherwise vLLM's default stays")
+
+    @field_validator("allow", "forbid", mode="before")
+    @classmethod
+    def _features(cls, v: Any, info: Any) -> Any:
+        from advisor.advise.space import parse_features
+
+        if v is None:
+            return None if info.field_name == "allow" else []
+        return parse_features(v)
 
     @field_validator("acceptance", mode="before")
     @classmethod
@@ -265,6 +278,8 @@ class Recommendation(_Record):
     gap: Gap | None
     robustness: Robustness
     serve_command: str
+    quality_notes: list[str] = Field(default_factory=list, description="what the recommended lossy options (FP8 "
+                                     "weights, FP8 KV cache) may do to outputs")
     serve_notes: list[str] = Field(default_factory=list, description="what to replace or know before pasting "
                                    "serve_command (a draft-head placeholder)")
     metrics_to_watch: list[MetricToWatch]

@@ -93,6 +93,8 @@ def print_report(rec: Recommendation, console: Console) -> None:
     console.print(styled(("run", "bold"), f": {rec.serve_command}"), soft_wrap=True)
     for note in rec.serve_notes:
         console.print(f"  note: {note}", highlight=False, markup=False)
+    for note in rec.quality_notes:
+        console.print(f"  quality: {note}", highlight=False, markup=False)
     console.print(f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s")
 
 
@@ -164,6 +166,8 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
            (f"| recommended: {rec.best.label} | {r.goodput_rps:.2f} | {r.slo_attainment:.1%} | {_n(r.ttft_p99_ms)} | "
            f"{_n(r.tpot_p99_ms)} |"), "", "```sh", rec.serve_command, "```", ""]
     out += [f"Note: {n}" for n in rec.serve_notes] + ([""] if rec.serve_notes else [])
+    if rec.quality_notes:
+        out += ["## Output quality", ""] + [f"- {n}" for n in rec.quality_notes] + [""]
     out += ["## Ladder", "",
            (f"Each change is kept only if the low end of its gain's 90% interval is above "
             f"{rec.request.min_gain_pct:+g}% (the interval: the profile's validation error, other realizations of "
@@ -202,7 +206,7 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
 def serve_script(rec: Recommendation) -> str:
     watch = "\n".join(f"#   {m.metric} {m.threshold}: {m.why}" for m in rec.metrics_to_watch)
     verdict = f"# verdict: {rec.verdict.text}\n" if rec.verdict is not None else ""
-    notes = "".join(f"# NOTE: {n}\n" for n in rec.serve_notes)
+    notes = "".join(f"# NOTE: {n}\n" for n in rec.serve_notes + rec.quality_notes)
     return (f"#!/usr/bin/env bash\n# costline advise: {rec.best.label}\n{verdict}{notes}"
             f"# Prometheus metrics to watch:\n{watch}\n"
             f"set -euo pipefail\n{rec.serve_command}\n")

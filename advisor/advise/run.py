@@ -20,7 +20,7 @@ from advisor.advise.robustness import robustness, scored_config
 from advisor.advise.search import Context, search
 from advisor.advise.space import dimensions, serve_command
 from advisor.advise.variants import spec_for
-from advisor.advise.verdict import verdict
+from advisor.advise.verdict import quality_notes, verdict
 from engine.request import Request
 from sim.describe import describe_workload
 from sim.profile_files import load_profile
@@ -86,7 +86,7 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
     spec = spec_for(workload, wl, source)
     # min-gpus and cost compare deployments on fewer GPUs than given too
     dims = dimensions(request.preset, request.num_gpus, min_gpus=None if request.objective == "goodput" else 1,
-                      acceptance=request.acceptance)
+                      acceptance=request.acceptance, allow=request.allow, forbid=request.forbid)
     slo = request.parsed_slo()
     slo_text = " ".join(f"{k}:{v:g}" for k, v in slo.as_dict().items()) if slo else None
     ctx = Context(model=request.preset, gpu=request.gpu, num_gpus=request.num_gpus, slo=slo_text, seed=request.seed,
@@ -130,7 +130,7 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
         rejected=rejected(ctx, found, steps.kept_dims), cost_lines=lines,
         assumptions=assumptions(best_engine, profile, request.gpu, steps.flips),
         gap=gap, robustness=rob,
-        serve_command=line.command, serve_notes=serve_notes(line),
+        serve_command=line.command, serve_notes=serve_notes(line), quality_notes=quality_notes(best.flags),
         metrics_to_watch=metrics_to_watch(slo, found, lines), questions=questions(ctx, found, lines),
         elapsed_s=round(time.perf_counter() - t0, 2), num_simulations=count,
         latency_cdfs={"baseline": found.baseline.outcome.cdf_ms, "best": found.best.outcome.cdf_ms})

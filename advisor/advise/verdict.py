@@ -58,4 +58,20 @@ def verdict(m: Metrics, slo_text: str, num_gpus: int, gpu: str) -> Verdict:
                    attainment_line=SLO_MET, gpus_needed=need, text=f"{head}: " + "; ".join(parts) + "." + fix)
 
 
-__all__ = ["slo_targets", "verdict"]
+# What a lossy option may do to outputs (no accuracy figure: it depends on the model and the task).
+QUALITY_NOTES = {
+    "quantization": ("FP8 weights (--quantization fp8) quantize a BF16 checkpoint's linear layers on load: outputs "
+                     "can differ from BF16 and accuracy can drop, by an amount that depends on the model and task. "
+                     "Run your own quality evaluation before rollout, or pass --forbid fp8-weights."),
+    "kv_cache_dtype": ("An FP8 KV cache (--kv-cache-dtype fp8) stores keys and values in 8 bits (scale 1.0 unless "
+                       "the checkpoint carries calibrated scales): attention is approximate, most visibly on long "
+                       "contexts. Check quality on your own prompts, or pass --forbid fp8-kv."),
+}
+
+
+def quality_notes(flags: dict[str, object]) -> list[str]:
+    """A note per lossy option among the recommended flags (speculative decoding is lossless)."""
+    return [note for flag, note in QUALITY_NOTES.items() if flags.get(flag) not in (None, "auto")]
+
+
+__all__ = ["QUALITY_NOTES", "quality_notes", "slo_targets", "verdict"]

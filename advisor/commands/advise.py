@@ -50,6 +50,12 @@ def advise(
     min_gain: Annotated[float, typer.Option("--min-gain", help="recommend a change only when the low end of its gain's 90% interval is above this many percent")] = 2.0,
     acceptance: Annotated[str | None, typer.Option("--acceptance", help="your vLLM's measured acceptance per draft token: \"eagle3:chat=0.71,code=0.8\" (METHOD: optional)")] = None,
     vllm_metrics: Annotated[Path | None, typer.Option("--vllm-metrics", help="a /metrics scrape of your vLLM: its spec-decode acceptance (--acceptance wins where both say)")] = None,
+    allow: Annotated[str | None, typer.Option("--allow", help="search only options that change these, comma-separated: "
+                                              "prefix-caching, token-budget, max-num-seqs, block-size, ngram, eagle3, fp8-kv, "
+                                              "fp8-weights, gpu-memory-utilization, tp, pd, or the groups spec, fp8, "
+                                              "parallelism (default: all)")] = None,
+    forbid: Annotated[str | None, typer.Option("--forbid", help="never recommend options that change these (same names "
+                                               "as --allow), e.g. fp8-weights,spec")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write recommendation.json, report.md + charts and serve.sh here")] = None,
     force: Force = False,
     as_json: Annotated[bool, typer.Option("--json", help="print recommendation.json instead of the report")] = False,
@@ -71,6 +77,7 @@ def advise(
     request = AdviseRequest(model=model, gpu=gpu, num_gpus=num_gpus, slo=slo, objective=objective,  # type: ignore[arg-type]
                             budget=budget, seed=seed, ray=ray, profile=profile,  # type: ignore[arg-type]
                             min_gain_pct=min_gain, acceptance=measured or acceptance,  # type: ignore[arg-type]
+                            allow=allow, forbid=forbid,  # type: ignore[arg-type]
                             **({"workers": workers} if workers else {}))
     inputs = [workload, profile, vllm_metrics]
     if out is not None:

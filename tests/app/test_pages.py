@@ -324,6 +324,26 @@ def test_advisor_page_opens_with_the_verdict() -> None:
     assert at.success[0].value == "Verdict: MEETS the SLO"
 
 
+def test_advisor_page_forbid_and_allow_reach_the_request(monkeypatch) -> None:
+    import advisor.advise
+
+    seen = []
+
+    def fake(workload, request, progress=None):
+        seen.append(request)
+        return recommendation()
+
+    monkeypatch.setattr(advisor.advise, "advise", fake)
+    at = advisor_page()
+    at.multiselect(key="adv.forbid").set_value(["fp8-weights", "spec"]).run()
+    at.button(key="adv.run").click().run()
+    assert not at.exception and not at.error
+    assert seen[0].forbid == ["fp8-weights", "ngram", "eagle3"] and seen[0].allow is None
+    at.multiselect(key="adv.allow").set_value(["block-size"]).run()
+    at.button(key="adv.run").click().run()
+    assert seen[1].allow == ["block-size"]
+
+
 def test_advisor_page_says_whether_the_advisor_is_installed() -> None:
     at = advisor_page()
     assert not at.exception
