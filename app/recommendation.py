@@ -132,6 +132,8 @@ def render(rec: dict[str, Any]) -> None:
     verdict = rec.get("verdict")
     if isinstance(verdict, dict) and verdict.get("text"):  # first: the answer in one paragraph
         (st.success if verdict.get("meets") else st.warning)(f"Verdict: {verdict['text']}")
+    if isinstance(rec.get("cost"), dict) and rec["cost"].get("text"):
+        st.markdown(f"**Cost:** {rec['cost']['text']}")
     st.subheader(f"Recommended: {rec['best'].get('label')} on {rec['best'].get('num_gpus')} GPU(s)")
     st.caption(f"flags: {flags_text(rec['best'].get('flags')) or '(vLLM defaults)'}")
     st.caption(f"cost profile {profile.get('name', '-')} ({profile.get('status', 'unknown')}) | "
@@ -144,6 +146,14 @@ def render(rec: dict[str, Any]) -> None:
     st.code(rec.get("serve_command") or "", language="bash")
     for note in (rec.get("serve_notes") or []) + (rec.get("quality_notes") or []):
         st.warning(note)
+    if rec.get("gpu_comparison"):
+        st.subheader("GPU types side by side")
+        st.dataframe([{"GPU": o.get("gpu"), "GPUs": o.get("num_gpus"), "SLO": "met" if o.get("meets") else "MISSED",
+                       "GPUs for SLO": o.get("gpus_needed"), "goodput (req/s)": fmt(o.get("goodput_rps")),
+                       "TTFT p99 (ms)": fmt(o.get("ttft_p99_ms")), "TPOT p99 (ms)": fmt(o.get("tpot_p99_ms")),
+                       "$/GPU-hour": fmt(o.get("usd_per_gpu_hour")), "$/hour at SLO": fmt(o.get("usd_per_hour_at_slo")),
+                       "$/M output tokens at SLO": fmt(o.get("usd_per_m_output_tokens_at_slo"))}
+                      for o in rec["gpu_comparison"]], hide_index=True, key="rec.gpus")
     st.subheader("The ladder")
     st.plotly_chart(waterfall_figure(rec.get("ladder") or []), key="rec.waterfall")
     st.dataframe(ladder_table(rec), hide_index=True, key="rec.ladder")

@@ -67,10 +67,15 @@ GPU_PRESETS: dict[str, GPUSpec] = {
 # NVLink figures above are per direction (the datasheets quote the bidirectional total).
 
 
+# short names people type for a preset
+GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb"}
+
+
 def get_gpu(name: str) -> GPUSpec:
-    """A GPU preset by name (case-insensitive)."""
+    """A GPU preset by name (case-insensitive; `h100` and `a100` for the SXM 80 GB parts)."""
+    key = name.strip().lower()
     try:
-        return GPU_PRESETS[name.lower()]
+        return GPU_PRESETS[GPU_ALIASES.get(key, key)]
     except KeyError:
         raise ValueError(f"unknown GPU preset {name!r}; choose one of {sorted(GPU_PRESETS)}") from None
 
@@ -89,8 +94,7 @@ def _model_name(name: str) -> str:
 
 
 def _gpu_preset(name: str) -> str:
-    get_gpu(name)
-    return name
+    return get_gpu(name).name
 
 
 # A record's field that names a preset: refused at validation, before any work, naming the presets

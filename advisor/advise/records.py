@@ -57,6 +57,8 @@ class AdviseRequest(_Record):
                                     "advisor.advise.space.FEATURES or groups: spec, fp8, parallelism); None = all")
     forbid: list[str] = Field(default_factory=list, description="never recommend options that change these "
                               "(e.g. 'fp8-weights,spec')")
+    gpu_hour_usd: dict[str, float] = Field(default_factory=dict, description="$ per GPU-hour by GPU preset "
+                                           "(advisor/advise/prices.py has defaults); also '3.5' for `gpu`")
     min_gain_pct: float = Field(DEFAULT_MIN_GAIN_PCT, ge=0, le=1000,
                                 description="a change is recommended only when the low end of its gain's 90% "
                                 "interval is above this (percent); otherwise vLLM's default stays")
@@ -69,6 +71,20 @@ class AdviseRequest(_Record):
         if v is None:
             return None if info.field_name == "allow" else []
         return parse_features(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prices(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gpu_hour_usd" in data and data["gpu_hour_usd"] is None:
+            data = {k: v for k, v in data.items() if k != "gpu_hour_usd"}
+        if isinstance(data, dict) and data.get("gpu_hour_usd") is not None:
+            from advisor.advise.prices import parse_gpu_hour_usd
+
+            try:
+                data = data | {"gpu_hour_usd": parse_gpu_hour_usd(data["gpu_hour_usd"], data.get("gpu") or "h200")}
+            except ValueError as exc:
+                raise ValueError(f"--gpu-hour-usd {data['gpu_hour_usd']!r}: {exc}") from None
+        return data
 
     @field_validator("acceptance", mode="before")
     @classmethod
@@ -262,8 +278,45 @@ class Verdict(_Record):
     text: str
 
 
+class Cost(_Record):
+    """What the recommended configuration costs, on the GPUs given and at the SLO."""
+
+    gpu: str
+    usd_per_gpu_hour: float
+    price_source: str
+    num_gpus: int
+    usd_per_hour: float
+    usd_per_m_output_tokens: float | None = Field(description="$ per million output tokens served on num_gpus")
+    requests_per_usd: float = Field(description="requests served within the SLO per dollar")
+    gpus_at_slo: int | None = Field(description="GPUs the verdict estimates the SLO takes")
+    usd_per_hour_at_slo: float | None
+    usd_per_m_output_tokens_at_slo: float | None
+    text: str
+
+
+class GpuOption(_Record):
+    """One GPU type's recommendation for the same workload (--compare-gpus)."""
+
+    gpu: str
+    label: str
+    num_gpus: int
+    meets: bool
+    gpus_needed: int | None
+    goodput_rps: float
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    slo_attainment: float
+    usd_per_gpu_hour: float | None
+    usd_per_hour_at_slo: float | None
+    usd_per_m_output_tokens_at_slo: float | None
+    serve_command: str
+
+
 class Recommendation(_Record):
     verdict: Verdict | None = Field(None, description="the plain verdict, first in every report")
+    cost: Cost | None = Field(None, description="$/hour and $/million output tokens, here and at the SLO")
+    gpu_comparison: list[GpuOption] = Field(default_factory=list, description="--compare-gpus: the same "
+                                            "workload's recommendation per GPU type")
     request: AdviseRequest
     profile: ProfileInfo
     workload: dict[str, Any]

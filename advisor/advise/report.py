@@ -40,6 +40,7 @@ def print_report(rec: Recommendation, console: Console) -> None:
     if rec.verdict is not None:  # first: what a reader needs if they read nothing else
         console.print(styled(("verdict: ", "bold"), (rec.verdict.text, "bold green" if rec.verdict.meets else "bold red")),
                       highlight=False)
+    console.print(styled(("cost: ", "bold"), cost_line(rec)), highlight=False)
     console.print(styled(("costline advise", "bold"), f": {w['name']} ({w['num_requests']:,} requests, "
                          f"{w['rate_rps']:.2f} req/s), {rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, "
                          f"SLO {rec.request.slo}, objective {rec.request.objective}; profile {rec.profile.name} "
@@ -90,12 +91,52 @@ def print_report(rec: Recommendation, console: Console) -> None:
         console.print(f"  - [{a.provenance}] {a.input}: {a.value} ({a.source}){flip}", highlight=False, markup=False)
         if a.provenance != "measured":
             console.print(f"    measure it: {a.how_to_measure}", highlight=False, markup=False)
+    if rec.gpu_comparison:
+        ct = Table(title="GPU types side by side (same workload, SLO and objective)", title_justify="left",
+                   box=box.SIMPLE_HEAD, pad_edge=False)
+        for c in GPU_COLUMNS:  # headers wrap onto two lines; cells never do
+            ct.add_column(c, justify="left" if c == "GPU" else "right", no_wrap=False, min_width=len(max(c.split(), key=len)))
+        for row in gpu_rows(rec):
+            ct.add_row(*row)
+        console.print(ct)
+        console.print(cheapest_text(rec), highlight=False)
     console.print(styled(("run", "bold"), f": {rec.serve_command}"), soft_wrap=True)
     for note in rec.serve_notes:
         console.print(f"  note: {note}", highlight=False, markup=False)
     for note in rec.quality_notes:
         console.print(f"  quality: {note}", highlight=False, markup=False)
     console.print(f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s")
+
+
+def cost_line(rec: Recommendation) -> str:
+    if rec.cost is not None:
+        return rec.cost.text
+    return (f"no default price for {rec.request.gpu}: pass --gpu-hour-usd (e.g. --gpu-hour-usd 0.8) for $/hour "
+            "and $/million output tokens")
+
+
+# short headers: ten columns fit 80 terminal columns
+GPU_COLUMNS = ("GPU", "SLO", "GPUs for SLO", "TTFT p99 ms", "TPOT p99 ms", "$ per GPU-hour", "$ per hour at SLO",
+               "$ per M output tokens at SLO")
+
+
+def gpu_rows(rec: Recommendation) -> list[list[str]]:
+    def usd(x: float | None) -> str:
+        return "-" if x is None else f"{x:,.2f}"
+
+    return [[o.gpu, "met" if o.meets else "MISSED", str(o.gpus_needed or "-"),
+             _n(o.ttft_p99_ms), _n(o.tpot_p99_ms), usd(o.usd_per_gpu_hour), usd(o.usd_per_hour_at_slo),
+             usd(o.usd_per_m_output_tokens_at_slo)] for o in rec.gpu_comparison]
+
+
+def cheapest_text(rec: Recommendation) -> str:
+    from advisor.advise.dollars import cheapest
+
+    best = cheapest(rec.gpu_comparison)
+    if best is None:
+        return "no GPU type has a price: pass --gpu-hour-usd GPU=USD,..."
+    return (f"cheapest within the SLO: {best.gpu}, about {best.gpus_needed} GPU(s) at "
+            f"${best.usd_per_hour_at_slo:,.2f}/hour (${best.usd_per_m_output_tokens_at_slo:,.2f} per million output tokens)")
 
 
 def _charts(rec: Recommendation, folder: Path) -> list[str]:
@@ -159,6 +200,7 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
     out = [f"# costline advise: {rec.workload['name']}", ""]
     if rec.verdict is not None:
         out += [f"**Verdict: {rec.verdict.text}**", ""]
+    out += [f"**Cost:** {cost_line(rec)}", ""]
     out += [(f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO `{rec.request.slo}`, objective "
            f"{rec.request.objective}, cost profile {rec.profile.name} ({rec.profile.status})."), "",
            "| | goodput req/s | SLO met | TTFT p99 ms | TPOT p99 ms |", "|---|---|---|---|---|",
@@ -179,6 +221,10 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
         out += ["", "No change clears the bar: vLLM's defaults are the recommendation."]
     if rec.kept_defaults:
         out += ["", "Kept at vLLM's default (inside the error bars):", ""] + [f"- {k.reason}" for k in rec.kept_defaults]
+    if rec.gpu_comparison:
+        out += ["", "## GPU types side by side", "", "| " + " | ".join(GPU_COLUMNS) + " |",
+                "|" + "---|" * len(GPU_COLUMNS)]
+        out += ["| " + " | ".join(r) + " |" for r in gpu_rows(rec)] + ["", cheapest_text(rec)]
     out += ["", "## Rejected", ""] + [f"- {x.reason}" for x in rec.rejected]
     out += ["", "## Where each optimization stops paying", ""] + [f"- {c.answer}" for c in rec.cost_lines]
     if rec.gap:
@@ -205,7 +251,7 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
 
 def serve_script(rec: Recommendation) -> str:
     watch = "\n".join(f"#   {m.metric} {m.threshold}: {m.why}" for m in rec.metrics_to_watch)
-    verdict = f"# verdict: {rec.verdict.text}\n" if rec.verdict is not None else ""
+    verdict = (f"# verdict: {rec.verdict.text}\n" if rec.verdict is not None else "") + f"# cost: {cost_line(rec)}\n"
     notes = "".join(f"# NOTE: {n}\n" for n in rec.serve_notes + rec.quality_notes)
     return (f"#!/usr/bin/env bash\n# costline advise: {rec.best.label}\n{verdict}{notes}"
             f"# Prometheus metrics to watch:\n{watch}\n"

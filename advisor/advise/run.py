@@ -11,6 +11,7 @@ from typing import Any
 
 from advisor.advise.assumptions import assumptions
 from advisor.advise.cost_lines import cost_lines
+from advisor.advise.dollars import cost, gpu_option
 from advisor.advise.evaluate import Evaluator
 from advisor.advise.gap import gain, lab_gap
 from advisor.advise.ladder import Realizations, ladder, rejected
@@ -122,8 +123,9 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
     best_engine = ctx.task(found.best.cand).config.engine
     line = serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus))
     best = scored_config(ctx, found.best)
+    v = verdict(best.metrics, request.slo, best.num_gpus, request.gpu)
     return Recommendation(
-        verdict=verdict(best.metrics, request.slo, best.num_gpus, request.gpu), request=request,
+        verdict=v, cost=cost(best.metrics, v, request.gpu, request.gpu_hour_usd), request=request,
         profile=_profile(request, found.best.outcome.extras),
         workload=_workload_info(wl, ctx, spec.name), baseline=scored_config(ctx, found.baseline),
         best=best, ladder=steps.steps, kept_defaults=steps.kept,
@@ -136,4 +138,21 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
         latency_cdfs={"baseline": found.baseline.outcome.cdf_ms, "best": found.best.outcome.cdf_ms})
 
 
-__all__ = ["ANALYSIS_REQUESTS", "Progress", "advise", "as_workload"]
+def compare_gpus(workload: Any, request: AdviseRequest, gpus: list[str], *, progress: Progress | None = None,
+                 source: SourceOptions | None = None) -> Recommendation:
+    """The recommendation on `request.gpu`, with `gpu_comparison`: the same workload advised on
+    each GPU type of `gpus` (the same number of GPUs, SLO and objective), side by side."""
+    from sim.hardware import get_gpu
+
+    names = list(dict.fromkeys([request.gpu, *(get_gpu(g).name for g in gpus)]))
+    say: Progress = progress or (lambda _f, _m: None)
+    recs = []
+    for i, gpu in enumerate(names):
+        def part(f: float, msg: str, i: int = i, gpu: str = gpu) -> None:
+            say((i + f) / len(names), f"{gpu} ({i + 1}/{len(names)}): {msg}")
+
+        recs.append(advise(workload, request.model_copy(update={"gpu": gpu}), progress=part, source=source))
+    return recs[0].model_copy(update={"gpu_comparison": [gpu_option(r) for r in recs]})
+
+
+__all__ = ["ANALYSIS_REQUESTS", "Progress", "advise", "as_workload", "compare_gpus"]

@@ -342,6 +342,38 @@ def test_advisor_page_forbid_and_allow_reach_the_request(monkeypatch) -> None:
     at.multiselect(key="adv.allow").set_value(["block-size"]).run()
     at.button(key="adv.run").click().run()
     assert seen[1].allow == ["block-size"]
+    at.number_input(key="adv.usd").set_value(2.5).run()
+    at.button(key="adv.run").click().run()
+    assert seen[2].gpu_hour_usd == {"h200": 2.5}
+
+
+def test_advisor_page_shows_cost_and_the_gpu_comparison(monkeypatch) -> None:
+    import advisor.advise
+
+    seen = []
+
+    def fake(workload, request, gpus, progress=None):
+        seen.append((request, gpus))
+        rec = recommendation()
+        rec["cost"] = {"text": "at $4.00/GPU-hour: 1x h200 cost $4.00/hour"}
+        rec["gpu_comparison"] = [
+            {"gpu": "h200", "num_gpus": 1, "meets": False, "gpus_needed": 2, "goodput_rps": 5.0, "ttft_p99_ms": 600.0,
+             "tpot_p99_ms": 20.0, "usd_per_gpu_hour": 4.0, "usd_per_hour_at_slo": 8.0,
+             "usd_per_m_output_tokens_at_slo": 2.4},
+            {"gpu": "b200", "num_gpus": 1, "meets": True, "gpus_needed": 1, "goodput_rps": 7.0, "ttft_p99_ms": 300.0,
+             "tpot_p99_ms": 12.0, "usd_per_gpu_hour": 5.25, "usd_per_hour_at_slo": 5.25,
+             "usd_per_m_output_tokens_at_slo": 1.5}]
+        return rec
+
+    monkeypatch.setattr(advisor.advise, "compare_gpus", fake)
+    at = advisor_page()
+    at.multiselect(key="adv.compare").set_value(["b200"]).run()
+    at.button(key="adv.run").click().run()
+    assert not at.exception and seen[0][1] == ["b200"]
+    assert any(m.value == "**Cost:** at $4.00/GPU-hour: 1x h200 cost $4.00/hour" for m in at.markdown)
+    table = next(d.value for d in at.dataframe if "$/GPU-hour" in d.value.columns)
+    assert table["GPU"].tolist() == ["h200", "b200"] and table["SLO"].tolist() == ["MISSED", "met"]
+    assert table["$/M output tokens at SLO"].tolist() == [fmt(2.4), fmt(1.5)]
 
 
 def test_advisor_page_says_whether_the_advisor_is_installed() -> None:
