@@ -243,9 +243,11 @@ class Robustness(_Record):
 
 
 class MetricToWatch(_Record):
-    metric: str
+    metric: str  # as vLLM exposes it on /metrics (counters end in _total)
     threshold: str
     why: str
+    alert: str = Field("", description="the alert's name in alerts.yaml")
+    promql: str = Field("", description="the PromQL alert expression (true = the recommendation stops holding)")
 
 
 class Question(_Record):

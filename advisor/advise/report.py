@@ -242,15 +242,34 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
             "|---|---|---|---|---|---|"]
     out += [f"| {a.input} | {a.provenance} | {a.value} | {a.source} | {a.how_to_measure} | {a.flips_at or '-'} |"
             for a in rec.assumptions]
-    out += ["", "## Metrics to watch", "", "| metric | threshold | why |", "|---|---|---|"]
-    out += [f"| `{m.metric}` | {m.threshold} | {m.why} |" for m in rec.metrics_to_watch]
+    out += ["", "## Metrics to watch", "", ("As vLLM exposes them on `/metrics`; the alert expressions are in "
+            "alerts.yaml (Prometheus rule format)."), "", "| metric | threshold | alert when (PromQL) | why |",
+            "|---|---|---|---|"]
+    out += [f"| `{m.metric}` | {m.threshold} | `{m.promql}` | {m.why} |" for m in rec.metrics_to_watch]
     out += ["", "## Charts", ""] + [f"![{c}]({c})" for c in charts]
     out += ["", f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s.", ""]
     return "\n".join(out)
 
 
+def alerts_yaml(rec: Recommendation) -> str:
+    """The metrics to watch as Prometheus alerting rules (`rule_files:` in prometheus.yml, or
+    `promtool check rules alerts.yaml`); strings JSON-quoted, which YAML reads as they are."""
+    q = json.dumps
+    lines = ["# costline advise: when these fire, the recommendation stops holding on your traffic",
+             f"# {rec.request.model} on {rec.best.num_gpus}x {rec.request.gpu}: {rec.best.label}",
+             "groups:", f"  - name: {q('costline-' + str(rec.workload['name']))}", "    rules:"]
+    for m in rec.metrics_to_watch:
+        if not m.promql:
+            continue
+        lines += [f"      - alert: {m.alert}", f"        expr: {q(m.promql)}", "        for: 5m",
+                  "        labels:", "          severity: warning", "        annotations:",
+                  f"          summary: {q(f'{m.metric} {m.threshold}')}", f"          description: {q(m.why)}"]
+    return "\n".join(lines) + "\n"
+
+
 def serve_script(rec: Recommendation) -> str:
     watch = "\n".join(f"#   {m.metric} {m.threshold}: {m.why}" for m in rec.metrics_to_watch)
+    watch += "\n#   alert expressions: alerts.yaml"
     verdict = (f"# verdict: {rec.verdict.text}\n" if rec.verdict is not None else "") + f"# cost: {cost_line(rec)}\n"
     notes = "".join(f"# NOTE: {n}\n" for n in rec.serve_notes + rec.quality_notes)
     return (f"#!/usr/bin/env bash\n# costline advise: {rec.best.label}\n{verdict}{notes}"
@@ -260,7 +279,7 @@ def serve_script(rec: Recommendation) -> str:
 
 def write_outputs(rec: Recommendation, out_dir: str | Path, *, force: bool = False,
                   inputs: Sequence[str | Path | None] = ()) -> Path:
-    """recommendation.json, report.md + PNG charts and serve.sh in `out_dir`; an existing run is
+    """recommendation.json, report.md + PNG charts, serve.sh and alerts.yaml in `out_dir`; an existing run is
     refused without `force`, an input never replaced, and an interrupted write leaves the
     previous one whole."""
     out = check_output_dir(out_dir, flag="--out", force=force, inputs=inputs)
@@ -269,5 +288,6 @@ def write_outputs(rec: Recommendation, out_dir: str | Path, *, force: bool = Fal
         charts = _charts(rec, tmp)
         (tmp / "report.md").write_text(markdown(rec, charts))
         (tmp / "serve.sh").write_text(serve_script(rec))
+        (tmp / "alerts.yaml").write_text(alerts_yaml(rec))
         (tmp / "serve.sh").chmod(0o755)
     return out

@@ -75,7 +75,7 @@ def advise(
                                                      "advisor/advise/prices.py; none for l4, t4)")] = None,
     compare_gpus: Annotated[str | None, typer.Option("--compare-gpus", help="also advise on these GPU types and show "
                                                      "them side by side with $ at the SLO, e.g. h100,b200")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="write recommendation.json, report.md + charts and serve.sh here")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write recommendation.json, report.md + charts, serve.sh and alerts.yaml (Prometheus rules) here")] = None,
     force: Force = False,
     as_json: Annotated[bool, typer.Option("--json", help="print recommendation.json instead of the report")] = False,
     source: SourceOptions | None = None,
@@ -121,4 +121,4 @@ def advise(
         print_report(rec, console)
     if out is not None:
         path = write_outputs(rec, out, force=force, inputs=inputs)
-        console.print(f"wrote {path}/recommendation.json, report.md, serve.sh and charts")
+        console.print(f"wrote {path}/recommendation.json, report.md, serve.sh, alerts.yaml and charts")

@@ -160,7 +160,7 @@ def test_gap_shares(rec: Recommendation) -> None:
 def test_out_files_and_force(rec: Recommendation, tmp_path) -> None:
     out = write_outputs(rec, tmp_path / "advice")
     names = {p.name for p in out.iterdir()}
-    assert {"recommendation.json", "report.md", "serve.sh", "ladder.png", "cost_lines.png"} <= names
+    assert {"recommendation.json", "report.md", "serve.sh", "alerts.yaml", "ladder.png", "cost_lines.png"} <= names
     assert (out / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Recommendation.model_validate_json((out / "recommendation.json").read_text()).best == rec.best
     assert rec.serve_command in (out / "serve.sh").read_text()
