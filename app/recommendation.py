@@ -97,8 +97,8 @@ def headline(rec: dict[str, Any]) -> None:
 
 def metrics_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
     best, base = rec["best"], rec["baseline"]
-    return [{"metric": k, f"baseline ({base.get('label')})": fmt(base["metrics"].get(k)),
-             f"best ({best.get('label')})": fmt(best["metrics"].get(k))} for k in TABLE_METRICS]
+    return [{"metric": k, f"vLLM defaults ({base.get('label')})": fmt(base["metrics"].get(k)),
+             f"recommended ({best.get('label')})": fmt(best["metrics"].get(k))} for k in TABLE_METRICS]
 
 
 def interval_text(gain: Any) -> str:
@@ -197,8 +197,8 @@ def robustness(rob: dict[str, Any]) -> None:
     if not rob.get("rows"):
         return
     st.subheader("Robustness")
-    st.dataframe([{"perturbation": r["perturbation"], "best goodput (req/s)": fmt(r.get("best_goodput_rps")),
-                   "kept config goodput (req/s)": fmt(r.get("kept_goodput_rps")),
+    st.dataframe([{"perturbation": r["perturbation"], "best option's goodput (req/s)": fmt(r.get("best_goodput_rps")),
+                   "recommended goodput (req/s)": fmt(r.get("kept_goodput_rps")),
                    "regret %": fmt(r.get("regret_pct"), 1)} for r in rob["rows"]], hide_index=True, key="rec.robust")
     if rob.get("fallback"):
         st.caption(f"fallback: {config_label(rob['fallback'])} (max regret {fmt(rob.get('fallback_max_regret_pct'), 1)}%)")

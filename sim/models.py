@@ -44,11 +44,21 @@ def preset_of(name: str) -> str:
                      f"({ids})")
 
 
+def _known(name: str) -> str | None:
+    try:
+        return preset_of(name)
+    except ValueError:
+        return None
+
+
 def hf_model_id(name: str) -> str:
     """The id `vllm serve` is given: a Hugging Face id as typed (its canonical spelling), else the
-    preset's instruct checkpoint; a preset without a public checkpoint keeps its alias."""
+    preset's instruct checkpoint; a preset without a public checkpoint, or a model spec that is
+    no preset (a test's, a user's own), keeps its name."""
     key = name.strip().lower()
-    alias = preset_of(name)
+    alias = _known(name)
+    if alias is None:
+        return name
     ids = HF_MODEL_IDS.get(alias, ())
     return next((hf for hf in ids if hf.lower() == key), ids[0] if ids else alias)
 
@@ -60,7 +70,7 @@ def draft_placeholder(method: str, name: str) -> str:
 
 def draft_model(method: str, name: str) -> tuple[str, bool]:
     """(the draft checkpoint for `method` on model `name`, True when it is a placeholder)."""
-    head = DRAFT_HEADS.get((preset_of(name), method))
+    head = DRAFT_HEADS.get((_known(name) or name, method))
     return (head[0], False) if head else (draft_placeholder(method, name), True)
 
 

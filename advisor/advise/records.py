@@ -206,11 +206,17 @@ class CostPoint(_Record):
     detail: dict[str, float] = Field(default_factory=dict)
 
 
+SPEEDUP_LABEL = "mean E2E latency speed-up (%)"  # what a cost line's gain_pct is, unless it says otherwise
+CPU_LABEL = "CPU share of step time (%)"
+
+
 class CostLine(_Record):
     optimization: str
     variable: str
     unit: str
     points: list[CostPoint]
+    gain_label: str = Field(SPEEDUP_LABEL, description="what the points' gain_pct measure (the chart's y axis): "
+                            "mean end-to-end latency off / on - 1, or the CPU line's share of step time")
     break_even: float | None
     operating_point: float
     answer: str

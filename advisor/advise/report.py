@@ -12,7 +12,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from advisor.advise.records import LadderStep, Metrics, Recommendation
+from advisor.advise.cost_lines import CPU_BOTTLENECK_SHARE
+from advisor.advise.records import CPU_LABEL, LadderStep, Metrics, Recommendation
 from advisor.console import styled
 from engine.outputs import check_output_dir, staged_dir
 
@@ -139,6 +140,14 @@ def cheapest_text(rec: Recommendation) -> str:
             f"${best.usd_per_hour_at_slo:,.2f}/hour (${best.usd_per_m_output_tokens_at_slo:,.2f} per million output tokens)")
 
 
+CPU_BOTTLENECK_PCT = CPU_BOTTLENECK_SHARE * 100  # the CPU line's bar: half the step time
+
+
+def slo_ms(rec: Recommendation, key: str) -> float | None:
+    slo = rec.request.parsed_slo()
+    return slo.as_dict().get(key) if slo else None
+
+
 def _charts(rec: Recommendation, folder: Path) -> list[str]:
     import matplotlib
 
@@ -155,23 +164,29 @@ def _charts(rec: Recommendation, folder: Path) -> list[str]:
         heights.append(s.metrics.goodput_rps - level)
         level = s.metrics.goodput_rps
     ax.bar(range(len(labels)), heights, bottom=bottoms, color=["grey"] + ["tab:green" if h >= 0 else "tab:red" for h in heights[1:]])
-    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=7)
-    ax.set_ylabel("goodput (req/s)")
-    ax.set_title("ladder: goodput as optimizations are added")
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=9)
+    ax.set_ylabel("goodput (req/s)", fontsize=10)
+    ax.set_title("ladder: goodput from vLLM defaults to recommended, one optimization at a time", fontsize=10)
     fig.tight_layout()
     fig.savefig(folder / "ladder.png", dpi=110)
     names.append("ladder.png")
     plt.close(fig)
     lines = rec.cost_lines
     cols = 3
-    fig, axes = plt.subplots(math.ceil(len(lines) / cols), cols, figsize=(11, 3 * math.ceil(len(lines) / cols)))
+    fig, axes = plt.subplots(math.ceil(len(lines) / cols), cols, figsize=(13, 3.8 * math.ceil(len(lines) / cols)),
+                             squeeze=False)
     for ax, line in zip(axes.flat, lines, strict=False):
-        ax.plot([p.x for p in line.points], [p.gain_pct for p in line.points], marker="o")
-        ax.axhline(0 if "CPU" not in line.optimization else 50, color="grey", lw=0.8)
-        ax.axvline(line.operating_point, color="tab:orange", ls="--", lw=0.8)
-        ax.set_title(line.optimization, fontsize=8)
-        ax.set_xlabel(f"{line.variable} ({line.unit})", fontsize=7)
-        ax.set_ylabel("CPU % of step" if "CPU" in line.optimization else "latency gain %", fontsize=7)
+        cpu = line.gain_label == CPU_LABEL
+        ax.plot([p.x for p in line.points], [p.gain_pct for p in line.points], marker="o", color="tab:blue",
+                label=line.gain_label.removesuffix(" (%)"))
+        ax.axhline(CPU_BOTTLENECK_PCT if cpu else 0, color="grey", lw=0.8,
+                   label="half the step: CPU-bound" if cpu else "no change")
+        ax.axvline(line.operating_point, color="tab:orange", ls="--", lw=1.2, label="your traffic")
+        ax.set_title(line.optimization, fontsize=10)
+        ax.set_xlabel(f"{line.variable} ({line.unit})", fontsize=9)
+        ax.set_ylabel(line.gain_label, fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(lines):]:
         ax.axis("off")
     fig.tight_layout()
@@ -179,15 +194,18 @@ def _charts(rec: Recommendation, folder: Path) -> list[str]:
     names.append("cost_lines.png")
     plt.close(fig)
     if rec.latency_cdfs.get("best", {}).get("ttft_ms"):
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        targets = {"ttft_ms": slo_ms(rec, "ttft"), "e2e_ms": slo_ms(rec, "e2el")}
         for ax, key in zip(axes, ("ttft_ms", "e2e_ms"), strict=True):
-            for who, style in (("baseline", "grey"), ("best", "tab:green")):
+            for who, label, style in (("baseline", "defaults", "grey"), ("best", "recommended", "tab:green")):
                 v = rec.latency_cdfs[who].get(key) or []
-                ax.plot(v, [p / 100 for p in range(1, len(v) + 1)], color=style, label=who)
+                ax.plot(v, [p / 100 for p in range(1, len(v) + 1)], color=style, label=label)
+            if targets[key] is not None:
+                ax.axvline(targets[key], color="tab:red", ls="--", lw=1.2, label=f"SLO {targets[key]:g} ms")
             ax.set_xscale("log")
-            ax.set_xlabel(key.replace("_ms", " (ms)"))
-            ax.set_ylabel("CDF")
-            ax.legend()
+            ax.set_xlabel(("TTFT" if key == "ttft_ms" else "end-to-end latency") + " (ms)", fontsize=10)
+            ax.set_ylabel("share of requests", fontsize=10)
+            ax.legend(fontsize=9)
         fig.tight_layout()
         fig.savefig(folder / "latency_cdf.png", dpi=100)
         names.append("latency_cdf.png")
@@ -231,7 +249,8 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
         out += ["", "## Lab -> production", "", (f"Gain x{rec.gap.lab_gain:.2f} in the lab, x{rec.gap.production_gain:.2f} "
                 f"on this traffic ({rec.gap.gain_metric})."), "", "| factor | gain with it | share of the gap |", "|---|---|---|"]
         out += [f"| {f.factor} | x{f.gain:.2f} | {f.share_pct:+.0f}% |" for f in rec.gap.factors]
-    out += ["", "## Robustness", "", "| perturbation | best goodput | kept goodput | regret |", "|---|---|---|---|"]
+    out += ["", "## Robustness", "", "| perturbation | best option's goodput | recommended goodput | regret |",
+            "|---|---|---|---|"]
     out += [f"| {x.perturbation} | {x.best_goodput_rps:.2f} | {x.kept_goodput_rps:.2f} | {x.regret_pct:.1f}% |"
             for x in rec.robustness.rows]
     out += ["", (f"Fallback safe under all of them: {rec.robustness.fallback.label} "

@@ -141,7 +141,8 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
 def compare_gpus(workload: Any, request: AdviseRequest, gpus: list[str], *, progress: Progress | None = None,
                  source: SourceOptions | None = None) -> Recommendation:
     """The recommendation on `request.gpu`, with `gpu_comparison`: the same workload advised on
-    each GPU type of `gpus` (the same number of GPUs, SLO and objective), side by side."""
+    each GPU type of `gpus` (the same number of GPUs, SLO and objective; the cost profile the
+    simulator picks for each), side by side."""
     from sim.hardware import get_gpu
 
     names = list(dict.fromkeys([request.gpu, *(get_gpu(g).name for g in gpus)]))
@@ -151,7 +152,9 @@ def compare_gpus(workload: Any, request: AdviseRequest, gpus: list[str], *, prog
         def part(f: float, msg: str, i: int = i, gpu: str = gpu) -> None:
             say((i + f) / len(names), f"{gpu} ({i + 1}/{len(names)}): {msg}")
 
-        recs.append(advise(workload, request.model_copy(update={"gpu": gpu}), progress=part, source=source))
+        # a --profile fitted for one GPU does not price another: the others use what the simulator picks
+        other = {"gpu": gpu} | ({} if gpu == request.gpu else {"profile": None})
+        recs.append(advise(workload, request.model_copy(update=other), progress=part, source=source))
     return recs[0].model_copy(update={"gpu_comparison": [gpu_option(r) for r in recs]})
 
 

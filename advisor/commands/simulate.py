@@ -209,7 +209,8 @@ def simulate(
     goodput: Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")] = None,
     profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path; auto: the one fitted or scaled for this model and GPU, else default (first principles)")] = "auto",
     out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here (a run already there needs --force)")] = None,
-    label: Annotated[str | None, typer.Option("--label")] = None,
+    label: Annotated[str | None, typer.Option("--label", help="name of this run in the summary, the saved run and "
+                                              "--compare (default: its flags)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON")] = False,
     sim_block_coarsening: Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")] = "1",
     no_skip_ahead: Annotated[bool, typer.Option("--no-skip-ahead", help="step every decode step (slow; for checks)")] = False,

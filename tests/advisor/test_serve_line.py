@@ -31,6 +31,10 @@ def test_models_by_hugging_face_id() -> None:
     assert (req.model, req.preset) == ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b")
     with pytest.raises(ValueError, match=r"unknown model 'llama-9'.*meta-llama/Llama-3.1-8B-Instruct"):
         preset_of("llama-9")
+    # a model spec that is no preset (the simulator takes any ModelSpec) prints under its own name
+    assert hf_model_id("mha-7b") == "mha-7b"
+    assert serve_line("mha-7b", EngineConfig(speculative_config={"method": "eagle3", "num_speculative_tokens": 2})
+                      ).draft_placeholder == "<eagle3-head-for-mha-7b>"
 
 
 def test_cli_accepts_a_hugging_face_id() -> None:
