@@ -27,14 +27,14 @@ def cost(m: Metrics, verdict: Verdict, gpu: str, prices: dict[str, float]) -> Co
              gpus_at_slo=need, usd_per_hour_at_slo=at_slo,
              usd_per_m_output_tokens_at_slo=_per_m(at_slo, m.throughput_tok_s) if at_slo is not None else None,
              text="")
-    return c.model_copy(update={"text": cost_text(c)})
+    return c.model_copy(update={"text": cost_text(c, checked=verdict.gpus_checked)})
 
 
 def _usd(x: float | None) -> str:
     return "-" if x is None else f"${x:,.2f}"
 
 
-def cost_text(c: Cost) -> str:
+def cost_text(c: Cost, *, checked: bool = False) -> str:
     head = (f"at ${c.usd_per_gpu_hour:.2f}/GPU-hour ({c.price_source}): {c.num_gpus}x {c.gpu} cost "
             f"{_usd(c.usd_per_hour)}/hour, {_usd(c.usd_per_m_output_tokens)} per million output tokens, "
             f"{c.requests_per_usd:,.0f} requests within the SLO per dollar")
@@ -42,7 +42,7 @@ def cost_text(c: Cost) -> str:
         return head + "; the GPUs it takes to meet the SLO cannot be estimated."
     if c.gpus_at_slo == c.num_gpus:
         return head + "; the SLO is met at this price."
-    return (head + f"; meeting the SLO takes about {c.gpus_at_slo} GPUs: {_usd(c.usd_per_hour_at_slo)}/hour, "
+    return (head + f"; meeting the SLO takes {'' if checked else 'about '}{c.gpus_at_slo} GPUs: {_usd(c.usd_per_hour_at_slo)}/hour, "
             f"{_usd(c.usd_per_m_output_tokens_at_slo)} per million output tokens.")
 
 

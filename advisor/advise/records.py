@@ -282,7 +282,8 @@ class Verdict(_Record):
     checks: list[SloCheck]
     slo_attainment: float = Field(description="share of requests meeting every target")
     attainment_line: float = Field(description="the share at which the SLO counts as met")
-    gpus_needed: int | None = Field(description="GPUs estimated to meet the SLO (None: not estimable)")
+    gpus_needed: int | None = Field(description="GPUs meeting the SLO (None: not found)")
+    gpus_checked: bool = Field(False, description="gpus_needed was simulated, not only estimated")
     text: str
 
 

@@ -12,16 +12,16 @@ from typing import Any
 from advisor.advise.assumptions import assumptions
 from advisor.advise.cost_lines import cost_lines
 from advisor.advise.dollars import cost, gpu_option
-from advisor.advise.evaluate import Evaluator
+from advisor.advise.evaluate import Evaluator, SimTask
 from advisor.advise.gap import gain, lab_gap
 from advisor.advise.ladder import Realizations, ladder, rejected
 from advisor.advise.questions import metrics_to_watch, questions
-from advisor.advise.records import AdviseRequest, ProfileInfo, Recommendation
+from advisor.advise.records import AdviseRequest, ProfileInfo, Recommendation, Verdict
 from advisor.advise.robustness import robustness, scored_config
 from advisor.advise.search import Context, search
-from advisor.advise.space import dimensions, serve_command
+from advisor.advise.space import Candidate, dimensions, serve_command
 from advisor.advise.variants import spec_for
-from advisor.advise.verdict import quality_notes, verdict
+from advisor.advise.verdict import checked, meets, quality_notes, verdict
 from engine.request import Request
 from sim.describe import describe_workload
 from sim.profile_files import load_profile
@@ -67,6 +67,28 @@ def _profile(request: AdviseRequest, extras: dict[str, Any]) -> ProfileInfo:
     status = extras.get("profile_status") or ("first-principles coefficients from datasheets, not calibrated"
                                               if name == "default" else "as given")
     return ProfileInfo(name=str(name), status=str(status))
+
+
+CHECK_GPUS = 4  # GPU counts tried at once from the verdict's estimate up
+MAX_CHECK_GPUS = 64
+
+
+def gpus_to_meet(ev: Evaluator, ctx: Context, cand: Candidate, v: Verdict, slo: str) -> Verdict:
+    """The recommended flags simulated on more GPUs (replicas of the same tensor-parallel size),
+    from the estimate up, in one batch: the fewest that meet the SLO replace the estimate. P/D
+    layouts keep the estimate."""
+    cfg = ctx.task(cand).config
+    if cfg.disaggregation is not None or v.gpus_needed is None:
+        return v
+    tp = cfg.engine.tensor_parallel_size
+    start = max(v.gpus_needed, v.num_gpus + 1)
+    start = -(-start // tp) * tp
+    counts = [n for n in range(start, start + CHECK_GPUS * tp, tp) if n <= MAX_CHECK_GPUS]
+    if not counts:
+        return v
+    outs = ev.map([SimTask(cfg.model_copy(update={"num_gpus": n}), ctx.eval_requests) for n in counts])
+    hit = next(((n, o.metrics) for n, o in zip(counts, outs, strict=True) if meets(o.metrics, slo)), None)
+    return checked(v, hit[0] if hit else None, hit[1] if hit else None, counts[-1])
 
 
 def serve_notes(line: ServeLine) -> list[str]:
@@ -118,12 +140,15 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
             gap = gap_f.result() if gap_f else None
             say(*STAGES[4])
             rob = rob_f.result()
+        best = scored_config(ctx, found.best)
+        v = verdict(best.metrics, request.slo, best.num_gpus, request.gpu)
+        if not v.meets:
+            say(0.97, "GPUs to meet the SLO")
+            v = gpus_to_meet(ev, ctx, found.best.cand, v, request.slo)
         count = ev.count
     say(1.0, "done")
     best_engine = ctx.task(found.best.cand).config.engine
     line = serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus))
-    best = scored_config(ctx, found.best)
-    v = verdict(best.metrics, request.slo, best.num_gpus, request.gpu)
     return Recommendation(
         verdict=v, cost=cost(best.metrics, v, request.gpu, request.gpu_hour_usd), request=request,
         profile=_profile(request, found.best.outcome.extras),

@@ -33,6 +33,20 @@ def _value(m: Metrics, key: str, pct: str) -> tuple[float, str]:
     return getattr(m, f"{key}_{shown}_ms"), shown
 
 
+def checked(v: Verdict, need: int | None, m: Metrics | None, tried: int) -> Verdict:
+    """`v` with the GPUs the simulator found meeting the SLO (`need`, its metrics `m`), or with the
+    most it tried (`tried`) when none did; the estimate's sentence is replaced."""
+    head = v.text.split(" To meet it:")[0]
+    if need is not None and m is not None:
+        fix = (f" To meet it: {need} GPUs, checked in simulation (the same flags on {need} GPUs: SLO met by "
+               f"{m.slo_attainment:.1%} of requests, TTFT p99 {m.ttft_p99_ms:,.1f} ms, TPOT p99 {m.tpot_p99_ms:,.1f} ms; "
+               f"re-run with --num-gpus {need} for the full advice there).")
+    else:
+        fix = (f" To meet it: more than {tried} GPUs of this configuration (none up to {tried} met it in "
+               "simulation); loosen the targets, or try a larger --gpu.")
+    return v.model_copy(update={"gpus_needed": need, "gpus_checked": need is not None, "text": head + fix})
+
+
 def verdict(m: Metrics, slo_text: str, num_gpus: int, gpu: str) -> Verdict:
     checks = []
     for key, pct, target in slo_targets(slo_text):
@@ -74,4 +88,8 @@ def quality_notes(flags: dict[str, object]) -> list[str]:
     return [note for flag, note in QUALITY_NOTES.items() if flags.get(flag) not in (None, "auto")]
 
 
-__all__ = ["QUALITY_NOTES", "quality_notes", "slo_targets", "verdict"]
+def meets(m: Metrics, slo_text: str) -> bool:
+    return verdict(m, slo_text, 1, "-").meets
+
+
+__all__ = ["QUALITY_NOTES", "checked", "meets", "quality_notes", "slo_targets", "verdict"]
