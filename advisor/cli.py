@@ -21,6 +21,7 @@ from advisor.commands import simulate, workload
 from advisor.commands import validate as validate_cmd
 from advisor.commands.calibrate import calibrate
 from advisor.errors import bug_line
+from advisor.help import HELP
 
 app = typer.Typer(
     help="costline: what each LLM-serving optimization really buys under your traffic.",
@@ -39,15 +40,15 @@ def _options(
 
 
 app.add_typer(workload.app, name="workload")
-app.command("simulate")(simulate.simulate)
+app.command("simulate", **HELP)(simulate.simulate)
 app.add_typer(engine_cmd.app, name="engine")
-app.command("advise")(advise_cmd.advise)
-app.command("app")(app_cmd.serve)
-app.command("calibrate")(calibrate)
-app.command("validate")(validate_cmd.validate)
+app.command("advise", **HELP)(advise_cmd.advise)
+app.command("app", **HELP)(app_cmd.serve)
+app.command("calibrate", **HELP)(calibrate)
+app.command("validate", **HELP)(validate_cmd.validate)
 
 
-@app.command()
+@app.command(**HELP)
 def demo() -> None:
     """The main job on a built-in default: advise on the production-like chat workload for Llama-3.1-8B on one H200."""
     workload.describe("chat-production", as_json=False)

@@ -58,16 +58,16 @@ def _with_parameters(extra: Sequence[inspect.Parameter], into: str,
 
 # --------------------------------------------------------------------------- engine flags
 def _flag_parameter(flag: Flag) -> inspect.Parameter:
-    text = flag.help
-    shown = False if flag.default is None else str(flag.default).lower()
+    # the default in the help text itself: the option's own default is None (= not given)
+    text = flag.help + ("" if flag.default is None else f"  [default: {str(flag.default).lower()}]")
     if flag.type is bool:
         decls = [f"{flag.cli}/{flag.negatives[0]}", *(f" /{n}" for n in flag.negatives[1:])]
-        option = typer.Option(*decls, help=text, show_default=shown)
+        option = typer.Option(*decls, help=text, show_default=False)
         return inspect.Parameter(flag.name, _KW, default=None, annotation=Annotated[bool | None, option])
-    metavar = "|".join(flag.choices) if flag.choices else {int: "INTEGER", float: "FLOAT"}.get(flag.type, "TEXT")
+    metavar = "[" + "|".join(flag.choices) + "]" if flag.choices else {int: "<int>", float: "<float>"}.get(flag.type, "<str>")
     if flag.human_size:
-        metavar += " (8k, 8K)"
-    option = typer.Option(*flag.spellings, help=text, show_default=shown, metavar=metavar)
+        text += " (accepts 8k = 8000, 8K = 8192)"
+    option = typer.Option(*flag.spellings, help=text, show_default=False, metavar=metavar)
     return inspect.Parameter(flag.name, _KW, default=None, annotation=Annotated[str | None, option])
 
 

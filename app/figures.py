@@ -191,10 +191,20 @@ def interpolate_gain(points: Sequence[Mapping[str, float]], x: float) -> float:
     return float(np.interp(x, xs[order], ys[order]))
 
 
+def cost_line_label(line: Mapping[str, Any]) -> str:
+    """What a cost line's gain_pct measures: its own `gain_label`, else (an older file) a latency
+    speed-up, or the CPU line's share of step time."""
+    if line.get("gain_label"):
+        return str(line["gain_label"])
+    cpu = str(line.get("optimization", "")).endswith("CPU")
+    return "CPU share of step time (%)" if cpu else "mean E2E latency speed-up (%)"
+
+
 def cost_line_figure(line: Mapping[str, Any]) -> go.Figure:
     pts = line["points"]
+    label = cost_line_label(line)
     fig = go.Figure(go.Scatter(x=[p["x"] for p in pts], y=[p["gain_pct"] for p in pts], mode="lines+markers",
-                               name="gain"))
+                               name=label.removesuffix(" (%)")))
     op = line.get("operating_point")
     if op is not None and pts:
         fig.add_trace(go.Scatter(x=[op], y=[interpolate_gain(pts, op)], mode="markers", name="your operating point",
@@ -204,8 +214,8 @@ def cost_line_figure(line: Mapping[str, Any]) -> go.Figure:
         fig.add_vline(x=be, line_dash="dash", annotation_text="break-even")
     fig.add_hline(y=0, line_color="grey")
     unit = f" ({line['unit']})" if line.get("unit") else ""
-    fig.update_layout(title=f"{line['optimization']}: gain vs {line['variable']}",
-                      xaxis_title=f"{line['variable']}{unit}", yaxis_title="goodput gain (%)")
+    fig.update_layout(title=f"{line['optimization']}: {label.removesuffix(' (%)')} vs {line['variable']}",
+                      xaxis_title=f"{line['variable']}{unit}", yaxis_title=label)
     return fig
 
 
@@ -213,16 +223,21 @@ def gap_figure(gap: Mapping[str, Any]) -> go.Figure:
     factors = gap.get("factors") or []
     fig = go.Figure(go.Bar(x=[f["factor"] for f in factors], y=[f["share_pct"] for f in factors],
                            text=[f"{f['share_pct']:.0f}%" for f in factors]))
-    fig.update_layout(title=f"Lab -> production gap: {_pct(gap.get('lab_gain'))} in the lab, "
-                      f"{_pct(gap.get('production_gain'))} in production; share of the gap per factor",
+    # lab_gain / production_gain are ratios (mean E2E latency, defaults / recommended), not percents
+    fig.update_layout(title=f"Lab -> production gap: {_times(gap.get('lab_gain'))} in the lab, "
+                      f"{_times(gap.get('production_gain'))} on your traffic; share of the gap per factor",
                       yaxis_title="share of the gap (%)")
     return fig
+
+
+def _times(x: Any) -> str:
+    return "-" if not isinstance(x, (int, float)) or math.isnan(x) else f"x{x:.2f}"
 
 
 def _pct(x: Any) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.1f}%"
 
 
-__all__ = ["arrivals_figure", "arrivals_per_bin", "cdf_figure", "cost_line_figure", "decimate", "ecdf", "gap_figure",
+__all__ = ["arrivals_figure", "arrivals_per_bin", "cdf_figure", "cost_line_figure", "cost_line_label", "decimate", "ecdf", "gap_figure",
            "interpolate_gain", "latency_rows", "lengths_figure", "prefix_reuse_curve", "reuse_figure",
            "timeline_figure", "timeline_series", "waterfall_figure"]

@@ -97,8 +97,8 @@ def headline(rec: dict[str, Any]) -> None:
 
 def metrics_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
     best, base = rec["best"], rec["baseline"]
-    return [{"metric": k, f"baseline ({base.get('label')})": fmt(base["metrics"].get(k)),
-             f"best ({best.get('label')})": fmt(best["metrics"].get(k))} for k in TABLE_METRICS]
+    return [{"metric": k, f"vLLM defaults ({base.get('label')})": fmt(base["metrics"].get(k)),
+             f"recommended ({best.get('label')})": fmt(best["metrics"].get(k))} for k in TABLE_METRICS]
 
 
 def interval_text(gain: Any) -> str:
@@ -129,6 +129,11 @@ def kept_defaults_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
 def render(rec: dict[str, Any]) -> None:
     """Every part of a recommendation, from its keys."""
     profile = rec.get("profile") or {}
+    verdict = rec.get("verdict")
+    if isinstance(verdict, dict) and verdict.get("text"):  # first: the answer in one paragraph
+        (st.success if verdict.get("meets") else st.warning)(f"Verdict: {verdict['text']}")
+    if isinstance(rec.get("cost"), dict) and rec["cost"].get("text"):
+        st.markdown(f"**Cost:** {rec['cost']['text']}")
     st.subheader(f"Recommended: {rec['best'].get('label')} on {rec['best'].get('num_gpus')} GPU(s)")
     st.caption(f"flags: {flags_text(rec['best'].get('flags')) or '(vLLM defaults)'}")
     st.caption(f"cost profile {profile.get('name', '-')} ({profile.get('status', 'unknown')}) | "
@@ -139,6 +144,16 @@ def render(rec: dict[str, Any]) -> None:
     headline(rec)
     st.dataframe(metrics_table(rec), hide_index=True, key="rec.metrics")
     st.code(rec.get("serve_command") or "", language="bash")
+    for note in (rec.get("serve_notes") or []) + (rec.get("quality_notes") or []):
+        st.warning(note)
+    if rec.get("gpu_comparison"):
+        st.subheader("GPU types side by side")
+        st.dataframe([{"GPU": o.get("gpu"), "GPUs": o.get("num_gpus"), "SLO": "met" if o.get("meets") else "MISSED",
+                       "GPUs for SLO": o.get("gpus_needed"), "goodput (req/s)": fmt(o.get("goodput_rps")),
+                       "TTFT p99 (ms)": fmt(o.get("ttft_p99_ms")), "TPOT p99 (ms)": fmt(o.get("tpot_p99_ms")),
+                       "$/GPU-hour": fmt(o.get("usd_per_gpu_hour")), "$/hour at SLO": fmt(o.get("usd_per_hour_at_slo")),
+                       "$/M output tokens at SLO": fmt(o.get("usd_per_m_output_tokens_at_slo"))}
+                      for o in rec["gpu_comparison"]], hide_index=True, key="rec.gpus")
     st.subheader("The ladder")
     st.plotly_chart(waterfall_figure(rec.get("ladder") or []), key="rec.waterfall")
     st.dataframe(ladder_table(rec), hide_index=True, key="rec.ladder")
@@ -182,8 +197,8 @@ def robustness(rob: dict[str, Any]) -> None:
     if not rob.get("rows"):
         return
     st.subheader("Robustness")
-    st.dataframe([{"perturbation": r["perturbation"], "best goodput (req/s)": fmt(r.get("best_goodput_rps")),
-                   "kept config goodput (req/s)": fmt(r.get("kept_goodput_rps")),
+    st.dataframe([{"perturbation": r["perturbation"], "best option's goodput (req/s)": fmt(r.get("best_goodput_rps")),
+                   "recommended goodput (req/s)": fmt(r.get("kept_goodput_rps")),
                    "regret %": fmt(r.get("regret_pct"), 1)} for r in rob["rows"]], hide_index=True, key="rec.robust")
     if rob.get("fallback"):
         st.caption(f"fallback: {config_label(rob['fallback'])} (max regret {fmt(rob.get('fallback_max_regret_pct'), 1)}%)")

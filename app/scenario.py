@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.core.flags import Flag
 from engine.core.input_files import plain_message
-from engine.core.model_spec import MODEL_PRESETS
 from engine.core.run_summary import SLO
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig, RouterPolicy
@@ -105,9 +104,9 @@ class Scenario(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_preset(cls, v: str) -> str:
-        if v not in MODEL_PRESETS:
-            raise ValueError(f"{v!r} is not a model preset ({', '.join(MODEL_PRESETS)})")
-        return v
+        from sim.models import preset_of
+
+        return preset_of(v)  # a Hugging Face id (meta-llama/Llama-3.1-8B-Instruct) as its preset
 
     @field_validator("gpu")
     @classmethod

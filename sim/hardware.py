@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from engine.core.model_spec import ModelSpec, blocks_for_tokens, dtype_bytes, get_model
+from engine.core.model_spec import ModelSpec, blocks_for_tokens, dtype_bytes
 
 GB = 1e9
 
@@ -67,26 +67,39 @@ GPU_PRESETS: dict[str, GPUSpec] = {
 # NVLink figures above are per direction (the datasheets quote the bidirectional total).
 
 
+# short names people type for a preset
+GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb"}
+
+
 def get_gpu(name: str) -> GPUSpec:
-    """A GPU preset by name (case-insensitive)."""
+    """A GPU preset by name (case-insensitive; `h100` and `a100` for the SXM 80 GB parts)."""
+    key = name.strip().lower()
     try:
-        return GPU_PRESETS[name.lower()]
+        return GPU_PRESETS[GPU_ALIASES.get(key, key)]
     except KeyError:
         raise ValueError(f"unknown GPU preset {name!r}; choose one of {sorted(GPU_PRESETS)}") from None
 
 
 def _model_preset(name: str) -> str:
-    get_model(name)  # an unknown preset is refused here, naming the presets
+    """A preset alias or its Hugging Face id, as the alias; an unknown name is refused naming both."""
+    from sim.models import preset_of
+
+    return preset_of(name)
+
+
+def _model_name(name: str) -> str:
+    """A preset alias or Hugging Face id kept as typed (the `vllm serve` line prints the id)."""
+    _model_preset(name)
     return name
 
 
 def _gpu_preset(name: str) -> str:
-    get_gpu(name)
-    return name
+    return get_gpu(name).name
 
 
 # A record's field that names a preset: refused at validation, before any work, naming the presets
 ModelPreset = Annotated[str, AfterValidator(_model_preset)]
+ModelName = Annotated[str, AfterValidator(_model_name)]
 GpuPreset = Annotated[str, AfterValidator(_gpu_preset)]
 
 

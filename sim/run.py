@@ -232,7 +232,8 @@ def profile_meta(profile: CostProfile) -> dict[str, Any]:
 
 def summarize(result: SimResult, slo: SLO | None = None) -> dict[str, Any]:
     """The run's summary plus the `vllm serve` flags it modelled (what `costline simulate` prints)."""
-    return result.summary(slo) | {"vllm_args": result.meta.get("vllm_args")}
+    return result.summary(slo) | {"vllm_args": result.meta.get("vllm_args"),
+                                  "serve_command": result.meta.get("serve_command")}
 
 
 __all__ = [

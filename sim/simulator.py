@@ -65,6 +65,7 @@ from sim.memory import MemoryPlan, draft_spec, plan_memory
 from sim.metrics import SLO, SimResult
 from sim.router import Router
 from sim.run_log import RequestLog, StepLog
+from sim.serve_line import ServeLine, serve_line
 from sim.speculative import AcceptanceModel, SpecTokens
 
 Process = Generator[simpy.Event, Any, Any]
@@ -747,14 +748,14 @@ class Simulation:
         wall = time.perf_counter() - t_wall
         return self._result(wall)
 
-    def _vllm_args(self) -> str:
-        """The `vllm serve` flags of this run (the decode side's, plus the connector, for P/D)."""
-        dep = self.dep
+    def _serve_line(self) -> ServeLine:
+        """The `vllm serve` line of this run (the decode side's flags, plus the connector, for P/D)."""
+        dep, pd = self.dep, self.dep.disaggregation
         eng = (self.decode_pool or self.replicas)[0].engine
-        args = " ".join(eng.to_vllm_args(EngineConfig().resolved_for(dep.gpu, dep.model)))
-        if dep.disaggregation is not None:
-            args = (args + " " + _kv_transfer_arg(dep.disaggregation.kv_connector)).strip()
-        return args
+        return serve_line(dep.model.name, eng, baseline=EngineConfig().resolved_for(dep.gpu, dep.model),
+                          replicas=dep.num_replicas, kv_connector=pd.kv_connector if pd else None,
+                          prefill_replicas=pd.num_prefill_replicas if pd else 0,
+                          decode_replicas=pd.num_decode_replicas if pd else 0)
 
     def _counters(self) -> dict[str, float]:
         q = h = 0
@@ -772,12 +773,13 @@ class Simulation:
         dep, reqs = self.dep, self.requests
         first, last = reqs[0].arrival_s, reqs[-1].arrival_s
         rate = (len(reqs) - 1) / (last - first) if len(reqs) > 1 and last > first else "inf"
+        line = self._serve_line()
         return {"endpoint_type": "simulated", "backend": "costline-sim", "model": dep.model.name,
                 "gpu": dep.gpu.name, "num_gpus": dep.num_gpus, "num_replicas": len(self.replicas),
                 "deployment": dep.describe(), "seed": self.seed, "label": self.label, "request_rate": rate,
                 "slo": self.slo, "num_gpu_blocks": self.replicas[0].plan.num_gpu_blocks,
                 "max_model_len": self.max_model_len, "kv_block_coarsening": self.coarsen,
-                "vllm_args": self._vllm_args(), **self._engine_meta()} | self.extra_meta
+                "vllm_args": line.args, "serve_command": line.command, **self._engine_meta()} | self.extra_meta
 
     def _engine_meta(self) -> dict[str, Any]:
         """The scheduling mode and speculative config simulated (engine/core/run_summary.ENGINE_META_KEYS)."""
@@ -807,10 +809,6 @@ def _cyclic_gc_paused() -> Generator[None, None, None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def _kv_transfer_arg(connector: str) -> str:
-    return f"""--kv-transfer-config '{{"kv_connector":"{connector}","kv_role":"kv_both"}}'"""
 
 
 def simulate(deployment: DeploymentConfig, requests: Sequence[Request], *, seed: int = 0,

@@ -12,6 +12,6 @@ Stages: search (advisor/advise/search.py), ladder and rejected options (ladder.p
 from __future__ import annotations
 
 from advisor.advise.records import AdviseRequest, Recommendation
-from advisor.advise.run import advise
+from advisor.advise.run import advise, compare_gpus
 
-__all__ = ["AdviseRequest", "Recommendation", "advise"]
+__all__ = ["AdviseRequest", "Recommendation", "advise", "compare_gpus"]

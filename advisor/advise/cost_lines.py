@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from advisor.advise.evaluate import Evaluator, Outcome, SimTask
-from advisor.advise.records import CostLine, CostPoint
+from advisor.advise.records import CPU_LABEL, CostLine, CostPoint
 from advisor.advise.robustness import lower_acceptance
 from advisor.advise.search import Context
 from advisor.advise.space import Candidate, Layout
@@ -220,7 +220,7 @@ def cpu_line(sw: _Sweeps) -> CostLine:
            for f, o in zip(CPU_RATE_FACTORS, outs, strict=True)]
     be = crossing([p.x for p in pts], [p.gain_pct - CPU_BOTTLENECK_SHARE * 100 for p in pts])
     return CostLine(optimization="block manager and scheduler CPU", variable="request rate", unit="req/s",
-                    points=pts, break_even=be, operating_point=rate_of(sw.spec), answer=(
+                    points=pts, gain_label=CPU_LABEL, break_even=be, operating_point=rate_of(sw.spec), answer=(
                         f"CPU (scheduler + block manager) takes {pts[0].gain_pct:.1f}% of step time at your "
                         f"{rate_of(sw.spec):.1f} req/s and {pts[-1].gain_pct:.1f}% at {pts[-1].x:.1f} req/s; "
                         + (f"it becomes the bottleneck (half the step) at ~{be:.1f} req/s." if be is not None else

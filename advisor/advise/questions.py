@@ -70,29 +70,57 @@ def questions(ctx: Context, found: SearchResult, lines: list[CostLine]) -> list[
     ]
 
 
+def _quantile(metric: str, seconds: float) -> str:
+    """PromQL: the p99 of a vLLM histogram over 5 minutes above `seconds`, per model."""
+    return (f"histogram_quantile(0.99, sum by (le, model_name) (rate({metric}_bucket[5m]))) > {seconds:g}")
+
+
+def _ratio(num: str, den: str, op: str, value: float) -> str:
+    return (f"sum by (model_name) (rate({num}[10m])) / sum by (model_name) (rate({den}[10m])) {op} {value:.2f}")
+
+
 def metrics_to_watch(slo: SLO | None, found: SearchResult, lines: list[CostLine]) -> list[MetricToWatch]:
+    """The Prometheus series that say when the recommendation stops holding, named exactly as
+    vLLM exposes them (counters with `_total`, histograms through `_bucket`), each with a PromQL
+    alert expression (alerts.yaml)."""
     out = []
     if slo and slo.ttft_ms is not None:
-        out.append(MetricToWatch(metric="vllm:time_to_first_token_seconds", threshold=f"p99 > {slo.ttft_ms / 1e3:g} s",
+        m = "vllm:time_to_first_token_seconds"
+        out.append(MetricToWatch(metric=m, threshold=f"p99 > {slo.ttft_ms / 1e3:g} s", alert="VllmTtftP99AboveSlo",
+                                 promql=_quantile(m, slo.ttft_ms / 1e3),
                                  why="the TTFT target; the recommendation was chosen for it"))
     if slo and slo.tpot_ms is not None:
-        out.append(MetricToWatch(metric="vllm:request_time_per_output_token_seconds",
-                                 threshold=f"p99 > {slo.tpot_ms / 1e3:g} s", why="the TPOT target"))
+        m = "vllm:request_time_per_output_token_seconds"
+        out.append(MetricToWatch(metric=m, threshold=f"p99 > {slo.tpot_ms / 1e3:g} s", alert="VllmTpotP99AboveSlo",
+                                 promql=_quantile(m, slo.tpot_ms / 1e3), why="the TPOT target"))
+    if slo and slo.e2el_ms is not None:
+        m = "vllm:e2e_request_latency_seconds"
+        out.append(MetricToWatch(metric=m, threshold=f"p99 > {slo.e2el_ms / 1e3:g} s", alert="VllmE2eP99AboveSlo",
+                                 promql=_quantile(m, slo.e2el_ms / 1e3), why="the end-to-end latency target"))
     kv = found.best.outcome.extras.get("kv_usage_max", 0.0)
-    out.append(MetricToWatch(metric="vllm:kv_cache_usage_perc", threshold="> 0.9 sustained",
+    out.append(MetricToWatch(metric="vllm:kv_cache_usage_perc", threshold="> 0.9 for 5 minutes", alert="VllmKvCacheFull",
+                             promql="min_over_time(vllm:kv_cache_usage_perc[5m]) > 0.9",
                              why=f"peaked at {kv:.0%} in simulation; above 90% preemptions start"))
-    out.append(MetricToWatch(metric="vllm:num_preemptions", threshold="rate > 0.1/s",
+    out.append(MetricToWatch(metric="vllm:num_preemptions_total", threshold="rate > 0.1/s", alert="VllmPreempting",
+                             promql="sum by (model_name) (rate(vllm:num_preemptions_total[5m])) > 0.1",
                              why=f"{found.best.outcome.metrics.preemptions} in simulation; each one recomputes a prompt"))
     out.append(MetricToWatch(metric="vllm:num_requests_waiting", threshold="> 2 x vllm:num_requests_running",
+                             alert="VllmQueueGrowing",
+                             promql="sum by (model_name) (vllm:num_requests_waiting) > 2 * sum by (model_name) "
+                                    "(vllm:num_requests_running)",
                              why="a queue that grows means the rate passed what this configuration serves"))
     acc = _line(lines, "speculative decoding", "acceptance rate")
     if acc and acc.break_even is not None:
-        out.append(MetricToWatch(metric="vllm:spec_decode_num_accepted_tokens / vllm:spec_decode_num_draft_tokens",
-                                 threshold=f"< {acc.break_even:.2f}",
+        num, den = "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"
+        out.append(MetricToWatch(metric=f"{num} / {den}", threshold=f"< {acc.break_even:.2f}",
+                                 alert="VllmSpecDecodeAcceptanceLow", promql=_ratio(num, den, "<", acc.break_even),
                                  why="below this acceptance speculative decoding costs more than it saves"))
     pre = _line(lines, "prefix caching", "prefix-cache hit rate")
     if pre:
+        low = pre.break_even if pre.break_even is not None else pre.operating_point / 2
         threshold = f"< {pre.break_even:.2f}" if pre.break_even is not None else "drops by half"
-        out.append(MetricToWatch(metric="vllm:prefix_cache_hits / vllm:prefix_cache_queries", threshold=threshold,
+        num, den = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+        out.append(MetricToWatch(metric=f"{num} / {den}", threshold=threshold, alert="VllmPrefixCacheHitRateLow",
+                                 promql=_ratio(num, den, "<", low),
                                  why=f"{pre.operating_point:.0%} in simulation; a new dynamic prefix shows here first"))
     return out

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from advisor.advise.assumptions import Assumption
 from advisor.advise.uncertainty import DEFAULT_MIN_GAIN_PCT, GainInterval
 from engine.core.run_summary import SLO
-from sim.hardware import GpuPreset, ModelPreset
+from sim.hardware import GpuPreset, ModelName
 from sim.speculative import DEFAULT_ACCEPTANCE
 
 Objective = Literal["goodput", "min-gpus", "cost"]
@@ -37,7 +37,8 @@ def normalise_slo(text: str) -> str:
 class AdviseRequest(_Record):
     """What the user asks: traffic aside, the deployment and targets to advise on."""
 
-    model: ModelPreset = "llama-3.1-8b"  # refused before any simulation starts, naming the presets
+    model: ModelName = Field("llama-3.1-8b", description="a model preset or its Hugging Face id "
+                             "(meta-llama/Llama-3.1-8B-Instruct); refused before any simulation, naming both")
     gpu: GpuPreset = "h200"
     num_gpus: int = Field(1, ge=1, le=64)
     slo: str = Field("ttft_p99:500 tpot_p99:50", description="goodput targets in ms, e.g. "
@@ -52,9 +53,38 @@ class AdviseRequest(_Record):
     acceptance: dict[str, dict[str, float]] | None = Field(
         None, description="measured mean acceptance per draft token: method ('*' = any) -> task -> rate in (0, 1); "
         "also 'eagle3:chat=0.71,code=0.8 ngram:chat=0.2'")
+    allow: list[str] | None = Field(None, description="search only options that change these (names of "
+                                    "advisor.advise.space.FEATURES or groups: spec, fp8, parallelism); None = all")
+    forbid: list[str] = Field(default_factory=list, description="never recommend options that change these "
+                              "(e.g. 'fp8-weights,spec')")
+    gpu_hour_usd: dict[str, float] = Field(default_factory=dict, description="$ per GPU-hour by GPU preset "
+                                           "(advisor/advise/prices.py has defaults); also '3.5' for `gpu`")
     min_gain_pct: float = Field(DEFAULT_MIN_GAIN_PCT, ge=0, le=1000,
                                 description="a change is recommended only when the low end of its gain's 90% "
                                 "interval is above this (percent); otherwise vLLM's default stays")
+
+    @field_validator("allow", "forbid", mode="before")
+    @classmethod
+    def _features(cls, v: Any, info: Any) -> Any:
+        from advisor.advise.space import parse_features
+
+        if v is None:
+            return None if info.field_name == "allow" else []
+        return parse_features(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prices(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gpu_hour_usd" in data and data["gpu_hour_usd"] is None:
+            data = {k: v for k, v in data.items() if k != "gpu_hour_usd"}
+        if isinstance(data, dict) and data.get("gpu_hour_usd") is not None:
+            from advisor.advise.prices import parse_gpu_hour_usd
+
+            try:
+                data = data | {"gpu_hour_usd": parse_gpu_hour_usd(data["gpu_hour_usd"], data.get("gpu") or "h200")}
+            except ValueError as exc:
+                raise ValueError(f"--gpu-hour-usd {data['gpu_hour_usd']!r}: {exc}") from None
+        return data
 
     @field_validator("acceptance", mode="before")
     @classmethod
@@ -78,8 +108,15 @@ class AdviseRequest(_Record):
         if self.profile is not None:
             from sim.profile_files import load_profile
 
-            load_profile(self.profile, self.model, self.gpu)  # a damaged file named before the search
+            load_profile(self.profile, self.preset, self.gpu)  # a damaged file named before the search
         return self
+
+    @property
+    def preset(self) -> str:
+        """The model preset's alias (`model` may be its Hugging Face id)."""
+        from sim.models import preset_of
+
+        return preset_of(self.model)
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -169,11 +206,17 @@ class CostPoint(_Record):
     detail: dict[str, float] = Field(default_factory=dict)
 
 
+SPEEDUP_LABEL = "mean E2E latency speed-up (%)"  # what a cost line's gain_pct is, unless it says otherwise
+CPU_LABEL = "CPU share of step time (%)"
+
+
 class CostLine(_Record):
     optimization: str
     variable: str
     unit: str
     points: list[CostPoint]
+    gain_label: str = Field(SPEEDUP_LABEL, description="what the points' gain_pct measure (the chart's y axis): "
+                            "mean end-to-end latency off / on - 1, or the CPU line's share of step time")
     break_even: float | None
     operating_point: float
     answer: str
@@ -206,9 +249,11 @@ class Robustness(_Record):
 
 
 class MetricToWatch(_Record):
-    metric: str
+    metric: str  # as vLLM exposes it on /metrics (counters end in _total)
     threshold: str
     why: str
+    alert: str = Field("", description="the alert's name in alerts.yaml")
+    promql: str = Field("", description="the PromQL alert expression (true = the recommendation stops holding)")
 
 
 class Question(_Record):
@@ -221,7 +266,66 @@ class ProfileInfo(_Record):
     status: str
 
 
+class SloCheck(_Record):
+    metric: str  # "TTFT p99"
+    target_ms: float
+    value_ms: float
+    met: bool
+
+
+class Verdict(_Record):
+    """Whether the recommended configuration meets each SLO on the GPUs given, and what it takes."""
+
+    meets: bool
+    num_gpus: int
+    gpu: str
+    checks: list[SloCheck]
+    slo_attainment: float = Field(description="share of requests meeting every target")
+    attainment_line: float = Field(description="the share at which the SLO counts as met")
+    gpus_needed: int | None = Field(description="GPUs meeting the SLO (None: not found)")
+    gpus_checked: bool = Field(False, description="gpus_needed was simulated, not only estimated")
+    text: str
+
+
+class Cost(_Record):
+    """What the recommended configuration costs, on the GPUs given and at the SLO."""
+
+    gpu: str
+    usd_per_gpu_hour: float
+    price_source: str
+    num_gpus: int
+    usd_per_hour: float
+    usd_per_m_output_tokens: float | None = Field(description="$ per million output tokens served on num_gpus")
+    requests_per_usd: float = Field(description="requests served within the SLO per dollar")
+    gpus_at_slo: int | None = Field(description="GPUs the verdict estimates the SLO takes")
+    usd_per_hour_at_slo: float | None
+    usd_per_m_output_tokens_at_slo: float | None
+    text: str
+
+
+class GpuOption(_Record):
+    """One GPU type's recommendation for the same workload (--compare-gpus)."""
+
+    gpu: str
+    label: str
+    num_gpus: int
+    meets: bool
+    gpus_needed: int | None
+    goodput_rps: float
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    slo_attainment: float
+    usd_per_gpu_hour: float | None
+    usd_per_hour_at_slo: float | None
+    usd_per_m_output_tokens_at_slo: float | None
+    serve_command: str
+
+
 class Recommendation(_Record):
+    verdict: Verdict | None = Field(None, description="the plain verdict, first in every report")
+    cost: Cost | None = Field(None, description="$/hour and $/million output tokens, here and at the SLO")
+    gpu_comparison: list[GpuOption] = Field(default_factory=list, description="--compare-gpus: the same "
+                                            "workload's recommendation per GPU type")
     request: AdviseRequest
     profile: ProfileInfo
     workload: dict[str, Any]
@@ -236,6 +340,10 @@ class Recommendation(_Record):
     gap: Gap | None
     robustness: Robustness
     serve_command: str
+    quality_notes: list[str] = Field(default_factory=list, description="what the recommended lossy options (FP8 "
+                                     "weights, FP8 KV cache) may do to outputs")
+    serve_notes: list[str] = Field(default_factory=list, description="what to replace or know before pasting "
+                                   "serve_command (a draft-head placeholder)")
     metrics_to_watch: list[MetricToWatch]
     questions: list[Question]
     elapsed_s: float

@@ -12,7 +12,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from advisor.advise.records import LadderStep, Metrics, Recommendation
+from advisor.advise.cost_lines import CPU_BOTTLENECK_SHARE
+from advisor.advise.records import CPU_LABEL, LadderStep, Metrics, Recommendation
 from advisor.console import styled
 from engine.core.outputs import check_output_dir, staged_dir
 
@@ -37,6 +38,10 @@ def _metric_rows(m: Metrics) -> list[str]:
 
 def print_report(rec: Recommendation, console: Console) -> None:
     w = rec.workload
+    if rec.verdict is not None:  # first: what a reader needs if they read nothing else
+        console.print(styled(("verdict: ", "bold"), (rec.verdict.text, "bold green" if rec.verdict.meets else "bold red")),
+                      highlight=False)
+    console.print(styled(("cost: ", "bold"), cost_line(rec)), highlight=False)
     console.print(styled(("costline advise", "bold"), f": {w['name']} ({w['num_requests']:,} requests, "
                          f"{w['rate_rps']:.2f} req/s), {rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, "
                          f"SLO {rec.request.slo}, objective {rec.request.objective}; profile {rec.profile.name} "
@@ -87,8 +92,60 @@ def print_report(rec: Recommendation, console: Console) -> None:
         console.print(f"  - [{a.provenance}] {a.input}: {a.value} ({a.source}){flip}", highlight=False, markup=False)
         if a.provenance != "measured":
             console.print(f"    measure it: {a.how_to_measure}", highlight=False, markup=False)
+    if rec.gpu_comparison:
+        ct = Table(title="GPU types side by side (same workload, SLO and objective)", title_justify="left",
+                   box=box.SIMPLE_HEAD, pad_edge=False)
+        for c in GPU_COLUMNS:  # headers wrap onto two lines; cells never do
+            ct.add_column(c, justify="left" if c == "GPU" else "right", no_wrap=False, min_width=len(max(c.split(), key=len)))
+        for row in gpu_rows(rec):
+            ct.add_row(*row)
+        console.print(ct)
+        console.print(cheapest_text(rec), highlight=False)
     console.print(styled(("run", "bold"), f": {rec.serve_command}"), soft_wrap=True)
+    for note in rec.serve_notes:
+        console.print(f"  note: {note}", highlight=False, markup=False)
+    for note in rec.quality_notes:
+        console.print(f"  quality: {note}", highlight=False, markup=False)
     console.print(f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s")
+
+
+def cost_line(rec: Recommendation) -> str:
+    if rec.cost is not None:
+        return rec.cost.text
+    return (f"no default price for {rec.request.gpu}: pass --gpu-hour-usd (e.g. --gpu-hour-usd 0.8) for $/hour "
+            "and $/million output tokens")
+
+
+# short headers: ten columns fit 80 terminal columns
+GPU_COLUMNS = ("GPU", "SLO", "GPUs for SLO", "TTFT p99 ms", "TPOT p99 ms", "$ per GPU-hour", "$ per hour at SLO",
+               "$ per M output tokens at SLO")
+
+
+def gpu_rows(rec: Recommendation) -> list[list[str]]:
+    def usd(x: float | None) -> str:
+        return "-" if x is None else f"{x:,.2f}"
+
+    return [[o.gpu, "met" if o.meets else "MISSED", str(o.gpus_needed or "-"),
+             _n(o.ttft_p99_ms), _n(o.tpot_p99_ms), usd(o.usd_per_gpu_hour), usd(o.usd_per_hour_at_slo),
+             usd(o.usd_per_m_output_tokens_at_slo)] for o in rec.gpu_comparison]
+
+
+def cheapest_text(rec: Recommendation) -> str:
+    from advisor.advise.dollars import cheapest
+
+    best = cheapest(rec.gpu_comparison)
+    if best is None:
+        return "no GPU type has a price: pass --gpu-hour-usd GPU=USD,..."
+    return (f"cheapest within the SLO: {best.gpu}, about {best.gpus_needed} GPU(s) at "
+            f"${best.usd_per_hour_at_slo:,.2f}/hour (${best.usd_per_m_output_tokens_at_slo:,.2f} per million output tokens)")
+
+
+CPU_BOTTLENECK_PCT = CPU_BOTTLENECK_SHARE * 100  # the CPU line's bar: half the step time
+
+
+def slo_ms(rec: Recommendation, key: str) -> float | None:
+    slo = rec.request.parsed_slo()
+    return slo.as_dict().get(key) if slo else None
 
 
 def _charts(rec: Recommendation, folder: Path) -> list[str]:
@@ -107,23 +164,29 @@ def _charts(rec: Recommendation, folder: Path) -> list[str]:
         heights.append(s.metrics.goodput_rps - level)
         level = s.metrics.goodput_rps
     ax.bar(range(len(labels)), heights, bottom=bottoms, color=["grey"] + ["tab:green" if h >= 0 else "tab:red" for h in heights[1:]])
-    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=7)
-    ax.set_ylabel("goodput (req/s)")
-    ax.set_title("ladder: goodput as optimizations are added")
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=9)
+    ax.set_ylabel("goodput (req/s)", fontsize=10)
+    ax.set_title("ladder: goodput from vLLM defaults to recommended, one optimization at a time", fontsize=10)
     fig.tight_layout()
     fig.savefig(folder / "ladder.png", dpi=110)
     names.append("ladder.png")
     plt.close(fig)
     lines = rec.cost_lines
     cols = 3
-    fig, axes = plt.subplots(math.ceil(len(lines) / cols), cols, figsize=(11, 3 * math.ceil(len(lines) / cols)))
+    fig, axes = plt.subplots(math.ceil(len(lines) / cols), cols, figsize=(13, 3.8 * math.ceil(len(lines) / cols)),
+                             squeeze=False)
     for ax, line in zip(axes.flat, lines, strict=False):
-        ax.plot([p.x for p in line.points], [p.gain_pct for p in line.points], marker="o")
-        ax.axhline(0 if "CPU" not in line.optimization else 50, color="grey", lw=0.8)
-        ax.axvline(line.operating_point, color="tab:orange", ls="--", lw=0.8)
-        ax.set_title(line.optimization, fontsize=8)
-        ax.set_xlabel(f"{line.variable} ({line.unit})", fontsize=7)
-        ax.set_ylabel("CPU % of step" if "CPU" in line.optimization else "latency gain %", fontsize=7)
+        cpu = line.gain_label == CPU_LABEL
+        ax.plot([p.x for p in line.points], [p.gain_pct for p in line.points], marker="o", color="tab:blue",
+                label=line.gain_label.removesuffix(" (%)"))
+        ax.axhline(CPU_BOTTLENECK_PCT if cpu else 0, color="grey", lw=0.8,
+                   label="half the step: CPU-bound" if cpu else "no change")
+        ax.axvline(line.operating_point, color="tab:orange", ls="--", lw=1.2, label="your traffic")
+        ax.set_title(line.optimization, fontsize=10)
+        ax.set_xlabel(f"{line.variable} ({line.unit})", fontsize=9)
+        ax.set_ylabel(line.gain_label, fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(lines):]:
         ax.axis("off")
     fig.tight_layout()
@@ -131,15 +194,18 @@ def _charts(rec: Recommendation, folder: Path) -> list[str]:
     names.append("cost_lines.png")
     plt.close(fig)
     if rec.latency_cdfs.get("best", {}).get("ttft_ms"):
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        targets = {"ttft_ms": slo_ms(rec, "ttft"), "e2e_ms": slo_ms(rec, "e2el")}
         for ax, key in zip(axes, ("ttft_ms", "e2e_ms"), strict=True):
-            for who, style in (("baseline", "grey"), ("best", "tab:green")):
+            for who, label, style in (("baseline", "defaults", "grey"), ("best", "recommended", "tab:green")):
                 v = rec.latency_cdfs[who].get(key) or []
-                ax.plot(v, [p / 100 for p in range(1, len(v) + 1)], color=style, label=who)
+                ax.plot(v, [p / 100 for p in range(1, len(v) + 1)], color=style, label=label)
+            if targets[key] is not None:
+                ax.axvline(targets[key], color="tab:red", ls="--", lw=1.2, label=f"SLO {targets[key]:g} ms")
             ax.set_xscale("log")
-            ax.set_xlabel(key.replace("_ms", " (ms)"))
-            ax.set_ylabel("CDF")
-            ax.legend()
+            ax.set_xlabel(("TTFT" if key == "ttft_ms" else "end-to-end latency") + " (ms)", fontsize=10)
+            ax.set_ylabel("share of requests", fontsize=10)
+            ax.legend(fontsize=9)
         fig.tight_layout()
         fig.savefig(folder / "latency_cdf.png", dpi=100)
         names.append("latency_cdf.png")
@@ -149,13 +215,20 @@ def _charts(rec: Recommendation, folder: Path) -> list[str]:
 
 def markdown(rec: Recommendation, charts: list[str]) -> str:
     b, r = rec.baseline.metrics, rec.best.metrics
-    out = [f"# costline advise: {rec.workload['name']}", "",
-           (f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO `{rec.request.slo}`, objective "
+    out = [f"# costline advise: {rec.workload['name']}", ""]
+    if rec.verdict is not None:
+        out += [f"**Verdict: {rec.verdict.text}**", ""]
+    out += [f"**Cost:** {cost_line(rec)}", ""]
+    out += [(f"{rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, SLO `{rec.request.slo}`, objective "
            f"{rec.request.objective}, cost profile {rec.profile.name} ({rec.profile.status})."), "",
            "| | goodput req/s | SLO met | TTFT p99 ms | TPOT p99 ms |", "|---|---|---|---|---|",
            f"| vLLM defaults | {b.goodput_rps:.2f} | {b.slo_attainment:.1%} | {_n(b.ttft_p99_ms)} | {_n(b.tpot_p99_ms)} |",
            (f"| recommended: {rec.best.label} | {r.goodput_rps:.2f} | {r.slo_attainment:.1%} | {_n(r.ttft_p99_ms)} | "
-           f"{_n(r.tpot_p99_ms)} |"), "", "```sh", rec.serve_command, "```", "", "## Ladder", "",
+           f"{_n(r.tpot_p99_ms)} |"), "", "```sh", rec.serve_command, "```", ""]
+    out += [f"Note: {n}" for n in rec.serve_notes] + ([""] if rec.serve_notes else [])
+    if rec.quality_notes:
+        out += ["## Output quality", ""] + [f"- {n}" for n in rec.quality_notes] + [""]
+    out += ["## Ladder", "",
            (f"Each change is kept only if the low end of its gain's 90% interval is above "
             f"{rec.request.min_gain_pct:+g}% (the interval: the profile's validation error, other realizations of "
             "the traffic, the range of every unmeasured input; docs/advisor.md)."), "",
@@ -166,13 +239,18 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
         out += ["", "No change clears the bar: vLLM's defaults are the recommendation."]
     if rec.kept_defaults:
         out += ["", "Kept at vLLM's default (inside the error bars):", ""] + [f"- {k.reason}" for k in rec.kept_defaults]
+    if rec.gpu_comparison:
+        out += ["", "## GPU types side by side", "", "| " + " | ".join(GPU_COLUMNS) + " |",
+                "|" + "---|" * len(GPU_COLUMNS)]
+        out += ["| " + " | ".join(r) + " |" for r in gpu_rows(rec)] + ["", cheapest_text(rec)]
     out += ["", "## Rejected", ""] + [f"- {x.reason}" for x in rec.rejected]
     out += ["", "## Where each optimization stops paying", ""] + [f"- {c.answer}" for c in rec.cost_lines]
     if rec.gap:
         out += ["", "## Lab -> production", "", (f"Gain x{rec.gap.lab_gain:.2f} in the lab, x{rec.gap.production_gain:.2f} "
                 f"on this traffic ({rec.gap.gain_metric})."), "", "| factor | gain with it | share of the gap |", "|---|---|---|"]
         out += [f"| {f.factor} | x{f.gain:.2f} | {f.share_pct:+.0f}% |" for f in rec.gap.factors]
-    out += ["", "## Robustness", "", "| perturbation | best goodput | kept goodput | regret |", "|---|---|---|---|"]
+    out += ["", "## Robustness", "", "| perturbation | best option's goodput | recommended goodput | regret |",
+            "|---|---|---|---|"]
     out += [f"| {x.perturbation} | {x.best_goodput_rps:.2f} | {x.kept_goodput_rps:.2f} | {x.regret_pct:.1f}% |"
             for x in rec.robustness.rows]
     out += ["", (f"Fallback safe under all of them: {rec.robustness.fallback.label} "
@@ -183,22 +261,44 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
             "|---|---|---|---|---|---|"]
     out += [f"| {a.input} | {a.provenance} | {a.value} | {a.source} | {a.how_to_measure} | {a.flips_at or '-'} |"
             for a in rec.assumptions]
-    out += ["", "## Metrics to watch", "", "| metric | threshold | why |", "|---|---|---|"]
-    out += [f"| `{m.metric}` | {m.threshold} | {m.why} |" for m in rec.metrics_to_watch]
+    out += ["", "## Metrics to watch", "", ("As vLLM exposes them on `/metrics`; the alert expressions are in "
+            "alerts.yaml (Prometheus rule format)."), "", "| metric | threshold | alert when (PromQL) | why |",
+            "|---|---|---|---|"]
+    out += [f"| `{m.metric}` | {m.threshold} | `{m.promql}` | {m.why} |" for m in rec.metrics_to_watch]
     out += ["", "## Charts", ""] + [f"![{c}]({c})" for c in charts]
     out += ["", f"{rec.num_simulations} simulations in {rec.elapsed_s:.1f} s.", ""]
     return "\n".join(out)
 
 
+def alerts_yaml(rec: Recommendation) -> str:
+    """The metrics to watch as Prometheus alerting rules (`rule_files:` in prometheus.yml, or
+    `promtool check rules alerts.yaml`); strings JSON-quoted, which YAML reads as they are."""
+    q = json.dumps
+    lines = ["# costline advise: when these fire, the recommendation stops holding on your traffic",
+             f"# {rec.request.model} on {rec.best.num_gpus}x {rec.request.gpu}: {rec.best.label}",
+             "groups:", f"  - name: {q('costline-' + str(rec.workload['name']))}", "    rules:"]
+    for m in rec.metrics_to_watch:
+        if not m.promql:
+            continue
+        lines += [f"      - alert: {m.alert}", f"        expr: {q(m.promql)}", "        for: 5m",
+                  "        labels:", "          severity: warning", "        annotations:",
+                  f"          summary: {q(f'{m.metric} {m.threshold}')}", f"          description: {q(m.why)}"]
+    return "\n".join(lines) + "\n"
+
+
 def serve_script(rec: Recommendation) -> str:
     watch = "\n".join(f"#   {m.metric} {m.threshold}: {m.why}" for m in rec.metrics_to_watch)
-    return (f"#!/usr/bin/env bash\n# costline advise: {rec.best.label}\n# Prometheus metrics to watch:\n{watch}\n"
+    watch += "\n#   alert expressions: alerts.yaml"
+    verdict = (f"# verdict: {rec.verdict.text}\n" if rec.verdict is not None else "") + f"# cost: {cost_line(rec)}\n"
+    notes = "".join(f"# NOTE: {n}\n" for n in rec.serve_notes + rec.quality_notes)
+    return (f"#!/usr/bin/env bash\n# costline advise: {rec.best.label}\n{verdict}{notes}"
+            f"# Prometheus metrics to watch:\n{watch}\n"
             f"set -euo pipefail\n{rec.serve_command}\n")
 
 
 def write_outputs(rec: Recommendation, out_dir: str | Path, *, force: bool = False,
                   inputs: Sequence[str | Path | None] = ()) -> Path:
-    """recommendation.json, report.md + PNG charts and serve.sh in `out_dir`; an existing run is
+    """recommendation.json, report.md + PNG charts, serve.sh and alerts.yaml in `out_dir`; an existing run is
     refused without `force`, an input never replaced, and an interrupted write leaves the
     previous one whole."""
     out = check_output_dir(out_dir, flag="--out", force=force, inputs=inputs)
@@ -207,5 +307,6 @@ def write_outputs(rec: Recommendation, out_dir: str | Path, *, force: bool = Fal
         charts = _charts(rec, tmp)
         (tmp / "report.md").write_text(markdown(rec, charts))
         (tmp / "serve.sh").write_text(serve_script(rec))
+        (tmp / "alerts.yaml").write_text(alerts_yaml(rec))
         (tmp / "serve.sh").chmod(0o755)
     return out

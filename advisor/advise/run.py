@@ -11,19 +11,22 @@ from typing import Any
 
 from advisor.advise.assumptions import assumptions
 from advisor.advise.cost_lines import cost_lines
-from advisor.advise.evaluate import Evaluator
+from advisor.advise.dollars import cost, gpu_option
+from advisor.advise.evaluate import Evaluator, SimTask
 from advisor.advise.gap import gain, lab_gap
 from advisor.advise.ladder import Realizations, ladder, rejected
 from advisor.advise.questions import metrics_to_watch, questions
-from advisor.advise.records import AdviseRequest, ProfileInfo, Recommendation
+from advisor.advise.records import AdviseRequest, ProfileInfo, Recommendation, Verdict
 from advisor.advise.robustness import robustness, scored_config
 from advisor.advise.search import Context, search
-from advisor.advise.space import dimensions, serve_command
+from advisor.advise.space import Candidate, dimensions, serve_command
 from advisor.advise.variants import spec_for
+from advisor.advise.verdict import checked, meets, quality_notes, verdict
 from engine.core.request import Request
 from sim.describe import describe_workload
 from sim.profile_files import load_profile
 from sim.run import LoadedWorkload
+from sim.serve_line import ServeLine
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
 
@@ -66,6 +69,36 @@ def _profile(request: AdviseRequest, extras: dict[str, Any]) -> ProfileInfo:
     return ProfileInfo(name=str(name), status=str(status))
 
 
+CHECK_GPUS = 4  # GPU counts tried at once from the verdict's estimate up
+MAX_CHECK_GPUS = 64
+
+
+def gpus_to_meet(ev: Evaluator, ctx: Context, cand: Candidate, v: Verdict, slo: str) -> Verdict:
+    """The recommended flags simulated on more GPUs (replicas of the same tensor-parallel size),
+    from the estimate up, in one batch: the fewest that meet the SLO replace the estimate. P/D
+    layouts keep the estimate."""
+    cfg = ctx.task(cand).config
+    if cfg.disaggregation is not None or v.gpus_needed is None:
+        return v
+    tp = cfg.engine.tensor_parallel_size
+    start = max(v.gpus_needed, v.num_gpus + 1)
+    start = -(-start // tp) * tp
+    counts = [n for n in range(start, start + CHECK_GPUS * tp, tp) if n <= MAX_CHECK_GPUS]
+    if not counts:
+        return v
+    outs = ev.map([SimTask(cfg.model_copy(update={"num_gpus": n}), ctx.eval_requests) for n in counts])
+    hit = next(((n, o.metrics) for n, o in zip(counts, outs, strict=True) if meets(o.metrics, slo)), None)
+    return checked(v, hit[0] if hit else None, hit[1] if hit else None, counts[-1])
+
+
+def serve_notes(line: ServeLine) -> list[str]:
+    if not line.draft_placeholder:
+        return []
+    return [(f"{line.draft_placeholder} in --speculative-config is a placeholder: no public draft head for this model "
+            "and method is known to costline; put the Hugging Face id or path of one trained for this model in "
+            "\"model\" (vLLM refuses the method without it)")]
+
+
 def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None = None,
            source: SourceOptions | None = None) -> Recommendation:
     """The recommendation for `workload` under `request` (same inputs and seed, same answer).
@@ -75,11 +108,11 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
     wl = as_workload(workload, request.seed, source)
     spec = spec_for(workload, wl, source)
     # min-gpus and cost compare deployments on fewer GPUs than given too
-    dims = dimensions(request.model, request.num_gpus, min_gpus=None if request.objective == "goodput" else 1,
-                      acceptance=request.acceptance)
+    dims = dimensions(request.preset, request.num_gpus, min_gpus=None if request.objective == "goodput" else 1,
+                      acceptance=request.acceptance, allow=request.allow, forbid=request.forbid)
     slo = request.parsed_slo()
     slo_text = " ".join(f"{k}:{v:g}" for k, v in slo.as_dict().items()) if slo else None
-    ctx = Context(model=request.model, gpu=request.gpu, num_gpus=request.num_gpus, slo=slo_text, seed=request.seed,
+    ctx = Context(model=request.preset, gpu=request.gpu, num_gpus=request.num_gpus, slo=slo_text, seed=request.seed,
                   profile=request.profile, objective=request.objective, dims=dims, num_requests=len(wl),
                   budget=request.budget)
     n_analysis = min(len(wl), ANALYSIS_REQUESTS[request.budget])
@@ -107,20 +140,47 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
             gap = gap_f.result() if gap_f else None
             say(*STAGES[4])
             rob = rob_f.result()
+        best = scored_config(ctx, found.best)
+        v = verdict(best.metrics, request.slo, best.num_gpus, request.gpu)
+        if not v.meets:
+            say(0.97, "GPUs to meet the SLO")
+            v = gpus_to_meet(ev, ctx, found.best.cand, v, request.slo)
         count = ev.count
     say(1.0, "done")
     best_engine = ctx.task(found.best.cand).config.engine
+    line = serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus))
     return Recommendation(
-        request=request, profile=_profile(request, found.best.outcome.extras),
+        verdict=v, cost=cost(best.metrics, v, request.gpu, request.gpu_hour_usd), request=request,
+        profile=_profile(request, found.best.outcome.extras),
         workload=_workload_info(wl, ctx, spec.name), baseline=scored_config(ctx, found.baseline),
-        best=scored_config(ctx, found.best), ladder=steps.steps, kept_defaults=steps.kept,
+        best=best, ladder=steps.steps, kept_defaults=steps.kept,
         rejected=rejected(ctx, found, steps.kept_dims), cost_lines=lines,
         assumptions=assumptions(best_engine, profile, request.gpu, steps.flips),
         gap=gap, robustness=rob,
-        serve_command=serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus)),
+        serve_command=line.command, serve_notes=serve_notes(line), quality_notes=quality_notes(best.flags),
         metrics_to_watch=metrics_to_watch(slo, found, lines), questions=questions(ctx, found, lines),
         elapsed_s=round(time.perf_counter() - t0, 2), num_simulations=count,
         latency_cdfs={"baseline": found.baseline.outcome.cdf_ms, "best": found.best.outcome.cdf_ms})
 
 
-__all__ = ["ANALYSIS_REQUESTS", "Progress", "advise", "as_workload"]
+def compare_gpus(workload: Any, request: AdviseRequest, gpus: list[str], *, progress: Progress | None = None,
+                 source: SourceOptions | None = None) -> Recommendation:
+    """The recommendation on `request.gpu`, with `gpu_comparison`: the same workload advised on
+    each GPU type of `gpus` (the same number of GPUs, SLO and objective; the cost profile the
+    simulator picks for each), side by side."""
+    from sim.hardware import get_gpu
+
+    names = list(dict.fromkeys([request.gpu, *(get_gpu(g).name for g in gpus)]))
+    say: Progress = progress or (lambda _f, _m: None)
+    recs = []
+    for i, gpu in enumerate(names):
+        def part(f: float, msg: str, i: int = i, gpu: str = gpu) -> None:
+            say((i + f) / len(names), f"{gpu} ({i + 1}/{len(names)}): {msg}")
+
+        # a --profile fitted for one GPU does not price another: the others use what the simulator picks
+        other = {"gpu": gpu} | ({} if gpu == request.gpu else {"profile": None})
+        recs.append(advise(workload, request.model_copy(update=other), progress=part, source=source))
+    return recs[0].model_copy(update={"gpu_comparison": [gpu_option(r) for r in recs]})
+
+
+__all__ = ["ANALYSIS_REQUESTS", "Progress", "advise", "as_workload", "compare_gpus"]

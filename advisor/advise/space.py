@@ -16,6 +16,7 @@ from typing import Any
 from engine.core.model_spec import get_model
 from sim.config import DisaggConfig, EngineConfig
 from sim.run import SimConfig
+from sim.serve_line import ServeLine, serve_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,73 @@ ENGINE_DIMENSIONS: tuple[Dimension, ...] = (
 )
 
 
+# --allow / --forbid: the names of what an option changes, and groups of them
+FEATURES: dict[str, str] = {
+    "prefix-caching": "turning prefix caching off",
+    "token-budget": "--max-num-batched-tokens",
+    "max-num-seqs": "--max-num-seqs",
+    "block-size": "--block-size",
+    "ngram": "n-gram speculative decoding",
+    "eagle3": "EAGLE-3 speculative decoding (needs a draft head)",
+    "fp8-kv": "an FP8 KV cache (--kv-cache-dtype fp8; lossy)",
+    "fp8-weights": "FP8 weights (--quantization fp8; lossy)",
+    "gpu-memory-utilization": "--gpu-memory-utilization",
+    "tp": "tensor parallelism (--tensor-parallel-size > 1)",
+    "pd": "disaggregated prefill (P/D)",
+}
+FEATURE_GROUPS: dict[str, tuple[str, ...]] = {"spec": ("ngram", "eagle3"), "fp8": ("fp8-kv", "fp8-weights"),
+                                              "parallelism": ("tp", "pd")}
+_FLAG_FEATURES = {"enable_prefix_caching": "prefix-caching", "max_num_batched_tokens": "token-budget",
+                  "max_num_seqs": "max-num-seqs", "block_size": "block-size",
+                  "gpu_memory_utilization": "gpu-memory-utilization"}
+
+
+def option_features(opt: Option) -> frozenset[str]:
+    """What `opt` changes from vLLM's defaults, in --allow / --forbid names."""
+    out = {_FLAG_FEATURES[k] for k in opt.flags if k in _FLAG_FEATURES}
+    spec = opt.flags.get("speculative_config")
+    if spec:
+        out.add(spec["method"])
+    if opt.flags.get("kv_cache_dtype", "auto") != "auto":
+        out.add("fp8-kv")
+    if opt.flags.get("quantization"):
+        out.add("fp8-weights")
+    if opt.layout is not None:
+        out |= {"tp"} if opt.layout.tensor_parallel_size > 1 else set()
+        out |= {"pd"} if opt.layout.prefill_replicas else set()
+    return frozenset(out)
+
+
+def parse_features(value: str | list[str] | tuple[str, ...] | None) -> list[str] | None:
+    """'fp8-weights,spec' (or a list) as feature names, groups expanded; an unknown name is refused
+    naming every valid name (the caller names the flag)."""
+    if value is None:
+        return None
+    parts = value.replace(",", " ").split() if isinstance(value, str) else [str(v).strip() for v in value]
+    out: list[str] = []
+    for name in parts:
+        key = name.lower()
+        if key in FEATURE_GROUPS:
+            out += [f for f in FEATURE_GROUPS[key] if f not in out]
+        elif key in FEATURES:
+            out += [key] if key not in out else []
+        else:
+            raise ValueError(f"unknown name {name!r}; use any of {', '.join(FEATURES)} or the groups "
+                             + ", ".join(f"{g} ({'+'.join(fs)})" for g, fs in FEATURE_GROUPS.items())
+                             + " (comma-separated)")
+    return out
+
+
+def restrict(dims: tuple[Dimension, ...], allow: list[str] | None, forbid: list[str] | None) -> tuple[Dimension, ...]:
+    """The dimensions with only the options `allow` (None = all) permits and `forbid` does not
+    name; every dimension keeps vLLM's default (option 0)."""
+    def kept(opt: Option) -> bool:
+        f = option_features(opt)
+        return (allow is None or f <= set(allow)) and not f & set(forbid or ())
+
+    return tuple(dataclasses.replace(d, options=(d.options[0], *(o for o in d.options[1:] if kept(o)))) for d in dims)
+
+
 def layouts(model: str, num_gpus: int, *, min_gpus: int | None = None) -> list[Layout]:
     """Aggregated TP x replicas and P:D splits (TP1) on `num_gpus` GPUs, vLLM's default (one GPU
     per replica) first; a layout the model does not fit is refused by the simulator's memory
@@ -107,12 +175,13 @@ def with_acceptance(dims: tuple[Dimension, ...], acceptance: Mapping[str, Mappin
 
 
 def dimensions(model: str, num_gpus: int, *, min_gpus: int | None = None,
-               acceptance: Mapping[str, Mapping[str, float]] | None = None) -> tuple[Dimension, ...]:
+               acceptance: Mapping[str, Mapping[str, float]] | None = None,
+               allow: list[str] | None = None, forbid: list[str] | None = None) -> tuple[Dimension, ...]:
     lays = layouts(model, num_gpus, min_gpus=min_gpus)
     dims = with_acceptance(ENGINE_DIMENSIONS, acceptance) if acceptance else ENGINE_DIMENSIONS
-    if len(lays) == 1:
-        return dims
-    return (*dims, Dimension("parallelism", tuple(Option(lay.name, layout=lay) for lay in lays)))
+    if len(lays) > 1:
+        dims = (*dims, Dimension("parallelism", tuple(Option(lay.name, layout=lay) for lay in lays)))
+    return restrict(dims, parse_features(allow), parse_features(forbid)) if allow is not None or forbid else dims
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,14 +247,10 @@ def vllm_flags(engine: EngineConfig, layout: Layout) -> dict[str, Any]:
     return flags
 
 
-def serve_command(model: str, engine: EngineConfig, layout: Layout) -> str:
-    """`vllm serve MODEL` plus only the non-default flags (one line per instance kind)."""
-    args = " ".join(engine.to_vllm_args())
-    base = f"vllm serve {model}" + (f" {args}" if args else "")
-    if not layout.prefill_replicas:
-        if layout.num_gpus > layout.tensor_parallel_size:
-            return f"{base}  # x{layout.num_gpus // layout.tensor_parallel_size} replicas behind a router"
-        return base
-    kv = json.dumps(vllm_flags(engine, layout)["kv_transfer_config"], separators=(",", ":"))
-    return (f"{base} --kv-transfer-config '{kv}'  # {layout.prefill_replicas} prefill + "
-            f"{layout.decode_replicas} decode instances behind a P/D proxy")
+def serve_command(model: str, engine: EngineConfig, layout: Layout) -> ServeLine:
+    """`vllm serve HF_ID` plus only the non-default flags (one line per instance kind): the one
+    builder, `sim.serve_line`."""
+    d = layout.disaggregation()
+    return serve_line(model, engine, replicas=layout.num_gpus // layout.tensor_parallel_size,
+                      kv_connector=d.kv_connector if d else None, prefill_replicas=layout.prefill_replicas,
+                      decode_replicas=layout.decode_replicas)

@@ -33,15 +33,29 @@ def _check_slo(text: str) -> None:
         raise ValueError(f"--slo {text!r}: " + exc.render(lambda f: "--slo" if f == "slo" else f).split(": ", 1)[1]) from None
 
 
+def _gpus(text: str | None) -> list[str]:
+    """--compare-gpus h100,b200 as GPU presets; an unknown one refused naming the flag."""
+    from sim.hardware import get_gpu
+
+    names = []
+    for part in (text or "").replace(" ", ",").split(","):
+        if part:
+            try:
+                names.append(get_gpu(part).name)
+            except ValueError as exc:
+                raise ValueError(f"--compare-gpus {text!r}: {exc}") from None
+    return names
+
+
 @clean_errors
 @source_options(exclude=("seed",))
 def advise(
     workload: Annotated[str, typer.Option("--workload", "-w", help="preset, spec file, trace file or built-in trace name")] = "chat-production",
-    model: Annotated[str, typer.Option("--model", help="model preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, ...)")] = "llama-3.1-8b",
+    model: Annotated[str, typer.Option("--model", help="model preset or Hugging Face id (llama-3.1-8b = meta-llama/Llama-3.1-8B-Instruct, qwen2.5-7b, ...)")] = "llama-3.1-8b",
     gpu: Annotated[str, typer.Option("--gpu", help="GPU preset (h200, h100-sxm, a100-80gb, ...)")] = "h200",
     num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs to deploy on")] = 1,
     slo: Annotated[str, typer.Option("--slo", help="targets in ms: \"ttft_p99:500 tpot_p99:50\" (or vLLM's \"ttft:500 tpot:50\")")] = "ttft_p99:500 tpot_p99:50",
-    objective: Annotated[str, typer.Option("--objective", help="goodput, min-gpus or cost (goodput per GPU)")] = "goodput",
+    objective: Annotated[str, typer.Option("--objective", help="goodput, min-gpus or cost (requests within the SLO per dollar)")] = "goodput",
     budget: Annotated[str, typer.Option("--budget", help="quick (slices up to 1,000 requests) or full (the whole trace)")] = "quick",
     seed: Annotated[int, typer.Option("--seed", help="seed of the simulations and of a generated workload")] = 0,
     workers: Annotated[int | None, typer.Option("--workers", help="local processes (default: the CPU cores)")] = None,
@@ -50,7 +64,18 @@ def advise(
     min_gain: Annotated[float, typer.Option("--min-gain", help="recommend a change only when the low end of its gain's 90% interval is above this many percent")] = 2.0,
     acceptance: Annotated[str | None, typer.Option("--acceptance", help="your vLLM's measured acceptance per draft token: \"eagle3:chat=0.71,code=0.8\" (METHOD: optional)")] = None,
     vllm_metrics: Annotated[Path | None, typer.Option("--vllm-metrics", help="a /metrics scrape of your vLLM: its spec-decode acceptance (--acceptance wins where both say)")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="write recommendation.json, report.md + charts and serve.sh here")] = None,
+    allow: Annotated[str | None, typer.Option("--allow", help="search only options that change these, comma-separated: "
+                                              "prefix-caching, token-budget, max-num-seqs, block-size, ngram, eagle3, fp8-kv, "
+                                              "fp8-weights, gpu-memory-utilization, tp, pd, or the groups spec, fp8, "
+                                              "parallelism (default: all)")] = None,
+    forbid: Annotated[str | None, typer.Option("--forbid", help="never recommend options that change these (same names "
+                                               "as --allow), e.g. fp8-weights,spec")] = None,
+    gpu_hour_usd: Annotated[str | None, typer.Option("--gpu-hour-usd", help="$ per GPU-hour: 3.5 for --gpu, or "
+                                                     "h100-sxm=2.5,h200=3.6 (defaults with source and date: "
+                                                     "advisor/advise/prices.py; none for l4, t4)")] = None,
+    compare_gpus: Annotated[str | None, typer.Option("--compare-gpus", help="also advise on these GPU types and show "
+                                                     "them side by side with $ at the SLO, e.g. h100,b200")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write recommendation.json, report.md + charts, serve.sh and alerts.yaml (Prometheus rules) here")] = None,
     force: Force = False,
     as_json: Annotated[bool, typer.Option("--json", help="print recommendation.json instead of the report")] = False,
     source: SourceOptions | None = None,
@@ -58,10 +83,12 @@ def advise(
     """Recommend vLLM flags for your traffic, with the numbers behind each choice."""
     from advisor.advise import AdviseRequest
     from advisor.advise import advise as run_advise
+    from advisor.advise import compare_gpus as run_compare
     from advisor.advise.report import print_report, write_outputs
     from engine.core.outputs import check_output_dir
 
     _check_slo(slo)
+    others = _gpus(compare_gpus)
     measured = None
     if vllm_metrics is not None:
         from advisor.advise.records import parse_acceptance
@@ -71,6 +98,7 @@ def advise(
     request = AdviseRequest(model=model, gpu=gpu, num_gpus=num_gpus, slo=slo, objective=objective,  # type: ignore[arg-type]
                             budget=budget, seed=seed, ray=ray, profile=profile,  # type: ignore[arg-type]
                             min_gain_pct=min_gain, acceptance=measured or acceptance,  # type: ignore[arg-type]
+                            allow=allow, forbid=forbid, gpu_hour_usd=gpu_hour_usd,  # type: ignore[arg-type]
                             **({"workers": workers} if workers else {}))
     inputs = [workload, profile, vllm_metrics]
     if out is not None:
@@ -80,12 +108,17 @@ def advise(
                   console=plain_console(stderr=True),
                   transient=True) as bar:
         task = bar.add_task("advising", total=1.0)
-        rec = run_advise(workload, request, progress=lambda f, msg: bar.update(task, completed=f, description=msg),
-                         source=source)
+        def progress(f: float, msg: str) -> None:
+            bar.update(task, completed=f, description=msg)
+
+        if others:
+            rec = run_compare(workload, request, others, progress=progress, source=source)
+        else:
+            rec = run_advise(workload, request, progress=progress, source=source)
     if as_json:
         print(rec.model_dump_json(indent=2))
     else:
         print_report(rec, console)
     if out is not None:
         path = write_outputs(rec, out, force=force, inputs=inputs)
-        console.print(f"wrote {path}/recommendation.json, report.md, serve.sh and charts")
+        console.print(f"wrote {path}/recommendation.json, report.md, serve.sh, alerts.yaml and charts")

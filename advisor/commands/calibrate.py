@@ -65,8 +65,10 @@ def calibrate(
     """Fit a cost profile (schema v2) for one model on one GPU from engine step traces; print the fit."""
     # scipy's optimisers load only for this command (the CLI's other commands start without them)
     from sim.calibrate import SCALED_GPUS, fit_profile, load_run, write_scaled_profiles
+    from sim.models import preset_of
     from sim.validate import read_run_info
 
+    model = preset_of(model)  # a Hugging Face id as its preset
     m, g = get_model(model), get_gpu(gpu)
     if scaled and out is None:
         raise ValueError("--scaled writes beside --out: give --out PROFILE.json too")

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from advisor.help import HELP
 from advisor.options import Force, clean_errors, flag_options, source_options
 from advisor.report import warn_unserved
 from engine.core.config import EngineArgs
@@ -76,7 +77,7 @@ def _check_outputs(out: Path, metrics_file: Path | None, *, force: bool, inputs:
         check_output_file(metrics_file, flag="--metrics-file", force=force, inputs=inputs)
 
 
-@app.command("run")
+@app.command("run", **HELP)
 @clean_errors
 @flag_options(ENGINE_CLI_FLAGS, into="engine_flags")
 @source_options(exclude=("seed",))
@@ -158,7 +159,7 @@ def _run_disagg(cfg: EngineArgs, disagg: str, workload: str, max_prompt_len: int
     typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, transfers.jsonl, pools.json, summary.json, metrics.prom")
 
 
-@app.command("bench")
+@app.command("bench", **HELP)
 @clean_errors
 @flag_options(ENGINE_CLI_FLAGS, into="engine_flags")
 def bench(

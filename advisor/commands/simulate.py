@@ -139,8 +139,8 @@ def print_summary(s: dict[str, Any], console: Console) -> None:
                   f"mean acceptance length {s['spec_decode_acceptance_length']:.2f}")
     if s.get("mean_kv_transfer_ms") is not None:
         g.add_row("KV transfer", f"mean {s['mean_kv_transfer_ms']:.2f} ms per request (queueing included)")
-    if s.get("vllm_args") is not None:
-        g.add_row("vllm serve", s["vllm_args"] or "(defaults)")
+    if s.get("serve_command"):
+        g.add_row("run", s["serve_command"])
     if s.get("profile"):
         g.add_row("cost profile", f"{s['profile']} ({s['profile_status']})" + validation_note(s.get("profile_validation")))
     coarse = s.get("kv_block_coarsening") or 1
@@ -197,7 +197,7 @@ def compare_runs(a_dir: str, b_dir: str, console: Console) -> None:
 @source_options(exclude=("seed",))
 def simulate(
     workload: Annotated[str | None, typer.Option("--workload", "-w", help="preset name, spec file (.json) or trace file")] = None,
-    model: Annotated[str, typer.Option("--model", help="model preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, ...)")] = "llama-3.1-8b",
+    model: Annotated[str, typer.Option("--model", help="model preset or Hugging Face id (llama-3.1-8b = meta-llama/Llama-3.1-8B-Instruct, qwen2.5-7b, ...)")] = "llama-3.1-8b",
     gpu: Annotated[str, typer.Option("--gpu", help="GPU preset (h200, h100-sxm, a100-80gb, l4, b200, ...)")] = "h200",
     num_gpus: Annotated[int | None, typer.Option("--num-gpus", help="GPUs in total: replicas = num_gpus / tensor_parallel_size")] = None,
     seed: Annotated[int, typer.Option("--seed", help="seed of the simulation (acceptance draws) and of a generated workload")] = 0,
@@ -209,7 +209,8 @@ def simulate(
     goodput: Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")] = None,
     profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path; auto: the one fitted or scaled for this model and GPU, else default (first principles)")] = "auto",
     out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here (a run already there needs --force)")] = None,
-    label: Annotated[str | None, typer.Option("--label")] = None,
+    label: Annotated[str | None, typer.Option("--label", help="name of this run in the summary, the saved run and "
+                                              "--compare (default: its flags)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON")] = False,
     sim_block_coarsening: Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")] = "1",
     no_skip_ahead: Annotated[bool, typer.Option("--no-skip-ahead", help="step every decode step (slow; for checks)")] = False,

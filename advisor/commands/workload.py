@@ -18,6 +18,7 @@ from rich.table import Table
 
 from advisor.console import console as plain_console
 from advisor.console import styled
+from advisor.help import HELP
 from advisor.options import Force, clean_errors, source_options
 from engine.core.input_files import plain_message
 from engine.core.outputs import check_output_file, is_stdout, staged_file
@@ -79,7 +80,7 @@ def print_description(d: dict[str, Any], console: Console | None = None) -> None
     console.print(t, highlight=False)
 
 
-@app.command("describe")
+@app.command("describe", **HELP)
 @clean_errors
 @source_options(into="options")
 def describe(
@@ -95,7 +96,7 @@ def describe(
         print_description(d)
 
 
-@app.command("fit")
+@app.command("fit", **HELP)
 @clean_errors
 @source_options(exclude=("num_requests", "speedup", "rate_rps"), into="options")
 def fit(
@@ -138,7 +139,7 @@ def fit(
         plain_console(stderr=True).print(f"wrote {output}: {spec.description}")
 
 
-@app.command("export")
+@app.command("export", **HELP)
 @clean_errors
 @source_options(into="options")
 def export(
@@ -161,7 +162,7 @@ def export(
         f"--timed-trace-chunk-hash-size {wl.hash_block_size}", highlight=False, soft_wrap=True)
 
 
-@app.command("presets")
+@app.command("presets", **HELP)
 def presets() -> None:
     """List the built-in workloads (generated presets and shipped real traces), one line each."""
     t = Table(show_header=True, box=None)

@@ -19,7 +19,8 @@ REC_KEY = "recommendation"
 MAX_RECOMMENDATION_MB = 8  # a recommendation.json is ~100 KB
 
 
-def run_advisor(s: Scenario, budget: str) -> dict[str, Any] | None:
+def run_advisor(s: Scenario, budget: str, *, allow: list[str] | None = None, forbid: list[str] | None = None,
+                gpu_hour_usd: float = 0.0, compare: list[str] | None = None) -> dict[str, Any] | None:
     api = advise_api()
     assert api is not None
     advise, request_cls = api
@@ -35,8 +36,14 @@ def run_advisor(s: Scenario, budget: str) -> dict[str, Any] | None:
     try:
         wl = scenario_workload(s, state.upload())
         request = request_cls(model=s.model, gpu=s.gpu, num_gpus=s.num_gpus, slo=SLO.parse(s.slo), seed=s.seed,
-                              budget=budget, profile=None if s.profile == "auto" else s.profile)
-        rec = as_dict(advise(wl, request, progress=progress))
+                              budget=budget, profile=None if s.profile == "auto" else s.profile,
+                              allow=allow or None, forbid=forbid or [], gpu_hour_usd=gpu_hour_usd or None)
+        if compare:
+            from advisor.advise import compare_gpus
+
+            rec = as_dict(compare_gpus(wl, request, compare, progress=progress))
+        else:
+            rec = as_dict(advise(wl, request, progress=progress))
     except Exception as exc:  # noqa: BLE001 - shown on the page, an input error or a bug as such
         st.error(f"the advisor refused this scenario: {error_text(exc).splitlines()[0]}")
         return None
@@ -55,8 +62,22 @@ def main() -> None:
         st.caption(f"Workload {s.workload}, {s.model} on {s.num_gpus}x {s.gpu}, SLOs {s.slo or '-'} "
                    "(change them on the What-if and Workload pages).")
         budget = st.segmented_control("search budget", ["quick", "full"], default="quick", key="adv.budget")
+        from advisor.advise.space import FEATURE_GROUPS, FEATURES
+
+        names = [*FEATURE_GROUPS, *FEATURES]
+        left, right = st.columns(2)
+        forbid = left.multiselect("--forbid: never recommend", names, key="adv.forbid",
+                                  help="e.g. fp8-weights (output quality) or spec (no draft model)")
+        allow = right.multiselect("--allow: search only these (empty = all)", names, key="adv.allow")
+        from sim.hardware import GPU_PRESETS
+
+        left, right = st.columns(2)
+        usd = left.number_input(f"--gpu-hour-usd: $ per {s.gpu} GPU-hour (0 = the default table)", min_value=0.0,
+                                max_value=999.0, value=0.0, step=0.1, key="adv.usd")
+        compare = right.multiselect("--compare-gpus: also advise on", [g for g in GPU_PRESETS if g != s.gpu],
+                                    key="adv.compare")
         if st.button("Run the advisor", key="adv.run", type="primary"):
-            rec = run_advisor(s, budget or "quick")
+            rec = run_advisor(s, budget or "quick", allow=allow, forbid=forbid, gpu_hour_usd=usd, compare=compare)
             if rec is not None:
                 st.session_state[REC_KEY] = rec
     f = st.file_uploader("or load a recommendation.json", type=["json"], key="adv.upload",

@@ -101,8 +101,7 @@ def results(s: Scenario, out: RunOutput) -> None:
     ms = st.column_config.NumberColumn(format="%.1f")
     st.dataframe(latency_rows(summ, summ.get("goodput_slo")), hide_index=True, key="latency",
                  column_config={"p50": ms, "p90": ms, "p99": ms, "SLO (ms)": ms})
-    st.code("vllm serve " + s.model + (" " + summ["vllm_args"] if summ.get("vllm_args") else ""),
-            language="bash")
+    st.code(summ.get("serve_command") or "", language="bash")
     left, right = st.columns([1, 3])
     if left.button("Pin this run as A", key="pin"):
         st.session_state[state.PINNED] = {"label": s.label(), "summary": summ, "requests": out.requests}

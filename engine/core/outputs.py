@@ -28,7 +28,7 @@ RUN_FILES = frozenset({
     "requests.parquet", "requests.csv", "requests.jsonl", "steps.parquet", "steps.csv", "steps.jsonl",
     "summary.json", "metrics.prom", "scheduler_stats.json",
     # `costline advise --out` (advisor/advise/report.py)
-    "recommendation.json", "report.md", "serve.sh", "ladder.png", "cost_lines.png", "latency_cdf.png",
+    "recommendation.json", "report.md", "serve.sh", "alerts.yaml", "ladder.png", "cost_lines.png", "latency_cdf.png",
 })
 
 

@@ -67,7 +67,7 @@ def test_flags_and_serve_command_carry_only_non_defaults(rec: Recommendation) ->
     for name, value in rec.best.flags.items():
         if name != "kv_transfer_config":
             assert getattr(default, name) != value, name
-    assert rec.serve_command.startswith("vllm serve llama-3.1-8b")
+    assert rec.serve_command.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct")
     flags = {f.name: f for f in ENGINE_CONFIG_FLAGS}
     for name, value in rec.best.flags.items():
         if name in flags and name != "tensor_parallel_size":
@@ -110,7 +110,7 @@ def test_a_bar_nothing_clears_recommends_vllm_defaults(tmp_path) -> None:
     path.write_text(SMALL.with_overrides(num_requests=60).to_json())
     high = advise(str(path), AdviseRequest(workers=1, slo="ttft_p99:300 tpot_p99:30", min_gain_pct=1000))
     assert high.ladder == [] and high.best.flags == {} and high.best.metrics == high.baseline.metrics
-    assert high.serve_command == "vllm serve llama-3.1-8b"
+    assert high.serve_command == "vllm serve meta-llama/Llama-3.1-8B-Instruct"
     assert all(k.gain.low_pct <= 1000 for k in high.kept_defaults)
 
 
@@ -160,7 +160,7 @@ def test_gap_shares(rec: Recommendation) -> None:
 def test_out_files_and_force(rec: Recommendation, tmp_path) -> None:
     out = write_outputs(rec, tmp_path / "advice")
     names = {p.name for p in out.iterdir()}
-    assert {"recommendation.json", "report.md", "serve.sh", "ladder.png", "cost_lines.png"} <= names
+    assert {"recommendation.json", "report.md", "serve.sh", "alerts.yaml", "ladder.png", "cost_lines.png"} <= names
     assert (out / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Recommendation.model_validate_json((out / "recommendation.json").read_text()).best == rec.best
     assert rec.serve_command in (out / "serve.sh").read_text()

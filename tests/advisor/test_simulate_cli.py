@@ -54,7 +54,7 @@ def test_simulate_and_compare(tmp_path):
     r3 = runner.invoke(app, ["simulate", "--compare", str(a), str(b)])
     assert r3.exit_code == 0 and "p99_ttft_ms" in r3.output
     bad = runner.invoke(app, ["simulate", "-w", "lab-poisson", "--model", "gpt-9"])
-    assert bad.exit_code == 2 and "unknown model preset" in bad.output
+    assert bad.exit_code == 2 and "unknown model" in bad.output and "meta-llama/Llama-3.1-8B-Instruct" in bad.output
 
 
 def test_json_summary_equals_the_api_summary():

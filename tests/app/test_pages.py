@@ -67,7 +67,7 @@ def test_whatif_shows_the_apis_numbers_for_the_default_scenario() -> None:
             assert table.loc[f"{name} (ms)", p] == pytest.approx(api[f"{p}_{key}_ms"])
     assert table.loc["TTFT (ms)", "p99 meets SLO"] == (api["p99_ttft_ms"] <= 500)
     assert len(at.get("plotly_chart")) == 2  # CDFs and timelines
-    assert at.code[0].value == "vllm serve llama-3.1-8b"
+    assert at.code[0].value == "vllm serve meta-llama/Llama-3.1-8B-Instruct"
 
 
 def test_flag_controls_change_the_run_and_the_url() -> None:
@@ -305,6 +305,75 @@ def test_advisor_page_renders_a_recommendation_from_its_keys() -> None:
     assert any("fallback: prefix caching only (max regret 7.5%)" in c.value for c in at.caption)
     robust = at.dataframe[4].value
     assert robust["regret %"].tolist() == ["5.0"]
+    assert not any(x.value.startswith("Verdict") for x in (*at.success, *at.warning))  # an old file: none
+
+
+def test_advisor_page_opens_with_the_verdict() -> None:
+    at = advisor_page()
+    rec = recommendation()
+    rec["verdict"] = {"meets": False, "num_gpus": 1, "gpu": "h200", "checks": [], "slo_attainment": 0.93,
+                      "attainment_line": 0.99, "gpus_needed": 2, "text": "MISSES the SLO ...; about 2 GPUs"}
+    rec["serve_notes"] = ["<eagle3-head-for-X> is a placeholder"]
+    at.session_state["recommendation"] = rec
+    at.run()
+    assert not at.exception
+    assert at.warning[0].value == "Verdict: MISSES the SLO ...; about 2 GPUs"
+    assert any(w.value == "<eagle3-head-for-X> is a placeholder" for w in at.warning)
+    rec["verdict"] |= {"meets": True, "text": "MEETS the SLO"}
+    at.run()
+    assert at.success[0].value == "Verdict: MEETS the SLO"
+
+
+def test_advisor_page_forbid_and_allow_reach_the_request(monkeypatch) -> None:
+    import advisor.advise
+
+    seen = []
+
+    def fake(workload, request, progress=None):
+        seen.append(request)
+        return recommendation()
+
+    monkeypatch.setattr(advisor.advise, "advise", fake)
+    at = advisor_page()
+    at.multiselect(key="adv.forbid").set_value(["fp8-weights", "spec"]).run()
+    at.button(key="adv.run").click().run()
+    assert not at.exception and not at.error
+    assert seen[0].forbid == ["fp8-weights", "ngram", "eagle3"] and seen[0].allow is None
+    at.multiselect(key="adv.allow").set_value(["block-size"]).run()
+    at.button(key="adv.run").click().run()
+    assert seen[1].allow == ["block-size"]
+    at.number_input(key="adv.usd").set_value(2.5).run()
+    at.button(key="adv.run").click().run()
+    assert seen[2].gpu_hour_usd == {"h200": 2.5}
+
+
+def test_advisor_page_shows_cost_and_the_gpu_comparison(monkeypatch) -> None:
+    import advisor.advise
+
+    seen = []
+
+    def fake(workload, request, gpus, progress=None):
+        seen.append((request, gpus))
+        rec = recommendation()
+        rec["cost"] = {"text": "at $4.00/GPU-hour: 1x h200 cost $4.00/hour"}
+        rec["gpu_comparison"] = [
+            {"gpu": "h200", "num_gpus": 1, "meets": False, "gpus_needed": 2, "goodput_rps": 5.0, "ttft_p99_ms": 600.0,
+             "tpot_p99_ms": 20.0, "usd_per_gpu_hour": 4.0, "usd_per_hour_at_slo": 8.0,
+             "usd_per_m_output_tokens_at_slo": 2.4},
+            {"gpu": "b200", "num_gpus": 1, "meets": True, "gpus_needed": 1, "goodput_rps": 7.0, "ttft_p99_ms": 300.0,
+             "tpot_p99_ms": 12.0, "usd_per_gpu_hour": 5.25, "usd_per_hour_at_slo": 5.25,
+             "usd_per_m_output_tokens_at_slo": 1.5}]
+        return rec
+
+    monkeypatch.setattr(advisor.advise, "compare_gpus", fake)
+    at = advisor_page()
+    at.multiselect(key="adv.compare").set_value(["b200"]).run()
+    at.button(key="adv.run").click().run()
+    assert not at.exception and seen[0][1] == ["b200"]
+    assert any(m.value == "**Cost:** at $4.00/GPU-hour: 1x h200 cost $4.00/hour" for m in at.markdown)
+    table = next(d.value for d in at.dataframe if "$/GPU-hour" in d.value.columns)
+    assert table["GPU"].tolist() == ["h200", "b200"] and table["SLO"].tolist() == ["MISSED", "met"]
+    assert table["$/M output tokens at SLO"].tolist() == [fmt(2.4), fmt(1.5)]
 
 
 def test_advisor_page_says_whether_the_advisor_is_installed() -> None:
