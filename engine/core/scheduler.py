@@ -285,12 +285,12 @@ class Scheduler:
         running = self.running
         if out.num_scheduled >= len(running):
             return []
-        ids = {r.request_id for r in out._batch}
+        ids = {r.request_id for r in out.batch_records}
         return [r.request_id for r in running if r.num_generated and r.request_id not in ids]
 
     def between_steps(self) -> bool:
         """Whether the latest schedule() output has been applied (or none was made)."""
-        return self._last_out is None or self._last_out._updated
+        return self._last_out is None or self._last_out.applied
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0 or bool(self._pending_rejected)
@@ -409,9 +409,9 @@ class Scheduler:
     def _preempt(self, v: SchedulerRequest, out: SchedulerOutput) -> None:
         """Preempt `v` by recompute: drop it from this step if it was scheduled already, free
         its blocks and requeue it at the front."""
-        if v in out._batch:
-            out._batch.remove(v)
-            out._entries.pop(v.request_id, None)
+        if v in out.batch_records:
+            out.batch_records.remove(v)
+            out.entries.pop(v.request_id, None)
         self.running.remove(v)
         out.num_blocks_freed += self.kv_cache_manager.free(v)
         v.num_computed_tokens = 0
@@ -449,7 +449,7 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Running requests in order until the budget runs out; returns the budget left."""
         running = self.running
-        batch = out._batch
+        batch = out.batch_records
         bs = self.block_size
         plain = not self.config.num_speculative_tokens
         caching = self.caching
@@ -483,10 +483,10 @@ class Scheduler:
             if not self._schedule_chunk(r, budget, out):
                 break  # r itself was preempted: nothing after it fits either
             if len(out.preempted_ids) == num_preempted:
-                budget -= out._entries[r.request_id].num_new_tokens
+                budget -= out.entries[r.request_id].num_new_tokens
                 i += 1
             else:  # victims scheduled before r gave their tokens back and left the list
-                budget = self.config.max_num_batched_tokens - out._num_tokens_so_far()
+                budget = self.config.max_num_batched_tokens - out.num_tokens_so_far()
                 i = running.index(r) + 1
                 num_running = len(running)
         return budget
@@ -498,7 +498,7 @@ class Scheduler:
         if b is None:
             return False
         out.num_blocks_allocated += 1
-        out._entries[r.request_id] = ScheduledRequest(
+        out.entries[r.request_id] = ScheduledRequest(
             r.request_id, 1, r.num_computed_tokens, 0, 0, False, True, r.block_ids, (b,))
         return True
 
@@ -521,10 +521,10 @@ class Scheduler:
             return False
         r.num_computed_tokens = c + num_new
         samples = decoding or c + num_new >= r.num_tokens
-        out._entries[r.request_id] = ScheduledRequest(
+        out.entries[r.request_id] = ScheduledRequest(
             r.request_id, num_new, c, 0, spec, not decoding, samples, r.block_ids,
             tuple(new) if new else _EMPTY)
-        out._batch.append(r)
+        out.batch_records.append(r)
         return True
 
     def _prefill_cap(self, num_tokens: int) -> int:
@@ -571,11 +571,11 @@ class Scheduler:
         r.num_computed_tokens = base + num_new
         # decode from the start: the whole prompt's KV and the first token arrived (P/D)
         is_prefill = not (r.num_generated > 0 and not r.num_preemptions)
-        e = out._entries[r.request_id] = ScheduledRequest(
+        e = out.entries[r.request_id] = ScheduledRequest(
             r.request_id, num_new, base, num_hit, 0, is_prefill, r.num_computed_tokens >= r.num_tokens,
             r.block_ids, tuple(new) if new else _EMPTY)
-        out._admitted.append(e)
-        out._batch.append(r)
+        out.admitted.append(e)
+        out.batch_records.append(r)
         return num_new
 
     def _count_admission(self, r: SchedulerRequest, num_hit: int, num_ext: int) -> None:
@@ -592,15 +592,15 @@ class Scheduler:
 
     def _count_step(self, out: SchedulerOutput) -> None:
         """The step's totals, from its entries, once."""
-        entries = out._entries
-        num_plain = len(out._batch) - len(entries)  # one decode token each
-        kv = [r.num_computed_tokens for r in out._batch]  # (faster than list(map(attrgetter)))
+        entries = out.entries
+        num_plain = len(out.batch_records) - len(entries)  # one decode token each
+        kv = [r.num_computed_tokens for r in out.batch_records]  # (faster than list(map(attrgetter)))
         kv_after, kv_max = sum(kv), max(kv, default=0)
         pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
         pre_kv = []
         for e in entries.values():
             q = e.num_new_tokens
-            out._num_silent += not e.samples
+            out.num_silent += not e.samples
             if e.is_prefill:
                 c = e.num_computed_tokens
                 pre_tokens += q
@@ -651,20 +651,20 @@ class Scheduler:
         this step ends them, as their caller decided from each request's own sampling
         params (EOS unless ignore_eos, stop token ids); their tokens are all kept.
         """
-        if out is not self._last_out or out._updated:
+        if out is not self._last_out or out.applied:
             raise RuntimeError(
                 f"update_from_output() must be called once, for the latest schedule() output "
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})")
-        sampling = out._sampling()
+        sampling = out.sampling_records()
         one_each = self._check_sampled(out, sampling, sampled)
         stopped = self._check_stopped(out, sampling, stopped)
-        out._updated = True
+        out.applied = True
         results = self._take_rejected(out)
         if one_each:  # one token per request: no counts to build (ids, if given, are lists)
             counts, token_ids = None, (None if one_each == "counts" else sampled)
         else:
             counts, token_ids = _counts_and_token_ids(sampled)
-        drafts = out._entries if out.num_spec_tokens else None
+        drafts = out.entries if out.num_spec_tokens else None
         num_generated = len(sampling) if counts is None else sum(counts.values())
         any_finished = False
         for r in sampling:
@@ -763,7 +763,7 @@ class Scheduler:
             raise ValueError(f"step {out.step_id}: no sampled entry for request {rid}, "
                              f"which was scheduled with samples=True")
         n = v if isinstance(v, int) else len(v)
-        e = out._entries.get(rid)
+        e = out.entries.get(rid)
         spec = e.num_spec_tokens if e is not None else 0
         if not 1 <= n <= 1 + spec:
             raise ValueError(f"step {out.step_id}: request {rid} sampled {n} tokens; expected "

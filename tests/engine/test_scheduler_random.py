@@ -95,7 +95,7 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
         out = s.schedule()
         # the runner's columns, read from the records before any entry is built, are the entries'
         if out.num_scheduled:
-            cols = out._record_columns()
+            cols = out.record_columns()
             assert cols == StepColumns.of(out.scheduled) == out.columns()
             assert all(a is x.block_ids for a, x in zip(cols.block_ids, out.scheduled))  # live tables
         # budget and caps
