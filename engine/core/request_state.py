@@ -91,3 +91,50 @@ class SchedulerRequest:
         self.block_hashes = []
         self.hash_chain = []
         self.token_ids = None
+
+
+def rejection_reason(req: Request, max_model_len: int, block_size: int, num_gpu_blocks: int) -> str | None:
+    """Why `req` can never run with that context cap and KV pool, or None."""
+    total = req.prompt_len + req.output_len
+    if total > max_model_len:
+        return f"prompt_len + output_len = {total} tokens exceeds max_model_len = {max_model_len}"
+    # The last sampled token is never written to KV: a request holds at most total - 1
+    # tokens (drafts are capped by the remaining output, so no more).
+    need = -(-(total - 1) // block_size)
+    if need > num_gpu_blocks:
+        return (f"needs {need} KV blocks of {block_size} tokens for {total - 1} tokens "
+                f"but num_gpu_blocks = {num_gpu_blocks}")
+    return None
+
+
+def check_external(req: Request, ext, prompt_token_ids) -> None:
+    """Validate `add_request`'s num_external_computed_tokens (P/D) for `req`."""
+    rid = req.request_id
+    if not isinstance(ext, int) or not 0 <= ext <= req.prompt_len:
+        raise ValueError(
+            f"request {rid}: num_external_computed_tokens = {ext!r} must be an int in "
+            f"0..prompt_len ({req.prompt_len})")
+    if ext == req.prompt_len and ext:
+        if req.output_len < 2:
+            raise ValueError(
+                f"request {rid}: num_external_computed_tokens = prompt_len means the first "
+                f"output token came with the KV, so output_len must be >= 2 "
+                f"(got {req.output_len}); pass prompt_len - 1 to recompute the last token")
+        if prompt_token_ids is not None or req.prompt_token_ids is not None:
+            raise ValueError(
+                f"request {rid}: num_external_computed_tokens = prompt_len needs the first "
+                f"output token's id, which add_request cannot take; pass prompt_len - 1")
+
+
+def prompt_ids(req: Request, prompt_token_ids) -> list[int] | None:
+    """The prompt's token ids as a fresh list (the request's own if none passed), or None."""
+    if prompt_token_ids is None:
+        prompt_token_ids = req.prompt_token_ids
+    if prompt_token_ids is None:
+        return None
+    ids = list(prompt_token_ids)
+    if len(ids) != req.prompt_len:
+        raise ValueError(
+            f"request {req.request_id}: {len(ids)} prompt_token_ids for prompt_len "
+            f"{req.prompt_len}; pass exactly the prompt's token ids")
+    return ids

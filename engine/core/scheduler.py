@@ -70,7 +70,11 @@ from engine.core.request_state import (
     RUNNING,
     WAITING,
     SchedulerRequest,
+    check_external,
+    prompt_ids,
+    rejection_reason,
 )
+from engine.core.sampled_checks import check_sampled, check_stopped, counts_and_token_ids
 from engine.core.scheduler_output import (
     _EMPTY,
     RequestResult,
@@ -78,8 +82,6 @@ from engine.core.scheduler_output import (
     SchedulerOutput,
     SchedulerStats,
 )
-
-_request_id = operator.attrgetter("request_id")
 
 
 class SchedulerConfig(BaseModel):
@@ -106,52 +108,6 @@ class SchedulerConfig(BaseModel):
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             object.__setattr__(self, "max_num_batched_tokens", self.max_model_len)
         return self
-
-
-def _rejection_reason(cfg: SchedulerConfig, req: Request) -> str | None:
-    """Why `req` can never run under `cfg`, or None."""
-    total = req.prompt_len + req.output_len
-    if total > cfg.max_model_len:
-        return f"prompt_len + output_len = {total} tokens exceeds max_model_len = {cfg.max_model_len}"
-    # The last sampled token is never written to KV: a request holds at most total - 1
-    # tokens (drafts are capped by the remaining output, so no more).
-    need = -(-(total - 1) // cfg.block_size)
-    if need > cfg.num_gpu_blocks:
-        return (f"needs {need} KV blocks of {cfg.block_size} tokens for {total - 1} tokens "
-                f"but num_gpu_blocks = {cfg.num_gpu_blocks}")
-    return None
-
-
-def _check_external(req: Request, ext, prompt_token_ids) -> None:
-    rid = req.request_id
-    if not isinstance(ext, int) or not 0 <= ext <= req.prompt_len:
-        raise ValueError(
-            f"request {rid}: num_external_computed_tokens = {ext!r} must be an int in "
-            f"0..prompt_len ({req.prompt_len})")
-    if ext == req.prompt_len and ext:
-        if req.output_len < 2:
-            raise ValueError(
-                f"request {rid}: num_external_computed_tokens = prompt_len means the first "
-                f"output token came with the KV, so output_len must be >= 2 "
-                f"(got {req.output_len}); pass prompt_len - 1 to recompute the last token")
-        if prompt_token_ids is not None or req.prompt_token_ids is not None:
-            raise ValueError(
-                f"request {rid}: num_external_computed_tokens = prompt_len needs the first "
-                f"output token's id, which add_request cannot take; pass prompt_len - 1")
-
-
-def _prompt_ids(req: Request, prompt_token_ids) -> list[int] | None:
-    """The prompt's token ids as a fresh list (the request's own if none passed), or None."""
-    if prompt_token_ids is None:
-        prompt_token_ids = req.prompt_token_ids
-    if prompt_token_ids is None:
-        return None
-    ids = list(prompt_token_ids)
-    if len(ids) != req.prompt_len:
-        raise ValueError(
-            f"request {req.request_id}: {len(ids)} prompt_token_ids for prompt_len "
-            f"{req.prompt_len}; pass exactly the prompt's token ids")
-    return ids
 
 
 class Scheduler:
@@ -228,8 +184,8 @@ class Scheduler:
         if rid in self.requests:
             raise ValueError(f"request_id {rid} was already added to this scheduler")
         ext = num_external_computed_tokens
-        _check_external(req, ext, prompt_token_ids)
-        token_ids = _prompt_ids(req, prompt_token_ids)
+        check_external(req, ext, prompt_token_ids)
+        token_ids = prompt_ids(req, prompt_token_ids)
         self._any_token_ids |= token_ids is not None
         keys = self.kv_cache_manager.key_strategy(token_ids is not None)
         r = SchedulerRequest(req, token_ids, tuple(extra_keys), self._num_added, keys)
@@ -240,7 +196,8 @@ class Scheduler:
             r.num_generated = 1
             r.num_tokens += 1
         self.requests[rid] = r
-        reason = _rejection_reason(self.config, req)
+        cfg = self.config
+        reason = rejection_reason(req, cfg.max_model_len, cfg.block_size, cfg.num_gpu_blocks)
         if reason is not None:
             r.status = REJECTED
             self.num_rejected += 1
@@ -442,7 +399,10 @@ class Scheduler:
                 self._schedule_waiting(out, budget)
         elif not self._schedule_waiting(out, budget):
             self._schedule_running(out, budget)
-        self._count_step(out)
+        pre_tokens, drafts, spec = out.count_totals()
+        self.num_prompt_tokens_computed += pre_tokens
+        self.num_spec_drafts += drafts
+        self.num_spec_draft_tokens += spec
         self._last_out = out
         return out
 
@@ -590,48 +550,6 @@ class Scheduler:
             self.prefix_cache_preempted_queries_tokens += r.num_tokens
             self.prefix_cache_preempted_hits_tokens += num_hit
 
-    def _count_step(self, out: SchedulerOutput) -> None:
-        """The step's totals, from its entries, once."""
-        entries = out.entries
-        num_plain = len(out.batch_records) - len(entries)  # one decode token each
-        kv = [r.num_computed_tokens for r in out.batch_records]  # (faster than list(map(attrgetter)))
-        kv_after, kv_max = sum(kv), max(kv, default=0)
-        pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
-        pre_kv = []
-        for e in entries.values():
-            q = e.num_new_tokens
-            out.num_silent += not e.samples
-            if e.is_prefill:
-                c = e.num_computed_tokens
-                pre_tokens += q
-                pre_seqs += 1
-                pre_ctx += c + q
-                pre_kv.append(c + q)
-                pairs += q * c + q * (q + 1) // 2
-            else:
-                dec_tokens += q
-                dec_seqs += 1
-                if e.num_spec_tokens:
-                    spec += e.num_spec_tokens
-                    drafts += 1
-        out.num_batched_tokens = pre_tokens + dec_tokens + num_plain
-        out.num_prefill_tokens = pre_tokens
-        out.num_prefill_seqs = pre_seqs
-        out.sum_prefill_context = pre_ctx
-        out.prefill_attn_pairs = pairs
-        out.num_decode_tokens = dec_tokens + num_plain
-        out.num_decode_seqs = dec_seqs + num_plain
-        out.sum_decode_context = kv_after - pre_ctx
-        if pre_kv and max(pre_kv) >= kv_max:  # a prefill may hold the longest KV: take the prefills out
-            for c in pre_kv:
-                kv.remove(c)
-            kv_max = max(kv, default=0)
-        out.max_decode_context = kv_max
-        out.num_spec_tokens = spec
-        self.num_prompt_tokens_computed += pre_tokens
-        self.num_spec_drafts += drafts
-        self.num_spec_draft_tokens += spec
-
     # ------------------------------------------------------------------ update
 
     def update_from_output(
@@ -656,14 +574,14 @@ class Scheduler:
                 f"update_from_output() must be called once, for the latest schedule() output "
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})")
         sampling = out.sampling_records()
-        one_each = self._check_sampled(out, sampling, sampled)
-        stopped = self._check_stopped(out, sampling, stopped)
+        one_each = check_sampled(out, sampling, sampled, self._any_token_ids)
+        stopped = check_stopped(out, sampling, stopped)
         out.applied = True
         results = self._take_rejected(out)
         if one_each:  # one token per request: no counts to build (ids, if given, are lists)
             counts, token_ids = None, (None if one_each == "counts" else sampled)
         else:
-            counts, token_ids = _counts_and_token_ids(sampled)
+            counts, token_ids = counts_and_token_ids(sampled)
         drafts = out.entries if out.num_spec_tokens else None
         num_generated = len(sampling) if counts is None else sum(counts.values())
         any_finished = False
@@ -724,64 +642,6 @@ class Scheduler:
             r.num_computed_tokens -= rejected
             keep = -(-r.num_computed_tokens // self.block_size)
             out.num_blocks_freed += self.kv_cache_manager.free_tail(r, keep)
-
-    def _check_sampled(self, out: SchedulerOutput, sampling: list, sampled: dict | None) -> str | None:
-        """Validate `sampled` against the step before anything changes. Returns what it
-        found when each sampling request has exactly one token: "none" (sampled None), "ids"
-        (a one-id list each) or "counts" (a count of 1 each); else None."""
-        if sampled is None:
-            if self._any_token_ids:
-                for r in sampling:
-                    if r.token_ids is not None:
-                        raise ValueError(
-                            f"request {r.request_id} was added with prompt_token_ids, so "
-                            f"update_from_output needs its sampled token ids (sampled=None given)")
-            return "none"
-        if not out.num_spec_tokens and len(sampled) == len(sampling):
-            # the common shapes, checked at C speed: one token (id list or count) each
-            try:
-                vals = list(map(sampled.__getitem__, map(_request_id, sampling)))
-                if not self._any_token_ids and vals.count(1) == len(vals):
-                    return "counts"  # async scheduling's counts (a list never equals 1)
-                if list(map(len, vals)).count(1) == len(vals):
-                    return "ids"
-            except (KeyError, TypeError):  # a missing entry or a count: the full check says
-                pass
-        for r in sampling:
-            self._check_one_sampled(out, r, sampled.get(r.request_id))
-        if len(sampled) != len(sampling):
-            stray = sorted(set(sampled) - set(map(_request_id, sampling)))
-            raise ValueError(
-                f"step {out.step_id}: sampled has entries for requests {stray} that do not "
-                f"sample this step (samples=False or not scheduled)")
-        return None
-
-    @staticmethod
-    def _check_one_sampled(out: SchedulerOutput, r: SchedulerRequest, v) -> None:
-        rid = r.request_id
-        if v is None:
-            raise ValueError(f"step {out.step_id}: no sampled entry for request {rid}, "
-                             f"which was scheduled with samples=True")
-        n = v if isinstance(v, int) else len(v)
-        e = out.entries.get(rid)
-        spec = e.num_spec_tokens if e is not None else 0
-        if not 1 <= n <= 1 + spec:
-            raise ValueError(f"step {out.step_id}: request {rid} sampled {n} tokens; expected "
-                             f"1..{1 + spec} (1 + accepted drafts of {spec})")
-        if r.token_ids is not None and isinstance(v, int):
-            raise ValueError(f"request {rid} was added with prompt_token_ids, so "
-                             f"update_from_output needs its sampled token ids, not a count")
-
-    @staticmethod
-    def _check_stopped(out: SchedulerOutput, sampling: list, stopped) -> frozenset[int] | set[int]:
-        if not stopped:
-            return stopped
-        stray = set(stopped).difference(map(_request_id, sampling))
-        if stray:
-            raise ValueError(
-                f"step {out.step_id}: stopped names requests {sorted(stray)} that do not "
-                f"sample this step; end those with finish_requests() between steps")
-        return stopped
 
     def finish_requests(self, request_ids, reason: str = "stop") -> list[RequestResult]:
         """End requests between steps, whatever their state: the engine's stop a step late
@@ -866,16 +726,6 @@ class Scheduler:
 _kv_tokens = operator.attrgetter("num_computed_tokens")
 
 
-
-def _counts_and_token_ids(sampled: dict | None) -> tuple[dict[int, int] | None, dict | None]:
-    """`update_from_output`'s `sampled` as counts (None: one token each) and the token id
-    lists where it carries them (None for counts)."""
-    if sampled is None:
-        return None, None
-    values = sampled.values()
-    if all(isinstance(v, int) for v in values):
-        return sampled, None
-    return {rid: v if isinstance(v, int) else len(v) for rid, v in sampled.items()}, sampled
 
 # what other layers import from here (records live in engine/core/scheduler_output.py, keys in
 # engine/core/block_keys.py)

@@ -122,6 +122,47 @@ class SchedulerOutput:
                 for r in self.batch_records]
         return self._scheduled
 
+    def count_totals(self) -> tuple[int, int, int]:
+        """Fill the step's totals from its records and entries, once (the scheduler calls it
+        when the step is built). Returns (prompt tokens computed, drafts, draft tokens)."""
+        entries = self.entries
+        num_plain = len(self.batch_records) - len(entries)  # one decode token each
+        kv = [r.num_computed_tokens for r in self.batch_records]  # (faster than list(map(attrgetter)))
+        kv_after, kv_max = sum(kv), max(kv, default=0)
+        pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
+        pre_kv = []
+        for e in entries.values():
+            q = e.num_new_tokens
+            self.num_silent += not e.samples
+            if e.is_prefill:
+                c = e.num_computed_tokens
+                pre_tokens += q
+                pre_seqs += 1
+                pre_ctx += c + q
+                pre_kv.append(c + q)
+                pairs += q * c + q * (q + 1) // 2
+            else:
+                dec_tokens += q
+                dec_seqs += 1
+                if e.num_spec_tokens:
+                    spec += e.num_spec_tokens
+                    drafts += 1
+        self.num_batched_tokens = pre_tokens + dec_tokens + num_plain
+        self.num_prefill_tokens = pre_tokens
+        self.num_prefill_seqs = pre_seqs
+        self.sum_prefill_context = pre_ctx
+        self.prefill_attn_pairs = pairs
+        self.num_decode_tokens = dec_tokens + num_plain
+        self.num_decode_seqs = dec_seqs + num_plain
+        self.sum_decode_context = kv_after - pre_ctx
+        if pre_kv and max(pre_kv) >= kv_max:  # a prefill may hold the longest KV: take the prefills out
+            for c in pre_kv:
+                kv.remove(c)
+            kv_max = max(kv, default=0)
+        self.max_decode_context = kv_max
+        self.num_spec_tokens = spec
+        return pre_tokens, drafts, spec
+
     @property
     def num_scheduled(self) -> int:
         return len(self.batch_records)
