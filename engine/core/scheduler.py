@@ -52,9 +52,7 @@ blocks and would inflate the hit rate; those go to `prefix_cache_preempted_*`.
 
 from __future__ import annotations
 
-import heapq
 import operator
-from collections import deque
 from itertools import islice
 from typing import Literal
 
@@ -63,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from engine.core.block_keys import GEN_TAG
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request
+from engine.core.request_queue import WaitingQueue
 from engine.core.request_state import (
     FINISHED,
     PREEMPTED,
@@ -123,8 +122,7 @@ class Scheduler:
         self.requests: dict[int, SchedulerRequest] = {}
         self.running: list[SchedulerRequest] = []
         self._priority = config.scheduling_policy == "priority"
-        self._fcfs_waiting: deque[SchedulerRequest] = deque()
-        self._heap_waiting: list[tuple[int, float, int, SchedulerRequest]] = []
+        self.waiting = WaitingQueue(self._priority)
         self._pending_rejected: list[RequestResult] = []  # reported in the next step
         self._last_out: SchedulerOutput | None = None
         self._any_token_ids = False  # some request was added with token ids (engine)
@@ -202,10 +200,8 @@ class Scheduler:
             r.status = REJECTED
             self.num_rejected += 1
             self._pending_rejected.append(RequestResult(rid, REJECTED, reason, 0, 0, 0))
-        elif self._priority:
-            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.add_order, r))
         else:
-            self._fcfs_waiting.append(r)
+            self.waiting.add(r)
 
     def set_num_drafts(self, request_id: int, n: int) -> None:
         """Draft tokens `request_id` verifies at its next decodes (until set again): 0..k, where
@@ -222,7 +218,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._heap_waiting) if self._priority else len(self._fcfs_waiting)
+        return len(self.waiting)
 
     @property
     def kv_usage(self) -> float:
@@ -297,30 +293,9 @@ class Scheduler:
         """A copy of the request's block table: what a KV connector sends for a held request."""
         return list(self.requests[request_id].block_ids)
 
-    def _peek_waiting(self) -> SchedulerRequest | None:
-        if self._priority:
-            return self._heap_waiting[0][3] if self._heap_waiting else None
-        return self._fcfs_waiting[0] if self._fcfs_waiting else None
-
-    def _pop_waiting(self) -> None:
-        if self._priority:
-            heapq.heappop(self._heap_waiting)
-        else:
-            self._fcfs_waiting.popleft()
-
-    def _requeue_preempted(self, r: SchedulerRequest) -> None:
-        if self._priority:
-            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.add_order, r))
-        else:
-            self._fcfs_waiting.appendleft(r)
-
     def _remove_waiting(self, r: SchedulerRequest) -> None:
-        if self._priority:
-            self._heap_waiting = [e for e in self._heap_waiting if e[3] is not r]
-            heapq.heapify(self._heap_waiting)
-        else:
-            self._fcfs_waiting.remove(r)
-        r.failed_admission_hits = None
+        self.waiting.remove(r)
+        self.kv_cache_manager.note_blocked(r, None)
 
     # ------------------------------------------------------------------ blocks
 
@@ -377,7 +352,7 @@ class Scheduler:
         v.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_ids.append(v.request_id)
-        self._requeue_preempted(v)
+        self.waiting.add_preempted(v)
 
     # ------------------------------------------------------------------ schedule
 
@@ -496,7 +471,7 @@ class Scheduler:
         """Admit waiting requests in policy order; returns whether any was admitted."""
         admitted = False
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            r = self._peek_waiting()
+            r = self.waiting.peek()
             num_new = 0 if r is None else self._admit(r, budget, out)
             if not num_new:
                 break  # head-of-line blocking: the first that does not fit stops admission
@@ -524,7 +499,7 @@ class Scheduler:
             self.kv_cache_manager.note_blocked(r, hits)
             return 0
         self.kv_cache_manager.note_blocked(r, None)
-        self._pop_waiting()
+        self.waiting.pop()
         self._count_admission(r, num_hit, num_ext)
         r.status = RUNNING
         self.running.append(r)
@@ -715,8 +690,7 @@ class Scheduler:
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
         assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
-        waiting = [x[3] for x in self._heap_waiting] if self._priority else list(self._fcfs_waiting)
-        for r in waiting:
+        for r in self.waiting:
             assert not r.block_ids and r.num_computed_tokens == 0, (
                 f"waiting request {r.request_id} holds KV")
             assert r.status in (WAITING, PREEMPTED)

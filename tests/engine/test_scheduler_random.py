@@ -80,7 +80,7 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
                 s.add_request(r, prompt_token_ids=toks)
         step += 1
         assert step < max_steps, "scheduler made no progress"
-        head = s._peek_waiting()
+        head = s.waiting.peek()
         if head is not None and head.failed_admission_hits is not None:
             # the memoized re-lookup of a blocked queue head equals a plain scan
             m = (head.num_tokens - 1) // cfg.block_size
