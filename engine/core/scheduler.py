@@ -32,17 +32,9 @@ Semantics (vLLM V1, `vllm/v1/core/sched/scheduler.py`, re-derived, not copied):
   than `max_model_len`, or more blocks than the pool has. Reported as a `RequestResult`
   with a reason, never dropped.
 
-Driving it (simulator; the engine passes token ids to `add_request` and sampled token ids
-to `update_from_output`, and reads `out.scheduled`; skip-ahead lives in engine/core/decode_skip.py):
-
-    sched = Scheduler(SchedulerConfig(num_gpu_blocks=40_000))
-    sched.add_request(req)                        # at its arrival
-    n = uniform_decode_steps(sched)               # engine/core/decode_skip.py: skip ahead while
-    if n > 1:                                     # nothing else can happen
-        adv = advance_decode(sched, min(n, steps_until_next_arrival))
-    else:
-        out = sched.schedule()                    # cost model reads out.num_batched_tokens, ...
-        done = sched.update_from_output(out)      # or {request_id: 1 + accepted drafts}
+The KV blocks are the `KVCacheManager`'s (engine/core/kv_cache_manager.py): this module
+asks it for prefix hits and slots and tells it what to free; it keeps the policy. Driving
+it, with skip-ahead (engine/core/decode_skip.py): docs/interfaces.md.
 
 Prefix-cache counters follow vLLM >= 0.11 (vllm#25787, fixing vllm#25780): `queries`
 and `hits` (tokens) are recorded once per request, at admission (vllm#48860), and
@@ -110,7 +102,7 @@ class SchedulerConfig(BaseModel):
 
 
 class Scheduler:
-    """vLLM-V1-style scheduler over a `BlockPool`. See the module docstring."""
+    """vLLM-V1-style scheduler over a `KVCacheManager`. See the module docstring."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
