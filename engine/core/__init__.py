@@ -28,7 +28,8 @@ from engine.core.outputs import OutputPathError, check_output_dir, check_output_
 from engine.core.records import RequestRecord, StepRecord, to_columns
 from engine.core.request import Request, materialize_prompt
 from engine.core.run_summary import SLO, RunTables, summarize
-from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_config import SchedulerConfig
 from engine.core.scheduler_output import (
     RequestResult,
     ScheduledRequest,

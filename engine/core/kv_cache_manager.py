@@ -27,7 +27,7 @@ skip-ahead's `DecodeAdvance`): the manager adds its `num_blocks_allocated`,
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from itertools import islice, takewhile
 
@@ -313,10 +313,24 @@ class KVCacheManager:
         r = self.held.pop(request_id, None)
         return None if r is None else self.free(r)
 
-    def check_invariants(self, owners: dict[int, int]) -> None:
-        """AssertionError unless the held requests' and `owners`' (block -> running owners)
-        references are every block's refcount."""
-        owners = dict(owners)
+    def check_invariants(self, running: Iterable[SchedulerRequest],
+                         waiting: Iterable[SchedulerRequest] = ()) -> None:
+        """AssertionError unless each running request's block table fits its computed tokens,
+        waiting ones hold no KV, and the running and held requests' references are every
+        block's refcount. O(all blocks): for tests."""
+        owners: dict[int, int] = {}
+        bs = self.block_size
+        for r in running:
+            rid = r.request_id
+            assert len(r.block_ids) == -(-r.num_computed_tokens // bs), (
+                f"request {rid}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens")
+            assert r.num_cached_blocks <= len(r.block_ids)
+            assert len(set(r.block_ids)) == len(r.block_ids), f"request {rid}: dup block"
+            for bid in r.block_ids:
+                owners[bid] = owners.get(bid, 0) + 1
+        for r in waiting:
+            assert not r.block_ids and r.num_computed_tokens == 0, (
+                f"waiting request {r.request_id} holds KV")
         for r in self.held.values():
             assert r.status == "finished", f"held request {r.request_id} has status {r.status}"
             for bid in r.block_ids:

@@ -46,9 +46,6 @@ from __future__ import annotations
 
 import operator
 from itertools import islice
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.core.block_keys import GEN_TAG
 from engine.core.kv_cache_manager import KVCacheManager
@@ -66,6 +63,7 @@ from engine.core.request_state import (
     rejection_reason,
 )
 from engine.core.sampled_checks import check_sampled, check_stopped, counts_and_token_ids
+from engine.core.scheduler_config import SchedulerConfig
 from engine.core.scheduler_output import (
     _EMPTY,
     RequestResult,
@@ -73,32 +71,6 @@ from engine.core.scheduler_output import (
     SchedulerOutput,
     SchedulerStats,
 )
-
-
-class SchedulerConfig(BaseModel):
-    """Scheduler and KV-cache knobs, with vLLM's names and meanings."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget per step")
-    max_num_seqs: int = Field(256, ge=1, description="cap on running requests")
-    max_model_len: int = Field(32768, ge=1, description="prompt + output cap per request")
-    block_size: int = Field(16, ge=1, description="tokens per KV block")
-    num_gpu_blocks: int = Field(ge=1, description="KV blocks in the pool (--num-gpu-blocks-override)")
-    enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: Literal["builtin", "xxhash", "sha256"] = "builtin"
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = Field(0, ge=0, description="0 = no per-request cap per step")
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    num_speculative_tokens: int = Field(0, ge=0, description="k draft tokens per decode per step")
-
-    @model_validator(mode="after")
-    def _vllm_budget_without_chunking(self) -> SchedulerConfig:
-        # vLLM raises the budget to max_model_len when chunked prefill is off, so that any
-        # admissible prompt fits in one step; do the same (visibly: the field changes).
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            object.__setattr__(self, "max_num_batched_tokens", self.max_model_len)
-        return self
 
 
 class Scheduler:
@@ -670,23 +642,12 @@ class Scheduler:
     def check_invariants(self) -> None:
         """AssertionError unless every block's refcount equals its owners and each request's
         bookkeeping is consistent. O(all blocks): for tests."""
-        owners: dict[int, int] = {}
-        bs = self.block_size
         for r in self.running:
-            rid = r.request_id
-            assert r.status == RUNNING, f"request {rid} in running with status {r.status}"
-            assert len(r.block_ids) == -(-r.num_computed_tokens // bs), (
-                f"request {rid}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens")
-            assert r.num_cached_blocks <= len(r.block_ids)
-            assert len(set(r.block_ids)) == len(r.block_ids), f"request {rid}: dup block"
-            for bid in r.block_ids:
-                owners[bid] = owners.get(bid, 0) + 1
+            assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
         assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
         for r in self.waiting:
-            assert not r.block_ids and r.num_computed_tokens == 0, (
-                f"waiting request {r.request_id} holds KV")
             assert r.status in (WAITING, PREEMPTED)
-        self.kv_cache_manager.check_invariants(owners)
+        self.kv_cache_manager.check_invariants(self.running, self.waiting)
 
 
 _kv_tokens = operator.attrgetter("num_computed_tokens")
