@@ -126,22 +126,14 @@ class Scheduler:
         without them (simulator) block content comes from `req.hash_ids`. `extra_keys`
         (ints, e.g. a LoRA id) enter every block hash.
 
-        Disaggregated prefill (vLLM's KV-connector notions):
-        - `num_external_computed_tokens=N`: the KV of the first N prompt tokens arrived from
-          elsewhere (a prefill replica). At admission their blocks are allocated (and, with
-          prefix caching, registered) without computing them; local prefix-cache hits are
-          looked up first and only the rest counts as external (`external_computed_tokens`).
-          They are neither hits nor computed tokens of the step, and cost no token budget.
-          N = prompt_len - 1 is what vLLM's connectors do (the decode side recomputes the
-          last prompt token to get its logits: the first output token comes from that step).
-          N = prompt_len models a decode side that starts with decode: the first output
-          token came with the KV (it counts as generated, output_len must be >= 2) and the
-          first step computes that token's KV and samples the 2nd output token.
-          After a preemption the request recomputes everything locally (the transfer is
-          spent), as in vLLM.
-        - `hold_blocks_on_finish=True` (the prefill side): when the request finishes it is
-          returned as usual but its blocks stay allocated until `release_held(request_id)`
-          (the KV transfer is done)."""
+        Disaggregated prefill (vLLM's KV-connector notions; details in docs/interfaces.md):
+        `num_external_computed_tokens=N`: the KV of the first N prompt tokens arrived from a
+        prefill replica; at admission their blocks are taken (after local prefix hits), not
+        computed, at no token budget. N = prompt_len - 1 is vLLM's connectors' choice; N =
+        prompt_len starts with decode (the first output token came with the KV, so
+        output_len must be >= 2). A preempted request recomputes everything locally.
+        `hold_blocks_on_finish=True` (the prefill side): a finished request's blocks stay
+        allocated until `release_held(request_id)`."""
         rid = req.request_id
         if rid in self.requests:
             raise ValueError(f"request_id {rid} was already added to this scheduler")
@@ -619,25 +611,9 @@ class Scheduler:
         frag = sum(len(r.block_ids) for r in self.running) * self.block_size - sum(
             map(_kv_tokens, self.running))
         return SchedulerStats(
-            num_steps=self.num_steps,
-            num_running=len(self.running),
-            num_waiting=self.num_waiting,
-            num_finished=self.num_finished,
-            num_rejected=self.num_rejected,
-            num_preemptions=self.num_preemptions,
-            prefix_cache_queries_tokens=self.prefix_cache_queries_tokens,
-            prefix_cache_hits_tokens=self.prefix_cache_hits_tokens,
-            prefix_cache_preempted_queries_tokens=self.prefix_cache_preempted_queries_tokens,
-            prefix_cache_preempted_hits_tokens=self.prefix_cache_preempted_hits_tokens,
-            fragmentation_slots=frag,
-            num_prompt_tokens_computed=self.num_prompt_tokens_computed,
-            num_generated_tokens=self.num_generated_tokens,
-            num_spec_drafts=self.num_spec_drafts,
-            num_spec_draft_tokens=self.num_spec_draft_tokens,
-            num_spec_accepted_tokens=self.num_spec_accepted_tokens,
-            external_computed_tokens=self.external_computed_tokens,
-            **self.kv_cache_manager.block_stats(),
-        )
+            num_running=len(self.running), num_waiting=self.num_waiting,
+            fragmentation_slots=frag, **{name: getattr(self, name) for name in _COUNTERS},
+            **self.kv_cache_manager.block_stats())
 
     def check_invariants(self) -> None:
         """AssertionError unless every block's refcount equals its owners and each request's
@@ -651,6 +627,12 @@ class Scheduler:
 
 
 _kv_tokens = operator.attrgetter("num_computed_tokens")
+# the scheduler's own counters in SchedulerStats (the KV cache manager reports the blocks')
+_COUNTERS = ("num_steps", "num_finished", "num_rejected", "num_preemptions",
+             "prefix_cache_queries_tokens", "prefix_cache_hits_tokens",
+             "prefix_cache_preempted_queries_tokens", "prefix_cache_preempted_hits_tokens",
+             "num_prompt_tokens_computed", "num_generated_tokens", "num_spec_drafts",
+             "num_spec_draft_tokens", "num_spec_accepted_tokens", "external_computed_tokens")
 
 
 
