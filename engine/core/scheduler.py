@@ -65,7 +65,7 @@ from engine.core.request_state import (
 from engine.core.sampled_checks import check_sampled, check_stopped, counts_and_token_ids
 from engine.core.scheduler_config import SchedulerConfig
 from engine.core.scheduler_output import (
-    _EMPTY,
+    NO_BLOCKS,
     RequestResult,
     ScheduledRequest,
     SchedulerOutput,
@@ -414,7 +414,7 @@ class Scheduler:
         samples = decoding or c + num_new >= r.num_tokens
         out.entries[r.request_id] = ScheduledRequest(
             r.request_id, num_new, c, 0, spec, not decoding, samples, r.block_ids,
-            tuple(new) if new else _EMPTY)
+            tuple(new) if new else NO_BLOCKS)
         out.batch_records.append(r)
         return True
 
@@ -464,7 +464,7 @@ class Scheduler:
         is_prefill = not (r.num_generated > 0 and not r.num_preemptions)
         e = out.entries[r.request_id] = ScheduledRequest(
             r.request_id, num_new, base, num_hit, 0, is_prefill, r.num_computed_tokens >= r.num_tokens,
-            r.block_ids, tuple(new) if new else _EMPTY)
+            r.block_ids, tuple(new) if new else NO_BLOCKS)
         out.admitted.append(e)
         out.batch_records.append(r)
         return num_new

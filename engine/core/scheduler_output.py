@@ -7,7 +7,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
-_EMPTY: tuple[int, ...] = ()
+NO_BLOCKS: tuple[int, ...] = ()  # new_block_ids of an entry that allocated none (one shared tuple)
 # one C-level call per entry / record for the columns a runner reads
 _ENTRY_COLUMNS = operator.attrgetter("request_id", "num_new_tokens", "num_computed_tokens", "samples",
                                      "block_ids", "num_spec_tokens")
@@ -118,7 +118,7 @@ class SchedulerOutput:
             get = self.entries.get
             self._scheduled = [
                 get(r.request_id) or ScheduledRequest(r.request_id, 1, r.num_computed_tokens - 1, 0, 0,
-                                                      False, True, r.block_ids, _EMPTY)
+                                                      False, True, r.block_ids, NO_BLOCKS)
                 for r in self.batch_records]
         return self._scheduled
 
