@@ -23,12 +23,16 @@ from engine.core.disagg_records import DisaggSplit, TransferRecord
 from engine.core.flags import FLAGS_BY_NAME, Flag, FlagError
 from engine.core.host_names import is_host_name
 from engine.core.input_files import InputFileError, read_json
+from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.model_spec import MODEL_PRESETS, ModelSpec, get_model
 from engine.core.outputs import OutputPathError, check_output_dir, check_output_file
 from engine.core.records import RequestRecord, StepRecord, to_columns
 from engine.core.request import Request, materialize_prompt
+from engine.core.request_queue import WaitingQueue
+from engine.core.request_state import SchedulerRequest
 from engine.core.run_summary import SLO, RunTables, summarize
-from engine.core.scheduler import Scheduler, SchedulerConfig
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_config import SchedulerConfig
 from engine.core.scheduler_output import (
     RequestResult,
     ScheduledRequest,
@@ -51,6 +55,7 @@ __all__ = [
     "FlagError",
     "HashIdKeys",
     "InputFileError",
+    "KVCacheManager",
     "ModelSpec",
     "OutputPathError",
     "Request",
@@ -61,6 +66,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SchedulerOutput",
+    "SchedulerRequest",
     "SchedulerStats",
     "SchedulingArgs",
     "SpeculativeConfig",
@@ -68,6 +74,7 @@ __all__ = [
     "StepRecord",
     "TokenKeys",
     "TransferRecord",
+    "WaitingQueue",
     "advance_decode",
     "check_output_dir",
     "check_output_file",

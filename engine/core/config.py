@@ -26,7 +26,7 @@ from engine.core.flags import (
     flag_model,
     resolve_batch,
 )
-from engine.core.scheduler import SchedulerConfig
+from engine.core.scheduler_config import SchedulerConfig
 from engine.core.speculative_config import parse_speculative_config
 
 

@@ -137,7 +137,7 @@ class DecodeAdvance:
 def _remaining_if_uniform(sched: Scheduler) -> list[int] | None:
     """Tokens each running request has left to generate (batch order) when the next step is
     a plain decode of every running request and nothing else; else None."""
-    if sched._pending_rejected or sched.num_waiting or not sched.running:
+    if sched.has_pending_rejections() or sched.num_waiting or not sched.running:
         return None
     if sched.config.num_speculative_tokens or not sched.between_steps():
         return None
@@ -168,36 +168,10 @@ def uniform_decode_steps(sched: Scheduler) -> int:
         return 0
     n_max = max(remaining)
     n = n_max if _fits(sched, remaining, n_max) else _block_limited_steps(sched, remaining, n_max)
-    if n:
-        sched._uniform_until = _UniformUntil(_state_key(sched), sched.step_id + n)
+    if n:  # so that advance_decode need not re-derive it (a prefix of a uniform stretch
+        # leaves the rest of it uniform)
+        sched.note_uniform_until(sched.step_id + n)
     return n
-
-
-@dataclass(slots=True)
-class _UniformUntil:
-    """uniform_decode_steps' latest answer, so that advance_decode need not re-derive it: the
-    steps through `last_step_id` are uniform for as long as the scheduler is in `state`, or
-    in the state advance_decode left it in (a prefix of a uniform stretch leaves the rest
-    of it uniform)."""
-
-    state: tuple
-    last_step_id: int
-
-
-def _state_key(sched: Scheduler) -> tuple:
-    """Counters that every change of the scheduler outside advance_decode moves: a step
-    (step_id), an added request, a finish (finish_requests), blocks taken or given back
-    (release_held), a new running list."""
-    pool = sched.pool
-    return (sched.step_id, sched._num_added, sched.num_finished, pool.num_allocated,
-            pool.num_freed, pool.num_revived, id(sched.running), len(sched.running))
-
-
-def _known_uniform(sched: Scheduler, n: int) -> bool:
-    """Whether uniform_decode_steps already showed the next n steps uniform (no re-check)."""
-    u = sched._uniform_until
-    return (u is not None and 1 <= n and sched.step_id + n <= u.last_step_id
-            and u.state == _state_key(sched))
 
 
 def _fits(sched: Scheduler, remaining: list[int], n: int) -> bool:
@@ -210,7 +184,7 @@ def _fits(sched: Scheduler, remaining: list[int], n: int) -> bool:
         x = (r.num_computed_tokens + steps + bs - 1) // bs - len(r.block_ids)
         if x > 0:
             need += x
-    return need <= sched.pool.num_free
+    return need <= sched.kv_cache_manager.num_free_blocks
 
 
 def _block_limited_steps(sched: Scheduler, remaining: list[int], n_max: int) -> int:
@@ -218,7 +192,7 @@ def _block_limited_steps(sched: Scheduler, remaining: list[int], n_max: int) -> 
     stretch from finish to finish (the batch, hence the allocation rate, is constant
     between finishes; blocks freed at a step's end serve the following steps)."""
     bs = sched.block_size
-    pool = sched.pool
+    kv = sched.kv_cache_manager
     order = sorted(range(len(remaining)), key=remaining.__getitem__)
     active = {j: sched.running[j] for j in order}
     done_alloc = freed = 0  # blocks allocated by finished requests; blocks they freed
@@ -226,7 +200,7 @@ def _block_limited_steps(sched: Scheduler, remaining: list[int], n_max: int) -> 
     prev = k = 0
     for end in sorted(set(remaining)):
         end = min(end, n_max)
-        cap = pool.num_free + freed - done_alloc  # what the requests still running may take
+        cap = kv.num_free_blocks + freed - done_alloc  # what the requests still running may take
         if _blocks_to_step(active.values(), end, bs) > cap:
             lo, hi = prev, end  # enough blocks through step lo, not through hi
             while hi - lo > 1:
@@ -242,7 +216,7 @@ def _block_limited_steps(sched: Scheduler, remaining: list[int], n_max: int) -> 
             r = active.pop(order[k])
             done_alloc += _blocks_new(r.num_computed_tokens, len(r.block_ids), end, bs)
             if not r.hold_blocks_on_finish:
-                freed += _blocks_freed_at_finish(r, end, pool.ref, drops, bs)
+                freed += _blocks_freed_at_finish(r, end, kv.ref_counts, drops, bs)
             k += 1
         prev = end
     return n_max
@@ -273,7 +247,7 @@ def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:
     as n single schedule()/update_from_output() steps. Within a stretch uniform_decode_steps
     found, with only advance_decode calls since (a simulator's segments), n is not checked
     again; otherwise it is, and a bad n raises ValueError."""
-    known = _known_uniform(sched, n)
+    known = sched.known_uniform(n)
     running = sched.running
     remaining = [r.output_len - r.num_generated for r in running] if known else _check_uniform(sched, n)
     fewest = min(remaining)
@@ -286,13 +260,7 @@ def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:
     else:
         _advance_through_finishes(sched, remaining, steps_each, allocs, adv)
     adv.num_blocks_hashed += _apply_decodes(sched, running, steps_each)
-    if adv.finished:
-        sched.running = [r for r in running if r.status == "running"]
-    sched.step_id += n
-    sched.num_steps += n
-    sched.num_generated_tokens += adv.num_batched_tokens
-    if known:
-        sched._uniform_until.state = _state_key(sched)
+    sched.apply_decode_stretch(n, adv.num_batched_tokens, bool(adv.finished), known)
     return adv
 
 
@@ -332,7 +300,7 @@ def _take_blocks(sched: Scheduler, allocs: list[tuple[int, int]], adv: DecodeAdv
     stop = len(allocs) if stop is None else stop
     if stop > start:
         running = sched.running
-        for (_, j), b in zip(allocs[start:stop], sched.pool.allocate(stop - start)):
+        for (_, j), b in zip(allocs[start:stop], sched.kv_cache_manager.allocate_blocks(stop - start)):
             running[j].block_ids.append(b)
         adv.num_blocks_allocated += stop - start
     return stop
@@ -374,12 +342,13 @@ def _apply_decodes(sched: Scheduler, reqs: list, steps_each: list[int]) -> int:
         r.num_computed_tokens = c + steps
         r.num_generated += steps
         r.num_tokens += steps
-    return sched._cache_decoded(completed) if completed else 0
+    return sched.kv_cache_manager.cache_decoded(completed) if completed else 0
 
 
 def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:
     """`r` generated its last token in step `last_step`: free (or hold) its blocks and report
     it, as update_from_output does at that step's end."""
-    adv.num_blocks_freed += sched._free_or_hold(r)
-    adv.finished.append(sched._mark_finished(r, "length"))
+    freed, result = sched.finish_decoded(r)
+    adv.num_blocks_freed += freed
+    adv.finished.append(result)
     adv.finish_steps.append(last_step)

@@ -32,17 +32,9 @@ Semantics (vLLM V1, `vllm/v1/core/sched/scheduler.py`, re-derived, not copied):
   than `max_model_len`, or more blocks than the pool has. Reported as a `RequestResult`
   with a reason, never dropped.
 
-Driving it (simulator; the engine passes token ids to `add_request` and sampled token ids
-to `update_from_output`, and reads `out.scheduled`; skip-ahead lives in engine/core/decode_skip.py):
-
-    sched = Scheduler(SchedulerConfig(num_gpu_blocks=40_000))
-    sched.add_request(req)                        # at its arrival
-    n = uniform_decode_steps(sched)               # engine/core/decode_skip.py: skip ahead while
-    if n > 1:                                     # nothing else can happen
-        adv = advance_decode(sched, min(n, steps_until_next_arrival))
-    else:
-        out = sched.schedule()                    # cost model reads out.num_batched_tokens, ...
-        done = sched.update_from_output(out)      # or {request_id: 1 + accepted drafts}
+The KV blocks are the `KVCacheManager`'s (engine/core/kv_cache_manager.py): this module
+asks it for prefix hits and slots and tells it what to free; it keeps the policy. Driving
+it, with skip-ahead (engine/core/decode_skip.py): docs/interfaces.md.
 
 Prefix-cache counters follow vLLM >= 0.11 (vllm#25787, fixing vllm#25780): `queries`
 and `hits` (tokens) are recorded once per request, at admission (vllm#48860), and
@@ -52,211 +44,60 @@ blocks and would inflate the hit rate; those go to `prefix_cache_preempted_*`.
 
 from __future__ import annotations
 
-import heapq
 import operator
-from collections import deque
-from collections.abc import Hashable
-from functools import partial
-from itertools import islice, takewhile
-from typing import Literal
+from itertools import islice
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from engine.core.block_keys import GEN_TAG, BlockKeys, HashIdKeys, TokenKeys
-from engine.core.block_pool import BlockPool
+from engine.core.block_keys import GEN_TAG
+from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request
+from engine.core.request_queue import WaitingQueue
+from engine.core.request_state import (
+    FINISHED,
+    PREEMPTED,
+    REJECTED,
+    RUNNING,
+    WAITING,
+    SchedulerRequest,
+    check_external,
+    prompt_ids,
+    rejection_reason,
+)
+from engine.core.sampled_checks import check_sampled, check_stopped, counts_and_token_ids
+from engine.core.scheduler_config import SchedulerConfig
 from engine.core.scheduler_output import (
-    _EMPTY,
+    NO_BLOCKS,
     RequestResult,
     ScheduledRequest,
     SchedulerOutput,
     SchedulerStats,
 )
 
-WAITING = "waiting"
-RUNNING = "running"
-PREEMPTED = "preempted"  # waiting again, after preemption
-FINISHED = "finished"
-REJECTED = "rejected"
-
-_not_none = partial(operator.is_not, None)
-_request_id = operator.attrgetter("request_id")
-
-
-class SchedulerConfig(BaseModel):
-    """Scheduler and KV-cache knobs, with vLLM's names and meanings."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget per step")
-    max_num_seqs: int = Field(256, ge=1, description="cap on running requests")
-    max_model_len: int = Field(32768, ge=1, description="prompt + output cap per request")
-    block_size: int = Field(16, ge=1, description="tokens per KV block")
-    num_gpu_blocks: int = Field(ge=1, description="KV blocks in the pool (--num-gpu-blocks-override)")
-    enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: Literal["builtin", "xxhash", "sha256"] = "builtin"
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = Field(0, ge=0, description="0 = no per-request cap per step")
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    num_speculative_tokens: int = Field(0, ge=0, description="k draft tokens per decode per step")
-
-    @model_validator(mode="after")
-    def _vllm_budget_without_chunking(self) -> SchedulerConfig:
-        # vLLM raises the budget to max_model_len when chunked prefill is off, so that any
-        # admissible prompt fits in one step; do the same (visibly: the field changes).
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            object.__setattr__(self, "max_num_batched_tokens", self.max_model_len)
-        return self
-
-
-class _ReqState:
-    """The scheduler's mutable record of one request."""
-
-    __slots__ = (
-        "add_order",
-        "arrival_s",
-        "block_hashes",
-        "block_ids",
-        "extra_keys",
-        "failed_admission_evictions",
-        "failed_admission_hits",
-        "gen_keys_from",
-        "group_size",
-        "hash_block_size",
-        "hash_chain",
-        "hash_ids",
-        "hold_blocks_on_finish",
-        "keys",
-        "num_cached_blocks",
-        "num_cached_tokens",
-        "num_computed_tokens",
-        "num_drafts",
-        "num_external_computed_tokens",
-        "num_generated",
-        "num_preemptions",
-        "num_tokens",
-        "output_len",
-        "priority",
-        "prompt_len",
-        "request_id",
-        "sampled_since_admission",
-        "status",
-        "token_ids",
-    )
-
-    def __init__(self, req: Request, token_ids: list[int] | None, extra_keys: tuple,
-                 add_order: int, keys: BlockKeys) -> None:
-        self.request_id = req.request_id
-        self.arrival_s = req.arrival_s
-        self.priority = req.priority
-        self.prompt_len = req.prompt_len
-        self.output_len = req.output_len
-        self.hash_ids = req.hash_ids
-        self.hash_block_size = req.hash_block_size
-        self.token_ids = token_ids
-        self.extra_keys = extra_keys
-        self.keys = keys  # how its blocks are keyed: by token ids or by hash ids
-        self.group_size = keys.group_size(self)  # prompt blocks per prefix-cache group, 0: none
-        self.gen_keys_from = keys.gen_keys_from(self)  # blocks from here keyed (GEN_TAG, id, index)
-        self.num_tokens = req.prompt_len  # prompt + generated so far
-        self.num_computed_tokens = 0  # tokens whose KV is (being) computed
-        self.num_generated = 0
-        self.block_ids: list[int] = []  # the block table
-        self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
-        self.hash_chain: list[Hashable] = []  # HashIdKeys: chained hash per hash block
-        self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
-        self.failed_admission_hits: list[int] | None = None  # prefix hits of a failed admission
-        self.failed_admission_evictions = -1  # the pool's eviction count when they were found
-        self.status = WAITING
-        self.sampled_since_admission = False  # decodes from its next step on
-        self.num_preemptions = 0
-        self.num_cached_tokens = 0  # prefix-cache hit tokens at first admission
-        self.add_order = add_order  # the FCFS tie-break
-        self.num_external_computed_tokens = 0  # prompt tokens whose KV arrives by transfer
-        self.hold_blocks_on_finish = False  # keep blocks after finishing until release_held()
-        self.num_drafts: int | None = None  # drafts per decode (set_num_drafts); None: the config's k
-
-    def drop_bulky_state(self) -> None:
-        """A finished request keeps its counters, not its block keys or token ids."""
-        self.block_hashes = []
-        self.hash_chain = []
-        self.token_ids = None
-
-
-def _rejection_reason(cfg: SchedulerConfig, req: Request) -> str | None:
-    """Why `req` can never run under `cfg`, or None."""
-    total = req.prompt_len + req.output_len
-    if total > cfg.max_model_len:
-        return f"prompt_len + output_len = {total} tokens exceeds max_model_len = {cfg.max_model_len}"
-    # The last sampled token is never written to KV: a request holds at most total - 1
-    # tokens (drafts are capped by the remaining output, so no more).
-    need = -(-(total - 1) // cfg.block_size)
-    if need > cfg.num_gpu_blocks:
-        return (f"needs {need} KV blocks of {cfg.block_size} tokens for {total - 1} tokens "
-                f"but num_gpu_blocks = {cfg.num_gpu_blocks}")
-    return None
-
-
-def _check_external(req: Request, ext, prompt_token_ids) -> None:
-    rid = req.request_id
-    if not isinstance(ext, int) or not 0 <= ext <= req.prompt_len:
-        raise ValueError(
-            f"request {rid}: num_external_computed_tokens = {ext!r} must be an int in "
-            f"0..prompt_len ({req.prompt_len})")
-    if ext == req.prompt_len and ext:
-        if req.output_len < 2:
-            raise ValueError(
-                f"request {rid}: num_external_computed_tokens = prompt_len means the first "
-                f"output token came with the KV, so output_len must be >= 2 "
-                f"(got {req.output_len}); pass prompt_len - 1 to recompute the last token")
-        if prompt_token_ids is not None or req.prompt_token_ids is not None:
-            raise ValueError(
-                f"request {rid}: num_external_computed_tokens = prompt_len needs the first "
-                f"output token's id, which add_request cannot take; pass prompt_len - 1")
-
-
-def _prompt_ids(req: Request, prompt_token_ids) -> list[int] | None:
-    """The prompt's token ids as a fresh list (the request's own if none passed), or None."""
-    if prompt_token_ids is None:
-        prompt_token_ids = req.prompt_token_ids
-    if prompt_token_ids is None:
-        return None
-    ids = list(prompt_token_ids)
-    if len(ids) != req.prompt_len:
-        raise ValueError(
-            f"request {req.request_id}: {len(ids)} prompt_token_ids for prompt_len "
-            f"{req.prompt_len}; pass exactly the prompt's token ids")
-    return ids
-
 
 class Scheduler:
-    """vLLM-V1-style scheduler over a `BlockPool`. See the module docstring."""
+    """vLLM-V1-style scheduler over a `KVCacheManager`. See the module docstring."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        self.kv_cache_manager = KVCacheManager(config.num_gpu_blocks, config.block_size,
+                                               config.enable_prefix_caching,
+                                               config.prefix_caching_hash_algo)
         self.caching = config.enable_prefix_caching
-        self._token_keys = TokenKeys(config.block_size, config.prefix_caching_hash_algo)
-        self._hash_id_keys = HashIdKeys(config.block_size, config.prefix_caching_hash_algo)
-        self.requests: dict[int, _ReqState] = {}
-        self.running: list[_ReqState] = []
+        self.requests: dict[int, SchedulerRequest] = {}
+        self.running: list[SchedulerRequest] = []
         self._priority = config.scheduling_policy == "priority"
-        self._fcfs_waiting: deque[_ReqState] = deque()
-        self._heap_waiting: list[tuple[int, float, int, _ReqState]] = []
+        self.waiting = WaitingQueue(self._priority)
         self._pending_rejected: list[RequestResult] = []  # reported in the next step
-        self._held: dict[int, _ReqState] = {}  # finished, blocks kept until release_held()
         self._last_out: SchedulerOutput | None = None
         self._any_token_ids = False  # some request was added with token ids (engine)
         self._num_added = 0
         self.step_id = 0
-        self._uniform_until = None  # engine/core/decode_skip.py: the latest uniform stretch found
+        self._uniform_until: tuple[tuple, int] | None = None  # note_uniform_until(): (key, last step)
         # counters
         self.num_steps = 0
         self.num_preemptions = 0
         self.num_finished = 0
         self.num_rejected = 0
-        self.num_blocks_hashed = 0
         self.prefix_cache_queries_tokens = 0
         self.prefix_cache_hits_tokens = 0
         self.prefix_cache_preempted_queries_tokens = 0
@@ -285,31 +126,23 @@ class Scheduler:
         without them (simulator) block content comes from `req.hash_ids`. `extra_keys`
         (ints, e.g. a LoRA id) enter every block hash.
 
-        Disaggregated prefill (vLLM's KV-connector notions):
-        - `num_external_computed_tokens=N`: the KV of the first N prompt tokens arrived from
-          elsewhere (a prefill replica). At admission their blocks are allocated (and, with
-          prefix caching, registered) without computing them; local prefix-cache hits are
-          looked up first and only the rest counts as external (`external_computed_tokens`).
-          They are neither hits nor computed tokens of the step, and cost no token budget.
-          N = prompt_len - 1 is what vLLM's connectors do (the decode side recomputes the
-          last prompt token to get its logits: the first output token comes from that step).
-          N = prompt_len models a decode side that starts with decode: the first output
-          token came with the KV (it counts as generated, output_len must be >= 2) and the
-          first step computes that token's KV and samples the 2nd output token.
-          After a preemption the request recomputes everything locally (the transfer is
-          spent), as in vLLM.
-        - `hold_blocks_on_finish=True` (the prefill side): when the request finishes it is
-          returned as usual but its blocks stay allocated until `release_held(request_id)`
-          (the KV transfer is done)."""
+        Disaggregated prefill (vLLM's KV-connector notions; details in docs/interfaces.md):
+        `num_external_computed_tokens=N`: the KV of the first N prompt tokens arrived from a
+        prefill replica; at admission their blocks are taken (after local prefix hits), not
+        computed, at no token budget. N = prompt_len - 1 is vLLM's connectors' choice; N =
+        prompt_len starts with decode (the first output token came with the KV, so
+        output_len must be >= 2). A preempted request recomputes everything locally.
+        `hold_blocks_on_finish=True` (the prefill side): a finished request's blocks stay
+        allocated until `release_held(request_id)`."""
         rid = req.request_id
         if rid in self.requests:
             raise ValueError(f"request_id {rid} was already added to this scheduler")
         ext = num_external_computed_tokens
-        _check_external(req, ext, prompt_token_ids)
-        token_ids = _prompt_ids(req, prompt_token_ids)
+        check_external(req, ext, prompt_token_ids)
+        token_ids = prompt_ids(req, prompt_token_ids)
         self._any_token_ids |= token_ids is not None
-        keys = self._hash_id_keys if token_ids is None else self._token_keys
-        r = _ReqState(req, token_ids, tuple(extra_keys), self._num_added, keys)
+        keys = self.kv_cache_manager.key_strategy(token_ids is not None)
+        r = SchedulerRequest(req, token_ids, tuple(extra_keys), self._num_added, keys)
         self._num_added += 1
         r.hold_blocks_on_finish = bool(hold_blocks_on_finish)
         r.num_external_computed_tokens = ext
@@ -317,15 +150,14 @@ class Scheduler:
             r.num_generated = 1
             r.num_tokens += 1
         self.requests[rid] = r
-        reason = _rejection_reason(self.config, req)
+        cfg = self.config
+        reason = rejection_reason(req, cfg.max_model_len, cfg.block_size, cfg.num_gpu_blocks)
         if reason is not None:
             r.status = REJECTED
             self.num_rejected += 1
             self._pending_rejected.append(RequestResult(rid, REJECTED, reason, 0, 0, 0))
-        elif self._priority:
-            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.add_order, r))
         else:
-            self._fcfs_waiting.append(r)
+            self.waiting.add(r)
 
     def set_num_drafts(self, request_id: int, n: int) -> None:
         """Draft tokens `request_id` verifies at its next decodes (until set again): 0..k, where
@@ -342,12 +174,12 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._heap_waiting) if self._priority else len(self._fcfs_waiting)
+        return len(self.waiting)
 
     @property
     def kv_usage(self) -> float:
         """Fraction of KV blocks owned by requests (vllm:kv_cache_usage_perc); O(1)."""
-        return self.pool.usage()
+        return self.kv_cache_manager.usage()
 
     def running_context_lens(self) -> list[int]:
         """KV tokens each running request holds (its num_computed_tokens), in batch order:
@@ -362,214 +194,73 @@ class Scheduler:
         running = self.running
         if out.num_scheduled >= len(running):
             return []
-        ids = {r.request_id for r in out._batch}
+        ids = {r.request_id for r in out.batch_records}
         return [r.request_id for r in running if r.num_generated and r.request_id not in ids]
 
     def between_steps(self) -> bool:
         """Whether the latest schedule() output has been applied (or none was made)."""
-        return self._last_out is None or self._last_out._updated
+        return self._last_out is None or self._last_out.applied
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0 or bool(self._pending_rejected)
+
+    def has_pending_rejections(self) -> bool:
+        """Whether rejections wait to be reported with the next step."""
+        return bool(self._pending_rejected)
+
+    # ------------------------------------------------------------------ skip-ahead's (decode_skip.py)
+
+    def change_key(self) -> tuple:
+        """Counters that every change of the scheduler outside `apply_decode_stretch` moves: a
+        step (step_id), an added request, a finish (finish_requests), blocks taken or given
+        back (release_held), a new running list."""
+        return (self.step_id, self._num_added, self.num_finished,
+                *self.kv_cache_manager.change_counters(), id(self.running), len(self.running))
+
+    def note_uniform_until(self, last_step_id: int) -> None:
+        """Remember that the steps through `last_step_id` are uniform decode steps for as long as
+        the scheduler stays as it is now (or as `apply_decode_stretch` leaves it)."""
+        self._uniform_until = (self.change_key(), last_step_id)
+
+    def known_uniform(self, n: int) -> bool:
+        """Whether `note_uniform_until` already showed the next n steps uniform."""
+        u = self._uniform_until
+        return u is not None and 1 <= n and self.step_id + n <= u[1] and u[0] == self.change_key()
+
+    def finish_decoded(self, r: SchedulerRequest) -> tuple[int, RequestResult]:
+        """`r` reached its output length in a decode stretch: free (or hold) its blocks and
+        mark it finished. Returns (blocks freed, its result)."""
+        freed = self.kv_cache_manager.free_or_hold(r)
+        return freed, self._mark_finished(r, "length")
+
+    def apply_decode_stretch(self, n: int, num_tokens: int, any_finished: bool, known: bool) -> None:
+        """Close a skip-ahead of n steps that generated `num_tokens` tokens: drop finished
+        requests from the running list and count the steps; `known`: it ran within the
+        stretch `note_uniform_until` recorded, which stays valid for the rest of it."""
+        if any_finished:
+            self.running = [r for r in self.running if r.status == RUNNING]
+        self.step_id += n
+        self.num_steps += n
+        self.num_generated_tokens += num_tokens
+        if known:
+            self._uniform_until = (self.change_key(), self._uniform_until[1])
 
     def block_ids_of(self, request_id: int) -> list[int]:
         """A copy of the request's block table: what a KV connector sends for a held request."""
         return list(self.requests[request_id].block_ids)
 
-    def _peek_waiting(self) -> _ReqState | None:
-        if self._priority:
-            return self._heap_waiting[0][3] if self._heap_waiting else None
-        return self._fcfs_waiting[0] if self._fcfs_waiting else None
-
-    def _pop_waiting(self) -> None:
-        if self._priority:
-            heapq.heappop(self._heap_waiting)
-        else:
-            self._fcfs_waiting.popleft()
-
-    def _requeue_preempted(self, r: _ReqState) -> None:
-        if self._priority:
-            heapq.heappush(self._heap_waiting, (r.priority, r.arrival_s, r.add_order, r))
-        else:
-            self._fcfs_waiting.appendleft(r)
-
-    def _remove_waiting(self, r: _ReqState) -> None:
-        if self._priority:
-            self._heap_waiting = [e for e in self._heap_waiting if e[3] is not r]
-            heapq.heapify(self._heap_waiting)
-        else:
-            self._fcfs_waiting.remove(r)
-        r.failed_admission_hits = None
-
-    # ------------------------------------------------------------------ prefix cache
-
-    def _key_blocks(self, r: _ReqState, n: int) -> int:
-        """Make sure `r.block_hashes` covers its first `n` full blocks; returns (and counts)
-        the blocks keyed now."""
-        i = len(r.block_hashes)
-        if i >= n:
-            return 0
-        r.keys.append_keys(r, i, n)
-        self.num_blocks_hashed += n - i
-        return n - i
-
-    def _lookup(self, r: _ReqState) -> tuple[list[int], int]:
-        """Longest cached prefix of `r` in full blocks, leaving at least one token to compute.
-        Returns (hit blocks, blocks hashed now). Like vLLM, all full blocks up to that
-        limit are hashed on the first lookup (later lookups reuse the hashes)."""
-        m = (r.num_tokens - 1) // self.block_size
-        if m <= 0:
-            return [], 0
-        hashed = self._key_blocks(r, m)
-        if r.group_size:
-            return self._lookup_grouped(r, m, r.group_size), hashed
-        keys = r.block_hashes
-        get = self.pool.cached.get
-        prev = r.failed_admission_hits
-        if prev is not None:
-            # A queue head that could not be admitted is looked up again every step. If
-            # its previous hits are all still registered under their keys, the scan would
-            # return them again: check that (3x cheaper than probing the table; free when
-            # nothing was evicted since, as only an eviction unregisters a key) and scan
-            # only past them.
-            n = len(prev)
-            if n <= m and (r.failed_admission_evictions == self.pool.num_evictions
-                           or self.pool.keys_of(prev) == keys[:n]):
-                return prev + list(takewhile(_not_none, map(get, islice(keys, n, m)))), hashed
-        # C-level scan: stop at the first key not in the cache
-        return list(takewhile(_not_none, map(get, islice(keys, m)))), hashed
-
-    def _lookup_grouped(self, r: _ReqState, m: int, per: int) -> list[int]:
-        """`_lookup`'s scan when the prompt's blocks are cached per hash block (`per` blocks
-        each, see HashIdKeys): group by group, then the request's own generated blocks."""
-        pool = self.pool
-        in_prompt = min(m, r.prompt_len // self.block_size)
-        hits: list[int] = []
-        for h in range(-(-in_prompt // per)):
-            want = min(per, in_prompt - h * per)
-            run = pool.group_hits(r.hash_chain[h], want)
-            hits += run
-            if len(run) < want:
-                return hits
-        if m > in_prompt:
-            hits += takewhile(_not_none, map(pool.cached.get, islice(r.block_hashes, in_prompt, m)))
-        return hits
-
-    def _cache_full(self, r: _ReqState, num_full: int) -> int:
-        """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
-        First writer wins: a block whose content is already cached stays unregistered."""
-        start = r.num_cached_blocks
-        keys = self._key_generated(r, num_full) if start >= r.gen_keys_from else None
-        if keys is not None:
-            if len(keys) == 1:
-                self.pool.cache_block(r.block_ids[start], keys[0])
-            else:
-                self.pool.cache_blocks(r.block_ids[start:num_full], keys)
-            return len(keys)
-        hashed = self._key_blocks(r, num_full)
-        if r.group_size and start < r.prompt_len // self.block_size:
-            start = self._cache_grouped(r, start, num_full, r.group_size)
-            if start == num_full:
-                r.num_cached_blocks = num_full
-                return hashed
-        # blocks past num_cached_blocks are never registered yet (fresh allocations)
-        if num_full - start == 1:
-            self.pool.cache_block(r.block_ids[start], r.block_hashes[start])
-        else:
-            self.pool.cache_blocks(r.block_ids[start:num_full], r.block_hashes[start:num_full])
-        r.num_cached_blocks = num_full
-        return hashed
-
-    def _key_generated(self, r: _ReqState, num_full: int) -> list[tuple] | None:
-        """The hot case of `_cache_full` (a simulated decode completing blocks): when all of
-        `r`'s blocks [r.num_cached_blocks, num_full) hold generated tokens keyed
-        (GEN_TAG, request_id, index) and are not keyed yet, key them here (no key strategy
-        calls), count them and mark them cached; returns their keys for the caller to
-        register. None otherwise (nothing done)."""
-        start = r.num_cached_blocks
-        if start < r.gen_keys_from or len(r.block_hashes) != start:
-            return None
-        rid = r.request_id
-        if num_full - start == 1:  # (a list display: no comprehension frame for the usual one)
-            keys = [(GEN_TAG, rid, start)]
-        else:
-            keys = [(GEN_TAG, rid, i) for i in range(start, num_full)]
-        r.block_hashes += keys
-        self.num_blocks_hashed += num_full - start
-        r.num_cached_blocks = num_full
-        return keys
-
-    def _cache_decoded(self, completed: list[tuple[_ReqState, int]]) -> int:
-        """`_cache_full(r, num_full)` for each (r, num_full) of a decode stretch, the blocks of
-        generated tokens of them all registered in one call (no lookup comes in between, and
-        their keys are distinct: each holds its request's id). Returns blocks hashed."""
-        blocks: list[int] = []
-        keys: list[tuple] = []
-        hashed = 0
-        for r, num_full in completed:
-            start = r.num_cached_blocks
-            new = self._key_generated(r, num_full)
-            if new is None:
-                hashed += self._cache_full(r, num_full)
-            else:
-                blocks += r.block_ids[start:num_full]
-                keys += new
-        if keys:
-            self.pool.cache_blocks(blocks, keys)
-        return hashed + len(keys)
-
-    def _cache_grouped(self, r: _ReqState, start: int, num_full: int, per: int) -> int:
-        """Register `r`'s prompt blocks from `start` (below num_full) in their hash blocks'
-        groups; returns the first block left (generated tokens, keyed per block)."""
-        stop = min(num_full, r.prompt_len // self.block_size)
-        chain, table = r.hash_chain, r.block_ids
-        i = start
-        while i < stop:
-            h = i // per
-            end = min(stop, (h + 1) * per)
-            self.pool.cache_group(chain[h], per, i - h * per, table[i:end])
-            i = end
-        return stop
+    def _remove_waiting(self, r: SchedulerRequest) -> None:
+        self.waiting.remove(r)
+        self.kv_cache_manager.note_blocked(r, None)
 
     # ------------------------------------------------------------------ blocks
 
-    def _allocate(
-        self, r: _ReqState, num_new: int, num_spec: int, hits: list[int], out: SchedulerOutput,
-        num_external: int = 0,
-    ) -> list[int] | None:
-        """Give `r` the slots for `num_new` more tokens (after its prefix hits `hits` and
-        `num_external` tokens whose KV was transferred in); None if the pool cannot. Caches
-        the blocks this step fills with known tokens (not with drafts)."""
-        bs = self.block_size
-        pool = self.pool
-        computed = r.num_computed_tokens + len(hits) * bs + num_external
-        need = max(-(-(computed + num_new) // bs) - len(r.block_ids) - len(hits), 0)
-        free = pool.num_free
-        if need > free:
-            return None
-        # hits that sit free in the queue leave it too; count them only when it matters
-        if hits and need + len(hits) > free and need + pool.num_unowned(hits) > free:
-            return None
-        if hits:
-            pool.touch(hits)
-            r.block_ids.extend(hits)
-            r.num_cached_blocks = len(r.block_ids)
-        new = pool.allocate(need) if need else []
-        if need:
-            r.block_ids.extend(new)
-            out.num_blocks_allocated += need
-        if self.caching:
-            num_full = (computed + num_new - num_spec) // bs
-            if num_full > r.num_cached_blocks:
-                out.num_blocks_hashed += self._cache_full(r, num_full)
-        return new
-
-    def _allocate_or_preempt(self, r: _ReqState, num_new: int, num_spec: int,
+    def _allocate_or_preempt(self, r: SchedulerRequest, num_new: int, num_spec: int,
                              out: SchedulerOutput) -> list[int] | None:
-        """`_allocate` for a running request, preempting victims one at a time until it fits;
+        """`allocate_slots` for a running request, preempting victims one at a time until it fits;
         None if `r` itself had to be preempted."""
         while True:
-            new = self._allocate(r, num_new, num_spec, [], out)
+            new = self.kv_cache_manager.allocate_slots(r, num_new, out, num_spec)
             if new is not None:
                 return new
             victim = self._pick_victim()
@@ -577,20 +268,7 @@ class Scheduler:
             if victim is r:
                 return None
 
-    def _free_all(self, r: _ReqState) -> int:
-        freed = self.pool.free_tail_first(r.block_ids)
-        r.block_ids = []  # a new list: earlier outputs keep the table they were given
-        r.num_cached_blocks = 0
-        return freed
-
-    def _free_or_hold(self, r: _ReqState) -> int:
-        """Free a finishing request's blocks, or hold them for its KV transfer."""
-        if r.hold_blocks_on_finish:
-            self._held[r.request_id] = r
-            return 0
-        return self._free_all(r)
-
-    def _mark_finished(self, r: _ReqState, reason: str) -> RequestResult:
+    def _mark_finished(self, r: SchedulerRequest, reason: str) -> RequestResult:
         """Mark `r` finished (its blocks already freed or held by the caller) and count it."""
         r.status = FINISHED
         r.drop_bulky_state()
@@ -602,35 +280,35 @@ class Scheduler:
         """Free the blocks of a finished request added with `hold_blocks_on_finish=True`
         (its KV transfer is done); returns how many blocks became free. Tail first, like any
         free, and its cached blocks stay findable until evicted."""
-        r = self._held.pop(request_id, None)
-        if r is None:
+        freed = self.kv_cache_manager.release(request_id)
+        if freed is None:
             st = self.requests[request_id].status if request_id in self.requests else "unknown"
             raise ValueError(
                 f"release_held({request_id}): no held blocks for that request (status {st}); "
                 f"only finished requests added with hold_blocks_on_finish=True hold blocks, "
                 f"and only until their first release")
-        return self._free_all(r)
+        return freed
 
-    def _pick_victim(self) -> _ReqState:
+    def _pick_victim(self) -> SchedulerRequest:
         if self._priority:
             return max(self.running, key=lambda x: (x.priority, x.arrival_s, x.add_order))
         return max(self.running, key=lambda x: (x.arrival_s, x.add_order))
 
-    def _preempt(self, v: _ReqState, out: SchedulerOutput) -> None:
+    def _preempt(self, v: SchedulerRequest, out: SchedulerOutput) -> None:
         """Preempt `v` by recompute: drop it from this step if it was scheduled already, free
         its blocks and requeue it at the front."""
-        if v in out._batch:
-            out._batch.remove(v)
-            out._entries.pop(v.request_id, None)
+        if v in out.batch_records:
+            out.batch_records.remove(v)
+            out.entries.pop(v.request_id, None)
         self.running.remove(v)
-        out.num_blocks_freed += self._free_all(v)
+        out.num_blocks_freed += self.kv_cache_manager.free(v)
         v.num_computed_tokens = 0
         v.sampled_since_admission = False
         v.status = PREEMPTED
         v.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_ids.append(v.request_id)
-        self._requeue_preempted(v)
+        self.waiting.add_preempted(v)
 
     # ------------------------------------------------------------------ schedule
 
@@ -652,17 +330,21 @@ class Scheduler:
                 self._schedule_waiting(out, budget)
         elif not self._schedule_waiting(out, budget):
             self._schedule_running(out, budget)
-        self._count_step(out)
+        pre_tokens, drafts, spec = out.count_totals()
+        self.num_prompt_tokens_computed += pre_tokens
+        self.num_spec_drafts += drafts
+        self.num_spec_draft_tokens += spec
         self._last_out = out
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Running requests in order until the budget runs out; returns the budget left."""
         running = self.running
-        batch = out._batch
+        batch = out.batch_records
         bs = self.block_size
         plain = not self.config.num_speculative_tokens
         caching = self.caching
+        cache_full_blocks = self.kv_cache_manager.cache_full_blocks
         last = bs - 1
         append = batch.append
         i = 0
@@ -680,7 +362,7 @@ class Scheduler:
                         break
                     r.num_computed_tokens = c + 1
                     if caching and c % bs == last and c // bs >= r.num_cached_blocks:
-                        out.num_blocks_hashed += self._cache_full(r, c // bs + 1)
+                        out.num_blocks_hashed += cache_full_blocks(r, c // bs + 1)
                     append(r)
                 done = len(batch) - start
                 i += done
@@ -692,27 +374,26 @@ class Scheduler:
             if not self._schedule_chunk(r, budget, out):
                 break  # r itself was preempted: nothing after it fits either
             if len(out.preempted_ids) == num_preempted:
-                budget -= out._entries[r.request_id].num_new_tokens
+                budget -= out.entries[r.request_id].num_new_tokens
                 i += 1
             else:  # victims scheduled before r gave their tokens back and left the list
-                budget = self.config.max_num_batched_tokens - out._num_tokens_so_far()
+                budget = self.config.max_num_batched_tokens - out.num_tokens_so_far()
                 i = running.index(r) + 1
                 num_running = len(running)
         return budget
 
-    def _open_block(self, r: _ReqState, out: SchedulerOutput) -> bool:
+    def _open_block(self, r: SchedulerRequest, out: SchedulerOutput) -> bool:
         """A plain decode at a block boundary: give `r` a free block for its token; False if
         none is free (the general path then preempts)."""
-        if not self.pool.num_free:
+        b = self.kv_cache_manager.allocate_decode_block(r)
+        if b is None:
             return False
-        b = self.pool.allocate_one()
-        r.block_ids.append(b)
         out.num_blocks_allocated += 1
-        out._entries[r.request_id] = ScheduledRequest(
+        out.entries[r.request_id] = ScheduledRequest(
             r.request_id, 1, r.num_computed_tokens, 0, 0, False, True, r.block_ids, (b,))
         return True
 
-    def _schedule_chunk(self, r: _ReqState, budget: int, out: SchedulerOutput) -> bool:
+    def _schedule_chunk(self, r: SchedulerRequest, budget: int, out: SchedulerOutput) -> bool:
         """A running request's step other than a plain decode that fits: a decode with
         drafts or that must preempt for a block, or a continuing prefill chunk. False if no
         room could be made (`r` was preempted)."""
@@ -731,10 +412,10 @@ class Scheduler:
             return False
         r.num_computed_tokens = c + num_new
         samples = decoding or c + num_new >= r.num_tokens
-        out._entries[r.request_id] = ScheduledRequest(
+        out.entries[r.request_id] = ScheduledRequest(
             r.request_id, num_new, c, 0, spec, not decoding, samples, r.block_ids,
-            tuple(new) if new else _EMPTY)
-        out._batch.append(r)
+            tuple(new) if new else NO_BLOCKS)
+        out.batch_records.append(r)
         return True
 
     def _prefill_cap(self, num_tokens: int) -> int:
@@ -746,7 +427,7 @@ class Scheduler:
         """Admit waiting requests in policy order; returns whether any was admitted."""
         admitted = False
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            r = self._peek_waiting()
+            r = self.waiting.peek()
             num_new = 0 if r is None else self._admit(r, budget, out)
             if not num_new:
                 break  # head-of-line blocking: the first that does not fit stops admission
@@ -754,11 +435,11 @@ class Scheduler:
             admitted = True
         return admitted
 
-    def _admit(self, r: _ReqState, budget: int, out: SchedulerOutput) -> int:
+    def _admit(self, r: SchedulerRequest, budget: int, out: SchedulerOutput) -> int:
         """Admit the waiting queue's head if it fits: its prefix hits, external KV and the
         tokens it computes now. Returns those tokens, or 0 if it does not fit."""
         bs = self.block_size
-        hits, hashed = self._lookup(r) if self.caching else ([], 0)
+        hits, hashed = self.kv_cache_manager.get_computed_blocks(r)
         out.num_blocks_hashed += hashed
         num_hit = len(hits) * bs
         # KV transferred in (P/D) beyond the local hits: present, not computed
@@ -769,27 +450,26 @@ class Scheduler:
             if not self.config.enable_chunked_prefill:
                 return 0
             num_new = budget
-        new = self._allocate(r, num_new, 0, hits, out, num_ext)
+        new = self.kv_cache_manager.allocate_slots(r, num_new, out, 0, hits, num_ext)
         if new is None:
-            r.failed_admission_hits = hits
-            r.failed_admission_evictions = self.pool.num_evictions
+            self.kv_cache_manager.note_blocked(r, hits)
             return 0
-        r.failed_admission_hits = None
-        self._pop_waiting()
+        self.kv_cache_manager.note_blocked(r, None)
+        self.waiting.pop()
         self._count_admission(r, num_hit, num_ext)
         r.status = RUNNING
         self.running.append(r)
         r.num_computed_tokens = base + num_new
         # decode from the start: the whole prompt's KV and the first token arrived (P/D)
         is_prefill = not (r.num_generated > 0 and not r.num_preemptions)
-        e = out._entries[r.request_id] = ScheduledRequest(
+        e = out.entries[r.request_id] = ScheduledRequest(
             r.request_id, num_new, base, num_hit, 0, is_prefill, r.num_computed_tokens >= r.num_tokens,
-            r.block_ids, tuple(new) if new else _EMPTY)
-        out._admitted.append(e)
-        out._batch.append(r)
+            r.block_ids, tuple(new) if new else NO_BLOCKS)
+        out.admitted.append(e)
+        out.batch_records.append(r)
         return num_new
 
-    def _count_admission(self, r: _ReqState, num_hit: int, num_ext: int) -> None:
+    def _count_admission(self, r: SchedulerRequest, num_hit: int, num_ext: int) -> None:
         if r.num_external_computed_tokens:
             r.num_external_computed_tokens = 0  # spent: a preempted request recomputes locally
             self.external_computed_tokens += num_ext
@@ -800,48 +480,6 @@ class Scheduler:
         else:
             self.prefix_cache_preempted_queries_tokens += r.num_tokens
             self.prefix_cache_preempted_hits_tokens += num_hit
-
-    def _count_step(self, out: SchedulerOutput) -> None:
-        """The step's totals, from its entries, once."""
-        entries = out._entries
-        num_plain = len(out._batch) - len(entries)  # one decode token each
-        kv = [r.num_computed_tokens for r in out._batch]  # (faster than list(map(attrgetter)))
-        kv_after, kv_max = sum(kv), max(kv, default=0)
-        pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
-        pre_kv = []
-        for e in entries.values():
-            q = e.num_new_tokens
-            out._num_silent += not e.samples
-            if e.is_prefill:
-                c = e.num_computed_tokens
-                pre_tokens += q
-                pre_seqs += 1
-                pre_ctx += c + q
-                pre_kv.append(c + q)
-                pairs += q * c + q * (q + 1) // 2
-            else:
-                dec_tokens += q
-                dec_seqs += 1
-                if e.num_spec_tokens:
-                    spec += e.num_spec_tokens
-                    drafts += 1
-        out.num_batched_tokens = pre_tokens + dec_tokens + num_plain
-        out.num_prefill_tokens = pre_tokens
-        out.num_prefill_seqs = pre_seqs
-        out.sum_prefill_context = pre_ctx
-        out.prefill_attn_pairs = pairs
-        out.num_decode_tokens = dec_tokens + num_plain
-        out.num_decode_seqs = dec_seqs + num_plain
-        out.sum_decode_context = kv_after - pre_ctx
-        if pre_kv and max(pre_kv) >= kv_max:  # a prefill may hold the longest KV: take the prefills out
-            for c in pre_kv:
-                kv.remove(c)
-            kv_max = max(kv, default=0)
-        out.max_decode_context = kv_max
-        out.num_spec_tokens = spec
-        self.num_prompt_tokens_computed += pre_tokens
-        self.num_spec_drafts += drafts
-        self.num_spec_draft_tokens += spec
 
     # ------------------------------------------------------------------ update
 
@@ -862,20 +500,20 @@ class Scheduler:
         this step ends them, as their caller decided from each request's own sampling
         params (EOS unless ignore_eos, stop token ids); their tokens are all kept.
         """
-        if out is not self._last_out or out._updated:
+        if out is not self._last_out or out.applied:
             raise RuntimeError(
                 f"update_from_output() must be called once, for the latest schedule() output "
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})")
-        sampling = out._sampling()
-        one_each = self._check_sampled(out, sampling, sampled)
-        stopped = self._check_stopped(out, sampling, stopped)
-        out._updated = True
+        sampling = out.sampling_records()
+        one_each = check_sampled(out, sampling, sampled, self._any_token_ids)
+        stopped = check_stopped(out, sampling, stopped)
+        out.applied = True
         results = self._take_rejected(out)
         if one_each:  # one token per request: no counts to build (ids, if given, are lists)
             counts, token_ids = None, (None if one_each == "counts" else sampled)
         else:
-            counts, token_ids = _counts_and_token_ids(sampled)
-        drafts = out._entries if out.num_spec_tokens else None
+            counts, token_ids = counts_and_token_ids(sampled)
+        drafts = out.entries if out.num_spec_tokens else None
         num_generated = len(sampling) if counts is None else sum(counts.values())
         any_finished = False
         for r in sampling:
@@ -898,7 +536,7 @@ class Scheduler:
             self.running = [x for x in self.running if x.status == RUNNING]
         return results
 
-    def _finish_sampled(self, r: _ReqState, n: int, stop: bool, token_ids: dict | None,
+    def _finish_sampled(self, r: SchedulerRequest, n: int, stop: bool, token_ids: dict | None,
                         out: SchedulerOutput, results: list[RequestResult]) -> int:
         """The end of `update_from_output` for a request that reached its output length or
         stops: keep its tokens up to output_len, free (or hold) its blocks, report it.
@@ -909,7 +547,7 @@ class Scheduler:
         r.num_tokens += n
         if token_ids is not None and r.token_ids is not None:
             r.token_ids += token_ids[r.request_id][:n]
-        out.num_blocks_freed += self._free_or_hold(r)
+        out.num_blocks_freed += self.kv_cache_manager.free_or_hold(r)
         results.append(self._mark_finished(r, "stop" if stop else "length"))
         return dropped
 
@@ -921,7 +559,7 @@ class Scheduler:
             out.rejected += [(x.request_id, x.reason) for x in results[len(out.rejected):]]
         return results
 
-    def _release_rejected_drafts(self, r: _ReqState, spec: int, n: int, out: SchedulerOutput) -> None:
+    def _release_rejected_drafts(self, r: SchedulerRequest, spec: int, n: int, out: SchedulerOutput) -> None:
         """`r` verified `spec` drafts and kept n - 1: give back the rejected ones' slots, and
         any block only they occupied."""
         if not spec:
@@ -934,68 +572,7 @@ class Scheduler:
         if rejected:
             r.num_computed_tokens -= rejected
             keep = -(-r.num_computed_tokens // self.block_size)
-            if len(r.block_ids) > keep:
-                tail = r.block_ids[keep:]
-                del r.block_ids[keep:]
-                out.num_blocks_freed += self.pool.free_tail_first(tail)
-
-    def _check_sampled(self, out: SchedulerOutput, sampling: list, sampled: dict | None) -> str | None:
-        """Validate `sampled` against the step before anything changes. Returns what it
-        found when each sampling request has exactly one token: "none" (sampled None), "ids"
-        (a one-id list each) or "counts" (a count of 1 each); else None."""
-        if sampled is None:
-            if self._any_token_ids:
-                for r in sampling:
-                    if r.token_ids is not None:
-                        raise ValueError(
-                            f"request {r.request_id} was added with prompt_token_ids, so "
-                            f"update_from_output needs its sampled token ids (sampled=None given)")
-            return "none"
-        if not out.num_spec_tokens and len(sampled) == len(sampling):
-            # the common shapes, checked at C speed: one token (id list or count) each
-            try:
-                vals = list(map(sampled.__getitem__, map(_request_id, sampling)))
-                if not self._any_token_ids and vals.count(1) == len(vals):
-                    return "counts"  # async scheduling's counts (a list never equals 1)
-                if list(map(len, vals)).count(1) == len(vals):
-                    return "ids"
-            except (KeyError, TypeError):  # a missing entry or a count: the full check says
-                pass
-        for r in sampling:
-            self._check_one_sampled(out, r, sampled.get(r.request_id))
-        if len(sampled) != len(sampling):
-            stray = sorted(set(sampled) - set(map(_request_id, sampling)))
-            raise ValueError(
-                f"step {out.step_id}: sampled has entries for requests {stray} that do not "
-                f"sample this step (samples=False or not scheduled)")
-        return None
-
-    @staticmethod
-    def _check_one_sampled(out: SchedulerOutput, r: _ReqState, v) -> None:
-        rid = r.request_id
-        if v is None:
-            raise ValueError(f"step {out.step_id}: no sampled entry for request {rid}, "
-                             f"which was scheduled with samples=True")
-        n = v if isinstance(v, int) else len(v)
-        e = out._entries.get(rid)
-        spec = e.num_spec_tokens if e is not None else 0
-        if not 1 <= n <= 1 + spec:
-            raise ValueError(f"step {out.step_id}: request {rid} sampled {n} tokens; expected "
-                             f"1..{1 + spec} (1 + accepted drafts of {spec})")
-        if r.token_ids is not None and isinstance(v, int):
-            raise ValueError(f"request {rid} was added with prompt_token_ids, so "
-                             f"update_from_output needs its sampled token ids, not a count")
-
-    @staticmethod
-    def _check_stopped(out: SchedulerOutput, sampling: list, stopped) -> frozenset[int] | set[int]:
-        if not stopped:
-            return stopped
-        stray = set(stopped).difference(map(_request_id, sampling))
-        if stray:
-            raise ValueError(
-                f"step {out.step_id}: stopped names requests {sorted(stray)} that do not "
-                f"sample this step; end those with finish_requests() between steps")
-        return stopped
+            out.num_blocks_freed += self.kv_cache_manager.free_tail(r, keep)
 
     def finish_requests(self, request_ids, reason: str = "stop") -> list[RequestResult]:
         """End requests between steps, whatever their state: the engine's stop a step late
@@ -1018,7 +595,7 @@ class Scheduler:
             if r.status in (FINISHED, REJECTED):
                 continue
             if r.status == RUNNING:
-                self._free_all(r)
+                self.kv_cache_manager.free(r)
                 any_running = True
             else:  # waiting or preempted: holds no blocks
                 self._remove_waiting(r)
@@ -1031,80 +608,33 @@ class Scheduler:
 
     @property
     def stats(self) -> SchedulerStats:
-        pool = self.pool
         frag = sum(len(r.block_ids) for r in self.running) * self.block_size - sum(
             map(_kv_tokens, self.running))
         return SchedulerStats(
-            num_steps=self.num_steps,
-            num_running=len(self.running),
-            num_waiting=self.num_waiting,
-            num_finished=self.num_finished,
-            num_rejected=self.num_rejected,
-            num_preemptions=self.num_preemptions,
-            prefix_cache_queries_tokens=self.prefix_cache_queries_tokens,
-            prefix_cache_hits_tokens=self.prefix_cache_hits_tokens,
-            prefix_cache_preempted_queries_tokens=self.prefix_cache_preempted_queries_tokens,
-            prefix_cache_preempted_hits_tokens=self.prefix_cache_preempted_hits_tokens,
-            num_evictions=pool.num_evictions,
-            num_blocks_allocated=pool.num_allocated,
-            num_blocks_freed=pool.num_freed,
-            num_blocks_revived=pool.num_revived,
-            num_blocks_hashed=self.num_blocks_hashed,
-            num_cached_blocks=pool.num_cached_blocks,
-            num_free_blocks=pool.num_free,
-            num_gpu_blocks=pool.num_blocks,
-            kv_usage=pool.usage(),
-            fragmentation_slots=frag,
-            num_prompt_tokens_computed=self.num_prompt_tokens_computed,
-            num_generated_tokens=self.num_generated_tokens,
-            num_spec_drafts=self.num_spec_drafts,
-            num_spec_draft_tokens=self.num_spec_draft_tokens,
-            num_spec_accepted_tokens=self.num_spec_accepted_tokens,
-            external_computed_tokens=self.external_computed_tokens,
-            num_held_requests=len(self._held),
-            num_held_blocks=sum(len(r.block_ids) for r in self._held.values()),
-        )
+            num_running=len(self.running), num_waiting=self.num_waiting,
+            fragmentation_slots=frag, **{name: getattr(self, name) for name in _COUNTERS},
+            **self.kv_cache_manager.block_stats())
 
     def check_invariants(self) -> None:
         """AssertionError unless every block's refcount equals its owners and each request's
         bookkeeping is consistent. O(all blocks): for tests."""
-        owners: dict[int, int] = {}
-        bs = self.block_size
         for r in self.running:
-            rid = r.request_id
-            assert r.status == RUNNING, f"request {rid} in running with status {r.status}"
-            assert len(r.block_ids) == -(-r.num_computed_tokens // bs), (
-                f"request {rid}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens")
-            assert r.num_cached_blocks <= len(r.block_ids)
-            assert len(set(r.block_ids)) == len(r.block_ids), f"request {rid}: dup block"
-            for bid in r.block_ids:
-                owners[bid] = owners.get(bid, 0) + 1
-        for r in self._held.values():
-            assert r.status == FINISHED, f"held request {r.request_id} has status {r.status}"
-            for bid in r.block_ids:
-                owners[bid] = owners.get(bid, 0) + 1
+            assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
         assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
-        waiting = [x[3] for x in self._heap_waiting] if self._priority else list(self._fcfs_waiting)
-        for r in waiting:
-            assert not r.block_ids and r.num_computed_tokens == 0, (
-                f"waiting request {r.request_id} holds KV")
+        for r in self.waiting:
             assert r.status in (WAITING, PREEMPTED)
-        self.pool.check_invariants(owners)
+        self.kv_cache_manager.check_invariants(self.running, self.waiting)
 
 
 _kv_tokens = operator.attrgetter("num_computed_tokens")
+# the scheduler's own counters in SchedulerStats (the KV cache manager reports the blocks')
+_COUNTERS = ("num_steps", "num_finished", "num_rejected", "num_preemptions",
+             "prefix_cache_queries_tokens", "prefix_cache_hits_tokens",
+             "prefix_cache_preempted_queries_tokens", "prefix_cache_preempted_hits_tokens",
+             "num_prompt_tokens_computed", "num_generated_tokens", "num_spec_drafts",
+             "num_spec_draft_tokens", "num_spec_accepted_tokens", "external_computed_tokens")
 
 
-
-def _counts_and_token_ids(sampled: dict | None) -> tuple[dict[int, int] | None, dict | None]:
-    """`update_from_output`'s `sampled` as counts (None: one token each) and the token id
-    lists where it carries them (None for counts)."""
-    if sampled is None:
-        return None, None
-    values = sampled.values()
-    if all(isinstance(v, int) for v in values):
-        return sampled, None
-    return {rid: v if isinstance(v, int) else len(v) for rid, v in sampled.items()}, sampled
 
 # what other layers import from here (records live in engine/core/scheduler_output.py, keys in
 # engine/core/block_keys.py)

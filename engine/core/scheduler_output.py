@@ -1,5 +1,5 @@
 """What the scheduler hands back: per-step decisions, finished requests and counters. Plain
-data (no scheduler internals to reach into), shared by the simulator's cost model and the
+data (the scheduler fills it and hands it over), shared by the simulator's cost model and the
 engine's GPU runner. `engine.core.scheduler` re-exports every name here."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
-_EMPTY: tuple[int, ...] = ()
+NO_BLOCKS: tuple[int, ...] = ()  # new_block_ids of an entry that allocated none (one shared tuple)
 # one C-level call per entry / record for the columns a runner reads
 _ENTRY_COLUMNS = operator.attrgetter("request_id", "num_new_tokens", "num_computed_tokens", "samples",
                                      "block_ids", "num_spec_tokens")
@@ -99,61 +99,99 @@ class SchedulerOutput:
     num_blocks_allocated: int = 0
     num_blocks_freed: int = 0
     num_blocks_hashed: int = 0
-    # The scheduled requests' scheduler records, in batch order, and an entry for each of
-    # them except plain decodes (one token into a block the request holds: the bulk of a
-    # busy step), whose entries `scheduled` builds from the record on first access.
-    _batch: list = field(default_factory=list, repr=False)
-    _entries: dict[int, ScheduledRequest] = field(default_factory=dict, repr=False)
-    _num_silent: int = field(default=0, repr=False)  # entries that do not sample
-    _admitted: list[ScheduledRequest] = field(default_factory=list, repr=False)
+    # Filled by the scheduler while it builds the step (read only for everyone else): the
+    # scheduled requests' scheduler records, in batch order, and an entry for each of them
+    # except plain decodes (one token into a block the request holds: the bulk of a busy
+    # step), whose entries `scheduled` builds from the record on first access.
+    batch_records: list = field(default_factory=list, repr=False)
+    entries: dict[int, ScheduledRequest] = field(default_factory=dict, repr=False)
+    num_silent: int = field(default=0, repr=False)  # entries that do not sample
+    # the entries of the requests admitted this step (from the waiting queue: first
+    # admissions and re-admissions after preemption), in batch order
+    admitted: list[ScheduledRequest] = field(default_factory=list, repr=False)
+    applied: bool = field(default=False, repr=False)  # update_from_output() has run on it
     _scheduled: list[ScheduledRequest] | None = field(default=None, repr=False)
-    _updated: bool = field(default=False, repr=False)
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:
         if self._scheduled is None:
-            get = self._entries.get
+            get = self.entries.get
             self._scheduled = [
                 get(r.request_id) or ScheduledRequest(r.request_id, 1, r.num_computed_tokens - 1, 0, 0,
-                                                      False, True, r.block_ids, _EMPTY)
-                for r in self._batch]
+                                                      False, True, r.block_ids, NO_BLOCKS)
+                for r in self.batch_records]
         return self._scheduled
 
-    @property
-    def admitted(self) -> list[ScheduledRequest]:
-        """The entries of the requests admitted this step (from the waiting queue: first
-        admissions and re-admissions after preemption), in batch order."""
-        return self._admitted
+    def count_totals(self) -> tuple[int, int, int]:
+        """Fill the step's totals from its records and entries, once (the scheduler calls it
+        when the step is built). Returns (prompt tokens computed, drafts, draft tokens)."""
+        entries = self.entries
+        num_plain = len(self.batch_records) - len(entries)  # one decode token each
+        kv = [r.num_computed_tokens for r in self.batch_records]  # (faster than list(map(attrgetter)))
+        kv_after, kv_max = sum(kv), max(kv, default=0)
+        pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
+        pre_kv = []
+        for e in entries.values():
+            q = e.num_new_tokens
+            self.num_silent += not e.samples
+            if e.is_prefill:
+                c = e.num_computed_tokens
+                pre_tokens += q
+                pre_seqs += 1
+                pre_ctx += c + q
+                pre_kv.append(c + q)
+                pairs += q * c + q * (q + 1) // 2
+            else:
+                dec_tokens += q
+                dec_seqs += 1
+                if e.num_spec_tokens:
+                    spec += e.num_spec_tokens
+                    drafts += 1
+        self.num_batched_tokens = pre_tokens + dec_tokens + num_plain
+        self.num_prefill_tokens = pre_tokens
+        self.num_prefill_seqs = pre_seqs
+        self.sum_prefill_context = pre_ctx
+        self.prefill_attn_pairs = pairs
+        self.num_decode_tokens = dec_tokens + num_plain
+        self.num_decode_seqs = dec_seqs + num_plain
+        self.sum_decode_context = kv_after - pre_ctx
+        if pre_kv and max(pre_kv) >= kv_max:  # a prefill may hold the longest KV: take the prefills out
+            for c in pre_kv:
+                kv.remove(c)
+            kv_max = max(kv, default=0)
+        self.max_decode_context = kv_max
+        self.num_spec_tokens = spec
+        return pre_tokens, drafts, spec
 
     @property
     def num_scheduled(self) -> int:
-        return len(self._batch)
+        return len(self.batch_records)
 
     @property
     def only_plain_decodes(self) -> bool:
         """Every scheduled request is a plain decode (one token into a block it holds, no
         drafts): nothing in the batch is newly admitted, chunked or verified."""
-        return not self._entries
+        return not self.entries
 
     def columns(self) -> StepColumns:
         """`scheduled` as columns, read from the scheduler's records (whose token counts already
         include this step's) without building a `ScheduledRequest` per plain decode: every row
         is taken for a one-token decode that samples, then the few entries that are not (chunks,
         admissions, drafts) are patched in by position."""
-        if self._scheduled is not None or not self._batch or len(self._entries) * 8 > len(self._batch):
+        if self._scheduled is not None or not self.batch_records or len(self.entries) * 8 > len(self.batch_records):
             return StepColumns.of(self.scheduled)  # built already, or mostly entries anyway
-        return self._record_columns()
+        return self.record_columns()
 
-    def _record_columns(self) -> StepColumns:
+    def record_columns(self) -> StepColumns:
         """columns() from the records and the entries that are not one-token sampling decodes
         (a list comprehension per column: a specialised attribute read per record, cheaper
         than a C-level attrgetter call)."""
-        batch = self._batch
+        batch = self.batch_records
         rids = tuple([r.request_id for r in batch])
         computed = [r.num_computed_tokens - 1 for r in batch]  # before the step's one token
         n = len(rids)
         new, samples, spec = [1] * n, [True] * n, [0] * n
-        for rid, e in self._entries.items():
+        for rid, e in self.entries.items():
             if e.num_new_tokens != 1 or not e.samples or e.num_spec_tokens:
                 i = rids.index(rid)  # C-level scan; entries of this kind are few in such a batch
                 new[i], samples[i], spec[i] = e.num_new_tokens, e.samples, e.num_spec_tokens
@@ -161,17 +199,17 @@ class SchedulerOutput:
         return StepColumns(rids, tuple(new), tuple(computed), tuple(samples),
                            tuple([r.block_ids for r in batch]), tuple(spec))
 
-    def _sampling(self) -> list:
+    def sampling_records(self) -> list:
         """Records of the requests that produce tokens this step, in batch order."""
-        if not self._num_silent:
-            return self._batch
-        entries = self._entries
-        return [r for r in self._batch if (e := entries.get(r.request_id)) is None or e.samples]
+        if not self.num_silent:
+            return self.batch_records
+        entries = self.entries
+        return [r for r in self.batch_records if (e := entries.get(r.request_id)) is None or e.samples]
 
-    def _num_tokens_so_far(self) -> int:
+    def num_tokens_so_far(self) -> int:
         """Tokens scheduled so far (while schedule() runs, before the totals are set)."""
-        entries = self._entries
-        return len(self._batch) - len(entries) + sum(e.num_new_tokens for e in entries.values())
+        entries = self.entries
+        return len(self.batch_records) - len(entries) + sum(e.num_new_tokens for e in entries.values())
 
 
 @dataclass(slots=True)

@@ -216,7 +216,7 @@ class _Worker:
             err = str(e) or "check_invariants failed"
         st = s.stats
         return m.PoolReport(self.cfg.replica, self.core.num_gpu_blocks, st.num_free_blocks,
-                            sum(1 for r in s.pool.ref if r), st.num_held_requests, err,
+                            sum(1 for r in s.kv_cache_manager.ref_counts if r), st.num_held_requests, err,
                             compiled_kernel_count() - self.compiled0)
 
     # ------------------------------------------------------------------ prefill side

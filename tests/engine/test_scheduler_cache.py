@@ -91,7 +91,7 @@ def test_eviction_order_lru_and_chain_tail_first():
     s = Scheduler(SchedulerConfig(num_gpu_blocks=6, block_size=2))
     s.add_request(mk(0, 6, 1, (1, 2, 3), hbs=2))
     drain(s)
-    assert s.pool.free_block_ids() == [3, 4, 5, 2, 1, 0]
+    assert s.kv_cache_manager.pool.free_block_ids() == [3, 4, 5, 2, 1, 0]
     # A 9-token unrelated prompt needs 5 blocks: takes 3, 4, 5, then evicts C (2) and B (1).
     s.add_request(mk(1, 9, 1, (7, 8, 9, 10, 11), hbs=2))
     out, _ = step(s)

@@ -135,7 +135,7 @@ def test_held_blocks_remain_prefix_hits_and_free_tail_first():
     s.add_request(Request(1, 0.0, 9, 1, (1, 2, 3), hash_block_size=4))
     _, rows, _ = _step(s)
     assert rows == [(1, 1, 8, 8, True, True, (2,))]
-    assert s.pool.ref[0] == 1 and s.pool.ref[1] == 1  # r1 finished; r0 holds
+    assert s.kv_cache_manager.ref_counts[0] == 1 and s.kv_cache_manager.ref_counts[1] == 1  # r1 finished; r0 holds
     assert s.release_held(0) == 2
     assert s.stats.num_free_blocks == 6
     s.check_invariants()

@@ -84,7 +84,7 @@ def test_hash_blocks_are_cached_as_groups_of_kv_blocks():
     out = s.schedule()
     s.update_from_output(out)
     table = out.scheduled[0].block_ids[:10]
-    assert len(s.pool.groups) == 3 and not s.pool.cached  # hash blocks 0, 1 and half of 2
+    assert len(s.kv_cache_manager.pool.groups) == 3 and not s.kv_cache_manager.pool.cached  # hash blocks 0, 1 and half of 2
     assert s.stats.num_cached_blocks == 10 and s.stats.num_blocks_hashed == 10
     s.add_request(Request(1, 0.0, 36, 1, (1, 2, 9), hash_block_size=16))  # shares 2 hash blocks
     s.add_request(Request(2, 0.0, 41, 1, (1, 2, 3), hash_block_size=16))  # shares all 10 blocks

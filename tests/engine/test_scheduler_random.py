@@ -80,22 +80,22 @@ def run_stream(cfg, reqs, seed: int, with_tokens: bool, max_steps: int = 3000, p
                 s.add_request(r, prompt_token_ids=toks)
         step += 1
         assert step < max_steps, "scheduler made no progress"
-        head = s._peek_waiting()
+        head = s.waiting.peek()
         if head is not None and head.failed_admission_hits is not None:
             # the memoized re-lookup of a blocked queue head equals a plain scan
             m = (head.num_tokens - 1) // cfg.block_size
             ref = []
             if not head.group_size:  # (grouped prompts are always scanned)
                 for k in head.block_hashes[:m]:
-                    b = s.pool.cached.get(k)
+                    b = s.kv_cache_manager.pool.cached.get(k)
                     if b is None:
                         break
                     ref.append(b)
-                assert s._lookup(head)[0] == ref
+                assert s.kv_cache_manager.get_computed_blocks(head)[0] == ref
         out = s.schedule()
         # the runner's columns, read from the records before any entry is built, are the entries'
         if out.num_scheduled:
-            cols = out._record_columns()
+            cols = out.record_columns()
             assert cols == StepColumns.of(out.scheduled) == out.columns()
             assert all(a is x.block_ids for a, x in zip(cols.block_ids, out.scheduled))  # live tables
         # budget and caps
@@ -192,7 +192,7 @@ def state_of(s: Scheduler):
         (rid, r.status, r.num_tokens, r.num_computed_tokens, r.num_generated, tuple(r.block_ids),
          tuple(r.block_hashes), r.num_cached_blocks)
         for rid, r in sorted(s.requests.items()))
-    pool = s.pool
+    pool = s.kv_cache_manager.pool
     st_ = s.stats
     return (reqs, tuple(pool.free_block_ids()),
             tuple(sorted((repr(h), b) for h, b in pool.cached.items())),
