@@ -85,7 +85,25 @@ class _Sweeps:
         return SimTask(t.config.model_copy(update=update), t.num_requests, variant)
 
     def run(self, tasks: list[SimTask]) -> list[Outcome]:
-        return self.ev.map(tasks)
+        outs = self.ev.map(tasks)
+        refused = next((o.error for o in outs if o.error), None)
+        if refused is not None:  # a point of the line cannot start (e.g. the model does not fit)
+            raise PointDoesNotStart(refused)
+        return outs
+
+
+class PointDoesNotStart(Exception):
+    """A cost line's sweep reached a configuration vLLM would refuse to start: the line is left out
+    (its other points would be measured against nothing)."""
+
+
+def _drawable(line: Callable[[_Sweeps], Any]) -> Callable[[_Sweeps], Any]:
+    def draw(sw: _Sweeps) -> Any:
+        try:
+            return line(sw)
+        except PointDoesNotStart:
+            return []
+    return draw
 
 
 def spec_lines(sw: _Sweeps) -> list[CostLine]:
@@ -234,6 +252,7 @@ def cost_lines(ev: Evaluator, ctx: Context, spec: WorkloadSpec, best: Candidate,
     result does not depend on it."""
     sw = _Sweeps(ev, ctx, spec, best, n)
     parts: list[Callable[[_Sweeps], Any]] = [spec_lines, prefix_lines, block_line, budget_line, cpu_line, disagg_line]
+    parts = [_drawable(f) for f in parts]
     done = list(pool.map(lambda f: f(sw), parts)) if pool else [f(sw) for f in parts]
     lines: list[CostLine] = []
     for part in done:
