@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from advisor.advise.uncertainty import Sample, gain_interval, goodput_band, latency_error
+from benchmarks.calibration.gain_coverage import simulated
 from engine.core.model_spec import get_model
 from engine.core.run_summary import SLO
 from sim.calibrate import read_steps
@@ -38,17 +39,7 @@ from sim.config import EngineConfig
 from sim.cost_model import CostProfile
 from sim.fp8_weights_fit import fit_fp8_weights
 from sim.hardware import get_gpu
-from sim.profile_files import load_profile
-from sim.run import LoadedWorkload, SimConfig, run
-from sim.validate import (
-    engine_cut_s,
-    engine_goodput,
-    read_json_file,
-    read_run_info,
-    replayed_requests,
-    resolve_profile,
-    sim_engine_config,
-)
+from sim.validate import engine_goodput, read_json_file
 
 MATCH = 0.10  # |(1 + predicted) / (1 + measured) - 1| at most this: the "within 10%"
 
@@ -83,16 +74,6 @@ def fit(root: Path, profile_name: str) -> dict:
     return data["fp8_fit"]
 
 
-def simulated(run_dir: Path):
-    info = read_run_info(run_dir)
-    cut = engine_cut_s(run_dir, info, read_json_file(run_dir / "summary.json"))
-    profile = resolve_profile(None, info.model, info.gpu)
-    config = SimConfig(model=info.model, gpu=info.gpu, engine=sim_engine_config(info), skip_ahead=cut is None,
-                       profile=profile, label=info.name)
-    result = run(LoadedWorkload(replayed_requests(run_dir, info), info.name), config, until_s=cut)
-    return result, load_profile(profile, info.model, info.gpu)
-
-
 def _pct(new: float, base: float) -> float:
     return (new / base - 1) * 100 if base > 0 else float("nan")
 
@@ -103,7 +84,7 @@ def check(root: Path) -> list[dict]:
         fdir = root / "fp8" / bdir.relative_to(root / "bf16")
         if not (fdir / "summary.json").is_file():
             continue
-        (rb, prof), (rf, _) = simulated(bdir), simulated(fdir)
+        (_, rb, prof), (_, rf, _) = simulated(bdir), simulated(fdir)
         eb, ef = read_json_file(bdir / "summary.json"), read_json_file(fdir / "summary.json")
         if bdir.name.startswith("burst-"):
             metric, slo = "output throughput (saturation)", None
