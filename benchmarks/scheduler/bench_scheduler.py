@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
 import json
 import os
 import platform
@@ -189,7 +190,9 @@ def replay_mooncake(path: Path, num_gpu_blocks: int, skip: bool) -> dict:
     """Replay the Mooncake conversation trace through the scheduler alone, with a crude fixed
     step-time model (5 ms + 20 us per batched token) standing in for the simulator's cost
     model: what the simulator pays for scheduling, end to end."""
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
     reqs = []
     for i, r in enumerate(rows):
         reqs.append(
@@ -441,15 +444,8 @@ def main() -> None:
         row["vllm_sha256_ns"] = VLLM_SHA256_US_PER_BLOCK * 1000
         res["blocks"].append(row)
         print(row, flush=True)
-    # ../shared/traces beside the checkout (worktrees sit one level deeper: search upward)
-    trace = a.trace or next(
-        (
-            p / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-            for p in HERE.parents
-            if (p / "shared" / "traces" / "mooncake_conversation_trace.jsonl").exists()
-        ),
-        None,
-    )
+    # the Mooncake conversation trace the package ships (sim/traces_data), unless --trace names another
+    trace = a.trace or HERE.parents[1] / "sim" / "traces_data" / "mooncake_conversation_trace.jsonl.gz"
     if not a.no_replay and trace is not None:
         for skip in (True, False):
             r = replay_mooncake(trace, 40_000, skip)
