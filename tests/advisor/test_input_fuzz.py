@@ -50,11 +50,14 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def repo_untouched() -> Iterator[None]:
+def repo_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
     before = _tree(REPO)
     yield
     assert _tree(REPO) == before, "a refused input changed a file in the packages or added one"
-    assert len(CASES) >= MIN_DISTINCT_CASES, f"only {len(CASES)} distinct malformed inputs were tried"
+    # the corpus size is the hypothesis generators' doing: held to it when they ran (`-m "not slow"`
+    # leaves them out)
+    if any(i.module is request.module and i.get_closest_marker("slow") for i in request.session.items):
+        assert len(CASES) >= MIN_DISTINCT_CASES, f"only {len(CASES)} distinct malformed inputs were tried"
 
 
 def refuse(command: tuple[str, str], name: str, data: bytes, *expected: str) -> str:
