@@ -862,6 +862,31 @@ _V1_FIELDS = ("name", "hardware", "model", "engine", "source", "gemm_compute_eff
                "gpu_step_overhead_s", "draft_pass_overhead_s", "cpu_step_s", "cpu_per_seq_s",
                "cpu_per_block_allocated_s", "cpu_per_block_hashed_s", "ngram_cpu_per_seq_s")
 
+
+# the step table's columns the cost model reads (the fields of `BatchComposition`)
+STEP_TABLE_COLUMNS = ("max_decode_context", "num_blocks_allocated", "num_blocks_hashed", "num_decode_seqs",
+                      "num_decode_tokens", "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs",
+                      "sum_decode_context", "sum_prefill_context")
+
+
+class _StepRow:
+    """One step-table row as the cost model reads it (`BatchComposition`)."""
+
+    __slots__ = STEP_TABLE_COLUMNS
+
+    def __init__(self, values: dict[str, int]) -> None:
+        for k, v in values.items():
+            setattr(self, k, v)
+
+
+def step_table_seconds(cost: CostModel, steps: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """`cost`'s (GPU, CPU) seconds for every row of an engine step table (one step per row), the
+    schedule held fixed: the cost model's own error on the engine's steps."""
+    cols = {k: steps[k].astype(np.int64).tolist() for k in _StepRow.__slots__}
+    rows = (_StepRow(dict(zip(cols, vals))) for vals in zip(*cols.values()))
+    times = np.array([(cost.gpu_time_s(b), cost.cpu_time_s(b)) for b in rows], dtype=np.float64).reshape(-1, 2)
+    return times[:, 0], times[:, 1]
+
 __all__ = [
     "CUDAGRAPH_MODES",
     "PROFILES_DIR",
@@ -871,6 +896,7 @@ __all__ = [
     "STATUS_SCALED",
     "STATUS_VALIDATED",
     "STEP_KINDS",
+    "STEP_TABLE_COLUMNS",
     "BatchComposition",
     "CostModel",
     "CostProfile",
@@ -884,4 +910,5 @@ __all__ = [
     "SpecTerms",
     "StepKind",
     "knot_weights",
+    "step_table_seconds",
 ]

@@ -27,13 +27,10 @@ import numpy as np
 
 from engine.core.model_spec import ModelSpec
 from sim.config import EngineConfig
-from sim.cost_model import CostModel, CostProfile
+from sim.cost_model import STEP_TABLE_COLUMNS, CostModel, CostProfile, step_table_seconds
 from sim.hardware import GPUSpec
 
 SPEEDUP_GRID = tuple(np.round(np.arange(1.0, 2.601, 0.05), 3))
-STEP_COLUMNS = ("max_decode_context", "num_blocks_allocated", "num_blocks_hashed", "num_decode_seqs",
-                "num_decode_tokens", "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs",
-                "sum_decode_context", "sum_prefill_context")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,20 +50,10 @@ class Fp8WeightsFit:
                 "datasheet_prior_median_error": self.bf16_terms_median_error}
 
 
-class _Row:
-    __slots__ = STEP_COLUMNS
-
-    def __init__(self, values: dict[str, int]) -> None:
-        for k, v in values.items():
-            setattr(self, k, v)
-
-
 def priced_steps(steps: dict[str, np.ndarray], model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
                  profile: CostProfile) -> np.ndarray:
     """The cost model's GPU seconds for every row of an engine step table (one step per row)."""
-    cost = CostModel(model, gpu, engine, profile)
-    cols = {k: steps[k].astype(np.int64).tolist() for k in STEP_COLUMNS}
-    return np.array([cost.gpu_time_s(_Row(dict(zip(cols, vals)))) for vals in zip(*cols.values())])
+    return step_table_seconds(CostModel(model, gpu, engine, profile), steps)[0]
 
 
 def _best_offset(base: np.ndarray, measured: np.ndarray) -> float:
@@ -83,7 +70,7 @@ def fit_fp8_weights(tables: Sequence[dict[str, np.ndarray]], model: ModelSpec, g
     `quantization="fp8"`, `profile` the bf16 fit of the same GPU and model."""
     if engine.quantization != "fp8":
         raise ValueError("fit_fp8_weights: the engine configuration must have quantization='fp8'")
-    steps = {k: np.concatenate([t[k] for t in tables]) for k in (*STEP_COLUMNS, "gpu_s", "step_id")}
+    steps = {k: np.concatenate([t[k] for t in tables]) for k in (*STEP_TABLE_COLUMNS, "gpu_s", "step_id")}
     g = steps["gpu_s"].astype(np.float64)
     ok = np.isfinite(g) & (g > 0)
     steps = {k: v[ok] for k, v in steps.items()}

@@ -31,7 +31,7 @@ from engine.core.request import Request
 from engine.core.run_summary import SLO, good_mask
 from sim.calibrate import OPTIONAL_COLUMNS, RECONSTRUCTED_STEPS_FILE, merge_reconstructed
 from sim.config import EngineConfig
-from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
+from sim.cost_model import PROFILES_DIR, CostModel, CostProfile, step_table_seconds
 from sim.engine_runs import EngineRunError, check_engine_summary, check_steps_file, read_run_json
 from sim.hardware import GPUSpec, get_gpu
 from sim.memory import plan_memory
@@ -477,28 +477,13 @@ def _mean_ms(seconds: np.ndarray, n_steps: np.ndarray) -> float | None:
     return float(seconds[ok].sum()) / n * 1e3 if n else None
 
 
-class _StepRow:
-    """One step-table row as the cost model reads it (`sim.cost_model.BatchComposition`)."""
-
-    __slots__ = ("max_decode_context", "num_blocks_allocated", "num_blocks_hashed", "num_decode_seqs",
-                 "num_decode_tokens", "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_pairs",
-                 "sum_decode_context", "sum_prefill_context")
-
-    def __init__(self, values: dict[str, int]) -> None:
-        for k, v in values.items():
-            setattr(self, k, v)
-
-
 def cost_model_step_s(steps: dict[str, np.ndarray], config: SimConfig) -> tuple[np.ndarray, np.ndarray]:
     """The simulator's cost model applied to each step of an engine trace: (GPU, CPU) seconds,
     its step-time error with the schedule held fixed."""
     dep = config.deployment()
     engine = dep.engine.resolved_for(dep.gpu, dep.model)
     cost = CostModel(dep.model, dep.gpu, engine, load_profile(config.profile, config.model, config.gpu))
-    cols = {k: steps[k].astype(np.int64).tolist() for k in _StepRow.__slots__}
-    rows = (_StepRow(dict(zip(cols, vals))) for vals in zip(*cols.values()))
-    times = np.array([(cost.gpu_time_s(b), cost.cpu_time_s(b)) for b in rows], dtype=np.float64).reshape(-1, 2)
-    return times[:, 0], times[:, 1]
+    return step_table_seconds(cost, steps)
 
 
 # --------------------------------------------------------------------------- one run

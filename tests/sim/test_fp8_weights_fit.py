@@ -8,8 +8,9 @@ import pytest
 
 from engine.core.model_spec import get_model
 from sim.config import EngineConfig
+from sim.cost_model import STEP_TABLE_COLUMNS as STEP_COLUMNS
 from sim.cost_model import CostModel, CostProfile
-from sim.fp8_weights_fit import STEP_COLUMNS, fit_fp8_weights, priced_steps
+from sim.fp8_weights_fit import fit_fp8_weights, priced_steps
 from sim.hardware import get_gpu
 
 
