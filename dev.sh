@@ -3,6 +3,7 @@
 #   bash dev.sh demo   - create/reuse .venv, install the light core, run the main job
 #   bash dev.sh demo app - the same with the app extra, and start the what-if dashboard (costline app)
 #   bash dev.sh test   - create/reuse .venv, install CPU torch + triton + test deps, run the whole suite
+#                        on every core (pytest-xdist, one test file per worker at a time; -n 0 runs serially)
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3.11}
@@ -30,6 +31,6 @@ case "${1:-demo}" in
   demo)
     if [ "${2:-}" = app ]; then install app; shift 2; exec .venv/bin/costline app "$@"; fi
     install core; shift || true; exec .venv/bin/costline "${@:-demo}" ;;
-  test) install test; shift || true; TRITON_INTERPRET=1 exec $VPY -m pytest "$@" ;;
+  test) install test; shift || true; TRITON_INTERPRET=1 exec $VPY -m pytest -n auto --dist loadfile "$@" ;;
   *) echo "usage: bash dev.sh demo|test [args]" >&2; exit 2 ;;
 esac

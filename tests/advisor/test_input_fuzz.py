@@ -38,8 +38,9 @@ PACKAGES = ("advisor", "app", "engine", "kernels", "sim")
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
     skip = {"__pycache__"}
     # Top-level names only, so that a new output file shows up; tool caches (.hypothesis, ...) are
-    # hidden and may appear while the suite runs.
-    out = {p.name: (0, 0) for p in root.iterdir() if not p.name.startswith(".")}
+    # hidden and may appear while the suite runs, and so may out/ (other tests' artifacts, e.g. the
+    # browser test's screenshots, written by another worker when the suite runs in parallel).
+    out = {p.name: (0, 0) for p in root.iterdir() if not p.name.startswith(".") and p.name != "out"}
     for package in PACKAGES:
         for dirpath, dirnames, files in os.walk(root / package):
             dirnames[:] = [d for d in dirnames if d not in skip]
