@@ -44,7 +44,6 @@ blocks and would inflate the hit rate; those go to `prefix_cache_preempted_*`.
 
 from __future__ import annotations
 
-import operator
 from itertools import islice
 
 from engine.core.block_keys import GEN_TAG
@@ -64,6 +63,7 @@ from engine.core.request_state import (
 )
 from engine.core.sampled_checks import check_sampled, check_stopped, counts_and_token_ids
 from engine.core.scheduler_config import SchedulerConfig
+from engine.core.scheduler_hooks import SchedulerHooks
 from engine.core.scheduler_output import (
     NO_BLOCKS,
     RequestResult,
@@ -73,7 +73,7 @@ from engine.core.scheduler_output import (
 )
 
 
-class Scheduler:
+class Scheduler(SchedulerHooks):
     """vLLM-V1-style scheduler over a `KVCacheManager`. See the module docstring."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -90,9 +90,8 @@ class Scheduler:
         self._pending_rejected: list[RequestResult] = []  # reported in the next step
         self._last_out: SchedulerOutput | None = None
         self._any_token_ids = False  # some request was added with token ids (engine)
-        self._num_added = 0
+        self.num_added = 0
         self.step_id = 0
-        self._uniform_until: tuple[tuple, int] | None = None  # note_uniform_until(): (key, last step)
         # counters
         self.num_steps = 0
         self.num_preemptions = 0
@@ -142,8 +141,8 @@ class Scheduler:
         token_ids = prompt_ids(req, prompt_token_ids)
         self._any_token_ids |= token_ids is not None
         keys = self.kv_cache_manager.key_strategy(token_ids is not None)
-        r = SchedulerRequest(req, token_ids, tuple(extra_keys), self._num_added, keys)
-        self._num_added += 1
+        r = SchedulerRequest(req, token_ids, tuple(extra_keys), self.num_added, keys)
+        self.num_added += 1
         r.hold_blocks_on_finish = bool(hold_blocks_on_finish)
         r.num_external_computed_tokens = ext
         if ext and ext == req.prompt_len:  # the first output token came with the KV
@@ -208,43 +207,6 @@ class Scheduler:
         """Whether rejections wait to be reported with the next step."""
         return bool(self._pending_rejected)
 
-    # ------------------------------------------------------------------ skip-ahead's (decode_skip.py)
-
-    def change_key(self) -> tuple:
-        """Counters that every change of the scheduler outside `apply_decode_stretch` moves: a
-        step (step_id), an added request, a finish (finish_requests), blocks taken or given
-        back (release_held), a new running list."""
-        return (self.step_id, self._num_added, self.num_finished,
-                *self.kv_cache_manager.change_counters(), id(self.running), len(self.running))
-
-    def note_uniform_until(self, last_step_id: int) -> None:
-        """Remember that the steps through `last_step_id` are uniform decode steps for as long as
-        the scheduler stays as it is now (or as `apply_decode_stretch` leaves it)."""
-        self._uniform_until = (self.change_key(), last_step_id)
-
-    def known_uniform(self, n: int) -> bool:
-        """Whether `note_uniform_until` already showed the next n steps uniform."""
-        u = self._uniform_until
-        return u is not None and 1 <= n and self.step_id + n <= u[1] and u[0] == self.change_key()
-
-    def finish_decoded(self, r: SchedulerRequest) -> tuple[int, RequestResult]:
-        """`r` reached its output length in a decode stretch: free (or hold) its blocks and
-        mark it finished. Returns (blocks freed, its result)."""
-        freed = self.kv_cache_manager.free_or_hold(r)
-        return freed, self._mark_finished(r, "length")
-
-    def apply_decode_stretch(self, n: int, num_tokens: int, any_finished: bool, known: bool) -> None:
-        """Close a skip-ahead of n steps that generated `num_tokens` tokens: drop finished
-        requests from the running list and count the steps; `known`: it ran within the
-        stretch `note_uniform_until` recorded, which stays valid for the rest of it."""
-        if any_finished:
-            self.running = [r for r in self.running if r.status == RUNNING]
-        self.step_id += n
-        self.num_steps += n
-        self.num_generated_tokens += num_tokens
-        if known:
-            self._uniform_until = (self.change_key(), self._uniform_until[1])
-
     def block_ids_of(self, request_id: int) -> list[int]:
         """A copy of the request's block table: what a KV connector sends for a held request."""
         return list(self.requests[request_id].block_ids)
@@ -268,7 +230,7 @@ class Scheduler:
             if victim is r:
                 return None
 
-    def _mark_finished(self, r: SchedulerRequest, reason: str) -> RequestResult:
+    def mark_finished(self, r: SchedulerRequest, reason: str) -> RequestResult:
         """Mark `r` finished (its blocks already freed or held by the caller) and count it."""
         r.status = FINISHED
         r.drop_bulky_state()
@@ -548,7 +510,7 @@ class Scheduler:
         if token_ids is not None and r.token_ids is not None:
             r.token_ids += token_ids[r.request_id][:n]
         out.num_blocks_freed += self.kv_cache_manager.free_or_hold(r)
-        results.append(self._mark_finished(r, "stop" if stop else "length"))
+        results.append(self.mark_finished(r, "stop" if stop else "length"))
         return dropped
 
     def _take_rejected(self, out: SchedulerOutput) -> list[RequestResult]:
@@ -599,41 +561,10 @@ class Scheduler:
                 any_running = True
             else:  # waiting or preempted: holds no blocks
                 self._remove_waiting(r)
-            results.append(self._mark_finished(r, reason))
+            results.append(self.mark_finished(r, reason))
         if any_running:
             self.running = [x for x in self.running if x.status == RUNNING]
         return results
-
-    # ------------------------------------------------------------------ stats, checks
-
-    @property
-    def stats(self) -> SchedulerStats:
-        frag = sum(len(r.block_ids) for r in self.running) * self.block_size - sum(
-            map(_kv_tokens, self.running))
-        return SchedulerStats(
-            num_running=len(self.running), num_waiting=self.num_waiting,
-            fragmentation_slots=frag, **{name: getattr(self, name) for name in _COUNTERS},
-            **self.kv_cache_manager.block_stats())
-
-    def check_invariants(self) -> None:
-        """AssertionError unless every block's refcount equals its owners and each request's
-        bookkeeping is consistent. O(all blocks): for tests."""
-        for r in self.running:
-            assert r.status == RUNNING, f"request {r.request_id} in running with status {r.status}"
-        assert len(self.running) <= self.config.max_num_seqs, "max_num_seqs exceeded"
-        for r in self.waiting:
-            assert r.status in (WAITING, PREEMPTED)
-        self.kv_cache_manager.check_invariants(self.running, self.waiting)
-
-
-_kv_tokens = operator.attrgetter("num_computed_tokens")
-# the scheduler's own counters in SchedulerStats (the KV cache manager reports the blocks')
-_COUNTERS = ("num_steps", "num_finished", "num_rejected", "num_preemptions",
-             "prefix_cache_queries_tokens", "prefix_cache_hits_tokens",
-             "prefix_cache_preempted_queries_tokens", "prefix_cache_preempted_hits_tokens",
-             "num_prompt_tokens_computed", "num_generated_tokens", "num_spec_drafts",
-             "num_spec_draft_tokens", "num_spec_accepted_tokens", "external_computed_tokens")
-
 
 
 # what other layers import from here (records live in engine/core/scheduler_output.py, keys in
