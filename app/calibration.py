@@ -1,6 +1,6 @@
 """Which cost profile a run used, how well it was validated, and whether it was scaled from
-another GPU: from the run summary's `profile` / `profile_status` keys and the profile JSON's
-optional `validation` field. A summary without those keys ran the first-principles profile.
+another GPU: from the run summary's `profile` / `profile_status` fields and the profile JSON's
+optional `validation` field. A summary without them ran the first-principles profile.
 """
 
 from __future__ import annotations
@@ -89,12 +89,14 @@ def _validate_summary_rows(validation: Mapping[str, Any], by_metric: Mapping[str
 PROVENANCE_KEYS = ("hardware", "model", "engine", "source", "schema_version", "date", "engine_commit")
 
 
-def profile_info(summary: Mapping[str, Any], requested: str) -> ProfileInfo:
-    """The profile a run used (`requested` when the summary does not say), its status and validation."""
-    name = summary.get("profile") or requested
+def profile_info(requested: str, *, used: str | None = None, status: str | None = None,
+                 validation: Mapping[str, Any] | None = None) -> ProfileInfo:
+    """The profile a run used (its summary's `profile`, `profile_status`, `profile_validation`;
+    `requested` when the summary does not say), its status and validation."""
+    name = used or requested
     data = read_profile(name)
-    status = summary.get("profile_status") or FIRST_PRINCIPLES
-    validation = summary.get("profile_validation") or data.get("validation")
+    status = status or FIRST_PRINCIPLES
+    validation = validation or data.get("validation")
     provenance = {k: data[k] for k in PROVENANCE_KEYS if k in data}
     return ProfileInfo(name=name, status=status, validation=validation_rows(validation), provenance=provenance)
 

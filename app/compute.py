@@ -20,7 +20,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import streamlit as st
@@ -34,10 +33,10 @@ from app.scenario import (
     Scenario,
     check_budget,
 )
+from engine.core.summary_record import RunSummary
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.generate import generate
-from sim.metrics import jsonable
-from sim.run import LoadedWorkload, kv_block_coarsening_for, run, summarize
+from sim.run import LoadedWorkload, kv_block_coarsening_for, run
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
 
@@ -64,7 +63,7 @@ class Upload:
 class RunOutput:
     """What the pages show of one simulation: the summary and the two tables."""
 
-    summary: dict[str, Any]
+    summary: RunSummary
     requests: dict[str, np.ndarray]
     steps: dict[str, np.ndarray]
     wall_s: float
@@ -166,7 +165,7 @@ def simulate(s: Scenario, upload: Upload | None, progress: Callable[[float], Non
     t0 = time.perf_counter()
     result = run(loaded, s.sim_config(), progress=progress)
     wall_s = time.perf_counter() - t0
-    return RunOutput(jsonable(summarize(result)), result.requests, result.steps, wall_s)
+    return RunOutput(result.summary(), result.requests, result.steps, wall_s)
 
 
 class RunCache:

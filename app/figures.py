@@ -12,10 +12,17 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.core.slo import SLO
+from engine.core.summary_record import RunSummary
 from sim.workload import Workload
 
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
 PCTS = ("p50", "p90", "p99")
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """A figure as a page shows it: None where the run had no sample (NaN) or the figure is absent."""
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
 
 
 # ------------------------------------------------------------------------- workload
@@ -79,15 +86,17 @@ def reuse_figure(curve: np.ndarray) -> go.Figure:
 
 
 # ------------------------------------------------------------------------- a run
-def latency_rows(summary: Mapping[str, Any], slo: Mapping[str, float] | None) -> list[dict[str, Any]]:
-    """TTFT/TPOT/ITL/E2E p50/p90/p99 in ms against the SLO (ITL is judged against the TPOT one)."""
-    slo = slo or {}
+def latency_rows(summary: RunSummary, slo: SLO | None) -> list[dict[str, Any]]:
+    """TTFT/TPOT/ITL/E2E p50/p90/p99 in ms against the SLO (ITL is judged against the TPOT one);
+    a percentile the run has no sample for is None."""
+    targets = slo.as_dict() if slo else {}
     rows = []
     for key, name in LATENCIES:
-        target = slo.get("tpot" if key == "itl" else key)
+        target = targets.get("tpot" if key == "itl" else key)
+        stats = getattr(summary, key)
         row: dict[str, Any] = {"metric": f"{name} (ms)"}
         for p in PCTS:
-            row[p] = summary.get(f"{p}_{key}_ms")
+            row[p] = finite_or_none(getattr(stats, f"{p}_ms"))
         row["SLO (ms)"] = target
         p99 = row["p99"]
         row["p99 meets SLO"] = None if target is None or p99 is None else bool(p99 <= target)
@@ -101,11 +110,11 @@ def ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return v, np.arange(1, v.size + 1) / max(v.size, 1)
 
 
-def cdf_figure(requests: Mapping[str, np.ndarray], slo: Mapping[str, float] | None,
+def cdf_figure(requests: Mapping[str, np.ndarray], slo: SLO | None,
                other: Mapping[str, np.ndarray] | None = None) -> go.Figure:
     """TTFT, TPOT and E2E CDFs of finished requests (ms), SLO lines dashed; `other` (a pinned run)
     dotted beside."""
-    slo = slo or {}
+    targets = slo.as_dict() if slo else {}
     panels = (("ttft_s", "TTFT", "ttft"), ("tpot_s", "TPOT", "tpot"), ("e2e_s", "E2E", "e2el"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] + " (ms)" for p in panels])
     for run_name, table, dash in (("B", requests, None), ("A", other, "dot")):
@@ -117,8 +126,8 @@ def cdf_figure(requests: Mapping[str, np.ndarray], slo: Mapping[str, float] | No
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{name} {run_name}" if other else name,
                                      line={"dash": dash}, showlegend=other is not None), row=1, col=col)
     for col, (_, _, key) in enumerate(panels, start=1):
-        if slo.get(key) is not None:
-            fig.add_vline(x=slo[key], line_dash="dash", line_color="red", row=1, col=col)
+        if targets.get(key) is not None:
+            fig.add_vline(x=targets[key], line_dash="dash", line_color="red", row=1, col=col)
     fig.update_yaxes(title_text="share of requests", row=1, col=1)
     fig.update_layout(title="Latency CDFs (finished requests)")
     return fig
@@ -238,6 +247,22 @@ def _pct(x: Any) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.1f}%"
 
 
-__all__ = ["arrivals_figure", "arrivals_per_bin", "cdf_figure", "cost_line_figure", "cost_line_label", "decimate", "ecdf", "gap_figure",
-           "interpolate_gain", "latency_rows", "lengths_figure", "prefix_reuse_curve", "reuse_figure",
-           "timeline_figure", "timeline_series", "waterfall_figure"]
+__all__ = [
+    "arrivals_figure",
+    "arrivals_per_bin",
+    "cdf_figure",
+    "cost_line_figure",
+    "cost_line_label",
+    "decimate",
+    "ecdf",
+    "finite_or_none",
+    "gap_figure",
+    "interpolate_gain",
+    "latency_rows",
+    "lengths_figure",
+    "prefix_reuse_curve",
+    "reuse_figure",
+    "timeline_figure",
+    "timeline_series",
+    "waterfall_figure",
+]

@@ -33,7 +33,8 @@ import numpy as np
 from engine.core.outputs import check_output_dir, staged_dir
 from engine.core.records import RequestRecord, StepRecord, to_columns
 from engine.core.request import Request, materialize_prompt
-from engine.core.run_summary import RunTables, jsonable, per_position_counters
+from engine.core.run_counters import per_position_counters
+from engine.core.run_summary import RunTables, jsonable
 from engine.engine_loop import EngineCore, RequestState
 from engine.metrics import EngineMetrics
 from engine.sampling import SamplingParams
@@ -174,7 +175,7 @@ class ReplayResult(RunTables):
         for name, rows in (("requests", self.request_rows()), ("steps", self.step_rows())):
             with open(out / f"{name}.jsonl", "w") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows)
-        summary = jsonable(self.summary())
+        summary = jsonable(self.summary().to_json_dict())
         if self.gc_stats is not None:  # not a summary() key: the simulator's summaries have no GC
             summary["gc"] = jsonable(self.gc_stats.as_dict())
         if self.startup is not None:  # the engine's start-up phases (ready_s is a summary key)

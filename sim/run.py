@@ -2,7 +2,8 @@
 
     from sim.run import SimConfig, run
     result = run("chat-production", SimConfig(gpu="h200", num_gpus=2, slo="ttft:500 tpot:50"))
-    result.summary()            # `vllm bench serve` keys plus costline extras
+    result.summary()            # a RunSummary: .ttft.p99_ms, .request_goodput, ...
+    result.summary().to_json_dict()  # the same under `vllm bench serve` keys plus costline extras
     result.requests, result.steps, result.prometheus_text(), result.save("runs/a")
 
 `costline simulate`, the advisor's search and the dashboard all call `run`; nobody else chains
@@ -230,12 +231,6 @@ def profile_meta(profile: CostProfile) -> dict[str, Any]:
     return {"profile": profile.name, "profile_status": profile.status, "profile_validation": profile.validation}
 
 
-def summarize(result: SimResult, slo: SLO | None = None) -> dict[str, Any]:
-    """The run's summary plus the `vllm serve` flags it modelled (what `costline simulate` prints)."""
-    return result.summary(slo) | {"vllm_args": result.meta.get("vllm_args"),
-                                  "serve_command": result.meta.get("serve_command")}
-
-
 __all__ = [
     "MAX_KV_BLOCK_COARSENING",
     "MAX_NUM_GPUS",
@@ -249,5 +244,4 @@ __all__ = [
     "load",
     "profile_meta",
     "run",
-    "summarize",
 ]

@@ -55,7 +55,7 @@ from engine.core.decode_skip import DecodeAdvance, advance_decode, uniform_decod
 from engine.core.model_spec import blocks_for_tokens
 from engine.core.records import StepRecord, step_composition
 from engine.core.request import Request
-from engine.core.run_summary import per_position_counters
+from engine.core.run_counters import per_position_counters
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import RequestResult, SchedulerOutput
 from sim.config import DeploymentConfig, EngineConfig

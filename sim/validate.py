@@ -507,9 +507,10 @@ def validate_run(run_dir: str | Path, profile: str | None = None) -> RunComparis
                        skip_ahead=cut is None)
     result = run(LoadedWorkload(requests, info.name), config, until_s=cut)
     sim_summary = result.summary()
-    metrics = compare_summaries(engine_summary, sim_summary)
+    # compared key by key under the JSON names the engine's summary.json was written with
+    metrics = compare_summaries(engine_summary, sim_summary.to_json_dict())
     own, note = sim_own_blocks(info, cfg, load_profile(used))
-    kv = KVBlocks(engine=info.num_gpu_blocks, simulated=int(sim_summary["num_gpu_blocks"]), sim_own=own,
+    kv = KVBlocks(engine=info.num_gpu_blocks, simulated=int(sim_summary.num_gpu_blocks or 0), sim_own=own,
                   sim_own_error=relative_error(info.num_gpu_blocks, own), note=note)
     return RunComparison(
         name=info.name, run_dir=str(run_dir), purpose=info.purpose, model=info.model, gpu=info.gpu,
@@ -608,8 +609,8 @@ def rank_runs(run_dirs: list[str | Path], slo: SLO, profile: str | None = None,
         cut = engine_cut_s(d, info, read_json_file(d / "summary.json"))
         config = SimConfig(model=info.model, gpu=info.gpu, engine=cfg, skip_ahead=cut is None,
                            profile=resolve_profile(profile, info.model, info.gpu), label=info.name)
-        sim = run(LoadedWorkload(replayed_requests(d, info), info.name), config, until_s=cut).summary(slo)[
-            "request_goodput"]
+        result = run(LoadedWorkload(replayed_requests(d, info), info.name), config, until_s=cut)
+        sim = result.summary(slo).request_goodput
         eng = engine_goodput(d, slo)
         runs.append(RankedRun(name=info.name, engine_goodput=eng, sim_goodput=float(sim),
                               error=relative_error(eng, float(sim))))

@@ -19,6 +19,7 @@ import numpy as np
 
 from advisor.advise.records import Metrics
 from advisor.advise.uncertainty import goodput_band, latency_error
+from engine.core.summary_record import RunSummary
 from sim.generate import generate
 from sim.run import LoadedWorkload, SimConfig, run
 from sim.workload import Workload
@@ -60,40 +61,40 @@ INFEASIBLE = Metrics(goodput_rps=0.0, throughput_tok_s=0.0, ttft_p50_ms=NAN, ttf
                      tpot_p99_ms=NAN, itl_p99_ms=NAN, e2e_p99_ms=NAN, slo_attainment=0.0, preemptions=0)
 
 
-def _f(x: Any, default: float = math.nan) -> float:
+def _f(x: float | None, default: float = math.nan) -> float:
     return default if x is None else float(x)
 
 
-def outcome_of(summary: dict[str, Any]) -> Outcome:
-    n = max(summary["num_prompts"], 1)
-    good = _f(summary.get("request_goodput"), summary["request_throughput"])
-    dur = summary["duration"] or 1.0
-    m = Metrics(goodput_rps=good, throughput_tok_s=summary["output_throughput"],
-                ttft_p50_ms=summary["median_ttft_ms"], ttft_p99_ms=summary["p99_ttft_ms"],
-                tpot_p50_ms=_f(summary["median_tpot_ms"]), tpot_p99_ms=_f(summary["p99_tpot_ms"]),
-                itl_p99_ms=_f(summary["p99_itl_ms"]), e2e_p99_ms=summary["p99_e2el_ms"],
-                slo_attainment=good * dur / n, preemptions=summary["num_preemptions"])
-    computed = summary["prefill_tokens_computed"]
-    needed = summary["total_input_tokens"] - summary["prefix_cache_hits_tokens"]
-    extras = {
-        "mean_e2e_ms": _f(summary["mean_e2el_ms"]), "mean_ttft_ms": _f(summary["mean_ttft_ms"]),
+def outcome_of(s: RunSummary) -> Outcome:
+    """The advisor's metrics and the figures its reasons quote, read from a run's summary."""
+    n = max(s.num_prompts, 1)
+    good = _f(s.request_goodput, s.request_throughput)
+    dur = s.duration_s or 1.0
+    m = Metrics(goodput_rps=good, throughput_tok_s=s.output_throughput,
+                ttft_p50_ms=s.ttft.median_ms, ttft_p99_ms=s.ttft.p99_ms,
+                tpot_p50_ms=_f(s.tpot.median_ms), tpot_p99_ms=_f(s.tpot.p99_ms),
+                itl_p99_ms=_f(s.itl.p99_ms), e2e_p99_ms=s.e2el.p99_ms,
+                slo_attainment=s.slo_attainment, preemptions=s.num_preemptions)
+    computed = s.prefill_tokens_computed
+    needed = s.total_input_tokens - s.prefix_cache_hits_tokens
+    extras: dict[str, Any] = {
+        "mean_e2e_ms": _f(s.e2el.mean_ms), "mean_ttft_ms": _f(s.ttft.mean_ms),
         "rate_rps": n / dur, "duration_s": dur,
-        "concurrency": summary["request_throughput"] * _f(summary["mean_e2el_ms"], 0.0) / 1e3,
-        "prefix_hit_rate": summary["prefix_cache_hit_rate"],
-        "acceptance_rate": _f(summary.get("spec_decode_acceptance_rate")),
-        "acceptance_length": _f(summary.get("spec_decode_acceptance_length")),
-        "cpu_share": summary["cpu_share_of_step_time"], "gpu_busy_share": summary["gpu_busy_share"],
-        "kv_usage_max": summary["kv_cache_usage_max"], "kv_transfer_ms": _f(summary.get("mean_kv_transfer_ms")),
+        "concurrency": s.request_throughput * _f(s.e2el.mean_ms, 0.0) / 1e3,
+        "prefix_hit_rate": s.prefix_cache_hit_rate,
+        "acceptance_rate": _f(s.spec_decode_acceptance_rate),
+        "acceptance_length": _f(s.spec_decode_acceptance_length),
+        "cpu_share": s.cpu_share_of_step_time, "gpu_busy_share": s.gpu_busy_share,
+        "kv_usage_max": s.kv_cache_usage_max, "kv_transfer_ms": _f(s.mean_kv_transfer_ms),
         "recompute_share": max(computed - needed, 0) / computed if computed else 0.0,
-        "rejected": summary["rejected"] + summary["unfinished"],
-        "mean_prompt_tokens": summary["total_input_tokens"] / n,
+        "rejected": s.rejected + s.unfinished,
+        "mean_prompt_tokens": s.total_input_tokens / n,
     }
-    # the cost profile the run used, under the names a calibrated-profile summary may give it
-    for key, names in (("profile", ("profile", "profile_name", "cost_profile")),
-                       ("profile_status", ("profile_status", "cost_profile_status"))):
-        found = next((summary[n] for n in names if isinstance(summary.get(n), str)), None)
-        if found is not None:
-            extras[key] = found  # type: ignore[assignment]
+    # the cost profile the run used (the reasons name it and how far to trust it)
+    if s.profile is not None:
+        extras["profile"] = s.profile
+    if s.profile_status is not None:
+        extras["profile_status"] = s.profile_status
     return Outcome(m, extras)
 
 
@@ -151,9 +152,9 @@ def simulate_task(workloads: _Workloads, task: SimTask) -> Outcome:
     out = outcome_of(summary)
     out.cdf_ms = latency_cdf_ms(result.requests)
     # goodput if the engine's latencies were off from these by the profile's validation error
-    error = latency_error(result.meta.get("profile_validation"), str(result.meta.get("profile_status", "")))
+    error = latency_error(summary.profile_validation, summary.profile_status or "")
     out.extras["goodput_low_rps"], out.extras["goodput_high_rps"] = goodput_band(
-        result.requests, task.config.slo, float(summary["duration"] or 0.0), error)
+        result.requests, task.config.slo, float(summary.duration_s or 0.0), error)
     return out
 
 

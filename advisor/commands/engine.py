@@ -17,6 +17,7 @@ from advisor.report import warn_unserved
 from engine.core.config import EngineArgs
 from engine.core.flags import ENGINE_ONLY_FLAGS, SCHEDULING_FLAGS
 from engine.core.outputs import check_output_dir, check_output_file, staged_dir, staged_file
+from engine.core.summary_record import RunSummary
 from sim.workload_source import SourceOptions
 
 app = typer.Typer(help="Run the real engine (paged KV, continuous batching) on a workload.",
@@ -133,7 +134,7 @@ def run(
         with staged_file(metrics_file) as tmp:
             metrics.write(str(tmp))
     typer.echo(json.dumps({k: v for k, v in summary.items() if v is not None}, indent=2))
-    warn_unserved(summary)
+    warn_unserved(RunSummary.from_json_dict(summary))
     typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, summary.json, metrics.prom, scheduler_stats.json")
 
 
@@ -155,7 +156,7 @@ def _run_disagg(cfg: EngineArgs, disagg: str, workload: str, max_prompt_len: int
     typer.echo(json.dumps({k: v for k, v in summary.items() if v is not None}, indent=2))
     for err in res.errors:
         typer.echo(f"warning: {err.splitlines()[-1]}", err=True)
-    warn_unserved(summary)
+    warn_unserved(RunSummary.from_json_dict(summary))
     typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, transfers.jsonl, pools.json, summary.json, metrics.prom")
 
 

@@ -31,6 +31,7 @@ from advisor.report import warn_unserved
 from engine.core.flags import FlagError
 from engine.core.input_files import expect
 from engine.core.outputs import check_output_dir
+from engine.core.summary_record import RunSummary
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
 from sim.memory import plan_memory
 from sim.metrics import jsonable  # the summary as strict JSON (NaN -> null)
@@ -42,7 +43,6 @@ from sim.run import (
     kv_block_coarsening_for,
     load,
     run,
-    summarize,
 )
 from sim.workload_source import SourceOptions, all_at_time_zero, cap_prompt_lengths
 
@@ -108,46 +108,52 @@ def _ms(x: Any) -> str:
     return "-" if x is None else f"{x:,.1f}"
 
 
-def print_summary(s: dict[str, Any], console: Console) -> None:
-    t = Table(title=styled((str(s.get("label") or "simulation"), "bold"), f": {s['deployment']}"), title_justify="left")
+def print_summary(s: RunSummary, console: Console) -> None:
+    t = Table(title=styled((str(s.label or "simulation"), "bold"), f": {s.deployment}"), title_justify="left")
     t.add_column("metric", style="bold cyan")
     for c in ("mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")
-    for key, name in (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"), ("e2el", "E2E (ms)"),
-                      ("queue_time", "queue (ms)")):
-        t.add_row(name, _ms(s[f"mean_{key}_ms"]), _ms(s[f"median_{key}_ms"]), _ms(s[f"p90_{key}_ms"]),
-                  _ms(s[f"p99_{key}_ms"]))
+    for stats, name in ((s.ttft, "TTFT (ms)"), (s.tpot, "TPOT (ms)"), (s.itl, "ITL (ms)"), (s.e2el, "E2E (ms)"),
+                        (s.queue_time, "queue (ms)")):
+        t.add_row(name, _ms(stats.mean_ms), _ms(stats.median_ms), _ms(stats.p90_ms), _ms(stats.p99_ms))
     console.print(t)
     g = Table(show_header=False, box=None)
     g.add_column(style="bold cyan")
     g.add_column()
-    g.add_row("requests", f"{s['completed']:,} completed, {s['rejected']:,} rejected, {s['unfinished']:,} "
-              f"unfinished over {s['duration']:,.1f} s")
-    g.add_row("throughput", f"{s['request_throughput']:.2f} req/s, {s['output_throughput']:,.0f} output tok/s "
-              f"({s['output_throughput_per_gpu']:,.0f} per GPU), {s['total_token_throughput']:,.0f} total tok/s")
-    if s.get("request_goodput") is not None:
-        slo = " ".join(f"{k}:{v:g}" for k, v in (s.get("goodput_slo") or {}).items())
-        g.add_row("goodput", f"{s['request_goodput']:.2f} req/s ({s['request_goodput_per_gpu']:.2f} per GPU) "
-                  f"under {slo} ms")
-    g.add_row("prefix cache", f"hit rate {s['prefix_cache_hit_rate']:.1%} ({s['prefix_cache_hits_tokens']:,} "
-              f"of {s['prefix_cache_queries_tokens']:,} tokens)")
-    g.add_row("engine", f"GPU busy {s['gpu_busy_share']:.0%}, CPU {s['cpu_share_of_step_time']:.1%} of step "
-              f"time, {s['num_preemptions']:,} preemptions, KV usage max {s['kv_cache_usage_max']:.0%} "
-              f"of {s['num_gpu_blocks']:,} blocks")
-    if s.get("spec_decode_num_drafts"):
-        g.add_row("spec decode", f"acceptance rate {s['spec_decode_acceptance_rate']:.1%}, "
-                  f"mean acceptance length {s['spec_decode_acceptance_length']:.2f}")
-    if s.get("mean_kv_transfer_ms") is not None:
-        g.add_row("KV transfer", f"mean {s['mean_kv_transfer_ms']:.2f} ms per request (queueing included)")
-    if s.get("serve_command"):
-        g.add_row("run", s["serve_command"])
-    if s.get("profile"):
-        g.add_row("cost profile", f"{s['profile']} ({s['profile_status']})" + validation_note(s.get("profile_validation")))
-    coarse = s.get("kv_block_coarsening") or 1
-    g.add_row("simulated", f"{s['num_engine_steps']:,} engine steps in {s['wall_s']:.2f} s wall "
-              f"({s['simulated_requests_per_wall_s']:,.0f} requests/s)"
-              + (f"; KV blocks coarsened x{coarse}" if coarse > 1 else ""))
+    for name, line in _summary_lines(s):
+        g.add_row(name, line)
     console.print(g)
+
+
+def _summary_lines(s: RunSummary) -> list[tuple[str, str]]:
+    """The summary's figures beyond the latency table, one (name, text) per line."""
+    lines = [("requests", (f"{s.completed:,} completed, {s.rejected:,} rejected, {s.unfinished:,} "
+                          f"unfinished over {s.duration_s:,.1f} s")),
+             ("throughput", (f"{s.request_throughput:.2f} req/s, {s.output_throughput:,.0f} output tok/s "
+                            f"({s.output_throughput_per_gpu:,.0f} per GPU), {s.total_token_throughput:,.0f} total tok/s"))]
+    if s.request_goodput is not None:
+        slo = " ".join(f"{k}:{v:g}" for k, v in (s.slo.as_dict() if s.slo else {}).items())
+        lines.append(("goodput", (f"{s.request_goodput:.2f} req/s ({s.request_goodput_per_gpu:.2f} per GPU) "
+                                 f"under {slo} ms")))
+    lines.append(("prefix cache", (f"hit rate {s.prefix_cache_hit_rate:.1%} ({s.prefix_cache_hits_tokens:,} "
+                                  f"of {s.prefix_cache_queries_tokens:,} tokens)")))
+    lines.append(("engine", (f"GPU busy {s.gpu_busy_share:.0%}, CPU {s.cpu_share_of_step_time:.1%} of step "
+                            f"time, {s.num_preemptions:,} preemptions, KV usage max {s.kv_cache_usage_max:.0%} "
+                            f"of {s.num_gpu_blocks:,} blocks")))
+    if s.spec_decode_num_drafts:
+        lines.append(("spec decode", (f"acceptance rate {s.spec_decode_acceptance_rate:.1%}, "
+                                     f"mean acceptance length {s.spec_decode_acceptance_length:.2f}")))
+    if s.mean_kv_transfer_ms is not None:
+        lines.append(("KV transfer", f"mean {s.mean_kv_transfer_ms:.2f} ms per request (queueing included)"))
+    if s.serve_command:
+        lines.append(("run", s.serve_command))
+    if s.profile:
+        lines.append(("cost profile", f"{s.profile} ({s.profile_status})" + validation_note(s.profile_validation)))
+    coarse = s.kv_block_coarsening or 1
+    lines.append(("simulated", f"{s.num_engine_steps:,} engine steps in {s.wall_s:.2f} s wall "
+                               f"({s.simulated_requests_per_wall_s:,.0f} requests/s)"
+                               + (f"; KV blocks coarsened x{coarse}" if coarse > 1 else "")))
+    return lines
 
 
 def validation_note(v: dict[str, Any] | None) -> str:
@@ -250,14 +256,14 @@ def simulate(
     if warning:
         plain_console(stderr=True).print(warning, soft_wrap=True)
     result = _run_with_progress(loaded, config, show=not as_json)
-    summary = summarize(result)
+    summary = result.summary()
     warn_unserved(summary)
     if out is not None:
         paths = result.save(out, force=force)
         if not as_json:
             console.print(f"wrote {', '.join(str(p) for p in paths.values())}", highlight=False)
     if as_json:
-        sys.stdout.write(json.dumps(jsonable(summary), indent=2) + "\n")
+        sys.stdout.write(json.dumps(jsonable(summary.to_json_dict()), indent=2) + "\n")
         return
     print_summary(summary, console)
     block_size = config.engine.block_size

@@ -19,7 +19,8 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - shown on the page, an input error or a bug as such
         st.error(f"cannot simulate this scenario: {error_text(exc).splitlines()[0]}")
         return
-    info = profile_info(out.summary, s.profile)
+    info = profile_info(s.profile, used=out.summary.profile, status=out.summary.profile_status,
+                        validation=out.summary.profile_validation)
     c1, c2 = st.columns(2)
     c1.metric("Cost profile in use", info.name)
     c2.metric("Status", info.status)

@@ -4,6 +4,7 @@ percentiles against the SLOs, CDFs and timelines; pin a run as A and compare B b
 from __future__ import annotations
 
 import json
+from operator import attrgetter
 from typing import Any
 
 import streamlit as st
@@ -11,17 +12,28 @@ from pydantic import ValidationError
 
 from app import state
 from app.compute import RunOutput, run_scenario, table_parquet
-from app.figures import cdf_figure, latency_rows, timeline_figure
+from app.figures import cdf_figure, finite_or_none, latency_rows, timeline_figure
 from app.scenario import Scenario
 from app.widgets import deployment_controls, error_text, flag_controls, fmt
+from engine.core.run_summary import jsonable
+from engine.core.summary_record import RunSummary
 
-HEADLINE = (("Goodput (req/s)", "request_goodput"), ("Throughput (req/s)", "request_throughput"),
-            ("Output (tok/s)", "output_throughput"), ("p99 TTFT (ms)", "p99_ttft_ms"),
-            ("p99 TPOT (ms)", "p99_tpot_ms"), ("Preemptions", "num_preemptions"))
-COMPARE = ("request_goodput", "request_throughput", "output_throughput", "output_throughput_per_gpu",
-           "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms",
-           "p50_itl_ms", "p90_itl_ms", "p99_itl_ms", "p99_e2el_ms", "num_preemptions", "prefix_cache_hit_rate",
-           "kv_cache_usage_max", "completed", "rejected", "num_gpus")
+# (label, RunSummary field, lower is better)
+HEADLINE = (("Goodput (req/s)", "request_goodput", False), ("Throughput (req/s)", "request_throughput", False),
+            ("Output (tok/s)", "output_throughput", False), ("p99 TTFT (ms)", "ttft.p99_ms", True),
+            ("p99 TPOT (ms)", "tpot.p99_ms", True), ("Preemptions", "num_preemptions", True))
+# the comparison's rows: (name shown, as summary.json names it; RunSummary field)
+COMPARE = (("request_goodput", "request_goodput"), ("request_throughput", "request_throughput"),
+           ("output_throughput", "output_throughput"), ("output_throughput_per_gpu", "output_throughput_per_gpu"),
+           *((f"{p}_{m}_ms", f"{m}.{p}_ms") for m in ("ttft", "tpot", "itl") for p in ("p50", "p90", "p99")),
+           ("p99_e2el_ms", "e2el.p99_ms"), ("num_preemptions", "num_preemptions"),
+           ("prefix_cache_hit_rate", "prefix_cache_hit_rate"), ("kv_cache_usage_max", "kv_cache_usage_max"),
+           ("completed", "completed"), ("rejected", "rejected"), ("num_gpus", "num_gpus"))
+
+
+def figure(summary: RunSummary, field: str) -> Any:
+    """A summary's field by its dotted path ("ttft.p99_ms"); None where the run had no sample."""
+    return finite_or_none(attrgetter(field)(summary))
 
 
 def error_message(exc: Exception) -> str:
@@ -50,26 +62,25 @@ def controls() -> Scenario | None:
 
 def headline(out: RunOutput, pinned: dict[str, Any] | None) -> None:
     cols = st.columns(len(HEADLINE))
-    for col, (label, key) in zip(cols, HEADLINE, strict=True):
-        value = out.summary.get(key)
+    for col, (label, field, lower_is_better) in zip(cols, HEADLINE, strict=True):
+        value = figure(out.summary, field)
         delta = None
-        if pinned is not None and value is not None and pinned["summary"].get(key) is not None:
-            delta = fmt(value - pinned["summary"][key])
-        lower_is_better = key.endswith("_ms") or key == "num_preemptions"
+        if pinned is not None and value is not None and figure(pinned["summary"], field) is not None:
+            delta = fmt(value - figure(pinned["summary"], field))
         col.metric(label, fmt(value), delta=delta, delta_color="inverse" if lower_is_better else "normal")
 
 
-def compare_table(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+def compare_table(a: RunSummary, b: RunSummary) -> list[dict[str, Any]]:
     rows = []
-    for key in COMPARE:
-        x, y = a.get(key), b.get(key)
+    for key, field in COMPARE:
+        x, y = figure(a, field), figure(b, field)
         ratio = y / x if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x else None
         rows.append({"metric": key, "A (pinned)": fmt(x), "B (now)": fmt(y), "B / A": fmt(ratio)})
     return rows
 
 
 def downloads(s: Scenario, out: RunOutput) -> None:
-    summary = json.dumps(out.summary | {"scenario": s.model_dump()}, indent=2)
+    summary = json.dumps(jsonable(out.summary.to_json_dict()) | {"scenario": s.model_dump()}, indent=2)
     c1, c2, c3 = st.columns(3)
     c1.download_button("summary.json", summary, file_name="summary.json", mime="application/json", key="dl.json")
     c2.download_button("requests.parquet", table_parquet(out.requests), file_name="requests.parquet",
@@ -94,14 +105,14 @@ def simulate(s: Scenario) -> RunOutput | None:
 def results(s: Scenario, out: RunOutput) -> None:
     summ = out.summary
     pinned = st.session_state.get(state.PINNED)
-    st.caption(f"{summ.get('deployment')} | workload {s.workload} | {summ['num_prompts']:,} requests | "
-               f"simulated in {out.wall_s:.2f} s | profile {summ.get('profile') or s.profile}")
+    st.caption(f"{summ.deployment} | workload {s.workload} | {summ.num_prompts:,} requests | "
+               f"simulated in {out.wall_s:.2f} s | profile {summ.profile or s.profile}")
     headline(out, pinned)
     st.subheader("Latency against the SLOs")
     ms = st.column_config.NumberColumn(format="%.1f")
-    st.dataframe(latency_rows(summ, summ.get("goodput_slo")), hide_index=True, key="latency",
+    st.dataframe(latency_rows(summ, summ.slo), hide_index=True, key="latency",
                  column_config={"p50": ms, "p90": ms, "p99": ms, "SLO (ms)": ms})
-    st.code(summ.get("serve_command") or "", language="bash")
+    st.code(summ.serve_command or "", language="bash")
     left, right = st.columns([1, 3])
     if left.button("Pin this run as A", key="pin"):
         st.session_state[state.PINNED] = {"label": s.label(), "summary": summ, "requests": out.requests}
@@ -114,7 +125,7 @@ def results(s: Scenario, out: RunOutput) -> None:
         st.dataframe(compare_table(pinned["summary"], summ), hide_index=True, key="compare")
     cdf_tab, time_tab = st.tabs(["CDFs", "Timelines"])
     with cdf_tab:
-        st.plotly_chart(cdf_figure(out.requests, summ.get("goodput_slo"),
+        st.plotly_chart(cdf_figure(out.requests, summ.slo,
                                    pinned["requests"] if pinned else None), key="cdf")
     with time_tab:
         st.plotly_chart(timeline_figure(out.steps), key="timeline")

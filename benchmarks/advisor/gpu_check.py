@@ -101,7 +101,7 @@ def run(plan_dir: Path, out: Path, only: tuple[str, ...] = PAIR) -> None:
             warm = core.warm_up()
             before = compiled_kernel_count()
             res = replay(core, reqs)
-            summary = res.summary(SLO.parse(sc["slo"]))
+            summary = res.summary(SLO.parse(sc["slo"])).to_json_dict()
             summary["kernels_compiled_during_run"] = compiled_kernel_count() - before
             summary["warm_up_s"] = warm.seconds
             (out / f"{sc['name']}-{who}.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -120,7 +120,7 @@ def _simulate(sc: dict[str, Any], plan_dir: Path, who: str) -> dict[str, Any]:
 
     wl = _reload(plan_dir / sc["workload"], sc["hash_block_size"])
     cfg = SimConfig(model=sc["model"], gpu="h200", engine=EngineConfig(**sc["flags"][who]), slo=sc["slo"])
-    return sim_run(wl, cfg).summary()
+    return sim_run(wl, cfg).summary().to_json_dict()
 
 
 def _ratio(a: float | None, b: float | None) -> float:

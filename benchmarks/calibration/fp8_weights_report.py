@@ -89,7 +89,7 @@ def check(root: Path) -> list[dict]:
         if bdir.name.startswith("burst-"):
             metric, slo = "output throughput (saturation)", None
             meas = _pct(ef["output_throughput"], eb["output_throughput"])
-            sb, sf = rb.summary(None), rf.summary(None)
+            sb, sf = rb.summary(None).to_json_dict(), rf.summary(None).to_json_dict()
             err = latency_error(prof.validation, prof.status)
             vb, vf = float(sb["output_throughput"]), float(sf["output_throughput"])
             base = err.get("throughput", 0.0)
@@ -101,11 +101,11 @@ def check(root: Path) -> list[dict]:
             err = latency_error(prof.validation, prof.status)
             samples = []
             for r in (rb, rf):
-                s = r.summary(slo)
+                s = r.summary(slo).to_json_dict()
                 lo, hi = goodput_band(r.requests, slo, float(s["duration"]), err)
                 samples.append(Sample(float(s["request_goodput"]), lo, hi))
             g = gain_interval(*samples)
-            sb, sf = rb.summary(slo), rf.summary(slo)
+            sb, sf = rb.summary(slo).to_json_dict(), rf.summary(slo).to_json_dict()
         ratio = (1 + g.gain_pct / 100) / (1 + meas / 100) - 1
         rows.append({"run": bdir.name, "metric": metric, "engine_gain_pct": round(meas, 2),
                      "sim_gain_pct": round(g.gain_pct, 2), "low_pct": round(g.low_pct, 2),

@@ -69,9 +69,9 @@ def main() -> None:
         samples, engine = {}, {}
         for name, (d, _info, result, profile) in sims.items():
             err = latency_error(profile.validation, profile.status)
-            duration = float(result.summary(slo)["duration"])
+            duration = float(result.summary(slo).duration_s)
             low, high = goodput_band(result.requests, slo, duration, err)
-            value = float(result.summary(slo)["request_goodput"])
+            value = float(result.summary(slo).request_goodput)
             samples[name] = Sample(value, low, high)
             engine[name] = engine_goodput(d, slo)
         for name in sims:

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             start_s = time.perf_counter() - t0
             run = dep.replay(reqs, max_wall_s=120)
         runs[name] = run
-        summary = run.summary()
+        summary = run.summary().to_json_dict()
         result[name] = {"start_s": start_s, "wall_s": run.wall_s, "errors": run.errors, "pools": run.pools,
                         "num_finished": int((run.requests["status"] == "finished").sum()),
                         **{k: summary.get(k) for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms",

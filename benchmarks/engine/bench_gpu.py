@@ -583,7 +583,7 @@ def run_mooncake(model: str, device: str, dtype: str, n: int, prompt_cap: int, t
             for i in range(2)]
     replay(core, warm, honor_arrivals=False)
     res = replay(core, reqs, time_scale=1.0, max_wall_s=max_wall_s)
-    s = res.summary()
+    s = res.summary().to_json_dict()
     s.update(info)
     s["init_s"] = init_s
     s["num_gpu_blocks"] = core.num_gpu_blocks

@@ -107,7 +107,7 @@ def startup(model: str, out: Path, tiny: bool) -> dict:
     reqs = requests(n, (64, 2048 if not tiny else 200), (16, 256 if not tiny else 17), rate, seed=1)
     t = time.perf_counter()
     res = replay(core, reqs, honor_arrivals=True, max_wall_s=60.0)
-    s = res.summary()
+    s = res.summary().to_json_dict()
     row = {"model": model, "ready_s": core.ready_s, "startup": core.startup.as_dict(),
            "config": {k: getattr(cfg, k) for k in ("max_num_seqs", "max_model_len", "max_num_batched_tokens",
                                                     "gpu_memory_utilization", "max_cudagraph_capture_size")},

@@ -138,7 +138,7 @@ def run_once(target: Target, engine: EngineConfig, requests: Sequence[Request], 
                            disaggregation=disaggregation)
     reqs = cap_prompt_lengths(requests, target.max_prompt_len) if target.max_prompt_len else list(requests)
     res = simulate(dep, reqs, seed=0, profile=prof, slo=SLO.parse(slo) if slo else None)
-    return res.summary()
+    return res.summary().to_json_dict()
 
 
 def e2e_gain(base: dict[str, Any], best: dict[str, Any]) -> float:

@@ -58,7 +58,7 @@ def main() -> None:
         best = cpu if best is None else min(best, cpu)
         if prof:
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    s = res.summary()
+    s = res.summary().to_json_dict()
     print(json.dumps({
         "requests": len(reqs), "cpu_s": round(best, 4),
         "simulated_requests_per_cpu_s": round(len(reqs) / best),

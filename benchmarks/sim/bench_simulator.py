@@ -52,7 +52,7 @@ def run_one(reqs, replicas: int, profile: bool = False, coarsening: int | str = 
     if prof:
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    s = res.summary()
+    s = res.summary().to_json_dict()
     # CPU time of this process is the figure to quote on a shared machine (wall time
     # includes waiting for a core); both are recorded.
     out = {"replicas": replicas, "router": router, "kv_block_coarsening": sim.coarsen, "cpu_s": cpu, "wall_s": wall, "requests": s["num_prompts"],
@@ -96,7 +96,7 @@ def conversation_run(repeat: int = 3) -> dict:
         res = sim.run()
         cpu = time.process_time() - c0
         best = cpu if best is None else min(best, cpu)
-    s = res.summary()
+    s = res.summary().to_json_dict()
     return {"workload": SPEC["name"], "requests": len(reqs), "cpu_s": best,
             "simulated_requests_per_cpu_s": len(reqs) / best, "engine_steps": s["num_engine_steps"],
             "step_rows": int(res.steps["n_steps"].size), "mean_ttft_ms": s["mean_ttft_ms"],

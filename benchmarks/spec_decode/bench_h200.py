@@ -345,7 +345,7 @@ class Bench:
             core = self.core(spec, max_num_seqs=p.acc_prompts, eager=True)
             for task in corpora.TASKS:
                 res = self.replay(core, reqs[task], honor_arrivals=False)
-                row = {"method": method, "k": k, "task": task, **latency_row(res.summary())}
+                row = {"method": method, "k": k, "task": task, **latency_row(res.summary().to_json_dict())}
                 if spec:
                     row |= spec_stats(res.requests) | {"per_request": per_request_spec(res.requests)}
                 rows.append(row)

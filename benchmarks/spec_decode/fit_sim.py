@@ -313,7 +313,7 @@ def validate_folder(folder: Path, profile_path: Path, table: dict) -> dict[str, 
         cfg = cfg.model_copy(update={"speculative_config": _sim_spec(spec, table)})
     reqs = categorized(folder, replayed_requests(folder, info))
     config = SimConfig(model=TARGET, gpu=GPU, engine=cfg, profile=str(profile_path), label=info.name)
-    sim_summary = run(LoadedWorkload(reqs, info.name), config).summary()
+    sim_summary = run(LoadedWorkload(reqs, info.name), config).summary().to_json_dict()
     engine_summary = json.loads((folder / "summary.json").read_text())
     metrics = {m.metric: m.model_dump() for m in compare_summaries(engine_summary, sim_summary, VALIDATED)}
     errors = [abs(m["error"]) for m in metrics.values() if m["error"] is not None]

@@ -90,7 +90,7 @@ def write_folder(root, purpose: str, name: str, reqs: list[Request], spec: dict 
         rows = zip(*(v.tolist() for v in table.values()))
         with open(folder / f"{table_name}.jsonl", "w") as f:
             f.writelines(json.dumps(jsonable(dict(zip(table, vals)))) + "\n" for vals in rows)
-    summary = jsonable(res.summary())
+    summary = jsonable(res.summary().to_json_dict())
     (folder / "summary.json").write_text(json.dumps(summary))
     info = {"schema": "costline-engine-run/1", "name": name, "purpose": purpose, "model": "byte-lm-100m", "gpu": "h200",
             "engine_args": cfg.model_dump(mode="json", exclude={"speculative_config"}), "hash_block_size": 16,

@@ -26,11 +26,12 @@ from engine.core.input_files import InputFileError, read_json
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.model_spec import MODEL_PRESETS, ModelSpec, get_model
 from engine.core.outputs import OutputPathError, check_output_dir, check_output_file
+from engine.core.prometheus import LiveMetrics, prometheus_text
 from engine.core.records import RequestRecord, StepRecord, to_columns
 from engine.core.request import Request, materialize_prompt
 from engine.core.request_queue import WaitingQueue
 from engine.core.request_state import SchedulerRequest
-from engine.core.run_summary import SLO, RunTables, summarize
+from engine.core.run_summary import RunTables, summarize
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_config import SchedulerConfig
 from engine.core.scheduler_output import (
@@ -40,7 +41,9 @@ from engine.core.scheduler_output import (
     SchedulerStats,
     StepColumns,
 )
+from engine.core.slo import SLO
 from engine.core.speculative_config import SpeculativeConfig, parse_speculative_config
+from engine.core.summary_record import LatencyStats, RunSummary
 
 __all__ = [
     "FLAGS_BY_NAME",
@@ -56,11 +59,14 @@ __all__ = [
     "HashIdKeys",
     "InputFileError",
     "KVCacheManager",
+    "LatencyStats",
+    "LiveMetrics",
     "ModelSpec",
     "OutputPathError",
     "Request",
     "RequestRecord",
     "RequestResult",
+    "RunSummary",
     "RunTables",
     "ScheduledRequest",
     "Scheduler",
@@ -86,6 +92,7 @@ __all__ = [
     "mixed_graph_bucket",
     "mixed_graph_buckets",
     "parse_speculative_config",
+    "prometheus_text",
     "read_json",
     "scheduler_config",
     "summarize",

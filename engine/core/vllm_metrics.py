@@ -1,9 +1,8 @@
 """vLLM's Prometheus metric names, help texts and histogram buckets (vLLM 0.33,
 vllm/v1/metrics/loggers.py).
 
-Defined once, so that the real engine's live metrics (`engine/metrics.py`) and the run
-exposition computed from a run's tables (`engine/core/run_summary.py`, used by the simulator and the
-engine's replay) print the same names and bucket bounds.
+Defined once for the one Prometheus writer (`engine/core/prometheus.py`: a run's exposition from
+its tables, for the simulator, the engine's replay and the engine's live /metrics alike).
 """
 
 from __future__ import annotations

@@ -1028,7 +1028,7 @@ def test_any_arrival_times_run_or_are_refused_at_the_boundary(times):
     reqs = [_req(i, t) for i, t in enumerate(times)]
     t0 = time.perf_counter()
     try:
-        summary = run(reqs, SimConfig(model="llama-3.2-1b")).summary()
+        summary = run(reqs, SimConfig(model="llama-3.2-1b")).summary().to_json_dict()
     except ValueError as exc:
         assert is_input_error(exc) and "arrival_s" in str(exc), str(exc)
     else:

@@ -11,7 +11,7 @@ import pytest
 from engine.core.request import Request
 from sim.config import DisaggConfig, EngineConfig
 from sim.metrics import SLO
-from sim.run import LoadedWorkload, SimConfig, kv_block_coarsening_for, load, run, summarize
+from sim.run import LoadedWorkload, SimConfig, kv_block_coarsening_for, load, run
 from sim.workload_source import SourceOptions, load_workload
 
 UNSTABLE = {"date", "wall_s", "simulated_requests_per_wall_s"}
@@ -26,7 +26,7 @@ def stable(summary: dict) -> dict:
 
 
 def same_result(a, b) -> None:
-    assert stable(a.summary()) == stable(b.summary())
+    assert stable(a.summary().to_json_dict()) == stable(b.summary().to_json_dict())
     for col in a.requests:
         np.testing.assert_array_equal(a.requests[col], b.requests[col], err_msg=col)
 
@@ -44,7 +44,7 @@ def test_config_json_and_pickle_round_trip_give_the_same_result():
 
 
 def _summary_in_child(config: SimConfig) -> dict:
-    return stable(run("lab-poisson", config, source=SMALL).summary())
+    return stable(run("lab-poisson", config, source=SMALL).summary().to_json_dict())
 
 
 def test_a_config_runs_the_same_in_another_process():
@@ -64,7 +64,7 @@ def test_every_workload_form_gives_the_same_result():
 
 def test_summary_carries_the_config_and_its_vllm_flags():
     res = run("lab-poisson", CONFIG, source=SMALL)
-    s = summarize(res)
+    s = res.summary().to_json_dict()
     assert s["num_gpus"] == 2 and s["goodput_slo"] == {"ttft": 300.0, "tpot": 40.0}
     assert s["vllm_args"] == ("--max-num-seqs 32 --disable-prefix-caching --speculative-config "
                               """'{"method":"ngram","num_speculative_tokens":3}'""")

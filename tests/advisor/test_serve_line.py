@@ -13,7 +13,7 @@ from advisor.advise.space import ENGINE_DIMENSIONS, Layout, serve_command
 from advisor.cli import app
 from sim.config import EngineConfig
 from sim.models import HF_MODEL_IDS, hf_model_id, preset_of
-from sim.run import SimConfig, run, summarize
+from sim.run import SimConfig, run
 from sim.serve_line import serve_line
 from sim.workload_source import SourceOptions
 from tests.advisor.vllm_serve_rules import parse_serve_line
@@ -88,7 +88,7 @@ def test_every_searched_configuration_parses(model: str) -> None:
 def test_the_simulators_line_is_the_same_builder() -> None:
     cfg = SimConfig(model="llama-3.1-8b", num_gpus=2,
                     engine=EngineConfig(speculative_config={"method": "eagle3", "num_speculative_tokens": 2}))
-    s = summarize(run("lab-poisson", cfg, source=SourceOptions(num_requests=20)))
+    s = run("lab-poisson", cfg, source=SourceOptions(num_requests=20)).summary().to_json_dict()
     args = parse_serve_line(s["serve_command"])
     assert args["speculative_config"]["model"] == "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"
     assert s["serve_command"].endswith("# x2 replicas behind a router")

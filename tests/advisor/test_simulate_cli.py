@@ -15,7 +15,7 @@ from advisor.cli import app
 from advisor.options import clean_errors, flag_options
 from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
 from sim.metrics import jsonable
-from sim.run import SimConfig, run, summarize
+from sim.run import SimConfig, run
 from sim.workload_source import SourceOptions
 
 runner = CliRunner()
@@ -62,7 +62,7 @@ def test_json_summary_equals_the_api_summary():
                               "64", "--goodput", "ttft:200", "--seed", "3", "--json"])
     assert cli.exit_code == 0, cli.output
     config = SimConfig(num_gpus=2, engine=EngineConfig(max_num_seqs=64), slo="ttft:200", seed=3)
-    api = jsonable(summarize(run("lab-poisson", config, source=SourceOptions(num_requests=40))))
+    api = jsonable(run("lab-poisson", config, source=SourceOptions(num_requests=40)).summary().to_json_dict())
     got = json.loads(cli.output)
     assert {k: v for k, v in got.items() if k not in UNSTABLE} == {k: v for k, v in api.items() if k not in UNSTABLE}
 

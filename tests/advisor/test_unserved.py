@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from typer.testing import CliRunner
@@ -53,11 +54,11 @@ def test_reason_counts_from_a_hand_made_table():
     assert reason_counts(r) == {
         "rejected_reasons": {"exceeds max_model_len = 8": 2, "exceeds num_gpu_blocks = 2": 1},
         "unfinished_reasons": {"still in flight when the run stopped": 1}}
-    lines = unserved_lines({"num_prompts": 5, **reason_counts(r)})
+    lines = unserved_lines(SimpleNamespace(num_prompts=5, **reason_counts(r)))
     assert lines[0] == ("2 of 5 requests could never be served: exceeds max_model_len = 8; "
                         "raise --max-model-len (up to the model's context length) or send shorter requests")
     assert "--gpu-memory-utilization" in lines[1] and lines[2].startswith("1 of 5 requests did not finish")
-    assert unserved_lines({"num_prompts": 5, "rejected_reasons": {}, "unfinished_reasons": {}}) == []
+    assert unserved_lines(SimpleNamespace(num_prompts=5, rejected_reasons={}, unfinished_reasons={})) == []
 
 
 def test_simulate_counts_and_announces_rejections(tmp_path):

@@ -65,7 +65,7 @@ def write_run(folder: Path, name: str = "sim-as-engine", purpose: str = "validat
     # stepped (no skip-ahead), as an engine trace is: one row per step, each with its GPU time
     res = run(reqs, SimConfig(model="llama-3.2-1b", gpu="h200", engine=cfg, profile="default", skip_ahead=False),
               until_s=until_s)
-    (folder / "summary.json").write_text(json.dumps(jsonable(res.summary())))
+    (folder / "summary.json").write_text(json.dumps(jsonable(res.summary().to_json_dict())))
     steps = res.steps
     rows = zip(*(steps[c].tolist() for c in steps))
     (folder / "steps.jsonl").write_text("".join(json.dumps(jsonable(dict(zip(steps, r)))) + "\n" for r in rows))

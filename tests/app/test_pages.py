@@ -36,7 +36,7 @@ HEADLINE = {"Goodput (req/s)": "request_goodput", "Throughput (req/s)": "request
 
 def api_summary(workload="chat-production", **config) -> dict:
     """The API's answer for a scenario, computed without the dashboard."""
-    return run(workload, SimConfig(slo=SLO, kv_block_coarsening="auto", **config)).summary()
+    return run(workload, SimConfig(slo=SLO, kv_block_coarsening="auto", **config)).summary().to_json_dict()
 
 
 def app() -> AppTest:
@@ -149,7 +149,7 @@ def test_a_run_answers_within_2_s_and_a_cached_rerun_at_once() -> None:
     assert cache.get(s, None) is out
     assert first_s <= 2.0, f"a 2,000-request what-if took {first_s:.2f} s"
     assert time.perf_counter() - t0 < 0.01
-    assert out.summary["num_prompts"] == 2000
+    assert out.summary.num_prompts == 2000
 
 
 def test_downloads_hold_the_runs_tables() -> None:
@@ -422,7 +422,7 @@ def test_calibration_page_warns_when_the_profile_is_scaled(monkeypatch) -> None:
 
     info = cal.ProfileInfo("h100-sxm-llama-3.1-8b", cal.SCALED,
                            validation=[{"metric": "ttft_p99", "median_abs_error_pct": 4.0}])
-    monkeypatch.setattr(cal, "profile_info", lambda summary, requested: info)
+    monkeypatch.setattr(cal, "profile_info", lambda *args, **kwargs: info)
     at = app()
     at.run()
     at.switch_page("views/calibration.py").run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,6 +27,8 @@ from app.figures import (
 )
 from app.scenario import APP_MAX_REQUESTS, Scenario, from_query_params, pack_spec, to_query_params
 from app.spec_edit import SpecEditError, parse_task_mix, with_arrival, with_law, with_prefixes
+from engine.core.slo import SLO
+from engine.core.summary_record import LatencyStats
 from sim.describe import interarrival_cv, prefix_reuse
 from sim.generate import generate
 from sim.workload_presets import get_preset
@@ -117,9 +120,9 @@ def test_ecdf_by_hand() -> None:
 
 
 def test_latency_rows_judge_p99_against_the_slo() -> None:
-    summary = {f"{p}_{k}_ms": v for k, base in (("ttft", 100), ("tpot", 10), ("itl", 20), ("e2el", 1000))
-               for p, v in (("p50", base), ("p90", 2 * base), ("p99", 6 * base))}
-    rows = {r["metric"]: r for r in latency_rows(summary, {"ttft": 500, "tpot": 100})}
+    summary = SimpleNamespace(**{k: LatencyStats(p50_ms=base, p90_ms=2 * base, p99_ms=6 * base)
+                                 for k, base in (("ttft", 100), ("tpot", 10), ("itl", 20), ("e2el", 1000))})
+    rows = {r["metric"]: r for r in latency_rows(summary, SLO(ttft_ms=500, tpot_ms=100))}
     assert rows["TTFT (ms)"]["p99"] == 600 and rows["TTFT (ms)"]["p99 meets SLO"] is False
     assert rows["TPOT (ms)"]["p99 meets SLO"] is True  # 60 <= 100
     assert rows["ITL (ms)"]["SLO (ms)"] == 100 and rows["ITL (ms)"]["p99 meets SLO"] is False  # 120 > 100
@@ -222,7 +225,7 @@ def test_profile_info_reads_status_and_validation(tmp_path, monkeypatch) -> None
     p.write_text(json.dumps({"name": "h100-scaled", "hardware": "h100-sxm",
                              "validation": {"ttft_p99": {"median_abs_error_pct": 4.2, "worst_p99_pct": 8.0},
                                             "tpot_p50": 2.5}}))
-    info = profile_info({"profile": "h100-scaled", "profile_status": SCALED}, "default")
+    info = profile_info("default", used="h100-scaled", status=SCALED)
     assert info.scaled and info.name == "h100-scaled"
     assert info.validation == [{"metric": "ttft_p99", "median_abs_error_pct": 4.2, "worst_p99_pct": 8.0},
                                {"metric": "tpot_p50", "error": 2.5}]
@@ -234,11 +237,11 @@ def test_a_profile_is_read_by_shipped_name_only(tmp_path) -> None:
     secret.write_text(json.dumps({"validation": {"leak": 1}, "hardware": "x"}))
     for name in (str(secret), str(tmp_path / "secret"), "../../../" + str(secret), "/etc/passwd", ".hidden"):
         assert read_profile(name) == {}
-        assert profile_info({"profile": name}, "default").provenance == {}
+        assert profile_info("default", used=name).provenance == {}
 
 
 def test_a_summary_without_profile_keys_ran_first_principles() -> None:
-    info = profile_info({}, "default")
+    info = profile_info("default")
     assert (info.name, info.status, info.scaled) == ("default", "first principles", False)
     assert validation_rows([{"metric": "x", "error": 1}]) == [{"metric": "x", "error": 1}]
 

@@ -112,8 +112,8 @@ def test_start_over_with_a_smaller_pool_preempts_like_an_engine_built_that_small
     restarted = core_with_fake_events(False)
     restarted.start_over(num_gpu_blocks_override=40)
     a, b = replay(built, reqs, honor_arrivals=False), replay(restarted, reqs, honor_arrivals=False)
-    assert a.summary()["num_preemptions"] > 0
-    assert a.summary()["num_gpu_blocks"] == b.summary()["num_gpu_blocks"] == 40
+    assert a.summary().num_preemptions > 0
+    assert a.summary().num_gpu_blocks == b.summary().num_gpu_blocks == 40
     assert [s["num_preempted"] for s in a.step_rows()] == [s["num_preempted"] for s in b.step_rows()]
     with pytest.raises(ValueError, match="max_num_seqs=9 exceeds the 8"):
         restarted.start_over(max_num_seqs=9)

@@ -73,7 +73,7 @@ def test_frozen_replay_scans_only_its_own_objects_and_unfreezes(core, tmp_path):
     on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["gc"] == on_disk["gc"]
     assert on_disk["gc"]["collections"] == list(s.collections) and on_disk["gc"]["frozen_objects"] == s.frozen_objects
-    assert "gc" not in res.summary()  # the summary keys stay the simulator's
+    assert "gc" not in res.summary().to_json_dict()  # the summary keys stay the simulator's
 
 
 def test_frozen_heap_freezes_only_inside_and_frees_frozen_garbage_after():

@@ -88,7 +88,7 @@ def test_engine_serves_with_fp8_weights_and_the_draft_keeps_its_own():
     assert all(set(layer.fp8) == set(PROJECTIONS) for layer in core.model.layers)
     reqs = [Request(request_id=i, arrival_s=0.0, prompt_len=40, output_len=6, hash_ids=(i, 9, 10)) for i in range(3)]
     res = replay(core, reqs, honor_arrivals=False)
-    assert res.summary()["completed"] == 3 and int(res.requests["num_output_tokens"].sum()) == 18
+    assert res.summary().completed == 3 and int(res.requests["num_output_tokens"].sum()) == 18
     spec = {"model": "tiny", "num_speculative_tokens": 2}
     core = EngineCore(EngineArgs(**args, quantization="fp8", speculative_config=spec))
     assert core.model.layers[0].fp8 and not core.drafter.runner.model.layers[0].fp8

@@ -108,7 +108,7 @@ def test_replay_honors_arrivals_and_writes_metrics(tmp_path):
     lines = (tmp_path / "steps.jsonl").read_text().splitlines()
     assert len(lines) == len(res.step_rows())
     assert sum(json.loads(x)["num_output_tokens"] for x in lines) == 7
-    s = res.summary()
+    s = res.summary().to_json_dict()
     assert s["completed"] == 2 and s["rejected"] == 1 and s["total_output_tokens"] == 7
     assert s["prefix_cache_hit_rate"] == pytest.approx(8 / 18)
     metrics.write(str(tmp_path / "metrics.prom"))

@@ -189,7 +189,7 @@ def test_replay_tables_summary_and_prometheus_carry_spec_metrics():
     assert r["num_output_tokens"].tolist() == [out_len] * 3
     assert s["num_spec_accepted_tokens"].sum() == s["num_spec_tokens"].sum() == 6 * k
     assert (s["propose_s"] > 0).all() and (s["propose_s"] <= s["gpu_s"]).all()
-    summary = res.summary()
+    summary = res.summary().to_json_dict()
     assert summary["spec_decode_num_drafts"] == 6
     assert summary["spec_decode_acceptance_length"] == 1 + k
     assert summary["spec_decode_per_position_acceptance_rates"] == [1.0] * k

@@ -53,6 +53,6 @@ def test_engine_start_up_phases_and_ready_time():
     before = startup.process_age_s()
     res = replay(core, reqs, honor_arrivals=False)
     assert before <= core.ready_s <= startup.process_age_s()
-    s = res.summary()
+    s = res.summary().to_json_dict()
     assert s["ready_s"] == core.ready_s
     assert [p["name"] for p in res.startup["phases"]] == names

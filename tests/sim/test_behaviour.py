@@ -18,8 +18,8 @@ SYSTEM_PROMPT = tuple(range(5000, 5000 + 128))  # 2,048 tokens in 16-token hash 
 
 
 def _prefill_ratio(reqs: list[Request]) -> float:
-    on = simulate(deployment(), reqs).summary()
-    off = simulate(deployment(enable_prefix_caching=False), reqs).summary()
+    on = simulate(deployment(), reqs).summary().to_json_dict()
+    off = simulate(deployment(enable_prefix_caching=False), reqs).summary().to_json_dict()
     return on["prefill_tokens_computed"] / off["prefill_tokens_computed"]
 
 
@@ -52,7 +52,7 @@ def _closed_loop(conc: int, spec: dict | None, util: float) -> dict:
     eng = {"max_num_seqs": conc, "gpu_memory_utilization": util, "max_model_len": 8192}
     if spec:
         eng["speculative_config"] = spec
-    return simulate(deployment(gpu="h100-sxm", **eng), reqs, seed=0).summary()
+    return simulate(deployment(gpu="h100-sxm", **eng), reqs, seed=0).summary().to_json_dict()
 
 
 def test_spec_decode_lowers_tpot_at_low_concurrency():
@@ -71,8 +71,8 @@ def test_spec_decode_loses_throughput_at_64_concurrent_when_kv_is_tight():
 
 def test_disaggregation_improves_ttft_p99_for_long_prompts_at_high_load():
     reqs = poisson(400, 8.0, 8192, 256, seed=1)
-    agg = simulate(deployment(replicas=4), reqs).summary()
-    pd = simulate(deployment(disagg=(3, 1)), reqs).summary()
+    agg = simulate(deployment(replicas=4), reqs).summary().to_json_dict()
+    pd = simulate(deployment(disagg=(3, 1)), reqs).summary().to_json_dict()
     assert agg["gpu_busy_share"] > 0.85  # high load
     assert pd["p99_ttft_ms"] < 0.85 * agg["p99_ttft_ms"]
     assert pd["p99_itl_ms"] < agg["p99_itl_ms"] / 3  # decode no longer stalls behind prefill chunks
@@ -80,15 +80,15 @@ def test_disaggregation_improves_ttft_p99_for_long_prompts_at_high_load():
 
 def test_disaggregation_loses_for_short_prompts_at_low_load():
     reqs = poisson(200, 1.0, 512, 128, seed=1)
-    agg = simulate(deployment(replicas=4), reqs).summary()
-    pd = simulate(deployment(disagg=(3, 1)), reqs).summary()
+    agg = simulate(deployment(replicas=4), reqs).summary().to_json_dict()
+    pd = simulate(deployment(disagg=(3, 1)), reqs).summary().to_json_dict()
     assert pd["mean_ttft_ms"] > 1.2 * agg["mean_ttft_ms"]  # the KV transfer and a second hop
 
 
 def test_bursty_arrivals_lower_goodput_at_equal_mean_rate():
     slo = SLO(ttft_ms=300, tpot_ms=30)
-    poisson_ = simulate(deployment(), poisson(600, 10.0, 2048, 256, seed=1), slo=slo).summary()
-    bursty = simulate(deployment(), poisson(600, 10.0, 2048, 256, seed=1, burstiness=0.25), slo=slo).summary()
+    poisson_ = simulate(deployment(), poisson(600, 10.0, 2048, 256, seed=1), slo=slo).summary().to_json_dict()
+    bursty = simulate(deployment(), poisson(600, 10.0, 2048, 256, seed=1, burstiness=0.25), slo=slo).summary().to_json_dict()
     assert bursty["request_goodput"] < 0.8 * poisson_["request_goodput"]
 
 
@@ -97,7 +97,7 @@ def test_one_32k_request_causes_preemptions_when_kv_is_tight():
     long_one = req(10_000, 5.0, 32768, 64)
     dep = deployment(num_gpu_blocks_override=2400, max_model_len=40000)
     alone_res, mixed_res = simulate(dep, shorts), simulate(dep, shorts + [long_one])
-    alone, mixed = alone_res.summary(), mixed_res.summary()
+    alone, mixed = alone_res.summary().to_json_dict(), mixed_res.summary().to_json_dict()
     assert alone["num_preemptions"] == 0
     assert mixed["num_preemptions"] > 0
     assert mixed["completed"] == 151

@@ -317,10 +317,10 @@ def test_auto_picks_the_matching_profile_and_default_forces_first_principles(fit
     cfg = SimConfig(model="llama-3.2-1b", gpu="h200", seed=1)
     reqs = [Request(request_id=i, arrival_s=0.01 * i, prompt_len=192, output_len=20, hash_ids=(i,) * 12)
             for i in range(20)]
-    auto = run(reqs, cfg).summary()
+    auto = run(reqs, cfg).summary().to_json_dict()
     assert auto["profile"] == res.profile.name and auto["profile_status"] == cost_model.STATUS_VALIDATED
     assert auto["profile_validation"] == {"median_abs_error": 0.04}
-    first = run(reqs, cfg.model_copy(update={"profile": "default"})).summary()
+    first = run(reqs, cfg.model_copy(update={"profile": "default"})).summary().to_json_dict()
     assert first["profile"] == "default" and first["profile_status"] == cost_model.STATUS_FIRST_PRINCIPLES
     assert first["duration"] != auto["duration"]
 

@@ -154,6 +154,6 @@ def test_itl_samples_are_the_engines_token_gaps(runs):
         assert sim_gaps.size == gaps.size, name
         # a skip row spreads its block CPU time evenly over its steps (at most tens of microseconds)
         np.testing.assert_allclose(sim_gaps, gaps, rtol=1e-9, atol=1e-9 if res is stepped else 2e-5, err_msg=name)
-        sm, em = res.summary(), eng.summary()
+        sm, em = res.summary().to_json_dict(), eng.summary().to_json_dict()
         for k in ("mean_itl_ms", "p99_itl_ms", "mean_tpot_ms", "p99_tpot_ms", "num_engine_steps"):
             assert sm[k] == pytest.approx(em[k], rel=1e-6 if res is stepped else 1e-3), (name, k)

@@ -101,7 +101,7 @@ def test_same_columns_summary_keys_and_metric_set(runs):
     *_, eng, stepped, skipped = runs
     for res in (eng, stepped, skipped):
         assert tuple(res.requests) == REQUEST_COLUMNS and tuple(res.steps) == STEP_COLUMNS
-    assert set(eng.summary()) == set(stepped.summary()) == set(skipped.summary())
+    assert set(eng.summary().to_json_dict()) == set(stepped.summary().to_json_dict()) == set(skipped.summary().to_json_dict())
     assert _metric_names(eng.prometheus_text()) == _metric_names(stepped.prometheus_text())
     # the engine's live exporter (a running server's /metrics) has the same metric set
     live, table = _samples(generate_latest(eng.live_metrics.registry).decode()), _samples(eng.prometheus_text())
@@ -128,7 +128,7 @@ def test_same_outcome_per_request(runs):
     r = eng.requests
     assert (r["num_cached_tokens"] > 0).sum() >= 10  # shared system prompts hit
     assert list(r["status"]).count("rejected") == 1
-    s_eng, s_sim = eng.summary(), stepped.summary()
+    s_eng, s_sim = eng.summary().to_json_dict(), stepped.summary().to_json_dict()
     for key in ("completed", "rejected", "total_output_tokens", "num_preemptions", "prefix_cache_queries_tokens",
                 "prefix_cache_hits_tokens", "num_engine_steps", "prefill_tokens_computed"):
         assert s_eng[key] == s_sim[key], key

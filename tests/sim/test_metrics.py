@@ -66,7 +66,7 @@ def test_weighted_percentiles_match_numpy_inverted_cdf():
 
 
 def test_summary_values_by_hand():
-    s = _result().summary(SLO(ttft_ms=500, tpot_ms=150))
+    s = _result().summary(SLO(ttft_ms=500, tpot_ms=150)).to_json_dict()
     assert s["completed"] == 2 and s["failed"] == 1 and s["rejected"] == 1
     assert s["duration"] == pytest.approx(2.7)  # first arrival to last finish
     assert s["request_throughput"] == pytest.approx(2 / 2.7)
@@ -177,3 +177,34 @@ def test_slo_parse_errors():
         SLO.parse("latency:5")
 
 
+
+
+def test_live_metrics_render_the_same_text_as_the_tables():
+    """One Prometheus writer (engine/core/prometheus.py): the engine's live exporter, fed the run's
+    records one by one, scrapes to exactly the text `prometheus_text` writes for the tables."""
+    from types import SimpleNamespace
+
+    from engine.core.prometheus import LiveMetrics, prometheus_text
+    from engine.core.records import RequestRecord
+    from engine.metrics import EngineMetrics  # the engine's name for it
+
+    res = _result()
+    gaps = np.array([0.05, 0.1, 0.2, 0.15])
+    live = EngineMetrics("m", 1000)
+    assert isinstance(live, LiveMetrics)
+    stats = SimpleNamespace(prefix_cache_queries_tokens=300, prefix_cache_hits_tokens=64, num_spec_drafts=4,
+                            num_spec_draft_tokens=8, num_spec_accepted_tokens=5)
+    sched = SimpleNamespace(stats=stats, num_spec_accepted_per_pos=[3, 2])
+    steps = [StepRecord(**{c: res.steps[c][i] for c in STEP_COLUMNS}) for i in range(res.steps["n_steps"].size)]
+    for step in steps:
+        live.observe_step(step, sched)
+    for i in range(res.requests["request_id"].size):
+        live.observe_request(RequestRecord(**{c: res.requests[c][i] for c in REQUEST_COLUMNS}),
+                             gaps[2 * i:2 * i + 2] if i < 2 else ())
+    counters = {"prefix_cache_queries_tokens": 300, "prefix_cache_hits_tokens": 64, "spec_num_drafts": 4,
+                "spec_draft_tokens": 8, "spec_accepted_tokens": 5,
+                "spec_accepted_tokens_pos_0": 3, "spec_accepted_tokens_pos_1": 2}
+    table = prometheus_text(res.requests, res.steps, meta={"model": "m", "max_model_len": 1000},
+                            counters=counters, itl=(gaps, np.ones(gaps.size)))
+    assert live.text() == table
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 2.0' in table

@@ -154,7 +154,7 @@ def test_simulated_tokens_per_spec_step_match_formula():
     spec = {"method": "ngram", "num_speculative_tokens": k, "acceptance_beta": {"default": (7000.0, 3000.0)}}
     dep = deployment(speculative_config=spec, enable_prefix_caching=False)
     reqs = [req(i, 0.0, 200, 3000) for i in range(8)]
-    s = simulate(dep, reqs, seed=1).summary()
+    s = simulate(dep, reqs, seed=1).summary().to_json_dict()
     drafts = s["spec_decode_num_drafts"]
     length = s["spec_decode_acceptance_length"]
     want = expected_tokens_per_step(a, k)
@@ -180,7 +180,7 @@ def test_every_request_finishes_or_is_rejected():
     assert np.all(r["num_output_tokens"][fin] == r["output_len"][fin])
     assert sorted(r["request_id"][~fin]) == [150, 151]
     assert "max_model_len" in r["finish_reason"][r["request_id"] == 150][0]
-    assert res.summary()["num_preemptions"] > 0  # the small pool made it work for that
+    assert res.summary().num_preemptions > 0  # the small pool made it work for that
 
 
 def _tables_equal(a, b) -> None:
@@ -198,8 +198,8 @@ def test_same_seed_same_results():
     reqs = poisson(120, 20.0, 500, 100, seed=2)
     a, b, c = (simulate(dep, reqs, seed=s) for s in (11, 11, 12))
     _tables_equal(a, b)
-    assert a.summary()["spec_decode_accepted_tokens"] == b.summary()["spec_decode_accepted_tokens"]
-    assert a.summary()["spec_decode_accepted_tokens"] != c.summary()["spec_decode_accepted_tokens"]
+    assert a.summary().spec_decode_accepted_tokens == b.summary().spec_decode_accepted_tokens
+    assert a.summary().spec_decode_accepted_tokens != c.summary().spec_decode_accepted_tokens
 
 
 @pytest.mark.parametrize("router, overlap", [("round_robin", False), ("least_loaded", False),
@@ -278,7 +278,7 @@ def test_prefix_aware_router_keeps_sessions_together():
     hit = {}
     for router in ("round_robin", "prefix_aware"):
         dep = deployment(replicas=2, router=router, num_gpu_blocks_override=700)
-        hit[router] = simulate(dep, reqs).summary()["prefix_cache_hit_rate"]
+        hit[router] = simulate(dep, reqs).summary().prefix_cache_hit_rate
     assert hit["prefix_aware"] > hit["round_robin"] + 0.05, hit
 
 
@@ -300,9 +300,9 @@ def test_disaggregated_lone_request_ttft_is_prefill_plus_transfer_plus_one_token
 def test_acceptance_drift_lowers_acceptance():
     base = {"method": "ngram", "num_speculative_tokens": 4, "acceptance_beta": {"default": (700.0, 300.0)}}
     reqs = [req(i, 0.0, 100, 1500) for i in range(4)]
-    flat = simulate(deployment(speculative_config=base), reqs, seed=0).summary()
+    flat = simulate(deployment(speculative_config=base), reqs, seed=0).summary().to_json_dict()
     drift = simulate(deployment(speculative_config=base | {"acceptance_drift_per_s": -0.2}), reqs,
-                     seed=0).summary()
+                     seed=0).summary().to_json_dict()
     assert drift["spec_decode_acceptance_rate"] < flat["spec_decode_acceptance_rate"] - 0.1
 
 
@@ -337,7 +337,7 @@ def test_kv_block_coarsening_keeps_metrics_on_coarse_prefix_structure():
     dep = deployment(replicas=2, router="prefix_aware")
     sim = Simulation(dep, reqs, kv_block_coarsening="auto")
     assert sim.coarsen == 32
-    fine, coarse = simulate(dep, reqs).summary(), sim.run().summary()
+    fine, coarse = simulate(dep, reqs).summary().to_json_dict(), sim.run().summary().to_json_dict()
     for k in ("mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "prefix_cache_hit_rate", "output_throughput"):
         assert coarse[k] == pytest.approx(fine[k], rel=0.03), k
     assert coarse["prefix_cache_hit_rate"] > 0.3
@@ -409,7 +409,7 @@ def test_a_run_creates_no_reference_cycles_and_restores_the_collector(variant):
         gc.garbage.clear()
     assert garbage == []
     assert collector_on and not any(collector_on)
-    assert res.summary()["completed"] > 0
+    assert res.summary().completed > 0
     gc.disable()
     try:
         sim2 = Simulation(dep, reqs)
