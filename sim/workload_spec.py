@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -265,14 +264,6 @@ class WorkloadSpec(_Strict):
 
         text = json.dumps(kind_first(self.model_dump(mode="json")), indent=2)
         return re.sub(r"\[([-0-9.,\s]+)\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)).strip() + "]", text)
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> WorkloadSpec:
-        """Read a JSON or YAML spec file (bounded, YAML without aliases); an error names the file,
-        the line or the field path (e.g. `arrival.rate_rps`): `sim.workload_source.load_spec`."""
-        from sim.workload_source import load_spec
-
-        return load_spec(path)
 
     def with_overrides(self, **changes: object) -> WorkloadSpec:
         """A validated copy with top-level fields replaced (e.g. num_requests, seed)."""

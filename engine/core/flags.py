@@ -15,12 +15,13 @@ No torch here: the simulator imports this module.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, create_model
 
+from engine.core.flag_error import FlagError
 from engine.core.speculative_config import SpeculativeConfig
 
 UsageContext = Literal["api_server", "offline"]
@@ -104,27 +105,6 @@ def flag_model(name: str, flags: Sequence[Flag], base: type[BaseModel]) -> type[
     """A pydantic model class `name` deriving `base`, with one field per flag."""
     return create_model(name, __base__=base, __module__=base.__module__,
                         **{f.name: f.field() for f in flags})  # type: ignore[call-overload]
-
-
-class FlagError(ValueError):
-    """A broken vLLM rule. `{field}` placeholders in `rule` become field names (Python) or
-    flags (CLI) when rendered."""
-
-    def __init__(self, field: str, value: Any, rule: str) -> None:
-        self.field, self.value, self.rule = field, value, rule
-        super().__init__(self.render(lambda f: f))
-
-    def render(self, spell: Callable[[str], str]) -> str:
-        return f"{spell(self.field)} {self.value}: " + self.rule.format_map(_Spell(spell))
-
-
-class _Spell(dict):
-    def __init__(self, spell: Callable[[str], str]) -> None:
-        super().__init__()
-        self.spell = spell
-
-    def __missing__(self, key: str) -> str:
-        return self.spell(key)
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)([kKmMgGtT])\s*$")

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine.core.flag_error import FlagError
+
 DEFAULT_PROMPT_LOOKUP = 5
 EXAMPLE = '{"method":"ngram","num_speculative_tokens":4}'
 
@@ -78,8 +80,6 @@ def _key_problem(err: dict[str, Any]) -> str:
 
 
 def _flag_error(shown: str, text: str) -> Exception:
-    from engine.core.flags import FlagError  # engine.core.flags imports this module
-
     # FlagError fills {field} placeholders in its rule: the JSON's own braces are literal
     return FlagError("speculative_config", shown, text.replace("{", "{{").replace("}", "}}"))
 

@@ -688,8 +688,7 @@ def _api_cases() -> list[tuple[str, Callable[[Path], Any], str]]:
     from sim.traces import load_trace
     from sim.validate import validate_run
     from sim.workload import Workload
-    from sim.workload_source import SourceOptions, load_workload
-    from sim.workload_spec import WorkloadSpec
+    from sim.workload_source import SourceOptions, load_spec, load_workload
 
     nan, inf = math.nan, math.inf
     two = [_req(0, 0.0)]
@@ -722,7 +721,7 @@ def _api_cases() -> list[tuple[str, Callable[[Path], Any], str]]:
         ("workload-from-requests-inf", lambda d: Workload.from_requests([_req(0, inf)]), "arrival_s"),
         ("load-workload-far", lambda d: load_workload(str(d / "far.jsonl")), "1e+09 s"),
         ("load-workload-rate-tiny", lambda d: load_workload("lab-poisson", SourceOptions(rate_rps=1e-300)), "rate"),
-        ("spec-from-file-bomb", lambda d: WorkloadSpec.from_file(d / "bomb.yaml"), "aliases"),
+        ("spec-from-file-bomb", lambda d: load_spec(d / "bomb.yaml"), "aliases"),
         ("load-trace-bomb", lambda d: load_trace(d / "bomb.jsonl.gz"), "compression bomb"),
         ("load-trace-dev-zero", lambda d: load_trace("/dev/zero"), "character device"),
         ("load-yaml-bomb", lambda d: load_yaml(BILLION_LAUGHS, "x.yaml"), "aliases"),

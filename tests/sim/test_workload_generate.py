@@ -122,7 +122,7 @@ def test_spec_json_round_trip(tmp_path):
     s = get_preset("agent-multiturn")
     p = tmp_path / "s.json"
     p.write_text(s.to_json())
-    assert WorkloadSpec.from_file(p) == s
+    assert load_spec(p) == s
     assert same(load_workload(str(p), SourceOptions(num_requests=200)),
                 generate(s.with_overrides(num_requests=200)))
 
