@@ -156,11 +156,16 @@ class LiveMetrics:
 
     Each scrape renders the records so far through `metric_families`: the same text the run's
     final metrics.prom gets from its tables. The run-wide counters are the scheduler's own
-    (cumulative since it started), read at each step; ITL samples are the measured token gaps."""
+    (cumulative since it started), read at each step; ITL samples are the measured token gaps.
+    A long-running server keeps memory and scrape time bounded: every `fold_at` records the
+    batch's families are added into running totals (histogram buckets, sums and counts, and
+    counters add; gauges and the scheduler's counters take the latest) and the records dropped."""
 
-    def __init__(self, model_name: str, max_model_len: int) -> None:
+    def __init__(self, model_name: str, max_model_len: int, *, fold_at: int = 4096) -> None:
         self.model_name = model_name
         self.meta = {"model": model_name, "max_model_len": max_model_len}
+        self.fold_at = fold_at
+        self._folded: list[Metric] | None = None  # the families of the records dropped so far
         self._steps: list[StepRecord] = []
         self._requests: list[RequestRecord] = []
         self._gaps_s: list[float] = []
@@ -177,21 +182,29 @@ class LiveMetrics:
         with self._lock:
             self._steps.append(step)
             self._counters = counters
+            self._fold_if_due()
 
     def observe_request(self, rec: RequestRecord, itl_gaps_s: Sequence[float] = ()) -> None:
         """One finished or rejected request (`replay.request_record`) and its token gaps."""
         with self._lock:
             self._requests.append(rec)
             self._gaps_s.extend(itl_gaps_s)
+            self._fold_if_due()
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            requests = to_columns(self._requests, RequestRecord)
-            steps = to_columns(self._steps, StepRecord)
-            gaps = np.asarray(self._gaps_s, dtype=np.float64)
-            counters = dict(self._counters)
-        return iter(metric_families(requests, steps, meta=self.meta, counters=counters,
-                                    itl=(gaps, np.ones(gaps.size))))
+            return iter(_add_families(self._folded, self._batch_families(), bool(self._steps)))
+
+    def _batch_families(self) -> list[Metric]:
+        """The families of the records not folded yet (called under the lock)."""
+        gaps = np.asarray(self._gaps_s, dtype=np.float64)
+        return metric_families(to_columns(self._requests, RequestRecord), to_columns(self._steps, StepRecord),
+                               meta=self.meta, counters=dict(self._counters), itl=(gaps, np.ones(gaps.size)))
+
+    def _fold_if_due(self) -> None:
+        if len(self._steps) + len(self._requests) >= self.fold_at:
+            self._folded = _add_families(self._folded, self._batch_families(), bool(self._steps))
+            self._steps, self._requests, self._gaps_s = [], [], []
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()
@@ -205,6 +218,38 @@ class LiveMetrics:
         the HTTP server (`.shutdown()` stops it)."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server
+
+
+# families whose value is a level, not a count over records: the last step's gauges and the
+# scheduler's own cumulative counters take the newer value when two batches are added
+_LEVELS = frozenset({"vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:spec_decode_num_drafts",
+                     "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
+                     "vllm:spec_decode_num_accepted_tokens_per_pos"})
+
+
+def _add_families(old: list[Metric] | None, new: list[Metric], new_has_steps: bool) -> list[Metric]:
+    """`old` + `new` (the families of two batches of one run, in metric_families' order): samples
+    of histograms and record counters add up (labelled series sorted as the table writer sorts
+    them), levels take `new`'s value, gauges too unless `new` saw no step."""
+    if old is None:
+        return new
+    out = []
+    for o, n in zip(old, new, strict=True):
+        if o.name in _LEVELS or o.type == "gauge":
+            out.append(n if (o.type != "gauge" or new_has_steps) else o)
+            continue
+        total: dict[tuple, float] = {}
+        labels: dict[tuple, dict[str, str]] = {}
+        for s in (*o.samples, *n.samples):
+            key = (s.name, tuple(sorted(s.labels.items())))
+            total[key] = total.get(key, 0.0) + s.value
+            labels.setdefault(key, s.labels)
+        keys = sorted(total) if o.type == "counter" else list(total)  # histogram buckets keep their order
+        fam = Metric(o.name, o.documentation, o.type)
+        for key in keys:
+            fam.add_sample(key[0], labels[key], total[key])
+        out.append(fam)
+    return out
 
 
 __all__ = ["LiveMetrics", "metric_families", "prometheus_text"]

@@ -181,17 +181,34 @@ def test_slo_parse_errors():
 
 def test_live_metrics_render_the_same_text_as_the_tables():
     """One Prometheus writer (engine/core/prometheus.py): the engine's live exporter, fed the run's
-    records one by one, scrapes to exactly the text `prometheus_text` writes for the tables."""
+    records one by one, scrapes to exactly the text `prometheus_text` writes for the tables (and,
+    folding its records into running totals as a long-running server does, to the same values)."""
+    from engine.core.prometheus import LiveMetrics
+    from engine.metrics import EngineMetrics  # the engine's name for it
+
+    for fold_at in (4096, 1, 2):  # every record kept; folded into totals after each one; after pairs
+        live = EngineMetrics("m", 1000, fold_at=fold_at)
+        assert isinstance(live, LiveMetrics)
+        text, table = _feed_live(live)
+        if fold_at == 4096:
+            assert text == table
+        else:  # sums add in another order: equal to rounding
+            got, want = samples(text), samples(table)
+            assert got.keys() == want.keys()
+            for key, value in want.items():
+                assert got[key] == pytest.approx(value, rel=1e-12), (fold_at, key)
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 2.0' in table
+
+
+def _feed_live(live):
+    """The hand-made run's records fed to `live` one by one: (its text, the tables' text)."""
     from types import SimpleNamespace
 
-    from engine.core.prometheus import LiveMetrics, prometheus_text
+    from engine.core.prometheus import prometheus_text
     from engine.core.records import RequestRecord
-    from engine.metrics import EngineMetrics  # the engine's name for it
 
     res = _result()
     gaps = np.array([0.05, 0.1, 0.2, 0.15])
-    live = EngineMetrics("m", 1000)
-    assert isinstance(live, LiveMetrics)
     stats = SimpleNamespace(prefix_cache_queries_tokens=300, prefix_cache_hits_tokens=64, num_spec_drafts=4,
                             num_spec_draft_tokens=8, num_spec_accepted_tokens=5)
     sched = SimpleNamespace(stats=stats, num_spec_accepted_per_pos=[3, 2])
@@ -206,5 +223,4 @@ def test_live_metrics_render_the_same_text_as_the_tables():
                 "spec_accepted_tokens_pos_0": 3, "spec_accepted_tokens_pos_1": 2}
     table = prometheus_text(res.requests, res.steps, meta={"model": "m", "max_model_len": 1000},
                             counters=counters, itl=(gaps, np.ones(gaps.size)))
-    assert live.text() == table
-    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 2.0' in table
+    return live.text(), table
