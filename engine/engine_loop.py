@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from engine.core.config import EngineArgs, scheduler_config
+from engine.core.flags import FlagError
 from engine.core.model_spec import get_model
 from engine.core.records import StepRecord, step_composition
 from engine.core.request import FIRST_CONTENT_TOKEN_ID, Request
@@ -33,6 +34,14 @@ from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
 from engine.spec_decode.proposers import DraftModelProposer, NgramProposer, Proposal, WithDrafts
 from engine.startup import StartupLog, log_progress, process_age_s
+from engine.tensor_parallel import TPGroup
+from engine.tp_worker import (
+    BuildWorker,
+    rank_device,
+    register_shutdown,
+    start_workers,
+    stop_workers,
+)
 from kernels import compiled_kernel_count
 
 
@@ -129,10 +138,10 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None
-                ) -> LlamaModel:
+def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None,
+                tp: TPGroup | None = None) -> LlamaModel:
     """A preset with seeded random weights, or a checkpoint directory (FP8 weights with
-    `quantization="fp8"`, engine/quant.py)."""
+    `quantization="fp8"`, engine/quant.py); under tensor parallelism (`tp`) this rank's shard."""
     path = Path(config.model)
     dtype = None if config.dtype == "auto" else TORCH_DTYPES[config.dtype]
     backend = config.attention_backend
@@ -142,16 +151,42 @@ def build_model(config: EngineArgs, device: torch.device, max_model_len: int | N
         from engine.loader import load_model
 
         model = load_model(path, device=device, dtype=dtype, attention_backend=backend,
-                           max_positions=max_model_len)
+                           max_positions=max_model_len, tp=tp)
     else:
         spec = get_model(config.model)
         model = LlamaModel(spec, max_positions=max_model_len or spec.max_position_embeddings, device=device,
-                           dtype=dtype, attention_backend=backend, seed=config.seed)
+                           dtype=dtype, attention_backend=backend, seed=config.seed, tp=tp)
     if config.quantization == "fp8":
         from engine.quant import quantize_fp8
 
         quantize_fp8(model)
     return model
+
+
+def make_runner(model: LlamaModel, config: EngineArgs, max_model_len: int) -> ModelRunner:
+    """The runner of a resolved config (every tensor-parallel rank builds the same one)."""
+    return ModelRunner(
+        model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=max_model_len,
+        kv_cache_dtype=config.kv_cache_dtype, max_cudagraph_capture_size=config.max_cudagraph_capture_size)
+
+
+def check_tp_config(config: EngineArgs, device: torch.device, given_model: bool) -> None:
+    """What tensor parallelism (--tensor-parallel-size > 1) runs with, checked before any spawn."""
+    tp = config.tensor_parallel_size
+    if tp == 1:
+        return
+    fix = "; run it with --tensor-parallel-size 1"
+    if config.speculative_config is not None:
+        raise FlagError("tensor_parallel_size", tp, "does not run with --speculative-config yet" + fix)
+    if given_model:
+        raise FlagError("tensor_parallel_size", tp, "needs the engine to build its model (every rank builds "
+                        "its shard): pass a preset or checkpoint name, not a model object" + fix)
+    if device.type == "cuda":
+        have = torch.cuda.device_count() - (device.index or 0)
+        if have < tp:
+            raise FlagError("tensor_parallel_size", tp, f"needs {tp} GPUs but {have} are visible from {device}; "
+                            "lower {tensor_parallel_size}")
 
 
 def device_facts(device: torch.device) -> tuple[str, float]:
@@ -189,9 +224,18 @@ class EngineCore:
         self.startup = StartupLog(progress)
         self.ready_s: float | None = None  # process start -> first request accepted
         self.device = resolve_device(config.device)
+        check_tp_config(config, self.device, model is not None)
+        self.tp: TPGroup | None = None
+        self._tp_procs: list = []
+        if config.tensor_parallel_size > 1:
+            with self.startup.phase("tensor-parallel workers") as detail:
+                self.device = rank_device(self.device, 0)
+                self.tp, self._tp_procs = start_workers(config.tensor_parallel_size, self.device)
+                register_shutdown(self.tp, self._tp_procs)
+                detail.append(f"{config.tensor_parallel_size} ranks")
         if model is None:
             with self.startup.phase("model") as detail:
-                model = build_model(config, self.device, config.max_model_len)
+                model = build_model(config, self.device, config.max_model_len, tp=self.tp)
                 detail.append(f"{model.spec.name}, {model.dtype}")
         self.model = model
         self.spec = model.spec
@@ -202,10 +246,9 @@ class EngineCore:
         self.max_model_len = config.max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.async_scheduling = config.async_scheduling
-        self.runner = ModelRunner(
-            model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
-            kv_cache_dtype=config.kv_cache_dtype, max_cudagraph_capture_size=config.max_cudagraph_capture_size)
+        if self.tp is not None:  # the workers build the same model shard and runner
+            self.tp.send(BuildWorker(config, self.max_model_len))
+        self.runner = make_runner(model, config, self.max_model_len)
         self._init_speculation(config, draft_model)
         with self.startup.phase("KV cache") as detail:
             self.num_gpu_blocks = self.runner.allocate_kv_cache(
@@ -238,6 +281,12 @@ class EngineCore:
         self._token_bufs = [torch.zeros(b, dtype=torch.int64, pin_memory=self.runner.is_cuda)
                             for _ in range(2)]
         self._token_buf_idx = 0
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do on one GPU); safe to call twice."""
+        if self.tp is not None:
+            stop_workers(self.tp, self._tp_procs)
+            self.tp = None
 
     def _capture_graphs(self, config: EngineArgs) -> float:
         """Every CUDA graph the engine replays, each kind a start-up phase; returns seconds."""

@@ -63,6 +63,16 @@ class LLM:
         self._next_id = 0
         self.step_traces: list[StepRecord] = []
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (with --tensor-parallel-size > 1; else nothing)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def generate(self, prompts: Sequence[Any],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
