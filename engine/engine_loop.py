@@ -24,7 +24,7 @@ import torch
 
 from engine.core.config import EngineArgs, scheduler_config
 from engine.core.flags import FlagError
-from engine.core.model_spec import get_model
+from engine.core.model_spec import ModelSpec, get_model
 from engine.core.records import StepRecord, step_composition
 from engine.core.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.core.scheduler import Scheduler
@@ -139,9 +139,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None,
-                tp: TPGroup | None = None) -> LlamaModel:
+                tp: TPGroup | None = None, spec: ModelSpec | None = None) -> LlamaModel:
     """A preset with seeded random weights, or a checkpoint directory (FP8 weights with
-    `quantization="fp8"`, engine/quant.py); under tensor parallelism (`tp`) this rank's shard."""
+    `quantization="fp8"`, engine/quant.py); under tensor parallelism (`tp`) this rank's shard.
+    `spec`: the architecture to build instead of the preset's (a TP worker gets rank 0's)."""
     path = Path(config.model)
     dtype = None if config.dtype == "auto" else TORCH_DTYPES[config.dtype]
     backend = config.attention_backend
@@ -153,7 +154,7 @@ def build_model(config: EngineArgs, device: torch.device, max_model_len: int | N
         model = load_model(path, device=device, dtype=dtype, attention_backend=backend,
                            max_positions=max_model_len, tp=tp)
     else:
-        spec = get_model(config.model)
+        spec = spec or get_model(config.model)
         model = LlamaModel(spec, max_positions=max_model_len or spec.max_position_embeddings, device=device,
                            dtype=dtype, attention_backend=backend, seed=config.seed, tp=tp)
     if config.quantization == "fp8":
@@ -219,15 +220,21 @@ def check_draft(draft: LlamaModel, target: LlamaModel, max_model_len: int) -> No
 class EngineCore:
     def __init__(self, config: EngineArgs, model: LlamaModel | None = None,
                  eos_token_ids: tuple[int, ...] = (), draft_model: LlamaModel | None = None,
-                 progress: Callable[[str], None] = log_progress) -> None:
-        """`progress` hears each start-up phase as it ends (and a long capture's progress)."""
+                 progress: Callable[[str], None] = log_progress, tp: TPGroup | None = None) -> None:
+        """`progress` hears each start-up phase as it ends (and a long capture's progress).
+        `tp`: a tensor-parallel group this process already joined as rank 0 (benchmarks: a
+        world of one rank through the TP code path); without it, --tensor-parallel-size > 1
+        spawns the workers here."""
         self.startup = StartupLog(progress)
         self.ready_s: float | None = None  # process start -> first request accepted
         self.device = resolve_device(config.device)
         check_tp_config(config, self.device, model is not None)
-        self.tp: TPGroup | None = None
+        self.tp: TPGroup | None = tp
         self._tp_procs: list = []
-        if config.tensor_parallel_size > 1:
+        if tp is not None and tp.world_size != config.tensor_parallel_size:
+            raise FlagError("tensor_parallel_size", config.tensor_parallel_size,
+                            f"differs from the given group's {tp.world_size} ranks; make them equal")
+        if tp is None and config.tensor_parallel_size > 1:
             with self.startup.phase("tensor-parallel workers") as detail:
                 self.device = rank_device(self.device, 0)
                 self.tp, self._tp_procs = start_workers(config.tensor_parallel_size, self.device)
@@ -246,8 +253,8 @@ class EngineCore:
         self.max_model_len = config.max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.async_scheduling = config.async_scheduling
-        if self.tp is not None:  # the workers build the same model shard and runner
-            self.tp.send(BuildWorker(config, self.max_model_len))
+        if self.tp is not None and self.tp.world_size > 1:  # the workers build the same shard and runner
+            self.tp.send(BuildWorker(config, self.max_model_len, model.spec))
         self.runner = make_runner(model, config, self.max_model_len)
         self._init_speculation(config, draft_model)
         with self.startup.phase("KV cache") as detail:
@@ -284,9 +291,9 @@ class EngineCore:
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (nothing to do on one GPU); safe to call twice."""
-        if self.tp is not None:
+        if self._tp_procs:
             stop_workers(self.tp, self._tp_procs)
-            self.tp = None
+            self._tp_procs = []
 
     def _capture_graphs(self, config: EngineArgs) -> float:
         """Every CUDA graph the engine replays, each kind a start-up phase; returns seconds."""

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.core.config import EngineArgs
+from engine.core.model_spec import ModelSpec
 from engine.tensor_parallel import TPGroup
 
 # A rank that waits longer than this for its peers gives up (a crashed peer, not a slow step).
@@ -39,6 +40,7 @@ class BuildWorker:
 
     config: EngineArgs
     max_model_len: int
+    spec: ModelSpec  # rank 0's architecture (a preset, or one a benchmark made up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +100,14 @@ def stop_workers(tp: TPGroup | None, procs: list[Any]) -> None:
         tp.send(Stop())
     for p in procs:
         p.join(timeout=60)
-    dist.destroy_process_group()
+    leave_group()
+
+
+def leave_group() -> None:
+    """Leave the process group; over NCCL after CUDA-graph captures of collectives
+    destroy_process_group can hang (pytorch issue 115388), so a GPU rank leaves it to process exit."""
+    if dist.get_backend() == "gloo":
+        dist.destroy_process_group()
 
 
 def worker_main(rank: int, world_size: int, address: str, device: str, force_collectives: bool = False) -> None:
@@ -110,14 +119,16 @@ def worker_main(rank: int, world_size: int, address: str, device: str, force_col
     build = tp.receive()
     runner = build_worker_runner(build, tp, dev)
     follow(runner, tp)
-    dist.destroy_process_group()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    leave_group()
 
 
 def build_worker_runner(build: BuildWorker, tp: TPGroup, device: torch.device):
     """The same model shard and runner rank 0 builds (engine_loop.EngineCore)."""
     from engine.engine_loop import build_model, make_runner
 
-    model = build_model(build.config, device, build.max_model_len, tp=tp)
+    model = build_model(build.config, device, build.max_model_len, tp=tp, spec=build.spec)
     return make_runner(model, build.config, build.max_model_len)
 
 
