@@ -34,7 +34,7 @@ from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
 from engine.spec_decode.proposers import DraftModelProposer, NgramProposer, Proposal, WithDrafts
 from engine.startup import StartupLog, log_progress, process_age_s
-from engine.tensor_parallel import TPGroup
+from engine.tensor_parallel import TPGroup, check_tp_shape
 from engine.tp_worker import (
     BuildWorker,
     rank_device,
@@ -178,6 +178,14 @@ def check_tp_config(config: EngineArgs, device: torch.device, given_model: bool)
     if tp == 1:
         return
     fix = "; run it with --tensor-parallel-size 1"
+    if not given_model:  # the shape is checked before any worker is spawned
+        path = Path(config.model)
+        if path.is_dir():
+            from engine.hf_config import spec_of_folder
+
+            check_tp_shape(spec_of_folder(path), tp)
+        else:
+            check_tp_shape(get_model(config.model), tp)
     if config.speculative_config is not None:
         raise FlagError("tensor_parallel_size", tp, "does not run with --speculative-config yet" + fix)
     if given_model:
