@@ -127,7 +127,7 @@ def _rank(rank: int, world: int, address: str, device: str, dry: bool, out: str)
     rows = measure_sizes(tp, dev, dry)
     control = measure_control(tp, dev, 128)
     if rank == 0:
-        Path(out).write_text(json.dumps({"sizes": rows, "control": control}) + "\n")
+        Path(out).write_text(json.dumps({"world_size": world, "sizes": rows, "control": control}) + "\n")
     if dev.type == "cuda":
         torch.cuda.synchronize()
     leave_group()

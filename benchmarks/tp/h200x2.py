@@ -1,14 +1,15 @@
 """Tensor parallelism on two H200s (issue 31): all-reduce by message size, step times at TP=1 and
 TP=2, end-to-end serving runs, and the step traces `costline calibrate --tp` fits from.
 
-ONE call, <= 9.5 minutes (--budget-s 560: a part that would start past it is skipped, and each part
+ONE call, <= 9.5 minutes (--budget-s 570: a part that would start past it is skipped, and each part
 runs in its own process under a timeout, so a hung collective costs that part only). Parts, in order:
 
   collectives  2 ranks, NCCL: the engine's all-reduce (in CUDA graphs) vs a plain NCCL bus-bandwidth
                loop, 4 KiB .. 256 MiB and the model's [tokens, hidden] sizes; the step message
                (gloo) and sampled-token broadcast costs                   -> collectives.json
-  8b-tp1       llama-3.1-8b shape, one GPU: decode grid (batch x context), prefill ladder, two
-               chat-production serving runs                                -> runs/llama-3.1-8b/tp1/...
+  8b-tp1       llama-3.1-8b shape, one GPU: decode grid (batch x context), prefill ladder, mixed
+               chat traffic (fit runs), two chat-production serving runs (held out)
+                                                                           -> runs/llama-3.1-8b/tp1/...
   8b-tp2       the same at --tensor-parallel-size 2 (greedy tokens checked against 8b-tp1's)
   70b40-tp1    llama-3.1-70b shape cut to 40 layers (73 GB of bf16 weights: fits one GPU, so TP=1 and
                TP=2 compare on the same model; said so in every run.json): decode grid, prefills
@@ -40,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.tp.common import Results, elapsed_s, environment, log
 
 # (part, seconds it may take at most on the GPUs)
-PARTS: tuple[tuple[str, float], ...] = (("collectives", 70), ("8b-tp1", 100), ("8b-tp2", 120),
-                                        ("70b40-tp1", 90), ("70b40-tp2", 100), ("70b-tp2", 90))
+PARTS: tuple[tuple[str, float], ...] = (("collectives", 60), ("8b-tp1", 110), ("8b-tp2", 125),
+                                        ("70b40-tp1", 100), ("70b40-tp2", 110), ("70b-tp2", 80))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,8 @@ class ModelPlan:
     contexts: tuple[int, ...]
     decode_steps: int
     prefill_lens: tuple[int, ...]
+    mixed_rps: float  # a fit run of chat-production traffic (another seed than the serving runs)
+    mixed_s: float
     serving: tuple[float, ...]  # chat-production request rates (req/s); () = none
     serving_s: float
     engine: dict
@@ -68,19 +71,20 @@ def model_plan(part: str, dry: bool) -> ModelPlan:
     shape, tp = part.rsplit("-tp", 1)
     if dry:
         layers = {"8b": None, "70b40": 4, "70b": 6}[shape]
-        return ModelPlan("tiny", layers, int(tp), (1, 4), (32, 96), 4, (40, 150), (4.0,) if shape == "8b" else (),
-                         1.5, {"max_num_seqs": 8, "max_num_batched_tokens": 128, "max_model_len": 512,
+        return ModelPlan("tiny", layers, int(tp), (1, 4), (32, 96), 4, (40, 150), 4.0, 1.0,
+                         (4.0,) if shape == "8b" else (), 1.5, {"max_num_seqs": 8, "max_num_batched_tokens": 128, "max_model_len": 512,
                                "num_gpu_blocks_override": 256, "block_size": 16, "dtype": "float32",
                                "device": "cpu"})
     gpu = {"max_num_seqs": 128, "max_num_batched_tokens": 8192, "max_model_len": 8192,
            "max_cudagraph_capture_size": 512, "gpu_memory_utilization": 0.85, "dtype": "bfloat16", "device": "cuda"}
+    ladder = (128, 512, 1024, 2048, 4096, 8192) * 2
     if shape == "8b":
-        return ModelPlan("llama-3.1-8b", None, int(tp), (1, 8, 32, 128), (512, 4096), 24, (512, 2048, 8192),
-                         (4.0, 12.0), 15.0, gpu)
+        return ModelPlan("llama-3.1-8b", None, int(tp), (1, 8, 32, 128), (512, 4096), 24, ladder, 8.0, 10.0,
+                         (4.0, 12.0), 12.0, gpu)
     if shape == "70b40":
-        return ModelPlan("llama-3.1-70b", 40, int(tp), (1, 8, 32, 128), (512, 4096), 16, (512, 2048, 8192), (),
+        return ModelPlan("llama-3.1-70b", 40, int(tp), (1, 8, 32, 128), (512, 4096), 16, ladder, 3.0, 8.0, (),
                          0.0, gpu)
-    return ModelPlan("llama-3.1-70b", None, int(tp), (1, 32, 128), (1024,), 12, (2048,), (), 0.0, gpu)
+    return ModelPlan("llama-3.1-70b", None, int(tp), (1, 32, 128), (1024,), 12, (2048,), 0.0, 0.0, (), 0.0, gpu)
 
 
 # --------------------------------------------------------------------------- one part (own process)
@@ -143,6 +147,10 @@ def run_model_part(part: str, out: Path, dry: bool, deadline_s: float) -> dict:
             one("fit", f"decode-b{b}-c{ctx}", reqs, False, 60.0)
     reqs = [ids.request(0.5 * i, n, 1) for i, n in enumerate(plan.prefill_lens)]  # prefills, one at a time
     one("fit", "prefill-ladder", reqs, True, 30.0)
+    if plan.mixed_rps:  # prefill chunks beside decodes, for the fit (another seed than the serving runs)
+        reqs = workload_requests("chat-production", max(8, int(plan.mixed_rps * plan.mixed_s)), plan.mixed_rps,
+                                 plan.engine["max_model_len"] // 2, other_slice=True)
+        one("fit", f"chat-other-seed-{plan.mixed_rps:g}rps", reqs, True, plan.mixed_s * 2)
     for rate in plan.serving:  # held out: the fit never sees them
         reqs = workload_requests("chat-production", max(8, int(rate * plan.serving_s)), rate,
                                  plan.engine["max_model_len"] // 2)
@@ -213,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dry-run", action="store_true", help="CPU, gloo, 2 processes, tiny models")
-    ap.add_argument("--budget-s", type=float, default=560.0)
+    ap.add_argument("--budget-s", type=float, default=570.0, help="a part that would start past this is skipped")
     ap.add_argument("--parts", default=",".join(p for p, _ in PARTS))
     ap.add_argument("--part", help=argparse.SUPPRESS)  # a child process: run this one part
     ap.add_argument("--part-deadline-s", type=float, default=1e9, help=argparse.SUPPRESS)
