@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -103,11 +104,19 @@ def stop_workers(tp: TPGroup | None, procs: list[Any]) -> None:
     leave_group()
 
 
-def leave_group() -> None:
-    """Leave the process group; over NCCL after CUDA-graph captures of collectives
-    destroy_process_group can hang (pytorch issue 115388), so a GPU rank leaves it to process exit."""
+def leave_group(timeout_s: float = 10.0) -> bool:
+    """Leave the process group; True when it was destroyed. Over NCCL, after CUDA-graph captures of
+    collectives, destroy_process_group can hang (pytorch issue 115388): it gets `timeout_s` in a
+    daemon thread, past which the group is left to the process's exit."""
+    if not dist.is_initialized():
+        return True
     if dist.get_backend() == "gloo":
         dist.destroy_process_group()
+        return True
+    t = threading.Thread(target=dist.destroy_process_group, daemon=True, name="leave-tp-group")
+    t.start()
+    t.join(timeout_s)
+    return not t.is_alive()
 
 
 def worker_main(rank: int, world_size: int, address: str, device: str, force_collectives: bool = False) -> None:

@@ -10,7 +10,7 @@ Three engines of the same model (same seed, so the same weights) side by side in
            CUDA graphs (so this also checks that the graphs capture NCCL collectives)
 
 Checks and measures:
-  tokens  greedy tokens of 16 prompts (32 tokens each) equal across the three
+  tokens  greedy tokens of 16 prompts (32 tokens each) equal across the three (dry run: 4 x 8)
   steps   decode step time (CUDA events, median) on a batch x context grid, in rounds that
           alternate the engines (plain twice per round: its spread is the noise floor);
           verdict: tp1 within max(2 %, 2 x noise) of plain; tp1-nccl's extra time per collective
@@ -43,7 +43,7 @@ from benchmarks.tp.common import (
 )
 from engine.core.config import EngineArgs
 from engine.engine_loop import EngineCore
-from engine.tp_worker import free_port, init_group
+from engine.tp_worker import free_port, init_group, leave_group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +55,15 @@ class Plan:
     steps: int
     rounds: int
     engine: dict
+    num_prompts: int = 16  # the greedy-token check: prompts x tokens each
+    num_tokens: int = 32
 
     @classmethod
     def of(cls, dry: bool, model: str) -> Plan:
         if dry:
             return cls("tiny", "cpu", "float32", ((1, 32), (4, 64)), 4, 2,
                        {"max_num_seqs": 8, "max_num_batched_tokens": 128, "num_gpu_blocks_override": 256,
-                        "max_model_len": 256, "block_size": 16})
+                        "max_model_len": 256, "block_size": 16}, num_prompts=4, num_tokens=8)
         return cls(model, "cuda", "bfloat16", ((1, 512), (16, 2048), (64, 2048), (64, 512)), 24, 2,
                    {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "max_cudagraph_capture_size": 512,
                     "num_gpu_blocks_override": 2048, "max_model_len": 4096, "block_size": 16})
@@ -75,11 +77,11 @@ def build(plan: Plan, tp=None) -> EngineCore:
     return core
 
 
-def tokens_phase(engines: dict[str, EngineCore], vocab: int) -> dict:
-    ps = prompts(16, vocab, seed=1)
-    out = {name: generate(core, ps, 32) for name, core in engines.items()}
+def tokens_phase(engines: dict[str, EngineCore], vocab: int, plan: Plan) -> dict:
+    ps = prompts(plan.num_prompts, vocab, seed=1)
+    out = {name: generate(core, ps, plan.num_tokens) for name, core in engines.items()}
     ref = out["plain"]
-    return {"prompts": len(ps), "tokens_each": 32,
+    return {"prompts": len(ps), "tokens_each": plan.num_tokens,
             "equal": {name: toks == ref for name, toks in out.items()},
             "first_tokens": {name: toks[0][:8] for name, toks in out.items()}}
 
@@ -152,12 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     res.phase("build", build_all, a.budget_s)
     vocab = engines["plain"].spec.vocab_size if "plain" in engines else 0
     if len(engines) == 3:
-        res.phase("tokens", lambda: tokens_phase(engines, vocab), a.budget_s)
+        res.phase("tokens", lambda: tokens_phase(engines, vocab, plan), a.budget_s)
         res.phase("steps", lambda: steps_phase(engines, plan, vocab, a.budget_s), a.budget_s)
     res.data["elapsed_s"] = round(elapsed_s(), 1)
     res.save()
-    if device.type == "cpu":  # after NCCL captures, destroy_process_group can hang (pytorch#115388): exit
-        torch.distributed.destroy_process_group()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    leave_group()  # bounded: after NCCL captures destroy_process_group can hang (pytorch#115388)
     tok = res.data["phases"].get("tokens", {}).get("value") or {}
     st = res.data["phases"].get("steps", {}).get("value") or {}
     log(f"tokens equal: {tok.get('equal')}; tp1 costs nothing: {st.get('verdict_tp1_costs_nothing')}")
