@@ -36,9 +36,11 @@ from engine.spec_decode.proposers import DraftModelProposer, NgramProposer, Prop
 from engine.startup import StartupLog, log_progress, process_age_s
 from engine.tensor_parallel import TPGroup, check_tp_shape
 from engine.tp_worker import (
+    SHARE_DEVICE_ENV,
     BuildWorker,
     rank_device,
     register_shutdown,
+    sharing_device,
     start_workers,
     stop_workers,
 )
@@ -191,7 +193,11 @@ def check_tp_config(config: EngineArgs, device: torch.device, given_model: bool)
     if given_model:
         raise FlagError("tensor_parallel_size", tp, "needs the engine to build its model (every rank builds "
                         "its shard): pass a preset or checkpoint name, not a model object" + fix)
-    if device.type == "cuda":
+    if device.type == "cuda" and sharing_device():  # test hook: gloo on one GPU, which no graph captures
+        if not config.enforce_eager and config.cudagraph_mode != "NONE":
+            raise FlagError("tensor_parallel_size", tp, f"with {SHARE_DEVICE_ENV}=1 (ranks sharing one GPU over "
+                            "gloo) runs eagerly; add --enforce-eager")
+    elif device.type == "cuda":
         have = torch.cuda.device_count() - (device.index or 0)
         if have < tp:
             raise FlagError("tensor_parallel_size", tp, f"needs {tp} GPUs but {have} are visible from {device}; "

@@ -276,12 +276,13 @@ class RunnerCall:
 
 @dataclass(slots=True)
 class StepMessage:
-    """One step as rank 0 prepared it, for the workers: the step's description, its staging
-    bytes and copy plan, and whether its decodes gather in-flight tokens (rank 0 then also
-    broadcasts its sampled-token buffer on the device group)."""
+    """One step as rank 0 prepared it, for the workers: the step's description, the parts of its
+    staging bytes the step uses ((offset, bytes) chunks), its copy plan, and whether its decodes
+    gather in-flight tokens (rank 0 then also broadcasts its sampled-token buffer on the device
+    group)."""
 
     inputs: StepInputs
-    staged: bytes
+    chunks: list[tuple[int, bytes]]
     copy: StagedCopy
     gathers: bool
 
@@ -981,17 +982,38 @@ class ModelRunner:
         """Rank 0: the step to the workers (its staging bytes and copy plan, pickled over the
         control group), then, when its decodes gather in-flight tokens, the sampled-token buffer
         over the device group (so rank 0 never waits for its tokens on the host)."""
-        copy = self._last_copy
-        self.tp.send(StepMessage(inp, self.h_raw[: copy.end_bytes].numpy().tobytes(), copy, self._last_gathers))
+        self.tp.send(StepMessage(inp, self._used_chunks(inp), self._last_copy, self._last_gathers))
         if self._last_gathers:
             self.tp.broadcast(self.d_sampled)
 
+    # per-token sections: a step sends only the entries it uses (its padded tokens, its logits rows)
+    _TOKEN_SECTIONS = ("ids", "pos", "slots", "logits_idx")
+
+    def _used_chunks(self, inp: StepInputs) -> list[tuple[int, bytes]]:
+        """The staging bytes a step's kernels read: the per-sequence sections whole (small, and
+        their fixed-size lists are read whole), the per-token ones up to the step's padded tokens
+        or logits rows, the packed block-table rows when sent. The per-token sections' capacity
+        (4 x 8 bytes a token: 256 KiB at an 8,192-token budget) is mostly unused by a decode step."""
+        raw, secs = self._np["raw"], {sec.name: sec for sec in self._sections}
+        first = secs[self._TOKEN_SECTIONS[0]].offset_bytes
+        chunks = [(0, raw[:first].tobytes())]
+        for name in self._TOKEN_SECTIONS:
+            sec = secs[name]
+            n = inp.num_logits if name == "logits_idx" else inp.num_padded_tokens
+            chunks.append((sec.offset_bytes, raw[sec.offset_bytes: sec.offset_bytes + n * sec.dtype.itemsize].tobytes()))
+        packed_at = self._sections[-1].offset_bytes
+        if self._last_copy.end_bytes > packed_at:
+            chunks.append((packed_at, raw[packed_at: self._last_copy.end_bytes].tobytes()))
+        return chunks
+
     @torch.inference_mode()
     def run_step_message(self, msg: StepMessage) -> torch.Tensor:
-        """A worker: rank 0's step into this rank's buffers (the same bytes, the same copy
+        """A worker: rank 0's step into this rank's buffers (the bytes it uses, the same copy
         plan), its in-flight tokens from rank 0's buffer, then the same forward."""
         self._next_stage()
-        np.copyto(self._np["raw"][: msg.copy.end_bytes], np.frombuffer(msg.staged, dtype=np.uint8))
+        raw = self._np["raw"]
+        for offset, data in msg.chunks:
+            raw[offset: offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
         self._device_copy(msg.copy)
         if msg.gathers:
             self.tp.broadcast(self.d_sampled)

@@ -86,8 +86,12 @@ class TPGroup:
         t, vs = local.shape
         stacked = torch.empty((self.world_size * t, vs), dtype=local.dtype, device=local.device)
         local = local.contiguous()
-        if local.is_cuda:
+        if local.is_cuda and dist.get_backend(self.device_group) == "nccl":
             dist.all_gather_into_tensor(stacked, local, group=self.device_group)
+        elif local.is_cuda:  # gloo gathers host tensors only (a GPU shared by the ranks: a test hook)
+            host = stacked.cpu()
+            dist.all_gather(list(host.chunk(self.world_size)), local.cpu(), group=self.device_group)
+            stacked.copy_(host)
         else:  # gloo: the list form
             dist.all_gather(list(stacked.chunk(self.world_size)), local, group=self.device_group)
         full = stacked.view(self.world_size, t, vs).transpose(0, 1).reshape(t, self.world_size * vs)

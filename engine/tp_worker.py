@@ -55,17 +55,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A test hook, inherited by the spawned workers: every rank on the ONE base GPU, the model's
+# collectives over gloo (NCCL refuses two ranks on one GPU; gloo is not capturable, so the engine
+# must run eagerly). Lets a one-GPU machine run the TP > 1 path (benchmarks/tp/one_gpu_shared.py).
+SHARE_DEVICE_ENV = "COSTLINE_TP_SHARE_DEVICE"
+
+
+def sharing_device() -> bool:
+    return os.environ.get(SHARE_DEVICE_ENV) == "1"
+
+
 def rank_device(base: torch.device, rank: int) -> torch.device:
-    """Rank r's device: the r-th GPU after the base one, or the CPU."""
+    """Rank r's device: the r-th GPU after the base one (the base one when sharing it), or the CPU."""
     if base.type != "cuda":
         return base
-    return torch.device("cuda", (base.index or 0) + rank)
+    return torch.device("cuda", (base.index or 0) + (0 if sharing_device() else rank))
 
 
 def init_group(rank: int, world_size: int, address: str, device: torch.device,
                force_collectives: bool = False) -> TPGroup:
-    """Join the process group: NCCL (GPUs) or gloo (CPU) for the model, gloo for control."""
-    if device.type == "cuda":
+    """Join the process group: NCCL (GPUs) or gloo (CPU, or GPUs shared) for the model, gloo for control."""
+    if device.type == "cuda" and sharing_device():
+        torch.cuda.set_device(device)
+        dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world_size,
+                                timeout=TP_TIMEOUT)
+    elif device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", init_method=address, rank=rank, world_size=world_size,
                                 timeout=TP_TIMEOUT, device_id=device)

@@ -63,3 +63,16 @@ def test_h200x2_dry_run_one_model(tmp_path):
     run = json.loads(next((tmp_path / "runs" / "tiny" / "tp2" / "fit").glob("*/run.json")).read_text())
     assert run["engine_args"]["tensor_parallel_size"] == 2
     assert "fit" in res["phases"]  # the TP fit ran (on CPU times its terms may be refused: named, not raised)
+
+
+def test_one_gpu_shared_dry_run(tmp_path, monkeypatch):
+    from benchmarks.tp import one_gpu_shared
+
+    monkeypatch.setenv("COSTLINE_TP_SHARE_DEVICE", "0")  # the script sets it to 1; restored after
+    assert one_gpu_shared.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    for mode in ("sync", "async"):
+        v = res["phases"]["fp32"]["value"][mode]
+        assert v["tokens_equal"] and v["all_reduces_per_forward"] == v["expected_per_forward"]
+    assert res["phases"]["fp32"]["value"]["async"]["counts"]["broadcast"] > 0  # in-flight tokens sent
+    assert one_gpu_shared.agreement([[1, 2, 3], [4, 5]], [[1, 9, 3], [4, 5]]) == 3 / 5
