@@ -60,6 +60,7 @@ class TPGroup:
     device_group: Any = None
     control_group: Any = None
     force_collectives: bool = False
+    closed: bool = False  # rank 0 told the workers to stop (engine/tp_worker.py stop_workers)
     counts: dict[str, int] = field(default_factory=lambda: {"all_reduce": 0, "all_gather": 0, "broadcast": 0})
 
     @property

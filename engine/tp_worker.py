@@ -109,8 +109,9 @@ def start_workers(world_size: int, device: torch.device, force_collectives: bool
 
 def stop_workers(tp: TPGroup | None, procs: list[Any]) -> None:
     """Tell the workers to leave, wait for them, leave the group (safe to call twice)."""
-    if tp is None or not dist.is_initialized():
+    if tp is None or tp.closed or not dist.is_initialized():
         return
+    tp.closed = True  # an explicit close and the exit hook both call this: the second does nothing
     if tp.world_size > 1:
         tp.send(Stop())
     for p in procs:

@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -184,9 +186,14 @@ def spawn_part(part: str, limit_s: float, a: argparse.Namespace) -> dict:
     out_json.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--part", part, "--out", str(a.out),
            "--part-deadline-s", str(limit_s - 5)] + (["--dry-run"] if a.dry_run else [])
+    # its own session: on a timeout the part AND the TP workers its engine spawned are killed together
+    # (a SIGKILLed parent leaves daemon children running, holding their GPU)
+    proc = subprocess.Popen(cmd, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, timeout=limit_s, check=False)
+        proc.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         return {"error": f"timed out after {limit_s:.0f} s (a hung collective or a slow start)"}
     if out_json.exists():
         return json.loads(out_json.read_text())
