@@ -162,3 +162,14 @@ def test_cli_adds_measured_tp_terms_and_keeps_tp_runs_out_of_the_one_gpu_fit(tmp
     assert r.exit_code != 0 and "--tp-runs" in r.output
     r = CliRunner().invoke(app, [*args, "--force", "--tp-runs", str(two)])
     assert r.exit_code != 0 and "--tp-collectives" in r.output
+
+
+def test_validate_simulates_a_tp_run_over_as_many_gpus():
+    from sim.validate import EngineRunInfo, sim_engine_config
+
+    base = {"schema_name": "costline-engine-run/1", "name": "chat", "model": "llama-3.1-8b", "gpu": "h200",
+            "hash_block_size": 16, "honor_arrivals": True, "num_gpu_blocks": 1000}
+    two = EngineRunInfo.model_validate(base | {"engine_args": {"max_num_seqs": 64, "tensor_parallel_size": 2}})
+    one = EngineRunInfo.model_validate(base | {"engine_args": {"max_num_seqs": 64}})
+    assert sim_engine_config(two).tensor_parallel_size == 2
+    assert sim_engine_config(one).tensor_parallel_size == 1
