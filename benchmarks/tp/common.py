@@ -32,6 +32,12 @@ def elapsed_s() -> float:
     return time.perf_counter() - T0
 
 
+def start_clock() -> None:
+    """Budgets count from here (a script's main; its tests call main in a longer process)."""
+    global T0
+    T0 = time.perf_counter()
+
+
 def environment() -> dict:
     """Versions, GPUs and the commit the numbers come from."""
     env = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node(),
@@ -139,4 +145,4 @@ def decode_steps(core: EngineCore, batch: int, context: int, steps: int, vocab: 
             "gpu_ms_min": 1e3 * min(gpu) if gpu else None}
 
 
-__all__ = ["Results", "decode_steps", "elapsed_s", "environment", "generate", "log", "prompts"]
+__all__ = ["Results", "decode_steps", "elapsed_s", "environment", "generate", "log", "prompts", "start_clock"]

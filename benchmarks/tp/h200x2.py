@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.tp.common import Results, elapsed_s, environment, log
+from benchmarks.tp.common import Results, elapsed_s, environment, log, start_clock
 
 # (part, seconds it may take at most on the GPUs)
 PARTS: tuple[tuple[str, float], ...] = (("collectives", 60), ("8b-tp1", 110), ("8b-tp2", 125),
@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", help=argparse.SUPPRESS)  # a child process: run this one part
     ap.add_argument("--part-deadline-s", type=float, default=1e9, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    start_clock()
     if a.part:
         value = run_part(a.part, a.out, a.dry_run, a.part_deadline_s)
         (a.out / "parts" / f"{a.part}.json").write_text(json.dumps(value, indent=2, default=str) + "\n")

@@ -40,6 +40,7 @@ from benchmarks.tp.common import (
     generate,
     log,
     prompts,
+    start_clock,
 )
 from engine.core.config import EngineArgs
 from engine.engine_loop import EngineCore
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=110.0, help="phases past this are skipped")
     ap.add_argument("--model", default="llama-3.1-8b")
     a = ap.parse_args(argv)
+    start_clock()
     plan = Plan.of(a.dry_run, a.model)
     res = Results(a.out, {"script": "benchmarks/tp/one_gpu.py", "argv": sys.argv[1:], "plan": dataclasses.asdict(plan),
                           "env": environment()})

@@ -28,7 +28,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.tp.common import Results, elapsed_s, environment, generate, log, prompts
+from benchmarks.tp.common import (
+    Results,
+    elapsed_s,
+    environment,
+    generate,
+    log,
+    prompts,
+    start_clock,
+)
 from engine.core.config import EngineArgs
 from engine.engine_loop import EngineCore
 from engine.tp_worker import SHARE_DEVICE_ENV
@@ -101,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny model")
     ap.add_argument("--budget-s", type=float, default=100.0, help="phases past this are skipped")
     a = ap.parse_args(argv)
+    start_clock()
     os.environ[SHARE_DEVICE_ENV] = "1"  # inherited by the spawned worker
     device = "cpu" if a.dry_run else "cuda"
     fp32_model, bf16_model = ("tiny", "tiny") if a.dry_run else ("llama-3.2-1b", "llama-3.1-8b")
