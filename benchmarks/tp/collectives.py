@@ -9,8 +9,9 @@ power-of-two ladder up to 256 MiB):
           in one CUDA graph and replayed, as the engine's decode and mixed graphs run them
   (bus bandwidth = bytes / time x 2 (n - 1) / n, nccl-tests' definition for all-reduce)
 
-and the host-side messages: rank 0's pickled step message over the gloo control group
-(`broadcast_object_list`, 1-64 KiB) and the sampled-token buffer's device broadcast.
+and the other per-step traffic: rank 0's pickled step message over the gloo control group
+(`broadcast_object_list`, 1-64 KiB), the LM head's logits all-gather (1-256 rows of a 128K vocabulary)
+and the sampled-token buffer's device broadcast.
 """
 
 from __future__ import annotations
@@ -113,6 +114,15 @@ def measure_control(tp: TPGroup, device: torch.device, max_num_seqs: int) -> lis
         sec = _time_loop(send, 50, torch.device("cpu"))
         rows.append({"what": "step message (gloo broadcast_object_list)", "bytes": len(pickle.dumps(payload)),
                      "us": sec * 1e6})
+    vocab = 512 if device.type == "cpu" else 128256  # Llama 3's vocabulary
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    for rows_n in (1, 64, 256):  # the LM head's logits all-gather (TPGroup.gather_vocab), per step
+        local = torch.ones(rows_n, -(-vocab // tp.world_size), dtype=dtype, device=device)
+        for _ in range(3):
+            tp.gather_vocab(local, vocab)
+        sec = _time_loop(lambda local=local: tp.gather_vocab(local, vocab), 20, device)
+        rows.append({"what": f"logits all-gather ({rows_n} rows x {vocab} vocab)",
+                     "bytes": local.numel() * local.element_size(), "us": sec * 1e6})
     tokens = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
     for _ in range(3):
         dist.broadcast(tokens, src=0, group=tp.device_group)
