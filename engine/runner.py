@@ -26,6 +26,7 @@ Larger batches run eagerly.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import itertools
 import operator
@@ -982,7 +983,9 @@ class ModelRunner:
         """Rank 0: the step to the workers (its staging bytes and copy plan, pickled over the
         control group), then, when its decodes gather in-flight tokens, the sampled-token buffer
         over the device group (so rank 0 never waits for its tokens on the host)."""
-        self.tp.send(StepMessage(inp, self._used_chunks(inp), self._last_copy, self._last_gathers))
+        # the workers' forward reads none of the request ids (hundreds of ints a step, pickled)
+        shape = dataclasses.replace(inp, request_ids=[], sample_request_ids=[])
+        self.tp.send(StepMessage(shape, self._used_chunks(inp), self._last_copy, self._last_gathers))
         if self._last_gathers:
             self.tp.broadcast(self.d_sampled)
 
