@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from engine.core.config import EngineArgs, scheduler_config
-from engine.core.model_spec import get_model
+from engine.core.flags import FlagError
+from engine.core.model_spec import ModelSpec, get_model
 from engine.core.records import StepRecord, step_composition
 from engine.core.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.core.scheduler import Scheduler
@@ -33,6 +34,16 @@ from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
 from engine.spec_decode.proposers import DraftModelProposer, NgramProposer, Proposal, WithDrafts
 from engine.startup import StartupLog, log_progress, process_age_s
+from engine.tensor_parallel import TPGroup, check_tp_shape
+from engine.tp_worker import (
+    SHARE_DEVICE_ENV,
+    BuildWorker,
+    rank_device,
+    register_shutdown,
+    sharing_device,
+    start_workers,
+    stop_workers,
+)
 from kernels import compiled_kernel_count
 
 
@@ -129,10 +140,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None
-                ) -> LlamaModel:
+def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None,
+                tp: TPGroup | None = None, spec: ModelSpec | None = None) -> LlamaModel:
     """A preset with seeded random weights, or a checkpoint directory (FP8 weights with
-    `quantization="fp8"`, engine/quant.py)."""
+    `quantization="fp8"`, engine/quant.py); under tensor parallelism (`tp`) this rank's shard.
+    `spec`: the architecture to build instead of the preset's (a TP worker gets rank 0's)."""
     path = Path(config.model)
     dtype = None if config.dtype == "auto" else TORCH_DTYPES[config.dtype]
     backend = config.attention_backend
@@ -142,16 +154,54 @@ def build_model(config: EngineArgs, device: torch.device, max_model_len: int | N
         from engine.loader import load_model
 
         model = load_model(path, device=device, dtype=dtype, attention_backend=backend,
-                           max_positions=max_model_len)
+                           max_positions=max_model_len, tp=tp)
     else:
-        spec = get_model(config.model)
+        spec = spec or get_model(config.model)
         model = LlamaModel(spec, max_positions=max_model_len or spec.max_position_embeddings, device=device,
-                           dtype=dtype, attention_backend=backend, seed=config.seed)
+                           dtype=dtype, attention_backend=backend, seed=config.seed, tp=tp)
     if config.quantization == "fp8":
         from engine.quant import quantize_fp8
 
         quantize_fp8(model)
     return model
+
+
+def make_runner(model: LlamaModel, config: EngineArgs, max_model_len: int) -> ModelRunner:
+    """The runner of a resolved config (every tensor-parallel rank builds the same one)."""
+    return ModelRunner(
+        model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=max_model_len,
+        kv_cache_dtype=config.kv_cache_dtype, max_cudagraph_capture_size=config.max_cudagraph_capture_size)
+
+
+def check_tp_config(config: EngineArgs, device: torch.device, given_model: bool) -> None:
+    """What tensor parallelism (--tensor-parallel-size > 1) runs with, checked before any spawn."""
+    tp = config.tensor_parallel_size
+    if tp == 1:
+        return
+    fix = "; run it with --tensor-parallel-size 1"
+    if not given_model:  # the shape is checked before any worker is spawned
+        path = Path(config.model)
+        if path.is_dir():
+            from engine.hf_config import spec_of_folder
+
+            check_tp_shape(spec_of_folder(path), tp)
+        else:
+            check_tp_shape(get_model(config.model), tp)
+    if config.speculative_config is not None:
+        raise FlagError("tensor_parallel_size", tp, "does not run with --speculative-config yet" + fix)
+    if given_model:
+        raise FlagError("tensor_parallel_size", tp, "needs the engine to build its model (every rank builds "
+                        "its shard): pass a preset or checkpoint name, not a model object" + fix)
+    if device.type == "cuda" and sharing_device():  # test hook: gloo on one GPU, which no graph captures
+        if not config.enforce_eager and config.cudagraph_mode != "NONE":
+            raise FlagError("tensor_parallel_size", tp, f"with {SHARE_DEVICE_ENV}=1 (ranks sharing one GPU over "
+                            "gloo) runs eagerly; add --enforce-eager")
+    elif device.type == "cuda":
+        have = torch.cuda.device_count() - (device.index or 0)
+        if have < tp:
+            raise FlagError("tensor_parallel_size", tp, f"needs {tp} GPUs but {have} are visible from {device}; "
+                            "lower {tensor_parallel_size}")
 
 
 def device_facts(device: torch.device) -> tuple[str, float]:
@@ -184,14 +234,29 @@ def check_draft(draft: LlamaModel, target: LlamaModel, max_model_len: int) -> No
 class EngineCore:
     def __init__(self, config: EngineArgs, model: LlamaModel | None = None,
                  eos_token_ids: tuple[int, ...] = (), draft_model: LlamaModel | None = None,
-                 progress: Callable[[str], None] = log_progress) -> None:
-        """`progress` hears each start-up phase as it ends (and a long capture's progress)."""
+                 progress: Callable[[str], None] = log_progress, tp: TPGroup | None = None) -> None:
+        """`progress` hears each start-up phase as it ends (and a long capture's progress).
+        `tp`: a tensor-parallel group this process already joined as rank 0 (benchmarks: a
+        world of one rank through the TP code path); without it, --tensor-parallel-size > 1
+        spawns the workers here."""
         self.startup = StartupLog(progress)
         self.ready_s: float | None = None  # process start -> first request accepted
         self.device = resolve_device(config.device)
+        check_tp_config(config, self.device, model is not None)
+        self.tp: TPGroup | None = tp
+        self._tp_procs: list = []
+        if tp is not None and tp.world_size != config.tensor_parallel_size:
+            raise FlagError("tensor_parallel_size", config.tensor_parallel_size,
+                            f"differs from the given group's {tp.world_size} ranks; make them equal")
+        if tp is None and config.tensor_parallel_size > 1:
+            with self.startup.phase("tensor-parallel workers") as detail:
+                self.device = rank_device(self.device, 0)
+                self.tp, self._tp_procs = start_workers(config.tensor_parallel_size, self.device)
+                register_shutdown(self.tp, self._tp_procs)
+                detail.append(f"{config.tensor_parallel_size} ranks")
         if model is None:
             with self.startup.phase("model") as detail:
-                model = build_model(config, self.device, config.max_model_len)
+                model = build_model(config, self.device, config.max_model_len, tp=self.tp)
                 detail.append(f"{model.spec.name}, {model.dtype}")
         self.model = model
         self.spec = model.spec
@@ -202,10 +267,9 @@ class EngineCore:
         self.max_model_len = config.max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.async_scheduling = config.async_scheduling
-        self.runner = ModelRunner(
-            model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
-            kv_cache_dtype=config.kv_cache_dtype, max_cudagraph_capture_size=config.max_cudagraph_capture_size)
+        if self.tp is not None and self.tp.world_size > 1:  # the workers build the same shard and runner
+            self.tp.send(BuildWorker(config, self.max_model_len, model.spec))
+        self.runner = make_runner(model, config, self.max_model_len)
         self._init_speculation(config, draft_model)
         with self.startup.phase("KV cache") as detail:
             self.num_gpu_blocks = self.runner.allocate_kv_cache(
@@ -238,6 +302,12 @@ class EngineCore:
         self._token_bufs = [torch.zeros(b, dtype=torch.int64, pin_memory=self.runner.is_cuda)
                             for _ in range(2)]
         self._token_buf_idx = 0
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do on one GPU); safe to call twice."""
+        if self._tp_procs:
+            stop_workers(self.tp, self._tp_procs)
+            self._tp_procs = []
 
     def _capture_graphs(self, config: EngineArgs) -> float:
         """Every CUDA graph the engine replays, each kind a start-up phase; returns seconds."""

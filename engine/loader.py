@@ -17,6 +17,7 @@ from engine.core.input_files import InputFileError, expect, expect_object, read_
 from engine.core.model_spec import ModelSpec
 from engine.hf_config import SUPPORTED_ARCHS, spec_from_hf_config, spec_of_folder
 from engine.model import TORCH_DTYPES, LlamaModel
+from engine.tensor_parallel import TPGroup
 
 
 def hf_config_from_spec(spec: ModelSpec) -> dict:
@@ -48,6 +49,18 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
             "original_max_position_embeddings": rs.original_max_position_embeddings,
         }
     return cfg
+
+
+def _hf_names(model: LlamaModel) -> set[str]:
+    """The HF tensor names a checkpoint of this model holds (a sharded model's too)."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"} | ({"lm_head.weight"} if model.lm_head is not None
+                                                                 else set())
+    per_layer = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                 "input_layernorm.weight", "post_attention_layernorm.weight"]
+    if model.spec.qkv_bias:
+        per_layer += ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
+    return names | {f"model.layers.{i}.{n}" for i in range(len(model.layers)) for n in per_layer}
 
 
 def _hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
@@ -139,14 +152,16 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               attention_backend: str = "torch", max_positions: int | None = None) -> LlamaModel:
-    """Build the model a HF-style directory describes and copy its weights in."""
+               attention_backend: str = "torch", max_positions: int | None = None,
+               tp: TPGroup | None = None) -> LlamaModel:
+    """Build the model a HF-style directory describes and copy its weights in (under tensor
+    parallelism, `tp`, this rank's shard of each)."""
     path = Path(path)
     spec = spec_of_folder(path)  # checked, and sized against the device before LlamaModel allocates
     model = LlamaModel(spec, max_positions=max_positions or min(spec.max_position_embeddings, 8192),
-                       device=device, dtype=dtype, attention_backend=attention_backend, seed=None)
+                       device=device, dtype=dtype, attention_backend=attention_backend, seed=None, tp=tp)
     tensors = _read_tensors(path)
-    want = _hf_tensors(model).keys()
+    want = _hf_names(model)
     if spec.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
@@ -154,26 +169,29 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     if missing or extra:
         raise ValueError(f"{path}: checkpoint does not match the config: missing {missing[:5]}, "
                          f"unexpected {extra[:5]}")
-    with torch.no_grad():
-        model.embed_tokens.copy_(tensors["model.embed_tokens.weight"])
-        model.norm.weight.copy_(tensors["model.norm.weight"])
-        if model.lm_head is not None:
-            model.lm_head.copy_(tensors["lm_head.weight"])
-        for i, layer in enumerate(model.layers):
-            p = f"model.layers.{i}."
-            g = lambda n, p=p: tensors[p + n]
-            layer.qkv_proj.weight.copy_(torch.cat([g("self_attn.q_proj.weight"),
-                                                   g("self_attn.k_proj.weight"),
-                                                   g("self_attn.v_proj.weight")]))
-            if layer.qkv_proj.bias is not None:
-                layer.qkv_proj.bias.copy_(torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"),
-                                                     g("self_attn.v_proj.bias")]))
-            layer.o_proj.weight.copy_(g("self_attn.o_proj.weight"))
-            layer.gate_up_proj.weight.copy_(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]))
-            layer.down_proj.weight.copy_(g("mlp.down_proj.weight"))
-            layer.input_layernorm.weight.copy_(g("input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.copy_(g("post_attention_layernorm.weight"))
+    model.load_full_state_dict(_engine_state(tensors, model))
     return model
+
+
+def _engine_state(tensors: dict[str, torch.Tensor], model: LlamaModel) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors under the engine's parameter names, q/k/v and gate/up fused."""
+    full = {"embed_tokens": tensors["model.embed_tokens.weight"], "norm.weight": tensors["model.norm.weight"]}
+    if model.lm_head is not None:
+        full["lm_head"] = tensors["lm_head.weight"]
+    for i, layer in enumerate(model.layers):
+        p, e = f"model.layers.{i}.", f"layers.{i}."
+        g = lambda n, p=p: tensors[p + n]
+        full[e + "qkv_proj.weight"] = torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
+                                                 g("self_attn.v_proj.weight")])
+        if layer.qkv_proj.bias is not None:
+            full[e + "qkv_proj.bias"] = torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"),
+                                                   g("self_attn.v_proj.bias")])
+        full[e + "o_proj.weight"] = g("self_attn.o_proj.weight")
+        full[e + "gate_up_proj.weight"] = torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")])
+        full[e + "down_proj.weight"] = g("mlp.down_proj.weight")
+        full[e + "input_layernorm.weight"] = g("input_layernorm.weight")
+        full[e + "post_attention_layernorm.weight"] = g("post_attention_layernorm.weight")
+    return full
 
 
 __all__ = ["SUPPORTED_ARCHS", "TORCH_DTYPES", "hf_config_from_spec", "load_model", "save_model", "spec_from_hf_config"]

@@ -164,6 +164,33 @@ class OverlapTerms(BaseModel):
     sync_extra_s: float = _COEF
 
 
+class TPTerms(BaseModel):
+    """Tensor parallelism's price, measured (`costline calibrate --tp-runs`, sim/tp_fit.py) on a
+    GPU pair: each forward issues `2 x layers + 1` all-reduces of its [tokens, hidden] activations
+    (attention and MLP per layer, the vocab-parallel embedding), each `allreduce_latency_s +
+    bus bytes / allreduce_bus_gb_per_s` (bus bytes = 2 (tp - 1) / tp x message bytes, the ring's
+    and nccl-tests' definition), of which `overlap_fraction` hides behind compute; `step_s` is what
+    else a TP step costs per forward (the logits all-gather, rank 0's step message). Measured at
+    `tensor_parallel_size`; another size scales the latency by (tp - 1) / (measured tp - 1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tensor_parallel_size: int = Field(ge=2)
+    allreduce_latency_s: float = Field(ge=0, le=1e-2)
+    allreduce_bus_gb_per_s: float = Field(gt=0)
+    overlap_fraction: float = Field(default=0.0, ge=0, le=1)
+    step_s: float = Field(default=0.0, ge=0, le=0.05)
+    provenance: dict[str, Any] | None = None  # "measured": GPU, model, runs, commit, fit errors
+
+    def comm_terms(self, model: ModelSpec, tp: int) -> tuple[float, float]:
+        """(fixed seconds, seconds per token) of a forward's TP communication at `tp` ranks."""
+        n = 2 * model.num_layers + 1
+        lat = self.allreduce_latency_s * (tp - 1) / (self.tensor_parallel_size - 1)
+        per_token_bytes = 2 * (tp - 1) / tp * model.hidden_size * dtype_bytes(model.dtype)
+        hidden = 1 - self.overlap_fraction
+        return hidden * n * lat + self.step_s, hidden * n * per_token_bytes / (self.allreduce_bus_gb_per_s * GB)
+
+
 class MemoryTerms(BaseModel):
     """What the engine's KV sizing used, per GPU, so the simulator computes the same block count:
     blocks = (total x utilization - weights - activations - non-torch) / block bytes, where the
@@ -249,6 +276,9 @@ class CostProfile(BaseModel):
     overlap: OverlapTerms | None = None
     memory: MemoryTerms | None = None
     spec: SpecTerms | None = None  # speculative decoding as measured (None: first principles)
+    # tensor parallelism as measured on a GPU pair (None: the all-reduce from the link's datasheet
+    # bandwidth x allreduce_efficiency plus allreduce_latency_s, first principles)
+    tp: TPTerms | None = None
     # FP8 weights (--quantization fp8): the decoder GEMMs' compute rate over bf16's. None: the
     # datasheet's FP8 rate (2x on Hopper), a prior. The weights' bytes halve either way; the LM head
     # stays 16-bit (as in vLLM). `fp8_step_s`: GPU seconds FP8 weights add to every forward (the
@@ -474,8 +504,11 @@ class CostModel:
         self._prefill_s_per_pair = r.prefill_s_per_pair / p.attn_compute_efficiency
         self._kv_s_per_token = r.kv_s_per_token / p.attn_memory_efficiency
         self._ew_s_per_token = r.ew_s_per_token / p.elementwise_memory_efficiency
-        # two all-reduces per layer of tokens x hidden activations (ring: 2 (tp-1)/tp of the bytes)
-        if tp > 1:
+        # two all-reduces per layer of tokens x hidden activations (ring: 2 (tp-1)/tp of the bytes):
+        # measured terms where the profile has them, else the link's datasheet rate
+        if tp > 1 and p.tp is not None:
+            self._ar_fixed_s, self._ar_s_per_token = p.tp.comm_terms(model, tp)
+        elif tp > 1:
             link = gpu.interconnect_gb_per_s * GB * p.allreduce_efficiency
             self._ar_fixed_s = 2 * L * p.allreduce_latency_s
             self._ar_s_per_token = 2 * L * 2 * (tp - 1) / tp * h * act_b / link
@@ -909,6 +942,7 @@ __all__ = [
     "Roofline",
     "SpecTerms",
     "StepKind",
+    "TPTerms",
     "knot_weights",
     "step_table_seconds",
 ]

@@ -107,9 +107,39 @@ def _fp8_weights(profile: CostProfile) -> Assumption:
                       how_to_measure=how)
 
 
+def _tensor_parallel(profile: CostProfile, tp: int, gpu: str) -> Assumption:
+    """TP's all-reduces: measured on this GPU pair (sim/tp_fit.py), scaled from another TP size, or
+    the link's datasheet bandwidth (first principles)."""
+    name = "tensor-parallel all-reduce and its overlap"
+    how = ("run `benchmarks/tp/h200x2.py` (or your vLLM at --tensor-parallel-size 1 and N on the same traffic), "
+           "then `costline calibrate ... --tp-runs RUN... --tp-collectives collectives.json`")
+    t = profile.tp
+    if t is None:
+        return Assumption(input=name, provenance="prior",
+                          value=f"{2 * profile.allreduce_latency_s * 1e6:.0f} us + bytes at "
+                                f"{profile.allreduce_efficiency:.0%} of the link's datasheet bandwidth, per layer",
+                          source="first principles: ring all-reduce over the GPU's interconnect (sim/hardware.py)",
+                          how_to_measure=how)
+    fit = (t.provenance or {}).get("fit", {})
+    err = fit.get("held_out_median_rel_error")
+    where = f"measured on {(t.provenance or {}).get('gpu', '?')} at TP{t.tensor_parallel_size}"
+    if isinstance(err, float):
+        where += f", held-out TP step error {err:.1%}"
+    measured_on = (t.provenance or {}).get("gpu")
+    prov: Provenance = ("transferred" if measured_on not in (None, gpu) else
+                        "measured" if tp == t.tensor_parallel_size else "scaled")
+    note = {"measured": "", "scaled": f"; latency scaled to TP{tp}", "transferred": f"; used for {gpu}"}[prov]
+    return Assumption(input=name, provenance=prov,
+                      value=f"{t.allreduce_latency_s * 1e6:.1f} us + bytes at {t.allreduce_bus_gb_per_s:.0f} GB/s bus "
+                            f"per all-reduce, {t.overlap_fraction:.0%} hidden, {t.step_s * 1e6:.0f} us per step",
+                      source=f"{profile.name}: {where}{note}", how_to_measure=how)
+
+
 def knob_assumptions(engine: EngineConfig, profile: CostProfile, gpu: str) -> list[Assumption]:
     """The prices of the knobs `engine` turns on (on `gpu`), beyond the step costs."""
     out = []
+    if engine.tensor_parallel_size > 1:
+        out.append(_tensor_parallel(profile, engine.tensor_parallel_size, gpu))
     if engine.quantization == "fp8":
         out.append(_fp8_weights(profile))
     if engine.kv_cache_dtype not in (None, "auto"):

@@ -108,6 +108,8 @@ def run(
     _check_outputs(out, metrics_file, force=force, inputs=_inputs(cfg, workload))  # before any work
     check_engine_args(cfg)
     if disagg is not None:
+        if cfg.tensor_parallel_size > 1:
+            _fail("--disagg runs each instance on one GPU; drop --tensor-parallel-size")
         return _run_disagg(cfg, disagg, workload, max_prompt_len, no_arrivals, out, metrics_file, metrics_port,
                            source, force)
     from engine.engine_loop import EngineCore
@@ -129,6 +131,7 @@ def run(
         res = replay(core, requests, honor_arrivals=not no_arrivals, metrics=metrics,
                      trace_file=folder / "steps.jsonl")
         summary = res.write_files(folder)
+    core.close()  # the tensor-parallel workers, if any
     if metrics and metrics_file:
         with staged_file(metrics_file) as tmp:
             metrics.write(str(tmp))
@@ -193,6 +196,7 @@ def bench(
     outs = llm.generate(prompts, sp)
     wall = time.perf_counter() - t
     gen = sum(len(o.token_ids) for o in outs)
+    llm.close()  # the tensor-parallel workers, if any
     typer.echo(json.dumps({"model": cfg.model, "device": str(llm.engine.device), "num_prompts": num_prompts,
                            "input_len": input_len, "output_len": output_len, "wall_s": wall,
                            "output_tokens_per_s": gen / wall,
