@@ -245,6 +245,15 @@ def cpu_line(sw: _Sweeps) -> CostLine:
                            f"it stays below half the step time up to {pts[-1].x:.1f} req/s: the GPU is the bottleneck.")))
 
 
+def expected_simulations() -> int:
+    """What `cost_lines` runs when every point starts (for progress): speculative decoding's rate
+    pairs and acceptance drops, prefix caching's reuse and dynamic-prefix runs plus the operating
+    point, block sizes, token budgets, CPU rates and the P/D prompt pairs."""
+    spec = 2 * len(RATE_FACTORS) + len(ACCEPTANCE_DROPS)
+    prefix = 1 + len(REUSE_SHARES) + len(DYNAMIC_SHARES) + 1
+    return spec + prefix + len(BLOCK_SIZES) + len(BUDGETS_TOKENS) + len(CPU_RATE_FACTORS) + 2 * len(PROMPT_FACTORS)
+
+
 def cost_lines(ev: Evaluator, ctx: Context, spec: WorkloadSpec, best: Candidate, n: int,
                pool: ThreadPoolExecutor | None = None) -> list[CostLine]:
     """Every cost line around `best` on `n` requests of the spec's traffic. With `pool`, the lines

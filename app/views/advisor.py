@@ -24,14 +24,10 @@ def run_advisor(s: Scenario, budget: str, *, allow: list[str] | None = None, for
     api = advise_api()
     assert api is not None
     advise, request_cls = api
-    bar = st.progress(0.0, text="searching ...")
+    bar = st.progress(0.0, text="starting the advisor ...")
 
-    def progress(*args: Any) -> None:  # a fraction, or (done, total); anything else is ignored
-        try:
-            frac = float(args[0]) / float(args[1]) if len(args) == 2 and args[1] else float(args[0])
-        except (IndexError, TypeError, ValueError):
-            return
-        bar.progress(min(max(frac, 0.0), 1.0), text="searching ...")
+    def progress(ev: Any) -> None:  # an advisor.advise.progress.ProgressEvent, on this script's thread
+        bar.progress(min(max(float(ev.fraction), 0.0), 1.0), text=ev.text())
 
     try:
         wl = scenario_workload(s, state.upload())
