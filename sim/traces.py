@@ -221,8 +221,8 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
         kept.append(row)
     counts = [len(r.hash_ids) for r in kept]
     flat = np.fromiter((h for r in kept for h in r.hash_ids), dtype=np.int64, count=sum(counts))
-    exact = bool(kept) and all(r.arrival_s is not None for r in kept)  # a file our exporter wrote
-    arrival = [r.arrival_s if exact else r.timestamp_ms / 1000.0 for r in kept]
+    # the exact arrival where our exporter wrote one (a burst within one ms), else the timestamp
+    arrival = [r.timestamp_ms / 1000.0 if r.arrival_s is None else r.arrival_s for r in kept]
     tasks = [r.task or "default" for r in kept] if any(r.task for r in kept) else "default"
     sessions = [-1 if r.session_id is None else r.session_id for r in kept] \
         if any(r.session_id is not None for r in kept) else None
@@ -663,10 +663,11 @@ def export_mooncake(wl: Workload, path: str | Path | TextIO) -> Path | TextIO:
     """Write `wl` as Mooncake JSONL (timestamp in integer ms), replayable by
     `vllm bench serve --dataset-name timed_trace --dataset-path FILE
      --timed-trace-sec-multiplier 0.001 --timed-trace-chunk-hash-size <wl.hash_block_size>`.
-    Each row also carries what integer ms and the four Mooncake fields lose, read back by
-    `load_mooncake` (replayers read only the fields they know): `arrival_s`, the exact arrival
-    (bursts put several requests in one ms), and `task` and `session_id` where the workload has
-    them. `path` may be an open text stream (standard output)."""
+    A row also carries what integer ms and the four Mooncake fields lose, read back by
+    `load_mooncake` (replayers read only the fields they know): `arrival_s`, the exact arrival,
+    where it is not a whole ms (bursts put several requests in one ms), and `task` and
+    `session_id` where the workload has them; a Mooncake trace exports to its own rows.
+    `path` may be an open text stream (standard output)."""
     ids, offs = wl.flat_hash_ids()
     rel = wl.arrival_s - wl.arrival_s[0]
     ts_ms = np.rint(rel * 1000.0).astype(np.int64).tolist()
@@ -676,7 +677,9 @@ def export_mooncake(wl: Workload, path: str | Path | TextIO) -> Path | TextIO:
 
     def row(i: int, t: int, p: int, o: int) -> str:
         obj: dict[str, Any] = {"timestamp": t, "input_length": p, "output_length": o,
-                               "hash_ids": ids_l[offs_l[i]:offs_l[i + 1]], "arrival_s": rel_l[i]}
+                               "hash_ids": ids_l[offs_l[i]:offs_l[i + 1]]}
+        if abs(rel_l[i] * 1000.0 - t) > 1e-6:  # a whole-ms arrival (a Mooncake source) needs none
+            obj["arrival_s"] = rel_l[i]
         if tasks is not None:
             obj["task"] = tasks[i]
         if sessions[i] >= 0:
