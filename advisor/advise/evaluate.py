@@ -39,18 +39,19 @@ class Outcome:
     metrics: Metrics
     extras: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # the configuration cannot start (vLLM's start-up checks)
-    cdf_ms: dict[str, list[float]] = field(default_factory=dict)  # TTFT and E2E at CDF_PERCENTS
+    cdf_ms: dict[str, list[float]] = field(default_factory=dict)  # TTFT, TPOT and E2E at CDF_PERCENTS
 
 
 CDF_PERCENTS = tuple(range(1, 100))
 
 
 def latency_cdf_ms(requests: dict[str, np.ndarray]) -> dict[str, list[float]]:
-    """TTFT and E2E percentiles 1..99 of the finished requests, in ms (the report's CDF chart)."""
+    """TTFT, TPOT and E2E percentiles 1..99 of the finished requests, in ms (the report's CDF chart)."""
     done = requests["status"] == "finished"
     out = {}
-    for key, col in (("ttft_ms", "ttft_s"), ("e2e_ms", "e2e_s")):
+    for key, col in (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2e_ms", "e2e_s")):
         v = requests[col][done]
+        v = v[~np.isnan(v)]  # TPOT: a one-token request has none (the summary's p99 leaves it out too)
         out[key] = [round(float(x) * 1e3, 3) for x in np.percentile(v, CDF_PERCENTS)] if v.size else []
     return out
 

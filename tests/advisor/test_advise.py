@@ -259,8 +259,8 @@ def test_objectives_rank_layouts(objective: str, winner: str) -> None:
 def test_speed_words_say_which_way_latency_moves():
     from advisor.advise.cost_lines import speed_words
 
-    # speedup_pct = (mean latency without / with - 1) x 100
-    assert speed_words(42.0) == "cuts mean end-to-end latency by 30% (x0.70)"  # 1 - 1/1.42
-    assert speed_words(-35.0) == "raises mean end-to-end latency by 54% (x1.54)"  # 1/0.65 - 1
+    # latency_cut_pct = (1 - mean latency with / without) x 100: the words quote the number itself
+    assert speed_words(30.0) == "cuts mean end-to-end latency by 30% (x0.70)"
+    assert speed_words(-54.0) == "raises mean end-to-end latency by 54% (x1.54)"
     assert speed_words(0.2) == "leaves mean end-to-end latency unchanged"
     assert speed_words(float("nan")).startswith("has no measurable effect")
