@@ -133,3 +133,20 @@ def test_piped_cli_prints_plain_progress_lines_on_stderr(monkeypatch) -> None:
     assert "cost lines: 0/34 simulations, ETA ..." in res.stderr
     assert "cost lines: 34/34 simulations, done in 34 s" in res.stderr
     assert res.exit_code != 0
+
+
+def test_terminal_progress_shows_a_row_per_phase_with_counts_and_eta(monkeypatch) -> None:
+    from rich.console import Console
+
+    from advisor.commands import advise as command
+
+    buf = io.StringIO()
+    monkeypatch.setattr(command, "plain_console", lambda stderr=False: Console(
+        file=buf, force_terminal=True, width=120, markup=False, highlight=False))
+    with command.progress_display() as show:
+        show(ProgressEvent("search", 12, 46, 6.0, 17.0, 0.1, detail="screening"))
+        show(ProgressEvent("search", 46, 46, 20.0, 0.0, 0.45, finished=True))
+        show(ProgressEvent("cost lines", 3, 34, 1.0, 10.0, 0.5))
+    out = buf.getvalue()  # the bars' last frame, drawn as they stop
+    assert "search" in out and "46/46 simulations" in out
+    assert "cost lines" in out and "3/34 simulations" in out and "ETA 10 s" in out
