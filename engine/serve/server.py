@@ -17,6 +17,7 @@ from engine.engine_loop import EngineCore
 from engine.metrics import EngineMetrics
 from engine.serve.api import ServedModel, build_app
 from engine.serve.async_engine import AsyncEngine
+from engine.serve.load_client import raise_fd_limit
 from engine.serve.tokenizers import tokenizer_for
 
 
@@ -34,6 +35,7 @@ def build_served_model(cfg: EngineArgs, names: Sequence[str], *, tokenizer: str 
 
 
 def serve(model: ServedModel, host: str, port: int, *, log_level: str = "warning") -> None:
+    raise_fd_limit()  # a socket per concurrent client
     # one event loop, no reload, no workers: the engine lives in this process
     uvicorn.run(build_app(model), host=host, port=port, log_level=log_level, access_log=False,
                 timeout_keep_alive=30)

@@ -207,3 +207,26 @@ def test_metrics_carry_vllm_names(server, client):
                  "vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                  "vllm:iteration_tokens_total_bucket", "vllm:request_success_total"):
         assert name in text
+
+
+def test_load_client_measures_every_token(server):
+    """The load client (vLLM bench's measurement) against the live server: one SSE chunk per
+    token, so each request has output_len - 1 gaps; lengths as sent and as the server counted."""
+    import asyncio
+
+    from engine.core.bench_format import RunInfo, bench_result
+    from engine.serve.load_client import ClientRequest, arrival_offsets, run_load
+
+    reqs = [ClientRequest(prompt=" ".join(f"w{i}x{j}" for j in range(5 + i)), prompt_len=5 + i, max_tokens=3 + i % 4)
+            for i in range(8)]
+    results, duration = asyncio.run(run_load(server[1], "tiny", reqs, arrival_offsets(8, 50.0, seed=1)))
+    assert all(r.success for r in results), [r.error for r in results]
+    assert [r.output_len for r in results] == [r.max_tokens for r in reqs]
+    assert all(len(r.itls_s) == r.output_len - 1 for r in results)
+    assert all(len(r.generated_text.split()) == r.output_len for r in results)
+    out = bench_result(results, duration, RunInfo(model_id="tiny", num_prompts=8, request_rate=50.0))
+    assert out["completed"] == 8 and out["failed"] == 0
+    assert out["input_lens"] == [5 + i for i in range(8)]
+    assert out["total_output_tokens"] == sum(r.max_tokens for r in reqs)
+    chat, _ = asyncio.run(run_load(server[1], "tiny", reqs[:2], [0.0, 0.0], chat=True))
+    assert [r.output_len for r in chat] == [3, 4] and all(len(r.itls_s) == r.output_len - 1 for r in chat)
