@@ -33,6 +33,7 @@ from engine.serve.protocol import ChatCompletionRequest, CompletionRequest, erro
 from engine.serve.tokenizers import Tokenizer, chat_prompt
 
 RETRY_AFTER_S = 1
+_USAGE_NULL_TAIL = ',"usage":null}'
 
 
 @dataclass
@@ -166,6 +167,7 @@ class _ChunkFormat:
     num_prompt_tokens: int
 
     def __post_init__(self) -> None:
+        self._head: str | None = None
         self.created = int(time.time())
         self.object = "chat.completion" if self.chat else "text_completion"
 
@@ -183,17 +185,28 @@ class _ChunkFormat:
         return {"id": self.rid, "object": self.object, "created": self.created, "model": self.model,
                 "choices": [choice], "usage": self.usage(last.num_output_tokens)}
 
-    def chunk(self, text: str | None, finish: str | None, *, role: bool = False, usage: bool = False) -> bytes:
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        obj = {"id": self.rid, "object": self.object + ".chunk" if self.chat else self.object,
-               "created": self.created, "model": self.model, "choices": [choice]}
-        if usage:  # with include_usage every chunk carries "usage": null (OpenAI's convention)
+    def role_chunk(self, usage: bool) -> bytes:
+        """A chat stream's first chunk: the assistant role, no content yet (as vLLM sends it)."""
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        obj = {"id": self.rid, "object": self.object + ".chunk", "created": self.created, "model": self.model,
+               "choices": [choice]}
+        if usage:
             obj["usage"] = None
         return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    def text_chunk(self, text: str, finish: str | None, usage: bool) -> bytes:
+        """A token chunk, formatted from a per-response template: this runs once per token per
+        client, on the event loop every stream shares, so only the text is JSON-encoded here.
+        With include_usage every chunk carries "usage": null (OpenAI's convention)."""
+        if self._head is None:
+            name = self.object + ".chunk" if self.chat else self.object
+            self._head = json.dumps({"id": self.rid, "object": name, "created": self.created,
+                                     "model": self.model})[:-1]
+        f = "null" if finish is None else json.dumps(finish)
+        body = (f'{{"index":0,"delta":{{"content":{json.dumps(text)}}},"logprobs":null,"finish_reason":{f}}}'
+                if self.chat else f'{{"index":0,"text":{json.dumps(text)},"logprobs":null,"finish_reason":{f}}}')
+        tail = _USAGE_NULL_TAIL if usage else "}"
+        return f'data: {self._head},"choices":[{body}]{tail}\n\n'.encode()
 
     def usage_chunk(self, n_out: int) -> bytes:
         obj = {"id": self.rid, "object": self.object + ".chunk" if self.chat else self.object,
@@ -204,13 +217,13 @@ class _ChunkFormat:
 async def _sse(first: Piece, rest: AsyncIterator[Piece], fmt: _ChunkFormat, include_usage: bool
                ) -> AsyncIterator[bytes]:
     if fmt.chat:
-        yield fmt.chunk(None, None, role=True, usage=include_usage)
+        yield fmt.role_chunk(include_usage)
     last = first
     try:
         p = first
         while True:
             # the last token's text and the finish reason travel in one chunk, as vLLM sends them
-            yield fmt.chunk(p.text, p.finish_reason, usage=include_usage)
+            yield fmt.text_chunk(p.text, p.finish_reason, include_usage)
             if p.finish_reason is not None:
                 break
             p = await anext(rest, None)

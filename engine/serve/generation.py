@@ -79,6 +79,22 @@ def first_stop(text: str, stops: list[str], start: int) -> int | None:
     return min(hits) if hits else None
 
 
+def _merge_pending(d: Delta, queue: asyncio.Queue) -> Delta:
+    """Fold the deltas already queued behind `d` into one (a client or event loop that fell behind
+    gets several tokens per chunk, as vLLM's output processor merges them); stops at a final one."""
+    if queue.empty() or d.finish_reason is not None or d.error is not None or d.rejected:
+        return d
+    tokens = list(d.token_ids)
+    while not queue.empty():
+        nxt = queue.get_nowait()
+        if nxt is _DISCONNECTED or nxt.error is not None or nxt.rejected:
+            return nxt
+        tokens += nxt.token_ids
+        if nxt.finish_reason is not None:
+            return Delta(tokens, nxt.finish_reason)
+    return Delta(tokens)
+
+
 async def _watch_disconnect(receive, engine: AsyncEngine, rid: int, queue: asyncio.Queue) -> None:
     """The request body is read, so the next ASGI message is the client going away."""
     while True:
@@ -100,7 +116,7 @@ async def generate(engine: AsyncEngine, tokenizer: Tokenizer, ids: list[int], pa
     text, sent, n = "", 0, 0
     try:
         while True:
-            d = await queue.get()
+            d = _merge_pending(await queue.get(), queue)
             if d is _DISCONNECTED:
                 return
             if d.error is not None:

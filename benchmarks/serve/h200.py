@@ -1,0 +1,413 @@
+"""`costline engine serve` on the H200 (issue 27): HTTP overhead, 1,000 streaming clients, and
+bench-format client results for request-level calibration.
+
+    python3 benchmarks/serve/h200.py --out "$OUT/serve" [--budget-s 230]
+    TRITON_INTERPRET=1 python benchmarks/serve/h200.py --out /tmp/serve-dry --dry-run   # CPU, tiny model
+
+1. In-process replay (a child process: `engine run`'s path, `engine.replay.replay`): the chat-like
+   request set all at once (saturation: requests/s), then Poisson at 80% and 100% of it.
+2. `costline engine serve` (a child process), driven over HTTP by the streaming load client
+   (engine/serve/load_client.py, measured as `vllm bench serve`): the same requests (same token
+   ids, same arrival times) at the same two rates -> throughput ratio HTTP / in-process, TTFT and
+   TPOT deltas; then 1,000 concurrent streaming clients (short outputs, all at once); then six
+   bench-format runs (three length mixes x two loads, one over /v1/chat/completions) with a
+   /metrics scrape before and after each.
+Writes under --out: summary.json, summary.md, runs.tar.gz (every HTTP run's `--save-detailed`
+JSON + its scrapes), server.log. Each child is a separate process so the GPU is whole for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from engine.core.bench_format import RunInfo, bench_result
+from engine.core.request import Request, materialize_prompt
+
+
+@dataclass(frozen=True)
+class Mix:
+    """A length mix: lognormal prompt and output lengths (median, sigma, clipped to [lo, hi])."""
+
+    name: str
+    prompt: tuple[float, float, int, int]
+    output: tuple[float, float, int, int]
+
+
+# conversation-like (ShareGPT-ish medians), prefill-heavy (RAG), decode-heavy (long answers)
+MIXES = {"chat": Mix("chat", (600, 0.8, 16, 3000), (150, 0.7, 8, 600)),
+         "long-prompt": Mix("long-prompt", (2000, 0.5, 256, 6000), (60, 0.5, 8, 200)),
+         "long-output": Mix("long-output", (150, 0.6, 16, 1000), (400, 0.5, 32, 1200))}
+DRY_SCALE = 0.05  # dry run: lengths x this (tiny model on the CPU)
+
+
+@dataclass(frozen=True)
+class Setup:
+    dry: bool
+    model: str
+    flags: dict  # EngineArgs fields, shared by the replay and the server
+    num_requests: int
+    num_concurrent: int
+    num_bench: int
+
+    @staticmethod
+    def make(dry: bool) -> Setup:
+        if dry:
+            return Setup(True, "tiny", {"model": "tiny", "device": "cpu", "max_model_len": 1024, "seed": 0},
+                         24, 48, 12)
+        return Setup(False, "llama-3.1-8b", {"model": "llama-3.1-8b", "dtype": "bfloat16", "max_model_len": 8192,
+                                             "seed": 0}, 400, 1000, 200)
+
+    def cli_flags(self) -> list[str]:
+        out = []
+        for k, v in self.flags.items():
+            out += [f"--{k.replace('_', '-')}", str(v)]
+        return out
+
+
+def lengths(mix: Mix, n: int, seed: int, dry: bool) -> tuple[list[int], list[int]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for median, sigma, lo, hi in (mix.prompt, mix.output):
+        scale = DRY_SCALE if dry else 1.0
+        x = np.exp(rng.normal(math.log(median * scale), sigma, n))
+        out.append(np.clip(np.rint(x), max(1, int(lo * scale)), max(2, int(hi * scale))).astype(int).tolist())
+    return out[0], out[1]
+
+
+def make_requests(mix: Mix, n: int, seed: int, arrivals: list[float], vocab: int, dry: bool) -> list[Request]:
+    """Requests with their own random hash ids (no shared prefixes) and materialised token ids."""
+    p_lens, o_lens = lengths(mix, n, seed, dry)
+    rng = np.random.default_rng(seed + 1)
+    reqs = []
+    for i, (p, o, a) in enumerate(zip(p_lens, o_lens, arrivals)):
+        hashes = tuple(int(h) for h in rng.integers(1, 2**62, -(-p // 16)))
+        r = Request(request_id=i, arrival_s=a, prompt_len=p, output_len=o, hash_ids=hashes)
+        reqs.append(Request(request_id=i, arrival_s=a, prompt_len=p, output_len=o, hash_ids=hashes,
+                            prompt_token_ids=tuple(materialize_prompt(r, vocab))))
+    return reqs
+
+
+def vocab_of(model: str) -> int:
+    from engine.core.model_spec import get_model
+
+    return get_model(model).vocab_size
+
+
+# ---------------------------------------------------------------------------------------- replay child
+def replay_child(setup: Setup, out_file: Path) -> None:
+    """Phase 1 in its own process: build, warm up, offline run, Poisson at 80% and 100%."""
+    from engine.core.config import EngineArgs
+    from engine.engine_loop import EngineCore
+    from engine.replay import replay
+    from engine.serve.load_client import arrival_offsets
+
+    t0 = time.perf_counter()
+    core = EngineCore(EngineArgs(usage_context="api_server", **setup.flags))
+    warm = core.warm_up()
+    built_s = time.perf_counter() - t0
+    vocab, n = core.spec.vocab_size, setup.num_requests
+    offline = replay(core, make_requests(MIXES["chat"], n, 0, [0.0] * n, vocab, setup.dry), honor_arrivals=False)
+    sat = offline.summary()["request_throughput"]
+    runs = {"offline": _replay_stats(offline.summary())}
+    for frac in (0.8, 1.0):
+        core.start_over()
+        arr = arrival_offsets(n, frac * sat, seed=11)
+        res = replay(core, make_requests(MIXES["chat"], n, 0, arr, vocab, setup.dry))
+        runs[f"poisson@{frac:.1f}sat"] = _replay_stats(res.summary()) | {"rate": frac * sat}
+    out_file.write_text(json.dumps({"saturation_rps": sat, "build_s": built_s, "warm_up_s": warm.seconds,
+                                    "num_gpu_blocks": core.num_gpu_blocks, "runs": runs}, indent=2))
+
+
+def _replay_stats(s: dict) -> dict:
+    keys = ("duration", "completed", "request_throughput", "output_throughput", "total_token_throughput",
+            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms")
+    return {k: s.get(k) for k in keys}
+
+
+# ---------------------------------------------------------------------------------------- server side
+class Server:
+    """`costline engine serve` as a child process; stopped with SIGINT (uvicorn's graceful stop)."""
+
+    def __init__(self, setup: Setup, port: int, log: Path) -> None:
+        cmd = [sys.executable, "-m", "advisor.cli", "engine", "serve", "--port", str(port), *setup.cli_flags()]
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.t0 = time.perf_counter()
+
+    def wait_ready(self, timeout_s: float) -> float:
+        while time.perf_counter() - self.t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}; see server.log")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.perf_counter() - self.t0
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"the server was not ready after {timeout_s:.0f} s")
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            return r.read().decode()
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        return self.proc.returncode
+
+
+def client_requests(reqs: list[Request], as_text: bool):
+    from engine.serve.load_client import ClientRequest
+
+    def prompt(r: Request):
+        # text: one word per token for the word tokenizer; ids: exactly the replay's tokens
+        return " ".join(f"t{t}" for t in r.prompt_token_ids) if as_text else list(r.prompt_token_ids)
+
+    return [ClientRequest(prompt(r), r.prompt_len, r.output_len) for r in reqs]
+
+
+@dataclass
+class HttpRun:
+    label: str
+    result: dict  # bench-format JSON
+    scrape_before: str
+    scrape_after: str
+
+
+def http_run(server: Server, setup: Setup, label: str, reqs: list[Request], rate: float, *, burstiness: float = 1.0,
+             chat: bool = False, as_text: bool = False, seed: int = 11) -> HttpRun:
+    from engine.serve.load_client import arrival_offsets, run_load
+
+    arr = [r.arrival_s for r in reqs] if seed is None else arrival_offsets(len(reqs), rate, burstiness, seed)
+    before = server.scrape()
+    results, duration = asyncio.run(run_load(server.url, setup.model, client_requests(reqs, as_text), arr,
+                                             chat=chat))
+    after = server.scrape()
+    info = RunInfo(model_id=setup.model, num_prompts=len(reqs), request_rate=rate, burstiness=burstiness,
+                   endpoint_type="openai-chat" if chat else "openai", backend="openai-chat" if chat else "openai",
+                   label=label)
+    res = bench_result(results, duration, info, metadata={"costline_prompt": "text" if as_text else "token_ids"})
+    return HttpRun(label, res, before, after)
+
+
+def _http_stats(res: dict) -> dict:
+    keys = ("duration", "completed", "failed", "request_throughput", "output_throughput", "total_token_throughput",
+            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
+            "max_concurrent_requests")
+    return {k: res.get(k) for k in keys}
+
+
+def bench_rate(mix: Mix, frac: float, sat_chat: float, dry: bool) -> float:
+    """A load for a mix: frac x the chat set's saturation, scaled by a rough cost per request
+    (a decode token ~ 8 prefill tokens); it only spreads the runs over loads, nothing is fitted to it."""
+    def cost(m: Mix) -> float:
+        p, o = lengths(m, 2000, 99, dry)
+        return float(np.mean(p)) / 8 + float(np.mean(o))
+
+    return frac * sat_chat * cost(MIXES["chat"]) / cost(mix)
+
+
+BENCH_RUNS = (("chat", 0.5, 1.0, False), ("chat", 0.9, 0.5, False), ("long-prompt", 0.5, 1.0, False),
+              ("long-prompt", 0.9, 1.0, False), ("long-output", 0.5, 1.0, True), ("long-output", 0.9, 1.0, False))
+
+
+# ---------------------------------------------------------------------------------------- phases
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.t0, self.seconds = time.perf_counter(), seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.t0)
+
+
+def phase_replay(setup: Setup, out: Path, budget: Budget) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", "replay", "--out", str(out)]
+    if setup.dry:
+        cmd.append("--dry-run")
+    t = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=max(30.0, budget.left() - 60))
+    info = json.loads((out / "replay.json").read_text())
+    return info | {"wall_s": time.perf_counter() - t}
+
+
+def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int) -> tuple[list[HttpRun], dict]:
+    from engine.serve.load_client import arrival_offsets
+
+    sat, n, runs, table = replay_info["saturation_rps"], setup.num_requests, [], {}
+    for frac in (0.8, 1.0):
+        rate = frac * sat
+        reqs = make_requests(MIXES["chat"], n, 0, arrival_offsets(n, rate, seed=11), vocab, setup.dry)
+        run = http_run(server, setup, f"overhead-chat-poisson@{frac:.1f}sat", reqs, rate, seed=11)
+        runs.append(run)
+        http, rep = _http_stats(run.result), replay_info["runs"][f"poisson@{frac:.1f}sat"]
+        table[f"{frac:.1f}sat"] = {
+            "rate_rps": rate, "http": http, "in_process": rep,
+            "output_throughput_ratio": http["output_throughput"] / rep["output_throughput"],
+            "request_throughput_ratio": http["request_throughput"] / rep["request_throughput"],
+            "median_ttft_delta_ms": http["median_ttft_ms"] - rep["median_ttft_ms"],
+            "p99_ttft_delta_ms": http["p99_ttft_ms"] - rep["p99_ttft_ms"],
+            "median_tpot_delta_ms": http["median_tpot_ms"] - rep["median_tpot_ms"],
+            "p99_tpot_delta_ms": http["p99_tpot_ms"] - rep["p99_tpot_ms"]}
+    return runs, table
+
+
+SHORT = Mix("short", (128, 0.4, 32, 512), (16, 0.0, 16, 16))
+
+
+def phase_concurrency(server: Server, setup: Setup, vocab: int) -> tuple[HttpRun, dict]:
+    n = setup.num_concurrent
+    reqs = make_requests(SHORT, n, 5, [0.0] * n, vocab, setup.dry)
+    run = http_run(server, setup, f"concurrent-{n}-streams", reqs, math.inf)
+    errors = sorted({e for e in run.result["errors"] if e})
+    return run, {"clients": n, "completed": run.result["completed"], "failed": run.result["failed"],
+                 "distinct_errors": errors[:5], "max_concurrent_requests": run.result["max_concurrent_requests"],
+                 "duration_s": run.result["duration"], "median_ttft_ms": run.result["median_ttft_ms"],
+                 "p99_ttft_ms": run.result["p99_ttft_ms"]}
+
+
+def phase_bench(server: Server, setup: Setup, sat: float, vocab: int, budget: Budget) -> tuple[list[HttpRun], list]:
+    runs, skipped = [], []
+    for k, (mix_name, frac, burstiness, chat) in enumerate(BENCH_RUNS):
+        label = f"bench-{mix_name}@{frac:.1f}-b{burstiness:g}" + ("-chat" if chat else "")
+        if budget.left() < 25:
+            skipped.append(label)
+            continue
+        mix = MIXES[mix_name]
+        rate = bench_rate(mix, frac, sat, setup.dry)
+        reqs = make_requests(mix, setup.num_bench, 100 + k, [0.0] * setup.num_bench, vocab, setup.dry)
+        runs.append(http_run(server, setup, label, reqs, rate, burstiness=burstiness, chat=chat, as_text=True,
+                             seed=200 + k))
+    return runs, skipped
+
+
+def warm_http(server: Server, setup: Setup, vocab: int) -> None:
+    """A few requests over HTTP first (connection set-up, the server's first-request paths)."""
+    reqs = make_requests(SHORT, 8, 3, [0.0] * 8, vocab, setup.dry)
+    run = http_run(server, setup, "warm-up", reqs, math.inf)
+    if run.result["failed"]:
+        raise RuntimeError(f"warm-up requests failed: {run.result['errors'][:3]}")
+
+
+def write_runs_tar(path: Path, runs: list[HttpRun]) -> None:
+    """One archive: per run NAME.json (bench format), NAME.before.prom, NAME.after.prom."""
+    with tarfile.open(path, "w:gz") as tar:
+        for run in runs:
+            for suffix, text in ((".json", json.dumps(run.result)), (".before.prom", run.scrape_before),
+                                 (".after.prom", run.scrape_after)):
+                data = text.encode()
+                info = tarfile.TarInfo(f"runs/{run.label}{suffix}")
+                info.size, info.mtime = len(data), int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+
+
+def serve_phases(setup: Setup, out: Path, budget: Budget, replay_info: dict, summary: dict) -> list[HttpRun]:
+    vocab = vocab_of(setup.model)
+    server = Server(setup, 18000 + os.getpid() % 1000, out / "server.log")
+    runs: list[HttpRun] = []
+    try:
+        summary["server_ready_s"] = server.wait_ready(max(30.0, min(200.0, budget.left() - 40)))
+        warm_http(server, setup, vocab)
+        if budget.left() > 40:
+            more, summary["http_overhead"] = phase_overhead(server, setup, replay_info, vocab)
+            runs += more
+        if budget.left() > 30:
+            run, summary["concurrency"] = phase_concurrency(server, setup, vocab)
+            runs.append(run)
+        more, summary["bench_runs_skipped"] = phase_bench(server, setup, replay_info["saturation_rps"], vocab, budget)
+        runs += more
+        summary["bench_runs"] = [{"label": r.label, **_http_stats(r.result),
+                                  "request_rate": r.result["request_rate"]} for r in more]
+    except Exception as exc:  # noqa: BLE001 - what ran so far is still written
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        summary["server_exit_code"] = server.stop()
+    return runs
+
+
+def report_md(s: dict) -> str:
+    lines = [f"# costline engine serve on {s['device']} ({s['model']})", ""]
+    rep = s.get("replay", {})
+    lines.append(f"In-process saturation (offline, {s['num_requests']} chat-mix requests): "
+                 f"{rep.get('saturation_rps', float('nan')):.1f} req/s; server ready after "
+                 f"{s.get('server_ready_s', float('nan')):.1f} s.")
+    lines += ["", ("| load | req/s | out tok/s HTTP | in-process | ratio | d median TTFT ms | d p99 TTFT | "
+              "d median TPOT ms | d p99 TPOT |"), "|---|---|---|---|---|---|---|---|---|"]
+    for load, row in s.get("http_overhead", {}).items():
+        lines.append(f"| {load} | {row['rate_rps']:.1f} | {row['http']['output_throughput']:.0f} | "
+                     f"{row['in_process']['output_throughput']:.0f} | {row['output_throughput_ratio']:.3f} | "
+                     f"{row['median_ttft_delta_ms']:+.1f} | {row['p99_ttft_delta_ms']:+.1f} | "
+                     f"{row['median_tpot_delta_ms']:+.2f} | {row['p99_tpot_delta_ms']:+.2f} |")
+    c = s.get("concurrency")
+    if c:
+        lines += ["", (f"{c['clients']} concurrent streaming clients: {c['completed']} completed, {c['failed']} "
+                      f"failed, peak {c['max_concurrent_requests']} in flight, {c['duration_s']:.1f} s "
+                      f"{c['distinct_errors'] or ''}")]
+    lines += ["", "| bench run | rate | done | failed | out tok/s | median TTFT ms | median TPOT ms |",
+              "|---|---|---|---|---|---|---|"]
+    for b in s.get("bench_runs", []):
+        lines.append(f"| {b['label']} | {b['request_rate']:.2f} | {b['completed']} | {b['failed']} | "
+                     f"{b['output_throughput']:.0f} | {b['median_ttft_ms']:.1f} | {b['median_tpot_ms']:.2f} |")
+    if s.get("error"):
+        lines += ["", f"error: {s['error']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--dry-run", action="store_true", help="tiny model on the CPU, few requests")
+    ap.add_argument("--budget-s", type=float, default=225.0, help="stop starting new runs after this long")
+    ap.add_argument("--phase", choices=("all", "replay"), default="all", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    setup = Setup.make(a.dry_run)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.phase == "replay":
+        return replay_child(setup, a.out / "replay.json")
+    budget = Budget(a.budget_s)
+    summary: dict = {"model": setup.model, "flags": setup.flags, "num_requests": setup.num_requests,
+                     "device": "cpu (dry run)" if setup.dry else "gpu", "mixes": {k: asdict(m) for k, m in MIXES.items()},
+                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    runs: list[HttpRun] = []
+    try:
+        summary["replay"] = phase_replay(setup, a.out, budget)
+        runs = serve_phases(setup, a.out, budget, summary["replay"], summary)
+    except Exception as exc:  # noqa: BLE001 - the summary says what failed
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+    summary["wall_s"] = budget.seconds - budget.left()
+    write_runs_tar(a.out / "runs.tar.gz", runs)
+    (a.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (a.out / "summary.md").write_text(md := report_md(summary))
+    print(md)
+    print(f"wrote {a.out}/summary.json, summary.md, runs.tar.gz ({len(runs)} runs), server.log, replay.json; "
+          f"{summary['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
