@@ -53,7 +53,7 @@ class Mix:
 
 
 # conversation-like (ShareGPT-ish medians), prefill-heavy (RAG), decode-heavy (long answers)
-MIXES = {"chat": Mix("chat", (600, 0.8, 16, 3000), (150, 0.7, 8, 600)),
+MIXES = {"chat": Mix("chat", (600, 0.8, 16, 3000), (150, 0.7, 8, 400)),
          "long-prompt": Mix("long-prompt", (2000, 0.5, 256, 6000), (60, 0.5, 8, 200)),
          "long-output": Mix("long-output", (150, 0.6, 16, 1000), (400, 0.5, 32, 1200))}
 DRY_SCALE = 0.05  # dry run: lengths x this (tiny model on the CPU)
@@ -134,12 +134,14 @@ def replay_child(setup: Setup, out_file: Path) -> None:
         res = replay(core, make_requests(MIXES["chat"], n, 0, arr, vocab, setup.dry))
         runs[f"poisson@{frac:.1f}sat"] = _replay_stats(res.summary()) | {"rate": frac * sat}
     out_file.write_text(json.dumps({"saturation_rps": sat, "build_s": built_s, "warm_up_s": warm.seconds,
-                                    "num_gpu_blocks": core.num_gpu_blocks, "runs": runs}, indent=2))
+                                    "num_gpu_blocks": core.num_gpu_blocks, "async_scheduling": core.async_scheduling,
+                                  "runs": runs}, indent=2))
 
 
 def _replay_stats(s: dict) -> dict:
     keys = ("duration", "completed", "request_throughput", "output_throughput", "total_token_throughput",
-            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms")
+            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
+            "num_engine_steps")
     return {k: s.get(k) for k in keys}
 
 
@@ -217,6 +219,21 @@ def http_run(server: Server, setup: Setup, label: str, reqs: list[Request], rate
     return HttpRun(label, res, before, after)
 
 
+def metric_value(scrape: str, name: str) -> float:
+    """The sum of a metric's samples in a Prometheus text scrape (0 when absent)."""
+    total = 0.0
+    for line in scrape.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def engine_steps(run: HttpRun) -> int:
+    """Engine steps during the run (the server's vllm:iteration_tokens_total histogram count)."""
+    name = "vllm:iteration_tokens_total_count"
+    return int(metric_value(run.scrape_after, name) - metric_value(run.scrape_before, name))
+
+
 def _http_stats(res: dict) -> dict:
     keys = ("duration", "completed", "failed", "request_throughput", "output_throughput", "total_token_throughput",
             "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
@@ -267,6 +284,7 @@ def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int) 
         run = http_run(server, setup, f"overhead-chat-poisson@{frac:.1f}sat", reqs, rate, seed=11)
         runs.append(run)
         http, rep = _http_stats(run.result), replay_info["runs"][f"poisson@{frac:.1f}sat"]
+        http["num_engine_steps"] = engine_steps(run)
         table[f"{frac:.1f}sat"] = {
             "rate_rps": rate, "http": http, "in_process": rep,
             "output_throughput_ratio": http["output_throughput"] / rep["output_throughput"],
@@ -274,7 +292,10 @@ def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int) 
             "median_ttft_delta_ms": http["median_ttft_ms"] - rep["median_ttft_ms"],
             "p99_ttft_delta_ms": http["p99_ttft_ms"] - rep["p99_ttft_ms"],
             "median_tpot_delta_ms": http["median_tpot_ms"] - rep["median_tpot_ms"],
-            "p99_tpot_delta_ms": http["p99_tpot_ms"] - rep["p99_tpot_ms"]}
+            "p99_tpot_delta_ms": http["p99_tpot_ms"] - rep["p99_tpot_ms"],
+            # engine step period (duration / steps): whether the engine itself ran slower behind HTTP
+            "step_period_ms_http": 1e3 * http["duration"] / max(1, http["num_engine_steps"]),
+            "step_period_ms_in_process": 1e3 * rep["duration"] / max(1, rep["num_engine_steps"] or 1)}
     return runs, table
 
 
@@ -358,12 +379,13 @@ def report_md(s: dict) -> str:
                  f"{rep.get('saturation_rps', float('nan')):.1f} req/s; server ready after "
                  f"{s.get('server_ready_s', float('nan')):.1f} s.")
     lines += ["", ("| load | req/s | out tok/s HTTP | in-process | ratio | d median TTFT ms | d p99 TTFT | "
-              "d median TPOT ms | d p99 TPOT |"), "|---|---|---|---|---|---|---|---|---|"]
+              "d median TPOT ms | d p99 TPOT | step ms HTTP / in-process |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for load, row in s.get("http_overhead", {}).items():
         lines.append(f"| {load} | {row['rate_rps']:.1f} | {row['http']['output_throughput']:.0f} | "
                      f"{row['in_process']['output_throughput']:.0f} | {row['output_throughput_ratio']:.3f} | "
                      f"{row['median_ttft_delta_ms']:+.1f} | {row['p99_ttft_delta_ms']:+.1f} | "
-                     f"{row['median_tpot_delta_ms']:+.2f} | {row['p99_tpot_delta_ms']:+.2f} |")
+                     f"{row['median_tpot_delta_ms']:+.2f} | {row['p99_tpot_delta_ms']:+.2f} | "
+                     f"{row['step_period_ms_http']:.2f} / {row['step_period_ms_in_process']:.2f} |")
     c = s.get("concurrency")
     if c:
         lines += ["", (f"{c['clients']} concurrent streaming clients: {c['completed']} completed, {c['failed']} "

@@ -1,0 +1,46 @@
+"""The H200 serving script's pieces that need no server: request sets, scrape parsing, the archive."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import numpy as np
+
+from benchmarks.serve import h200
+
+
+def test_requests_are_reproducible_and_within_the_mix():
+    mix = h200.MIXES["chat"]
+    a = h200.make_requests(mix, 50, 0, [0.0] * 50, 512, dry=False)
+    b = h200.make_requests(mix, 50, 0, [0.0] * 50, 512, dry=False)
+    assert [r.prompt_token_ids for r in a] == [r.prompt_token_ids for r in b]
+    p = np.array([r.prompt_len for r in a])
+    o = np.array([r.output_len for r in a])
+    assert p.min() >= mix.prompt[2] and p.max() <= mix.prompt[3]
+    assert o.min() >= mix.output[2] and o.max() <= mix.output[3]
+    assert all(len(r.prompt_token_ids) == r.prompt_len for r in a)
+    # own hash ids per request: no two prompts share their first block
+    assert len({r.prompt_token_ids[:16] for r in a}) == 50
+
+
+def test_metric_value_sums_labelled_samples():
+    text = ('# HELP x\nvllm:iteration_tokens_total_count{model_name="m"} 12.0\n'
+            'vllm:iteration_tokens_total_count{model_name="n"} 3.0\nvllm:iteration_tokens_total_sum{} 99.0\n')
+    assert h200.metric_value(text, "vllm:iteration_tokens_total_count") == 15.0
+    assert h200.metric_value(text, "vllm:absent") == 0.0
+
+
+def test_runs_archive_round_trip(tmp_path):
+    run = h200.HttpRun("bench-chat@0.5-b1", {"ttfts": [0.1]}, "before 1\n", "after 2\n")
+    h200.write_runs_tar(tmp_path / "runs.tar.gz", [run])
+    with tarfile.open(tmp_path / "runs.tar.gz") as tar:
+        names = tar.getnames()
+        assert names == ["runs/bench-chat@0.5-b1.json", "runs/bench-chat@0.5-b1.before.prom",
+                         "runs/bench-chat@0.5-b1.after.prom"]
+        assert json.load(io.BytesIO(tar.extractfile(names[0]).read())) == {"ttfts": [0.1]}
+
+
+def test_cli_flags_spell_the_engine_flags():
+    assert h200.Setup.make(True).cli_flags()[:4] == ["--model", "tiny", "--device", "cpu"]
