@@ -14,6 +14,11 @@ bench-format client results for request-level calibration.
    /metrics scrape before and after each.
 Writes under --out: summary.json, summary.md, runs.tar.gz (every HTTP run's `--save-detailed`
 JSON + its scrapes), server.log. Each child is a separate process so the GPU is whole for each.
+
+Both sides run with async scheduling (the mode of the calibration's mixed-load validation runs,
+benchmarks/calibration/README.md): the engine's host work for step N+1 overlaps step N on the GPU,
+so the event loop's share of the GIL (one SSE chunk per token per stream) delays launches only
+when it exceeds a step's GPU time; benchmarks/serve/loop_cost.py measures that share on a CPU.
 """
 
 from __future__ import annotations
@@ -71,15 +76,19 @@ class Setup:
     @staticmethod
     def make(dry: bool) -> Setup:
         if dry:
-            return Setup(True, "tiny", {"model": "tiny", "device": "cpu", "max_model_len": 1024, "seed": 0},
-                         24, 48, 12)
+            return Setup(True, "tiny", {"model": "tiny", "device": "cpu", "max_model_len": 1024, "seed": 0,
+                                        "async_scheduling": True}, 24, 48, 12)
         return Setup(False, "llama-3.1-8b", {"model": "llama-3.1-8b", "dtype": "bfloat16", "max_model_len": 8192,
-                                             "seed": 0}, 400, 1000, 200)
+                                             "seed": 0, "async_scheduling": True}, 400, 1000, 200)
 
     def cli_flags(self) -> list[str]:
         out = []
         for k, v in self.flags.items():
-            out += [f"--{k.replace('_', '-')}", str(v)]
+            flag = f"--{k.replace('_', '-')}"
+            if isinstance(v, bool):  # a switch: --async-scheduling / --no-async-scheduling
+                out.append(flag if v else f"--no-{flag[2:]}")
+            else:
+                out += [flag, str(v)]
         return out
 
 
@@ -120,6 +129,12 @@ def replay_child(setup: Setup, out_file: Path) -> None:
     from engine.replay import replay
     from engine.serve.load_client import arrival_offsets
 
+    if setup.dry:
+        import torch
+
+        # CPU: one intra-op thread, as the server's engine thread gets; two OpenMP threads on a
+        # shared 2-core box spin against each other and make the replay 10-100x slower
+        torch.set_num_threads(1)
     t0 = time.perf_counter()
     core = EngineCore(EngineArgs(usage_context="api_server", **setup.flags))
     warm = core.warm_up()

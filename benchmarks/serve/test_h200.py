@@ -43,4 +43,7 @@ def test_runs_archive_round_trip(tmp_path):
 
 
 def test_cli_flags_spell_the_engine_flags():
-    assert h200.Setup.make(True).cli_flags()[:4] == ["--model", "tiny", "--device", "cpu"]
+    flags = h200.Setup.make(True).cli_flags()
+    assert flags[:4] == ["--model", "tiny", "--device", "cpu"] and "--async-scheduling" in flags
+    off = h200.Setup(True, "tiny", {"async_scheduling": False}, 1, 1, 1).cli_flags()
+    assert off == ["--no-async-scheduling"]
