@@ -137,3 +137,33 @@ def bench_result(results: Sequence[RequestResult], duration_s: float, info: RunI
     for name in METRICS:
         out |= _stats(name, per_metric[name], percentiles)
     return out
+
+
+def _metric(m: dict, key: str, default: float = 0.0):
+    v = m.get(key)
+    return v["value"] if isinstance(v, dict) and "value" in v else default
+
+
+def results_from_aiperf(records: Sequence[dict]) -> tuple[list[RequestResult], float]:
+    """AIPerf's per-request export (`profile_export.jsonl`, one JSON object per line, AIPerf 0.13)
+    as RequestResults, and the run's duration (first request start to last request end, s):
+    the same run written in vLLM's format by `bench_result`. Warm-up records are left out."""
+    rows = [r for r in records if r.get("metadata", {}).get("benchmark_phase", "profiling") == "profiling"]
+    if not rows:
+        raise ValueError("no profiling records in the AIPerf export (profile_export.jsonl)")
+    starts = [r["metadata"]["request_start_ns"] for r in rows]
+    t0 = min(starts)
+    out = []
+    for r, start in zip(rows, starts):
+        md, m = r["metadata"], r.get("metrics", {})
+        gaps = _metric(m, "inter_chunk_latency", [])
+        failed = bool(r.get("error")) or md.get("was_cancelled", False)
+        res = RequestResult(prompt_len=int(_metric(m, "input_sequence_length")), success=not failed,
+                            output_len=int(_metric(m, "output_sequence_length")),
+                            ttft_s=_metric(m, "time_to_first_token") / 1e3,
+                            itls_s=[g / 1e3 for g in gaps[1:]],  # the first entry is the first chunk's 0
+                            latency_s=_metric(m, "request_latency") / 1e3, start_s=(start - t0) / 1e9,
+                            error=str(r.get("error") or ""))
+        out.append(res)
+    end = max(r["metadata"].get("request_end_ns", s) for r, s in zip(rows, starts))
+    return out, (end - t0) / 1e9

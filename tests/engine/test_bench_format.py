@@ -66,3 +66,33 @@ def test_arrivals_as_vllm_draws_them():
     assert gaps.mean() == pytest.approx(0.1, rel=0.03)  # Gamma(k, 1/(rate k)) has mean 1/rate
     assert gaps.var() == pytest.approx(0.5 * (1 / 5.0) ** 2, rel=0.06)  # variance k theta^2
     assert arrival_offsets(5, 2.0, seed=1) == arrival_offsets(5, 2.0, seed=1)
+
+
+def _aiperf_row(start_ns, ttft_ms, gaps_ms, latency_ms, isl, osl, phase="profiling", error=None):
+    row = {"metadata": {"request_start_ns": start_ns, "request_end_ns": start_ns + int(latency_ms * 1e6),
+                        "benchmark_phase": phase, "was_cancelled": False},
+           "metrics": {"time_to_first_token": {"value": ttft_ms, "unit": "ms"},
+                       "inter_chunk_latency": {"value": [0.0, *gaps_ms], "unit": "ms"},
+                       "request_latency": {"value": latency_ms, "unit": "ms"},
+                       "input_sequence_length": {"value": isl, "unit": "tokens"},
+                       "output_sequence_length": {"value": osl, "unit": "tokens"}}}
+    if error:
+        row["error"] = error
+    return row
+
+
+def test_aiperf_export_becomes_vllm_rows():
+    from engine.core.bench_format import results_from_aiperf
+
+    rows = [_aiperf_row(0, 1.0, [], 5.0, 3, 1, phase="warmup"),
+            _aiperf_row(1_000_000_000, 100.0, [20.0, 30.0], 150.0, 32, 3),
+            _aiperf_row(1_500_000_000, 50.0, [10.0], 60.0, 16, 2),
+            _aiperf_row(1_600_000_000, 0.0, [], 0.0, 8, 0, error={"code": 503})]
+    res, duration = results_from_aiperf(rows)
+    assert [r.prompt_len for r in res] == [32, 16, 8]
+    assert res[0].itls_s == pytest.approx([0.02, 0.03]) and res[0].ttft_s == pytest.approx(0.1)
+    assert res[1].start_s == pytest.approx(0.5) and res[0].start_s == 0.0
+    assert [r.success for r in res] == [True, True, False]
+    assert duration == pytest.approx(0.6)  # 1.0 s start to 1.6 s (the failed one's end)
+    out = bench_result(res, duration, RunInfo(model_id="m", num_prompts=3, request_rate=2.0))
+    assert out["completed"] == 2 and out["ttfts"][:2] == pytest.approx([0.1, 0.05])
