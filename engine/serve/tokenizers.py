@@ -77,6 +77,8 @@ class IncrementalDecoder:
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
     def feed(self, token_ids: list[int]) -> str:
+        if isinstance(self.tokenizer, WordTokenizer):  # ASCII words: no UTF-8 state to carry
+            return "".join([f" t{t}" for t in token_ids])
         tb = self.tokenizer.token_bytes
         return self._utf8.decode(b"".join(tb(t) for t in token_ids))
 

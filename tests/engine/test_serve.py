@@ -245,3 +245,20 @@ def test_queued_deltas_merge_up_to_the_final_one():
     assert _merge_pending(Delta([1]), q) == Delta([1, 2, 3], "length")
     assert q.qsize() == 1  # nothing after the final delta is taken
     assert _merge_pending(Delta([5], "stop"), q) == Delta([5], "stop")
+
+
+def test_tokenizers_round_trip_counts():
+    from engine.serve.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_for
+
+    w = WordTokenizer(512)
+    ids = w.encode("one two  three\nfour")
+    assert len(ids) == 4 and all(16 <= t < 512 for t in ids) and w.encode("two") == [ids[1]]
+    text = w.decoder().feed([20, 21]) + w.decoder().feed([300])
+    assert text == " t20 t21 t300" and len(w.encode(text)) == 3
+    b = ByteTokenizer(288)
+    enc = b.encode("hé")  # 'é' is two UTF-8 bytes
+    assert enc == [ord("h") + 16, 0xC3 + 16, 0xA9 + 16]
+    dec = b.decoder()
+    assert [dec.feed([t]) for t in enc] == ["h", "", "é"]  # a split character comes out whole
+    assert tokenizer_for("auto", "byte-lm-10m", 288).name == "byte"
+    assert tokenizer_for("auto", "tiny", 512).name == "word"
