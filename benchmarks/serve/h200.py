@@ -4,12 +4,14 @@ bench-format client results for request-level calibration.
     python3 benchmarks/serve/h200.py --out "$OUT/serve" [--budget-s 230]
     TRITON_INTERPRET=1 python benchmarks/serve/h200.py --out /tmp/serve-dry --dry-run   # CPU, tiny model
 
-1. In-process replay (a child process: `engine run`'s path, `engine.replay.replay`): the chat-like
-   request set all at once (saturation: requests/s), then Poisson at 80% and 100% of it.
+1. In-process replay (a child process: `engine run`'s path, `engine.replay.replay`): a chat-like
+   request set all at once (saturation: requests/s), then Poisson at 80% (twice: the run-to-run
+   noise) and 100% of it; each load has its own prompts (no prefix-cache hits across loads).
 2. `costline engine serve` (a child process), driven over HTTP by the streaming load client
    (engine/serve/load_client.py, measured as `vllm bench serve`): the same requests (same token
-   ids, same arrival times) at the same two rates -> throughput ratio HTTP / in-process, TTFT and
-   TPOT deltas; then 1,000 concurrent streaming clients (short outputs, all at once); then six
+   ids, same arrival times) at the same three loads -> throughput ratio HTTP / in-process (the
+   all-at-once load is the throughput test; below saturation throughput follows the arrivals),
+   TTFT and TPOT deltas, engine step periods; then 1,000 concurrent streaming clients (short outputs, all at once); then six
    bench-format runs (three length mixes x two loads, one over /v1/chat/completions) with a
    /metrics scrape before and after each.
 Writes under --out: summary.json, summary.md, runs.tar.gz (every HTTP run's `--save-detailed`
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import io
 import json
 import math
@@ -122,12 +125,28 @@ def vocab_of(model: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------- replay child
+# (name, load as a fraction of saturation (inf: all at once), request-set seed): each load has
+# its own prompts, so a server that ran an earlier load gets no prefix-cache hits from it
+LOADS = (("offline", math.inf, 0), ("0.8sat", 0.8, 1), ("1.0sat", 1.0, 2))
+REPEATED_LOAD = "0.8sat"  # the in-process side runs it twice: the run-to-run noise
+
+
+def load_requests(setup: Setup, name: str, sat: float, vocab: int) -> tuple[list[Request], float]:
+    """One load's requests (arrival times included) and its rate, the same on both sides."""
+    from engine.serve.load_client import arrival_offsets
+
+    _, frac, seed = next(load for load in LOADS if load[0] == name)
+    n, rate = setup.num_requests, frac * sat
+    arr = arrival_offsets(n, rate, seed=11 + seed)
+    return make_requests(MIXES["chat"], n, seed, arr, vocab, setup.dry), rate
+
+
 def replay_child(setup: Setup, out_file: Path) -> None:
-    """Phase 1 in its own process: build, warm up, offline run, Poisson at 80% and 100%."""
+    """Phase 1 in its own process: build, warm up, the offline run (saturation), then Poisson at
+    80% (twice) and 100% of it, each from an empty KV cache."""
     from engine.core.config import EngineArgs
     from engine.engine_loop import EngineCore
     from engine.replay import replay
-    from engine.serve.load_client import arrival_offsets
 
     if setup.dry:
         import torch
@@ -139,18 +158,19 @@ def replay_child(setup: Setup, out_file: Path) -> None:
     core = EngineCore(EngineArgs(usage_context="api_server", **setup.flags))
     warm = core.warm_up()
     built_s = time.perf_counter() - t0
-    vocab, n = core.spec.vocab_size, setup.num_requests
-    offline = replay(core, make_requests(MIXES["chat"], n, 0, [0.0] * n, vocab, setup.dry), honor_arrivals=False)
+    vocab = core.spec.vocab_size
+    reqs, _ = load_requests(setup, "offline", math.inf, vocab)
+    offline = replay(core, reqs, honor_arrivals=False)
     sat = offline.summary()["request_throughput"]
-    runs = {"offline": _replay_stats(offline.summary())}
-    for frac in (0.8, 1.0):
+    runs = {"offline": _replay_stats(offline.summary()) | {"rate": math.inf}}
+    for name in ("0.8sat", "1.0sat", REPEATED_LOAD):
         core.start_over()
-        arr = arrival_offsets(n, frac * sat, seed=11)
-        res = replay(core, make_requests(MIXES["chat"], n, 0, arr, vocab, setup.dry))
-        runs[f"poisson@{frac:.1f}sat"] = _replay_stats(res.summary()) | {"rate": frac * sat}
+        reqs, rate = load_requests(setup, name, sat, vocab)
+        key = name + "-repeat" if name in runs else name
+        runs[key] = _replay_stats(replay(core, reqs).summary()) | {"rate": rate}
     out_file.write_text(json.dumps({"saturation_rps": sat, "build_s": built_s, "warm_up_s": warm.seconds,
                                     "num_gpu_blocks": core.num_gpu_blocks, "async_scheduling": core.async_scheduling,
-                                  "runs": runs}, indent=2))
+                                    "runs": runs}, indent=2, default=str))
 
 
 def _replay_stats(s: dict) -> dict:
@@ -223,6 +243,7 @@ def http_run(server: Server, setup: Setup, label: str, reqs: list[Request], rate
     from engine.serve.load_client import arrival_offsets, run_load
 
     arr = [r.arrival_s for r in reqs] if seed is None else arrival_offsets(len(reqs), rate, burstiness, seed)
+    # (seed None: the requests' own arrival times, e.g. all 0 for an all-at-once load)
     before = server.scrape()
     results, duration = asyncio.run(run_load(server.url, setup.model, client_requests(reqs, as_text), arr,
                                              chat=chat))
@@ -280,29 +301,18 @@ class Budget:
 
 
 def phase_replay(setup: Setup, out: Path, budget: Budget) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", "replay", "--out", str(out)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", "replay", "--out", str(out),
+           "--num-requests", str(setup.num_requests)]
     if setup.dry:
         cmd.append("--dry-run")
     t = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True, timeout=max(30.0, budget.left() - 60))
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=max(30.0, budget.left() - 35))
     info = json.loads((out / "replay.json").read_text())
     return info | {"wall_s": time.perf_counter() - t}
 
 
-def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int) -> tuple[list[HttpRun], dict]:
-    from engine.serve.load_client import arrival_offsets
-
-    sat, n, runs, table = replay_info["saturation_rps"], setup.num_requests, [], {}
-    for frac in (0.8, 1.0):
-        rate = frac * sat
-        reqs = make_requests(MIXES["chat"], n, 0, arrival_offsets(n, rate, seed=11), vocab, setup.dry)
-        run = http_run(server, setup, f"overhead-chat-poisson@{frac:.1f}sat", reqs, rate, seed=11)
-        runs.append(run)
-        http, rep = _http_stats(run.result), replay_info["runs"][f"poisson@{frac:.1f}sat"]
-        http["num_engine_steps"] = engine_steps(run)
-        table[f"{frac:.1f}sat"] = {
-            "rate_rps": rate, "http": http, "in_process": rep,
-            "output_throughput_ratio": http["output_throughput"] / rep["output_throughput"],
+def _deltas(http: dict, rep: dict) -> dict:
+    return {"output_throughput_ratio": http["output_throughput"] / rep["output_throughput"],
             "request_throughput_ratio": http["request_throughput"] / rep["request_throughput"],
             "median_ttft_delta_ms": http["median_ttft_ms"] - rep["median_ttft_ms"],
             "p99_ttft_delta_ms": http["p99_ttft_ms"] - rep["p99_ttft_ms"],
@@ -311,6 +321,23 @@ def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int) 
             # engine step period (duration / steps): whether the engine itself ran slower behind HTTP
             "step_period_ms_http": 1e3 * http["duration"] / max(1, http["num_engine_steps"]),
             "step_period_ms_in_process": 1e3 * rep["duration"] / max(1, rep["num_engine_steps"] or 1)}
+
+
+def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int) -> tuple[list[HttpRun], dict]:
+    """Each load over HTTP, against the in-process replay of the same requests; plus the in-process
+    side against its own repeat (how far two replays of one load differ)."""
+    sat, runs, table = replay_info["saturation_rps"], [], {}
+    for name, _, seed in LOADS:
+        reqs, rate = load_requests(setup, name, sat, vocab)
+        run = http_run(server, setup, f"overhead-chat-{name}", reqs, rate, seed=None if math.isinf(rate) else 11 + seed)
+        runs.append(run)
+        http, rep = _http_stats(run.result), replay_info["runs"][name]
+        http["num_engine_steps"] = engine_steps(run)
+        table[name] = {"rate_rps": rate, "http": http, "in_process": rep} | _deltas(http, rep)
+    first, again = replay_info["runs"][REPEATED_LOAD], replay_info["runs"].get(REPEATED_LOAD + "-repeat")
+    if again:
+        table[REPEATED_LOAD + " in-process repeat"] = {"rate_rps": first["rate"], "http": again,
+                                                      "in_process": first} | _deltas(again, first)
     return runs, table
 
 
@@ -328,10 +355,13 @@ def phase_concurrency(server: Server, setup: Setup, vocab: int) -> tuple[HttpRun
                  "p99_ttft_ms": run.result["p99_ttft_ms"]}
 
 
-def phase_bench(server: Server, setup: Setup, sat: float, vocab: int, budget: Budget) -> tuple[list[HttpRun], list]:
+def phase_bench(server: Server, setup: Setup, sat: float, vocab: int, budget: Budget,
+                mixes: list[str]) -> tuple[list[HttpRun], list]:
     runs, skipped = [], []
     for k, (mix_name, frac, burstiness, chat) in enumerate(BENCH_RUNS):
         label = f"bench-{mix_name}@{frac:.1f}-b{burstiness:g}" + ("-chat" if chat else "")
+        if mix_name not in mixes:
+            continue
         if budget.left() < 25:
             skipped.append(label)
             continue
@@ -363,20 +393,23 @@ def write_runs_tar(path: Path, runs: list[HttpRun]) -> None:
                 tar.addfile(info, io.BytesIO(data))
 
 
-def serve_phases(setup: Setup, out: Path, budget: Budget, replay_info: dict, summary: dict) -> list[HttpRun]:
+def serve_phases(setup: Setup, out: Path, budget: Budget, replay_info: dict, summary: dict,
+                 parts: set[str]) -> list[HttpRun]:
     vocab = vocab_of(setup.model)
     server = Server(setup, 18000 + os.getpid() % 1000, out / "server.log")
     runs: list[HttpRun] = []
     try:
         summary["server_ready_s"] = server.wait_ready(max(30.0, min(200.0, budget.left() - 40)))
         warm_http(server, setup, vocab)
-        if budget.left() > 40:
+        if "overhead" in parts and budget.left() > 40:
             more, summary["http_overhead"] = phase_overhead(server, setup, replay_info, vocab)
             runs += more
-        if budget.left() > 30:
+        if "concurrency" in parts and budget.left() > 30:
             run, summary["concurrency"] = phase_concurrency(server, setup, vocab)
             runs.append(run)
-        more, summary["bench_runs_skipped"] = phase_bench(server, setup, replay_info["saturation_rps"], vocab, budget)
+        mixes = [m for m in MIXES if m in parts] if any(m in parts for m in MIXES) else list(MIXES)
+        more, summary["bench_runs_skipped"] = ([], []) if "bench" not in parts else phase_bench(
+            server, setup, replay_info["saturation_rps"], vocab, budget, mixes)
         runs += more
         summary["bench_runs"] = [{"label": r.label, **_http_stats(r.result),
                                   "request_rate": r.result["request_rate"]} for r in more]
@@ -421,20 +454,29 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dry-run", action="store_true", help="tiny model on the CPU, few requests")
     ap.add_argument("--budget-s", type=float, default=225.0, help="stop starting new runs after this long")
+    ap.add_argument("--num-requests", type=int, help="requests per overhead load (default 400; dry run 24)")
+    ap.add_argument("--parts", default="overhead,concurrency,bench",
+                    help="comma list of overhead, concurrency, bench, or bench mixes (chat, long-prompt, "
+                         "long-output) to run only those bench runs")
     ap.add_argument("--phase", choices=("all", "replay"), default="all", help=argparse.SUPPRESS)
     a = ap.parse_args()
     setup = Setup.make(a.dry_run)
+    if a.num_requests:
+        setup = dataclasses.replace(setup, num_requests=a.num_requests)
+    parts = set(a.parts.split(","))
+    if parts & set(MIXES):
+        parts.add("bench")
     a.out.mkdir(parents=True, exist_ok=True)
     if a.phase == "replay":
         return replay_child(setup, a.out / "replay.json")
     budget = Budget(a.budget_s)
-    summary: dict = {"model": setup.model, "flags": setup.flags, "num_requests": setup.num_requests,
+    summary: dict = {"model": setup.model, "flags": setup.flags, "num_requests": setup.num_requests, "parts": sorted(parts),
                      "device": "cpu (dry run)" if setup.dry else "gpu", "mixes": {k: asdict(m) for k, m in MIXES.items()},
                      "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     runs: list[HttpRun] = []
     try:
         summary["replay"] = phase_replay(setup, a.out, budget)
-        runs = serve_phases(setup, a.out, budget, summary["replay"], summary)
+        runs = serve_phases(setup, a.out, budget, summary["replay"], summary, parts)
     except Exception as exc:  # noqa: BLE001 - the summary says what failed
         summary["error"] = f"{type(exc).__name__}: {exc}"
     summary["wall_s"] = budget.seconds - budget.left()
