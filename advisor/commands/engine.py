@@ -179,6 +179,8 @@ def serve(
 ) -> None:
     """The engine behind an OpenAI-compatible HTTP API, as `vllm serve` (server defaults):
     /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    if tokenizer not in ("auto", "byte", "word"):
+        _fail(f"--tokenizer {tokenizer!r}: use auto, byte or word")
     flags = dict(engine_flags or {})
     names = _served_names(flags.get("model", "tiny"), served_model_name)
     if not Path(flags.get("model", "tiny")).is_dir():
