@@ -191,7 +191,6 @@ class AsyncEngine:
     def _forget(self, ended_now: list[int]) -> None:
         """Drop ended requests' states one step after they ended: under async scheduling the step
         in flight when a request ended may still carry a token for it, read on collection."""
-        for rid in self._ended_older:
-            self.core.requests.pop(rid, None)
+        self.core.forget(self._ended_older)
         self._ended_older = self._ended_recent + ended_now
         self._ended_recent = []

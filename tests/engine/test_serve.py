@@ -182,6 +182,7 @@ def test_disconnect_mid_stream_frees_everything(async_scheduling):
         assert out.usage.completion_tokens == 2
         _wait_idle(model)
         assert len(model.engine.core.requests) <= 1
+        assert len(sched.requests) <= 1  # ended requests leave the scheduler's table too
 
 
 def test_full_server_answers_503_with_retry_after():
