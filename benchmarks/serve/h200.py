@@ -270,6 +270,15 @@ def engine_steps(run: HttpRun) -> int:
     return int(metric_value(run.scrape_after, name) - metric_value(run.scrape_before, name))
 
 
+def server_process_deltas(run: HttpRun) -> dict:
+    """The server process's CPU seconds and full (generation 2) GC collections during the run."""
+    def delta(name: str) -> float:
+        return metric_value(run.scrape_after, name) - metric_value(run.scrape_before, name)
+
+    return {"server_cpu_s": delta("process_cpu_seconds_total"),
+            "server_gc_gen2_collections": delta('python_gc_collections_total{generation="2"}')}
+
+
 def _http_stats(res: dict) -> dict:
     keys = ("duration", "completed", "failed", "request_throughput", "output_throughput", "total_token_throughput",
             "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
@@ -333,6 +342,7 @@ def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int) 
         runs.append(run)
         http, rep = _http_stats(run.result), replay_info["runs"][name]
         http["num_engine_steps"] = engine_steps(run)
+        http |= server_process_deltas(run)
         table[name] = {"rate_rps": rate, "http": http, "in_process": rep} | _deltas(http, rep)
     first, again = replay_info["runs"][REPEATED_LOAD], replay_info["runs"].get(REPEATED_LOAD + "-repeat")
     if again:

@@ -6,6 +6,7 @@ of this process on a free port (tests, notebooks).
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
 import threading
@@ -30,6 +31,12 @@ def build_served_model(cfg: EngineArgs, names: Sequence[str], *, tokenizer: str 
     if warm_up:
         core.warm_up()
     metrics = EngineMetrics(names[0], core.max_model_len)
+    # vLLM's /metrics also carries prometheus-client's process and Python GC collectors (its
+    # default registry): GC collections per generation show pauses that land in engine steps
+    from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+
+    for collector in (GCCollector, PlatformCollector, ProcessCollector):
+        collector(registry=metrics.registry)
     engine = AsyncEngine(core, metrics=metrics, max_num_queued_reqs=max_num_queued_reqs)
     return ServedModel(engine=engine, tokenizer=tokenizer_for(tokenizer, core.spec.name, core.spec.vocab_size),
                        names=tuple(names), max_model_len=core.max_model_len, vocab_size=core.spec.vocab_size)
@@ -41,9 +48,21 @@ def build_served_model(cfg: EngineArgs, names: Sequence[str], *, tokenizer: str 
 GIL_SWITCH_INTERVAL_S = 0.0002
 
 
+def freeze_startup_heap() -> int:
+    """vLLM's freeze after start-up (vllm/utils/gc_utils.py `freeze_gc_heap`): collect, then move
+    every object alive now (torch, the model, kernel caches: hundreds of thousands) to the
+    permanent generation, so the full collections the server's per-request garbage triggers scan
+    only new objects instead of pausing the engine thread mid-step (engine/replay.py freezes the
+    heap for a replay the same way). Returns the frozen count."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def serve(model: ServedModel, host: str, port: int, *, log_level: str = "warning") -> None:
     raise_fd_limit()  # a socket per concurrent client
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    freeze_startup_heap()  # the engine is built and warmed up: what lives now lives for good
     # one event loop, no reload, no workers: the engine lives in this process
     uvicorn.run(build_app(model), host=host, port=port, log_level=log_level, access_log=False,
                 timeout_keep_alive=30)

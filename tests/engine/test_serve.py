@@ -206,7 +206,8 @@ def test_metrics_carry_vllm_names(server, client):
     text = httpx.get(server[1] + "/metrics").text
     for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
                  "vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
-                 "vllm:iteration_tokens_total_bucket", "vllm:request_success_total"):
+                 "vllm:iteration_tokens_total_bucket", "vllm:request_success_total",
+                 "python_gc_collections_total", "process_cpu_seconds_total"):
         assert name in text
 
 
