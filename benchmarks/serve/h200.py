@@ -332,11 +332,27 @@ def _deltas(http: dict, rep: dict) -> dict:
             "step_period_ms_in_process": 1e3 * rep["duration"] / max(1, rep["num_engine_steps"] or 1)}
 
 
-def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int) -> tuple[list[HttpRun], dict]:
+# the overhead loads in order of importance: if the budget runs short, the last ones are skipped
+OVERHEAD_ORDER = ("0.8sat", "offline", "1.0sat")
+
+
+def overhead_need_s(replay_info: dict, name: str) -> float:
+    """Seconds to set aside for one load over HTTP: its in-process duration, 30% more, 5 s of slack."""
+    return 1.3 * float(replay_info["runs"][name]["duration"]) + 5.0
+
+
+def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int, budget: Budget
+                   ) -> tuple[list[HttpRun], dict, list[str]]:
     """Each load over HTTP, against the in-process replay of the same requests; plus the in-process
-    side against its own repeat (how far two replays of one load differ)."""
-    sat, runs, table = replay_info["saturation_rps"], [], {}
-    for name, _, seed in LOADS:
+    side against its own repeat (how far two replays of one load differ). A load that would not
+    fit the budget is skipped and named."""
+    sat, runs, table, skipped = replay_info["saturation_rps"], [], {}, []
+    for name in OVERHEAD_ORDER:
+        need, left = overhead_need_s(replay_info, name), budget.left()
+        if left < need:
+            skipped.append(f"overhead {name}: needs ~{need:.0f} s, {left:.0f} s of the budget left")
+            continue
+        seed = next(load[2] for load in LOADS if load[0] == name)
         reqs, rate = load_requests(setup, name, sat, vocab)
         run = http_run(server, setup, f"overhead-chat-{name}", reqs, rate, seed=None if math.isinf(rate) else 11 + seed)
         runs.append(run)
@@ -348,7 +364,7 @@ def phase_overhead(server: Server, setup: Setup, replay_info: dict, vocab: int) 
     if again:
         table[REPEATED_LOAD + " in-process repeat"] = {"rate_rps": first["rate"], "http": again,
                                                       "in_process": first} | _deltas(again, first)
-    return runs, table
+    return runs, table, skipped
 
 
 SHORT = Mix("short", (128, 0.4, 32, 512), (16, 0.0, 16, 16))
@@ -411,15 +427,21 @@ def serve_phases(setup: Setup, out: Path, budget: Budget, replay_info: dict, sum
     try:
         summary["server_ready_s"] = server.wait_ready(max(30.0, min(200.0, budget.left() - 40)))
         warm_http(server, setup, vocab)
-        if "overhead" in parts and budget.left() > 40:
-            more, summary["http_overhead"] = phase_overhead(server, setup, replay_info, vocab)
+        skipped = summary.setdefault("skipped", [])
+        if "overhead" in parts:  # first: the part the script exists for; each load guards itself
+            more, summary["http_overhead"], gone = phase_overhead(server, setup, replay_info, vocab, budget)
             runs += more
-        if "concurrency" in parts and budget.left() > 30:
-            run, summary["concurrency"] = phase_concurrency(server, setup, vocab)
-            runs.append(run)
+            skipped += gone
+        if "concurrency" in parts:
+            if budget.left() > 30:
+                run, summary["concurrency"] = phase_concurrency(server, setup, vocab)
+                runs.append(run)
+            else:
+                skipped.append(f"concurrency: {budget.left():.0f} s of the budget left, needs 30")
         mixes = [m for m in MIXES if m in parts] if any(m in parts for m in MIXES) else list(MIXES)
         more, summary["bench_runs_skipped"] = ([], []) if "bench" not in parts else phase_bench(
             server, setup, replay_info["saturation_rps"], vocab, budget, mixes)
+        skipped += [f"{label}: under 25 s of the budget left" for label in summary["bench_runs_skipped"]]
         runs += more
         summary["bench_runs"] = [{"label": r.label, **_http_stats(r.result),
                                   "request_rate": r.result["request_rate"]} for r in more]
@@ -454,6 +476,8 @@ def report_md(s: dict) -> str:
     for b in s.get("bench_runs", []):
         lines.append(f"| {b['label']} | {b['request_rate']:.2f} | {b['completed']} | {b['failed']} | "
                      f"{b['output_throughput']:.0f} | {b['median_ttft_ms']:.1f} | {b['median_tpot_ms']:.2f} |")
+    if s.get("skipped"):
+        lines += ["", "Skipped (budget): " + "; ".join(s["skipped"])]
     if s.get("error"):
         lines += ["", f"error: {s['error']}"]
     return "\n".join(lines) + "\n"

@@ -47,3 +47,32 @@ def test_cli_flags_spell_the_engine_flags():
     assert flags[:4] == ["--model", "tiny", "--device", "cpu"] and "--async-scheduling" in flags
     off = h200.Setup(True, "tiny", {"async_scheduling": False}, 1, 1, 1).cli_flags()
     assert off == ["--no-async-scheduling"]
+
+
+def test_overhead_loads_are_budgeted_from_the_replay():
+    info = {"runs": {"0.8sat": {"duration": 10.0}, "offline": {"duration": 4.0}}}
+    assert h200.overhead_need_s(info, "0.8sat") == 18.0
+    assert h200.overhead_need_s(info, "offline") == 10.2
+    assert h200.OVERHEAD_ORDER[0] == h200.REPEATED_LOAD  # the load with the noise estimate goes first
+
+
+def test_dry_run_fills_the_overhead_table(tmp_path):
+    """The whole script on the CPU (tiny model): every overhead load has its HTTP row, nothing
+    is skipped, every request succeeded (GPU run 2 skipped the HTTP loads on a short budget)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "serve"
+    subprocess.run([sys.executable, str(h200.Path(h200.__file__)), "--out", str(out), "--dry-run",
+                    "--num-requests", "8", "--parts", "overhead", "--budget-s", "900"],
+                   check=True, cwd=h200.ROOT, capture_output=True, timeout=900)
+    s = json.loads((out / "summary.json").read_text())
+    assert "error" not in s and s["skipped"] == []
+    rows = s["http_overhead"]
+    assert set(rows) == {"0.8sat", "offline", "1.0sat", "0.8sat in-process repeat"}
+    for name in ("0.8sat", "offline", "1.0sat"):
+        assert rows[name]["http"]["completed"] == 8 and rows[name]["http"]["failed"] == 0
+        assert rows[name]["http"]["num_engine_steps"] > 0
+    assert "| 0.8sat |" in (out / "summary.md").read_text()
+    with tarfile.open(out / "runs.tar.gz") as tar:
+        assert sum(n.endswith(".json") for n in tar.getnames()) == 3
