@@ -103,3 +103,14 @@ def test_serve_refuses_a_busy_port_and_a_bad_tokenizer_before_building(tmp_path)
     assert res.exit_code == 2 and f"--port {port}: cannot listen there" in res.output, res.output
     res = CliRunner().invoke(app, ["engine", "serve", "--device", "cpu", "--tokenizer", "bpe"], terminal_width=300)
     assert res.exit_code == 2 and "--tokenizer 'bpe': use auto, byte or word" in res.output
+
+
+def test_serve_answers_to_the_hf_id_and_the_alias():
+    from advisor.commands.engine import _preset_or_name, _served_names
+
+    assert _served_names("llama-3.1-8b", None) == ["meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"]
+    assert _served_names("meta-llama/Llama-3.1-8B", None) == ["meta-llama/Llama-3.1-8B", "llama-3.1-8b"]
+    assert _served_names("tiny", None) == ["tiny"]
+    assert _served_names("tiny", ["a", "b", "a"]) == ["a", "b"]
+    assert _preset_or_name("Meta-Llama/Llama-3.1-8B-Instruct") == "llama-3.1-8b"
+    assert _preset_or_name("no-such-model") == "no-such-model"

@@ -264,3 +264,14 @@ def test_tokenizers_round_trip_counts():
     assert [dec.feed([t]) for t in enc] == ["h", "", "é"]  # a split character comes out whole
     assert tokenizer_for("auto", "byte-lm-10m", 288).name == "byte"
     assert tokenizer_for("auto", "tiny", 512).name == "word"
+
+
+def test_a_prompt_the_kv_cache_can_never_hold_is_a_400():
+    model = _model(num_gpu_blocks_override=8)  # 8 blocks x 16 tokens: 128 tokens of KV in all
+    with ServerThread(model) as url:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "w " * 300, "max_tokens": 4}, timeout=30)
+        assert r.status_code == 400 and "never be scheduled" in r.json()["error"]["message"], r.text
+        ok = httpx.post(url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 2}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        _wait_idle(model)
+        assert model.engine.core.scheduler.stats.num_free_blocks == 8
