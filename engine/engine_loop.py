@@ -525,6 +525,16 @@ class EngineCore:
         """End unfinished requests now (a replay cut off): blocks freed, sampler state dropped."""
         return [self._end_request(res) for res in self.scheduler.finish_requests(list(request_ids), "abort")]
 
+    def forget(self, request_ids: Sequence[int]) -> None:
+        """Drop ended requests' states here and in the scheduler (a server's memory stays flat).
+        Under async scheduling the step in flight when a request ended may still carry a token
+        for it: call this only after the next step() has returned."""
+        ended = [rid for rid in request_ids
+                 if (st := self.requests.get(rid)) is not None and st.finished_s is not None]
+        for rid in ended:
+            del self.requests[rid]
+        self.scheduler.forget_finished(ended)
+
     def release_held(self, request_id: int) -> int:
         """Free the KV blocks a finished `hold_blocks_on_finish` request kept (its transfer is done)."""
         return self.scheduler.release_held(request_id)
