@@ -215,6 +215,11 @@ class LlamaModel(nn.Module):
                 self._keep_aux(i, x)
         return h
 
+    def disable_aux_hidden(self) -> None:
+        """Stop keeping aux hidden states (a model shared by engines built one after another)."""
+        self._aux_at = {}
+        self.aux_hidden = torch.empty(0)
+
     def _keep_aux(self, layer: int, x: torch.Tensor) -> None:
         t, w = x.shape[0], self.spec.hidden_size
         if t > self.aux_hidden.shape[0]:
