@@ -143,7 +143,9 @@ class EagleBench:
         for task, reqs in prompts.items():
             res = self.bench.replay(core, reqs, honor_arrivals=False)
             s = res.summary()
-            out[task] = bh.latency_row(s) | (bh.spec_stats(res.requests) if core.spec_k else {})
+            out[task] = bh.latency_row(s) | ((bh.spec_stats(res.requests)
+                                              | {"per_request": bh.per_request_spec(res.requests)})
+                                             if core.spec_k else {})
             toks |= {rid: list(st.output_token_ids) for rid, st in core.requests.items()}
         self.tokens[name] = toks
         bh.log(name, "acceptance", json.dumps({t: (r.get("acceptance_rate"), r.get("mean_acceptance_length"))

@@ -139,33 +139,45 @@ def target_pass(target: TrainLlama, ids: torch.Tensor, aux_layers: tuple[int, ..
     return torch.cat([outs[i] for i in aux_layers], dim=-1), x, F.linear(h, lm)
 
 
-def unrolled_losses(head: TrainHead, target: TrainLlama, ids: torch.Tensor, steps: int, reg_weight: float
-                    ) -> tuple[torch.Tensor, list[float]]:
-    """The loss over `steps` unrolled draft steps on windows `ids` [B, T + 1], and each step's
-    top-1 agreement with the target's greedy token (teacher forced)."""
+def unrolled_steps(head: TrainHead, target: TrainLlama, ids: torch.Tensor, steps: int
+                   ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The head unrolled `steps` times over windows `ids` [B, L]: each step's (output [B, t, H],
+    logits [B, t, V]) at head positions p = 0..t-1 (t = L - 2; token p + 1 in), and the
+    target's side: its distribution, greedy token and final residual stream at p + 1."""
     aux, final, tlogits = target_pass(target, ids[:, :-1], head.aux_layers)
-    t = ids.shape[1] - 2  # head positions p = 0..t-1: token p + 1, target at p + 1
+    t = ids.shape[1] - 2
     lm = target.embed_tokens if target.lm_head is None else target.lm_head
     embed = F.embedding(ids[:, 1:t + 1], target.embed_tokens)
-    soft = tlogits[:, 1:t + 1].float().softmax(-1)
-    greedy = tlogits[:, 1:t + 1].argmax(-1)
-    goal = final[:, 1:t + 1].float()
-    scale = goal.pow(2).mean().sqrt().clamp_min(1e-6)
     cos, sin = target.cos[:t], target.sin[:t]
     feature = head.fc(aux[:, :t])
     past: list[tuple] = []
-    total, agree = 0.0, []
+    outs = []
     for j in range(1, steps + 1):
         out, kv = head.layer(head.inputs(embed, feature), cos, sin, past, step_mask(t, j, ids.device))
         past.append(kv)
-        valid = slice(j - 1, t)  # positions with a step-1 prefix
-        logp = head.logits(out, lm)[:, valid].float().log_softmax(-1)
-        ce = -(soft[:, valid] * logp).sum(-1).mean()
-        reg = F.smooth_l1_loss(out[:, valid].float() / scale, goal[:, valid] / scale)
-        total = total + DECAY ** (j - 1) * (ce + reg_weight * reg)
-        agree.append(float((logp.argmax(-1) == greedy[:, valid]).float().mean()))
+        outs.append((out, head.logits(out, lm)))
         # the next step reads this step's output one position back (draft j at p + 1)
         feature = torch.cat((torch.zeros_like(out[:, :1]), out[:, :-1]), dim=1)
+    goal = {"soft": tlogits[:, 1:t + 1].float().softmax(-1), "greedy": tlogits[:, 1:t + 1].argmax(-1),
+            "final": final[:, 1:t + 1].float()}
+    return outs, goal
+
+
+def unrolled_losses(head: TrainHead, target: TrainLlama, ids: torch.Tensor, steps: int, reg_weight: float
+                    ) -> tuple[torch.Tensor, list[float]]:
+    """The loss over `steps` unrolled draft steps on windows `ids` [B, L], and each step's top-1
+    agreement with the target's greedy token (teacher forced). Step j's positions p < j - 1 have
+    no step-1 prefix and are left out."""
+    outs, goal = unrolled_steps(head, target, ids, steps)
+    scale = goal["final"].pow(2).mean().sqrt().clamp_min(1e-6)
+    total, agree = 0.0, []
+    for j, (out, logits) in enumerate(outs, start=1):
+        valid = slice(j - 1, None)
+        logp = logits[:, valid].float().log_softmax(-1)
+        ce = -(goal["soft"][:, valid] * logp).sum(-1).mean()
+        reg = F.smooth_l1_loss(out[:, valid].float() / scale, goal["final"][:, valid] / scale)
+        total = total + DECAY ** (j - 1) * (ce + reg_weight * reg)
+        agree.append(float((logp.argmax(-1) == goal["greedy"][:, valid]).float().mean()))
     return total, agree
 
 
@@ -228,12 +240,16 @@ def held_out_agreement(head: TrainHead, target: TrainLlama, device: torch.device
     return out
 
 
-def export_head(head: TrainHead, target_dir: Path, out_dir: Path) -> Path:
-    """Into an engine EagleHead on the engine's target (its dtype), saved with save_head."""
-    engine_target = load_model(target_dir, device="cpu")
+def to_engine_head(head: TrainHead, engine_target) -> EagleHead:
+    """The trained weights in an engine EagleHead on `engine_target` (in its dtype)."""
     eh = EagleHead(engine_target, head.aux_layers, seed=None)
-    eh.load_state_dict({k: v.detach().cpu().to(eh.dtype) for k, v in head.state_dict().items()})
-    return save_head(eh, out_dir)
+    eh.load_state_dict({k: v.detach().to(eh.fc.weight.device, eh.dtype) for k, v in head.state_dict().items()})
+    return eh
+
+
+def export_head(head: TrainHead, target_dir: Path, out_dir: Path) -> Path:
+    """Written with save_head, for the engine's target loaded from `target_dir`."""
+    return save_head(to_engine_head(head, load_model(target_dir, device="cpu")), out_dir)
 
 
 def main() -> None:
@@ -252,4 +268,5 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 
-__all__ = ["HeadTrainConfig", "TrainHead", "step_mask", "train_head", "unrolled_losses"]
+__all__ = ["HeadTrainConfig", "TrainHead", "export_head", "step_mask", "to_engine_head", "train_head", "unrolled_losses",
+           "unrolled_steps"]
