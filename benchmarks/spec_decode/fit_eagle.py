@@ -1,0 +1,213 @@
+"""Fit the simulator's EAGLE-3 terms to eagle_h200.py's H200 run and check its speed-up (CPU).
+
+Input: what eagle_h200.py brought back (results.json, runs.tar.xz or its extracted runs/ folder).
+
+1. Acceptance: per task and k (2, 4), the Beta (a, b) of per-request acceptance by maximum
+   likelihood on each request's verify-step and accepted totals (`sim.speculative.fit_acceptance_beta`),
+   "default" pooling the tasks -> sim/profiles/eagle3-acceptance-byte-lm-100m.json, which the
+   simulator reads for method eagle3 on target byte-lm-100m (provenance "measured"; other targets
+   keep the prior table).
+2. Cost: `SpecTerms.eagle3_pass_s`, an EAGLE-3 head forward's cost beyond its roofline math: on every
+   decode step with drafts of the eagle3 closed-loop sweeps, (propose_s - the cost model's head
+   passes with no fixed cost) / k (the engine runs k head forwards per step: the catch-up over the
+   verified positions, then k - 1 single-token ones), median -> the h200-byte-lm-100m profile's spec
+   terms (its other terms unchanged).
+3. Check: every concurrency of the sweeps, spec off and eagle3 at each k, simulated on the same
+   requests with the engine's flags and KV blocks: the simulator's speed-up (eagle3 over off output
+   tok/s) beside the engine's, and the engine's error bar (spec off measured twice on other prompts:
+   a ratio of two such runs carries sqrt(2) x that spread) -> data/h200-eagle/sim_check.json, which
+   tests/sim/test_eagle3_measured.py re-simulates.
+
+    python3 benchmarks/spec_decode/fit_eagle.py --results R/results.json --runs R/runs.tar.xz
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.spec_decode import fit_sim
+from engine.core.model_spec import get_model
+from engine.core.run_summary import jsonable
+from sim.cost_model import PROFILES_DIR, CostModel, CostProfile, SpecTerms
+from sim.hardware import get_gpu
+from sim.memory import draft_spec
+from sim.run import LoadedWorkload, SimConfig, run
+from sim.speculative import MEASURED_ACCEPTANCE_FILES, fit_acceptance_beta
+from sim.validate import read_run_info, replayed_requests, sim_engine_config
+
+HERE = Path(__file__).resolve().parent
+TARGET, GPU, METHOD = fit_sim.TARGET, fit_sim.GPU, "eagle3"
+ACCEPTANCE_OUT = PROFILES_DIR / MEASURED_ACCEPTANCE_FILES[(METHOD, TARGET)]
+PROFILE = fit_sim.PROFILE_OUT
+CHECK_OUT = HERE / "data" / "h200-eagle" / "sim_check.json"
+TASKS = ("code", "prose", "json")
+
+
+def fit_acceptance(results: dict) -> dict[str, Any]:
+    """Per k: Beta (a, b) per task and pooled ("default"), with the measured rates beside."""
+    by_k, measured = {}, {}
+    for cfg in results.get("configs", {}).values():
+        if cfg.get("method") != METHOD:
+            continue
+        k = int(cfg["k"])
+        table, rates = {}, {}
+        pooled = {"accepted": [], "drafted": [], "drafts": []}
+        for task in TASKS:
+            row = (cfg.get("acceptance") or {}).get(task) or {}
+            pr = row.get("per_request")
+            if not pr:
+                continue
+            table[task] = fit_acceptance_beta(pr["accepted"], pr["drafted"], k, pr["drafts"])
+            for key in pooled:
+                pooled[key] += pr[key]
+            rates[task] = {x: row.get(x) for x in ("acceptance_rate", "mean_acceptance_length",
+                                                    "spec_decode_per_position_acceptance_rates")}
+        if pooled["drafts"]:
+            table["default"] = fit_acceptance_beta(pooled["accepted"], pooled["drafted"], k, pooled["drafts"])
+        by_k[str(k)], measured[str(k)] = table, rates
+    if not by_k:
+        raise ValueError(f"results.json has no {METHOD} acceptance rows with per-request counters")
+    return {"by_k": by_k, "measured": measured}
+
+
+def eagle_folders(root: Path) -> dict[tuple[str, int], Path]:
+    """Sweep run folders by (config name, concurrency)."""
+    out = {}
+    for f in fit_sim.run_folders(root):
+        info = read_run_info(f)
+        if info.purpose == "sweep" and "-c" in info.name:
+            name, c = info.name.rsplit("-c", 1)
+            out[(name, int(c))] = f
+    return out
+
+
+def head_cost_model(profile: CostProfile, folder: Path, spec: dict) -> CostModel:
+    """The cost model of an eagle3 run folder, the head priced as the simulator prices it."""
+    sim_spec = fit_sim._sim_spec(spec, None)
+    cfg = sim_engine_config(read_run_info(folder)).model_copy(update={"speculative_config": sim_spec})
+    target = get_model(TARGET)
+    return CostModel(target, get_gpu(GPU), cfg, profile, draft=draft_spec(target, sim_spec))
+
+
+def fit_pass_cost(profile: CostProfile, folders: list[Path]) -> dict[str, Any]:
+    """eagle3_pass_s from the eagle3 sweeps' decode steps with drafts (see the module docstring)."""
+    zero = profile.model_copy(update={"spec": (profile.spec or SpecTerms()).model_copy(
+        update={"eagle3_pass_s": 0.0})})
+    per_pass, by_c = [], {}
+    for f in folders:
+        spec = fit_sim.spec_of(f)
+        cm = head_cost_model(zero, f, spec)
+        c = int(read_run_info(f).name.rsplit("-c", 1)[1])
+        for row in fit_sim._raw_steps(f):
+            if row.get("num_decode_seqs") and row.get("num_spec_tokens") and not row.get("num_prefill_tokens"):
+                x = (row["propose_s"] - cm.proposer_gpu_s(fit_sim._composition(row))) / cm.k
+                per_pass.append(x)
+                by_c.setdefault(c, []).append(x)
+    if not per_pass:
+        raise ValueError("no eagle3 decode step with drafts in the sweeps")
+    return {"value": max(0.0, float(np.median(per_pass))), "steps": len(per_pass),
+            "p10": float(np.percentile(per_pass, 10)), "p90": float(np.percentile(per_pass, 90)),
+            "median_by_concurrency": {c: float(np.median(v)) for c, v in sorted(by_c.items())}}
+
+
+def simulate(folder: Path, profile_path: Path) -> tuple[float, dict[str, Any]]:
+    """The simulator's output tok/s on a run folder's requests and flags; (tok/s, its config)."""
+    info = read_run_info(folder)
+    spec = fit_sim.spec_of(folder)
+    cfg = sim_engine_config(info)
+    if spec is not None:
+        cfg = cfg.model_copy(update={"speculative_config": fit_sim._sim_spec(spec, None)})
+    reqs = fit_sim.categorized(folder, replayed_requests(folder, info))
+    summary = run(LoadedWorkload(reqs, info.name), SimConfig(model=TARGET, gpu=GPU, engine=cfg,
+                                                            profile=str(profile_path), label=info.name)).summary()
+    return float(summary["output_throughput"]), {"engine": cfg.model_dump(mode="json"), "requests": len(reqs),
+                                                 "categories": [r.category for r in reqs],
+                                                 "prompt_lens": sorted({r.prompt_len for r in reqs}),
+                                                 "output_lens": sorted({r.output_len for r in reqs})}
+
+
+def speedup_check(results: dict, folders: dict[tuple[str, int], Path], profile_path: Path) -> dict[str, Any]:
+    """Per k and concurrency: engine and simulator speed-ups of eagle3 over spec off."""
+    spread = {int(c): v for c, v in (results.get("off_repeat_spread") or {}).items()}
+    rows = []
+    off_tput = {r["concurrency"]: r["output_throughput"] for r in results["configs"]["off"]["sweep"]}
+    for name, cfg in results["configs"].items():
+        if cfg.get("method") != METHOD:
+            continue
+        for r in cfg["sweep"]:
+            c = r["concurrency"]
+            if (name, c) not in folders or ("off", c) not in folders or not off_tput.get(c):
+                continue
+            sim_on, setup_on = simulate(folders[(name, c)], profile_path)
+            sim_off, setup_off = simulate(folders[("off", c)], profile_path)
+            measured = r["output_throughput"] / off_tput[c]
+            err = math.sqrt(2) * spread.get(c, float("nan")) * measured
+            rows.append({"k": int(cfg["k"]), "concurrency": c, "engine_speedup": measured, "engine_error": err,
+                         "sim_speedup": sim_on / sim_off, "sim_tok_s": {"off": sim_off, "eagle3": sim_on},
+                         "engine_tok_s": {"off": off_tput[c], "eagle3": r["output_throughput"]},
+                         "setup": {"off": setup_off, "eagle3": setup_on}})
+    return {"rows": rows, "error_bar": "sqrt(2) x the spec-off run-to-run spread of tok/s at that concurrency "
+                                      "(other prompts, same engine) x the measured speed-up"}
+
+
+def write_profile(profile: CostProfile, cost: dict[str, Any], results: dict, out: Path) -> CostProfile:
+    spec = (profile.spec or SpecTerms()).model_copy(update={"eagle3_pass_s": cost["value"]})
+    prov = dict(profile.provenance or {})
+    prov["eagle3_pass_s"] = {"fitted_by": "benchmarks/spec_decode/fit_eagle.py", "gpu": results["meta"]["gpu"],
+                             "date": results["meta"]["date"], "steps": cost["steps"],
+                             "runs": "benchmarks/spec_decode/data/h200-eagle (eagle3 closed-loop sweeps)"}
+    new = profile.model_copy(update={"spec": spec, "provenance": prov})
+    new.save(out)
+    return new
+
+
+def fit(results: dict, runs_root: Path, profile_path: Path = PROFILE, acceptance_out: Path = ACCEPTANCE_OUT,
+        check_out: Path = CHECK_OUT) -> dict[str, Any]:
+    acceptance = fit_acceptance(results)
+    acceptance_out.write_text(json.dumps(jsonable(
+        {"method": METHOD, "target": TARGET, "gpu": results["meta"]["gpu"], "date": results["meta"]["date"],
+         "source": f"measured on the engine: {TARGET} + its EAGLE-3 head, {results['meta']['gpu']} "
+                   f"{results['meta']['date'][:10]} (benchmarks/spec_decode/data/h200-eagle)",
+         **acceptance}), indent=1) + "\n")
+    folders = eagle_folders(runs_root)
+    eagle = [f for (name, _), f in sorted(folders.items()) if name.startswith(METHOD)]
+    cost = fit_pass_cost(CostProfile.load(str(profile_path)), eagle)
+    write_profile(CostProfile.load(str(profile_path)), cost, results, profile_path)
+    check = speedup_check(results, folders, profile_path)
+    report = {"acceptance": acceptance, "eagle3_pass_s": cost, "speedup_check": check}
+    check_out.parent.mkdir(parents=True, exist_ok=True)
+    check_out.write_text(json.dumps(jsonable(report), indent=1) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--results", type=Path, required=True, help="eagle_h200.py's results.json")
+    ap.add_argument("--runs", type=Path, required=True, help="runs.tar.xz or the extracted runs/ folder")
+    a = ap.parse_args(argv)
+    results = json.loads(a.results.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        root = a.runs
+        if a.runs.is_file():
+            with tarfile.open(a.runs) as tar:
+                tar.extractall(tmp, filter="data")
+            root = Path(tmp)
+        report = fit(results, root)
+    for row in report["speedup_check"]["rows"]:
+        print(json.dumps({k: row[k] for k in ("k", "concurrency", "engine_speedup", "engine_error", "sim_speedup")}))
+
+
+if __name__ == "__main__":
+    main()
