@@ -279,6 +279,7 @@ class EngineCore:
         self._ngram_drafts: dict[int, list[int]] = {}
         self.drafter: DraftModelProposer | None = None
         self.eagle: EagleProposer | None = None
+        self._catch_up_events = None  # the last EAGLE-3 catch-up's CUDA events, read a step later
         if sc is not None and sc.method == "eagle3":
             self._init_eagle(config, draft_model)
             return
@@ -449,6 +450,7 @@ class EngineCore:
             self.drafter.reset()
         if self.eagle is not None:
             self.eagle.reset()
+            self._catch_up_events = None
         self.requests.clear()
         self._token_ids.clear()
         self._pending = None
@@ -636,12 +638,27 @@ class EngineCore:
         return self._timed(lambda: self.eagle.propose(out.scheduled, self._token_ids))
 
     def _eagle_catch_up(self, out: SchedulerOutput, num_tokens: int, sampled: dict[int, list[int]]) -> float:
-        """The head over this step's positions (draft 1 of the next step); seconds."""
+        """The head over this step's positions (draft 1 of the next step), launched without
+        waiting for it: the host goes on to the scheduler while the GPU runs it. Returns the
+        seconds to charge this step: on a GPU the previous step's catch-up (its events are done:
+        this step's sampling synchronized after them), so each step's `propose_s` holds one
+        catch-up and one round of head steps; on a CPU this one's wall time."""
         assert self.eagle is not None
         kept = {rid: len(toks) for rid, toks in sampled.items()}
         reqs = self.requests
         token_ids = {s.request_id: reqs[s.request_id].token_ids for s in out.scheduled}
-        return self._timed(lambda: self.eagle.catch_up(out.scheduled, num_tokens, token_ids, kept))[1]
+        if not self._use_events:
+            return self._timed(lambda: self.eagle.catch_up(out.scheduled, num_tokens, token_ids, kept))[1]
+        done = self._catch_up_events
+        e0, e1 = self._new_event(), self._new_event()
+        e0.record()
+        self.eagle.catch_up(out.scheduled, num_tokens, token_ids, kept)
+        e1.record()
+        self._catch_up_events = (e0, e1)
+        if done is None:
+            return 0.0
+        done[1].synchronize()  # already complete: returns at once
+        return done[0].elapsed_time(done[1]) / 1e3
 
     def _propose_ngram(self, sampled: dict[int, list[int]]) -> float:
         """Prompt lookup for the next step of every request that got tokens and goes on; the

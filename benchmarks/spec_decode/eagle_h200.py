@@ -134,6 +134,8 @@ class EagleBench:
         row["sweep"] = self.sweep(core, spec, name)
         if method == "off":  # the same sweep on other prompts: the run-to-run spread of tok/s
             row["sweep_repeat"] = self.sweep(core, spec, "off-repeat", seed_base=1000)
+        self.bench.save()
+        self.summary()  # results.md and the speed-ups so far: a crash later keeps them
         row["step_cost_ms"] = step_costs(core, k)
         self.bench.save()
         del core
@@ -230,10 +232,13 @@ class EagleBench:
         bh.log("equality (fp32)", json.dumps(self.results["equality_fp32"]))
 
     def summary(self) -> None:
+        """Speed-ups, results.md and runs.tar.xz from what ran so far (after every config)."""
         configs = self.results.get("configs", {})
         self.results["speedup"] = speedups(configs)
         self.results["off_repeat_spread"] = repeat_spread(configs.get("off") or {})
         write_md(self.results, self.bench.out / "results.md")
+        self.bench.save()
+        self.bench.pack()
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
@@ -271,20 +276,44 @@ def _replay_ms(graph, reps: int) -> float:
     return e0.elapsed_time(e1) / reps
 
 
-def step_costs(core, k: int, sizes=(1, 4, 16, 64, 128), reps: int = 30) -> dict[str, dict[int, float]]:
-    """ms per CUDA-graph replay by batch size: the target's decode and verify steps, the draft's
-    or head's single-token step and (head) its catch-up graph. Empty on a CPU (no graphs)."""
+def _safe_inputs(runner, q: int, context: int) -> None:
+    """Inputs every captured graph can replay alone: token 0 at position 0 written nowhere (slot
+    -1), each sequence attending `context` tokens (q of them its own) through the same valid
+    blocks, query offsets q apart. A graph replayed over what the last step left (another
+    batch's offsets and lengths) can read past its buffers: the first GPU run crashed so."""
+    runner.d_input_ids.zero_()
+    runner.d_positions.zero_()
+    runner.d_slots.fill_(-1)
+    runner.d_seq_lens.fill_(context)
+    runner.d_qsl.copy_(q * torch.arange(runner.max_num_seqs + 1, dtype=torch.int32, device=runner.device))
+    runner.reset_block_tables()
+    blocks = -(-context // runner.block_size)
+    runner.d_block_tables[:, :blocks].copy_(torch.arange(blocks, dtype=torch.int32, device=runner.device))
+    runner.d_work_counts.zero_()
+    if runner.is_cuda:
+        torch.cuda.synchronize()
+
+
+def step_costs(core, k: int, sizes=(1, 4, 16, 64, 128), reps: int = 30, context: int = 320
+               ) -> dict[str, dict[int, float]]:
+    """ms per CUDA-graph replay by batch size, each sequence attending `context` tokens: the
+    target's decode and verify steps, the draft's or head's single-token step and its catch-up
+    graph. Empty on a CPU (no graphs). Leaves the runners' inputs unusable: the engine is
+    dropped afterwards."""
     out: dict[str, dict[int, float]] = {}
-    runners = {"target_decode": (core.runner, "graphs"), "target_verify": (core.runner, "verify_graphs")}
+    graphs = [("target_decode", core.runner, core.runner.graphs, 1)]
+    if k:
+        graphs.append(("target_verify", core.runner, core.runner.verify_graphs, core.runner.verify_q))
     prop = core.eagle or core.drafter
     if prop is not None:
         name = "eagle3" if core.eagle is not None else "draft"
-        runners |= {f"{name}_step": (prop.runner, "graphs"), f"{name}_catch_up": (prop.runner, "verify_graphs")}
-    for key, (runner, attr) in runners.items():
-        graphs = getattr(runner, attr)
-        if not graphs or (attr == "verify_graphs" and key.startswith("target") and not k):
+        r = prop.runner
+        graphs += [(f"{name}_step", r, r.graphs, 1), (f"{name}_catch_up", r, r.verify_graphs, r.verify_q)]
+    for key, runner, by_size, q in graphs:
+        if not by_size or context > runner.max_model_len or runner.num_blocks * runner.block_size < context:
             continue
-        out[key] = {b: round(_replay_ms(graphs[b], reps), 4) for b in sizes if b in graphs}
+        _safe_inputs(runner, q, context)
+        out[key] = {b: round(_replay_ms(by_size[b], reps), 4) for b in sizes if b in by_size}
     return out
 
 
@@ -407,7 +436,6 @@ def main(argv: list[str] | None = None) -> EagleBench:
     if not a.no_fp32_check and eb.left() > 25:
         eb.phase("fp32_check", eb.fp32_check)
     eb.phase("summary", eb.summary)
-    eb.phase("pack", eb.bench.pack)
     bh.log(f"done in {time.perf_counter() - eb.t0:.0f} s")
     return eb
 

@@ -108,3 +108,27 @@ def test_dry_run_measures_every_config_and_keeps_greedy_outputs(tmp_path):
     assert set(r["speedup"]) == names - {"off"}
     assert set(r["off_repeat_spread"]) == {str(c) for c in eb.plan.concurrencies}
     assert (tmp_path / "out" / "results.md").read_text().startswith("# EAGLE-3")
+
+
+def test_graph_timing_inputs_are_safe_for_every_graph_kind():
+    """What a decode / verify / head graph runs, over the timing's inputs after a real run left
+    its own in the buffers: finite logits, no KV written (every slot -1)."""
+    from engine.spec_decode.eagle import EagleHead
+
+    target = LlamaModel(get_model("tiny"), max_positions=256, dtype=torch.float32, seed=0)
+    args = EngineArgs(model="tiny", device="cpu", dtype="float32", max_model_len=256, max_num_seqs=8,
+                      max_num_batched_tokens=64, block_size=4, seed=0, num_gpu_blocks_override=64,
+                      speculative_config={"method": "eagle3", "model": "random", "num_speculative_tokens": 3})
+    core = EngineCore(args, model=target, draft_model=EagleHead(target, seed=1))
+    core.add_request(Request(request_id=0, arrival_s=0.0, prompt_len=9, output_len=8, hash_ids=(0,)),
+                     SamplingParams(max_tokens=8, ignore_eos=True), list(range(20, 29)))
+    while core.has_unfinished():
+        core.step()
+    for runner, q in ((core.runner, 1), (core.runner, 4), (core.eagle.runner, 1), (core.eagle.runner, 4)):
+        eagle_h200._safe_inputs(runner, q, context=20)
+        before = runner.kv_caches.clone()
+        buf = torch.empty(8 * q, target.spec.vocab_size)
+        with torch.inference_mode():  # as the capture runs it
+            logits = runner.graph_forward(8, q, buf)
+        assert torch.isfinite(logits).all()
+        assert torch.equal(runner.kv_caches, before)

@@ -284,10 +284,10 @@ class EagleProposer:
         logits = self.runner.forward(inp)
         if not sampled:
             return
-        dev = logits.device
-        li = torch.tensor(logit_rows, device=dev)
-        hi = torch.tensor(rows, device=dev)
-        first = _FirstDrafts(logits.index_select(0, li).argmax(dim=-1), head.hidden_out.index_select(0, hi))
+        n = len(sampled)
+        idx = torch.tensor(logit_rows + rows).to(logits.device, non_blocking=True)  # one upload
+        first = _FirstDrafts(logits.index_select(0, idx[:n]).argmax(dim=-1),
+                             head.hidden_out.index_select(0, idx[n:]))
         for r, rid in enumerate(sampled):
             self.first[rid] = (first, r)
 

@@ -162,3 +162,27 @@ def test_eagle3_without_a_model_is_named():
     with pytest.raises(ValueError, match="eagle3.*needs \"model\""):
         EngineArgs(model="tiny", max_model_len=MAX_LEN, **BASE,
                    speculative_config={"method": "eagle3", "num_speculative_tokens": 2})
+
+
+def test_catch_up_is_not_waited_for_and_is_charged_a_step_later():
+    """On a GPU the catch-up is launched and left running (the host goes on to the scheduler);
+    its events are read by the next step, whose propose_s carries it. A CUDA-event stand-in
+    checks both: the catch-up's end event is still incomplete when its step returns."""
+    from tests.engine.test_core_events import FakeEvent, FakeStream
+
+    core = engine({"method": "eagle3", "model": "random", "num_speculative_tokens": 2}, head())
+    stream = FakeStream()
+    core._use_events = True
+    core._new_event = lambda: FakeEvent(stream)
+    p = prompts_of(5, [9])[0]
+    core.add_request(Request(request_id=0, arrival_s=0.0, prompt_len=9, output_len=7, hash_ids=(0,)),
+                     SamplingParams(max_tokens=7, ignore_eos=True), p)
+    charged = []
+    while core.has_unfinished():
+        res = core.step()
+        e1 = core._catch_up_events[1]
+        assert e1.n > stream.completed_upto  # launched, not waited for
+        charged.append(res.trace.propose_s)
+    assert charged[0] == 0.0  # the prefill step: nothing launched before it
+    assert all(x > 0 for x in charged[1:])  # each later step: the previous catch-up + its head steps
+    assert core.requests[0].output_token_ids == drive(engine(None), [(0, p)], max_tokens=7)[0]
