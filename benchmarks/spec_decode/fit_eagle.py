@@ -223,6 +223,71 @@ def fit(results: dict, runs_root: Path, profile_path: Path = PROFILE, acceptance
     return report
 
 
+def _f(x: Any, spec: str = ".2f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(results: dict, report: dict[str, Any]) -> list[str]:
+    """The EAGLE-3 section of results.md: acceptance, costs, speed-ups, the simulator's check."""
+    meta, cfgs = results["meta"], results["configs"]
+    head = (results.get("train") or {}).get("eagle3") or {}
+    lines = [fit_sim.EAGLE_MARKER, "", (f"## EAGLE-3 vs draft model vs n-gram ({meta['gpu']}, {meta['date'][:10]}; "
+             "data/h200-eagle, eagle_h200.py + fit_eagle.py)"), ""]
+    if head:
+        lines += [(f"Head: one layer on the target's layers {head.get('aux_layers')} (fused), {head['head_params'] / 1e6:.1f}M "
+                  f"own parameters, trained {head['train_s']:.0f} s ({head['tokens'] / 1e6:.0f}M tokens); held-out "
+                  f"top-1 agreement with the target by draft step: {json.dumps(head['held_out_top1_by_step'])}."), ""]
+    lines += [("Acceptance (greedy, 16 held-out prompts per task, 128 tokens): rate / mean acceptance length / "
+              "per position"), "", "| config | code | prose | json |", "|---|---|---|---|"]
+    for name, cfg in cfgs.items():
+        if name == "off":
+            continue
+        cells = []
+        for t in TASKS:
+            r = (cfg.get("acceptance") or {}).get(t) or {}
+            pos = " ".join(_f(x) for x in r.get("spec_decode_per_position_acceptance_rates") or [])
+            cells.append(f"{_f(r.get('acceptance_rate'), '.3f')} / {_f(r.get('mean_acceptance_length'))} / {pos}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    conc = sorted({r["concurrency"] for c in cfgs.values() for r in c.get("sweep", [])})
+    sp = results.get("speedup", {})
+    lines += ["", "Output tok/s by concurrency (closed loop, mixed tasks; x spec off), and where it stops paying:", "",
+              "| config | " + " | ".join(str(c) for c in conc) + " | break-even concurrency |",
+              "|---|" + "---|" * (len(conc) + 1)]
+    for name, cfg in cfgs.items():
+        by = {r["concurrency"]: r for r in cfg.get("sweep", [])}
+        ratio = (sp.get(name) or {}).get("by_concurrency", {})
+        cells = [f"{_f(by.get(c, {}).get('output_throughput'), ',.0f')}"
+                 + (f" ({ratio[str(c)] if str(c) in ratio else ratio[c]:.2f}x)" if (c in ratio or str(c) in ratio) else "")
+                 for c in conc]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_f((sp.get(name) or {}).get('break_even_concurrency'), '.1f')} |")
+    lines += ["", f"Spec-off run-to-run spread of tok/s (other prompts): {json.dumps(results.get('off_repeat_spread'))}.",
+              "", ("Proposer per forward in the engine (median propose_s / k on decode steps), and the CUDA-graph "
+              "replay alone (batch 1 / 128), ms:"), ""]
+    for name, cfg in cfgs.items():
+        if cfg.get("method") in ("eagle3", "draft_model"):
+            per = {r["concurrency"]: r.get("median_propose_ms_per_forward") for r in cfg.get("sweep", [])}
+            g = (cfg.get("step_cost_ms") or {})
+            step = g.get("eagle3_step") or g.get("draft_step") or {}
+            lines.append(f"- {name}: engine " + ", ".join(f"c={c} {_f(v, '.3f')}" for c, v in per.items())
+                         + f"; graph {_f(step.get('1') or step.get(1), '.3f')} / {_f(step.get('128') or step.get(128), '.3f')}")
+    cost = report["eagle3_pass_s"]
+    lines += ["", (f"Simulator: `SpecTerms.eagle3_pass_s` = {cost['value'] * 1e3:.3f} ms per head forward beyond its roofline "
+              f"(median of {cost['steps']} steps, p10-p90 {cost['p10'] * 1e3:.3f}-{cost['p90'] * 1e3:.3f} ms); acceptance "
+              "per task and k from `sim/profiles/eagle3-acceptance-byte-lm-100m.json` (provenance measured)."), "",
+              "| k | concurrency | engine speed-up | engine error | simulator (3 seeds) | gap |", "|---|---|---|---|---|---|"]
+    for r in report["speedup_check"]["rows"]:
+        lines.append(f"| {r['k']} | {r['concurrency']} | {r['engine_speedup']:.3f} | \u00b1{_f(r['engine_error'], '.3f')} | "
+                     f"{r['sim_speedup']:.3f} | {r['sim_speedup'] - r['engine_speedup']:+.3f} |")
+    return lines + [""]
+
+
+def write_section(path: Path, lines: list[str]) -> None:
+    """Replace (or add) the EAGLE-3 section at the end of results.md."""
+    old = path.read_text() if path.is_file() else ""
+    head = old[:old.index(fit_sim.EAGLE_MARKER)] if fit_sim.EAGLE_MARKER in old else old
+    path.write_text(head.rstrip("\n") + "\n\n" + "\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--results", type=Path, required=True, help="eagle_h200.py's results.json")
@@ -236,6 +301,7 @@ def main(argv: list[str] | None = None) -> None:
                 tar.extractall(tmp, filter="data")
             root = Path(tmp)
         report = fit(results, root)
+    write_section(HERE / "results.md", markdown(results, report))
     for row in report["speedup_check"]["rows"]:
         print(json.dumps({k: row[k] for k in ("k", "concurrency", "engine_speedup", "engine_error", "sim_speedup")}))
 
