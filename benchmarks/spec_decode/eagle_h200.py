@@ -134,6 +134,7 @@ class EagleBench:
         row["sweep"] = self.sweep(core, spec, name)
         if method == "off":  # the same sweep on other prompts: the run-to-run spread of tok/s
             row["sweep_repeat"] = self.sweep(core, spec, "off-repeat", seed_base=1000)
+        row["forwards"] = forward_counts(core)
         self.bench.save()
         self.summary()  # results.md and the speed-ups so far: a crash later keeps them
         row["step_cost_ms"] = step_costs(core, k)
@@ -243,6 +244,16 @@ class EagleBench:
 
 def _first_diff(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def forward_counts(core) -> dict[str, dict[str, int]]:
+    """Forwards served by a CUDA graph and run eagerly, per runner, since the engine was built
+    (warm-up included): whether the proposer's steps replay graphs."""
+    runners = {"target": core.runner}
+    prop = core.eagle or core.drafter
+    if prop is not None:
+        runners["eagle3" if core.eagle is not None else "draft"] = prop.runner
+    return {k: {"graph": r.num_graph_replays, "eager": r.num_eager_forwards} for k, r in runners.items()}
 
 
 def step_split(steps: dict[str, np.ndarray], k: int) -> dict[str, Any]:
