@@ -199,6 +199,9 @@ class SpecTerms(BaseModel):
     # per EAGLE-3 head forward beyond its roofline math, measured on this GPU x model's engine
     # (benchmarks/spec_decode/fit_eagle.py); None: not measured
     eagle3_pass_s: float | None = Field(default=None, ge=0)
+    # and per decoding sequence of the step, per head forward (the proposer's host work grows
+    # with the batch: its inputs are prepared per sequence for each of its k forwards)
+    eagle3_pass_per_seq_s: float = Field(default=0.0, ge=0)
     verify_cpu_step_s: float = _COEF  # host seconds per verify step
     verify_cpu_per_seq_s: float = _COEF  # host seconds per verifying sequence
 
@@ -642,6 +645,8 @@ class CostModel:
         caught = b.num_decode_tokens if self.is_head else n
         t = d.forward_s(b.num_prefill_tokens + caught, b.num_prefill_seqs + n, b.prefill_attn_pairs,
                         b.sum_prefill_context, c, c)
+        if self.is_head and self.spec_terms is not None and self.spec_terms.eagle3_pass_s is not None:
+            t += self.k * self.spec_terms.eagle3_pass_per_seq_s * n
         if n:
             t += (self.k - 1) * d.forward_s(n, n, 0.0, 0.0, c, c)
         return t
