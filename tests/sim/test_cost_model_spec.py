@@ -151,3 +151,17 @@ def test_eagle3_head_catches_up_over_every_verified_position_at_its_measured_pas
     # the draft model ignores the head's term
     assert model(k=3, terms=TERMS.model_copy(update={"eagle3_pass_s": 2e-4})).proposer_gpu_s(b) == \
         pytest.approx(model(k=3).proposer_gpu_s(b))
+
+
+def test_eagle3_head_cost_grows_per_decoding_sequence_where_measured():
+    """The engine's head spends host time per sequence on each of its k forwards (the fit's
+    `eagle3_pass_per_seq_s`): k x that x the decodes, on top of the fixed term."""
+    from sim.memory import draft_spec
+
+    k, b = 3, verify(4, 4)
+    sc = SpeculativeConfig(method="eagle3", num_speculative_tokens=k)
+    e = EngineConfig(speculative_config=sc, max_num_seqs=256).resolved_for(H200, M8)
+    fixed = TERMS.model_copy(update={"eagle3_pass_s": 2e-4})
+    m0, m1 = (CostModel(M8, H200, e, FITTED.model_copy(update={"spec": t}), draft_spec(M8, sc))
+              for t in (fixed, fixed.model_copy(update={"eagle3_pass_per_seq_s": 1e-5})))
+    assert m1.proposer_gpu_s(b) - m0.proposer_gpu_s(b) == pytest.approx(k * 1e-5 * 4)
