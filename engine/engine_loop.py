@@ -5,9 +5,9 @@
 unchanged; this module only executes them and keeps each request's tokens and timestamps.
 
 With `speculative_config` the step runs synchronously: schedule (1 + k slots per decode) ->
-the proposer (draft model forwards, or the n-gram drafts found after the previous step) ->
-one target forward verifying every draft -> accepted tokens; the scheduler rolls back the
-rejected drafts' slots.
+the proposer (draft model forwards, EAGLE-3 head steps, or the n-gram drafts found after the
+previous step) -> one target forward verifying every draft -> accepted tokens (-> the EAGLE-3
+head's catch-up over the step's positions) -> the scheduler rolls back the rejected drafts' slots.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,6 +33,7 @@ from engine.core.scheduler_output import RequestResult, SchedulerOutput
 from engine.model import TORCH_DTYPES, LlamaModel
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
+from engine.spec_decode.eagle import EagleHead, EagleProposer
 from engine.spec_decode.proposers import DraftModelProposer, NgramProposer, Proposal, WithDrafts
 from engine.startup import StartupLog, log_progress, process_age_s
 from engine.tensor_parallel import TPGroup, check_tp_shape
@@ -233,7 +235,7 @@ def check_draft(draft: LlamaModel, target: LlamaModel, max_model_len: int) -> No
 
 class EngineCore:
     def __init__(self, config: EngineArgs, model: LlamaModel | None = None,
-                 eos_token_ids: tuple[int, ...] = (), draft_model: LlamaModel | None = None,
+                 eos_token_ids: tuple[int, ...] = (), draft_model: LlamaModel | EagleHead | None = None,
                  progress: Callable[[str], None] = log_progress, tp: TPGroup | None = None) -> None:
         """`progress` hears each start-up phase as it ends (and a long capture's progress).
         `tp`: a tensor-parallel group this process already joined as rank 0 (benchmarks: a
@@ -276,9 +278,10 @@ class EngineCore:
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 num_gpu_blocks_override=config.num_gpu_blocks_override,
                 cpu_kv_cache_bytes=config.cpu_kv_cache_bytes)
-            if self.drafter is not None:
-                self.drafter.allocate_kv(self.num_gpu_blocks)
-                self.runner.memory_report |= {"draft_weights_bytes": self.drafter.weights_bytes(),
+            proposer = self.drafter or self.eagle
+            if proposer is not None:
+                proposer.allocate_kv(self.num_gpu_blocks)
+                self.runner.memory_report |= {"draft_weights_bytes": proposer.weights_bytes(),
                                               "draft_kv_bytes_per_block": self.runner.draft_block_bytes}
             detail.append(f"{self.num_gpu_blocks:,} blocks of {config.block_size} tokens")
         self.graph_capture_s = 0.0
@@ -311,7 +314,7 @@ class EngineCore:
 
     def _capture_graphs(self, config: EngineArgs) -> float:
         """Every CUDA graph the engine replays, each kind a start-up phase; returns seconds."""
-        runner, drafter = self.runner, self.drafter
+        runner, drafter, eagle = self.runner, self.drafter, self.eagle
         kinds = [("decode graphs", runner.decode_graph_sizes(), runner.capture_decode_graphs, ())]
         if config.cudagraph_mode == "FULL":
             kinds.append(("mixed graphs", runner.mixed_graph_sizes(), runner.capture_mixed_graphs, ()))
@@ -321,6 +324,12 @@ class EngineCore:
                        drafter.runner.capture_decode_graphs, ()),
                       ("draft verify graphs", drafter.runner.verify_graph_sizes(1),
                        drafter.runner.capture_verify_graphs, (1,))]
+        if eagle is not None:  # the head's draft steps are pure decodes; its catch-up after a
+            # uniform verify step is a uniform verify-shaped batch of 1 + k tokens per request
+            kinds += [("eagle3 decode graphs", eagle.runner.decode_graph_sizes(),
+                       eagle.runner.capture_decode_graphs, ()),
+                      ("eagle3 catch-up graphs", eagle.runner.verify_graph_sizes(self.spec_k),
+                       eagle.runner.capture_verify_graphs, (self.spec_k,))]
         if self.spec_k:
             kinds.append(("verify graphs", runner.verify_graph_sizes(self.spec_k), runner.capture_verify_graphs,
                           (self.spec_k,)))
@@ -339,6 +348,11 @@ class EngineCore:
         self.ngram = NgramProposer(sc.lookup_min, sc.lookup_max) if sc and sc.method == "ngram" else None
         self._ngram_drafts: dict[int, list[int]] = {}
         self.drafter: DraftModelProposer | None = None
+        self.eagle: EagleProposer | None = None
+        self._catch_up_events = None  # the last EAGLE-3 catch-up's CUDA events, read a step later
+        if sc is not None and sc.method == "eagle3":
+            self._init_eagle(config, draft_model)
+            return
         if sc is None or sc.method != "draft_model":
             return
         if draft_model is None:
@@ -350,11 +364,30 @@ class EngineCore:
                                           max_model_len=self.max_model_len)
         self.runner.draft_block_bytes = self.drafter.runner.block_bytes()
 
+    def _init_eagle(self, config: EngineArgs, head: LlamaModel | EagleHead | None) -> None:
+        """The EAGLE-3 head of `speculative_config.model` (a head directory; another name: a
+        seeded random head), or the one given; the target keeps its aux hidden states."""
+        from engine.spec_decode.eagle import is_head_dir, load_head, random_head
+
+        sc = config.speculative_config
+        assert sc is not None and sc.model
+        if head is None:
+            head = (load_head(sc.model, self.model) if is_head_dir(sc.model)
+                    else random_head(self.model, config.seed))
+        if not isinstance(head, EagleHead) or head.target is not self.model:
+            raise ValueError("--speculative-config: method eagle3 needs an EAGLE-3 head built on this target "
+                             "(engine.spec_decode.eagle.EagleHead), not a draft model")
+        self.eagle = EagleProposer(head, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len,
+                                   target_max_tokens=self.runner.d_input_ids.shape[0])
+        self.runner.draft_block_bytes = self.eagle.runner.block_bytes()
+
     def _switch_speculation(self, cfg: EngineArgs) -> None:
         """start_over with another n-gram speculation (or none): nothing to load, and the verify
         graphs of a new k are captured now. A draft model sizes the KV pool: it is fixed at build."""
         sc, built = cfg.speculative_config, self._built_config.speculative_config
-        if self.drafter is not None or (sc is not None and sc.method != "ngram"):
+        if self.drafter is not None or self.eagle is not None or (sc is not None and sc.method != "ngram"):
             if sc != built:
                 raise ValueError("start_over cannot change a draft model's speculative_config: build a new engine; "
                                  "it switches only n-gram speculation on and off")
@@ -485,6 +518,9 @@ class EngineCore:
         self._ngram_drafts.clear()
         if self.drafter is not None:
             self.drafter.reset()
+        if self.eagle is not None:
+            self.eagle.reset()
+            self._catch_up_events = None
         self.requests.clear()
         self._token_ids.clear()
         self._pending = None
@@ -558,6 +594,8 @@ class EngineCore:
         propose_s = 0.0
         if self.drafter is not None:
             proposals, propose_s = self._propose_draft(out)
+        elif self.eagle is not None:
+            proposals, propose_s = self._propose_eagle(out)
         elif verify:
             proposals = {rid: Proposal(d) for rid, d in self._ngram_drafts.items()}
         cols = out.columns()
@@ -579,6 +617,8 @@ class EngineCore:
         else:
             sampled, stopped, t4 = self._sample(logits, sample_ids)
         num_visible = sum(map(len, sampled.values())) if verify else len(sampled)
+        if self.eagle is not None:  # before the scheduler frees the rejected drafts' slots
+            propose_s += self._eagle_catch_up(out, inp.num_tokens, sampled)
         finished = [self._end_request(res)
                     for res in self.scheduler.update_from_output(out, sampled, stopped=stopped)]
         if self.ngram is not None:
@@ -654,6 +694,51 @@ class EngineCore:
             e1.synchronize()
             return props, e0.elapsed_time(e1) / 1e3
         return props, time.perf_counter() - t
+
+    def _timed(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """fn() and its seconds: GPU time between events on a GPU, wall time on a CPU."""
+        t = time.perf_counter()
+        if self._use_events:
+            e0, e1 = self._new_event(), self._new_event()
+            e0.record()
+        res = fn()
+        if self._use_events:
+            e1.record()
+            e1.synchronize()
+            return res, e0.elapsed_time(e1) / 1e3
+        return res, time.perf_counter() - t
+
+    def _propose_eagle(self, out: SchedulerOutput) -> tuple[dict[int, Proposal], float]:
+        """The EAGLE-3 head's drafts 2..k for this step's decodes; (proposals, seconds)."""
+        assert self.eagle is not None
+        for rid in out.preempted_ids:  # their blocks, and the head's KV in them, are gone
+            self.eagle.forget(rid)
+        if not out.num_spec_tokens:
+            return {}, 0.0
+        return self._timed(lambda: self.eagle.propose(out.scheduled, self._token_ids))
+
+    def _eagle_catch_up(self, out: SchedulerOutput, num_tokens: int, sampled: dict[int, list[int]]) -> float:
+        """The head over this step's positions (draft 1 of the next step), launched without
+        waiting for it: the host goes on to the scheduler while the GPU runs it. Returns the
+        seconds to charge this step: on a GPU the previous step's catch-up (its events are done:
+        this step's sampling synchronized after them), so each step's `propose_s` holds one
+        catch-up and one round of head steps; on a CPU this one's wall time."""
+        assert self.eagle is not None
+        kept = {rid: len(toks) for rid, toks in sampled.items()}
+        reqs = self.requests
+        token_ids = {s.request_id: reqs[s.request_id].token_ids for s in out.scheduled}
+        if not self._use_events:
+            return self._timed(lambda: self.eagle.catch_up(out.scheduled, num_tokens, token_ids, kept))[1]
+        done = self._catch_up_events
+        e0, e1 = self._new_event(), self._new_event()
+        e0.record()
+        self.eagle.catch_up(out.scheduled, num_tokens, token_ids, kept)
+        e1.record()
+        self._catch_up_events = (e0, e1)
+        if done is None:
+            return 0.0
+        done[1].synchronize()  # already complete: returns at once
+        return done[0].elapsed_time(done[1]) / 1e3
 
     def _propose_ngram(self, sampled: dict[int, list[int]]) -> float:
         """Prompt lookup for the next step of every request that got tokens and goes on; the
@@ -745,6 +830,8 @@ class EngineCore:
         self._ngram_drafts.pop(res.request_id, None)
         if self.drafter is not None:
             self.drafter.forget(res.request_id)
+        if self.eagle is not None:
+            self.eagle.forget(res.request_id)
         return st
 
     def _step_record(self, out: SchedulerOutput, t0: float, schedule_s: float, prepare_s: float, gpu_s: float,

@@ -183,8 +183,26 @@ class LlamaModel(nn.Module):
         )
         self.rotary = Rotary(spec, max_positions, device)
         self.backend = get_backend(attention_backend)
+        # EAGLE-3 (engine/spec_decode/eagle.py): layer index -> column slot of `aux_hidden`, the
+        # residual stream after those layers for every token of the last forward. Empty (no copy,
+        # one dict test per layer) unless a proposer asks for them.
+        self._aux_at: dict[int, list[int]] = {}
+        self.aux_hidden = torch.empty(0)
         if seed is not None:
             self.init_random(seed)
+
+    def enable_aux_hidden(self, layers: tuple[int, ...], max_tokens: int) -> None:
+        """Keep the residual stream after each of `layers` (in that order, side by side) in the
+        persistent buffer `aux_hidden` [max_tokens, len(layers) x hidden] on every forward:
+        written in place, so CUDA graphs captured afterwards write it too."""
+        n = len(self.layers)
+        if not layers or any(not 0 <= i < n for i in layers):
+            raise ValueError(f"aux hidden-state layers {layers} must be 0..{n - 1} (the model has {n} layers)")
+        self._aux_at = {}
+        for slot, i in enumerate(layers):
+            self._aux_at.setdefault(i, []).append(slot)
+        self.aux_hidden = torch.zeros(max_tokens, len(layers) * self.spec.hidden_size, dtype=self.dtype,
+                                      device=self.embed_tokens.device)
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
@@ -237,6 +255,7 @@ class LlamaModel(nn.Module):
         x = self.embed(input_ids)
         h = self.layers[0].input_layernorm(x)
         n, tp = len(self.layers), self.tp
+        aux_at = self._aux_at
         for i, layer in enumerate(self.layers):
             x, delta = layer(x, h, positions, self.rotary, self.backend, kv_caches[i, 0],
                              kv_caches[i, 1], meta, tp)
@@ -244,7 +263,22 @@ class LlamaModel(nn.Module):
                 delta = tp.all_reduce(delta)
             norm = self.layers[i + 1].input_layernorm if i + 1 < n else self.norm
             x, h = self.backend.add_rms_norm(x, delta, norm.weight, norm.eps)
+            if aux_at and i in aux_at:
+                self._keep_aux(i, x)
         return h
+
+    def disable_aux_hidden(self) -> None:
+        """Stop keeping aux hidden states (a model shared by engines built one after another)."""
+        self._aux_at = {}
+        self.aux_hidden = torch.empty(0)
+
+    def _keep_aux(self, layer: int, x: torch.Tensor) -> None:
+        t, w = x.shape[0], self.spec.hidden_size
+        if t > self.aux_hidden.shape[0]:
+            raise RuntimeError(f"a forward of {t} tokens exceeds the aux hidden-state buffer "
+                               f"({self.aux_hidden.shape[0]} rows): enable_aux_hidden with a larger max_tokens")
+        for slot in self._aux_at[layer]:
+            self.aux_hidden[:t, slot * w:(slot + 1) * w].copy_(x)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Logits in the model dtype. Not upcast here: a greedy argmax over bf16 logits picks

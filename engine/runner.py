@@ -437,6 +437,15 @@ class ModelRunner:
         # numpy views of the same memory, made once (a .numpy() call per use costs more)
         self._np = self._stage_views[i]
 
+    def lower_row_starts(self, starts: Sequence[int]) -> None:
+        """Rows [0, len(starts)) were last written for steps that run ahead of their requests'
+        committed tokens (a draft model's single-token rounds at c + i): record `starts[i]`
+        (the position the request's kept tokens are sure to reach) instead, where lower, so the
+        next write of the same table rewrites every block past it (a verify step may replace
+        the blocks past the tokens it keeps, which the round's own start would skip)."""
+        n = len(starts)
+        np.minimum(self._row_cache.starts[:n], np.asarray(starts, dtype=np.int64), out=self._row_cache.starts[:n])
+
     def reset_block_tables(self) -> None:
         """Zero the device block table and its host mirror, every row to be written whole
         again (after writing the device table directly: warm-up launches, graph capture)."""

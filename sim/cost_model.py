@@ -216,11 +216,19 @@ class SpecTerms(BaseModel):
     forward over the step's new tokens (prefill chunks and each decode's last token) and k - 1
     single-token forwards over the decodes, each forward costing `draft_pass_s` beyond its
     roofline math (a small draft is launch and read-back bound); verification adds host work
-    (rejection, bookkeeping of 1 + k logits rows per sequence)."""
+    (rejection, bookkeeping of 1 + k logits rows per sequence). An EAGLE head's forwards cost
+    `eagle3_pass_s` each instead, where it was measured (None: `draft_pass_s`); its catch-up runs
+    over every position the target verified (1 + k per decode), not one token per decode."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     draft_pass_s: float = _COEF  # per draft forward, beyond its roofline math
+    # per EAGLE-3 head forward beyond its roofline math, measured on this GPU x model's engine
+    # (benchmarks/spec_decode/fit_eagle.py); None: not measured
+    eagle3_pass_s: float | None = Field(default=None, ge=0)
+    # and per decoding sequence of the step, per head forward (the proposer's host work grows
+    # with the batch: its inputs are prepared per sequence for each of its k forwards)
+    eagle3_pass_per_seq_s: float = Field(default=0.0, ge=0)
     verify_cpu_step_s: float = _COEF  # host seconds per verify step
     verify_cpu_per_seq_s: float = _COEF  # host seconds per verifying sequence
 
@@ -532,6 +540,7 @@ class CostModel:
         spec = engine.speculative_config
         self.k = spec.num_speculative_tokens if spec else 0
         self.spec_method = spec.method if spec else None
+        self.is_head = self.spec_method in ("eagle", "eagle3")  # reads the target's hidden states
         self._ngram_s_per_seq = p.ngram_cpu_per_seq_s if self.spec_method == "ngram" else 0.0
         self.spec_terms = p.spec if self.k and p.is_fitted else None
         self.draft: CostModel | None = None
@@ -540,6 +549,8 @@ class CostModel:
                                    kv_cache_dtype=engine.kv_cache_dtype, quantization=engine.quantization)
             # the draft's math from first principles, its fixed cost per forward as measured
             per_pass = self.spec_terms.draft_pass_s if self.spec_terms else p.draft_pass_overhead_s
+            if self.is_head and self.spec_terms is not None and self.spec_terms.eagle3_pass_s is not None:
+                per_pass = self.spec_terms.eagle3_pass_s
             dprof = CostProfile(**p.model_dump(include=set(_V1_FIELDS)) | {
                 "schema_version": 1, "gpu_step_overhead_s": per_pass})
             self.draft = CostModel(draft, gpu, dengine, dprof)
@@ -660,11 +671,15 @@ class CostModel:
 
     def _draft_passes_s(self, d: CostModel, b: BatchComposition) -> float:
         """The engine's draft proposer: one catch-up forward over every scheduled sequence's new
-        tokens (prefill chunks, and each decode's last sampled token), then k - 1 single-token
-        forwards over the decodes."""
+        tokens (prefill chunks, and each decode's last sampled token; an EAGLE head's catch-up
+        covers every position the target computed: each decode's 1 + k), then k - 1
+        single-token forwards over the decodes."""
         n, c = b.num_decode_seqs, b.sum_decode_context
-        t = d.forward_s(b.num_prefill_tokens + n, b.num_prefill_seqs + n, b.prefill_attn_pairs,
+        caught = b.num_decode_tokens if self.is_head else n
+        t = d.forward_s(b.num_prefill_tokens + caught, b.num_prefill_seqs + n, b.prefill_attn_pairs,
                         b.sum_prefill_context, c, c)
+        if self.is_head and self.spec_terms is not None and self.spec_terms.eagle3_pass_s is not None:
+            t += self.k * self.spec_terms.eagle3_pass_per_seq_s * n
         if n:
             t += (self.k - 1) * d.forward_s(n, n, 0.0, 0.0, c, c)
         return t

@@ -196,3 +196,20 @@ def test_tensor_parallelism_says_whether_its_all_reduce_was_measured():
     assert four.provenance == "scaled" and "TP4" in four.source
     other = {a.input: a for a in knob_assumptions(tp2, measured, "h100-sxm")}[name]
     assert other.provenance == "transferred"
+
+
+def test_eagle3_on_the_measured_gpu_and_model_is_priced_from_the_engine():
+    """byte-lm-100m on the H200: EAGLE-3's acceptance and its head's cost per forward were measured
+    on the engine (benchmarks/spec_decode/data/h200-eagle): tagged measured, no range simulated;
+    another model keeps the prior acceptance and its range."""
+    eng = EngineConfig(speculative_config={"method": "eagle3", "num_speculative_tokens": 2})
+    byte = load_profile("h200-byte-lm-100m")
+    got = {a.input: a for a in knob_assumptions(eng, byte, "h200")}
+    acc, cost = got["eagle3 acceptance per draft token"], got["eagle3 proposer cost per pass"]
+    assert (acc.provenance, acc.low, acc.high) == ("measured", None, None)
+    assert "measured on the engine" in acc.source and "prose" in acc.value
+    assert cost.provenance == "measured" and f"{byte.spec.eagle3_pass_s * 1e3:.3f} ms" in cost.value
+    assert input_ranges(EngineConfig(), eng, byte) == []
+    llama = {a.input: a for a in knob_assumptions(eng, load_profile("h200-llama-3.1-8b"), "h200")}
+    assert llama["eagle3 acceptance per draft token"].provenance == "prior"
+    assert llama["eagle3 proposer cost per pass"].provenance in ("prior", "transferred")
