@@ -79,6 +79,8 @@ class EagleHead(nn.Module):
         self.spec = tspec.model_copy(update={"name": f"{tspec.name}-eagle3", "num_layers": 1})
         self.dtype = target.dtype
         self._target = (target,)  # shared embedding, LM head, rotary tables: not our parameters
+        # a ModelRunner pages its KV by these; speculative decoding is refused at TP > 1, so one rank
+        self.tp_group, self.tp_size, self.tp_rank = None, 1, 0
         h = tspec.hidden_size
         kw = {"device": target.embed_tokens.device, "dtype": target.dtype}
         self.fc = nn.Linear(len(self.aux_layers) * h, h, bias=False, **kw)
