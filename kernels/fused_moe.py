@@ -1,0 +1,178 @@
+"""Fused mixture-of-experts in Triton: tokens grouped by expert, one grouped GEMM launch per projection.
+
+A step of T tokens routes each to k experts: T*k (token, expert) pairs. `align_by_expert` sorts
+the pairs by expert and pads every expert's run to a multiple of BLOCK_M rows (the padding rows
+hold the sentinel T*k), so each BLOCK_M block of the sorted list belongs to one expert; a block
+past the end gets expert -1 and its programs return at once. All of it is torch ops on device
+tensors of sizes fixed by (T, k, E, BLOCK_M) -- no host sync -- so the layer captures into a CUDA
+graph. Then two launches, each over (blocks, output tiles) of every expert at once:
+
+1. `_gate_up_kernel`: rows of x gathered by the block's pair ids, times the block's expert's
+   gate and up tiles (two accumulators, one pass over x), SiLU(gate) * up stored per pair
+   ([T*k, N], the model dtype);
+2. `_down_kernel`: those rows times the expert's down projection, scaled by the pair's routing
+   weight, stored per pair ([T*k, H]); a torch sum over each token's k rows (float32) finishes.
+
+The weights are read once per touched expert per tile column: a decode step reads only the
+experts its tokens route to (the simulator's `expected_experts_touched`). The plain-PyTorch
+per-expert loop is `kernels.moe_reference.fused_moe_ref`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True, slots=True)
+class MoeTiles:
+    """Tile shape and launch settings of both grouped GEMMs."""
+
+    block_m: int = 16
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
+    """Tiles by the mean rows per expert: decode-sized groups take the smallest M tile (the rows are
+    padding otherwise) and narrow N tiles (more programs to stream the weights); big groups take
+    the large tiles that keep the tensor cores fed."""
+    rows = num_tokens * top_k / num_experts
+    if rows <= 16:
+        return MoeTiles(16, 64, 128, 4, 4)
+    if rows <= 64:
+        return MoeTiles(32, 64, 128, 4, 3)
+    if rows <= 256:
+        return MoeTiles(64, 128, 64, 4, 3)
+    return MoeTiles(128, 128, 64, 8, 3)
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted pair ids [P] int32, expert of each BLOCK_M block [P / block_m] int32).
+
+    Pair id p = t * k + j (token t's j-th expert). P = T*k + min(E, T*k) * (block_m - 1) rounded up
+    to block_m bounds the padded length (each touched expert pads fewer than block_m rows), so the
+    shapes depend only on (T, k, E, block_m). Graph-safe: scatter_add and a stable sort, no sync."""
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    n = flat.numel()
+    cap = n + min(num_experts, n) * (block_m - 1)
+    cap = -(-cap // block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(
+        0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_end = torch.cumsum(padded, 0)
+    order = torch.sort(flat, stable=True).indices
+    by_expert = flat[order]
+    start = torch.cumsum(counts, 0) - counts  # first sorted position of each expert
+    dest = (pad_end - padded)[by_expert] + torch.arange(n, device=dev) - start[by_expert]
+    sorted_ids = torch.full((cap,), n, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_start = torch.arange(0, cap, block_m, device=dev)
+    block_expert = torch.searchsorted(pad_end, block_start, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_ids, block_expert
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k,
+                    sx_t, sw_e, sw_n, sa_p,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    e = tl.load(bexp_ptr + pid_m).to(tl.int64)
+    if e < 0:
+        return
+    pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    ok_m = pairs < num_pairs
+    rows = (pairs // top_k).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok_n = cols < N
+    w_base = w_ptr + e * sw_e
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ok_k = ks < H
+        a = tl.load(x_ptr + rows[:, None] * sx_t + ks[None, :], mask=ok_m[:, None] & ok_k[None, :], other=0.0)
+        wmask = ok_k[:, None] & ok_n[None, :]
+        wg = tl.load(w_base + cols[None, :].to(tl.int64) * sw_n + ks[:, None], mask=wmask, other=0.0)
+        wu = tl.load(w_base + (cols[None, :] + N).to(tl.int64) * sw_n + ks[:, None], mask=wmask, other=0.0)
+        acc_g = tl.dot(a, wg, acc_g)
+        acc_u = tl.dot(a, wu, acc_u)
+    act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    dst = act_ptr + pairs[:, None].to(tl.int64) * sa_p + cols[None, :]
+    tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=ok_m[:, None] & ok_n[None, :])
+
+
+@triton.jit
+def _down_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H,
+                 sa_p, sw_e, sw_h, so_p,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    e = tl.load(bexp_ptr + pid_m).to(tl.int64)
+    if e < 0:
+        return
+    pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    ok_m = pairs < num_pairs
+    p64 = pairs.to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output (hidden) columns
+    ok_n = cols < H
+    w_base = w_ptr + e * sw_e
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, N, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ok_k = ks < N
+        a = tl.load(act_ptr + p64[:, None] * sa_p + ks[None, :], mask=ok_m[:, None] & ok_k[None, :], other=0.0)
+        w = tl.load(w_base + cols[None, :].to(tl.int64) * sw_h + ks[:, None], mask=ok_k[:, None] & ok_n[None, :],
+                    other=0.0)
+        acc = tl.dot(a, w, acc)
+    acc = acc * tl.load(tw_ptr + pairs, mask=ok_m, other=0.0)[:, None]
+    tl.store(out_ptr + p64[:, None] * so_p + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=ok_m[:, None] & ok_n[None, :])
+
+
+def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor) -> None:
+    e, n2, h = w13.shape
+    if x.dim() != 2 or x.shape[1] != h or w2.shape != (e, h, n2 // 2) or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"fused_moe: shapes x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}, "
+                         f"topk_ids {tuple(topk_ids.shape)} do not fit x [T, H], w13 [E, 2N, H], w2 [E, H, N], "
+                         "topk_ids [T, k]")
+    if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
+        raise ValueError("fused_moe: x, w13 and w2 must be contiguous in their last dimension")
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, tiles: MoeTiles | None = None) -> torch.Tensor:
+    """The MoE experts' output `[T, H]` for `x [T, H]` routed by (`topk_weights`, `topk_ids`) `[T, k]`;
+    the signature and values of `kernels.moe_reference.fused_moe_ref`."""
+    _check(x, w13, w2, topk_ids)
+    t, h = x.shape
+    e, n2, _ = w13.shape
+    n, k = n2 // 2, topk_ids.shape[1]
+    if t == 0:
+        return x.new_zeros(0, h)
+    tl_ = tiles or default_tiles(t, k, e)
+    sorted_ids, block_expert = align_by_expert(topk_ids, e, tl_.block_m)
+    pairs = t * k
+    act = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
+    launch = {"BLOCK_M": tl_.block_m, "BLOCK_N": tl_.block_n, "BLOCK_K": tl_.block_k,
+              "num_warps": tl_.num_warps, "num_stages": tl_.num_stages}
+    blocks = block_expert.numel()
+    _gate_up_kernel[(blocks, triton.cdiv(n, tl_.block_n))](
+        x, w13, act, sorted_ids, block_expert, pairs, h, n, k, x.stride(0), w13.stride(0), w13.stride(1),
+        act.stride(0), **launch)
+    out = torch.empty(pairs, h, dtype=x.dtype, device=x.device)
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    _down_kernel[(blocks, triton.cdiv(h, tl_.block_n))](
+        act, w2, out, sorted_ids, block_expert, tw, pairs, n, h, act.stride(0), w2.stride(0), w2.stride(1),
+        out.stride(0), **launch)
+    return out.view(t, k, h).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+__all__ = ["MoeTiles", "align_by_expert", "default_tiles", "fused_moe"]
