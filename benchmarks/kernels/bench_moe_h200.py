@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""Fused mixture-of-experts on the H200 (issue 29): correctness, time by tokens, and the engine.
+
+Part 1, correctness: kernels.fused_moe.fused_moe on bf16 weights against the per-expert float32
+loop (kernels.moe_reference.fused_moe_ref) at several T, routed by random router logits,
+including a batch where every token picks the same experts; torch._grouped_mm's path too.
+
+Part 2, speed: one MoE layer of each preset's shapes (qwen3-30b-a3b: H 2048, N 768, 128 experts,
+top 8; mixtral-8x7b: H 4096, N 14336, 8 experts, top 2), T = 1 .. 4096 tokens, routing from
+random router logits (near uniform). Timed as CUDA-graph replays of several calls that cycle
+over COPIES layers' weights (so one call's experts are not in L2 for the next):
+  fused         kernels.fused_moe (grouping + two grouped GEMM launches + the k-sum), the best
+                of a few tile configs (each config's time is kept)
+  loop          a per-expert torch loop (sort once, one host sync for the counts, F.linear per
+                touched expert), eager: the sync forbids graph capture
+  grouped_mm    torch._grouped_mm (CUTLASS grouped GEMM on sm90) on the expert-sorted rows
+against the roofline of the experts actually touched: max(touched experts' bytes / 4.2 TB/s,
+FLOPs / 790 TFLOP/s) -- the rates the brief of issue 29 fixed for the H200 (bf16 dense peak
+~790 of the 989 datasheet TFLOP/s, HBM ~4.2 of 4.8 TB/s in a device copy).
+
+Part 3 (budget allowing), engine steps: LlamaModel with a reduced-layer qwen3-30b-a3b (4 layers,
+the full per-layer shapes; say so wherever quoted), decode steps by batch (CUDA graph when the
+engine captures one, else eager) and prefill steps by tokens, each step's time, to fit the
+simulator's MoE terms.
+
+    python3 benchmarks/kernels/bench_moe_h200.py --out DIR                 # H200, <= 3 min
+    python3 benchmarks/kernels/bench_moe_h200.py --out DIR --dry-run       # CPU interpreter, tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+TS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+HBM_BYTES_PER_S = 4.2e12
+BF16_FLOPS_PER_S = 790e12
+L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defeat it)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes")
+    p.add_argument("--budget-s", type=float, default=170.0, help="stop starting new measurements after this")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: check,speed,engine")
+    return p.parse_args()
+
+
+ARGS = parse_args()
+if ARGS.dry_run:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+import torch.nn.functional as F
+
+from engine.core.model_spec import get_model
+from kernels import _interpreter_compat
+from kernels.fused_moe import MoeTiles, default_tiles, fused_moe
+from kernels.moe_reference import fused_moe_ref, route_ref
+
+_interpreter_compat.apply()
+DEVICE = "cpu" if ARGS.dry_run else "cuda"
+DTYPE = torch.float32 if ARGS.dry_run else torch.bfloat16
+T0 = time.time()
+RESULTS: dict = {"meta": {}, "check": [], "speed": [], "engine": [], "errors": []}
+SKIP = set(filter(None, ARGS.skip.split(",")))
+
+# tile configs tried per T (by mean rows per expert): (block_m, block_n, block_k, warps, stages)
+TILE_CANDIDATES = {
+    "small": [MoeTiles(16, 64, 128, 4, 4), MoeTiles(16, 32, 128, 4, 4), MoeTiles(16, 128, 64, 4, 4)],
+    "mid": [MoeTiles(32, 64, 128, 4, 3), MoeTiles(64, 128, 64, 4, 3), MoeTiles(16, 64, 128, 4, 4)],
+    "large": [MoeTiles(64, 128, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 64, 64, 4, 3)],
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def over_budget() -> bool:
+    return time.time() - T0 > ARGS.budget_s
+
+
+def save() -> None:
+    ARGS.out.mkdir(parents=True, exist_ok=True)
+    (ARGS.out / "moe.json").write_text(json.dumps(RESULTS, indent=1) + "\n")
+    (ARGS.out / "moe.md").write_text(markdown(RESULTS))
+
+
+# ------------------------------------------------------------------------------- shapes, routing
+def layer_shapes() -> dict[str, tuple[int, int, int, int]]:
+    """preset -> (hidden H, expert width N, experts E, top k)."""
+    if ARGS.dry_run:
+        return {"tiny-moe": (64, 32, 8, 2)}
+    out = {}
+    for name in ("qwen3-30b-a3b", "mixtral-8x7b"):
+        m = get_model(name)
+        out[name] = (m.hidden_size, m.moe_intermediate_size, m.num_experts, m.experts_per_token)
+    return out
+
+
+def make_weights(h: int, n: int, e: int, copies: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    return [((torch.randn(e, 2 * n, h, generator=g, device=DEVICE) / h**0.5).to(DTYPE),
+             (torch.randn(e, h, n, generator=g, device=DEVICE) / n**0.5).to(DTYPE)) for _ in range(copies)]
+
+
+def make_routing(t: int, h: int, e: int, k: int, seed: int):
+    """x [T, H] and its routing from a random router (N(0, 1/H) weights: near-uniform experts)."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(t, h, generator=g, device=DEVICE).to(DTYPE)
+    router = (torch.randn(e, h, generator=g, device=DEVICE) / h**0.5).to(DTYPE)
+    w, ids = route_ref(x @ router.t(), k, renormalize=True)
+    return x, w, ids
+
+
+def expected_distinct(e: int, k: int, t: int) -> float:
+    """Uniform top-k routing: each expert is missed by one token with probability 1 - k/E."""
+    return e * (1 - (1 - k / e) ** t)
+
+
+def roofline_us(touched: float, t: int, h: int, n: int, k: int) -> dict:
+    """Seconds (as us) of the touched experts' bytes at HBM rate and of the FLOPs at the bf16 rate."""
+    esize = 2  # bf16
+    weight_bytes = touched * 3 * h * n * esize
+    act_bytes = t * h * esize * 2 + t * k * (n + h) * esize * 2  # x in, out; act and per-pair rows
+    flops = 2 * t * k * 3 * h * n
+    mem_us = (weight_bytes + act_bytes) / HBM_BYTES_PER_S * 1e6
+    cmp_us = flops / BF16_FLOPS_PER_S * 1e6
+    return {"weight_bytes": weight_bytes, "flops": flops, "mem_us": mem_us, "compute_us": cmp_us,
+            "roofline_us": max(mem_us, cmp_us)}
+
+
+# ------------------------------------------------------------------------------- variants
+def loop_moe(x, w13, w2, topk_w, topk_ids):
+    """The per-expert torch loop: sort the pairs once, one host sync for the counts, F.linear per
+    touched expert, a weighted index_add back."""
+    _t, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    rows = order // k
+    wts = topk_w.reshape(-1)[order].to(x.dtype)
+    out = torch.zeros_like(x)
+    n = w2.shape[-1]
+    start = 0
+    for e, c in enumerate(counts):
+        if c == 0:
+            continue
+        r = rows[start:start + c]
+        gu = F.linear(x[r], w13[e])
+        y = F.linear(F.silu(gu[:, :n]) * gu[:, n:], w2[e])
+        out.index_add_(0, r, y * wts[start:start + c, None])
+        start += c
+    return out
+
+
+def grouped_mm_moe(x, w13, w2, topk_w, topk_ids):
+    """torch._grouped_mm on the expert-sorted rows: offs = the cumulative row count per expert."""
+    _t, k = topk_ids.shape
+    e, n = w13.shape[0], w2.shape[-1]
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(e, dtype=torch.int32, device=x.device).scatter_add_(
+        0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    rows = order // k
+    gu = torch._grouped_mm(x[rows], w13.transpose(1, 2), offs)
+    y = torch._grouped_mm(F.silu(gu[:, :n]) * gu[:, n:], w2.transpose(1, 2), offs)
+    y = y * topk_w.reshape(-1)[order].to(x.dtype)[:, None]
+    return torch.zeros_like(x).index_add_(0, rows, y)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+# ------------------------------------------------------------------------------- timing
+def graph_time_us(calls: list, replays: int = 8) -> float:
+    """Median us per call of a CUDA graph of `calls` (CPU: one eager pass)."""
+    if DEVICE == "cpu":
+        s = time.perf_counter()
+        for c in calls:
+            c()
+        return (time.perf_counter() - s) * 1e6 / len(calls)
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(st)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / len(calls))
+    del g
+    return sorted(times)[len(times) // 2]
+
+
+def eager_time_us(calls: list, reps: int = 3) -> float:
+    """Median us per call, eager, after one warm pass (the loop syncs on the host every call)."""
+    for c in calls:
+        c()
+    if DEVICE == "cpu":
+        return graph_time_us(calls)
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        s = time.perf_counter()
+        for c in calls:
+            c()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - s) * 1e6 / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def tile_class(t: int, k: int, e: int) -> str:
+    rows = t * k / e
+    return "small" if rows <= 16 else "mid" if rows <= 256 else "large"
+
+
+# ------------------------------------------------------------------------------- part 1: check
+def check() -> None:
+    """fused (and grouped_mm) against the float32 per-expert loop, bf16 tolerance 1e-2."""
+    ts = (1, 5, 20) if ARGS.dry_run else (1, 7, 64, 300)
+    for name, (h, n, e, k) in layer_shapes().items():
+        (w13, w2), = make_weights(h, n, e, 1, seed=1)
+        ref_w = (w13.float(), w2.float())
+        for t in ts:
+            x, tw, ids = make_routing(t, h, e, k, seed=t)
+            cases = {"random": ids, "same_experts": torch.arange(k, device=DEVICE).expand(t, k).contiguous()}
+            for case, cids in cases.items():
+                ref = fused_moe_ref(x.float(), *ref_w, tw, cids)
+                row = {"preset": name, "T": t, "case": case, "fused_rel_err": rel(fused_moe(x, w13, w2, tw, cids), ref)}
+                try:
+                    row["grouped_mm_rel_err"] = rel(grouped_mm_moe(x, w13, w2, tw, cids), ref)
+                except Exception as exc:  # noqa: BLE001 - record, keep going
+                    row["grouped_mm_error"] = repr(exc)[:300]
+                row["ok"] = row["fused_rel_err"] <= 1e-2
+                RESULTS["check"].append(row)
+                log(f"check {name} T={t} {case}: fused err {row['fused_rel_err']:.2e} "
+                    f"grouped_mm {row.get('grouped_mm_rel_err', row.get('grouped_mm_error'))}")
+        del w13, w2, ref_w
+
+
+# ------------------------------------------------------------------------------- part 2: speed
+def copies_for(h: int, n: int, k: int) -> int:
+    """Weight copies the timed calls cycle over: their touched bytes at T=1 at least 4x the L2."""
+    if ARGS.dry_run:
+        return 1
+    touched_t1 = k * 3 * h * n * 2
+    return max(1, min(4, math.ceil(4 * L2_BYTES / touched_t1)))
+
+
+def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) -> dict:
+    routes = [make_routing(t, h, e, k, seed=1000 * t + i) for i in range(len(weights))]
+    touched = sum(len(torch.unique(ids)) for _, _, ids in routes) / len(routes)
+    roof = roofline_us(touched, t, h, n, k)
+    reps = 1 if ARGS.dry_run else max(1, min(10, math.ceil(2000 / (roof["roofline_us"] * len(weights)))))
+
+    def calls(fn, **kw):
+        return [lambda w=w, r=r: fn(r[0], w[0], w[1], r[1], r[2], **kw) for w, r in zip(weights, routes)] * reps
+
+    row = {"preset": name, "T": t, "H": h, "N": n, "E": e, "k": k, "copies": len(weights), "calls": len(weights) * reps,
+           "touched_experts": touched, "expected_touched_uniform": expected_distinct(e, k, t), **roof, "fused_by_tiles": {}}
+    cands = TILE_CANDIDATES[tile_class(t, k, e)][: 1 if ARGS.dry_run else None]
+    for tiles in cands:
+        key = "m{}n{}k{}w{}s{}".format(*(getattr(tiles, f) for f in tiles.__slots__))
+        try:
+            row["fused_by_tiles"][key] = graph_time_us(calls(fused_moe, tiles=tiles))
+        except Exception as exc:  # noqa: BLE001
+            RESULTS["errors"].append(f"fused {name} T={t} {key}: {exc!r}"[:400])
+    if row["fused_by_tiles"]:
+        best = min(row["fused_by_tiles"], key=row["fused_by_tiles"].get)
+        row["fused_us"], row["fused_tiles"] = row["fused_by_tiles"][best], best
+        row["fused_vs_roofline"] = row["fused_us"] / roof["roofline_us"]
+        row["fused_tflops"] = roof["flops"] / row["fused_us"] / 1e6
+        d = default_tiles(t, k, e)
+        row["default_tiles"] = "m{}n{}k{}w{}s{}".format(*(getattr(d, f) for f in d.__slots__))
+    for label, fn, timer in (("loop", loop_moe, eager_time_us), ("grouped_mm", grouped_mm_moe, graph_time_us)):
+        try:
+            row[f"{label}_us"] = timer(calls(fn)[: len(weights)] if label == "loop" else calls(fn))
+        except Exception as exc:  # noqa: BLE001
+            row[f"{label}_error"] = repr(exc)[:300]
+    return row
+
+
+def speed() -> None:
+    ts = (1, 4, 16) if ARGS.dry_run else TS
+    for name, (h, n, e, k) in layer_shapes().items():
+        weights = make_weights(h, n, e, copies_for(h, n, k), seed=7)
+        for t in ts:
+            if over_budget():
+                RESULTS["errors"].append(f"budget spent before speed {name} T={t}")
+                break
+            try:
+                row = speed_one(name, h, n, e, k, t, weights)
+            except Exception as exc:  # noqa: BLE001
+                RESULTS["errors"].append(f"speed {name} T={t}: {exc!r}"[:400])
+                log(traceback.format_exc())
+                continue
+            RESULTS["speed"].append(row)
+            log(f"speed {name} T={t}: touched {row['touched_experts']:.1f} roof {row['roofline_us']:.1f}us "
+                f"fused {row.get('fused_us', float('nan')):.1f}us ({row.get('fused_tiles')}) "
+                f"loop {row.get('loop_us', float('nan')):.1f}us grouped_mm {row.get('grouped_mm_us', float('nan')):.1f}us")
+            save()
+        del weights
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------- report
+def _f(v, fmt=".1f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def markdown(res: dict) -> str:
+    m = res["meta"]
+    lines = [f"# Fused MoE on {m.get('gpu', '?')} ({m.get('date', '?')})", "",
+             (f"`{m.get('command', '')}`; torch {m.get('torch')}, triton {m.get('triton')}. Roofline: touched "
+             f"experts' bytes / {HBM_BYTES_PER_S / 1e12:.1f} TB/s vs FLOPs / {BF16_FLOPS_PER_S / 1e12:.0f} TFLOP/s "
+             "(rates fixed in issue 29's brief). Times: median us per call, CUDA-graph replays (loop: eager)."), ""]
+    if res["check"]:
+        worst = max(r["fused_rel_err"] for r in res["check"])
+        lines += [(f"Correctness: {len(res['check'])} cases, worst fused relative error {worst:.2e} "
+                  f"({'ok' if all(r['ok'] for r in res['check']) else 'FAILED'}, bound 1e-2)."), ""]
+    lines += [("| preset | T | experts touched (uniform formula) | roofline us | fused us (tiles) | x roofline | "
+              "TFLOP/s | loop us | grouped_mm us |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in res["speed"]:
+        lines.append(f"| {r['preset']} | {r['T']} | {r['touched_experts']:.1f} ({r['expected_touched_uniform']:.1f}) | "
+                     f"{r['roofline_us']:.1f} | {_f(r.get('fused_us'))} ({r.get('fused_tiles', '-')}) | "
+                     f"{_f(r.get('fused_vs_roofline'), '.2f')} | {_f(r.get('fused_tflops'), '.0f')} | "
+                     f"{_f(r.get('loop_us'))} | {_f(r.get('grouped_mm_us'))} |")
+    if res["engine"]:
+        lines += ["", "Engine steps (reduced-layer model, see JSON `engine` for the spec):", "",
+                  "| kind | tokens | seqs | ms per step | graph |", "|---|---:|---:|---:|---|"]
+        for r in res["engine"]:
+            lines.append(f"| {r['kind']} | {r['tokens']} | {r['seqs']} | {r['step_ms']:.3f} | {r.get('graph')} |")
+    if res["errors"]:
+        lines += ["", "Errors:", *[f"- {e}" for e in res["errors"]]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    RESULTS["meta"] = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
+                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "command": " ".join(["python3", *sys.argv]), "hbm_bytes_per_s": HBM_BYTES_PER_S,
+                       "bf16_flops_per_s": BF16_FLOPS_PER_S, "has_grouped_mm": hasattr(torch, "_grouped_mm")}
+    try:
+        import triton
+        RESULTS["meta"]["triton"] = triton.__version__
+    except ImportError:
+        pass
+    for part, fn in (("check", check), ("speed", speed), ("engine", engine_steps)):
+        if part in SKIP:
+            continue
+        if over_budget():
+            RESULTS["errors"].append(f"budget spent before {part}")
+            break
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - keep what the other parts measured
+            RESULTS["errors"].append(f"{part}: {exc!r}"[:600])
+            log(traceback.format_exc())
+        save()
+    save()
+    log(f"done in {time.time() - T0:.0f}s; errors: {RESULTS['errors']}")
+
+
+def engine_steps() -> None:
+    """Part 3: filled in once the engine runs MoE models."""
+
+
+if __name__ == "__main__":
+    main()
