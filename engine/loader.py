@@ -40,6 +40,11 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
         "mlp_bias": False,
         "torch_dtype": spec.dtype,
     }
+    if spec.is_moe:  # Qwen3-MoE's names (what _hf_tensors writes); loading one back is not supported yet
+        cfg |= {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                "num_experts": spec.num_experts, "num_experts_per_tok": spec.experts_per_token,
+                "moe_intermediate_size": spec.moe_intermediate_size, "norm_topk_prob": spec.norm_topk_prob,
+                "decoder_sparse_step": 1, "mlp_only_layers": []}
     if spec.rope_scaling is not None:
         rs = spec.rope_scaling
         cfg["rope_scaling"] = {
@@ -66,15 +71,30 @@ def _hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
             qb, kb, vb = layer.qkv_proj.bias.split([q_n, kv_n, kv_n])
             out |= {p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb,
                     p + "self_attn.v_proj.bias": vb}
-        gate, up = layer.gate_up_proj.weight.chunk(2)
         out |= {
             p + "self_attn.o_proj.weight": layer.o_proj.weight,
-            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": layer.down_proj.weight,
             p + "input_layernorm.weight": layer.input_layernorm.weight,
             p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
         }
+        if layer.q_norm is not None:
+            out |= {p + "self_attn.q_norm.weight": layer.q_norm.weight, p + "self_attn.k_norm.weight": layer.k_norm.weight}
+        out |= _hf_mlp(layer, p, s)
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+
+def _hf_mlp(layer, p: str, s) -> dict[str, torch.Tensor]:
+    """A layer's MLP under HF names: Llama's gate/up/down, or Qwen3-MoE's router (`mlp.gate`) and
+    `mlp.experts.{e}.{gate,up,down}_proj`."""
+    if not s.is_moe:
+        gate, up = layer.gate_up_proj.weight.chunk(2)
+        return {p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": layer.down_proj.weight}
+    out = {p + "mlp.gate.weight": layer.router.weight}
+    for e in range(s.num_experts):
+        gate, up = layer.w13[e].chunk(2)
+        q = f"{p}mlp.experts.{e}."
+        out |= {q + "gate_proj.weight": gate, q + "up_proj.weight": up, q + "down_proj.weight": layer.w2[e]}
+    return out
 
 
 def save_model(model: LlamaModel, path: str | Path, max_shard_bytes: int | None = None) -> None:
@@ -143,6 +163,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     """Build the model a HF-style directory describes and copy its weights in."""
     path = Path(path)
     spec = spec_of_folder(path)  # checked, and sized against the device before LlamaModel allocates
+
     model = LlamaModel(spec, max_positions=max_positions or min(spec.max_position_embeddings, 8192),
                        device=device, dtype=dtype, attention_backend=attention_backend, seed=None)
     tensors = _read_tensors(path)
