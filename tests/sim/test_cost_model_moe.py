@@ -1,0 +1,68 @@
+"""The cost model's mixture-of-experts terms: bytes of the touched experts, FLOPs of the active ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.core.model_spec import dtype_bytes, get_model
+from sim.config import EngineConfig
+from sim.cost_model import CostModel, CostProfile, MoeTerms, Roofline
+from sim.hardware import GB, get_gpu
+
+GPU = get_gpu("h200")
+BW = GPU.hbm_gb_per_s * GB
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_one_token_reads_exactly_the_active_parameters(name):
+    m = get_model(name)
+    r = Roofline.of(m, GPU, EngineConfig())
+    f = r.features(1, 1, 0, 0, 0, 0)
+    active_bytes = (m.num_layers * m.active_params_per_layer + m.vocab_size * m.hidden_size) * dtype_bytes(m.dtype)
+    assert f["gemm"] == pytest.approx(active_bytes / BW, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_bytes_saturate_at_all_experts_and_flops_follow_the_active_ones(name):
+    m = get_model(name)
+    r = Roofline.of(m, GPU, EngineConfig())
+    all_layer_bytes = (m.num_layers * m.params_per_layer + m.vocab_size * m.hidden_size) * dtype_bytes(m.dtype)
+    bytes_side = r.weights_s + r.experts_s(10**6, compute_mult=0.0)
+    assert bytes_side == pytest.approx(all_layer_bytes / BW, rel=1e-9)
+    flops_per_token = r.gemm_s_per_token + r.moe_s_per_token
+    assert flops_per_token == pytest.approx(2 * m.num_layers * m.active_params_per_layer / (GPU.bf16_tflops * 1e12))
+
+
+def test_expert_bytes_follow_the_expected_distinct_experts():
+    m = get_model("qwen3-30b-a3b")
+    r = Roofline.of(m, GPU, EngineConfig())
+    for t in (1, 2, 8, 32, 64):
+        touched = 128 * (1 - (1 - 8 / 128) ** t)
+        assert r.experts_s(t, compute_mult=0.0) == pytest.approx(r.expert_s * touched, rel=1e-12)
+    arr = np.array([1.0, 8.0, 64.0])
+    assert np.allclose(r.experts_s(arr), [r.experts_s(float(x)) for x in arr])  # vector = scalar
+
+
+def test_skew_and_measured_factors_change_only_the_expert_term():
+    m = get_model("qwen3-30b-a3b")
+    base = Roofline.of(m, GPU, EngineConfig())
+    skewed = Roofline.of(m, GPU, EngineConfig(), moe=MoeTerms(routing_skew=1.0))
+    slow = Roofline.of(m, GPU, EngineConfig(), moe=MoeTerms(bytes_factor_by_tokens=((1, 2.0), (64, 1.0))))
+    assert skewed.weights_s == base.weights_s
+    assert skewed.experts_s(32, compute_mult=0) < base.experts_s(32, compute_mult=0)  # fewer distinct experts
+    assert slow.experts_s(1) == pytest.approx(2 * base.experts_s(1))
+    assert slow.experts_s(64) == pytest.approx(base.experts_s(64))
+
+
+def test_dense_models_have_no_expert_term():
+    r = Roofline.of(get_model("llama-3.1-8b"), GPU, EngineConfig())
+    assert r.routing is None and r.experts_s(100) == 0
+
+
+def test_decode_step_cost_grows_with_batch_until_all_experts_are_read():
+    m = get_model("qwen3-30b-a3b")
+    cm = CostModel(m, GPU, EngineConfig(max_num_seqs=512), CostProfile.load("default"))
+    t = [cm.forward_s(b, b, 0, 0, 0, 0) for b in (1, 8, 32, 72, 128, 256)]
+    assert t[0] < t[1] < t[2] < t[3]  # more experts read
+    assert t[4] / t[3] < 1.05  # past ~72 tokens nearly every expert is read already: bytes flat
