@@ -52,18 +52,90 @@ def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
     return MoeTiles(128, 128, 64, 8, 3)
 
 
-def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int
+# Up to this many (token, expert) pairs the grouping is one Triton program (one launch: a decode
+# step's grouping would otherwise be ~25 small torch kernels, several times the experts' own time
+# at batch 1); above it, torch's sort (the launches are then a small share of the step).
+ALIGN_ONE_PROGRAM_MAX_PAIRS = 4096
+_ALIGN_CHUNK = 64
+
+
+def padded_length(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """P = T*k + min(E, T*k) * (block_m - 1), rounded up to block_m: bounds the padded sorted list
+    (each touched expert pads fewer than block_m rows), fixed by (T, k, E, block_m)."""
+    cap = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return -(-cap // block_m) * block_m
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, one_program: bool | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted pair ids [P] int32, expert of each BLOCK_M block [P / block_m] int32).
 
-    Pair id p = t * k + j (token t's j-th expert). P = T*k + min(E, T*k) * (block_m - 1) rounded up
-    to block_m bounds the padded length (each touched expert pads fewer than block_m rows), so the
-    shapes depend only on (T, k, E, block_m). Graph-safe: scatter_add and a stable sort, no sync."""
+    Pair id p = t * k + j (token t's j-th expert), sorted by expert, stable; padding rows hold
+    T*k; a block past the end has expert -1. Shapes depend only on (T, k, E, block_m) and nothing
+    syncs with the host, so the grouping captures into a CUDA graph. `one_program`: the single
+    Triton program (default up to ALIGN_ONE_PROGRAM_MAX_PAIRS pairs) or torch ops; same output."""
+    n = topk_ids.numel()
+    if one_program is None:
+        one_program = n <= ALIGN_ONE_PROGRAM_MAX_PAIRS
+    if one_program:
+        return _align_one_program(topk_ids, num_experts, block_m)
+    return _align_torch(topk_ids, num_experts, block_m)
+
+
+@triton.jit
+def _align_kernel(ids_ptr, sorted_ptr, bexp_ptr, n, num_experts, cap, num_blocks,
+                  BLOCK_M: tl.constexpr, EP2: tl.constexpr, CHUNK: tl.constexpr):
+    bins = tl.arange(0, EP2)
+    lanes = tl.arange(0, CHUNK)
+    # 1. pairs per expert; padding lanes land in the spare last bin (EP2 > num_experts), dropped
+    counts = tl.zeros((EP2,), dtype=tl.int32)
+    for c0 in range(0, n, CHUNK):
+        e = tl.load(ids_ptr + c0 + lanes, mask=c0 + lanes < n, other=EP2 - 1)
+        counts += tl.histogram(e, EP2)
+    counts = tl.where(bins < num_experts, counts, 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, 0)
+    pad_start = pad_end - padded
+    # 2. the sentinel everywhere, then each pair at its expert's start + the expert's pairs before it
+    for c0 in range(0, cap, CHUNK):
+        tl.store(sorted_ptr + c0 + lanes, n, mask=c0 + lanes < cap)
+    tl.debug_barrier()
+    seen = tl.zeros((EP2,), dtype=tl.int32)
+    for c0 in range(0, n, CHUNK):
+        ok = c0 + lanes < n
+        e = tl.load(ids_ptr + c0 + lanes, mask=ok, other=EP2 - 1)
+        onehot = e[:, None] == bins[None, :]
+        base = tl.sum(tl.where(onehot, (pad_start + seen)[None, :], 0), axis=1)
+        earlier = (e[:, None] == e[None, :]) & (lanes[None, :] < lanes[:, None])
+        rank = tl.sum(earlier.to(tl.int32), axis=1)
+        tl.store(sorted_ptr + base + rank, c0 + lanes, mask=ok)
+        seen += tl.sum(onehot.to(tl.int32), axis=0)
+    # 3. a block's expert: how many experts' padded runs end at or before its first row
+    total = tl.sum(padded, axis=0)
+    for b0 in range(0, num_blocks, CHUNK):
+        blk = b0 + lanes
+        start = blk * BLOCK_M
+        ex = tl.sum((pad_end[None, :] <= start[:, None]).to(tl.int32), axis=1)
+        tl.store(bexp_ptr + blk, tl.where(start < total, ex, -1), mask=blk < num_blocks)
+
+
+def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    n = ids.numel()
+    cap = padded_length(n, num_experts, block_m)
+    sorted_ids = torch.empty(cap, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)
+    _align_kernel[(1,)](ids, sorted_ids, block_expert, n, num_experts, cap, cap // block_m, BLOCK_M=block_m,
+                        EP2=triton.next_power_of_2(num_experts + 1), CHUNK=_ALIGN_CHUNK, num_warps=4)
+    return sorted_ids, block_expert
+
+
+def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grouping in torch ops: scatter_add counts, a stable sort, searchsorted for the blocks."""
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).to(torch.int64)
     n = flat.numel()
-    cap = n + min(num_experts, n) * (block_m - 1)
-    cap = -(-cap // block_m) * block_m
+    cap = padded_length(n, num_experts, block_m)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(
         0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
@@ -172,7 +244,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     _down_kernel[(blocks, triton.cdiv(h, tl_.block_n))](
         act, w2, out, sorted_ids, block_expert, tw, pairs, n, h, act.stride(0), w2.stride(0), w2.stride(1),
         out.stride(0), **launch)
-    return out.view(t, k, h).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return out.view(t, k, h).sum(dim=1)  # one kernel (torch accumulates half types in float32)
 
 
-__all__ = ["MoeTiles", "align_by_expert", "default_tiles", "fused_moe"]
+__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "MoeTiles", "align_by_expert", "default_tiles", "fused_moe", "padded_length"]

@@ -65,7 +65,7 @@ import torch.nn.functional as F
 
 from engine.core.model_spec import get_model
 from kernels import _interpreter_compat
-from kernels.fused_moe import MoeTiles, default_tiles, fused_moe
+from kernels.fused_moe import MoeTiles, align_by_expert, default_tiles, fused_moe
 from kernels.moe_reference import fused_moe_ref, route_ref
 
 _interpreter_compat.apply()
@@ -244,8 +244,34 @@ def tile_class(t: int, k: int, e: int) -> str:
 
 
 # ------------------------------------------------------------------------------- part 1: check
+def check_grouping() -> None:
+    """The one-program Triton grouping against the torch one (same stable output); if it fails
+    here, every later fused call falls back to the torch grouping (recorded), not to an error."""
+    import kernels.fused_moe as fm
+
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    ok = True
+    for e, k, t in ((128, 8, 1), (128, 8, 300), (8, 2, 37), (8, 2, 2048)):
+        ids = torch.stack([torch.randperm(e, generator=g, device=DEVICE)[:k] for _ in range(t)])
+        try:
+            a = align_by_expert(ids, e, 16, one_program=True)
+            b = align_by_expert(ids, e, 16, one_program=False)
+            same = all(torch.equal(x, y) for x, y in zip(a, b))
+        except Exception as exc:  # noqa: BLE001
+            same = False
+            RESULTS["errors"].append(f"one-program grouping E={e} k={k} T={t}: {exc!r}"[:400])
+        RESULTS["check"].append({"preset": f"grouping E={e} k={k}", "T": t, "case": "triton == torch grouping",
+                                 "fused_rel_err": 0.0 if same else 1.0, "ok": same})
+        ok &= same
+    if not ok:
+        fm.ALIGN_ONE_PROGRAM_MAX_PAIRS = 0
+        RESULTS["errors"].append("one-program grouping disagreed or failed: fused runs use the torch grouping")
+    RESULTS["meta"]["align_one_program_max_pairs"] = fm.ALIGN_ONE_PROGRAM_MAX_PAIRS
+
+
 def check() -> None:
     """fused (and grouped_mm) against the float32 per-expert loop, bf16 tolerance 1e-2."""
+    check_grouping()
     ts = (1, 5, 20) if ARGS.dry_run else (1, 7, 64, 300)
     for name, (h, n, e, k) in layer_shapes().items():
         (w13, w2), = make_weights(h, n, e, 1, seed=1)
@@ -301,6 +327,11 @@ def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
         row["fused_tflops"] = roof["flops"] / row["fused_us"] / 1e6
         d = default_tiles(t, k, e)
         row["default_tiles"] = "m{}n{}k{}w{}s{}".format(*(getattr(d, f) for f in d.__slots__))
+        try:  # the grouping alone (its share of the fused time at small T)
+            bm = int(best.split("n")[0][1:])
+            row["align_us"] = graph_time_us([lambda r=r: align_by_expert(r[2], e, bm) for r in routes] * reps)
+        except Exception as exc:  # noqa: BLE001
+            row["align_error"] = repr(exc)[:300]
     for label, fn, timer in (("loop", loop_moe, eager_time_us), ("grouped_mm", grouped_mm_moe, graph_time_us)):
         try:
             row[f"{label}_us"] = timer(calls(fn)[: len(weights)] if label == "loop" else calls(fn))
@@ -349,11 +380,12 @@ def markdown(res: dict) -> str:
         lines += [(f"Correctness: {len(res['check'])} cases, worst fused relative error {worst:.2e} "
                   f"({'ok' if all(r['ok'] for r in res['check']) else 'FAILED'}, bound 1e-2)."), ""]
     lines += [("| preset | T | experts touched (uniform formula) | roofline us | fused us (tiles) | x roofline | "
-              "TFLOP/s | loop us | grouped_mm us |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "TFLOP/s | grouping us | loop us | grouped_mm us |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["speed"]:
         lines.append(f"| {r['preset']} | {r['T']} | {r['touched_experts']:.1f} ({r['expected_touched_uniform']:.1f}) | "
                      f"{r['roofline_us']:.1f} | {_f(r.get('fused_us'))} ({r.get('fused_tiles', '-')}) | "
                      f"{_f(r.get('fused_vs_roofline'), '.2f')} | {_f(r.get('fused_tflops'), '.0f')} | "
+                     f"{_f(r.get('align_us'))} | "
                      f"{_f(r.get('loop_us'))} | {_f(r.get('grouped_mm_us'))} |")
     if res["engine"]:
         lines += ["", (f"Engine steps: {res.get('engine_spec', {}).get('name')} (a reduced-layer model: full per-layer "
