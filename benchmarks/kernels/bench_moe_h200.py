@@ -440,8 +440,9 @@ def engine_spec():
     return full.model_copy(update={"name": f"qwen3-30b-a3b-{ENGINE_LAYERS}l", "num_layers": ENGINE_LAYERS})
 
 
-def engine_run(llm, batch: int, prompt_len: int, out_len: int, graphs: bool) -> None:
-    """`batch` prompts of `prompt_len` random tokens, `out_len` greedy tokens each; one row per step."""
+def engine_run(llm, batch: int, prompt_len: int, out_len: int, graphs: bool, record: bool = True) -> None:
+    """`batch` prompts of `prompt_len` random tokens, `out_len` greedy tokens each; one row per step
+    (`record` False: a warm-up pass, which compiles the eager steps' kernel variants)."""
     from engine.sampling import SamplingParams
 
     g = torch.Generator().manual_seed(batch)
@@ -449,7 +450,7 @@ def engine_run(llm, batch: int, prompt_len: int, out_len: int, graphs: bool) -> 
     prompts = [torch.randint(16, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
     llm.step_traces.clear()
     llm.generate(prompts, SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True))
-    for st in llm.step_traces:
+    for st in llm.step_traces if record else ():
         kind = "decode" if st.num_prefill_tokens == 0 else "prefill" if st.num_decode_seqs == 0 else "mixed"
         RESULTS["engine"].append({
             "kind": kind, "graphs": graphs, "batch": batch, "tokens": st.num_batched_tokens,
@@ -482,7 +483,11 @@ def engine_steps() -> None:
                   max_num_batched_tokens=8192, cudagraph_mode="FULL_DECODE_ONLY" if graphs else "NONE",
                   enforce_eager=not graphs)
         log(f"engine graphs={graphs}: built in {time.time() - t:.1f}s (capture {llm.engine.graph_capture_s:.1f}s)")
-        for b in batches if graphs else batches[::2]:
+        sizes = batches if graphs else batches[::2]
+        for b in sizes:  # the same steps once, unrecorded: Triton compiles the eager steps' variants here
+            engine_run(llm, b, plen, 2, graphs, record=False)
+        log(f"engine graphs={graphs}: warmed up ({time.time() - t:.1f}s)")
+        for b in sizes:
             if over_budget():
                 RESULTS["errors"].append(f"budget spent before engine graphs={graphs} batch={b}")
                 break
