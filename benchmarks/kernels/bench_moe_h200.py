@@ -30,6 +30,7 @@ simulator's MoE terms.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -454,9 +455,8 @@ def engine_run(llm, batch: int, prompt_len: int, out_len: int, graphs: bool, rec
         kind = "decode" if st.num_prefill_tokens == 0 else "prefill" if st.num_decode_seqs == 0 else "mixed"
         RESULTS["engine"].append({
             "kind": kind, "graphs": graphs, "batch": batch, "tokens": st.num_batched_tokens,
-            "seqs": st.num_prefill_seqs + st.num_decode_seqs, "prefill_tokens": st.num_prefill_tokens,
-            "sum_decode_context": st.sum_decode_context, "prefill_attn_pairs": st.prefill_attn_pairs,
-            "step_ms": st.gpu_s * 1e3, "total_ms": st.total_s * 1e3, "cpu_ms": st.cpu_s * 1e3,
+            "seqs": st.num_prefill_seqs + st.num_decode_seqs, "step_ms": st.gpu_s * 1e3,
+            "record": {f.name: getattr(st, f.name) for f in dataclasses.fields(st)},  # the sim's BatchComposition
             "graph": graphs and kind == "decode"})
 
 
