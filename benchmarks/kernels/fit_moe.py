@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Fit the cost model's mixture-of-experts terms from bench_moe_h200.py's results, and price its engine steps.
+
+    python3 benchmarks/kernels/fit_moe.py RESULTS/moe.json            # print the fit and the step errors
+    python3 benchmarks/kernels/fit_moe.py RESULTS/moe.json --write    # also write sim/profiles/h200-<preset>.json
+
+Per preset: `MoeTerms` fitted from the fused MoE layer's times (sim/moe_fit.py) on top of the
+first-principles profile (sim/profiles/default.json: nothing else of these profiles is fitted), the
+routing skew left at 0 (uniform: a real checkpoint's routing was not measured; the skew that fits
+the bench's random router is reported). Then the engine steps of part 3 (a reduced-layer
+qwen3-30b-a3b) priced by that profile against their measured GPU time: a check of the MoE terms
+inside whole steps, not a calibration (the engine's other terms stay first principles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from engine.core.model_spec import ModelSpec
+from sim.config import EngineConfig
+from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
+from sim.hardware import get_gpu
+from sim.moe import fit_routing_skew
+from sim.moe_fit import fit_moe_terms
+
+
+def profile_for(preset: str, rows: list[dict], meta: dict, gpu: str) -> tuple[CostProfile, list[dict], float]:
+    base = CostProfile.load("default")
+    e, k = rows[0]["E"], rows[0]["k"]
+    skew = fit_routing_skew(e, k, [(r["T"], r["touched_experts"]) for r in rows if r["T"] < 1024])
+    source = (f"measured: benchmarks/kernels/bench_moe_h200.py on {meta.get('gpu')} ({meta.get('date')}), one "
+              f"{preset} MoE layer (fused Triton kernels, random bf16 weights and router), T = 1..4096; routing skew "
+              f"0 = uniform prior (the bench's random router fits skew {skew:g}; a real checkpoint's is unmeasured)")
+    terms, table = fit_moe_terms(rows, get_gpu(gpu), base, source=source)
+    prof = base.model_copy(update={
+        "name": f"{gpu}-{preset}", "hardware": gpu, "model": preset, "moe": terms,
+        "source": "first principles (sim/profiles/default.json) + measured mixture-of-experts kernel factors",
+        "provenance": {"moe": {"bench": "benchmarks/kernels/bench_moe_h200.py", "gpu": meta.get("gpu"),
+                               "date": meta.get("date"), "torch": meta.get("torch"), "triton": meta.get("triton"),
+                               "rows": len(table)}}})
+    return prof, table, skew
+
+
+def engine_errors(res: dict, profile: CostProfile, gpu: str) -> list[dict]:
+    """Each engine step of part 3 priced by `profile` (reduced-layer spec) against its GPU time."""
+    spec = ModelSpec.model_validate(res["engine_spec"])
+    out = []
+    for graphs in (True, False):
+        rows = [r for r in res["engine"] if r["graphs"] == graphs]
+        if not rows:
+            continue
+        cm = CostModel(spec, get_gpu(gpu), EngineConfig(max_num_seqs=max(r["batch"] for r in rows)), profile)
+        for r in rows:
+            rec = SimpleNamespace(**r["record"])
+            model = cm.gpu_time_s(rec)
+            out.append({"graphs": graphs, "kind": r["kind"], "batch": r["batch"], "tokens": r["tokens"],
+                        "measured_ms": r["step_ms"], "model_ms": model * 1e3, "rel_error": model * 1e3 / r["step_ms"] - 1})
+    return out
+
+
+def summary(errs: list[dict]) -> list[str]:
+    lines = ["| graphs | kind | steps | median model/measured - 1 | p90 abs | ", "|---|---|---:|---:|---:|"]
+    for graphs in (True, False):
+        for kind in ("decode", "prefill", "mixed"):
+            e = [x["rel_error"] for x in errs if x["graphs"] == graphs and x["kind"] == kind]
+            if e:
+                lines.append(f"| {graphs} | {kind} | {len(e)} | {np.median(e):+.1%} | "
+                             f"{np.percentile(np.abs(e), 90):.1%} |")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("results", type=Path, help="moe.json of bench_moe_h200.py")
+    p.add_argument("--gpu", default="h200")
+    p.add_argument("--write", action="store_true", help="write sim/profiles/<gpu>-<preset>.json")
+    p.add_argument("--force", action="store_true", help="replace an existing profile file")
+    args = p.parse_args()
+    res = json.loads(args.results.read_text())
+    presets = sorted({r["preset"] for r in res["speed"]})
+    profiles = {}
+    for preset in presets:
+        rows = [r for r in res["speed"] if r["preset"] == preset]
+        prof, table, skew = profile_for(preset, rows, res["meta"], args.gpu)
+        profiles[preset] = prof
+        print(f"\n## {preset}: flops_factor {prof.moe.flops_factor}, bytes factors {prof.moe.bytes_factor_by_tokens}, "
+              f"bench router skew {skew}\n")
+        print("| T | measured us | compute us | memory us | bound | model us | error |\n|---:|---:|---:|---:|---|---:|---:|")
+        for t in table:
+            print(f"| {t['T']} | {t['measured_us']:.1f} | {t['compute_us']:.1f} | {t['memory_us']:.1f} | {t['bound']} | "
+                  f"{t['model_us']:.1f} | {t['rel_error']:+.1%} |")
+        if args.write:
+            out = PROFILES_DIR / f"{prof.name}.json"
+            if out.exists() and not args.force:
+                sys.exit(f"{out} exists; pass --force to replace it")
+            prof.save(out)
+            print(f"\nwrote {out}")
+    if res.get("engine"):
+        engine_preset = "qwen3-30b-a3b" if "qwen3-30b-a3b" in profiles else presets[0]
+        errs = engine_errors(res, profiles[engine_preset], args.gpu)
+        print(f"\n## engine steps ({res['engine_spec']['name']}) priced by {profiles[engine_preset].name}\n")
+        print("\n".join(summary(errs)))
+
+
+if __name__ == "__main__":
+    main()
