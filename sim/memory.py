@@ -28,13 +28,16 @@ def draft_spec(target: ModelSpec, spec: SpeculativeConfig | None) -> ModelSpec |
     """The model the proposer runs on the GPU, or None for proposers without one (n-gram).
 
     EAGLE / MTP heads are one decoder layer of the target's shape (plus an input
-    projection of 2h x h) that reuse the target's embedding and LM head.
+    projection of 2h x h) that reuse the target's embedding and LM head; a mixture of experts'
+    head is a dense layer of the config's dense width (`intermediate_size`), as the public
+    EAGLE heads of MoE targets are.
     """
     if spec is None or spec.method == "ngram":
         return None
     if spec.method == "draft_model":
         return get_model(spec.model or "")
-    return target.model_copy(update={"name": f"{target.name}-{spec.method}-head", "num_layers": 1})
+    dense = {"num_experts": 0, "experts_per_token": 0, "moe_intermediate_size": 0}
+    return target.model_copy(update={"name": f"{target.name}-{spec.method}-head", "num_layers": 1, **dense})
 
 
 def draft_weight_bytes(target: ModelSpec, spec: SpeculativeConfig | None, weight_dtype: str | None) -> float:

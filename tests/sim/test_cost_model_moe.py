@@ -66,3 +66,15 @@ def test_decode_step_cost_grows_with_batch_until_all_experts_are_read():
     t = [cm.forward_s(b, b, 0, 0, 0, 0) for b in (1, 8, 32, 72, 128, 256)]
     assert t[0] < t[1] < t[2] < t[3]  # more experts read
     assert t[4] / t[3] < 1.05  # past ~72 tokens nearly every expert is read already: bytes flat
+
+
+def test_an_eagle_head_of_a_mixture_of_experts_is_one_dense_layer():
+    from sim.config import SpeculativeConfig
+    from sim.memory import draft_spec, draft_weight_bytes
+
+    m = get_model("qwen3-30b-a3b")
+    spec = SpeculativeConfig(method="eagle3", num_speculative_tokens=3)
+    head = draft_spec(m, spec)
+    assert not head.is_moe and head.num_layers == 1
+    dense_layer = m.attention_params_per_layer + 3 * m.hidden_size * m.intermediate_size  # width 6144
+    assert draft_weight_bytes(m, spec, None) == (dense_layer + 2 * m.hidden_size**2) * 2
