@@ -219,7 +219,10 @@ class MoeTerms(BaseModel):
     # (tokens per step, factor on the touched experts' bytes) knots, interpolated in log2(tokens)
     bytes_factor_by_tokens: tuple[tuple[int, float], ...] = ()
     bytes_factor: float = Field(default=1.0, gt=0)  # without knots
-    flops_factor: float = Field(default=1.0, gt=0)
+    # (tokens per step, factor on the experts' FLOPs) knots: grouped GEMMs of few rows per expert
+    # fill the tensor cores less well than big ones
+    flops_factor_by_tokens: tuple[tuple[int, float], ...] = ()
+    flops_factor: float = Field(default=1.0, gt=0)  # without knots
     source: str = "prior: uniform routing, experts at the dense GEMMs' efficiency"
 
     def routing(self, model: ModelSpec) -> ExpertRouting:
@@ -227,6 +230,9 @@ class MoeTerms(BaseModel):
 
     def bytes_multiplier(self, tokens: float) -> float:
         return _by_knot(self.bytes_factor_by_tokens, self.bytes_factor, max(round(tokens), 1))
+
+    def flops_multiplier(self, tokens: float) -> float:
+        return _by_knot(self.flops_factor_by_tokens, self.flops_factor, max(round(tokens), 1))
 
 
 class CostProfile(BaseModel):
@@ -451,12 +457,13 @@ class Roofline:
             return 0.0 * tokens
         m = self.moe
         if np.ndim(tokens) == 0:
-            touched, bf = _touched(self.routing, float(tokens)), m.bytes_multiplier(float(tokens))
+            t = float(tokens)
+            touched, bf, ff = _touched(self.routing, t), m.bytes_multiplier(t), m.flops_multiplier(t)
         else:
             touched = self.routing.expected_touched(tokens)
             bf = np.array([m.bytes_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
-        return np.maximum(self.moe_s_per_token * tokens * m.flops_factor * compute_mult,
-                          self.expert_s * touched * bf * memory_mult)
+            ff = np.array([m.flops_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
+        return np.maximum(self.moe_s_per_token * tokens * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
 
     def features(self, tokens: Any, rows: Any, prefill_pairs: Any, prefill_kv_tokens: Any,
                  decode_q_per_seq: Any, decode_kv_tokens: Any, decode_max_kv_tokens: Any = 0) -> dict[str, Any]:

@@ -7,8 +7,10 @@ k-sum) at T tokens per step. The cost model prices that layer as
     M(T) = touched(T) x 3 H N x bytes / (bandwidth x gemm_memory_efficiency),
 with `touched` the measured distinct experts of that step (the routing the kernel ran), the
 datasheet rates and the profile's GEMM efficiencies. Each factor is a measured time over the
-side that binds (a step is compute-bound when C(T) > M(T), both at factor 1): `flops_factor`
-the median over compute-bound steps, `bytes_factor(T)` one knot per memory-bound T (log2 knots).
+side that binds (a step is compute-bound when C(T) > M(T), both at factor 1): one knot (log2 of
+T) per measured T on that side's factor table, `flops_factor_by_tokens` or `bytes_factor_by_tokens`;
+between and beyond the knots the tables interpolate and hold their end values, so the fitted
+model reproduces every measured step and is a guess between them.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from sim.cost_model import CostProfile, MoeTerms
 from sim.hardware import GB, GPUSpec
@@ -49,18 +49,18 @@ def fit_moe_terms(rows: Sequence[dict[str, Any]], gpu: GPUSpec, profile: CostPro
     if not pts:
         raise ValueError("no timed fused MoE rows to fit (every row lacks fused_us)")
     measured = {id(r): r["fused_us"] * 1e-6 for r, _ in pts}
-    compute_bound = [(r, lr) for r, lr in pts if lr.compute_s > lr.memory_s]
-    flops_factor = float(np.median([measured[id(r)] / lr.compute_s for r, lr in compute_bound])) if compute_bound else 1.0
-    knots = []
+    flops_knots, bytes_knots = {}, {}
     for r, lr in pts:
-        if lr.compute_s <= lr.memory_s:
-            knots.append((int(r["T"]), round(max(measured[id(r)] / lr.memory_s, 1e-3), 4)))
-    knots = sorted(dict(knots).items())
-    terms = MoeTerms(routing_skew=routing_skew, bytes_factor_by_tokens=tuple(knots),
-                     bytes_factor=knots[-1][1] if knots else 1.0, flops_factor=round(flops_factor, 4), source=source)
+        if lr.compute_s > lr.memory_s:
+            flops_knots[int(r["T"])] = round(measured[id(r)] / lr.compute_s, 4)
+        else:
+            bytes_knots[int(r["T"])] = round(max(measured[id(r)] / lr.memory_s, 1e-3), 4)
+    fk, bk = tuple(sorted(flops_knots.items())), tuple(sorted(bytes_knots.items()))
+    terms = MoeTerms(routing_skew=routing_skew, bytes_factor_by_tokens=bk, bytes_factor=bk[-1][1] if bk else 1.0,
+                     flops_factor_by_tokens=fk, flops_factor=fk[-1][1] if fk else 1.0, source=source)
     table = []
     for r, lr in pts:
-        model = max(lr.compute_s * terms.flops_factor, lr.memory_s * terms.bytes_multiplier(r["T"]))
+        model = max(lr.compute_s * terms.flops_multiplier(r["T"]), lr.memory_s * terms.bytes_multiplier(r["T"]))
         table.append({"T": r["T"], "measured_us": r["fused_us"], "compute_us": lr.compute_s * 1e6,
                       "memory_us": lr.memory_s * 1e6, "bound": "compute" if lr.compute_s > lr.memory_s else "memory",
                       "model_us": model * 1e6, "rel_error": model / measured[id(r)] - 1})

@@ -76,12 +76,11 @@ T0 = time.time()
 RESULTS: dict = {"meta": {}, "check": [], "speed": [], "engine": [], "errors": []}
 SKIP = set(filter(None, ARGS.skip.split(",")))
 
-# tile configs tried per T (by mean rows per expert): (block_m, block_n, block_k, warps, stages)
-TILE_CANDIDATES = {
-    "small": [MoeTiles(16, 64, 128, 4, 4), MoeTiles(16, 32, 128, 4, 4), MoeTiles(16, 128, 64, 4, 4)],
-    "mid": [MoeTiles(32, 64, 128, 4, 3), MoeTiles(64, 128, 64, 4, 3), MoeTiles(16, 64, 128, 4, 4)],
-    "large": [MoeTiles(64, 128, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 64, 64, 4, 3)],
-}
+# tile configs tried at every T (block_m, block_n, block_k, warps, stages); the first of each class is
+# what kernels.fused_moe.default_tiles picks there (run 1's sweep had three per class)
+TILE_CANDIDATES = [MoeTiles(16, 64, 128, 4, 4), MoeTiles(16, 32, 128, 4, 4), MoeTiles(16, 64, 64, 4, 5),
+                   MoeTiles(32, 64, 128, 4, 3), MoeTiles(64, 128, 64, 4, 3), MoeTiles(64, 64, 64, 4, 4),
+                   MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 64, 64, 4, 3), MoeTiles(128, 128, 32, 8, 4)]
 
 
 def log(msg: str) -> None:
@@ -239,11 +238,6 @@ def eager_time_us(calls: list, reps: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def tile_class(t: int, k: int, e: int) -> str:
-    rows = t * k / e
-    return "small" if rows <= 16 else "mid" if rows <= 256 else "large"
-
-
 # ------------------------------------------------------------------------------- part 1: check
 def check_grouping() -> None:
     """The one-program Triton grouping against the torch one (same stable output); if it fails
@@ -314,7 +308,9 @@ def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
 
     row = {"preset": name, "T": t, "H": h, "N": n, "E": e, "k": k, "copies": len(weights), "calls": len(weights) * reps,
            "touched_experts": touched, "expected_touched_uniform": expected_distinct(e, k, t), **roof, "fused_by_tiles": {}}
-    cands = TILE_CANDIDATES[tile_class(t, k, e)][: 1 if ARGS.dry_run else None]
+    rows_per_expert = t * k / e
+    # every candidate, less the big-M tiles where they would be mostly padding (<= 4 rows per expert)
+    cands = [c for c in TILE_CANDIDATES if c.block_m <= 32 or rows_per_expert > 4][: 1 if ARGS.dry_run else None]
     for tiles in cands:
         key = "m{}n{}k{}w{}s{}".format(*(getattr(tiles, f) for f in tiles.__slots__))
         try:
@@ -389,17 +385,19 @@ def markdown(res: dict) -> str:
                      f"{_f(r.get('align_us'))} | "
                      f"{_f(r.get('loop_us'))} | {_f(r.get('grouped_mm_us'))} |")
     if res["engine"]:
-        lines += ["", (f"Engine steps: {res.get('engine_spec', {}).get('name')} (a reduced-layer model: full per-layer "
-                  "shapes, fewer layers), random weights, greedy; GPU ms per step (median of decode steps)."), "",
-                  "| graphs | batch | prefill steps (tokens: ms) | decode ms (median) | decode steps |",
-                  "|---|---:|---|---:|---:|"]
-        keys = sorted({(r["graphs"], r["batch"]) for r in res["engine"]}, key=lambda k: (not k[0], k[1]))
-        for graphs, b in keys:
-            rows = [r for r in res["engine"] if r["graphs"] == graphs and r["batch"] == b]
+        lines += ["", ("Engine steps: random weights, greedy, prompts of 128 tokens; GPU ms per step (median of decode "
+                       "steps). `-4l`: a reduced-layer model (full per-layer shapes, 4 of the 48 layers)."), "",
+                  "| model | graphs | batch | prefill steps (tokens: ms) | decode ms (median) | decode steps |",
+                  "|---|---|---:|---|---:|---:|"]
+        keys = sorted({(r.get("model", "-"), r["graphs"], r["batch"]) for r in res["engine"]},
+                      key=lambda k: (k[0], not k[1], k[2]))
+        for model, graphs, b in keys:
+            rows = [r for r in res["engine"] if r.get("model", "-") == model and r["graphs"] == graphs
+                    and r["batch"] == b]
             pre = ", ".join(f"{r['tokens']}: {r['step_ms']:.2f}" for r in rows if r["kind"] != "decode")
             dec = sorted(r["step_ms"] for r in rows if r["kind"] == "decode")
             med = dec[len(dec) // 2] if dec else None
-            lines.append(f"| {graphs} | {b} | {pre} | {_f(med, '.3f')} | {len(dec)} |")
+            lines.append(f"| {model} | {graphs} | {b} | {pre} | {_f(med, '.3f')} | {len(dec)} |")
     if res["errors"]:
         lines += ["", "Errors:", *[f"- {e}" for e in res["errors"]]]
     return "\n".join(lines) + "\n"
@@ -432,13 +430,17 @@ def main() -> None:
 
 
 ENGINE_LAYERS = 4  # the reduced-layer qwen3-30b-a3b of part 3 (full per-layer shapes)
+FULL_MODEL_MIN_LEFT_S = 45  # part 4 (the whole 48-layer model) starts only with this much budget left
 
 
-def engine_spec():
+def engine_spec(layers: int | None = ENGINE_LAYERS):
+    """The engine's model: tiny-moe on the CPU; qwen3-30b-a3b with `layers` layers (None: all 48)."""
     if ARGS.dry_run:
-        return get_model("tiny-moe")
+        return get_model("tiny-moe").model_copy(update={"name": "tiny-moe-all"} if layers is None else {})
     full = get_model("qwen3-30b-a3b")
-    return full.model_copy(update={"name": f"qwen3-30b-a3b-{ENGINE_LAYERS}l", "num_layers": ENGINE_LAYERS})
+    if layers is None:
+        return full
+    return full.model_copy(update={"name": f"qwen3-30b-a3b-{layers}l", "num_layers": layers})
 
 
 def engine_run(llm, batch: int, prompt_len: int, out_len: int, graphs: bool, record: bool = True) -> None:
@@ -454,51 +456,60 @@ def engine_run(llm, batch: int, prompt_len: int, out_len: int, graphs: bool, rec
     for st in llm.step_traces if record else ():
         kind = "decode" if st.num_prefill_tokens == 0 else "prefill" if st.num_decode_seqs == 0 else "mixed"
         RESULTS["engine"].append({
-            "kind": kind, "graphs": graphs, "batch": batch, "tokens": st.num_batched_tokens,
-            "seqs": st.num_prefill_seqs + st.num_decode_seqs, "step_ms": st.gpu_s * 1e3,
+            "model": llm.engine.spec.name, "kind": kind, "graphs": graphs, "batch": batch,
+            "tokens": st.num_batched_tokens, "seqs": st.num_prefill_seqs + st.num_decode_seqs, "step_ms": st.gpu_s * 1e3,
             "record": {f.name: getattr(st, f.name) for f in dataclasses.fields(st)},  # the sim's BatchComposition
             "graph": graphs and kind == "decode"})
 
 
-def engine_steps() -> None:
-    """Part 3: the engine's steps on a reduced-layer MoE model, decode by batch and prefill by tokens,
-    with CUDA graphs for decode (FULL_DECODE_ONLY) and, budget allowing, eager."""
+def engine_case(spec, batches: tuple[int, ...], graphs: bool, memory_share: float) -> None:
+    """One engine (graphs or eager) on `spec`: a warm-up pass over the step shapes, then the recorded one."""
     from engine.llm import LLM
     from engine.model import LlamaModel
 
-    spec = engine_spec()
-    RESULTS["engine_spec"] = spec.model_dump()
-    batches = (1, 4) if ARGS.dry_run else (1, 8, 32, 64, 128)
     plen, olen = (8, 3) if ARGS.dry_run else (128, 12)
+    t = time.time()
+    RESULTS.setdefault("engine_specs", {})[spec.name] = spec.model_dump()
+    model = LlamaModel(spec, max_positions=2048, device=DEVICE, attention_backend="torch" if ARGS.dry_run else "triton",
+                       seed=0)
+    # the preset's name (the engine args want a known model); the model built here may have fewer layers
+    llm = LLM("tiny-moe" if ARGS.dry_run else "qwen3-30b-a3b", llm_model=model, device=DEVICE,
+              dtype=spec.dtype if ARGS.dry_run else "bfloat16", gpu_memory_utilization=memory_share, max_model_len=2048,
+              max_num_seqs=max(batches), max_num_batched_tokens=8192,
+              cudagraph_mode="FULL_DECODE_ONLY" if graphs else "NONE", enforce_eager=not graphs)
+    log(f"engine {spec.name} graphs={graphs}: built in {time.time() - t:.1f}s (capture {llm.engine.graph_capture_s:.1f}s)")
+    for b in batches:  # the same steps once, unrecorded: Triton compiles the eager steps' variants here
+        engine_run(llm, b, plen, 2, graphs, record=False)
+    log(f"engine {spec.name} graphs={graphs}: warmed up ({time.time() - t:.1f}s)")
+    for b in batches:
+        if over_budget():
+            RESULTS["errors"].append(f"budget spent before engine {spec.name} graphs={graphs} batch={b}")
+            break
+        engine_run(llm, b, plen, olen, graphs)
+        dec = sorted(r["step_ms"] for r in RESULTS["engine"] if r["batch"] == b and r["kind"] == "decode"
+                     and r["graphs"] == graphs and r["model"] == spec.name)
+        log(f"engine {spec.name} graphs={graphs} batch {b}: decode median {dec[len(dec) // 2] if dec else float('nan'):.3f} ms")
+        save()
+    del llm, model
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def engine_steps() -> None:
+    """Part 3: the engine's steps on a reduced-layer MoE model, decode by batch and prefill by tokens,
+    with CUDA graphs for decode (FULL_DECODE_ONLY), then eager. Part 4, budget allowing: the whole
+    48-layer qwen3-30b-a3b (random weights, 61 GB), decode graphs only."""
+    batches = (1, 4) if ARGS.dry_run else (1, 8, 32, 64, 128)
     for graphs in (True, False):
         if over_budget():
             RESULTS["errors"].append(f"budget spent before engine graphs={graphs}")
             return
-        t = time.time()
-        model = LlamaModel(spec, max_positions=2048, device=DEVICE, attention_backend="torch" if ARGS.dry_run else "triton",
-                           seed=0)
-        # the preset's name (the engine args want a known model); the model built here has fewer layers
-        llm = LLM("tiny-moe" if ARGS.dry_run else "qwen3-30b-a3b", llm_model=model, device=DEVICE, dtype=spec.dtype if ARGS.dry_run else "bfloat16",
-                  gpu_memory_utilization=0.3, max_model_len=2048, max_num_seqs=max(batches),
-                  max_num_batched_tokens=8192, cudagraph_mode="FULL_DECODE_ONLY" if graphs else "NONE",
-                  enforce_eager=not graphs)
-        log(f"engine graphs={graphs}: built in {time.time() - t:.1f}s (capture {llm.engine.graph_capture_s:.1f}s)")
-        sizes = batches if graphs else batches[::2]
-        for b in sizes:  # the same steps once, unrecorded: Triton compiles the eager steps' variants here
-            engine_run(llm, b, plen, 2, graphs, record=False)
-        log(f"engine graphs={graphs}: warmed up ({time.time() - t:.1f}s)")
-        for b in sizes:
-            if over_budget():
-                RESULTS["errors"].append(f"budget spent before engine graphs={graphs} batch={b}")
-                break
-            engine_run(llm, b, plen, olen, graphs)
-            dec = [r["step_ms"] for r in RESULTS["engine"] if r["batch"] == b and r["kind"] == "decode"
-                   and r["graphs"] == graphs]
-            log(f"engine graphs={graphs} batch {b}: decode median {sorted(dec)[len(dec) // 2] if dec else float('nan'):.3f} ms")
-            save()
-        del llm, model
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+        engine_case(engine_spec(), batches if graphs else batches[::2], graphs, 0.3)
+    if ARGS.budget_s - (time.time() - T0) < FULL_MODEL_MIN_LEFT_S:
+        RESULTS["errors"].append("budget too short for the whole-model engine part (part 4): skipped")
+        return
+    full = engine_spec(None)
+    engine_case(full, (1,) if ARGS.dry_run else (1, 8, 32, 64), True, 0.9)
 
 
 if __name__ == "__main__":

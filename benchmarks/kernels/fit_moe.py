@@ -51,30 +51,33 @@ def profile_for(preset: str, rows: list[dict], meta: dict, gpu: str) -> tuple[Co
 
 
 def engine_errors(res: dict, profile: CostProfile, gpu: str) -> list[dict]:
-    """Each engine step of part 3 priced by `profile` (reduced-layer spec) against its GPU time."""
-    spec = ModelSpec.model_validate(res["engine_spec"])
+    """Each recorded engine step priced by `profile` (the step's own model spec) against its GPU time."""
+    specs = {name: ModelSpec.model_validate(d) for name, d in res.get("engine_specs", {}).items()}
+    if "engine_spec" in res:  # run 1's format: one spec for every row
+        specs.setdefault(res["engine_spec"]["name"], ModelSpec.model_validate(res["engine_spec"]))
     out = []
-    for graphs in (True, False):
-        rows = [r for r in res["engine"] if r["graphs"] == graphs]
-        if not rows:
-            continue
-        cm = CostModel(spec, get_gpu(gpu), EngineConfig(max_num_seqs=max(r["batch"] for r in rows)), profile)
-        for r in rows:
-            rec = SimpleNamespace(**r["record"])
-            model = cm.gpu_time_s(rec)
-            out.append({"graphs": graphs, "kind": r["kind"], "batch": r["batch"], "tokens": r["tokens"],
-                        "measured_ms": r["step_ms"], "model_ms": model * 1e3, "rel_error": model * 1e3 / r["step_ms"] - 1})
+    for name, spec in specs.items():
+        for graphs in (True, False):
+            rows = [r for r in res["engine"] if r.get("model", name) == name and r["graphs"] == graphs and "record" in r]
+            if not rows:
+                continue
+            cm = CostModel(spec, get_gpu(gpu), EngineConfig(max_num_seqs=max(r["batch"] for r in rows)), profile)
+            for r in rows:
+                model = cm.gpu_time_s(SimpleNamespace(**r["record"]))
+                out.append({"model": name, "graphs": graphs, "kind": r["kind"], "batch": r["batch"],
+                            "tokens": r["tokens"], "measured_ms": r["step_ms"], "model_ms": model * 1e3,
+                            "rel_error": model * 1e3 / r["step_ms"] - 1})
     return out
 
 
 def summary(errs: list[dict]) -> list[str]:
-    lines = ["| graphs | kind | steps | median model/measured - 1 | p90 abs | ", "|---|---|---:|---:|---:|"]
-    for graphs in (True, False):
-        for kind in ("decode", "prefill", "mixed"):
-            e = [x["rel_error"] for x in errs if x["graphs"] == graphs and x["kind"] == kind]
-            if e:
-                lines.append(f"| {graphs} | {kind} | {len(e)} | {np.median(e):+.1%} | "
-                             f"{np.percentile(np.abs(e), 90):.1%} |")
+    lines = ["| model | graphs | kind | batch | steps | measured ms (median) | model ms | median error |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    keys = sorted({(e["model"], e["graphs"], e["kind"], e["batch"]) for e in errs}, key=lambda k: (k[0], not k[1], k[2], k[3]))
+    for model, graphs, kind, b in keys:
+        e = [x for x in errs if (x["model"], x["graphs"], x["kind"], x["batch"]) == (model, graphs, kind, b)]
+        lines.append(f"| {model} | {graphs} | {kind} | {b} | {len(e)} | {np.median([x['measured_ms'] for x in e]):.3f} | "
+                     f"{np.median([x['model_ms'] for x in e]):.3f} | {np.median([x['rel_error'] for x in e]):+.1%} |")
     return lines
 
 
@@ -92,7 +95,7 @@ def main() -> None:
         rows = [r for r in res["speed"] if r["preset"] == preset]
         prof, table, skew = profile_for(preset, rows, res["meta"], args.gpu)
         profiles[preset] = prof
-        print(f"\n## {preset}: flops_factor {prof.moe.flops_factor}, bytes factors {prof.moe.bytes_factor_by_tokens}, "
+        print(f"\n## {preset}: flops factors {prof.moe.flops_factor_by_tokens}, bytes factors {prof.moe.bytes_factor_by_tokens}, "
               f"bench router skew {skew}\n")
         print("| T | measured us | compute us | memory us | bound | model us | error |\n|---:|---:|---:|---:|---|---:|---:|")
         for t in table:
@@ -107,7 +110,7 @@ def main() -> None:
     if res.get("engine"):
         engine_preset = "qwen3-30b-a3b" if "qwen3-30b-a3b" in profiles else presets[0]
         errs = engine_errors(res, profiles[engine_preset], args.gpu)
-        print(f"\n## engine steps ({res['engine_spec']['name']}) priced by {profiles[engine_preset].name}\n")
+        print(f"\n## engine steps priced by {profiles[engine_preset].name} (GPU time of the step's forward)\n")
         print("\n".join(summary(errs)))
 
 

@@ -27,7 +27,8 @@ def test_dry_run_measures_every_part_and_the_fit_reads_it(tmp_path):
     assert [r["T"] for r in res["speed"]] == [1, 4, 16]
     assert all(r["touched_experts"] <= r["E"] and "fused_us" in r and "loop_us" in r for r in res["speed"])
     assert {r["kind"] for r in res["engine"]} >= {"decode", "prefill"}
+    assert {r["model"] for r in res["engine"]} == {"tiny-moe", "tiny-moe-all"}  # part 3 and part 4
     assert "| tiny-moe | 1 |" in (tmp_path / "moe.md").read_text()
     fit = _run("benchmarks/kernels/fit_moe.py", str(tmp_path / "moe.json"))
     assert fit.returncode == 0, fit.stderr[-2000:]
-    assert "## tiny-moe" in fit.stdout and "## engine steps (tiny-moe)" in fit.stdout
+    assert "## tiny-moe" in fit.stdout and "| tiny-moe-all | True | decode | 1 |" in fit.stdout
