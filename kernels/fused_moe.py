@@ -36,6 +36,7 @@ class MoeTiles:
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    group_m: int = 8  # M blocks that sweep the N tiles together (L2 reuse of their rows and weight tiles)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -152,17 +153,29 @@ def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k,
+def _tile_of(num_blocks, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(M block, N tile) of this program: GROUP_M consecutive M blocks sweep all N tiles together, so
+    their rows of A (gathered activations) and their experts' weight tiles are reused from L2."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(n_cols, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    size = tl.minimum(num_blocks - first_m, GROUP_M)
+    return first_m + (pid % per_group) % size, (pid % per_group) // size
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
                     sx_t, sw_e, sw_n, sa_p,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid_m, pid_n = _tile_of(num_blocks, N, BLOCK_N, GROUP_M)
     e = tl.load(bexp_ptr + pid_m).to(tl.int64)
     if e < 0:
         return
     pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     ok_m = pairs < num_pairs
     rows = (pairs // top_k).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_n = cols < N
     w_base = w_ptr + e * sw_e
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -182,17 +195,17 @@ def _gate_up_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, t
 
 
 @triton.jit
-def _down_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H,
+def _down_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, num_blocks,
                  sa_p, sw_e, sw_h, so_p,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid_m, pid_n = _tile_of(num_blocks, H, BLOCK_N, GROUP_M)
     e = tl.load(bexp_ptr + pid_m).to(tl.int64)
     if e < 0:
         return
     pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     ok_m = pairs < num_pairs
     p64 = pairs.to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output (hidden) columns
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output (hidden) columns
     ok_n = cols < H
     w_base = w_ptr + e * sw_e
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -232,16 +245,16 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     sorted_ids, block_expert = align_by_expert(topk_ids, e, tl_.block_m)
     pairs = t * k
     act = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
-    launch = {"BLOCK_M": tl_.block_m, "BLOCK_N": tl_.block_n, "BLOCK_K": tl_.block_k,
+    launch = {"BLOCK_M": tl_.block_m, "BLOCK_N": tl_.block_n, "BLOCK_K": tl_.block_k, "GROUP_M": tl_.group_m,
               "num_warps": tl_.num_warps, "num_stages": tl_.num_stages}
     blocks = block_expert.numel()
-    _gate_up_kernel[(blocks, triton.cdiv(n, tl_.block_n))](
-        x, w13, act, sorted_ids, block_expert, pairs, h, n, k, x.stride(0), w13.stride(0), w13.stride(1),
+    _gate_up_kernel[(blocks * triton.cdiv(n, tl_.block_n),)](
+        x, w13, act, sorted_ids, block_expert, pairs, h, n, k, blocks, x.stride(0), w13.stride(0), w13.stride(1),
         act.stride(0), **launch)
     out = torch.empty(pairs, h, dtype=x.dtype, device=x.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    _down_kernel[(blocks, triton.cdiv(h, tl_.block_n))](
-        act, w2, out, sorted_ids, block_expert, tw, pairs, n, h, act.stride(0), w2.stride(0), w2.stride(1),
+    _down_kernel[(blocks * triton.cdiv(h, tl_.block_n),)](
+        act, w2, out, sorted_ids, block_expert, tw, pairs, n, h, blocks, act.stride(0), w2.stride(0), w2.stride(1),
         out.stride(0), **launch)
     return out.view(t, k, h).sum(dim=1)  # one kernel (torch accumulates half types in float32)
 

@@ -80,7 +80,12 @@ SKIP = set(filter(None, ARGS.skip.split(",")))
 # what kernels.fused_moe.default_tiles picks there (run 1's sweep had three per class)
 TILE_CANDIDATES = [MoeTiles(16, 64, 128, 4, 4), MoeTiles(16, 32, 128, 4, 4), MoeTiles(16, 64, 64, 4, 5),
                    MoeTiles(32, 64, 128, 4, 3), MoeTiles(64, 128, 64, 4, 3), MoeTiles(64, 64, 64, 4, 4),
-                   MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 64, 64, 4, 3), MoeTiles(128, 128, 32, 8, 4)]
+                   MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 64, 64, 4, 3), MoeTiles(128, 128, 32, 8, 4),
+                   MoeTiles(64, 128, 64, 4, 3, group_m=1), MoeTiles(128, 128, 64, 8, 3, group_m=1)]  # no L2 grouping
+
+
+def tiles_key(t: MoeTiles) -> str:
+    return f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}"
 
 
 def log(msg: str) -> None:
@@ -312,7 +317,7 @@ def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
     # every candidate, less the big-M tiles where they would be mostly padding (<= 4 rows per expert)
     cands = [c for c in TILE_CANDIDATES if c.block_m <= 32 or rows_per_expert > 4][: 1 if ARGS.dry_run else None]
     for tiles in cands:
-        key = "m{}n{}k{}w{}s{}".format(*(getattr(tiles, f) for f in tiles.__slots__))
+        key = tiles_key(tiles)
         try:
             row["fused_by_tiles"][key] = graph_time_us(calls(fused_moe, tiles=tiles))
         except Exception as exc:  # noqa: BLE001
@@ -323,7 +328,7 @@ def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
         row["fused_vs_roofline"] = row["fused_us"] / roof["roofline_us"]
         row["fused_tflops"] = roof["flops"] / row["fused_us"] / 1e6
         d = default_tiles(t, k, e)
-        row["default_tiles"] = "m{}n{}k{}w{}s{}".format(*(getattr(d, f) for f in d.__slots__))
+        row["default_tiles"] = tiles_key(d)
         try:  # the grouping alone (its share of the fused time at small T)
             bm = int(best.split("n")[0][1:])
             row["align_us"] = graph_time_us([lambda r=r: align_by_expert(r[2], e, bm) for r in routes] * reps)
