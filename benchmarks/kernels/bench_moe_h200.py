@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -496,6 +497,7 @@ def engine_case(spec, batches: tuple[int, ...], graphs: bool, memory_share: floa
         log(f"engine {spec.name} graphs={graphs} batch {b}: decode median {dec[len(dec) // 2] if dec else float('nan'):.3f} ms")
         save()
     del llm, model
+    gc.collect()  # the runner's graphs and KV cache sit in reference cycles: free them before the next model
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
 
