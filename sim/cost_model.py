@@ -459,6 +459,7 @@ class Roofline:
         if np.ndim(tokens) == 0:
             t = float(tokens)
             touched, bf, ff = _touched(self.routing, t), m.bytes_multiplier(t), m.flops_multiplier(t)
+            return max(self.moe_s_per_token * t * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
         else:
             touched = self.routing.expected_touched(tokens)
             bf = np.array([m.bytes_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
