@@ -223,6 +223,10 @@ class MoeTerms(BaseModel):
     # fill the tensor cores less well than big ones
     flops_factor_by_tokens: tuple[tuple[int, float], ...] = ()
     flops_factor: float = Field(default=1.0, gt=0)  # without knots
+    # GPU seconds per MoE layer and forward beyond the roofline terms (routing softmax/top-k, the
+    # grouping, the k-sum: small kernels whose launch and latency no byte or FLOP count covers),
+    # fitted from the engine's decode steps
+    layer_fixed_s: float = Field(default=0.0, ge=0, le=1e-3)
     source: str = "prior: uniform routing, experts at the dense GEMMs' efficiency"
 
     def routing(self, model: ModelSpec) -> ExpertRouting:
@@ -413,6 +417,7 @@ class Roofline:
     expert_s: float = 0.0
     moe: MoeTerms | None = None
     routing: ExpertRouting | None = None
+    moe_fixed_s: float = 0.0  # layers x MoeTerms.layer_fixed_s, per forward
 
     @classmethod
     def of(cls, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
@@ -447,7 +452,8 @@ class Roofline:
                    ew_s_per_token=ew_bytes / bw,
                    moe_s_per_token=2 * model.experts_per_token * expert_params / tp / gemm_rate,
                    expert_s=expert_params * dtype_bytes(wdt) / tp / bw, moe=moe,
-                   routing=moe.routing(model) if moe else None)
+                   routing=moe.routing(model) if moe else None,
+                   moe_fixed_s=L * moe.layer_fixed_s if moe else 0.0)
 
     def experts_s(self, tokens: Any, compute_mult: float = 1.0, memory_mult: float = 1.0) -> Any:
         """The experts' roofline seconds for `tokens` tokens per step (scalar or numpy array):
@@ -517,7 +523,7 @@ class _Forward:
         gemm = self.gemm_tok * tokens + self.gemm_row * rows
         gemm = max(gemm, self.weights)
         if self.experts is not None:
-            gemm += self.gemm_mult * self.experts.experts_s(tokens)
+            gemm += self.gemm_mult * self.experts.experts_s(tokens) + self.experts.moe_fixed_s
         pre = max(self.pair * prefill_pairs, self.kv * prefill_kv)
         dec = max(self.dkv_pair * q_per_seq, self.dkv) * decode_kv
         if max_decode_kv:
@@ -620,7 +626,7 @@ class CostModel:
         gemm = max(self._gemm_s_per_token * num_tokens + self._gemm_s_per_row * num_rows, self._weights_s)
         if self.roofline.routing is not None:
             gemm += self.roofline.experts_s(num_tokens, 1 / self.profile.gemm_compute_efficiency,
-                                            1 / self.profile.gemm_memory_efficiency)
+                                            1 / self.profile.gemm_memory_efficiency) + self.roofline.moe_fixed_s
         pre = max(self._prefill_s_per_pair * prefill_pairs, self._kv_s_per_token * prefill_kv_tokens)
         dec = max(self._attn_s_per_pair * decode_pairs, self._kv_s_per_token * decode_kv_tokens)
         return (gemm + pre + dec + self._ew_s_per_token * num_tokens

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from sim.cost_model import CostProfile, MoeTerms
 from sim.hardware import GB, GPUSpec
 
@@ -67,4 +69,24 @@ def fit_moe_terms(rows: Sequence[dict[str, Any]], gpu: GPUSpec, profile: CostPro
     return terms, table
 
 
-__all__ = ["LayerRoofline", "fit_moe_terms", "layer_roofline"]
+
+
+def fit_layer_fixed(rows: Sequence[tuple[int, float, float]]) -> tuple[float, float]:
+    """(seconds per layer, seconds per step) that the model misses, from (layers, measured s, model s)
+    of decode steps of models with different layer counts: least squares of the residual on
+    (layers, 1), the per-layer part floored at 0 (one layer count alone cannot separate the two:
+    everything then goes to the per-layer part)."""
+    if not rows:
+        raise ValueError("fit_layer_fixed needs at least one (layers, measured, model) row")
+    layers = np.array([r[0] for r in rows], dtype=np.float64)
+    resid = np.array([r[1] - r[2] for r in rows])
+    if np.unique(layers).size < 2:
+        return max(float(np.median(resid / layers)), 0.0), 0.0
+    a = np.column_stack([layers, np.ones_like(layers)])
+    (per_layer, per_step), *_ = np.linalg.lstsq(a, resid, rcond=None)
+    if per_layer < 0:
+        return 0.0, float(np.median(resid))
+    return float(per_layer), float(per_step)
+
+
+__all__ = ["LayerRoofline", "fit_layer_fixed", "fit_moe_terms", "layer_roofline"]

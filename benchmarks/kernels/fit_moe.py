@@ -30,7 +30,7 @@ from sim.config import EngineConfig
 from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
 from sim.hardware import get_gpu
 from sim.moe import fit_routing_skew
-from sim.moe_fit import fit_moe_terms
+from sim.moe_fit import fit_layer_fixed, fit_moe_terms
 
 
 def profile_for(preset: str, rows: list[dict], meta: dict, gpu: str) -> tuple[CostProfile, list[dict], float]:
@@ -70,6 +70,36 @@ def engine_errors(res: dict, profile: CostProfile, gpu: str) -> list[dict]:
     return out
 
 
+def with_fixed(profile: CostProfile, per_layer_s: float, per_step_s: float) -> CostProfile:
+    moe = profile.moe.model_copy(update={"layer_fixed_s": round(per_layer_s, 9)})
+    return profile.model_copy(update={"moe": moe, "gpu_step_overhead_s": round(
+        max(profile.gpu_step_overhead_s + per_step_s, 0.0), 9)})
+
+
+def fit_fixed(res: dict, profile: CostProfile, gpu: str) -> tuple[CostProfile, dict]:
+    """The per-layer and per-step fixed costs of MoE decode steps (CUDA graphs) the roofline terms
+    miss, fitted from the engine's decode steps of models with different layer counts; checked
+    first on held-out batches (fit on every other batch size, priced on the rest)."""
+    layers = {n: d["num_layers"] for n, d in res.get("engine_specs", {}).items()}
+    errs = [e for e in engine_errors(res, profile, gpu) if e["graphs"] and e["kind"] == "decode"]
+    if not errs or not layers:
+        return profile, {}
+    batches = sorted({e["batch"] for e in errs})
+    fit_b = set(batches[::2])
+
+    def rows(bs):
+        return [(layers[e["model"]], e["measured_ms"] / 1e3, e["model_ms"] / 1e3) for e in errs if e["batch"] in bs]
+
+    held = with_fixed(profile, *fit_layer_fixed(rows(fit_b)))
+    held_errs = [e for e in engine_errors(res, held, gpu) if e["graphs"] and e["kind"] == "decode"
+                 and e["batch"] not in fit_b]
+    per_layer, per_step = fit_layer_fixed(rows(set(batches)))
+    info = {"per_layer_s": per_layer, "per_step_s": per_step, "fit_batches": sorted(fit_b),
+            "held_out_median_abs_error": float(np.median([abs(e["rel_error"]) for e in held_errs])) if held_errs else None,
+            "held_out_max_abs_error": float(max(abs(e["rel_error"]) for e in held_errs)) if held_errs else None}
+    return with_fixed(profile, per_layer, per_step), info
+
+
 def summary(errs: list[dict]) -> list[str]:
     lines = ["| model | graphs | kind | batch | steps | measured ms (median) | model ms | median error |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
@@ -101,17 +131,24 @@ def main() -> None:
         for t in table:
             print(f"| {t['T']} | {t['measured_us']:.1f} | {t['compute_us']:.1f} | {t['memory_us']:.1f} | {t['bound']} | "
                   f"{t['model_us']:.1f} | {t['rel_error']:+.1%} |")
-        if args.write:
+    if res.get("engine"):
+        engine_preset = "qwen3-30b-a3b" if "qwen3-30b-a3b" in profiles else presets[0]
+        prof = profiles[engine_preset]
+        print(f"\n## engine steps priced by {prof.name}, kernel terms only (GPU time of the step's forward)\n")
+        print("\n".join(summary(engine_errors(res, prof, args.gpu))))
+        fitted, info = fit_fixed(res, prof, args.gpu)
+        if info:
+            profiles[engine_preset] = fitted.model_copy(update={"provenance": {**(fitted.provenance or {}),
+                                                                               "engine_fixed_terms": info}})
+            print(f"\n## with the fixed costs fitted from the engine's decode graphs: {info}\n")
+            print("\n".join(summary(engine_errors(res, fitted, args.gpu))))
+    if args.write:
+        for prof in profiles.values():
             out = PROFILES_DIR / f"{prof.name}.json"
             if out.exists() and not args.force:
                 sys.exit(f"{out} exists; pass --force to replace it")
             prof.save(out)
             print(f"\nwrote {out}")
-    if res.get("engine"):
-        engine_preset = "qwen3-30b-a3b" if "qwen3-30b-a3b" in profiles else presets[0]
-        errs = engine_errors(res, profiles[engine_preset], args.gpu)
-        print(f"\n## engine steps priced by {profiles[engine_preset].name} (GPU time of the step's forward)\n")
-        print("\n".join(summary(errs)))
 
 
 if __name__ == "__main__":

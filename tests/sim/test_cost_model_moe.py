@@ -78,3 +78,12 @@ def test_an_eagle_head_of_a_mixture_of_experts_is_one_dense_layer():
     assert not head.is_moe and head.num_layers == 1
     dense_layer = m.attention_params_per_layer + 3 * m.hidden_size * m.intermediate_size  # width 6144
     assert draft_weight_bytes(m, spec, None) == (dense_layer + 2 * m.hidden_size**2) * 2
+
+
+def test_layer_fixed_cost_adds_once_per_moe_layer_and_forward():
+    m = get_model("mixtral-8x7b")
+    base = CostModel(m, GPU, EngineConfig(), CostProfile.load("default"))
+    prof = CostProfile.load("default").model_copy(update={"moe": MoeTerms(layer_fixed_s=5e-6)})
+    fixed = CostModel(m, GPU, EngineConfig(), prof)
+    for t in (1, 64, 4096):
+        assert fixed.forward_s(t, t, 0, 0, 0, 0) - base.forward_s(t, t, 0, 0, 0, 0) == pytest.approx(32 * 5e-6)

@@ -44,3 +44,12 @@ def test_layer_roofline_by_hand():
 def test_no_timed_rows_is_refused():
     with pytest.raises(ValueError, match="fused_us"):
         fit_moe_terms([{"T": 1}], GPU, PROF, source="x")
+
+
+def test_layer_fixed_fit_separates_per_layer_and_per_step_costs():
+    from sim.moe_fit import fit_layer_fixed
+
+    rows = [(layers, model + 7e-6 * layers + 40e-6, model) for layers in (4, 48) for model in (1e-3, 3e-3)]
+    per_layer, per_step = fit_layer_fixed(rows)
+    assert per_layer == pytest.approx(7e-6) and per_step == pytest.approx(40e-6)
+    assert fit_layer_fixed([(4, 1.0 + 4e-5, 1.0)]) == (pytest.approx(1e-5), 0.0)  # one layer count: all per layer
