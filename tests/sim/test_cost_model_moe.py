@@ -87,3 +87,19 @@ def test_layer_fixed_cost_adds_once_per_moe_layer_and_forward():
     fixed = CostModel(m, GPU, EngineConfig(), prof)
     for t in (1, 64, 4096):
         assert fixed.forward_s(t, t, 0, 0, 0, 0) - base.forward_s(t, t, 0, 0, 0, 0) == pytest.approx(32 * 5e-6)
+
+
+def test_memory_plan_keeps_every_expert_resident_and_kv_from_attention():
+    from sim.memory import NON_TORCH_BYTES_PER_GPU, activation_reserve_bytes, plan_memory
+
+    m = get_model("qwen3-30b-a3b")
+    eng = EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256)
+    plan = plan_memory(m, GPU, eng)
+    assert plan.weight_bytes == m.num_params * 2  # all 128 experts, not the 3.3 B active
+    assert plan.kv_bytes_per_token == 2 * 48 * 4 * 128 * 2  # K and V, 48 layers x 4 kv heads x 128
+    # activations of k experts per token: k x (expert width + hidden) + 4 hidden, bf16
+    per_token = (8 * 768 + 8 * 2048 + 4 * 2048) * 2
+    logits = 256 * m.vocab_size * 4
+    assert activation_reserve_bytes(m, eng) == pytest.approx(8192 * per_token + logits + NON_TORCH_BYTES_PER_GPU)
+    free = GPU.hbm_bytes * eng.gpu_memory_utilization - plan.weight_bytes - activation_reserve_bytes(m, eng)
+    assert plan.kv_capacity_tokens == pytest.approx(free / plan.kv_bytes_per_token, rel=0.01)
