@@ -231,32 +231,52 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch
         raise ValueError("fused_moe: x, w13 and w2 must be contiguous in their last dimension")
 
 
+def _launch(tiles: MoeTiles) -> dict:
+    return {"BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "GROUP_M": tiles.group_m,
+            "num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+
+
+def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
+                    top_k: int, tiles: MoeTiles) -> torch.Tensor:
+    """SiLU(gate) * up of every (token, expert) pair, `[T*k, N]`: the first grouped GEMM launch."""
+    t, h = x.shape
+    n = w13.shape[1] // 2
+    pairs, blocks = t * top_k, block_expert.numel()
+    act = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
+        x, w13, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), w13.stride(0), w13.stride(1),
+        act.stride(0), **_launch(tiles))
+    return act
+
+
+def down_grouped(act: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
+                 topk_weights: torch.Tensor, tiles: MoeTiles) -> torch.Tensor:
+    """Each pair's down projection times its routing weight, `[T*k, H]`: the second launch."""
+    pairs, n = act.shape
+    h, blocks = w2.shape[1], block_expert.numel()
+    out = torch.empty(pairs, h, dtype=act.dtype, device=act.device)
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    _down_kernel[(blocks * triton.cdiv(h, tiles.block_n),)](
+        act, w2, out, sorted_ids, block_expert, tw, pairs, n, h, blocks, act.stride(0), w2.stride(0), w2.stride(1),
+        out.stride(0), **_launch(tiles))
+    return out
+
+
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, tiles: MoeTiles | None = None) -> torch.Tensor:
     """The MoE experts' output `[T, H]` for `x [T, H]` routed by (`topk_weights`, `topk_ids`) `[T, k]`;
     the signature and values of `kernels.moe_reference.fused_moe_ref`."""
     _check(x, w13, w2, topk_ids)
     t, h = x.shape
-    e, n2, _ = w13.shape
-    n, k = n2 // 2, topk_ids.shape[1]
+    e, k = w13.shape[0], topk_ids.shape[1]
     if t == 0:
         return x.new_zeros(0, h)
-    tl_ = tiles or default_tiles(t, k, e)
-    sorted_ids, block_expert = align_by_expert(topk_ids, e, tl_.block_m)
-    pairs = t * k
-    act = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
-    launch = {"BLOCK_M": tl_.block_m, "BLOCK_N": tl_.block_n, "BLOCK_K": tl_.block_k, "GROUP_M": tl_.group_m,
-              "num_warps": tl_.num_warps, "num_stages": tl_.num_stages}
-    blocks = block_expert.numel()
-    _gate_up_kernel[(blocks * triton.cdiv(n, tl_.block_n),)](
-        x, w13, act, sorted_ids, block_expert, pairs, h, n, k, blocks, x.stride(0), w13.stride(0), w13.stride(1),
-        act.stride(0), **launch)
-    out = torch.empty(pairs, h, dtype=x.dtype, device=x.device)
-    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    _down_kernel[(blocks * triton.cdiv(h, tl_.block_n),)](
-        act, w2, out, sorted_ids, block_expert, tw, pairs, n, h, blocks, act.stride(0), w2.stride(0), w2.stride(1),
-        out.stride(0), **launch)
+    tiles = tiles or default_tiles(t, k, e)
+    sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m)
+    act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles)
+    out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles)
     return out.view(t, k, h).sum(dim=1)  # one kernel (torch accumulates half types in float32)
 
 
-__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "MoeTiles", "align_by_expert", "default_tiles", "fused_moe", "padded_length"]
+__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "MoeTiles", "align_by_expert", "default_tiles", "down_grouped", "fused_moe",
+           "gate_up_grouped", "padded_length"]

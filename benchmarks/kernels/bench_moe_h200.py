@@ -67,7 +67,14 @@ import torch.nn.functional as F
 
 from engine.core.model_spec import get_model
 from kernels import _interpreter_compat
-from kernels.fused_moe import MoeTiles, align_by_expert, default_tiles, fused_moe
+from kernels.fused_moe import (
+    MoeTiles,
+    align_by_expert,
+    default_tiles,
+    down_grouped,
+    fused_moe,
+    gate_up_grouped,
+)
 from kernels.moe_reference import fused_moe_ref, route_ref
 
 _interpreter_compat.apply()
@@ -303,6 +310,19 @@ def copies_for(h: int, n: int, k: int) -> int:
     return max(1, min(4, math.ceil(4 * L2_BYTES / touched_t1)))
 
 
+def phase_times(weights: list, routes: list, tiles: MoeTiles, e: int, k: int, reps: int) -> dict:
+    """us per call of the grouping, the gate+up launch and the down launch of `tiles`, each alone."""
+    groups = [align_by_expert(r[2], e, tiles.block_m) for r in routes]
+    acts = [gate_up_grouped(r[0], w[0], *gr, k, tiles) for w, r, gr in zip(weights, routes, groups)]
+    return {
+        "align_us": graph_time_us([lambda r=r: align_by_expert(r[2], e, tiles.block_m) for r in routes] * reps),
+        "gate_up_us": graph_time_us([lambda w=w, r=r, gr=gr: gate_up_grouped(r[0], w[0], *gr, k, tiles)
+                                     for w, r, gr in zip(weights, routes, groups)] * reps),
+        "down_us": graph_time_us([lambda w=w, r=r, gr=gr, a=a: down_grouped(a, w[1], *gr, r[1], tiles)
+                                  for w, r, gr, a in zip(weights, routes, groups, acts)] * reps),
+    }
+
+
 def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) -> dict:
     routes = [make_routing(t, h, e, k, seed=1000 * t + i) for i in range(len(weights))]
     touched = sum(len(torch.unique(ids)) for _, _, ids in routes) / len(routes)
@@ -330,11 +350,10 @@ def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
         row["fused_tflops"] = roof["flops"] / row["fused_us"] / 1e6
         d = default_tiles(t, k, e)
         row["default_tiles"] = tiles_key(d)
-        try:  # the grouping alone (its share of the fused time at small T)
-            bm = int(best.split("n")[0][1:])
-            row["align_us"] = graph_time_us([lambda r=r: align_by_expert(r[2], e, bm) for r in routes] * reps)
+        try:  # the grouping, and each grouped GEMM, alone (their shares of the fused time)
+            row.update(phase_times(weights, routes, next(c for c in cands if tiles_key(c) == best), e, k, reps))
         except Exception as exc:  # noqa: BLE001
-            row["align_error"] = repr(exc)[:300]
+            row["phase_error"] = repr(exc)[:300]
     for label, fn, timer in (("loop", loop_moe, eager_time_us), ("grouped_mm", grouped_mm_moe, graph_time_us)):
         try:
             row[f"{label}_us"] = timer(calls(fn)[: len(weights)] if label == "loop" else calls(fn))
@@ -383,12 +402,13 @@ def markdown(res: dict) -> str:
         lines += [(f"Correctness: {len(res['check'])} cases, worst fused relative error {worst:.2e} "
                   f"({'ok' if all(r['ok'] for r in res['check']) else 'FAILED'}, bound 1e-2)."), ""]
     lines += [("| preset | T | experts touched (uniform formula) | roofline us | fused us (tiles) | x roofline | "
-              "TFLOP/s | grouping us | loop us | grouped_mm us |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "TFLOP/s | grouping / gate+up / down us | loop us | grouped_mm us |"),
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["speed"]:
         lines.append(f"| {r['preset']} | {r['T']} | {r['touched_experts']:.1f} ({r['expected_touched_uniform']:.1f}) | "
                      f"{r['roofline_us']:.1f} | {_f(r.get('fused_us'))} ({r.get('fused_tiles', '-')}) | "
                      f"{_f(r.get('fused_vs_roofline'), '.2f')} | {_f(r.get('fused_tflops'), '.0f')} | "
-                     f"{_f(r.get('align_us'))} | "
+                     f"{_f(r.get('align_us'))} / {_f(r.get('gate_up_us'))} / {_f(r.get('down_us'))} | "
                      f"{_f(r.get('loop_us'))} | {_f(r.get('grouped_mm_us'))} |")
     if res["engine"]:
         lines += ["", ("Engine steps: random weights, greedy, prompts of 128 tokens; GPU ms per step (median of decode "
