@@ -158,6 +158,38 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json found")
 
 
+# Mixtral's names of its MoE tensors -> the Qwen3-MoE names the engine reads and writes
+_MIXTRAL_NAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".block_sparse_moe.experts.", ".mlp.experts."),
+                  (".w1.weight", ".gate_proj.weight"), (".w3.weight", ".up_proj.weight"), (".w2.weight", ".down_proj.weight"))
+
+
+def _qwen3_moe_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors with Mixtral's MoE names rewritten to Qwen3-MoE's (others unchanged)."""
+    if not any(".block_sparse_moe." in k for k in tensors):
+        return tensors
+    out = {}
+    for k, v in tensors.items():
+        if ".block_sparse_moe." in k:
+            for old, new in _MIXTRAL_NAMES:
+                k = k.replace(old, new)
+        out[k] = v
+    return out
+
+
+def _copy_mlp(layer, g, spec: ModelSpec) -> None:
+    """A layer's MLP weights from HF tensors (`g(name)`): Llama's gate/up/down, or the router and
+    each expert's gate/up (stacked into w13) and down (into w2)."""
+    if not spec.is_moe:
+        layer.gate_up_proj.weight.copy_(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]))
+        layer.down_proj.weight.copy_(g("mlp.down_proj.weight"))
+        return
+    layer.router.weight.copy_(g("mlp.gate.weight"))
+    for e in range(spec.num_experts):
+        q = f"mlp.experts.{e}."
+        layer.w13[e].copy_(torch.cat([g(q + "gate_proj.weight"), g(q + "up_proj.weight")]))
+        layer.w2[e].copy_(g(q + "down_proj.weight"))
+
+
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                attention_backend: str = "torch", max_positions: int | None = None) -> LlamaModel:
     """Build the model a HF-style directory describes and copy its weights in."""
@@ -166,7 +198,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
 
     model = LlamaModel(spec, max_positions=max_positions or min(spec.max_position_embeddings, 8192),
                        device=device, dtype=dtype, attention_backend=attention_backend, seed=None)
-    tensors = _read_tensors(path)
+    tensors = _qwen3_moe_names(_read_tensors(path))
     want = _hf_tensors(model).keys()
     if spec.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
@@ -190,8 +222,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
                 layer.qkv_proj.bias.copy_(torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"),
                                                      g("self_attn.v_proj.bias")]))
             layer.o_proj.weight.copy_(g("self_attn.o_proj.weight"))
-            layer.gate_up_proj.weight.copy_(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]))
-            layer.down_proj.weight.copy_(g("mlp.down_proj.weight"))
+            if layer.q_norm is not None:
+                layer.q_norm.weight.copy_(g("self_attn.q_norm.weight"))
+                layer.k_norm.weight.copy_(g("self_attn.k_norm.weight"))
+            _copy_mlp(layer, g, spec)
             layer.input_layernorm.weight.copy_(g("input_layernorm.weight"))
             layer.post_attention_layernorm.weight.copy_(g("post_attention_layernorm.weight"))
     return model

@@ -70,3 +70,43 @@ def test_weight_counts_match_the_spec():
     assert n == SPEC.num_params
     w = model.layers[0]
     assert w.w13.shape == (8, 64, 64) and w.w2.shape == (8, 64, 32) and w.router.weight.shape == (8, 64)
+
+
+def test_checkpoint_round_trip_in_qwen3_moe_and_mixtral_names(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    from engine.loader import load_model
+
+    model = _model("torch")
+    save_model(model, tmp_path / "q")
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3MoeForCausalLM"] and cfg["num_experts"] == 8
+    loaded = load_model(tmp_path / "q")
+    assert loaded.spec.model_dump(exclude={"name"}) == SPEC.model_dump(exclude={"name"})
+    a, b = model.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the same weights under Mixtral's names (w1 gate, w3 up, w2 down, block_sparse_moe.gate), Mixtral's config
+    mix = SPEC.model_copy(update={"name": "m", "qk_norm": False})
+    m2 = _model("torch", spec=mix)
+    save_model(m2, tmp_path / "m")
+    names = {".mlp.gate.": ".block_sparse_moe.gate.", ".mlp.experts.": ".block_sparse_moe.experts.",
+             ".gate_proj.weight": ".w1.weight", ".up_proj.weight": ".w3.weight", ".down_proj.weight": ".w2.weight"}
+    tensors = {}
+    for k, v in load_file(str(tmp_path / "m" / "model.safetensors")).items():
+        if ".mlp." in k:
+            for old, new in names.items():
+                k = k.replace(old, new)
+        tensors[k] = v
+    save_file(tensors, str(tmp_path / "m" / "model.safetensors"))
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg |= {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8,
+            "intermediate_size": mix.moe_intermediate_size}
+    for k in ("num_experts", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"):
+        cfg.pop(k)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    loaded = load_model(tmp_path / "m")
+    assert loaded.spec.is_moe and not loaded.spec.qk_norm and loaded.spec.norm_topk_prob
+    a, b = m2.state_dict(), loaded.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

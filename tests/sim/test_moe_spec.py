@@ -50,3 +50,33 @@ def test_bad_moe_fields_named(kw, msg):
                 "intermediate_size": 8, "vocab_size": 32}
     with pytest.raises(ValueError, match=msg):
         ModelSpec(**base, **kw)
+
+
+QWEN3_CONFIG = {  # Qwen/Qwen3-30B-A3B's config.json (the keys the spec reads)
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "max_position_embeddings": 40960, "tie_word_embeddings": False, "num_experts": 128,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "torch_dtype": "bfloat16"}
+MIXTRAL_CONFIG = {  # mistralai/Mixtral-8x7B-v0.1's config.json
+    "architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "max_position_embeddings": 32768, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize(("cfg", "preset"), [(QWEN3_CONFIG, "qwen3-30b-a3b"), (MIXTRAL_CONFIG, "mixtral-8x7b")])
+def test_hf_configs_give_the_presets(cfg, preset):
+    from engine.hf_config import spec_from_hf_config
+
+    assert spec_from_hf_config(cfg, name=preset) == get_model(preset)
+
+
+def test_shared_experts_and_dense_layers_are_refused_by_key():
+    from engine.core.input_files import InputFileError
+    from engine.hf_config import spec_from_hf_config
+
+    with pytest.raises(InputFileError, match="shared_expert_intermediate_size"):
+        spec_from_hf_config(QWEN3_CONFIG | {"shared_expert_intermediate_size": 5632})
+    with pytest.raises(InputFileError, match="mlp_only_layers"):
+        spec_from_hf_config(QWEN3_CONFIG | {"mlp_only_layers": [0]})
