@@ -4,8 +4,8 @@ Built from a `ModelSpec`: RMSNorm, rotary embeddings (with Llama-3 frequency sca
 spec says so), grouped-query attention, SwiGLU MLP, tied or untied embeddings, optional q/k/v
 biases (Qwen2), optional per-head q/k RMSNorm (Qwen3), and a mixture-of-experts MLP where the spec
 has experts (router linear -> softmax -> top-k -> renormalised as the model does -> the backend's
-`fused_moe`: the per-expert loop or the Triton grouped GEMMs). Q, K and V share one fused projection and gate/up another, so a layer issues
-four GEMMs; every other step (rotary + KV-cache store, paged attention, residual add + RMSNorm,
+`fused_moe`: the per-expert loop or the Triton grouped GEMMs). Q, K and V share one fused
+projection and gate/up another, so a dense layer issues four GEMMs; every other step (rotary + KV-cache store, paged attention, residual add + RMSNorm,
 SiLU * up) is an entry of the model's `kernels.Backend`: the plain-PyTorch references ("torch")
 or the Triton kernels ("triton"), one code path either way. Weights are seeded random unless a
 checkpoint is loaded (`engine.loader`).
@@ -100,7 +100,7 @@ class DecoderLayer(nn.Module):
         # Qwen3: RMSNorm over each q and k head (weights [head_dim]) before RoPE
         self.q_norm = RMSNorm(d, spec.rms_norm_eps, **kw) if spec.qk_norm else None
         self.k_norm = RMSNorm(d, spec.rms_norm_eps, **kw) if spec.qk_norm else None
-        self.top_k, self.renormalize = spec.experts_per_token, spec.norm_topk_prob
+        self.is_moe, self.top_k, self.renormalize = spec.is_moe, spec.experts_per_token, spec.norm_topk_prob
         if spec.is_moe:  # router + experts (kernels/moe_reference.py: w13 [E, 2N, H], w2 [E, H, N])
             e, n = spec.num_experts, spec.moe_intermediate_size
             self.router = nn.Linear(h, e, bias=False, **kw)
@@ -146,7 +146,7 @@ class DecoderLayer(nn.Module):
         x, h = backend.add_rms_norm(x, self.project(backend, "o_proj", o.reshape(t, hq * d)),
                                     self.post_attention_layernorm.weight,
                                     self.post_attention_layernorm.eps)
-        if hasattr(self, "router"):
+        if self.is_moe:
             return x, self.moe(backend, h)
         gate_up = self.project(backend, "gate_up_proj", h)
         return x, self.project(backend, "down_proj", backend.silu_mul(gate_up))
