@@ -5,8 +5,8 @@ spec says so), grouped-query attention, SwiGLU MLP, tied or untied embeddings, o
 biases (Qwen2), optional per-head q/k RMSNorm (Qwen3), and a mixture-of-experts MLP where the spec
 has experts (router linear -> softmax -> top-k -> renormalised as the model does -> the backend's
 `fused_moe`: the per-expert loop or the Triton grouped GEMMs). Q, K and V share one fused
-projection and gate/up another, so a dense layer issues four GEMMs; every other step (rotary + KV-cache store, paged attention, residual add + RMSNorm,
-SiLU * up) is an entry of the model's `kernels.Backend`: the plain-PyTorch references ("torch")
+projection and gate/up another, so a dense layer issues four GEMMs; every other step (rotary +
+KV-cache store, paged attention, residual add + RMSNorm, SiLU * up) is an entry of the model's `kernels.Backend`: the plain-PyTorch references ("torch")
 or the Triton kernels ("triton"), one code path either way. Weights are seeded random unless a
 checkpoint is loaded (`engine.loader`).
 
