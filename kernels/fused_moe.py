@@ -40,14 +40,18 @@ class MoeTiles:
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
-    """Tiles by the mean rows per expert, from the H200 sweep (benchmarks/kernels/data/moe_run1:
-    qwen3-30b-a3b and mixtral-8x7b layer shapes, T = 1..4096): up to 16 rows per expert the
-    smallest M tile wins (the rest of a bigger tile is padding; N 32 or 64 within 1%), from 32 rows
-    64 x 128, and from 1,024 rows 128 x 128 with 8 warps (mixtral T=4096: 5.35 ms against 6.86)."""
+    """Tiles by the mean rows per expert, from the H200 sweep of run 2 (benchmarks/kernels/data/moe_run2,
+    11 configs at T = 1..4096 on qwen3-30b-a3b's and mixtral-8x7b's layer shapes; each pick is within
+    4% of the best there, except mixtral T=1024 at 13%, whose best is the same tile without the
+    L2 grouping): up to 1 row per expert 16 x 32 (more programs stream the
+    weights), to 16 rows 32 x 64, to 32 rows 64 x 128, beyond 128 x 128 with 8 warps (qwen T=4096:
+    0.95 ms against 1.09 with 64 x 128)."""
     rows = num_tokens * top_k / num_experts
+    if rows <= 1:
+        return MoeTiles(16, 32, 128, 4, 4)
     if rows <= 16:
-        return MoeTiles(16, 64, 128, 4, 4)
-    if rows < 512:
+        return MoeTiles(32, 64, 128, 4, 3)
+    if rows <= 32:
         return MoeTiles(64, 128, 64, 4, 3)
     return MoeTiles(128, 128, 64, 8, 3)
 

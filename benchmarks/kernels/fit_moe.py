@@ -138,8 +138,11 @@ def main() -> None:
         print("\n".join(summary(engine_errors(res, prof, args.gpu))))
         fitted, info = fit_fixed(res, prof, args.gpu)
         if info:
-            profiles[engine_preset] = fitted.model_copy(update={"provenance": {**(fitted.provenance or {}),
-                                                                               "engine_fixed_terms": info}})
+            profiles[engine_preset] = fitted.model_copy(update={
+                "provenance": {**(fitted.provenance or {}), "engine_fixed_terms": info},
+                "source": fitted.source + "; moe.layer_fixed_s and gpu_step_overhead_s fitted from the engine's "
+                          "decode CUDA-graph steps (4- and 48-layer qwen3-30b-a3b, random weights); every other term "
+                          "first principles"})
             print(f"\n## with the fixed costs fitted from the engine's decode graphs: {info}\n")
             print("\n".join(summary(engine_errors(res, fitted, args.gpu))))
     if args.write:
