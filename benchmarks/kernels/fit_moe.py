@@ -100,6 +100,17 @@ def fit_fixed(res: dict, profile: CostProfile, gpu: str) -> tuple[CostProfile, d
     return with_fixed(profile, per_layer, per_step), info
 
 
+def transfer_fixed(profile: CostProfile, fitted: CostProfile, source_preset: str) -> CostProfile:
+    """`profile` with `fitted`'s fixed costs (per MoE layer, per step), marked as transferred: the same
+    engine's routing/grouping/sum kernels and launches, measured on `source_preset` only."""
+    moe = profile.moe.model_copy(update={"layer_fixed_s": fitted.moe.layer_fixed_s})
+    return profile.model_copy(update={
+        "moe": moe, "gpu_step_overhead_s": fitted.gpu_step_overhead_s,
+        "source": profile.source + f"; moe.layer_fixed_s and gpu_step_overhead_s transferred from {source_preset}'s "
+                  "engine fit (same engine and kernels; not measured on this model)",
+        "provenance": {**(profile.provenance or {}), "engine_fixed_terms": {"transferred_from": source_preset}}})
+
+
 def summary(errs: list[dict]) -> list[str]:
     lines = ["| model | graphs | kind | batch | steps | measured ms (median) | model ms | median error |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
@@ -145,6 +156,9 @@ def main() -> None:
                           "first principles"})
             print(f"\n## with the fixed costs fitted from the engine's decode graphs: {info}\n")
             print("\n".join(summary(engine_errors(res, fitted, args.gpu))))
+            for other in presets:  # same engine and kernels: the fixed costs carry over, labelled as transferred
+                if other != engine_preset:
+                    profiles[other] = transfer_fixed(profiles[other], fitted, engine_preset)
     if args.write:
         for prof in profiles.values():
             out = PROFILES_DIR / f"{prof.name}.json"
