@@ -30,7 +30,7 @@ from sim.config import EngineConfig
 from sim.cost_model import PROFILES_DIR, CostModel, CostProfile
 from sim.hardware import get_gpu
 from sim.moe import fit_routing_skew
-from sim.moe_fit import fit_layer_fixed, fit_moe_terms
+from sim.moe_fit import fit_layer_fixed, fit_moe_terms, layer_roofline
 
 
 def profile_for(preset: str, rows: list[dict], meta: dict, gpu: str) -> tuple[CostProfile, list[dict], float]:
@@ -48,6 +48,21 @@ def profile_for(preset: str, rows: list[dict], meta: dict, gpu: str) -> tuple[Co
                                "date": meta.get("date"), "torch": meta.get("torch"), "triton": meta.get("triton"),
                                "rows": len(table)}}})
     return prof, table, skew
+
+
+def leave_one_out(rows: list[dict], gpu: str) -> list[tuple[int, float]]:
+    """(T, error) of each interior T's layer time predicted by the fit of the other T's: how far the
+    knot tables are from the truth between measured T's."""
+    base = CostProfile.load("default")
+    out = []
+    for i in range(1, len(rows) - 1):
+        rest = rows[:i] + rows[i + 1:]
+        terms, _ = fit_moe_terms(rest, get_gpu(gpu), base, source="leave-one-out")
+        lr = layer_roofline(rows[i], get_gpu(gpu), base)
+        t = rows[i]["T"]
+        model = max(lr.compute_s * terms.flops_multiplier(t), lr.memory_s * terms.bytes_multiplier(t))
+        out.append((t, model / (rows[i]["fused_us"] * 1e-6) - 1))
+    return out
 
 
 def engine_errors(res: dict, profile: CostProfile, gpu: str) -> list[dict]:
@@ -142,6 +157,9 @@ def main() -> None:
         for t in table:
             print(f"| {t['T']} | {t['measured_us']:.1f} | {t['compute_us']:.1f} | {t['memory_us']:.1f} | {t['bound']} | "
                   f"{t['model_us']:.1f} | {t['rel_error']:+.1%} |")
+        loo = leave_one_out(sorted(rows, key=lambda r: r["T"]), args.gpu)
+        print("\nleave one T out (each interior T predicted from the others' knots): "
+              + ", ".join(f"T={t} {e:+.1%}" for t, e in loo))
     if res.get("engine"):
         engine_preset = "qwen3-30b-a3b" if "qwen3-30b-a3b" in profiles else presets[0]
         prof = profiles[engine_preset]
