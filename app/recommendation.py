@@ -146,6 +146,8 @@ def render(rec: dict[str, Any]) -> None:
     st.code(rec.get("serve_command") or "", language="bash")
     for note in (rec.get("serve_notes") or []) + (rec.get("quality_notes") or []):
         st.warning(note)
+    for note in rec.get("model_notes") or []:  # a mixture of experts: what its routing does to the advice
+        st.info(note)
     if rec.get("gpu_comparison"):
         st.subheader("GPU types side by side")
         st.dataframe([{"GPU": o.get("gpu"), "GPUs": o.get("num_gpus"), "SLO": "met" if o.get("meets") else "MISSED",

@@ -2,9 +2,11 @@
 
 Built from a `ModelSpec`: RMSNorm, rotary embeddings (with Llama-3 frequency scaling when the
 spec says so), grouped-query attention, SwiGLU MLP, tied or untied embeddings, optional q/k/v
-biases (Qwen2). Q, K and V share one fused projection and gate/up another, so a layer issues
-four GEMMs; every other step (rotary + KV-cache store, paged attention, residual add + RMSNorm,
-SiLU * up) is an entry of the model's `kernels.Backend`: the plain-PyTorch references ("torch")
+biases (Qwen2), optional per-head q/k RMSNorm (Qwen3), and a mixture-of-experts MLP where the spec
+has experts (router linear -> softmax -> top-k -> renormalised as the model does -> the backend's
+`fused_moe`: the per-expert loop or the Triton grouped GEMMs). Q, K and V share one fused
+projection and gate/up another, so a dense layer issues four GEMMs; every other step (rotary +
+KV-cache store, paged attention, residual add + RMSNorm, SiLU * up) is an entry of the model's `kernels.Backend`: the plain-PyTorch references ("torch")
 or the Triton kernels ("triton"), one code path either way. Weights are seeded random unless a
 checkpoint is loaded (`engine.loader`).
 
@@ -33,6 +35,7 @@ from engine.tensor_parallel import (
     vocab_shard_rows,
 )
 from kernels import Backend, get_backend
+from kernels.moe_reference import route_ref
 
 if TYPE_CHECKING:
     from engine.quant import Fp8Weight
@@ -104,8 +107,18 @@ class DecoderLayer(nn.Module):
         self.qkv_proj = nn.Linear(h, (self.hq + 2 * self.hkv) * d, bias=spec.qkv_bias, **kw)
         self.o_proj = nn.Linear(self.hq * d, h, bias=False, **kw)
         self.post_attention_layernorm = RMSNorm(h, spec.rms_norm_eps, **kw)
-        self.gate_up_proj = nn.Linear(h, 2 * inter, bias=False, **kw)
-        self.down_proj = nn.Linear(inter, h, bias=False, **kw)
+        # Qwen3: RMSNorm over each q and k head (weights [head_dim]) before RoPE
+        self.q_norm = RMSNorm(d, spec.rms_norm_eps, **kw) if spec.qk_norm else None
+        self.k_norm = RMSNorm(d, spec.rms_norm_eps, **kw) if spec.qk_norm else None
+        self.is_moe, self.top_k, self.renormalize = spec.is_moe, spec.experts_per_token, spec.norm_topk_prob
+        if spec.is_moe:  # router + experts (kernels/moe_reference.py: w13 [E, 2N, H], w2 [E, H, N])
+            e, n = spec.num_experts, spec.moe_intermediate_size
+            self.router = nn.Linear(h, e, bias=False, **kw)
+            self.w13 = nn.Parameter(torch.empty(e, 2 * n, h, **kw))
+            self.w2 = nn.Parameter(torch.empty(e, h, n, **kw))
+        else:
+            self.gate_up_proj = nn.Linear(h, 2 * inter, bias=False, **kw)
+            self.down_proj = nn.Linear(inter, h, bias=False, **kw)
         # FP8 KV-cache scales (stored = fp8(x / scale)); 1.0 is vLLM's default when the
         # checkpoint carries none. A 16-bit cache ignores them.
         self.register_buffer("k_scale", torch.ones(1, device=device, dtype=torch.float32),
@@ -132,6 +145,8 @@ class DecoderLayer(nn.Module):
         partial sums are all-reduced here, the MLP's by the caller."""
         t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
         qkv = self.project(backend, "qkv_proj", h)
+        if self.q_norm is not None:
+            qkv = self.norm_qk(qkv)
         q = backend.rope_store_kv(qkv, positions, rotary.cos, rotary.sin, k_cache,
                                   v_cache, meta.slot_mapping, hq, hkv, d, self.k_scale,
                                   self.v_scale)
@@ -144,8 +159,22 @@ class DecoderLayer(nn.Module):
             attn = tp.all_reduce(attn)
         x, h = backend.add_rms_norm(x, attn, self.post_attention_layernorm.weight,
                                     self.post_attention_layernorm.eps)
+        if self.is_moe:
+            return x, self.moe(backend, h)
         gate_up = self.project(backend, "gate_up_proj", h)
         return x, self.project(backend, "down_proj", backend.silu_mul(gate_up))
+
+    def norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv with every q and k head RMS-normalised over head_dim (Qwen3's q_norm / k_norm)."""
+        t, q_n, kv_n = qkv.shape[0], self.hq * self.d, self.hkv * self.d
+        q = self.q_norm(qkv[:, :q_n].reshape(t, self.hq, self.d)).reshape(t, q_n)
+        k = self.k_norm(qkv[:, q_n:q_n + kv_n].reshape(t, self.hkv, self.d)).reshape(t, kv_n)
+        return torch.cat([q, k, qkv[:, q_n + kv_n:]], dim=1)
+
+    def moe(self, backend: Backend, h: torch.Tensor) -> torch.Tensor:
+        """The mixture-of-experts MLP: route each token to its top-k experts, run them, sum."""
+        weights, ids = route_ref(backend.linear(h, self.router.weight), self.top_k, self.renormalize)
+        return backend.fused_moe(h, self.w13, self.w2, weights, ids)
 
 
 class LlamaModel(nn.Module):
@@ -211,7 +240,7 @@ class LlamaModel(nn.Module):
         rank's shard kept, so the shards are those of the unsharded model's weights."""
         g = torch.Generator(device=self.embed_tokens.device).manual_seed(seed)
         for name, p in self.named_parameters():
-            if name.endswith("layernorm.weight") or name == "norm.weight":
+            if name.endswith("norm.weight"):  # input/post-attention, q/k and the final norm
                 p.fill_(1.0)
             elif self.tp_size == 1:
                 p.normal_(0.0, INIT_STD, generator=g)

@@ -34,6 +34,9 @@ def check_tp_shape(spec: ModelSpec, tp: int) -> None:
     """tp a power of two that splits the heads, the KV heads and the MLP evenly."""
     if tp < 1 or tp & (tp - 1):
         raise FlagError("tensor_parallel_size", tp, "must be a power of two (1, 2, 4, 8)")
+    if tp > 1 and spec.is_moe:  # experts are not sharded (neither TP nor EP) in the engine yet
+        raise FlagError("tensor_parallel_size", tp, f"{spec.name} is a mixture of experts, which the engine "
+                        "runs on one GPU only for now; use 1")
     for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
                     ("MLP intermediate size", spec.intermediate_size)):
         if n % tp:

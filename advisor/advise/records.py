@@ -349,6 +349,9 @@ class Recommendation(_Record):
     serve_notes: list[str] = Field(default_factory=list, description="what to replace or know before pasting "
                                    "serve_command (a draft-head placeholder)")
     metrics_to_watch: list[MetricToWatch]
+    model_notes: list[str] = Field(default_factory=list, description="what the model's architecture changes in "
+                                   "the advice (a mixture of experts: the batch from which every expert is read, "
+                                   "the spec-decode break-even)")
     questions: list[Question]
     elapsed_s: float
     num_simulations: int

@@ -75,6 +75,10 @@ def print_report(rec: Recommendation, console: Console) -> None:
     console.print(styled(("where each optimization stops paying", "bold")))
     for line in rec.cost_lines:
         console.print(f"  - {line.answer}", highlight=False)
+    if rec.model_notes:
+        console.print(styled(("the model", "bold")))
+        for note in rec.model_notes:
+            console.print(f"  - {note}", highlight=False, markup=False)
     if rec.gap:
         g = rec.gap
         shares = ", ".join(f"{f.factor} {f.share_pct:+.0f}%" for f in g.factors)
@@ -262,6 +266,8 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
         out += ["| " + " | ".join(r) + " |" for r in gpu_rows(rec)] + ["", cheapest_text(rec)]
     out += ["", "## Rejected", ""] + [f"- {x.reason}" for x in rec.rejected]
     out += ["", "## Where each optimization stops paying", ""] + [f"- {c.answer}" for c in rec.cost_lines]
+    if rec.model_notes:
+        out += ["", "## The model", ""] + [f"- {n}" for n in rec.model_notes]
     if rec.gap:
         out += ["", "## Lab -> production", "", (f"Gain x{rec.gap.lab_gain:.2f} in the lab, x{rec.gap.production_gain:.2f} "
                 f"on this traffic ({rec.gap.gain_metric})."), "", "| factor | gain with it | share of the gap |", "|---|---|---|"]

@@ -16,6 +16,7 @@ from advisor.advise.dollars import cost, gpu_option
 from advisor.advise.evaluate import Evaluator, SimTask
 from advisor.advise.gap import gain, lab_gap
 from advisor.advise.ladder import Realizations, ladder, rejected
+from advisor.advise.moe_notes import moe_notes
 from advisor.advise.progress import Counted, ProgressCallback, ProgressEvent, Tracker
 from advisor.advise.questions import metrics_to_watch, questions
 from advisor.advise.records import AdviseRequest, ProfileInfo, Recommendation, Verdict
@@ -177,8 +178,17 @@ def advise(workload: Any, request: AdviseRequest, *, progress: ProgressCallback 
         gap=gap, robustness=rob,
         serve_command=line.command, serve_notes=serve_notes(line), quality_notes=quality_notes(best.flags),
         metrics_to_watch=metrics_to_watch(slo, found, lines), questions=questions(ctx, found, lines),
+        model_notes=_model_notes(ctx, profile, best_engine),
         elapsed_s=round(time.perf_counter() - t0, 2), num_simulations=count,
         latency_cdfs={"baseline": found.baseline.outcome.cdf_ms, "best": found.best.outcome.cdf_ms})
+
+
+def _model_notes(ctx: Context, profile: Any, engine: Any) -> list[str]:
+    """The architecture's own effects (a mixture of experts), priced with the advice's profile."""
+    from engine.core.model_spec import get_model
+    from sim.hardware import get_gpu
+
+    return moe_notes(get_model(ctx.model), get_gpu(ctx.gpu), profile, engine.max_num_seqs or 256)
 
 
 def compare_gpus(workload: Any, request: AdviseRequest, gpus: list[str], *, progress: ProgressCallback | None = None,
