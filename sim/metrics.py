@@ -71,6 +71,7 @@ class SimResult(RunTables):
             names[name] = f"{name}.{'parquet' if use_parquet else 'csv'}"
             (_write_parquet if use_parquet else _write_csv)(folder / names[name], table)
         names["summary"], names["metrics"] = "summary.json", "metrics.prom"
+        # the flags the run modelled ride along (vllm_args, serve_command), so `simulate --compare` can name what differs
         (folder / "summary.json").write_text(json.dumps(jsonable(self.summary().to_json_dict()), indent=2) + "\n")
         (folder / "metrics.prom").write_text(self.prometheus_text())
         return names

@@ -12,16 +12,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "sim", "advisor", "app", "kernels")
 MAX_LINES = 60  # from `def` to the function's last line (signature and docstring count, decorators not)
-# over the limit when this test was written (2026-12-02), with their lengths then
+# over the limit when this test was written (2026-12-02, main merged), with their lengths then
 KNOWN_LONG = {
-    "advisor/commands/advise.py::advise": 73,  # a typer command: most lines are its option declarations
-    "advisor/commands/simulate.py::simulate": 71,  # the same
+    "advisor/advise/report.py::print_report": 75,
+    "engine/engine_loop.py::EngineCore.__init__": 71,
     "engine/runner.py::ModelRunner._alloc_buffers": 71,
-    "advisor/advise/report.py::print_report": 71,
+    "advisor/commands/simulate.py::simulate": 71,  # a typer command: most lines are its options
+    "advisor/commands/advise.py::advise": 67,  # a typer command: most lines are its option declarations
     "kernels/paged_attention.py::paged_attention": 67,  # the launcher of the Triton kernels, not a kernel
-    "engine/runner.py::ModelRunner.prepare": 63,
-    "advisor/advise/report.py::_charts": 63,
+    "engine/runner.py::ModelRunner.prepare": 64,
     "advisor/advise/run.py::advise": 62,
+    "advisor/commands/calibrate.py::calibrate": 62,  # a typer command too
+    "engine/engine_loop.py::EngineCore._step_sync": 61,
 }
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "sim", "advisor", "app", "kernels")
 # still there when this test was written (2026-12-02): the kernels' backend picks its kernels
-# lazily; the P/D result reads the router's state
+# lazily; the P/D result reads the router's state; tensor parallelism's worker
 KNOWN = [
     {"kernels", "kernels.backend", "kernels.cache_write", "kernels.fused", "kernels.paged_attention",
      "kernels.work_lists"},
     {"engine.disagg.result", "engine.disagg.router"},
+    {"engine.engine_loop", "engine.tp_worker"},  # a TP rank builds its model through the engine loop
 ]
 
 

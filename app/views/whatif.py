@@ -79,6 +79,17 @@ def compare_table(a: RunSummary, b: RunSummary) -> list[dict[str, Any]]:
     return rows
 
 
+def ab_titles(a: RunSummary, a_label: str, b: RunSummary, b_label: str) -> tuple[str, str]:
+    """What sets the pinned run A and the current run B apart: the vLLM flags that differ, and
+    the workload / deployment when they differ too."""
+    from sim.flag_diff import headings
+
+    fa, fb = headings(a.vllm_args, b.vllm_args)
+    if a_label == b_label and a.deployment == b.deployment:
+        return fa, fb
+    return f"{a_label} ({a.deployment}), {fa}", f"{b_label} ({b.deployment}), {fb}"
+
+
 def downloads(s: Scenario, out: RunOutput) -> None:
     summary = json.dumps(jsonable(out.summary.to_json_dict()) | {"scenario": s.model_dump()}, indent=2)
     c1, c2, c3 = st.columns(3)
@@ -111,7 +122,7 @@ def results(s: Scenario, out: RunOutput) -> None:
     st.subheader("Latency against the SLOs")
     ms = st.column_config.NumberColumn(format="%.1f")
     st.dataframe(latency_rows(summ, summ.slo), hide_index=True, key="latency",
-                 column_config={"p50": ms, "p90": ms, "p99": ms, "SLO (ms)": ms})
+                 column_config={"p50": ms, "p90": ms, "p99": ms})
     st.code(summ.serve_command or "", language="bash")
     left, right = st.columns([1, 3])
     if left.button("Pin this run as A", key="pin"):
@@ -121,7 +132,8 @@ def results(s: Scenario, out: RunOutput) -> None:
         st.session_state.pop(state.PINNED)
         pinned = None
     if pinned is not None:
-        st.subheader(f"A: {pinned['label']} vs B: {s.label()}")
+        a_title, b_title = ab_titles(pinned["summary"], pinned["label"], summ, s.label())
+        st.subheader(f"A: {a_title} vs B: {b_title}")
         st.dataframe(compare_table(pinned["summary"], summ), hide_index=True, key="compare")
     cdf_tab, time_tab = st.tabs(["CDFs", "Timelines"])
     with cdf_tab:
