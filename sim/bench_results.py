@@ -450,11 +450,14 @@ class ScrapeDelta:
         return self.counters.get("prefix_cache_hits", 0.0) / q if q else None
 
 
-def scrape_delta(before: Scrape, after: Scrape) -> ScrapeDelta:
-    """after - before; refused when a counter went down (a server restart between the scrapes)."""
+def scrape_delta(before: Scrape, after: Scrape, *, keep_new: bool = False) -> ScrapeDelta:
+    """after - before; refused when a counter went down (a server restart between the scrapes).
+    `keep_new`: a histogram only `after` has is kept whole (else left out)."""
     hist = {}
     for key, h in after.histograms.items():
         if key not in before.histograms:
+            if keep_new:
+                hist[key] = h
             continue
         try:
             d = h.minus(before.histograms[key])
@@ -476,11 +479,15 @@ def scrape_delta(before: Scrape, after: Scrape) -> ScrapeDelta:
 
 
 def read_scrape_pair(paths: list[Path]) -> ScrapeDelta:
-    """`--from-metrics BEFORE AFTER`: exactly two scrapes, the earlier first."""
-    if len(paths) != 2:
-        raise BenchFileError(f"--from-metrics takes two scrapes (before and after the run), got {len(paths)}; "
-                             f"{SCRAPE_FIX}")
-    return scrape_delta(read_scrape(paths[0]), read_scrape(paths[1]))
+    """Scrapes of one run: BEFORE AFTER (the earlier first), or one scrape of a server started for
+    the run (everything it counted is the run's)."""
+    if len(paths) not in (1, 2):
+        raise BenchFileError(f"one run takes two scrapes (before and after it), or one of a server started for "
+                             f"it; got {len(paths)}; {SCRAPE_FIX}")
+    after = read_scrape(paths[-1])
+    if len(paths) == 1:
+        return scrape_delta(Scrape(paths[0], {}, {k: 0.0 for k in after.counters}, {}, {}), after, keep_new=True)
+    return scrape_delta(read_scrape(paths[0]), after)
 
 
 __all__ = [

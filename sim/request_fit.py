@@ -8,16 +8,18 @@ the same requests (`bench_requests`: the measured lengths, the send times of
 multipliers of a starting profile are searched until the simulated TTFT / TPOT / ITL / e2e
 quantiles and the throughput match the measured ones.
 
-The multipliers (`Multipliers`), three that request-level data can tell apart:
+The multipliers (`Multipliers`), four that request-level data can tell apart:
 - `prefill`: the GPU time of steps that carry prompt tokens (the profile's `mixed` and
   `mixed_graph` terms): TTFT and the e2e of long prompts move with it;
-- `decode`: the GPU time of decode-only steps (the `decode` terms: weights, KV reads, graph
-  replay): TPOT and ITL move with it, more so at large batches and long contexts;
+- `decode`: the per-step GPU time of decode-only steps (the `decode` terms that do not grow with
+  context: weights, element-wise, graph replay): TPOT and ITL at any batch;
+- `kv`: the decode-only steps' attention, per KV token read (`decode_kv`, `decode_max_kv` and
+  their knots): what grows with batch x context, so TPOT rises with load and prompt length;
 - `host`: the host time of every step (the `cpu`, `cpu_sync` and `overlap` terms): a fixed cost
-  per step that moves ITL at small batches as much as at large ones, which is how it separates
-  from `decode` when the runs span loads.
+  per step, which binds only where the host is slower than the device (synchronous scheduling,
+  small batches), which is how it separates from `decode` when the runs span loads and modes.
 A first-principles (schema 1) starting profile is first written as schema-2 terms with the same
-meaning (`first_principles_v2`), so that the three multipliers act on it the same way.
+meaning (`first_principles_v2`), so that the multipliers act on it the same way.
 
 Search (`fit_multipliers`): the loss is the mean squared log-ratio sim / measured over the fit
 keys (`FIT_KEYS`, plus the server's histogram means with `--from-metrics`). It is piecewise
@@ -52,7 +54,9 @@ from sim.metrics import SimResult
 from sim.run import LoadedWorkload, SimConfig, run
 from sim.validate import ERROR_METRICS, MetricComparison, compare_summaries
 
-FACTORS = ("prefill", "decode", "host")
+FACTORS = ("prefill", "decode", "kv", "host")
+# the decode terms that grow with the KV read (the `kv` multiplier's); the others are `decode`'s
+KV_TERMS = frozenset({"decode_kv", "decode_max_kv", "decode_kv_by_batch", "decode_max_kv_by_batch"})
 BOUNDS = (0.1, 10.0)  # each multiplier's range: a profile off by more than 10x is the wrong profile
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 FIT_KEYS = (*(f"{s}_{m}_ms" for m in LATENCIES for s in ("mean", "median", "p90")),
@@ -64,7 +68,7 @@ MAX_REQUESTS = 2000
 GRID = tuple(float(x) for x in np.exp(np.linspace(math.log(0.33), math.log(3.0), 9)))
 COORD_STEPS = (-0.4, -0.2, 0.2, 0.4)  # log steps of the coordinate pass
 METHOD = ("simulation-based: a common-scale grid (9 points), a coordinate grid per multiplier (4 points "
-          "each), then Nelder-Mead on the log multipliers; loss = mean squared log(sim / measured) over "
+          "each), then Nelder-Mead on the log multipliers (prefill, decode, kv, host); loss = mean squared log(sim / measured) over "
           "TTFT / TPOT / ITL / e2e mean, p50, p90, TTFT and e2e p99, output throughput")
 
 
@@ -72,6 +76,7 @@ METHOD = ("simulation-based: a common-scale grid (9 points), a coordinate grid p
 class Multipliers:
     prefill: float = 1.0
     decode: float = 1.0
+    kv: float = 1.0
     host: float = 1.0
 
     @classmethod
@@ -80,7 +85,7 @@ class Multipliers:
         return cls(*(math.exp(min(max(float(v), lo), hi)) for v in x))
 
     def log(self) -> np.ndarray:
-        return np.log([self.prefill, self.decode, self.host])
+        return np.log([getattr(self, f) for f in FACTORS])
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -103,13 +108,16 @@ def first_principles_v2(p: CostProfile) -> CostProfile:
                                 "overlap": OverlapTerms()})
 
 
-def _scaled(terms: BaseModel | None, k: float) -> Any:
-    """Every coefficient of a term set times k (knot lists: their values, not their batches)."""
+def _scaled(terms: BaseModel | None, k: float, k_kv: float | None = None) -> Any:
+    """Every coefficient of a term set times k (knot lists: their values, not their batches);
+    with `k_kv`, the KV_TERMS times k_kv instead."""
     if terms is None:
         return None
     upd: dict[str, Any] = {}
     for name, v in terms:
-        if isinstance(v, float):
+        if k_kv is not None and name in KV_TERMS:
+            upd[name] = v * k_kv if isinstance(v, float) else tuple((b, c * k_kv) for b, c in v)
+        elif isinstance(v, float):
             upd[name] = v * k
         elif isinstance(v, tuple):
             upd[name] = tuple((b, c * k) for b, c in v)
@@ -117,11 +125,11 @@ def _scaled(terms: BaseModel | None, k: float) -> Any:
 
 
 def apply_multipliers(p: CostProfile, m: Multipliers) -> CostProfile:
-    """`p` with its prefill-step GPU terms x m.prefill, decode-step GPU terms x m.decode, host
-    terms x m.host (see the module's docstring)."""
+    """`p` with its prefill-step GPU terms x m.prefill, decode-step GPU terms x m.decode (their
+    KV terms x m.kv), host terms x m.host (see the module's docstring)."""
     p = first_principles_v2(p)
     return p.model_copy(update={
-        "decode": _scaled(p.decode, m.decode), "mixed": _scaled(p.mixed, m.prefill),
+        "decode": _scaled(p.decode, m.decode, m.kv), "mixed": _scaled(p.mixed, m.prefill),
         "mixed_graph": _scaled(p.mixed_graph, m.prefill), "cpu": _scaled(p.cpu, m.host),
         "cpu_sync": _scaled(p.cpu_sync, m.host), "overlap": _scaled(p.overlap, m.host)})
 
@@ -145,11 +153,13 @@ class BenchCase:
         return self.run.name
 
 
-def bench_requests(run: BenchRun, *, seed: int = 0, block_size: int = 16,
+def bench_requests(run: BenchRun, *, seed: int = 0, block_size: int = 16, shared_prefix_tokens: int = 0,
                    max_requests: int = MAX_REQUESTS) -> tuple[list[Request], np.ndarray, str]:
     """The succeeded requests of `run` as simulator requests: measured prompt and output lengths
-    (output = what the server produced), send times, and prompts that share nothing (a result file
-    holds lengths, not token ids). At most `max_requests`, the first in send order."""
+    (output = what the server produced), send times, and prompts that share only their first
+    `shared_prefix_tokens` (a result file holds lengths, not token ids: the prefix structure comes
+    from the server's prefix-cache counters, `shared_prefix_for`). At most `max_requests`, the
+    first in send order."""
     sends, how = arrival_times(run, seed)
     rows = np.flatnonzero(run.ok)
     rows = rows[np.argsort(sends[rows], kind="stable")][:max_requests]
@@ -157,21 +167,42 @@ def bench_requests(run: BenchRun, *, seed: int = 0, block_size: int = 16,
         raise ValueError(f"{run.path}: no request succeeded (every 'errors' entry is set or every output is "
                          "empty); benchmark a working server")
     t0 = float(sends[rows].min())
-    reqs, next_id = [], 0
+    shared = shared_prefix_tokens // block_size
+    reqs, next_id = [], shared
     for i in rows:
         p = int(max(run.input_lens[i], 1))
         nb = -(-p // block_size)
+        common = min(shared, p // block_size)
+        ids = (*range(common), *range(next_id, next_id + nb - common))
         reqs.append(Request(request_id=int(i), arrival_s=float(sends[i]) - t0, prompt_len=p,
-                            output_len=int(run.output_lens[i]), hash_ids=tuple(range(next_id, next_id + nb)),
-                            hash_block_size=block_size))
-        next_id += nb
+                            output_len=int(run.output_lens[i]), hash_ids=ids, hash_block_size=block_size))
+        next_id += nb - common
     return reqs, rows, how
+
+
+def shared_prefix_for(run: BenchRun, metrics: ScrapeDelta | None, block_size: int = 16) -> int:
+    """The shared prompt prefix (tokens) whose cache hits give the server's prefix-hit rate over
+    the run's prompts (0 without metrics or below half a percent of hits): one system prompt for
+    all, the structure of sim/fit.py's `fit_spec`. It keeps the hit rate, not how the hits were
+    spread (conversations re-sending their history hit more in their later turns)."""
+    rate = metrics.prefix_hit_rate if metrics is not None else None
+    if not rate or rate < 0.005:
+        return 0
+    from sim.fit import shared_prefix_tokens
+
+    return shared_prefix_tokens(run.input_lens[run.ok], min(rate, 1.0), block_size)
 
 
 def make_case(run: BenchRun, engine: EngineConfig, metrics: ScrapeDelta | None = None, *, seed: int = 0,
               max_requests: int = MAX_REQUESTS) -> BenchCase:
-    reqs, rows, how = bench_requests(run, seed=seed, max_requests=max_requests)
+    bs = engine.block_size or 16
+    prefix = shared_prefix_for(run, metrics, bs)
+    reqs, rows, how = bench_requests(run, seed=seed, block_size=bs, shared_prefix_tokens=prefix,
+                                     max_requests=max_requests)
     notes = []
+    if prefix:
+        notes.append(f"a {prefix}-token shared prefix reproduces the server's prefix-hit rate "
+                     f"{metrics.prefix_hit_rate:.1%}")  # type: ignore[union-attr]
     if rows.size < int(run.ok.sum()):
         notes.append(f"simulated the first {rows.size} of {int(run.ok.sum())} requests")
     failed = int((~run.ok).sum())
@@ -348,11 +379,11 @@ def fit_multipliers(search: Search, progress: Callable[[str], None] | None = Non
     from scipy.optimize import minimize
 
     for s in GRID:
-        search(np.full(3, math.log(s)))
+        search(np.full(len(FACTORS), math.log(s)))
     x, f = search.best()
     if progress:
         progress(f"common scale {math.exp(x[0]):.3g}: loss {f:.4f}")
-    for i in range(3):
+    for i in range(len(FACTORS)):
         for step in COORD_STEPS:
             y = x.copy()
             y[i] += step
@@ -360,7 +391,7 @@ def fit_multipliers(search: Search, progress: Callable[[str], None] | None = Non
         x, f = search.best()
     if progress:
         progress(f"coordinate pass {Multipliers.from_log(x)}: loss {f:.4f}")
-    simplex = np.vstack([x, *(x + 0.15 * np.eye(3)[i] for i in range(3))])
+    simplex = np.vstack([x, *(x + 0.15 * np.eye(len(FACTORS))[i] for i in range(len(FACTORS)))])
     left = max(search.max_evals - len(search.seen), 0)
     if left > 4 and not search.out_of_budget():
         minimize(search, x, method="Nelder-Mead",
@@ -424,9 +455,9 @@ def fitted_profile(fit: RequestFit, *, name: str, model: str, gpu: str, sources:
            "simulations": fit.evaluations, "seconds": round(fit.seconds, 1)}
     return fit.profile.model_copy(update={
         "name": name, "hardware": gpu, "model": model, "scaled_from": None, "validation": None,
-        "source": (f"measured (request-level fit): {fit.base} with multipliers prefill "
-                   f"{fit.multipliers.prefill:.3g}, decode {fit.multipliers.decode:.3g}, host "
-                   f"{fit.multipliers.host:.3g}, fitted by simulation to {len(sources)} benchmark file(s)"),
+        "source": (f"measured (request-level fit): {fit.base} with multipliers "
+                   + ", ".join(f"{k} {v:.3g}" for k, v in fit.multipliers.as_dict().items())
+                   + f", fitted by simulation to {len(sources)} benchmark file(s)"),
         "provenance": {"kind": "measured (request-level fit)", "bench_files": sources,
                        "metrics_files": metrics_files, "arrivals": arrivals, "date": date, "gpu": gpu,
                        "model": model, "base_profile": fit.base},
@@ -454,6 +485,7 @@ __all__ = [
     "measured_stats",
     "score",
     "score_case",
+    "shared_prefix_for",
     "simulate",
     "simulated_stats",
     "split_cases",
