@@ -135,7 +135,7 @@ def apply_multipliers(p: CostProfile, m: Multipliers) -> CostProfile:
 
 
 # --------------------------------------------------------------------------- the workload
-@dataclass
+@dataclass(eq=False)  # identity: a case is one run (its arrays do not compare as a bool)
 class BenchCase:
     """One benchmark run ready to simulate: its requests (the succeeded ones, ids = file rows),
     the server's flags, and the scrape delta of that run when given."""
@@ -412,7 +412,8 @@ class RequestFit:
     fit: list[CaseScore]
     held_out: list[CaseScore]
     evaluations: int
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float = 0.0  # this process's CPU time (the fit is single-threaded)
 
     @staticmethod
     def _median(scores: list[CaseScore]) -> float | None:
@@ -432,7 +433,7 @@ def fit_request_level(cases: Sequence[BenchCase], base: CostProfile, model: str,
                       held_out: Sequence[BenchCase] = (), max_evals: int = 150, max_seconds: float = 240.0,
                       progress: Callable[[str], None] | None = None) -> RequestFit:
     """Fit `base`'s multipliers to `cases` and score fit and held-out parts (`split_cases`)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fit_parts, held_parts = split_cases(cases, held_out)
     search = Search(fit_parts, base, model, gpu, max_evals=max_evals, max_seconds=max_seconds)
     m = fit_multipliers(search, progress)
@@ -441,7 +442,8 @@ def fit_request_level(cases: Sequence[BenchCase], base: CostProfile, model: str,
     fit_scores = score(fit_parts, prof, model, gpu, "fit", cache)
     held_scores = score(held_parts, prof, model, gpu, "held-out", cache)
     return RequestFit(profile=prof, base=base.name, multipliers=m, fit=fit_scores, held_out=held_scores,
-                      evaluations=len(search.seen), seconds=time.perf_counter() - t0)
+                      evaluations=len(search.seen), seconds=time.perf_counter() - t0,
+                      cpu_seconds=time.process_time() - c0)
 
 
 def fitted_profile(fit: RequestFit, *, name: str, model: str, gpu: str, sources: list[str],
@@ -452,7 +454,8 @@ def fitted_profile(fit: RequestFit, *, name: str, model: str, gpu: str, sources:
            "fit_median_abs_error": fit.fit_error, "held_out_median_abs_error": fit.held_out_error,
            "runs": {s.name: {"role": s.role, "median_abs_error": s.median_abs_error}
                     for s in [*fit.fit, *fit.held_out]},
-           "simulations": fit.evaluations, "seconds": round(fit.seconds, 1)}
+           "simulations": fit.evaluations, "seconds": round(fit.seconds, 1),
+           "cpu_seconds": round(fit.cpu_seconds, 1)}
     return fit.profile.model_copy(update={
         "name": name, "hardware": gpu, "model": model, "scaled_from": None, "validation": None,
         "source": (f"measured (request-level fit): {fit.base} with multipliers "

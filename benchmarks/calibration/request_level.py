@@ -126,7 +126,8 @@ def fit_row(model: str, start: str, metrics: bool, fit: RequestFit, step_same: f
             "step_level_same_rebuild": step_same, "step_level_exact_workload": step_exact,
             "ratio_to_step_level_same_rebuild": _ratio(fit.held_out_error, step_same),
             "ratio_to_step_level_exact": _ratio(fit.held_out_error, step_exact),
-            "fit_seconds": round(fit.seconds, 1), "simulations": fit.evaluations,
+            "fit_seconds": round(fit.seconds, 1), "fit_cpu_seconds": round(fit.cpu_seconds, 1),
+            "simulations": fit.evaluations,
             "held_out_runs": {s.name: s.median_abs_error for s in fit.held_out},
             "fit_runs": {s.name: s.median_abs_error for s in fit.fit}}
 
@@ -145,7 +146,7 @@ def run_model(model: str, runs_root: Path, work: Path, max_seconds: float, log: 
             r = fit_request_level(fit, base, model, "h200", held_out=held, max_seconds=max_seconds)
             log(f"{model} {label} metrics={metrics}: {r.multipliers} fit {r.fit_error:.3f} held-out "
                 f"{r.held_out_error:.3f} (step-level {step_same:.3f} same rebuild, {step_exact:.3f} exact) "
-                f"{r.seconds:.0f} s, {r.evaluations} simulations")
+                f"{r.cpu_seconds:.0f} s CPU, {r.seconds:.0f} s wall, {r.evaluations} simulations")
             rows.append(fit_row(model, label, metrics, r, step_same, step_exact))
     return rows
 
@@ -176,8 +177,8 @@ def render_md(report: dict[str, Any]) -> str:
         lines.append(f"| {r['model']} | {r['start']} | bench{' + metrics' if r['metrics'] else ''} | "
                      f"{m['prefill']:.2f} / {m['decode']:.2f} / {m['kv']:.2f} / {m['host']:.2f} | {_pct(r['fit_error'])} | "
                      f"{_pct(r['held_out_error'])} | {_pct(r['step_level_same_rebuild'])} | "
-                     f"{_pct(r['step_level_exact_workload'])} | {ratio} | {r['fit_seconds']:.0f} s "
-                     f"({r['simulations']} sims) |")
+                     f"{_pct(r['step_level_exact_workload'])} | {ratio} | {r['fit_cpu_seconds']:.0f} s CPU, "
+                     f"{r['fit_seconds']:.0f} s wall ({r['simulations']} sims) |")
     lines += ["", "Held-out runs, median |error| per run (first-principles start):", ""]
     for r in report["rows"]:
         if r["start"] == "first principles":
