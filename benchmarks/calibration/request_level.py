@@ -151,6 +151,56 @@ def run_model(model: str, runs_root: Path, work: Path, max_seconds: float, log: 
     return rows
 
 
+def scrapes_of(bench: Path) -> list[Path]:
+    """<name>.before.prom + <name>.after.prom, or <name>.prom, beside a bench result ([] if none)."""
+    pair = [bench.with_suffix(".before.prom"), bench.with_suffix(".after.prom")]
+    if all(p.is_file() for p in pair):
+        return pair
+    one = bench.with_suffix(".prom")
+    return [one] if one.is_file() else []
+
+
+def client_cases(bench_dir: Path, serve_args: str, log: Any) -> list[BenchCase]:
+    """Every result file in `bench_dir` (measured by a real client) as a case, its scrapes
+    when present; a JSON that is not a detailed result is skipped and named."""
+    from sim.bench_results import BenchFileError
+    from sim.serve_line import parse_serve_args
+
+    engine = parse_serve_args(serve_args)
+    cases = []
+    for path in sorted(bench_dir.glob("*.json")):
+        try:
+            runs = read_bench(path)
+        except BenchFileError as exc:
+            log(f"skipped: {exc}")
+            continue
+        scrapes = scrapes_of(path)
+        delta = read_scrape_pair(scrapes) if scrapes else None
+        cases += [make_case(r, engine, delta) for r in runs]
+    return cases
+
+
+def run_client(bench_dir: Path, model: str, serve_args: str, max_seconds: float, log: Any) -> list[dict[str, Any]]:
+    """Runs a client measured against the engine's HTTP server: every third held out; the
+    step-level profile scored on the same rebuilt requests (no exact workload to validate on)."""
+    from advisor.commands.calibrate_bench import held_out_runs
+
+    cases = client_cases(bench_dir, serve_args, log)
+    if len(cases) < 2:
+        log(f"{bench_dir}: {len(cases)} result file(s); need two or more")
+        return []
+    fit, held = held_out_runs(cases, 3)
+    step_same = pooled(score([(c, None) for c in held], load_profile(f"h200-{model}"), model, "h200", "held-out"))
+    rows = []
+    for label, which in STARTS.items():
+        r = fit_request_level(fit, start_profile(which, model), model, "h200", held_out=held, max_seconds=max_seconds)
+        log(f"client {model} {label}: {r.multipliers} fit {r.fit_error:.3f} held-out {r.held_out_error:.3f} "
+            f"(step-level {step_same:.3f})")
+        row = fit_row(model, label, any(c.metrics for c in cases), r, step_same, None)
+        rows.append(row | {"input_kind": f"client-measured ({bench_dir.name})"})
+    return rows
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -174,7 +224,8 @@ def render_md(report: dict[str, Any]) -> str:
         m = r["multipliers"]
         ratio = " / ".join("-" if r[k] is None else f"{r[k]:.2f}x"
                            for k in ("ratio_to_step_level_same_rebuild", "ratio_to_step_level_exact"))
-        lines.append(f"| {r['model']} | {r['start']} | bench{' + metrics' if r['metrics'] else ''} | "
+        kind = r.get("input_kind", "engine run as bench")
+        lines.append(f"| {r['model']} | {r['start']} | {kind}{' + metrics' if r['metrics'] else ''} | "
                      f"{m['prefill']:.2f} / {m['decode']:.2f} / {m['kv']:.2f} / {m['host']:.2f} | {_pct(r['fit_error'])} | "
                      f"{_pct(r['held_out_error'])} | {_pct(r['step_level_same_rebuild'])} | "
                      f"{_pct(r['step_level_exact_workload'])} | {ratio} | {r['fit_cpu_seconds']:.0f} s CPU, "
@@ -194,11 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/calibration"))
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--max-seconds", type=float, default=240.0, help="time cap per fit")
+    ap.add_argument("--bench-dir", type=Path, help="results a real client measured (*.json, *.prom beside)")
+    ap.add_argument("--bench-model", default="llama-3.1-8b", help="the model the --bench-dir server ran")
+    ap.add_argument("--serve-args", default="", help="the --bench-dir server's engine flags, as for vllm serve")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     rows = []
-    for model in args.models.split(","):
+    for model in filter(None, args.models.split(",")):
         rows += run_model(model, args.runs, args.work, args.max_seconds, print)
+    if args.bench_dir is not None:
+        rows += run_client(args.bench_dir, args.bench_model, args.serve_args, args.max_seconds, print)
     from sim.request_fit import METHOD
 
     report = {"schema": "costline-request-level/1", "date": datetime.now(UTC).isoformat(timespec="seconds"),
