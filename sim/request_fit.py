@@ -342,7 +342,8 @@ def score(parts: Split, profile: CostProfile, model: str, gpu: str, role: str,
 # --------------------------------------------------------------------------- the search
 @dataclass
 class Search:
-    """The objective over log multipliers, with a cache and an evaluation/time budget."""
+    """The objective over log multipliers, with a cache and an evaluation / CPU-time budget (this
+    process's CPU seconds: on a busy machine the wall clock would cut the search short)."""
 
     parts: Split
     base: CostProfile
@@ -351,10 +352,10 @@ class Search:
     max_evals: int = 150
     max_seconds: float = 240.0
     seen: dict[tuple[float, ...], float] = field(default_factory=dict)
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.process_time)
 
     def out_of_budget(self) -> bool:
-        return len(self.seen) >= self.max_evals or time.perf_counter() - self.started > self.max_seconds
+        return len(self.seen) >= self.max_evals or time.process_time() - self.started > self.max_seconds
 
     def __call__(self, x: Sequence[float]) -> float:
         m = Multipliers.from_log(x)

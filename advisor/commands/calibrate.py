@@ -79,7 +79,7 @@ def calibrate(
         "--hold-out-every", min=2, help="with --from-bench: every K-th run is held out of the fit and scored (one "
         "run: its odd requests are)")] = 3,
     max_seconds: Annotated[float, typer.Option(
-        "--max-seconds", min=1, help="with --from-bench: the fit's time budget")] = 240.0,
+        "--max-seconds", min=1, help="with --from-bench: the fit's budget in CPU seconds")] = 240.0,
     force: Force = False,
 ) -> None:
     """Fit a cost profile (schema v2) for one model on one GPU from engine step traces, or from a server's

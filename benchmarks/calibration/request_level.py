@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("runs/request_level"), help="rebuilt bench files go here")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/calibration"))
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--max-seconds", type=float, default=240.0, help="time cap per fit")
+    ap.add_argument("--max-seconds", type=float, default=240.0, help="CPU-time cap per fit")
     ap.add_argument("--bench-dir", type=Path, help="results a real client measured (*.json, *.prom beside)")
     ap.add_argument("--bench-model", default="llama-3.1-8b", help="the model the --bench-dir server ran")
     ap.add_argument("--serve-args", default="", help="the --bench-dir server's engine flags, as for vllm serve")
