@@ -180,9 +180,11 @@ def client_cases(bench_dir: Path, serve_args: str, log: Any) -> list[BenchCase]:
     return cases
 
 
-def run_client(bench_dir: Path, model: str, serve_args: str, max_seconds: float, log: Any) -> list[dict[str, Any]]:
-    """Runs a client measured against the engine's HTTP server: every third held out; the
-    step-level profile scored on the same rebuilt requests (no exact workload to validate on)."""
+def run_client(bench_dir: Path, model: str, serve_args: str, max_seconds: float, log: Any,
+               held_names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Runs a client measured against the engine's HTTP server: `held_names` held out (else every
+    third); the step-level profile scored on the same rebuilt requests (no engine run folder to
+    validate it on exactly)."""
     from advisor.commands.calibrate_bench import held_out_runs
 
     cases = client_cases(bench_dir, serve_args, log)
@@ -190,6 +192,8 @@ def run_client(bench_dir: Path, model: str, serve_args: str, max_seconds: float,
         log(f"{bench_dir}: {len(cases)} result file(s); need two or more")
         return []
     fit, held = held_out_runs(cases, 3)
+    if held_names:
+        fit, held = [c for c in cases if c.name not in held_names], [c for c in cases if c.name in held_names]
     step_same = pooled(score([(c, None) for c in held], load_profile(f"h200-{model}"), model, "h200", "held-out"))
     rows = []
     for label, which in STARTS.items():
@@ -205,36 +209,53 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+ENGINE_INTRO = ("Each engine validation run (benchmarks/calibration/data, unpacked as its README says) becomes the "
+                "`vllm bench serve --save-detailed` result a client would have saved (send times, TTFT, per-token "
+                "gaps, e2e, lengths) and, for the `+ metrics` rows, the server's `/metrics` at the end; no step "
+                "trace is used. Fitted on {fit}; held out: every other non-speculative validation run. "
+                "Step-level: the shipped profile fitted on step traces, on the same rebuilt requests, and on the "
+                "exact workloads (`costline validate`).")
+CLIENT_INTRO = ("Client-measured rows: results a real client saved against `costline engine serve` (OpenAI-"
+                "compatible HTTP server, the engine behind it) on the H200, with /metrics scrapes before and "
+                "after each run (benchmarks/calibration/data/h200-llama-3.1-8b-serve-bench.tar.xz). Held out: "
+                "{held}. Step-level: the shipped profile on the same rebuilt requests (no step trace of these "
+                "runs exists to validate it on exactly); client times include the HTTP path, which the simulator "
+                "does not model.")
+
+
+def _row_line(r: dict[str, Any]) -> str:
+    m = r["multipliers"]
+    ratio = " / ".join("-" if r.get(k) is None else f"{r[k]:.2f}x"
+                       for k in ("ratio_to_step_level_same_rebuild", "ratio_to_step_level_exact"))
+    kind = r.get("input_kind", "engine run as bench")
+    return (f"| {r['model']} | {r['start']} | {kind}{' + metrics' if r['metrics'] else ''} | "
+            f"{m['prefill']:.2f} / {m['decode']:.2f} / {m['kv']:.2f} / {m['host']:.2f} | {_pct(r['fit_error'])} | "
+            f"{_pct(r['held_out_error'])} | {_pct(r['step_level_same_rebuild'])} | "
+            f"{_pct(r['step_level_exact_workload'])} | {ratio} | {r['fit_cpu_seconds']:.0f} s CPU, "
+            f"{r['fit_seconds']:.0f} s wall ({r['simulations']} sims) |")
+
+
 def render_md(report: dict[str, Any]) -> str:
-    lines = ["# Request-level calibration on the engine's runs (issue 27)", "",
-             (f"Generated {report['date']} by `{report['command']}` (engine runs of "
-             "benchmarks/calibration/data, unpacked as its README says). Method: "
-             f"{report['method']}."), "",
-             ("Each engine validation run becomes the `vllm bench serve --save-detailed` result a client would "
-             "have saved (send times, TTFT, per-token gaps, e2e, lengths) and, for the `+ metrics` rows, the "
-             "server's `/metrics` at the end; no step trace is used. Fitted on "
-             f"{', '.join(report['fit_runs'])}; held out: every other non-speculative validation run. Errors: "
-             "median |relative error| over throughput and TTFT / TPOT / ITL / e2e mean, p50, p90, p99, pooled "
-             "over the runs (as `costline validate`). Step-level: the shipped profile fitted on step traces, "
-             "on the same rebuilt requests, and on the exact workloads (`costline validate`)."), "",
-             ("| model | start | input | multipliers (prefill / decode / kv / host) | fit error | held-out error | "
-             "step-level, same rebuild | step-level, exact | held-out / step-level (same rebuild, exact) | fit time |"),
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in report["rows"]:
-        m = r["multipliers"]
-        ratio = " / ".join("-" if r[k] is None else f"{r[k]:.2f}x"
-                           for k in ("ratio_to_step_level_same_rebuild", "ratio_to_step_level_exact"))
-        kind = r.get("input_kind", "engine run as bench")
-        lines.append(f"| {r['model']} | {r['start']} | {kind}{' + metrics' if r['metrics'] else ''} | "
-                     f"{m['prefill']:.2f} / {m['decode']:.2f} / {m['kv']:.2f} / {m['host']:.2f} | {_pct(r['fit_error'])} | "
-                     f"{_pct(r['held_out_error'])} | {_pct(r['step_level_same_rebuild'])} | "
-                     f"{_pct(r['step_level_exact_workload'])} | {ratio} | {r['fit_cpu_seconds']:.0f} s CPU, "
-                     f"{r['fit_seconds']:.0f} s wall ({r['simulations']} sims) |")
-    lines += ["", "Held-out runs, median |error| per run (first-principles start):", ""]
-    for r in report["rows"]:
+    rows = report["rows"]
+    client = [r for r in rows if "input_kind" in r]
+    lines = ["# Request-level calibration (issue 27)", "",
+             f"Generated {report['date']} by `{report['command']}`. Method: {report['method']}.", "",
+             ("Errors: median |relative error| over throughput and TTFT / TPOT / ITL / e2e mean, p50, p90, p99, "
+             "pooled over the runs (as `costline validate`). Fit time: this process's CPU seconds (the fit is "
+             "single-threaded) and the wall clock on the shared 2-core machine."), ""]
+    if len(client) < len(rows):
+        lines += [ENGINE_INTRO.format(fit=", ".join(report["fit_runs"])), ""]
+    if client:
+        lines += [CLIENT_INTRO.format(held=", ".join(next(iter(client))["held_out_runs"])), ""]
+    lines += [("| model | start | input | multipliers (prefill / decode / kv / host) | fit error | held-out error | "
+              "step-level, same rebuild | step-level, exact | held-out / step-level (same rebuild, exact) | fit time |"),
+              "|---|---|---|---|---:|---:|---:|---:|---:|---:|", *map(_row_line, rows),
+              "", "Held-out runs, median |error| per run (first-principles start):", ""]
+    for r in rows:
         if r["start"] == "first principles":
             runs = ", ".join(f"{k} {_pct(v)}" for k, v in r["held_out_runs"].items())
-            lines.append(f"- {r['model']}, bench{' + metrics' if r['metrics'] else ''}: {runs}")
+            kind = r.get("input_kind", "engine run as bench")
+            lines.append(f"- {r['model']}, {kind}{' + metrics' if r['metrics'] else ''}: {runs}")
     return "\n".join(lines) + "\n"
 
 
@@ -248,13 +269,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench-dir", type=Path, help="results a real client measured (*.json, *.prom beside)")
     ap.add_argument("--bench-model", default="llama-3.1-8b", help="the model the --bench-dir server ran")
     ap.add_argument("--serve-args", default="", help="the --bench-dir server's engine flags, as for vllm serve")
+    ap.add_argument("--held-out", default="", help="--bench-dir runs to hold out (comma-separated names)")
+    ap.add_argument("--name", default="request_level", help="output files: NAME.json and NAME.md")
+    ap.add_argument("--render", type=Path, help="only re-render NAME.md from this report JSON")
     args = ap.parse_args(argv)
+    if args.render is not None:
+        (args.out / f"{args.name}.md").write_text(render_md(json.loads(args.render.read_text())))
+        return 0
     t0 = time.perf_counter()
     rows = []
     for model in filter(None, args.models.split(",")):
         rows += run_model(model, args.runs, args.work, args.max_seconds, print)
     if args.bench_dir is not None:
-        rows += run_client(args.bench_dir, args.bench_model, args.serve_args, args.max_seconds, print)
+        rows += run_client(args.bench_dir, args.bench_model, args.serve_args, args.max_seconds, print,
+                           tuple(filter(None, args.held_out.split(","))))
     from sim.request_fit import METHOD
 
     report = {"schema": "costline-request-level/1", "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -263,9 +291,9 @@ def main(argv: list[str] | None = None) -> int:
               "method": METHOD, "fit_runs": list(FIT_RUNS), "rows": rows,
               "seconds": round(time.perf_counter() - t0, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "request_level.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "request_level.md").write_text(render_md(report))
-    print(f"wrote {args.out / 'request_level.json'}, {args.out / 'request_level.md'} in {report['seconds']} s")
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(render_md(report))
+    print(f"wrote {args.out / args.name}.json and .md in {report['seconds']} s")
     return 0
 
 
