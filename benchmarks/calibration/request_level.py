@@ -39,7 +39,15 @@ from engine.core.run_summary import RunTables
 from sim.bench_results import bench_from_tables, read_bench, read_scrape_pair
 from sim.models import hf_model_id
 from sim.profile_files import load_profile
-from sim.request_fit import BenchCase, CaseScore, RequestFit, fit_request_level, make_case, score
+from sim.request_fit import (
+    MAX_REQUESTS,
+    BenchCase,
+    CaseScore,
+    RequestFit,
+    fit_request_level,
+    make_case,
+    score,
+)
 from sim.validate import ERROR_METRICS, read_run_info, read_steps, sim_engine_config, validate_run
 
 MODELS = ("llama-3.1-8b", "llama-3.2-1b")
@@ -78,7 +86,8 @@ def engine_run_to_bench(run_dir: Path, out_dir: Path) -> dict[str, Any]:
     return {"bench": bench_path, "prom": prom_path, "spread": spread, "info": info}
 
 
-def engine_cases(model: str, runs_root: Path, work: Path, metrics: bool) -> tuple[dict[str, BenchCase], dict[str, Path]]:
+def engine_cases(model: str, runs_root: Path, work: Path, metrics: bool, max_requests: int = MAX_REQUESTS
+                 ) -> tuple[dict[str, BenchCase], dict[str, Path]]:
     """Every non-speculative validation run of `model` as a case (bench file, + scrape when
     `metrics`), and its run folder. Speculative runs are left out: a bench file does not say
     what the drafts did."""
@@ -89,7 +98,8 @@ def engine_cases(model: str, runs_root: Path, work: Path, metrics: bool) -> tupl
             continue
         conv = engine_run_to_bench(d, work / model)
         delta = read_scrape_pair([conv["prom"]]) if metrics else None
-        cases[info.name] = make_case(read_bench(conv["bench"])[0], sim_engine_config(info), delta)
+        cases[info.name] = make_case(read_bench(conv["bench"])[0], sim_engine_config(info), delta,
+                                     max_requests=max_requests)
         dirs[info.name] = d
     return cases, dirs
 
@@ -132,10 +142,11 @@ def fit_row(model: str, start: str, metrics: bool, fit: RequestFit, step_same: f
             "fit_runs": {s.name: s.median_abs_error for s in fit.fit}}
 
 
-def run_model(model: str, runs_root: Path, work: Path, max_seconds: float, log: Any) -> list[dict[str, Any]]:
+def run_model(model: str, runs_root: Path, work: Path, max_seconds: float, log: Any,
+              max_requests: int = MAX_REQUESTS) -> list[dict[str, Any]]:
     rows = []
     for metrics in (False, True):
-        cases, dirs = engine_cases(model, runs_root, work, metrics)
+        cases, dirs = engine_cases(model, runs_root, work, metrics, max_requests)
         fit = [cases[n] for n in FIT_RUNS if n in cases]
         held = [c for n, c in cases.items() if n not in FIT_RUNS]
         step = load_profile(f"h200-{model}")
@@ -239,7 +250,8 @@ def render_md(report: dict[str, Any]) -> str:
     rows = report["rows"]
     client = [r for r in rows if "input_kind" in r]
     lines = ["# Request-level calibration (issue 27)", "",
-             f"Generated {report['date']} by `{report['command']}`. Method: {report['method']}.", "",
+             f"Generated {report['date']} by " + " and ".join(f"`{c}`" for c in report.get("commands", [report["command"]]))
+             + f". Method: {report['method']}.", "",
              ("Errors: median |relative error| over throughput and TTFT / TPOT / ITL / e2e mean, p50, p90, p99, "
              "pooled over the runs (as `costline validate`). Fit time: this process's CPU seconds (the fit is "
              "single-threaded) and the wall clock on the shared 2-core machine."), ""]
@@ -271,15 +283,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-args", default="", help="the --bench-dir server's engine flags, as for vllm serve")
     ap.add_argument("--held-out", default="", help="--bench-dir runs to hold out (comma-separated names)")
     ap.add_argument("--name", default="request_level", help="output files: NAME.json and NAME.md")
-    ap.add_argument("--render", type=Path, help="only re-render NAME.md from this report JSON")
+    ap.add_argument("--max-requests", type=int, default=MAX_REQUESTS,
+                    help="simulate at most the first N requests of each engine run (in send order)")
+    ap.add_argument("--render", type=Path, nargs="+", help="only write NAME.json/.md from these report JSONs (rows joined)")
     args = ap.parse_args(argv)
-    if args.render is not None:
-        (args.out / f"{args.name}.md").write_text(render_md(json.loads(args.render.read_text())))
+    if args.render:
+        parts = [json.loads(p.read_text()) for p in args.render]
+        report = parts[0] | {"rows": [r for p in parts for r in p["rows"]],
+                             "commands": [p["command"] for p in parts], "seconds": sum(p["seconds"] for p in parts)}
+        (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / f"{args.name}.md").write_text(render_md(report))
         return 0
     t0 = time.perf_counter()
     rows = []
     for model in filter(None, args.models.split(",")):
-        rows += run_model(model, args.runs, args.work, args.max_seconds, print)
+        rows += run_model(model, args.runs, args.work, args.max_seconds, print, args.max_requests)
     if args.bench_dir is not None:
         rows += run_client(args.bench_dir, args.bench_model, args.serve_args, args.max_seconds, print,
                            tuple(filter(None, args.held_out.split(","))))
