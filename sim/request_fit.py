@@ -21,7 +21,7 @@ The multipliers (`Multipliers`), four that request-level data can tell apart:
 A first-principles (schema 1) starting profile is first written as schema-2 terms with the same
 meaning (`first_principles_v2`), so that the multipliers act on it the same way.
 
-Search (`fit_multipliers`): the loss is the mean squared log-ratio sim / measured over the fit
+Search (`fit_multipliers`): the loss is the mean absolute log-ratio sim / measured over the fit
 keys (`FIT_KEYS`, plus the server's histogram means with `--from-metrics`). It is piecewise
 constant in places (a step more or fewer changes a schedule), so no gradient: a 1-D grid over
 one common scale (the profile is usually off overall, by GPU or model), then a coordinate grid
@@ -68,7 +68,7 @@ MAX_REQUESTS = 2000
 GRID = tuple(float(x) for x in np.exp(np.linspace(math.log(0.33), math.log(3.0), 9)))
 COORD_STEPS = (-0.4, -0.2, 0.2, 0.4)  # log steps of the coordinate pass
 METHOD = ("simulation-based: a common-scale grid (9 points), a coordinate grid per multiplier (4 points "
-          "each), then Nelder-Mead on the log multipliers (prefill, decode, kv, host); loss = mean squared log(sim / measured) over "
+          "each), then Nelder-Mead on the log multipliers (prefill, decode, kv, host); loss = mean |log(sim / measured)| over "
           "TTFT / TPOT / ITL / e2e mean, p50, p90, TTFT and e2e p99, output throughput")
 
 
@@ -267,14 +267,16 @@ def server_means(delta: ScrapeDelta | dict[str, Any]) -> dict[str, float]:
 
 
 def log_loss(measured: dict[str, float], sim: dict[str, float], keys: Sequence[str]) -> float:
-    """Mean squared log(sim / measured) over the keys both sides have (a request the simulator
-    never finished makes its side infinite: a large, finite penalty)."""
+    """Mean |log(sim / measured)| over the keys both sides have (a request the simulator never
+    finished makes its side infinite: a large, finite penalty). Absolute, not squared: the error
+    reported is a median |relative error|, and one wild tail figure (a p99 set by two requests)
+    must not buy its fit with every median."""
     terms = []
     for k in keys:
         m, s = measured.get(k), sim.get(k)
         if m is None or s is None or not math.isfinite(m) or m <= 0 or math.isnan(s):
             continue
-        terms.append(25.0 if not math.isfinite(s) or s <= 0 else math.log(s / m) ** 2)
+        terms.append(5.0 if not math.isfinite(s) or s <= 0 else abs(math.log(s / m)))
     return float(np.mean(terms)) if terms else 0.0
 
 
