@@ -99,3 +99,16 @@ def test_files_after_the_options_and_scrapes_are_assigned_per_run():
     cases = list("abcdefg")
     assert held_out_runs(cases, 3) == (list("abdeg"), list("cf"))
     assert held_out_runs(list("ab"), 3) == (["a"], ["b"]) and held_out_runs(["a"], 3) == (["a"], [])
+
+
+def test_serve_args_read_back_what_the_serve_line_prints():
+    from sim.serve_line import parse_serve_args
+
+    cfg = EngineConfig(max_num_seqs=96, max_num_batched_tokens=4096, enable_prefix_caching=False, block_size=32,
+                       async_scheduling=True, gpu_memory_utilization=0.85, kv_cache_dtype="fp8")
+    line = " ".join(cfg.to_vllm_args())
+    back = parse_serve_args(f"vllm serve meta-llama/Llama-3.1-8B-Instruct {line}")
+    for k in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "block_size", "async_scheduling",
+              "gpu_memory_utilization", "kv_cache_dtype"):
+        assert getattr(back, k) == getattr(cfg, k), (k, line)
+    assert parse_serve_args("--max-num-batched-tokens=8K").max_num_batched_tokens == 8192
