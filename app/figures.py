@@ -79,18 +79,27 @@ def reuse_figure(curve: np.ndarray) -> go.Figure:
 
 
 # ------------------------------------------------------------------------- a run
+NOT_SET = "not set"
+NOT_JUDGED = "—"
+# vLLM's --goodput takes ttft, tpot and e2el: ITL (each gap between tokens) has no target of its
+# own; judging it against the TPOT one (a per-request mean) would fail runs that meet every SLO
+SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2el"}
+
+
 def latency_rows(summary: Mapping[str, Any], slo: Mapping[str, float] | None) -> list[dict[str, Any]]:
-    """TTFT/TPOT/ITL/E2E p50/p90/p99 in ms against the SLO (ITL is judged against the TPOT one)."""
+    """TTFT/TPOT/ITL/E2E p50/p90/p99 in ms against the SLO: the target as text ("not set" where
+    the SLO names none, "—" for ITL, which vLLM's --goodput has no target for) and whether p99
+    meets it ("yes"/"no", "—" where there is nothing to judge)."""
     slo = slo or {}
     rows = []
     for key, name in LATENCIES:
-        target = slo.get("tpot" if key == "itl" else key)
         row: dict[str, Any] = {"metric": f"{name} (ms)"}
         for p in PCTS:
             row[p] = summary.get(f"{p}_{key}_ms")
-        row["SLO (ms)"] = target
+        target = slo.get(SLO_KEYS[key]) if key in SLO_KEYS else None
+        row["SLO (ms)"] = NOT_JUDGED if key not in SLO_KEYS else NOT_SET if target is None else f"{target:,g}"
         p99 = row["p99"]
-        row["p99 meets SLO"] = None if target is None or p99 is None else bool(p99 <= target)
+        row["p99 meets SLO"] = NOT_JUDGED if target is None or p99 is None else "yes" if p99 <= target else "no"
         rows.append(row)
     return rows
 
@@ -192,12 +201,12 @@ def interpolate_gain(points: Sequence[Mapping[str, float]], x: float) -> float:
 
 
 def cost_line_label(line: Mapping[str, Any]) -> str:
-    """What a cost line's gain_pct measures: its own `gain_label`, else (an older file) a latency
-    speed-up, or the CPU line's share of step time."""
+    """What a cost line's gain_pct measures: its own `gain_label`, else (an older file) the mean
+    latency cut, or the CPU line's share of step time."""
     if line.get("gain_label"):
         return str(line["gain_label"])
     cpu = str(line.get("optimization", "")).endswith("CPU")
-    return "CPU share of step time (%)" if cpu else "mean E2E latency speed-up (%)"
+    return "CPU share of step time (%)" if cpu else "mean E2E latency cut (%)"
 
 
 def cost_line_figure(line: Mapping[str, Any]) -> go.Figure:
@@ -207,7 +216,10 @@ def cost_line_figure(line: Mapping[str, Any]) -> go.Figure:
                                name=label.removesuffix(" (%)")))
     op = line.get("operating_point")
     if op is not None and pts:
-        fig.add_trace(go.Scatter(x=[op], y=[interpolate_gain(pts, op)], mode="markers", name="your operating point",
+        # the gain measured on the user's traffic (what the answer quotes); an older file: interpolated
+        here = line.get("operating_gain_pct")
+        y = here if isinstance(here, (int, float)) else interpolate_gain(pts, op)
+        fig.add_trace(go.Scatter(x=[op], y=[y], mode="markers", name="your traffic",
                                  marker={"size": 14, "symbol": "star", "color": "red"}))
     be = line.get("break_even")
     if be is not None:

@@ -113,9 +113,9 @@ def interval_text(gain: Any) -> str:
 
 def ladder_table(rec: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"optimization": r["optimization"], "flags added": flags_text(r.get("flags_added")),
-             "goodput %": fmt(r.get("delta_goodput_pct"), 1), "90% interval": interval_text(r.get("gain")),
-             "p99 TTFT %": fmt(r.get("delta_ttft_p99_pct"), 1),
-             "p99 TPOT %": fmt(r.get("delta_tpot_p99_pct"), 1), "GPUs": r.get("gpus_needed")}
+             "goodput %": _pct1(r.get("delta_goodput_pct")), "90% interval": interval_text(r.get("gain")),
+             "p99 TTFT %": _pct1(r.get("delta_ttft_p99_pct")),
+             "p99 TPOT %": _pct1(r.get("delta_tpot_p99_pct")), "GPUs": r.get("gpus_needed")}
             for r in rec.get("ladder") or []]
 
 
@@ -137,7 +137,7 @@ def render(rec: dict[str, Any]) -> None:
     st.subheader(f"Recommended: {rec['best'].get('label')} on {rec['best'].get('num_gpus')} GPU(s)")
     st.caption(f"flags: {flags_text(rec['best'].get('flags')) or '(vLLM defaults)'}")
     st.caption(f"cost profile {profile.get('name', '-')} ({profile.get('status', 'unknown')}) | "
-               f"{rec.get('num_simulations', '-')} simulations in {fmt(rec.get('elapsed_s'), 1)} s")
+               f"{rec.get('num_simulations', '-')} simulations in {fmt(rec.get('elapsed_s'))} s")
     if profile.get("status") == SCALED:
         st.warning(f"Profile {profile.get('name')} is scaled from another GPU, not validated on this one: "
                    "treat absolute figures with care.")
@@ -146,6 +146,8 @@ def render(rec: dict[str, Any]) -> None:
     st.code(rec.get("serve_command") or "", language="bash")
     for note in (rec.get("serve_notes") or []) + (rec.get("quality_notes") or []):
         st.warning(note)
+    for note in rec.get("model_notes") or []:  # a mixture of experts: what its routing does to the advice
+        st.info(note)
     if rec.get("gpu_comparison"):
         st.subheader("GPU types side by side")
         st.dataframe([{"GPU": o.get("gpu"), "GPUs": o.get("num_gpus"), "SLO": "met" if o.get("meets") else "MISSED",
@@ -162,12 +164,12 @@ def render(rec: dict[str, Any]) -> None:
         st.info("No change clears the bar: vLLM's defaults are the recommendation.")
     if rec.get("kept_defaults"):
         st.markdown(f"**Kept at vLLM's default** (the low end of the gain's 90% interval is not above "
-                    f"{fmt(min_gain, 1)}%)")
+                    f"{min_gain:.1f}%)" if isinstance(min_gain, (int, float)) else "the bar)")
         st.dataframe(kept_defaults_table(rec), hide_index=True, key="rec.kept")
     if rec.get("rejected"):
         st.markdown("**Rejected**")
         st.dataframe([{"optimization": r["optimization"], "flags": flags_text(r.get("flags")),
-                       "goodput %": fmt(r.get("delta_goodput_pct"), 1), "why": r.get("reason")}
+                       "goodput %": _pct1(r.get("delta_goodput_pct")), "why": r.get("reason")}
                       for r in rec["rejected"]], hide_index=True, key="rec.rejected")
     if rec.get("assumptions"):
         st.subheader("What the figures rest on")
@@ -199,9 +201,14 @@ def robustness(rob: dict[str, Any]) -> None:
     st.subheader("Robustness")
     st.dataframe([{"perturbation": r["perturbation"], "best option's goodput (req/s)": fmt(r.get("best_goodput_rps")),
                    "recommended goodput (req/s)": fmt(r.get("kept_goodput_rps")),
-                   "regret %": fmt(r.get("regret_pct"), 1)} for r in rob["rows"]], hide_index=True, key="rec.robust")
+                   "regret %": _pct1(r.get("regret_pct"))} for r in rob["rows"]], hide_index=True, key="rec.robust")
     if rob.get("fallback"):
-        st.caption(f"fallback: {config_label(rob['fallback'])} (max regret {fmt(rob.get('fallback_max_regret_pct'), 1)}%)")
+        st.caption(f"fallback: {config_label(rob['fallback'])} (max regret {_pct1(rob.get('fallback_max_regret_pct'))}%)")
+
+
+def _pct1(x: Any) -> str:
+    """A percentage in a sentence, to 0.1 as report.md writes it."""
+    return f"{x:.1f}" if isinstance(x, (int, float)) else "-"
 
 
 def details(rec: dict[str, Any]) -> None:
@@ -211,9 +218,34 @@ def details(rec: dict[str, Any]) -> None:
     for q in rec.get("questions") or []:
         with st.expander(q["question"]):
             st.write(q["answer"])
-    st.download_button("recommendation.json", json.dumps(rec, indent=2), file_name="recommendation.json",
-                       mime="application/json", key="dl.recommendation")
+    files = report_files(rec)
+    cols = st.columns(3)
+    cols[0].download_button("recommendation.json", json.dumps(rec, indent=2), file_name="recommendation.json",
+                            mime="application/json", key="dl.recommendation")
+    if not files:
+        st.caption("report.md and serve.sh need a recommendation with every field `costline advise` writes")
+        return
+    cols[1].download_button("report.md", files["report.md"], file_name="report.md", mime="text/markdown",
+                            key="dl.report")
+    cols[2].download_button("serve.sh", files["serve.sh"], file_name="serve.sh", mime="text/x-shellscript",
+                            key="dl.serve")
+
+
+def report_files(rec: dict[str, Any]) -> dict[str, str]:
+    """report.md (without its PNG charts: `costline advise --out` writes those) and serve.sh, as
+    `costline advise --out` writes them; {} when the advisor is missing or the dict is not a full
+    recommendation (an older or hand-made file)."""
+    try:
+        from advisor.advise.records import Recommendation
+        from advisor.advise.report import markdown, serve_script
+    except ImportError:
+        return {}
+    try:
+        model = Recommendation.model_validate(rec)
+    except ValueError:
+        return {}
+    return {"report.md": markdown(model, []), "serve.sh": serve_script(model)}
 
 
 __all__ = ["SCALED", "RecommendationError", "advise_api", "as_dict", "config_label", "flags_text", "ladder_table",
-           "load_json", "metrics_table", "render"]
+           "load_json", "metrics_table", "render", "report_files"]

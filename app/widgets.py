@@ -12,7 +12,7 @@ import streamlit as st
 from app.scenario import DEFAULT_PROFILE, MAX_SEED, Scenario
 from engine.core.flags import Flag
 from engine.core.model_spec import MODEL_PRESETS
-from sim.config import ENGINE_CONFIG_FLAGS
+from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
 from sim.hardware import GPU_PRESETS
 from sim.profile_files import shipped_profiles
 
@@ -31,9 +31,28 @@ def _text(value: Any) -> str:
         if hasattr(value, "model_dump_json") else str(value)
 
 
-def flag_control(flag: Flag, current: Any) -> Any:
-    """One widget for `flag`, showing `current`; returns the value the user set."""
+def auto_defaults(s: Scenario) -> dict[str, Any]:
+    """What vLLM picks for the flags left to its start-up default (`--max-num-seqs`, ...) on the
+    scenario's GPU and model: shown in those controls instead of a placeholder sentence that a
+    narrow sidebar cuts off. {} when the scenario does not resolve (its error is shown elsewhere)."""
+    from engine.core.model_spec import get_model
+    from sim.hardware import get_gpu
+
+    try:
+        resolved = EngineConfig(**s.flags).resolved_for(get_gpu(s.gpu), get_model(s.model))
+    except ValueError:
+        return {}
+    return {f.name: getattr(resolved, f.name) for f in ENGINE_CONFIG_FLAGS
+            if f.default is None and getattr(resolved, f.name, None) is not None}
+
+
+def flag_control(flag: Flag, current: Any, auto: Any = None) -> Any:
+    """One widget for `flag`, showing `current`; returns the value the user set. `auto`: what vLLM
+    picks when the flag is left unset (shown as the empty control's placeholder)."""
     label, key, help_ = flag.cli, flag_key(flag), flag.help
+    if flag.default is None and flag.type is int:
+        picked = f"{auto:,}" if isinstance(auto, int) else None
+        help_ = f"{help_} Empty = vLLM's default" + (f" for this GPU and model: {picked}." if picked else ".")
     if flag.type is bool:
         return st.toggle(label, value=bool(current), key=key, help=help_)
     if flag.choices:
@@ -44,7 +63,7 @@ def flag_control(flag: Flag, current: Any) -> Any:
     if flag.type is int:
         low = int(flag.ge) if flag.ge is not None else (int(flag.gt) + 1 if flag.gt is not None else None)
         return st.number_input(label, min_value=low, value=current, step=1, key=key, help=help_,
-                               placeholder="vLLM's default for the GPU" if flag.default is None else None)
+                               placeholder=auto_placeholder(auto) if flag.default is None else None)
     if flag.type is float:
         low = flag.ge if flag.ge is not None else (flag.gt + 0.01 if flag.gt is not None else None)
         return st.number_input(label, min_value=low, max_value=flag.le, value=current, step=0.01,
@@ -54,12 +73,18 @@ def flag_control(flag: Flag, current: Any) -> Any:
     return text.strip() or None
 
 
+def auto_placeholder(auto: Any) -> str:
+    """`auto: 8,192`: short enough for the sidebar's narrowest control."""
+    return f"auto: {auto:,}" if isinstance(auto, int) else "auto"
+
+
 def flag_controls(s: Scenario) -> dict[str, Any]:
     """Every engine flag as a control; returns the flags that differ from the defaults."""
     changed: dict[str, Any] = {}
+    autos = auto_defaults(s)
     for flag in ENGINE_CONFIG_FLAGS:
         current = s.flags.get(flag.name, flag.default)
-        value = flag_control(flag, current)
+        value = flag_control(flag, current, autos.get(flag.name))
         if isinstance(value, float) and isinstance(flag.default, float) and math.isclose(value, flag.default):
             continue
         if value != flag.default:
@@ -110,8 +135,14 @@ def error_text(exc: BaseException) -> str:
     return f"{BUG}: {type(exc).__name__}{': ' + first if first else ''}; please report it"
 
 
-def fmt(x: Any, digits: int = 2) -> str:
-    """A figure as the pages show it (tests format the API's numbers the same way)."""
+SIGNIFICANT = 3
+MAX_DECIMALS = 6
+
+
+def fmt(x: Any, sig: int = SIGNIFICANT) -> str:
+    """A figure as the pages show it, to `sig` significant digits and no more decimals than that
+    needs (2,418 tok/s, 7.25 req/s, 0.0123), thousands separated; tests format the API's numbers
+    the same way."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     if isinstance(x, bool):
@@ -119,7 +150,11 @@ def fmt(x: Any, digits: int = 2) -> str:
     if isinstance(x, int):
         return f"{x:,}"
     if isinstance(x, float):
-        return f"{x:,.{digits}f}"
+        if x == 0:
+            return "0"
+        decimals = min(max(0, sig - 1 - math.floor(math.log10(abs(x)))), MAX_DECIMALS)
+        text = f"{x:,.{decimals}f}"
+        return "0" if float(text.replace(",", "")) == 0 else text  # never "-0"
     return str(x)
 
 

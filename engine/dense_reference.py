@@ -2,6 +2,9 @@
 
 Written from the Llama papers/HF conventions, not from engine/model.py: per-frequency Python loop
 for the Llama-3 rope scaling, explicit GQA by repeating K/V heads, a causal mask, fp64 math.
+Qwen3's per-head q/k norms and a mixture-of-experts MLP (Qwen3-MoE's weight names) token by token:
+softmax over the router logits, the k largest, renormalised when the spec says, each expert's
+SwiGLU from its own gate/up/down matrices.
 """
 
 from __future__ import annotations
@@ -31,6 +34,24 @@ def _inv_freq(spec: ModelSpec) -> torch.Tensor:
                 f = (1 - a) * f / rs.factor + a * f
         freqs.append(f)
     return torch.tensor(freqs, dtype=torch.float64)
+
+
+def _swiglu(w: dict[str, torch.Tensor], p: str, h: torch.Tensor) -> torch.Tensor:
+    g = h @ w[p + "gate_proj.weight"].T
+    u = h @ w[p + "up_proj.weight"].T
+    return (torch.nn.functional.silu(g) * u) @ w[p + "down_proj.weight"].T
+
+
+def _moe(spec: ModelSpec, w: dict[str, torch.Tensor], p: str, h: torch.Tensor) -> torch.Tensor:
+    """Each token through its top-k experts, one token at a time."""
+    out = torch.zeros_like(h)
+    for t in range(h.shape[0]):
+        probs = torch.softmax(h[t] @ w[p + "mlp.gate.weight"].T, dim=-1)
+        top = sorted(range(spec.num_experts), key=lambda e: -float(probs[e]))[: spec.experts_per_token]
+        total = sum(float(probs[e]) for e in top) if spec.norm_topk_prob else 1.0
+        for e in top:
+            out[t] += float(probs[e]) / total * _swiglu(w, f"{p}mlp.experts.{e}.", h[t:t + 1])[0]
+    return out
 
 
 def dense_logits(spec: ModelSpec, w: dict[str, torch.Tensor], tokens: list[int]) -> torch.Tensor:
@@ -63,17 +84,18 @@ def dense_logits(spec: ModelSpec, w: dict[str, torch.Tensor], tokens: list[int])
             q = q + w[p + "self_attn.q_proj.bias"]
             k = k + w[p + "self_attn.k_proj.bias"]
             v = v + w[p + "self_attn.v_proj.bias"]
-        q = rope(q.view(n, hq, d))
-        k = rope(k.view(n, hkv, d)).repeat_interleave(hq // hkv, dim=1)
+        q, k = q.view(n, hq, d), k.view(n, hkv, d)
+        if spec.qk_norm:
+            q, k = norm(q, w[p + "self_attn.q_norm.weight"]), norm(k, w[p + "self_attn.k_norm.weight"])
+        q = rope(q)
+        k = rope(k).repeat_interleave(hq // hkv, dim=1)
         v = v.view(n, hkv, d).repeat_interleave(hq // hkv, dim=1)
         s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
         s = s.masked_fill(~mask, float("-inf"))
         o = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(n, hq * d)
         x = x + o @ w[p + "self_attn.o_proj.weight"].T
         h = norm(x, w[p + "post_attention_layernorm.weight"])
-        g = h @ w[p + "mlp.gate_proj.weight"].T
-        u = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (torch.nn.functional.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+        x = x + (_moe(spec, w, p, h) if spec.is_moe else _swiglu(w, p + "mlp.", h))
     x = norm(x, w["model.norm.weight"])
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
     return x @ head.T

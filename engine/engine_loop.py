@@ -5,9 +5,9 @@
 unchanged; this module only executes them and keeps each request's tokens and timestamps.
 
 With `speculative_config` the step runs synchronously: schedule (1 + k slots per decode) ->
-the proposer (draft model forwards, or the n-gram drafts found after the previous step) ->
-one target forward verifying every draft -> accepted tokens; the scheduler rolls back the
-rejected drafts' slots.
+the proposer (draft model forwards, EAGLE-3 head steps, or the n-gram drafts found after the
+previous step) -> one target forward verifying every draft -> accepted tokens (-> the EAGLE-3
+head's catch-up over the step's positions) -> the scheduler rolls back the rejected drafts' slots.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from engine.core.config import EngineArgs, scheduler_config
-from engine.core.model_spec import get_model
+from engine.core.flags import FlagError
+from engine.core.model_spec import ModelSpec, get_model
 from engine.core.records import StepRecord, step_composition
 from engine.core.request import FIRST_CONTENT_TOKEN_ID, Request
 from engine.core.scheduler import Scheduler
@@ -31,8 +33,19 @@ from engine.core.scheduler_output import RequestResult, SchedulerOutput
 from engine.model import TORCH_DTYPES, LlamaModel
 from engine.runner import ModelRunner
 from engine.sampling import Sampler, SamplingParams
+from engine.spec_decode.eagle import EagleHead, EagleProposer
 from engine.spec_decode.proposers import DraftModelProposer, NgramProposer, Proposal, WithDrafts
 from engine.startup import StartupLog, log_progress, process_age_s
+from engine.tensor_parallel import TPGroup, check_tp_shape
+from engine.tp_worker import (
+    SHARE_DEVICE_ENV,
+    BuildWorker,
+    rank_device,
+    register_shutdown,
+    sharing_device,
+    start_workers,
+    stop_workers,
+)
 from kernels import compiled_kernel_count
 
 
@@ -129,10 +142,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None
-                ) -> LlamaModel:
+def build_model(config: EngineArgs, device: torch.device, max_model_len: int | None = None,
+                tp: TPGroup | None = None, spec: ModelSpec | None = None) -> LlamaModel:
     """A preset with seeded random weights, or a checkpoint directory (FP8 weights with
-    `quantization="fp8"`, engine/quant.py)."""
+    `quantization="fp8"`, engine/quant.py); under tensor parallelism (`tp`) this rank's shard.
+    `spec`: the architecture to build instead of the preset's (a TP worker gets rank 0's)."""
     path = Path(config.model)
     dtype = None if config.dtype == "auto" else TORCH_DTYPES[config.dtype]
     backend = config.attention_backend
@@ -142,16 +156,54 @@ def build_model(config: EngineArgs, device: torch.device, max_model_len: int | N
         from engine.loader import load_model
 
         model = load_model(path, device=device, dtype=dtype, attention_backend=backend,
-                           max_positions=max_model_len)
+                           max_positions=max_model_len, tp=tp)
     else:
-        spec = get_model(config.model)
+        spec = spec or get_model(config.model)
         model = LlamaModel(spec, max_positions=max_model_len or spec.max_position_embeddings, device=device,
-                           dtype=dtype, attention_backend=backend, seed=config.seed)
+                           dtype=dtype, attention_backend=backend, seed=config.seed, tp=tp)
     if config.quantization == "fp8":
         from engine.quant import quantize_fp8
 
         quantize_fp8(model)
     return model
+
+
+def make_runner(model: LlamaModel, config: EngineArgs, max_model_len: int) -> ModelRunner:
+    """The runner of a resolved config (every tensor-parallel rank builds the same one)."""
+    return ModelRunner(
+        model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=max_model_len,
+        kv_cache_dtype=config.kv_cache_dtype, max_cudagraph_capture_size=config.max_cudagraph_capture_size)
+
+
+def check_tp_config(config: EngineArgs, device: torch.device, given_model: bool) -> None:
+    """What tensor parallelism (--tensor-parallel-size > 1) runs with, checked before any spawn."""
+    tp = config.tensor_parallel_size
+    if tp == 1:
+        return
+    fix = "; run it with --tensor-parallel-size 1"
+    if not given_model:  # the shape is checked before any worker is spawned
+        path = Path(config.model)
+        if path.is_dir():
+            from engine.hf_config import spec_of_folder
+
+            check_tp_shape(spec_of_folder(path), tp)
+        else:
+            check_tp_shape(get_model(config.model), tp)
+    if config.speculative_config is not None:
+        raise FlagError("tensor_parallel_size", tp, "does not run with --speculative-config yet" + fix)
+    if given_model:
+        raise FlagError("tensor_parallel_size", tp, "needs the engine to build its model (every rank builds "
+                        "its shard): pass a preset or checkpoint name, not a model object" + fix)
+    if device.type == "cuda" and sharing_device():  # test hook: gloo on one GPU, which no graph captures
+        if not config.enforce_eager and config.cudagraph_mode != "NONE":
+            raise FlagError("tensor_parallel_size", tp, f"with {SHARE_DEVICE_ENV}=1 (ranks sharing one GPU over "
+                            "gloo) runs eagerly; add --enforce-eager")
+    elif device.type == "cuda":
+        have = torch.cuda.device_count() - (device.index or 0)
+        if have < tp:
+            raise FlagError("tensor_parallel_size", tp, f"needs {tp} GPUs but {have} are visible from {device}; "
+                            "lower {tensor_parallel_size}")
 
 
 def device_facts(device: torch.device) -> tuple[str, float]:
@@ -183,15 +235,30 @@ def check_draft(draft: LlamaModel, target: LlamaModel, max_model_len: int) -> No
 
 class EngineCore:
     def __init__(self, config: EngineArgs, model: LlamaModel | None = None,
-                 eos_token_ids: tuple[int, ...] = (), draft_model: LlamaModel | None = None,
-                 progress: Callable[[str], None] = log_progress) -> None:
-        """`progress` hears each start-up phase as it ends (and a long capture's progress)."""
+                 eos_token_ids: tuple[int, ...] = (), draft_model: LlamaModel | EagleHead | None = None,
+                 progress: Callable[[str], None] = log_progress, tp: TPGroup | None = None) -> None:
+        """`progress` hears each start-up phase as it ends (and a long capture's progress).
+        `tp`: a tensor-parallel group this process already joined as rank 0 (benchmarks: a
+        world of one rank through the TP code path); without it, --tensor-parallel-size > 1
+        spawns the workers here."""
         self.startup = StartupLog(progress)
         self.ready_s: float | None = None  # process start -> first request accepted
         self.device = resolve_device(config.device)
+        check_tp_config(config, self.device, model is not None)
+        self.tp: TPGroup | None = tp
+        self._tp_procs: list = []
+        if tp is not None and tp.world_size != config.tensor_parallel_size:
+            raise FlagError("tensor_parallel_size", config.tensor_parallel_size,
+                            f"differs from the given group's {tp.world_size} ranks; make them equal")
+        if tp is None and config.tensor_parallel_size > 1:
+            with self.startup.phase("tensor-parallel workers") as detail:
+                self.device = rank_device(self.device, 0)
+                self.tp, self._tp_procs = start_workers(config.tensor_parallel_size, self.device)
+                register_shutdown(self.tp, self._tp_procs)
+                detail.append(f"{config.tensor_parallel_size} ranks")
         if model is None:
             with self.startup.phase("model") as detail:
-                model = build_model(config, self.device, config.max_model_len)
+                model = build_model(config, self.device, config.max_model_len, tp=self.tp)
                 detail.append(f"{model.spec.name}, {model.dtype}")
         self.model = model
         self.spec = model.spec
@@ -202,19 +269,19 @@ class EngineCore:
         self.max_model_len = config.max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.async_scheduling = config.async_scheduling
-        self.runner = ModelRunner(
-            model, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
-            kv_cache_dtype=config.kv_cache_dtype, max_cudagraph_capture_size=config.max_cudagraph_capture_size)
+        if self.tp is not None and self.tp.world_size > 1:  # the workers build the same shard and runner
+            self.tp.send(BuildWorker(config, self.max_model_len, model.spec))
+        self.runner = make_runner(model, config, self.max_model_len)
         self._init_speculation(config, draft_model)
         with self.startup.phase("KV cache") as detail:
             self.num_gpu_blocks = self.runner.allocate_kv_cache(
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 num_gpu_blocks_override=config.num_gpu_blocks_override,
                 cpu_kv_cache_bytes=config.cpu_kv_cache_bytes)
-            if self.drafter is not None:
-                self.drafter.allocate_kv(self.num_gpu_blocks)
-                self.runner.memory_report |= {"draft_weights_bytes": self.drafter.weights_bytes(),
+            proposer = self.drafter or self.eagle
+            if proposer is not None:
+                proposer.allocate_kv(self.num_gpu_blocks)
+                self.runner.memory_report |= {"draft_weights_bytes": proposer.weights_bytes(),
                                               "draft_kv_bytes_per_block": self.runner.draft_block_bytes}
             detail.append(f"{self.num_gpu_blocks:,} blocks of {config.block_size} tokens")
         self.graph_capture_s = 0.0
@@ -239,9 +306,15 @@ class EngineCore:
                             for _ in range(2)]
         self._token_buf_idx = 0
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do on one GPU); safe to call twice."""
+        if self._tp_procs:
+            stop_workers(self.tp, self._tp_procs)
+            self._tp_procs = []
+
     def _capture_graphs(self, config: EngineArgs) -> float:
         """Every CUDA graph the engine replays, each kind a start-up phase; returns seconds."""
-        runner, drafter = self.runner, self.drafter
+        runner, drafter, eagle = self.runner, self.drafter, self.eagle
         kinds = [("decode graphs", runner.decode_graph_sizes(), runner.capture_decode_graphs, ())]
         if config.cudagraph_mode == "FULL":
             kinds.append(("mixed graphs", runner.mixed_graph_sizes(), runner.capture_mixed_graphs, ()))
@@ -251,6 +324,12 @@ class EngineCore:
                        drafter.runner.capture_decode_graphs, ()),
                       ("draft verify graphs", drafter.runner.verify_graph_sizes(1),
                        drafter.runner.capture_verify_graphs, (1,))]
+        if eagle is not None:  # the head's draft steps are pure decodes; its catch-up after a
+            # uniform verify step is a uniform verify-shaped batch of 1 + k tokens per request
+            kinds += [("eagle3 decode graphs", eagle.runner.decode_graph_sizes(),
+                       eagle.runner.capture_decode_graphs, ()),
+                      ("eagle3 catch-up graphs", eagle.runner.verify_graph_sizes(self.spec_k),
+                       eagle.runner.capture_verify_graphs, (self.spec_k,))]
         if self.spec_k:
             kinds.append(("verify graphs", runner.verify_graph_sizes(self.spec_k), runner.capture_verify_graphs,
                           (self.spec_k,)))
@@ -269,6 +348,11 @@ class EngineCore:
         self.ngram = NgramProposer(sc.lookup_min, sc.lookup_max) if sc and sc.method == "ngram" else None
         self._ngram_drafts: dict[int, list[int]] = {}
         self.drafter: DraftModelProposer | None = None
+        self.eagle: EagleProposer | None = None
+        self._catch_up_events = None  # the last EAGLE-3 catch-up's CUDA events, read a step later
+        if sc is not None and sc.method == "eagle3":
+            self._init_eagle(config, draft_model)
+            return
         if sc is None or sc.method != "draft_model":
             return
         if draft_model is None:
@@ -280,11 +364,30 @@ class EngineCore:
                                           max_model_len=self.max_model_len)
         self.runner.draft_block_bytes = self.drafter.runner.block_bytes()
 
+    def _init_eagle(self, config: EngineArgs, head: LlamaModel | EagleHead | None) -> None:
+        """The EAGLE-3 head of `speculative_config.model` (a head directory; another name: a
+        seeded random head), or the one given; the target keeps its aux hidden states."""
+        from engine.spec_decode.eagle import is_head_dir, load_head, random_head
+
+        sc = config.speculative_config
+        assert sc is not None and sc.model
+        if head is None:
+            head = (load_head(sc.model, self.model) if is_head_dir(sc.model)
+                    else random_head(self.model, config.seed))
+        if not isinstance(head, EagleHead) or head.target is not self.model:
+            raise ValueError("--speculative-config: method eagle3 needs an EAGLE-3 head built on this target "
+                             "(engine.spec_decode.eagle.EagleHead), not a draft model")
+        self.eagle = EagleProposer(head, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len,
+                                   target_max_tokens=self.runner.d_input_ids.shape[0])
+        self.runner.draft_block_bytes = self.eagle.runner.block_bytes()
+
     def _switch_speculation(self, cfg: EngineArgs) -> None:
         """start_over with another n-gram speculation (or none): nothing to load, and the verify
         graphs of a new k are captured now. A draft model sizes the KV pool: it is fixed at build."""
         sc, built = cfg.speculative_config, self._built_config.speculative_config
-        if self.drafter is not None or (sc is not None and sc.method != "ngram"):
+        if self.drafter is not None or self.eagle is not None or (sc is not None and sc.method != "ngram"):
             if sc != built:
                 raise ValueError("start_over cannot change a draft model's speculative_config: build a new engine; "
                                  "it switches only n-gram speculation on and off")
@@ -415,6 +518,9 @@ class EngineCore:
         self._ngram_drafts.clear()
         if self.drafter is not None:
             self.drafter.reset()
+        if self.eagle is not None:
+            self.eagle.reset()
+            self._catch_up_events = None
         self.requests.clear()
         self._token_ids.clear()
         self._pending = None
@@ -455,6 +561,16 @@ class EngineCore:
         """End unfinished requests now (a replay cut off): blocks freed, sampler state dropped."""
         return [self._end_request(res) for res in self.scheduler.finish_requests(list(request_ids), "abort")]
 
+    def forget(self, request_ids: Sequence[int]) -> None:
+        """Drop ended requests' states here and in the scheduler (a server's memory stays flat).
+        Under async scheduling the step in flight when a request ended may still carry a token
+        for it: call this only after the next step() has returned."""
+        ended = [rid for rid in request_ids
+                 if (st := self.requests.get(rid)) is not None and st.finished_s is not None]
+        for rid in ended:
+            del self.requests[rid]
+        self.scheduler.forget_finished(ended)
+
     def release_held(self, request_id: int) -> int:
         """Free the KV blocks a finished `hold_blocks_on_finish` request kept (its transfer is done)."""
         return self.scheduler.release_held(request_id)
@@ -478,6 +594,8 @@ class EngineCore:
         propose_s = 0.0
         if self.drafter is not None:
             proposals, propose_s = self._propose_draft(out)
+        elif self.eagle is not None:
+            proposals, propose_s = self._propose_eagle(out)
         elif verify:
             proposals = {rid: Proposal(d) for rid, d in self._ngram_drafts.items()}
         cols = out.columns()
@@ -499,6 +617,8 @@ class EngineCore:
         else:
             sampled, stopped, t4 = self._sample(logits, sample_ids)
         num_visible = sum(map(len, sampled.values())) if verify else len(sampled)
+        if self.eagle is not None:  # before the scheduler frees the rejected drafts' slots
+            propose_s += self._eagle_catch_up(out, inp.num_tokens, sampled)
         finished = [self._end_request(res)
                     for res in self.scheduler.update_from_output(out, sampled, stopped=stopped)]
         if self.ngram is not None:
@@ -574,6 +694,51 @@ class EngineCore:
             e1.synchronize()
             return props, e0.elapsed_time(e1) / 1e3
         return props, time.perf_counter() - t
+
+    def _timed(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """fn() and its seconds: GPU time between events on a GPU, wall time on a CPU."""
+        t = time.perf_counter()
+        if self._use_events:
+            e0, e1 = self._new_event(), self._new_event()
+            e0.record()
+        res = fn()
+        if self._use_events:
+            e1.record()
+            e1.synchronize()
+            return res, e0.elapsed_time(e1) / 1e3
+        return res, time.perf_counter() - t
+
+    def _propose_eagle(self, out: SchedulerOutput) -> tuple[dict[int, Proposal], float]:
+        """The EAGLE-3 head's drafts 2..k for this step's decodes; (proposals, seconds)."""
+        assert self.eagle is not None
+        for rid in out.preempted_ids:  # their blocks, and the head's KV in them, are gone
+            self.eagle.forget(rid)
+        if not out.num_spec_tokens:
+            return {}, 0.0
+        return self._timed(lambda: self.eagle.propose(out.scheduled, self._token_ids))
+
+    def _eagle_catch_up(self, out: SchedulerOutput, num_tokens: int, sampled: dict[int, list[int]]) -> float:
+        """The head over this step's positions (draft 1 of the next step), launched without
+        waiting for it: the host goes on to the scheduler while the GPU runs it. Returns the
+        seconds to charge this step: on a GPU the previous step's catch-up (its events are done:
+        this step's sampling synchronized after them), so each step's `propose_s` holds one
+        catch-up and one round of head steps; on a CPU this one's wall time."""
+        assert self.eagle is not None
+        kept = {rid: len(toks) for rid, toks in sampled.items()}
+        reqs = self.requests
+        token_ids = {s.request_id: reqs[s.request_id].token_ids for s in out.scheduled}
+        if not self._use_events:
+            return self._timed(lambda: self.eagle.catch_up(out.scheduled, num_tokens, token_ids, kept))[1]
+        done = self._catch_up_events
+        e0, e1 = self._new_event(), self._new_event()
+        e0.record()
+        self.eagle.catch_up(out.scheduled, num_tokens, token_ids, kept)
+        e1.record()
+        self._catch_up_events = (e0, e1)
+        if done is None:
+            return 0.0
+        done[1].synchronize()  # already complete: returns at once
+        return done[0].elapsed_time(done[1]) / 1e3
 
     def _propose_ngram(self, sampled: dict[int, list[int]]) -> float:
         """Prompt lookup for the next step of every request that got tokens and goes on; the
@@ -665,6 +830,8 @@ class EngineCore:
         self._ngram_drafts.pop(res.request_id, None)
         if self.drafter is not None:
             self.drafter.forget(res.request_id)
+        if self.eagle is not None:
+            self.eagle.forget(res.request_id)
         return st
 
     def _step_record(self, out: SchedulerOutput, t0: float, schedule_s: float, prepare_s: float, gpu_s: float,

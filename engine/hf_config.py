@@ -17,7 +17,11 @@ from pydantic import ValidationError
 from engine.core.input_files import InputFileError, expect, read_json, validation_lines
 from engine.core.model_spec import ModelSpec, RopeScaling
 
-SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3MoeForCausalLM",
+                   "MixtralForCausalLM")
+# mixture-of-experts architectures: HF key of the expert count, and of the expert width
+_MOE_KEYS = {"Qwen3MoeForCausalLM": ("num_experts", "moe_intermediate_size"),
+             "MixtralForCausalLM": ("num_local_experts", "intermediate_size")}
 MAX_DIM = 1 << 24  # any width, count or length above 16M is a damaged config, not a model
 MAX_CONFIG_BYTES = 1 << 20
 _COUNTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -90,8 +94,9 @@ def spec_from_hf_config(cfg: dict, name: str = "hf", path: str | Path = "config.
         raise InputFileError(f"{path}: rope type {rope_type!r} is not supported (only 'llama3' or none)")
     heads = counts["num_attention_heads"]
     dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    moe = _moe_fields(path, cfg, arch)
     try:
-        return ModelSpec(
+        return ModelSpec(**moe,
             name=name, num_layers=counts["num_hidden_layers"], hidden_size=counts["hidden_size"], num_heads=heads,
             num_kv_heads=optional["num_key_value_heads"] or heads,
             head_dim=optional["head_dim"] or counts["hidden_size"] // heads,  # type: ignore[operator]
@@ -105,6 +110,26 @@ def spec_from_hf_config(cfg: dict, name: str = "hf", path: str | Path = "config.
         lines = [str(e["msg"]).removeprefix("Value error, ") + f" ({'.'.join(map(str, e['loc'])) or 'config'})"
                  for e in exc.errors()]
         raise InputFileError(f"{path}: not a model the engine can build: {'; '.join(lines)}") from None
+
+
+def _moe_fields(path: Path, cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """A mixture of experts' ModelSpec fields (none for a dense architecture); what the engine lacks
+    (shared experts, dense layers between MoE layers) is refused by key."""
+    if arch not in _MOE_KEYS:
+        return {}
+    n_key, width_key = _MOE_KEYS[arch]
+    for key, ok in (("decoder_sparse_step", (None, 1)), ("mlp_only_layers", (None, [])),
+                    ("shared_expert_intermediate_size", (None, 0))):
+        if cfg.get(key) not in ok:
+            raise InputFileError(f"{path}: key '{key}' is {cfg.get(key)!r}; the engine runs every layer as "
+                                 f"mixture of experts without shared experts ({key} {ok[1]!r})")
+    if cfg.get("norm_topk_prob") is not None:
+        expect(path, ["norm_topk_prob"], cfg["norm_topk_prob"], bool, "true or false")
+    return {"num_experts": _count(path, cfg, n_key, True), "experts_per_token": _count(path, cfg, "num_experts_per_tok", True),
+            "moe_intermediate_size": _count(path, cfg, width_key, True),
+            # Mixtral always renormalises its top-k weights; Qwen3-MoE says so in norm_topk_prob
+            "norm_topk_prob": arch == "MixtralForCausalLM" or bool(cfg.get("norm_topk_prob", False)),
+            "qk_norm": arch == "Qwen3MoeForCausalLM"}
 
 
 def spec_of_folder(folder: str | Path) -> ModelSpec:

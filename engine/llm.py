@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from engine.core.config import EngineArgs
 from engine.core.records import StepRecord
@@ -17,6 +17,7 @@ from engine.engine_loop import EngineCore, RequestState, content_hash_ids
 from engine.model import LlamaModel
 from engine.preflight import check_engine_args
 from engine.sampling import SamplingParams
+from engine.tensor_parallel import TPGroup
 
 HASH_BLOCK_TOKENS = 16
 
@@ -53,15 +54,25 @@ class LLM:
     """Offline batched generation. Keyword arguments are `EngineArgs` fields (vLLM names)."""
 
     def __init__(self, model: str = "tiny", *, llm_model: LlamaModel | None = None,
-                 eos_token_id: int | None = None, **engine_args: Any) -> None:
+                 eos_token_id: int | None = None, tp: TPGroup | None = None, **engine_args: Any) -> None:
         engine_args.setdefault("usage_context", "offline")  # vLLM's LLM class has its own defaults
         self.config = EngineArgs(model=model, **engine_args)
         if llm_model is None:  # device, backend and model size checked before anything is built
             check_engine_args(self.config)
         eos = (eos_token_id,) if eos_token_id is not None else ()
-        self.engine = EngineCore(self.config, model=llm_model, eos_token_ids=eos)
+        self.engine = EngineCore(self.config, model=llm_model, eos_token_ids=eos, tp=tp)
         self._next_id = 0
         self.step_traces: list[StepRecord] = []
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (with --tensor-parallel-size > 1; else nothing)."""
+        self.engine.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def generate(self, prompts: Sequence[Any],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None

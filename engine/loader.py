@@ -17,6 +17,7 @@ from engine.core.input_files import InputFileError, expect, expect_object, read_
 from engine.core.model_spec import ModelSpec
 from engine.hf_config import SUPPORTED_ARCHS, spec_from_hf_config, spec_of_folder
 from engine.model import TORCH_DTYPES, LlamaModel
+from engine.tensor_parallel import TPGroup
 
 
 def hf_config_from_spec(spec: ModelSpec) -> dict:
@@ -40,6 +41,11 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
         "mlp_bias": False,
         "torch_dtype": spec.dtype,
     }
+    if spec.is_moe:  # Qwen3-MoE's names (what _hf_tensors writes); loading one back is not supported yet
+        cfg |= {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                "num_experts": spec.num_experts, "num_experts_per_tok": spec.experts_per_token,
+                "moe_intermediate_size": spec.moe_intermediate_size, "norm_topk_prob": spec.norm_topk_prob,
+                "decoder_sparse_step": 1, "mlp_only_layers": []}
     if spec.rope_scaling is not None:
         rs = spec.rope_scaling
         cfg["rope_scaling"] = {
@@ -48,6 +54,23 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
             "original_max_position_embeddings": rs.original_max_position_embeddings,
         }
     return cfg
+
+
+def _hf_names(model: LlamaModel) -> set[str]:
+    """The HF tensor names a checkpoint of this model holds (a sharded model's too)."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"} | ({"lm_head.weight"} if model.lm_head is not None
+                                                                 else set())
+    per_layer = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                 "input_layernorm.weight", "post_attention_layernorm.weight"]
+    if model.spec.qkv_bias:
+        per_layer += ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
+    if model.spec.qk_norm:
+        per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    if model.spec.is_moe:  # Qwen3-MoE names: the router is `mlp.gate`, experts under `mlp.experts.{e}`
+        per_layer = [n for n in per_layer if not n.startswith("mlp.")] + ["mlp.gate.weight"] + [
+            f"mlp.experts.{e}.{w}_proj.weight" for e in range(model.spec.num_experts) for w in ("gate", "up", "down")]
+    return names | {f"model.layers.{i}.{n}" for i in range(len(model.layers)) for n in per_layer}
 
 
 def _hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
@@ -66,15 +89,30 @@ def _hf_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
             qb, kb, vb = layer.qkv_proj.bias.split([q_n, kv_n, kv_n])
             out |= {p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb,
                     p + "self_attn.v_proj.bias": vb}
-        gate, up = layer.gate_up_proj.weight.chunk(2)
         out |= {
             p + "self_attn.o_proj.weight": layer.o_proj.weight,
-            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": layer.down_proj.weight,
             p + "input_layernorm.weight": layer.input_layernorm.weight,
             p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
         }
+        if layer.q_norm is not None:
+            out |= {p + "self_attn.q_norm.weight": layer.q_norm.weight, p + "self_attn.k_norm.weight": layer.k_norm.weight}
+        out |= _hf_mlp(layer, p, s)
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+
+def _hf_mlp(layer, p: str, s) -> dict[str, torch.Tensor]:
+    """A layer's MLP under HF names: Llama's gate/up/down, or Qwen3-MoE's router (`mlp.gate`) and
+    `mlp.experts.{e}.{gate,up,down}_proj`."""
+    if not s.is_moe:
+        gate, up = layer.gate_up_proj.weight.chunk(2)
+        return {p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": layer.down_proj.weight}
+    out = {p + "mlp.gate.weight": layer.router.weight}
+    for e in range(s.num_experts):
+        gate, up = layer.w13[e].chunk(2)
+        q = f"{p}mlp.experts.{e}."
+        out |= {q + "gate_proj.weight": gate, q + "up_proj.weight": up, q + "down_proj.weight": layer.w2[e]}
+    return out
 
 
 def save_model(model: LlamaModel, path: str | Path, max_shard_bytes: int | None = None) -> None:
@@ -138,15 +176,36 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json found")
 
 
+# Mixtral's names of its MoE tensors -> the Qwen3-MoE names the engine reads and writes
+_MIXTRAL_NAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".block_sparse_moe.experts.", ".mlp.experts."),
+                  (".w1.weight", ".gate_proj.weight"), (".w3.weight", ".up_proj.weight"), (".w2.weight", ".down_proj.weight"))
+
+
+def _qwen3_moe_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors with Mixtral's MoE names rewritten to Qwen3-MoE's (others unchanged)."""
+    if not any(".block_sparse_moe." in k for k in tensors):
+        return tensors
+    out = {}
+    for k, v in tensors.items():
+        if ".block_sparse_moe." in k:
+            for old, new in _MIXTRAL_NAMES:
+                k = k.replace(old, new)
+        out[k] = v
+    return out
+
+
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               attention_backend: str = "torch", max_positions: int | None = None) -> LlamaModel:
-    """Build the model a HF-style directory describes and copy its weights in."""
+               attention_backend: str = "torch", max_positions: int | None = None,
+               tp: TPGroup | None = None) -> LlamaModel:
+    """Build the model a HF-style directory describes and copy its weights in (under tensor
+    parallelism, `tp`, this rank's shard of each)."""
     path = Path(path)
     spec = spec_of_folder(path)  # checked, and sized against the device before LlamaModel allocates
+
     model = LlamaModel(spec, max_positions=max_positions or min(spec.max_position_embeddings, 8192),
-                       device=device, dtype=dtype, attention_backend=attention_backend, seed=None)
-    tensors = _read_tensors(path)
-    want = _hf_tensors(model).keys()
+                       device=device, dtype=dtype, attention_backend=attention_backend, seed=None, tp=tp)
+    tensors = _qwen3_moe_names(_read_tensors(path))
+    want = _hf_names(model)
     if spec.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
@@ -154,26 +213,42 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     if missing or extra:
         raise ValueError(f"{path}: checkpoint does not match the config: missing {missing[:5]}, "
                          f"unexpected {extra[:5]}")
-    with torch.no_grad():
-        model.embed_tokens.copy_(tensors["model.embed_tokens.weight"])
-        model.norm.weight.copy_(tensors["model.norm.weight"])
-        if model.lm_head is not None:
-            model.lm_head.copy_(tensors["lm_head.weight"])
-        for i, layer in enumerate(model.layers):
-            p = f"model.layers.{i}."
-            g = lambda n, p=p: tensors[p + n]
-            layer.qkv_proj.weight.copy_(torch.cat([g("self_attn.q_proj.weight"),
-                                                   g("self_attn.k_proj.weight"),
-                                                   g("self_attn.v_proj.weight")]))
-            if layer.qkv_proj.bias is not None:
-                layer.qkv_proj.bias.copy_(torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"),
-                                                     g("self_attn.v_proj.bias")]))
-            layer.o_proj.weight.copy_(g("self_attn.o_proj.weight"))
-            layer.gate_up_proj.weight.copy_(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]))
-            layer.down_proj.weight.copy_(g("mlp.down_proj.weight"))
-            layer.input_layernorm.weight.copy_(g("input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.copy_(g("post_attention_layernorm.weight"))
+    model.load_full_state_dict(_engine_state(tensors, model))
     return model
+
+
+def _engine_state(tensors: dict[str, torch.Tensor], model: LlamaModel) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors under the engine's parameter names, q/k/v and gate/up fused."""
+    full = {"embed_tokens": tensors["model.embed_tokens.weight"], "norm.weight": tensors["model.norm.weight"]}
+    if model.lm_head is not None:
+        full["lm_head"] = tensors["lm_head.weight"]
+    for i, layer in enumerate(model.layers):
+        p, e = f"model.layers.{i}.", f"layers.{i}."
+        g = lambda n, p=p: tensors[p + n]
+        full[e + "qkv_proj.weight"] = torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
+                                                 g("self_attn.v_proj.weight")])
+        if layer.qkv_proj.bias is not None:
+            full[e + "qkv_proj.bias"] = torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"),
+                                                   g("self_attn.v_proj.bias")])
+        full[e + "o_proj.weight"] = g("self_attn.o_proj.weight")
+        if layer.q_norm is not None:
+            full[e + "q_norm.weight"], full[e + "k_norm.weight"] = g("self_attn.q_norm.weight"), g("self_attn.k_norm.weight")
+        full |= _engine_mlp(g, e, model.spec)
+        full[e + "input_layernorm.weight"] = g("input_layernorm.weight")
+        full[e + "post_attention_layernorm.weight"] = g("post_attention_layernorm.weight")
+    return full
+
+
+def _engine_mlp(g, e: str, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """A layer's MLP under the engine's names: Llama's fused gate/up and down, or the router and
+    each expert's gate/up stacked into `w13` [E, 2N, H] and down into `w2` [E, H, N]."""
+    if not spec.is_moe:
+        return {e + "gate_up_proj.weight": torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]),
+                e + "down_proj.weight": g("mlp.down_proj.weight")}
+    experts = [f"mlp.experts.{x}." for x in range(spec.num_experts)]
+    return {e + "router.weight": g("mlp.gate.weight"),
+            e + "w13": torch.stack([torch.cat([g(q + "gate_proj.weight"), g(q + "up_proj.weight")]) for q in experts]),
+            e + "w2": torch.stack([g(q + "down_proj.weight") for q in experts])}
 
 
 __all__ = ["SUPPORTED_ARCHS", "TORCH_DTYPES", "hf_config_from_spec", "load_model", "save_model", "spec_from_hf_config"]

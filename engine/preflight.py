@@ -135,10 +135,13 @@ def check_engine_args(cfg: Any) -> str:
     models = [("model", cfg.model)]
     if cfg.speculative_config is not None and cfg.speculative_config.model:
         models.append(("speculative_config", cfg.speculative_config.model))
+    tp = getattr(cfg, "tensor_parallel_size", 1) or 1
     for field, name in models:
         spec = model_spec(name, field)
         dtype = spec.dtype if cfg.dtype == "auto" else cfg.dtype
-        check_weights_fit(spec, DTYPE_BYTES[dtype], device, field=field, value=name)
+        # each rank holds 1/tp of the target's weights (the draft runs unsplit: refused with TP anyway)
+        share = tp if field == "model" else 1
+        check_weights_fit(spec, DTYPE_BYTES[dtype] / share, device, field=field, value=name)
     return device_type
 
 

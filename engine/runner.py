@@ -26,6 +26,8 @@ Larger batches run eagerly.
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import functools
 import itertools
 import operator
 import os
@@ -86,6 +88,16 @@ class StepInputs:
     # (decode, prefill) Q blocks in the attention's work lists (staged with the step), or None
     # when the step's attention takes none (a decode or verify graph, an eager pure-decode step)
     work_items: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StagedCopy:
+    """What a step's host-to-device copy moved: the staging bytes [0, end), then the block
+    table's update (the changed entries, or `packed` (seqs, cols) rows)."""
+
+    end_bytes: int
+    entries: bool | None  # some entries changed (None: rows sent packed instead)
+    packed: tuple[int, int] | None
 
 
 @dataclass(slots=True)
@@ -254,6 +266,41 @@ def _staging_sections(tokens: int, seqs: int, max_blocks: int, work_items: int =
     return sections
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerCall:
+    """A runner method rank 0 of a tensor-parallel group ran, for every worker to run too."""
+
+    name: str
+    args: tuple
+    kwargs: dict
+
+
+@dataclass(slots=True)
+class StepMessage:
+    """One step as rank 0 prepared it, for the workers: the step's description, the parts of its
+    staging bytes the step uses ((offset, bytes) chunks), its copy plan, and whether its decodes
+    gather in-flight tokens (rank 0 then also broadcasts its sampled-token buffer on the device
+    group)."""
+
+    inputs: StepInputs
+    chunks: list[tuple[int, bytes]]
+    copy: StagedCopy
+    gathers: bool
+
+
+def mirrored(method: Callable) -> Callable:
+    """Rank 0 of a tensor-parallel group first tells the workers to make the same call (with
+    the same arguments, less a `progress` callback): the calls that allocate, capture or run
+    collectives must happen on every rank in the same order."""
+    @functools.wraps(method)
+    def call(self: ModelRunner, *args: Any, **kwargs: Any) -> Any:
+        tp = self.tp
+        if tp is not None and tp.world_size > 1 and tp.is_driver:
+            tp.send(RunnerCall(method.__name__, args, {k: v for k, v in kwargs.items() if k != "progress"}))
+        return method(self, *args, **kwargs)
+    return call
+
+
 def _typed_view(raw: torch.Tensor, sec: _Section) -> torch.Tensor:
     """The section of byte buffer `raw` as a 1-D tensor of its dtype (same storage)."""
     return raw[sec.offset_bytes: sec.end_bytes].view(sec.dtype)
@@ -268,6 +315,11 @@ class ModelRunner:
         self.model = model
         self.kv_dtype = kv_cache_torch_dtype(kv_cache_dtype, model.dtype)
         self.spec = model.spec
+        # tensor parallelism: this rank's group (None: one GPU) and its share of the KV heads
+        self.tp = model.tp_group
+        self.num_kv_heads = model.spec.num_kv_heads // model.tp_size
+        self._last_copy: StagedCopy | None = None  # the last step's copy plan (sent to the workers)
+        self._last_gathers = False
         self.device = model.embed_tokens.device
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
@@ -300,7 +352,7 @@ class ModelRunner:
         # the attention's work lists (kernels.paged_attention.plan_work), when the backend
         # takes them: Q blocks of each launch of a step with prefill chunks, staged per step
         self._work_block_qs = model.backend.work_block_qs(
-            self.spec.num_heads, self.spec.num_kv_heads, self.kv_dtype == torch.float8_e4m3fn)
+            self.spec.num_heads // model.tp_size, self.num_kv_heads, self.kv_dtype == torch.float8_e4m3fn)
         self._work_cap = (0, 0)
         if self._work_block_qs is not None:
             self._work_cap = work_capacity(max_num_seqs, max(max_num_batched_tokens, max_num_seqs),
@@ -385,6 +437,15 @@ class ModelRunner:
         # numpy views of the same memory, made once (a .numpy() call per use costs more)
         self._np = self._stage_views[i]
 
+    def lower_row_starts(self, starts: Sequence[int]) -> None:
+        """Rows [0, len(starts)) were last written for steps that run ahead of their requests'
+        committed tokens (a draft model's single-token rounds at c + i): record `starts[i]`
+        (the position the request's kept tokens are sure to reach) instead, where lower, so the
+        next write of the same table rewrites every block past it (a verify step may replace
+        the blocks past the tokens it keeps, which the round's own start would skip)."""
+        n = len(starts)
+        np.minimum(self._row_cache.starts[:n], np.asarray(starts, dtype=np.int64), out=self._row_cache.starts[:n])
+
     def reset_block_tables(self) -> None:
         """Zero the device block table and its host mirror, every row to be written whole
         again (after writing the device table directly: warm-up launches, graph capture)."""
@@ -405,12 +466,13 @@ class ModelRunner:
     def block_bytes(self) -> int:
         """Bytes one KV block takes over all layers (K and V), at the cache's element size."""
         s = self.spec
-        return (2 * s.num_layers * self.block_size * s.num_kv_heads * s.head_dim
+        return (2 * s.num_layers * self.block_size * self.num_kv_heads * s.head_dim
                 * torch.finfo(self.kv_dtype).bits // 8)
 
     def _new_kv(self, num_blocks: int) -> torch.Tensor:
+        """This rank's KV cache: its share of the KV heads (all of them without TP)."""
         s = self.spec
-        return torch.zeros((s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim),
+        return torch.zeros((s.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, s.head_dim),
                            dtype=self.kv_dtype, device=self.device)
 
     @torch.inference_mode()
@@ -468,6 +530,7 @@ class ModelRunner:
                             f"of {self.block_bytes():,} bytes) but {self.device.type} memory has "
                             f"{free / 2**30:,.1f} GiB free; lower {{{field}}}")
 
+    @mirrored
     def allocate_kv_cache(self, *, gpu_memory_utilization: float = 0.92,
                           num_gpu_blocks_override: int | None = None,
                           cpu_kv_cache_bytes: int = 256 << 20) -> int:
@@ -476,7 +539,9 @@ class ModelRunner:
         GPU: blocks = (total memory x utilization - peak of the profiling forward, less its own
         temporary KV - memory used outside this process's torch allocator) / block bytes.
         CPU: `cpu_kv_cache_bytes` (vLLM's VLLM_CPU_KVCACHE_SPACE), capped at what
-        `max_num_seqs` full-length sequences could use.
+        `max_num_seqs` full-length sequences could use. Under tensor parallelism each rank
+        holds its KV heads of every block, so a block costs 1/tp of the bytes; the ranks agree
+        on the smallest count any of them can hold (the one scheduler pages them all).
         """
         if num_gpu_blocks_override is not None:
             n = num_gpu_blocks_override
@@ -497,6 +562,8 @@ class ModelRunner:
         else:
             cap = self.max_num_seqs * self.max_blocks_per_seq + 1
             n = min(cpu_kv_cache_bytes // (self.block_bytes() + self.draft_block_bytes), cap)
+        if self.tp is not None:
+            n = self.tp.min_int(n)
         if n < 1:
             raise ValueError(
                 f"no memory left for the KV cache (computed {n} blocks); raise "
@@ -562,6 +629,7 @@ class ModelRunner:
         work_items = self._stage_work(layout, q_lens)
         num_gather = self._stage_gather(tokens)
         self._copy_to_device(layout, self._stage_block_entries(layout, entries))
+        self._last_gathers = bool(num_gather)
         if num_gather:
             assert inflight is not None  # _input_tokens gathers only from inflight tokens
             self._gather_inflight(layout, inflight[1])
@@ -828,6 +896,13 @@ class ModelRunner:
             end = min(packed_at + -(-seqs * cols * 4 // q) * q, self._sections[-1].end_bytes)
         else:
             end = packed_at
+        self._last_copy = StagedCopy(end, None if entries is None else bool(entries),
+                                     (seqs, cols) if entries is None else None)
+        self._device_copy(self._last_copy)
+
+    def _device_copy(self, copy: StagedCopy) -> None:
+        """The copy `_copy_to_device` planned (a TP worker replays rank 0's plan on its bytes)."""
+        end = copy.end_bytes
         views = self._copy_views[self._stage_idx]
         dst_src = views.get(end)
         if dst_src is None:
@@ -835,9 +910,10 @@ class ModelRunner:
                 views.clear()
             dst_src = views[end] = (self.d_raw[:end], self.h_raw[:end])
         dst_src[0].copy_(dst_src[1], non_blocking=True)
-        if entries is None:
+        if copy.packed is not None:
+            seqs, cols = copy.packed
             self.d_block_tables[:seqs, :cols].copy_(self.d_bt_packed[: seqs * cols].view(seqs, cols))
-        elif entries:
+        elif copy.entries:
             self.d_bt_flat.index_copy_(0, self.d_bt_idx, self.d_bt_val)
 
     def _stage_gather(self, tokens: _InputTokens) -> int:
@@ -890,6 +966,8 @@ class ModelRunner:
     def forward(self, inp: StepInputs) -> torch.Tensor:
         """Logits [len(sample_request_ids), vocab] (model dtype) of the requests that sample."""
         assert self.kv_caches is not None, "allocate_kv_cache() first"
+        if self.tp is not None and self.tp.world_size > 1 and self.tp.is_driver:
+            self._send_step(inp)
         if inp.graph_kind is not None:
             self.num_graph_replays += 1
             if inp.graph_kind == "verify":
@@ -910,6 +988,52 @@ class ModelRunner:
         k = inp.num_logits
         return self.model.compute_logits(hidden[self.d_logits_idx[:k]])
 
+    def _send_step(self, inp: StepInputs) -> None:
+        """Rank 0: the step to the workers (its staging bytes and copy plan, pickled over the
+        control group), then, when its decodes gather in-flight tokens, the sampled-token buffer
+        over the device group (so rank 0 never waits for its tokens on the host)."""
+        # the workers' forward reads none of the request ids (hundreds of ints a step, pickled)
+        shape = dataclasses.replace(inp, request_ids=[], sample_request_ids=[])
+        self.tp.send(StepMessage(shape, self._used_chunks(inp), self._last_copy, self._last_gathers))
+        if self._last_gathers:
+            self.tp.broadcast(self.d_sampled)
+
+    # per-token sections: a step sends only the entries it uses (its padded tokens, its logits rows)
+    _TOKEN_SECTIONS = ("ids", "pos", "slots", "logits_idx")
+
+    def _used_chunks(self, inp: StepInputs) -> list[tuple[int, bytes]]:
+        """The staging bytes a step's kernels read: the per-sequence sections whole (small, and
+        their fixed-size lists are read whole), the per-token ones up to the step's padded tokens
+        or logits rows, the packed block-table rows when sent. The per-token sections' capacity
+        (4 x 8 bytes a token: 256 KiB at an 8,192-token budget) is mostly unused by a decode step."""
+        raw, secs = self._np["raw"], {sec.name: sec for sec in self._sections}
+        first = secs[self._TOKEN_SECTIONS[0]].offset_bytes
+        chunks = [(0, raw[:first].tobytes())]
+        for name in self._TOKEN_SECTIONS:
+            sec = secs[name]
+            n = inp.num_logits if name == "logits_idx" else inp.num_padded_tokens
+            chunks.append((sec.offset_bytes, raw[sec.offset_bytes: sec.offset_bytes + n * sec.dtype.itemsize].tobytes()))
+        packed_at = self._sections[-1].offset_bytes
+        if self._last_copy.end_bytes > packed_at:
+            chunks.append((packed_at, raw[packed_at: self._last_copy.end_bytes].tobytes()))
+        return chunks
+
+    @torch.inference_mode()
+    def run_step_message(self, msg: StepMessage) -> torch.Tensor:
+        """A worker: rank 0's step into this rank's buffers (the bytes it uses, the same copy
+        plan), its in-flight tokens from rank 0's buffer, then the same forward."""
+        self._next_stage()
+        raw = self._np["raw"]
+        for offset, data in msg.chunks:
+            raw[offset: offset + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self._device_copy(msg.copy)
+        if msg.gathers:
+            self.tp.broadcast(self.d_sampled)
+            if msg.inputs.graph_kind is None:
+                self._gather()
+        self._record_stage_done()
+        return self.forward(msg.inputs)
+
     def _max_cols(self, inp: StepInputs) -> int:
         return max(1, -(-inp.max_seq_len // self.block_size))
 
@@ -917,6 +1041,7 @@ class ModelRunner:
     # all decode-like, one sequence past DECODE_MAX_QUERY_LEN, and both in one batch
     _WARM_ATTENTION_Q_LENS = ((1, 1), (DECODE_MAX_QUERY_LEN + 1,), (1, DECODE_MAX_QUERY_LEN + 1))
 
+    @mirrored
     @torch.inference_mode()
     def warm_up_attention_launches(self) -> int:
         """Launch layer 0's attention (Triton backend) on a tiny batch of each eager shape,
@@ -974,6 +1099,7 @@ class ModelRunner:
         """Decode batch sizes that get a CUDA graph."""
         return decode_graph_buckets(self.max_num_seqs)
 
+    @mirrored
     @torch.inference_mode()
     def capture_decode_graphs(self, sizes: list[int] | None = None,
                               progress: Callable[[int], None] | None = None) -> float:
@@ -1020,6 +1146,7 @@ class ModelRunner:
         h = self.model(self.d_input_ids[:t], self.d_positions[:t], self.kv_caches, meta)
         return self.model.compute_logits(h, out=logits_out[:t])
 
+    @mirrored
     @torch.inference_mode()
     def capture_verify_graphs(self, k: int, progress: Callable[[int], None] | None = None) -> float:
         """One CUDA graph per verify bucket (uniform batches of decodes with k drafts each);
@@ -1077,6 +1204,7 @@ class ModelRunner:
             self._mixed_hidden = torch.empty(max(graphs), self.spec.hidden_size, dtype=self.model.dtype,
                                              device=self.device)
 
+    @mirrored
     @torch.inference_mode()
     def capture_mixed_graphs(self, progress: Callable[[int], None] | None = None) -> float:
         """One CUDA graph per mixed token bucket (largest first, one memory pool); returns

@@ -49,6 +49,10 @@ class Backend:
     # launches, the units of paged_attention's work lists (kernels.paged_attention.plan_work);
     # None: the backend takes no work lists
     work_block_qs: Callable[..., tuple[int, int] | None]
+    # (x [T, H], w13 [E, 2N, H], w2 [E, H, N], topk_weights [T, k], topk_ids [T, k]) -> [T, H]: the
+    # experts of a mixture-of-experts layer (reference: a per-expert loop, which syncs the host
+    # and so cannot be captured in a CUDA graph; Triton: kernels.fused_moe, graph-safe)
+    fused_moe: Callable[..., torch.Tensor]
 
 
 def get_backend(name: str) -> Backend:
@@ -56,20 +60,23 @@ def get_backend(name: str) -> Backend:
     BLAS for the GEMMs (``linear``: cuBLAS streams the decode GEMMs' weights near the bandwidth)."""
     if name == "torch":
         from kernels import reference as ref
+        from kernels.moe_reference import fused_moe_ref
 
         return Backend(
             "torch", ref.paged_attention_ref, ref.write_kv_cache_ref, ref.rope_store_kv_ref,
             ref.add_rms_norm_ref, ref.silu_mul_ref, ref.linear_ref, ref.linear_fp8_ref, ref.work_block_qs_ref,
+            fused_moe_ref,
         )  # fmt: skip
     if name == "triton":
         from kernels.cache_write import write_kv_cache
         from kernels.fp8_linear import linear_fp8
         from kernels.fused import add_rms_norm, rope_store_kv, silu_mul
+        from kernels.fused_moe import fused_moe
         from kernels.paged_attention import paged_attention, work_block_qs
         from kernels.reference import linear_ref as gemm
         return Backend(
             "triton", paged_attention, write_kv_cache, rope_store_kv, add_rms_norm, silu_mul, gemm,
-            linear_fp8, work_block_qs,
+            linear_fp8, work_block_qs, fused_moe,
         )
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKEND_NAMES}")
 

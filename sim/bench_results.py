@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.bench_format import RequestResult, RunInfo, bench_result
 from engine.core.input_files import InputFileError, decode_utf8, json_type, read_bytes
 
 MAX_BENCH_BYTES = 512 << 20  # a 100k-request detailed result with generated texts
@@ -267,54 +268,37 @@ def request_itls(first_s: float, finish_s: float, n_tokens: int, ends: np.ndarra
     return [(finish_s - first_s) / (n_tokens - 1)] * (n_tokens - 1), False
 
 
-def _rate(arrival_s: np.ndarray) -> float | str:
-    """The mean send rate (requests / span) as a result file states it; "inf" when all at once."""
+def _rate(arrival_s: np.ndarray) -> float:
+    """The mean send rate (requests / span) as a result file states it; inf when all at once."""
     span = float(arrival_s.max() - arrival_s.min()) if arrival_s.size else 0.0
-    return arrival_s.size / span if span > 0 else "inf"
+    return arrival_s.size / span if span > 0 else math.inf
 
 
 def bench_from_tables(requests: dict[str, np.ndarray], steps: dict[str, np.ndarray], *, duration_s: float,
                       model_id: str, backend: str, date: str) -> tuple[dict[str, Any], int]:
     """A run's request and step tables (engine/core/records.py columns: the engine's or the
     simulator's) written as `vllm bench serve --save-result --save-detailed` would have measured
-    them from a client: send time = arrival, TTFT, token gaps (`request_itls`), e2e; a request
-    that did not finish is a failed one (empty output, its status in `errors`). Summary keys are
-    vLLM's (mean / median / std / p99 in ms). Returns (the result object, requests whose gaps were
-    spread evenly)."""
+    them from a client, by the one writer of that format (engine/core/bench_format.py): send time
+    = arrival, TTFT, token gaps (`request_itls`), e2e; a request that did not finish is a failed
+    one (empty output, its status in `errors`). Returns (the result object, requests whose gaps
+    were spread evenly)."""
     ends = step_end_times(steps)
     order = np.argsort(requests["arrival_s"], kind="stable")
-    cols: dict[str, list[Any]] = {k: [] for k in ("input_lens", "output_lens", "ttfts", "itls", "latencies",
-                                                  "start_times", "generated_texts", "errors")}
-    spread = 0
+    results, spread = [], 0
     for i in order:
         done = requests["status"][i] == "finished"
         n = int(requests["num_output_tokens"][i]) if done else 0
         gaps, exact = (request_itls(float(requests["first_token_s"][i]), float(requests["finish_s"][i]), n, ends)
                        if done else ([], True))
         spread += not exact
-        for key, v in (("input_lens", int(requests["prompt_len"][i])), ("output_lens", n),
-                       ("ttfts", float(requests["ttft_s"][i]) if done else 0.0), ("itls", gaps),
-                       ("latencies", float(requests["e2e_s"][i]) if done else 0.0),
-                       ("start_times", float(requests["arrival_s"][i])), ("generated_texts", ""),
-                       ("errors", "" if done else f"{requests['status'][i]}: {requests['finish_reason'][i]}")):
-            cols[key].append(v)
-    ok = np.array([not e for e in cols["errors"]])
-    out = np.array(cols["output_lens"])
-    result: dict[str, Any] = {"date": date, "backend": backend, "model_id": model_id, "tokenizer_id": model_id,
-                              "num_prompts": len(order), "request_rate": _rate(requests["arrival_s"]),
-                              "burstiness": 1.0,
-                              "max_concurrency": None, "duration": duration_s, "completed": int(ok.sum()),
-                              "failed": int((~ok).sum()), "total_input_tokens": int(np.array(cols["input_lens"])[ok].sum()),
-                              "total_output_tokens": int(out.sum()), "request_throughput": ok.sum() / duration_s,
-                              "output_throughput": out.sum() / duration_s}
-    ttft, e2e = np.array(cols["ttfts"])[ok], np.array(cols["latencies"])[ok]
-    tpot = np.array([(e - t) / (k - 1) for t, e, k in zip(ttft, e2e, out[ok], strict=True) if k > 1])
-    itl = np.concatenate([np.asarray(g, dtype=np.float64) for g, good in zip(cols["itls"], ok, strict=True) if good])
-    for name, v in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
-        ms = v * 1e3 if v.size else np.zeros(1)
-        result |= {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
-                   f"std_{name}_ms": float(ms.std()), f"p99_{name}_ms": float(np.percentile(ms, 99))}
-    return result | cols, spread
+        results.append(RequestResult(
+            prompt_len=int(requests["prompt_len"][i]), success=bool(done), output_len=n,
+            ttft_s=float(requests["ttft_s"][i]) if done else 0.0, itls_s=gaps,
+            latency_s=float(requests["e2e_s"][i]) if done else 0.0, start_s=float(requests["arrival_s"][i]),
+            error="" if done else f"{requests['status'][i]}: {requests['finish_reason'][i]}"))
+    info = RunInfo(model_id=model_id, num_prompts=len(results), request_rate=_rate(requests["arrival_s"]),
+                   backend=backend)
+    return bench_result(results, duration_s, info) | {"date": date}, spread
 
 
 # --------------------------------------------------------------------------- Prometheus scrapes

@@ -938,6 +938,7 @@ def scale_profile(fitted: CostProfile, gpu: str) -> CostProfile:
     return fitted.model_copy(update={
         "name": f"{target.name}-{fitted.model}", "hardware": target.name, "memory": mem,
         "scaled_from": fitted.name, "fit_error": None, "validation": None,
+        "tp": None,  # measured over one GPU pair's link: another GPU's falls back to its datasheet link
         "source": (f"scaled from {fitted.name} by datasheet ratios: roofline multipliers applied to "
                    f"{target.name}'s rates; CPU, launch and overlap terms carried over as measured on "
                    f"{fitted.hardware}; not validated")})

@@ -4,7 +4,11 @@ GPU time is a sum of roofline terms, each `max(FLOPs / rate, bytes / bandwidth)`
 
 * GEMMs (all decoder layers' projections and MLP, plus the LM head on the rows that
   are sampled): FLOPs grow with the batched tokens, bytes are the weights read once
-  per step. Small batches are bandwidth-bound, big prefills compute-bound.
+  per step. Small batches are bandwidth-bound, big prefills compute-bound. A mixture of
+  experts adds its experts as a roofline term of their own (one grouped-GEMM pair per layer):
+  FLOPs of the k experts each token runs through, bytes of the experts the step's tokens
+  touch, which grow with the batch until all are read (sim/moe.py); `MoeTerms` holds the
+  routing skew and the fused kernel's measured efficiency against that roofline.
 * prefill attention: FLOPs of the causal (query, key) pairs, bytes of the context's KV.
 * decode attention: FLOPs of (1 + k) queries against each sequence's context, bytes of
   that context's KV (the term that grows with batch x context length).
@@ -36,6 +40,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -48,6 +53,7 @@ from engine.core.model_spec import ModelSpec, dtype_bytes
 from sim.config import EngineConfig
 from sim.hardware import GB, GPUSpec
 from sim.kv_dtype_costs import kv_dtype_cost
+from sim.moe import ExpertRouting
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 PROFILE_SCHEMA_VERSION = 2  # what `save` writes; version 1 (first principles only) still loads
@@ -164,6 +170,33 @@ class OverlapTerms(BaseModel):
     sync_extra_s: float = _COEF
 
 
+class TPTerms(BaseModel):
+    """Tensor parallelism's price, measured (`costline calibrate --tp-runs`, sim/tp_fit.py) on a
+    GPU pair: each forward issues `2 x layers + 1` all-reduces of its [tokens, hidden] activations
+    (attention and MLP per layer, the vocab-parallel embedding), each `allreduce_latency_s +
+    bus bytes / allreduce_bus_gb_per_s` (bus bytes = 2 (tp - 1) / tp x message bytes, the ring's
+    and nccl-tests' definition), of which `overlap_fraction` hides behind compute; `step_s` is what
+    else a TP step costs per forward (the logits all-gather, rank 0's step message). Measured at
+    `tensor_parallel_size`; another size scales the latency by (tp - 1) / (measured tp - 1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tensor_parallel_size: int = Field(ge=2)
+    allreduce_latency_s: float = Field(ge=0, le=1e-2)
+    allreduce_bus_gb_per_s: float = Field(gt=0)
+    overlap_fraction: float = Field(default=0.0, ge=0, le=1)
+    step_s: float = Field(default=0.0, ge=0, le=0.05)
+    provenance: dict[str, Any] | None = None  # "measured": GPU, model, runs, commit, fit errors
+
+    def comm_terms(self, model: ModelSpec, tp: int) -> tuple[float, float]:
+        """(fixed seconds, seconds per token) of a forward's TP communication at `tp` ranks."""
+        n = 2 * model.num_layers + 1
+        lat = self.allreduce_latency_s * (tp - 1) / (self.tensor_parallel_size - 1)
+        per_token_bytes = 2 * (tp - 1) / tp * model.hidden_size * dtype_bytes(model.dtype)
+        hidden = 1 - self.overlap_fraction
+        return hidden * n * lat + self.step_s, hidden * n * per_token_bytes / (self.allreduce_bus_gb_per_s * GB)
+
+
 class MemoryTerms(BaseModel):
     """What the engine's KV sizing used, per GPU, so the simulator computes the same block count:
     blocks = (total x utilization - weights - activations - non-torch) / block bytes, where the
@@ -189,13 +222,56 @@ class SpecTerms(BaseModel):
     forward over the step's new tokens (prefill chunks and each decode's last token) and k - 1
     single-token forwards over the decodes, each forward costing `draft_pass_s` beyond its
     roofline math (a small draft is launch and read-back bound); verification adds host work
-    (rejection, bookkeeping of 1 + k logits rows per sequence)."""
+    (rejection, bookkeeping of 1 + k logits rows per sequence). An EAGLE head's forwards cost
+    `eagle3_pass_s` each instead, where it was measured (None: `draft_pass_s`); its catch-up runs
+    over every position the target verified (1 + k per decode), not one token per decode."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     draft_pass_s: float = _COEF  # per draft forward, beyond its roofline math
+    # per EAGLE-3 head forward beyond its roofline math, measured on this GPU x model's engine
+    # (benchmarks/spec_decode/fit_eagle.py); None: not measured
+    eagle3_pass_s: float | None = Field(default=None, ge=0)
+    # and per decoding sequence of the step, per head forward (the proposer's host work grows
+    # with the batch: its inputs are prepared per sequence for each of its k forwards)
+    eagle3_pass_per_seq_s: float = Field(default=0.0, ge=0)
     verify_cpu_step_s: float = _COEF  # host seconds per verify step
     verify_cpu_per_seq_s: float = _COEF  # host seconds per verifying sequence
+
+
+class MoeTerms(BaseModel):
+    """How a mixture-of-experts model's experts are priced (ignored for a dense model).
+
+    The experts' roofline per step is max(FLOPs of k experts per token, bytes of the experts the
+    step touches), each at the dense GEMMs' rates (so a fitted `gemm` multiplier scales both);
+    these factors say how much slower the fused MoE kernel runs than that roofline, measured on
+    the GPU (benchmarks/kernels/bench_moe_h200.py) -- by tokens per step for the bytes side (small
+    grouped GEMMs stream the weights less well), one factor for the FLOPs side."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    routing_skew: float = Field(default=0.0, ge=0, le=4)  # Zipf exponent of expert popularity, 0 = uniform
+    # (tokens per step, factor on the touched experts' bytes) knots, interpolated in log2(tokens)
+    bytes_factor_by_tokens: tuple[tuple[int, float], ...] = ()
+    bytes_factor: float = Field(default=1.0, gt=0)  # without knots
+    # (tokens per step, factor on the experts' FLOPs) knots: grouped GEMMs of few rows per expert
+    # fill the tensor cores less well than big ones
+    flops_factor_by_tokens: tuple[tuple[int, float], ...] = ()
+    flops_factor: float = Field(default=1.0, gt=0)  # without knots
+    # GPU seconds per MoE layer and forward beyond the roofline terms (routing softmax/top-k, the
+    # grouping, the k-sum: small kernels whose launch and latency no byte or FLOP count covers),
+    # fitted from the engine's decode steps
+    layer_fixed_s: float = Field(default=0.0, ge=0, le=1e-3)
+    source: str = "prior: uniform routing, experts at the dense GEMMs' efficiency"
+
+    def routing(self, model: ModelSpec) -> ExpertRouting:
+        return ExpertRouting(model.num_experts, model.experts_per_token, self.routing_skew)
+
+    def bytes_multiplier(self, tokens: float) -> float:
+        return _by_knot(self.bytes_factor_by_tokens, self.bytes_factor, max(round(tokens), 1))
+
+    def flops_multiplier(self, tokens: float) -> float:
+        return _by_knot(self.flops_factor_by_tokens, self.flops_factor, max(round(tokens), 1))
 
 
 class CostProfile(BaseModel):
@@ -249,6 +325,9 @@ class CostProfile(BaseModel):
     overlap: OverlapTerms | None = None
     memory: MemoryTerms | None = None
     spec: SpecTerms | None = None  # speculative decoding as measured (None: first principles)
+    # tensor parallelism as measured on a GPU pair (None: the all-reduce from the link's datasheet
+    # bandwidth x allreduce_efficiency plus allreduce_latency_s, first principles)
+    tp: TPTerms | None = None
     # FP8 weights (--quantization fp8): the decoder GEMMs' compute rate over bf16's. None: the
     # datasheet's FP8 rate (2x on Hopper), a prior. The weights' bytes halve either way; the LM head
     # stays 16-bit (as in vLLM). `fp8_step_s`: GPU seconds FP8 weights add to every forward (the
@@ -257,6 +336,7 @@ class CostProfile(BaseModel):
     fp8_gemm_speedup: float | None = Field(default=None, gt=0, le=4)
     fp8_step_s: float | None = Field(default=None, ge=0, le=0.05)
     fp8_fit: dict[str, Any] | None = None  # how the two were measured: runs, steps, errors, commit
+    moe: MoeTerms | None = None  # mixture-of-experts pricing (None: MoeTerms() defaults, a prior)
     scaled_from: str | None = None  # the fitted profile whose multipliers this one reuses
     provenance: dict[str, Any] | None = None  # engine commit, GPU, date, runs, steps used
     fit_error: dict[str, Any] | None = None  # per step kind: held-out median / p90 relative error
@@ -334,6 +414,12 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {e['msg']}" if where else e["msg"]
 
 
+@lru_cache(maxsize=4096)
+def _touched(routing: ExpertRouting, tokens: float) -> float:
+    """Expected distinct experts per layer (cached: the simulator asks for a few step sizes often)."""
+    return routing.expected_touched(tokens)
+
+
 class BatchComposition(Protocol):
     """What the cost model reads of a step: the scheduler's `SchedulerOutput` and the step table's
     `StepRecord` both have these fields (context sums are KV lengths after the step)."""
@@ -362,11 +448,20 @@ class Roofline:
     prefill_s_per_pair: float  # prefill attention per (query, key) pair: attn_s_per_pair x the
     # KV dtype's measured prefill ratio (an fp8 cache converts each K/V tile per query tile)
     ew_s_per_token: float  # element-wise traffic per token
+    # mixture of experts (zero for a dense model): the experts' FLOPs per token (k experts, all
+    # layers) and the bytes of one expert in every layer; gemm_s_per_token and weights_s hold the
+    # rest (attention projections, router, LM head)
+    moe_s_per_token: float = 0.0
+    expert_s: float = 0.0
+    moe: MoeTerms | None = None
+    routing: ExpertRouting | None = None
+    moe_fixed_s: float = 0.0  # layers x MoeTerms.layer_fixed_s, per forward
 
     @classmethod
     def of(cls, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
-           fp8_gemm_speedup: float | None = None) -> Roofline:
-        """`fp8_gemm_speedup`: FP8 weights' GEMM compute rate over bf16's (None: the datasheet's)."""
+           fp8_gemm_speedup: float | None = None, moe: MoeTerms | None = None) -> Roofline:
+        """`fp8_gemm_speedup`: FP8 weights' GEMM compute rate over bf16's (None: the datasheet's);
+        `moe`: a mixture of experts' routing skew and kernel factors (None: the defaults)."""
         tp = engine.tensor_parallel_size
         wdt = engine.weight_dtype or model.dtype
         gemm_rate = head_rate = gpu.tflops(model.dtype) * 1e12  # the LM head keeps the model's dtype
@@ -376,10 +471,12 @@ class Roofline:
             gemm_rate = gpu.bf16_tflops * 1e12 * fp8_gemm_speedup
         bw = gpu.hbm_gb_per_s * GB
         L, h = model.num_layers, model.hidden_size
-        layer_params = L * model.params_per_layer
+        expert_params = L * model.expert_params  # one expert, every layer (0 for a dense model)
+        layer_params = L * model.params_per_layer - model.num_experts * expert_params
         head_params = model.vocab_size * h
-        # element-wise traffic per token: norms/residual/RoPE (~8 h) and SwiGLU (3 x inter)
-        ew_bytes = L * (8 * h + 3 * model.intermediate_size / tp) * dtype_bytes(model.dtype)
+        # element-wise traffic per token: norms/residual/RoPE (~8 h) and SwiGLU (3 x inter; MoE: of k experts)
+        ew_bytes = L * (8 * h + 3 * model.ffn_width_per_token / tp) * dtype_bytes(model.dtype)
+        moe = (moe or MoeTerms()) if model.is_moe else None
         # a quantised cache is priced by its kernels' measured time against the 16-bit cache's,
         # not by its bytes (sim/kv_dtype_costs.py): the kernels convert slower than HBM streams
         kvc = kv_dtype_cost(engine.kv_cache_dtype, gpu.name)
@@ -390,7 +487,28 @@ class Roofline:
                    attn_s_per_pair=attn_s_per_pair,
                    kv_s_per_token=model.kv_bytes_per_token(engine.kv_cache_dtype) / tp / bw * kvc.decode_per_byte,
                    prefill_s_per_pair=attn_s_per_pair * kvc.prefill_time_ratio,
-                   ew_s_per_token=ew_bytes / bw)
+                   ew_s_per_token=ew_bytes / bw,
+                   moe_s_per_token=2 * model.experts_per_token * expert_params / tp / gemm_rate,
+                   expert_s=expert_params * dtype_bytes(wdt) / tp / bw, moe=moe,
+                   routing=moe.routing(model) if moe else None,
+                   moe_fixed_s=L * moe.layer_fixed_s if moe else 0.0)
+
+    def experts_s(self, tokens: Any, compute_mult: float = 1.0, memory_mult: float = 1.0) -> Any:
+        """The experts' roofline seconds for `tokens` tokens per step (scalar or numpy array):
+        max(their FLOPs, the bytes of the experts touched), each side times the measured factor
+        and the caller's multiplier (1 / efficiency); 0 for a dense model."""
+        if self.routing is None:
+            return 0.0 * tokens
+        m = self.moe
+        if np.ndim(tokens) == 0:
+            t = float(tokens)
+            touched, bf, ff = _touched(self.routing, t), m.bytes_multiplier(t), m.flops_multiplier(t)
+            return max(self.moe_s_per_token * t * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
+        else:
+            touched = self.routing.expected_touched(tokens)
+            bf = np.array([m.bytes_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
+            ff = np.array([m.flops_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
+        return np.maximum(self.moe_s_per_token * tokens * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
 
     def features(self, tokens: Any, rows: Any, prefill_pairs: Any, prefill_kv_tokens: Any,
                  decode_q_per_seq: Any, decode_kv_tokens: Any, decode_max_kv_tokens: Any = 0) -> dict[str, Any]:
@@ -398,7 +516,8 @@ class Roofline:
         what a fitted profile's multipliers (`GpuTerms`) apply to."""
         mx = np.maximum
         return {
-            "gemm": mx(self.gemm_s_per_token * tokens + self.gemm_s_per_row * rows, self.weights_s),
+            "gemm": mx(self.gemm_s_per_token * tokens + self.gemm_s_per_row * rows, self.weights_s)
+            + self.experts_s(tokens),
             "prefill_attention": mx(self.prefill_s_per_pair * prefill_pairs, self.kv_s_per_token * prefill_kv_tokens),
             "decode_kv": mx(self.attn_s_per_pair * decode_q_per_seq, self.kv_s_per_token) * decode_kv_tokens,
             "decode_max_kv": mx(self.attn_s_per_pair * decode_q_per_seq, self.kv_s_per_token) * decode_max_kv_tokens,
@@ -424,6 +543,8 @@ class _Forward:
     ew: float
     fixed: float
     per_seq: float
+    experts: Roofline | None = None  # a mixture of experts' roofline (its experts_s), x `gemm_mult`
+    gemm_mult: float = 0.0
 
     @classmethod
     def fitted(cls, r: Roofline, t: GpuTerms, fixed_extra_s: float = 0.0) -> _Forward:
@@ -432,12 +553,15 @@ class _Forward:
                    kv=t.prefill_attention * r.kv_s_per_token, dkv_pair=t.decode_kv * r.attn_s_per_pair,
                    dkv=t.decode_kv * r.kv_s_per_token, ew=t.elementwise * r.ew_s_per_token,
                    max_pair=t.decode_max_kv * r.attn_s_per_pair, max_kv=t.decode_max_kv * r.kv_s_per_token,
-                   fixed=t.step_s + fixed_extra_s, per_seq=t.per_seq_s)
+                   fixed=t.step_s + fixed_extra_s, per_seq=t.per_seq_s,
+                   experts=r if r.routing is not None else None, gemm_mult=t.gemm)
 
     def seconds(self, tokens: float, rows: float, prefill_pairs: float, prefill_kv: float, q_per_seq: float,
                 decode_kv: float, seqs: float, max_decode_kv: float = 0.0) -> float:
         gemm = self.gemm_tok * tokens + self.gemm_row * rows
         gemm = max(gemm, self.weights)
+        if self.experts is not None:
+            gemm += self.gemm_mult * self.experts.experts_s(tokens) + self.experts.moe_fixed_s
         pre = max(self.pair * prefill_pairs, self.kv * prefill_kv)
         dec = max(self.dkv_pair * q_per_seq, self.dkv) * decode_kv
         if max_decode_kv:
@@ -463,7 +587,7 @@ class CostModel:
         tp = engine.tensor_parallel_size
         self.async_scheduling = engine.async_scheduling
         act_b = dtype_bytes(model.dtype)
-        self.roofline = r = Roofline.of(model, gpu, engine, p.fp8_gemm_speedup)
+        self.roofline = r = Roofline.of(model, gpu, engine, p.fp8_gemm_speedup, p.moe)
         L, h = model.num_layers, model.hidden_size
         # GEMM: seconds per token / per sampled row (compute side), weights (memory side)
         self._gemm_s_per_token = r.gemm_s_per_token / p.gemm_compute_efficiency
@@ -474,8 +598,11 @@ class CostModel:
         self._prefill_s_per_pair = r.prefill_s_per_pair / p.attn_compute_efficiency
         self._kv_s_per_token = r.kv_s_per_token / p.attn_memory_efficiency
         self._ew_s_per_token = r.ew_s_per_token / p.elementwise_memory_efficiency
-        # two all-reduces per layer of tokens x hidden activations (ring: 2 (tp-1)/tp of the bytes)
-        if tp > 1:
+        # two all-reduces per layer of tokens x hidden activations (ring: 2 (tp-1)/tp of the bytes):
+        # measured terms where the profile has them, else the link's datasheet rate
+        if tp > 1 and p.tp is not None:
+            self._ar_fixed_s, self._ar_s_per_token = p.tp.comm_terms(model, tp)
+        elif tp > 1:
             link = gpu.interconnect_gb_per_s * GB * p.allreduce_efficiency
             self._ar_fixed_s = 2 * L * p.allreduce_latency_s
             self._ar_s_per_token = 2 * L * 2 * (tp - 1) / tp * h * act_b / link
@@ -499,6 +626,7 @@ class CostModel:
         spec = engine.speculative_config
         self.k = spec.num_speculative_tokens if spec else 0
         self.spec_method = spec.method if spec else None
+        self.is_head = self.spec_method in ("eagle", "eagle3")  # reads the target's hidden states
         self._ngram_s_per_seq = p.ngram_cpu_per_seq_s if self.spec_method == "ngram" else 0.0
         self.spec_terms = p.spec if self.k and p.is_fitted else None
         self.draft: CostModel | None = None
@@ -507,6 +635,8 @@ class CostModel:
                                    kv_cache_dtype=engine.kv_cache_dtype, quantization=engine.quantization)
             # the draft's math from first principles, its fixed cost per forward as measured
             per_pass = self.spec_terms.draft_pass_s if self.spec_terms else p.draft_pass_overhead_s
+            if self.is_head and self.spec_terms is not None and self.spec_terms.eagle3_pass_s is not None:
+                per_pass = self.spec_terms.eagle3_pass_s
             dprof = CostProfile(**p.model_dump(include=set(_V1_FIELDS)) | {
                 "schema_version": 1, "gpu_step_overhead_s": per_pass})
             self.draft = CostModel(draft, gpu, dengine, dprof)
@@ -538,6 +668,9 @@ class CostModel:
         if num_tokens <= 0:
             return 0.0
         gemm = max(self._gemm_s_per_token * num_tokens + self._gemm_s_per_row * num_rows, self._weights_s)
+        if self.roofline.routing is not None:
+            gemm += self.roofline.experts_s(num_tokens, 1 / self.profile.gemm_compute_efficiency,
+                                            1 / self.profile.gemm_memory_efficiency) + self.roofline.moe_fixed_s
         pre = max(self._prefill_s_per_pair * prefill_pairs, self._kv_s_per_token * prefill_kv_tokens)
         dec = max(self._attn_s_per_pair * decode_pairs, self._kv_s_per_token * decode_kv_tokens)
         return (gemm + pre + dec + self._ew_s_per_token * num_tokens
@@ -627,11 +760,15 @@ class CostModel:
 
     def _draft_passes_s(self, d: CostModel, b: BatchComposition) -> float:
         """The engine's draft proposer: one catch-up forward over every scheduled sequence's new
-        tokens (prefill chunks, and each decode's last sampled token), then k - 1 single-token
-        forwards over the decodes."""
+        tokens (prefill chunks, and each decode's last sampled token; an EAGLE head's catch-up
+        covers every position the target computed: each decode's 1 + k), then k - 1
+        single-token forwards over the decodes."""
         n, c = b.num_decode_seqs, b.sum_decode_context
-        t = d.forward_s(b.num_prefill_tokens + n, b.num_prefill_seqs + n, b.prefill_attn_pairs,
+        caught = b.num_decode_tokens if self.is_head else n
+        t = d.forward_s(b.num_prefill_tokens + caught, b.num_prefill_seqs + n, b.prefill_attn_pairs,
                         b.sum_prefill_context, c, c)
+        if self.is_head and self.spec_terms is not None and self.spec_terms.eagle3_pass_s is not None:
+            t += self.k * self.spec_terms.eagle3_pass_per_seq_s * n
         if n:
             t += (self.k - 1) * d.forward_s(n, n, 0.0, 0.0, c, c)
         return t
@@ -909,6 +1046,7 @@ __all__ = [
     "Roofline",
     "SpecTerms",
     "StepKind",
+    "TPTerms",
     "knot_weights",
     "step_table_seconds",
 ]

@@ -28,13 +28,16 @@ def draft_spec(target: ModelSpec, spec: SpeculativeConfig | None) -> ModelSpec |
     """The model the proposer runs on the GPU, or None for proposers without one (n-gram).
 
     EAGLE / MTP heads are one decoder layer of the target's shape (plus an input
-    projection of 2h x h) that reuse the target's embedding and LM head.
+    projection of 2h x h) that reuse the target's embedding and LM head; a mixture of experts'
+    head is a dense layer of the config's dense width (`intermediate_size`), as the public
+    EAGLE heads of MoE targets are.
     """
     if spec is None or spec.method == "ngram":
         return None
     if spec.method == "draft_model":
         return get_model(spec.model or "")
-    return target.model_copy(update={"name": f"{target.name}-{spec.method}-head", "num_layers": 1})
+    dense = {"num_experts": 0, "experts_per_token": 0, "moe_intermediate_size": 0}
+    return target.model_copy(update={"name": f"{target.name}-{spec.method}-head", "num_layers": 1, **dense})
 
 
 def draft_weight_bytes(target: ModelSpec, spec: SpeculativeConfig | None, weight_dtype: str | None) -> float:
@@ -55,11 +58,17 @@ def activation_reserve_bytes(model: ModelSpec, engine: EngineConfig) -> float:
     The profiling forward runs `max_num_batched_tokens` tokens: the widest live tensors
     are the MLP's gate/up outputs (2 x intermediate) and a few hidden-size buffers per
     token, sharded by TP; the sampler holds fp32 logits for up to `max_num_seqs` rows.
+    A mixture of experts holds, per token, its k experts' activations (k x expert width) and
+    their k weighted outputs (k x hidden) until they are summed (kernels/fused_moe.py).
     """
     tp = engine.tensor_parallel_size
     tokens = engine.max_num_batched_tokens or 8192
     act_elem = dtype_bytes(model.dtype)
-    per_token = (2 * model.intermediate_size / tp + 4 * model.hidden_size) * act_elem
+    if model.is_moe:
+        k = model.experts_per_token
+        per_token = (k * model.moe_intermediate_size / tp + k * model.hidden_size + 4 * model.hidden_size) * act_elem
+    else:
+        per_token = (2 * model.intermediate_size / tp + 4 * model.hidden_size) * act_elem
     logits = min(engine.max_num_seqs or 256, tokens) * model.vocab_size * 4
     return tp * (tokens * per_token + logits + NON_TORCH_BYTES_PER_GPU)
 

@@ -71,7 +71,9 @@ class SimResult(RunTables):
             names[name] = f"{name}.{'parquet' if use_parquet else 'csv'}"
             (_write_parquet if use_parquet else _write_csv)(folder / names[name], table)
         names["summary"], names["metrics"] = "summary.json", "metrics.prom"
-        (folder / "summary.json").write_text(json.dumps(jsonable(self.summary()), indent=2) + "\n")
+        # the flags the run modelled ride along, so `simulate --compare` can name what differs
+        flags = {k: self.meta[k] for k in ("vllm_args", "serve_command") if k in self.meta}
+        (folder / "summary.json").write_text(json.dumps(jsonable(self.summary() | flags), indent=2) + "\n")
         (folder / "metrics.prom").write_text(self.prometheus_text())
         return names
 

@@ -17,6 +17,9 @@ HF_MODEL_IDS: dict[str, tuple[str, ...]] = {
     "llama-3.1-70b": ("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-70B"),
     "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"),
     "mistral-7b": ("mistralai/Mistral-7B-Instruct-v0.3", "mistralai/Mistral-7B-v0.3"),
+    # Qwen3-30B-A3B is one hybrid-thinking checkpoint (the instruct one); -Base is its pretrained twin
+    "qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Base"),
+    "mixtral-8x7b": ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mistralai/Mixtral-8x7B-v0.1"),
 }
 _PRESET_OF_ID = {hf.lower(): alias for alias, ids in HF_MODEL_IDS.items() for hf in ids}
 

@@ -672,7 +672,8 @@ class Simulation:
         self.max_model_len = base.max_model_len
         draft = draft_spec(dep.model, base.speculative_config)
         category = {r.request_id: r.category for r in self.requests}
-        self.spec = (SpecTokens(AcceptanceModel(base.speculative_config, self.seed), category.__getitem__)
+        self.spec = (SpecTokens(AcceptanceModel(base.speculative_config, self.seed, dep.model.name),
+                                category.__getitem__)
                      if base.speculative_config else None)
         ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s)
         self.prefill_pool: list[_Replica] = []

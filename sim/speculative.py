@@ -20,7 +20,11 @@ model's business (sim/cost_model.py); its *memory* is sim/memory.py's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 from scipy import optimize, special
@@ -58,12 +62,50 @@ ACCEPTANCE_RANGE = 0.30
 MAX_SCALED_ACCEPTANCE = 0.98
 
 
-def scaled_acceptance(spec: SpeculativeConfig, factor: float) -> dict:
+# Acceptance measured on the engine, by (method, target model): a JSON in sim/profiles written by
+# the fit of that measurement (benchmarks/spec_decode/fit_eagle.py), Beta (a, b) per task and k.
+MEASURED_ACCEPTANCE_FILES = {("eagle3", "byte-lm-100m"): "eagle3-acceptance-byte-lm-100m.json"}
+PROFILES_DIR = Path(__file__).with_name("profiles")
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceSource:
+    """The per-task Beta table a simulation draws acceptance from, and where it comes from:
+    "measured" (on the engine, for this target model), "prior" (sim's table, a literature range)
+    or "user" (the config's own `acceptance_beta`)."""
+
+    table: dict[str, tuple[float, float]]
+    provenance: str
+    source: str
+
+
+@cache
+def _measured_file(name: str) -> dict | None:
+    path = PROFILES_DIR / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def acceptance_source(spec: SpeculativeConfig, model: str | None = None) -> AcceptanceSource:
+    """The acceptance table for `spec` on target `model`: the config's own, else the engine's
+    measurement for this method x model (the k measured nearest to the config's), else the prior."""
+    prior = dict(DEFAULT_ACCEPTANCE.get(spec.method, DEFAULT_ACCEPTANCE["eagle"]))
+    if spec.acceptance_beta:
+        return AcceptanceSource(prior | spec.acceptance_beta, "user", "speculative_config.acceptance_beta")
+    name = MEASURED_ACCEPTANCE_FILES.get((spec.method, model or ""))
+    data = _measured_file(name) if name else None
+    if data is None:
+        return AcceptanceSource(prior, "prior", "sim/speculative.py's prior table (the range public reports give; "
+                                                "EAGLE-3 after its paper's and vLLM's acceptance lengths)")
+    k = min(data["by_k"], key=lambda x: (abs(int(x) - spec.num_speculative_tokens), int(x)))
+    table = {task: (float(a), float(b)) for task, (a, b) in data["by_k"][k].items()}
+    return AcceptanceSource(table, "measured", f"{data['source']} (k={k})")
+
+
+def scaled_acceptance(spec: SpeculativeConfig, factor: float, model: str | None = None) -> dict:
     """The speculative config (as a dict) with every task's mean acceptance x `factor` (capped
-    at MAX_SCALED_ACCEPTANCE), the same Beta concentration: the prior table unless the config
-    carries its own."""
-    table = dict(DEFAULT_ACCEPTANCE.get(spec.method, DEFAULT_ACCEPTANCE["eagle"]))
-    table |= spec.acceptance_beta or {}
+    at MAX_SCALED_ACCEPTANCE), the same Beta concentration: the table `acceptance_source` picks
+    (the config's own, the measured one for `model`, or the prior)."""
+    table = dict(acceptance_source(spec, model).table)
     scaled = {}
     for cat, (a, b) in table.items():
         total = a + b
@@ -86,11 +128,10 @@ def sample_accepted(rng: np.random.Generator, alpha: np.ndarray, k: int) -> np.n
 class AcceptanceModel:
     """Per-request alphas and per-step accepted counts for one simulation (seeded)."""
 
-    def __init__(self, spec: SpeculativeConfig, seed: int) -> None:
+    def __init__(self, spec: SpeculativeConfig, seed: int, model: str | None = None) -> None:
         self.k = spec.num_speculative_tokens
-        table = dict(DEFAULT_ACCEPTANCE.get(spec.method, DEFAULT_ACCEPTANCE["eagle"]))
-        if spec.acceptance_beta:
-            table |= spec.acceptance_beta
+        self.source = acceptance_source(spec, model)
+        table = dict(self.source.table)
         for cat, (a, b) in table.items():
             if a <= 0 or b <= 0:
                 raise ValueError(f"speculative_config.acceptance_beta[{cat!r}] = ({a}, {b}): "
@@ -209,8 +250,11 @@ def fit_acceptance_beta(accepted: Sequence[int], drafted: Sequence[int], k: int,
 __all__ = [
     "ACCEPTANCE_RANGE",
     "DEFAULT_ACCEPTANCE",
+    "MEASURED_ACCEPTANCE_FILES",
     "AcceptanceModel",
+    "AcceptanceSource",
     "SpecTokens",
+    "acceptance_source",
     "fit_acceptance_beta",
     "sample_accepted",
     "scaled_acceptance",

@@ -43,7 +43,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO
 
 import numpy as np
 
@@ -212,7 +212,7 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
         row = _mooncake_row(lineno, obj, bs, rows)
         if row is None:
             continue
-        if kept and row.timestamp_ms < kept[-1].timestamp_ms:
+        if kept and (row.timestamp_ms < kept[-1].timestamp_ms or _exact_before(row, kept[-1])):
             prev = kept[-1]
             rows.bad(lineno, "timestamp", f"{row.timestamp_ms} ms is earlier than {prev.timestamp_ms} ms on line "
                      f"{prev.lineno} (timestamps go backwards)", "sort the file by timestamp (e.g. `sort` the "
@@ -221,10 +221,20 @@ def load_mooncake(path: str | Path, *, lenient: bool = False, hash_block_size: i
         kept.append(row)
     counts = [len(r.hash_ids) for r in kept]
     flat = np.fromiter((h for r in kept for h in r.hash_ids), dtype=np.int64, count=sum(counts))
-    return _trace_workload(path=path, fmt="mooncake", arrival_s=[r.timestamp_ms / 1000.0 for r in kept],
+    # the exact arrival where our exporter wrote one (a burst within one ms), else the timestamp
+    arrival = [r.timestamp_ms / 1000.0 if r.arrival_s is None else r.arrival_s for r in kept]
+    tasks = [r.task or "default" for r in kept] if any(r.task for r in kept) else "default"
+    sessions = [-1 if r.session_id is None else r.session_id for r in kept] \
+        if any(r.session_id is not None for r in kept) else None
+    return _trace_workload(path=path, fmt="mooncake", arrival_s=arrival,  # type: ignore[arg-type]
                            prompt_len=[r.input_length for r in kept], output_len=[r.output_length for r in kept],
                            hash_block_size=bs, hash_ids=flat, hash_counts=counts, skipped=rows.skipped,
-                           bad_rows_total=sum(rows.skipped.values()), lines=[r.lineno for r in kept])
+                           bad_rows_total=sum(rows.skipped.values()), lines=[r.lineno for r in kept],
+                           category=tasks, session_id=sessions)
+
+
+def _exact_before(row: _MooncakeRow, prev: _MooncakeRow) -> bool:
+    return row.arrival_s is not None and prev.arrival_s is not None and row.arrival_s < prev.arrival_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +244,10 @@ class _MooncakeRow:
     input_length: int
     output_length: int
     hash_ids: list[int]
+    # what costline's exporter adds (absent in Mooncake's own files)
+    arrival_s: float | None = None
+    task: str | None = None
+    session_id: int | None = None
 
 
 def _json_lines(path: Path, rows: _Rows) -> list[tuple[int, dict]]:
@@ -297,7 +311,34 @@ def _mooncake_row(lineno: int, obj: dict, bs: int, rows: _Rows) -> _MooncakeRow 
                  "fix input_length or hash_ids, or pass the block size the trace was made with "
                  "(--hash-block-size; Mooncake uses 512)", "hash_ids inconsistent with input_length")
         return None
-    return _MooncakeRow(lineno, ts, n_in, n_out, hid)
+    extras = _exporter_fields(lineno, obj, ts, rows)
+    return None if extras is None else _MooncakeRow(lineno, ts, n_in, n_out, hid, *extras)
+
+
+MAX_TASK_CHARS = 64
+
+
+def _exporter_fields(lineno: int, obj: dict, ts_ms: float, rows: _Rows
+                     ) -> tuple[float | None, str | None, int | None] | None:
+    """`arrival_s`, `task` and `session_id` as `export_mooncake` writes them (each optional); the
+    exact arrival must round to the row's own ms timestamp, so the two cannot disagree."""
+    arrival = obj.get("arrival_s")
+    if arrival is not None and (isinstance(arrival, bool) or not isinstance(arrival, int | float)
+                                or not _finite(arrival) or abs(arrival * 1000.0 - ts_ms) > 0.5 + 1e-6):
+        rows.bad(lineno, "arrival_s", f"{arrival!r} is not the row's timestamp {ts_ms!r} ms in seconds",
+                 "drop arrival_s (the timestamp is used) or write the exact arrival in seconds", "bad arrival_s")
+        return None
+    task = obj.get("task")
+    if task is not None and (not isinstance(task, str) or not 0 < len(task) <= MAX_TASK_CHARS):
+        rows.bad(lineno, "task", f"{task!r} is not a task name of 1 to {MAX_TASK_CHARS} characters",
+                 "write the task as a short string such as \"chat\", or drop the field", "bad task")
+        return None
+    sid = obj.get("session_id")
+    if sid is not None and (isinstance(sid, bool) or not isinstance(sid, int) or not 0 <= sid <= _MAX_HASH_ID):
+        rows.bad(lineno, "session_id", f"{sid!r} is not a non-negative integer",
+                 "write the session as an integer id, or drop the field", "bad session_id")
+        return None
+    return (None if arrival is None else float(arrival)), task, sid
 
 
 def _infer_block_size(parsed: list[tuple[int, dict]]) -> int:
@@ -622,14 +663,32 @@ def export_mooncake(wl: Workload, path: str | Path | TextIO) -> Path | TextIO:
     """Write `wl` as Mooncake JSONL (timestamp in integer ms), replayable by
     `vllm bench serve --dataset-name timed_trace --dataset-path FILE
      --timed-trace-sec-multiplier 0.001 --timed-trace-chunk-hash-size <wl.hash_block_size>`.
+    A row also carries what integer ms and the four Mooncake fields lose, read back by
+    `load_mooncake` (replayers read only the fields they know): `arrival_s`, the exact arrival,
+    where it is not a whole ms (bursts put several requests in one ms), and `task` and
+    `session_id` where the workload has them; a Mooncake trace exports to its own rows.
     `path` may be an open text stream (standard output)."""
     ids, offs = wl.flat_hash_ids()
-    ts_ms = np.rint((wl.arrival_s - wl.arrival_s[0]) * 1000.0).astype(np.int64).tolist()
-    ids_l, offs_l = ids.tolist(), offs.tolist()
+    rel = wl.arrival_s - wl.arrival_s[0]
+    ts_ms = np.rint(rel * 1000.0).astype(np.int64).tolist()
+    ids_l, offs_l, rel_l = ids.tolist(), offs.tolist(), rel.tolist()
+    tasks = wl.category.tolist() if wl.categories != ("default",) else None
+    sessions = wl.session_id.tolist()
+
+    def row(i: int, t: int, p: int, o: int) -> str:
+        obj: dict[str, Any] = {"timestamp": t, "input_length": p, "output_length": o,
+                               "hash_ids": ids_l[offs_l[i]:offs_l[i + 1]]}
+        if abs(rel_l[i] * 1000.0 - t) > 1e-6:  # a whole-ms arrival (a Mooncake source) needs none
+            obj["arrival_s"] = rel_l[i]
+        if tasks is not None:
+            obj["task"] = tasks[i]
+        if sessions[i] >= 0:
+            obj["session_id"] = sessions[i]
+        return json.dumps(obj, separators=(", ", ": ")) + "\n"
 
     def write(f: TextIO) -> None:
-        f.writelines(json.dumps({"timestamp": t, "input_length": p, "output_length": o,
-                                "hash_ids": ids_l[offs_l[i]:offs_l[i + 1]]}, separators=(", ", ": ")) + "\n" for i, (t, p, o) in enumerate(zip(ts_ms, wl.prompt_len.tolist(), wl.output_len.tolist(), strict=True)))
+        f.writelines(row(i, t, p, o) for i, (t, p, o) in
+                     enumerate(zip(ts_ms, wl.prompt_len.tolist(), wl.output_len.tolist(), strict=True)))
 
     if not isinstance(path, str | Path):
         write(path)

@@ -349,6 +349,9 @@ def sim_engine_config(info: EngineRunInfo) -> EngineConfig:
     flags = {k: v for k, v in info.engine_args.items() if k in SCHEDULING_NAMES}
     # the precision flags price the forward (FP8 weights, an FP8 cache): carried when set
     flags |= {k: info.engine_args[k] for k in PRECISION_NAMES if info.engine_args.get(k) not in (None, "auto")}
+    # a run over several GPUs is simulated over as many (the TP terms price its all-reduces)
+    if (info.engine_args.get("tensor_parallel_size") or 1) > 1:
+        flags["tensor_parallel_size"] = info.engine_args["tensor_parallel_size"]
     flags |= {"attention_backend": "costline", "num_gpu_blocks_override": info.num_gpu_blocks}
     try:
         cfg = EngineConfig(**flags)

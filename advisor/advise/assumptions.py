@@ -19,7 +19,12 @@ from pydantic import BaseModel, ConfigDict
 from sim.config import EngineConfig
 from sim.cost_model import STATUS_FIRST_PRINCIPLES, STATUS_SCALED, CostProfile
 from sim.kv_dtype_costs import kv_dtype_cost
-from sim.speculative import ACCEPTANCE_RANGE, DEFAULT_ACCEPTANCE, scaled_acceptance
+from sim.speculative import (
+    ACCEPTANCE_RANGE,
+    DEFAULT_ACCEPTANCE,
+    acceptance_source,
+    scaled_acceptance,
+)
 
 Provenance = Literal["measured", "scaled", "transferred", "prior"]
 
@@ -78,10 +83,26 @@ def step_costs(profile: CostProfile) -> Assumption:
                                      "then `costline validate` on held-out ones")
 
 
-def _acceptance_value(method: str) -> str:
-    table = DEFAULT_ACCEPTANCE.get(method, DEFAULT_ACCEPTANCE["eagle"])
+def _acceptance_value(method: str, table: Mapping[str, tuple[float, float]] | None = None) -> str:
+    table = table or DEFAULT_ACCEPTANCE.get(method, DEFAULT_ACCEPTANCE["eagle"])
     means = {cat: a / (a + b) for cat, (a, b) in table.items()}
-    return ", ".join(f"{cat} {m:.2f}" for cat, m in means.items() if cat in ("chat", "code", "json", "default"))
+    return ", ".join(f"{cat} {m:.2f}" for cat, m in means.items()
+                     if cat in ("chat", "code", "prose", "json", "default"))
+
+
+def _eagle3_cost(profile: CostProfile) -> Assumption:
+    """The EAGLE-3 head's fixed cost per forward: fitted on this GPU x model's engine runs with a
+    trained head, or carried over with a scaled profile."""
+    own = profile_provenance(profile) == "measured"
+    where = (profile.provenance or {}).get("eagle3_pass_s") or {}
+    return Assumption(
+        input="eagle3 proposer cost per pass", provenance="measured" if own else "transferred",
+        value=f"{profile.spec.eagle3_pass_s * 1e3:.3f} ms fixed per head forward + its roofline",
+        source=(f"{profile.name}: fitted on " if own else "carried over from ")
+        + f"the engine's EAGLE-3 head runs ({where.get('gpu', '?')}, {where.get('date', '?')[:10]}, "
+          f"{where.get('runs', 'benchmarks/spec_decode')})",
+        how_to_measure="compare `vllm:time_per_output_token_seconds` at concurrency 1 with and without "
+                       "speculation against the acceptance length")
 
 
 def _fp8_weights(profile: CostProfile) -> Assumption:
@@ -107,9 +128,39 @@ def _fp8_weights(profile: CostProfile) -> Assumption:
                       how_to_measure=how)
 
 
+def _tensor_parallel(profile: CostProfile, tp: int, gpu: str) -> Assumption:
+    """TP's all-reduces: measured on this GPU pair (sim/tp_fit.py), scaled from another TP size, or
+    the link's datasheet bandwidth (first principles)."""
+    name = "tensor-parallel all-reduce and its overlap"
+    how = ("run `benchmarks/tp/h200x2.py` (or your vLLM at --tensor-parallel-size 1 and N on the same traffic), "
+           "then `costline calibrate ... --tp-runs RUN... --tp-collectives collectives.json`")
+    t = profile.tp
+    if t is None:
+        return Assumption(input=name, provenance="prior",
+                          value=f"{2 * profile.allreduce_latency_s * 1e6:.0f} us + bytes at "
+                                f"{profile.allreduce_efficiency:.0%} of the link's datasheet bandwidth, per layer",
+                          source="first principles: ring all-reduce over the GPU's interconnect (sim/hardware.py)",
+                          how_to_measure=how)
+    fit = (t.provenance or {}).get("fit", {})
+    err = fit.get("held_out_median_rel_error")
+    where = f"measured on {(t.provenance or {}).get('gpu', '?')} at TP{t.tensor_parallel_size}"
+    if isinstance(err, float):
+        where += f", held-out TP step error {err:.1%}"
+    measured_on = (t.provenance or {}).get("gpu")
+    prov: Provenance = ("transferred" if measured_on not in (None, gpu) else
+                        "measured" if tp == t.tensor_parallel_size else "scaled")
+    note = {"measured": "", "scaled": f"; latency scaled to TP{tp}", "transferred": f"; used for {gpu}"}[prov]
+    return Assumption(input=name, provenance=prov,
+                      value=f"{t.allreduce_latency_s * 1e6:.1f} us + bytes at {t.allreduce_bus_gb_per_s:.0f} GB/s bus "
+                            f"per all-reduce, {t.overlap_fraction:.0%} hidden, {t.step_s * 1e6:.0f} us per step",
+                      source=f"{profile.name}: {where}{note}", how_to_measure=how)
+
+
 def knob_assumptions(engine: EngineConfig, profile: CostProfile, gpu: str) -> list[Assumption]:
     """The prices of the knobs `engine` turns on (on `gpu`), beyond the step costs."""
     out = []
+    if engine.tensor_parallel_size > 1:
+        out.append(_tensor_parallel(profile, engine.tensor_parallel_size, gpu))
     if engine.quantization == "fp8":
         out.append(_fp8_weights(profile))
     if engine.kv_cache_dtype not in (None, "auto"):
@@ -124,18 +175,22 @@ def knob_assumptions(engine: EngineConfig, profile: CostProfile, gpu: str) -> li
                            f"without `--kv-cache-dtype {engine.kv_cache_dtype}` under the same load"))
     spec = engine.speculative_config
     if spec is not None:
-        user = bool(spec.acceptance_beta)
+        src = acceptance_source(spec, profile.model)
+        user, engine_measured = src.provenance == "user", src.provenance == "measured"
+        fixed = user or engine_measured
         out.append(Assumption(
-            input=f"{spec.method} acceptance per draft token", provenance="measured" if user else "prior",
-            value="as given (--acceptance)" if user else _acceptance_value(spec.method),
-            source=("the user's measurement" if user else
+            input=f"{spec.method} acceptance per draft token", provenance="measured" if fixed else "prior",
+            value="as given (--acceptance)" if user else _acceptance_value(spec.method, src.table),
+            source=("the user's measurement" if user else src.source if engine_measured else
                     "prior table in the range public reports give (sim/speculative.py); "
                     f"simulated at \u00b1{ACCEPTANCE_RANGE:.0%}"),
             how_to_measure="scrape `vllm:spec_decode_num_accepted_tokens_total` / "
                            "`vllm:spec_decode_num_draft_tokens_total` (and `..._per_pos_total` by position) from "
                            "your vLLM, then `costline advise --acceptance TASK=RATE`",
-            low=None if user else 1 - ACCEPTANCE_RANGE, high=None if user else 1 + ACCEPTANCE_RANGE))
-        if spec.method != "ngram":
+            low=None if fixed else 1 - ACCEPTANCE_RANGE, high=None if fixed else 1 + ACCEPTANCE_RANGE))
+        if spec.method == "eagle3" and profile.spec is not None and profile.spec.eagle3_pass_s is not None:
+            out.append(_eagle3_cost(profile))
+        elif spec.method != "ngram":
             measured = profile.spec is not None
             out.append(Assumption(
                 input=f"{spec.method} proposer cost per pass", provenance="transferred" if measured else "prior",
@@ -165,7 +220,8 @@ def input_ranges(cur: EngineConfig, nxt: EngineConfig, profile: CostProfile) -> 
         out.append(InputRange("FP8 weights: GEMM speed-up over bf16", lo, hi, {"fp8_gemm_speedup": lo},
                               {"fp8_gemm_speedup": hi}, {}, {}))
     spec = nxt.speculative_config
-    if spec is not None and not spec.acceptance_beta and cur.speculative_config is None:
+    if spec is not None and acceptance_source(spec, profile.model).provenance == "prior" \
+            and cur.speculative_config is None:
         lo, hi = 1 - ACCEPTANCE_RANGE, 1 + ACCEPTANCE_RANGE
         out.append(InputRange(f"{spec.method} acceptance per draft token", lo, hi, {}, {},
                               {"speculative_config": scaled_acceptance(spec, lo)},

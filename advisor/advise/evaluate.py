@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -39,18 +39,19 @@ class Outcome:
     metrics: Metrics
     extras: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # the configuration cannot start (vLLM's start-up checks)
-    cdf_ms: dict[str, list[float]] = field(default_factory=dict)  # TTFT and E2E at CDF_PERCENTS
+    cdf_ms: dict[str, list[float]] = field(default_factory=dict)  # TTFT, TPOT and E2E at CDF_PERCENTS
 
 
 CDF_PERCENTS = tuple(range(1, 100))
 
 
 def latency_cdf_ms(requests: dict[str, np.ndarray]) -> dict[str, list[float]]:
-    """TTFT and E2E percentiles 1..99 of the finished requests, in ms (the report's CDF chart)."""
+    """TTFT, TPOT and E2E percentiles 1..99 of the finished requests, in ms (the report's CDF chart)."""
     done = requests["status"] == "finished"
     out = {}
-    for key, col in (("ttft_ms", "ttft_s"), ("e2e_ms", "e2e_s")):
+    for key, col in (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2e_ms", "e2e_s")):
         v = requests[col][done]
+        v = v[~np.isnan(v)]  # TPOT: a one-token request has none (the summary's p99 leaves it out too)
         out[key] = [round(float(x) * 1e3, 3) for x in np.percentile(v, CDF_PERCENTS)] if v.size else []
     return out
 
@@ -189,14 +190,28 @@ class Evaluator:
     def parallel(self) -> bool:
         return self._pool is not None or self._ray_map is not None
 
-    def map(self, tasks: Sequence[SimTask]) -> list[Outcome]:
+    def map(self, tasks: Sequence[SimTask], on_done: Callable[[int], None] | None = None) -> list[Outcome]:
+        """The outcomes in task order; `on_done(k)` as k more simulations finish (progress)."""
+        done = on_done or (lambda _k: None)
         with self._lock:  # stages may submit from several threads
             self.count += len(tasks)
         if self._ray_map is not None and len(tasks) > 1:
-            return self._ray_map(tasks)
+            outs = self._ray_map(tasks)
+            done(len(tasks))
+            return outs
         if self._pool is not None and len(tasks) > 1:
-            return list(self._pool.map(_run_in_worker, tasks))
-        return [simulate_task(self._local, t) for t in tasks]
+            futures = [self._pool.submit(_run_in_worker, t) for t in tasks]
+            for _ in as_completed(futures):  # counted as they finish, returned in task order
+                done(1)
+            return [f.result() for f in futures]
+        outs = []
+        for t in tasks:
+            outs.append(simulate_task(self._local, t))
+            done(1)
+        return outs
+
+    def expect(self, total: int) -> None:
+        """A stage's estimate of its simulations: only a counted evaluator (progress.Counted) uses it."""
 
     def close(self) -> None:
         if self._pool is not None:

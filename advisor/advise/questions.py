@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from advisor.advise.cost_lines import speed_words, speedup_pct
+from advisor.advise.cost_lines import latency_cut_pct, speed_words
 from advisor.advise.records import CostLine, MetricToWatch, Question
 from advisor.advise.search import Context, Scored, SearchResult
 from engine.core.run_summary import SLO
@@ -30,7 +30,7 @@ def _spec_answers(ctx: Context, found: SearchResult) -> tuple[str, str]:
     ngram = "not measured"
     if ng:
         o = ng.outcome
-        ngram = (f"n-gram (k=4) {speed_words(speedup_pct(base, o))} and changes goodput by "
+        ngram = (f"n-gram (k=4) {speed_words(latency_cut_pct(base, o))} and changes goodput by "
                  f"{(o.metrics.goodput_rps / base.metrics.goodput_rps - 1) * 100 if base.metrics.goodput_rps else 0:+.0f}% "
                  f"here; acceptance {o.extras.get('acceptance_rate', math.nan):.2f} on this task mix.")
     ttft = "not measured"

@@ -206,7 +206,9 @@ class CostPoint(_Record):
     detail: dict[str, float] = Field(default_factory=dict)
 
 
-SPEEDUP_LABEL = "mean E2E latency speed-up (%)"  # what a cost line's gain_pct is, unless it says otherwise
+# what a cost line's gain_pct is, unless it says otherwise: (1 - mean E2E with / without) x 100, the
+# figure the line's answer quotes ("cuts mean end-to-end latency by 31%")
+LATENCY_CUT_LABEL = "mean E2E latency cut (%)"
 CPU_LABEL = "CPU share of step time (%)"
 
 
@@ -215,10 +217,12 @@ class CostLine(_Record):
     variable: str
     unit: str
     points: list[CostPoint]
-    gain_label: str = Field(SPEEDUP_LABEL, description="what the points' gain_pct measure (the chart's y axis): "
-                            "mean end-to-end latency off / on - 1, or the CPU line's share of step time")
+    gain_label: str = Field(LATENCY_CUT_LABEL, description="what the points' gain_pct measure (the chart's y "
+                            "axis): 1 - mean end-to-end latency on / off, or the CPU line's share of step time")
     break_even: float | None
     operating_point: float
+    operating_gain_pct: float | None = Field(None, description="gain_pct on the user's own traffic (the chart's "
+                                             "'your traffic' marker, the number the answer quotes)")
     answer: str
 
 
@@ -345,6 +349,9 @@ class Recommendation(_Record):
     serve_notes: list[str] = Field(default_factory=list, description="what to replace or know before pasting "
                                    "serve_command (a draft-head placeholder)")
     metrics_to_watch: list[MetricToWatch]
+    model_notes: list[str] = Field(default_factory=list, description="what the model's architecture changes in "
+                                   "the advice (a mixture of experts: the batch from which every expert is read, "
+                                   "the spec-decode break-even)")
     questions: list[Question]
     elapsed_s: float
     num_simulations: int

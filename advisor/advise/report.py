@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -74,6 +75,10 @@ def print_report(rec: Recommendation, console: Console) -> None:
     console.print(styled(("where each optimization stops paying", "bold")))
     for line in rec.cost_lines:
         console.print(f"  - {line.answer}", highlight=False)
+    if rec.model_notes:
+        console.print(styled(("the model", "bold")))
+        for note in rec.model_notes:
+            console.print(f"  - {note}", highlight=False, markup=False)
     if rec.gap:
         g = rec.gap
         shares = ", ".join(f"{f.factor} {f.share_pct:+.0f}%" for f in g.factors)
@@ -182,6 +187,10 @@ def _charts(rec: Recommendation, folder: Path) -> list[str]:
         ax.axhline(CPU_BOTTLENECK_PCT if cpu else 0, color="grey", lw=0.8,
                    label="half the step: CPU-bound" if cpu else "no change")
         ax.axvline(line.operating_point, color="tab:orange", ls="--", lw=1.2, label="your traffic")
+        if line.operating_gain_pct is not None and math.isfinite(line.operating_gain_pct):
+            # the figure the line's answer quotes, where the answer says it is
+            ax.plot([line.operating_point], [line.operating_gain_pct], marker="D", ls="none", color="tab:orange",
+                    label=f"your traffic: {line.operating_gain_pct:+.{1 if cpu else 0}f}%")
         ax.set_title(line.optimization, fontsize=10)
         ax.set_xlabel(f"{line.variable} ({line.unit})", fontsize=9)
         ax.set_ylabel(line.gain_label, fontsize=9)
@@ -194,23 +203,35 @@ def _charts(rec: Recommendation, folder: Path) -> list[str]:
     names.append("cost_lines.png")
     plt.close(fig)
     if rec.latency_cdfs.get("best", {}).get("ttft_ms"):
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-        targets = {"ttft_ms": slo_ms(rec, "ttft"), "e2e_ms": slo_ms(rec, "e2el")}
-        for ax, key in zip(axes, ("ttft_ms", "e2e_ms"), strict=True):
-            for who, label, style in (("baseline", "defaults", "grey"), ("best", "recommended", "tab:green")):
-                v = rec.latency_cdfs[who].get(key) or []
-                ax.plot(v, [p / 100 for p in range(1, len(v) + 1)], color=style, label=label)
-            if targets[key] is not None:
-                ax.axvline(targets[key], color="tab:red", ls="--", lw=1.2, label=f"SLO {targets[key]:g} ms")
-            ax.set_xscale("log")
-            ax.set_xlabel(("TTFT" if key == "ttft_ms" else "end-to-end latency") + " (ms)", fontsize=10)
-            ax.set_ylabel("share of requests", fontsize=10)
-            ax.legend(fontsize=9)
-        fig.tight_layout()
-        fig.savefig(folder / "latency_cdf.png", dpi=100)
-        names.append("latency_cdf.png")
-        plt.close(fig)
+        names.append(_latency_cdf_png(rec, folder, plt))
     return names
+
+
+CDF_PANELS = (("ttft_ms", "ttft", "TTFT"), ("tpot_ms", "tpot", "TPOT"), ("e2e_ms", "e2el", "end-to-end latency"))
+
+
+def _latency_cdf_png(rec: Recommendation, folder: Path, plt: Any) -> str:
+    """TTFT, TPOT and end-to-end latency CDFs of the vLLM defaults and the recommendation, each
+    with its SLO target (where the SLO sets one) as a dashed line."""
+    panels = [p for p in CDF_PANELS if rec.latency_cdfs["best"].get(p[0])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    for ax, (key, slo_key, name) in zip(axes[0], panels, strict=True):
+        for who, label, color in (("baseline", "defaults", "grey"), ("best", "recommended", "tab:green")):
+            v = rec.latency_cdfs[who].get(key) or []
+            ax.plot(v, [p / 100 for p in range(1, len(v) + 1)], color=color, label=label)
+        target = slo_ms(rec, slo_key)
+        if target is not None:
+            ax.axvline(target, color="tab:red", ls="--", lw=1.2, label=f"SLO {target:g} ms")
+        ax.set_xscale("log")
+        ax.set_title(f"{name}: defaults vs recommended", fontsize=10)
+        ax.set_xlabel(f"{name} (ms)", fontsize=10)
+        ax.set_ylabel("share of requests", fontsize=10)
+        ax.tick_params(labelsize=9)
+        ax.legend(fontsize=9)
+    fig.tight_layout()
+    fig.savefig(folder / "latency_cdf.png", dpi=100)
+    plt.close(fig)
+    return "latency_cdf.png"
 
 
 def markdown(rec: Recommendation, charts: list[str]) -> str:
@@ -245,6 +266,8 @@ def markdown(rec: Recommendation, charts: list[str]) -> str:
         out += ["| " + " | ".join(r) + " |" for r in gpu_rows(rec)] + ["", cheapest_text(rec)]
     out += ["", "## Rejected", ""] + [f"- {x.reason}" for x in rec.rejected]
     out += ["", "## Where each optimization stops paying", ""] + [f"- {c.answer}" for c in rec.cost_lines]
+    if rec.model_notes:
+        out += ["", "## The model", ""] + [f"- {n}" for n in rec.model_notes]
     if rec.gap:
         out += ["", "## Lab -> production", "", (f"Gain x{rec.gap.lab_gain:.2f} in the lab, x{rec.gap.production_gain:.2f} "
                 f"on this traffic ({rec.gap.gain_metric})."), "", "| factor | gain with it | share of the gap |", "|---|---|---|"]

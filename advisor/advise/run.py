@@ -5,22 +5,26 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 from advisor.advise.assumptions import assumptions
 from advisor.advise.cost_lines import cost_lines
+from advisor.advise.cost_lines import expected_simulations as expected_lines
 from advisor.advise.dollars import cost, gpu_option
 from advisor.advise.evaluate import Evaluator, SimTask
 from advisor.advise.gap import gain, lab_gap
 from advisor.advise.ladder import Realizations, ladder, rejected
+from advisor.advise.moe_notes import moe_notes
+from advisor.advise.progress import Counted, ProgressCallback, ProgressEvent, Tracker
 from advisor.advise.questions import metrics_to_watch, questions
 from advisor.advise.records import AdviseRequest, ProfileInfo, Recommendation, Verdict
 from advisor.advise.robustness import robustness, scored_config
 from advisor.advise.search import Context, search
+from advisor.advise.search import expected_simulations as expected_search
 from advisor.advise.space import Candidate, dimensions, serve_command
-from advisor.advise.variants import spec_for
+from advisor.advise.variants import LAB_FACTORS, spec_for
 from advisor.advise.verdict import checked, meets, quality_notes, verdict
 from engine.core.request import Request
 from sim.describe import describe_workload
@@ -30,10 +34,7 @@ from sim.serve_line import ServeLine
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
 
-Progress = Callable[[float, str], None]
-# (share of the work done when the stage starts, what it does)
-STAGES = ((0.0, "searching"), (0.45, "ladder"), (0.55, "cost lines"), (0.8, "lab -> production gap"),
-          (0.9, "robustness"))
+POLL_S = 0.2  # how often the calling thread hands the side-by-side phases' progress on
 ANALYSIS_REQUESTS = {"quick": 300, "full": 4000}  # requests per cost-line, gap and robustness run
 REALIZATIONS = {"quick": 3, "full": 5}  # other realizations of the traffic per ladder rung (gain intervals)
 
@@ -99,12 +100,32 @@ def serve_notes(line: ServeLine) -> list[str]:
             "\"model\" (vLLM refuses the method without it)")]
 
 
-def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None = None,
-           source: SourceOptions | None = None) -> Recommendation:
+def _await(futures: list[Future], tracker: Tracker) -> None:
+    """Wait for the side-by-side phases, handing their progress to the callback on this thread."""
+    while True:
+        _, pending = wait(futures, timeout=POLL_S)
+        tracker.flush()
+        if not pending:
+            return
+
+
+def _in_phase(tracker: Tracker, name: str, expected: int, ev: Evaluator, fn: Callable[..., Any], *args: Any) -> Any:
+    with tracker.phase(name, expected) as ph:
+        return fn(Counted(ev, ph), *args)
+
+
+def _ladder_expected(found: Any, realizations: int) -> int:
+    changed = sum(1 for p in found.best.cand.picks if p)
+    return realizations * (1 + changed) + changed  # + each change's unmeasured-input ends, as they come
+
+
+def advise(workload: Any, request: AdviseRequest, *, progress: ProgressCallback | None = None,
+           source: SourceOptions | None = None, clock: Callable[[], float] = time.monotonic) -> Recommendation:
     """The recommendation for `workload` under `request` (same inputs and seed, same answer).
-    `source` reshapes a named or file workload as everywhere else (--num-requests, --rate, ...)."""
+    `source` reshapes a named or file workload as everywhere else (--num-requests, --rate, ...).
+    `progress` gets a `ProgressEvent` per phase as simulations finish, on the calling thread."""
     t0 = time.perf_counter()
-    say: Progress = progress or (lambda _f, _m: None)
+    tracker = Tracker(progress, clock)
     wl = as_workload(workload, request.seed, source)
     spec = spec_for(workload, wl, source)
     # min-gpus and cost compare deployments on fewer GPUs than given too
@@ -117,36 +138,34 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
                   budget=request.budget)
     n_analysis = min(len(wl), ANALYSIS_REQUESTS[request.budget])
     with Evaluator(wl, workers=request.workers, ray=request.ray) as ev:
-        say(STAGES[0][0], STAGES[0][1])
-        found = search(ev, ctx, lambda msg: say(0.05, msg))
-        say(*STAGES[1])
+        with tracker.phase("search", expected_search(ctx)) as ph:
+            found = search(Counted(ev, ph), ctx, ph.note)
         small = spec.with_overrides(num_requests=n_analysis)
         profile = load_profile(ctx.profile, ctx.model, ctx.gpu)
-        steps = ladder(ev, ctx, found, Realizations(small, REALIZATIONS[request.budget], n_analysis),
-                       request.min_gain_pct, profile)
+        real = Realizations(small, REALIZATIONS[request.budget], n_analysis)
+        steps = _in_phase(tracker, "ladder", _ladder_expected(found, REALIZATIONS[request.budget]), ev, ladder,
+                          ctx, found, real, request.min_gain_pct, profile)
         # the recommendation: the defaults plus the changes that clear the bar
         found = dataclasses.replace(found, best=steps.final)
-        say(*STAGES[2])
         production = gain(found.baseline.outcome, found.best.outcome)
         # the three analyses are independent: run them side by side so the workers stay busy
         with ThreadPoolExecutor(3 if ev.parallel else 1) as pool:
-            lines_f = pool.submit(cost_lines, ev, ctx, spec, found.best.cand, n_analysis,
-                                  ThreadPoolExecutor(6) if ev.parallel else None)
-            gap_f = pool.submit(lab_gap, ev, ctx, small, found.baseline.cand, found.best.cand, production) \
+            lines_f = pool.submit(_in_phase, tracker, "cost lines", expected_lines(), ev, cost_lines, ctx, spec,
+                                  found.best.cand, n_analysis, ThreadPoolExecutor(6) if ev.parallel else None)
+            gap_f = pool.submit(_in_phase, tracker, "lab -> production gap", 2 * (1 + len(LAB_FACTORS)), ev,
+                                lab_gap, ctx, small, found.baseline.cand, found.best.cand, production) \
                 if found.best.cand != found.baseline.cand else None
-            rob_f = pool.submit(robustness, ev, ctx, small, [found.best, *found.finalists[:2], found.baseline])
-            lines = lines_f.result()
-            say(*STAGES[3])
+            rob_f = pool.submit(_in_phase, tracker, "robustness", 0, ev, robustness, ctx, small,
+                                [found.best, *found.finalists[:2], found.baseline])
+            _await([f for f in (lines_f, gap_f, rob_f) if f is not None], tracker)
+            lines, rob = lines_f.result(), rob_f.result()
             gap = gap_f.result() if gap_f else None
-            say(*STAGES[4])
-            rob = rob_f.result()
         best = scored_config(ctx, found.best)
         v = verdict(best.metrics, request.slo, best.num_gpus, request.gpu)
         if not v.meets:
-            say(0.97, "GPUs to meet the SLO")
-            v = gpus_to_meet(ev, ctx, found.best.cand, v, request.slo)
+            v = _in_phase(tracker, "GPUs to meet the SLO", CHECK_GPUS, ev, gpus_to_meet, ctx, found.best.cand, v,
+                          request.slo)
         count = ev.count
-    say(1.0, "done")
     best_engine = ctx.task(found.best.cand).config.engine
     line = serve_command(request.model, best_engine, found.best.cand.layout(dims, request.num_gpus))
     return Recommendation(
@@ -159,11 +178,20 @@ def advise(workload: Any, request: AdviseRequest, *, progress: Progress | None =
         gap=gap, robustness=rob,
         serve_command=line.command, serve_notes=serve_notes(line), quality_notes=quality_notes(best.flags),
         metrics_to_watch=metrics_to_watch(slo, found, lines), questions=questions(ctx, found, lines),
+        model_notes=_model_notes(ctx, profile, best_engine),
         elapsed_s=round(time.perf_counter() - t0, 2), num_simulations=count,
         latency_cdfs={"baseline": found.baseline.outcome.cdf_ms, "best": found.best.outcome.cdf_ms})
 
 
-def compare_gpus(workload: Any, request: AdviseRequest, gpus: list[str], *, progress: Progress | None = None,
+def _model_notes(ctx: Context, profile: Any, engine: Any) -> list[str]:
+    """The architecture's own effects (a mixture of experts), priced with the advice's profile."""
+    from engine.core.model_spec import get_model
+    from sim.hardware import get_gpu
+
+    return moe_notes(get_model(ctx.model), get_gpu(ctx.gpu), profile, engine.max_num_seqs or 256)
+
+
+def compare_gpus(workload: Any, request: AdviseRequest, gpus: list[str], *, progress: ProgressCallback | None = None,
                  source: SourceOptions | None = None) -> Recommendation:
     """The recommendation on `request.gpu`, with `gpu_comparison`: the same workload advised on
     each GPU type of `gpus` (the same number of GPUs, SLO and objective; the cost profile the
@@ -171,11 +199,12 @@ def compare_gpus(workload: Any, request: AdviseRequest, gpus: list[str], *, prog
     from sim.hardware import get_gpu
 
     names = list(dict.fromkeys([request.gpu, *(get_gpu(g).name for g in gpus)]))
-    say: Progress = progress or (lambda _f, _m: None)
     recs = []
     for i, gpu in enumerate(names):
-        def part(f: float, msg: str, i: int = i, gpu: str = gpu) -> None:
-            say((i + f) / len(names), f"{gpu} ({i + 1}/{len(names)}): {msg}")
+        def part(ev: ProgressEvent, i: int = i, gpu: str = gpu) -> None:
+            if progress is not None:
+                progress(dataclasses.replace(ev, phase=f"{gpu} ({i + 1}/{len(names)}) {ev.phase}",
+                                             fraction=(i + ev.fraction) / len(names)))
 
         # a --profile fitted for one GPU does not price another: the others use what the simulator picks
         other = {"gpu": gpu} | ({} if gpu == request.gpu else {"profile": None})
@@ -183,4 +212,4 @@ def compare_gpus(workload: Any, request: AdviseRequest, gpus: list[str], *, prog
     return recs[0].model_copy(update={"gpu_comparison": [gpu_option(r) for r in recs]})
 
 
-__all__ = ["ANALYSIS_REQUESTS", "Progress", "advise", "as_workload", "compare_gpus"]
+__all__ = ["ANALYSIS_REQUESTS", "ProgressCallback", "ProgressEvent", "advise", "as_workload", "compare_gpus"]

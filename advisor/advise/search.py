@@ -147,6 +147,23 @@ def _pool(ctx: Context, screen: list[Scored]) -> list[Candidate]:
     return [Candidate(p) for p in itertools.product(*kept)]
 
 
+def _halving_runs(ctx: Context, pool: int) -> int:
+    """Simulations successive halving runs from a pool of `pool` combinations."""
+    runs, slices = 0, _slices(ctx)
+    for i in range(len(slices)):
+        runs += pool
+        if i < len(slices) - 1:
+            pool = max(2, math.ceil(pool / ETA))
+    return runs
+
+
+def expected_simulations(ctx: Context, pool: int | None = None) -> int:
+    """What `search` will run (for progress): screening, halving from `pool` combinations (the
+    budget's max_pool before screening tells), one pass of single-knob moves and the defaults."""
+    singles = sum(len(d.options) - 1 for d in ctx.dims)
+    return 1 + singles + _halving_runs(ctx, ctx.plan.max_pool if pool is None else pool) + singles + 1
+
+
 def search(ev: Evaluator, ctx: Context, progress: Callable[[str], None] | None = None) -> SearchResult:
     say = progress or (lambda _msg: None)
     slices = _slices(ctx)
@@ -156,6 +173,7 @@ def search(ev: Evaluator, ctx: Context, progress: Callable[[str], None] | None =
     say(f"screening {len(singles)} single changes on {screen_n} requests")
     screen = _evaluate(ev, ctx, [base, *singles], screen_n)
     pool = _pool(ctx, screen)
+    ev.expect(expected_simulations(ctx, len(pool)))
     rung: list[Scored] = []
     for i, n in enumerate(slices):
         say(f"successive halving: {len(pool)} configurations on {n} requests")

@@ -10,11 +10,14 @@ options, shows progress, prints the report and writes `--out`.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from advisor.console import console as plain_console
 from advisor.options import Force, clean_errors, source_options
@@ -45,6 +48,32 @@ def _gpus(text: str | None) -> list[str]:
             except ValueError as exc:
                 raise ValueError(f"--compare-gpus {text!r}: {exc}") from None
     return names
+
+
+@contextmanager
+def progress_display() -> Iterator[Any]:
+    """Where `advise` shows its progress: a rich bar per phase (done/total simulations, ETA) when
+    stderr is a terminal, else a plain line per phase on stderr every few seconds (a pipe, a log)."""
+    from advisor.advise.progress import PlainLines, ProgressEvent, duration_text
+
+    err = plain_console(stderr=True)
+    if not err.is_terminal:
+        yield PlainLines(sys.stderr)
+        return
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(),
+               TextColumn("{task.completed:.0f}/{task.total:.0f} simulations", markup=False),
+               TextColumn("{task.fields[eta]}", markup=False), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        rows: dict[str, TaskID] = {}
+
+        def show(ev: ProgressEvent) -> None:
+            eta = "" if ev.finished else ("ETA ..." if ev.eta_s is None else f"ETA {duration_text(ev.eta_s)}")
+            if ev.phase not in rows:
+                rows[ev.phase] = bar.add_task(ev.phase, total=ev.total, eta=eta)
+            bar.update(rows[ev.phase], completed=ev.done, total=max(ev.total, 1), eta=eta,
+                       description=f"{ev.phase} ({ev.detail})" if ev.detail and not ev.finished else ev.phase)
+
+        yield show
 
 
 @clean_errors
@@ -104,13 +133,7 @@ def advise(
     if out is not None:
         check_output_dir(out, flag="--out", force=force, inputs=inputs)  # refuse before minutes of work, not after
     console = plain_console(stderr=as_json)
-    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TimeElapsedColumn(),
-                  console=plain_console(stderr=True),
-                  transient=True) as bar:
-        task = bar.add_task("advising", total=1.0)
-        def progress(f: float, msg: str) -> None:
-            bar.update(task, completed=f, description=msg)
-
+    with progress_display() as progress:
         if others:
             rec = run_compare(workload, request, others, progress=progress, source=source)
         else:

@@ -50,6 +50,25 @@ def print_fit(fit: FitResult, console: Console) -> None:
         console.print(f"KV blocks {m.run}: engine {m.engine_blocks:,}, simulator {m.sim_blocks:,}", highlight=False)
 
 
+def _with_tp_terms(profile, tp_runs: list[Path], collectives: Path, model, gpu, default: EngineConfig,
+                   console: Console):
+    """The fitted profile with TP terms fitted from the TP runs and the sweep (sim/tp_fit.py)."""
+    from sim.tp_fit import fit_tp_terms, load_tp_run, read_sweep
+
+    for r in tp_runs:
+        check_run_for_fit(r, model.name, gpu.name)
+    sweep, _ = read_sweep(collectives)
+    terms = fit_tp_terms(sweep, [load_tp_run(r, default) for r in tp_runs], model, gpu, profile,
+                         {"runs": [str(r) for r in tp_runs], "collectives": str(collectives),
+                          "compute_priced_by": profile.name})
+    f = terms.provenance["fit"]
+    console.print(f"tp: TP{terms.tensor_parallel_size} all-reduce {terms.allreduce_latency_s * 1e6:.1f} us + "
+                  f"bytes at {terms.allreduce_bus_gb_per_s:.0f} GB/s bus, overlap {terms.overlap_fraction:.2f}, "
+                  f"{terms.step_s * 1e6:.0f} us per step; held-out step error {_pct(f['held_out_median_rel_error'])} "
+                  f"(first principles {_pct(f['held_out_median_rel_error_first_principles'])})", highlight=False)
+    return profile.model_copy(update={"tp": terms})
+
+
 @clean_errors
 def calibrate(
     runs: Annotated[list[Path] | None, typer.Argument(
@@ -80,6 +99,12 @@ def calibrate(
         "run: its odd requests are)")] = 3,
     max_seconds: Annotated[float, typer.Option(
         "--max-seconds", min=1, help="with --from-bench: the fit's budget in CPU seconds")] = 240.0,
+    tp_runs: Annotated[list[Path] | None, typer.Option(
+        "--tp-runs", help="engine run folders recorded with --tensor-parallel-size > 1: fit the profile's TP terms "
+        "(overlap, cost per TP step) from them, the one-GPU fit pricing their compute (repeat the option)")] = None,
+    tp_collectives: Annotated[Path | None, typer.Option(
+        "--tp-collectives", help="with --tp-runs: the all-reduce sweep (collectives.json of benchmarks/tp/h200x2.py) "
+        "the latency and bus bandwidth are fitted from")] = None,
     force: Force = False,
 ) -> None:
     """Fit a cost profile (schema v2) for one model on one GPU from engine step traces, or from a server's
@@ -114,11 +139,22 @@ def calibrate(
                                   force=force, inputs=[*runs, *(memory_runs or [])])
     for r in runs:  # every run checked (and of this model and GPU) before the first is fitted
         check_run_for_fit(r, model, gpu)
+    if bool(tp_runs) != (tp_collectives is not None):
+        raise ValueError("--tp-runs and --tp-collectives go together: the sweep gives the all-reduce's latency "
+                         "and bandwidth, the runs its overlap with compute")
     default = EngineConfig(async_scheduling=async_scheduling, max_num_seqs=max_num_seqs)
     memory = [read_run_info(d).model_dump() for d in memory_runs or []]
-    fit = fit_profile([load_run(r, default) for r in runs], m, g, default, memory_runs=memory)
+    loaded = [load_run(r, default) for r in runs]
+    for r in loaded:  # a TP run's steps are not one GPU's: they would bend the single-GPU fit
+        tp = ((r.run_info or {}).get("engine_args") or {}).get("tensor_parallel_size") or 1
+        if tp > 1:
+            raise ValueError(f"{r.path}: recorded at --tensor-parallel-size {tp}; pass it with --tp-runs, "
+                             "and one-GPU runs as RUNS")
+    fit = fit_profile(loaded, m, g, default, memory_runs=memory)
     console = plain_console()
     print_fit(fit, console)
+    if tp_runs:
+        fit.profile = _with_tp_terms(fit.profile, tp_runs, tp_collectives, m, g, default, console)
     if out is None:
         console.print("not written: pass --out PROFILE.json to keep it", highlight=False)
         return

@@ -108,6 +108,8 @@ def run(
     _check_outputs(out, metrics_file, force=force, inputs=_inputs(cfg, workload))  # before any work
     check_engine_args(cfg)
     if disagg is not None:
+        if cfg.tensor_parallel_size > 1:
+            _fail("--disagg runs each instance on one GPU; drop --tensor-parallel-size")
         return _run_disagg(cfg, disagg, workload, max_prompt_len, no_arrivals, out, metrics_file, metrics_port,
                            source, force)
     from engine.engine_loop import EngineCore
@@ -129,6 +131,7 @@ def run(
         res = replay(core, requests, honor_arrivals=not no_arrivals, metrics=metrics,
                      trace_file=folder / "steps.jsonl")
         summary = res.write_files(folder)
+    core.close()  # the tensor-parallel workers, if any
     if metrics and metrics_file:
         with staged_file(metrics_file) as tmp:
             metrics.write(str(tmp))
@@ -157,6 +160,79 @@ def _run_disagg(cfg: EngineArgs, disagg: str, workload: str, max_prompt_len: int
         typer.echo(f"warning: {err.splitlines()[-1]}", err=True)
     warn_unserved(summary)
     typer.echo(f"wrote {out}/requests.jsonl, steps.jsonl, transfers.jsonl, pools.json, summary.json, metrics.prom")
+
+
+@app.command("serve", **HELP)
+@clean_errors
+@flag_options(ENGINE_CLI_FLAGS, into="engine_flags")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: every interface)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="port to listen on")] = 8000,
+    served_model_name: Annotated[list[str] | None, typer.Option(
+        "--served-model-name", help="model name(s) the API answers to (default: the Hugging Face id of a preset "
+                                    "and its alias)")] = None,
+    tokenizer: Annotated[str, typer.Option(
+        "--tokenizer", help="auto, byte (the byte-level models) or word (one token per whitespace word; "
+                            "docs/serve.md)")] = "auto",
+    max_num_queued_reqs: Annotated[int | None, typer.Option(
+        "--max-num-queued-reqs", min=1, help="requests in flight (waiting + running) beyond which a new one gets "
+                                             "503 + Retry-After (default: unbounded, as vLLM)")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn's log level")] = "warning",
+    engine_flags: dict | None = None,
+) -> None:
+    """The engine behind an OpenAI-compatible HTTP API, as `vllm serve` (server defaults):
+    /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    if tokenizer not in ("auto", "byte", "word"):
+        _fail(f"--tokenizer {tokenizer!r}: use auto, byte or word")
+    flags = dict(engine_flags or {})
+    names = _served_names(flags.get("model", "tiny"), served_model_name)
+    if not Path(flags.get("model", "tiny")).is_dir():
+        flags["model"] = _preset_or_name(flags.get("model", "tiny"))
+    cfg = EngineArgs(usage_context="api_server", **flags)
+    _require_torch()
+    from engine.preflight import check_engine_args
+
+    _check_listen(host, port)  # before the model load and the warm-up
+    check_engine_args(cfg)
+    from engine.serve.server import build_served_model
+    from engine.serve.server import serve as run_server
+
+    model = build_served_model(cfg, names, tokenizer=tokenizer, max_num_queued_reqs=max_num_queued_reqs,
+                               progress=lambda line: typer.echo(line, err=True))
+    typer.echo(f"serving {', '.join(names)} on http://{host}:{port} (tokenizer: {model.tokenizer.name}, "
+               f"max_model_len {model.max_model_len})", err=True)
+    run_server(model, host, port, log_level=log_level)
+
+
+def _check_listen(host: str, port: int) -> None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.bind((host, port))
+    except OSError as exc:
+        _fail(f"--host {host} --port {port}: cannot listen there ({exc.strerror}); pick a free port or "
+              "another address")
+
+
+def _preset_or_name(name: str) -> str:
+    from sim.models import preset_of
+
+    try:
+        return preset_of(name)
+    except ValueError:
+        return name  # not a preset: EngineArgs / the loader say what is wrong with it
+
+
+def _served_names(model: str, given: list[str] | None) -> list[str]:
+    """--served-model-name, else the preset's Hugging Face id then its alias (both accepted)."""
+    if given:
+        return list(dict.fromkeys(given))
+    from sim.models import hf_model_id
+
+    if Path(model).is_dir():
+        return [model]
+    return list(dict.fromkeys([hf_model_id(model), _preset_or_name(model)]))
 
 
 @app.command("bench", **HELP)
@@ -193,6 +269,7 @@ def bench(
     outs = llm.generate(prompts, sp)
     wall = time.perf_counter() - t
     gen = sum(len(o.token_ids) for o in outs)
+    llm.close()  # the tensor-parallel workers, if any
     typer.echo(json.dumps({"model": cfg.model, "device": str(llm.engine.device), "num_prompts": num_prompts,
                            "input_len": input_len, "output_len": output_len, "wall_s": wall,
                            "output_tokens_per_s": gen / wall,

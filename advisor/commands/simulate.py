@@ -176,7 +176,11 @@ def compare_runs(a_dir: str, b_dir: str, console: Console) -> None:
         for k in COMPARE_KEYS:
             if s.get(k) is not None:
                 expect(Path(folder) / "summary.json", [k], s[k], (int, float), "a number or null")
-    t = Table(title=styled(("compare", "bold")), title_justify="left")
+    from sim.flag_diff import headings
+
+    # the headings name what sets the runs apart: the flags that differ, as vllm serve spells them
+    a_flags, b_flags = headings(a.get("vllm_args"), b.get("vllm_args"))
+    t = Table(title=styled(("compare", "bold"), f" A: {a_flags} | B: {b_flags}"), title_justify="left")
     t.add_column("metric", style="bold cyan")
     t.add_column(f"A: {a_dir}", justify="right")
     t.add_column(f"B: {b_dir}", justify="right")

@@ -17,26 +17,25 @@ from engine.core.run_summary import SLO
 
 REC_KEY = "recommendation"
 MAX_RECOMMENDATION_MB = 8  # a recommendation.json is ~100 KB
+# `costline advise --objective`, as the CLI's help words them
+OBJECTIVES = {"goodput": "goodput", "min-gpus": "fewest GPUs", "cost": "cost (requests per $)"}
 
 
 def run_advisor(s: Scenario, budget: str, *, allow: list[str] | None = None, forbid: list[str] | None = None,
-                gpu_hour_usd: float = 0.0, compare: list[str] | None = None) -> dict[str, Any] | None:
+                gpu_hour_usd: float = 0.0, compare: list[str] | None = None,
+                objective: str = "goodput") -> dict[str, Any] | None:
     api = advise_api()
     assert api is not None
     advise, request_cls = api
-    bar = st.progress(0.0, text="searching ...")
+    bar = st.progress(0.0, text="starting the advisor ...")
 
-    def progress(*args: Any) -> None:  # a fraction, or (done, total); anything else is ignored
-        try:
-            frac = float(args[0]) / float(args[1]) if len(args) == 2 and args[1] else float(args[0])
-        except (IndexError, TypeError, ValueError):
-            return
-        bar.progress(min(max(frac, 0.0), 1.0), text="searching ...")
+    def progress(ev: Any) -> None:  # an advisor.advise.progress.ProgressEvent, on this script's thread
+        bar.progress(min(max(float(ev.fraction), 0.0), 1.0), text=ev.text())
 
     try:
         wl = scenario_workload(s, state.upload())
         request = request_cls(model=s.model, gpu=s.gpu, num_gpus=s.num_gpus, slo=SLO.parse(s.slo), seed=s.seed,
-                              budget=budget, profile=None if s.profile == "auto" else s.profile,
+                              budget=budget, profile=None if s.profile == "auto" else s.profile, objective=objective,
                               allow=allow or None, forbid=forbid or [], gpu_hour_usd=gpu_hour_usd or None)
         if compare:
             from advisor.advise import compare_gpus
@@ -61,7 +60,10 @@ def main() -> None:
     else:
         st.caption(f"Workload {s.workload}, {s.model} on {s.num_gpus}x {s.gpu}, SLOs {s.slo or '-'} "
                    "(change them on the What-if and Workload pages).")
-        budget = st.segmented_control("search budget", ["quick", "full"], default="quick", key="adv.budget")
+        left, right = st.columns(2)
+        budget = left.segmented_control("search budget", ["quick", "full"], default="quick", key="adv.budget")
+        objective = right.segmented_control("--objective", list(OBJECTIVES), default="goodput", key="adv.objective",
+                                            format_func=lambda o: OBJECTIVES[o], help="what the search maximises")
         from advisor.advise.space import FEATURE_GROUPS, FEATURES
 
         names = [*FEATURE_GROUPS, *FEATURES]
@@ -77,7 +79,8 @@ def main() -> None:
         compare = right.multiselect("--compare-gpus: also advise on", [g for g in GPU_PRESETS if g != s.gpu],
                                     key="adv.compare")
         if st.button("Run the advisor", key="adv.run", type="primary"):
-            rec = run_advisor(s, budget or "quick", allow=allow, forbid=forbid, gpu_hour_usd=usd, compare=compare)
+            rec = run_advisor(s, budget or "quick", allow=allow, forbid=forbid, gpu_hour_usd=usd, compare=compare,
+                              objective=objective or "goodput")
             if rec is not None:
                 st.session_state[REC_KEY] = rec
     f = st.file_uploader("or load a recommendation.json", type=["json"], key="adv.upload",

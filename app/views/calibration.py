@@ -3,23 +3,41 @@ a warning when the GPU's profile is scaled from another GPU rather than validate
 
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from app import state
 from app.calibration import FIRST_PRINCIPLES, profile_info
-from app.compute import run_scenario
+from app.compute import scenario_workload
+from app.scenario import Scenario
 from app.widgets import error_text
+from sim.profile_files import load_profile
+from sim.run import profile_meta
+
+
+def profile_summary(s: Scenario) -> dict[str, Any]:
+    """The `profile*` keys a run of the scenario records, without running it: the profile depends
+    on the model, the GPU and the profile chosen, not on the workload, so a workload that cannot
+    be read (a bad upload) leaves this page working."""
+    cfg = s.sim_config()
+    return profile_meta(load_profile(cfg.profile, cfg.model, cfg.gpu))
 
 
 def main() -> None:
     st.title("Calibration")
     s = state.scenario()
     try:
-        out = run_scenario(s, state.upload())
+        summary = profile_summary(s)
     except Exception as exc:  # noqa: BLE001 - shown on the page, an input error or a bug as such
-        st.error(f"cannot simulate this scenario: {error_text(exc).splitlines()[0]}")
+        st.error(f"cannot load the cost profile of this scenario: {error_text(exc).splitlines()[0]}")
         return
-    info = profile_info(out.summary, s.profile)
+    try:
+        scenario_workload(s, state.upload())
+    except Exception as exc:  # noqa: BLE001 - the profile below does not depend on the workload
+        st.warning(f"the workload cannot be simulated: {error_text(exc).splitlines()[0]} (fix it on the Workload "
+                   "page; the profile below does not depend on it)")
+    info = profile_info(summary, s.profile)
     c1, c2 = st.columns(2)
     c1.metric("Cost profile in use", info.name)
     c2.metric("Status", info.status)

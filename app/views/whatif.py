@@ -68,6 +68,17 @@ def compare_table(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def ab_titles(a: dict[str, Any], a_label: str, b: dict[str, Any], b_label: str) -> tuple[str, str]:
+    """What sets the pinned run A and the current run B apart: the vLLM flags that differ, and
+    the workload / deployment when they differ too."""
+    from sim.flag_diff import headings
+
+    fa, fb = headings(a.get("vllm_args"), b.get("vllm_args"))
+    if a_label == b_label and a.get("deployment") == b.get("deployment"):
+        return fa, fb
+    return f"{a_label} ({a.get('deployment')}), {fa}", f"{b_label} ({b.get('deployment')}), {fb}"
+
+
 def downloads(s: Scenario, out: RunOutput) -> None:
     summary = json.dumps(out.summary | {"scenario": s.model_dump()}, indent=2)
     c1, c2, c3 = st.columns(3)
@@ -100,7 +111,7 @@ def results(s: Scenario, out: RunOutput) -> None:
     st.subheader("Latency against the SLOs")
     ms = st.column_config.NumberColumn(format="%.1f")
     st.dataframe(latency_rows(summ, summ.get("goodput_slo")), hide_index=True, key="latency",
-                 column_config={"p50": ms, "p90": ms, "p99": ms, "SLO (ms)": ms})
+                 column_config={"p50": ms, "p90": ms, "p99": ms})
     st.code(summ.get("serve_command") or "", language="bash")
     left, right = st.columns([1, 3])
     if left.button("Pin this run as A", key="pin"):
@@ -110,7 +121,8 @@ def results(s: Scenario, out: RunOutput) -> None:
         st.session_state.pop(state.PINNED)
         pinned = None
     if pinned is not None:
-        st.subheader(f"A: {pinned['label']} vs B: {s.label()}")
+        a_title, b_title = ab_titles(pinned["summary"], pinned["label"], summ, s.label())
+        st.subheader(f"A: {a_title} vs B: {b_title}")
         st.dataframe(compare_table(pinned["summary"], summ), hide_index=True, key="compare")
     cdf_tab, time_tab = st.tabs(["CDFs", "Timelines"])
     with cdf_tab:

@@ -3,6 +3,7 @@ its statistics and plots (arrivals over time, length histograms, prefix-reuse cu
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import streamlit as st
@@ -33,6 +34,8 @@ from app.spec_edit import (
 from app.widgets import error_text, fmt
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload
+from sim.traces import export_mooncake
+from sim.workload import Workload
 from sim.workload_presets import get_preset, preset_names
 from sim.workload_spec import WorkloadSpec
 
@@ -163,11 +166,18 @@ def statistics(d: dict[str, Any]) -> None:
             ("Prefix reuse (tokens %)", 100 * d["prefix_reuse"]["token_fraction"]), ("Sessions", d["sessions"])),
             strict=True):
         col.metric(label, fmt(value))
-    rows = [{"tokens": name, **{k: fmt(v, 1) for k, v in d[key].items()}}
+    rows = [{"tokens": name, **{k: fmt(v) for k, v in d[key].items()}}
             for name, key in (("prompt", "prompt_tokens"), ("output", "output_tokens"))]
     st.dataframe(rows, hide_index=True, key="lengths")
     mix = ", ".join(f"{k} {100 * v:.0f}%" for k, v in d["task_mix"].items())
     st.caption(f"task mix: {mix}" + (f" | notes: {'; '.join(d['notes'])}" if d["notes"] else ""))
+
+
+def trace_text(wl: Workload) -> str:
+    """The workload as `costline workload export` writes it (re-uploading it gives the same requests)."""
+    buf = io.StringIO()
+    export_mooncake(wl, buf)
+    return buf.getvalue()
 
 
 def main() -> None:
@@ -184,9 +194,14 @@ def main() -> None:
         return
     d = describe_workload(wl)
     statistics(d)
+    left, right = st.columns(2)
     if s.spec or s.workload in preset_names():
-        st.download_button("workload spec (JSON)", base_spec(s).to_json(), file_name=f"{wl.name}.json",
-                           mime="application/json", key="dl.spec")
+        left.download_button("workload spec (JSON)", base_spec(s).to_json(), file_name=f"{wl.name}.json",
+                             mime="application/json", key="dl.spec")
+    right.download_button("these requests (Mooncake JSONL)", trace_text(wl), file_name=f"{wl.name}.jsonl",
+                          mime="application/jsonl", key="dl.trace",
+                          help="upload it here again, or replay it with vllm bench serve --dataset-name timed_trace; "
+                          "exact arrival times and task names ride along")
     st.plotly_chart(arrivals_figure(wl), key="arrivals")
     st.plotly_chart(lengths_figure(wl), key="lengths_fig")
     curve = prefix_reuse_curve((r.hash_ids for r in wl.requests), wl.prompt_len, wl.hash_block_size)

@@ -38,7 +38,7 @@ def main() -> None:
     stages: list[tuple[float, str]] = []
     start = time.perf_counter()
     rec = advise(wl, AdviseRequest(workers=args.workers, budget=args.budget),
-                 progress=lambda f, m: stages.append((round(time.perf_counter() - start, 2), m)))
+                 progress=lambda ev: ev.finished and stages.append((round(time.perf_counter() - start, 2), ev.text())))
     result = {
         "command": f"python benchmarks/advisor/latency.py --workers {args.workers} --budget {args.budget}",
         "num_requests": len(wl), "trace_span_s": round(wl.duration_s, 1), "generate_s": round(t_gen, 2),

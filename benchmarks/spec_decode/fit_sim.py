@@ -64,6 +64,7 @@ PROFILE_OUT = PROFILES_DIR / f"{GPU}-{TARGET}.json"
 ACCEPTANCE_OUT = PROFILES_DIR / "spec-acceptance-byte-lm.json"
 VALIDATED = ("output_throughput", "median_tpot_ms", "p99_tpot_ms")
 TARGET_MEDIAN_ERROR = 0.10
+EAGLE_MARKER = "<!-- eagle3: written by fit_eagle.py -->"
 
 
 # ---------------------------------------------------------------------------- acceptance
@@ -399,7 +400,10 @@ def write_markdown(report: dict[str, Any], path: Path, results: dict[str, Any] |
     verdict = "met" if s["met"] else "NOT met"
     lines += ["", f"Spec-on runs: median |error| {s['spec_on_median_abs_error']}, target <= "
               + f"{TARGET_MEDIAN_ERROR:.0%}: {verdict}.", ""]
-    path.write_text("\n".join(lines))
+    # the EAGLE-3 section fit_eagle.py keeps at the end of the same file
+    old = path.read_text() if path.is_file() else ""
+    kept = old[old.index(EAGLE_MARKER):] if EAGLE_MARKER in old else ""
+    path.write_text("\n".join(lines) + ("\n" + kept if kept else ""))
 
 
 def fit_and_validate(results: dict, runs_root: Path, out_dir: Path, profile_out: Path,

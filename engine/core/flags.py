@@ -221,6 +221,10 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
     Flag("quantization", str, None, "fp8 = dynamic FP8 weights (W8A8) on a 16-bit checkpoint: the "
          "decoder's projections in float8_e4m3fn with per-tensor scales, activations per token",
          choices=("fp8",), aliases=("-q",)),
+    # The simulator's flag of the same name prices it (sim.config.SIM_ONLY_FLAGS); the engine runs it
+    # (engine/tensor_parallel.py: one process per rank, NCCL on GPUs, gloo on the CPU).
+    Flag("tensor_parallel_size", int, 1, "GPUs (CPU: processes) the model is split over; a power of two "
+         "that divides the attention heads, the KV heads and the MLP", ge=1, aliases=("-tp",)),
 )
 
 # The flags defined here; the simulator adds its own (`sim.config.SIM_ONLY_FLAGS`).

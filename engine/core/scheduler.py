@@ -604,6 +604,17 @@ class Scheduler:
             self.running = [x for x in self.running if x.status == RUNNING]
         return results
 
+    def forget_finished(self, request_ids) -> int:
+        """Drop finished or rejected requests from the request table (a long-running server ends
+        millions; a replay keeps them). Unfinished ids are left alone; returns how many went."""
+        n = 0
+        for rid in request_ids:
+            r = self.requests.get(rid)
+            if r is not None and r.status in (FINISHED, REJECTED) and rid not in self.kv_cache_manager.held:
+                del self.requests[rid]
+                n += 1
+        return n
+
     # ------------------------------------------------------------------ stats, checks
 
     @property

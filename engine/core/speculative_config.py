@@ -20,12 +20,15 @@ EXAMPLE = '{"method":"ngram","num_speculative_tokens":4}'
 
 
 class SpeculativeConfig(BaseModel):
-    """The keys the engine runs: a draft model or n-gram prompt lookup, k drafts per decode."""
+    """The keys the engine runs: a draft model, an EAGLE-3 head or n-gram prompt lookup, k drafts
+    per decode."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: Literal["ngram", "draft_model"] | None = None
-    model: str | None = None  # draft checkpoint directory or model preset name (draft_model)
+    method: Literal["ngram", "draft_model", "eagle3"] | None = None
+    # draft checkpoint directory or model preset name (draft_model); EAGLE-3 head directory
+    # (engine/spec_decode/eagle.py's format; any other name: a seeded random head, for tests)
+    model: str | None = None
     num_speculative_tokens: int = Field(ge=1, le=16)
     prompt_lookup_max: int | None = Field(None, ge=1)  # ngram only
     prompt_lookup_min: int | None = Field(None, ge=1)
@@ -44,6 +47,9 @@ class SpeculativeConfig(BaseModel):
             raise ValueError('needs "method" (e.g. "ngram") or a draft "model"')
         if self.method == "draft_model" and not self.model:
             raise ValueError('method "draft_model" needs "model" (a checkpoint directory or a model preset name)')
+        if self.method == "eagle3" and not self.model:
+            raise ValueError('method "eagle3" needs "model" (the EAGLE-3 head\'s directory, as '
+                             'benchmarks/spec_decode/train_eagle.py writes it)')
         if self.draft_tensor_parallel_size not in (None, 1):
             raise ValueError(f'"draft_tensor_parallel_size" {self.draft_tensor_parallel_size}: only 1 is '
                              "supported (the engine runs on one GPU); leave it out")

@@ -143,6 +143,7 @@ class DraftModelProposer:
             views = {s.request_id: WithDrafts(token_ids[s.request_id], out[s.request_id].tokens)
                      for s in live}
             self._draft_round(step, views, [s.request_id for s in live], params, sampler, out)
+            self.runner.lower_row_starts([s.num_computed_tokens for s in live])  # as below
         return out
 
     def _propose_greedy_on_device(self, entries: list[ScheduledRequest], wanted: list[ScheduledRequest],
@@ -172,6 +173,9 @@ class DraftModelProposer:
             # i - 1 placeholders: the round's input (draft i) is the one token still in flight
             views = {s.request_id: WithDrafts(token_ids[s.request_id], [0] * (i - 1)) for s in live}
             inp = self.runner.prepare(step, views, (row_of, prev))
+            # the round runs ahead of the committed tokens: the next step must rewrite any
+            # block past the step's first position (verification may replace it)
+            self.runner.lower_row_starts([s.num_computed_tokens for s in live])
             tokens = self.runner.forward(inp).argmax(dim=-1)
             rounds.append(([s.request_id for s in live], tokens))
         flat = torch.cat([t for _, t in rounds]).tolist()  # the proposal's one sync

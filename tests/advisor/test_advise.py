@@ -35,11 +35,28 @@ SMALL = WorkloadSpec.model_validate({
     "task_mix": {"chat": 0.7, "code": 0.3}})
 
 
+EVENTS: list = []  # the fixture's progress events
+
+
 @pytest.fixture(scope="module")
 def rec(tmp_path_factory) -> Recommendation:
     path = tmp_path_factory.mktemp("spec") / "small.json"
     path.write_text(SMALL.to_json())
-    return advise(str(path), AdviseRequest(workers=1, slo="ttft_p99:300 tpot_p99:30"))
+    EVENTS.clear()
+    return advise(str(path), AdviseRequest(workers=1, slo="ttft_p99:300 tpot_p99:30"), progress=EVENTS.append)
+
+
+def test_progress_counts_every_simulation_once_per_phase(rec: Recommendation) -> None:
+    phases: dict[str, list] = {}
+    for e in EVENTS:
+        phases.setdefault(e.phase, []).append(e)
+    assert {"search", "ladder", "cost lines", "robustness"} <= set(phases)
+    for name, evs in phases.items():
+        assert [e.done for e in evs] == sorted(e.done for e in evs), name
+        assert [e.finished for e in evs].count(True) == 1 and evs[-1].finished, name
+        assert evs[-1].done == evs[-1].total > 0, name
+    # the phases' totals add up to the evaluator's own count
+    assert sum(evs[-1].total for evs in phases.values()) == rec.num_simulations
 
 
 def test_crossing_interpolates_the_sign_change() -> None:
@@ -242,8 +259,8 @@ def test_objectives_rank_layouts(objective: str, winner: str) -> None:
 def test_speed_words_say_which_way_latency_moves():
     from advisor.advise.cost_lines import speed_words
 
-    # speedup_pct = (mean latency without / with - 1) x 100
-    assert speed_words(42.0) == "cuts mean end-to-end latency by 30% (x0.70)"  # 1 - 1/1.42
-    assert speed_words(-35.0) == "raises mean end-to-end latency by 54% (x1.54)"  # 1/0.65 - 1
+    # latency_cut_pct = (1 - mean latency with / without) x 100: the words quote the number itself
+    assert speed_words(30.0) == "cuts mean end-to-end latency by 30% (x0.70)"
+    assert speed_words(-54.0) == "raises mean end-to-end latency by 54% (x1.54)"
     assert speed_words(0.2) == "leaves mean end-to-end latency unchanged"
     assert speed_words(float("nan")).startswith("has no measurable effect")

@@ -173,3 +173,43 @@ def test_the_cli_takes_the_scrape_and_says_the_acceptance_is_measured(tmp_path):
     assert rec["request"]["acceptance"]["ngram"] == {"chat": 0.1} and rec["request"]["min_gain_pct"] == 0
     bad = CliRunner().invoke(app, ["advise", "--vllm-metrics", str(tmp_path / "nope.prom")])
     assert bad.exit_code == 2 and "nope.prom" in bad.output
+
+
+def test_tensor_parallelism_says_whether_its_all_reduce_was_measured():
+    from sim.cost_model import TPTerms
+
+    name = "tensor-parallel all-reduce and its overlap"
+    prof = load_profile("h200-llama-3.1-8b")
+    tp2 = EngineConfig(tensor_parallel_size=2)
+    assert name not in {a.input for a in knob_assumptions(EngineConfig(), prof, "h200")}
+    prior = {a.input: a for a in knob_assumptions(tp2, prof, "h200")}[name]
+    assert prior.provenance == "prior" and "datasheet" in prior.value and "--tp-runs" in prior.how_to_measure
+    terms = TPTerms(tensor_parallel_size=2, allreduce_latency_s=11e-6, allreduce_bus_gb_per_s=350.0,
+                    overlap_fraction=0.2, step_s=1.2e-4,
+                    provenance={"status": "measured", "gpu": "h200", "fit": {"held_out_median_rel_error": 0.031}})
+    measured = prof.model_copy(update={"tp": terms})
+    got = {a.input: a for a in knob_assumptions(tp2, measured, "h200")}[name]
+    assert got.provenance == "measured" and got.value == ("11.0 us + bytes at 350 GB/s bus per all-reduce, "
+                                                          "20% hidden, 120 us per step")
+    assert "held-out TP step error 3.1%" in got.source
+    four = {a.input: a for a in knob_assumptions(EngineConfig(tensor_parallel_size=4), measured, "h200")}[name]
+    assert four.provenance == "scaled" and "TP4" in four.source
+    other = {a.input: a for a in knob_assumptions(tp2, measured, "h100-sxm")}[name]
+    assert other.provenance == "transferred"
+
+
+def test_eagle3_on_the_measured_gpu_and_model_is_priced_from_the_engine():
+    """byte-lm-100m on the H200: EAGLE-3's acceptance and its head's cost per forward were measured
+    on the engine (benchmarks/spec_decode/data/h200-eagle): tagged measured, no range simulated;
+    another model keeps the prior acceptance and its range."""
+    eng = EngineConfig(speculative_config={"method": "eagle3", "num_speculative_tokens": 2})
+    byte = load_profile("h200-byte-lm-100m")
+    got = {a.input: a for a in knob_assumptions(eng, byte, "h200")}
+    acc, cost = got["eagle3 acceptance per draft token"], got["eagle3 proposer cost per pass"]
+    assert (acc.provenance, acc.low, acc.high) == ("measured", None, None)
+    assert "measured on the engine" in acc.source and "prose" in acc.value
+    assert cost.provenance == "measured" and f"{byte.spec.eagle3_pass_s * 1e3:.3f} ms" in cost.value
+    assert input_ranges(EngineConfig(), eng, byte) == []
+    llama = {a.input: a for a in knob_assumptions(eng, load_profile("h200-llama-3.1-8b"), "h200")}
+    assert llama["eagle3 acceptance per draft token"].provenance == "prior"
+    assert llama["eagle3 proposer cost per pass"].provenance in ("prior", "transferred")

@@ -51,7 +51,7 @@ def test_engine_run_replays_a_workload(tmp_path):
     assert "vllm:e2e_request_latency_seconds_bucket" in prom.read_text()
 
 
-@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("command", ["run", "bench", "serve"])
 @pytest.mark.parametrize("args, message", [
     (["--max-num-seqs", "0"], "--max-num-seqs 0: must be an integer >= 1"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: must be in (0, 1]"),
@@ -76,7 +76,7 @@ def test_run_and_bench_share_the_engine_options_and_say_which_defaults():
 
     shared = {s for f in ENGINE_CLI_FLAGS for s in f.spellings} | {"--disable-prefix-caching",
                                                                     "--no-enable-prefix-caching"}
-    assert shared <= options("run") and shared <= options("bench")
+    assert shared <= options("run") and shared <= options("bench") and shared <= options("serve")
     assert "vllm serve" in engine.commands["run"].help and "LLM" in engine.commands["bench"].help
 
 
@@ -90,3 +90,27 @@ def test_a_kv_cache_larger_than_memory_is_refused_before_allocating(tmp_path):
     assert "--num-gpu-blocks-override 100000000000: needs 762,939.5 GiB of KV cache" in res.output
     assert "lower --num-gpu-blocks-override" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "run").exists()
+
+
+def test_serve_refuses_a_busy_port_and_a_bad_tokenizer_before_building(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = CliRunner().invoke(app, ["engine", "serve", "--device", "cpu", "--port", str(port)], terminal_width=300)
+    assert res.exit_code == 2 and f"--port {port}: cannot listen there" in res.output, res.output
+    res = CliRunner().invoke(app, ["engine", "serve", "--device", "cpu", "--tokenizer", "bpe"], terminal_width=300)
+    assert res.exit_code == 2 and "--tokenizer 'bpe': use auto, byte or word" in res.output
+
+
+def test_serve_answers_to_the_hf_id_and_the_alias():
+    from advisor.commands.engine import _preset_or_name, _served_names
+
+    assert _served_names("llama-3.1-8b", None) == ["meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"]
+    assert _served_names("meta-llama/Llama-3.1-8B", None) == ["meta-llama/Llama-3.1-8B", "llama-3.1-8b"]
+    assert _served_names("tiny", None) == ["tiny"]
+    assert _served_names("tiny", ["a", "b", "a"]) == ["a", "b"]
+    assert _preset_or_name("Meta-Llama/Llama-3.1-8B-Instruct") == "llama-3.1-8b"
+    assert _preset_or_name("no-such-model") == "no-such-model"

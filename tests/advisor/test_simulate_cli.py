@@ -53,6 +53,10 @@ def test_simulate_and_compare(tmp_path):
     assert "--max-num-batched-tokens 2048" in s["vllm_args"]
     r3 = runner.invoke(app, ["simulate", "--compare", str(a), str(b)])
     assert r3.exit_code == 0 and "p99_ttft_ms" in r3.output
+    # the heading names the flags that differ (issue 28), not only the two folders
+    words = " ".join(r3.output.split())
+    assert ("A: --max-num-batched-tokens auto (default), --enable-prefix-caching (default) | "
+            "B: --max-num-batched-tokens 2048, --disable-prefix-caching") in words
     bad = runner.invoke(app, ["simulate", "-w", "lab-poisson", "--model", "gpt-9"])
     assert bad.exit_code == 2 and "unknown model" in bad.output and "meta-llama/Llama-3.1-8B-Instruct" in bad.output
 

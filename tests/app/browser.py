@@ -106,6 +106,9 @@ class Tour:
     p99_ttft_after: str = ""
     url_after: str = ""
     screenshots: list[Path] = field(default_factory=list)
+    whatif_alias_url: str = ""  # where /whatif?... ended up
+    page_not_found: int = -1  # "Page not found" texts seen there
+    favicon: str = ""
 
 
 def metric_value(page, label: str) -> str:
@@ -148,6 +151,7 @@ def tour(url: str, out_dir: Path, chromium: str, rec: dict | None = None) -> Tou
         visit(page, f"{url}/workload", out_dir / "workload.png", seen, wait_for=CHART)
         advisor_page(page, url, out_dir, seen, rec)
         visit(page, f"{url}/calibration", out_dir / "calibration.png", seen, wait_for=METRIC)
+        alias(page, url, seen)
         browser.close()
     return seen
 
@@ -162,6 +166,16 @@ def advisor_page(page, url: str, out_dir: Path, seen: Tour, rec: dict | None = N
     page.wait_for_selector(CHART, timeout=60_000)
     path.unlink()
     shot(page, out_dir / "advisor.png", seen)
+
+
+def alias(page, url: str, seen: Tour) -> None:
+    """/whatif, the path the other pages' names suggest: What-if, with no "Page not found" pop-up."""
+    page.goto(f"{url}/whatif?max-num-seqs=64")
+    page.wait_for_selector(METRIC, timeout=60_000)
+    page.wait_for_timeout(1000)  # the pop-up, if any, opens after the page's first draw
+    seen.whatif_alias_url = page.url
+    seen.page_not_found = page.get_by_text("Page not found").count()
+    seen.favicon = page.evaluate("document.querySelector(\"link[rel='shortcut icon']\")?.href || ''")
 
 
 def visit(page, url: str, path: Path, seen: Tour, wait_for: str) -> None:

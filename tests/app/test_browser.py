@@ -28,5 +28,9 @@ def test_browser_click_changes_the_numbers_and_every_page_renders() -> None:
     # the click reached the URL: the scenario is shareable
     assert parse_qs(urlparse(seen.url_after).query).get("enable-prefix-caching") == ["false"]
     assert [p.name for p in seen.screenshots] == list(PAGES)
+    # issue 28: /whatif opens What-if (at the root, the URL's scenario kept), no "Page not found"
+    assert seen.page_not_found == 0
+    assert urlparse(seen.whatif_alias_url).path == "/" and "max-num-seqs=64" in seen.whatif_alias_url
+    assert seen.favicon.startswith("data:image/svg+xml")  # drawn locally, nothing fetched
     for p in seen.screenshots:
         assert p.stat().st_size > 20_000, f"{p} looks empty"

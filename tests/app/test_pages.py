@@ -65,7 +65,8 @@ def test_whatif_shows_the_apis_numbers_for_the_default_scenario() -> None:
     for key, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")):
         for p in ("p50", "p90", "p99"):
             assert table.loc[f"{name} (ms)", p] == pytest.approx(api[f"{p}_{key}_ms"])
-    assert table.loc["TTFT (ms)", "p99 meets SLO"] == (api["p99_ttft_ms"] <= 500)
+    assert table.loc["TTFT (ms)", "p99 meets SLO"] == ("yes" if api["p99_ttft_ms"] <= 500 else "no")
+    assert table.loc["E2E (ms)", "SLO (ms)"] == "not set" and table.loc["ITL (ms)", "SLO (ms)"] == "—"
     assert len(at.get("plotly_chart")) == 2  # CDFs and timelines
     assert at.code[0].value == "vllm serve meta-llama/Llama-3.1-8B-Instruct"
 

@@ -120,10 +120,14 @@ def test_latency_rows_judge_p99_against_the_slo() -> None:
     summary = {f"{p}_{k}_ms": v for k, base in (("ttft", 100), ("tpot", 10), ("itl", 20), ("e2el", 1000))
                for p, v in (("p50", base), ("p90", 2 * base), ("p99", 6 * base))}
     rows = {r["metric"]: r for r in latency_rows(summary, {"ttft": 500, "tpot": 100})}
-    assert rows["TTFT (ms)"]["p99"] == 600 and rows["TTFT (ms)"]["p99 meets SLO"] is False
-    assert rows["TPOT (ms)"]["p99 meets SLO"] is True  # 60 <= 100
-    assert rows["ITL (ms)"]["SLO (ms)"] == 100 and rows["ITL (ms)"]["p99 meets SLO"] is False  # 120 > 100
-    assert rows["E2E (ms)"]["SLO (ms)"] is None and rows["E2E (ms)"]["p99 meets SLO"] is None
+    assert rows["TTFT (ms)"]["p99"] == 600 and rows["TTFT (ms)"]["p99 meets SLO"] == "no"
+    assert rows["TPOT (ms)"]["SLO (ms)"] == "100" and rows["TPOT (ms)"]["p99 meets SLO"] == "yes"  # 60 <= 100
+    # issue 28: ITL (p99 120 ms here) is not judged against the TPOT target (vLLM's --goodput has no ITL key)
+    assert rows["ITL (ms)"]["SLO (ms)"] == "—" and rows["ITL (ms)"]["p99 meets SLO"] == "—"
+    # an SLO the user did not set reads "not set", never None
+    assert rows["E2E (ms)"]["SLO (ms)"] == "not set" and rows["E2E (ms)"]["p99 meets SLO"] == "—"
+    assert rows["E2E (ms)"]["p99"] == 6000
+    assert latency_rows(summary, {"e2el": 5000})[3]["p99 meets SLO"] == "no"  # 6000 > 5000
 
 
 def test_timeline_series_sorts_by_time_and_accumulates_preemptions() -> None:

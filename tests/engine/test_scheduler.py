@@ -277,6 +277,22 @@ def test_finish_requests_between_steps():
     s.check_invariants()
 
 
+def test_forget_finished_drops_only_ended_requests():
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4, max_num_seqs=1))
+    s.add_request(req(0, 2, 1), prompt_token_ids=[5, 6])
+    s.add_request(req(1, 2, 4), prompt_token_ids=[5, 7])
+    out = s.schedule()
+    assert [r.request_id for r in s.update_from_output(out, {0: [3]})] == [0]
+    assert s.forget_finished([0, 1, 7]) == 1  # 1 is waiting, 7 unknown: both left alone
+    assert sorted(s.requests) == [1]
+    s.add_request(req(2, 2, 1), prompt_token_ids=[5, 8])  # the table keeps working
+    while s.has_unfinished():
+        out = s.schedule()
+        s.update_from_output(out, {x.request_id: [4] for x in out.scheduled})
+    assert s.forget_finished([1, 2]) == 2 and not s.requests
+    s.check_invariants()
+
+
 def test_finish_requests_priority_queue():
     s = Scheduler(SchedulerConfig(num_gpu_blocks=8, block_size=4, max_num_seqs=1,
                                   scheduling_policy="priority"))

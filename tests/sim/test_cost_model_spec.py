@@ -118,3 +118,50 @@ def test_spec_terms_round_trip(tmp_path):
     p = FITTED.model_copy(update={"spec": TERMS})
     p.save(tmp_path / "p.json")
     assert CostProfile.load(tmp_path / "p.json").spec == TERMS
+
+
+def head_forward(tokens: int, rows: int, pairs: float, pkv: float, dkv: float, pass_s: float) -> float:
+    """The EAGLE-3 head (one layer of the target's shape, sim.memory.draft_spec) from first
+    principles, plus its measured per-pass cost."""
+    from sim.memory import draft_spec
+
+    head = draft_spec(M8, SpeculativeConfig(method="eagle3", num_speculative_tokens=2))
+    r, p = Roofline.of(head, H200, EngineConfig()), CostProfile.load("default")
+    gemm = max((r.gemm_s_per_token * tokens + r.gemm_s_per_row * rows) / p.gemm_compute_efficiency,
+               r.weights_s / p.gemm_memory_efficiency)
+    pre = max(r.attn_s_per_pair * pairs / p.attn_compute_efficiency, r.kv_s_per_token * pkv / p.attn_memory_efficiency)
+    dec = max(r.attn_s_per_pair * dkv / p.attn_compute_efficiency, r.kv_s_per_token * dkv / p.attn_memory_efficiency)
+    return gemm + pre + dec + r.ew_s_per_token * tokens / p.elementwise_memory_efficiency + pass_s
+
+
+def test_eagle3_head_catches_up_over_every_verified_position_at_its_measured_pass_cost():
+    """The engine's head runs its catch-up over the 1 + k positions each decode verified, then
+    k - 1 single-token forwards; each forward costs `eagle3_pass_s` where measured, else the
+    draft's `draft_pass_s`."""
+    from sim.memory import draft_spec
+
+    k, b = 3, verify(4, 4)
+    sc = SpeculativeConfig(method="eagle3", num_speculative_tokens=k)
+    e = EngineConfig(speculative_config=sc, max_num_seqs=256).resolved_for(H200, M8)
+    head = draft_spec(M8, sc)
+    for terms, pass_s in ((TERMS.model_copy(update={"eagle3_pass_s": 2e-4}), 2e-4), (TERMS, TERMS.draft_pass_s)):
+        m = CostModel(M8, H200, e, FITTED.model_copy(update={"spec": terms}), head)
+        catch_up = head_forward(16, 4, 0, 0, 2000, pass_s)
+        assert m.proposer_gpu_s(b) == pytest.approx(catch_up + 2 * head_forward(4, 4, 0, 0, 2000, pass_s))
+    # the draft model ignores the head's term
+    assert model(k=3, terms=TERMS.model_copy(update={"eagle3_pass_s": 2e-4})).proposer_gpu_s(b) == \
+        pytest.approx(model(k=3).proposer_gpu_s(b))
+
+
+def test_eagle3_head_cost_grows_per_decoding_sequence_where_measured():
+    """The engine's head spends host time per sequence on each of its k forwards (the fit's
+    `eagle3_pass_per_seq_s`): k x that x the decodes, on top of the fixed term."""
+    from sim.memory import draft_spec
+
+    k, b = 3, verify(4, 4)
+    sc = SpeculativeConfig(method="eagle3", num_speculative_tokens=k)
+    e = EngineConfig(speculative_config=sc, max_num_seqs=256).resolved_for(H200, M8)
+    fixed = TERMS.model_copy(update={"eagle3_pass_s": 2e-4})
+    m0, m1 = (CostModel(M8, H200, e, FITTED.model_copy(update={"spec": t}), draft_spec(M8, sc))
+              for t in (fixed, fixed.model_copy(update={"eagle3_pass_per_seq_s": 1e-5})))
+    assert m1.proposer_gpu_s(b) - m0.proposer_gpu_s(b) == pytest.approx(k * 1e-5 * 4)

@@ -1,0 +1,1 @@
+"""`costline engine serve`: the engine behind an OpenAI-compatible HTTP API (docs/serve.md)."""
