@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.bench_format import RequestResult, RunInfo, bench_result
+from engine.core.bench_format import RequestResult, RunInfo, bench_result, results_from_aiperf
 from engine.core.input_files import InputFileError, decode_utf8, json_type, read_bytes
 
 MAX_BENCH_BYTES = 512 << 20  # a 100k-request detailed result with generated texts
@@ -178,26 +178,46 @@ def _str(obj: dict[str, Any], key: str) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def _is_aiperf(obj: Any) -> bool:
+    """An AIPerf per-request record (`profile_export.jsonl`): metadata with the request's start."""
+    return isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) and "request_start_ns" in obj["metadata"]
+
+
+def _from_aiperf(path: Path, records: list[Any]) -> BenchRun:
+    """An AIPerf export written as a bench result (engine/core/bench_format.py's converter), then read."""
+    try:
+        results, duration = results_from_aiperf(records)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _bad(path, "an AIPerf record", f"cannot be read ({exc!s:.80})",
+                   "give AIPerf's profile_export.jsonl as it wrote it (AIPerf 0.13)") from None
+    info = RunInfo(model_id="", num_prompts=len(results), request_rate=math.inf, backend="aiperf")
+    return parse_bench(bench_result(results, duration, info), path)
+
+
 def read_bench(path: str | Path) -> list[BenchRun]:
-    """The runs of a result file: one JSON object, or one per line (`--append-result`)."""
+    """The runs of a result file: one JSON object, or one per line (`--append-result`); an AIPerf
+    per-request export (`profile_export.jsonl`, one record per line) is one run."""
     path = Path(path)
     text = decode_utf8(path, read_bytes(path, max_bytes=MAX_BENCH_BYTES, what="benchmark result"))
     try:
-        return [parse_bench(json.loads(text), path)]
+        obj = json.loads(text)
     except json.JSONDecodeError as exc:
         lines = [ln for ln in text.splitlines() if ln.strip()]
         if len(lines) < 2:
             raise _bad(path, f"line {exc.lineno}", f"is not valid JSON ({exc.msg})",
                        "give the file `vllm bench serve --save-result` wrote") from None
-    runs = []
+    else:
+        return [_from_aiperf(path, [obj]) if _is_aiperf(obj) else parse_bench(obj, path)]
+    objs = []
     for i, line in enumerate(lines):
         try:
-            obj = json.loads(line)
+            objs.append(json.loads(line))
         except json.JSONDecodeError as exc:
             raise _bad(path, f"line {i + 1}", f"is not valid JSON ({exc.msg})",
                        "an --append-result file holds one result object per line") from None
-        runs.append(parse_bench(obj, path, index=i))
-    return runs
+    if _is_aiperf(objs[0]):
+        return [_from_aiperf(path, objs)]
+    return [parse_bench(obj, path, index=i) for i, obj in enumerate(objs)]
 
 
 # --------------------------------------------------------------------------- arrivals

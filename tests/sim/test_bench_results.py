@@ -211,3 +211,26 @@ def test_tables_written_as_a_bench_result_read_back_with_the_same_figures():
     assert spread == 0 and run.ok.tolist() == [True, False] and run.output_lens.tolist() == [3, 0]
     assert run.itls_s[0] == pytest.approx([0.1, 0.1]) and obj["errors"][1] == "rejected: too long"
     assert obj["mean_ttft_ms"] == pytest.approx(100.0) and obj["completed"] == 1 and obj["request_rate"] == 4.0
+
+
+def _aiperf(start_ns, ttft_ms, gaps_ms, latency_ms, isl, osl):
+    """One record of AIPerf 0.13's profile_export.jsonl (the fields its converter reads)."""
+    return {"metadata": {"request_start_ns": start_ns, "request_end_ns": start_ns + int(latency_ms * 1e6),
+                         "benchmark_phase": "profiling", "was_cancelled": False},
+            "metrics": {"time_to_first_token": {"value": ttft_ms, "unit": "ms"},
+                        "inter_chunk_latency": {"value": [0.0, *gaps_ms], "unit": "ms"},
+                        "request_latency": {"value": latency_ms, "unit": "ms"},
+                        "input_sequence_length": {"value": isl, "unit": "tokens"},
+                        "output_sequence_length": {"value": osl, "unit": "tokens"}}}
+
+
+def test_an_aiperf_export_reads_as_one_run_with_its_send_times(tmp_path):
+    rows = [_aiperf(2_000_000_000, 100.0, [20.0, 30.0], 150.0, 32, 3), _aiperf(2_500_000_000, 50.0, [10.0], 60.0, 16, 2)]
+    (run,) = read_bench(write(tmp_path, "\n".join(json.dumps(r) for r in rows) + "\n", "profile_export.jsonl"))
+    assert run.input_lens.tolist() == [32, 16] and run.output_lens.tolist() == [3, 2]
+    assert run.start_s.tolist() == pytest.approx([0.0, 0.5]) and run.ttft_s.tolist() == pytest.approx([0.1, 0.05])
+    assert run.itls_s[0].tolist() == pytest.approx([0.02, 0.03]) and run.latency_s[1] == pytest.approx(0.06)
+    bad = dict(rows[0], metrics={})
+    bad["metadata"] = {"request_start_ns": "x"}
+    with pytest.raises(BenchFileError, match="AIPerf"):
+        read_bench(write(tmp_path, json.dumps(bad) + "\n" + json.dumps(bad) + "\n", "bad.jsonl"))
