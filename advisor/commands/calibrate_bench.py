@@ -101,6 +101,20 @@ def _pair(s: CaseScore, key: str) -> str:
     return f"{m.engine:,.1f} / {m.sim:,.1f}"
 
 
+def check_model_id(run: BenchRun, model: str) -> None:
+    """A result whose `model_id` is a known model other than --model is refused (a profile is for the
+    model that served); an id costline does not know (a local path, a served name) is taken as given."""
+    if not run.model_id:
+        return
+    try:
+        served = preset_of(run.model_id)
+    except ValueError:
+        return
+    if served != model:
+        raise ValueError(f"{run.path}: key 'model_id' is {run.model_id!r} ({served}), not --model {model}; give "
+                         f"--model {served}, or leave this result out")
+
+
 def calibrate_from_bench(bench: list[Path], metrics: list[Path], extra: list[Path], *, model: str, gpu: str,
                          out: Path | None, serve_args: str, profile: str, hold_out_every: int, max_seconds: float,
                          force: bool) -> None:
@@ -109,6 +123,8 @@ def calibrate_from_bench(bench: list[Path], metrics: list[Path], extra: list[Pat
     if out is not None:  # before the work: a refused --out must not cost a fit
         check_output_file(out, flag="--out", force=force, inputs=[*bench, *metrics])
     runs: list[BenchRun] = [r for p in bench for r in read_bench(p)]
+    for r in runs:
+        check_model_id(r, model)
     deltas = scrapes_per_run(metrics, len(runs))
     engine = engine_for(serve_args, deltas)
     cases = [make_case(r, engine, d) for r, d in zip(runs, deltas, strict=True)]
@@ -128,4 +144,4 @@ def calibrate_from_bench(bench: list[Path], metrics: list[Path], extra: list[Pat
     console.print(f"wrote {out} (use it: costline advise --profile {out} ...)", highlight=False)
 
 
-__all__ = ["calibrate_from_bench", "engine_for", "held_out_runs", "scrapes_per_run", "split_files"]
+__all__ = ["calibrate_from_bench", "check_model_id", "engine_for", "held_out_runs", "scrapes_per_run", "split_files"]

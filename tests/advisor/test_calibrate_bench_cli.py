@@ -88,6 +88,9 @@ def test_a_bad_result_or_a_missing_flag_is_one_line(server_files, tmp_path):
     assert res.exit_code == 2 and "tensor-parallel" in res.output
     res = calibrate(str(bench), "--from-metrics", str(bench))
     assert res.exit_code == 2 and "--from-bench" in res.output
+    res = runner.invoke(app, ["calibrate", "--from-bench", str(bench), "--model", "llama-3.1-8b", "--gpu", GPU],
+                        terminal_width=300)
+    assert res.exit_code == 2 and "key 'model_id'" in res.output and "--model llama-3.2-1b" in res.output
 
 
 def test_files_after_the_options_and_scrapes_are_assigned_per_run():
