@@ -207,14 +207,17 @@ def load(workload: WorkloadInput, source: SourceOptions | None = None, *, seed: 
 
 
 def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | None = None,
-        progress: Callable[[float], None] | None = None, until_s: float | None = None) -> SimResult:
+        progress: Callable[[float], None] | None = None, until_s: float | None = None,
+        cost_profile: CostProfile | None = None) -> SimResult:
     """Simulate `workload` on the deployment `config` describes (same inputs, same result);
-    `until_s` stops the clock there (what is in flight then is reported unfinished)."""
+    `until_s` stops the clock there (what is in flight then is reported unfinished).
+    `cost_profile`: a profile object used instead of `config.profile` (a fit that tries many
+    variants of one profile builds them in memory, sim/request_fit.py)."""
     loaded = load(workload, source, seed=config.seed)
     coarsening = kv_block_coarsening_for(config.kv_block_coarsening, config.engine.block_size,
                                          loaded.requests)
     deployment = config.deployment()
-    profile = load_profile(config.profile, config.model, config.gpu)
+    profile = cost_profile or load_profile(config.profile, config.model, config.gpu)
     if config.fp8_gemm_speedup is not None:
         profile = profile.model_copy(update={"fp8_gemm_speedup": config.fp8_gemm_speedup})
     check_simulation_size(deployment, coarsening, profile)

@@ -11,9 +11,12 @@ behind what, is a shell comment after the line.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
+from typing import Any
 
-from sim.config import EngineConfig
+from engine.core.flags import FlagError, parse_size
+from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
 from sim.models import NEEDS_DRAFT_MODEL, draft_model, hf_model_id
 
 
@@ -64,4 +67,36 @@ def serve_line(model: str, engine: EngineConfig, *, baseline: EngineConfig | Non
     return ServeLine(command=command, args=args, draft_placeholder=placeholder)
 
 
-__all__ = ["ServeLine", "kv_transfer_arg", "serve_line", "with_draft_model"]
+def parse_serve_args(text: str) -> EngineConfig:
+    """The engine flags of a `vllm serve` line (`--max-num-seqs 128 --no-enable-prefix-caching`,
+    `--max-num-batched-tokens=8k`; a leading `vllm serve MODEL` is skipped) as an `EngineConfig`.
+    A flag the simulator does not model is refused by name (leave it out of the line)."""
+    spelled: dict[str, tuple[Any, bool | None]] = {}
+    for f in ENGINE_CONFIG_FLAGS:
+        for s in f.spellings:
+            spelled[s] = (f, True if f.type is bool else None)
+        for s in f.negatives:
+            spelled[s] = (f, False)
+    words = shlex.split(text)
+    if words[:2] == ["vllm", "serve"]:
+        words = words[3:] if len(words) > 2 and not words[2].startswith("-") else words[2:]
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word, _, inline = words[i].partition("=")
+        if word not in spelled:
+            raise FlagError("serve_args", repr(words[i]), "is not an engine flag costline models; give the "
+                            "scheduling and KV flags your server ran with (e.g. --max-num-seqs 256)")
+        flag, boolean = spelled[word]
+        if boolean is not None:
+            values[flag.name], i = boolean, i + 1
+            continue
+        if not inline and i + 1 >= len(words):
+            raise FlagError("serve_args", word, "needs a value")
+        raw = inline or words[i + 1]
+        values[flag.name] = parse_size(raw, flag.name) if flag.human_size else raw
+        i += 1 if inline else 2
+    return EngineConfig(**values)
+
+
+__all__ = ["ServeLine", "kv_transfer_arg", "parse_serve_args", "serve_line", "with_draft_model"]

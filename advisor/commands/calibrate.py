@@ -1,4 +1,6 @@
-"""`costline calibrate`: fit the simulator's cost profile to engine step traces (sim/calibrate.py)."""
+"""`costline calibrate`: fit the simulator's cost profile to engine step traces (sim/calibrate.py),
+or, with `--from-bench`, to request-level measurements of a server (`vllm bench serve` results and
+/metrics scrapes, sim/request_fit.py)."""
 
 from __future__ import annotations
 
@@ -69,16 +71,34 @@ def _with_tp_terms(profile, tp_runs: list[Path], collectives: Path, model, gpu, 
 
 @clean_errors
 def calibrate(
-    runs: Annotated[list[Path], typer.Argument(help="engine run folders (steps.jsonl + run.json) or steps.jsonl[.gz] files")],
-    model: Annotated[str, typer.Option("--model", help="model preset the runs served")],
-    gpu: Annotated[str, typer.Option("--gpu", help="GPU preset the runs ran on")],
-    out: Annotated[Path | None, typer.Option("--out", help="write the fitted profile JSON here (an existing file needs --force)")] = None,
+    runs: Annotated[list[Path] | None, typer.Argument(
+        help="engine run folders (steps.jsonl + run.json) or steps.jsonl[.gz] files; with --from-bench, more "
+        "bench results (.json) and scrapes (other names, after those of --from-metrics)")] = None,
+    model: Annotated[str, typer.Option("--model", help="model preset the runs served")] = "",
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU preset the runs ran on")] = "",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="write the fitted profile JSON here (an existing file needs --force)")] = None,
     scaled: Annotated[bool, typer.Option("--scaled", help="also write profiles scaled by datasheet ratios to the A100, H100, B200 and L4 presets beside --out")] = False,
     async_scheduling: Annotated[bool, typer.Option("--async-scheduling", help="bare steps files (no run.json) were recorded with async scheduling")] = False,
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="bare steps files: the engine's max_num_seqs (its CUDA graph sizes)")] = None,
     memory_runs: Annotated[list[Path] | None, typer.Option(
         "--memory-runs", help="engine run folders whose run.json memory terms size the KV pool, when the timed "
         "runs' engines were sized by --num-gpu-blocks-override (repeat the option)")] = None,
+    from_bench: Annotated[list[Path] | None, typer.Option(
+        "--from-bench", help="fit from `vllm bench serve --save-result --save-detailed` result files instead of step "
+        "traces (repeat, or list more files after the options)")] = None,
+    from_metrics: Annotated[list[Path] | None, typer.Option(
+        "--from-metrics", help="with --from-bench: /metrics scrapes of the server, before and after each run in run "
+        "order (or one per run of a server started for it)")] = None,
+    serve_args: Annotated[str, typer.Option(
+        "--serve-args", help="with --from-bench: the engine flags the server ran with, as typed to `vllm serve` "
+        "(e.g. \"--max-num-seqs 256 --max-num-batched-tokens 8192\")")] = "",
+    profile: Annotated[str, typer.Option(
+        "--profile", help="with --from-bench: the profile to start from (auto: the one `simulate` picks)")] = "auto",
+    hold_out_every: Annotated[int, typer.Option(
+        "--hold-out-every", min=2, help="with --from-bench: every K-th run is held out of the fit and scored (one "
+        "run: its odd requests are)")] = 3,
+    max_seconds: Annotated[float, typer.Option(
+        "--max-seconds", min=1, help="with --from-bench: the fit's budget in CPU seconds")] = 240.0,
     tp_runs: Annotated[list[Path] | None, typer.Option(
         "--tp-runs", help="engine run folders recorded with --tensor-parallel-size > 1: fit the profile's TP terms "
         "(overlap, cost per TP step) from them, the one-GPU fit pricing their compute (repeat the option)")] = None,
@@ -87,7 +107,21 @@ def calibrate(
         "the latency and bus bandwidth are fitted from")] = None,
     force: Force = False,
 ) -> None:
-    """Fit a cost profile (schema v2) for one model on one GPU from engine step traces; print the fit."""
+    """Fit a cost profile (schema v2) for one model on one GPU from engine step traces, or from a server's
+    request-level measurements (--from-bench); print the fit."""
+    if not model or not gpu:
+        raise ValueError(f"give {'--model' if not model else '--gpu'}: the model and GPU the measurements come from")
+    if from_bench:
+        from advisor.commands.calibrate_bench import calibrate_from_bench
+
+        calibrate_from_bench(from_bench, [*(from_metrics or [])], list(runs or []), model=model, gpu=gpu, out=out,
+                             serve_args=serve_args, profile=profile, hold_out_every=hold_out_every,
+                             max_seconds=max_seconds, force=force)
+        return
+    if from_metrics or serve_args:
+        raise ValueError("--from-metrics and --serve-args go with --from-bench; add --from-bench RESULT.json")
+    if not runs:
+        raise ValueError("give engine run folders to fit on, or --from-bench RESULT.json")
     # scipy's optimisers load only for this command (the CLI's other commands start without them)
     from sim.calibrate import SCALED_GPUS, fit_profile, load_run, write_scaled_profiles
     from sim.models import preset_of
