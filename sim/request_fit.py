@@ -214,8 +214,8 @@ def make_case(run: BenchRun, engine: EngineConfig, metrics: ScrapeDelta | None =
 # --------------------------------------------------------------------------- the statistics
 def _latencies(ttft: np.ndarray, tpot: np.ndarray, e2e: np.ndarray, itl: tuple[np.ndarray, np.ndarray | None]
                ) -> dict[str, float]:
-    return (latency_stats("ttft", ttft) | latency_stats("tpot", tpot[np.isfinite(tpot)])
-            | latency_stats("itl", *itl) | latency_stats("e2el", e2e))
+    return (latency_stats(ttft).json_items("ttft") | latency_stats(tpot[np.isfinite(tpot)]).json_items("tpot")
+            | latency_stats(*itl).json_items("itl") | latency_stats(e2e).json_items("e2el"))
 
 
 def measured_stats(case: BenchCase, rows: np.ndarray | None = None) -> dict[str, float]:
@@ -256,7 +256,7 @@ def simulated_stats(case: BenchCase, result: SimResult, rows: np.ndarray | None 
     out = _latencies(ttft, tpot, e2e, (gaps, weights))
     if rows is None:
         s = result.summary()
-        out |= {"output_throughput": s["output_throughput"], "request_throughput": s["request_throughput"]}
+        out |= {"output_throughput": s.output_throughput, "request_throughput": s.request_throughput}
     return out
 
 

@@ -122,28 +122,45 @@ def calibrate(
         raise ValueError("--from-metrics and --serve-args go with --from-bench; add --from-bench RESULT.json")
     if not runs:
         raise ValueError("give engine run folders to fit on, or --from-bench RESULT.json")
+    _calibrate_from_steps(runs, model, gpu, out, scaled=scaled, async_scheduling=async_scheduling,
+                          max_num_seqs=max_num_seqs, memory_runs=memory_runs or [], tp_runs=tp_runs or [],
+                          tp_collectives=tp_collectives, force=force)
+
+
+def _check_outputs(out: Path | None, model: str, scaled: bool, inputs: list[Path], force: bool) -> None:
+    """Before the work: a refused --out (or a scaled file beside it) must not cost a fit."""
+    from sim.calibrate import SCALED_GPUS
+
+    if scaled and out is None:
+        raise ValueError("--scaled writes beside --out: give --out PROFILE.json too")
+    if out is None:
+        return
+    check_output_file(out, flag="--out", force=force, inputs=inputs)
+    if scaled:  # the files write_scaled_profiles will write
+        for name in SCALED_GPUS:
+            check_output_file(out.parent / f"{GPU_PRESETS[name].name}-{model}.json", flag="--scaled",
+                              force=force, inputs=inputs)
+
+
+def _calibrate_from_steps(runs: list[Path], model: str, gpu: str, out: Path | None, *, scaled: bool,
+                          async_scheduling: bool, max_num_seqs: int | None, memory_runs: list[Path],
+                          tp_runs: list[Path], tp_collectives: Path | None, force: bool) -> None:
+    """The step-trace fit: check everything, fit, print, write (and the scaled copies)."""
     # scipy's optimisers load only for this command (the CLI's other commands start without them)
-    from sim.calibrate import SCALED_GPUS, fit_profile, load_run, write_scaled_profiles
+    from sim.calibrate import fit_profile, load_run, write_scaled_profiles
     from sim.models import preset_of
     from sim.validate import read_run_info
 
     model = preset_of(model)  # a Hugging Face id as its preset
     m, g = get_model(model), get_gpu(gpu)
-    if scaled and out is None:
-        raise ValueError("--scaled writes beside --out: give --out PROFILE.json too")
-    if out is not None:  # before the work: a refused --out must not cost a fit
-        check_output_file(out, flag="--out", force=force, inputs=[*runs, *(memory_runs or [])])
-        if scaled:  # the files write_scaled_profiles will write, checked now
-            for name in SCALED_GPUS:
-                check_output_file(out.parent / f"{GPU_PRESETS[name].name}-{model}.json", flag="--scaled",
-                                  force=force, inputs=[*runs, *(memory_runs or [])])
+    _check_outputs(out, model, scaled, [*runs, *memory_runs], force)
     for r in runs:  # every run checked (and of this model and GPU) before the first is fitted
         check_run_for_fit(r, model, gpu)
     if bool(tp_runs) != (tp_collectives is not None):
         raise ValueError("--tp-runs and --tp-collectives go together: the sweep gives the all-reduce's latency "
                          "and bandwidth, the runs its overlap with compute")
     default = EngineConfig(async_scheduling=async_scheduling, max_num_seqs=max_num_seqs)
-    memory = [read_run_info(d).model_dump() for d in memory_runs or []]
+    memory = [read_run_info(d).model_dump() for d in memory_runs]
     loaded = [load_run(r, default) for r in runs]
     for r in loaded:  # a TP run's steps are not one GPU's: they would bend the single-GPU fit
         tp = ((r.run_info or {}).get("engine_args") or {}).get("tensor_parallel_size") or 1

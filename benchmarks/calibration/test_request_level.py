@@ -43,7 +43,7 @@ def _run_folder(tmp_path: Path) -> tuple[Path, dict]:
         rows = [{k: jsonable(v[i].item() if hasattr(v[i], "item") else v[i]) for k, v in table.items()}
                 for i in range(len(next(iter(table.values()))))]
         (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    summary = jsonable(res.summary())
+    summary = jsonable(res.summary().to_json_dict())
     (d / "summary.json").write_text(json.dumps(summary))
     return d, summary
 

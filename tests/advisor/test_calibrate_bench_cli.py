@@ -42,7 +42,7 @@ def server_files(tmp_path_factory) -> tuple[Path, Path]:
                        async_scheduling=False)
     prof = apply_multipliers(load_profile("h200-llama-3.2-1b"), Multipliers(prefill=1.2, decode=1.1, host=1.3))
     res = run(LoadedWorkload(reqs, "srv"), SimConfig(model=MODEL, gpu=GPU, engine=eng), cost_profile=prof)
-    obj, _ = bench_from_tables(res.requests, res.steps, duration_s=res.summary()["duration"],
+    obj, _ = bench_from_tables(res.requests, res.steps, duration_s=res.summary().duration_s,
                                model_id="meta-llama/Llama-3.2-1B-Instruct", backend="vllm", date="20261202-120000")
     d = tmp_path_factory.mktemp("server")
     (d / "r.json").write_text(json.dumps(obj))

@@ -118,7 +118,7 @@ def test_fit_recovers_the_multipliers_a_simulated_server_ran_with():
         eng = EngineConfig(async_scheduling=asyn, num_gpu_blocks_override=20000)
         res = run(LoadedWorkload(_requests(80, rate, 1, long), name), SimConfig(model=MODEL, gpu=GPU, engine=eng),
                   cost_profile=apply_multipliers(base, truth))
-        obj, _ = bench_from_tables(res.requests, res.steps, duration_s=res.summary()["duration"], model_id=MODEL,
+        obj, _ = bench_from_tables(res.requests, res.steps, duration_s=res.summary().duration_s, model_id=MODEL,
                                    backend="sim", date="")
         cases.append(make_case(parse_bench(obj, Path(f"{name}.json")), eng))
     fit = fit_request_level(cases, base, MODEL, GPU, max_evals=140)
