@@ -65,6 +65,7 @@ if ARGS.dry_run:
 import torch
 import torch.nn.functional as F
 
+from benchmarks.kernels.graph_timing import time_calls_us
 from engine.core.model_spec import get_model
 from kernels import _interpreter_compat
 from kernels.fused_moe import (
@@ -203,35 +204,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ------------------------------------------------------------------------------- timing
-def graph_time_us(calls: list, replays: int = 8) -> float:
+def graph_time_us(calls: list) -> float:
     """Median us per call of a CUDA graph of `calls` (CPU: one eager pass)."""
-    if DEVICE == "cpu":
-        s = time.perf_counter()
-        for c in calls:
-            c()
-        return (time.perf_counter() - s) * 1e6 / len(calls)
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(st)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(calls))
-    del g
-    return sorted(times)[len(times) // 2]
+    return time_calls_us(calls, DEVICE == "cpu", reps=1)
 
 
 def eager_time_us(calls: list, reps: int = 3) -> float:

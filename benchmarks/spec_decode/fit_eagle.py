@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -383,12 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     results = json.loads(a.results.read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        root = a.runs
-        if a.runs.is_file():
-            with tarfile.open(a.runs) as tar:
-                tar.extractall(tmp, filter="data")
-            root = Path(tmp)
-        report = fit(results, root, refit=a.refit_target)
+        report = fit(results, fit_sim.runs_root(a.runs, Path(tmp)), refit=a.refit_target)
     write_section(HERE / "results.md", markdown(results, report))
     for row in report["speedup_check"]["rows"]:
         print(json.dumps({k: row[k] for k in ("k", "concurrency", "engine_speedup", "engine_error", "sim_speedup")}))

@@ -107,6 +107,15 @@ def fit_acceptance(rows: Sequence[dict], best_k: dict[str, int]) -> dict[str, An
 
 
 # ---------------------------------------------------------------------------- run folders
+def runs_root(runs: Path, tmp: Path) -> Path:
+    """The folder holding the run folders: `runs` itself, or a runs.tar.xz unpacked into `tmp`."""
+    if runs.is_file():
+        with tarfile.open(runs) as tar:
+            tar.extractall(tmp, filter="data")
+        return tmp
+    return runs
+
+
 def run_folders(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("run.json"))
 
@@ -444,12 +453,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     results = json.loads(a.results.read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        root = a.runs
-        if a.runs.is_file():
-            with tarfile.open(a.runs) as tar:
-                tar.extractall(tmp, filter="data")
-            root = Path(tmp)
-        report = fit_and_validate(results, root, a.out, a.profile_out, a.acceptance_out)
+        report = fit_and_validate(results, runs_root(a.runs, Path(tmp)), a.out, a.profile_out, a.acceptance_out)
     print(json.dumps(report["summary"]))
 
 
