@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -139,17 +138,15 @@ def test_bad_url_parameter_and_bad_flag_show_clear_errors() -> None:
     assert "--max-num-seqs 100000" in at.error[0].value and "--max-num-batched-tokens" in at.error[0].value
 
 
-def test_a_run_answers_within_2_s_and_a_cached_rerun_at_once() -> None:
+def test_a_run_holds_the_scenario_and_a_rerun_comes_from_the_cache() -> None:
+    """What a run and its cache hold; how fast they are is benchmarks/app/whatif_latency.py's."""
     s = Scenario()
-    t0 = time.perf_counter()
     out = simulate(s, None)
-    first_s = time.perf_counter() - t0
     cache = RunCache()
+    assert cache.get(s, None) is None
     cache.put(s, None, out)
-    t0 = time.perf_counter()
     assert cache.get(s, None) is out
-    assert first_s <= 2.0, f"a 2,000-request what-if took {first_s:.2f} s"
-    assert time.perf_counter() - t0 < 0.01
+    assert cache.get(Scenario(seed=1), None) is None  # another scenario is another run
     assert out.summary.num_prompts == 2000
 
 
