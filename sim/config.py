@@ -28,6 +28,7 @@ from engine.core.flags import (
 )
 from engine.core.model_spec import ModelSpec
 from engine.core.speculative_config import SpeculativeConfig as EngineSpeculativeConfig
+from sim.expert_parallel import check_expert_parallel
 from sim.hardware import GB, GPUSpec
 from sim.links import DEFAULT_LINK_LATENCY_S, measured_link
 
@@ -104,6 +105,11 @@ SIM_ONLY_FLAGS: tuple[Flag, ...] = (
          choices=("fp8",), aliases=("-q",)),
     Flag("tensor_parallel_size", int, 1, "GPUs per replica (must divide the attention heads)", ge=1,
          aliases=("-tp",)),
+    # vLLM derives the EP size (TP x DP); the simulator's replica is one TP group, so EP = TP.
+    # Priced from first principles, not yet validated (sim/expert_parallel.py).
+    Flag("enable_expert_parallel", bool, False,
+         "MoE: place whole experts per GPU (E / TP each) with all-to-all dispatch, instead of slicing every expert",
+         negatives=("--no-enable-expert-parallel",)),
     Flag("speculative_config", str, None, 'JSON, e.g. \'{"method":"ngram","num_speculative_tokens":4}\'',
          aliases=("-sc",), annotation=SpeculativeConfig | None),
     # Only the block-size rule depends on it: simulating costline's own engine (calibration,
@@ -146,6 +152,7 @@ class EngineConfig(flag_model("_EngineConfigFields", SIM_ONLY_FLAGS, SchedulingA
     def resolved_for(self, gpu: GPUSpec, model: ModelSpec) -> EngineConfig:
         """Fill the GPU-dependent defaults as `vllm serve` does, after vLLM's start-up checks."""
         check_tensor_parallel(model.num_heads, self.tensor_parallel_size)
+        check_expert_parallel(model, self.expert_parallel_size)
         return self.resolve_limits(device_name=gpu.name, device_memory_bytes=gpu.hbm_bytes,
                                    max_position_embeddings=model.max_position_embeddings,
                                    usage="api_server")
@@ -153,6 +160,11 @@ class EngineConfig(flag_model("_EngineConfigFields", SIM_ONLY_FLAGS, SchedulingA
     @property
     def weight_dtype(self) -> str | None:
         return "fp8" if self.quantization == "fp8" else None
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """GPUs the experts are spread over whole: the replica's TP size with EP on, else 1."""
+        return self.tensor_parallel_size if self.enable_expert_parallel else 1
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -51,6 +51,7 @@ from engine.core.cuda_graphs import VERIFY_GRAPH_MAX_TOKENS, decode_graph_bucket
 from engine.core.flags import CUDAGRAPH_MODES
 from engine.core.model_spec import ModelSpec, dtype_bytes
 from sim.config import EngineConfig
+from sim.expert_parallel import all_to_all_s_per_token, max_pairs_per_token, max_touched_per_gpu
 from sim.hardware import GB, GPUSpec
 from sim.kv_dtype_costs import kv_dtype_cost
 from sim.moe import ExpertRouting
@@ -456,6 +457,10 @@ class Roofline:
     moe: MoeTerms | None = None
     routing: ExpertRouting | None = None
     moe_fixed_s: float = 0.0  # layers x MoeTerms.layer_fixed_s, per forward
+    # expert parallelism (sim/expert_parallel.py): the GPUs the experts are spread over whole (1 =
+    # every expert sliced by TP), and the all-to-all's seconds per token of a forward
+    expert_parallel_size: int = 1
+    a2a_s_per_token: float = 0.0
 
     @classmethod
     def of(cls, model: ModelSpec, gpu: GPUSpec, engine: EngineConfig,
@@ -481,6 +486,10 @@ class Roofline:
         # not by its bytes (sim/kv_dtype_costs.py): the kernels convert slower than HBM streams
         kvc = kv_dtype_cost(engine.kv_cache_dtype, gpu.name)
         attn_s_per_pair = 4 * L * model.num_heads * model.head_dim / tp / (gpu.bf16_tflops * 1e12)
+        ep = engine.expert_parallel_size if moe else 1
+        routing = moe.routing(model) if moe else None
+        # EP: one whole expert per read on the busiest GPU, which serves its share of the pairs
+        pairs, expert_tp = (max_pairs_per_token(routing, ep), 1) if ep > 1 else (model.experts_per_token, tp)
         return cls(gemm_s_per_token=2 * layer_params / tp / gemm_rate,
                    gemm_s_per_row=2 * head_params / tp / head_rate,
                    weights_s=(layer_params * dtype_bytes(wdt) + head_params * dtype_bytes(model.dtype)) / tp / bw,
@@ -488,10 +497,10 @@ class Roofline:
                    kv_s_per_token=model.kv_bytes_per_token(engine.kv_cache_dtype) / tp / bw * kvc.decode_per_byte,
                    prefill_s_per_pair=attn_s_per_pair * kvc.prefill_time_ratio,
                    ew_s_per_token=ew_bytes / bw,
-                   moe_s_per_token=2 * model.experts_per_token * expert_params / tp / gemm_rate,
-                   expert_s=expert_params * dtype_bytes(wdt) / tp / bw, moe=moe,
-                   routing=moe.routing(model) if moe else None,
-                   moe_fixed_s=L * moe.layer_fixed_s if moe else 0.0)
+                   moe_s_per_token=2 * pairs * expert_params / expert_tp / gemm_rate,
+                   expert_s=expert_params * dtype_bytes(wdt) / expert_tp / bw, moe=moe, routing=routing,
+                   moe_fixed_s=L * moe.layer_fixed_s if moe else 0.0, expert_parallel_size=ep,
+                   a2a_s_per_token=all_to_all_s_per_token(model, gpu, ep))
 
     def experts_s(self, tokens: Any, compute_mult: float = 1.0, memory_mult: float = 1.0) -> Any:
         """The experts' roofline seconds for `tokens` tokens per step (scalar or numpy array):
@@ -502,10 +511,13 @@ class Roofline:
         m = self.moe
         if np.ndim(tokens) == 0:
             t = float(tokens)
-            touched, bf, ff = _touched(self.routing, t), m.bytes_multiplier(t), m.flops_multiplier(t)
+            touched = _touched(self.routing, t) if self.expert_parallel_size == 1 \
+                else max_touched_per_gpu(self.routing, t, self.expert_parallel_size)
+            bf, ff = m.bytes_multiplier(t), m.flops_multiplier(t)
             return max(self.moe_s_per_token * t * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
         else:
-            touched = self.routing.expected_touched(tokens)
+            touched = self.routing.expected_touched(tokens) if self.expert_parallel_size == 1 \
+                else max_touched_per_gpu(self.routing, tokens, self.expert_parallel_size)
             bf = np.array([m.bytes_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
             ff = np.array([m.flops_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
         return np.maximum(self.moe_s_per_token * tokens * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
@@ -562,6 +574,8 @@ class _Forward:
         gemm = max(gemm, self.weights)
         if self.experts is not None:
             gemm += self.gemm_mult * self.experts.experts_s(tokens) + self.experts.moe_fixed_s
+            if self.experts.a2a_s_per_token:  # expert parallelism's dispatch + combine
+                gemm += self.experts.a2a_s_per_token * tokens
         pre = max(self.pair * prefill_pairs, self.kv * prefill_kv)
         dec = max(self.dkv_pair * q_per_seq, self.dkv) * decode_kv
         if max_decode_kv:
@@ -671,6 +685,8 @@ class CostModel:
         if self.roofline.routing is not None:
             gemm += self.roofline.experts_s(num_tokens, 1 / self.profile.gemm_compute_efficiency,
                                             1 / self.profile.gemm_memory_efficiency) + self.roofline.moe_fixed_s
+            if self.roofline.a2a_s_per_token:  # expert parallelism's dispatch + combine
+                gemm += self.roofline.a2a_s_per_token * num_tokens
         pre = max(self._prefill_s_per_pair * prefill_pairs, self._kv_s_per_token * prefill_kv_tokens)
         dec = max(self._attn_s_per_pair * decode_pairs, self._kv_s_per_token * decode_kv_tokens)
         return (gemm + pre + dec + self._ew_s_per_token * num_tokens

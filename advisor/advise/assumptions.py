@@ -156,11 +156,28 @@ def _tensor_parallel(profile: CostProfile, tp: int, gpu: str) -> Assumption:
                       source=f"{profile.name}: {where}{note}", how_to_measure=how)
 
 
+def _expert_parallel(ep: int, gpu: str) -> Assumption:
+    """--enable-expert-parallel: planned from first principles, never measured (issue 29)."""
+    from sim.expert_parallel import SOURCE, link_bytes_per_s
+    from sim.hardware import get_gpu
+
+    return Assumption(
+        input="expert parallelism: expert placement and all-to-all", provenance="prior",
+        value=f"not yet validated: EP{ep}, {1 / ep:.0%} of the experts whole per GPU, the busiest GPU's expected "
+              f"touched experts; dispatch + combine of tokens x hidden x (EP-1)/EP per MoE layer at "
+              f"{link_bytes_per_s(get_gpu(gpu)) / 1e9:.0f} GB/s, no collective latency",
+        source=SOURCE,
+        how_to_measure="serve with and without `--enable-expert-parallel` at the same --tensor-parallel-size and "
+                       "load, compare `vllm:time_per_output_token_seconds` and `vllm:time_to_first_token_seconds`")
+
+
 def knob_assumptions(engine: EngineConfig, profile: CostProfile, gpu: str) -> list[Assumption]:
     """The prices of the knobs `engine` turns on (on `gpu`), beyond the step costs."""
     out = []
     if engine.tensor_parallel_size > 1:
         out.append(_tensor_parallel(profile, engine.tensor_parallel_size, gpu))
+    if engine.expert_parallel_size > 1:
+        out.append(_expert_parallel(engine.expert_parallel_size, gpu))
     if engine.quantization == "fp8":
         out.append(_fp8_weights(profile))
     if engine.kv_cache_dtype not in (None, "auto"):

@@ -180,7 +180,7 @@ def test_to_vllm_args_prints_each_changed_flag_with_its_vllm_spelling():
                "prefix_caching_hash_algo": "xxhash", "enable_chunked_prefill": False,
                "long_prefill_token_threshold": 256, "scheduling_policy": "priority", "async_scheduling": True,
                "kv_cache_dtype": "fp8", "quantization": "fp8", "tensor_parallel_size": 2,
-               "speculative_config": {"method": "ngram", "num_speculative_tokens": 4},
+               "enable_expert_parallel": True, "speculative_config": {"method": "ngram", "num_speculative_tokens": 4},
                "attention_backend": "costline"}
     assert set(changed) == {f.name for f in ENGINE_CONFIG_FLAGS}  # every flag is exercised
     args = EngineConfig(**changed).to_vllm_args(base)
@@ -190,7 +190,7 @@ def test_to_vllm_args_prints_each_changed_flag_with_its_vllm_spelling():
         "--disable-prefix-caching", "--prefix-caching-hash-algo", "xxhash", "--disable-chunked-prefill",
         "--long-prefill-token-threshold", "256", "--scheduling-policy", "priority", "--async-scheduling",
         "--kv-cache-dtype", "fp8", "--quantization", "fp8", "--tensor-parallel-size", "2",
-        "--speculative-config", """'{"method":"ngram","num_speculative_tokens":4}'"""]  # no attention_backend
+        "--enable-expert-parallel", "--speculative-config", """'{"method":"ngram","num_speculative_tokens":4}'"""]  # no attention_backend
     assert EngineConfig().to_vllm_args() == []
     # costline's own hash key has no vLLM spelling: never printed
     assert EngineConfig(prefix_caching_hash_algo="sha256").to_vllm_args(
