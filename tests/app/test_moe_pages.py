@@ -51,3 +51,16 @@ def test_advisor_page_advises_a_moe_preset_with_its_note(model: str) -> None:
     notes = [i.value for i in at.info if "mixture of experts" in i.value]
     assert len(notes) == 1, [i.value for i in at.info]
     assert f"99% of all {spec.num_experts} from {full} tokens per step" in notes[0]
+
+
+def test_whatif_runs_mixtral_with_expert_parallelism() -> None:
+    from sim.config import EngineConfig
+
+    at = app()
+    at.query_params.update({"model": "mixtral-8x7b", "num_gpus": "2", "tensor-parallel-size": "2"})
+    at.run()
+    at.toggle(key="flag.enable_expert_parallel").set_value(True).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert_headline(at, api_summary(model="mixtral-8x7b", num_gpus=2,
+                                    engine=EngineConfig(tensor_parallel_size=2, enable_expert_parallel=True)))
+    assert "--tensor-parallel-size 2 --enable-expert-parallel" in at.code[0].value
