@@ -15,7 +15,9 @@ index = popularity rank, so GPU 0 holds the most popular ones). What a step cost
 * all-to-all: per MoE layer each GPU dispatches its tokens' activations to the experts' GPUs and
   gets the outputs back: T x hidden x bytes x (EP - 1) / EP each way, at the link's one-direction
   bandwidth (sim/links.py's measured NVLink where there is one, else the GPU's datasheet figure);
-  the collectives' latency is left out (unmeasured);
+  the collectives' latency is left out (unmeasured). This is the data-parallel-attention case
+  (distinct tokens per GPU); inside one TP group vLLM's tokens are already on every rank and the
+  combine replaces the MLP all-reduce, which stays priced here: an upper bound until measured;
 * memory: each GPU holds its attention/dense weights / TP and E / EP whole experts.
 """
 
