@@ -7,10 +7,12 @@ the placeholders (click's TEXT / INTEGER / FLOAT / PATH, or the choices) are one
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import click
 from typer.core import TyperCommand
+
+if TYPE_CHECKING:  # annotations only: typer >= 0.2x carries its own click, and the light install has no other
+    import click
 
 HELP_WIDTH = 100  # columns the help may use at most (a wider terminal gets no wider help)
 
