@@ -108,15 +108,14 @@ SIM_ONLY_FLAGS: tuple[Flag, ...] = (
     # vLLM derives the EP size (TP x DP); the simulator's replica is one TP group, so EP = TP.
     # Priced from first principles, not yet validated (sim/expert_parallel.py).
     Flag("enable_expert_parallel", bool, False,
-         "MoE: place whole experts per GPU (E / TP each) with all-to-all dispatch, instead of slicing every expert",
+         "MoE: whole experts per GPU (E / TP each), all-to-all",
          negatives=("--no-enable-expert-parallel",)),
     Flag("speculative_config", str, None, 'JSON, e.g. \'{"method":"ngram","num_speculative_tokens":4}\'',
          aliases=("-sc",), annotation=SpeculativeConfig | None),
     # Only the block-size rule depends on it: simulating costline's own engine (calibration,
     # the engine-vs-simulator cross-check) needs the block sizes its kernels accept.
     Flag("attention_backend", str, "flash_attn",
-         "attention kernels of the simulated engine: vLLM's flash_attn / flashinfer (block size a "
-         "multiple of 16) or costline's own engine (any block size)",
+         "vLLM's flash_attn or flashinfer (block size a multiple of 16), or costline's engine (any)",
          choices=("flash_attn", "flashinfer", "costline"), in_vllm=False),
 )
 # Every flag of a simulated `vllm serve` instance, in `to_vllm_args` order; the dashboard's controls.

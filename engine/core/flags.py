@@ -158,9 +158,8 @@ SCHEDULING_FLAGS: tuple[Flag, ...] = (
     Flag("scheduling_policy", str, "fcfs", "fcfs or priority (lower value first, then arrival)",
          choices=("fcfs", "priority")),
     # vLLM decides at start-up when unset; costline models it off unless asked.
-    Flag("async_scheduling", bool, False, "schedule step N+1 on the host while the GPU runs step N; "
-         "a stop token is seen one step late, as in vLLM; off (resolved to false) with "
-         "--speculative-config", negatives=("--no-async-scheduling",)),
+    Flag("async_scheduling", bool, False, "schedule step N+1 while the GPU runs step N (a stop token is seen "
+         "one step late, as in vLLM); off with --speculative-config", negatives=("--no-async-scheduling",)),
 )
 
 ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
