@@ -522,6 +522,16 @@ class Roofline:
             ff = np.array([m.flops_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
         return np.maximum(self.moe_s_per_token * tokens * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
 
+    def moe_step_s(self, tokens: float, compute_mult: float = 1.0, memory_mult: float = 1.0,
+                   scale: float = 1.0) -> float:
+        """What a mixture of experts adds to a forward's GEMM time: its experts' roofline (times
+        `scale`), the per-layer fixed cost and, under expert parallelism, the all-to-all's dispatch
+        and combine; 0 for a dense model."""
+        if self.routing is None:
+            return 0.0
+        return (scale * self.experts_s(tokens, compute_mult, memory_mult) + self.moe_fixed_s
+                + self.a2a_s_per_token * tokens)
+
     def features(self, tokens: Any, rows: Any, prefill_pairs: Any, prefill_kv_tokens: Any,
                  decode_q_per_seq: Any, decode_kv_tokens: Any, decode_max_kv_tokens: Any = 0) -> dict[str, Any]:
         """The roofline terms of a forward (seconds at efficiency 1), scalars or numpy arrays alike:
@@ -573,9 +583,7 @@ class _Forward:
         gemm = self.gemm_tok * tokens + self.gemm_row * rows
         gemm = max(gemm, self.weights)
         if self.experts is not None:
-            gemm += self.gemm_mult * self.experts.experts_s(tokens) + self.experts.moe_fixed_s
-            if self.experts.a2a_s_per_token:  # expert parallelism's dispatch + combine
-                gemm += self.experts.a2a_s_per_token * tokens
+            gemm += self.experts.moe_step_s(tokens, scale=self.gemm_mult)
         pre = max(self.pair * prefill_pairs, self.kv * prefill_kv)
         dec = max(self.dkv_pair * q_per_seq, self.dkv) * decode_kv
         if max_decode_kv:
@@ -683,10 +691,8 @@ class CostModel:
             return 0.0
         gemm = max(self._gemm_s_per_token * num_tokens + self._gemm_s_per_row * num_rows, self._weights_s)
         if self.roofline.routing is not None:
-            gemm += self.roofline.experts_s(num_tokens, 1 / self.profile.gemm_compute_efficiency,
-                                            1 / self.profile.gemm_memory_efficiency) + self.roofline.moe_fixed_s
-            if self.roofline.a2a_s_per_token:  # expert parallelism's dispatch + combine
-                gemm += self.roofline.a2a_s_per_token * num_tokens
+            gemm += self.roofline.moe_step_s(num_tokens, 1 / self.profile.gemm_compute_efficiency,
+                                             1 / self.profile.gemm_memory_efficiency)
         pre = max(self._prefill_s_per_pair * prefill_pairs, self._kv_s_per_token * prefill_kv_tokens)
         dec = max(self._attn_s_per_pair * decode_pairs, self._kv_s_per_token * decode_kv_tokens)
         return (gemm + pre + dec + self._ew_s_per_token * num_tokens
