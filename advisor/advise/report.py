@@ -38,6 +38,19 @@ def _metric_rows(m: Metrics) -> list[str]:
 
 
 def print_report(rec: Recommendation, console: Console) -> None:
+    """The terminal report, in the order a reader needs it: verdict and cost first, the run command last."""
+    _print_header(rec, console)
+    _print_metrics_table(rec, console)
+    _print_ladder(rec, console)
+    _print_findings(rec, console)
+    _print_gap_and_robustness(rec, console)
+    _print_questions_and_assumptions(rec, console)
+    if rec.gpu_comparison:
+        _print_gpu_comparison(rec, console)
+    _print_run(rec, console)
+
+
+def _print_header(rec: Recommendation, console: Console) -> None:
     w = rec.workload
     if rec.verdict is not None:  # first: what a reader needs if they read nothing else
         console.print(styled(("verdict: ", "bold"), (rec.verdict.text, "bold green" if rec.verdict.meets else "bold red")),
@@ -47,6 +60,9 @@ def print_report(rec: Recommendation, console: Console) -> None:
                          f"{w['rate_rps']:.2f} req/s), {rec.request.model} on {rec.request.num_gpus}x {rec.request.gpu}, "
                          f"SLO {rec.request.slo}, objective {rec.request.objective}; profile {rec.profile.name} "
                          f"({rec.profile.status})"))
+
+
+def _print_metrics_table(rec: Recommendation, console: Console) -> None:
     # light borders and one-word rows: eight columns fit an 80-column terminal unwrapped
     t = Table(title="defaults vs recommended (goodput in req/s, latencies in ms)", title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
@@ -57,6 +73,9 @@ def print_report(rec: Recommendation, console: Console) -> None:
     console.print(t)
     # the label can be long: under the table, not in a column the terminal width squeezes
     console.print(f"recommended = {rec.best.label}", highlight=False)
+
+
+def _print_ladder(rec: Recommendation, console: Console) -> None:
     lad = Table(title=f"ladder: one optimization at a time (each kept only if its gain's 90% interval "
                       f"stays above {rec.request.min_gain_pct:+g}%)", title_justify="left")
     for c in ("optimization", "gain (90% interval)", "TTFT p99", "TPOT p99", "GPUs needed"):
@@ -67,6 +86,10 @@ def print_report(rec: Recommendation, console: Console) -> None:
     console.print(lad)
     if not rec.ladder:
         console.print("  no change clears the bar: vLLM's defaults are the recommendation", highlight=False)
+
+
+def _print_findings(rec: Recommendation, console: Console) -> None:
+    """Kept defaults, rejected options, where each optimization stops paying, notes on the model."""
     for k in rec.kept_defaults:
         console.print(f"  - {k.reason}", highlight=False)
     console.print(styled(("rejected", "bold")))
@@ -79,6 +102,9 @@ def print_report(rec: Recommendation, console: Console) -> None:
         console.print(styled(("the model", "bold")))
         for note in rec.model_notes:
             console.print(f"  - {note}", highlight=False, markup=False)
+
+
+def _print_gap_and_robustness(rec: Recommendation, console: Console) -> None:
     if rec.gap:
         g = rec.gap
         shares = ", ".join(f"{f.factor} {f.share_pct:+.0f}%" for f in g.factors)
@@ -88,6 +114,9 @@ def print_report(rec: Recommendation, console: Console) -> None:
     console.print(styled(("robustness", "bold"), ": " + ", ".join(f"{r.perturbation} regret {r.regret_pct:.1f}%"
                                                                   for r in rb.rows)
                          + f"; fallback: {rb.fallback.label} (worst regret {rb.fallback_max_regret_pct:.1f}%)"))
+
+
+def _print_questions_and_assumptions(rec: Recommendation, console: Console) -> None:
     console.print(styled(("your questions", "bold")))
     for q in rec.questions:
         console.print(f"  - {q.question}\n    {q.answer}", highlight=False)
@@ -97,15 +126,20 @@ def print_report(rec: Recommendation, console: Console) -> None:
         console.print(f"  - [{a.provenance}] {a.input}: {a.value} ({a.source}){flip}", highlight=False, markup=False)
         if a.provenance != "measured":
             console.print(f"    measure it: {a.how_to_measure}", highlight=False, markup=False)
-    if rec.gpu_comparison:
-        ct = Table(title="GPU types side by side (same workload, SLO and objective)", title_justify="left",
-                   box=box.SIMPLE_HEAD, pad_edge=False)
-        for c in GPU_COLUMNS:  # headers wrap onto two lines; cells never do
-            ct.add_column(c, justify="left" if c == "GPU" else "right", no_wrap=False, min_width=len(max(c.split(), key=len)))
-        for row in gpu_rows(rec):
-            ct.add_row(*row)
-        console.print(ct)
-        console.print(cheapest_text(rec), highlight=False)
+
+
+def _print_gpu_comparison(rec: Recommendation, console: Console) -> None:
+    ct = Table(title="GPU types side by side (same workload, SLO and objective)", title_justify="left",
+               box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in GPU_COLUMNS:  # headers wrap onto two lines; cells never do
+        ct.add_column(c, justify="left" if c == "GPU" else "right", no_wrap=False, min_width=len(max(c.split(), key=len)))
+    for row in gpu_rows(rec):
+        ct.add_row(*row)
+    console.print(ct)
+    console.print(cheapest_text(rec), highlight=False)
+
+
+def _print_run(rec: Recommendation, console: Console) -> None:
     console.print(styled(("run", "bold"), f": {rec.serve_command}"), soft_wrap=True)
     for note in rec.serve_notes:
         console.print(f"  note: {note}", highlight=False, markup=False)
