@@ -245,17 +245,7 @@ class EngineCore:
         self.ready_s: float | None = None  # process start -> first request accepted
         self.device = resolve_device(config.device)
         check_tp_config(config, self.device, model is not None)
-        self.tp: TPGroup | None = tp
-        self._tp_procs: list = []
-        if tp is not None and tp.world_size != config.tensor_parallel_size:
-            raise FlagError("tensor_parallel_size", config.tensor_parallel_size,
-                            f"differs from the given group's {tp.world_size} ranks; make them equal")
-        if tp is None and config.tensor_parallel_size > 1:
-            with self.startup.phase("tensor-parallel workers") as detail:
-                self.device = rank_device(self.device, 0)
-                self.tp, self._tp_procs = start_workers(config.tensor_parallel_size, self.device)
-                register_shutdown(self.tp, self._tp_procs)
-                detail.append(f"{config.tensor_parallel_size} ranks")
+        self._join_tensor_parallel(config, tp)
         if model is None:
             with self.startup.phase("model") as detail:
                 model = build_model(config, self.device, config.max_model_len, tp=self.tp)
@@ -273,6 +263,32 @@ class EngineCore:
             self.tp.send(BuildWorker(config, self.max_model_len, model.spec))
         self.runner = make_runner(model, config, self.max_model_len)
         self._init_speculation(config, draft_model)
+        self._allocate_kv_cache(config)
+        self.graph_capture_s = 0.0
+        graphs = not config.enforce_eager and config.cudagraph_mode != "NONE"
+        if self.runner.is_cuda and graphs and model.backend.name == "triton":
+            self.graph_capture_s = self._capture_graphs(config)
+        self.scheduler = Scheduler(scheduler_config(config, num_gpu_blocks=self.num_gpu_blocks,
+                                                    max_model_len=self.max_model_len,
+                                                    num_speculative_tokens=self.spec_k))
+        self._init_step_state(config)
+
+    def _join_tensor_parallel(self, config: EngineArgs, tp: TPGroup | None) -> None:
+        """Use the given tensor-parallel group, or spawn the workers of --tensor-parallel-size > 1."""
+        self.tp: TPGroup | None = tp
+        self._tp_procs: list = []
+        if tp is not None and tp.world_size != config.tensor_parallel_size:
+            raise FlagError("tensor_parallel_size", config.tensor_parallel_size,
+                            f"differs from the given group's {tp.world_size} ranks; make them equal")
+        if tp is None and config.tensor_parallel_size > 1:
+            with self.startup.phase("tensor-parallel workers") as detail:
+                self.device = rank_device(self.device, 0)
+                self.tp, self._tp_procs = start_workers(config.tensor_parallel_size, self.device)
+                register_shutdown(self.tp, self._tp_procs)
+                detail.append(f"{config.tensor_parallel_size} ranks")
+
+    def _allocate_kv_cache(self, config: EngineArgs) -> None:
+        """The KV pool (and the draft's KV of as many blocks), a start-up phase."""
         with self.startup.phase("KV cache") as detail:
             self.num_gpu_blocks = self.runner.allocate_kv_cache(
                 gpu_memory_utilization=config.gpu_memory_utilization,
@@ -284,13 +300,9 @@ class EngineCore:
                 self.runner.memory_report |= {"draft_weights_bytes": proposer.weights_bytes(),
                                               "draft_kv_bytes_per_block": self.runner.draft_block_bytes}
             detail.append(f"{self.num_gpu_blocks:,} blocks of {config.block_size} tokens")
-        self.graph_capture_s = 0.0
-        graphs = not config.enforce_eager and config.cudagraph_mode != "NONE"
-        if self.runner.is_cuda and graphs and model.backend.name == "triton":
-            self.graph_capture_s = self._capture_graphs(config)
-        self.scheduler = Scheduler(scheduler_config(config, num_gpu_blocks=self.num_gpu_blocks,
-                                                    max_model_len=self.max_model_len,
-                                                    num_speculative_tokens=self.spec_k))
+
+    def _init_step_state(self, config: EngineArgs) -> None:
+        """The sampler, the request table, step timing and the host buffers of sampled tokens."""
         self.sampler = Sampler(self.device, default_seed=config.seed)
         self.requests: dict[int, RequestState] = {}
         # each unfinished request's token list (RequestState.token_ids), what runner.prepare reads
@@ -590,17 +602,11 @@ class EngineCore:
             return StepResult({}, self._finish_unscheduled(out), None)
         self._note_first_scheduled(out, t1 - self.epoch)
         verify = bool(out.num_spec_tokens)
-        proposals: dict[int, Proposal] = {}
-        propose_s = 0.0
-        if self.drafter is not None:
-            proposals, propose_s = self._propose_draft(out)
-        elif self.eagle is not None:
-            proposals, propose_s = self._propose_eagle(out)
-        elif verify:
-            proposals = {rid: Proposal(d) for rid, d in self._ngram_drafts.items()}
+        proposals, propose_s = self._propose(out, verify)
         cols = out.columns()
         inp = self.runner.prepare(cols, self._input_token_ids(out, cols, proposals, verify), verify=verify)
         t2 = time.perf_counter()
+        ev0 = ev1 = None
         if self._use_events:
             ev0, ev1 = self._new_event(), self._new_event()
             ev0.record()
@@ -624,6 +630,29 @@ class EngineCore:
         if self.ngram is not None:
             propose_s += self._propose_ngram(sampled)
         t5 = time.perf_counter()
+        forward_s, sample_s = self._forward_and_sample_s(ev0, ev1, t2, t3, t4)
+        # the proposer's time (draft forwards, n-gram lookups) is its own column, not host prep
+        prepare_s = max(0.0, t2 - t1 + (t5 - t4) - propose_s)
+        trace = self._step_record(out, t0, t1 - t0, prepare_s, forward_s, sample_s, t5 - t0, num_visible)
+        if self.spec_k:
+            _add_spec_columns(trace, propose_s, num_visible - len(sampled), out.num_spec_tokens)
+        return StepResult(sampled, finished, trace, launch_s=t3 - t2)
+
+    def _propose(self, out: SchedulerOutput, verify: bool) -> tuple[dict[int, Proposal], float]:
+        """The drafts this step verifies (draft model, EAGLE-3 head, or the last step's n-gram
+        lookups) and the seconds the proposer took."""
+        proposals: dict[int, Proposal] = {}
+        propose_s = 0.0
+        if self.drafter is not None:
+            proposals, propose_s = self._propose_draft(out)
+        elif self.eagle is not None:
+            proposals, propose_s = self._propose_eagle(out)
+        elif verify:
+            proposals = {rid: Proposal(d) for rid, d in self._ngram_drafts.items()}
+        return proposals, propose_s
+
+    def _forward_and_sample_s(self, ev0: Any, ev1: Any, t2: float, t3: float, t4: float) -> tuple[float, float]:
+        """(forward, sampling) seconds of a synchronous step: GPU time from the CUDA events, else host time."""
         if self._use_events:
             # A step that samples nothing (only partial prefill chunks: a prompt longer than the
             # token budget) has no .tolist() to wait on, so wait for the end event explicitly;
@@ -631,18 +660,8 @@ class EngineCore:
             ev1.synchronize()
             forward_s = ev0.elapsed_time(ev1) / 1e3  # GPU time
             # The forward's launch overlaps its GPU execution; the rest of t2..t4 is sampling+sync.
-            sample_s = max(0.0, (t4 - t2) - forward_s)
-        else:
-            forward_s, sample_s = t3 - t2, t4 - t3
-        # the proposer's time (draft forwards, n-gram lookups) is its own column, not host prep
-        prepare_s = max(0.0, t2 - t1 + (t5 - t4) - propose_s)
-        trace = self._step_record(out, t0, t1 - t0, prepare_s, forward_s, sample_s, t5 - t0, num_visible)
-        if self.spec_k:
-            trace.propose_s = propose_s
-            trace.gpu_s += propose_s
-            trace.num_spec_accepted_tokens = trace.accepted = num_visible - len(sampled)
-            trace.drafted = out.num_spec_tokens
-        return StepResult(sampled, finished, trace, launch_s=t3 - t2)
+            return forward_s, max(0.0, (t4 - t2) - forward_s)
+        return t3 - t2, t4 - t3
 
     def _sample(self, logits: torch.Tensor, sample_ids: list[int]
                 ) -> tuple[dict[int, list[int]], set[int], float]:
@@ -956,3 +975,11 @@ class EngineCore:
         trace = self._step_record(p.out, p.t0, p.schedule_s, p.prepare_s, forward_s, sample_s, end - p.t0,
                                   len(sampled))
         return StepResult(sampled, finished, trace, launch_s=p.launch_s)
+
+
+def _add_spec_columns(trace: StepRecord, propose_s: float, accepted: int, drafted: int) -> None:
+    """A speculative step's record: the proposer's seconds (GPU time too), tokens accepted and drafted."""
+    trace.propose_s = propose_s
+    trace.gpu_s += propose_s
+    trace.num_spec_accepted_tokens = trace.accepted = accepted
+    trace.drafted = drafted
