@@ -366,7 +366,21 @@ class ModelRunner:
         pin = self.is_cuda
         self._sections = _staging_sections(t, b, self.max_blocks_per_seq, sum(self._work_cap))
         nbytes = self._sections[-1].end_bytes
+        self._alloc_host_stages(nbytes, pin)
+        self._alloc_block_table_mirror(b, t)
+        # shared read-only arrays (a one-token step's q_lens and query offsets are views of them)
+        self._arange = np.arange(t + 1, dtype=np.int64)
+        self._ones = np.ones(t, dtype=np.int64)
+        self._arange.flags.writeable = self._ones.flags.writeable = False
+        self._stage_done: list[torch.cuda.Event | None] = [None, None]
+        self._stream = None  # the stream the steps' copies run on (taken at the first record)
+        self._stage_idx = 0
+        self._num_logits = 0  # logits rows of the step staged last
+        self._use_stage(0)
+        self._alloc_device_inputs(nbytes, t, b)
 
+    def _alloc_host_stages(self, nbytes: int, pin: bool) -> None:
+        """The two host staging sets (one byte buffer each, every input a typed view)."""
         # Host staging, pinned on GPU machines so the copies are truly asynchronous. Two sets,
         # used alternately, so that preparing step N+1 never overwrites what step N's copies
         # may still be reading (with async scheduling the host runs a step ahead). Each set is
@@ -380,6 +394,9 @@ class ModelRunner:
             st["raw"] = raw
             self._stages.append(st)
         self._stage_views = [{k: v.numpy() for k, v in st.items()} for st in self._stages]
+
+    def _alloc_block_table_mirror(self, b: int, t: int) -> None:
+        """The host mirror of the device block table and the fixed-size update lists' spare entries."""
         # The block table as the device holds it, mirrored on the host (full-width rows kept
         # between steps): a step sends the device only the entries it changed, as (flat
         # index, block id) pairs applied by one fixed-size index_copy_ (entries past the
@@ -399,15 +416,9 @@ class ModelRunner:
             sv["gather_dst"][:] = t
         self._staged_entries = [0, 0]  # per staging set: block-table entries written last time
         self._staged_gathers = [0, 0]  # per staging set: gather entries written last time
-        # shared read-only arrays (a one-token step's q_lens and query offsets are views of them)
-        self._arange = np.arange(t + 1, dtype=np.int64)
-        self._ones = np.ones(t, dtype=np.int64)
-        self._arange.flags.writeable = self._ones.flags.writeable = False
-        self._stage_done: list[torch.cuda.Event | None] = [None, None]
-        self._stream = None  # the stream the steps' copies run on (taken at the first record)
-        self._stage_idx = 0
-        self._num_logits = 0  # logits rows of the step staged last
-        self._use_stage(0)
+
+    def _alloc_device_inputs(self, nbytes: int, t: int, b: int) -> None:
+        """The persistent device inputs, the device block table and the sampled-token buffer."""
         # The persistent device inputs are views into one device buffer laid out as the host
         # staging: their storage never changes, so the CUDA graphs' captured pointers stay valid.
         self.d_raw = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
@@ -634,15 +645,8 @@ class ModelRunner:
             assert inflight is not None  # _input_tokens gathers only from inflight tokens
             self._gather_inflight(layout, inflight[1])
         self._record_stage_done()
-        return StepInputs(
-            request_ids=list(rids), sample_request_ids=list(rids) if all_sample else [rids[i] for i in sample_rows],
-            num_tokens=layout.num_tokens, num_padded_tokens=layout.padded_tokens,
-            graph_size=layout.graph_size, graph_q=layout.graph_q, graph_kind=layout.graph_kind,
-            num_decode_seqs=n if one_each else int(np.count_nonzero(q_lens <= DECODE_MAX_QUERY_LEN)),
-            max_query_len=(1 if one_each else int(q_lens.max())) if n else 0,
-            max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n, num_logits=num_logits,
-            work_items=work_items,
-        )
+        sample_ids = list(rids) if all_sample else [rids[i] for i in sample_rows]
+        return _step_inputs(rids, sample_ids, layout, q_lens, one_each, num_logits, work_items)
 
     def _next_stage(self) -> None:
         """Switch to the other host staging set, once the copies that last read it are done."""
@@ -1250,3 +1254,18 @@ class ModelRunner:
                 progress(len(captured))
         torch.cuda.synchronize(self.device)
         return captured
+
+
+def _step_inputs(rids: Sequence[int], sample_ids: list[int], layout: _StepLayout, q_lens: np.ndarray, one_each: bool,
+                 num_logits: int, work_items: tuple[int, int] | None) -> StepInputs:
+    """What `prepare` staged, as the forward reads it (shapes, graph choice, counts)."""
+    n = len(rids)
+    return StepInputs(
+        request_ids=list(rids), sample_request_ids=sample_ids,
+        num_tokens=layout.num_tokens, num_padded_tokens=layout.padded_tokens,
+        graph_size=layout.graph_size, graph_q=layout.graph_q, graph_kind=layout.graph_kind,
+        num_decode_seqs=n if one_each else int(np.count_nonzero(q_lens <= DECODE_MAX_QUERY_LEN)),
+        max_query_len=(1 if one_each else int(q_lens.max())) if n else 0,
+        max_seq_len=int(layout.seq_lens.max()) if n else 0, num_seqs=n, num_logits=num_logits,
+        work_items=work_items,
+    )
