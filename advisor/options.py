@@ -136,6 +136,10 @@ def source_options(exclude: Iterable[str] = (), into: str = "source") -> Callabl
     return _with_parameters(params, into, _source)
 
 
+# --------------------------------------------------------------------------- shared by commands
+ModelOpt = Annotated[str, typer.Option("--model", help="model preset or Hugging Face id (llama-3.1-8b = "
+                                       "meta-llama/Llama-3.1-8B-Instruct, qwen2.5-7b, ...)")]
+
 # --------------------------------------------------------------------------- outputs
 Force = Annotated[bool, typer.Option(
     "--force", help="replace an existing output file or run folder (an input is never replaced)")]

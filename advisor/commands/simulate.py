@@ -26,7 +26,7 @@ from rich.table import Table
 
 from advisor.console import console as plain_console
 from advisor.console import styled
-from advisor.options import Force, clean_errors, flag_options, source_options
+from advisor.options import Force, ModelOpt, clean_errors, flag_options, source_options
 from advisor.report import warn_unserved
 from engine.core.flags import FlagError
 from engine.core.input_files import expect
@@ -34,7 +34,7 @@ from engine.core.outputs import check_output_dir
 from engine.core.summary_record import RunSummary
 from sim.config import ENGINE_CONFIG_FLAGS, DisaggConfig, EngineConfig
 from sim.memory import plan_memory
-from sim.metrics import jsonable  # the summary as strict JSON (NaN -> null)
+from sim.metrics import SimResult, jsonable  # jsonable: the summary as strict JSON (NaN -> null)
 from sim.run import (
     MAX_KV_BLOCK_COARSENING,
     LoadedWorkload,
@@ -202,34 +202,57 @@ def compare_runs(a_dir: str, b_dir: str, console: Console) -> None:
     console.print(t)
 
 
+# The command's options, one typed alias each (typer reads the Annotated metadata), so the
+# command's signature reads as a list of names and defaults.
+WorkloadOpt = Annotated[str | None, typer.Option("--workload", "-w", help="preset name, spec file (.json) or trace file")]
+GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset (h200, h100-sxm, a100-80gb, l4, b200, ...)")]
+NumGpusOpt = Annotated[int | None, typer.Option("--num-gpus", help="GPUs in total: replicas = num_gpus / tensor_parallel_size")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="seed of the simulation (acceptance draws) and of a generated workload")]
+RouterOpt = Annotated[str, typer.Option("--router", help="round_robin, least_loaded or prefix_aware")]
+DisaggOpt = Annotated[str | None, typer.Option("--disagg", help="disaggregated prefill: P:D replica counts, e.g. 3:1")]
+KvLinkOpt = Annotated[str, typer.Option("--kv-link", help="P/D KV link: network (NIC) or nvlink")]
+KvLinkGbPerSOpt = Annotated[float | None, typer.Option("--kv-link-gb-per-s", help="P/D link bandwidth per GPU in GB/s (bytes, not bits; a 400 Gbit/s NIC is 50); default: measured for the GPU and link where known (H200 NVLink: 375), else the GPU's datasheet")]
+LinkLatencyMsOpt = Annotated[float | None, typer.Option("--link-latency-ms", help="fixed cost per KV transfer; default: measured for the GPU and link where known (H200 NVLink: 0.13 ms), else 0.5")]
+GoodputOpt = Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")]
+ProfileOpt = Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path; auto: the one fitted or scaled for this model and GPU, else default (first principles)")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here (a run already there needs --force)")]
+LabelOpt = Annotated[str | None, typer.Option("--label", help="name of this run in the summary, the saved run and "
+                                              "--compare (default: its flags)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the summary JSON")]
+CoarseningOpt = Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")]
+NoSkipAheadOpt = Annotated[bool, typer.Option("--no-skip-ahead", help="step every decode step (slow; for checks)")]
+CompareOpt = Annotated[tuple[str, str] | None, typer.Option("--compare", help="two saved run directories: A B")]
+MaxPromptLenOpt = Annotated[int | None, typer.Option(
+    "--max-prompt-len", min=1, help="truncate longer prompts (and their hash ids) to this many tokens "
+    "(as `engine run`)")]
+NoArrivalsOpt = Annotated[bool, typer.Option("--no-arrivals", help="submit everything at t=0 (offline, as "
+                                             "`engine run --no-arrivals`)")]
+
+
 @clean_errors
 @flag_options(ENGINE_CONFIG_FLAGS, into="engine_flags")
 @source_options(exclude=("seed",))
 def simulate(
-    workload: Annotated[str | None, typer.Option("--workload", "-w", help="preset name, spec file (.json) or trace file")] = None,
-    model: Annotated[str, typer.Option("--model", help="model preset or Hugging Face id (llama-3.1-8b = meta-llama/Llama-3.1-8B-Instruct, qwen2.5-7b, ...)")] = "llama-3.1-8b",
-    gpu: Annotated[str, typer.Option("--gpu", help="GPU preset (h200, h100-sxm, a100-80gb, l4, b200, ...)")] = "h200",
-    num_gpus: Annotated[int | None, typer.Option("--num-gpus", help="GPUs in total: replicas = num_gpus / tensor_parallel_size")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the simulation (acceptance draws) and of a generated workload")] = 0,
-    router: Annotated[str, typer.Option("--router", help="round_robin, least_loaded or prefix_aware")] = "least_loaded",
-    disagg: Annotated[str | None, typer.Option("--disagg", help="disaggregated prefill: P:D replica counts, e.g. 3:1")] = None,
-    kv_link: Annotated[str, typer.Option("--kv-link", help="P/D KV link: network (NIC) or nvlink")] = "network",
-    kv_link_gb_per_s: Annotated[float | None, typer.Option("--kv-link-gb-per-s", help="P/D link bandwidth per GPU in GB/s (bytes, not bits; a 400 Gbit/s NIC is 50); default: measured for the GPU and link where known (H200 NVLink: 375), else the GPU's datasheet")] = None,
-    link_latency_ms: Annotated[float | None, typer.Option("--link-latency-ms", help="fixed cost per KV transfer; default: measured for the GPU and link where known (H200 NVLink: 0.13 ms), else 0.5")] = None,
-    goodput: Annotated[str | None, typer.Option("--goodput", help="SLOs in ms, e.g. \"ttft:500 tpot:50 e2el:10000\"")] = None,
-    profile: Annotated[str, typer.Option("--profile", help="cost profile name (sim/profiles) or JSON path; auto: the one fitted or scaled for this model and GPU, else default (first principles)")] = "auto",
-    out: Annotated[Path | None, typer.Option("--out", help="write tables, summary.json and metrics.prom here (a run already there needs --force)")] = None,
-    label: Annotated[str | None, typer.Option("--label", help="name of this run in the summary, the saved run and "
-                                              "--compare (default: its flags)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON")] = False,
-    sim_block_coarsening: Annotated[str, typer.Option("--sim-block-coarsening", help="speed option: engine KV blocks per simulated block, an integer or 'auto' (as coarse as the workload's hash blocks; e.g. 32 on Mooncake)")] = "1",
-    no_skip_ahead: Annotated[bool, typer.Option("--no-skip-ahead", help="step every decode step (slow; for checks)")] = False,
-    compare: Annotated[tuple[str, str] | None, typer.Option("--compare", help="two saved run directories: A B")] = None,
-    max_prompt_len: Annotated[int | None, typer.Option(
-        "--max-prompt-len", min=1, help="truncate longer prompts (and their hash ids) to this many tokens "
-        "(as `engine run`)")] = None,
-    no_arrivals: Annotated[bool, typer.Option("--no-arrivals", help="submit everything at t=0 (offline, as "
-                                              "`engine run --no-arrivals`)")] = False,
+    workload: WorkloadOpt = None,
+    model: ModelOpt = "llama-3.1-8b",
+    gpu: GpuOpt = "h200",
+    num_gpus: NumGpusOpt = None,
+    seed: SeedOpt = 0,
+    router: RouterOpt = "least_loaded",
+    disagg: DisaggOpt = None,
+    kv_link: KvLinkOpt = "network",
+    kv_link_gb_per_s: KvLinkGbPerSOpt = None,
+    link_latency_ms: LinkLatencyMsOpt = None,
+    goodput: GoodputOpt = None,
+    profile: ProfileOpt = "auto",
+    out: OutOpt = None,
+    label: LabelOpt = None,
+    as_json: JsonOpt = False,
+    sim_block_coarsening: CoarseningOpt = "1",
+    no_skip_ahead: NoSkipAheadOpt = False,
+    compare: CompareOpt = None,
+    max_prompt_len: MaxPromptLenOpt = None,
+    no_arrivals: NoArrivalsOpt = False,
     force: Force = False,
     engine_flags: dict[str, Any] | None = None,
     source: SourceOptions | None = None,
@@ -248,11 +271,7 @@ def simulate(
                                     link_latency_ms=link_latency_ms),
         seed=seed, profile=profile, slo=goodput, skip_ahead=not no_skip_ahead,
         kv_block_coarsening=parse_coarsening(sim_block_coarsening), label=label)
-    deployment = config.deployment()  # configuration errors before the workload is built
-    if config.kv_block_coarsening != "auto":  # "auto" depends on the workload: `run` checks it then
-        check_simulation_size(deployment, config.kv_block_coarsening)
-    else:
-        plan_memory(deployment.model, deployment.gpu, deployment.engine.resolved_for(deployment.gpu, deployment.model))
+    _check_deployment(config)  # configuration errors before the workload is built
     if out is not None:  # before any work: a refused --out must not cost a simulation
         check_output_dir(out, flag="--out", force=force, inputs=[workload, profile])
     loaded = reshape(load(workload, source, seed=seed), max_prompt_len=max_prompt_len, no_arrivals=no_arrivals)
@@ -270,6 +289,20 @@ def simulate(
         sys.stdout.write(json.dumps(jsonable(summary.to_json_dict()), indent=2) + "\n")
         return
     print_summary(summary, console)
+    _hint_coarsening(result, config, loaded, console)
+
+
+def _check_deployment(config: SimConfig) -> None:
+    """The deployment's and the memory plan's errors, before the workload is loaded."""
+    deployment = config.deployment()
+    if config.kv_block_coarsening != "auto":  # "auto" depends on the workload: `run` checks it then
+        check_simulation_size(deployment, config.kv_block_coarsening)
+    else:
+        plan_memory(deployment.model, deployment.gpu, deployment.engine.resolved_for(deployment.gpu, deployment.model))
+
+
+def _hint_coarsening(result: SimResult, config: SimConfig, loaded: LoadedWorkload, console: Console) -> None:
+    """A slow exact run of a workload known per coarse hash block: say the speed option exists."""
     block_size = config.engine.block_size
     if (result.meta.get("kv_block_coarsening") == 1 and result.wall_s > 5
             and kv_block_coarsening_for("auto", block_size, loaded.requests) > 1):
