@@ -1134,32 +1134,46 @@ def paged_attention(
     scales = kv_scale_args(k_cache, v_cache, k_scale, v_scale)
     num_tokens = q.shape[0]
     num_seqs = seq_lens.shape[0]
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.stride(-1) != 1:
-        raise ValueError(
-            f"out must be shaped like q {tuple(q.shape)} and contiguous in head_dim; "
-            f"got {tuple(out.shape)} with strides {out.stride()}"
-        )
+    out = _output_buffer(q, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    if work is not None:
-        kinds = tuple(k for k, m in zip((DECODE_SEQS, PREFILL_SEQS), work.max_items) if m > 0)
-    elif config is not None:
-        kinds = (ALL_SEQS,)
-    else:
-        kinds = launch_kinds(num_seqs, max_query_len, num_decode_seqs)
-    for kind in kinds:
-        cfg = config
-        if configs is not None:
-            cfg = configs.prefill if kind == PREFILL_SEQS or (
-                kind == ALL_SEQS and max_query_len > DECODE_MAX_QUERY_LEN) else configs.decode
+    for kind in _kinds(work, config, num_seqs, max_query_len, num_decode_seqs):
+        cfg = config if configs is None else _config_of(configs, kind, max_query_len)
         splits = prefill_splits if kind == PREFILL_SEQS else num_splits
         plan = _plan_launch(q, k_cache.shape[2], num_seqs, max_query_len, max_seq_len, splits,
                             cfg, scales.is_fp8, seq_kind=kind, num_decode_seqs=num_decode_seqs)
         _launch(plan, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                 scales, work)
     return out
+
+
+def _output_buffer(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` when it can take the result (q's shape, contiguous in head_dim), else a new one like q."""
+    if out is None:
+        return torch.empty_like(q)
+    if out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be shaped like q {tuple(q.shape)} and contiguous in head_dim; "
+            f"got {tuple(out.shape)} with strides {out.stride()}"
+        )
+    return out
+
+
+def _kinds(work: AttentionWork | None, config: AttentionConfig | None, num_seqs: int, max_query_len: int,
+           num_decode_seqs: int | None) -> tuple[int, ...]:
+    """The launches of this batch: the work lists' non-empty ones, one launch over every
+    sequence for a fixed config, else the heuristic split into decode and prefill launches."""
+    if work is not None:
+        return tuple(k for k, m in zip((DECODE_SEQS, PREFILL_SEQS), work.max_items) if m > 0)
+    if config is not None:
+        return (ALL_SEQS,)
+    return launch_kinds(num_seqs, max_query_len, num_decode_seqs)
+
+
+def _config_of(configs: LaunchConfigs, kind: int, max_query_len: int) -> AttentionConfig:
+    """The tile shape of one launch of two: the prefill one for prefill-shaped sequences."""
+    prefill = kind == PREFILL_SEQS or (kind == ALL_SEQS and max_query_len > DECODE_MAX_QUERY_LEN)
+    return configs.prefill if prefill else configs.decode
 
 
 def _launch(plan: _LaunchPlan, out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
