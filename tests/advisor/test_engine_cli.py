@@ -36,7 +36,7 @@ def test_engine_run_replays_a_workload(tmp_path):
     prom = tmp_path / "m.prom"
     res = CliRunner().invoke(app, [
         "engine", "run", "--model", "tiny", "--device", "cpu", "--workload", "lab-random",
-        "--first", "3", "--speedup", "1000", "--max-prompt-len", "48", "--max-model-len", "2048",
+        "--first", "3", "--speedup", "1000", "--max-prompt-len", "48", "--max-model-len", "256",  # short warm-up
         "--out", str(tmp_path), "--metrics-file", str(prom)])
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "summary.json").read_text())

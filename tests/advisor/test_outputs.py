@@ -248,8 +248,9 @@ def test_engine_run_passes_metrics_host_and_force_replaces_a_run(tmp_path, monke
     trace = tmp_path / "x.jsonl"
     trace.write_text(TRACE)
     out = tmp_path / "e"
+    # a small budget and context keep the warm-up's prompts short (its 2,000-token ones cost ~10 CPU s a run)
     args = ["engine", "run", "--model", "tiny", "--device", "cpu", "-w", trace, "--first", "2", "--speedup", "1000",
-            "--out", out, "--metrics-port", "9999"]
+            "--max-model-len", "256", "--max-num-batched-tokens", "64", "--out", out, "--metrics-port", "9999"]
     assert invoke(*args).exit_code == 0
     assert invoke(*args, "--metrics-host", "0.0.0.0", "--force").exit_code == 0
     assert seen == [(9999, "127.0.0.1"), (9999, "0.0.0.0")]

@@ -78,11 +78,12 @@ def test_simulate_counts_and_announces_rejections(tmp_path):
 
 
 def test_engine_run_counts_and_announces_rejections(tmp_path):
-    trace = mooncake(tmp_path / "t.jsonl", [40, 3000, 30])
+    # a 512-token context keeps the engine's warm-up short (its prompts go up to the context length)
+    trace = mooncake(tmp_path / "t.jsonl", [40, 600, 30])
     res = runner.invoke(app, ["engine", "run", "--model", "tiny", "--device", "cpu", "-w", str(trace),
-                              "--speedup", "1000", "--max-model-len", "2048", "--out", str(tmp_path / "e")])
+                              "--speedup", "1000", "--max-model-len", "512", "--out", str(tmp_path / "e")])
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "e" / "summary.json").read_text())
     assert summary["rejected"] == 1 and summary["completed"] == 2
-    assert summary["rejected_reasons"] == {"exceeds max_model_len = 2048": 1}
-    assert "1 of 3 requests could never be served: exceeds max_model_len = 2048" in res.output
+    assert summary["rejected_reasons"] == {"exceeds max_model_len = 512": 1}
+    assert "1 of 3 requests could never be served: exceeds max_model_len = 512" in res.output
