@@ -9,6 +9,7 @@ as vLLM says. Defaults are vLLM's for `vllm serve` on an H100/H200-class GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shlex
 from typing import Any
@@ -98,6 +99,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@functools.cache
+def _shared_parser() -> argparse.ArgumentParser:
+    """One parser for every line (parse_args keeps no state in it): building one per line was
+    most of the CPU time of the exhaustive test over the advisor's configurations."""
+    return parser()
+
+
 def parse_serve_line(line: str) -> dict[str, Any]:
     """The arguments of a printed `vllm serve ...` line as vLLM would parse them (the shell's
     quoting and a trailing `# comment` handled as a shell would); raises ValueError where vLLM
@@ -106,7 +114,7 @@ def parse_serve_line(line: str) -> dict[str, Any]:
     if words[:2] != ["vllm", "serve"]:
         raise ValueError(f"not a vllm serve line: {line!r}")
     try:
-        ns = parser().parse_args(words[2:])
+        ns = _shared_parser().parse_args(words[2:])
     except (_Refused, json.JSONDecodeError, argparse.ArgumentTypeError) as exc:
         raise ValueError(f"vLLM would refuse {line!r}: {exc}") from None
     given = {k: v for k, v in vars(ns).items() if v is not None and k != "model_tag"}
