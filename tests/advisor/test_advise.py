@@ -4,8 +4,11 @@ processes, Ray) giving the serial answer."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
+import pickle
 import subprocess
 import sys
 
@@ -36,14 +39,46 @@ SMALL = WorkloadSpec.model_validate({
 
 
 EVENTS: list = []  # the fixture's progress events
+_SHARED: list[tuple[Recommendation, list]] = []  # (recommendation, its events), once computed
 
 
 @pytest.fixture(scope="module")
 def rec(tmp_path_factory) -> Recommendation:
+    """The recommendation for SMALL, a copy per module (test_charts, test_alerts and test_verdict
+    import this fixture): computed once per test run and shared."""
+    computed, events = _shared_recommendation(tmp_path_factory)
+    EVENTS[:] = events
+    return computed.model_copy(deep=True)
+
+
+def _recommend_small(tmp_path_factory) -> tuple[Recommendation, list]:
     path = tmp_path_factory.mktemp("spec") / "small.json"
     path.write_text(SMALL.to_json())
-    EVENTS.clear()
-    return advise(str(path), AdviseRequest(workers=1, slo="ttft_p99:300 tpot_p99:30"), progress=EVENTS.append)
+    events: list = []
+    return advise(str(path), AdviseRequest(workers=1, slo="ttft_p99:300 tpot_p99:30"), progress=events.append), events
+
+
+def _shared_recommendation(tmp_path_factory) -> tuple[Recommendation, list]:
+    """Once per process, and under pytest-xdist once per run: the first worker to get here
+    computes it under a lock and pickles it into the run's shared temporary folder; the others
+    read it (four modules each advising on the same workload cost ~20 CPU s, 2026-12-02)."""
+    if not _SHARED:
+        _SHARED.append(_load_or_recommend(tmp_path_factory))
+    return _SHARED[0]
+
+
+def _load_or_recommend(tmp_path_factory) -> tuple[Recommendation, list]:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: nothing to share with
+        return _recommend_small(tmp_path_factory)
+    path = tmp_path_factory.getbasetemp().parent / f"advise-small-{run}.pickle"
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if path.exists():
+            return pickle.loads(path.read_bytes())
+        computed = _recommend_small(tmp_path_factory)
+        path.write_bytes(pickle.dumps(computed))
+        return computed
 
 
 def test_progress_counts_every_simulation_once_per_phase(rec: Recommendation) -> None:
