@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,27 @@ if "torch" in sys.modules:  # imported by a plugin before this file: set the poo
 
 _LIST = Path(__file__).with_name("tests") / "slow_tests.txt"
 SLOW = frozenset(line.strip() for line in _LIST.read_text().splitlines() if line.strip() and not line.startswith("#"))
+
+
+def _build_each_app_once() -> None:
+    """typer's CliRunner rebuilds the click command from the Typer app on every invoke (typing
+    hints of ~200 options: ~30 ms each), and the CLI tests invoke it thousands of times (the
+    hostile-input corpus alone ~400): build each app's command once. A Typer app is not changed
+    after its module is imported (commands are registered at import), so the command stays valid."""
+    import typer.testing
+
+    build = typer.testing._get_command
+    built: dict[int, tuple[typer.Typer, Any]] = {}  # id(app) -> (app, command): the app kept alive
+
+    def get_command(app: typer.Typer) -> Any:
+        if id(app) not in built:
+            built[id(app)] = (app, build(app))
+        return built[id(app)][1]
+
+    typer.testing._get_command = get_command
+
+
+_build_each_app_once()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
