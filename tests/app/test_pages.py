@@ -381,10 +381,11 @@ def test_advisor_page_says_whether_the_advisor_is_installed() -> None:
     if api is None:
         assert any("advisor is not installed" in i.value for i in at.info)
         return
-    # the advisor has landed: run it for real on a small workload and render its answer
+    # the advisor has landed: run it for real on a small workload (60 requests, as the CLI's
+    # test_assumptions: the page's rendering is under test, not the search) and render its answer
     assert not at.info
     at.session_state["scenario"] = Scenario(workload="custom", spec=get_preset("lab-random").with_overrides(
-        num_requests=200).model_dump_json())
+        num_requests=60).model_dump_json())
     at.button(key="adv.run").click().run(timeout=600)
     assert not at.exception and not at.error
     rec = at.session_state["recommendation"]
