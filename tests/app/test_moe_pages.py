@@ -39,7 +39,7 @@ def test_advisor_page_advises_a_moe_preset_with_its_note(model: str) -> None:
     at.run()
     at.switch_page("views/advisor.py").run()
     at.session_state["scenario"] = Scenario(model=model, workload="custom", spec=get_preset("lab-random")
-                                            .with_overrides(num_requests=100).model_dump_json())
+                                            .with_overrides(num_requests=60).model_dump_json())  # the note, not the search
     at.button(key="adv.run").click().run(timeout=900)
     assert not at.exception and not at.error, [e.value for e in at.error]
     rec = at.session_state["recommendation"]
