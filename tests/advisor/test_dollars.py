@@ -58,7 +58,7 @@ def test_cost_arithmetic() -> None:
 
 def test_compare_gpus_side_by_side(tmp_path) -> None:
     path = tmp_path / "small.json"
-    path.write_text(SMALL.to_json())
+    path.write_text(SMALL.with_overrides(num_requests=60).to_json())  # two advice runs: the table is under test
     req = AdviseRequest(workers=1, slo="ttft_p99:300 tpot_p99:30", gpu_hour_usd="h200=3.0")
     rec = compare_gpus(str(path), req, ["h100"])
     assert [o.gpu for o in rec.gpu_comparison] == ["h200", "h100-sxm"]
