@@ -27,7 +27,6 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from scipy import optimize, special
 
 from engine.core.scheduler_output import ScheduledRequest
 from sim.config import SpeculativeConfig
@@ -226,6 +225,10 @@ def fit_acceptance_beta(accepted: Sequence[int], drafted: Sequence[int], k: int,
     truncated geometrics given alpha, `steps_pmf`), so few steps per request widen the
     likelihood instead of inflating the fitted spread. The law the simulator draws from
     (`AcceptanceModel`, `sample_accepted`) is the one fitted."""
+    # imported here: scipy cost every `import sim` (and each advisor worker process) ~0.35 CPU s, and
+    # only this fit needs it
+    from scipy import optimize, special
+
     acc, dr = np.asarray(accepted, dtype=np.int64), np.asarray(drafted, dtype=np.int64)
     steps = dr // k if num_steps is None else np.asarray(num_steps, dtype=np.int64)
     keep = steps > 0
