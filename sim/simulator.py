@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from engine.core.block_keys import first_unshared_hash_blocks
 from engine.core.config import scheduler_config
 from engine.core.decode_skip import DecodeAdvance, advance_decode, uniform_decode_steps
 from engine.core.model_spec import blocks_for_tokens
@@ -114,6 +115,8 @@ class _ReplicaContext:
     spec: SpecTokens | None
     on_prefilled: Callable[[_Replica, Request, float], None] | None  # a prefill replica's finish
     next_arrival_s: Callable[[], float]  # when the next request enters the deployment (inf: none)
+    # request id -> its first hash block no other request shares (None: unknown)
+    unshared_from: Callable[[int], int | None]
 
 
 class _Replica:
@@ -123,7 +126,7 @@ class _Replica:
                  cost: CostModel, ctx: _ReplicaContext, *, skip_ahead: bool, kv_block_coarsening: int = 1) -> None:
         self.env, self.idx, self.role, self.engine, self.plan, self.cost = env, idx, role, engine, plan, cost
         self.log, self.step_log, self.spec, self.on_prefilled = ctx.requests, ctx.steps, ctx.spec, ctx.on_prefilled
-        self.next_arrival_s = ctx.next_arrival_s
+        self.next_arrival_s, self.unshared_from = ctx.next_arrival_s, ctx.unshared_from
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
@@ -158,8 +161,11 @@ class _Replica:
 
     def _admit(self, req: Request, external_tokens: int) -> None:
         # a prefill replica keeps the blocks of a finished prompt until its KV transfer ends
+        h = self.unshared_from(req.request_id)
+        per, rest = divmod(req.hash_block_size, self.sched.block_size)
         self.sched.add_request(req, num_external_computed_tokens=external_tokens,
-                               hold_blocks_on_finish=self.role == "prefill")
+                               hold_blocks_on_finish=self.role == "prefill",
+                               unshared_from_block=h * per if per and not rest else None)
 
     def kick(self) -> None:
         """Wake the step loop if it sleeps waiting for work (or for free blocks)."""
@@ -675,7 +681,9 @@ class Simulation:
         self.spec = (SpecTokens(AcceptanceModel(base.speculative_config, self.seed, dep.model.name),
                                 category.__getitem__)
                      if base.speculative_config else None)
-        ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s)
+        self._unshared: dict[int, int] = {}  # filled when the run starts
+        ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s,
+                              self._unshared.get)
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
 
@@ -744,6 +752,8 @@ class Simulation:
     # --- run ---------------------------------------------------------------------------------
     def run(self, until_s: float | None = None) -> SimResult:
         t_wall = time.perf_counter()
+        if not self._unshared:
+            self._unshared.update(first_unshared_hash_blocks(self.requests))
         with _cyclic_gc_paused():
             self.env.run(until=until_s)
         wall = time.perf_counter() - t_wall

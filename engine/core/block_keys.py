@@ -173,3 +173,31 @@ class HashIdKeys(BlockKeys):
                     parent = hasher(parent, (x,), extra)
                     chain.append(parent)
         return chain
+
+
+def first_unshared_hash_blocks(requests: Sequence[KeyedRequest]) -> dict[int, int]:
+    """Per request id, the length of the longest prefix of its hash ids that another request
+    also starts with: no other request shares its prompt's prefix past that many hash blocks,
+    so its KV blocks from there are only ever looked up by itself (the scheduler then registers
+    them in the prefix cache only if it is preempted: KVCacheManager.set_private_from). In
+    lexicographic order of the hash ids, that longest prefix is shared with a neighbour: one
+    sort (C-level tuple compares) and two prefix comparisons per request."""
+    order = sorted(requests, key=lambda r: r.hash_ids)
+    shared = [0] * (len(order) + 1)  # shared[i]: common prefix of order[i - 1] and order[i]
+    for i in range(1, len(order)):
+        shared[i] = _common_prefix(order[i - 1].hash_ids, order[i].hash_ids)
+    return {r.request_id: max(shared[i], shared[i + 1]) for i, r in enumerate(order)}
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of a and b (bisection on C-level slice compares)."""
+    if not a or not b or a[0] != b[0]:
+        return 0
+    lo, hi = 1, min(len(a), len(b)) + 1  # a[:lo] == b[:lo]; a[:hi] != b[:hi] (or past the end)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
