@@ -165,7 +165,7 @@ class _Replica:
         per, rest = divmod(req.hash_block_size, self.sched.block_size)
         self.sched.add_request(req, num_external_computed_tokens=external_tokens,
                                hold_blocks_on_finish=self.role == "prefill",
-                               unshared_from_block=h * per if per and not rest else None)
+                               unshared_from_block=h * per if h is not None and per and not rest else None)
 
     def kick(self) -> None:
         """Wake the step loop if it sleeps waiting for work (or for free blocks)."""
@@ -681,7 +681,7 @@ class Simulation:
         self.spec = (SpecTokens(AcceptanceModel(base.speculative_config, self.seed, dep.model.name),
                                 category.__getitem__)
                      if base.speculative_config else None)
-        self._unshared: dict[int, int] = {}  # filled when the run starts
+        self._unshared: dict[int, int] = {}  # filled when the arrivals start
         ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s,
                               self._unshared.get)
         self.prefill_pool: list[_Replica] = []
@@ -715,6 +715,7 @@ class Simulation:
         n = len(reqs)
         every = max(n // 100, 1)
         disagg = self.dep.disaggregation is not None
+        self._unshared.update(first_unshared_hash_blocks(reqs))  # (part of the run's time)
         for i, req in enumerate(reqs):
             self._next_arrival = i
             if req.arrival_s > env.now:
@@ -752,8 +753,6 @@ class Simulation:
     # --- run ---------------------------------------------------------------------------------
     def run(self, until_s: float | None = None) -> SimResult:
         t_wall = time.perf_counter()
-        if not self._unshared:
-            self._unshared.update(first_unshared_hash_blocks(self.requests))
         with _cyclic_gc_paused():
             self.env.run(until=until_s)
         wall = time.perf_counter() - t_wall

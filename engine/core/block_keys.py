@@ -33,6 +33,7 @@ class KeyedRequest(Protocol):
     extra_keys: tuple[int, ...]
     block_hashes: list[Hashable]  # keys of the request's first full blocks
     hash_chain: list[Hashable]  # HashIdKeys: chained hash per hash block
+    private_from: int | None  # blocks from here are private (KVCacheManager.set_private_from)
 
 
 class BlockKeys:
@@ -59,6 +60,10 @@ class BlockKeys:
         """Append the keys of `r`'s full blocks [start, stop) to `r.block_hashes` (which
         holds the first `start`)."""
         raise NotImplementedError
+
+    def fill_private(self, r: KeyedRequest, first: int) -> None:
+        """Compute the keys `append_keys` left out of `r`'s blocks from `first` on (private
+        blocks, see KVCacheManager.set_private_from; only HashIdKeys leaves any out)."""
 
     def _chain(self, r: KeyedRequest, contents: list[tuple]) -> None:
         """Append H(parent, content, extra) per content to r.block_hashes, chained."""
@@ -130,12 +135,31 @@ class HashIdKeys(BlockKeys):
         in_prompt = min(stop, in_prompt)
         if start < in_prompt:
             per = r.hash_block_size // bs
-            chain = self._extend_chain(r, (in_prompt - 1) // per + 1)
-            r.block_hashes += [None] * (in_prompt - start) if per > 1 else chain[start:in_prompt]
+            # private blocks (see KVCacheManager.set_private_from) get their keys only if their
+            # request is preempted (`fill_private`): None until then, which no lookup finds
+            real = in_prompt if r.private_from is None else min(in_prompt, r.private_from)
+            chain = self._extend_chain(r, -(-real // per))
+            if per > 1:
+                r.block_hashes += [None] * (in_prompt - start)
+            else:
+                r.block_hashes += chain[start:real]
+                r.block_hashes += [None] * (in_prompt - max(start, real))
         gen_from = max(start, in_prompt)
         if stop > gen_from:
             rid = r.request_id
             r.block_hashes += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
+
+    def fill_private(self, r: KeyedRequest, first: int) -> None:
+        """Compute the keys `append_keys` left out of `r`'s prompt blocks from `first` on (they
+        were private: see KVCacheManager.set_private_from)."""
+        bs = self.block_size
+        in_prompt = min(r.prompt_len // bs, len(r.block_hashes))
+        if first >= in_prompt or r.hash_block_size % bs:
+            return
+        per = r.hash_block_size // bs
+        chain = self._extend_chain(r, -(-in_prompt // per))
+        if per == 1:
+            r.block_hashes[first:in_prompt] = chain[first:in_prompt]
 
     def _content(self, r: KeyedRequest, i: int) -> tuple:
         """Flat tuple of ints identifying the tokens of block `i` of `r` (hash blocks that

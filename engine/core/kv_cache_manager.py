@@ -143,9 +143,12 @@ class KVCacheManager:
         pool = self.pool
         in_prompt = min(m, r.prompt_len // self.block_size)
         hits: list[int] = []
+        chain = r.hash_chain
         for h in range(-(-in_prompt // per)):
+            if h == len(chain):  # a private hash block: no key yet, as none of them is cached
+                return hits
             want = min(per, in_prompt - h * per)
-            run = pool.group_hits(r.hash_chain[h], want)
+            run = pool.group_hits(chain[h], want)
             hits += run
             if len(run) < want:
                 return hits
@@ -244,6 +247,7 @@ class KVCacheManager:
         registration would have; from now on its blocks register as they fill."""
         lazy = r.private_from
         r.private_from = None
+        r.keys.fill_private(r, lazy)
         end = r.num_cached_blocks
         if end > lazy:
             r.num_cached_blocks = lazy

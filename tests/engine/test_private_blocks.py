@@ -56,14 +56,16 @@ def _step_view(out):
 
 
 def _state(s: Scheduler):
+    """The requests' and the pool's state, less the prefix-cache tables; and the block keys."""
     reqs = [(rid, r.status, r.num_computed_tokens, r.num_generated, tuple(r.block_ids),
-             tuple(r.block_hashes), r.num_cached_blocks, r.num_preemptions)
+             len(r.block_hashes), r.num_cached_blocks, r.num_preemptions)
             for rid, r in sorted(s.requests.items())]
+    key_lists = {rid: r.block_hashes for rid, r in s.requests.items()}
     st_ = s.stats
     return (reqs, s.kv_cache_manager.pool.free_block_ids(), [r.request_id for r in s.running],
             st_.prefix_cache_hits_tokens, st_.prefix_cache_preempted_hits_tokens, st_.num_preemptions,
             st_.num_blocks_allocated, st_.num_blocks_freed, st_.num_blocks_revived, st_.num_blocks_hashed,
-            st_.num_generated_tokens, st_.num_steps)
+            st_.num_generated_tokens, st_.num_steps), key_lists
 
 
 def lockstep(cfg: SchedulerConfig, reqs: list[Request], seed: int, max_steps: int = 3000) -> tuple:
@@ -74,12 +76,14 @@ def lockstep(cfg: SchedulerConfig, reqs: list[Request], seed: int, max_steps: in
     rng = random.Random(seed)
     pending = list(reqs)
     step = flushed = 0
+    hints: dict[int, int | None] = {}
     while pending or ref.has_unfinished():
         while pending and pending[0].arrival_s <= step:
             r = pending.pop(0)
             per, rest = divmod(r.hash_block_size, cfg.block_size)
             ref.add_request(r)
-            lazy.add_request(r, unshared_from_block=hint[r.request_id] * per if not rest else None)
+            hints[r.request_id] = hint[r.request_id] * per if not rest else None
+            lazy.add_request(r, unshared_from_block=hints[r.request_id])
         step += 1
         assert step < max_steps, "no progress"
         n = uniform_decode_steps(ref)
@@ -100,7 +104,10 @@ def lockstep(cfg: SchedulerConfig, reqs: list[Request], seed: int, max_steps: in
             assert ref.update_from_output(oa, dict(sampled)) == lazy.update_from_output(ob, dict(sampled))
             assert oa.num_blocks_freed == ob.num_blocks_freed
         lazy.check_invariants()
-        assert _state(ref) == _state(lazy)
+        (want, want_keys), (got, got_keys) = _state(ref), _state(lazy)
+        assert want == got
+        for rid, ks in got_keys.items():  # private prompt blocks' keys: None until a preemption
+            assert all(k == w or (k is None and i >= hints[rid]) for i, (k, w) in enumerate(zip(ks, want_keys[rid])))
         # what the hinted scheduler registered, the reference registered too (same block)
         pa, pb = ref.kv_cache_manager.pool, lazy.kv_cache_manager.pool
         assert pb.cached.items() <= pa.cached.items()
