@@ -247,6 +247,12 @@ class BlockPool:
         # here (measured: 2x on the conversation benchmark). Most of the cost per block is the
         # eviction's dict delete (a cache miss on a large table), inherent to reusing a block.
         ref, key_of, cached = self.ref, self.key_of, self.cached
+        n = len(blocks)
+        if (n > 1 and key_of[blocks[0]] is None and key_of[blocks[-1]] is None  # (a cheap first look)
+                and itemgetter(*blocks)(key_of).count(None) == n):
+            for b in blocks:  # none cached (the simulator's private blocks): no eviction
+                ref[b] = 1
+            return
         groups, offset = self.groups, self.group_offset
         ungrouped = 0
         num_keyed = len(cached)  # evictions of plain keys: what the loop deletes from `cached`
@@ -355,10 +361,18 @@ class BlockPool:
         last. Returns how many became free."""
         ref, q = self.ref, self.queue
         n = len(blocks)
-        if n > 1 and itemgetter(*blocks)(ref).count(1) == n:  # none shared (the usual case)
-            for b in blocks:
+        owners = itemgetter(*blocks)(ref) if n > 1 else ()
+        ones = owners.count(1)
+        if ones and owners[n - ones:].count(1) == ones:
+            # the usual case: the blocks only this table holds are its tail (any shared ones,
+            # prefix hits, come first and stay owned): one C-level check, a store per block
+            for b in blocks[:n - ones]:
+                ref[b] -= 1
+            tail = blocks[n - ones:]
+            for b in tail:
                 ref[b] = 0
-            q += reversed(blocks)
+            q += reversed(tail)
+            n = ones
         else:
             start = len(q)
             append = q.append
