@@ -247,12 +247,6 @@ class BlockPool:
         # here (measured: 2x on the conversation benchmark). Most of the cost per block is the
         # eviction's dict delete (a cache miss on a large table), inherent to reusing a block.
         ref, key_of, cached = self.ref, self.key_of, self.cached
-        n = len(blocks)
-        if (n > 1 and key_of[blocks[0]] is None and key_of[blocks[-1]] is None  # (a cheap first look)
-                and itemgetter(*blocks)(key_of).count(None) == n):
-            for b in blocks:  # none cached (the simulator's private blocks): no eviction
-                ref[b] = 1
-            return
         groups, offset = self.groups, self.group_offset
         ungrouped = 0
         num_keyed = len(cached)  # evictions of plain keys: what the loop deletes from `cached`
