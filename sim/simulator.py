@@ -348,13 +348,22 @@ class _Replica:
             yield from self._wait_for_work()
 
     def _samplers(self, out: SchedulerOutput, t0: float) -> list:
-        """The scheduled entries that emit tokens; stamps first scheduling of prefills."""
+        """The scheduled requests that emit tokens, in batch order; stamps first scheduling of
+        prefills. Their entries, except that a plain decode (one token, no entry: the bulk of a
+        step) stands as its scheduler record, which has the same `request_id`, the one field
+        read, so `out.scheduled` builds no entry per plain decode. Under speculative decoding
+        all are entries (their drafts are read)."""
+        entries, log = out.entries, self.log
         samplers = []
-        for sr in out.scheduled:
-            if sr.samples:
-                samplers.append(sr)
-            if sr.is_prefill:
-                self.log.scheduled(sr.request_id, t0)
+        for r in out.scheduled if self.cost.k else out.batch_records:
+            e = r if self.cost.k else entries.get(r.request_id)
+            if e is None:
+                samplers.append(r)
+                continue
+            if e.samples:
+                samplers.append(e)
+            if e.is_prefill:
+                log.scheduled(e.request_id, t0)
         return samplers
 
     def _step_record(self, out: SchedulerOutput, t0: float, dt: float, gpu_s: float, cpu_s: float,
