@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from engine.core.block_keys import first_unshared_hash_blocks
 from engine.core.config import scheduler_config
 from engine.core.decode_skip import DecodeAdvance, advance_decode, uniform_decode_steps
 from engine.core.model_spec import blocks_for_tokens
@@ -114,6 +115,8 @@ class _ReplicaContext:
     spec: SpecTokens | None
     on_prefilled: Callable[[_Replica, Request, float], None] | None  # a prefill replica's finish
     next_arrival_s: Callable[[], float]  # when the next request enters the deployment (inf: none)
+    # request id -> its first hash block no other request shares (None: unknown)
+    unshared_from: Callable[[int], int | None]
 
 
 class _Replica:
@@ -123,7 +126,7 @@ class _Replica:
                  cost: CostModel, ctx: _ReplicaContext, *, skip_ahead: bool, kv_block_coarsening: int = 1) -> None:
         self.env, self.idx, self.role, self.engine, self.plan, self.cost = env, idx, role, engine, plan, cost
         self.log, self.step_log, self.spec, self.on_prefilled = ctx.requests, ctx.steps, ctx.spec, ctx.on_prefilled
-        self.next_arrival_s = ctx.next_arrival_s
+        self.next_arrival_s, self.unshared_from = ctx.next_arrival_s, ctx.unshared_from
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
@@ -158,8 +161,11 @@ class _Replica:
 
     def _admit(self, req: Request, external_tokens: int) -> None:
         # a prefill replica keeps the blocks of a finished prompt until its KV transfer ends
+        h = self.unshared_from(req.request_id)
+        per, rest = divmod(req.hash_block_size, self.sched.block_size)
         self.sched.add_request(req, num_external_computed_tokens=external_tokens,
-                               hold_blocks_on_finish=self.role == "prefill")
+                               hold_blocks_on_finish=self.role == "prefill",
+                               unshared_from_block=h * per if h is not None and per and not rest else None)
 
     def kick(self) -> None:
         """Wake the step loop if it sleeps waiting for work (or for free blocks)."""
@@ -342,13 +348,22 @@ class _Replica:
             yield from self._wait_for_work()
 
     def _samplers(self, out: SchedulerOutput, t0: float) -> list:
-        """The scheduled entries that emit tokens; stamps first scheduling of prefills."""
+        """The scheduled requests that emit tokens, in batch order; stamps first scheduling of
+        prefills. Their entries, except that a plain decode (one token, no entry: the bulk of a
+        step) stands as its scheduler record, which has the same `request_id`, the one field
+        read, so `out.scheduled` builds no entry per plain decode. Under speculative decoding
+        all are entries (their drafts are read)."""
+        entries, log = out.entries, self.log
         samplers = []
-        for sr in out.scheduled:
-            if sr.samples:
-                samplers.append(sr)
-            if sr.is_prefill:
-                self.log.scheduled(sr.request_id, t0)
+        for r in out.scheduled if self.cost.k else out.batch_records:
+            e = r if self.cost.k else entries.get(r.request_id)
+            if e is None:
+                samplers.append(r)
+                continue
+            if e.samples:
+                samplers.append(e)
+            if e.is_prefill:
+                log.scheduled(e.request_id, t0)
         return samplers
 
     def _step_record(self, out: SchedulerOutput, t0: float, dt: float, gpu_s: float, cpu_s: float,
@@ -675,7 +690,9 @@ class Simulation:
         self.spec = (SpecTokens(AcceptanceModel(base.speculative_config, self.seed, dep.model.name),
                                 category.__getitem__)
                      if base.speculative_config else None)
-        ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s)
+        self._unshared: dict[int, int] = {}  # filled when the arrivals start
+        ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s,
+                              self._unshared.get)
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
 
@@ -707,6 +724,7 @@ class Simulation:
         n = len(reqs)
         every = max(n // 100, 1)
         disagg = self.dep.disaggregation is not None
+        self._unshared.update(first_unshared_hash_blocks(reqs))  # (part of the run's time)
         for i, req in enumerate(reqs):
             self._next_arrival = i
             if req.arrival_s > env.now:

@@ -103,16 +103,15 @@ def conversation_run(repeat: int = 3) -> dict:
             "mean_tpot_ms": s["mean_tpot_ms"], "completed": s["completed"]}
 
 
-def write_md(meta: dict, conv: dict, rows: list[dict], split: dict) -> None:
-    """results.md from the figures (also: `--md-only` rewrites it from results.json)."""
-    lines = ["# Simulator speed", "", *(f"- {k}: {v}" for k, v in meta.items()), "",
-             "## Conversation-like traffic, one replica (the advisor's search workload)", "",
+def _tables(conv: dict, rows: list[dict]) -> list[str]:
+    """The two speed tables of one set of figures."""
+    lines = ["### Conversation-like traffic, one replica (the advisor's search workload)", "",
              ("| requests | CPU s (best of 3) | simulated requests / CPU s | engine steps | step rows | "
-             "mean TTFT ms | mean TPOT ms |"), "|---:|---:|---:|---:|---:|---:|---:|",
+              "mean TTFT ms | mean TPOT ms |"), "|---:|---:|---:|---:|---:|---:|---:|",
              (f"| {conv['requests']:,} | {conv['cpu_s']:.3f} | {conv['simulated_requests_per_cpu_s']:,.0f} | "
-             f"{conv['engine_steps']:,} | {conv['step_rows']:,} | {conv['mean_ttft_ms']:.2f} | "
-             f"{conv['mean_tpot_ms']:.3f} |"), "",
-             "## Full Mooncake conversation trace", "",
+              f"{conv['engine_steps']:,} | {conv['step_rows']:,} | {conv['mean_ttft_ms']:.2f} | "
+              f"{conv['mean_tpot_ms']:.3f} |"), "",
+             "### Full Mooncake conversation trace", "",
              ("| replicas | router | KV block coarsening | CPU s | simulated requests / CPU s | engine steps "
               "| step rows (after skip-ahead) | simulated s | mean TTFT ms | completed |"),
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -120,6 +119,13 @@ def write_md(meta: dict, conv: dict, rows: list[dict], split: dict) -> None:
         lines.append(f"| {r['replicas']} | {r['router']} | x{r['kv_block_coarsening']} | {r['cpu_s']:.2f} | "
                      f"{r['simulated_requests_per_cpu_s']:,.0f} | {r['engine_steps']:,} | {r['step_rows']:,} | "
                      f"{r['simulated_duration_s']:,.0f} | {r['mean_ttft_ms']:,.0f} | {r['completed']:,} |")
+    return lines
+
+
+def write_md(meta: dict, conv: dict, rows: list[dict], split: dict, earlier: list[dict] = ()) -> None:
+    """results.md from the figures (also: `--md-only` rewrites it from results.json). `earlier`:
+    figures of older code kept beside them (each with its meta, conversation and runs)."""
+    lines = ["# Simulator speed", "", *(f"- {k}: {v}" for k, v in meta.items()), "", *_tables(conv, rows)]
     lines += ["", ("One replica cannot keep up with the trace (its 3,537 s of arrivals take ~7,900 s to serve); "
               "8 and 64 can. x1 is exact (vLLM's 16-token blocks in the scheduler); x32 tracks 512-token "
               "blocks, the trace's own prefix granularity; against x1 it moves mean TTFT and TPOT by < 0.1 % "
@@ -128,6 +134,9 @@ def write_md(meta: dict, conv: dict, rows: list[dict], split: dict) -> None:
               "512-token-hash workload)."),
               "", "Share of profiled time by layer (8 replicas, x1, least-loaded; 'other' is mostly builtins "
               "called from engine/): " + ", ".join(f"{k} {v:.0%}" for k, v in split.items())]
+    for old in earlier:
+        lines += ["", f"## Earlier: {old['label']}", "", *(f"- {k}: {v}" for k, v in old["meta"].items()), "",
+                  *_tables(old["conversation"], old["runs"])]
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
 
 
@@ -138,10 +147,13 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile each run and split time by layer")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--md-only", action="store_true", help="rewrite results.md from results.json")
+    ap.add_argument("--keep-as", metavar="LABEL",
+                    help="keep the figures results.json holds now beside the new ones, under this label")
     args = ap.parse_args()
     if args.md_only:
         data = json.loads((HERE / "results.json").read_text())
-        write_md(data["meta"], data["conversation"], data["runs"], data["profile_share_by_layer_8_replicas"])
+        write_md(data["meta"], data["conversation"], data["runs"], data["profile_share_by_layer_8_replicas"],
+                 data.get("earlier", []))
         return
     from sim.builtin_traces import BUILTIN_TRACES
     from sim.traces import load_mooncake
@@ -162,9 +174,24 @@ def main() -> None:
     # where the time goes: one profiled run (cProfile inflates the total, the split is what counts)
     split = run_one(reqs, 8, profile=True)["profile_share_by_layer"]
     print(json.dumps({"profile_share_by_layer_8_replicas": split}), flush=True)
+    earlier = _earlier(args.keep_as)
     (HERE / "results.json").write_text(json.dumps({"meta": meta, "conversation": conv, "runs": rows,
-                                                   "profile_share_by_layer_8_replicas": split}, indent=2) + "\n")
-    write_md(meta, conv, rows, split)
+                                                   "profile_share_by_layer_8_replicas": split,
+                                                   "earlier": earlier}, indent=2) + "\n")
+    write_md(meta, conv, rows, split, earlier)
+
+
+def _earlier(label: str | None) -> list[dict]:
+    """The earlier figures results.json keeps, plus (with `--keep-as LABEL`) the ones it holds now."""
+    path = HERE / "results.json"
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    earlier = data.get("earlier", [])
+    if label:
+        earlier = [{"label": label, "meta": data["meta"], "conversation": data["conversation"],
+                    "runs": data["runs"]}, *earlier]
+    return earlier
 
 
 def run_meta() -> dict:

@@ -33,6 +33,7 @@ class KeyedRequest(Protocol):
     extra_keys: tuple[int, ...]
     block_hashes: list[Hashable]  # keys of the request's first full blocks
     hash_chain: list[Hashable]  # HashIdKeys: chained hash per hash block
+    private_from: int | None  # blocks from here are private (KVCacheManager.set_private_from)
 
 
 class BlockKeys:
@@ -59,6 +60,10 @@ class BlockKeys:
         """Append the keys of `r`'s full blocks [start, stop) to `r.block_hashes` (which
         holds the first `start`)."""
         raise NotImplementedError
+
+    def fill_private(self, r: KeyedRequest, first: int) -> None:
+        """Compute the keys `append_keys` left out of `r`'s blocks from `first` on (private
+        blocks, see KVCacheManager.set_private_from; only HashIdKeys leaves any out)."""
 
     def _chain(self, r: KeyedRequest, contents: list[tuple]) -> None:
         """Append H(parent, content, extra) per content to r.block_hashes, chained."""
@@ -130,12 +135,31 @@ class HashIdKeys(BlockKeys):
         in_prompt = min(stop, in_prompt)
         if start < in_prompt:
             per = r.hash_block_size // bs
-            chain = self._extend_chain(r, (in_prompt - 1) // per + 1)
-            r.block_hashes += [None] * (in_prompt - start) if per > 1 else chain[start:in_prompt]
+            # private blocks (see KVCacheManager.set_private_from) get their keys only if their
+            # request is preempted (`fill_private`): None until then, which no lookup finds
+            real = in_prompt if r.private_from is None else min(in_prompt, r.private_from)
+            chain = self._extend_chain(r, -(-real // per))
+            if per > 1:
+                r.block_hashes += [None] * (in_prompt - start)
+            else:
+                r.block_hashes += chain[start:real]
+                r.block_hashes += [None] * (in_prompt - max(start, real))
         gen_from = max(start, in_prompt)
         if stop > gen_from:
             rid = r.request_id
             r.block_hashes += [(GEN_TAG, rid, i) for i in range(gen_from, stop)]
+
+    def fill_private(self, r: KeyedRequest, first: int) -> None:
+        """Compute the keys `append_keys` left out of `r`'s prompt blocks from `first` on (they
+        were private: see KVCacheManager.set_private_from)."""
+        bs = self.block_size
+        in_prompt = min(r.prompt_len // bs, len(r.block_hashes))
+        if first >= in_prompt or r.hash_block_size % bs:
+            return
+        per = r.hash_block_size // bs
+        chain = self._extend_chain(r, -(-in_prompt // per))
+        if per == 1:
+            r.block_hashes[first:in_prompt] = chain[first:in_prompt]
 
     def _content(self, r: KeyedRequest, i: int) -> tuple:
         """Flat tuple of ints identifying the tokens of block `i` of `r` (hash blocks that
@@ -173,3 +197,31 @@ class HashIdKeys(BlockKeys):
                     parent = hasher(parent, (x,), extra)
                     chain.append(parent)
         return chain
+
+
+def first_unshared_hash_blocks(requests: Sequence[KeyedRequest]) -> dict[int, int]:
+    """Per request id, the length of the longest prefix of its hash ids that another request
+    also starts with: no other request shares its prompt's prefix past that many hash blocks,
+    so its KV blocks from there are only ever looked up by itself (the scheduler then registers
+    them in the prefix cache only if it is preempted: KVCacheManager.set_private_from). In
+    lexicographic order of the hash ids, that longest prefix is shared with a neighbour: one
+    sort (C-level tuple compares) and two prefix comparisons per request."""
+    order = sorted(requests, key=lambda r: r.hash_ids)
+    shared = [0] * (len(order) + 1)  # shared[i]: common prefix of order[i - 1] and order[i]
+    for i in range(1, len(order)):
+        shared[i] = _common_prefix(order[i - 1].hash_ids, order[i].hash_ids)
+    return {r.request_id: max(shared[i], shared[i + 1]) for i, r in enumerate(order)}
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of a and b (bisection on C-level slice compares)."""
+    if not a or not b or a[0] != b[0]:
+        return 0
+    lo, hi = 1, min(len(a), len(b)) + 1  # a[:lo] == b[:lo]; a[:hi] != b[:hi] (or past the end)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

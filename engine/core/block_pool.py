@@ -12,9 +12,13 @@ Design (vLLM V1's, re-derived):
 - Representation (for speed: the simulator moves millions of blocks): blocks are ints,
   their state lives in plain lists indexed by block id (no per-block objects; bulk reads
   go through C-level map/slices). The LRU queue is an append-only list of block ids in which each free
-  block's *latest* entry is the live one: `stamp[b]` holds the absolute position of that
-  entry. Removal from the middle just invalidates it (`stamp[b] = -1`); the head skips
-  dead entries. Same order, same evictions as a doubly linked list, O(1) amortized.
+  block's *latest* entry is the live one. Removal from the middle (a revival) just leaves the
+  entry dead and counts it (`dead[b]`: b's dead entries still queued, which precede its live
+  one); the head skips an entry while its block has dead ones counted. Same order, same
+  evictions as a doubly linked list, O(1) amortized. Freeing writes nothing per block but its
+  refcount (no positions to stamp): with no block shared, one C-level check, a store per
+  block and one list extend; allocating checks the dead counts only when some are pending
+  (revivals: prefix hits on free blocks) and then with one C-level disjointness test.
 - Prefix caching keys *full* blocks only, by a chained hash
   `H(parent_hash, block content, extra keys)`, so equal hashes mean equal whole prefixes.
 - A request frees its blocks tail first, so the heads of shared prefixes reach the
@@ -34,7 +38,9 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from operator import itemgetter
 from typing import Literal
 
 import xxhash
@@ -123,20 +129,6 @@ class KeyGroup:
 _SMALL = 8
 
 
-def _without(entries: list[int], first: int, dropped: list[int]) -> list[int]:
-    """`entries` (at absolute positions first, first + 1, ...) less those at the ascending
-    positions `dropped`: slices between them, so live entries are not scanned again."""
-    out: list[int] = []
-    i = 0
-    for d in dropped:
-        d -= first
-        if d > i:
-            out += entries[i:d]
-        i = d + 1
-    out += entries[i:]
-    return out
-
-
 class BlockPool:
     """`num_blocks` physical blocks (ids 0..num_blocks-1), their LRU free queue and the
     prefix-cache tables (`cached`: key -> block id; `groups`: group key -> `KeyGroup`;
@@ -153,6 +145,7 @@ class BlockPool:
         "block_size",
         "cached",
         "compact_at",
+        "dead",
         "group_offset",
         "groups",
         "head",
@@ -164,10 +157,8 @@ class BlockPool:
         "num_freed",
         "num_grouped",
         "num_revived",
-        "qbase",
         "queue",
         "ref",
-        "stamp",
     )
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -178,10 +169,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref = [0] * num_blocks  # owners per block
-        self.stamp = list(range(num_blocks))  # absolute position of the block's live queue entry
         self.key_of: list[Hashable | None] = [None] * num_blocks  # prefix-cache key, if cached
         self.queue: list[int] = list(range(num_blocks))  # block ids, LRU first (with dead entries)
-        self.qbase = 0  # absolute position of queue[0]
+        self.dead: dict[int, int] = {}  # block -> its dead entries still queued (none: absent)
         self.head = 0  # index in `queue` of the first entry not yet consumed
         self.num_free = num_blocks
         self.cached: dict[Hashable, int] = {}
@@ -202,87 +192,95 @@ class BlockPool:
 
     def free_block_ids(self) -> list[int]:
         """Free blocks in eviction order (head first)."""
-        q, h, stamp = self.queue, self.head, self.stamp
-        base = self.qbase + h
-        return [b for i, b in enumerate(q[h:]) if stamp[b] == base + i]
+        dead = dict(self.dead)
+        out = []
+        for b in self.queue[self.head:]:
+            d = dead.get(b)
+            if d:
+                dead[b] = d - 1
+            else:
+                out.append(b)
+        return out
 
     def allocate(self, n: int) -> list[int]:
         """Pop `n` blocks from the LRU head, evicting any cached key they carry."""
         if n > self.num_free:
             raise RuntimeError(f"asked for {n} free KV blocks, {self.num_free} free")
-        q, stamp = self.queue, self.stamp
+        q = self.queue
         h = self.head
-        p = self.qbase + h
         # Take entries from the head, keeping the live ones (dead ones: revived blocks); each
-        # round takes exactly as many entries as blocks are still missing. A plain loop:
-        # CPython's specialised list/dict bytecodes beat map() over slot wrappers here
-        # (measured: 2x on the conversation benchmark). Most of the cost per block is the
-        # eviction's dict delete (a cache miss on a large table), inherent to reusing a block.
-        ref, key_of, cached = self.ref, self.key_of, self.cached
-        groups, offset = self.groups, self.group_offset
+        # round takes exactly as many entries as blocks are still missing.
         out: list[int] = []
-        ungrouped = 0
-        num_keyed = len(cached)  # evictions of plain keys: what the loop deletes from `cached`
         need = n
         while need:
             w = q[h:h + need]
-            dead: list[int] = []  # positions of dead entries
-            for b in w:
-                if stamp[b] == p:
-                    ref[b] = 1
-                    k = key_of[b]
-                    if k is not None:  # evict (invariant: cached[key_of[b]] == b)
-                        if k.__class__ is KeyGroup:  # (inlined _ungroup: the hot case)
-                            k.blocks[offset[b]] = -1
-                            k.num_cached -= 1
-                            if not k.num_cached:
-                                del groups[k.key]
-                            ungrouped += 1
-                        else:
-                            del cached[k]
-                        key_of[b] = None
-                else:
-                    dead.append(p)
-                p += 1
-            if dead:
-                w = _without(w, p - len(w), dead)
-            out += w
             h += need
+            if self.dead and not self.dead.keys().isdisjoint(w):
+                w = self._live(w)
+            self._take(w)
+            out += w
             need = n - len(out)
         self.head = h
-        self.num_evictions += num_keyed - len(cached) + ungrouped
-        self.num_grouped -= ungrouped
         self.num_free -= n
         self.num_allocated += n
         if h >= self.compact_at and 2 * h >= len(q):
             self._compact()
         return out
 
+    def _live(self, entries: list[int]) -> list[int]:
+        """The live ones of consecutive queue entries, using up the dead ones' counts."""
+        dead = self.dead
+        out = []
+        for b in entries:
+            d = dead.get(b)
+            if not d:
+                out.append(b)
+            elif d == 1:
+                del dead[b]
+            else:
+                dead[b] = d - 1
+        return out
+
+    def _take(self, blocks: list[int]) -> None:
+        """Give each of `blocks` (free, popped) a reference, evicting the cached key it carries."""
+        # A plain loop: CPython's specialised list/dict bytecodes beat map() over slot wrappers
+        # here (measured: 2x on the conversation benchmark). Most of the cost per block is the
+        # eviction's dict delete (a cache miss on a large table), inherent to reusing a block.
+        ref, key_of, cached = self.ref, self.key_of, self.cached
+        groups, offset = self.groups, self.group_offset
+        ungrouped = 0
+        num_keyed = len(cached)  # evictions of plain keys: what the loop deletes from `cached`
+        for b in blocks:
+            ref[b] = 1
+            k = key_of[b]
+            if k is not None:  # evict (invariant: cached[key_of[b]] == b)
+                if k.__class__ is KeyGroup:  # (inlined _ungroup: the hot case)
+                    k.blocks[offset[b]] = -1
+                    k.num_cached -= 1
+                    if not k.num_cached:
+                        del groups[k.key]
+                    ungrouped += 1
+                else:
+                    del cached[k]
+                key_of[b] = None
+        self.num_evictions += num_keyed - len(cached) + ungrouped
+        self.num_grouped -= ungrouped
+
     def allocate_one(self) -> int:
         if self.num_free <= 0:
             raise RuntimeError("no free KV block (caller must check num_free first)")
-        q, stamp = self.queue, self.stamp
+        q = self.queue
         h = self.head
-        p = self.qbase + h
         b = q[h]
-        while stamp[b] != p:  # dead entry
+        while self.dead.get(b):  # a dead entry
+            self._live([b])
             h += 1
-            p += 1
             b = q[h]
-        h += 1
-        self.head = h
-        self.ref[b] = 1
-        k = self.key_of[b]
-        if k is not None:
-            if k.__class__ is KeyGroup:
-                self._ungroup(b, k)
-            else:
-                del self.cached[k]
-            self.key_of[b] = None
-            self.num_evictions += 1
+        self.head = h + 1
+        self._take([b])
         self.num_free -= 1
         self.num_allocated += 1
-        if h >= self.compact_at and 2 * h >= len(q):
+        if h + 1 >= self.compact_at and 2 * (h + 1) >= len(q):
             self._compact()
         return b
 
@@ -332,18 +330,16 @@ class BlockPool:
         return len(self.cached) + self.num_grouped
 
     def _compact(self) -> None:
-        h = self.head
-        del self.queue[:h]
-        self.qbase += h
+        del self.queue[:self.head]
         self.head = 0
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-cache hits, reviving free ones out of the queue."""
-        ref, stamp = self.ref, self.stamp
+        ref, dead = self.ref, self.dead
         revived = 0
         for b in blocks:
             if ref[b] == 0:
-                stamp[b] = -1  # its queue entry is dead now
+                dead[b] = dead.get(b, 0) + 1  # its queue entry is dead now
                 revived += 1
             ref[b] += 1
         self.num_free -= revived
@@ -357,18 +353,29 @@ class BlockPool:
         """Drop one reference on each of `blocks` (distinct), last block first; those left
         unowned join the queue tail in that order, so a shared prefix's head is evicted
         last. Returns how many became free."""
-        ref, stamp, q = self.ref, self.stamp, self.queue
-        p = self.qbase + len(q)
-        start = len(q)
-        append = q.append
-        for b in reversed(blocks):
-            rc = ref[b] - 1
-            ref[b] = rc
-            if not rc:
-                stamp[b] = p
-                p += 1
-                append(b)
-        n = len(q) - start
+        ref, q = self.ref, self.queue
+        n = len(blocks)
+        owners = itemgetter(*blocks)(ref) if n > 1 else ()
+        ones = owners.count(1)
+        if ones and owners[n - ones:].count(1) == ones:
+            # the usual case: the blocks only this table holds are its tail (any shared ones,
+            # prefix hits, come first and stay owned): one C-level check, a store per block
+            for b in blocks[:n - ones]:
+                ref[b] -= 1
+            tail = blocks[n - ones:]
+            for b in tail:
+                ref[b] = 0
+            q += reversed(tail)
+            n = ones
+        else:
+            start = len(q)
+            append = q.append
+            for b in reversed(blocks):
+                rc = ref[b] - 1
+                ref[b] = rc
+                if not rc:
+                    append(b)
+            n = len(q) - start
         self.num_free += n
         self.num_freed += n
         return n
@@ -416,11 +423,11 @@ class BlockPool:
             assert ref[b] == 0, f"block {b} in the free queue with ref_cnt {ref[b]}"
         n_zero = ref.count(0)
         assert n_zero == len(free_ids), f"{n_zero} blocks with ref 0 but {len(free_ids)} queued"
-        live_from = self.qbase + self.head
-        for b in range(self.num_blocks):
-            st = self.stamp[b]
-            if ref[b] > 0 and live_from <= st < self.qbase + len(self.queue):
-                assert self.queue[st - self.qbase] != b, f"owned block {b} has a live queue entry"
+        # every queued entry of a block is dead but a free block's last one
+        entries = Counter(self.queue[self.head:])
+        for b, c in entries.items():
+            assert c == self.dead.get(b, 0) + (ref[b] == 0), f"block {b}: {c} queue entries"
+        assert all(b in entries and d > 0 for b, d in self.dead.items()), "a dead count without entries"
         for h, b in self.cached.items():
             assert self.key_of[b] == h, f"cache entry for block {b} has a stale key"
         n_grouped = 0

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from itertools import islice, takewhile
 
-from engine.core.block_keys import GEN_TAG, BlockKeys, HashIdKeys, TokenKeys
+from engine.core.block_keys import GEN_TAG, NO_GEN_KEYS, BlockKeys, HashIdKeys, TokenKeys
 from engine.core.block_pool import BlockPool
 from engine.core.request_state import SchedulerRequest
 
@@ -143,9 +143,12 @@ class KVCacheManager:
         pool = self.pool
         in_prompt = min(m, r.prompt_len // self.block_size)
         hits: list[int] = []
+        chain = r.hash_chain
         for h in range(-(-in_prompt // per)):
+            if h == len(chain):  # a private hash block: no key yet, as none of them is cached
+                return hits
             want = min(per, in_prompt - h * per)
-            run = pool.group_hits(r.hash_chain[h], want)
+            run = pool.group_hits(chain[h], want)
             hits += run
             if len(run) < want:
                 return hits
@@ -164,7 +167,13 @@ class KVCacheManager:
 
     def cache_full_blocks(self, r: SchedulerRequest, num_full: int) -> int:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
-        First writer wins: a block whose content is already cached stays unregistered."""
+        First writer wins: a block whose content is already cached stays unregistered.
+        Blocks from `r.private_from` on are keyed and counted now, registered only if `r` is
+        preempted (see `set_private_from`)."""
+        lazy = r.private_from
+        if lazy is not None and num_full > lazy:
+            hashed = self.cache_full_blocks(r, lazy) if r.num_cached_blocks < lazy else 0
+            return hashed + self._key_only(r, num_full)
         start = r.num_cached_blocks
         keys = self._key_generated(r, num_full) if start >= r.gen_keys_from else None
         if keys is not None:
@@ -206,6 +215,44 @@ class KVCacheManager:
         r.num_cached_blocks = num_full
         return keys
 
+    def _key_only(self, r: SchedulerRequest, num_full: int) -> int:
+        """`cache_full_blocks`' keying and counting of blocks [r.num_cached_blocks, num_full),
+        without registering them (private blocks); returns blocks hashed."""
+        if r.num_cached_blocks >= num_full:
+            return 0
+        keys = self._key_generated(r, num_full) if r.num_cached_blocks >= r.gen_keys_from else None
+        if keys is not None:
+            return len(keys)
+        hashed = self._key_blocks(r, num_full)
+        r.num_cached_blocks = num_full
+        return hashed
+
+    def set_private_from(self, r: SchedulerRequest, first_unshared: int | None) -> None:
+        """The caller knows the whole workload (a simulator) and that no other request holds
+        the content of `r`'s blocks from `first_unshared` on (its prompt's hash ids from there,
+        and its generated tokens, keyed by its own id). Only `r` itself could then hit them,
+        after a preemption: they are registered when that happens (`free`), which registers
+        exactly what registering them as they filled would have (nobody else has their keys,
+        and they are `r`'s since), and never when `r` finishes. Hits, schedules and
+        preemptions stay those of eager registration; the prefix-cache tables are smaller
+        (`num_cached_blocks`, `num_evictions` count less). Only for requests keyed by hash ids
+        whose hash blocks tile the KV block, that hold no blocks on finish nor take KV in."""
+        if (first_unshared is not None and r.token_ids is None and r.gen_keys_from != NO_GEN_KEYS
+                and not r.hold_blocks_on_finish and not r.num_external_computed_tokens
+                and r.num_preemptions == 0 and not r.block_ids):
+            r.private_from = min(first_unshared, r.gen_keys_from)
+
+    def _register_private(self, r: SchedulerRequest) -> None:
+        """Register `r`'s private blocks computed so far (it is being preempted), as eager
+        registration would have; from now on its blocks register as they fill."""
+        lazy = r.private_from
+        r.private_from = None
+        r.keys.fill_private(r, lazy)
+        end = r.num_cached_blocks
+        if end > lazy:
+            r.num_cached_blocks = lazy
+            self.cache_full_blocks(r, end)  # keys exist: nothing is hashed (or counted) again
+
     def cache_decoded(self, completed: list[tuple[SchedulerRequest, int]]) -> int:
         """`cache_full_blocks(r, num_full)` for each (r, num_full) of a decode stretch, the
         blocks of generated tokens of them all registered in one call (no lookup comes in
@@ -219,6 +266,8 @@ class KVCacheManager:
             new = self._key_generated(r, num_full)
             if new is None:
                 hashed += self.cache_full_blocks(r, num_full)
+            elif r.private_from is not None and start >= r.private_from:
+                hashed += len(new)  # keyed; registered only if r is preempted
             else:
                 blocks += r.block_ids[start:num_full]
                 keys += new
@@ -287,7 +336,13 @@ class KVCacheManager:
         return self.pool.allocate(n)
 
     def free(self, r: SchedulerRequest) -> int:
-        """Free all of `r`'s blocks, tail first; returns how many became free."""
+        """Free all of `r`'s blocks, tail first (registering its private ones first: it may
+        come back, see `set_private_from`); returns how many became free."""
+        if r.private_from is not None:
+            self._register_private(r)
+        return self._free_table(r)
+
+    def _free_table(self, r: SchedulerRequest) -> int:
         freed = self.pool.free_tail_first(r.block_ids)
         r.block_ids = []  # a new list: earlier outputs keep the table they were given
         r.num_cached_blocks = 0
@@ -306,7 +361,7 @@ class KVCacheManager:
         if r.hold_blocks_on_finish:
             self.held[r.request_id] = r
             return 0
-        return self.free(r)
+        return self._free_table(r)  # finished: its private blocks are never looked up again
 
     def release(self, request_id: int) -> int | None:
         """Free a held request's blocks; returns how many became free, None if it holds none."""

@@ -47,6 +47,7 @@ class SchedulerRequest:
         "num_tokens",
         "output_len",
         "priority",
+        "private_from",
         "prompt_len",
         "request_id",
         "sampled_since_admission",
@@ -75,6 +76,8 @@ class SchedulerRequest:
         self.block_hashes: list[Hashable] = []  # keys of full blocks, kept on preemption
         self.hash_chain: list[Hashable] = []  # HashIdKeys: chained hash per hash block
         self.num_cached_blocks = 0  # leading blocks already registered in the prefix cache
+        # blocks from here are registered only on preemption (KVCacheManager.set_private_from)
+        self.private_from: int | None = None
         self.failed_admission_hits: list[int] | None = None  # prefix hits of a failed admission
         self.failed_admission_evictions = -1  # the pool's eviction count when they were found
         self.status = WAITING

@@ -120,6 +120,7 @@ class Scheduler(SchedulerHooks):
         *,
         num_external_computed_tokens: int = 0,
         hold_blocks_on_finish: bool = False,
+        unshared_from_block: int | None = None,
     ) -> None:
         """Queue `req`. `prompt_token_ids` (engine) key the prefix cache by real tokens;
         without them (simulator) block content comes from `req.hash_ids`. `extra_keys`
@@ -132,7 +133,8 @@ class Scheduler(SchedulerHooks):
         prompt_len starts with decode (the first output token came with the KV, so
         output_len must be >= 2). A preempted request recomputes everything locally.
         `hold_blocks_on_finish=True` (the prefill side): a finished request's blocks stay
-        allocated until `release_held(request_id)`."""
+        allocated until `release_held(request_id)`. `unshared_from_block` (a simulator that
+        knows its workload): see KVCacheManager.set_private_from."""
         rid = req.request_id
         if rid in self.requests:
             raise ValueError(f"request_id {rid} was already added to this scheduler")
@@ -145,6 +147,7 @@ class Scheduler(SchedulerHooks):
         self.num_added += 1
         r.hold_blocks_on_finish = bool(hold_blocks_on_finish)
         r.num_external_computed_tokens = ext
+        self.kv_cache_manager.set_private_from(r, unshared_from_block)
         if ext and ext == req.prompt_len:  # the first output token came with the KV
             r.num_generated = 1
             r.num_tokens += 1
