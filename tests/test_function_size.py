@@ -21,7 +21,6 @@ KNOWN_LONG = {
     "advisor/commands/advise.py::advise": 67,  # a typer command: most lines are its option declarations
     "kernels/paged_attention.py::paged_attention": 67,  # the launcher of the Triton kernels, not a kernel
     "engine/runner.py::ModelRunner.prepare": 64,
-    "advisor/advise/run.py::advise": 62,
     "advisor/commands/calibrate.py::calibrate": 62,  # a typer command too
     "engine/engine_loop.py::EngineCore._step_sync": 61,
 }
