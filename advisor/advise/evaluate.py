@@ -134,7 +134,7 @@ class _Workloads:
         self.cache: dict[Any, LoadedWorkload] = {}
 
     def get(self, task: SimTask) -> LoadedWorkload:
-        key = (task.num_requests, task.variant.model_dump_json() if task.variant else None)
+        key = (task.num_requests, variant_key(task))
         if key not in self.cache:
             if task.variant is None:
                 wl = spread_slice(self.base, task.num_requests)
@@ -184,19 +184,35 @@ def task_key(task: SimTask) -> tuple[str, int, str | None]:
     except ValueError:  # vLLM would refuse it at start-up: the run says why; key it as given
         engine = cfg.engine
     key = cfg.model_copy(update={"engine": engine, "label": None}).model_dump_json()
-    return key, task.num_requests, task.variant.model_dump_json() if task.variant else None
+    return key, task.num_requests, variant_key(task)
+
+
+def variant_key(task: SimTask) -> str | None:
+    """The generated variant as it is simulated: its spec at the task's request count, without its
+    name (a label: the cost lines' sweep of the traffic at `num_requests` and robustness' "as given"
+    of the spec cut to that count are one workload)."""
+    if task.variant is None:
+        return None
+    return task.variant.model_copy(update={"num_requests": task.num_requests, "name": ""}).model_dump_json()
 
 
 def task_weight(task: SimTask) -> float:
     """A simulation's relative cost, to start the long ones first: requests, x SPEC_COST when
-    speculative steps are simulated one by one (no decode skip-ahead)."""
-    n = task.variant.num_requests if task.variant is not None else task.num_requests
-    return n * (SPEC_COST if task.config.engine.speculative_config is not None else 1.0)
+    speculative steps are simulated one by one (no decode skip-ahead), x REPLICA_COST per replica
+    past the first (each steps on its own, with smaller batches)."""
+    cfg = task.config
+    d = cfg.disaggregation
+    replicas = d.num_prefill_replicas + d.num_decode_replicas if d else (cfg.num_gpus or 1) // max(
+        cfg.engine.tensor_parallel_size, 1)
+    spec = SPEC_COST if cfg.engine.speculative_config is not None else 1.0
+    return task.num_requests * spec * (1 + REPLICA_COST * (max(replicas, 1) - 1))
 
 
-# measured on the 4-GPU latency run (benchmarks/advisor/results.md): a speculative configuration's
-# simulation takes 5-15x the CPU of the same one without (4.6 vs 0.49 CPU s on 1,000 requests)
+# measured on the 4-GPU latency run (benchmarks/advisor/results.md, --tasks): on 1,000 requests a
+# speculative configuration's simulation takes ~8x the CPU of the same one without (1.6-2.0 vs
+# 0.2-0.25 CPU s on TP4 x1), and 4 replicas ~2x one (3.0-3.2 CPU s TP1 x4 vs 1.6 TP4 x1)
 SPEC_COST = 8.0
+REPLICA_COST = 0.3
 
 
 class Evaluator:

@@ -52,6 +52,19 @@ def test_the_key_is_what_the_outcome_depends_on() -> None:
     assert task_weight(_task(speculative_config=SPEC)) > task_weight(_task(n=100))
 
 
+def test_a_variant_is_keyed_as_simulated_at_the_tasks_request_count() -> None:
+    wl = generate(TINY)
+    cfg = _task().config
+    whole, cut = SimTask(cfg, 20, TINY), SimTask(cfg, 20, TINY.with_overrides(num_requests=20, name="cut"))
+    assert task_key(whole) == task_key(cut)
+    assert task_key(whole) != task_key(SimTask(cfg, 21, TINY))
+    with Evaluator(wl) as ev:
+        a, b = ev.map([whole, cut])
+        assert ev.count == 1 and a is b
+    with Evaluator(wl) as fresh:
+        assert fresh.map([cut])[0].metrics == a.metrics
+
+
 def test_outcomes_come_back_in_task_order_though_costly_ones_start_first() -> None:
     wl = generate(TINY)
     tasks = [_task(n=10), _task(n=20, speculative_config=SPEC), _task(n=15)]
