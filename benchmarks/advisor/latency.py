@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import json
 import os
 import platform
 import resource
+import threading
 import time
 from pathlib import Path
 
@@ -56,11 +58,31 @@ def _profile_workers(folder: Path) -> None:
     evaluate._init_worker = init_profiled
 
 
+def _key(task: object) -> str:
+    """One simulation's name in the logs (any version of the evaluator: what it simulates)."""
+    cfg, variant = task.config, task.variant  # type: ignore[attr-defined]
+    text = cfg.model_copy(update={"label": None}).model_dump_json() + f"|{task.num_requests}|"  # type: ignore[attr-defined]
+    return hashlib.sha1((text + (variant.model_dump_json() if variant else "")).encode()).hexdigest()[:12]
+
+
 def _log_tasks(path: Path) -> None:
-    """Every simulation's configuration, sample and time, one JSON line each (workers append)."""
+    """Every simulation's configuration, sample and time, one JSON line each (workers append),
+    and every batch the evaluator runs (the parent appends to PATH.batches): what `--replay`
+    packs onto idle workers."""
     from advisor.advise import evaluate
 
-    sim = evaluate.simulate_task
+    sim, run_batch = evaluate.simulate_task, evaluate.Evaluator.map
+    batches = path.with_suffix(".batches")
+
+    def logged_batch(self: evaluate.Evaluator, tasks: list, *args: object, **kwargs: object) -> list:
+        row = {"thread": threading.current_thread().name, "t0": time.time(), "keys": [_key(t) for t in tasks],
+               "local": len(tasks) == 1 or not self.parallel}
+        outs = run_batch(self, tasks, *args, **kwargs)  # type: ignore[arg-type]
+        with batches.open("a") as f:
+            f.write(json.dumps(row | {"t1": time.time()}) + "\n")
+        return outs
+
+    evaluate.Evaluator.map = logged_batch  # type: ignore[method-assign]
 
     def logged(workloads: object, task: evaluate.SimTask) -> evaluate.Outcome:
         w0, c0 = time.perf_counter(), time.process_time()
@@ -68,13 +90,45 @@ def _log_tasks(path: Path) -> None:
         row = {"label": task.config.label, "num_gpus": task.config.num_gpus, "n": task.num_requests,
                "variant": task.variant.name if task.variant else None, "seed": task.variant.seed if task.variant else None,
                "wall_s": round(time.perf_counter() - w0, 3), "cpu_s": round(time.process_time() - c0, 3),
-               "pid": os.getpid(), "error": out.error, "goodput_rps": out.metrics.goodput_rps,
+               "end_unix_s": round(time.time(), 3),
+               "pid": os.getpid(), "key": _key(task), "error": out.error, "goodput_rps": out.metrics.goodput_rps,
                "e2e_p99_ms": out.metrics.e2e_p99_ms}
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         return out
 
     evaluate.simulate_task = logged
+
+
+def replay(tasks_path: Path, workers: int) -> dict[str, float]:
+    """The advise run's simulations packed onto `workers` idle workers, each taking its measured
+    CPU seconds: batches one after the other (the search and the ladder wait for each), longest
+    first within a batch (as the evaluator submits them); the batches of the side-by-side
+    analyses (several threads at once) pooled into one. An estimate of the wall time on an idle
+    machine from a run on a loaded one (CPU seconds barely change with load; wall time does)."""
+    cpu = {}
+    for line in tasks_path.read_text().splitlines():
+        row = json.loads(line)
+        cpu[row["key"]] = row["cpu_s"]
+    batches = [json.loads(line) for line in tasks_path.with_suffix(".batches").read_text().splitlines()]
+    batches.sort(key=lambda b: b["t0"])
+    main_thread = batches[0]["thread"]
+    serial = [b for b in batches if b["thread"] == main_thread]
+    side = [k for b in batches if b["thread"] != main_thread for k in b["keys"]]
+
+    def makespan(keys: list[str], n: int) -> float:
+        free = [0.0] * n
+        for k in sorted(keys, key=lambda k: -cpu.get(k, 0.0)):
+            i = free.index(min(free))
+            free[i] += cpu.get(k, 0.0)
+        return max(free)
+
+    serial_s = sum(makespan(b["keys"], 1 if b["local"] else workers) for b in serial)
+    side_s = makespan(side, workers)
+    total = sum(cpu.values())
+    return {"replayed_wall_s": round(serial_s + side_s, 1), "serial_batches_s": round(serial_s, 1),
+            "side_by_side_s": round(side_s, 1), "cpu_s": round(total, 1),
+            "perfect_packing_s": round(total / workers, 1)}
 
 
 def main() -> None:
@@ -89,7 +143,12 @@ def main() -> None:
                     "(parent.prof) and of each worker (worker-<pid>.prof) to this folder")
     ap.add_argument("--tasks", type=Path, default=None, help="append one JSON line per simulation (label, "
                     "requests, variant, wall and CPU seconds) to this file")
+    ap.add_argument("--replay", type=Path, default=None, help="print the idle-machine estimate of a run logged "
+                    "with --tasks FILE (see `replay`) and exit")
     args = ap.parse_args()
+    if args.replay:
+        print(json.dumps(replay(args.replay, args.workers), indent=2))
+        return
     if args.tasks:
         _log_tasks(args.tasks)
     if args.cprofile:
