@@ -172,11 +172,12 @@ def rejected(ctx: Context, found: SearchResult, kept_dims: frozenset[int] = froz
     """Every option the recommendation does not use, measured as a single move away from the
     search's winner; the dimensions whose change stayed at vLLM's default (`kept_dims`, reported
     with their interval) are left out."""
+    near: list[Scored] = found.neighbours
+    best_o = near[0].outcome
+    ref = primary(best_o, ctx.objective, near[0].cand.layout(ctx.dims, ctx.num_gpus).num_gpus)
     out = []
-    for winner, s in found.neighbours:  # each move against the winner on the same slice
-        best_o = winner.outcome
-        ref = primary(best_o, ctx.objective, winner.cand.layout(ctx.dims, ctx.num_gpus).num_gpus)
-        d = next(i for i, (a, b) in enumerate(zip(s.cand.picks, winner.cand.picks, strict=True)) if a != b)
+    for s in near[1:]:
+        d = next(i for i, (a, b) in enumerate(zip(s.cand.picks, near[0].cand.picks, strict=True)) if a != b)
         if d in kept_dims:
             continue
         opt = ctx.dims[d].options[s.cand.picks[d]]

@@ -2,10 +2,8 @@
 combinations of the knobs that did not clearly hurt, on growing slices of the trace, then one
 pass of single-knob moves around the winner.
 
-The winner is then moved one knob at a time (a hill-climb of at most MAX_MOVE_PASSES passes;
-a pass that another may follow halves the moves over the same slices, the final pass runs every
-move on the last slice); the final pass's moves are also the measured reasons for the options
-left out.
+The winner is then moved one knob at a time on the last slice (a hill-climb of at most
+MAX_MOVE_PASSES passes); those moves are also the measured reasons for the options left out.
 
 Why not brute force: the full product of the knobs is hundreds of configurations (x layouts);
 most knobs act nearly independently, so a knob that costs > `SCREEN_DROP` of goodput alone is
@@ -112,8 +110,7 @@ class SearchResult:
     baseline: Scored
     screen: list[Scored]  # every single-knob change from the defaults, on the screening slice
     finalists: list[Scored]  # the last rung, best first (the robustness candidates)
-    neighbours: list[tuple[Scored, Scored]]  # (the winner, one of its single-knob moves) on the slice the move
-    # was last measured on (moves are halved over the slices)
+    neighbours: list[Scored]  # the winner, then its single-knob moves, on the last slice
 
 
 def _evaluate(ev: Evaluator, ctx: Context, cands: list[Candidate], n: int) -> list[Scored]:
@@ -164,8 +161,7 @@ def expected_simulations(ctx: Context, pool: int | None = None) -> int:
     """What `search` will run (for progress): screening, halving from `pool` combinations (the
     budget's max_pool before screening tells), one pass of single-knob moves and the defaults."""
     singles = sum(len(d.options) - 1 for d in ctx.dims)
-    halved = _halving_runs(ctx, singles) + len(_slices(ctx)) - 1  # + the winner on the shorter slices
-    return 1 + singles + _halving_runs(ctx, ctx.plan.max_pool if pool is None else pool) + halved + singles + 1
+    return 1 + singles + _halving_runs(ctx, ctx.plan.max_pool if pool is None else pool) + singles + 1
 
 
 def search(ev: Evaluator, ctx: Context, progress: Callable[[str], None] | None = None) -> SearchResult:
@@ -185,45 +181,17 @@ def search(ev: Evaluator, ctx: Context, progress: Callable[[str], None] | None =
         if i < len(slices) - 1:
             pool = [s.cand for s in rung[: max(2, math.ceil(len(rung) / ETA))]]
     best = rung[0]
-    near: list[tuple[Scored, Scored]] = []
-    for i in range(MAX_MOVE_PASSES):  # hill-climb by single-knob moves, decided on the last slice
+    near: list[Scored] = []
+    for _ in range(MAX_MOVE_PASSES):  # hill-climb by single-knob moves, on the decision's slice
         say("checking single-knob moves around the winner")
-        top = best
-        if i < MAX_MOVE_PASSES - 1:  # a pass that can be followed by another: halve the moves
-            top, near = _climb(ev, ctx, best, slices)
-        if top is best:  # the last pass, or no move won the halving: every move on the last slice
-            near = [(best, s) for s in _evaluate(ev, ctx, _moves(ctx, best.cand), slices[-1])]
-            top = max([best, *(s for _, s in near)], key=lambda s: s.key)
+        near = [best, *_evaluate(ev, ctx, _moves(ctx, best.cand), slices[-1])]
+        top = max(near, key=lambda s: s.key)
         if top is best:
             break
         best = top
         rung.insert(0, best)
     base_eval = next((s for s in rung if s.cand == base), None) or _evaluate(ev, ctx, [base], slices[-1])[0]
     return SearchResult(best, base_eval, screen, rung[:4], near)
-
-
-def _climb(ev: Evaluator, ctx: Context, best: Scored, slices: list[int]) -> tuple[Scored, list[tuple[Scored, Scored]]]:
-    """A pass of single-knob moves around `best` (scored on the last slice) that another pass
-    may follow, by successive halving over the search's slices: every move and `best` on the
-    first slice, the moves ranked in the best 1/ETA (at least 2) on the next, ..., the survivors
-    on the last slice, where the top of them and `best` wins (`best` on a tie). A move that loses
-    on a short slice is not run on the long one: the moves around a speculative-decoding winner
-    are the search's costliest simulations (4 GPUs: 34 of 1,000 requests, three quarters of its
-    CPU). When `best` wins, `search` runs every move on the last slice (the reasons for the
-    options left out quote the decision's slice, and the decision is the full pass's). Returns
-    the winner and each move paired with `best` on the slice it was last measured on."""
-    moves, pairs = _moves(ctx, best.cand), []
-    for i, n in enumerate(slices):
-        if i == len(slices) - 1:
-            scored = _evaluate(ev, ctx, moves, n)
-            pairs += [(best, s) for s in scored]
-            return max([best, *scored], key=lambda s: s.key), pairs
-        center, *scored = _evaluate(ev, ctx, [best.cand, *moves], n)
-        scored.sort(key=lambda s: s.key, reverse=True)
-        keep = max(2, math.ceil(len(scored) / ETA))
-        pairs += [(center, s) for s in scored[keep:]]
-        moves = [s.cand for s in scored[:keep]]
-    raise AssertionError("slices is never empty")
 
 
 def _moves(ctx: Context, cand: Candidate) -> list[Candidate]:
