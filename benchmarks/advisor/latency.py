@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -31,6 +32,18 @@ from sim.workload_presets import get_preset
 
 HERE = Path(__file__).parent
 NUM_REQUESTS, HOUR_S = 20_000, 3600.0
+
+
+def _commit() -> str | None:
+    """The checkout's commit (with '+dirty' when it has changes), None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=HERE).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True, cwd=HERE).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def _cpu_s() -> tuple[float, float]:
@@ -176,7 +189,8 @@ def main() -> None:
     result = {
         "command": f"python benchmarks/advisor/latency.py --workers {args.workers} --budget {args.budget} "
                    f"--gpus {args.gpus}",
-        "num_gpus": args.gpus, "load_average_before": load_before,
+        "num_gpus": args.gpus, "commit": _commit(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "load_average_before": load_before,
         "num_requests": len(wl), "trace_span_s": round(wl.duration_s, 1), "generate_s": round(t_gen, 2),
         "advise_s": rec.elapsed_s, "num_simulations": rec.num_simulations, "workers": args.workers,
         "cpus": os.cpu_count(),
