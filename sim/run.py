@@ -29,9 +29,9 @@ from engine.core.request import Request
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig, RouterPolicy
 from sim.cost_model import CostProfile
 from sim.hardware import GpuPreset, ModelPreset, get_gpu
-from sim.memory import plan_memory
 from sim.metrics import SLO, SimResult
 from sim.profile_files import load_profile
+from sim.resolved import ResolvedDeployment, resolve_deployment
 from sim.simulator import Simulation, kv_block_coarsening_for
 from sim.workload import Workload
 from sim.workload_source import SourceOptions, load_workload
@@ -108,17 +108,19 @@ class SimConfig(BaseModel):
         return DeploymentConfig(num_replicas=n // tp, **common)
 
 
-def check_simulation_size(deployment: DeploymentConfig, kv_block_coarsening: int,
+def check_simulation_size(deployment: DeploymentConfig | ResolvedDeployment, kv_block_coarsening: int,
                           profile: CostProfile | None = None, *, limit: int = MAX_SIMULATED_BLOCKS,
                           limit_hint: str = "") -> int:
     """Refuse, before anything is allocated, a deployment whose simulated KV pools would not fit
     in memory (more than `limit` blocks), or whose model does not fit its GPUs (`plan_memory`
-    says which figures). Returns the simulated blocks over all replicas."""
-    engine = deployment.engine.resolved_for(deployment.gpu, deployment.model)
-    plan = plan_memory(deployment.model, deployment.gpu, engine, profile)
+    says which figures). Returns the simulated blocks over all replicas. Give the run's
+    `ResolvedDeployment` where there is one (its memory plans are read, not made again)."""
+    res = deployment if isinstance(deployment, ResolvedDeployment) else resolve_deployment(deployment, profile)
+    deployment, engine = res.deployment, res.engine
+    plan = max((i.plan for i in res.instances), key=lambda p: p.num_gpu_blocks)
     d = deployment.disaggregation
-    replicas = d.num_prefill_replicas + d.num_decode_replicas if d else deployment.num_replicas
-    blocks = replicas * max(plan.num_gpu_blocks // kv_block_coarsening, 1)
+    replicas = res.num_replicas
+    blocks = res.simulated_blocks(kv_block_coarsening)
     if blocks > limit:
         gib = blocks * SIM_BYTES_PER_BLOCK / 2**30
         cap = f"cap {limit:,} blocks" + (f", {limit_hint}" if limit_hint else "")
@@ -220,8 +222,9 @@ def run(workload: WorkloadInput, config: SimConfig, *, source: SourceOptions | N
     profile = cost_profile or load_profile(config.profile, config.model, config.gpu)
     if config.fp8_gemm_speedup is not None:
         profile = profile.model_copy(update={"fp8_gemm_speedup": config.fp8_gemm_speedup})
-    check_simulation_size(deployment, coarsening, profile)
-    sim = Simulation(deployment, loaded.requests, seed=config.seed,
+    resolved = resolve_deployment(deployment, profile)  # once: the size check and every replica read it
+    check_simulation_size(resolved, coarsening)
+    sim = Simulation(deployment, loaded.requests, seed=config.seed, resolved=resolved,
                      profile=profile, slo=config.slo, skip_ahead=config.skip_ahead,
                      progress=progress, label=config.label or loaded.name,
                      meta={"workload": loaded.name, "workload_notes": loaded.notes} | profile_meta(profile),

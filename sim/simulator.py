@@ -62,8 +62,9 @@ from engine.core.scheduler_output import RequestResult, SchedulerOutput
 from sim.config import DeploymentConfig, EngineConfig
 from sim.cost_model import CostModel, CostProfile, DecodeRun, DecodeRuns
 from sim.hardware import transfer_time_s
-from sim.memory import MemoryPlan, draft_spec, plan_memory
+from sim.memory import MemoryPlan, draft_spec
 from sim.metrics import SLO, SimResult
+from sim.resolved import ResolvedDeployment, Role, resolve_deployment
 from sim.router import Router
 from sim.run_log import RequestLog, StepLog
 from sim.serve_line import ServeLine, serve_line
@@ -662,9 +663,12 @@ class Simulation:
     def __init__(self, deployment: DeploymentConfig, requests: Sequence[Request], *, seed: int = 0,
                  profile: CostProfile | None = None, slo: SLO | None = None, skip_ahead: bool = True,
                  progress: Callable[[float], None] | None = None, label: str | None = None,
-                 meta: dict[str, Any] | None = None, kv_block_coarsening: int | str = 1) -> None:
+                 meta: dict[str, Any] | None = None, kv_block_coarsening: int | str = 1,
+                 resolved: ResolvedDeployment | None = None) -> None:
         if not requests:
             raise ValueError("the workload has no requests")
+        if resolved is not None and (resolved.deployment is not deployment or resolved.profile is not profile):
+            raise ValueError("resolved: resolved for another deployment or profile; pass the ones it was built from")
         self.dep = deployment
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         self.log = RequestLog(self.requests)
@@ -674,6 +678,8 @@ class Simulation:
         self.label, self.extra_meta = label, meta or {}
         self.env = simpy.Environment()
         self.profile = profile or CostProfile.load("default")
+        # flags and memory plans, once per run (sim.run resolves them before its size check)
+        self.resolved = resolved or resolve_deployment(deployment, self.profile)
         self.coarsen = kv_block_coarsening_for(kv_block_coarsening, deployment.engine.block_size,
                                               self.requests)
         self._next_arrival = 0  # index of the next request to arrive
@@ -683,7 +689,8 @@ class Simulation:
     # --- construction -------------------------------------------------------------------
     def _build_replicas(self) -> None:
         dep = self.dep
-        base = dep.engine.resolved_for(dep.gpu, dep.model)
+        res = self.resolved
+        base = res.engine
         self.max_model_len = base.max_model_len
         draft = draft_spec(dep.model, base.speculative_config)
         category = {r.request_id: r.category for r in self.requests}
@@ -696,22 +703,19 @@ class Simulation:
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
 
-        def replica(idx: int, role: str, engine: EngineConfig, with_draft: bool) -> _Replica:
-            cost = CostModel(dep.model, dep.gpu, engine, self.profile, draft if with_draft else None)
-            return _Replica(self.env, idx, role, engine, plan_memory(dep.model, dep.gpu, engine, self.profile), cost, ctx,
+        def replica(idx: int, role: Role, with_draft: bool) -> _Replica:
+            inst = res.instance(role)  # flags and memory plan resolved once per run, not per replica
+            cost = CostModel(dep.model, dep.gpu, inst.engine, self.profile, draft if with_draft else None)
+            return _Replica(self.env, idx, role, inst.engine, inst.plan, cost, ctx,
                             skip_ahead=self.skip_ahead, kv_block_coarsening=self.coarsen)
 
         if dep.disaggregation is None:
-            self.replicas = [replica(i, "mixed", base, True) for i in range(dep.num_replicas)]
+            self.replicas = [replica(i, "mixed", True) for i in range(dep.num_replicas)]
             self.front = self.replicas
             return
         d = dep.disaggregation
-        pe = base.model_copy(update={"max_num_batched_tokens": d.prefill_max_num_batched_tokens
-                                     or base.max_num_batched_tokens, "speculative_config": None})
-        de = base.model_copy(update={"max_num_batched_tokens": d.decode_max_num_batched_tokens
-                                     or base.max_num_batched_tokens})
-        self.prefill_pool = [replica(i, "prefill", pe, False) for i in range(d.num_prefill_replicas)]
-        self.decode_pool = [replica(d.num_prefill_replicas + j, "decode", de, True)
+        self.prefill_pool = [replica(i, "prefill", False) for i in range(d.num_prefill_replicas)]
+        self.decode_pool = [replica(d.num_prefill_replicas + j, "decode", True)
                             for j in range(d.num_decode_replicas)]
         self.replicas = self.prefill_pool + self.decode_pool
         self.front = self.prefill_pool
@@ -771,7 +775,7 @@ class Simulation:
         """The `vllm serve` line of this run (the decode side's flags, plus the connector, for P/D)."""
         dep, pd = self.dep, self.dep.disaggregation
         eng = (self.decode_pool or self.replicas)[0].engine
-        return serve_line(dep.model.name, eng, baseline=EngineConfig().resolved_for(dep.gpu, dep.model),
+        return serve_line(dep.model.name, eng, baseline=self.resolved.defaults,
                           replicas=dep.num_replicas, kv_connector=pd.kv_connector if pd else None,
                           prefill_replicas=pd.num_prefill_replicas if pd else 0,
                           decode_replicas=pd.num_decode_replicas if pd else 0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -19,8 +19,10 @@ import numpy as np
 
 from advisor.advise.records import Metrics
 from advisor.advise.uncertainty import goodput_band, latency_error
+from engine.core.model_spec import get_model
 from engine.core.summary_record import RunSummary
 from sim.generate import generate
+from sim.hardware import get_gpu
 from sim.run import LoadedWorkload, SimConfig, run
 from sim.workload import Workload
 from sim.workload_spec import WorkloadSpec
@@ -132,7 +134,7 @@ class _Workloads:
         self.cache: dict[Any, LoadedWorkload] = {}
 
     def get(self, task: SimTask) -> LoadedWorkload:
-        key = (task.num_requests, task.variant.model_dump_json() if task.variant else None)
+        key = (task.num_requests, variant_key(task))
         if key not in self.cache:
             if task.variant is None:
                 wl = spread_slice(self.base, task.num_requests)
@@ -172,8 +174,55 @@ def _run_in_worker(task: SimTask) -> Outcome:
     return simulate_task(_WORKER, task)
 
 
+def task_key(task: SimTask) -> tuple[str, int, str | None]:
+    """What a simulation's outcome depends on: the configuration with its engine flags resolved
+    for the GPU and model (an option spelling out vLLM's default simulates the defaults), the
+    sample of requests and the variant. Not the label: it names the run, it does not change it."""
+    cfg = task.config
+    try:
+        engine = cfg.engine.resolved_for(get_gpu(cfg.gpu), get_model(cfg.model))
+    except ValueError:  # vLLM would refuse it at start-up: the run says why; key it as given
+        engine = cfg.engine
+    key = cfg.model_copy(update={"engine": engine, "label": None}).model_dump_json()
+    return key, task.num_requests, variant_key(task)
+
+
+def variant_key(task: SimTask) -> str | None:
+    """The generated variant as it is simulated: its spec at the task's request count, without its
+    name (a label: the cost lines' sweep of the traffic at `num_requests` and robustness' "as given"
+    of the spec cut to that count are one workload)."""
+    if task.variant is None:
+        return None
+    return task.variant.model_copy(update={"num_requests": task.num_requests, "name": ""}).model_dump_json()
+
+
+def task_weight(task: SimTask) -> float:
+    """A simulation's relative cost, to start the long ones first: requests, x SPEC_COST when
+    speculative steps are simulated one by one (no decode skip-ahead), x REPLICA_COST per replica
+    past the first (each steps on its own, with smaller batches)."""
+    cfg = task.config
+    d = cfg.disaggregation
+    replicas = d.num_prefill_replicas + d.num_decode_replicas if d else (cfg.num_gpus or 1) // max(
+        cfg.engine.tensor_parallel_size, 1)
+    spec = SPEC_COST if cfg.engine.speculative_config is not None else 1.0
+    return task.num_requests * spec * (1 + REPLICA_COST * (max(replicas, 1) - 1))
+
+
+# measured on the 4-GPU latency run (benchmarks/advisor/results.md, --tasks): on 1,000 requests a
+# speculative configuration's simulation takes ~8x the CPU of the same one without (1.6-2.0 vs
+# 0.2-0.25 CPU s on TP4 x1), and 4 replicas ~2x one (3.0-3.2 CPU s TP1 x4 vs 1.6 TP4 x1)
+SPEC_COST = 8.0
+REPLICA_COST = 0.3
+
+
 class Evaluator:
-    """Runs batches of `SimTask`s in order-preserving parallel; counts the simulations."""
+    """Runs batches of `SimTask`s in order-preserving parallel; counts the simulations.
+
+    Each distinct simulation runs once per evaluator (`task_key`): the search's stages and the
+    analyses ask for some configurations again (the winner's neighbours, the ladder's last rung),
+    and two stages submitting the same one at once share it. Within a batch the costly ones are
+    submitted first, so the workers do not wait on one long simulation at the batch's end; the
+    outcomes come back in task order whatever the order they ran in."""
 
     def __init__(self, base: Workload, *, workers: int = 1, ray: str | None = None) -> None:
         self.base = base
@@ -182,6 +231,7 @@ class Evaluator:
         self._local = _Workloads(base)
         self._pool: ProcessPoolExecutor | None = None
         self._ray_map: Callable[[Sequence[SimTask]], list[Outcome]] | None = None
+        self._runs: dict[tuple, Future] = {}  # task_key -> its (running or finished) simulation
         if ray is not None:
             self._ray_map = _ray_mapper(base, ray)
         elif workers > 1:
@@ -191,11 +241,34 @@ class Evaluator:
     def parallel(self) -> bool:
         return self._pool is not None or self._ray_map is not None
 
-    def map(self, tasks: Sequence[SimTask], on_done: Callable[[int], None] | None = None) -> list[Outcome]:
-        """The outcomes in task order; `on_done(k)` as k more simulations finish (progress)."""
+    def map(self, tasks: Sequence[SimTask], on_done: Callable[[int], None] | None = None,
+            on_submit: Callable[[int], None] | None = None) -> list[Outcome]:
+        """The outcomes in task order; `on_submit(k)` with the k simulations this batch adds (those
+        not run or running already), `on_done(k)` as k of them finish (progress)."""
         done = on_done or (lambda _k: None)
+        keys = [task_key(t) for t in tasks]
+        new: dict[tuple, SimTask] = {}
         with self._lock:  # stages may submit from several threads
-            self.count += len(tasks)
+            for k, t in zip(keys, tasks, strict=True):
+                if k not in self._runs and k not in new:
+                    new[k] = t
+            for k in new:
+                self._runs[k] = Future()
+            self.count += len(new)
+        if on_submit is not None:
+            on_submit(len(new))
+        order = sorted(new, key=lambda k: -task_weight(new[k]))
+        try:
+            outs = self._run([new[k] for k in order], done)
+        except BaseException as exc:  # whoever waits on these (another stage's thread) gets it too
+            for k in order:
+                self._runs[k].set_exception(exc)
+            raise
+        for k, out in zip(order, outs, strict=True):
+            self._runs[k].set_result(out)
+        return [self._runs[k].result() for k in keys]
+
+    def _run(self, tasks: list[SimTask], done: Callable[[int], None]) -> list[Outcome]:
         if self._ray_map is not None and len(tasks) > 1:
             outs = self._ray_map(tasks)
             done(len(tasks))

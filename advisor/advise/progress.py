@@ -168,8 +168,8 @@ class Counted:
         self.phase.expect(total)
 
     def map(self, tasks: Sequence[Any]) -> list[Any]:
-        self.phase.submit(len(tasks))
-        return self.ev.map(tasks, on_done=self.phase.finish)
+        # counts what the evaluator runs: a simulation another phase already ran is not this one's
+        return self.ev.map(tasks, on_done=self.phase.finish, on_submit=self.phase.submit)
 
 
 class PlainLines:

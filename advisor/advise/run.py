@@ -19,7 +19,15 @@ from advisor.advise.ladder import Realizations, ladder, rejected
 from advisor.advise.moe_notes import moe_notes
 from advisor.advise.progress import Counted, ProgressCallback, ProgressEvent, Tracker
 from advisor.advise.questions import metrics_to_watch, questions
-from advisor.advise.records import AdviseRequest, ProfileInfo, Recommendation, Verdict
+from advisor.advise.records import (
+    AdviseRequest,
+    CostLine,
+    Gap,
+    ProfileInfo,
+    Recommendation,
+    Robustness,
+    Verdict,
+)
 from advisor.advise.robustness import robustness, scored_config
 from advisor.advise.search import Context, search
 from advisor.advise.search import expected_simulations as expected_search
@@ -119,6 +127,23 @@ def _ladder_expected(found: Any, realizations: int) -> int:
     return realizations * (1 + changed) + changed  # + each change's unmeasured-input ends, as they come
 
 
+def _analyses(tracker: Tracker, ev: Evaluator, ctx: Context, spec: Any, small: Any, found: Any,
+              n_analysis: int) -> tuple[list[CostLine], Gap | None, Robustness]:
+    """Cost lines, the lab -> production gap and robustness around the recommendation: independent,
+    so they run side by side and the workers stay busy."""
+    production = gain(found.baseline.outcome, found.best.outcome)
+    with ThreadPoolExecutor(3 if ev.parallel else 1) as pool:
+        lines_f = pool.submit(_in_phase, tracker, "cost lines", expected_lines(), ev, cost_lines, ctx, spec,
+                              found.best.cand, n_analysis, ThreadPoolExecutor(6) if ev.parallel else None)
+        gap_f = pool.submit(_in_phase, tracker, "lab -> production gap", 2 * (1 + len(LAB_FACTORS)), ev,
+                            lab_gap, ctx, small, found.baseline.cand, found.best.cand, production) \
+            if found.best.cand != found.baseline.cand else None
+        rob_f = pool.submit(_in_phase, tracker, "robustness", 0, ev, robustness, ctx, small,
+                            [found.best, *found.finalists[:2], found.baseline])
+        _await([f for f in (lines_f, gap_f, rob_f) if f is not None], tracker)
+        return lines_f.result(), gap_f.result() if gap_f else None, rob_f.result()
+
+
 def advise(workload: Any, request: AdviseRequest, *, progress: ProgressCallback | None = None,
            source: SourceOptions | None = None, clock: Callable[[], float] = time.monotonic) -> Recommendation:
     """The recommendation for `workload` under `request` (same inputs and seed, same answer).
@@ -147,19 +172,7 @@ def advise(workload: Any, request: AdviseRequest, *, progress: ProgressCallback 
                           ctx, found, real, request.min_gain_pct, profile)
         # the recommendation: the defaults plus the changes that clear the bar
         found = dataclasses.replace(found, best=steps.final)
-        production = gain(found.baseline.outcome, found.best.outcome)
-        # the three analyses are independent: run them side by side so the workers stay busy
-        with ThreadPoolExecutor(3 if ev.parallel else 1) as pool:
-            lines_f = pool.submit(_in_phase, tracker, "cost lines", expected_lines(), ev, cost_lines, ctx, spec,
-                                  found.best.cand, n_analysis, ThreadPoolExecutor(6) if ev.parallel else None)
-            gap_f = pool.submit(_in_phase, tracker, "lab -> production gap", 2 * (1 + len(LAB_FACTORS)), ev,
-                                lab_gap, ctx, small, found.baseline.cand, found.best.cand, production) \
-                if found.best.cand != found.baseline.cand else None
-            rob_f = pool.submit(_in_phase, tracker, "robustness", 0, ev, robustness, ctx, small,
-                                [found.best, *found.finalists[:2], found.baseline])
-            _await([f for f in (lines_f, gap_f, rob_f) if f is not None], tracker)
-            lines, rob = lines_f.result(), rob_f.result()
-            gap = gap_f.result() if gap_f else None
+        lines, gap, rob = _analyses(tracker, ev, ctx, spec, small, found, n_analysis)
         best = scored_config(ctx, found.best)
         v = verdict(best.metrics, request.slo, best.num_gpus, request.gpu)
         if not v.meets:

@@ -29,15 +29,17 @@ class FakeClock:
 
 
 class FakeEvaluator:
-    """`Evaluator.map`'s contract: outcomes in order, on_done(1) per finished simulation, each
-    simulation taking `step_s` on the fake clock."""
+    """`Evaluator.map`'s contract: outcomes in order, on_submit(k) with the simulations it adds,
+    on_done(1) per finished simulation, each simulation taking `step_s` on the fake clock."""
 
     parallel, count = False, 0
 
     def __init__(self, clock: FakeClock, step_s: float) -> None:
         self.clock, self.step_s = clock, step_s
 
-    def map(self, tasks, on_done=None):
+    def map(self, tasks, on_done=None, on_submit=None):
+        if on_submit:
+            on_submit(len(tasks))
         out = []
         for t in tasks:
             self.clock.t += self.step_s
