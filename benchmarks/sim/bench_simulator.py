@@ -103,6 +103,9 @@ def conversation_run(repeat: int = 3) -> dict:
             "mean_tpot_ms": s["mean_tpot_ms"], "completed": s["completed"]}
 
 
+VIDUR_SECTION = "## Side by side with Vidur"
+
+
 def write_md(meta: dict, conv: dict, rows: list[dict], split: dict) -> None:
     """results.md from the figures (also: `--md-only` rewrites it from results.json)."""
     lines = ["# Simulator speed", "", *(f"- {k}: {v}" for k, v in meta.items()), "",
@@ -128,7 +131,9 @@ def write_md(meta: dict, conv: dict, rows: list[dict], split: dict) -> None:
               "512-token-hash workload)."),
               "", "Share of profiled time by layer (8 replicas, x1, least-loaded; 'other' is mostly builtins "
               "called from engine/): " + ", ".join(f"{k} {v:.0%}" for k, v in split.items())]
-    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+    old = (HERE / "results.md").read_text() if (HERE / "results.md").is_file() else ""
+    kept = old[old.find(VIDUR_SECTION):] if VIDUR_SECTION in old else ""  # vidur_side_by_side.py's, kept last
+    (HERE / "results.md").write_text("\n".join(lines) + "\n" + ("\n" + kept if kept else ""))
 
 
 def main() -> None:

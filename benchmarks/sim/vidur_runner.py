@@ -3,6 +3,9 @@
 
     python vidur_runner.py SETTINGS.json  ->  one JSON object on the last line of stdout
 
+With "mode": "train" it only constructs one `Simulator`, so that Vidur trains and caches its
+predictor, and reports how long that took.
+
 Builds Vidur's `SimulationConfig` from command-line style flags (as `python -m vidur.main`
 does), then per repeat: constructs a `Simulator` (set-up, which trains or loads from Vidur's
 cache its execution-time predictor and fills its prediction tables; timed separately) and times
@@ -61,6 +64,26 @@ def _means(requests: list) -> dict:
             "mean_tpot_ms": 1e3 * sum(tpot) / max(len(tpot), 1)}
 
 
+def _train(config_cls, simulator_cls, set_seeds) -> dict:
+    """First use: Vidur fits its predictor (grid search in joblib worker processes) and caches it.
+
+    CPU of the workers is counted once they are shut down and reaped (RUSAGE_CHILDREN).
+    """
+    import resource
+
+    from joblib.externals.loky import get_reusable_executor
+
+    c0, w0 = time.process_time(), time.perf_counter()
+    config = config_cls.create_from_cli_args()
+    set_seeds(config.seed)
+    sim = simulator_cls(config)
+    atexit.unregister(sim._write_output)
+    own_cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    get_reusable_executor().shutdown(wait=True)
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"train_wall_s": wall, "train_own_cpu_s": own_cpu, "train_workers_cpu_s": ch.ru_utime + ch.ru_stime}
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         settings = json.load(f)
@@ -72,6 +95,9 @@ def main() -> None:
     from vidur.simulator import Simulator
     from vidur.utils.random import set_seeds
 
+    if settings.get("mode") == "train":
+        print(json.dumps(_train(SimulationConfig, Simulator, set_seeds)))
+        return
     runs = []
     for _ in range(settings["repeat"]):
         c0, w0 = time.process_time(), time.perf_counter()
