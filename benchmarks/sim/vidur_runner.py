@@ -7,7 +7,7 @@ With "mode": "train" it only constructs one `Simulator`, so that Vidur trains an
 predictor, and reports how long that took.
 
 Builds Vidur's `SimulationConfig` from command-line style flags (as `python -m vidur.main`
-does), then per repeat: constructs a `Simulator` (set-up, which trains or loads from Vidur's
+does), then constructs one `Simulator` (set-up, which trains or loads from Vidur's
 cache its execution-time predictor and fills its prediction tables; timed separately) and times
 `Simulator.run()` alone with `time.process_time`. Mean TTFT / TPOT are computed afterwards from
 Vidur's request records with the same definitions the costline side uses.
@@ -98,23 +98,22 @@ def main() -> None:
     if settings.get("mode") == "train":
         print(json.dumps(_train(SimulationConfig, Simulator, set_seeds)))
         return
-    runs = []
-    for _ in range(settings["repeat"]):
-        c0, w0 = time.process_time(), time.perf_counter()
-        config = SimulationConfig.create_from_cli_args()
-        set_seeds(config.seed)
-        sim = Simulator(config)
-        setup_cpu, setup_wall = time.process_time() - c0, time.perf_counter() - w0
-        atexit.unregister(sim._write_output)  # plots/CSV writing after the loop: not timed, not needed
-        requests = [ev._request for _, ev in sim._event_queue]
-        batch0 = Batch._id
-        c1 = time.process_time()
-        sim.run()
-        run_cpu = time.process_time() - c1
-        runs.append({"setup_cpu_s": setup_cpu, "setup_wall_s": setup_wall, "run_cpu_s": run_cpu, "requests": len(requests),
-                     "batches": Batch._id - batch0, **_means(requests)})
-        print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
-    print(json.dumps({"argv": sys.argv[1:], "runs": runs}))
+    # One simulation per process: Vidur numbers its entities with class-level counters, and a
+    # second Simulator in the same process finds its replica under another id.
+    c0, w0 = time.process_time(), time.perf_counter()
+    config = SimulationConfig.create_from_cli_args()
+    set_seeds(config.seed)
+    sim = Simulator(config)
+    setup_cpu, setup_wall = time.process_time() - c0, time.perf_counter() - w0
+    atexit.unregister(sim._write_output)  # plots/CSV writing after the loop: not timed, not needed
+    requests = [ev._request for _, ev in sim._event_queue]
+    batch0 = Batch._id
+    c1 = time.process_time()
+    sim.run()
+    run_cpu = time.process_time() - c1
+    run = {"setup_cpu_s": setup_cpu, "setup_wall_s": setup_wall, "run_cpu_s": run_cpu,
+           "requests": len(requests), "batches": Batch._id - batch0, **_means(requests)}
+    print(json.dumps({"argv": sys.argv[1:], **run}))
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def _vidur_settings(args: argparse.Namespace, trace: Path, attention: Path, writ
         "trace_file": str(trace.resolve()), "attention_file": str(attention.resolve()),
         "output_dir": str((args.work_dir / "vidur_output").resolve()),
         "cache_dir": str(_cache_dir(args).resolve()),
-        "chrome_trace": False, "write_metrics": write_metrics, "repeat": args.repeat,
+        "chrome_trace": False, "write_metrics": write_metrics,
     }
 
 
@@ -155,7 +155,8 @@ def vidur_training(args: argparse.Namespace, trace: Path, attention: Path) -> di
 def run_vidur(args: argparse.Namespace, trace: Path, attention: Path, write_metrics: bool) -> dict:
     """Vidur in its own venv, predictor from its cache; the runner's JSON plus the best loop time."""
     settings = _vidur_settings(args, trace, attention, write_metrics)
-    return _best(_run_runner(args, settings, f"metrics_{int(write_metrics)}"), "run_cpu_s")
+    runs = [_run_runner(args, settings, f"metrics_{int(write_metrics)}") for _ in range(args.repeat)]
+    return _best({"argv": runs[0].pop("argv"), "runs": runs}, "run_cpu_s")
 
 
 def run_costline(requests: list, repeat: int) -> dict:
