@@ -15,7 +15,9 @@ trace-replay request generator reads. One replica, TP1. costline: llama-3.1-8b o
 vLLM's defaults for that GPU (chunked prefill, 2,048 batched tokens, 256 sequences). Vidur:
 meta-llama/Meta-Llama-3-8B on its a100 profiles (same shapes as Llama-3.1-8B), its Sarathi scheduler
 (chunked prefill, decode first: the closest of its schedulers to vLLM V1) with the same 2,048-token
-chunk and 256-request cap, its default random-forest execution-time predictor.
+chunk and 256-request cap, with its default random-forest execution-time predictor and its
+linear-regression one (the loop reads the same kind of lookup tables; the predicted step times,
+and so the number of steps simulated, differ).
 
 The figure: simulated requests per CPU second of each simulator's loop, `time.process_time()`
 around `Simulation.run()` / `Simulator.run()` only (imports, workload and set-up outside; best of
@@ -69,8 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--md", action="store_true", help=f"rewrite the '{MD_SECTION}' section of results.md")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--num-requests", type=int, default=SPEC["num_requests"])
-    ap.add_argument("--predictor", default="random_forrest", choices=("random_forrest", "linear_regression"),
-                    help="Vidur's execution-time predictor (its spelling); random_forrest is its default")
+    ap.add_argument("--predictors", default="random_forrest,linear_regression",
+                    help="Vidur's execution-time predictors to run, comma-separated (its spelling; "
+                         "random_forrest is its default)")
     ap.add_argument("--vidur-metrics", default="both", choices=("on", "off", "both"),
                     help="Vidur's in-loop metrics store (on is its default; off is its fastest loop)")
     args = ap.parse_args(argv)
@@ -79,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "clone github.com/microsoft/vidur and pass its path")
     if not args.vidur_python.is_file():
         ap.error(f"--vidur-python {args.vidur_python}: not a file; make a venv with Vidur's requirements")
+    args.predictors = [p.strip() for p in args.predictors.split(",") if p.strip()]
+    if not args.predictors or set(args.predictors) - {"random_forrest", "linear_regression"}:
+        ap.error(f"--predictors {','.join(args.predictors)}: choose from random_forrest, linear_regression")
     if args.repeat < 1 or not 1 <= args.num_requests <= SPEC["num_requests"]:
         ap.error(f"--repeat >= 1 and 1 <= --num-requests <= {SPEC['num_requests']}")
     return args
@@ -112,19 +118,19 @@ def _git_head(repo: Path) -> str:
     return r.stdout.strip() or "unknown"
 
 
-def _vidur_settings(args: argparse.Namespace, trace: Path, attention: Path, write_metrics: bool) -> dict:
+def _vidur_settings(args: argparse.Namespace, pred: str, trace: Path, attention: Path, metrics: bool) -> dict:
     return {
-        "vidur_src": str(args.vidur_src.resolve()), "predictor": args.predictor,
+        "vidur_src": str(args.vidur_src.resolve()), "predictor": pred,
         "chunk_size": 2048, "batch_size_cap": 256, "max_tokens": 16384,
         "trace_file": str(trace.resolve()), "attention_file": str(attention.resolve()),
         "output_dir": str((args.work_dir / "vidur_output").resolve()),
-        "cache_dir": str(_cache_dir(args).resolve()),
-        "chrome_trace": False, "write_metrics": write_metrics,
+        "cache_dir": str(_cache_dir(args, pred).resolve()),
+        "chrome_trace": False, "write_metrics": metrics,
     }
 
 
-def _cache_dir(args: argparse.Namespace) -> Path:
-    return args.work_dir / f"vidur_cache_{args.predictor}"
+def _cache_dir(args: argparse.Namespace, pred: str) -> Path:
+    return args.work_dir / f"vidur_cache_{pred}"
 
 
 def _run_runner(args: argparse.Namespace, settings: dict, name: str) -> dict:
@@ -140,23 +146,24 @@ def _run_runner(args: argparse.Namespace, settings: dict, name: str) -> dict:
     return out
 
 
-def vidur_training(args: argparse.Namespace, trace: Path, attention: Path) -> dict:
+def vidur_training(args: argparse.Namespace, pred: str, trace: Path, attention: Path) -> dict:
     """Vidur's one-time predictor training: run now if its cache is empty, else the record of it."""
-    record = _cache_dir(args) / "costline_training_record.json"
-    if not any(_cache_dir(args).glob("*.pkl")):
-        settings = {**_vidur_settings(args, trace, attention, True), "mode": "train"}
-        out = _run_runner(args, settings, "train")
+    record = _cache_dir(args, pred) / "costline_training_record.json"
+    if not any(_cache_dir(args, pred).glob("*.pkl")):
+        settings = {**_vidur_settings(args, pred, trace, attention, True), "mode": "train"}
+        out = _run_runner(args, settings, f"{pred}_train")
         out["date_utc"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
         out["load_avg_end"] = os.getloadavg()
         record.write_text(json.dumps(out, indent=1))
     return json.loads(record.read_text()) if record.is_file() else {"note": "trained earlier, not recorded"}
 
 
-def run_vidur(args: argparse.Namespace, trace: Path, attention: Path, write_metrics: bool) -> dict:
+def run_vidur(args: argparse.Namespace, pred: str, trace: Path, attention: Path, metrics: bool) -> dict:
     """Vidur in its own venv, predictor from its cache; the runner's JSON plus the best loop time."""
-    settings = _vidur_settings(args, trace, attention, write_metrics)
-    runs = [_run_runner(args, settings, f"metrics_{int(write_metrics)}") for _ in range(args.repeat)]
-    return _best({"argv": runs[0].pop("argv"), "runs": runs}, "run_cpu_s")
+    settings = _vidur_settings(args, pred, trace, attention, metrics)
+    runs = [_run_runner(args, settings, f"{pred}_metrics_{int(metrics)}") for _ in range(args.repeat)]
+    return _best({"predictor": pred, "in_loop_metrics": metrics, "argv": runs[0].pop("argv"), "runs": runs},
+                 "run_cpu_s")
 
 
 def run_costline(requests: list, repeat: int) -> dict:
@@ -201,23 +208,15 @@ def main(argv: list[str] | None = None) -> dict:
                     "workload": {"spec": SPEC["name"], "requests": len(requests),
                                  "mean_prompt_tokens": sum(r.prompt_len for r in requests) / len(requests),
                                  "mean_output_tokens": sum(r.output_len for r in requests) / len(requests)},
-                    "vidur_attention_profile": attention_info, "vidur_predictor": args.predictor,
-                    "load_avg": {"start": os.getloadavg()}}
-    result["vidur_predictor_training"] = vidur_training(args, trace, attention)
-    variants = {"on": [True], "off": [False], "both": [True, False]}[args.vidur_metrics]
-    result["vidur"] = {}
-    for wm in variants:
-        result["vidur"]["metrics_on" if wm else "metrics_off"] = run_vidur(args, trace, attention, wm)
+                    "vidur_attention_profile": attention_info, "load_avg": {"start": os.getloadavg()}}
+    result["vidur_predictor_training"] = {p: vidur_training(args, p, trace, attention) for p in args.predictors}
+    metrics = {"on": [True], "off": [False], "both": [True, False]}[args.vidur_metrics]
+    result["vidur"] = {f"{p}, metrics {'on' if m else 'off'}": run_vidur(args, p, trace, attention, m)
+                       for p in args.predictors for m in metrics}
     result["load_avg"]["after_vidur"] = os.getloadavg()
     result["costline"] = run_costline(requests, args.repeat)
     result["load_avg"]["end"] = os.getloadavg()
-    fastest_vidur = max(v["best"]["requests_per_cpu_s"] for v in result["vidur"].values())
-    result["ratio_costline_over_fastest_vidur"] = result["costline"]["best"]["requests_per_cpu_s"] / fastest_vidur
-    # Per simulated engine step (Vidur: batch): the figure with the simulated work's step count
-    # taken out (Vidur predicts shorter steps here, so it simulates more of them).
-    cl = result["costline"]["best"]
-    vid_us = min(v["best"]["run_cpu_s"] / v["best"]["batches"] for v in result["vidur"].values()) * 1e6
-    result["cpu_us_per_simulated_step"] = {"fastest_vidur": vid_us, "costline": cl["run_cpu_s"] / cl["engine_steps"] * 1e6}
+    result["comparison"] = compare(result)
     print(json.dumps(summary(result), indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -227,14 +226,33 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def compare(result: dict) -> dict:
+    """The ratio against Vidur's fastest loop, and per simulated step.
+
+    Per step (a Vidur batch, a costline engine step) takes out how many steps each simulated:
+    the predicted step lengths differ (see the TPOT columns), so Vidur's requests per CPU s at
+    costline's step count is given too.
+    """
+    cl = result["costline"]["best"]
+    vid = [v["best"] for v in result["vidur"].values()]
+    fastest = max(v["requests_per_cpu_s"] for v in vid)
+    us_per_batch = min(v["run_cpu_s"] / v["batches"] for v in vid) * 1e6
+    at_costline_steps = cl["requests"] / (us_per_batch * 1e-6 * cl["engine_steps"])
+    return {"fastest_vidur_requests_per_cpu_s": fastest,
+            "ratio_costline_over_fastest_vidur": cl["requests_per_cpu_s"] / fastest,
+            "cpu_us_per_step": {"fastest_vidur": us_per_batch,
+                                "costline": cl["run_cpu_s"] / cl["engine_steps"] * 1e6},
+            "fastest_vidur_at_costline_step_count_requests_per_cpu_s": at_costline_steps,
+            "ratio_at_costline_step_count": cl["requests_per_cpu_s"] / at_costline_steps}
+
+
 def summary(result: dict) -> dict:
     """The figures a reader compares, one line each."""
     rows = {f"vidur ({k})": v["best"] for k, v in result["vidur"].items()}
     rows["costline"] = result["costline"]["best"]
     keep = ("requests_per_cpu_s", "run_cpu_s", "mean_ttft_ms", "mean_tpot_ms", "completed",
             "batches", "engine_steps", "step_rows")
-    return {"load_avg": result["load_avg"], "ratio": round(result["ratio_costline_over_fastest_vidur"], 2),
-            "cpu_us_per_simulated_step": result["cpu_us_per_simulated_step"],
+    return {"load_avg": result["load_avg"], **result["comparison"],
             **{k: {f: round(v[f], 3) for f in keep if f in v} for k, v in rows.items()}}
 
 
@@ -244,34 +262,47 @@ def _md_row(name: str, r: dict, iters: str) -> str:
             f"{r['mean_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} | {r['completed']:,} |")
 
 
-def md_section(result: dict, command: str) -> list[str]:
-    la = result["load_avg"]
-    tr = result["vidur_predictor_training"]
-    vid = result["vidur"]
-    lines = [MD_SECTION, "", f"- date_utc: {result['date_utc']}; command: `{command}`",
-             (f"- costline {result['costline_commit']}, Vidur {result['vidur_commit']} (github microsoft/vidur), "
+def _md_head(result: dict, command: str) -> list[str]:
+    la, w = result["load_avg"], result["workload"]
+    return [MD_SECTION, "", f"- date_utc: {result['date_utc']}; command: `{command}`",
+            (f"- costline {result['costline_commit']}, Vidur {result['vidur_commit']} (github microsoft/vidur), "
              f"machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, shared"),
-             (f"- load average (1/5/15 min) at start {la['start'][0]:.2f}/{la['start'][1]:.2f}/{la['start'][2]:.2f}, "
-             f"end {la['end'][0]:.2f}/{la['end'][1]:.2f}/{la['end'][2]:.2f}"),
-             (f"- workload: {result['workload']['spec']}, {result['workload']['requests']:,} requests, mean prompt "
-             f"{result['workload']['mean_prompt_tokens']:,.0f} / output {result['workload']['mean_output_tokens']:.0f} "
-             "tokens; the same arrivals and lengths fed to both"), "",
-             (f"| simulator | loop CPU s (best of {len(result['costline']['runs'])}) | simulated requests / CPU s | loop iterations (Vidur batches, "
-             "costline engine steps) | mean TTFT ms | mean TPOT ms | completed |"), "|---|---:|---:|---:|---:|---:|---:|"]
-    names = {"metrics_on": "Vidur, its default in-loop metrics", "metrics_off": "Vidur, in-loop metrics off"}
-    lines += [_md_row(names[k], v["best"], "batches") for k, v in vid.items()]
+            (f"- load average (1/5/15 min) at start {la['start'][0]:.2f}/{la['start'][1]:.2f}/"
+             f"{la['start'][2]:.2f}, end {la['end'][0]:.2f}/{la['end'][1]:.2f}/{la['end'][2]:.2f}"),
+            (f"- workload: {w['spec']}, {w['requests']:,} requests, mean prompt {w['mean_prompt_tokens']:,.0f} / "
+             f"output {w['mean_output_tokens']:.0f} tokens; the same arrivals and lengths fed to both"), "",
+            (f"| simulator | loop CPU s (best of {len(result['costline']['runs'])}) | simulated requests / CPU s "
+             "| loop iterations (Vidur batches, costline engine steps) | mean TTFT ms | mean TPOT ms | completed |"),
+            "|---|---:|---:|---:|---:|---:|---:|"]
+
+
+def md_section(result: dict, command: str) -> list[str]:
+    c = result["comparison"]
+    lines = _md_head(result, command)
+    for v in result["vidur"].values():
+        name = (f"Vidur, {v['predictor']} predictor, in-loop metrics "
+                f"{'on (its default)' if v['in_loop_metrics'] else 'off'}")
+        lines.append(_md_row(name, v["best"], "batches"))
     lines += [_md_row("costline", result["costline"]["best"], "engine_steps"), "",
-              (f"costline / fastest Vidur loop: **{result['ratio_costline_over_fastest_vidur']:.1f}x** "
-               "(issue 26 asks >= 10x). Per simulated step (a Vidur batch, a costline engine step): "
-               f"Vidur {result['cpu_us_per_simulated_step']['fastest_vidur']:.1f} CPU us, costline "
-               f"{result['cpu_us_per_simulated_step']['costline']:.1f} CPU us.")]
-    setup = min(r["setup_cpu_s"] for v in vid.values() for r in v["runs"])
-    train = (f"{tr['train_wall_s']:,.0f} s wall, {tr['train_own_cpu_s'] + tr['train_workers_cpu_s']:,.0f} CPU s "
-             f"(load average {tr['load_avg_end'][0]:.1f} at its end, {tr['date_utc']})" if "train_wall_s" in tr
-             else tr.get("note", "?"))
-    return lines + ["", (f"Not in the loop figures: Vidur's set-up per simulator ({setup:.1f} CPU s: config, "
-                    f"trace, predictor from its cache, prediction tables) and its one-time training of the "
-                    f"{result['vidur_predictor']} predictor: {train}."), *(x for n in notes(result) for x in ("", n))]
+              (f"costline / fastest Vidur loop: **{c['ratio_costline_over_fastest_vidur']:.1f}x** "
+               "(issue 26 asks >= 10x). Per simulated step (a Vidur batch, a costline engine step): Vidur (cheapest variant) "
+               f"{c['cpu_us_per_step']['fastest_vidur']:.1f} CPU us, costline {c['cpu_us_per_step']['costline']:.1f} "
+               f"CPU us; at costline's step count that Vidur would run "
+               f"{c['fastest_vidur_at_costline_step_count_requests_per_cpu_s']:,.0f} requests / CPU s "
+               f"({c['ratio_at_costline_step_count']:.1f}x).")]
+    setup = min(r["setup_cpu_s"] for v in result["vidur"].values() for r in v["runs"])
+    trained = "; ".join(f"{p}: {_training_text(t)}" for p, t in result["vidur_predictor_training"].items())
+    lines += ["", (f"Not in the loop figures: Vidur's set-up per simulator ({setup:.1f} CPU s or more: config, "
+                   "trace, predictor from its cache, prediction tables) and its one-time predictor "
+                   f"training ({trained}).")]
+    return lines + [x for n in notes(result) for x in ("", n)]
+
+
+def _training_text(tr: dict) -> str:
+    if "train_wall_s" not in tr:
+        return tr.get("note", "?")
+    return (f"{tr['train_wall_s']:,.0f} s wall, {tr['train_own_cpu_s'] + tr['train_workers_cpu_s']:,.0f} CPU s, "
+            f"load average {tr['load_avg_end'][0]:.1f} at its end, {tr['date_utc']}")
 
 
 def notes(result: dict) -> list[str]:
@@ -279,17 +310,17 @@ def notes(result: dict) -> list[str]:
     att = result["vidur_attention_profile"]["source"]
     return [
         ("What differs: costline simulates llama-3.1-8b on its a100-80gb spec with vLLM V1's scheduler "
-        "(chunked prefill, 2,048 tokens, 256 sequences, 0.92 of memory); Vidur simulates Meta-Llama-3-8B "
-        "(same shapes) from its own A100 profiles with its Sarathi scheduler at the same 2,048-token chunk "
-        "and 256-request cap (its `vllm` scheduler is vLLM V0's, prefill without chunks), 0.9 of memory. "
-        f"Vidur's attention profile: {att}. The TTFT/TPOT columns show both simulated "
-        "comparable work; the loop iterations differ mostly because Vidur's predicted step is shorter "
-        "(costline's skip-ahead also advances runs of identical decode steps in one iteration of its loop: "
-        "the count in brackets)."),
+         "(chunked prefill, 2,048 tokens, 256 sequences, 0.92 of memory); Vidur simulates Meta-Llama-3-8B "
+         "(same shapes) from its own A100 profiles with its Sarathi scheduler at the same 2,048-token chunk "
+         "and 256-request cap (its `vllm` scheduler is vLLM V0's, prefill without chunks), 0.9 of memory. "
+         f"Vidur's attention profile: {att}. Both simulate the same requests to completion; their "
+         "predicted step times differ (the TPOT columns), so they simulate different numbers of steps, "
+         "hence the per-step figures. costline's skip-ahead advances runs of identical decode steps in "
+         "one iteration of its loop (the count in brackets)."),
         ("Timing: `time.process_time()` around `Simulation.run()` (costline, this process) and "
-        "`Simulator.run()` (Vidur, a subprocess with its own venv, `vidur_runner.py`), one after the other "
-        "on the same machine; Vidur's chrome trace and plots are off (its default has the chrome trace on "
-        "inside the loop, which only makes it slower).")]
+         "`Simulator.run()` (Vidur, a subprocess per run with its own venv, `vidur_runner.py`), one after "
+         "the other on the same machine; Vidur's chrome trace and plots are off (its default has the "
+         "chrome trace on inside the loop, which only makes it slower).")]
 
 
 def write_md_section(result: dict, command: str) -> None:
