@@ -109,8 +109,12 @@ def attention_profile(vidur_src: Path, work: Path) -> tuple[Path, dict]:
         return real, {"source": f"Vidur's {VIDUR_ATTENTION}"}
     path = work / "attention_standin.csv"
     fit = write_standin(path)
-    return path, {"source": "stand-in (benchmarks/sim/vidur_attention_standin.py): fits to rows of Vidur's "
-                  f"real file; {VIDUR_ATTENTION} is absent from the checkout", "fit": fit}
+    return path, {"source": f"a stand-in, as {VIDUR_ATTENTION} is absent from the checkout (the snapshot "
+                  "reachable here leaves out every attention.csv blob; Vidur's later PyPI releases fetch profiles "
+                  "from a Hugging Face dataset, unreachable here): closed forms fitted to 22 measured rows (and two "
+                  "small-chunk floors) of "
+                  "that file (vidur_attention_standin.py; within 10-15 % of them), on a grid like the real one, "
+                  "which Vidur then trains on as usual", "fit": fit}
 
 
 def _git_head(repo: Path) -> str:
