@@ -103,6 +103,9 @@ def conversation_run(repeat: int = 3) -> dict:
             "mean_tpot_ms": s["mean_tpot_ms"], "completed": s["completed"]}
 
 
+VIDUR_SECTION = "## Side by side with Vidur"
+
+
 def _tables(conv: dict, rows: list[dict]) -> list[str]:
     """The two speed tables of one set of figures."""
     lines = ["### Conversation-like traffic, one replica (the advisor's search workload)", "",
@@ -137,7 +140,9 @@ def write_md(meta: dict, conv: dict, rows: list[dict], split: dict, earlier: lis
     for old in earlier:
         lines += ["", f"## Earlier: {old['label']}", "", *(f"- {k}: {v}" for k, v in old["meta"].items()), "",
                   *_tables(old["conversation"], old["runs"])]
-    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+    previous = (HERE / "results.md").read_text() if (HERE / "results.md").is_file() else ""
+    kept = previous[previous.find(VIDUR_SECTION):] if VIDUR_SECTION in previous else ""  # vidur_side_by_side.py's
+    (HERE / "results.md").write_text("\n".join(lines) + "\n" + ("\n" + kept if kept else ""))
 
 
 def main() -> None:
