@@ -209,6 +209,20 @@ def validation_runs(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> Non
               f"capacity {capacity[source]:.2f} req/s); flags {flags}", **flags)
 
 
+def chunked_rag_run(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> None:
+    """Long prompts (another slice of rag-long-prompt) under a 2,048-token budget: chunks of a
+    mixed CUDA graph's size over contexts of up to 16K, the steps of the chunked validation run
+    (the other runs' graph-sized chunks sit over short contexts)."""
+    b = p.base
+    if "rag-long-prompt" not in capacity:
+        return
+    rate = 0.4 * capacity["rag-long-prompt"]
+    reqs = requests_of(p, "rag-long-prompt", max(20, int(rate * b.mixed_s)), rate, other_slice=True)
+    r.run("sweep", "rag-budget2048-other-slice", reqs, honor_arrivals=True, max_wall_s=b.mixed_s * 2,
+          description=f"rag-long-prompt (other slice) at {rate:.2f} req/s, token budget 2048 (chunked prompts)",
+          async_scheduling=True, max_num_batched_tokens=min(2048, r.core.runner.max_num_batched_tokens))
+
+
 def tight_sweep_run(r: gs.Runner, p: MoePlan, capacity_rps: float) -> None:
     b = p.base
     rate = 0.5 * capacity_rps
@@ -232,6 +246,8 @@ def sweep(r: gs.Runner, p: MoePlan) -> dict[str, float]:
     chat = capacity.get("chat-production", next(iter(capacity.values())))
     decode_grid(r, p, ids)
     mixed_runs(r, p, chat, ids, slice(0, p.early_mixed))
+    if p.mixed:
+        chunked_rag_run(r, p, capacity)
     gs.prefill_sweep(r, p.base, ids)
     validation_runs(r, p, capacity)
     decode_skew(r, p, ids)

@@ -120,3 +120,26 @@ def test_a_dense_fit_has_no_experts_terms():
     m = get_model("llama-3.2-1b")
     p = fit_profile([synthetic_run(m, H200, n=800, seed=4)], m, H200, moe_base=BASE).profile
     assert p.moe is None and p.decode.experts is None and isinstance(p.decode, GpuTerms)
+
+
+def test_cli_keeps_the_shipped_kernel_terms(tmp_path):
+    """`costline calibrate` on an MoE model's runs starts from the shipped profile's MoE terms."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+
+    run = moe_run(5, "cli", True)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    s = run.steps
+    with open(folder / "steps.jsonl", "w") as f:
+        f.writelines(json.dumps({k: float(v[i]) for k, v in s.items()}) + "\n" for i in range(s["step_id"].size))
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(app, ["calibrate", str(folder), "--model", "qwen3-30b-a3b", "--gpu", "h200",
+                                 "--async-scheduling", "--max-num-seqs", "256", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    prof, shipped = CostProfile.load(out), CostProfile.for_target("qwen3-30b-a3b", "h200")
+    assert prof.moe == shipped.moe and prof.moe is not None and prof.decode.experts is not None
+    assert prof.gpu_step_overhead_s == shipped.gpu_step_overhead_s
