@@ -349,6 +349,8 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - pack and report what ran, then fail
         error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
+    except KeyboardInterrupt:  # the call's `timeout -s INT`: pack what ran
+        error = "interrupted (SIGINT)"
     finally:
         root = work / label
         if r is not None or root.is_dir():
