@@ -53,6 +53,7 @@ from sim.cost_model import (
     CpuTerms,
     GpuTerms,
     MemoryTerms,
+    MoeTerms,
     OverlapTerms,
     Roofline,
     StepKind,
@@ -87,7 +88,15 @@ LEGACY_CUDAGRAPH_MODE = "FULL_DECODE_ONLY"
 # first-principles one (1 / the default profile's element-wise efficiency), not fitted.
 FIXED_MULTIPLIERS: dict[str, float] = {"elementwise": 1 / 0.7}
 # First-principles multipliers the fit leans on only where the data cannot decide (see robust_nnls)
-PRIOR_MULTIPLIERS: dict[str, float] = {"gemm": 1 / 0.85, "prefill_attention": 1 / 0.5, "decode_kv": 1 / 0.7}
+PRIOR_MULTIPLIERS: dict[str, float] = {"gemm": 1 / 0.85, "prefill_attention": 1 / 0.5, "decode_kv": 1 / 0.7,
+                                       "experts": 1.0}
+# A mixture of experts: its experts get a feature of their own, `experts` (the fused kernel's time as
+# the profile's MoE terms price it: measured factors per tokens per step on the touched experts'
+# roofline, at the GEMM efficiencies they were measured against), so the fit scales them apart from the
+# dense GEMMs (`GpuTerms.experts`; prior 1: the kernel bench's time); `moe_fixed` (the MoE terms'
+# per-layer fixed seconds x layers, per forward) is an offset taken as given, the step constants
+# fit what is left.
+MOE_OFFSET_FEATURE = "moe_fixed"
 PRIOR_WEIGHT = 1e-4
 CPU_FEATURES: tuple[str, ...] = ("step_s", "per_seq_s", "per_token_s", "per_context_token_s",
                                  "per_block_allocated_s", "per_block_hashed_s")
@@ -373,10 +382,12 @@ def step_kinds(steps: dict[str, np.ndarray], decode_graphs: bool = True,
 
 def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: int,
                   enforce_eager: bool = False, knots: Sequence[int] | None = None,
-                  mixed_graph_max_tokens: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                  mixed_graph_max_tokens: int = 0, experts_mults: tuple[float, float] | None = None,
+                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(kind, features): each row's `StepKind` (see `step_kinds`) and every GPU feature per row as
     CostModel prices it (decode rows padded to their graph's batch, mixed-graph rows' tokens to
-    their graph's bucket)."""
+    their graph's bucket). `experts_mults` (a mixture of experts: the (compute, memory) multipliers
+    its MoE factors were measured at): the experts as features of their own (MOE_OFFSET_FEATURE)."""
     g = steps
     n_dec = g["num_decode_seqs"]
     tokens = g["num_prefill_tokens"] + g["num_decode_tokens"]
@@ -393,6 +404,8 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
                        g.get("max_decode_context", np.zeros_like(tok)))
     f["step_s"] = np.ones_like(tok)
     f["per_seq_s"] = g["num_prefill_seqs"] + pad
+    if rates.routing is not None and experts_mults is not None:
+        f |= moe_features(rates, tok, experts_mults, f["gemm"])
     knots = knots or decode_knots(max_num_seqs)
     hats = np.array([knot_weights(b, knots) for b in np.maximum(pad, 1)]).reshape(-1, len(knots))
     for j, k in enumerate(knots):
@@ -405,6 +418,14 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
         f[f"decode_max_kv@{k}"] = np.where(is_decode & (pad > 1), f["decode_max_kv"] * hats[:, j], 0.0)
 
     return kind, f
+
+
+def moe_features(rates: Roofline, tokens: np.ndarray, experts_mults: tuple[float, float],
+                 gemm: np.ndarray) -> dict[str, np.ndarray]:
+    """`gemm` without the experts (Roofline.features folds them in at multiplier 1), `experts` (the
+    fused kernel's seconds as priced at `experts_mults`) and the per-forward MOE_OFFSET_FEATURE."""
+    return {"gemm": gemm - rates.experts_s(tokens), "experts": rates.experts_s(tokens, *experts_mults),
+            MOE_OFFSET_FEATURE: np.full(tokens.shape, rates.moe_fixed_s)}
 
 
 def cpu_features(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -638,7 +659,7 @@ class _Rows:
 
 
 def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share: float,
-           default_max_num_seqs: int) -> _Rows:
+           default_max_num_seqs: int, experts_mults: tuple[float, float] | None = None) -> _Rows:
     parts = []
     n_warmup = 0
     # one set of knots for all runs: the largest CUDA graph any of them captured
@@ -649,7 +670,7 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
         order = np.argsort(s["step_id"], kind="stable")
         s = {k: v[order] for k, v in s.items()}
         kind, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, not r.decode_graphs, knots,
-                                 r.mixed_graph_max_tokens)
+                                 r.mixed_graph_max_tokens, experts_mults)
         keep = np.arange(order.size) >= warmup_steps
         n_warmup += int(min(warmup_steps, order.size))
         gy = s["gpu_s"] + np.nan_to_num(s["sample_s"])
@@ -723,7 +744,7 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float],
     """One step kind's terms from the rows `in_kind`; `fixed`: multipliers taken as given (not
     fitted). `graph_rows` (a shared fit, see `graph_fit_mode`): mixed-graph rows among them,
     which share the multipliers and get a step constant of their own."""
-    names = GPU_FEATURES[kind]
+    names = GPU_FEATURES[kind] + (("experts",) if "experts" in rows.gpu_x else ())
     x = rows.gpu_x
     if graph_rows is not None:
         x = x | {"step_s": (~graph_rows).astype(np.float64), "graph_step_s": graph_rows.astype(np.float64)}
@@ -752,7 +773,8 @@ def _fit_kind(rows: _Rows, kind: StepKind, source: str, fixed: dict[str, float],
     graph_step_s = coef.pop("graph_step_s", None)
     knots = {p: tuple((_knot(n), coef.pop(n)) for n in list(coef) if n.startswith(f"{p}@"))
              for p in ("decode_step", "decode_kv", "decode_max_kv")}
-    terms = GpuTerms(**coef | fixed, decode_kv_by_batch=knots["decode_kv"],
+    given = {k: v for k, v in fixed.items() if k != MOE_OFFSET_FEATURE}  # an offset, not a GpuTerms field
+    terms = GpuTerms(**coef | given, decode_kv_by_batch=knots["decode_kv"],
                      decode_max_kv_by_batch=knots["decode_max_kv"], decode_step_by_batch=knots["decode_step"])
     outliers = np.zeros(rows.gpu_y.size, dtype=bool)
     outliers[train] = fit.outliers
@@ -775,11 +797,14 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
                 engine_config: EngineConfig | None = None, *, name: str | None = None,
                 warmup_steps: int = WARMUP_STEPS, held_out_share: float = HELD_OUT_SHARE,
                 provenance: dict[str, Any] | None = None,
-                memory_runs: Sequence[dict[str, Any]] | None = None) -> FitResult:
+                memory_runs: Sequence[dict[str, Any]] | None = None, moe_base: CostProfile | None = None,
+                ) -> FitResult:
     """Fit a v2 profile for `model` on `gpu` from engine step tables (`EngineRun`s, or bare
     column tables that take their flags from `engine_config`). `memory_runs` (run.json dicts):
     where the KV sizing terms come from when the timed runs' engines were sized by an override
-    (several engines sharing a GPU) and record none."""
+    (several engines sharing a GPU) and record none. A mixture of experts: `moe_base` is the
+    profile whose MoE terms (the fused kernel's measured factors, per-layer fixed cost) and
+    first-principles fields the fitted profile keeps (None: the MoeTerms prior); see `moe_features`."""
     dflt = (engine_config or EngineConfig()).resolved_for(gpu, model)
     runs = [t if isinstance(t, EngineRun) else
             EngineRun(name=f"table{i}", steps=t, async_scheduling=dflt.async_scheduling,
@@ -787,8 +812,10 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     if not runs:
         raise CalibrationInputError("no step tables to fit from")
     source = ", ".join(str(r.path or r.name) for r in runs)
-    rates = Roofline.of(model, gpu, dflt)
-    rows = _stack(runs, rates, warmup_steps, held_out_share, dflt.max_num_seqs or 256)
+    moe_kept = moe_kept_fields(model, moe_base)
+    rates = Roofline.of(model, gpu, dflt, moe=moe_kept.get("moe"))
+    mults = (1 / moe_kept["gemm_compute_efficiency"], 1 / moe_kept["gemm_memory_efficiency"]) if moe_kept else None
+    rows = _stack(runs, rates, warmup_steps, held_out_share, dflt.max_num_seqs or 256, mults)
     graph_mode = graph_fit_mode(rows.kind, rows.held)
     masks = kind_masks(rows.kind, graph_mode)
     terms, gpu_pred, fit_counts = _fit_gpu(rows, source, masks, graph_mode == "shared")
@@ -817,10 +844,27 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
         source=f"fitted from {n_steps} engine steps of {len(runs)} run(s) by sim/calibrate.py",
         decode=terms["decode"], mixed=terms["mixed"], mixed_graph=terms.get("mixed_graph"), cpu=cpu,
         cpu_sync=cpu_sync, overlap=overlap, memory=mem, provenance=prov,
-        fit_error={k: e.as_dict() for k, e in errors.items()}, **graph_settings(runs))
+        fit_error={k: e.as_dict() for k, e in errors.items()}, **graph_settings(runs) | moe_kept)
     cpu_med = float(np.median(_rel_err(cpu_pred[rows.held], rows.cpu_y[rows.held]))) if rows.held.any() else np.nan
     return FitResult(profile=profile, errors=errors, n_steps=n_steps, n_warmup_dropped=rows.n_warmup,
                      cpu_error_median=cpu_med, memory_checks=memory_checks(runs, profile, model, gpu))
+
+
+def moe_kept_fields(model: ModelSpec, base: CostProfile | None) -> dict[str, Any]:
+    """What a mixture of experts' fitted profile takes from `base` unchanged: its MoE terms and its
+    first-principles fields (the GEMM efficiencies the MoE factors are relative to; the rest prices
+    what no step fit covers: a proposer's forwards, the advisor's MoE notes). {} for a dense model."""
+    if not model.is_moe:
+        return {}
+    base = base or CostProfile.load("default")
+    return base.model_dump(include=set(_FIRST_PRINCIPLES_FIELDS)) | {"moe": base.moe or MoeTerms()}
+
+
+_FIRST_PRINCIPLES_FIELDS = ("gemm_compute_efficiency", "gemm_memory_efficiency", "attn_compute_efficiency",
+                            "attn_memory_efficiency", "elementwise_memory_efficiency", "allreduce_efficiency",
+                            "allreduce_latency_s", "gpu_step_overhead_s", "draft_pass_overhead_s", "cpu_step_s",
+                            "cpu_per_seq_s", "cpu_per_block_allocated_s", "cpu_per_block_hashed_s",
+                            "ngram_cpu_per_seq_s")
 
 
 GraphFitMode = Literal["own", "shared", "eager"]
@@ -853,7 +897,8 @@ def _fit_gpu(rows: _Rows, source: str, masks: dict[StepKind, np.ndarray], shared
         if kind == "mixed_graph" and shared:  # fitted with the eager ones
             continue
         graph = masks["mixed_graph"] if kind == "mixed" and shared else None
-        f = _fit_kind(rows, kind, source, FIXED_MULTIPLIERS, in_kind if graph is None else in_kind | graph, graph)
+        fixed = FIXED_MULTIPLIERS | ({MOE_OFFSET_FEATURE: 1.0} if MOE_OFFSET_FEATURE in rows.gpu_x else {})
+        f = _fit_kind(rows, kind, source, fixed, in_kind if graph is None else in_kind | graph, graph)
         fitted = {kind: (f.terms, in_kind)}
         if graph is not None:
             fitted["mixed_graph"] = (f.graph_terms, graph)

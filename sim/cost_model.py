@@ -101,6 +101,10 @@ class GpuTerms(BaseModel):
     # two at 0). A graph's fixed cost is not linear in its batch: the attention kernel's split count
     # (so its programs and the merge), the sampler's shapes and the GEMM tiles change by batch.
     decode_step_by_batch: tuple[tuple[int, float], ...] = ()
+    # a mixture of experts: x the experts' time as the profile's MoE terms price it (their measured
+    # factors at gemm_compute/memory_efficiency); None (profiles fitted before it): the experts'
+    # roofline at efficiency 1 inside `gemm`, times the gemm multiplier
+    experts: float | None = Field(default=None, ge=0)
 
     def decode_kv_multiplier(self, padded_batch: int) -> float:
         return _by_knot(self.decode_kv_by_batch, self.decode_kv, padded_batch)
@@ -566,24 +570,30 @@ class _Forward:
     fixed: float
     per_seq: float
     experts: Roofline | None = None  # a mixture of experts' roofline (its experts_s), x `gemm_mult`
-    gemm_mult: float = 0.0
+    gemm_mult: float = 0.0  # the experts' multiplier (GpuTerms.experts, else .gemm)
+    experts_mults: tuple[float, float] = (1.0, 1.0)  # experts_s's (compute, memory) multipliers
 
     @classmethod
-    def fitted(cls, r: Roofline, t: GpuTerms, fixed_extra_s: float = 0.0) -> _Forward:
+    def fitted(cls, r: Roofline, t: GpuTerms, fixed_extra_s: float = 0.0,
+               experts_mults: tuple[float, float] = (1.0, 1.0)) -> _Forward:
+        """`experts_mults`: the (compute, memory) multipliers of the experts' time when the terms
+        fit an `experts` multiplier of their own (1 / the profile's GEMM efficiencies)."""
+        own = t.experts is not None
         return cls(gemm_tok=t.gemm * r.gemm_s_per_token, gemm_row=t.gemm * r.gemm_s_per_row,
                    weights=t.gemm * r.weights_s, pair=t.prefill_attention * r.prefill_s_per_pair,
                    kv=t.prefill_attention * r.kv_s_per_token, dkv_pair=t.decode_kv * r.attn_s_per_pair,
                    dkv=t.decode_kv * r.kv_s_per_token, ew=t.elementwise * r.ew_s_per_token,
                    max_pair=t.decode_max_kv * r.attn_s_per_pair, max_kv=t.decode_max_kv * r.kv_s_per_token,
                    fixed=t.step_s + fixed_extra_s, per_seq=t.per_seq_s,
-                   experts=r if r.routing is not None else None, gemm_mult=t.gemm)
+                   experts=r if r.routing is not None else None, gemm_mult=t.experts if own else t.gemm,
+                   experts_mults=experts_mults if own else (1.0, 1.0))
 
     def seconds(self, tokens: float, rows: float, prefill_pairs: float, prefill_kv: float, q_per_seq: float,
                 decode_kv: float, seqs: float, max_decode_kv: float = 0.0) -> float:
         gemm = self.gemm_tok * tokens + self.gemm_row * rows
         gemm = max(gemm, self.weights)
         if self.experts is not None:
-            gemm += self.experts.moe_step_s(tokens, scale=self.gemm_mult)
+            gemm += self.experts.moe_step_s(tokens, *self.experts_mults, scale=self.gemm_mult)
         pre = max(self.pair * prefill_pairs, self.kv * prefill_kv)
         dec = max(self.dkv_pair * q_per_seq, self.dkv) * decode_kv
         if max_decode_kv:
@@ -667,10 +677,11 @@ class CostModel:
         """Fold a v2 profile's fitted terms (the all-reduce terms stay first-principles: the fit is
         of one GPU)."""
         ar = self._ar_fixed_s + self._fp8_step_s
-        self._fit_decode = _Forward.fitted(self.roofline, p.decode, ar)
-        self._fit_mixed = _Forward.fitted(self.roofline, p.mixed, ar)
+        em = (1 / p.gemm_compute_efficiency, 1 / p.gemm_memory_efficiency)
+        self._fit_decode = _Forward.fitted(self.roofline, p.decode, ar, em)
+        self._fit_mixed = _Forward.fitted(self.roofline, p.mixed, ar, em)
         if p.mixed_graph is not None:
-            self._fit_mixed_graph = _Forward.fitted(self.roofline, p.mixed_graph, ar)
+            self._fit_mixed_graph = _Forward.fitted(self.roofline, p.mixed_graph, ar, em)
             # the engine captures mixed graphs up to the capture size or the token budget
             budget = self.engine.max_num_batched_tokens or p.max_cudagraph_capture_size
             self._mixed_graph_max_tokens = min(p.max_cudagraph_capture_size, budget)

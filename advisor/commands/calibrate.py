@@ -148,6 +148,7 @@ def _calibrate_from_steps(runs: list[Path], model: str, gpu: str, out: Path | No
     """The step-trace fit: check everything, fit, print, write (and the scaled copies)."""
     # scipy's optimisers load only for this command (the CLI's other commands start without them)
     from sim.calibrate import fit_profile, load_run, write_scaled_profiles
+    from sim.cost_model import CostProfile
     from sim.models import preset_of
     from sim.validate import read_run_info
 
@@ -167,7 +168,9 @@ def _calibrate_from_steps(runs: list[Path], model: str, gpu: str, out: Path | No
         if tp > 1:
             raise ValueError(f"{r.path}: recorded at --tensor-parallel-size {tp}; pass it with --tp-runs, "
                              "and one-GPU runs as RUNS")
-    fit = fit_profile(loaded, m, g, default, memory_runs=memory)
+    # a mixture of experts keeps the shipped profile's measured MoE kernel terms (sim/calibrate.py moe_kept_fields)
+    moe_base = CostProfile.for_target(model, gpu) if m.is_moe else None
+    fit = fit_profile(loaded, m, g, default, memory_runs=memory, moe_base=moe_base)
     console = plain_console()
     print_fit(fit, console)
     if tp_runs:

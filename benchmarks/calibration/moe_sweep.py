@@ -1,0 +1,368 @@
+"""Calibration sweep and held-out validation runs of a mixture-of-experts preset, one GPU call (issue 29, item 4).
+
+The dense sweep (`gpu_sweep.py`) is ~8 minutes per model with its engine warm; an MoE preset's steps
+are 2-3x slower (qwen3-30b-a3b: 61 GB of random bf16 weights, 48 layers; mixtral-8x7b: 93 GB) and its
+build and warm-up take longer (the fused MoE kernels compile per tile configuration), so this wrapper
+runs a smaller sweep of the same kinds, in an order that leaves both fitting and validation data if
+the deadline cuts it short:
+
+1. capacity probes of each validation source's request mix (other slice: fitting data; their
+   throughput sets the validation loads);
+2. decode grid: batch 1..256 x context 256 / 2K / 8K (capped by batch x context), sync, and async at
+   a few batches;
+3. mixed traffic with a 512-token budget (mixed CUDA graphs) and prefill alone / after a cached prefix;
+4. the validation runs (never fitted on): chat at 0.6 and 0.95 of capacity (async; the second near
+   saturation), long RAG prompts chunked by a 2,048-token budget (sync), the Mooncake conversation
+   trace (prefix reuse, sync), code-bursty (async), chat with a KV pool small enough to preempt (sync);
+5. skewed decode batches, mixed traffic at the default and a 2,048-token budget, a tight-KV sweep run.
+
+Every run is an engine run folder (`gpu_sweep.Runner`), under OUT/work/<model>/{sweep,validation}; at
+the end (also after an error) the folders are packed into OUT: `<model>-sweep.tar.xz`,
+`<model>-validation.tar.xz` (each with the model's index.json; metrics.prom and scheduler_stats.json
+left out: `costline calibrate` / `validate` read neither), `<model>-index.json` and the log is
+whatever the caller tees to OUT. The fit and the validation table: `moe_validate.py`.
+
+    python3 benchmarks/calibration/moe_sweep.py --model qwen3-30b-a3b --out $OUT/moecal --deadline-s 470
+    python3 benchmarks/calibration/moe_sweep.py --model qwen3-30b-a3b --smoke --out $OUT/moecal   # 4 layers, 3 runs
+    TRITON_INTERPRET=1 python3 benchmarks/calibration/moe_sweep.py --model tiny-moe --dry-run --out /tmp/moe
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))
+
+import gpu_sweep as gs
+
+from engine.core.config import EngineArgs
+from engine.core.model_spec import get_model
+from engine.engine_loop import EngineCore, build_model, resolve_device
+
+log = gs.log
+PACK_SKIP = ("metrics.prom", "scheduler_stats.json")  # read by neither calibrate nor validate
+
+
+@dataclasses.dataclass(frozen=True)
+class MoePlan:
+    """The sweep's sizes for one preset (`gpu_sweep.Plan` holds the shared ones)."""
+
+    base: gs.Plan
+    async_batches: tuple[int, ...] = (1, 8, 64, 256)  # decode grid batches also run async
+    mixed: tuple[tuple[float, int | None, bool], ...] = ((0.7, 512, True), (0.6, None, False), (0.9, 2048, True))
+    early_mixed: int = 1  # how many of `mixed` run before the validation runs
+    skew_async: tuple[int, ...] = (64,)
+    validation: tuple[tuple[str, str, float, bool, dict], ...] = ()
+    probe_sources: tuple[str, ...] = ()
+    max_output_len: int = 0  # > 0: outputs capped (the CPU dry run: a step takes ~0.1-1 s there)
+
+
+# name, source, load (fraction of the probed capacity), async, extra flags (tight: a KV pool that
+# preempts; budget: the token budget, below the long prompts so chunked prefill splits them)
+VALIDATION = (
+    ("chat-mid", "chat-production", 0.6, True, {}),
+    ("chat-near-saturation", "chat-production", 0.95, True, {}),
+    ("rag-chunked-2048", "rag-long-prompt", 0.5, False, {"budget": 2048}),
+    ("mooncake-prefix-reuse", "mooncake-conversation", 0.7, False, {}),
+    ("code-bursty", "code-bursty", 0.7, True, {}),
+    ("chat-tight-kv", "chat-production", 0.5, False, {"tight": True}),
+)
+SOURCES = ("chat-production", "rag-long-prompt", "mooncake-conversation", "code-bursty")
+
+QWEN = MoePlan(
+    base=gs.Plan(decode_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256), decode_contexts=(256, 2048, 8192),
+                 decode_max_tokens=140_000, decode_steps=32, skew_batches=(4, 32, 128), skew_short=512,
+                 skew_long=(8192,), prefill_lens=(16, 64, 256, 1024, 2048, 4096, 8192, 16384),
+                 cached_prefixes=(2048,), cached_news=(64, 1024), mixed_s=8.0, probe_requests=200,
+                 probe_tokens=160_000, validation_s=12.0, min_validation_requests=40, max_prompt_len=16384,
+                 tight_sequences=24.0),
+    validation=VALIDATION, probe_sources=SOURCES)
+# mixtral: ~4x the active parameters per token (12.9 B), every expert read from batch ~17 (93 GB)
+MIXTRAL = MoePlan(
+    base=gs.Plan(decode_batches=(1, 2, 4, 8, 16, 32, 64, 128, 256), decode_contexts=(256, 2048, 8192),
+                 decode_max_tokens=66_000, decode_steps=24, skew_batches=(4, 32, 128), skew_short=512,
+                 skew_long=(8192,), prefill_lens=(16, 64, 256, 1024, 2048, 4096, 8192, 16384),
+                 cached_prefixes=(2048,), cached_news=(64, 1024), mixed_s=6.0, probe_requests=120,
+                 probe_tokens=70_000, validation_s=10.0, min_validation_requests=30, max_prompt_len=16384,
+                 tight_sequences=24.0),
+    async_batches=(1, 8, 256), validation=VALIDATION, probe_sources=SOURCES)
+# the GPU smoke test: 4 of qwen3's 48 layers, a probe, a decode run, one validation run
+SMOKE = MoePlan(
+    base=gs.Plan(decode_batches=(8,), decode_contexts=(256,), decode_max_tokens=10_000, decode_steps=16,
+                 skew_batches=(), prefill_lens=(16, 2048), cached_prefixes=(1024,), cached_news=(64,), probe_requests=60, probe_tokens=40_000, validation_s=5.0,
+                 min_validation_requests=20, max_prompt_len=8192),
+    async_batches=(), mixed=(), early_mixed=0, validation=(VALIDATION[0],), probe_sources=("chat-production",))
+# the CPU dry run (tiny-moe, Triton interpreter): every part, enough steps of each kind to fit
+TINY = MoePlan(
+    base=gs.Plan(decode_batches=(1, 2, 4, 8, 16), decode_contexts=(16, 64), decode_max_tokens=10_000, decode_steps=8,
+                 skew_batches=(4, 8), skew_short=16, skew_long=(200,), prefill_lens=(16, 100, 300),
+                 cached_prefixes=(32,), cached_news=(16,), mixed_s=16.0, probe_requests=16, probe_tokens=3000,
+                 validation_s=4.0, min_validation_requests=8, max_prompt_len=200, tight_sequences=3.0),
+    # token budgets of a few dozen: prompts of up to 200 tokens split into chunks, so the fit has
+    # enough steps with prefill tokens
+    mixed=((0.7, 24, True), (0.6, 48, False), (0.9, 32, True)),
+    async_batches=(1, 8), skew_async=(8,), validation=VALIDATION, probe_sources=SOURCES, max_output_len=6)
+
+
+def requests_of(p: MoePlan, source: str, n: int, rate_rps: float | None, *, other_slice: bool = False) -> list:
+    """`gpu_sweep.workload_requests`, outputs capped where the plan says so."""
+    reqs = gs.workload_requests(source, n, rate_rps, p.base.max_prompt_len, other_slice=other_slice)
+    if p.max_output_len:
+        reqs = [dataclasses.replace(q, output_len=min(q.output_len, p.max_output_len)) for q in reqs]
+    return reqs
+
+
+def probe_capacity(r: gs.Runner, p: MoePlan, source: str) -> float | None:
+    """`gpu_sweep.probe_capacity` (another slice than the validation runs', all at t=0, async)."""
+    reqs = requests_of(p, source, p.base.probe_requests, None, other_slice=True)
+    cum = np.cumsum([q.prompt_len for q in reqs])
+    reqs = reqs[: max(20, int(np.searchsorted(cum, p.base.probe_tokens)))]
+    summary = r.run("sweep", f"probe-{source}", reqs, honor_arrivals=False, async_scheduling=True,
+                    description=f"first {len(reqs)} requests of {source} (other slice), all at t=0 (capacity probe)")
+    if summary is None or not summary.get("request_throughput"):
+        log(f"the capacity probe of {source} measured nothing (no time left?): its validation runs are skipped")
+        return None
+    return float(summary["request_throughput"])
+
+
+def decode_grid(r: gs.Runner, p: MoePlan, ids: gs.Ids) -> None:
+    """`gpu_sweep.decode_grid` with the plan's async batches."""
+    b = p.base
+    for async_ in (False, True):
+        for ctx in b.decode_contexts:
+            for n in b.decode_batches:
+                if n * ctx > b.decode_max_tokens or (async_ and n not in p.async_batches):
+                    continue
+                reqs = [ids.request(0.0, ctx, b.decode_steps) for _ in range(n)]
+                r.run("sweep", f"decode-b{n}-c{ctx}-{'async' if async_ else 'sync'}", reqs, honor_arrivals=False,
+                      description=f"{n} x {ctx}-token prompts at t=0, {b.decode_steps} output tokens each",
+                      async_scheduling=async_)
+
+
+def decode_skew(r: gs.Runner, p: MoePlan, ids: gs.Ids) -> None:
+    b = p.base
+    for async_ in (False, True):
+        for long in b.skew_long:
+            for n in b.skew_batches:
+                if async_ and n not in p.skew_async:
+                    continue
+                reqs = [ids.request(0.0, long, b.decode_steps)] + [
+                    ids.request(0.0, b.skew_short, b.decode_steps) for _ in range(n - 1)]
+                r.run("sweep", f"decode-skew-b{n}-l{long}-{'async' if async_ else 'sync'}", reqs,
+                      honor_arrivals=False, async_scheduling=async_,
+                      description=f"one {long}-token and {n - 1} x {b.skew_short}-token prompts at t=0, "
+                                  f"{b.decode_steps} output tokens each")
+
+
+def mixed_runs(r: gs.Runner, p: MoePlan, capacity_rps: float, ids: gs.Ids, which: slice) -> None:
+    """Poisson arrivals, prompts U[16, 4096) (capped), outputs U[16, 512): mixed steps of every size."""
+    b = p.base
+    for i, (load, budget, async_) in list(enumerate(p.mixed))[which]:
+        rng = np.random.default_rng(7 + i)
+        rate = load * capacity_rps
+        n = max(20, int(rate * b.mixed_s))
+        arr = np.cumsum(rng.exponential(1 / rate, n))
+        top = min(4096, b.max_prompt_len)
+        out_range = (1, p.max_output_len + 1) if p.max_output_len else (16, 512)
+        reqs = [ids.request(float(a), int(q), int(o)) for a, q, o in
+                zip(arr, rng.integers(16, top, n), rng.integers(*out_range, n))]
+        flags = {"async_scheduling": async_}
+        if budget:
+            flags["max_num_batched_tokens"] = min(budget, r.core.runner.max_num_batched_tokens)
+        r.run("sweep", f"mixed-load{int(load * 100)}-budget{budget or 'default'}-{'async' if async_ else 'sync'}",
+              reqs, honor_arrivals=True, max_wall_s=b.mixed_s * 2, description=f"Poisson {rate:.2f} req/s, prompts "
+              f"U[16,{top}), outputs U[16,512)", **flags)
+
+
+def validation_runs(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> None:
+    b = p.base
+    for name, source, load, async_, extra in p.validation:
+        if source not in capacity:
+            log(f"SKIP validation/{name}: no capacity probe of {source}")
+            continue
+        rate = load * capacity[source]
+        n = max(b.min_validation_requests, int(rate * b.validation_s))
+        reqs = requests_of(p, source, n, rate)
+        flags = {"async_scheduling": async_}
+        if extra.get("tight"):
+            flags["num_gpu_blocks_override"] = gs.tight_pool_blocks(reqs, r.core.config.block_size, b)
+        if extra.get("budget"):
+            flags["max_num_batched_tokens"] = min(extra["budget"], r.core.runner.max_num_batched_tokens)
+        r.run("validation", name, reqs, honor_arrivals=True, max_wall_s=b.validation_s * 3,
+              description=f"{source}: first {n} requests at {rate:.2f} req/s ({load:.0%} of the measured "
+              f"capacity {capacity[source]:.2f} req/s); flags {flags}", **flags)
+
+
+def chunked_rag_run(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> None:
+    """Long prompts (another slice of rag-long-prompt) under a 2,048-token budget: chunks of a
+    mixed CUDA graph's size over contexts of up to 16K, the steps of the chunked validation run
+    (the other runs' graph-sized chunks sit over short contexts)."""
+    b = p.base
+    if "rag-long-prompt" not in capacity:
+        return
+    rate = 0.4 * capacity["rag-long-prompt"]
+    reqs = requests_of(p, "rag-long-prompt", max(20, int(rate * b.mixed_s)), rate, other_slice=True)
+    r.run("sweep", "rag-budget2048-other-slice", reqs, honor_arrivals=True, max_wall_s=b.mixed_s * 2,
+          description=f"rag-long-prompt (other slice) at {rate:.2f} req/s, token budget 2048 (chunked prompts)",
+          async_scheduling=True, max_num_batched_tokens=min(2048, r.core.runner.max_num_batched_tokens))
+
+
+def tight_sweep_run(r: gs.Runner, p: MoePlan, capacity_rps: float) -> None:
+    b = p.base
+    rate = 0.5 * capacity_rps
+    reqs = requests_of(p, "chat-production", max(30, int(rate * b.mixed_s)), rate, other_slice=True)
+    r.run("sweep", "chat-tight-kv-other-seed", reqs, honor_arrivals=True, max_wall_s=b.mixed_s * 3,
+          description="chat-production (seed 1), tight KV pool (preemptions)",
+          num_gpu_blocks_override=gs.tight_pool_blocks(reqs, r.core.config.block_size, b))
+
+
+def sweep(r: gs.Runner, p: MoePlan) -> dict[str, float]:
+    """Every part in the order of the module's docstring; returns the probed capacities."""
+    ids = gs.Ids()
+    capacity = {}
+    for source in p.probe_sources:
+        cap = probe_capacity(r, p, source)
+        if cap is not None:
+            capacity[source] = cap
+    log(f"capacity (req/s): {capacity}")
+    if not capacity:
+        raise RuntimeError("no capacity probe measured anything: no load to run the other parts at")
+    chat = capacity.get("chat-production", next(iter(capacity.values())))
+    decode_grid(r, p, ids)
+    mixed_runs(r, p, chat, ids, slice(0, p.early_mixed))
+    if p.mixed:
+        chunked_rag_run(r, p, capacity)
+    gs.prefill_sweep(r, p.base, ids)
+    validation_runs(r, p, capacity)
+    decode_skew(r, p, ids)
+    mixed_runs(r, p, chat, ids, slice(p.early_mixed, None))
+    if p.mixed:
+        tight_sweep_run(r, p, chat)
+    return capacity
+
+
+def build_engine(a: argparse.Namespace) -> EngineCore:
+    """The preset's engine (random weights); `--layers N`: the preset's layer shapes, N layers."""
+    kw = {"max_model_len": 1024, "dtype": "float32"} if a.dry_run else {}
+    if a.cudagraph_mode or a.dry_run:  # the CPU captures no graphs: the dry run's runs say decode-only ones
+        kw["cudagraph_mode"] = a.cudagraph_mode or "FULL_DECODE_ONLY"
+    # the dry run: 16 sequences at most, so its token budgets of a few dozen are valid (>= max_num_seqs)
+    args = EngineArgs(model=a.model, device=a.device, max_num_seqs=16 if a.dry_run else 256,
+                      max_num_batched_tokens=8192, seed=0,
+                      gpu_memory_utilization=a.gpu_memory_utilization, **kw)
+    model = None
+    if a.layers:  # the engine's own builder (random weights), with fewer layers of the same shape
+        spec = get_model(a.model).model_copy(update={"num_layers": a.layers})
+        model = build_model(args, resolve_device(a.device), args.max_model_len, spec=spec)
+    return EngineCore(args, model=model)
+
+
+def pack(work: Path, out: Path, model: str) -> list[Path]:
+    """One .tar.xz per part (with the model's index.json), and the index beside them."""
+    root = work / model
+    written = []
+    for part in ("sweep", "validation"):
+        if not (root / part).is_dir():
+            continue
+        dest = out / f"{model}-{part}.tar.xz"
+        members = [p for p in sorted((root / part).rglob("*")) if p.is_file() and p.name not in PACK_SKIP]
+        if (root / "index.json").is_file():
+            members.append(root / "index.json")
+        lst = work / f".{part}.list"
+        lst.write_text("".join(f"{p.relative_to(root)}\n" for p in members))
+        if shutil.which("xz"):  # multi-threaded: the python module compresses on one core
+            with dest.open("wb") as f:
+                tar = subprocess.Popen(["tar", "cf", "-", "-C", str(root), "-T", str(lst)], stdout=subprocess.PIPE)
+                subprocess.run(["xz", "-T0", "-6"], stdin=tar.stdout, stdout=f, check=True)
+                tar.wait()
+        else:
+            with tarfile.open(dest, "w:xz") as t:
+                for m in members:
+                    t.add(m, arcname=str(m.relative_to(root)))
+        written.append(dest)
+    if (root / "index.json").is_file():
+        shutil.copy(root / "index.json", out / f"{model}-index.json")
+        written.append(out / f"{model}-index.json")
+    return written
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="qwen3-30b-a3b, mixtral-8x7b, or tiny-moe (--dry-run)")
+    ap.add_argument("--out", type=Path, required=True, help="the archives and index go here")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/moecal-work"),
+                    help="run folders (outside OUT: a device call brings back at most 8 files)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny plan (with --model tiny-moe)")
+    ap.add_argument("--smoke", action="store_true", help="GPU smoke test: --layers 4 unless given, 3 runs")
+    ap.add_argument("--layers", type=int, default=0, help="build the preset with this many layers (smoke test)")
+    ap.add_argument("--deadline-s", type=float, default=470.0,
+                    help="start no run after this many seconds from the start (the build included)")
+    ap.add_argument("--cudagraph-mode", default="", help="override the engine's (default FULL)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    a = ap.parse_args()
+    if a.dry_run:
+        a.device = "cpu"
+    if a.smoke and not a.layers:
+        a.layers = 4
+    plan = TINY if a.dry_run else SMOKE if a.smoke else MIXTRAL if "mixtral" in a.model else QWEN
+    a.out.mkdir(parents=True, exist_ok=True)
+    work = a.work
+    if work.exists():
+        shutil.rmtree(work)
+    label = a.model if not a.layers else f"{a.model}-{a.layers}l"
+    t = time.perf_counter()
+    meta, capacity, error = {}, {}, None
+    r = None
+    try:
+        core = build_engine(a)
+        log(f"engine {label}: built in {time.perf_counter() - t:.1f} s, {core.num_gpu_blocks} KV blocks, "
+            f"graphs captured in {core.graph_capture_s:.1f} s")
+        warm = core.warm_up()
+        log(f"warm-up: {warm}")
+        gpu = torch.cuda.get_device_name() if core.runner.is_cuda else "cpu"
+        meta = {"gpu": "h200" if "H200" in gpu else gpu, "engine_commit": gs._commit(),
+                "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "versions": {"torch": torch.__version__, "python": platform.python_version(),
+                             "triton": gs._version("triton"), "cuda": torch.version.cuda},
+                "warm_up": dataclasses.asdict(warm), "startup": core.startup.as_dict(), "build_s": round(time.perf_counter() - t, 1),
+                "layers": a.layers or get_model(a.model).num_layers, "plan": "dry-run" if a.dry_run else
+                "smoke" if a.smoke else a.model}
+        r = gs.Runner(core, work, label, meta, a.deadline_s)
+        capacity = sweep(r, plan)
+    except Exception as exc:  # noqa: BLE001 - pack and report what ran, then fail
+        error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    except KeyboardInterrupt:  # the call's `timeout -s INT`: pack what ran
+        error = "interrupted (SIGINT)"
+    finally:
+        root = work / label
+        if r is not None or root.is_dir():
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "index.json").write_text(json.dumps({"capacity_rps": capacity, "runs": r.index if r else [],
+                                                         "error": error, **meta}, indent=2) + "\n")
+        files = pack(work, a.out, label)
+        log(f"packed {[f'{p.name} {p.stat().st_size / 1e6:.2f} MB' for p in files]}"
+            + (f"; ERROR {error}" if error else "; done"))
+    if error:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
