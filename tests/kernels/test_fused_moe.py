@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.fused_moe import MoeTiles, align_by_expert, default_tiles, fused_moe
+from kernels.fused_moe import DirectTiles, MoeTiles, align_by_expert, default_tiles, fused_moe
 from kernels.moe_reference import fused_moe_ref, moe_ref, route_ref
 from tests.kernels.helpers import SETTINGS, assert_close
 
@@ -23,14 +23,14 @@ def _weights(g, e, h, n, dtype=torch.float32):
 
 @settings(max_examples=25, **SETTINGS)
 @given(t=st.integers(1, 40), e=st.integers(1, 130), k=st.integers(1, 4), block_m=st.sampled_from([1, 4, 16]),
-       seed=st.integers(0, 10**6))
-def test_grouping_puts_every_pair_once_in_a_block_of_its_expert(t, e, k, block_m, seed):
+       method=st.sampled_from(["blocks", "one_program"]), seed=st.integers(0, 10**6))
+def test_grouping_puts_every_pair_once_in_a_block_of_its_expert(t, e, k, block_m, method, seed):
     k = min(k, e)
     g = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-    sorted_ids, block_expert = align_by_expert(ids, e, block_m, one_program=True)  # Triton, chunks of 64 pairs
-    torch_ids, torch_blocks = align_by_expert(ids, e, block_m, one_program=False)
-    assert torch.equal(sorted_ids, torch_ids) and torch.equal(block_expert, torch_blocks)  # both stable
+    sorted_ids, block_expert = align_by_expert(ids, e, block_m, method=method)  # Triton
+    torch_ids, torch_blocks = align_by_expert(ids, e, block_m, method="torch")
+    assert torch.equal(sorted_ids, torch_ids) and torch.equal(block_expert, torch_blocks)  # all stable
     assert sorted_ids.numel() == block_expert.numel() * block_m
     flat = ids.reshape(-1)
     real = sorted_ids[sorted_ids < t * k]
@@ -81,7 +81,7 @@ def test_one_token_bfloat16_default_tiles():
     weights, ids = route_ref(x @ router.t(), 2, True)
     got = fused_moe(x, w13, w2, weights, ids)
     assert_close(got, moe_ref(x, router, w13, w2, 2, True), torch.bfloat16)
-    assert default_tiles(1, 2, e).block_m == 16
+    assert isinstance(default_tiles(1, 2, e), DirectTiles)  # 2 pairs on 8 experts: the direct path
 
 
 def test_routing_renormalises_only_when_asked():
