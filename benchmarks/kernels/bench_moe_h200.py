@@ -112,6 +112,7 @@ DOWN_VARIANTS = [{"down_block_n": 256, "down_block_k": 64, "down_num_warps": 8, 
 DIRECT_CANDIDATES = [DirectTiles(16, 256, 8, 128, 4), DirectTiles(32, 128, 16, 64, 4),
                      DirectTiles(16, 512, 8, 256, 8), DirectTiles(8, 512, 16, 128, 8),
                      DirectTiles(32, 128, 32, 128, 4, 4, use_dot=True), DirectTiles(16, 256, 16, 256, 4, 3, use_dot=True),
+                     DirectTiles(16, 512, 16, 512, 8),  # mixtral (k=2): 16 KB per down K step
                      DirectTiles(16, 256, 8, 128, 4, pdl=True)]
 DIRECT_MAX_SWEEP_PAIRS = 128
 
