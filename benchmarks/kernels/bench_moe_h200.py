@@ -43,7 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-TS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+# the step sizes, in the order measured: run 2's misses first (qwen3 T = 1, 2, 4, 256, 4096), so a
+# budget cut drops the sizes that already met their target
+TS = (1, 2, 4, 256, 4096, 1024, 128, 8, 16, 32, 64)
 HBM_BYTES_PER_S = 4.2e12
 BF16_FLOPS_PER_S = 790e12
 L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defeat it)
@@ -511,6 +513,7 @@ def speed() -> None:
                 log(traceback.format_exc())
                 continue
             RESULTS["speed"].append(row)
+            RESULTS["speed"].sort(key=lambda r: (list(shapes).index(r["preset"]), r["T"]))  # by T, as before run 3
             log(f"speed {name} T={t}: touched {row['touched_experts']:.1f} roof {row['roofline_us']:.1f}us "
                 f"old {row.get('old_us', float('nan')):.1f}us new {row.get('fused_us', float('nan')):.1f}us "
                 f"({row.get('fused_tiles')}) default {row.get('default_us') or float('nan'):.1f}us")
@@ -538,14 +541,14 @@ def markdown(res: dict) -> str:
     lines += [("| preset | T | experts touched (uniform formula) | roofline us | old us | x | new us (best plan) | x "
                "| TFLOP/s | new grouping / gate+up / down us | default plan us | loop us | grouped_mm us |"),
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in res["speed"]:
+    for r in sorted(res["speed"], key=lambda r: (r["preset"], r["T"])):
         lines.append(f"| {r['preset']} | {r['T']} | {r['touched_experts']:.1f} ({r['expected_touched_uniform']:.1f}) | "
                      f"{r['roofline_us']:.1f} | {_f(r.get('old_us'))} | {_f(r.get('old_vs_roofline'), '.2f')} | "
                      f"{_f(r.get('fused_us'))} ({r.get('fused_tiles', '-')}) | "
                      f"{_f(r.get('fused_vs_roofline'), '.2f')} | {_f(r.get('fused_tflops'), '.0f')} | "
                      f"{_f(r.get('align_us'))} / {_f(r.get('gate_up_us'))} / {_f(r.get('down_us'))} | "
                      f"{_f(r.get('default_us'))} | {_f(r.get('loop_us'))} | {_f(r.get('grouped_mm_us'))} |")
-    sweep = [r for r in res["speed"] if r.get("fused_by_tiles")]
+    sweep = sorted((r for r in res["speed"] if r.get("fused_by_tiles")), key=lambda r: (r["preset"], r["T"]))
     if sweep:
         lines += ["", "Sweep of the new path (us per call by plan; old = run 2's path in this run):", ""]
         for r in sweep:
