@@ -9,7 +9,8 @@ syncs with the host, so the grouping captures into a CUDA graph. Three ways, sam
 - "blocks" (the default): two launches over chunks of pairs. `_count_kernel` writes each chunk's
   pairs per expert; `_scatter_kernel` (one program per chunk) sums the chunks before its own and
   all of them, so it knows where each of its pairs goes, and it also writes the padding sentinels
-  and block experts of one chunk of sorted positions. Run 2 on the H200 measured the one-program
+  and block experts of one chunk of sorted positions. Up to BLOCKS_ONE_LAUNCH_MAX_PAIRS pairs the
+  scatter programs count every chunk themselves: one launch ("blocks2": always two). Run 2 on the H200 measured the one-program
   grouping at 55-136 us for qwen3-30b-a3b's T = 128..4096 (one program walks every pair).
 - "one_program": `_align_kernel`, one Triton program that walks the pairs in chunks of 64
   (run 2's grouping up to 4,096 pairs; kept so the benchmark can time the old path).
@@ -26,7 +27,10 @@ import triton.language as tl
 # run 2's rule for "legacy": the one program up to this many pairs, torch ops above
 ALIGN_ONE_PROGRAM_MAX_PAIRS = 4096
 _ALIGN_CHUNK = 64
-METHODS = ("blocks", "one_program", "torch", "legacy")
+METHODS = ("blocks", "blocks2", "one_program", "torch", "legacy")
+# "blocks" up to this many pairs: one launch (each program counts all pairs: 8 chunks of 128 at most);
+# "blocks2" always two launches (the benchmark times both)
+BLOCKS_ONE_LAUNCH_MAX_PAIRS = 1024
 
 
 def padded_length(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -43,7 +47,9 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, m
     if method == "legacy":
         method = "one_program" if topk_ids.numel() <= ALIGN_ONE_PROGRAM_MAX_PAIRS else "torch"
     if method == "blocks":
-        return _align_blocks(topk_ids, num_experts, block_m)
+        return _align_blocks(topk_ids, num_experts, block_m, BLOCKS_ONE_LAUNCH_MAX_PAIRS)
+    if method == "blocks2":
+        return _align_blocks(topk_ids, num_experts, block_m, 0)
     if method == "one_program":
         return _align_one_program(topk_ids, num_experts, block_m)
     if method == "torch":
@@ -71,17 +77,26 @@ def _count_kernel(ids_ptr, hist_ptr, n, EP2: tl.constexpr, CHUNK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n", "cap", "num_blocks", "num_chunks"])
 def _scatter_kernel(ids_ptr, hist_ptr, sorted_ptr, bexp_ptr, n, cap, num_blocks, num_chunks,
-                    BLOCK_M: tl.constexpr, EP2: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr):
+                    BLOCK_M: tl.constexpr, EP2: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr,
+                    COUNT_HERE: tl.constexpr):
     c = tl.program_id(0)
     bins = tl.arange(0, EP2)
     # pairs per expert in all chunks and in the chunks before this one (stable order across chunks)
     total = tl.zeros((EP2,), dtype=tl.int32)
     before = tl.zeros((EP2,), dtype=tl.int32)
-    for r0 in range(0, num_chunks, ROWS):
-        r = r0 + tl.arange(0, ROWS)
-        h = tl.load(hist_ptr + r[:, None] * EP2 + bins[None, :], mask=(r < num_chunks)[:, None], other=0)
-        total += tl.sum(h, axis=0)
-        before += tl.sum(tl.where((r < c)[:, None], h, 0), axis=0)
+    if COUNT_HERE:  # few pairs: every program counts them all itself (no count launch)
+        for r in range(num_chunks):
+            q = r * CHUNK + tl.arange(0, CHUNK)
+            eq = tl.load(ids_ptr + q, mask=q < n, other=-1)
+            h1 = tl.sum((eq[:, None] == bins[None, :]).to(tl.int32), axis=0)
+            total += h1
+            before += tl.where(r < c, h1, 0)
+    else:
+        for r0 in range(0, num_chunks, ROWS):
+            r = r0 + tl.arange(0, ROWS)
+            h = tl.load(hist_ptr + r[:, None] * EP2 + bins[None, :], mask=(r < num_chunks)[:, None], other=0)
+            total += tl.sum(h, axis=0)
+            before += tl.sum(tl.where((r < c)[:, None], h, 0), axis=0)
     padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     pad_end = tl.cumsum(padded, 0)
     pad_start = pad_end - padded
@@ -107,20 +122,26 @@ def _scatter_kernel(ids_ptr, hist_ptr, sorted_ptr, bexp_ptr, n, cap, num_blocks,
     tl.store(bexp_ptr + blk, tl.where(start < tl.sum(padded, axis=0), bex, -1), mask=blk < num_blocks)
 
 
-def _align_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _align_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_launch_max: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The many-program grouping; up to `one_launch_max` pairs each scatter program counts every
+    pair itself (one launch instead of two: a few [CHUNK, experts] compares per chunk)."""
     ids = topk_ids.reshape(-1)  # read as they come (int64 from torch.topk): no conversion launch
     n = ids.numel()
     cap = padded_length(n, num_experts, block_m)
     chunk, warps = _chunk(n)
     ep2 = max(2, triton.next_power_of_2(num_experts))
     num_chunks = triton.cdiv(n, chunk)
-    hist = torch.empty(num_chunks, ep2, dtype=torch.int32, device=ids.device)
     sorted_ids = torch.empty(cap, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)
-    _count_kernel[(num_chunks,)](ids, hist, n, EP2=ep2, CHUNK=chunk, num_warps=warps)
+    one_launch = n <= one_launch_max
+    hist = sorted_ids  # unused when the scatter counts itself
+    if not one_launch:
+        hist = torch.empty(num_chunks, ep2, dtype=torch.int32, device=ids.device)
+        _count_kernel[(num_chunks,)](ids, hist, n, EP2=ep2, CHUNK=chunk, num_warps=warps)
     _scatter_kernel[(triton.cdiv(cap, chunk),)](ids, hist, sorted_ids, block_expert, n, cap, cap // block_m,
                                                 num_chunks, BLOCK_M=block_m, EP2=ep2, CHUNK=chunk, ROWS=16,
-                                                num_warps=warps)
+                                                COUNT_HERE=one_launch, num_warps=warps)
     return sorted_ids, block_expert
 
 
@@ -196,4 +217,4 @@ def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
     return sorted_ids, block_expert
 
 
-__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "METHODS", "align_by_expert", "padded_length"]
+__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "BLOCKS_ONE_LAUNCH_MAX_PAIRS", "METHODS", "align_by_expert", "padded_length"]

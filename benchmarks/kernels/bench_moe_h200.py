@@ -288,7 +288,7 @@ def check_grouping() -> None:
         (128, 8, 1), (128, 8, 300), (128, 8, 4096), (8, 2, 37), (8, 2, 2048), (8, 2, 4096))
     for e, k, t in shapes:
         ids = torch.stack([torch.randperm(e, generator=g, device=DEVICE)[:k] for _ in range(t)])
-        for method in ("blocks", "one_program"):
+        for method in ("blocks", "blocks2", "one_program"):
             if method == "one_program" and t * k > 4096:
                 continue
             for block_m in (16, 128):
@@ -393,7 +393,11 @@ def phase_times(weights: list, routes: list, tiles: MoeTiles | DirectTiles, e: i
                                           for w, r, a in zip(weights, routes, acts)] * reps)}
     groups = [align_by_expert(r[2], e, tiles.block_m, method=align) for r in routes]
     acts = [gate_up_grouped(r[0], w[0], *gr, k, tiles) for w, r, gr in zip(weights, routes, groups)]
-    return {
+    out = {}
+    if align == "blocks":  # the grouping always in two launches (count, scatter), for comparison
+        out["align_two_launch_us"] = graph_time_us([lambda r=r: align_by_expert(r[2], e, tiles.block_m, method="blocks2")
+                                                    for r in routes] * reps)
+    return out | {
         "align_us": graph_time_us([lambda r=r: align_by_expert(r[2], e, tiles.block_m, method=align)
                                    for r in routes] * reps),
         "gate_up_us": graph_time_us([lambda w=w, r=r, gr=gr: gate_up_grouped(r[0], w[0], *gr, k, tiles)

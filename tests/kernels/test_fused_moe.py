@@ -23,7 +23,7 @@ def _weights(g, e, h, n, dtype=torch.float32):
 
 @settings(max_examples=25, **SETTINGS)
 @given(t=st.integers(1, 40), e=st.integers(1, 130), k=st.integers(1, 4), block_m=st.sampled_from([1, 4, 16]),
-       method=st.sampled_from(["blocks", "one_program"]), seed=st.integers(0, 10**6))
+       method=st.sampled_from(["blocks", "blocks2", "one_program"]), seed=st.integers(0, 10**6))
 def test_grouping_puts_every_pair_once_in_a_block_of_its_expert(t, e, k, block_m, method, seed):
     k = min(k, e)
     g = torch.Generator().manual_seed(seed)
