@@ -60,7 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--paths", default="old,new",
                    help="comma list of fused paths to time: old (run 2: one-program/torch grouping, run 2's tiles, "
                         "torch k-sum), new (multi-program grouping, direct small-step path, tile sweep)")
-    p.add_argument("--pdl-probe-only", action="store_true", help=argparse.SUPPRESS)  # the subprocess of pdl_probe
+    p.add_argument("--probe-only", action="store_true", help=argparse.SUPPRESS)  # the subprocess of probe()
     p.add_argument("--alternatives", action="store_true",
                    help="also time the per-expert torch loop and torch._grouped_mm (run 2 has them)")
     return p.parse_args()
@@ -308,13 +308,16 @@ def check_variants(t: int, k: int, e: int) -> dict:
     """The paths checked at T tokens: run 2's, the default, the direct path, the grouped one with the
     atomic k-sum and with its own down tile."""
     out = {"old": lambda *a: old_moe(*a), "default": lambda *a: fused_moe(*a)}
+    if "new" not in PATHS:
+        return {"old": out["old"]}
     if t * k <= DIRECT_MAX_SWEEP_PAIRS or ARGS.dry_run:
         out["direct"] = lambda *a: fused_moe(*a, DIRECT_CANDIDATES[0])
         out["direct_dot"] = lambda *a: fused_moe(*a, next(c for c in DIRECT_CANDIDATES if c.use_dot))
     big = MoeTiles(128, 128, 64, 8, 3)
     out["grouped_atomic"] = lambda *a: fused_moe(*a, MoeTiles(32, 64, 128, 4, 3, atomic_sum=True))
     out["grouped_down_tile"] = lambda *a: fused_moe(*a, dataclasses.replace(big, **DOWN_VARIANTS[0]))
-    out["grouped_tma"] = lambda *a: fused_moe(*a, dataclasses.replace(big, tma=True, atomic_sum=True))
+    if any(c.tma for c in TILE_CANDIDATES):  # TMA passed the probe
+        out["grouped_tma"] = lambda *a: fused_moe(*a, dataclasses.replace(big, tma=True, atomic_sum=True))
     return out
 
 
@@ -344,32 +347,70 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-def pdl_probe_body() -> bool:
-    """One direct call with programmatic dependent launch, eager and in a CUDA graph, against the reference."""
-    h, n, e, k = 256, 128, 8, 2
+PROBE_FEATURES = ("core", "tma", "pdl")
+
+
+def probe_plans() -> dict:
+    """Each feature's plans: core (the direct path, the many-program grouping, the atomic k-sum), TMA
+    weight tiles, programmatic dependent launch."""
+    return {"core": [DIRECT_CANDIDATES[0], next(c for c in DIRECT_CANDIDATES if c.use_dot),
+                     MoeTiles(16, 64, 128, 4, 4, atomic_sum=True), MoeTiles(64, 128, 64, 4, 3)],
+            "tma": [c for c in TILE_CANDIDATES if c.tma][:2],
+            "pdl": [c for c in DIRECT_CANDIDATES if c.pdl]}
+
+
+def probe_body(features: tuple[str, ...]) -> None:
+    """Each feature's plans on a small layer, eager and in a CUDA graph, against the reference; prints
+    `PROBE_OK feature` for each that passes (a crash stops the later ones: they count as failed)."""
+    h, n, e, k = (64, 32, 8, 2) if ARGS.dry_run else (256, 128, 16, 4)
     (w13, w2), = make_weights(h, n, e, 1, seed=3)
-    x, tw, ids = make_routing(2, h, e, k, seed=3)
-    pdl = next(c for c in DIRECT_CANDIDATES if c.pdl)
-    graph_time_us([lambda: fused_moe(x, w13, w2, tw, ids, pdl)])
-    return rel(fused_moe(x, w13, w2, tw, ids, pdl), fused_moe_ref(x.float(), w13.float(), w2.float(), tw, ids)) <= 1e-2
+    for feature in features:
+        try:
+            for t in (2, 9) if ARGS.dry_run else (2, 40):
+                x, tw, ids = make_routing(t, h, e, k, seed=3)
+                ref = fused_moe_ref(x.float(), w13.float(), w2.float(), tw, ids)
+                for plan in probe_plans()[feature]:
+                    graph_time_us([lambda p=plan, a=(x, w13, w2, tw, ids): fused_moe(*a, p)])
+                    err = rel(fused_moe(x, w13, w2, tw, ids, plan), ref)
+                    assert err <= 1e-2, f"{tiles_key(plan)} T={t}: relative error {err:.2e}"
+            print(f"PROBE_OK {feature}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - reported, the next feature still tried
+            print(f"PROBE_FAIL {feature}: {exc!r}"[:400], flush=True)
 
 
-def pdl_probe() -> None:
-    """Programmatic dependent launch inside a CUDA graph, tried in a subprocess (a failed capture must
-    not leave this process's stream broken); if it fails, the sweep drops the pdl candidates."""
-    global DIRECT_CANDIDATES
-    ok = False
+def probe() -> None:
+    """The new kernels' features tried first in a subprocess (a failed graph capture or a faulting
+    kernel must not break this process's CUDA context); a failing feature's plans leave the sweep
+    (core failing: only the old path is measured). CPU dry run: core and TMA in this process."""
+    global DIRECT_CANDIDATES, TILE_CANDIDATES, PATHS
     if DEVICE == "cuda":
         import subprocess
 
-        done = subprocess.run([sys.executable, __file__, "--out", str(ARGS.out / "pdl_probe"), "--pdl-probe-only"],
-                              capture_output=True, text=True, timeout=120, check=False)
-        ok = done.returncode == 0
-        if not ok:
-            RESULTS["errors"].append(f"pdl probe failed (pdl candidates dropped): {done.stderr[-300:]}")
-    RESULTS["meta"]["pdl_ok"] = ok
-    if not ok:
+        try:
+            done = subprocess.run([sys.executable, __file__, "--out", str(ARGS.out / "probe"), "--probe-only"],
+                                  capture_output=True, text=True, timeout=150, check=False)
+            out = done.stdout + done.stderr[-600:]
+        except subprocess.TimeoutExpired as exc:
+            out = f"timeout: {exc!r}"
+        ok = {f for f in PROBE_FEATURES if f"PROBE_OK {f}" in out}
+        if ok != set(PROBE_FEATURES):
+            RESULTS["errors"].append(f"probe: only {sorted(ok)} passed: " + out[-500:])
+    else:
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            probe_body(("core", "tma"))
+        ok = {f for f in PROBE_FEATURES if f"PROBE_OK {f}" in buf.getvalue()}
+    RESULTS["meta"]["probe_ok"] = sorted(ok)
+    if "pdl" not in ok:
         DIRECT_CANDIDATES = [c for c in DIRECT_CANDIDATES if not c.pdl]
+    if "tma" not in ok:
+        TILE_CANDIDATES = [c for c in TILE_CANDIDATES if not c.tma]
+    if "core" not in ok:
+        PATHS = PATHS & {"old"}
+        RESULTS["errors"].append("probe: the new kernels failed; only run 2's path is measured")
 
 
 # ------------------------------------------------------------------------------- part 2: speed
@@ -589,7 +630,7 @@ def main() -> None:
         RESULTS["meta"]["triton"] = triton.__version__
     except ImportError:
         pass
-    for part, fn in (("check", check), ("pdl", pdl_probe), ("speed", speed), ("engine", engine_steps)):
+    for part, fn in (("probe", probe), ("check", check), ("speed", speed), ("engine", engine_steps)):
         if part in SKIP:
             continue
         if over_budget():
@@ -690,6 +731,7 @@ def engine_steps() -> None:
 
 
 if __name__ == "__main__":
-    if ARGS.pdl_probe_only:
-        sys.exit(0 if pdl_probe_body() else 1)
+    if ARGS.probe_only:
+        probe_body(PROBE_FEATURES)
+        sys.exit(0)
     main()
