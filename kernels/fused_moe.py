@@ -16,6 +16,7 @@ its programs return at once. Then two launches, each over (blocks, output tiles)
 
 Direct path (`kernels.moe_direct.DirectTiles`, small steps): no grouping, one program per
 (pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches.
+`default_tiles` gives run 2's measured plans until the H200 measures run 3's (DEFAULT_PLANS).
 
 No host sync and shapes fixed by (T, k, E, tiles), so a step captures into a CUDA graph. The
 weights are read once per touched expert per tile column: a decode step reads only the experts its
@@ -25,6 +26,7 @@ tokens route to (the simulator's `expected_experts_touched`). The plain-PyTorch 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -52,30 +54,51 @@ class MoeTiles:
     down_num_stages: int = 0
     atomic_sum: bool = False  # the k-sum as float32 atomics in the down kernel, not a torch sum
     tma: bool = False  # weight tiles through TMA descriptors (Hopper's tensor memory accelerator)
+    align: str = "blocks"  # the grouping (kernels.moe_align.METHODS; "legacy": run 2's)
 
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
         return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
-                        atomic_sum=self.atomic_sum, tma=self.tma)
+                        atomic_sum=self.atomic_sum, tma=self.tma, align=self.align)
+
+
+# Which plans `default_tiles` gives. "run2": run 2's measured grouped path (its one-program / torch
+# grouping and tiles) -- the default until the H200 measures run 3's kernels (benchmarks/kernels/MOE.md);
+# "run3": the direct path for few pairs, the many-program grouping, provisional tiles.
+DEFAULT_PLANS = "run2"
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
-    """The path and tiles of a step: up to DIRECT_MAX_PAIRS (token, expert) pairs and at most
-    E / 4 of them the direct path (pairs rarely share an expert), else the grouped GEMMs with tiles
-    by the mean rows per expert. Provisional: run 2's grouped tiles (benchmarks/kernels/data/moe_run2),
-    the direct path's tiles untuned until run 3 measures them."""
+    """The path and tiles of a step (DEFAULT_PLANS picks run 2's or run 3's rule)."""
+    if DEFAULT_PLANS == "run3":
+        return run3_tiles(num_tokens, top_k, num_experts)
+    return run2_tiles(num_tokens, top_k, num_experts)
+
+
+def run2_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
+    """Run 2's tiles by the mean rows per expert (benchmarks/kernels/data/moe_run2, 11 configs at
+    T = 1..4096 on qwen3-30b-a3b's and mixtral-8x7b's layer shapes; each pick within 4% of the best
+    there, except mixtral T=1024 at 13%) with run 2's grouping: up to 1 row per expert 16 x 32, to 16
+    rows 32 x 64, to 32 rows 64 x 128, beyond 128 x 128 with 8 warps."""
+    rows = num_tokens * top_k / num_experts
+    if rows <= 1:
+        return MoeTiles(16, 32, 128, 4, 4, align="legacy")
+    if rows <= 16:
+        return MoeTiles(32, 64, 128, 4, 3, align="legacy")
+    if rows <= 32:
+        return MoeTiles(64, 128, 64, 4, 3, align="legacy")
+    return MoeTiles(128, 128, 64, 8, 3, align="legacy")
+
+
+def run3_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """Up to DIRECT_MAX_PAIRS (token, expert) pairs and at most E / 4 of them the direct path (pairs
+    rarely share an expert), else run 2's tiles with the many-program grouping. Provisional: the
+    direct path's tile and this rule wait for run 3's H200 sweep."""
     pairs = num_tokens * top_k
     if pairs <= DIRECT_MAX_PAIRS and 4 * pairs <= num_experts:
         return DirectTiles()
-    rows = pairs / num_experts
-    if rows <= 1:
-        return MoeTiles(16, 32, 128, 4, 4)
-    if rows <= 16:
-        return MoeTiles(32, 64, 128, 4, 3)
-    if rows <= 32:
-        return MoeTiles(64, 128, 64, 4, 3)
-    return MoeTiles(128, 128, 64, 8, 3)
+    return dataclasses.replace(run2_tiles(num_tokens, top_k, num_experts), align="blocks")
 
 
 DIRECT_MAX_PAIRS = 32
@@ -226,12 +249,12 @@ def down_grouped(act: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor, 
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, tiles: MoeTiles | DirectTiles | None = None, *, align: str = "blocks"
+              topk_ids: torch.Tensor, tiles: MoeTiles | DirectTiles | None = None, *, align: str | None = None
               ) -> torch.Tensor:
     """The MoE experts' output `[T, H]` for `x [T, H]` routed by (`topk_weights`, `topk_ids`) `[T, k]`;
     the signature and values of `kernels.moe_reference.fused_moe_ref`. `tiles` picks the path
     (default: `default_tiles`); `align`: the grouped path's grouping (kernels.moe_align.METHODS;
-    "legacy" is run 2's)."""
+    "legacy" is run 2's), default the tiles' own."""
     _check(x, w13, w2, topk_ids)
     t, h = x.shape
     e, k = w13.shape[0], topk_ids.shape[1]
@@ -240,7 +263,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     tiles = tiles or default_tiles(t, k, e)
     if isinstance(tiles, DirectTiles):
         return fused_moe_direct(x, w13, w2, topk_weights, topk_ids, tiles)
-    sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m, method=align)
+    sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m, method=align or tiles.align)
     act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles)
     out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles)
     if tiles.atomic_sum:
@@ -248,5 +271,6 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     return out.view(t, k, h).sum(dim=1)  # one kernel (torch accumulates half types in float32)
 
 
-__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "DIRECT_MAX_PAIRS", "DirectTiles", "MoeTiles", "align_by_expert",
-           "default_tiles", "down_grouped", "fused_moe", "gate_up_grouped", "padded_length"]
+__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "DEFAULT_PLANS", "DIRECT_MAX_PAIRS", "DirectTiles", "MoeTiles",
+           "align_by_expert", "default_tiles", "down_grouped", "fused_moe", "gate_up_grouped", "padded_length",
+           "run2_tiles", "run3_tiles"]

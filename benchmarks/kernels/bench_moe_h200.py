@@ -80,10 +80,11 @@ from kernels.fused_moe import (
     DirectTiles,
     MoeTiles,
     align_by_expert,
-    default_tiles,
     down_grouped,
     fused_moe,
     gate_up_grouped,
+    run2_tiles,
+    run3_tiles,
 )
 from kernels.moe_direct import down_direct, gate_up_direct
 from kernels.moe_reference import fused_moe_ref, route_ref
@@ -120,21 +121,14 @@ DIRECT_MAX_SWEEP_PAIRS = 128
 
 
 def legacy_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
-    """Run 2's kernels.fused_moe.default_tiles, verbatim: the old path's tiles."""
-    rows = num_tokens * top_k / num_experts
-    if rows <= 1:
-        return MoeTiles(16, 32, 128, 4, 4)
-    if rows <= 16:
-        return MoeTiles(32, 64, 128, 4, 3)
-    if rows <= 32:
-        return MoeTiles(64, 128, 64, 4, 3)
-    return MoeTiles(128, 128, 64, 8, 3)
+    """Run 2's tiles and grouping: the old path."""
+    return run2_tiles(num_tokens, top_k, num_experts)
 
 
 def old_moe(x, w13, w2, tw, ids):
     """Run 2's path: its grouping (one program up to 4,096 pairs, torch ops above), its tiles, torch k-sum."""
     t, k = ids.shape
-    return fused_moe(x, w13, w2, tw, ids, legacy_tiles(t, k, w13.shape[0]), align="legacy")
+    return fused_moe(x, w13, w2, tw, ids, legacy_tiles(t, k, w13.shape[0]))
 
 
 def tiles_key(t: MoeTiles | DirectTiles) -> str:
@@ -307,7 +301,7 @@ def check_grouping() -> None:
 def check_variants(t: int, k: int, e: int) -> dict:
     """The paths checked at T tokens: run 2's, the default, the direct path, the grouped one with the
     atomic k-sum and with its own down tile."""
-    out = {"old": lambda *a: old_moe(*a), "default": lambda *a: fused_moe(*a)}
+    out = {"old": lambda *a: old_moe(*a), "default": lambda *a: fused_moe(*a, run3_tiles(t, k, e))}
     if "new" not in PATHS:
         return {"old": out["old"]}
     if t * k <= DIRECT_MAX_SWEEP_PAIRS or ARGS.dry_run:
@@ -490,7 +484,7 @@ def sweep_new(row: dict, calls, name: str, t: int, k: int, e: int) -> MoeTiles |
             c = dataclasses.replace(plans[min(downs, key=by.get)], atomic_sum=True)
             plans[tiles_key(c)] = c
             time_plans(lambda c: calls(fused_moe, tiles=c), [c], by, name, t)
-    d = default_tiles(t, k, e)
+    d = run3_tiles(t, k, e)  # the new default rule (kernels.fused_moe.DEFAULT_PLANS = "run3")
     plans.setdefault(tiles_key(d), d)
     time_plans(lambda c: calls(fused_moe, tiles=c), [d], by, name, t)
     row["default_tiles"] = tiles_key(d)

@@ -8,7 +8,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.fused_moe import DirectTiles, MoeTiles, align_by_expert, default_tiles, fused_moe
+from kernels.fused_moe import (
+    DirectTiles,
+    MoeTiles,
+    align_by_expert,
+    default_tiles,
+    fused_moe,
+    run2_tiles,
+    run3_tiles,
+)
 from kernels.moe_reference import fused_moe_ref, moe_ref, route_ref
 from tests.kernels.helpers import SETTINGS, assert_close
 
@@ -81,7 +89,9 @@ def test_one_token_bfloat16_default_tiles():
     weights, ids = route_ref(x @ router.t(), 2, True)
     got = fused_moe(x, w13, w2, weights, ids)
     assert_close(got, moe_ref(x, router, w13, w2, 2, True), torch.bfloat16)
-    assert isinstance(default_tiles(1, 2, e), DirectTiles)  # 2 pairs on 8 experts: the direct path
+    assert default_tiles(1, 2, e) == run2_tiles(1, 2, e)  # run 2's measured plan until run 3 is measured
+    assert_close(fused_moe(x, w13, w2, weights, ids, run3_tiles(1, 2, e)), moe_ref(x, router, w13, w2, 2, True),
+                 torch.bfloat16)
 
 
 def test_routing_renormalises_only_when_asked():
@@ -172,10 +182,11 @@ def test_many_program_grouping_beyond_16k_pairs():
             assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-def test_default_plan_is_direct_only_for_few_pairs_on_many_experts():
-    assert isinstance(default_tiles(1, 8, 128), DirectTiles) and isinstance(default_tiles(4, 8, 128), DirectTiles)
-    assert isinstance(default_tiles(8, 8, 128), MoeTiles)  # 64 pairs
-    assert isinstance(default_tiles(1, 2, 8), DirectTiles) and isinstance(default_tiles(2, 2, 8), MoeTiles)
+def test_run3_plan_is_direct_only_for_few_pairs_on_many_experts():
+    assert isinstance(run3_tiles(1, 8, 128), DirectTiles) and isinstance(run3_tiles(4, 8, 128), DirectTiles)
+    assert run3_tiles(8, 8, 128).align == "blocks"  # 64 pairs: grouped, the many-program grouping
+    assert isinstance(run3_tiles(1, 2, 8), DirectTiles) and isinstance(run3_tiles(2, 2, 8), MoeTiles)
+    assert run2_tiles(8, 8, 128).align == "legacy"
 
 
 def test_unknown_grouping_is_refused():
