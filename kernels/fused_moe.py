@@ -1,35 +1,46 @@
-"""Fused mixture-of-experts in Triton: tokens grouped by expert, one grouped GEMM launch per projection.
+"""Fused mixture-of-experts in Triton: two paths, chosen per step size by `default_tiles`.
 
-A step of T tokens routes each to k experts: T*k (token, expert) pairs. `align_by_expert` sorts
-the pairs by expert and pads every expert's run to a multiple of BLOCK_M rows (the padding rows
-hold the sentinel T*k), so each BLOCK_M block of the sorted list belongs to one expert; a block
-past the end gets expert -1 and its programs return at once. All of it is torch ops on device
-tensors of sizes fixed by (T, k, E, BLOCK_M) -- no host sync -- so the layer captures into a CUDA
-graph. Then two launches, each over (blocks, output tiles) of every expert at once:
+A step of T tokens routes each to k experts: T*k (token, expert) pairs.
+
+Grouped path (`MoeTiles`): `kernels.moe_align.align_by_expert` sorts the pairs by expert and pads
+every expert's run to a multiple of BLOCK_M rows (the padding rows hold the sentinel T*k), so each
+BLOCK_M block of the sorted list belongs to one expert; a block past the end gets expert -1 and
+its programs return at once. Then two launches, each over (blocks, output tiles) of every expert:
 
 1. `_gate_up_kernel`: rows of x gathered by the block's pair ids, times the block's expert's
    gate and up tiles (two accumulators, one pass over x), SiLU(gate) * up stored per pair
    ([T*k, N], the model dtype);
 2. `_down_kernel`: those rows times the expert's down projection, scaled by the pair's routing
-   weight, stored per pair ([T*k, H]); a torch sum over each token's k rows (float32) finishes.
+   weight, either stored per pair ([T*k, H]) and summed over each token's k rows by torch
+   (float32), or (`atomic_sum`) added into a zeroed float32 [T, H] with atomics and cast.
 
-The weights are read once per touched expert per tile column: a decode step reads only the
-experts its tokens route to (the simulator's `expected_experts_touched`). The plain-PyTorch
-per-expert loop is `kernels.moe_reference.fused_moe_ref`.
+Direct path (`kernels.moe_direct.DirectTiles`, small steps): no grouping, one program per
+(pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches.
+`default_tiles` gives run 2's measured plans until the H200 measures run 3's (DEFAULT_PLANS).
+
+No host sync and shapes fixed by (T, k, E, tiles), so a step captures into a CUDA graph. The
+weights are read once per touched expert per tile column: a decode step reads only the experts its
+tokens route to (the simulator's `expected_experts_touched`). The plain-PyTorch per-expert loop is
+`kernels.moe_reference.fused_moe_ref`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.moe_align import ALIGN_ONE_PROGRAM_MAX_PAIRS, align_by_expert, padded_length
+from kernels.moe_direct import DirectTiles, fused_moe_direct
+
 
 @dataclass(frozen=True, slots=True)
 class MoeTiles:
-    """Tile shape and launch settings of both grouped GEMMs."""
+    """Tile shape and launch settings of the grouped GEMMs; the down_* fields (0: as gate+up's) let
+    the down projection (K = N, output H) take its own tile."""
 
     block_m: int = 16
     block_n: int = 64
@@ -37,123 +48,60 @@ class MoeTiles:
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 8  # M blocks that sweep the N tiles together (L2 reuse of their rows and weight tiles)
+    down_block_n: int = 0
+    down_block_k: int = 0
+    down_num_warps: int = 0
+    down_num_stages: int = 0
+    atomic_sum: bool = False  # the k-sum as float32 atomics in the down kernel, not a torch sum
+    tma: bool = False  # weight tiles through TMA descriptors (Hopper's tensor memory accelerator)
+    align: str = "blocks"  # the grouping (kernels.moe_align.METHODS; "legacy": run 2's)
+
+    def down(self) -> MoeTiles:
+        """The tiles the down launch uses."""
+        return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
+                        self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
+                        atomic_sum=self.atomic_sum, tma=self.tma, align=self.align)
 
 
-def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
-    """Tiles by the mean rows per expert, from the H200 sweep of run 2 (benchmarks/kernels/data/moe_run2,
-    11 configs at T = 1..4096 on qwen3-30b-a3b's and mixtral-8x7b's layer shapes; each pick is within
-    4% of the best there, except mixtral T=1024 at 13%, whose best is the same tile without the
-    L2 grouping): up to 1 row per expert 16 x 32 (more programs stream the
-    weights), to 16 rows 32 x 64, to 32 rows 64 x 128, beyond 128 x 128 with 8 warps (qwen T=4096:
-    0.95 ms against 1.09 with 64 x 128)."""
+# Which plans `default_tiles` gives. "run2": run 2's measured grouped path (its one-program / torch
+# grouping and tiles) -- the default until the H200 measures run 3's kernels (benchmarks/kernels/MOE.md);
+# "run3": the direct path for few pairs, the many-program grouping, provisional tiles.
+DEFAULT_PLANS = "run2"
+
+
+def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """The path and tiles of a step (DEFAULT_PLANS picks run 2's or run 3's rule)."""
+    if DEFAULT_PLANS == "run3":
+        return run3_tiles(num_tokens, top_k, num_experts)
+    return run2_tiles(num_tokens, top_k, num_experts)
+
+
+def run2_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
+    """Run 2's tiles by the mean rows per expert (benchmarks/kernels/data/moe_run2, 11 configs at
+    T = 1..4096 on qwen3-30b-a3b's and mixtral-8x7b's layer shapes; each pick within 4% of the best
+    there, except mixtral T=1024 at 13%) with run 2's grouping: up to 1 row per expert 16 x 32, to 16
+    rows 32 x 64, to 32 rows 64 x 128, beyond 128 x 128 with 8 warps."""
     rows = num_tokens * top_k / num_experts
     if rows <= 1:
-        return MoeTiles(16, 32, 128, 4, 4)
+        return MoeTiles(16, 32, 128, 4, 4, align="legacy")
     if rows <= 16:
-        return MoeTiles(32, 64, 128, 4, 3)
+        return MoeTiles(32, 64, 128, 4, 3, align="legacy")
     if rows <= 32:
-        return MoeTiles(64, 128, 64, 4, 3)
-    return MoeTiles(128, 128, 64, 8, 3)
+        return MoeTiles(64, 128, 64, 4, 3, align="legacy")
+    return MoeTiles(128, 128, 64, 8, 3, align="legacy")
 
 
-# Up to this many (token, expert) pairs the grouping is one Triton program (one launch: a decode
-# step's grouping would otherwise be ~25 small torch kernels, several times the experts' own time
-# at batch 1); above it, torch's sort (the launches are then a small share of the step).
-ALIGN_ONE_PROGRAM_MAX_PAIRS = 4096
-_ALIGN_CHUNK = 64
+def run3_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """Up to DIRECT_MAX_PAIRS (token, expert) pairs and at most E / 4 of them the direct path (pairs
+    rarely share an expert), else run 2's tiles with the many-program grouping. Provisional: the
+    direct path's tile and this rule wait for run 3's H200 sweep."""
+    pairs = num_tokens * top_k
+    if pairs <= DIRECT_MAX_PAIRS and 4 * pairs <= num_experts:
+        return DirectTiles()
+    return dataclasses.replace(run2_tiles(num_tokens, top_k, num_experts), align="blocks")
 
 
-def padded_length(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """P = T*k + min(E, T*k) * (block_m - 1), rounded up to block_m: bounds the padded sorted list
-    (each touched expert pads fewer than block_m rows), fixed by (T, k, E, block_m)."""
-    cap = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-    return -(-cap // block_m) * block_m
-
-
-def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, one_program: bool | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted pair ids [P] int32, expert of each BLOCK_M block [P / block_m] int32).
-
-    Pair id p = t * k + j (token t's j-th expert), sorted by expert, stable; padding rows hold
-    T*k; a block past the end has expert -1. Shapes depend only on (T, k, E, block_m) and nothing
-    syncs with the host, so the grouping captures into a CUDA graph. `one_program`: the single
-    Triton program (default up to ALIGN_ONE_PROGRAM_MAX_PAIRS pairs) or torch ops; same output."""
-    n = topk_ids.numel()
-    if one_program is None:
-        one_program = n <= ALIGN_ONE_PROGRAM_MAX_PAIRS
-    if one_program:
-        return _align_one_program(topk_ids, num_experts, block_m)
-    return _align_torch(topk_ids, num_experts, block_m)
-
-
-@triton.jit
-def _align_kernel(ids_ptr, sorted_ptr, bexp_ptr, n, num_experts, cap, num_blocks,
-                  BLOCK_M: tl.constexpr, EP2: tl.constexpr, CHUNK: tl.constexpr):
-    bins = tl.arange(0, EP2)
-    lanes = tl.arange(0, CHUNK)
-    # 1. pairs per expert; padding lanes land in the spare last bin (EP2 > num_experts), dropped
-    counts = tl.zeros((EP2,), dtype=tl.int32)
-    for c0 in range(0, n, CHUNK):
-        e = tl.load(ids_ptr + c0 + lanes, mask=c0 + lanes < n, other=EP2 - 1)
-        counts += tl.histogram(e, EP2)
-    counts = tl.where(bins < num_experts, counts, 0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    pad_end = tl.cumsum(padded, 0)
-    pad_start = pad_end - padded
-    # 2. the sentinel everywhere, then each pair at its expert's start + the expert's pairs before it
-    for c0 in range(0, cap, CHUNK):
-        tl.store(sorted_ptr + c0 + lanes, n, mask=c0 + lanes < cap)
-    tl.debug_barrier()
-    seen = tl.zeros((EP2,), dtype=tl.int32)
-    for c0 in range(0, n, CHUNK):
-        ok = c0 + lanes < n
-        e = tl.load(ids_ptr + c0 + lanes, mask=ok, other=EP2 - 1)
-        onehot = e[:, None] == bins[None, :]
-        base = tl.sum(tl.where(onehot, (pad_start + seen)[None, :], 0), axis=1)
-        earlier = (e[:, None] == e[None, :]) & (lanes[None, :] < lanes[:, None])
-        rank = tl.sum(earlier.to(tl.int32), axis=1)
-        tl.store(sorted_ptr + base + rank, c0 + lanes, mask=ok)
-        seen += tl.sum(onehot.to(tl.int32), axis=0)
-    # 3. a block's expert: how many experts' padded runs end at or before its first row
-    total = tl.sum(padded, axis=0)
-    for b0 in range(0, num_blocks, CHUNK):
-        blk = b0 + lanes
-        start = blk * BLOCK_M
-        ex = tl.sum((pad_end[None, :] <= start[:, None]).to(tl.int32), axis=1)
-        tl.store(bexp_ptr + blk, tl.where(start < total, ex, -1), mask=blk < num_blocks)
-
-
-def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = topk_ids.reshape(-1).to(torch.int32)
-    n = ids.numel()
-    cap = padded_length(n, num_experts, block_m)
-    sorted_ids = torch.empty(cap, dtype=torch.int32, device=ids.device)
-    block_expert = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)
-    _align_kernel[(1,)](ids, sorted_ids, block_expert, n, num_experts, cap, cap // block_m, BLOCK_M=block_m,
-                        EP2=triton.next_power_of_2(num_experts + 1), CHUNK=_ALIGN_CHUNK, num_warps=4)
-    return sorted_ids, block_expert
-
-
-def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The grouping in torch ops: scatter_add counts, a stable sort, searchsorted for the blocks."""
-    dev = topk_ids.device
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    n = flat.numel()
-    cap = padded_length(n, num_experts, block_m)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(
-        0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    pad_end = torch.cumsum(padded, 0)
-    order = torch.sort(flat, stable=True).indices
-    by_expert = flat[order]
-    start = torch.cumsum(counts, 0) - counts  # first sorted position of each expert
-    dest = (pad_end - padded)[by_expert] + torch.arange(n, device=dev) - start[by_expert]
-    sorted_ids = torch.full((cap,), n, dtype=torch.int32, device=dev)
-    sorted_ids.scatter_(0, dest, order.to(torch.int32))
-    block_start = torch.arange(0, cap, block_m, device=dev)
-    block_expert = torch.searchsorted(pad_end, block_start, right=True)
-    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
-    return sorted_ids, block_expert
+DIRECT_MAX_PAIRS = 32
 
 
 @triton.jit
@@ -168,12 +116,14 @@ def _tile_of(num_blocks, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     return first_m + (pid % per_group) % size, (pid % per_group) // size
 
 
-@triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
+def _gate_up_kernel(x_ptr, w_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
                     sx_t, sw_e, sw_n, sa_p,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                    USE_TMA: tl.constexpr):
     pid_m, pid_n = _tile_of(num_blocks, N, BLOCK_N, GROUP_M)
-    e = tl.load(bexp_ptr + pid_m).to(tl.int64)
+    e32 = tl.load(bexp_ptr + pid_m)
+    e = e32.to(tl.int64)
     if e < 0:
         return
     pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -188,22 +138,29 @@ def _gate_up_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, t
         ks = k0 + tl.arange(0, BLOCK_K)
         ok_k = ks < H
         a = tl.load(x_ptr + rows[:, None] * sx_t + ks[None, :], mask=ok_m[:, None] & ok_k[None, :], other=0.0)
-        wmask = ok_k[:, None] & ok_n[None, :]
-        wg = tl.load(w_base + cols[None, :].to(tl.int64) * sw_n + ks[:, None], mask=wmask, other=0.0)
-        wu = tl.load(w_base + (cols[None, :] + N).to(tl.int64) * sw_n + ks[:, None], mask=wmask, other=0.0)
-        acc_g = tl.dot(a, wg, acc_g)
-        acc_u = tl.dot(a, wu, acc_u)
+        if USE_TMA:  # w13 seen as [E*2N, H]: rows past N are the up rows (or zeros), masked at the store
+            row0 = e32 * 2 * N + pid_n * BLOCK_N
+            acc_g = tl.dot(a, tl.trans(w_desc.load([row0, k0])), acc_g)
+            acc_u = tl.dot(a, tl.trans(w_desc.load([row0 + N, k0])), acc_u)
+        else:
+            wmask = ok_k[:, None] & ok_n[None, :]
+            wg = tl.load(w_base + cols[None, :].to(tl.int64) * sw_n + ks[:, None], mask=wmask, other=0.0)
+            wu = tl.load(w_base + (cols[None, :] + N).to(tl.int64) * sw_n + ks[:, None], mask=wmask, other=0.0)
+            acc_g = tl.dot(a, wg, acc_g)
+            acc_u = tl.dot(a, wu, acc_u)
     act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     dst = act_ptr + pairs[:, None].to(tl.int64) * sa_p + cols[None, :]
     tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=ok_m[:, None] & ok_n[None, :])
 
 
-@triton.jit
-def _down_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, num_blocks,
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
+def _down_kernel(act_ptr, w_ptr, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, top_k, num_blocks,
                  sa_p, sw_e, sw_h, so_p,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                 ATOMIC: tl.constexpr, USE_TMA: tl.constexpr):
     pid_m, pid_n = _tile_of(num_blocks, H, BLOCK_N, GROUP_M)
-    e = tl.load(bexp_ptr + pid_m).to(tl.int64)
+    e32 = tl.load(bexp_ptr + pid_m)
+    e = e32.to(tl.int64)
     if e < 0:
         return
     pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -217,12 +174,20 @@ def _down_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, 
         ks = k0 + tl.arange(0, BLOCK_K)
         ok_k = ks < N
         a = tl.load(act_ptr + p64[:, None] * sa_p + ks[None, :], mask=ok_m[:, None] & ok_k[None, :], other=0.0)
-        w = tl.load(w_base + cols[None, :].to(tl.int64) * sw_h + ks[:, None], mask=ok_k[:, None] & ok_n[None, :],
-                    other=0.0)
-        acc = tl.dot(a, w, acc)
+        if USE_TMA:  # w2 seen as [E*H, N]
+            acc = tl.dot(a, tl.trans(w_desc.load([e32 * H + pid_n * BLOCK_N, k0])), acc)
+        else:
+            w = tl.load(w_base + cols[None, :].to(tl.int64) * sw_h + ks[:, None], mask=ok_k[:, None] & ok_n[None, :],
+                        other=0.0)
+            acc = tl.dot(a, w, acc)
     acc = acc * tl.load(tw_ptr + pairs, mask=ok_m, other=0.0)[:, None]
-    tl.store(out_ptr + p64[:, None] * so_p + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=ok_m[:, None] & ok_n[None, :])
+    if ATOMIC:  # out is float32 [T, H]: this pair's row adds into its token's row
+        tok = (pairs // top_k).to(tl.int64)
+        tl.atomic_add(out_ptr + tok[:, None] * so_p + cols[None, :], acc, mask=ok_m[:, None] & ok_n[None, :],
+                      sem="relaxed")
+    else:
+        tl.store(out_ptr + p64[:, None] * so_p + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=ok_m[:, None] & ok_n[None, :])
 
 
 def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor) -> None:
@@ -237,7 +202,18 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch
 
 def _launch(tiles: MoeTiles) -> dict:
     return {"BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "GROUP_M": tiles.group_m,
-            "num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+            "num_warps": tiles.num_warps, "num_stages": tiles.num_stages, "USE_TMA": tiles.tma}
+
+
+def _weight_desc(w: torch.Tensor, tiles: MoeTiles):
+    """A host-side TMA descriptor of the experts' weights `[E, R, C]` seen as `[E*R, C]`, tiles
+    [block_n, block_k]; None when the tiles do not ask for TMA."""
+    if not tiles.tma:
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    e, r, c = w.shape
+    return TensorDescriptor.from_tensor(w.view(e * r, c), [tiles.block_n, tiles.block_k])
 
 
 def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
@@ -248,39 +224,53 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
     pairs, blocks = t * top_k, block_expert.numel()
     act = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
-        x, w13, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), w13.stride(0), w13.stride(1),
+        x, w13, _weight_desc(w13, tiles), act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), w13.stride(0), w13.stride(1),
         act.stride(0), **_launch(tiles))
     return act
 
 
 def down_grouped(act: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
                  topk_weights: torch.Tensor, tiles: MoeTiles) -> torch.Tensor:
-    """Each pair's down projection times its routing weight, `[T*k, H]`: the second launch."""
+    """Each pair's down projection times its routing weight: `[T*k, H]` (the model dtype), or with
+    `tiles.atomic_sum` already summed over each token's k pairs, `[T, H]` float32."""
     pairs, n = act.shape
+    t, k = topk_weights.shape
     h, blocks = w2.shape[1], block_expert.numel()
-    out = torch.empty(pairs, h, dtype=act.dtype, device=act.device)
+    d = tiles.down()
+    if d.atomic_sum:
+        out = torch.zeros(t, h, dtype=torch.float32, device=act.device)
+    else:
+        out = torch.empty(pairs, h, dtype=act.dtype, device=act.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    _down_kernel[(blocks * triton.cdiv(h, tiles.block_n),)](
-        act, w2, out, sorted_ids, block_expert, tw, pairs, n, h, blocks, act.stride(0), w2.stride(0), w2.stride(1),
-        out.stride(0), **_launch(tiles))
+    _down_kernel[(blocks * triton.cdiv(h, d.block_n),)](
+        act, w2, _weight_desc(w2, d), out, sorted_ids, block_expert, tw, pairs, n, h, k, blocks, act.stride(0), w2.stride(0), w2.stride(1),
+        out.stride(0), ATOMIC=d.atomic_sum, **_launch(d))
     return out
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, tiles: MoeTiles | None = None) -> torch.Tensor:
+              topk_ids: torch.Tensor, tiles: MoeTiles | DirectTiles | None = None, *, align: str | None = None
+              ) -> torch.Tensor:
     """The MoE experts' output `[T, H]` for `x [T, H]` routed by (`topk_weights`, `topk_ids`) `[T, k]`;
-    the signature and values of `kernels.moe_reference.fused_moe_ref`."""
+    the signature and values of `kernels.moe_reference.fused_moe_ref`. `tiles` picks the path
+    (default: `default_tiles`); `align`: the grouped path's grouping (kernels.moe_align.METHODS;
+    "legacy" is run 2's), default the tiles' own."""
     _check(x, w13, w2, topk_ids)
     t, h = x.shape
     e, k = w13.shape[0], topk_ids.shape[1]
     if t == 0:
         return x.new_zeros(0, h)
     tiles = tiles or default_tiles(t, k, e)
-    sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m)
+    if isinstance(tiles, DirectTiles):
+        return fused_moe_direct(x, w13, w2, topk_weights, topk_ids, tiles)
+    sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m, method=align or tiles.align)
     act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles)
     out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles)
+    if tiles.atomic_sum:
+        return out.to(x.dtype)
     return out.view(t, k, h).sum(dim=1)  # one kernel (torch accumulates half types in float32)
 
 
-__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "MoeTiles", "align_by_expert", "default_tiles", "down_grouped", "fused_moe",
-           "gate_up_grouped", "padded_length"]
+__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "DEFAULT_PLANS", "DIRECT_MAX_PAIRS", "DirectTiles", "MoeTiles",
+           "align_by_expert", "default_tiles", "down_grouped", "fused_moe", "gate_up_grouped", "padded_length",
+           "run2_tiles", "run3_tiles"]

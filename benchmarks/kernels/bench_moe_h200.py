@@ -43,7 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-TS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+# the step sizes, in the order measured: run 2's misses first (qwen3 T = 1, 2, 4, 256, 4096), so a
+# budget cut drops the sizes that already met their target
+TS = (1, 2, 4, 256, 4096, 1024, 128, 8, 16, 32, 64)
 HBM_BYTES_PER_S = 4.2e12
 BF16_FLOPS_PER_S = 790e12
 L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defeat it)
@@ -55,6 +57,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes")
     p.add_argument("--budget-s", type=float, default=170.0, help="stop starting new measurements after this")
     p.add_argument("--skip", default="", help="comma list of parts to skip: check,speed,engine")
+    p.add_argument("--paths", default="old,new",
+                   help="comma list of fused paths to time: old (run 2: one-program/torch grouping, run 2's tiles, "
+                        "torch k-sum), new (multi-program grouping, direct small-step path, tile sweep)")
+    p.add_argument("--probe-only", action="store_true", help=argparse.SUPPRESS)  # the subprocess of probe()
+    p.add_argument("--alternatives", action="store_true",
+                   help="also time the per-expert torch loop and torch._grouped_mm (run 2 has them)")
     return p.parse_args()
 
 
@@ -69,13 +77,16 @@ from benchmarks.kernels.graph_timing import time_calls_us
 from engine.core.model_spec import get_model
 from kernels import _interpreter_compat
 from kernels.fused_moe import (
+    DirectTiles,
     MoeTiles,
     align_by_expert,
-    default_tiles,
     down_grouped,
     fused_moe,
     gate_up_grouped,
+    run2_tiles,
+    run3_tiles,
 )
+from kernels.moe_direct import down_direct, gate_up_direct
 from kernels.moe_reference import fused_moe_ref, route_ref
 
 _interpreter_compat.apply()
@@ -84,17 +95,50 @@ DTYPE = torch.float32 if ARGS.dry_run else torch.bfloat16
 T0 = time.time()
 RESULTS: dict = {"meta": {}, "check": [], "speed": [], "engine": [], "errors": []}
 SKIP = set(filter(None, ARGS.skip.split(",")))
+PATHS = set(filter(None, ARGS.paths.split(",")))
 
-# tile configs tried at every T (block_m, block_n, block_k, warps, stages); the first of each class is
-# what kernels.fused_moe.default_tiles picks there (run 1's sweep had three per class)
-TILE_CANDIDATES = [MoeTiles(16, 64, 128, 4, 4), MoeTiles(16, 32, 128, 4, 4), MoeTiles(16, 64, 64, 4, 5),
-                   MoeTiles(32, 64, 128, 4, 3), MoeTiles(64, 128, 64, 4, 3), MoeTiles(64, 64, 64, 4, 4),
-                   MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 64, 64, 4, 3), MoeTiles(128, 128, 32, 8, 4),
-                   MoeTiles(64, 128, 64, 4, 3, group_m=1), MoeTiles(128, 128, 64, 8, 3, group_m=1)]  # no L2 grouping
+# the new grouped path's tile sweep (block_m, block_n, block_k, warps, stages[, group_m]); the big-M
+# ones only from 4 rows per expert
+TILE_CANDIDATES = [MoeTiles(16, 32, 128, 4, 4), MoeTiles(16, 64, 128, 4, 4), MoeTiles(32, 64, 128, 4, 3),
+                   MoeTiles(64, 128, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 128, 64, 8, 4),
+                   MoeTiles(128, 128, 64, 8, 3, group_m=1), MoeTiles(128, 64, 128, 8, 3),
+                   # weight tiles through TMA descriptors
+                   MoeTiles(16, 64, 128, 4, 4, tma=True), MoeTiles(64, 128, 64, 4, 3, tma=True),
+                   MoeTiles(128, 128, 64, 8, 3, tma=True), MoeTiles(128, 128, 64, 8, 4, tma=True)]
+# tried on the best grouped tiles from 1,024 tokens: the down projection's own tile (K = N is short)
+DOWN_VARIANTS = [{"down_block_n": 256, "down_block_k": 64, "down_num_warps": 8, "down_num_stages": 3},
+                 {"down_block_n": 128, "down_block_k": 128, "down_num_warps": 8, "down_num_stages": 3},
+                 {"down_block_n": 64, "down_block_k": 64, "down_num_warps": 4, "down_num_stages": 4}]
+# the direct path's sweep, up to DIRECT_MAX_SWEEP_PAIRS (token, expert) pairs
+# (gate+up block_n, block_k, down block_n, block_k, warps, stages, dot, pdl): the down FMA tile holds
+# k * block_n rows (all of a token's experts), so its bytes per K step are k times block_n's
+DIRECT_CANDIDATES = [DirectTiles(16, 256, 8, 128, 4), DirectTiles(32, 128, 16, 64, 4),
+                     DirectTiles(16, 512, 8, 256, 8), DirectTiles(8, 512, 16, 128, 8),
+                     DirectTiles(32, 128, 32, 128, 4, 4, use_dot=True), DirectTiles(16, 256, 16, 256, 4, 3, use_dot=True),
+                     DirectTiles(16, 512, 16, 512, 8),  # mixtral (k=2): 16 KB per down K step
+                     DirectTiles(16, 256, 8, 128, 4, pdl=True)]
+DIRECT_MAX_SWEEP_PAIRS = 128
 
 
-def tiles_key(t: MoeTiles) -> str:
-    return f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}"
+def legacy_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
+    """Run 2's tiles and grouping: the old path."""
+    return run2_tiles(num_tokens, top_k, num_experts)
+
+
+def old_moe(x, w13, w2, tw, ids):
+    """Run 2's path: its grouping (one program up to 4,096 pairs, torch ops above), its tiles, torch k-sum."""
+    t, k = ids.shape
+    return fused_moe(x, w13, w2, tw, ids, legacy_tiles(t, k, w13.shape[0]))
+
+
+def tiles_key(t: MoeTiles | DirectTiles) -> str:
+    if isinstance(t, DirectTiles):
+        return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
+                f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}")
+    key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
+    if t.down_block_n or t.down_block_k:
+        key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
+    return key + ("atomic" if t.atomic_sum else "")
 
 
 def log(msg: str) -> None:
@@ -102,11 +146,14 @@ def log(msg: str) -> None:
 
 
 def over_budget(share: float = 1.0) -> bool:
-    """Past `share` of --budget-s (the speed part stops at SPEED_SHARE, leaving the engine its part)."""
-    return time.time() - T0 > ARGS.budget_s * share
+    """Past `share` of --budget-s (the speed part stops at SPEED_SHARE, leaving the engine its part),
+    or, in the speed part, past the current preset's share of it (SPEED_DEADLINE)."""
+    late = time.time() - T0 > ARGS.budget_s * share
+    return late or (share == SPEED_SHARE and time.time() > SPEED_DEADLINE)
 
 
-SPEED_SHARE = 0.7
+SPEED_SHARE = 1.0 if "engine" in SKIP else 0.7
+SPEED_DEADLINE = float("inf")  # set per preset by speed(): each preset gets its share of what is left
 
 
 def save() -> None:
@@ -228,32 +275,48 @@ def eager_time_us(calls: list, reps: int = 3) -> float:
 
 # ------------------------------------------------------------------------------- part 1: check
 def check_grouping() -> None:
-    """The one-program Triton grouping against the torch one (same stable output); if it fails
-    here, every later fused call falls back to the torch grouping (recorded), not to an error."""
-    import kernels.fused_moe as fm
-
+    """The Triton groupings (run 3's many-program "blocks", run 2's one program) against the torch one
+    (same stable output), up to 4,096 tokens of each preset's routing shape."""
     g = torch.Generator(device=DEVICE).manual_seed(5)
-    ok = True
-    for e, k, t in ((128, 8, 1), (128, 8, 300), (8, 2, 37), (8, 2, 2048)):
+    shapes = ((8, 2, 1), (8, 2, 37), (8, 2, 300)) if ARGS.dry_run else (
+        (128, 8, 1), (128, 8, 300), (128, 8, 4096), (8, 2, 37), (8, 2, 2048), (8, 2, 4096))
+    for e, k, t in shapes:
         ids = torch.stack([torch.randperm(e, generator=g, device=DEVICE)[:k] for _ in range(t)])
-        try:
-            a = align_by_expert(ids, e, 16, one_program=True)
-            b = align_by_expert(ids, e, 16, one_program=False)
-            same = all(torch.equal(x, y) for x, y in zip(a, b))
-        except Exception as exc:  # noqa: BLE001
-            same = False
-            RESULTS["errors"].append(f"one-program grouping E={e} k={k} T={t}: {exc!r}"[:400])
-        RESULTS["check"].append({"preset": f"grouping E={e} k={k}", "T": t, "case": "triton == torch grouping",
-                                 "fused_rel_err": 0.0 if same else 1.0, "ok": same})
-        ok &= same
-    if not ok:
-        fm.ALIGN_ONE_PROGRAM_MAX_PAIRS = 0
-        RESULTS["errors"].append("one-program grouping disagreed or failed: fused runs use the torch grouping")
-    RESULTS["meta"]["align_one_program_max_pairs"] = fm.ALIGN_ONE_PROGRAM_MAX_PAIRS
+        for method in ("blocks", "blocks2", "one_program"):
+            if method == "one_program" and t * k > 4096:
+                continue
+            for block_m in (16, 128):
+                try:
+                    a = align_by_expert(ids, e, block_m, method=method)
+                    b = align_by_expert(ids, e, block_m, method="torch")
+                    same = all(torch.equal(x, y) for x, y in zip(a, b))
+                except Exception as exc:  # noqa: BLE001
+                    same = False
+                    RESULTS["errors"].append(f"{method} grouping E={e} k={k} T={t}: {exc!r}"[:400])
+                RESULTS["check"].append({"preset": f"grouping E={e} k={k} M={block_m}", "T": t,
+                                         "case": f"{method} == torch grouping", "fused_rel_err": 0.0 if same else 1.0,
+                                         "ok": same})
+
+
+def check_variants(t: int, k: int, e: int) -> dict:
+    """The paths checked at T tokens: run 2's, the default, the direct path, the grouped one with the
+    atomic k-sum and with its own down tile."""
+    out = {"old": lambda *a: old_moe(*a), "default": lambda *a: fused_moe(*a, run3_tiles(t, k, e))}
+    if "new" not in PATHS:
+        return {"old": out["old"]}
+    if t * k <= DIRECT_MAX_SWEEP_PAIRS or ARGS.dry_run:
+        out["direct"] = lambda *a: fused_moe(*a, DIRECT_CANDIDATES[0])
+        out["direct_dot"] = lambda *a: fused_moe(*a, next(c for c in DIRECT_CANDIDATES if c.use_dot))
+    big = MoeTiles(128, 128, 64, 8, 3)
+    out["grouped_atomic"] = lambda *a: fused_moe(*a, MoeTiles(32, 64, 128, 4, 3, atomic_sum=True))
+    out["grouped_down_tile"] = lambda *a: fused_moe(*a, dataclasses.replace(big, **DOWN_VARIANTS[0]))
+    if any(c.tma for c in TILE_CANDIDATES):  # TMA passed the probe
+        out["grouped_tma"] = lambda *a: fused_moe(*a, dataclasses.replace(big, tma=True, atomic_sum=True))
+    return out
 
 
 def check() -> None:
-    """fused (and grouped_mm) against the float32 per-expert loop, bf16 tolerance 1e-2."""
+    """Every path against the float32 per-expert loop, bf16 tolerance 1e-2."""
     check_grouping()
     ts = (1, 5, 20) if ARGS.dry_run else (1, 7, 64, 300)
     for name, (h, n, e, k) in layer_shapes().items():
@@ -264,16 +327,84 @@ def check() -> None:
             cases = {"random": ids, "same_experts": torch.arange(k, device=DEVICE).expand(t, k).contiguous()}
             for case, cids in cases.items():
                 ref = fused_moe_ref(x.float(), *ref_w, tw, cids)
-                row = {"preset": name, "T": t, "case": case, "fused_rel_err": rel(fused_moe(x, w13, w2, tw, cids), ref)}
-                try:
-                    row["grouped_mm_rel_err"] = rel(grouped_mm_moe(x, w13, w2, tw, cids), ref)
-                except Exception as exc:  # noqa: BLE001 - record, keep going
-                    row["grouped_mm_error"] = repr(exc)[:300]
+                row = {"preset": name, "T": t, "case": case, "errors_by_path": {}}
+                for path, fn in check_variants(t, k, e).items():
+                    try:
+                        row["errors_by_path"][path] = rel(fn(x, w13, w2, tw, cids), ref)
+                    except Exception as exc:  # noqa: BLE001 - record, keep going
+                        row["errors_by_path"][path] = 1.0
+                        RESULTS["errors"].append(f"check {name} T={t} {case} {path}: {exc!r}"[:400])
+                row["fused_rel_err"] = max(row["errors_by_path"].values())
                 row["ok"] = row["fused_rel_err"] <= 1e-2
                 RESULTS["check"].append(row)
-                log(f"check {name} T={t} {case}: fused err {row['fused_rel_err']:.2e} "
-                    f"grouped_mm {row.get('grouped_mm_rel_err', row.get('grouped_mm_error'))}")
+                log(f"check {name} T={t} {case}: " + " ".join(f"{p} {v:.1e}" for p, v in row["errors_by_path"].items()))
         del w13, w2, ref_w
+
+
+PROBE_FEATURES = ("core", "tma", "pdl")
+
+
+def probe_plans() -> dict:
+    """Each feature's plans: core (the direct path, the many-program grouping, the atomic k-sum), TMA
+    weight tiles, programmatic dependent launch."""
+    return {"core": [DIRECT_CANDIDATES[0], next(c for c in DIRECT_CANDIDATES if c.use_dot),
+                     MoeTiles(16, 64, 128, 4, 4, atomic_sum=True), MoeTiles(64, 128, 64, 4, 3)],
+            "tma": [c for c in TILE_CANDIDATES if c.tma][:2],
+            "pdl": [c for c in DIRECT_CANDIDATES if c.pdl]}
+
+
+def probe_body(features: tuple[str, ...]) -> None:
+    """Each feature's plans on a small layer, eager and in a CUDA graph, against the reference; prints
+    `PROBE_OK feature` for each that passes (a crash stops the later ones: they count as failed)."""
+    h, n, e, k = (64, 32, 8, 2) if ARGS.dry_run else (256, 128, 16, 4)
+    (w13, w2), = make_weights(h, n, e, 1, seed=3)
+    for feature in features:
+        try:
+            for t in (2, 9) if ARGS.dry_run else (2, 40):
+                x, tw, ids = make_routing(t, h, e, k, seed=3)
+                ref = fused_moe_ref(x.float(), w13.float(), w2.float(), tw, ids)
+                for plan in probe_plans()[feature]:
+                    graph_time_us([lambda p=plan, a=(x, w13, w2, tw, ids): fused_moe(*a, p)])
+                    err = rel(fused_moe(x, w13, w2, tw, ids, plan), ref)
+                    assert err <= 1e-2, f"{tiles_key(plan)} T={t}: relative error {err:.2e}"
+            print(f"PROBE_OK {feature}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - reported, the next feature still tried
+            print(f"PROBE_FAIL {feature}: {exc!r}"[:400], flush=True)
+
+
+def probe() -> None:
+    """The new kernels' features tried first in a subprocess (a failed graph capture or a faulting
+    kernel must not break this process's CUDA context); a failing feature's plans leave the sweep
+    (core failing: only the old path is measured). CPU dry run: core and TMA in this process."""
+    global DIRECT_CANDIDATES, TILE_CANDIDATES, PATHS
+    if DEVICE == "cuda":
+        import subprocess
+
+        try:
+            done = subprocess.run([sys.executable, __file__, "--out", str(ARGS.out / "probe"), "--probe-only"],
+                                  capture_output=True, text=True, timeout=150, check=False)
+            out = done.stdout + done.stderr[-600:]
+        except subprocess.TimeoutExpired as exc:
+            out = f"timeout: {exc!r}"
+        ok = {f for f in PROBE_FEATURES if f"PROBE_OK {f}" in out}
+        if ok != set(PROBE_FEATURES):
+            RESULTS["errors"].append(f"probe: only {sorted(ok)} passed: " + out[-500:])
+    else:
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            probe_body(("core", "tma"))
+        ok = {f for f in PROBE_FEATURES if f"PROBE_OK {f}" in buf.getvalue()}
+    RESULTS["meta"]["probe_ok"] = sorted(ok)
+    if "pdl" not in ok:
+        DIRECT_CANDIDATES = [c for c in DIRECT_CANDIDATES if not c.pdl]
+    if "tma" not in ok:
+        TILE_CANDIDATES = [c for c in TILE_CANDIDATES if not c.tma]
+    if "core" not in ok:
+        PATHS = PATHS & {"old"}
+        RESULTS["errors"].append("probe: the new kernels failed; only run 2's path is measured")
 
 
 # ------------------------------------------------------------------------------- part 2: speed
@@ -285,17 +416,83 @@ def copies_for(h: int, n: int, k: int) -> int:
     return max(1, min(4, math.ceil(4 * L2_BYTES / touched_t1)))
 
 
-def phase_times(weights: list, routes: list, tiles: MoeTiles, e: int, k: int, reps: int) -> dict:
-    """us per call of the grouping, the gate+up launch and the down launch of `tiles`, each alone."""
-    groups = [align_by_expert(r[2], e, tiles.block_m) for r in routes]
+def phase_times(weights: list, routes: list, tiles: MoeTiles | DirectTiles, e: int, k: int, reps: int,
+                align: str = "blocks") -> dict:
+    """us per call of the grouping, the gate+up launch and the down launch (+ k-sum) of `tiles`, each alone."""
+    if isinstance(tiles, DirectTiles):
+        acts = [gate_up_direct(r[0], w[0], r[2], tiles) for w, r in zip(weights, routes)]
+        return {"align_us": 0.0,
+                "gate_up_us": graph_time_us([lambda w=w, r=r: gate_up_direct(r[0], w[0], r[2], tiles)
+                                             for w, r in zip(weights, routes)] * reps),
+                "down_us": graph_time_us([lambda w=w, r=r, a=a: down_direct(a, w[1], r[1], r[2], tiles)
+                                          for w, r, a in zip(weights, routes, acts)] * reps)}
+    groups = [align_by_expert(r[2], e, tiles.block_m, method=align) for r in routes]
     acts = [gate_up_grouped(r[0], w[0], *gr, k, tiles) for w, r, gr in zip(weights, routes, groups)]
-    return {
-        "align_us": graph_time_us([lambda r=r: align_by_expert(r[2], e, tiles.block_m) for r in routes] * reps),
+    out = {}
+    if align == "blocks":  # the grouping always in two launches (count, scatter), for comparison
+        out["align_two_launch_us"] = graph_time_us([lambda r=r: align_by_expert(r[2], e, tiles.block_m, method="blocks2")
+                                                    for r in routes] * reps)
+    return out | {
+        "align_us": graph_time_us([lambda r=r: align_by_expert(r[2], e, tiles.block_m, method=align)
+                                   for r in routes] * reps),
         "gate_up_us": graph_time_us([lambda w=w, r=r, gr=gr: gate_up_grouped(r[0], w[0], *gr, k, tiles)
                                      for w, r, gr in zip(weights, routes, groups)] * reps),
         "down_us": graph_time_us([lambda w=w, r=r, gr=gr, a=a: down_grouped(a, w[1], *gr, r[1], tiles)
                                   for w, r, gr, a in zip(weights, routes, groups, acts)] * reps),
     }
+
+
+def candidates(t: int, k: int, e: int) -> list:
+    """The new path's plans timed at T: direct (few pairs), grouped tiles by rows per expert."""
+    rows_per_expert = t * k / e
+    cands = [c for c in DIRECT_CANDIDATES if t * k <= DIRECT_MAX_SWEEP_PAIRS]
+    cands += [c for c in TILE_CANDIDATES if c.block_m <= 32 or rows_per_expert > 4]
+    if ARGS.dry_run:  # one of each kind, small tiles
+        cands = [DIRECT_CANDIDATES[0], MoeTiles(16, 16, 16, 4, 1)] + ([DIRECT_CANDIDATES[4]] if t == 1 else [])
+        cands += [dataclasses.replace(MoeTiles(16, 16, 16, 4, 1), atomic_sum=True)] if t == 4 else []
+    return cands
+
+
+def time_plans(fn_calls, plans: list, into: dict, name: str, t: int) -> None:
+    for tiles in plans:
+        key = tiles_key(tiles)
+        if key in into or over_budget(SPEED_SHARE):
+            continue
+        try:
+            into[key] = graph_time_us(fn_calls(tiles))
+        except Exception as exc:  # noqa: BLE001
+            RESULTS["errors"].append(f"fused {name} T={t} {key}: {exc!r}"[:400])
+
+
+def sweep_new(row: dict, calls, name: str, t: int, k: int, e: int) -> MoeTiles | DirectTiles | None:
+    """Times every candidate, then on the best grouped tiles the atomic k-sum and (from 1,024 tokens)
+    the down projection's own tiles; returns the best plan."""
+    by = row["fused_by_tiles"]
+    plans = {tiles_key(c): c for c in candidates(t, k, e)}
+    time_plans(lambda c: calls(fused_moe, tiles=c), list(plans.values()), by, name, t)
+    grouped = [key for key in by if not key.startswith("direct")]
+    big = t >= 1024 or (ARGS.dry_run and t == 16)  # prefill sizes (the dry run walks this code at T=16)
+    if grouped:
+        best_g = plans[min(grouped, key=by.get)]
+        extra = [dataclasses.replace(best_g, atomic_sum=True)]
+        if big:
+            extra += [dataclasses.replace(best_g, **v) for v in DOWN_VARIANTS]
+        plans.update({tiles_key(c): c for c in extra})
+        time_plans(lambda c: calls(fused_moe, tiles=c), extra, by, name, t)
+        downs = [key for key in by if "/down" in key and "atomic" not in key]
+        if big and downs:  # the best down tile with the atomic k-sum too
+            c = dataclasses.replace(plans[min(downs, key=by.get)], atomic_sum=True)
+            plans[tiles_key(c)] = c
+            time_plans(lambda c: calls(fused_moe, tiles=c), [c], by, name, t)
+    d = run3_tiles(t, k, e)  # the new default rule (kernels.fused_moe.DEFAULT_PLANS = "run3")
+    plans.setdefault(tiles_key(d), d)
+    time_plans(lambda c: calls(fused_moe, tiles=c), [d], by, name, t)
+    row["default_tiles"] = tiles_key(d)
+    row["default_us"] = by.get(tiles_key(d))
+    if not by:
+        return None
+    best = min(by, key=by.get)
+    return plans[best]
 
 
 def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) -> dict:
@@ -309,27 +506,26 @@ def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
 
     row = {"preset": name, "T": t, "H": h, "N": n, "E": e, "k": k, "copies": len(weights), "calls": len(weights) * reps,
            "touched_experts": touched, "expected_touched_uniform": expected_distinct(e, k, t), **roof, "fused_by_tiles": {}}
-    rows_per_expert = t * k / e
-    # every candidate, less the big-M tiles where they would be mostly padding (<= 4 rows per expert)
-    cands = [c for c in TILE_CANDIDATES if c.block_m <= 32 or rows_per_expert > 4][: 1 if ARGS.dry_run else None]
-    for tiles in cands:
-        key = tiles_key(tiles)
+    if "old" in PATHS:
         try:
-            row["fused_by_tiles"][key] = graph_time_us(calls(fused_moe, tiles=tiles))
+            row["old_us"] = graph_time_us(calls(old_moe))
+            row["old_vs_roofline"] = row["old_us"] / roof["roofline_us"]
+            row["old_tiles"] = tiles_key(legacy_tiles(t, k, e))
+            row["old_phases"] = phase_times(weights, routes, legacy_tiles(t, k, e), e, k, reps, align="legacy")
         except Exception as exc:  # noqa: BLE001
-            RESULTS["errors"].append(f"fused {name} T={t} {key}: {exc!r}"[:400])
-    if row["fused_by_tiles"]:
-        best = min(row["fused_by_tiles"], key=row["fused_by_tiles"].get)
-        row["fused_us"], row["fused_tiles"] = row["fused_by_tiles"][best], best
+            RESULTS["errors"].append(f"old {name} T={t}: {exc!r}"[:400])
+    best = sweep_new(row, calls, name, t, k, e) if "new" in PATHS else None
+    if best is not None:
+        key = tiles_key(best)
+        row["fused_us"], row["fused_tiles"] = row["fused_by_tiles"][key], key
         row["fused_vs_roofline"] = row["fused_us"] / roof["roofline_us"]
         row["fused_tflops"] = roof["flops"] / row["fused_us"] / 1e6
-        d = default_tiles(t, k, e)
-        row["default_tiles"] = tiles_key(d)
-        try:  # the grouping, and each grouped GEMM, alone (their shares of the fused time)
-            row.update(phase_times(weights, routes, next(c for c in cands if tiles_key(c) == best), e, k, reps))
+        try:  # the grouping, and each launch, alone (their shares of the fused time)
+            row.update(phase_times(weights, routes, best, e, k, reps))
         except Exception as exc:  # noqa: BLE001
             row["phase_error"] = repr(exc)[:300]
-    for label, fn, timer in (("loop", loop_moe, eager_time_us), ("grouped_mm", grouped_mm_moe, graph_time_us)):
+    alternatives = (("loop", loop_moe, eager_time_us), ("grouped_mm", grouped_mm_moe, graph_time_us))
+    for label, fn, timer in alternatives if ARGS.alternatives else ():
         try:
             row[f"{label}_us"] = timer(calls(fn)[: len(weights)] if label == "loop" else calls(fn))
         except Exception as exc:  # noqa: BLE001
@@ -338,8 +534,12 @@ def speed_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
 
 
 def speed() -> None:
+    global SPEED_DEADLINE
     ts = (1, 4, 16) if ARGS.dry_run else TS
-    for name, (h, n, e, k) in layer_shapes().items():
+    shapes = layer_shapes()
+    for i, (name, (h, n, e, k)) in enumerate(shapes.items()):
+        left = T0 + ARGS.budget_s * SPEED_SHARE - time.time()
+        SPEED_DEADLINE = time.time() + left / (len(shapes) - i)  # this preset's share of what is left
         weights = make_weights(h, n, e, copies_for(h, n, k), seed=7)
         for t in ts:
             if over_budget(SPEED_SHARE):
@@ -352,9 +552,10 @@ def speed() -> None:
                 log(traceback.format_exc())
                 continue
             RESULTS["speed"].append(row)
+            RESULTS["speed"].sort(key=lambda r: (list(shapes).index(r["preset"]), r["T"]))  # by T, as before run 3
             log(f"speed {name} T={t}: touched {row['touched_experts']:.1f} roof {row['roofline_us']:.1f}us "
-                f"fused {row.get('fused_us', float('nan')):.1f}us ({row.get('fused_tiles')}) "
-                f"loop {row.get('loop_us', float('nan')):.1f}us grouped_mm {row.get('grouped_mm_us', float('nan')):.1f}us")
+                f"old {row.get('old_us', float('nan')):.1f}us new {row.get('fused_us', float('nan')):.1f}us "
+                f"({row.get('fused_tiles')}) default {row.get('default_us') or float('nan'):.1f}us")
             save()
         del weights
         if DEVICE == "cuda":
@@ -376,15 +577,24 @@ def markdown(res: dict) -> str:
         worst = max(r["fused_rel_err"] for r in res["check"])
         lines += [(f"Correctness: {len(res['check'])} cases, worst fused relative error {worst:.2e} "
                   f"({'ok' if all(r['ok'] for r in res['check']) else 'FAILED'}, bound 1e-2)."), ""]
-    lines += [("| preset | T | experts touched (uniform formula) | roofline us | fused us (tiles) | x roofline | "
-              "TFLOP/s | grouping / gate+up / down us | loop us | grouped_mm us |"),
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in res["speed"]:
+    lines += [("| preset | T | experts touched (uniform formula) | roofline us | old us | x | new us (best plan) | x "
+               "| TFLOP/s | new grouping / gate+up / down us | default plan us | loop us | grouped_mm us |"),
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(res["speed"], key=lambda r: (r["preset"], r["T"])):
         lines.append(f"| {r['preset']} | {r['T']} | {r['touched_experts']:.1f} ({r['expected_touched_uniform']:.1f}) | "
-                     f"{r['roofline_us']:.1f} | {_f(r.get('fused_us'))} ({r.get('fused_tiles', '-')}) | "
+                     f"{r['roofline_us']:.1f} | {_f(r.get('old_us'))} | {_f(r.get('old_vs_roofline'), '.2f')} | "
+                     f"{_f(r.get('fused_us'))} ({r.get('fused_tiles', '-')}) | "
                      f"{_f(r.get('fused_vs_roofline'), '.2f')} | {_f(r.get('fused_tflops'), '.0f')} | "
                      f"{_f(r.get('align_us'))} / {_f(r.get('gate_up_us'))} / {_f(r.get('down_us'))} | "
-                     f"{_f(r.get('loop_us'))} | {_f(r.get('grouped_mm_us'))} |")
+                     f"{_f(r.get('default_us'))} | {_f(r.get('loop_us'))} | {_f(r.get('grouped_mm_us'))} |")
+    sweep = sorted((r for r in res["speed"] if r.get("fused_by_tiles")), key=lambda r: (r["preset"], r["T"]))
+    if sweep:
+        lines += ["", "Sweep of the new path (us per call by plan; old = run 2's path in this run):", ""]
+        for r in sweep:
+            cells = ", ".join(f"{k_} {v:.1f}" for k_, v in sorted(r["fused_by_tiles"].items(), key=lambda kv: kv[1]))
+            old = r.get("old_phases", {})
+            lines.append(f"- {r['preset']} T={r['T']}: {cells}; old phases {_f(old.get('align_us'))} / "
+                         f"{_f(old.get('gate_up_us'))} / {_f(old.get('down_us'))}")
     if res["engine"]:
         lines += ["", ("Engine steps: random weights, greedy, prompts of 128 tokens; GPU ms per step (median of decode "
                        "steps). `-4l`: a reduced-layer model (full per-layer shapes, 4 of the 48 layers)."), "",
@@ -414,7 +624,7 @@ def main() -> None:
         RESULTS["meta"]["triton"] = triton.__version__
     except ImportError:
         pass
-    for part, fn in (("check", check), ("speed", speed), ("engine", engine_steps)):
+    for part, fn in (("probe", probe), ("check", check), ("speed", speed), ("engine", engine_steps)):
         if part in SKIP:
             continue
         if over_budget():
@@ -515,4 +725,7 @@ def engine_steps() -> None:
 
 
 if __name__ == "__main__":
+    if ARGS.probe_only:
+        probe_body(PROBE_FEATURES)
+        sys.exit(0)
     main()

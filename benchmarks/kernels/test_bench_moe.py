@@ -1,5 +1,5 @@
 """benchmarks/kernels/bench_moe_h200.py's dry run on the CPU (interpreter, tiny shapes) writes its JSON
-and report with every part, and fit_moe.py reads them back."""
+and report with every part (old and new paths, the engine), and fit_moe.py reads them back."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ def test_dry_run_measures_every_part_and_the_fit_reads_it(tmp_path):
     assert res["errors"] == []
     assert all(r["ok"] for r in res["check"]) and len(res["check"]) >= 6
     assert [r["T"] for r in res["speed"]] == [1, 4, 16]
-    assert all(r["touched_experts"] <= r["E"] and "fused_us" in r and "loop_us" in r for r in res["speed"])
+    assert all(r["touched_experts"] <= r["E"] and "fused_us" in r and "old_us" in r for r in res["speed"])
+    assert any(k.startswith("direct") for k in res["speed"][0]["fused_by_tiles"])  # T=1: the direct path timed
+    assert all(r["ok"] and len(r["errors_by_path"]) >= 6 for r in res["check"] if "errors_by_path" in r)
     assert {r["kind"] for r in res["engine"]} >= {"decode", "prefill"}
     assert {r["model"] for r in res["engine"]} == {"tiny-moe", "tiny-moe-all"}  # part 3 and part 4
     assert "| tiny-moe | 1 |" in (tmp_path / "moe.md").read_text()
