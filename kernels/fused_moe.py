@@ -16,7 +16,7 @@ its programs return at once. Then two launches, each over (blocks, output tiles)
 
 Direct path (`kernels.moe_direct.DirectTiles`, small steps): no grouping, one program per
 (pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches.
-`default_tiles` gives run 2's measured plans until the H200 measures run 3's (DEFAULT_PLANS).
+`default_tiles` gives run 2's measured plans (DEFAULT_PLANS; run 3's are measured, not yet adopted).
 
 No host sync and shapes fixed by (T, k, E, tiles), so a step captures into a CUDA graph. The
 weights are read once per touched expert per tile column: a decode step reads only the experts its
@@ -64,8 +64,9 @@ class MoeTiles:
 
 
 # Which plans `default_tiles` gives. "run2": run 2's measured grouped path (its one-program / torch
-# grouping and tiles) -- the default until the H200 measures run 3's kernels (benchmarks/kernels/MOE.md);
-# "run3": the direct path for few pairs, the many-program grouping, provisional tiles.
+# grouping and tiles), on which both MoE profiles were calibrated; "run3": the direct path for few pairs,
+# the many-program grouping -- measured faster on qwen3 (run 3, benchmarks/kernels/MOE.md), adopted
+# with the next calibration so the profiles keep describing the kernel the engine runs.
 DEFAULT_PLANS = "run2"
 
 

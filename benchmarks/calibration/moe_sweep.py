@@ -257,6 +257,19 @@ def sweep(r: gs.Runner, p: MoePlan) -> dict[str, float]:
     return capacity
 
 
+def supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> dict[str, float]:
+    """More mixed-step runs at the capacities an earlier sweep probed (its index.json), for a sweep
+    the deadline cut short of the steps the fit needs: the mixed runs it skipped and two more loads,
+    each twice as long, then the tight-pool run. Packed as `<model>-extra-*`; moe_validate.py adds
+    its sweep runs to the model's."""
+    chat = capacity.get("chat-production", next(iter(capacity.values())))
+    more = dataclasses.replace(p, base=dataclasses.replace(p.base, mixed_s=2 * p.base.mixed_s),
+                               mixed=(*p.mixed[p.early_mixed:], (0.8, None, True), (0.5, None, False)))
+    mixed_runs(r, more, chat, gs.Ids(), slice(0, None))
+    tight_sweep_run(r, p, chat)
+    return capacity
+
+
 def build_engine(a: argparse.Namespace) -> EngineCore:
     """The preset's engine (random weights); `--layers N`: the preset's layer shapes, N layers."""
     kw = {"max_model_len": 1024, "dtype": "float32"} if a.dry_run else {}
@@ -316,6 +329,8 @@ def main() -> None:
                     help="start no run after this many seconds from the start (the build included)")
     ap.add_argument("--cudagraph-mode", default="", help="override the engine's (default FULL)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    ap.add_argument("--supplement", type=Path, metavar="INDEX_JSON",
+                    help="only the extra mixed runs, at the capacities of this earlier sweep's index.json")
     a = ap.parse_args()
     if a.dry_run:
         a.device = "cpu"
@@ -327,6 +342,7 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     label = a.model if not a.layers else f"{a.model}-{a.layers}l"
+    label += "-extra" if a.supplement else ""
     t = time.perf_counter()
     meta, capacity, error = {}, {}, None
     r = None
@@ -345,7 +361,8 @@ def main() -> None:
                 "layers": a.layers or get_model(a.model).num_layers, "plan": "dry-run" if a.dry_run else
                 "smoke" if a.smoke else a.model}
         r = gs.Runner(core, work, label, meta, a.deadline_s)
-        capacity = sweep(r, plan)
+        capacity = (supplement(r, plan, json.loads(a.supplement.read_text())["capacity_rps"]) if a.supplement
+                    else sweep(r, plan))
     except Exception as exc:  # noqa: BLE001 - pack and report what ran, then fail
         error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()

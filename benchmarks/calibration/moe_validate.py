@@ -64,6 +64,10 @@ def unpack(archives: Path, model: str, work: Path, as_gpu: str | None) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         with tarfile.open(src) as t:
             t.extractall(root, filter="data")
+    extra = archives / f"{model}-extra-sweep.tar.xz"  # moe_sweep.py --supplement: more sweep runs
+    if extra.is_file():
+        with tarfile.open(extra) as t:
+            t.extractall(root, members=[m for m in t.getmembers() if m.name.startswith("sweep/")], filter="data")
     if as_gpu:
         for f in root.glob("*/*/run.json"):
             info = json.loads(f.read_text())
