@@ -123,12 +123,16 @@ async def generate(engine: AsyncEngine, tokenizer: Tokenizer, ids: list[int], pa
                 raise EngineDead(d.error)
             if d.rejected:
                 raise Rejected(d.finish_reason)
-            n += len(d.token_ids)
-            text += decoder.feed(d.token_ids)
             finish = d.finish_reason
-            if stops and (cut := first_stop(text, stops, sent)) is not None:
-                text, finish = text[:cut], "stop"
-                engine.abort(rid)  # vLLM ends the request at the stop string
+            # token by token, as vLLM's detokenizer checks stops: a merged delta (the loop fell
+            # behind) may hold tokens past the one that completes a stop string; they do not count
+            for tok in d.token_ids:
+                n += 1
+                text += decoder.feed([tok])
+                if stops and (cut := first_stop(text, stops, sent)) is not None:
+                    text, finish = text[:cut], "stop"
+                    engine.abort(rid)  # vLLM ends the request at the stop string
+                    break
             end = len(text) if finish else max(sent, len(text) - hold)
             if end > sent or finish:
                 yield Piece(text[sent:end], n, finish)

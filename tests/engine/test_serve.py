@@ -249,6 +249,41 @@ def test_queued_deltas_merge_up_to_the_final_one():
     assert _merge_pending(Delta([5], "stop"), q) == Delta([5], "stop")
 
 
+def test_stop_string_inside_a_merged_delta_counts_tokens_up_to_it():
+    """A loop that fell behind gets several tokens in one delta; tokens past the one that completes
+    the stop string are neither sent nor counted (vLLM's detokenizer checks stops token by token)."""
+    import asyncio
+
+    from engine.serve.async_engine import Delta
+    from engine.serve.generation import generate
+    from engine.serve.tokenizers import WordTokenizer
+
+    class OneDeltaEngine:
+        def __init__(self):
+            self.aborted: list[int] = []
+
+        def add(self, ids, params):
+            q = asyncio.Queue()
+            q.put_nowait(Delta([10, 11, 12, 13, 14]))  # " t10 t11 t12 t13 t14", not finished
+            return 7, q
+
+        def abort(self, rid):
+            self.aborted.append(rid)
+
+    async def run():
+        eng = OneDeltaEngine()
+        never = asyncio.Event()
+
+        async def receive():
+            await never.wait()
+        return [p async for p in generate(eng, WordTokenizer(512), [1], None, [" t12"], receive)], eng
+
+    pieces, eng = asyncio.run(run())
+    assert "".join(p.text for p in pieces) == " t10 t11"
+    assert (pieces[-1].num_output_tokens, pieces[-1].finish_reason) == (3, "stop")
+    assert 7 in eng.aborted
+
+
 def test_tokenizers_round_trip_counts():
     from engine.serve.tokenizers import ByteTokenizer, WordTokenizer, tokenizer_for
 
