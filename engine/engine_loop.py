@@ -621,7 +621,7 @@ class EngineCore:
             t4 = time.perf_counter()
             sampled, stopped = self._record_kept(spec, sample_ids, kept, t4 - self.epoch)
         else:
-            sampled, stopped, t4 = self._sample(logits, sample_ids)
+            sampled, stopped, t4 = self.sample_step(logits, sample_ids)
         num_visible = sum(map(len, sampled.values())) if verify else len(sampled)
         if self.eagle is not None:  # before the scheduler frees the rejected drafts' slots
             propose_s += self._eagle_catch_up(out, inp.num_tokens, sampled)
@@ -663,7 +663,7 @@ class EngineCore:
             return forward_s, max(0.0, (t4 - t2) - forward_s)
         return t3 - t2, t4 - t3
 
-    def _sample(self, logits: torch.Tensor, sample_ids: list[int]
+    def sample_step(self, logits: torch.Tensor, sample_ids: list[int]
                 ) -> tuple[dict[int, list[int]], set[int], float]:
         """One token per sampling request, recorded; (sampled, stopped, time the tokens arrived)."""
         tokens: list[int] = []

@@ -480,7 +480,7 @@ class ModelRunner:
         return (2 * s.num_layers * self.block_size * self.num_kv_heads * s.head_dim
                 * torch.finfo(self.kv_dtype).bits // 8)
 
-    def _new_kv(self, num_blocks: int) -> torch.Tensor:
+    def new_kv(self, num_blocks: int) -> torch.Tensor:
         """This rank's KV cache: its share of the KV heads (all of them without TP)."""
         s = self.spec
         return torch.zeros((s.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads, s.head_dim),
@@ -498,7 +498,7 @@ class ModelRunner:
         lens = np.full(seqs, tokens // seqs, dtype=np.int64)
         lens[: tokens - int(lens.sum())] += 1
         blocks_needed = int(sum(-(-int(n) // self.block_size) for n in lens))
-        kv = self._new_kv(blocks_needed)
+        kv = self.new_kv(blocks_needed)
         kv_bytes = kv.numel() * kv.element_size()
         torch.cuda.reset_peak_memory_stats(self.device)
         qsl = np.concatenate([[0], np.cumsum(lens)])
@@ -585,7 +585,7 @@ class ModelRunner:
                                 else "cpu_kv_cache_bytes",
                                 num_gpu_blocks_override if num_gpu_blocks_override is not None
                                 else cpu_kv_cache_bytes)
-        self.kv_caches = self._new_kv(n)
+        self.kv_caches = self.new_kv(n)
         self.num_blocks = n
         return n
 

@@ -89,7 +89,7 @@ def virtual_clock(core: EngineCore, step_times: Callable[[SchedulerOutput], Step
     sched, runner = core.scheduler, core.runner
     saved: list[tuple[Any, str, Any]] = [(engine_loop_module, "time", engine_loop_module.time),
                                          (replay_module, "time", replay_module.time)]
-    schedule, prepare, forward, sample = sched.schedule, runner.prepare, runner.forward, core._sample
+    schedule, prepare, forward, sample = sched.schedule, runner.prepare, runner.forward, core.sample_step
 
     def timed_schedule() -> SchedulerOutput:
         out = schedule()
@@ -112,7 +112,7 @@ def virtual_clock(core: EngineCore, step_times: Callable[[SchedulerOutput], Step
 
     patches = [(engine_loop_module, "time", fake_time), (replay_module, "time", fake_time),
                (sched, "schedule", timed_schedule), (runner, "prepare", timed_prepare),
-               (runner, "forward", timed_forward), (core, "_sample", synced_sample),
+               (runner, "forward", timed_forward), (core, "sample_step", synced_sample),
                (core, "_use_events", True), (core, "_new_event", lambda: _Event(clock))]
     saved += [(obj, name, obj.__dict__.get(name)) for obj, name, _ in patches[2:]]
     for obj, name, value in patches:

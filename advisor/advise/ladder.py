@@ -44,7 +44,7 @@ def _changed_dim(cand: Candidate) -> int:
     return next(i for i, p in enumerate(cand.picks) if p)
 
 
-def _flags_of(ctx: Context, cand: Candidate) -> dict:
+def flags_of(ctx: Context, cand: Candidate) -> dict:
     cfg = sim_config(cand, ctx.dims, model=ctx.model, gpu=ctx.gpu, num_gpus=ctx.num_gpus, slo=ctx.slo,
                      seed=ctx.seed, profile=ctx.profile)
     return vllm_flags(cfg.engine, cand.layout(ctx.dims, ctx.num_gpus))
@@ -113,7 +113,7 @@ def ladder(ev: Evaluator, ctx: Context, found: SearchResult, realizations: Reali
     steps: list[LadderStep] = []
     kept: list[KeptDefault] = []
     kept_dims: set[int] = set()
-    prev_flags = _flags_of(ctx, base)
+    prev_flags = flags_of(ctx, base)
     for d in changed:
         nxt = cur.with_pick(d, best.picks[d])
         ranges = _range_tasks(ctx, cur, nxt, profile)
@@ -129,7 +129,7 @@ def ladder(ev: Evaluator, ctx: Context, found: SearchResult, realizations: Reali
             flip = flip_point(r.name, r.low, r.high, *gain.inputs[r.name], min_gain_pct)
             if flip:
                 flips[r.name] = flip
-        flags = _flags_of(ctx, nxt)
+        flags = flags_of(ctx, nxt)
         added = {k: v for k, v in flags.items() if prev_flags.get(k) != v}
         opt = ctx.dims[d].options[best.picks[d]]
         what = f"{ctx.dims[d].name}: {opt.name}"
@@ -185,7 +185,7 @@ def rejected(ctx: Context, found: SearchResult, kept_dims: frozenset[int] = froz
         delta = pct(primary(s.outcome, ctx.objective, gpus), ref)
         what = "goodput per GPU" if ctx.objective == "cost" else "goodput"
         verb = "no gain" if abs(delta) < 1 else f"{delta:+.0f}% {what}"
-        out.append(Rejected(optimization=f"{ctx.dims[d].name}: {opt.name}", flags=_flags_of(ctx, s.cand),
+        out.append(Rejected(optimization=f"{ctx.dims[d].name}: {opt.name}", flags=flags_of(ctx, s.cand),
                             reason=f"{ctx.dims[d].name} {opt.name}: {verb} against the recommendation; "
                                    + _figure(ctx.dims[d].name, s.outcome, best_o),
                             delta_goodput_pct=delta))

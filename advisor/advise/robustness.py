@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from advisor.advise.evaluate import Evaluator
-from advisor.advise.ladder import _flags_of
+from advisor.advise.ladder import flags_of
 from advisor.advise.records import Robustness, RobustnessRow, ScoredConfig
 from advisor.advise.search import Context, Scored, primary
 from advisor.advise.space import Candidate
@@ -41,7 +41,7 @@ def lower_acceptance(spec: SpeculativeConfig, drop: float = ACCEPTANCE_DROP) -> 
 
 
 def scored_config(ctx: Context, s: Scored) -> ScoredConfig:
-    return ScoredConfig(label=s.cand.label(ctx.dims), flags=_flags_of(ctx, s.cand),
+    return ScoredConfig(label=s.cand.label(ctx.dims), flags=flags_of(ctx, s.cand),
                         num_gpus=s.cand.layout(ctx.dims, ctx.num_gpus).num_gpus, metrics=s.outcome.metrics)
 
 

@@ -251,7 +251,7 @@ def _count(core) -> tuple[OpCounter, OpCounter, int]:
 
 # host functions timed by --functions, where the code has them (owner, name)
 FUNCTIONS = (("scheduler", "schedule"), ("scheduler", "update_from_output"), ("output", "columns"),
-             ("core", "_note_first_scheduled"), ("core", "_collect"), ("core", "_sample"), ("sampler", "sample"),
+             ("core", "_note_first_scheduled"), ("core", "_collect"), ("core", "sample_step"), ("sampler", "sample"),
              ("runner", "prepare"), ("runner", "_stage_block_tables"), ("runner", "_write_rows"),
              ("runner", "_layout"), ("runner", "_stage_host"), ("runner", "_stage_gather"),
              ("runner", "_stage_block_entries"), ("runner", "_copy_to_device"), ("runner", "_gather_inflight"),

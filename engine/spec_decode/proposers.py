@@ -106,7 +106,7 @@ class DraftModelProposer:
 
     def allocate_kv(self, num_blocks: int) -> None:
         """The draft's KV tensor: as many blocks as the target's, indexed by the same ids."""
-        self.runner.kv_caches = self.runner._new_kv(num_blocks)
+        self.runner.kv_caches = self.runner.new_kv(num_blocks)
         self.runner.num_blocks = num_blocks
 
     def forget(self, request_id: int) -> None:
