@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from advisor import errors
 from advisor.commands import advise as advise_cmd
@@ -22,8 +23,21 @@ from advisor.commands import validate as validate_cmd
 from advisor.commands.calibrate import calibrate
 from advisor.errors import bug_line
 from advisor.help import HELP
+from advisor.options import INVOKED_ARGV
+
+
+class _ArgvGroup(TyperGroup):
+    """Keeps the arguments it was invoked with (`INVOKED_ARGV`), so an error names an option as
+    typed (`-tp`) also when the command runs in-process (tests, CliRunner), where sys.argv is
+    someone else's."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        INVOKED_ARGV.set(list(args))
+        return super().parse_args(ctx, args)
+
 
 app = typer.Typer(
+    cls=_ArgvGroup,
     help="costline: what each LLM-serving optimization really buys under your traffic.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

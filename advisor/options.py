@@ -16,6 +16,7 @@ import inspect
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from functools import wraps
 from typing import Annotated, Any, TypeVar
 
@@ -154,13 +155,24 @@ OPTION_OF_FIELD = {"disaggregation": "--disagg", "kv_block_coarsening": "--sim-b
                    "min_gain_pct": "--min-gain"}
 
 
+# the arguments the running `costline` command was invoked with (advisor/cli.py's group sets it):
+# in-process runs (tests, CliRunner) have someone else's sys.argv, and errors are rendered after
+# click's context is gone
+INVOKED_ARGV: ContextVar[list[str] | None] = ContextVar("costline_invoked_argv", default=None)
+
+
+def _invoked_argv() -> list[str]:
+    argv = INVOKED_ARGV.get()
+    return sys.argv[1:] if argv is None else argv
+
+
 def cli_spelling(field: str, argv: Sequence[str] | None = None) -> str:
     """The option a field was typed as: the alias found on the command line (`-tp`), else the
     primary spelling (`gpu_memory_utilization` -> `--gpu-memory-utilization`). Click records no
     alias once parsed, hence the look at argv."""
     if field in OPTION_OF_FIELD:
         return OPTION_OF_FIELD[field]
-    typed = set(sys.argv[1:] if argv is None else argv)
+    typed = set(_invoked_argv() if argv is None else argv)
     flag = ALL_FLAGS.get(field)
     if flag is not None:
         return next((s for s in (*flag.spellings, *flag.negatives) if s in typed), flag.cli)
@@ -233,4 +245,4 @@ def clean_errors(fn: F) -> F:
     return command  # type: ignore[return-value]
 
 
-__all__ = ["ALL_FLAGS", "MAX_NUM_REQUESTS", "Force", "clean_errors", "cli_message", "cli_spelling", "flag_options", "given_flags", "source_options"]
+__all__ = ["ALL_FLAGS", "INVOKED_ARGV", "MAX_NUM_REQUESTS", "Force", "clean_errors", "cli_message", "cli_spelling", "flag_options", "given_flags", "source_options"]

@@ -240,7 +240,8 @@ def test_spec_sessions_with_absurd_turns():
     (["--speedup", "inf"], "--speedup inf: must be a finite number"),
     (["--rate", "nan"], "--rate nan: must be"),
     (["--start-s", "nan"], "--start-s nan: must be a finite number"),
-    (["-n", "100000000000"], "--num-requests 100000000000: must be <= 10000000"),
+    (["-n", "100000000000"], "error: -n 100000000000: must be <= 10000000"),  # named as typed
+    (["--num-requests", "100000000000"], "error: --num-requests 100000000000: must be <= 10000000"),
     (["--hash-block-size", "100000000000"], "--hash-block-size 100000000000: must be <= 10000000"),
 ])
 def test_source_options_refuse_non_finite_and_huge(args, words):
