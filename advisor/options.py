@@ -161,18 +161,14 @@ OPTION_OF_FIELD = {"disaggregation": "--disagg", "kv_block_coarsening": "--sim-b
 INVOKED_ARGV: ContextVar[list[str] | None] = ContextVar("costline_invoked_argv", default=None)
 
 
-def _invoked_argv() -> list[str]:
-    argv = INVOKED_ARGV.get()
-    return sys.argv[1:] if argv is None else argv
-
-
-def cli_spelling(field: str, argv: Sequence[str] | None = None) -> str:
+def cli_spelling(field: str) -> str:
     """The option a field was typed as: the alias found on the command line (`-tp`), else the
     primary spelling (`gpu_memory_utilization` -> `--gpu-memory-utilization`). Click records no
-    alias once parsed, hence the look at argv."""
+    alias once parsed, hence the look at the arguments (INVOKED_ARGV, else sys.argv)."""
     if field in OPTION_OF_FIELD:
         return OPTION_OF_FIELD[field]
-    typed = set(_invoked_argv() if argv is None else argv)
+    argv = INVOKED_ARGV.get()
+    typed = set(sys.argv[1:] if argv is None else argv)
     flag = ALL_FLAGS.get(field)
     if flag is not None:
         return next((s for s in (*flag.spellings, *flag.negatives) if s in typed), flag.cli)
