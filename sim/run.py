@@ -88,6 +88,15 @@ class SimConfig(BaseModel):
                             "waste most of the KV pool)")
         return v
 
+    @property
+    def num_replicas(self) -> int:
+        """Replicas the config deploys (P/D: prefill + decode), before `deployment`'s checks."""
+        d = self.disaggregation
+        if d is not None:
+            return d.num_prefill_replicas + d.num_decode_replicas
+        tp = self.engine.tensor_parallel_size
+        return (self.num_gpus or tp) // tp
+
     def deployment(self) -> DeploymentConfig:
         """The deployment this config describes; num_gpus must fit the TP size and the P/D split."""
         tp = self.engine.tensor_parallel_size
@@ -105,7 +114,7 @@ class SimConfig(BaseModel):
         n = self.num_gpus or tp
         if n % tp:
             raise FlagError("num_gpus", n, f"is not a multiple of {{tensor_parallel_size}} {tp}")
-        return DeploymentConfig(num_replicas=n // tp, **common)
+        return DeploymentConfig(num_replicas=self.num_replicas, **common)
 
 
 def check_simulation_size(deployment: DeploymentConfig | ResolvedDeployment, kv_block_coarsening: int,

@@ -201,11 +201,8 @@ def task_weight(task: SimTask) -> float:
     speculative steps are simulated one by one (no decode skip-ahead), x REPLICA_COST per replica
     past the first (each steps on its own, with smaller batches)."""
     cfg = task.config
-    d = cfg.disaggregation
-    replicas = d.num_prefill_replicas + d.num_decode_replicas if d else (cfg.num_gpus or 1) // max(
-        cfg.engine.tensor_parallel_size, 1)
     spec = SPEC_COST if cfg.engine.speculative_config is not None else 1.0
-    return task.num_requests * spec * (1 + REPLICA_COST * (max(replicas, 1) - 1))
+    return task.num_requests * spec * (1 + REPLICA_COST * (max(cfg.num_replicas, 1) - 1))
 
 
 # measured on the 4-GPU latency run (benchmarks/advisor/results.md, --tasks): on 1,000 requests a

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from advisor.advise.evaluate import Evaluator, Outcome, SimTask, task_key, task_weight
+from advisor.advise.evaluate import REPLICA_COST, Evaluator, Outcome, SimTask, task_key, task_weight
 from engine.core.model_spec import get_model
 from sim.config import EngineConfig
 from sim.generate import generate
@@ -47,6 +47,15 @@ def test_the_key_is_what_the_outcome_depends_on() -> None:
     assert task_key(_task()) != task_key(_task(block_size=32))
     assert task_key(_task()) != task_key(SimTask(_task().config.model_copy(update={"seed": 1}), 30))
     assert task_weight(_task(speculative_config=SPEC)) > task_weight(_task(n=100))
+
+
+def test_a_replica_past_the_first_weighs_replica_cost_more() -> None:
+    def on(num_gpus: int | None, tp: int = 1, pd: dict | None = None) -> float:
+        return task_weight(SimTask(SimConfig(engine=EngineConfig(tensor_parallel_size=tp), num_gpus=num_gpus,
+                                             disaggregation=pd, profile="default"), 100))
+    assert on(None) == on(2, tp=2) == 100  # one replica
+    assert on(4) == on(8, tp=2) == 100 * (1 + 3 * REPLICA_COST)  # four replicas (4 GPUs / TP1, 8 / TP2)
+    assert on(None, pd={"num_prefill_replicas": 1, "num_decode_replicas": 2}) == 100 * (1 + 2 * REPLICA_COST)
 
 
 def test_a_variant_is_keyed_as_simulated_at_the_tasks_request_count() -> None:
