@@ -95,8 +95,9 @@ def run2_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
 def run3_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """Up to DIRECT_MAX_PAIRS (token, expert) pairs and at most E / 4 of them the direct path (pairs
     rarely share an expert), else run 2's tiles with the many-program grouping. Measured in run 3
-    (benchmarks/kernels/MOE.md): 2-29% faster than run 2 on qwen3 at every T; on mixtral 22% slower at
-    T = 1 (the direct path with 8 experts) and 4% at T >= 1024, which adopting it should change."""
+    (benchmarks/kernels/MOE.md): on qwen3 2-30% faster than run 2 except at T = 8 and 16 (6% and 1%
+    slower); on mixtral 22% slower at T = 1 (the direct path with 8 experts) and 2-4% at T >= 1024:
+    adopting it should take each T's best plan of run 3 instead."""
     pairs = num_tokens * top_k
     if pairs <= DIRECT_MAX_PAIRS and 4 * pairs <= num_experts:
         return DirectTiles()
