@@ -39,6 +39,9 @@ class StepTimes:
     host_s: float
     device_s: float
     launch_s: float = 0.0
+    # the launch returns no earlier than this share of the step's device work has run (a host
+    # that blocks on a full launch queue)
+    launch_block: float = 0.0
 
 
 class VirtualClock:
@@ -102,8 +105,11 @@ def virtual_clock(core: EngineCore, step_times: Callable[[SchedulerOutput], Step
 
     def timed_forward(*args: Any, **kwargs: Any) -> Any:
         logits = forward(*args, **kwargs)
-        clock.launch(max(last[0].device_s, last[0].launch_s))  # the device starts on the first kernel
-        clock.sleep(last[0].launch_s)
+        times = last[0]
+        start = max(clock.now, clock.stream_end_s)
+        clock.launch(max(times.device_s, times.launch_s))  # the device starts on the first kernel
+        clock.sleep(times.launch_s)
+        clock.wait_until(start + times.launch_block * times.device_s)
         return logits
 
     def synced_sample(*args: Any, **kwargs: Any) -> Any:

@@ -509,28 +509,33 @@ def _median_p90(e: np.ndarray) -> tuple[float, float]:
 
 
 def pipelined_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray,
-                      contiguous: np.ndarray) -> np.ndarray:
+                      contiguous: np.ndarray, block: np.ndarray | None = None) -> np.ndarray:
     """Each step's period under async scheduling as the simulator's pipelined loop times it
     (sim/simulator.py `_pipelined_step`), from every step's device seconds, host seconds before
-    its launch, and launch seconds: period_i = max(host_i + launch_i, lead_i), where lead_i is
-    what is left of step i-1's device work when iteration i begins (0 where a row does not follow
-    the previous one back to back: the engine was idle or the run starts)."""
+    its launch, launch seconds and launch block (the share of its device work run before its
+    launch returns; None: 0): period_i = max(host_i + launch_i, start_i + block_i x device_i,
+    lead_i), where lead_i is what is left of step i-1's device work when iteration i begins (0
+    where a row does not follow the previous one back to back: the engine was idle or the run
+    starts) and start_i = max(host_i, lead_i) when step i's device work begins."""
     out = np.empty(device.size)
     lead = 0.0
     for i in range(device.size):
         if not contiguous[i]:
             lead = 0.0
         h, launch_i = host[i], launch[i]
-        out[i] = period = max(h + launch_i, lead)
-        lead = max(h, lead) + max(device[i], launch_i) - period
+        start = max(h, lead)
+        launched = h + launch_i if block is None else max(h + launch_i, start + block[i] * device[i])
+        out[i] = period = max(launched, lead)
+        lead = start + max(device[i], launch_i) - period
     return out
 
 
 def fit_overlap(rows: _Rows, train: np.ndarray) -> OverlapTerms:
     """The wall-time terms from measured GPU, host and period times (soft-L1 relative loss). Async:
-    the gap on the device side, the unrecorded host work and an eager step's kernel launches, by
-    the pipelined recursion (`pipelined_periods`) over each run's rows with their MEASURED device
-    and host times. Sync: `period = gpu + cpu + extra`, the median extra."""
+    the gap on the device side, the unrecorded host work, an eager step's kernel launches and the
+    share of its device work its launch waits for, by the pipelined recursion
+    (`pipelined_periods`) over each run's rows with their MEASURED device and host times. Sync:
+    `period = gpu + cpu + extra`, the median extra."""
     out: dict[str, float] = {}
     a = rows.is_async
     fit_rows = a & train & rows.contiguous & (rows.total > 0)
@@ -539,19 +544,21 @@ def fit_overlap(rows: _Rows, train: np.ndarray) -> OverlapTerms:
         contiguous, use = rows.contiguous[a], fit_rows[a]
 
         def resid(x: np.ndarray) -> np.ndarray:
-            periods = pipelined_periods(g + x[0], c + x[1], eager * x[2], contiguous)
+            periods = pipelined_periods(g + x[0], c + x[1], eager * x[2], contiguous, eager * x[3])
             return (periods[use] - y[use]) / y[use]
+
+        upper = [np.inf, np.inf, np.inf, 1.0]
 
         def fit(x0: list[float], fixed_host: float | None = None):
             if fixed_host is None:
-                return least_squares(resid, x0, bounds=([0.0] * 3, [np.inf] * 3), loss="soft_l1", f_scale=0.02)
-            sol = least_squares(lambda x: resid(np.array([x[0], fixed_host, x[1]])), [x0[0], x0[2]],
-                                bounds=([0.0] * 2, [np.inf] * 2), loss="soft_l1", f_scale=0.02)
-            sol.x = np.array([sol.x[0], fixed_host, sol.x[1]])
+                return least_squares(resid, x0, bounds=([0.0] * 4, upper), loss="soft_l1", f_scale=0.02)
+            sol = least_squares(lambda x: resid(np.array([x[0], fixed_host, x[1], x[2]])), [x0[0], x0[2], x0[3]],
+                                bounds=([0.0] * 3, upper[1:]), loss="soft_l1", f_scale=0.02)
+            sol.x = np.array([sol.x[0], fixed_host, sol.x[1], sol.x[2]])
             return sol
 
-        best = min((fit([1e-5, host0, launch0]) for host0 in (0.0, 2e-4, 1e-3) for launch0 in (0.0, 0.01)),
-                   key=lambda sol: sol.cost)
+        best = min((fit([1e-5, host0, launch0, block0]) for host0 in (0.0, 2e-4, 1e-3) for launch0 in (0.0, 0.01)
+                    for block0 in (0.0, 0.8)), key=lambda sol: sol.cost)
         # where the device side always binds (a large model's steps) the host term barely moves
         # the loss and drifts: keep the smallest one whose fit is within 1% of the best
         for host in (0.0, best.x[1] / 8, best.x[1] / 4, best.x[1] / 2):
@@ -559,7 +566,8 @@ def fit_overlap(rows: _Rows, train: np.ndarray) -> OverlapTerms:
             if sol.cost <= best.cost * 1.01:
                 best = sol
                 break
-        out["async_gpu_gap_s"], out["async_host_s"], out["async_eager_launch_s"] = map(float, best.x)
+        (out["async_gpu_gap_s"], out["async_host_s"], out["async_eager_launch_s"],
+         out["async_eager_block"]) = map(float, best.x)
     sync = ~a & train & (rows.total > 0)
     if sync.sum() >= 10:
         extra = rows.total[sync] - rows.gpu_y[sync] - rows.cpu_y[sync]
@@ -572,9 +580,9 @@ def predicted_periods(rows: _Rows, gpu_pred: np.ndarray, cpu_pred: np.ndarray, o
     out = gpu_pred + cpu_pred + o.sync_extra_s
     a = rows.is_async
     if a.any():
-        eager = (rows.kind[a] == "mixed") * o.async_eager_launch_s
-        out[a] = pipelined_periods(gpu_pred[a] + o.async_gpu_gap_s, cpu_pred[a] + o.async_host_s, eager,
-                                   rows.contiguous[a])
+        eager = (rows.kind[a] == "mixed").astype(float)
+        out[a] = pipelined_periods(gpu_pred[a] + o.async_gpu_gap_s, cpu_pred[a] + o.async_host_s,
+                                   eager * o.async_eager_launch_s, rows.contiguous[a], eager * o.async_eager_block)
     return out
 
 

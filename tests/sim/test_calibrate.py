@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from engine.core.records import StepRecord
 from engine.core.request import Request
 from sim import cost_model
 from sim.calibrate import (
+    fit_overlap,
     CalibrationInputError,
     EngineRun,
     fit_memory,
@@ -104,7 +106,9 @@ def test_fit_recovers_each_known_coefficient(fit):
     _close(p.mixed, TRUE_MIXED, 0.03, loose=("elementwise", "decode_max_kv"))
     _close(p.cpu, TRUE_CPU, 0.06)  # five count terms from 1% noise
     _close(p.cpu_sync, TRUE_CPU, 0.06)  # the sync run alone: the same truth
-    _close(p.overlap, TRUE_OVERLAP, 0.03)
+    # the synthetic eager launches never block: a launch block of (almost) none, to the fit's tolerance
+    assert p.overlap.async_eager_block < 1e-3
+    _close(p.overlap.model_copy(update={"async_eager_block": 0.0}), TRUE_OVERLAP, 0.03)
     assert p.schema_version == 2 and p.status == cost_model.STATUS_FITTED
 
 
@@ -357,6 +361,41 @@ def test_pipelined_periods_equal_the_engines_events():
     contiguous[cut] = False
     got = pipelined_periods(device, host, launch, contiguous)
     np.testing.assert_allclose(got[cut:], async_periods(device[cut:], host[cut:], launch[cut:]), rtol=1e-9, atol=1e-15)
+
+
+def test_pipelined_periods_with_a_launch_block_equal_the_engines_events():
+    """Eager steps whose launch returns only once most of their device work has run (a full launch
+    queue): the recursion against the events, and the block binding (periods change)."""
+    rng = np.random.default_rng(4)
+    n = 400
+    device, host = rng.exponential(5e-3, n), rng.exponential(1e-3, n)
+    eager = rng.random(n) < 0.3
+    launch, block = np.where(eager, 1e-4, 0.0), np.where(eager, 0.8, 0.0)
+    contiguous = np.ones(n, dtype=bool)
+    contiguous[0] = False
+    got = pipelined_periods(device, host, launch, contiguous, block)
+    np.testing.assert_allclose(got, async_periods(device, host, launch, block), rtol=1e-9, atol=1e-15)
+    unblocked = pipelined_periods(device, host, launch, contiguous)
+    assert (got > unblocked + 1e-4).sum() > 20
+    np.testing.assert_allclose(got.sum(), unblocked.sum(), rtol=0.05)  # the same work, shifted between periods
+
+
+def test_fit_overlap_recovers_a_launch_block():
+    """Periods made by the engine's events with a launch block of 0.75 on eager rows: the fit finds it."""
+    rng = np.random.default_rng(5)
+    n = 600
+    device, host = rng.uniform(2e-3, 9e-3, n), rng.uniform(3e-4, 1.2e-3, n)
+    eager = rng.random(n) < 0.35
+    total = async_periods(device, host, np.zeros(n), np.where(eager, 0.75, 0.0))
+    rows = SimpleNamespace(is_async=np.ones(n, dtype=bool), contiguous=np.r_[False, np.ones(n - 1, dtype=bool)],
+                           total=total, gpu_y=device, cpu_y=host, kind=np.where(eager, "mixed", "decode"))
+    o = fit_overlap(rows, np.ones(n, dtype=bool))
+    assert abs(o.async_eager_block - 0.75) < 0.03
+    # a launch shorter than the blocked share of the device work changes nothing: the periods decide
+    fitted = pipelined_periods(device + o.async_gpu_gap_s, host + o.async_host_s,
+                               np.where(eager, o.async_eager_launch_s, 0.0), rows.contiguous,
+                               np.where(eager, o.async_eager_block, 0.0))
+    np.testing.assert_allclose(fitted, total, rtol=1e-3)
 
 
 # a synchronous host that is cheaper per step and dearer per context token than the async one

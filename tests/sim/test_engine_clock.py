@@ -61,20 +61,21 @@ def flags(async_scheduling: bool, chunked: bool, blocks: int) -> dict:
             "async_scheduling": async_scheduling, "num_gpu_blocks_override": blocks}
 
 
-def profile(eager_launch_s: float = 0.0):
-    """The frozen 8B profile; with `eager_launch_s`, steps past 16 tokens run eagerly and their
-    kernel launches take that long (async scheduling)."""
+def profile(eager_launch_s: float = 0.0, eager_block: float = 0.0):
+    """The frozen 8B profile; with `eager_launch_s` or `eager_block`, steps past 16 tokens run
+    eagerly, their kernel launches take that long and return once that share of their device
+    work has run (async scheduling)."""
     p = frozen_profile("h200-llama-3.1-8b")
-    if not eager_launch_s:
+    if not eager_launch_s and not eager_block:
         return p
     return p.model_copy(update={"max_cudagraph_capture_size": 16, "overlap": p.overlap.model_copy(
-        update={"async_eager_launch_s": eager_launch_s})})
+        update={"async_eager_launch_s": eager_launch_s, "async_eager_block": eager_block})})
 
 
-def simulate(reqs, f: dict, skip_ahead: bool, eager_launch_s: float = 0.0):
+def simulate(reqs, f: dict, skip_ahead: bool, eager_launch_s: float = 0.0, eager_block: float = 0.0):
     dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"),
                            engine=EngineConfig(attention_backend="costline", **f))
-    sim = Simulation(dep, reqs, skip_ahead=skip_ahead, profile=profile(eager_launch_s))
+    sim = Simulation(dep, reqs, skip_ahead=skip_ahead, profile=profile(eager_launch_s, eager_block))
     return sim, sim.run()
 
 
@@ -85,30 +86,33 @@ def engine_replay(reqs, f: dict, sim: Simulation):
 
     def step_times(out) -> StepTimes:
         device_s, host_s = cost.device_and_host_s(cost.gpu_time_s(out), cost.cpu_time_s(out))
-        return StepTimes(host_s=host_s, device_s=device_s, launch_s=cost.launch_s(out))
+        return StepTimes(host_s=host_s, device_s=device_s, launch_s=cost.launch_s(out),
+                         launch_block=cost.launch_block(out))
 
     with virtual_clock(core, step_times):
         return replay(core, reqs, honor_arrivals=True)
 
 
-# async, chunked prefill, KV blocks, eager steps' launch seconds
-CASES = {"sync": (False, True, 4000, 0.0), "async": (True, True, 4000, 0.0),
-         "async-no-chunk": (True, False, 4000, 0.0), "sync-no-chunk": (False, False, 4000, 0.0),
-         "async-tight": (True, True, 90, 0.0), "sync-tight": (False, True, 90, 0.0),
-         "async-eager-launches": (True, True, 4000, 0.004)}
+# async, chunked prefill, KV blocks, eager steps' launch seconds and launch block
+CASES = {"sync": (False, True, 4000, 0.0, 0.0), "async": (True, True, 4000, 0.0, 0.0),
+         "async-no-chunk": (True, False, 4000, 0.0, 0.0), "sync-no-chunk": (False, False, 4000, 0.0, 0.0),
+         "async-tight": (True, True, 90, 0.0, 0.0), "sync-tight": (False, True, 90, 0.0, 0.0),
+         "async-eager-launches": (True, True, 4000, 0.004, 0.0),
+         "async-eager-blocked": (True, True, 4000, 1e-4, 0.9)}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def runs(request):
-    async_scheduling, chunked, blocks, launch_s = CASES[request.param]
+    async_scheduling, chunked, blocks, launch_s, block = CASES[request.param]
     reqs = workload(48, rate=60.0, seed=5)
     f = flags(async_scheduling, chunked, blocks)
-    sim, stepped = simulate(reqs, f, skip_ahead=False, eager_launch_s=launch_s)
-    _, skipped = simulate(reqs, f, skip_ahead=True, eager_launch_s=launch_s)
+    sim, stepped = simulate(reqs, f, skip_ahead=False, eager_launch_s=launch_s, eager_block=block)
+    _, skipped = simulate(reqs, f, skip_ahead=True, eager_launch_s=launch_s, eager_block=block)
     if launch_s:  # the case is not vacuous: eager steps launched, and some launch-bound periods
         cost = sim.replicas[0].cost
-        assert cost.launch_s(SimpleNamespace(**{c: int(stepped.steps[c][stepped.steps["num_prefill_tokens"] > 16][0])
-                                                 for c in LAUNCH_COLUMNS})) == launch_s
+        eager = SimpleNamespace(**{c: int(stepped.steps[c][stepped.steps["num_prefill_tokens"] > 16][0])
+                                   for c in LAUNCH_COLUMNS})
+        assert cost.launch_s(eager) == launch_s and cost.launch_block(eager) == block
     return request.param, engine_replay(reqs, f, sim), stepped, skipped
 
 
