@@ -47,14 +47,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 
 INIT_STD = 0.02  # Hugging Face's initializer_range default for Llama
-# A mixture of experts' token embeddings: N(0, 1), a normalised hidden state's scale. At 0.02 the
-# first layers' outputs (~1 per component after RMSNorm and the projections) swamp each token's
-# embedding, and over a long context shared by several sequences attention averages their hidden
-# states into nearly one vector: every sequence then routes to the same experts (H200,
-# qwen3-30b-a3b, 16 decode tokens over Mooncake prompts: 23 distinct experts per layer of a uniform
-# 82; benchmarks/calibration/data/routing). A trained router follows the token; at this scale
-# the random one does too (a 12-layer replica: 50-52 of a uniform 51.6 at every layer).
-MOE_EMBED_STD = 1.0
 
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
@@ -243,20 +235,18 @@ class LlamaModel(nn.Module):
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
-        """Seeded random weights: N(0, 0.02) for matrices and biases (a mixture of experts' token
-        embeddings N(0, MOE_EMBED_STD)), ones for norms. Under tensor parallelism each full tensor
-        is drawn (one at a time, in the same order) and this rank's shard kept, so the shards are
-        those of the unsharded model's weights."""
+        """Seeded random weights: N(0, 0.02) for matrices and biases, ones for norms. Under
+        tensor parallelism each full tensor is drawn (one at a time, in the same order) and this
+        rank's shard kept, so the shards are those of the unsharded model's weights."""
         g = torch.Generator(device=self.embed_tokens.device).manual_seed(seed)
         for name, p in self.named_parameters():
-            std = MOE_EMBED_STD if name == "embed_tokens" and self.spec.is_moe else INIT_STD
             if name.endswith("norm.weight"):  # input/post-attention, q/k and the final norm
                 p.fill_(1.0)
             elif self.tp_size == 1:
-                p.normal_(0.0, std, generator=g)
+                p.normal_(0.0, INIT_STD, generator=g)
             else:
                 full = torch.empty(full_param_shape(name, self.spec), device=p.device, dtype=p.dtype)
-                p.copy_(shard_param(name, full.normal_(0.0, std, generator=g), self.spec,
+                p.copy_(shard_param(name, full.normal_(0.0, INIT_STD, generator=g), self.spec,
                                     self.tp_size, self.tp_rank))
 
     @torch.no_grad()
