@@ -10,8 +10,8 @@ per run and metric (TTFT / TPOT / e2e mean, p50, p99, output throughput) engine,
 per run the median |error| over those and `costline validate`'s verdict (median over its 18 metrics,
 worst p99); over the runs the median of the medians and the worst p99.
 
-    python3 benchmarks/calibration/moe_validate.py --archives RESULTS --work runs/moe \
-        --out benchmarks/calibration --write-profiles           # sim/profiles/h200-<model>.json
+    python3 benchmarks/calibration/moe_validate.py --archives benchmarks/calibration/data/moe --work runs/moe \
+        --base-profile benchmarks/calibration/data/moe/start --out benchmarks/calibration --write-profiles
     python3 benchmarks/calibration/moe_validate.py --archives /tmp/moe/out --models tiny-moe --as-gpu h200 \
         --work /tmp/moe/fit --out /tmp/moe/fit --name dry-run   # the CPU dry run's outputs
 """
@@ -143,7 +143,12 @@ def one_model(a: argparse.Namespace, model: str) -> dict:
     sweep, held = run_folders(root, "sweep"), run_folders(root, "validation")
     gpu = a.as_gpu or json.loads((sweep[0] / "run.json").read_text())["gpu"]
     shipped = PROFILES_DIR / f"{gpu}-{model}.json"
-    base = CostProfile.load(a.base_profile or (shipped if shipped.is_file() else "default"))
+    given = a.base_profile
+    if given is not None and Path(given).is_dir():  # a folder of starting profiles, one per model
+        given = Path(given) / f"{gpu}-{model}.json"
+        if not given.is_file():
+            raise SystemExit(f"--base-profile {a.base_profile}: no {given.name} there")
+    base = CostProfile.load(given or (shipped if shipped.is_file() else "default"))
     if base.is_fitted and base.moe is None:
         raise SystemExit(f"{base.name}: a fitted profile without MoE terms cannot be the MoE base; pass "
                          "--base-profile with the kernel-factor profile")
@@ -230,8 +235,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="folder for <name>.md and <name>.json")
     ap.add_argument("--name", default="moe_validation")
     ap.add_argument("--as-gpu", default=None, help="the dry run: price the runs as on this GPU")
-    ap.add_argument("--base-profile", default=None, help="the profile whose MoE terms the fit keeps "
-                    "(default: the shipped sim/profiles/<gpu>-<model>.json)")
+    ap.add_argument("--base-profile", default=None, help="the profile whose MoE terms the fit keeps, or a "
+                    "folder of them (<gpu>-<model>.json; the committed ones: benchmarks/calibration/data/moe/start); "
+                    "default: the shipped sim/profiles/<gpu>-<model>.json")
     ap.add_argument("--write-profiles", action="store_true", help="write sim/profiles/<gpu>-<model>.json")
     a = ap.parse_args()
     models = [m for m in a.models.split(",") if m and (a.archives / f"{m}-sweep.tar.xz").is_file()]
