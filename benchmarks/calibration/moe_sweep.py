@@ -270,6 +270,17 @@ def supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> dict[str
     return capacity
 
 
+def long_validation(r: gs.Runner, p: MoePlan, capacity: dict[str, float], scale: float) -> dict[str, float]:
+    """The held-out runs again, `scale` times as long (and at least `scale` times the requests), at the
+    capacities an earlier sweep probed (its index.json): a p99 of 30-50 requests is one or two of
+    them, whose step a few milliseconds of phase decide. Packed as `<model>-long-*`; moe_validate.py
+    --validation-set long validates on them (the fit stays the sweep's)."""
+    longer = dataclasses.replace(p.base, validation_s=scale * p.base.validation_s,
+                                 min_validation_requests=int(scale * p.base.min_validation_requests))
+    validation_runs(r, dataclasses.replace(p, base=longer), capacity)
+    return capacity
+
+
 def build_engine(a: argparse.Namespace) -> EngineCore:
     """The preset's engine (random weights); `--layers N`: the preset's layer shapes, N layers."""
     kw = {"max_model_len": 1024, "dtype": "float32"} if a.dry_run else {}
@@ -331,6 +342,9 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     ap.add_argument("--supplement", type=Path, metavar="INDEX_JSON",
                     help="only the extra mixed runs, at the capacities of this earlier sweep's index.json")
+    ap.add_argument("--long-validation", type=Path, metavar="INDEX_JSON",
+                    help="only the held-out runs, --scale times as long, at this earlier sweep's capacities")
+    ap.add_argument("--scale", type=float, default=3.0, help="--long-validation's length factor")
     a = ap.parse_args()
     if a.dry_run:
         a.device = "cpu"
@@ -342,7 +356,7 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     label = a.model if not a.layers else f"{a.model}-{a.layers}l"
-    label += "-extra" if a.supplement else ""
+    label += "-extra" if a.supplement else "-long" if a.long_validation else ""
     t = time.perf_counter()
     meta, capacity, error = {}, {}, None
     r = None
@@ -361,8 +375,12 @@ def main() -> None:
                 "layers": a.layers or get_model(a.model).num_layers, "plan": "dry-run" if a.dry_run else
                 "smoke" if a.smoke else a.model}
         r = gs.Runner(core, work, label, meta, a.deadline_s)
-        capacity = (supplement(r, plan, json.loads(a.supplement.read_text())["capacity_rps"]) if a.supplement
-                    else sweep(r, plan))
+        if a.supplement or a.long_validation:
+            earlier = json.loads((a.supplement or a.long_validation).read_text())["capacity_rps"]
+            capacity = (supplement(r, plan, earlier) if a.supplement
+                        else long_validation(r, plan, earlier, a.scale))
+        else:
+            capacity = sweep(r, plan)
     except Exception as exc:  # noqa: BLE001 - pack and report what ran, then fail
         error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()

@@ -48,12 +48,15 @@ SHORT = {"mean_ttft_ms": "TTFT mean", "median_ttft_ms": "TTFT p50", "p99_ttft_ms
 PARTS = ("sweep", "validation")
 
 
-def unpack(archives: Path, model: str, work: Path, as_gpu: str | None) -> Path:
+def unpack(archives: Path, model: str, work: Path, as_gpu: str | None, validation_set: str = "") -> Path:
     """The model's run folders under work/<model>/{sweep,validation} (replaced when unpacked again).
-    `as_gpu`: rewrite each run.json's GPU (a CPU dry run's runs say "cpu", which no preset prices)."""
+    `as_gpu`: rewrite each run.json's GPU (a CPU dry run's runs say "cpu", which no preset prices).
+    `validation_set` "long": the held-out runs from `<model>-long-validation.tar.xz` (moe_sweep.py
+    --long-validation) instead of the sweep call's own."""
     root = work / model
     for part in PARTS:
-        src = archives / f"{model}-{part}.tar.xz"
+        label = f"{model}-{validation_set}" if validation_set and part == "validation" else model
+        src = archives / f"{label}-{part}.tar.xz"
         if not src.is_file():
             if part == "sweep":
                 raise SystemExit(f"--archives {archives}: no {src.name}; give the folder moe_sweep.py packed into")
@@ -139,7 +142,7 @@ def validate(runs: list[Path], profile_path: Path) -> tuple[list[dict], list[Run
 
 def one_model(a: argparse.Namespace, model: str) -> dict:
     t0 = time.perf_counter()
-    root = unpack(a.archives, model, a.work, a.as_gpu)
+    root = unpack(a.archives, model, a.work, a.as_gpu, a.validation_set)
     sweep, held = run_folders(root, "sweep"), run_folders(root, "validation")
     gpu = a.as_gpu or json.loads((sweep[0] / "run.json").read_text())["gpu"]
     shipped = PROFILES_DIR / f"{gpu}-{model}.json"
@@ -193,7 +196,7 @@ def markdown(results: list[dict], command: str) -> str:
         s, st = res["fitted"]["summary"], res["start"]["summary"]
         lines += [f"## {res['model']} on {res['gpu']}", "",
                   (f"Fitted on {len(res['sweep_runs'])} sweep runs ({res['fit']['n_steps']} steps); validated on "
-                  f"{len(res['validation_runs'])} held-out runs. **Median |error| {_abs(s['median_abs_error'])}, "
+                  f"{len(res['validation_runs'])} held-out runs ({sum(r['requests'] for r in res['fitted']['runs'])} requests). **Median |error| {_abs(s['median_abs_error'])}, "
                   f"worst run median {_abs(s['max_run_median_abs_error'])}, worst p99 {_abs(s['max_p99_abs_error'])}"
                   f"** (target {'met' if s['target_met'] else 'missed'}); the starting profile ({res['start']['profile']}, "
                   f"first principles + kernel factors): {_abs(st['median_abs_error'])}, worst p99 "
@@ -239,6 +242,8 @@ def main() -> None:
                     "folder of them (<gpu>-<model>.json; the committed ones: benchmarks/calibration/data/moe/start); "
                     "default: the shipped sim/profiles/<gpu>-<model>.json")
     ap.add_argument("--write-profiles", action="store_true", help="write sim/profiles/<gpu>-<model>.json")
+    ap.add_argument("--validation-set", choices=("", "long"), default="",
+                    help="long: validate on moe_sweep.py --long-validation's runs (<model>-long-validation.tar.xz)")
     a = ap.parse_args()
     models = [m for m in a.models.split(",") if m and (a.archives / f"{m}-sweep.tar.xz").is_file()]
     if not models:
