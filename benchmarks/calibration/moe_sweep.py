@@ -372,6 +372,7 @@ def main() -> None:
                 "versions": {"torch": torch.__version__, "python": platform.python_version(),
                              "triton": gs._version("triton"), "cuda": torch.version.cuda},
                 "warm_up": dataclasses.asdict(warm), "startup": core.startup.as_dict(), "build_s": round(time.perf_counter() - t, 1),
+                "model": a.model,  # run.json's model: the preset, not the label (run folders' parent)
                 "layers": a.layers or get_model(a.model).num_layers, "plan": "dry-run" if a.dry_run else
                 "smoke" if a.smoke else a.model}
         r = gs.Runner(core, work, label, meta, a.deadline_s)

@@ -71,10 +71,12 @@ def unpack(archives: Path, model: str, work: Path, as_gpu: str | None, validatio
     if extra.is_file():
         with tarfile.open(extra) as t:
             t.extractall(root, members=[m for m in t.getmembers() if m.name.startswith("sweep/")], filter="data")
-    if as_gpu:
-        for f in root.glob("*/*/run.json"):
-            info = json.loads(f.read_text())
-            f.write_text(json.dumps(info | {"gpu": as_gpu}, indent=2) + "\n")
+    for f in root.glob("*/*/run.json"):
+        info = json.loads(f.read_text())
+        # moe_sweep.py's top-up calls (34d917c and before) wrote their label ("<model>-long") as the model
+        fixed = info | ({"gpu": as_gpu} if as_gpu else {}) | {"model": model}
+        if fixed != info:
+            f.write_text(json.dumps(fixed, indent=2) + "\n")
     return root
 
 
