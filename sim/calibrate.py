@@ -509,12 +509,13 @@ def _median_p90(e: np.ndarray) -> tuple[float, float]:
 
 
 def pipelined_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray,
-                      contiguous: np.ndarray, block: np.ndarray | None = None) -> np.ndarray:
+                      contiguous: np.ndarray, block: np.ndarray | None = None,
+                      block_s: np.ndarray | None = None) -> np.ndarray:
     """Each step's period under async scheduling as the simulator's pipelined loop times it
     (sim/simulator.py `_pipelined_step`), from every step's device seconds, host seconds before
     its launch, launch seconds and launch block (the share of its device work run before its
-    launch returns; None: 0): period_i = max(host_i + launch_i, start_i + block_i x device_i,
-    lead_i), where lead_i is what is left of step i-1's device work when iteration i begins (0
+    launch returns, plus block_s seconds, at most all of it; None: 0): period_i = max(host_i +
+    launch_i, start_i + min(device_i, block_s_i + block_i x device_i), lead_i), where lead_i is what is left of step i-1's device work when iteration i begins (0
     where a row does not follow the previous one back to back: the engine was idle or the run
     starts) and start_i = max(host_i, lead_i) when step i's device work begins."""
     out = np.empty(device.size)
@@ -524,7 +525,10 @@ def pipelined_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray,
             lead = 0.0
         h, launch_i = host[i], launch[i]
         start = max(h, lead)
-        launched = h + launch_i if block is None else max(h + launch_i, start + block[i] * device[i])
+        blocked = 0.0 if block is None else block[i] * device[i]
+        if block_s is not None:
+            blocked = min(device[i], blocked + block_s[i])
+        launched = max(h + launch_i, start + blocked)
         out[i] = period = max(launched, lead)
         lead = start + max(device[i], launch_i) - period
     return out
@@ -544,30 +548,43 @@ def fit_overlap(rows: _Rows, train: np.ndarray) -> OverlapTerms:
         contiguous, use = rows.contiguous[a], fit_rows[a]
 
         def resid(x: np.ndarray) -> np.ndarray:
-            periods = pipelined_periods(g + x[0], c + x[1], eager * x[2], contiguous, eager * x[3])
+            periods = pipelined_periods(g + x[0], c + x[1], eager * x[2], contiguous, eager * x[3], eager * x[4])
             return (periods[use] - y[use]) / y[use]
 
-        upper = [np.inf, np.inf, np.inf, 1.0]
+        upper = np.array([np.inf, np.inf, np.inf, 1.0, np.inf])
 
-        def fit(x0: list[float], fixed_host: float | None = None):
-            if fixed_host is None:
-                return least_squares(resid, x0, bounds=([0.0] * 4, upper), loss="soft_l1", f_scale=0.02)
-            sol = least_squares(lambda x: resid(np.array([x[0], fixed_host, x[1], x[2]])), [x0[0], x0[2], x0[3]],
-                                bounds=([0.0] * 3, upper[1:]), loss="soft_l1", f_scale=0.02)
-            sol.x = np.array([sol.x[0], fixed_host, sol.x[1], sol.x[2]])
+        def fit(x0: list[float], free: tuple[int, ...]):
+            """Fit the terms at indices `free`, the others held at x0's."""
+            x0 = np.array(x0, dtype=float)
+
+            def r(x: np.ndarray) -> np.ndarray:
+                full = x0.copy()
+                full[list(free)] = x
+                return resid(full)
+
+            sol = least_squares(r, x0[list(free)], bounds=(np.zeros(len(free)), upper[list(free)]),
+                                loss="soft_l1", f_scale=0.02)
+            full = x0.copy()
+            full[list(free)] = sol.x
+            sol.x = full
             return sol
 
-        best = min((fit([1e-5, host0, launch0, block0]) for host0 in (0.0, 2e-4, 1e-3) for launch0 in (0.0, 0.01)
-                    for block0 in (0.0, 0.8)), key=lambda sol: sol.cost)
+        # several starts with the block's seconds held at 0 (the loss is piecewise in the launch
+        # terms), then the best freed to take them: each term costs a recursion per Jacobian column
+        best = min((fit([1e-5, host0, launch0, block0, 0.0], (0, 1, 2, 3)) for host0 in (0.0, 2e-4, 1e-3)
+                    for launch0 in (0.0, 0.01) for block0 in (0.0, 0.8)), key=lambda sol: sol.cost)
+        if eager[use].any():
+            best = min((best, *(fit([*best.x[:4], s0], (0, 1, 2, 3, 4)) for s0 in (0.0, 0.01))),
+                       key=lambda sol: sol.cost)
         # where the device side always binds (a large model's steps) the host term barely moves
         # the loss and drifts: keep the smallest one whose fit is within 1% of the best
         for host in (0.0, best.x[1] / 8, best.x[1] / 4, best.x[1] / 2):
-            sol = fit(list(best.x), fixed_host=host)
+            sol = fit([best.x[0], host, *best.x[2:]], (0, 2, 3, 4))
             if sol.cost <= best.cost * 1.01:
                 best = sol
                 break
         (out["async_gpu_gap_s"], out["async_host_s"], out["async_eager_launch_s"],
-         out["async_eager_block"]) = map(float, best.x)
+         out["async_eager_block"], out["async_eager_block_s"]) = map(float, best.x)
     sync = ~a & train & (rows.total > 0)
     if sync.sum() >= 10:
         extra = rows.total[sync] - rows.gpu_y[sync] - rows.cpu_y[sync]
@@ -582,7 +599,8 @@ def predicted_periods(rows: _Rows, gpu_pred: np.ndarray, cpu_pred: np.ndarray, o
     if a.any():
         eager = (rows.kind[a] == "mixed").astype(float)
         out[a] = pipelined_periods(gpu_pred[a] + o.async_gpu_gap_s, cpu_pred[a] + o.async_host_s,
-                                   eager * o.async_eager_launch_s, rows.contiguous[a], eager * o.async_eager_block)
+                                   eager * o.async_eager_launch_s, rows.contiguous[a], eager * o.async_eager_block,
+                                   eager * o.async_eager_block_s)
     return out
 
 

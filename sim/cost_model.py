@@ -164,10 +164,11 @@ class OverlapTerms(BaseModel):
     async_host_s` (the collect/update work no column records), then, for a step that runs
     eagerly, `async_eager_launch_s` of kernel launches from Python, during which its device work
     already runs; its device part is `gpu + async_gpu_gap_s` (host work the GPU waits on at a
-    boundary). An eager step's launch also returns no earlier than `async_eager_block` of its
-    device work has run: past a few hundred queued kernels the host blocks on the device (the MoE
-    presets' eager steps, ~1,200 launches: their launch returned after 72-100% of the step's GPU
-    time on the H200, so the step before it is collected that late). Synchronous: `gpu + cpu +
+    boundary). An eager step's launch also returns no earlier than `async_eager_block_s` plus
+    `async_eager_block` of its device work after that work began (at most all of it): past a few
+    hundred queued kernels the host blocks on the device (the MoE presets' eager steps, ~1,200
+    launches: their launch returned after 72-100% of the step's GPU time on the H200, about
+    14 ms + 0.67 x its GPU time, so the step before it is collected that late). Synchronous: `gpu + cpu +
     sync_extra_s` (the launches overlap the step's own GPU work)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -176,6 +177,7 @@ class OverlapTerms(BaseModel):
     async_host_s: float = _COEF
     async_eager_launch_s: float = _COEF
     async_eager_block: float = Field(default=0.0, ge=0.0, le=1.0)
+    async_eager_block_s: float = _COEF
     sync_extra_s: float = _COEF
 
 
@@ -654,6 +656,7 @@ class CostModel:
         self._gap_s = self._host_s = 0.0  # async: max(gpu + gap, cpu + host); sync: gpu + cpu + host
         self._eager_launch_s = 0.0  # async: an eager step's kernel launches (see launch_s)
         self._eager_block = 0.0  # async: the share of its device work an eager launch waits for
+        self._eager_block_s = 0.0  # async: ... plus these seconds
         self._max_num_seqs = engine.max_num_seqs or 256
         self._fit_decode = self._fit_mixed = self._fit_mixed_graph = None
         self._mixed_graph_max_tokens = 0  # largest step (tokens) a mixed graph takes; 0: none
@@ -699,6 +702,7 @@ class CostModel:
                                      else (0.0, o.sync_extra_s))
         self._eager_launch_s = o.async_eager_launch_s if self.async_scheduling else 0.0
         self._eager_block = o.async_eager_block if self.async_scheduling else 0.0
+        self._eager_block_s = o.async_eager_block_s if self.async_scheduling else 0.0
 
     # --- GPU ----------------------------------------------------------------------
     def forward_s(self, num_tokens: int, num_rows: int, prefill_pairs: float, prefill_kv_tokens: float,
@@ -854,6 +858,18 @@ class CostModel:
         if not self._eager_block or self._runs_as_graph(b):
             return 0.0
         return self._eager_block
+
+    def launch_block_s(self, b: BatchComposition) -> float:
+        """Async scheduling: seconds of an eager step's device work, beyond `launch_block`'s share,
+        that have run before its launch returns (OverlapTerms.async_eager_block_s); 0 for a graph
+        step or when synchronous."""
+        if not self._eager_block_s or self._runs_as_graph(b):
+            return 0.0
+        return self._eager_block_s
+
+    def blocked_device_s(self, b: BatchComposition, device_s: float) -> float:
+        """How much of the step's device work has run when its launch returns (at most all of it)."""
+        return min(device_s, self.launch_block_s(b) + self.launch_block(b) * device_s)
 
     def _runs_as_graph(self, b: BatchComposition) -> bool:
         tokens = b.num_prefill_tokens + b.num_decode_tokens

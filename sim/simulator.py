@@ -307,7 +307,7 @@ class _Replica:
         start = launching if prev is None or prev.gpu_end_s <= launching else prev.gpu_end_s
         # an eager step's launch returns once its own kernels are launched and, past the launch
         # queue's depth, once the device has run `launch_block` of its work
-        launched = max(launching + launch_s, start + cost.launch_block(out) * device_s)
+        launched = max(launching + launch_s, start + cost.blocked_device_s(out, device_s))
         done = launched if prev is None or prev.gpu_end_s <= launched else prev.gpu_end_s  # i - 1 collected
         n_out = out.num_decode_seqs if samplers is None else len(samplers)
         self.inflight = _InFlight(t0, start + max(device_s, launch_s), results, out.num_decode_seqs, samplers, resumed,

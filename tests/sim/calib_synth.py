@@ -140,17 +140,19 @@ def timing_columns(gpu: np.ndarray, cpu: np.ndarray, async_scheduling: bool,
 
 
 def async_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray,
-                  block: np.ndarray | None = None) -> np.ndarray:
+                  block: np.ndarray | None = None, block_s: np.ndarray | None = None) -> np.ndarray:
     """The async engine's periods, written as its events (engine/engine_loop.py `_step_async`): iteration
     i starts at T, prepares for host[i], launches for launch[i] while its device work starts as
-    soon as the device is free (the launch returning no earlier than block[i] of that work has
-    run), then waits for step i-1's device work; the next iteration starts when both are done."""
+    soon as the device is free (the launch returning no earlier than block[i] of that work plus
+    block_s[i] seconds of it have run, at most all of it), then waits for step i-1's device work; the
+    next iteration starts when both are done."""
     t = gpu_free = 0.0
     out = np.empty(len(device))
     block = np.zeros(len(device)) if block is None else block
+    block_s = np.zeros(len(device)) if block_s is None else block_s
     for i in range(len(device)):
         start = max(t + host[i], gpu_free)
-        launched = max(t + host[i] + launch[i], start + block[i] * device[i])
+        launched = max(t + host[i] + launch[i], start + min(device[i], block_s[i] + block[i] * device[i]))
         done = max(launched, gpu_free)  # step i-1 collected
         gpu_free = start + max(device[i], launch[i])
         out[i], t = done - t, done

@@ -107,8 +107,8 @@ def test_fit_recovers_each_known_coefficient(fit):
     _close(p.cpu, TRUE_CPU, 0.06)  # five count terms from 1% noise
     _close(p.cpu_sync, TRUE_CPU, 0.06)  # the sync run alone: the same truth
     # the synthetic eager launches never block: a launch block of (almost) none, to the fit's tolerance
-    assert p.overlap.async_eager_block < 1e-3
-    _close(p.overlap.model_copy(update={"async_eager_block": 0.0}), TRUE_OVERLAP, 0.03)
+    assert p.overlap.async_eager_block < 1e-3 and p.overlap.async_eager_block_s < 1e-5
+    _close(p.overlap.model_copy(update={"async_eager_block": 0.0, "async_eager_block_s": 0.0}), TRUE_OVERLAP, 0.03)
     assert p.schema_version == 2 and p.status == cost_model.STATUS_FITTED
 
 
@@ -370,31 +370,36 @@ def test_pipelined_periods_with_a_launch_block_equal_the_engines_events():
     n = 400
     device, host = rng.exponential(5e-3, n), rng.exponential(1e-3, n)
     eager = rng.random(n) < 0.3
-    launch, block = np.where(eager, 1e-4, 0.0), np.where(eager, 0.8, 0.0)
+    launch, block, block_s = np.where(eager, 1e-4, 0.0), np.where(eager, 0.8, 0.0), np.where(eager, 2e-3, 0.0)
     contiguous = np.ones(n, dtype=bool)
     contiguous[0] = False
     got = pipelined_periods(device, host, launch, contiguous, block)
     np.testing.assert_allclose(got, async_periods(device, host, launch, block), rtol=1e-9, atol=1e-15)
+    # with seconds beyond the share: capped at the whole step, as the events wait at most for its end
+    with_s = pipelined_periods(device, host, launch, contiguous, block, block_s)
+    np.testing.assert_allclose(with_s, async_periods(device, host, launch, block, block_s), rtol=1e-9, atol=1e-15)
+    assert (with_s > got + 1e-4).sum() > 20
     unblocked = pipelined_periods(device, host, launch, contiguous)
     assert (got > unblocked + 1e-4).sum() > 20
     np.testing.assert_allclose(got.sum(), unblocked.sum(), rtol=0.05)  # the same work, shifted between periods
 
 
 def test_fit_overlap_recovers_a_launch_block():
-    """Periods made by the engine's events with a launch block of 0.75 on eager rows: the fit finds it."""
+    """Periods made by the engine's events with a launch block of 0.6 of the device work plus 1 ms on
+    eager rows: the fit finds it."""
     rng = np.random.default_rng(5)
     n = 600
     device, host = rng.uniform(2e-3, 9e-3, n), rng.uniform(3e-4, 1.2e-3, n)
     eager = rng.random(n) < 0.35
-    total = async_periods(device, host, np.zeros(n), np.where(eager, 0.75, 0.0))
+    total = async_periods(device, host, np.zeros(n), np.where(eager, 0.6, 0.0), np.where(eager, 1e-3, 0.0))
     rows = SimpleNamespace(is_async=np.ones(n, dtype=bool), contiguous=np.r_[False, np.ones(n - 1, dtype=bool)],
                            total=total, gpu_y=device, cpu_y=host, kind=np.where(eager, "mixed", "decode"))
     o = fit_overlap(rows, np.ones(n, dtype=bool))
-    assert abs(o.async_eager_block - 0.75) < 0.03
+    assert abs(o.async_eager_block - 0.6) < 0.03 and abs(o.async_eager_block_s - 1e-3) < 2e-4
     # a launch shorter than the blocked share of the device work changes nothing: the periods decide
     fitted = pipelined_periods(device + o.async_gpu_gap_s, host + o.async_host_s,
                                np.where(eager, o.async_eager_launch_s, 0.0), rows.contiguous,
-                               np.where(eager, o.async_eager_block, 0.0))
+                               np.where(eager, o.async_eager_block, 0.0), np.where(eager, o.async_eager_block_s, 0.0))
     np.testing.assert_allclose(fitted, total, rtol=1e-3)
 
 

@@ -69,7 +69,8 @@ def profile(eager_launch_s: float = 0.0, eager_block: float = 0.0):
     if not eager_launch_s and not eager_block:
         return p
     return p.model_copy(update={"max_cudagraph_capture_size": 16, "overlap": p.overlap.model_copy(
-        update={"async_eager_launch_s": eager_launch_s, "async_eager_block": eager_block})})
+        update={"async_eager_launch_s": eager_launch_s, "async_eager_block": eager_block,
+                "async_eager_block_s": 2e-4 if eager_block else 0.0})})
 
 
 def simulate(reqs, f: dict, skip_ahead: bool, eager_launch_s: float = 0.0, eager_block: float = 0.0):
@@ -87,7 +88,7 @@ def engine_replay(reqs, f: dict, sim: Simulation):
     def step_times(out) -> StepTimes:
         device_s, host_s = cost.device_and_host_s(cost.gpu_time_s(out), cost.cpu_time_s(out))
         return StepTimes(host_s=host_s, device_s=device_s, launch_s=cost.launch_s(out),
-                         launch_block=cost.launch_block(out))
+                         launch_block=cost.launch_block(out), launch_block_s=cost.launch_block_s(out))
 
     with virtual_clock(core, step_times):
         return replay(core, reqs, honor_arrivals=True)
