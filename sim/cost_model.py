@@ -653,9 +653,8 @@ class CostModel:
         self._cpu_step_s, self._cpu_seq_s = p.cpu_step_s, p.cpu_per_seq_s
         self._cpu_blk_s, self._cpu_hash_s = p.cpu_per_block_allocated_s, p.cpu_per_block_hashed_s
         self._cpu_tok_s = self._cpu_ctx_s = 0.0
-        self._gap_s = self._host_s = 0.0  # async: max(gpu + gap, cpu + host); sync: gpu + cpu + host
-        # async: an eager step's kernel launches, and the share (+ seconds) of its device work they wait for
-        self._eager_launch_s = self._eager_block = self._eager_block_s = 0.0
+        # async: max(gpu + gap, cpu + host), eager steps' launches (launch_s, launch_block); sync: gpu + cpu + host
+        self._gap_s = self._host_s = self._eager_launch_s = self._eager_block = self._eager_block_s = 0.0
         self._max_num_seqs = engine.max_num_seqs or 256
         self._fit_decode = self._fit_mixed = self._fit_mixed_graph = None
         self._mixed_graph_max_tokens = 0  # largest step (tokens) a mixed graph takes; 0: none

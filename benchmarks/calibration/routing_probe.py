@@ -115,7 +115,7 @@ def scale_residual_outputs(core: EngineCore, num_layers: int) -> None:
     """GPT-2's initialisation on the built model: each residual branch's output weights (attention's
     o_proj, the experts' w2) scaled by 1/sqrt(2 x layers)."""
     for name, p in core.model.named_parameters():
-        if name.endswith("o_proj.weight") or name.endswith(".w2"):
+        if name.endswith(("o_proj.weight", ".w2")):
             p.mul_((2 * num_layers) ** -0.5)
 
 

@@ -21,10 +21,10 @@ from engine.core.records import StepRecord
 from engine.core.request import Request
 from sim import cost_model
 from sim.calibrate import (
-    fit_overlap,
     CalibrationInputError,
     EngineRun,
     fit_memory,
+    fit_overlap,
     fit_profile,
     held_out,
     load_run,
