@@ -26,6 +26,6 @@ def test_the_cli_starts_without_the_extras_packages():
         assert r.exit_code == 0, r.output
         print("ok", len(r.output.splitlines()))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("ok ") and int(out.stdout.split()[1]) > 20
