@@ -123,7 +123,11 @@ def check_simulation_size(deployment: DeploymentConfig | ResolvedDeployment, kv_
     """Refuse, before anything is allocated, a deployment whose simulated KV pools would not fit
     in memory (more than `limit` blocks), or whose model does not fit its GPUs (`plan_memory`
     says which figures). Returns the simulated blocks over all replicas. Give the run's
-    `ResolvedDeployment` where there is one (its memory plans are read, not made again)."""
+    `ResolvedDeployment` where there is one (its memory plans are read, not made again; it carries
+    its own profile, so `profile` goes with a bare DeploymentConfig only)."""
+    if isinstance(deployment, ResolvedDeployment) and profile is not None:
+        raise ValueError("check_simulation_size: a ResolvedDeployment was resolved with its own profile; "
+                         "pass `profile` with a DeploymentConfig only")
     res = deployment if isinstance(deployment, ResolvedDeployment) else resolve_deployment(deployment, profile)
     deployment, engine = res.deployment, res.engine
     plan = max((i.plan for i in res.instances), key=lambda p: p.num_gpu_blocks)

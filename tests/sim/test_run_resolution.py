@@ -10,6 +10,7 @@ import pytest
 import sim.resolved
 from engine.core.request import Request
 from sim.config import DisaggConfig, EngineConfig
+from sim.cost_model import CostProfile
 from sim.resolved import resolve_deployment
 from sim.run import SimConfig, check_simulation_size, run
 from sim.simulator import Simulation
@@ -67,6 +68,14 @@ def test_replicas_get_the_resolved_flags_and_plans() -> None:
         assert rep.engine == engine == by_hand.engine
         assert rep.plan == by_hand.instance("mixed").plan
     assert check_simulation_size(dep, 1) == 4 * by_hand.instance("mixed").plan.num_gpu_blocks
+    assert check_simulation_size(by_hand, 1) == 4 * by_hand.instance("mixed").plan.num_gpu_blocks
+
+
+def test_a_profile_beside_a_resolved_deployment_is_refused() -> None:
+    """The record was resolved with its own profile: a second one would be ignored silently."""
+    resolved = resolve_deployment(SimConfig(num_gpus=2).deployment())
+    with pytest.raises(ValueError, match="pass `profile` with a DeploymentConfig only"):
+        check_simulation_size(resolved, 1, CostProfile.load("default"))
 
 
 def test_a_record_for_another_deployment_is_refused() -> None:
