@@ -1,9 +1,11 @@
 """Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded per request.
 
 Greedy rows (temperature 0) take one batched argmax. Random rows are filtered (top-k, then
-top-p) and drawn with the exponential-race trick (argmax of p / E, E ~ Exp(1)), the noise coming
-from the request's own `torch.Generator`, so a request's tokens depend on its seed only, not on
-which other requests share its batches. With speculative decoding, `verify` keeps each
+top-p; per row, only the rows that ask) and drawn together with the exponential-race trick
+(argmax of p / E, E ~ Exp(1)). The noise is counter-based: a hash of (the request's seed, how
+many tokens it has drawn, the vocabulary index), so a request's tokens depend on its seed only,
+not on which other requests share its batches, and a step draws every random row in a few
+batched kernels (a generator per row cost ~5 launches per row). With speculative decoding, `verify` keeps each
 request's accepted drafts and one more token (engine/spec_decode/rejection.py's rule) and
 `propose` draws a draft model's tokens.
 """
@@ -33,6 +35,34 @@ class SamplingParams(BaseModel):
         return self.temperature == 0.0
 
 
+# splitmix64's constants as signed int64 (torch has no uint64 arithmetic); products wrap
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+_NOISE_CHUNK = 1 << 24  # elements of [rows, vocab] noise made at once (int64 temporaries)
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _splitmix64(x: torch.Tensor) -> torch.Tensor:
+    z = x + _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Uniform (0, 1) float32 noise [rows, vocab], a pure function of each row's (seed, counter)
+    and the column: the same row gets the same noise in any batch, on any device."""
+    key = _splitmix64(seeds.to(torch.int64) ^ _splitmix64(counters.to(torch.int64)))
+    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64) * _GOLDEN
+    bits = _shr(_splitmix64(key[:, None] + cols[None, :]), 11)  # 53 random bits
+    return ((bits.to(torch.float64) + 0.5) * 2.0 ** -53).to(torch.float32)
+
+
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Logits of one row with everything outside top-k and the top-p nucleus set to -inf."""
     if 0 < top_k < logits.shape[-1]:
@@ -54,16 +84,21 @@ class Sampler:
     def __init__(self, device: torch.device, default_seed: int = 0) -> None:
         self.device = device
         self.default_seed = default_seed
-        self._generators: dict[int, torch.Generator] = {}
+        self._generators: dict[int, torch.Generator] = {}  # speculative decoding's draws
+        self._seeds: dict[int, int] = {}  # sample()'s counter-based noise: seed, tokens drawn
+        self._drawn: dict[int, int] = {}
 
     def add_request(self, request_id: int, params: SamplingParams) -> None:
         if params.greedy:
             return
         seed = params.seed if params.seed is not None else self.default_seed * 1_000_003 + request_id
         self._generators[request_id] = torch.Generator(device=self.device).manual_seed(seed)
+        self._seeds[request_id], self._drawn[request_id] = seed, 0
 
     def remove_request(self, request_id: int) -> None:
         self._generators.pop(request_id, None)
+        self._seeds.pop(request_id, None)
+        self._drawn.pop(request_id, None)
 
     @property
     def has_random(self) -> bool:
@@ -79,13 +114,28 @@ class Sampler:
         if params is None:
             return tokens
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        for i in random_rows:
-            p = params[i]
-            row = _filter_top_k_top_p(logits[i].float() / p.temperature, p.top_k, p.top_p)
-            probs = row.softmax(-1)
-            noise = torch.empty_like(probs).exponential_(generator=self._generators[request_ids[i]])
-            tokens[i] = (probs / noise).argmax()
+        per_chunk = max(1, _NOISE_CHUNK // logits.shape[-1])
+        for lo in range(0, len(random_rows), per_chunk):
+            rows = random_rows[lo: lo + per_chunk]
+            idx = torch.tensor(rows, device=logits.device)
+            tokens[idx] = self._draw_rows(logits, rows, [request_ids[i] for i in rows], params)
         return tokens
+
+    def _draw_rows(self, logits: torch.Tensor, rows: list[int], request_ids: list[int],
+                   params: list[SamplingParams]) -> torch.Tensor:
+        """One token per random row, drawn together: the rows' logits over their temperatures,
+        filtered where a row asks, softmax, and the exponential race against counter-based noise."""
+        temps = torch.tensor([params[i].temperature for i in rows], device=logits.device)
+        x = logits[rows].float() / temps[:, None]
+        for j, i in enumerate(rows):
+            if 0 < params[i].top_k < x.shape[-1] or params[i].top_p < 1.0:
+                x[j] = _filter_top_k_top_p(x[j], params[i].top_k, params[i].top_p)
+        seeds = torch.tensor([self._seeds[r] for r in request_ids], device=logits.device)
+        counters = torch.tensor([self._drawn[r] for r in request_ids], device=logits.device)
+        for r in request_ids:
+            self._drawn[r] += 1
+        noise = -torch.log(counter_uniform(seeds, counters, x.shape[-1]))
+        return (x.softmax(-1) / noise).argmax(-1)
 
     # ------------------------------------------------------------------ speculative decoding
     def probs(self, logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

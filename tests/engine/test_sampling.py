@@ -1,0 +1,87 @@
+"""The sampler's counter-based noise and batched draws: uniform noise that depends on (seed,
+counter, column) only, tokens distributed as softmax(logits / T), and a request's tokens the same
+whatever else shares its batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from engine.sampling import Sampler, SamplingParams, counter_uniform
+
+CPU = torch.device("cpu")
+
+
+def test_noise_is_uniform_and_a_function_of_seed_counter_and_column():
+    u = counter_uniform(torch.tensor([7, 7, 8]), torch.tensor([0, 1, 0]), 1 << 16)
+    assert u.dtype == torch.float32 and bool(((u > 0) & (u < 1)).all())
+    again = counter_uniform(torch.tensor([7]), torch.tensor([1]), 1 << 16)
+    assert torch.equal(u[1], again[0])  # the same row alone: the same noise
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])  # another counter, another seed
+    for row in u.numpy():
+        assert stats.kstest(row, "uniform").pvalue > 1e-3
+    # neighbouring columns and rows are not correlated
+    assert abs(np.corrcoef(u[0, :-1].numpy(), u[0, 1:].numpy())[0, 1]) < 0.02
+    assert abs(np.corrcoef(u[0].numpy(), u[1].numpy())[0, 1]) < 0.02
+
+
+def test_draws_follow_the_tempered_softmax():
+    """4,000 tokens of one request against softmax(logits / T): a chi-square test per temperature."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]])
+    for temperature in (0.7, 1.0, 2.0):
+        s = Sampler(CPU)
+        p = SamplingParams(temperature=temperature, seed=11)
+        s.add_request(0, p)
+        n = 4000
+        draws = [int(s.sample(logits, [0], [p])[0]) for _ in range(n)]
+        expected = torch.softmax(logits[0].double() / temperature, -1).numpy() * n
+        observed = np.bincount(draws, minlength=5)
+        assert stats.chisquare(observed, expected).pvalue > 1e-3, (temperature, observed, expected)
+
+
+def test_top_k_and_top_p_rows_draw_only_inside_their_set():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]] * 2)
+    s = Sampler(CPU)
+    pk, pp = SamplingParams(temperature=1.0, top_k=2, seed=1), SamplingParams(temperature=1.0, top_p=0.5, seed=2)
+    s.add_request(0, pk)
+    s.add_request(1, pp)
+    seen_k, seen_p = set(), set()
+    for _ in range(300):
+        t = s.sample(logits, [0, 1], [pk, pp]).tolist()
+        seen_k.add(t[0])
+        seen_p.add(t[1])
+    assert seen_k == {0, 1}
+    assert seen_p == {0}  # softmax(3, 2, ...) puts 0.64 on the first token: the nucleus at 0.5 is it alone
+
+
+@settings(max_examples=25, deadline=None)
+@given(others=st.lists(st.tuples(st.booleans(), st.integers(0, 2**40)), max_size=5), position=st.integers(0, 5),
+       steps=st.integers(1, 6))
+def test_a_requests_tokens_do_not_depend_on_its_batch(others, position, steps):
+    """Request 100 (seeded) drawn alone and inside batches of greedy and random rows, in any place."""
+    vocab = 50
+    g = torch.Generator().manual_seed(3)
+    mine = SamplingParams(temperature=1.3, seed=99)
+
+    def tokens(batch: bool) -> list[int]:
+        s = Sampler(CPU)
+        s.add_request(100, mine)
+        rows = [(100, mine)]
+        if batch:
+            extra = [(i, SamplingParams(temperature=0.0 if greedy else 1.0, seed=seed))
+                     for i, (greedy, seed) in enumerate(others)]
+            for rid, p in extra:
+                s.add_request(rid, p)
+            rows = extra[:position] + rows + extra[position:]
+        out = []
+        for step in range(steps):
+            logits = torch.randn(len(rows), vocab, generator=torch.Generator().manual_seed(step))
+            logits[[rid for rid, _ in rows].index(100)] = torch.randn(vocab, generator=g.manual_seed(step))
+            t = s.sample(logits, [rid for rid, _ in rows], [p for _, p in rows])
+            out.append(int(t[[rid for rid, _ in rows].index(100)]))
+        return out
+
+    assert tokens(batch=True) == tokens(batch=False)
