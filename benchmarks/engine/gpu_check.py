@@ -48,6 +48,17 @@ def main() -> None:
         if first_diff is not None:
             print("first diff", first_diff, cpu[first_diff].token_ids, gpu[first_diff].token_ids)
         del gpu_llm
+    # Seeded sampling: the sampler's noise is a hash of (seed, tokens drawn, column), the same on
+    # every device, so sampled tokens match the CPU's as greedy ones do (sync and async)
+    sp_rand = [SamplingParams(max_tokens=s.max_tokens, ignore_eos=True, temperature=0.8, top_k=50 if i % 3 == 0
+                              else -1, seed=1000 + i) for i, s in enumerate(sp)]
+    cpu_r = LLM("tiny", device="cpu", **kw).generate(prompts, sp_rand)
+    for mode in ("sync", "async"):
+        gpu_r = LLM("tiny", device="cuda", gpu_memory_utilization=0.2, llm_model=gpu_model,
+                    async_scheduling=mode == "async", **kw).generate(prompts, sp_rand)
+        same = [a.token_ids == b.token_ids for a, b in zip(cpu_r, gpu_r)]
+        print(json.dumps({"mode": f"{mode}+sampled", "cuda_sampled_equals_cpu": all(same), "num_equal": sum(same),
+                          "n": len(same)}))
     # Per-request stops under async scheduling: EOS honoured by even requests, ignored by odd ones.
     eos = cpu[0].token_ids[min(3, len(cpu[0].token_ids) - 1)]
     sp_eos = [SamplingParams(max_tokens=s.max_tokens, ignore_eos=i % 2 == 1) for i, s in enumerate(sp)]
