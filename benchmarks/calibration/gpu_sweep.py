@@ -46,6 +46,7 @@ from engine.core.config import EngineArgs
 from engine.core.request import Request
 from engine.engine_loop import EngineCore
 from engine.replay import replay
+from engine.sampling import SamplingParams
 from kernels import compiled_kernel_keys
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.workload_source import SourceOptions, load_workload
@@ -152,9 +153,16 @@ def workload_requests(name: str, n: int, rate_rps: float | None, max_prompt_len:
 
 # ---------------------------------------------------------------------- runs
 class Runner:
-    def __init__(self, core: EngineCore, out: Path, model: str, meta: dict, deadline_s: float) -> None:
+    def __init__(self, core: EngineCore, out: Path, model: str, meta: dict, deadline_s: float,
+                 temperature: float = 0.0) -> None:
         self.core, self.out, self.model, self.meta, self.deadline_s = core, out, model, meta, deadline_s
         self.index: list[dict] = []
+        # > 0: every request samples at this temperature (seeded by its id) instead of decoding greedily
+        self.temperature = temperature
+
+    def params_for(self, req: Request) -> SamplingParams:
+        return SamplingParams(max_tokens=req.output_len, ignore_eos=True, temperature=self.temperature,
+                              seed=req.request_id if self.temperature else None)
 
     def time_left(self) -> float:
         return self.deadline_s - (time.perf_counter() - T0)
@@ -174,7 +182,7 @@ class Runner:
         compiled0 = compiled_kernel_keys()
         t = time.perf_counter()
         cap = min(max_wall_s or 1e9, max(5.0, self.time_left() - 15))
-        res = replay(self.core, reqs, honor_arrivals=honor_arrivals, max_wall_s=cap)
+        res = replay(self.core, reqs, params_for=self.params_for, honor_arrivals=honor_arrivals, max_wall_s=cap)
         wall = time.perf_counter() - t
         summary = res.write_files(folder)
         args = self.core.config.model_dump(mode="json")
@@ -184,7 +192,9 @@ class Runner:
                "memory": self.core.runner.memory_report, "description": description,
                "kernels_compiled_during_run": len(compiled_kernel_keys() - compiled0),
                "kernel_variants_compiled_during_run": sorted(map(list, compiled_kernel_keys() - compiled0)),
-               "unfinished_ids": len(res.unfinished_ids), "wall_s": wall, **self.meta}
+               "unfinished_ids": len(res.unfinished_ids), "wall_s": wall,
+               "sampling": {"temperature": self.temperature, "seed": "request id" if self.temperature else None},
+               **self.meta}
         (folder / "run.json").write_text(json.dumps(run, indent=2) + "\n")
         row = {"purpose": purpose, "name": name, "requests": len(reqs), "steps": len(res.steps["step_id"]),
                "wall_s": round(wall, 1), "req_per_s": summary.get("request_throughput"),

@@ -345,6 +345,11 @@ def main() -> None:
     ap.add_argument("--long-validation", type=Path, metavar="INDEX_JSON",
                     help="only the held-out runs, --scale times as long, at this earlier sweep's capacities")
     ap.add_argument("--scale", type=float, default=3.0, help="--long-validation's length factor")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="> 0: requests sample at this temperature (seeded) instead of decoding greedily")
+    ap.add_argument("--embed-scale", type=float, default=1.0,
+                    help="the stand-in's token embeddings x this after the random init (routing that follows "
+                         "the token: benchmarks/calibration/data/routing); recorded in run.json")
     a = ap.parse_args()
     if a.dry_run:
         a.device = "cpu"
@@ -362,6 +367,9 @@ def main() -> None:
     r = None
     try:
         core = build_engine(a)
+        if a.embed_scale != 1.0:
+            with torch.no_grad():
+                core.model.embed_tokens.mul_(a.embed_scale)
         log(f"engine {label}: built in {time.perf_counter() - t:.1f} s, {core.num_gpu_blocks} KV blocks, "
             f"graphs captured in {core.graph_capture_s:.1f} s")
         warm = core.warm_up()
@@ -375,7 +383,7 @@ def main() -> None:
                 "model": a.model,  # run.json's model: the preset, not the label (run folders' parent)
                 "layers": a.layers or get_model(a.model).num_layers, "plan": "dry-run" if a.dry_run else
                 "smoke" if a.smoke else a.model}
-        r = gs.Runner(core, work, label, meta, a.deadline_s)
+        r = gs.Runner(core, work, label, meta | {"embed_scale": a.embed_scale}, a.deadline_s, a.temperature)
         if a.supplement or a.long_validation:
             earlier = json.loads((a.supplement or a.long_validation).read_text())["capacity_rps"]
             capacity = (supplement(r, plan, earlier) if a.supplement

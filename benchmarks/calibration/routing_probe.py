@@ -126,6 +126,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=48)
     ap.add_argument("--device", default="cuda", help="cpu: a dry run (tiny-moe, float32)")
+    ap.add_argument("--embed-scales", type=float, nargs="+", default=[1.0],
+                    help="probe with the token embeddings at each multiple of the engine's init, in turn")
     ap.add_argument("--scaled-init", action="store_true",
                     help="also probe with the residual branches' output weights (o_proj, w2) scaled by "
                          "1/sqrt(2 x layers), GPT-2's initialisation, which keeps each token's own embedding "
@@ -137,9 +139,16 @@ def main() -> None:
                                  seed=0, enforce_eager=True, gpu_memory_utilization=0.92, **extra))
     tap, stap = RouterTap(), SampleTap(core)
     results = []
-    for init in ("default", "scaled") if a.scaled_init else ("default",):
+    inits = [f"embed x{s:g}" for s in a.embed_scales] + (["scaled"] if a.scaled_init else [])
+    current = 1.0
+    for init in inits:
         if init == "scaled":
             scale_residual_outputs(core, get_model(a.model).num_layers)
+        else:  # the embeddings to this multiple of the engine's init
+            target = float(init.split("x")[1])
+            with torch.no_grad():
+                core.model.embed_tokens.mul_(target / current)
+            current = target
         for source in SOURCES:
             for temp in (0.0, 1.0):
                 res = probe(core, tap, stap, source, a.requests, a.output_len, temp) | {"init": init}
