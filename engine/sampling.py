@@ -1,11 +1,11 @@
 """Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded per request.
 
 Greedy rows (temperature 0) take one batched argmax. Random rows are filtered (top-k, then
-top-p; per row, only the rows that ask) and drawn together with the exponential-race trick
-(argmax of p / E, E ~ Exp(1)). The noise is counter-based: a hash of (the request's seed, how
-many tokens it has drawn, the vocabulary index), so a request's tokens depend on its seed only,
-not on which other requests share its batches, and a step draws every random row in a few
-batched kernels (a generator per row cost ~5 launches per row). With speculative decoding, `verify` keeps each
+top-p; per row, only the rows that ask) and drawn together by inverting their CDFs at one uniform
+number each. The number is counter-based: a hash of (the request's seed, how many tokens it has
+drawn), so a request's tokens depend on its seed only, not on which other requests share its
+batches nor on the device, and a step draws every random row in a few batched kernels (a
+generator per row cost ~5 launches per row and noise over the whole vocabulary). With speculative decoding, `verify` keeps each
 request's accepted drafts and one more token (engine/spec_decode/rejection.py's rule) and
 `propose` draws a draft model's tokens.
 """
@@ -39,7 +39,7 @@ class SamplingParams(BaseModel):
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
-_NOISE_CHUNK = 1 << 24  # elements of [rows, vocab] noise made at once (int64 temporaries)
+_ROWS_CHUNK = 1 << 24  # elements of [rows, vocab] float64 CDFs made at once
 
 
 def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -54,13 +54,20 @@ def _splitmix64(x: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
-def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Uniform (0, 1) float32 noise [rows, vocab], a pure function of each row's (seed, counter)
-    and the column: the same row gets the same noise in any batch, on any device."""
-    key = _splitmix64(seeds.to(torch.int64) ^ _splitmix64(counters.to(torch.int64)))
-    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64) * _GOLDEN
-    bits = _shr(_splitmix64(key[:, None] + cols[None, :]), 11)  # 53 random bits
-    return ((bits.to(torch.float64) + 0.5) * 2.0 ** -53).to(torch.float32)
+def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """One uniform (0, 1) float64 per row, a pure function of the row's (seed, counter): the same
+    row gets the same number in any batch, on any device."""
+    bits = _shr(_splitmix64(seeds.to(torch.int64) ^ _splitmix64(counters.to(torch.int64))), 11)  # 53 bits
+    return (bits.to(torch.float64) + 0.5) * 2.0 ** -53
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative probability exceeds u (of the row's total):
+    a draw from `probs` [rows, vocab] at the uniform numbers `u` [rows]; a zero-probability token
+    is never drawn."""
+    cdf = probs.double().cumsum(-1)
+    target = (u * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -114,7 +121,7 @@ class Sampler:
         if params is None:
             return tokens
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        per_chunk = max(1, _NOISE_CHUNK // logits.shape[-1])
+        per_chunk = max(1, _ROWS_CHUNK // logits.shape[-1])
         for lo in range(0, len(random_rows), per_chunk):
             rows = random_rows[lo: lo + per_chunk]
             idx = torch.tensor(rows, device=logits.device)
@@ -124,7 +131,7 @@ class Sampler:
     def _draw_rows(self, logits: torch.Tensor, rows: list[int], request_ids: list[int],
                    params: list[SamplingParams]) -> torch.Tensor:
         """One token per random row, drawn together: the rows' logits over their temperatures,
-        filtered where a row asks, softmax, and the exponential race against counter-based noise."""
+        filtered where a row asks, softmax, and each row's CDF inverted at its counter-based number."""
         temps = torch.tensor([params[i].temperature for i in rows], device=logits.device)
         x = logits[rows].float() / temps[:, None]
         for j, i in enumerate(rows):
@@ -134,8 +141,7 @@ class Sampler:
         counters = torch.tensor([self._drawn[r] for r in request_ids], device=logits.device)
         for r in request_ids:
             self._drawn[r] += 1
-        noise = -torch.log(counter_uniform(seeds, counters, x.shape[-1]))
-        return (x.softmax(-1) / noise).argmax(-1)
+        return inverse_cdf(x.softmax(-1), counter_uniform(seeds, counters))
 
     # ------------------------------------------------------------------ speculative decoding
     def probs(self, logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""The sampler's counter-based noise and batched draws: uniform noise that depends on (seed,
-counter, column) only, tokens distributed as softmax(logits / T), and a request's tokens the same
-whatever else shares its batches."""
+"""The sampler's counter-based draws: one uniform number per (seed, counter), each row's CDF
+inverted at it, tokens distributed as softmax(logits / T), and a request's tokens the same whatever
+else shares its batches."""
 
 from __future__ import annotations
 
@@ -10,22 +10,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from engine.sampling import Sampler, SamplingParams, counter_uniform
+from engine.sampling import Sampler, SamplingParams, counter_uniform, inverse_cdf
 
 CPU = torch.device("cpu")
 
 
-def test_noise_is_uniform_and_a_function_of_seed_counter_and_column():
-    u = counter_uniform(torch.tensor([7, 7, 8]), torch.tensor([0, 1, 0]), 1 << 16)
-    assert u.dtype == torch.float32 and bool(((u > 0) & (u < 1)).all())
-    again = counter_uniform(torch.tensor([7]), torch.tensor([1]), 1 << 16)
-    assert torch.equal(u[1], again[0])  # the same row alone: the same noise
-    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])  # another counter, another seed
-    for row in u.numpy():
-        assert stats.kstest(row, "uniform").pvalue > 1e-3
-    # neighbouring columns and rows are not correlated
-    assert abs(np.corrcoef(u[0, :-1].numpy(), u[0, 1:].numpy())[0, 1]) < 0.02
-    assert abs(np.corrcoef(u[0].numpy(), u[1].numpy())[0, 1]) < 0.02
+def test_numbers_are_uniform_and_a_function_of_seed_and_counter():
+    n = 1 << 16
+    counters = torch.arange(n)
+    u = counter_uniform(torch.full((n,), 7), counters)
+    assert u.dtype == torch.float64 and bool(((u > 0) & (u < 1)).all())
+    assert torch.equal(u[5:6], counter_uniform(torch.tensor([7]), torch.tensor([5])))  # alone: the same
+    other = counter_uniform(torch.full((n,), 8), counters)
+    assert stats.kstest(u.numpy(), "uniform").pvalue > 1e-3
+    assert stats.kstest(other.numpy(), "uniform").pvalue > 1e-3
+    # successive counters of one seed, and one counter across neighbouring seeds, are not correlated
+    assert abs(np.corrcoef(u[:-1].numpy(), u[1:].numpy())[0, 1]) < 0.02
+    assert abs(np.corrcoef(u.numpy(), other.numpy())[0, 1]) < 0.02
+
+
+def test_inverse_cdf_against_a_hand_computed_table():
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]] * 6)
+    u = torch.tensor([0.0001, 0.0999, 0.1001, 0.6999, 0.7001, 0.9999], dtype=torch.float64)
+    # cumulative 0.1, 0.1, 0.7, 1.0: token 1 (probability 0) is never drawn
+    assert inverse_cdf(probs, u).tolist() == [0, 0, 2, 2, 3, 3]
+    # unnormalised rows (a filtered row's mass below 1) are scaled by their total
+    assert inverse_cdf(probs * 0.5, u).tolist() == [0, 0, 2, 2, 3, 3]
 
 
 def test_draws_follow_the_tempered_softmax():
