@@ -92,7 +92,7 @@ class Sampler:
         self.device = device
         self.default_seed = default_seed
         self._generators: dict[int, torch.Generator] = {}  # speculative decoding's draws
-        self._seeds: dict[int, int] = {}  # sample()'s counter-based noise: seed, tokens drawn
+        self._seeds: dict[int, int] = {}  # sample()'s counter-based draws: seed, tokens drawn
         self._drawn: dict[int, int] = {}
 
     def add_request(self, request_id: int, params: SamplingParams) -> None:

@@ -48,7 +48,7 @@ def main() -> None:
         if first_diff is not None:
             print("first diff", first_diff, cpu[first_diff].token_ids, gpu[first_diff].token_ids)
         del gpu_llm
-    # Seeded sampling: the sampler's noise is a hash of (seed, tokens drawn, column), the same on
+    # Seeded sampling: the sampler's uniform number is a hash of (seed, tokens drawn), the same on
     # every device, so sampled tokens match the CPU's as greedy ones do (sync and async)
     sp_rand = [SamplingParams(max_tokens=s.max_tokens, ignore_eos=True, temperature=0.8, top_k=50 if i % 3 == 0
                               else -1, seed=1000 + i) for i, s in enumerate(sp)]
