@@ -867,7 +867,9 @@ class CostModel:
 
     def blocked_device_s(self, b: BatchComposition, device_s: float) -> float:
         """How much of the step's device work has run when its launch returns (at most all of it)."""
-        return min(device_s, self.launch_block_s(b) + self.launch_block(b) * device_s)
+        if not (self._eager_block or self._eager_block_s) or self._runs_as_graph(b):
+            return 0.0  # the common case first: a profile without the terms, or a graph step
+        return min(device_s, self._eager_block_s + self._eager_block * device_s)
 
     def _runs_as_graph(self, b: BatchComposition) -> bool:
         tokens = b.num_prefill_tokens + b.num_decode_tokens
