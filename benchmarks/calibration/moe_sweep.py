@@ -351,6 +351,12 @@ def main() -> None:
                     help="the stand-in's token embeddings x this after the random init (routing that follows "
                          "the token: benchmarks/calibration/data/routing); recorded in run.json")
     a = ap.parse_args()
+    for flag, value, ok in (("--temperature", a.temperature, a.temperature >= 0), ("--scale", a.scale, a.scale > 0),
+                            ("--embed-scale", a.embed_scale, a.embed_scale > 0)):
+        if not ok:
+            ap.error(f"{flag} {value}: must be {'>= 0' if flag == '--temperature' else '> 0'}")
+    if a.supplement and a.long_validation:
+        ap.error("--supplement and --long-validation: give one (each reruns part of an earlier sweep)")
     if a.dry_run:
         a.device = "cpu"
     if a.smoke and not a.layers:
