@@ -133,6 +133,8 @@ def main() -> None:
                          "1/sqrt(2 x layers), GPT-2's initialisation, which keeps each token's own embedding "
                          "dominant through depth")
     a = ap.parse_args()
+    if any(s <= 0 for s in a.embed_scales):
+        ap.error(f"--embed-scales {a.embed_scales}: every multiple must be > 0")
     extra = {"dtype": "float32", "max_model_len": 1024} if a.device == "cpu" else {}
     t0 = time.perf_counter()
     core = EngineCore(EngineArgs(model=a.model, device=a.device, max_num_seqs=256, max_num_batched_tokens=8192,
