@@ -52,7 +52,7 @@ import simpy
 
 from engine.core.block_keys import first_unshared_hash_blocks
 from engine.core.config import scheduler_config
-from engine.core.decode_skip import DecodeAdvance, advance_decode, uniform_decode_steps
+from engine.core.decode_skip import DecodeAdvance, advance_decode_segments, uniform_decode_steps
 from engine.core.model_spec import blocks_for_tokens
 from engine.core.records import StepRecord, step_composition
 from engine.core.request import Request
@@ -394,9 +394,9 @@ class _Replica:
         m = yield from self._sleep_through(plan, plan.runs.n)
         if self.pipelined:
             self._apply_pipelined(plan, t0, m)
-        else:
-            for k, first, num_steps in plan.segments_within(m):
-                adv = advance_decode(self.sched, num_steps)
+        elif m:
+            segments = plan.segments_within(m)
+            for (k, first, num_steps), adv in zip(segments, self._advance(segments)):
                 for res, s in zip(adv.finished, adv.finish_steps):
                     self._ended([res], t0 + plan.step_start_s(first + s + 1))
                 self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
@@ -419,8 +419,8 @@ class _Replica:
             self.inflight = None
             self._collect(prev, t0 + plan.step_start_s(1), t0)
         in_flight: list[RequestResult] = []  # finished in step m - 1
-        for k, first, num_steps in plan.segments_within(m):
-            adv = advance_decode(self.sched, num_steps)
+        segments = plan.segments_within(m)
+        for (k, first, num_steps), adv in zip(segments, self._advance(segments)):
             for res, s in zip(adv.finished, adv.finish_steps):
                 if first + s + 2 <= m:
                     self._ended([res], t0 + plan.step_start_s(first + s + 2))
@@ -430,6 +430,10 @@ class _Replica:
         end = t0 + plan.step_start_s(m)  # step m - 1's device work starts here
         self.inflight = _InFlight(t0 + plan.step_start_s(m - 1), end + plan.device_s(m - 1), in_flight,
                                   adv.num_seqs_at(num_steps - 1))
+
+    def _advance(self, segments: list[tuple[int, int, int]]) -> list[DecodeAdvance]:
+        """Apply the (run index, first step, steps) segments of a stretch: one advance, one report each."""
+        return advance_decode_segments(self.sched, [first + num_steps for _, first, num_steps in segments])
 
     def _plan_stretch(self, n: int, horizon_s: float) -> _Stretch:
         """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
@@ -507,8 +511,8 @@ class _Replica:
             num_decode_seqs=b, sum_decode_context=adv.sum_decode_context_first_step,
             max_decode_context=adv.max_decode_context_first_step,
             num_blocks_allocated=adv.num_blocks_allocated, num_blocks_hashed=adv.num_blocks_hashed,
-            num_output_tokens=num_steps * b, num_running=self.sched.num_running,
-            num_waiting=self.sched.num_waiting, kv_usage=self.sched.kv_usage)
+            num_output_tokens=num_steps * b, num_running=adv.num_running_after,
+            num_waiting=self.sched.num_waiting, kv_usage=adv.kv_usage_after)
 
     def _block_cpu_fn(self, ctx: list[int], remaining: list[int], n: int) -> Callable[[int], float]:
         """CPU seconds of the blocks allocated and hashed in the first m steps of an n-step stretch.
