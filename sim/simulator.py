@@ -52,7 +52,13 @@ import simpy
 
 from engine.core.block_keys import first_unshared_hash_blocks
 from engine.core.config import scheduler_config
-from engine.core.decode_skip import DecodeAdvance, advance_decode_segments, uniform_decode_steps
+from engine.core.decode_skip import (
+    BlockSteps,
+    DecodeAdvance,
+    advance_decode_segments,
+    block_steps,
+    uniform_decode_steps,
+)
 from engine.core.model_spec import blocks_for_tokens
 from engine.core.records import StepRecord, step_composition
 from engine.core.request import Request
@@ -396,7 +402,7 @@ class _Replica:
             self._apply_pipelined(plan, t0, m)
         elif m:
             segments = plan.segments_within(m)
-            for (k, first, num_steps), adv in zip(segments, self._advance(segments)):
+            for (k, first, num_steps), adv in zip(segments, self._advance(plan, segments)):
                 for res, s in zip(adv.finished, adv.finish_steps):
                     self._ended([res], t0 + plan.step_start_s(first + s + 1))
                 self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
@@ -420,7 +426,7 @@ class _Replica:
             self._collect(prev, t0 + plan.step_start_s(1), t0)
         in_flight: list[RequestResult] = []  # finished in step m - 1
         segments = plan.segments_within(m)
-        for (k, first, num_steps), adv in zip(segments, self._advance(segments)):
+        for (k, first, num_steps), adv in zip(segments, self._advance(plan, segments)):
             for res, s in zip(adv.finished, adv.finish_steps):
                 if first + s + 2 <= m:
                     self._ended([res], t0 + plan.step_start_s(first + s + 2))
@@ -431,9 +437,10 @@ class _Replica:
         self.inflight = _InFlight(t0 + plan.step_start_s(m - 1), end + plan.device_s(m - 1), in_flight,
                                   adv.num_seqs_at(num_steps - 1))
 
-    def _advance(self, segments: list[tuple[int, int, int]]) -> list[DecodeAdvance]:
+    def _advance(self, plan: _Stretch, segments: list[tuple[int, int, int]]) -> list[DecodeAdvance]:
         """Apply the (run index, first step, steps) segments of a stretch: one advance, one report each."""
-        return advance_decode_segments(self.sched, [first + num_steps for _, first, num_steps in segments])
+        return advance_decode_segments(self.sched, [first + num_steps for _, first, num_steps in segments],
+                                       plan.blocks)
 
     def _plan_stretch(self, n: int, horizon_s: float) -> _Stretch:
         """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
@@ -444,12 +451,15 @@ class _Replica:
         by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
         runs = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
         finish_after_steps = [x for x, _ in by_remaining[:bisect_right(by_remaining, (runs.n, math.inf))]]
+        # which step opens and completes which block: the CPU time of block work below, and
+        # the order the stretch's application pops free blocks in
+        blocks = block_steps(sched, [x if x < runs.n else runs.n for x in remaining])
         if self.pipelined:
             fl = self.inflight
             lead_s = max(fl.gpu_end_s - self.env.now, 0.0) if fl is not None else 0.0
-            return _Stretch.pipelined(runs, lead_s, finish_after_steps)
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(ctx, remaining, runs.n)
-        return _Stretch(runs, block_s, finish_after_steps)
+            return _Stretch.pipelined(runs, lead_s, finish_after_steps, blocks)
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(blocks)
+        return _Stretch(runs, block_s, finish_after_steps, blocks)
 
     def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
                      horizon_s: float) -> DecodeRuns:
@@ -514,33 +524,19 @@ class _Replica:
             num_output_tokens=num_steps * b, num_running=adv.num_running_after,
             num_waiting=self.sched.num_waiting, kv_usage=adv.kv_usage_after)
 
-    def _block_cpu_fn(self, ctx: list[int], remaining: list[int], n: int) -> Callable[[int], float]:
-        """CPU seconds of the blocks allocated and hashed in the first m steps of an n-step stretch.
-
-        Request j (ctx[j] tokens in KV, decoding in the stretch's first min(remaining[j], n)
-        steps) needs a new block at every step i where position ctx[j] + i starts a block, and
-        completes (hashes) one where ctx[j] + i + 1 ends one. Those steps, sorted, count the
-        blocks of the first m steps by bisection (no per-call pass over the batch).
-        """
-        bs = self.engine.block_size * self.coarsening  # the scheduler's block
+    def _block_cpu_fn(self, blocks: BlockSteps) -> Callable[[int], float]:
+        """CPU seconds of the blocks allocated and hashed in the first m steps of a stretch
+        (bisections of its sorted block steps: no per-call pass over the batch)."""
         caching = self.engine.enable_prefix_caching
-        alloc_steps: list[int] = []
-        hash_steps: list[int] = []
-        for c, rem in zip(ctx, remaining):
-            steps = min(rem, n)
-            alloc_steps.extend(range((-c) % bs, steps, bs))
-            if caching:
-                hash_steps.extend(range((bs - 1 - c) % bs, steps, bs))
-        alloc_steps.sort()
-        hash_steps.sort()
+        opened, completed = blocks.opened, blocks.completed
         blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
 
         def block_s(m: int) -> float:
             if m <= 0:
                 return 0.0
-            t = blk_s * bisect_left(alloc_steps, m)
+            t = blk_s * bisect_left(opened, (m, -1))
             if caching:
-                t += hash_s * bisect_left(hash_steps, m)
+                t += hash_s * bisect_left(completed, (m, -1))
             return t
 
         return block_s
@@ -579,13 +575,15 @@ class _Stretch:
     runs: DecodeRuns
     block_s: Callable[[int], float] | None
     finish_after_steps: list[int]  # sorted
+    blocks: BlockSteps  # the blocks the running requests open and complete, by step
     own_device: list[tuple[float, float]] | None = None
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
     _starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     @classmethod
-    def pipelined(cls, batches: DecodeRuns, lead_s: float, finish_after_steps: list[int]) -> _Stretch:
+    def pipelined(cls, batches: DecodeRuns, lead_s: float, finish_after_steps: list[int],
+                  blocks: BlockSteps) -> _Stretch:
         """`batches`: one DecodeRun per constant batch, each step's device and host terms (as
         `CostModel.decode_run` gives them); `lead_s`: device seconds the in-flight step has left."""
         runs, own = [], []
@@ -598,7 +596,7 @@ class _Stretch:
                                       cpu_slope=r.cpu_slope))
                 own.append((r.g0 + r.slope, r.slope))
             prev_device_s = r.g0 + r.slope * (r.n - 1)
-        return cls(DecodeRuns(runs), None, finish_after_steps, own)
+        return cls(DecodeRuns(runs), None, finish_after_steps, blocks, own)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""

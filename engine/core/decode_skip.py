@@ -243,12 +243,16 @@ def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:
     return advance_decode_segments(sched, (n,))[0]
 
 
-def advance_decode_segments(sched: Scheduler, ends: Sequence[int]) -> list[DecodeAdvance]:
+def advance_decode_segments(sched: Scheduler, ends: Sequence[int], blocks: BlockSteps | None = None
+                            ) -> list[DecodeAdvance]:
     """`advance_decode(sched, e)` for each segment [previous end, e) of `ends` (increasing, the
     first >= 1) in turn, in one call: the same state and the same report per segment (with
     its gauges after it: `num_running_after`, `kv_usage_after`). A simulator applies a stretch
     cut where its batch shrinks this way: the per-request work (remaining outputs, block
-    openings, token counters) is done once for the stretch instead of once per segment."""
+    openings, token counters) is done once for the stretch instead of once per segment.
+    `blocks`: `block_steps(sched, steps)` of the running requests as they are now, with
+    steps[j] >= min(request j's remaining output, ends[-1]) (a caller that timed the stretch
+    has them already); computed here if None."""
     n = ends[-1]
     if any(b <= a for a, b in zip((0, *ends), ends)):
         raise ValueError(f"advance_decode_segments: segment ends {list(ends)} must increase from >= 1")
@@ -256,7 +260,7 @@ def advance_decode_segments(sched: Scheduler, ends: Sequence[int]) -> list[Decod
     running = sched.running
     remaining = [r.output_len - r.num_generated for r in running] if known else _check_uniform(sched, n)
     steps_each = [n] * len(remaining) if min(remaining) >= n else [min(n, m) for m in remaining]
-    walk = _SegmentWalk(sched, remaining, steps_each, n)
+    walk = _SegmentWalk(sched, remaining, steps_each, n, blocks or block_steps(sched, steps_each))
     out = []
     start = 0
     for end in ends:
@@ -289,12 +293,13 @@ class _SegmentWalk:
     __slots__ = ("allocs", "comps", "comps_done", "ctx", "done", "finishing", "live", "live_ctx", "max_ctx",
                  "points", "remaining", "running", "sched", "step_id", "steps_each", "taken")
 
-    def __init__(self, sched: Scheduler, remaining: list[int], steps_each: list[int], n: int) -> None:
+    def __init__(self, sched: Scheduler, remaining: list[int], steps_each: list[int], n: int,
+                 blocks: BlockSteps) -> None:
         self.sched, self.step_id = sched, sched.step_id
         self.running = list(sched.running)
         self.ctx = [r.num_computed_tokens for r in self.running]
         self.remaining, self.steps_each = remaining, steps_each
-        self.allocs, self.comps = _block_steps(sched, steps_each)
+        self.allocs, self.comps = blocks.opened, blocks.completed
         self.taken = self.comps_done = 0  # allocs[:taken] are popped, comps[:comps_done] registered
         self.finishing: dict[int, list[int]] = {}  # step count -> who finishes after it (batch order)
         for j, m in enumerate(remaining):
@@ -401,29 +406,45 @@ class _SegmentWalk:
                              [min(self.steps_each[j], end) - start for j in batch])
 
 
-def _block_steps(sched: Scheduler, steps_each: list[int]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(0-based step, batch position) of every block the running requests open in their
-    steps, sorted: the order single steps pop them from the free queue; and, with prefix
-    caching, of every block they complete (the step computing its last position)."""
+@dataclass(slots=True)
+class BlockSteps:
+    """The blocks running requests open and complete in their next decode steps, as
+    (0-based step, batch position) pairs, sorted: the order single steps pop free blocks in,
+    and (with prefix caching; else empty) the steps computing a block's last position."""
+
+    opened: list[tuple[int, int]]
+    completed: list[tuple[int, int]]
+
+    def opened_before(self, m: int) -> int:
+        """Blocks opened in the first m steps."""
+        return bisect_left(self.opened, (m, -1))
+
+    def completed_before(self, m: int) -> int:
+        """Blocks completed in the first m steps."""
+        return bisect_left(self.completed, (m, -1))
+
+
+def block_steps(sched: Scheduler, steps_each: Sequence[int]) -> BlockSteps:
+    """`BlockSteps` of the running requests (batch order) decoding steps_each[j] steps each."""
     bs = sched.block_size
-    allocs: list[tuple[int, int]] = []
-    comps: list[tuple[int, int]] = []
+    opened: list[tuple[int, int]] = []
+    completed: list[tuple[int, int]] = []
     caching = sched.caching
     for j, r in enumerate(sched.running):
         c = r.num_computed_tokens  # step s computes position c + s
         p = len(r.block_ids) * bs  # the first position that needs a new block
         last = c + steps_each[j]
         while p < last:
-            allocs.append((p - c, j))
+            opened.append((p - c, j))
             p += bs
         if caching:
             s = (bs - 1 - c) % bs
             while s < steps_each[j]:
-                comps.append((s, j))
+                completed.append((s, j))
                 s += bs
-    allocs.sort()
-    comps.sort()
-    return allocs, comps
+    opened.sort()
+    completed.sort()
+    return BlockSteps(opened, completed)
 
 
 def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:
