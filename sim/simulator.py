@@ -528,15 +528,15 @@ class _Replica:
         """CPU seconds of the blocks allocated and hashed in the first m steps of a stretch
         (bisections of its sorted block steps: no per-call pass over the batch)."""
         caching = self.engine.enable_prefix_caching
-        opened, completed = blocks.opened, blocks.completed
+        opened, completed, w = blocks.opened, blocks.completed, blocks.width
         blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
 
         def block_s(m: int) -> float:
             if m <= 0:
                 return 0.0
-            t = blk_s * bisect_left(opened, (m, -1))
+            t = blk_s * bisect_left(opened, m * w)
             if caching:
-                t += hash_s * bisect_left(completed, (m, -1))
+                t += hash_s * bisect_left(completed, m * w)
             return t
 
         return block_s
