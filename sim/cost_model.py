@@ -906,7 +906,7 @@ class DecodeTerms:
     cpu_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init stores each field through object.__setattr__ (a skip builds a few per stretch)
 class DecodeRun:
     """n decode steps whose GPU and CPU times grow linearly: gpu_i = g0 + slope * i and
     cpu_i = cpu + cpu_slope * i (i = 0..n-1; the context grows by one token per sequence a step).
@@ -972,18 +972,22 @@ class DecodeRuns:
     """Consecutive `DecodeRun`s: a decode stretch whose batch shrinks where requests finish
     (one run per constant batch), timed as one sequence of steps."""
 
-    def __init__(self, runs: Sequence[DecodeRun]) -> None:
-        self.runs = list(runs)
+    def __init__(self, runs: Sequence[DecodeRun] = ()) -> None:
+        self.runs: list[DecodeRun] = []
         self.first_steps = [0]  # step index where each run starts (and, last, the end)
         self._elapsed_before = [0.0]  # seconds before each run starts (and, last, the total)
-        n = 0
-        elapsed = 0.0
-        for r in self.runs:
-            n += r.n
-            elapsed += r.elapsed_s(r.n)
-            self.first_steps.append(n)
-            self._elapsed_before.append(elapsed)
-        self.n = n
+        self.n = 0
+        for r in runs:
+            self.add(r)
+
+    def add(self, run: DecodeRun) -> float:
+        """Append a run; returns the seconds of the whole stretch so far."""
+        self.runs.append(run)
+        self.n += run.n
+        elapsed = self._elapsed_before[-1] + run.elapsed_s(run.n)
+        self.first_steps.append(self.n)
+        self._elapsed_before.append(elapsed)
+        return elapsed
 
     def run_of(self, i: int) -> int:
         """The run step i belongs to."""

@@ -94,14 +94,6 @@ def _first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.E
     return either
 
 
-def _suffix_max(values: Sequence[int]) -> list[int]:
-    """out[k] = max(values[k:]) (0 past the end)."""
-    out = [0] * (len(values) + 1)
-    for k in range(len(values) - 1, -1, -1):
-        out[k] = max(values[k], out[k + 1])
-    return out
-
-
 def delay_until(now: float, t: float) -> float:
     """The timeout that lands on the clock's first time not before t. SimPy adds delays to `now`,
     and `now + (t - now)` can round one ulp below t (and t itself may be unreachable from now by
@@ -469,18 +461,19 @@ class _Replica:
         (`DecodeAdvance.stretch.segments()`), but stops at the horizon."""
         num = len(by_remaining)
         ctx_left = sum_ctx  # KV tokens of the requests still decoding at step `first`
-        longest = _suffix_max([c for _, c in by_remaining])  # longest KV among requests k..
-        runs, elapsed_s, first, k = [], 0.0, 0, 0
+        ctxs = [c for _, c in by_remaining]
+        runs, elapsed_s, first, k = DecodeRuns(), 0.0, 0, 0
         while first < n and elapsed_s <= horizon_s:
             while by_remaining[k][0] <= first:
                 ctx_left -= by_remaining[k][1]
                 k += 1
             end = min(by_remaining[k][0], n)
             b = num - k
-            runs.append(self.cost.decode_run(b, ctx_left + (first + 1) * b, end - first, longest[k] + first + 1))
-            elapsed_s += runs[-1].elapsed_s(end - first)
+            # (the longest KV among requests k..: a C-level max per batch, a few per stretch)
+            elapsed_s = runs.add(self.cost.decode_run(b, ctx_left + (first + 1) * b, end - first,
+                                                      max(ctxs[k:]) + first + 1))
             first = end
-        return DecodeRuns(runs)
+        return runs
 
     def _sleep_through(self, plan: _Stretch, n: int) -> Process:
         """Sleep until n steps are done or new work arrives; returns how many steps to apply:
@@ -531,12 +524,15 @@ class _Replica:
         opened, completed, w = blocks.opened, blocks.completed, blocks.width
         blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
 
+        known: dict[int, float] = {}  # a skip asks for the same few steps several times
+
         def block_s(m: int) -> float:
-            if m <= 0:
-                return 0.0
-            t = blk_s * bisect_left(opened, m * w)
-            if caching:
-                t += hash_s * bisect_left(completed, m * w)
+            t = known.get(m)
+            if t is None:
+                t = 0.0 if m <= 0 else blk_s * bisect_left(opened, m * w)
+                if caching and m > 0:
+                    t += hash_s * bisect_left(completed, m * w)
+                known[m] = t
             return t
 
         return block_s

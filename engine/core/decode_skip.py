@@ -127,9 +127,10 @@ class DecodeAdvance:
         return self.stretch.sum_decode_context_at(i)
 
 
-def _remaining_if_uniform(sched: Scheduler) -> list[int] | None:
+def _remaining_if_uniform(sched: Scheduler) -> tuple[list[int], int] | None:
     """Tokens each running request has left to generate (batch order) when the next step is
-    a plain decode of every running request and nothing else; else None."""
+    a plain decode of every running request and nothing else, and the blocks they all open
+    on the way to their ends (counted in the same pass); else None."""
     if sched.has_pending_rejections() or sched.num_waiting or not sched.running:
         return None
     if sched.config.num_speculative_tokens or not sched.between_steps():
@@ -137,13 +138,19 @@ def _remaining_if_uniform(sched: Scheduler) -> list[int] | None:
     running = sched.running
     if len(running) > sched.config.max_num_batched_tokens:
         return None
+    bs = sched.block_size
     remaining = []
+    need = 0
     for r in running:
         if (not r.sampled_since_admission or r.num_tokens - r.num_computed_tokens != 1
                 or r.token_ids is not None):
             return None
-        remaining.append(r.output_len - r.num_generated)
-    return remaining
+        m = r.output_len - r.num_generated
+        remaining.append(m)
+        x = (r.num_computed_tokens + m + bs - 1) // bs - len(r.block_ids)
+        if x > 0:
+            need += x
+    return remaining, need
 
 
 def _blocks_new(ctx: int, num_blocks: int, steps: int, block_size: int) -> int:
@@ -156,11 +163,14 @@ def uniform_decode_steps(sched: Scheduler) -> int:
     """How many further steps are pure decode with nothing else possible: nothing waiting, no
     drafts, and a free block for every block boundary crossed (counting the blocks finished
     requests free for later steps). 0 when the next step is anything else."""
-    remaining = _remaining_if_uniform(sched)
-    if remaining is None:
+    found = _remaining_if_uniform(sched)
+    if found is None:
         return 0
+    remaining, need = found
     n_max = max(remaining)
-    n = n_max if _fits(sched, remaining, n_max) else _block_limited_steps(sched, remaining, n_max)
+    # every request runs to its end within n_max steps: enough free blocks for all they open
+    # (before any finish frees one) is _fits(sched, remaining, n_max), counted in that pass
+    n = n_max if need <= sched.kv_cache_manager.num_free_blocks else _block_limited_steps(sched, remaining, n_max)
     if n:  # so that advance_decode need not re-derive it (a prefix of a uniform stretch
         # leaves the rest of it uniform)
         sched.note_uniform_until(sched.step_id + n)
@@ -274,8 +284,9 @@ def advance_decode_segments(sched: Scheduler, ends: Sequence[int], blocks: Block
 def _check_uniform(sched: Scheduler, n: int) -> list[int]:
     """The running requests' remaining output tokens, after checking from scratch that the
     next n steps are uniform decode steps (a clear error if not)."""
-    remaining = _remaining_if_uniform(sched)
-    if remaining is None or not 1 <= n <= max(remaining) or not (
+    found = _remaining_if_uniform(sched)
+    remaining = found and found[0]
+    if not remaining or not 1 <= n <= max(remaining) or not (
             _fits(sched, remaining, n) or _block_limited_steps(sched, remaining, n) == n):
         raise ValueError(f"advance_decode(sched, {n}): only 1..{uniform_decode_steps(sched)} "
                          f"uniform decode steps are possible now; ask uniform_decode_steps(sched)")
