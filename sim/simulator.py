@@ -253,7 +253,7 @@ class _Replica:
         if samplers is None:
             n_out = out.num_decode_seqs
         else:
-            n_out = sum(counts.values()) if counts is not None else len(samplers)
+            n_out = sum(counts.values()) if counts is not None else out.num_scheduled - out.num_silent
             if self.role != "prefill":
                 for sr in samplers:
                     self.log.token(sr.request_id, t1)
@@ -303,7 +303,7 @@ class _Replica:
         launching, launched = t0 + host_s, t0 + host_s + launch_s
         start = launching if prev is None or prev.gpu_end_s <= launching else prev.gpu_end_s
         done = launched if prev is None or prev.gpu_end_s <= launched else prev.gpu_end_s  # i - 1 collected
-        n_out = out.num_decode_seqs if samplers is None else len(samplers)
+        n_out = out.num_decode_seqs if samplers is None else out.num_scheduled - out.num_silent
         self.inflight = _InFlight(t0, start + max(device_s, launch_s), results, out.num_decode_seqs, samplers, resumed,
                                   out, gpu_s, cpu_s, n_out)
         yield env.timeout(delay_until(t0, done))
@@ -347,18 +347,16 @@ class _Replica:
             yield from self._wait_for_work()
 
     def _samplers(self, out: SchedulerOutput, t0: float) -> list:
-        """The scheduled requests that emit tokens, in batch order; stamps first scheduling of
-        prefills. Their entries, except that a plain decode (one token, no entry: the bulk of a
-        step) stands as its scheduler record, which has the same `request_id`, the one field
-        read, so `out.scheduled` builds no entry per plain decode. Under speculative decoding
-        all are entries (their drafts are read)."""
-        entries, log = out.entries, self.log
+        """The entries of the scheduled requests whose token times are logged, in batch order;
+        stamps first scheduling of prefills. Without speculative decoding, plain decodes (one
+        token into a block the request holds, no entry: the bulk of a step) are left out: such a
+        request has sampled since its admission, so its first token is logged already, and a
+        left-out decoder's open token gap is closed by `decoded_after_gap` before tokens are
+        logged: `RequestLog.token` would do nothing for it. Under speculative decoding all are
+        entries (their drafts are read)."""
+        log = self.log
         samplers = []
-        for r in out.scheduled if self.cost.k else out.batch_records:
-            e = r if self.cost.k else entries.get(r.request_id)
-            if e is None:
-                samplers.append(r)
-                continue
+        for e in out.scheduled if self.cost.k else out.entries.values():
             if e.samples:
                 samplers.append(e)
             if e.is_prefill:
