@@ -53,10 +53,10 @@ import simpy
 from engine.core.block_keys import first_unshared_hash_blocks
 from engine.core.config import scheduler_config
 from engine.core.decode_skip import (
-    BlockSteps,
     DecodeAdvance,
+    StretchStart,
     advance_decode_segments,
-    block_steps,
+    stretch_start,
     uniform_decode_steps,
 )
 from engine.core.model_spec import blocks_for_tokens
@@ -430,7 +430,7 @@ class _Replica:
     def _advance(self, plan: _Stretch, segments: list[tuple[int, int, int]]) -> list[DecodeAdvance]:
         """Apply the (run index, first step, steps) segments of a stretch: one advance, one report each."""
         return advance_decode_segments(self.sched, [first + num_steps for _, first, num_steps in segments],
-                                       plan.blocks)
+                                       plan.start)
 
     def _plan_stretch(self, n: int, horizon_s: float) -> _Stretch:
         """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
@@ -441,15 +441,15 @@ class _Replica:
         by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
         runs = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
         finish_after_steps = [x for x, _ in by_remaining[:bisect_right(by_remaining, (runs.n, math.inf))]]
-        # which step opens and completes which block: the CPU time of block work below, and
-        # the order the stretch's application pops free blocks in
-        blocks = block_steps(sched, [x if x < runs.n else runs.n for x in remaining])
+        # the batch as it starts, with which step opens and completes which block: the CPU time
+        # of block work below, and what the stretch's application reads (once for both)
+        start = stretch_start(sched, [x if x < runs.n else runs.n for x in remaining], remaining, ctx)
         if self.pipelined:
             fl = self.inflight
             lead_s = max(fl.gpu_end_s - self.env.now, 0.0) if fl is not None else 0.0
-            return _Stretch.pipelined(runs, lead_s, finish_after_steps, blocks)
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(blocks)
-        return _Stretch(runs, block_s, finish_after_steps, blocks)
+            return _Stretch.pipelined(runs, lead_s, finish_after_steps, start)
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(start)
+        return _Stretch(runs, block_s, finish_after_steps, start)
 
     def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
                      horizon_s: float) -> DecodeRuns:
@@ -515,7 +515,7 @@ class _Replica:
             num_output_tokens=num_steps * b, num_running=adv.num_running_after,
             num_waiting=self.sched.num_waiting, kv_usage=adv.kv_usage_after)
 
-    def _block_cpu_fn(self, blocks: BlockSteps) -> Callable[[int], float]:
+    def _block_cpu_fn(self, blocks: StretchStart) -> Callable[[int], float]:
         """CPU seconds of the blocks allocated and hashed in the first m steps of a stretch
         (bisections of its sorted block steps: no per-call pass over the batch)."""
         caching = self.engine.enable_prefix_caching
@@ -569,7 +569,7 @@ class _Stretch:
     runs: DecodeRuns
     block_s: Callable[[int], float] | None
     finish_after_steps: list[int]  # sorted
-    blocks: BlockSteps  # the blocks the running requests open and complete, by step
+    start: StretchStart  # the running requests as it starts, and the blocks they open and complete
     own_device: list[tuple[float, float]] | None = None
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
@@ -577,7 +577,7 @@ class _Stretch:
 
     @classmethod
     def pipelined(cls, batches: DecodeRuns, lead_s: float, finish_after_steps: list[int],
-                  blocks: BlockSteps) -> _Stretch:
+                  start: StretchStart) -> _Stretch:
         """`batches`: one DecodeRun per constant batch, each step's device and host terms (as
         `CostModel.decode_run` gives them); `lead_s`: device seconds the in-flight step has left."""
         runs, own = [], []
@@ -590,7 +590,7 @@ class _Stretch:
                                       cpu_slope=r.cpu_slope))
                 own.append((r.g0 + r.slope, r.slope))
             prev_device_s = r.g0 + r.slope * (r.n - 1)
-        return cls(DecodeRuns(runs), None, finish_after_steps, blocks, own)
+        return cls(DecodeRuns(runs), None, finish_after_steps, start, own)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""

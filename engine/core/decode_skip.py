@@ -253,29 +253,39 @@ def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:
     return advance_decode_segments(sched, (n,))[0]
 
 
-def advance_decode_segments(sched: Scheduler, ends: Sequence[int], blocks: BlockSteps | None = None
+def advance_decode_segments(sched: Scheduler, ends: Sequence[int], start: StretchStart | None = None
                             ) -> list[DecodeAdvance]:
     """`advance_decode(sched, e)` for each segment [previous end, e) of `ends` (increasing, the
     first >= 1) in turn, in one call: the same state and the same report per segment (with
     its gauges after it: `num_running_after`, `kv_usage_after`). A simulator applies a stretch
     cut where its batch shrinks this way: the per-request work (remaining outputs, block
     openings, token counters) is done once for the stretch instead of once per segment.
-    `blocks`: `block_steps(sched, steps)` of the running requests as they are now, with
-    steps[j] >= min(request j's remaining output, ends[-1]) (a caller that timed the stretch
-    has them already); computed here if None."""
+    `start`: `stretch_start(sched, steps, ...)` of the running requests as they are now (a
+    caller that timed the stretch has it), with steps[j] >= min(request j's remaining output,
+    ends[-1]); computed here if None, or if the scheduler changed since uniform_decode_steps."""
     n = ends[-1]
     if any(b <= a for a, b in zip((0, *ends), ends)):
         raise ValueError(f"advance_decode_segments: segment ends {list(ends)} must increase from >= 1")
     known = sched.known_uniform(n)
     running = sched.running
-    remaining = [r.output_len - r.num_generated for r in running] if known else _check_uniform(sched, n)
+    if not known:
+        start = None
+        remaining = _check_uniform(sched, n)
+    elif start is None:
+        remaining = [r.output_len - r.num_generated for r in running]
+    else:
+        remaining = start.remaining
+        if len(remaining) != len(running) or start.context_lens[-1] != running[-1].num_computed_tokens:
+            raise ValueError("advance_decode_segments: `start` describes another batch than the running one")
     steps_each = [n] * len(remaining) if min(remaining) >= n else [min(n, m) for m in remaining]
-    walk = _SegmentWalk(sched, remaining, steps_each, n, blocks or block_steps(sched, steps_each))
+    if start is None:
+        start = stretch_start(sched, steps_each, remaining, [r.num_computed_tokens for r in running])
+    walk = _SegmentWalk(sched, start, steps_each, n)
     out = []
-    start = 0
+    first = 0
     for end in ends:
-        out.append(walk.segment(start, end))
-        start = end
+        out.append(walk.segment(first, end))
+        first = end
     walk.advance_running(n)
     sched.apply_decode_stretch(n, sum(steps_each), walk.any_finished, known)
     return out
@@ -296,7 +306,7 @@ def _check_uniform(sched: Scheduler, n: int) -> list[int]:
 class _SegmentWalk:
     """The state of `advance_decode_segments` along a stretch: the running requests as it
     started (batch order), their KV tokens then (`ctx`), remaining outputs and steps in the
-    stretch, the blocks they open and complete (`BlockSteps`: the order single steps pop
+    stretch, the blocks they open and complete (`StretchStart`: the order single steps pop
     them), who finishes after how many steps, and the live batch's size and
     summed KV. A segment costs its finishes, blocks and completions, not a pass over the
     batch: token counters of the requests still running are advanced once, at the end."""
@@ -304,13 +314,12 @@ class _SegmentWalk:
     __slots__ = ("allocs", "comps", "comps_done", "ctx", "done", "finishing", "live", "live_ctx", "max_ctx",
                  "points", "remaining", "running", "sched", "step_id", "steps_each", "taken", "width")
 
-    def __init__(self, sched: Scheduler, remaining: list[int], steps_each: list[int], n: int,
-                 blocks: BlockSteps) -> None:
+    def __init__(self, sched: Scheduler, start: StretchStart, steps_each: list[int], n: int) -> None:
         self.sched, self.step_id = sched, sched.step_id
         self.running = list(sched.running)
-        self.ctx = [r.num_computed_tokens for r in self.running]
-        self.remaining, self.steps_each = remaining, steps_each
-        self.allocs, self.comps, self.width = blocks.opened, blocks.completed, blocks.width
+        self.ctx, self.remaining, self.steps_each = start.context_lens, start.remaining, steps_each
+        remaining = self.remaining
+        self.allocs, self.comps, self.width = start.opened, start.completed, start.width
         self.taken = self.comps_done = 0  # allocs[:taken] are popped, comps[:comps_done] registered
         self.finishing: dict[int, list[int]] = {}  # step count -> who finishes after it (batch order)
         for j, m in enumerate(remaining):
@@ -418,12 +427,15 @@ class _SegmentWalk:
 
 
 @dataclass(slots=True)
-class BlockSteps:
-    """The blocks running requests open and complete in their next decode steps, sorted: the
-    order single steps pop free blocks in, and (with prefix caching; else empty) the steps
-    computing a block's last position. Each entry is `step * width + batch position` (width:
-    the batch size): ints sort and bisect at C speed, (step, position) tuples do not."""
+class StretchStart:
+    """The running requests (batch order) as a decode stretch starts: their remaining outputs
+    and KV tokens, and the blocks they open and complete in their next decode steps, sorted:
+    the order single steps pop free blocks in, and (with prefix caching; else empty) the steps
+    computing a block's last position. Each block entry is `step * width + batch position`
+    (width: the batch size): ints sort and bisect at C speed, (step, position) tuples do not."""
 
+    remaining: list[int]
+    context_lens: list[int]
     opened: list[int]
     completed: list[int]
     width: int
@@ -437,15 +449,17 @@ class BlockSteps:
         return bisect_left(self.completed, m * self.width)
 
 
-def block_steps(sched: Scheduler, steps_each: Sequence[int]) -> BlockSteps:
-    """`BlockSteps` of the running requests (batch order) decoding steps_each[j] steps each."""
+def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[int],
+                  context_lens: list[int]) -> StretchStart:
+    """`StretchStart` of the running requests, whose remaining outputs and KV tokens the caller
+    read (`remaining`, `context_lens`), the blocks counted over steps_each[j] steps each."""
     bs = sched.block_size
-    w = len(sched.running)
+    w = len(context_lens)
     opened: list[int] = []
     completed: list[int] = []
     caching = sched.caching
     for j, r in enumerate(sched.running):
-        c = r.num_computed_tokens  # step s computes position c + s
+        c = context_lens[j]  # step s computes position c + s
         end = steps_each[j] * w
         # a block at every bs-th step from the first position past the table (an entry per
         # block, from C: the range steps by bs steps)
@@ -454,7 +468,7 @@ def block_steps(sched: Scheduler, steps_each: Sequence[int]) -> BlockSteps:
             completed += range((bs - 1 - c) % bs * w + j, end, bs * w)
     opened.sort()
     completed.sort()
-    return BlockSteps(opened, completed, w)
+    return StretchStart(remaining, context_lens, opened, completed, w)
 
 
 def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:
