@@ -248,6 +248,10 @@ class BlockPool:
         # eviction's dict delete (a cache miss on a large table), inherent to reusing a block.
         ref, key_of, cached = self.ref, self.key_of, self.cached
         groups, offset = self.groups, self.group_offset
+        if not cached and not groups:  # nothing is cached (yet): no block carries a key to evict
+            for b in blocks:
+                ref[b] = 1
+            return
         ungrouped = 0
         num_keyed = len(cached)  # evictions of plain keys: what the loop deletes from `cached`
         for b in blocks:
