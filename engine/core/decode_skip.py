@@ -19,6 +19,7 @@ stepping frees them. `DecodeAdvance` reports each step's batch (`num_seqs_at`,
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -264,7 +265,7 @@ def advance_decode_segments(sched: Scheduler, ends: Sequence[int], start: Stretc
     caller that timed the stretch has it), with steps[j] >= min(request j's remaining output,
     ends[-1]); computed here if None, or if the scheduler changed since uniform_decode_steps."""
     n = ends[-1]
-    if any(b <= a for a, b in zip((0, *ends), ends)):
+    if ends[0] < 1 or not all(map(operator.lt, ends, ends[1:])):
         raise ValueError(f"advance_decode_segments: segment ends {list(ends)} must increase from >= 1")
     known = sched.known_uniform(n)
     running = sched.running
@@ -397,10 +398,12 @@ class _SegmentWalk:
         stop = bisect_left(comps, end * w, self.comps_done)
         if stop == self.comps_done:
             return 0
-        ids = sorted({e % w for e in comps[self.comps_done:stop]})
+        bs = self.sched.block_size
+        # fewer than bs steps: a request completes at most one block in them, so its position
+        # appears once (C-level map and sort); bs or more: every request decoding through them does
+        ids = sorted(map(w.__rmod__, comps[self.comps_done:stop])) if end - start < bs else range(w)
         self.comps_done = stop
         done, ctx, running = self.done, self.ctx, self.running
-        bs = self.sched.block_size
         completed = []  # (request, its full blocks after the steps) where that adds some
         for j in ids:
             if not done[j]:

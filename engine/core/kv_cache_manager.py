@@ -260,9 +260,20 @@ class KVCacheManager:
         hashed."""
         blocks: list[int] = []
         keys: list[tuple] = []
-        hashed = 0
+        hashed = private = 0
         for r, num_full in completed:
             start = r.num_cached_blocks
+            lazy = r.private_from
+            if lazy is not None and lazy <= start and r.gen_keys_from <= start == len(r.block_hashes):
+                # the hot case, inlined: generated blocks of a private request, keyed and counted
+                # as _key_generated does, registered only if r is preempted (set_private_from)
+                if num_full - start == 1:
+                    r.block_hashes.append((GEN_TAG, r.request_id, start))
+                else:
+                    r.block_hashes += [(GEN_TAG, r.request_id, i) for i in range(start, num_full)]
+                r.num_cached_blocks = num_full
+                private += num_full - start
+                continue
             new = self._key_generated(r, num_full)
             if new is None:
                 hashed += self.cache_full_blocks(r, num_full)
@@ -271,9 +282,10 @@ class KVCacheManager:
             else:
                 blocks += r.block_ids[start:num_full]
                 keys += new
+        self.num_blocks_hashed += private
         if keys:
             self.pool.cache_blocks(blocks, keys)
-        return hashed + len(keys)
+        return hashed + private + len(keys)
 
     def _cache_grouped(self, r: SchedulerRequest, start: int, num_full: int, per: int) -> int:
         """Register `r`'s prompt blocks from `start` (below num_full) in their hash blocks'
