@@ -1006,16 +1006,20 @@ class DecodeRuns:
         k = self.run_of(m)
         return self._elapsed_before[k] + self.runs[k].elapsed_s(m - self.first_steps[k])
 
-    def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None) -> int:
-        """As `DecodeRun.steps_started_before`, over the whole stretch."""
-        return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s)
+    def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None,
+                             without_extra: int | None = None) -> int:
+        """As `DecodeRun.steps_started_before`, over the whole stretch. `without_extra`: the
+        answer without `extra_s`, if the caller has it (no search then)."""
+        return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s, without_extra)
 
 
 def _steps_started_before(elapsed_s: Callable[[int], float], n: int, elapsed: float,
-                          extra_s: Callable[[int], float] | None) -> int:
+                          extra_s: Callable[[int], float] | None, without_extra: int | None = None) -> int:
     """How many of n steps start strictly before `elapsed`, step m starting at
     elapsed_s(m) (+ extra_s(m)); both non-decreasing in m."""
     lo, hi = 0, n  # invariant: step lo-1 starts before `elapsed` (or lo == 0)
+    if without_extra is not None:
+        lo = hi = without_extra
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if elapsed_s(mid - 1) < elapsed:

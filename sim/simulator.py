@@ -116,6 +116,8 @@ class _ReplicaContext:
     next_arrival_s: Callable[[], float]  # when the next request enters the deployment (inf: none)
     # request id -> its first hash block no other request shares (None: unknown)
     unshared_from: Callable[[int], int | None]
+    # the clock time the arrival process wakes at for the next request (inf: none)
+    next_arrival_at: Callable[[], float]
 
 
 class _Replica:
@@ -126,6 +128,10 @@ class _Replica:
         self.env, self.idx, self.role, self.engine, self.plan, self.cost = env, idx, role, engine, plan, cost
         self.log, self.step_log, self.spec, self.on_prefilled = ctx.requests, ctx.steps, ctx.spec, ctx.on_prefilled
         self.next_arrival_s, self.unshared_from = ctx.next_arrival_s, ctx.unshared_from
+        self.next_arrival_at = ctx.next_arrival_at
+        # every arrival is routed here and nothing else wakes it (one replica, no P/D): a stretch
+        # the next arrival cuts sleeps until that arrival wakes it, with no timeout of its own
+        self.sole = False
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
@@ -385,7 +391,7 @@ class _Replica:
         """Sleep through up to n pure-decode steps (the batch shrinking where requests finish);
         stop early at a wake-up (new work), then apply the steps that started before it."""
         t0 = self.env.now
-        plan = self._plan_stretch(n, self.next_arrival_s() - t0)
+        plan = self._plan_stretch(n, self.next_arrival_s() - t0, self.next_arrival_at() if self.sole else math.inf)
         self._skip_plan, self._skip_t0 = plan, t0
         m = yield from self._sleep_through(plan, plan.runs.n)
         if self.pipelined:
@@ -432,24 +438,30 @@ class _Replica:
         return advance_decode_segments(self.sched, [first + num_steps for _, first, num_steps in segments],
                                        plan.start)
 
-    def _plan_stretch(self, n: int, horizon_s: float) -> _Stretch:
+    def _plan_stretch(self, n: int, horizon_s: float, wake_at: float) -> _Stretch:
         """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
-        next arrival, which will most likely wake the replica: steps past it are rarely used)."""
+        next arrival, which will most likely wake the replica: steps past it are rarely used).
+        `wake_at`: the clock time an arrival will wake the replica at for sure (inf: unknown)."""
         sched = self.sched
+        t0 = self.env.now
         remaining = [r.output_len - r.num_generated for r in sched.running]
         ctx = sched.running_context_lens()  # KV tokens before the skip
         by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
-        runs = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
-        finish_after_steps = [x for x, _ in by_remaining[:bisect_right(by_remaining, (runs.n, math.inf))]]
-        # the batch as it starts, with which step opens and completes which block: the CPU time
-        # of block work below, and what the stretch's application reads (once for both)
-        start = stretch_start(sched, [x if x < runs.n else runs.n for x in remaining], remaining, ctx)
+        batches = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
+        finish_after_steps = [x for x, _ in by_remaining[:bisect_right(by_remaining, (batches.n, math.inf))]]
+        runs, own = batches, None
         if self.pipelined:
             fl = self.inflight
-            lead_s = max(fl.gpu_end_s - self.env.now, 0.0) if fl is not None else 0.0
-            return _Stretch.pipelined(runs, lead_s, finish_after_steps, start)
+            runs, own = _pipelined_runs(batches, max(fl.gpu_end_s - t0, 0.0) if fl is not None else 0.0)
+        # woken before its last step ends (block CPU time only adds to the runs' time): it then
+        # applies only the steps started by the wake-up, at most those the runs alone start by then
+        woken = wake_at < t0 + runs.elapsed_s(runs.n)
+        last = runs.steps_started_before(wake_at - t0) if woken else runs.n
+        # the batch as it starts, with which step opens and completes which block: the CPU time
+        # of block work below, and what the stretch's application reads (once for both)
+        start = stretch_start(sched, [x if x < last else last for x in remaining], remaining, ctx)
         block_s = None if self.cost.async_scheduling else self._block_cpu_fn(start)
-        return _Stretch(runs, block_s, finish_after_steps, start)
+        return _Stretch(runs, block_s, finish_after_steps, start, last if woken else None, own)
 
     def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
                      horizon_s: float) -> DecodeRuns:
@@ -480,12 +492,14 @@ class _Replica:
         t0 = env.now
         self.wake = env.event()
         self.skipping = True
-        yield _first_of(env, env.timeout(plan.step_start_s(n)), self.wake)
+        # (block times are known only for the steps up to the wake-up then)
+        yield self.wake if plan.woken_after is not None else _first_of(env, env.timeout(plan.step_start_s(n)),
+                                                                        self.wake)
         woke = self.wake.triggered
         self.wake = None
         m = n
         if woke:
-            m = plan.runs.steps_started_before(env.now - t0, plan.block_s)
+            m = plan.runs.steps_started_before(env.now - t0, plan.block_s, plan.woken_after)
             if m:
                 yield env.timeout(max(t0 + plan.step_start_s(m) - env.now, 0.0))
         self.skipping = False
@@ -554,6 +568,23 @@ class _InFlight:
     n_out: int = 0
 
 
+def _pipelined_runs(batches: DecodeRuns, lead_s: float) -> tuple[DecodeRuns, list[tuple[float, float]]]:
+    """A pipelined stretch's runs and their steps' own device terms (see `_Stretch`).
+    `batches`: one DecodeRun per constant batch, each step's device and host terms (as
+    `CostModel.decode_run` gives them); `lead_s`: device seconds the in-flight step has left."""
+    runs, own = [], []
+    prev_device_s = lead_s
+    for r in batches.runs:
+        runs.append(DecodeRun(g0=prev_device_s, slope=0.0, cpu=r.cpu, n=1, overlap=True))
+        own.append((r.g0, 0.0))
+        if r.n > 1:
+            runs.append(DecodeRun(g0=r.g0, slope=r.slope, cpu=r.cpu + r.cpu_slope, n=r.n - 1, overlap=True,
+                                  cpu_slope=r.cpu_slope))
+            own.append((r.g0 + r.slope, r.slope))
+        prev_device_s = r.g0 + r.slope * (r.n - 1)
+    return DecodeRuns(runs), own
+
+
 @dataclasses.dataclass(slots=True)
 class _Stretch:
     """A skip's plan: step durations (`runs`, each a DecodeRun of steps whose duration is linear,
@@ -570,27 +601,13 @@ class _Stretch:
     block_s: Callable[[int], float] | None
     finish_after_steps: list[int]  # sorted
     start: StretchStart  # the running requests as it starts, and the blocks they open and complete
+    # an arrival wakes it before its last step ends (see _Replica.sole), after this many steps
+    # started (without block CPU time: at most so many); None: not known to
+    woken_after: int | None = None
     own_device: list[tuple[float, float]] | None = None
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
     _starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
-
-    @classmethod
-    def pipelined(cls, batches: DecodeRuns, lead_s: float, finish_after_steps: list[int],
-                  start: StretchStart) -> _Stretch:
-        """`batches`: one DecodeRun per constant batch, each step's device and host terms (as
-        `CostModel.decode_run` gives them); `lead_s`: device seconds the in-flight step has left."""
-        runs, own = [], []
-        prev_device_s = lead_s
-        for r in batches.runs:
-            runs.append(DecodeRun(g0=prev_device_s, slope=0.0, cpu=r.cpu, n=1, overlap=True))
-            own.append((r.g0, 0.0))
-            if r.n > 1:
-                runs.append(DecodeRun(g0=r.g0, slope=r.slope, cpu=r.cpu + r.cpu_slope, n=r.n - 1, overlap=True,
-                                      cpu_slope=r.cpu_slope))
-                own.append((r.g0 + r.slope, r.slope))
-            prev_device_s = r.g0 + r.slope * (r.n - 1)
-        return cls(DecodeRuns(runs), None, finish_after_steps, start, own)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
@@ -679,6 +696,7 @@ class Simulation:
         self.coarsen = kv_block_coarsening_for(kv_block_coarsening, deployment.engine.block_size,
                                               self.requests)
         self._next_arrival = 0  # index of the next request to arrive
+        self._arrival_at = math.inf  # the clock time the arrival process resumes at (see _arrivals)
         self._build_replicas()
         self.env.process(self._arrivals())
 
@@ -695,7 +713,7 @@ class Simulation:
                      if base.speculative_config else None)
         self._unshared: dict[int, int] = {}  # filled when the arrivals start
         ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s,
-                              self._unshared.get)
+                              self._unshared.get, self._next_arrival_at)
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
 
@@ -708,6 +726,7 @@ class Simulation:
         if dep.disaggregation is None:
             self.replicas = [replica(i, "mixed", True) for i in range(dep.num_replicas)]
             self.front = self.replicas
+            self.replicas[0].sole = len(self.replicas) == 1
             return
         d = dep.disaggregation
         self.prefill_pool = [replica(i, "prefill", False) for i in range(d.num_prefill_replicas)]
@@ -728,13 +747,19 @@ class Simulation:
         for i, req in enumerate(reqs):
             self._next_arrival = i
             if req.arrival_s > env.now:
-                yield env.timeout(delay_until(env.now, req.arrival_s))
+                d = delay_until(env.now, req.arrival_s)
+                self._arrival_at = env.now + d  # when SimPy will resume this process (its sum)
+                yield env.timeout(d)
             rep = self.router.pick(req, self.front)
             self.log.routed(req.request_id, rep.idx)
             rep.add(dataclasses.replace(req, output_len=1) if disagg else req)
             if self.progress is not None and i % every == 0:
                 self.progress(i / n)
         self._next_arrival = n
+        self._arrival_at = math.inf
+
+    def _next_arrival_at(self) -> float:
+        return self._arrival_at
 
     def _next_arrival_s(self) -> float:
         i = self._next_arrival
