@@ -60,7 +60,7 @@ from engine.core.decode_skip import (
     uniform_decode_steps,
 )
 from engine.core.model_spec import blocks_for_tokens
-from engine.core.records import StepRecord, step_composition
+from engine.core.records import StepRecord, with_step_composition
 from engine.core.request import Request
 from engine.core.run_counters import per_position_counters
 from engine.core.scheduler import Scheduler
@@ -371,11 +371,10 @@ class _Replica:
 
     def _step_record(self, out: SchedulerOutput, t0: float, dt: float, gpu_s: float, cpu_s: float,
                      n_out: int, drafted: int, accepted: int) -> StepRecord:
-        return StepRecord(
+        return with_step_composition(StepRecord(
             replica=self.idx, n_steps=1, t_start_s=t0, total_s=dt, first_dt_s=dt, last_dt_s=dt, gpu_s=gpu_s,
             cpu_s=cpu_s, num_output_tokens=n_out, drafted=drafted, accepted=accepted,
-            num_spec_accepted_tokens=accepted,
-            **step_composition(out, self.sched))
+            num_spec_accepted_tokens=accepted), out, self.sched)
 
     def _ended(self, results: list[RequestResult], t: float) -> None:
         """Report requests that left the scheduler at t."""
