@@ -399,7 +399,7 @@ class _Replica:
             segments = plan.segments_within(m)
             for (k, first, num_steps), adv in zip(segments, self._advance(plan, segments)):
                 for res, s in zip(adv.finished, adv.finish_steps):
-                    self._ended([res], t0 + plan.step_start_s(first + s + 1))
+                    self._ended((res,), t0 + plan.step_start_s(first + s + 1))
                 self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
         for req, ext in self.pending:
             self._admit(req, ext)
