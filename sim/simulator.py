@@ -458,7 +458,7 @@ class _Replica:
         last = runs.steps_started_before(wake_at - t0) if woken else runs.n
         # the batch as it starts, with which step opens and completes which block: the CPU time
         # of block work below, and what the stretch's application reads (once for both)
-        start = stretch_start(sched, [x if x < last else last for x in remaining], remaining, ctx)
+        start = stretch_start(sched, [x if x < last else last for x in remaining], remaining, ctx)  # noqa: FURB136
         block_s = None if self.cost.async_scheduling else self._block_cpu_fn(start)
         return _Stretch(runs, block_s, finish_after_steps, start, last if woken else None, own)
 

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.core.decode_skip import DecodeStretch, advance_decode, advance_decode_segments, uniform_decode_steps
+from engine.core.decode_skip import (
+    DecodeStretch,
+    advance_decode,
+    advance_decode_segments,
+    uniform_decode_steps,
+)
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerConfig
 from tests.engine.test_scheduler_random import state_of
