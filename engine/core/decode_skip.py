@@ -278,17 +278,17 @@ def advance_decode_segments(sched: Scheduler, ends: Sequence[int], start: Stretc
         remaining = start.remaining
         if len(remaining) != len(running) or start.context_lens[-1] != running[-1].num_computed_tokens:
             raise ValueError("advance_decode_segments: `start` describes another batch than the running one")
-    steps_each = [n] * len(remaining) if min(remaining) >= n else [min(n, m) for m in remaining]
     if start is None:
+        steps_each = [n] * len(remaining) if min(remaining) >= n else [min(n, m) for m in remaining]
         start = stretch_start(sched, steps_each, remaining, [r.num_computed_tokens for r in running])
-    walk = _SegmentWalk(sched, start, steps_each, n)
+    walk = _SegmentWalk(sched, start, n)
     out = []
     first = 0
     for end in ends:
         out.append(walk.segment(first, end))
         first = end
     walk.advance_running(n)
-    sched.apply_decode_stretch(n, sum(steps_each), walk.any_finished, known)
+    sched.apply_decode_stretch(n, walk.num_tokens(n), walk.any_finished, known)
     return out
 
 
@@ -313,19 +313,18 @@ class _SegmentWalk:
     batch: token counters of the requests still running are advanced once, at the end."""
 
     __slots__ = ("allocs", "comps", "comps_done", "ctx", "done", "finishing", "live", "live_ctx", "max_ctx",
-                 "points", "remaining", "running", "sched", "step_id", "steps_each", "taken", "width")
+                 "points", "remaining", "running", "sched", "step_id", "taken", "width")
 
-    def __init__(self, sched: Scheduler, start: StretchStart, steps_each: list[int], n: int) -> None:
+    def __init__(self, sched: Scheduler, start: StretchStart, n: int) -> None:
         self.sched, self.step_id = sched, sched.step_id
         self.running = list(sched.running)
-        self.ctx, self.remaining, self.steps_each = start.context_lens, start.remaining, steps_each
+        self.ctx, self.remaining = start.context_lens, start.remaining
         remaining = self.remaining
         self.allocs, self.comps, self.width = start.opened, start.completed, start.width
         self.taken = self.comps_done = 0  # allocs[:taken] are popped, comps[:comps_done] registered
         self.finishing: dict[int, list[int]] = {}  # step count -> who finishes after it (batch order)
-        for j, m in enumerate(remaining):
-            if m <= n:
-                self.finishing.setdefault(m, []).append(j)
+        for j in [j for j, m in enumerate(remaining) if m <= n]:  # (few finish: the pass in a comprehension)
+            self.finishing.setdefault(remaining[j], []).append(j)
         self.points = sorted(self.finishing, reverse=True)  # finish steps still ahead, last first
         self.done = [False] * len(remaining)  # finished within the stretch
         self.live, self.live_ctx = len(remaining), sum(self.ctx)
@@ -334,6 +333,10 @@ class _SegmentWalk:
     @property
     def any_finished(self) -> bool:
         return self.live < len(self.running)
+
+    def num_tokens(self, n: int) -> int:
+        """Tokens decoded in n steps: n each, less the steps of those finishing before."""
+        return n * len(self.running) - sum(len(js) * (n - p) for p, js in self.finishing.items())
 
     def segment(self, start: int, end: int) -> DecodeAdvance:
         """Apply steps [start, end) as `advance_decode(sched, end - start)` would: the blocks
@@ -426,7 +429,7 @@ class _SegmentWalk:
         """Steps [start, end) of the stretch as a DecodeStretch of their own."""
         batch = [j for j, m in enumerate(self.remaining) if m > start]
         return DecodeStretch(end - start, [self.ctx[j] + start for j in batch],
-                             [min(self.steps_each[j], end) - start for j in batch])
+                             [min(self.remaining[j], end) - start for j in batch])
 
 
 @dataclass(slots=True)
