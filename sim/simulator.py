@@ -43,7 +43,7 @@ import dataclasses
 import gc
 import math
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -447,7 +447,6 @@ class _Replica:
         ctx = sched.running_context_lens()  # KV tokens before the skip
         by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
         batches = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
-        finish_after_steps = [x for x, _ in by_remaining[:bisect_right(by_remaining, (batches.n, math.inf))]]
         runs, own = batches, None
         if self.pipelined:
             fl = self.inflight
@@ -460,7 +459,7 @@ class _Replica:
         # of block work below, and what the stretch's application reads (once for both)
         start = stretch_start(sched, [x if x < last else last for x in remaining], remaining, ctx)  # noqa: FURB136
         block_s = None if self.cost.async_scheduling else self._block_cpu_fn(start)
-        return _Stretch(runs, block_s, finish_after_steps, start, last if woken else None, own)
+        return _Stretch(runs, block_s, start, last if woken else None, own)
 
     def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
                      horizon_s: float) -> DecodeRuns:
@@ -588,8 +587,7 @@ def _pipelined_runs(batches: DecodeRuns, lead_s: float) -> tuple[DecodeRuns, lis
 class _Stretch:
     """A skip's plan: step durations (`runs`, each a DecodeRun of steps whose duration is linear,
     `runs.first_steps` where each starts), the CPU time of the blocks its first m steps allocate
-    and hash (None when async scheduling hides it), and after how many steps each finishing
-    request is done.
+    and hash (None when async scheduling hides it), and the batch as it starts.
 
     Pipelined (async scheduling, `own_device` set): step i's period is max(its host time, step
     i - 1's device time), so each constant batch is two runs, its first step (paired with the
@@ -598,7 +596,6 @@ class _Stretch:
 
     runs: DecodeRuns
     block_s: Callable[[int], float] | None
-    finish_after_steps: list[int]  # sorted
     start: StretchStart  # the running requests as it starts, and the blocks they open and complete
     # an arrival wakes it before its last step ends (see _Replica.sole), after this many steps
     # started (without block CPU time: at most so many); None: not known to
@@ -607,6 +604,8 @@ class _Stretch:
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
     _starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    # after how many steps each finishing request is done, sorted (built when a load probe asks)
+    _finish_after: list[int] | None = dataclasses.field(default=None, init=False, repr=False)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
@@ -633,7 +632,10 @@ class _Stretch:
     def num_finished_by(self, elapsed_s: float) -> int:
         """Finishing requests that have left the scheduler `elapsed_s` into the stretch: at the
         end of their last step, or (pipelined) when it was scheduled."""
-        steps = self.finish_after_steps
+        steps = self._finish_after
+        if steps is None:
+            n = self.runs.n
+            steps = self._finish_after = sorted([x for x in self.start.remaining if x <= n])
         lag = 1 if self.own_device is not None else 0
         lo, hi = 0, len(steps)  # finishes [0, lo) are done by then, [hi, end) are not
         while lo < hi:
