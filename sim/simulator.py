@@ -118,6 +118,8 @@ class _ReplicaContext:
     unshared_from: Callable[[int], int | None]
     # the clock time the arrival process wakes at for the next request (inf: none)
     next_arrival_at: Callable[[], float]
+    # whether an arrival after that one resumes the arrival process at exactly this clock time
+    arrival_lands_on: Callable[[float], bool]
 
 
 class _Replica:
@@ -128,7 +130,7 @@ class _Replica:
         self.env, self.idx, self.role, self.engine, self.plan, self.cost = env, idx, role, engine, plan, cost
         self.log, self.step_log, self.spec, self.on_prefilled = ctx.requests, ctx.steps, ctx.spec, ctx.on_prefilled
         self.next_arrival_s, self.unshared_from = ctx.next_arrival_s, ctx.unshared_from
-        self.next_arrival_at = ctx.next_arrival_at
+        self.next_arrival_at, self.arrival_lands_on = ctx.next_arrival_at, ctx.arrival_lands_on
         # every arrival is routed here and nothing else wakes it (one replica, no P/D): a stretch
         # the next arrival cuts sleeps until that arrival wakes it, with no timeout of its own
         self.sole = False
@@ -459,7 +461,26 @@ class _Replica:
         # of block work below, and what the stretch's application reads (once for both)
         start = stretch_start(sched, [x if x < last else last for x in remaining], remaining, ctx)  # noqa: FURB136
         block_s = None if self.cost.async_scheduling else self._block_cpu_fn(start)
-        return _Stretch(runs, block_s, start, last if woken else None, own)
+        plan = _Stretch(runs, block_s, start, last if woken else None, own_device=own)
+        if woken:
+            plan.wake_up = self._wake_up(plan, t0, wake_at)
+        return plan
+
+    def _wake_up(self, plan: _Stretch, t0: float, wake_at: float) -> _WakeUp | None:
+        """When an arrival wakes the replica at `wake_at` for sure: the steps it will apply then
+        and the very clock time the wake-up would have slept until (the end of the last of
+        them), as a delay from now, so that it sleeps once and needs no wake-up event. None
+        where that would not resume it exactly as the wake-up does: no step to wait for, a sum
+        SimPy would round differently, or another arrival resuming at that very time (the
+        wake-up's timeout would have come after it)."""
+        m = plan.runs.steps_started_before(wake_at - t0, plan.block_s, plan.woken_after)
+        if not m:
+            return None
+        end = wake_at + max(t0 + plan.step_start_s(m) - wake_at, 0.0)  # SimPy's sum at the wake-up
+        delay = end - t0
+        if end <= wake_at or t0 + delay != end or self.arrival_lands_on(end):
+            return None
+        return _WakeUp(m, delay)
 
     def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
                      horizon_s: float) -> DecodeRuns:
@@ -488,6 +509,11 @@ class _Replica:
         those that started before the wake-up, whose end it then waits for."""
         env = self.env
         t0 = env.now
+        if plan.wake_up is not None:  # the arrival that wakes it comes to pending meanwhile
+            self.skipping = True
+            yield env.timeout(plan.wake_up.delay_s)
+            self.skipping = False
+            return plan.wake_up.steps
         self.wake = env.event()
         self.skipping = True
         # (block times are known only for the steps up to the wake-up then)
@@ -584,6 +610,14 @@ def _pipelined_runs(batches: DecodeRuns, lead_s: float) -> tuple[DecodeRuns, lis
 
 
 @dataclasses.dataclass(slots=True)
+class _WakeUp:
+    """A lone replica's stretch that the next arrival cuts, known in advance (`_Replica._wake_up`)."""
+
+    steps: int  # the steps it applies: those started by the wake-up
+    delay_s: float  # from the stretch's start to the end of the last of them, as SimPy would sum it
+
+
+@dataclasses.dataclass(slots=True)
 class _Stretch:
     """A skip's plan: step durations (`runs`, each a DecodeRun of steps whose duration is linear,
     `runs.first_steps` where each starts), the CPU time of the blocks its first m steps allocate
@@ -600,6 +634,7 @@ class _Stretch:
     # an arrival wakes it before its last step ends (see _Replica.sole), after this many steps
     # started (without block CPU time: at most so many); None: not known to
     woken_after: int | None = None
+    wake_up: _WakeUp | None = None  # known in advance: the steps applied and the sleep until then
     own_device: list[tuple[float, float]] | None = None
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
@@ -714,7 +749,7 @@ class Simulation:
                      if base.speculative_config else None)
         self._unshared: dict[int, int] = {}  # filled when the arrivals start
         ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s,
-                              self._unshared.get, self._next_arrival_at)
+                              self._unshared.get, self._next_arrival_at, self._arrival_lands_on)
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
 
@@ -761,6 +796,18 @@ class Simulation:
 
     def _next_arrival_at(self) -> float:
         return self._arrival_at
+
+    def _arrival_lands_on(self, t: float) -> bool:
+        """Whether an arrival after the one the arrival process waits for resumes it at exactly
+        clock time t (as it will compute its resume times)."""
+        reqs = self.requests
+        now = self._arrival_at
+        for k in range(self._next_arrival + 1, len(reqs)):
+            if reqs[k].arrival_s > now:
+                now += delay_until(now, reqs[k].arrival_s)
+            if now >= t:
+                return now == t
+        return False
 
     def _next_arrival_s(self) -> float:
         i = self._next_arrival
