@@ -306,11 +306,12 @@ def _check_uniform(sched: Scheduler, n: int) -> list[int]:
 
 class _SegmentWalk:
     """The state of `advance_decode_segments` along a stretch: the running requests as it
-    started (batch order), their KV tokens then (`ctx`), remaining outputs and steps in the
-    stretch, the blocks they open and complete (`StretchStart`: the order single steps pop
-    them), who finishes after how many steps, and the live batch's size and
-    summed KV. A segment costs its finishes, blocks and completions, not a pass over the
-    batch: token counters of the requests still running are advanced once, at the end."""
+    started (batch order), their KV tokens then (`ctx`) and remaining outputs, the blocks they
+    open and complete (`StretchStart`: the order single steps pop them), who finishes after
+    how many steps, and the live batch's size and summed KV. A segment costs its finishes,
+    blocks and completions, not a pass over the batch (but for registering blocks when it is
+    block-size steps or longer): token counters of the requests still running are advanced
+    once, at the end."""
 
     __slots__ = ("allocs", "comps", "comps_done", "ctx", "done", "finishing", "live", "live_ctx", "max_ctx",
                  "points", "remaining", "running", "sched", "step_id", "taken", "width")
@@ -445,14 +446,6 @@ class StretchStart:
     opened: list[int]
     completed: list[int]
     width: int
-
-    def opened_before(self, m: int) -> int:
-        """Blocks opened in the first m steps."""
-        return bisect_left(self.opened, m * self.width)
-
-    def completed_before(self, m: int) -> int:
-        """Blocks completed in the first m steps."""
-        return bisect_left(self.completed, m * self.width)
 
 
 def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[int],
