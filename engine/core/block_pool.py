@@ -281,7 +281,10 @@ class BlockPool:
             h += 1
             b = q[h]
         self.head = h + 1
-        self._take([b])
+        if self.cached or self.groups:
+            self._take([b])
+        else:  # (_take's no-key case, for the one block of a decode at a block boundary)
+            self.ref[b] = 1
         self.num_free -= 1
         self.num_allocated += 1
         if h + 1 >= self.compact_at and 2 * (h + 1) >= len(q):

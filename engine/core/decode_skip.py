@@ -132,7 +132,7 @@ def _remaining_if_uniform(sched: Scheduler) -> tuple[list[int], int] | None:
     """Tokens each running request has left to generate (batch order) when the next step is
     a plain decode of every running request and nothing else, and the blocks they all open
     on the way to their ends (counted in the same pass); else None."""
-    if sched.has_pending_rejections() or sched.num_waiting or not sched.running:
+    if sched.num_waiting or sched.has_pending_rejections() or not sched.running:  # (the usual exit first)
         return None
     if sched.config.num_speculative_tokens or not sched.between_steps():
         return None

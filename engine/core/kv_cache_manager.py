@@ -118,6 +118,8 @@ class KVCacheManager:
         if m <= 0 or not self.caching:
             return [], 0
         hashed = self._key_blocks(r, m)
+        if r.private_from == 0:  # every block of it private (set_private_from): none can be hit
+            return [], hashed
         if r.group_size:
             return self._lookup_grouped(r, m, r.group_size), hashed
         keys = r.block_hashes
