@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -937,7 +937,7 @@ class DecodeTerms:
     cpu_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init stores each field through object.__setattr__ (a skip builds a few per stretch)
 class DecodeRun:
     """n decode steps whose GPU and CPU times grow linearly: gpu_i = g0 + slope * i and
     cpu_i = cpu + cpu_slope * i (i = 0..n-1; the context grows by one token per sequence a step).
@@ -979,6 +979,18 @@ class DecodeRun:
             ((self.g0, self.slope), (self.cpu, self.cpu_slope))
         return _linear_sum(*first, 0, split) + _linear_sum(*second, split, m)
 
+    def steps_estimate(self, elapsed: float) -> int:
+        """About how many steps start before `elapsed` (a start point for an exact count):
+        sync steps' elapsed time is a quadratic in the step count, solved; async ones' the
+        GPU-or-CPU bound's line."""
+        if self.overlap:
+            return int(elapsed / max(self.g0, self.cpu, 1e-12))
+        a, s = self.g0 + self.cpu, self.slope + self.cpu_slope  # elapsed(i) = a i + s i (i - 1) / 2
+        if s <= 0.0:
+            return int(elapsed / a) + 1 if a > 0.0 else self.n
+        b = a - s / 2
+        return int((math.sqrt(b * b + 2 * s * elapsed) - b) / s) + 1
+
     def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None) -> int:
         """How many of the n steps start strictly before `elapsed` seconds into the run.
 
@@ -1003,18 +1015,22 @@ class DecodeRuns:
     """Consecutive `DecodeRun`s: a decode stretch whose batch shrinks where requests finish
     (one run per constant batch), timed as one sequence of steps."""
 
-    def __init__(self, runs: Sequence[DecodeRun]) -> None:
-        self.runs = list(runs)
+    def __init__(self, runs: Sequence[DecodeRun] = ()) -> None:
+        self.runs: list[DecodeRun] = []
         self.first_steps = [0]  # step index where each run starts (and, last, the end)
         self._elapsed_before = [0.0]  # seconds before each run starts (and, last, the total)
-        n = 0
-        elapsed = 0.0
-        for r in self.runs:
-            n += r.n
-            elapsed += r.elapsed_s(r.n)
-            self.first_steps.append(n)
-            self._elapsed_before.append(elapsed)
-        self.n = n
+        self.n = 0
+        for r in runs:
+            self.add(r)
+
+    def add(self, run: DecodeRun) -> float:
+        """Append a run; returns the seconds of the whole stretch so far."""
+        self.runs.append(run)
+        self.n += run.n
+        elapsed = self._elapsed_before[-1] + run.elapsed_s(run.n)
+        self.first_steps.append(self.n)
+        self._elapsed_before.append(elapsed)
+        return elapsed
 
     def run_of(self, i: int) -> int:
         """The run step i belongs to."""
@@ -1033,16 +1049,46 @@ class DecodeRuns:
         k = self.run_of(m)
         return self._elapsed_before[k] + self.runs[k].elapsed_s(m - self.first_steps[k])
 
-    def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None) -> int:
-        """As `DecodeRun.steps_started_before`, over the whole stretch."""
-        return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s)
+    def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None,
+                             without_extra: int | None = None) -> int:
+        """As `DecodeRun.steps_started_before`, over the whole stretch. `without_extra`: the
+        answer without `extra_s`, if the caller has it (no search then)."""
+        if without_extra is None:
+            without_extra = self._started_before(elapsed)
+        return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s, without_extra)
+
+    def _started_before(self, elapsed: float) -> int:
+        """How many steps start strictly before `elapsed` (no extra time): the last run starting
+        before it (a C-level bisection of the runs' start times), then inside that run the
+        count its closed form estimates, corrected step by step against `elapsed_s` itself (the
+        very comparisons a bisection over all steps makes; starts are non-decreasing)."""
+        k = bisect_left(self._elapsed_before, elapsed, 0, len(self.runs)) - 1
+        if k < 0:
+            return 0
+        lo, hi = self.first_steps[k] + 1, self.first_steps[k + 1]  # the answer is in [lo, hi]
+        m = min(max(lo, self.first_steps[k] + self.runs[k].steps_estimate(elapsed - self._elapsed_before[k])), hi)
+        if m > lo and self.elapsed_s(m - 1) >= elapsed:  # step m - 1 starts after: fewer
+            hi = m - 1
+        elif m < hi and self.elapsed_s(m) < elapsed:  # step m starts before: more
+            lo = m + 1
+        else:
+            return m
+        while lo < hi:  # (a far estimate: bisect what is left; step lo - 1 starts before)
+            mid = (lo + hi + 1) // 2
+            if self.elapsed_s(mid - 1) < elapsed:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 def _steps_started_before(elapsed_s: Callable[[int], float], n: int, elapsed: float,
-                          extra_s: Callable[[int], float] | None) -> int:
+                          extra_s: Callable[[int], float] | None, without_extra: int | None = None) -> int:
     """How many of n steps start strictly before `elapsed`, step m starting at
     elapsed_s(m) (+ extra_s(m)); both non-decreasing in m."""
     lo, hi = 0, n  # invariant: step lo-1 starts before `elapsed` (or lo == 0)
+    if without_extra is not None:
+        lo = hi = without_extra
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if elapsed_s(mid - 1) < elapsed:

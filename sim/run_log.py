@@ -26,20 +26,22 @@ class RequestLog:
         self._pos = {r.request_id: i for i, r in enumerate(requests)}
         if len(self._pos) != n:
             raise ValueError("request_id values must be unique within a workload")
-        self.replica = np.full(n, -1, dtype=np.int64)
-        self.scheduled_s = np.full(n, NAN)
-        self.first_token_s = np.full(n, NAN)
-        self.finish_s = np.full(n, NAN)
-        self.kv_transfer_s = np.full(n, NAN)
-        self.num_output_tokens = np.zeros(n, dtype=np.int64)
-        self.num_cached_tokens = np.zeros(n, dtype=np.int64)
-        self.num_preemptions = np.zeros(n, dtype=np.int64)
-        self.num_spec_drafts = np.zeros(n, dtype=np.int64)
-        self.num_spec_draft_tokens = np.zeros(n, dtype=np.int64)
-        self.num_spec_accepted_tokens = np.zeros(n, dtype=np.int64)
-        self.status = np.full(n, "unfinished", dtype=object)
-        self.finish_reason = np.full(n, "", dtype=object)
-        # flags read on every sampled token: Python lists index faster than numpy arrays
+        # per-request columns as Python lists (an event stores into a list several times faster
+        # than into a numpy array); table() makes the arrays
+        self.replica = [-1] * n
+        self.scheduled_s = [NAN] * n
+        self.first_token_s = [NAN] * n
+        self.finish_s = [NAN] * n
+        self.kv_transfer_s = [NAN] * n
+        self.num_output_tokens = [0] * n
+        self.num_cached_tokens = [0] * n
+        self.num_preemptions = [0] * n
+        self.num_spec_drafts = [0] * n
+        self.num_spec_draft_tokens = [0] * n
+        self.num_spec_accepted_tokens = [0] * n
+        self.status = ["unfinished"] * n
+        self.finish_reason = [""] * n
+        # flags read on every sampled token
         self._was_scheduled = [False] * n
         self._has_token = [False] * n
         # requests whose next token will come more than one step after their last (preempted,
@@ -145,24 +147,28 @@ class RequestLog:
     def table(self) -> dict[str, np.ndarray]:
         reqs = self.requests
         arrival = np.array([r.arrival_s for r in reqs], dtype=np.float64)
-        done = self.status == "finished"
-        gen = self.num_output_tokens
+        status = np.array(self.status, dtype=object)
+        done = status == "finished"
+        gen = np.array(self.num_output_tokens, dtype=np.int64)
+        scheduled_s, first_token_s, finish_s = (np.array(x, dtype=np.float64) for x in (
+            self.scheduled_s, self.first_token_s, self.finish_s))
+        ints = {name: np.array(getattr(self, name), dtype=np.int64) for name in (
+            "replica", "num_cached_tokens", "num_preemptions", "num_spec_drafts", "num_spec_draft_tokens",
+            "num_spec_accepted_tokens")}
         with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(gen > 1, (self.finish_s - self.first_token_s) / (gen - 1), NAN)
+            tpot = np.where(gen > 1, (finish_s - first_token_s) / (gen - 1), NAN)
         table = {
             "request_id": np.array([r.request_id for r in reqs], dtype=np.int64),
             "category": np.array([r.category for r in reqs], dtype=object),
-            "replica": self.replica, "status": self.status.astype(str),
-            "finish_reason": self.finish_reason.astype(str), "arrival_s": arrival,
-            "scheduled_s": self.scheduled_s, "first_token_s": self.first_token_s, "finish_s": self.finish_s,
+            "status": status.astype(str),
+            "finish_reason": np.array(self.finish_reason, dtype=object).astype(str), "arrival_s": arrival,
+            "scheduled_s": scheduled_s, "first_token_s": first_token_s, "finish_s": finish_s,
             "prompt_len": np.array([r.prompt_len for r in reqs], dtype=np.int64),
             "output_len": np.array([r.output_len for r in reqs], dtype=np.int64),
-            "num_output_tokens": gen, "num_cached_tokens": self.num_cached_tokens,
-            "num_preemptions": self.num_preemptions, "queue_s": self.scheduled_s - arrival,
-            "ttft_s": np.where(done, self.first_token_s - arrival, NAN), "tpot_s": np.where(done, tpot, NAN),
-            "e2e_s": np.where(done, self.finish_s - arrival, NAN), "kv_transfer_s": self.kv_transfer_s,
-            "num_spec_drafts": self.num_spec_drafts, "num_spec_draft_tokens": self.num_spec_draft_tokens,
-            "num_spec_accepted_tokens": self.num_spec_accepted_tokens,
+            "num_output_tokens": gen, "queue_s": scheduled_s - arrival,
+            "ttft_s": np.where(done, first_token_s - arrival, NAN), "tpot_s": np.where(done, tpot, NAN),
+            "e2e_s": np.where(done, finish_s - arrival, NAN),
+            "kv_transfer_s": np.array(self.kv_transfer_s, dtype=np.float64), **ints,
         }
         return {c: table[c] for c in REQUEST_COLUMNS}
 

@@ -43,7 +43,7 @@ import dataclasses
 import gc
 import math
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -52,9 +52,15 @@ import simpy
 
 from engine.core.block_keys import first_unshared_hash_blocks
 from engine.core.config import scheduler_config
-from engine.core.decode_skip import DecodeAdvance, advance_decode, uniform_decode_steps
+from engine.core.decode_skip import (
+    DecodeAdvance,
+    StretchStart,
+    advance_decode_segments,
+    stretch_start,
+    uniform_decode_steps,
+)
 from engine.core.model_spec import blocks_for_tokens
-from engine.core.records import StepRecord, step_composition
+from engine.core.records import StepRecord, with_step_composition
 from engine.core.request import Request
 from engine.core.run_counters import per_position_counters
 from engine.core.scheduler import Scheduler
@@ -88,14 +94,6 @@ def _first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.E
     return either
 
 
-def _suffix_max(values: Sequence[int]) -> list[int]:
-    """out[k] = max(values[k:]) (0 past the end)."""
-    out = [0] * (len(values) + 1)
-    for k in range(len(values) - 1, -1, -1):
-        out[k] = max(values[k], out[k + 1])
-    return out
-
-
 def delay_until(now: float, t: float) -> float:
     """The timeout that lands on the clock's first time not before t. SimPy adds delays to `now`,
     and `now + (t - now)` can round one ulp below t (and t itself may be unreachable from now by
@@ -118,6 +116,10 @@ class _ReplicaContext:
     next_arrival_s: Callable[[], float]  # when the next request enters the deployment (inf: none)
     # request id -> its first hash block no other request shares (None: unknown)
     unshared_from: Callable[[int], int | None]
+    # the clock time the arrival process wakes at for the next request (inf: none)
+    next_arrival_at: Callable[[], float]
+    # whether an arrival after that one resumes the arrival process at exactly this clock time
+    arrival_lands_on: Callable[[float], bool]
 
 
 class _Replica:
@@ -128,6 +130,10 @@ class _Replica:
         self.env, self.idx, self.role, self.engine, self.plan, self.cost = env, idx, role, engine, plan, cost
         self.log, self.step_log, self.spec, self.on_prefilled = ctx.requests, ctx.steps, ctx.spec, ctx.on_prefilled
         self.next_arrival_s, self.unshared_from = ctx.next_arrival_s, ctx.unshared_from
+        self.next_arrival_at, self.arrival_lands_on = ctx.next_arrival_at, ctx.arrival_lands_on
+        # every arrival is routed here and nothing else wakes it (one replica, no P/D): a stretch
+        # the next arrival cuts sleeps until that arrival wakes it, with no timeout of its own
+        self.sole = False
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
@@ -255,7 +261,7 @@ class _Replica:
         if samplers is None:
             n_out = out.num_decode_seqs
         else:
-            n_out = sum(counts.values()) if counts is not None else len(samplers)
+            n_out = sum(counts.values()) if counts is not None else out.num_scheduled - out.num_silent
             if self.role != "prefill":
                 for sr in samplers:
                     self.log.token(sr.request_id, t1)
@@ -309,7 +315,7 @@ class _Replica:
         # queue's depth, once the device has run `launch_block` of its work
         launched = max(launching + launch_s, start + cost.blocked_device_s(out, device_s))
         done = launched if prev is None or prev.gpu_end_s <= launched else prev.gpu_end_s  # i - 1 collected
-        n_out = out.num_decode_seqs if samplers is None else len(samplers)
+        n_out = out.num_decode_seqs if samplers is None else out.num_scheduled - out.num_silent
         self.inflight = _InFlight(t0, start + max(device_s, launch_s), results, out.num_decode_seqs, samplers, resumed,
                                   out, gpu_s, cpu_s, n_out)
         yield env.timeout(delay_until(t0, done))
@@ -353,18 +359,16 @@ class _Replica:
             yield from self._wait_for_work()
 
     def _samplers(self, out: SchedulerOutput, t0: float) -> list:
-        """The scheduled requests that emit tokens, in batch order; stamps first scheduling of
-        prefills. Their entries, except that a plain decode (one token, no entry: the bulk of a
-        step) stands as its scheduler record, which has the same `request_id`, the one field
-        read, so `out.scheduled` builds no entry per plain decode. Under speculative decoding
-        all are entries (their drafts are read)."""
-        entries, log = out.entries, self.log
+        """The entries of the scheduled requests whose token times are logged, in batch order;
+        stamps first scheduling of prefills. Without speculative decoding, plain decodes (one
+        token into a block the request holds, no entry: the bulk of a step) are left out: such a
+        request has sampled since its admission, so its first token is logged already, and a
+        left-out decoder's open token gap is closed by `decoded_after_gap` before tokens are
+        logged: `RequestLog.token` would do nothing for it. Under speculative decoding all are
+        entries (their drafts are read)."""
+        log = self.log
         samplers = []
-        for r in out.scheduled if self.cost.k else out.batch_records:
-            e = r if self.cost.k else entries.get(r.request_id)
-            if e is None:
-                samplers.append(r)
-                continue
+        for e in out.scheduled if self.cost.k else out.entries.values():
             if e.samples:
                 samplers.append(e)
             if e.is_prefill:
@@ -373,11 +377,13 @@ class _Replica:
 
     def _step_record(self, out: SchedulerOutput, t0: float, dt: float, gpu_s: float, cpu_s: float,
                      n_out: int, drafted: int, accepted: int) -> StepRecord:
-        return StepRecord(
-            replica=self.idx, n_steps=1, t_start_s=t0, total_s=dt, first_dt_s=dt, last_dt_s=dt, gpu_s=gpu_s,
-            cpu_s=cpu_s, num_output_tokens=n_out, drafted=drafted, accepted=accepted,
-            num_spec_accepted_tokens=accepted,
-            **step_composition(out, self.sched))
+        # (fields set on a default record: a call with many keywords matches each against the
+        # record's 36 parameter names, about twice the cost of the stores)
+        rec = StepRecord()
+        rec.replica, rec.t_start_s, rec.total_s, rec.first_dt_s, rec.last_dt_s = self.idx, t0, dt, dt, dt
+        rec.gpu_s, rec.cpu_s, rec.num_output_tokens = gpu_s, cpu_s, n_out
+        rec.drafted, rec.accepted, rec.num_spec_accepted_tokens = drafted, accepted, accepted
+        return with_step_composition(rec, out, self.sched)
 
     def _ended(self, results: list[RequestResult], t: float) -> None:
         """Report requests that left the scheduler at t."""
@@ -393,16 +399,16 @@ class _Replica:
         """Sleep through up to n pure-decode steps (the batch shrinking where requests finish);
         stop early at a wake-up (new work), then apply the steps that started before it."""
         t0 = self.env.now
-        plan = self._plan_stretch(n, self.next_arrival_s() - t0)
+        plan = self._plan_stretch(n, self.next_arrival_s() - t0, self.next_arrival_at() if self.sole else math.inf)
         self._skip_plan, self._skip_t0 = plan, t0
         m = yield from self._sleep_through(plan, plan.runs.n)
         if self.pipelined:
             self._apply_pipelined(plan, t0, m)
-        else:
-            for k, first, num_steps in plan.segments_within(m):
-                adv = advance_decode(self.sched, num_steps)
+        elif m:
+            segments = plan.segments_within(m)
+            for (k, first, num_steps), adv in zip(segments, self._advance(plan, segments)):
                 for res, s in zip(adv.finished, adv.finish_steps):
-                    self._ended([res], t0 + plan.step_start_s(first + s + 1))
+                    self._ended((res,), t0 + plan.step_start_s(first + s + 1))
                 self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
         for req, ext in self.pending:
             self._admit(req, ext)
@@ -423,8 +429,8 @@ class _Replica:
             self.inflight = None
             self._collect(prev, t0 + plan.step_start_s(1), t0)
         in_flight: list[RequestResult] = []  # finished in step m - 1
-        for k, first, num_steps in plan.segments_within(m):
-            adv = advance_decode(self.sched, num_steps)
+        segments = plan.segments_within(m)
+        for (k, first, num_steps), adv in zip(segments, self._advance(plan, segments)):
             for res, s in zip(adv.finished, adv.finish_steps):
                 if first + s + 2 <= m:
                     self._ended([res], t0 + plan.step_start_s(first + s + 2))
@@ -435,21 +441,53 @@ class _Replica:
         self.inflight = _InFlight(t0 + plan.step_start_s(m - 1), end + plan.device_s(m - 1), in_flight,
                                   adv.num_seqs_at(num_steps - 1))
 
-    def _plan_stretch(self, n: int, horizon_s: float) -> _Stretch:
+    def _advance(self, plan: _Stretch, segments: list[tuple[int, int, int]]) -> list[DecodeAdvance]:
+        """Apply the (run index, first step, steps) segments of a stretch: one advance, one report each."""
+        return advance_decode_segments(self.sched, [first + num_steps for _, first, num_steps in segments],
+                                       plan.start)
+
+    def _plan_stretch(self, n: int, horizon_s: float, wake_at: float) -> _Stretch:
         """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
-        next arrival, which will most likely wake the replica: steps past it are rarely used)."""
+        next arrival, which will most likely wake the replica: steps past it are rarely used).
+        `wake_at`: the clock time an arrival will wake the replica at for sure (inf: unknown)."""
         sched = self.sched
+        t0 = self.env.now
         remaining = [r.output_len - r.num_generated for r in sched.running]
         ctx = sched.running_context_lens()  # KV tokens before the skip
         by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
-        runs = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
-        finish_after_steps = [x for x, _ in by_remaining[:bisect_right(by_remaining, (runs.n, math.inf))]]
+        batches = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
+        runs, own = batches, None
         if self.pipelined:
             fl = self.inflight
-            lead_s = max(fl.gpu_end_s - self.env.now, 0.0) if fl is not None else 0.0
-            return _Stretch.pipelined(runs, lead_s, finish_after_steps)
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(ctx, remaining, runs.n)
-        return _Stretch(runs, block_s, finish_after_steps)
+            runs, own = _pipelined_runs(batches, max(fl.gpu_end_s - t0, 0.0) if fl is not None else 0.0)
+        # woken before its last step ends (block CPU time only adds to the runs' time): it then
+        # applies only the steps started by the wake-up, at most those the runs alone start by then
+        woken = wake_at < t0 + runs.elapsed_s(runs.n)
+        last = runs.steps_started_before(wake_at - t0) if woken else runs.n
+        # the batch as it starts, with which step opens and completes which block: the CPU time
+        # of block work below, and what the stretch's application reads (once for both)
+        start = stretch_start(sched, [x if x < last else last for x in remaining], remaining, ctx)  # noqa: FURB136
+        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(start)
+        plan = _Stretch(runs, block_s, start, last if woken else None, own_device=own)
+        if woken:
+            plan.wake_up = self._wake_up(plan, t0, wake_at)
+        return plan
+
+    def _wake_up(self, plan: _Stretch, t0: float, wake_at: float) -> _WakeUp | None:
+        """When an arrival wakes the replica at `wake_at` for sure: the steps it will apply then
+        and the very clock time the wake-up would have slept until (the end of the last of
+        them), as a delay from now, so that it sleeps once and needs no wake-up event. None
+        where that would not resume it exactly as the wake-up does: no step to wait for, a sum
+        SimPy would round differently, or another arrival resuming at that very time (the
+        wake-up's timeout would have come after it)."""
+        m = plan.runs.steps_started_before(wake_at - t0, plan.block_s, plan.woken_after)
+        if not m:
+            return None
+        end = wake_at + max(t0 + plan.step_start_s(m) - wake_at, 0.0)  # SimPy's sum at the wake-up
+        delay = end - t0
+        if end <= wake_at or t0 + delay != end or self.arrival_lands_on(end):
+            return None
+        return _WakeUp(m, delay)
 
     def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
                      horizon_s: float) -> DecodeRuns:
@@ -459,32 +497,40 @@ class _Replica:
         (`DecodeAdvance.stretch.segments()`), but stops at the horizon."""
         num = len(by_remaining)
         ctx_left = sum_ctx  # KV tokens of the requests still decoding at step `first`
-        longest = _suffix_max([c for _, c in by_remaining])  # longest KV among requests k..
-        runs, elapsed_s, first, k = [], 0.0, 0, 0
+        ctxs = [c for _, c in by_remaining]
+        runs, elapsed_s, first, k = DecodeRuns(), 0.0, 0, 0
         while first < n and elapsed_s <= horizon_s:
             while by_remaining[k][0] <= first:
                 ctx_left -= by_remaining[k][1]
                 k += 1
             end = min(by_remaining[k][0], n)
             b = num - k
-            runs.append(self.cost.decode_run(b, ctx_left + (first + 1) * b, end - first, longest[k] + first + 1))
-            elapsed_s += runs[-1].elapsed_s(end - first)
+            # (the longest KV among requests k..: a C-level max per batch, a few per stretch)
+            elapsed_s = runs.add(self.cost.decode_run(b, ctx_left + (first + 1) * b, end - first,
+                                                      max(ctxs[k:]) + first + 1))
             first = end
-        return DecodeRuns(runs)
+        return runs
 
     def _sleep_through(self, plan: _Stretch, n: int) -> Process:
         """Sleep until n steps are done or new work arrives; returns how many steps to apply:
         those that started before the wake-up, whose end it then waits for."""
         env = self.env
         t0 = env.now
+        if plan.wake_up is not None:  # the arrival that wakes it comes to pending meanwhile
+            self.skipping = True
+            yield env.timeout(plan.wake_up.delay_s)
+            self.skipping = False
+            return plan.wake_up.steps
         self.wake = env.event()
         self.skipping = True
-        yield _first_of(env, env.timeout(plan.step_start_s(n)), self.wake)
+        # (block times are known only for the steps up to the wake-up then)
+        yield self.wake if plan.woken_after is not None else _first_of(env, env.timeout(plan.step_start_s(n)),
+                                                                        self.wake)
         woke = self.wake.triggered
         self.wake = None
         m = n
         if woke:
-            m = plan.runs.steps_started_before(env.now - t0, plan.block_s)
+            m = plan.runs.steps_started_before(env.now - t0, plan.block_s, plan.woken_after)
             if m:
                 yield env.timeout(max(t0 + plan.step_start_s(m) - env.now, 0.0))
         self.skipping = False
@@ -504,43 +550,35 @@ class _Replica:
         if plan.block_s is not None:
             cpu_s += plan.block_s(end) - plan.block_s(first)
         b = adv.num_seqs
-        return StepRecord(
-            replica=self.idx, step_id=adv.first_step_id, n_steps=num_steps, t_start_s=t0 + start_s,
-            total_s=end_s - start_s, first_dt_s=run.dt(0), last_dt_s=run.dt(num_steps - 1),
-            gpu_s=gpu_s, cpu_s=cpu_s, num_batched_tokens=b, num_decode_tokens=b,
-            num_decode_seqs=b, sum_decode_context=adv.sum_decode_context_first_step,
-            max_decode_context=adv.max_decode_context_first_step,
-            num_blocks_allocated=adv.num_blocks_allocated, num_blocks_hashed=adv.num_blocks_hashed,
-            num_output_tokens=num_steps * b, num_running=self.sched.num_running,
-            num_waiting=self.sched.num_waiting, kv_usage=self.sched.kv_usage)
+        rec = StepRecord()  # (fields set on a default record: see _step_record)
+        rec.replica, rec.step_id, rec.n_steps = self.idx, adv.first_step_id, num_steps
+        rec.t_start_s, rec.total_s, rec.first_dt_s, rec.last_dt_s = (t0 + start_s, end_s - start_s, run.dt(0),
+                                                                     run.dt(num_steps - 1))
+        rec.gpu_s, rec.cpu_s = gpu_s, cpu_s
+        rec.num_batched_tokens = rec.num_decode_tokens = rec.num_decode_seqs = b
+        rec.sum_decode_context = adv.sum_decode_context_first_step
+        rec.max_decode_context = adv.max_decode_context_first_step
+        rec.num_blocks_allocated, rec.num_blocks_hashed = adv.num_blocks_allocated, adv.num_blocks_hashed
+        rec.num_output_tokens, rec.num_running = num_steps * b, adv.num_running_after
+        rec.num_waiting, rec.kv_usage = self.sched.num_waiting, adv.kv_usage_after
+        return rec
 
-    def _block_cpu_fn(self, ctx: list[int], remaining: list[int], n: int) -> Callable[[int], float]:
-        """CPU seconds of the blocks allocated and hashed in the first m steps of an n-step stretch.
-
-        Request j (ctx[j] tokens in KV, decoding in the stretch's first min(remaining[j], n)
-        steps) needs a new block at every step i where position ctx[j] + i starts a block, and
-        completes (hashes) one where ctx[j] + i + 1 ends one. Those steps, sorted, count the
-        blocks of the first m steps by bisection (no per-call pass over the batch).
-        """
-        bs = self.engine.block_size * self.coarsening  # the scheduler's block
+    def _block_cpu_fn(self, blocks: StretchStart) -> Callable[[int], float]:
+        """CPU seconds of the blocks allocated and hashed in the first m steps of a stretch
+        (bisections of its sorted block steps: no per-call pass over the batch)."""
         caching = self.engine.enable_prefix_caching
-        alloc_steps: list[int] = []
-        hash_steps: list[int] = []
-        for c, rem in zip(ctx, remaining):
-            steps = min(rem, n)
-            alloc_steps.extend(range((-c) % bs, steps, bs))
-            if caching:
-                hash_steps.extend(range((bs - 1 - c) % bs, steps, bs))
-        alloc_steps.sort()
-        hash_steps.sort()
+        opened, completed, w = blocks.opened, blocks.completed, blocks.width
         blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
 
+        known: dict[int, float] = {}  # a skip asks for the same few steps several times
+
         def block_s(m: int) -> float:
-            if m <= 0:
-                return 0.0
-            t = blk_s * bisect_left(alloc_steps, m)
-            if caching:
-                t += hash_s * bisect_left(hash_steps, m)
+            t = known.get(m)
+            if t is None:
+                t = 0.0 if m <= 0 else blk_s * bisect_left(opened, m * w)
+                if caching and m > 0:
+                    t += hash_s * bisect_left(completed, m * w)
+                known[m] = t
             return t
 
         return block_s
@@ -564,12 +602,36 @@ class _InFlight:
     n_out: int = 0
 
 
+def _pipelined_runs(batches: DecodeRuns, lead_s: float) -> tuple[DecodeRuns, list[tuple[float, float]]]:
+    """A pipelined stretch's runs and their steps' own device terms (see `_Stretch`).
+    `batches`: one DecodeRun per constant batch, each step's device and host terms (as
+    `CostModel.decode_run` gives them); `lead_s`: device seconds the in-flight step has left."""
+    runs, own = [], []
+    prev_device_s = lead_s
+    for r in batches.runs:
+        runs.append(DecodeRun(g0=prev_device_s, slope=0.0, cpu=r.cpu, n=1, overlap=True))
+        own.append((r.g0, 0.0))
+        if r.n > 1:
+            runs.append(DecodeRun(g0=r.g0, slope=r.slope, cpu=r.cpu + r.cpu_slope, n=r.n - 1, overlap=True,
+                                  cpu_slope=r.cpu_slope))
+            own.append((r.g0 + r.slope, r.slope))
+        prev_device_s = r.g0 + r.slope * (r.n - 1)
+    return DecodeRuns(runs), own
+
+
+@dataclasses.dataclass(slots=True)
+class _WakeUp:
+    """A lone replica's stretch that the next arrival cuts, known in advance (`_Replica._wake_up`)."""
+
+    steps: int  # the steps it applies: those started by the wake-up
+    delay_s: float  # from the stretch's start to the end of the last of them, as SimPy would sum it
+
+
 @dataclasses.dataclass(slots=True)
 class _Stretch:
     """A skip's plan: step durations (`runs`, each a DecodeRun of steps whose duration is linear,
     `runs.first_steps` where each starts), the CPU time of the blocks its first m steps allocate
-    and hash (None when async scheduling hides it), and after how many steps each finishing
-    request is done.
+    and hash (None when async scheduling hides it), and the batch as it starts.
 
     Pipelined (async scheduling, `own_device` set): step i's period is max(its host time, step
     i - 1's device time), so each constant batch is two runs, its first step (paired with the
@@ -578,27 +640,17 @@ class _Stretch:
 
     runs: DecodeRuns
     block_s: Callable[[int], float] | None
-    finish_after_steps: list[int]  # sorted
+    start: StretchStart  # the running requests as it starts, and the blocks they open and complete
+    # an arrival wakes it before its last step ends (see _Replica.sole), after this many steps
+    # started (without block CPU time: at most so many); None: not known to
+    woken_after: int | None = None
+    wake_up: _WakeUp | None = None  # known in advance: the steps applied and the sleep until then
     own_device: list[tuple[float, float]] | None = None
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
     _starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
-
-    @classmethod
-    def pipelined(cls, batches: DecodeRuns, lead_s: float, finish_after_steps: list[int]) -> _Stretch:
-        """`batches`: one DecodeRun per constant batch, each step's device and host terms (as
-        `CostModel.decode_run` gives them); `lead_s`: device seconds the in-flight step has left."""
-        runs, own = [], []
-        prev_device_s = lead_s
-        for r in batches.runs:
-            runs.append(DecodeRun(g0=prev_device_s, slope=0.0, cpu=r.cpu, n=1, overlap=True))
-            own.append((r.g0, 0.0))
-            if r.n > 1:
-                runs.append(DecodeRun(g0=r.g0, slope=r.slope, cpu=r.cpu + r.cpu_slope, n=r.n - 1, overlap=True,
-                                      cpu_slope=r.cpu_slope))
-                own.append((r.g0 + r.slope, r.slope))
-            prev_device_s = r.g0 + r.slope * (r.n - 1)
-        return cls(DecodeRuns(runs), None, finish_after_steps, own)
+    # after how many steps each finishing request is done, sorted (built when a load probe asks)
+    _finish_after: list[int] | None = dataclasses.field(default=None, init=False, repr=False)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
@@ -625,7 +677,10 @@ class _Stretch:
     def num_finished_by(self, elapsed_s: float) -> int:
         """Finishing requests that have left the scheduler `elapsed_s` into the stretch: at the
         end of their last step, or (pipelined) when it was scheduled."""
-        steps = self.finish_after_steps
+        steps = self._finish_after
+        if steps is None:
+            n = self.runs.n
+            steps = self._finish_after = sorted([x for x in self.start.remaining if x <= n])
         lag = 1 if self.own_device is not None else 0
         lo, hi = 0, len(steps)  # finishes [0, lo) are done by then, [hi, end) are not
         while lo < hi:
@@ -687,6 +742,7 @@ class Simulation:
         self.coarsen = kv_block_coarsening_for(kv_block_coarsening, deployment.engine.block_size,
                                               self.requests)
         self._next_arrival = 0  # index of the next request to arrive
+        self._arrival_at = math.inf  # the clock time the arrival process resumes at (see _arrivals)
         self._build_replicas()
         self.env.process(self._arrivals())
 
@@ -703,7 +759,7 @@ class Simulation:
                      if base.speculative_config else None)
         self._unshared: dict[int, int] = {}  # filled when the arrivals start
         ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s,
-                              self._unshared.get)
+                              self._unshared.get, self._next_arrival_at, self._arrival_lands_on)
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
 
@@ -716,6 +772,7 @@ class Simulation:
         if dep.disaggregation is None:
             self.replicas = [replica(i, "mixed", True) for i in range(dep.num_replicas)]
             self.front = self.replicas
+            self.replicas[0].sole = len(self.replicas) == 1
             return
         d = dep.disaggregation
         self.prefill_pool = [replica(i, "prefill", False) for i in range(d.num_prefill_replicas)]
@@ -736,13 +793,31 @@ class Simulation:
         for i, req in enumerate(reqs):
             self._next_arrival = i
             if req.arrival_s > env.now:
-                yield env.timeout(delay_until(env.now, req.arrival_s))
+                d = delay_until(env.now, req.arrival_s)
+                self._arrival_at = env.now + d  # when SimPy will resume this process (its sum)
+                yield env.timeout(d)
             rep = self.router.pick(req, self.front)
             self.log.routed(req.request_id, rep.idx)
             rep.add(dataclasses.replace(req, output_len=1) if disagg else req)
             if self.progress is not None and i % every == 0:
                 self.progress(i / n)
         self._next_arrival = n
+        self._arrival_at = math.inf
+
+    def _next_arrival_at(self) -> float:
+        return self._arrival_at
+
+    def _arrival_lands_on(self, t: float) -> bool:
+        """Whether an arrival after the one the arrival process waits for resumes it at exactly
+        clock time t (as it will compute its resume times)."""
+        reqs = self.requests
+        now = self._arrival_at
+        for k in range(self._next_arrival + 1, len(reqs)):
+            if reqs[k].arrival_s > now:
+                now += delay_until(now, reqs[k].arrival_s)
+            if now >= t:
+                return now == t
+        return False
 
     def _next_arrival_s(self) -> float:
         i = self._next_arrival

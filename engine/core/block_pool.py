@@ -248,6 +248,10 @@ class BlockPool:
         # eviction's dict delete (a cache miss on a large table), inherent to reusing a block.
         ref, key_of, cached = self.ref, self.key_of, self.cached
         groups, offset = self.groups, self.group_offset
+        if not cached and not groups:  # nothing is cached (yet): no block carries a key to evict
+            for b in blocks:
+                ref[b] = 1
+            return
         ungrouped = 0
         num_keyed = len(cached)  # evictions of plain keys: what the loop deletes from `cached`
         for b in blocks:
@@ -277,7 +281,10 @@ class BlockPool:
             h += 1
             b = q[h]
         self.head = h + 1
-        self._take([b])
+        if self.cached or self.groups:
+            self._take([b])
+        else:  # (_take's no-key case, for the one block of a decode at a block boundary)
+            self.ref[b] = 1
         self.num_free -= 1
         self.num_allocated += 1
         if h + 1 >= self.compact_at and 2 * (h + 1) >= len(q):

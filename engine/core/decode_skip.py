@@ -19,7 +19,9 @@ stepping frees them. `DecodeAdvance` reports each step's batch (`num_seqs_at`,
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -95,37 +97,29 @@ class DecodeStretch:
 
 @dataclass(slots=True)
 class DecodeAdvance:
-    """What `advance_decode(sched, n)` applied: the totals of n single steps."""
+    """What `advance_decode(sched, n)` applied: the totals of n single steps (or of one
+    segment of `advance_decode_segments`), and the scheduler's gauges after them."""
 
-    stretch: DecodeStretch
+    num_steps: int
     first_step_id: int
-    num_blocks_allocated: int
-    num_blocks_freed: int
-    num_blocks_hashed: int
-    finished: list[RequestResult]
-    finish_steps: list[int]  # 0-based step of each finished request's last step, non-decreasing
+    num_seqs: int  # requests decoding in the first step
+    sum_decode_context_first_step: int  # KV tokens after the first step, summed over its batch
+    max_decode_context_first_step: int  # KV tokens after the first step of the longest sequence
+    num_batched_tokens: int
+    source: _SegmentWalk = field(repr=False)  # the batch of each step, read when `stretch` is
+    start: int = 0  # the first step's index in the source's stretch
+    num_blocks_allocated: int = 0
+    num_blocks_freed: int = 0
+    num_blocks_hashed: int = 0
+    finished: list[RequestResult] = field(default_factory=list)
+    finish_steps: list[int] = field(default_factory=list)  # 0-based last step of each, non-decreasing
+    num_running_after: int = 0
+    kv_usage_after: float = 0.0
 
     @property
-    def num_steps(self) -> int:
-        return self.stretch.num_steps
-
-    @property
-    def num_seqs(self) -> int:
-        """Requests decoding in the first step."""
-        return len(self.stretch.context_lens)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(self.stretch.steps_each)
-
-    @property
-    def sum_decode_context_first_step(self) -> int:
-        return sum(self.stretch.context_lens) + len(self.stretch.context_lens)
-
-    @property
-    def max_decode_context_first_step(self) -> int:
-        """KV tokens after the first step of the longest sequence."""
-        return max(self.stretch.context_lens) + 1
+    def stretch(self) -> DecodeStretch:
+        """Who decodes in which of its steps (built on demand: a simulator reads the totals)."""
+        return self.source.stretch_of(self.start, self.start + self.num_steps)
 
     def num_seqs_at(self, i: int) -> int:
         return self.stretch.num_seqs_at(i)
@@ -134,23 +128,30 @@ class DecodeAdvance:
         return self.stretch.sum_decode_context_at(i)
 
 
-def _remaining_if_uniform(sched: Scheduler) -> list[int] | None:
+def _remaining_if_uniform(sched: Scheduler) -> tuple[list[int], int] | None:
     """Tokens each running request has left to generate (batch order) when the next step is
-    a plain decode of every running request and nothing else; else None."""
-    if sched.has_pending_rejections() or sched.num_waiting or not sched.running:
+    a plain decode of every running request and nothing else, and the blocks they all open
+    on the way to their ends (counted in the same pass); else None."""
+    if sched.num_waiting or sched.has_pending_rejections() or not sched.running:  # (the usual exit first)
         return None
     if sched.config.num_speculative_tokens or not sched.between_steps():
         return None
     running = sched.running
     if len(running) > sched.config.max_num_batched_tokens:
         return None
+    bs = sched.block_size
     remaining = []
+    need = 0
     for r in running:
         if (not r.sampled_since_admission or r.num_tokens - r.num_computed_tokens != 1
                 or r.token_ids is not None):
             return None
-        remaining.append(r.output_len - r.num_generated)
-    return remaining
+        m = r.output_len - r.num_generated
+        remaining.append(m)
+        x = (r.num_computed_tokens + m + bs - 1) // bs - len(r.block_ids)
+        if x > 0:
+            need += x
+    return remaining, need
 
 
 def _blocks_new(ctx: int, num_blocks: int, steps: int, block_size: int) -> int:
@@ -163,11 +164,14 @@ def uniform_decode_steps(sched: Scheduler) -> int:
     """How many further steps are pure decode with nothing else possible: nothing waiting, no
     drafts, and a free block for every block boundary crossed (counting the blocks finished
     requests free for later steps). 0 when the next step is anything else."""
-    remaining = _remaining_if_uniform(sched)
-    if remaining is None:
+    found = _remaining_if_uniform(sched)
+    if found is None:
         return 0
+    remaining, need = found
     n_max = max(remaining)
-    n = n_max if _fits(sched, remaining, n_max) else _block_limited_steps(sched, remaining, n_max)
+    # every request runs to its end within n_max steps: enough free blocks for all they open
+    # (before any finish frees one) is _fits(sched, remaining, n_max), counted in that pass
+    n = n_max if need <= sched.kv_cache_manager.num_free_blocks else _block_limited_steps(sched, remaining, n_max)
     if n:  # so that advance_decode need not re-derive it (a prefix of a uniform stretch
         # leaves the rest of it uniform)
         sched.note_uniform_until(sched.step_id + n)
@@ -247,102 +251,223 @@ def advance_decode(sched: Scheduler, n: int) -> DecodeAdvance:
     as n single schedule()/update_from_output() steps. Within a stretch uniform_decode_steps
     found, with only advance_decode calls since (a simulator's segments), n is not checked
     again; otherwise it is, and a bad n raises ValueError."""
+    return advance_decode_segments(sched, (n,))[0]
+
+
+def advance_decode_segments(sched: Scheduler, ends: Sequence[int], start: StretchStart | None = None
+                            ) -> list[DecodeAdvance]:
+    """`advance_decode(sched, e)` for each segment [previous end, e) of `ends` (increasing, the
+    first >= 1) in turn, in one call: the same state and the same report per segment (with
+    its gauges after it: `num_running_after`, `kv_usage_after`). A simulator applies a stretch
+    cut where its batch shrinks this way: the per-request work (remaining outputs, block
+    openings, token counters) is done once for the stretch instead of once per segment.
+    `start`: `stretch_start(sched, steps, ...)` of the running requests as they are now (a
+    caller that timed the stretch has it), with steps[j] >= min(request j's remaining output,
+    ends[-1]); computed here if None, or if the scheduler changed since uniform_decode_steps."""
+    n = ends[-1]
+    if ends[0] < 1 or not all(map(operator.lt, ends, ends[1:])):
+        raise ValueError(f"advance_decode_segments: segment ends {list(ends)} must increase from >= 1")
     known = sched.known_uniform(n)
     running = sched.running
-    remaining = [r.output_len - r.num_generated for r in running] if known else _check_uniform(sched, n)
-    fewest = min(remaining)
-    steps_each = [n] * len(remaining) if fewest >= n else [min(n, m) for m in remaining]
-    stretch = DecodeStretch(n, [r.num_computed_tokens for r in running], steps_each)
-    adv = DecodeAdvance(stretch, sched.step_id + 1, 0, 0, 0, [], [])
-    allocs = _new_block_steps(sched, steps_each)
-    if fewest > n:  # nobody finishes: one batch throughout
-        _take_blocks(sched, allocs, adv)
+    if not known:
+        start = None
+        remaining = _check_uniform(sched, n)
+    elif start is None:
+        remaining = [r.output_len - r.num_generated for r in running]
     else:
-        _advance_through_finishes(sched, remaining, steps_each, allocs, adv)
-    adv.num_blocks_hashed += _apply_decodes(sched, running, steps_each)
-    sched.apply_decode_stretch(n, adv.num_batched_tokens, bool(adv.finished), known)
-    return adv
+        remaining = start.remaining
+        if len(remaining) != len(running) or start.context_lens[-1] != running[-1].num_computed_tokens:
+            raise ValueError("advance_decode_segments: `start` describes another batch than the running one")
+    if start is None:
+        steps_each = [n] * len(remaining) if min(remaining) >= n else [min(n, m) for m in remaining]
+        start = stretch_start(sched, steps_each, remaining, [r.num_computed_tokens for r in running])
+    walk = _SegmentWalk(sched, start, n)
+    out = []
+    first = 0
+    for end in ends:
+        out.append(walk.segment(first, end))
+        first = end
+    walk.advance_running(n)
+    sched.apply_decode_stretch(n, walk.num_tokens(n), walk.any_finished, known)
+    return out
 
 
 def _check_uniform(sched: Scheduler, n: int) -> list[int]:
     """The running requests' remaining output tokens, after checking from scratch that the
     next n steps are uniform decode steps (a clear error if not)."""
-    remaining = _remaining_if_uniform(sched)
-    if remaining is None or not 1 <= n <= max(remaining) or not (
+    found = _remaining_if_uniform(sched)
+    remaining = found and found[0]
+    if not remaining or not 1 <= n <= max(remaining) or not (
             _fits(sched, remaining, n) or _block_limited_steps(sched, remaining, n) == n):
         raise ValueError(f"advance_decode(sched, {n}): only 1..{uniform_decode_steps(sched)} "
                          f"uniform decode steps are possible now; ask uniform_decode_steps(sched)")
     return remaining
 
 
-def _advance_through_finishes(sched: Scheduler, remaining: list[int], steps_each: list[int],
-                              allocs: list[tuple[int, int]], adv: DecodeAdvance) -> None:
-    """Walk the stretch from finish to finish: the blocks opened before each finish step's
-    end, then the requests finishing there (batch order), whose freed blocks serve later
-    allocations."""
-    running = sched.running
-    order = sorted(range(len(running)), key=steps_each.__getitem__)  # stable: batch order in ties
-    taken = k = 0
-    for end in sorted(set(steps_each)):
-        taken = _take_blocks(sched, allocs, adv, taken, bisect_left(allocs, (end, -1)))
-        while k < len(order) and steps_each[order[k]] == end:
-            j = order[k]
-            if remaining[j] == end:
-                adv.num_blocks_hashed += _apply_decodes(sched, [running[j]], [end])
-                _finish_at(sched, running[j], end - 1, adv)
-            k += 1
+class _SegmentWalk:
+    """The state of `advance_decode_segments` along a stretch: the running requests as it
+    started (batch order), their KV tokens then (`ctx`) and remaining outputs, the blocks they
+    open and complete (`StretchStart`: the order single steps pop them), who finishes after
+    how many steps, and the live batch's size and summed KV. A segment costs its finishes,
+    blocks and completions, not a pass over the batch (but for registering blocks when it is
+    block-size steps or longer): token counters of the requests still running are advanced
+    once, at the end."""
+
+    __slots__ = ("allocs", "comps", "comps_done", "ctx", "done", "finishing", "live", "live_ctx", "max_ctx",
+                 "points", "remaining", "running", "sched", "step_id", "taken", "width")
+
+    def __init__(self, sched: Scheduler, start: StretchStart, n: int) -> None:
+        self.sched, self.step_id = sched, sched.step_id
+        self.running = list(sched.running)
+        self.ctx, self.remaining = start.context_lens, start.remaining
+        remaining = self.remaining
+        self.allocs, self.comps, self.width = start.opened, start.completed, start.width
+        self.taken = self.comps_done = 0  # allocs[:taken] are popped, comps[:comps_done] registered
+        self.finishing: dict[int, list[int]] = {}  # step count -> who finishes after it (batch order)
+        for j in [j for j, m in enumerate(remaining) if m <= n]:  # (few finish: the pass in a comprehension)
+            self.finishing.setdefault(remaining[j], []).append(j)
+        self.points = sorted(self.finishing, reverse=True)  # finish steps still ahead, last first
+        self.done = [False] * len(remaining)  # finished within the stretch
+        self.live, self.live_ctx = len(remaining), sum(self.ctx)
+        self.max_ctx: int | None = max(self.ctx)  # over the live requests (None: to recompute)
+
+    @property
+    def any_finished(self) -> bool:
+        return self.live < len(self.running)
+
+    def num_tokens(self, n: int) -> int:
+        """Tokens decoded in n steps: n each, less the steps of those finishing before."""
+        return n * len(self.running) - sum(len(js) * (n - p) for p, js in self.finishing.items())
+
+    def segment(self, start: int, end: int) -> DecodeAdvance:
+        """Apply steps [start, end) as `advance_decode(sched, end - start)` would: the blocks
+        opened before each finish, the finishing requests (batch order, their blocks freed for
+        later steps), then the blocks completed by those still running."""
+        live = self.live
+        if self.max_ctx is None:
+            self.max_ctx = max(c for c, d in zip(self.ctx, self.done) if not d)
+        adv = DecodeAdvance(end - start, self.step_id + 1 + start, live, self.live_ctx + live * (start + 1),
+                            self.max_ctx + start + 1, live * (end - start), self, start)
+        points = self.points
+        while points and points[-1] <= end:
+            point = points.pop()
+            self._take_before(point, adv)
+            for j in self.finishing[point]:
+                self._finish(j, start, point, adv)
+            adv.num_batched_tokens -= len(self.finishing[point]) * (end - point)
+        self._take_before(end, adv)
+        if self.comps:
+            adv.num_blocks_hashed += self._cache_completed(start, end)
+        adv.num_running_after = self.live
+        adv.kv_usage_after = self.sched.kv_usage
+        return adv
+
+    def _finish(self, j: int, start: int, point: int, adv: DecodeAdvance) -> None:
+        """Request j's last step is `point` - 1: register what it completed since `start`,
+        count its tokens, free (or hold) its blocks."""
+        r, c = self.running[j], self.ctx[j]
+        bs = self.sched.block_size
+        num_full = (c + point) // bs
+        if self.sched.caching and num_full > (c + start) // bs and num_full > r.num_cached_blocks:
+            adv.num_blocks_hashed += self.sched.kv_cache_manager.cache_decoded([(r, num_full)])
+        r.num_computed_tokens = c + point
+        r.num_generated += point
+        r.num_tokens += point
+        _finish_at(self.sched, r, point - 1 - start, adv)
+        self.done[j] = True
+        self.live -= 1
+        self.live_ctx -= c
+        if c == self.max_ctx:
+            self.max_ctx = None
+
+    def _take_before(self, step: int, adv: DecodeAdvance) -> None:
+        """Pop the blocks opened before `step` (not popped yet) into their requests' tables."""
+        allocs, w = self.allocs, self.width
+        stop = bisect_left(allocs, step * w, self.taken)
+        if stop > self.taken:
+            running = self.running
+            kv = self.sched.kv_cache_manager
+            for e, b in zip(allocs[self.taken:stop], kv.allocate_blocks(stop - self.taken)):
+                running[e % w].block_ids.append(b)
+            adv.num_blocks_allocated += stop - self.taken
+            self.taken = stop
+
+    def _cache_completed(self, start: int, end: int) -> int:
+        """Register the blocks the requests still running completed in steps [start, end), in
+        batch order, as the steps' updates would; returns blocks hashed. Decode blocks carry
+        the request's own generated-token keys, never registered before, so registering them in
+        one call gives the very keys single steps would, and nothing else touches them before
+        the request frees them."""
+        comps, w = self.comps, self.width
+        stop = bisect_left(comps, end * w, self.comps_done)
+        if stop == self.comps_done:
+            return 0
+        bs = self.sched.block_size
+        # fewer than bs steps: a request completes at most one block in them, so its position
+        # appears once (C-level map and sort); bs or more: every request decoding through them does
+        ids = sorted(map(w.__rmod__, comps[self.comps_done:stop])) if end - start < bs else range(w)
+        self.comps_done = stop
+        done, ctx, running = self.done, self.ctx, self.running
+        completed = []  # (request, its full blocks after the steps) where that adds some
+        for j in ids:
+            if not done[j]:
+                r = running[j]
+                num_full = (ctx[j] + end) // bs
+                if num_full > r.num_cached_blocks:
+                    completed.append((r, num_full))
+        return self.sched.kv_cache_manager.cache_decoded(completed) if completed else 0
+
+    def advance_running(self, n: int) -> None:
+        """The token counters of the requests that ran through all n steps."""
+        done, ctx = self.done, self.ctx
+        for j, r in enumerate(self.running):
+            if not done[j]:
+                r.num_computed_tokens = ctx[j] + n
+                r.num_generated += n
+                r.num_tokens += n
+
+    def stretch_of(self, start: int, end: int) -> DecodeStretch:
+        """Steps [start, end) of the stretch as a DecodeStretch of their own."""
+        batch = [j for j, m in enumerate(self.remaining) if m > start]
+        return DecodeStretch(end - start, [self.ctx[j] + start for j in batch],
+                             [min(self.remaining[j], end) - start for j in batch])
 
 
-def _take_blocks(sched: Scheduler, allocs: list[tuple[int, int]], adv: DecodeAdvance,
-                 start: int = 0, stop: int | None = None) -> int:
-    """Pop the blocks of allocs[start:stop] from the free queue into their requests' block
-    tables; returns stop."""
-    stop = len(allocs) if stop is None else stop
-    if stop > start:
-        running = sched.running
-        for (_, j), b in zip(allocs[start:stop], sched.kv_cache_manager.allocate_blocks(stop - start)):
-            running[j].block_ids.append(b)
-        adv.num_blocks_allocated += stop - start
-    return stop
+@dataclass(slots=True)
+class StretchStart:
+    """The running requests (batch order) as a decode stretch starts: their remaining outputs
+    and KV tokens, and the blocks they open and complete in their next decode steps, sorted:
+    the order single steps pop free blocks in, and (with prefix caching; else empty) the steps
+    computing a block's last position. Each block entry is `step * width + batch position`
+    (width: the batch size): ints sort and bisect at C speed, (step, position) tuples do not."""
+
+    remaining: list[int]
+    context_lens: list[int]
+    opened: list[int]
+    completed: list[int]
+    width: int
 
 
-def _new_block_steps(sched: Scheduler, steps_each: list[int]) -> list[tuple[int, int]]:
-    """(0-based step, batch position) of every block the running requests open in their
-    steps, sorted: the order single steps pop them from the free queue."""
+def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[int],
+                  context_lens: list[int]) -> StretchStart:
+    """`StretchStart` of the running requests, whose remaining outputs and KV tokens the caller
+    read (`remaining`, `context_lens`), the blocks counted over steps_each[j] steps each."""
     bs = sched.block_size
-    allocs: list[tuple[int, int]] = []
-    for j, r in enumerate(sched.running):
-        c = r.num_computed_tokens  # step s computes position c + s
-        p = len(r.block_ids) * bs  # the first position that needs a new block
-        last = c + steps_each[j]
-        while p < last:
-            allocs.append((p - c, j))
-            p += bs
-    allocs.sort()
-    return allocs
-
-
-def _apply_decodes(sched: Scheduler, reqs: list, steps_each: list[int]) -> int:
-    """Advance each request of `reqs` still running by its `steps_each` decoded tokens (blocks
-    already allocated) and register the blocks they complete; returns blocks hashed. Decode
-    blocks carry the request's own generated-token keys, never registered before, so
-    registering them in one call gives the very keys single steps would, and nothing else
-    touches them before the request frees them."""
-    bs = sched.block_size
+    w = len(context_lens)
+    opened: list[int] = []
+    completed: list[int] = []
     caching = sched.caching
-    completed = []  # (request, its full blocks after the stretch) where that adds some
-    for r, steps in zip(reqs, steps_each):
-        if r.status != "running":  # finished within the stretch: applied at its finish
-            continue
-        c = r.num_computed_tokens
+    for j, r in enumerate(sched.running):
+        c = context_lens[j]  # step s computes position c + s
+        end = steps_each[j] * w
+        # a block at every bs-th step from the first position past the table (an entry per
+        # block, from C: the range steps by bs steps)
+        opened += range((len(r.block_ids) * bs - c) * w + j, end, bs * w)
         if caching:
-            num_full = (c + steps) // bs
-            if num_full > c // bs and num_full > r.num_cached_blocks:
-                completed.append((r, num_full))
-        r.num_computed_tokens = c + steps
-        r.num_generated += steps
-        r.num_tokens += steps
-    return sched.kv_cache_manager.cache_decoded(completed) if completed else 0
+            completed += range((bs - 1 - c) % bs * w + j, end, bs * w)
+    opened.sort()
+    completed.sort()
+    return StretchStart(remaining, context_lens, opened, completed, w)
 
 
 def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:

@@ -118,6 +118,8 @@ class KVCacheManager:
         if m <= 0 or not self.caching:
             return [], 0
         hashed = self._key_blocks(r, m)
+        if r.private_from == 0:  # every block of it private (set_private_from): none can be hit
+            return [], hashed
         if r.group_size:
             return self._lookup_grouped(r, m, r.group_size), hashed
         keys = r.block_hashes
@@ -260,9 +262,20 @@ class KVCacheManager:
         hashed."""
         blocks: list[int] = []
         keys: list[tuple] = []
-        hashed = 0
+        hashed = private = 0
         for r, num_full in completed:
             start = r.num_cached_blocks
+            lazy = r.private_from
+            if lazy is not None and lazy <= start and r.gen_keys_from <= start == len(r.block_hashes):
+                # the hot case, inlined: generated blocks of a private request, keyed and counted
+                # as _key_generated does, registered only if r is preempted (set_private_from)
+                if num_full - start == 1:
+                    r.block_hashes.append((GEN_TAG, r.request_id, start))
+                else:
+                    r.block_hashes += [(GEN_TAG, r.request_id, i) for i in range(start, num_full)]
+                r.num_cached_blocks = num_full
+                private += num_full - start
+                continue
             new = self._key_generated(r, num_full)
             if new is None:
                 hashed += self.cache_full_blocks(r, num_full)
@@ -271,9 +284,10 @@ class KVCacheManager:
             else:
                 blocks += r.block_ids[start:num_full]
                 keys += new
+        self.num_blocks_hashed += private
         if keys:
             self.pool.cache_blocks(blocks, keys)
-        return hashed + len(keys)
+        return hashed + private + len(keys)
 
     def _cache_grouped(self, r: SchedulerRequest, start: int, num_full: int, per: int) -> int:
         """Register `r`'s prompt blocks from `start` (below num_full) in their hash blocks'

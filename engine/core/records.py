@@ -102,17 +102,31 @@ class RequestRecord:
     num_spec_accepted_tokens: int = 0
 
 
+def with_step_composition(rec: StepRecord, out: Any, sched: Any) -> StepRecord:
+    """`rec` with the StepRecord fields a step's scheduler output and the scheduler's gauges
+    give, shared by the engine's and the simulator's rows (one place to add a column); set
+    in place (a simulated step builds no dict of them)."""
+    rec.step_id, rec.num_batched_tokens = out.step_id, out.num_batched_tokens
+    rec.num_prefill_tokens, rec.num_prefill_seqs = out.num_prefill_tokens, out.num_prefill_seqs
+    rec.sum_prefill_context, rec.prefill_attn_pairs = out.sum_prefill_context, out.prefill_attn_pairs
+    rec.num_decode_tokens, rec.num_decode_seqs = out.num_decode_tokens, out.num_decode_seqs
+    rec.sum_decode_context, rec.max_decode_context = out.sum_decode_context, out.max_decode_context
+    rec.num_spec_tokens, rec.num_blocks_allocated = out.num_spec_tokens, out.num_blocks_allocated
+    rec.num_blocks_hashed, rec.num_preempted = out.num_blocks_hashed, len(out.preempted_ids)
+    rec.num_running, rec.num_waiting, rec.kv_usage = sched.num_running, sched.num_waiting, sched.kv_usage
+    return rec
+
+
+COMPOSITION_COLUMNS = ("step_id", "num_batched_tokens", "num_prefill_tokens", "num_prefill_seqs",
+                       "sum_prefill_context", "prefill_attn_pairs", "num_decode_tokens", "num_decode_seqs",
+                       "sum_decode_context", "max_decode_context", "num_spec_tokens", "num_blocks_allocated",
+                       "num_blocks_hashed", "num_preempted", "num_running", "num_waiting", "kv_usage")
+
+
 def step_composition(out: Any, sched: Any) -> dict[str, Any]:
-    """The StepRecord fields a step's scheduler output and the scheduler's gauges give, shared by
-    the engine's and the simulator's rows (one place to add a column)."""
-    return {"step_id": out.step_id, "num_batched_tokens": out.num_batched_tokens,
-            "num_prefill_tokens": out.num_prefill_tokens, "num_prefill_seqs": out.num_prefill_seqs,
-            "sum_prefill_context": out.sum_prefill_context, "prefill_attn_pairs": out.prefill_attn_pairs,
-            "num_decode_tokens": out.num_decode_tokens, "num_decode_seqs": out.num_decode_seqs,
-            "sum_decode_context": out.sum_decode_context, "max_decode_context": out.max_decode_context,
-            "num_spec_tokens": out.num_spec_tokens, "num_blocks_allocated": out.num_blocks_allocated,
-            "num_blocks_hashed": out.num_blocks_hashed, "num_preempted": len(out.preempted_ids),
-            "num_running": sched.num_running, "num_waiting": sched.num_waiting, "kv_usage": sched.kv_usage}
+    """`with_step_composition`'s fields as keyword arguments for a StepRecord."""
+    rec = with_step_composition(StepRecord(), out, sched)
+    return {name: getattr(rec, name) for name in COMPOSITION_COLUMNS}
 
 
 STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepRecord))
@@ -147,4 +161,5 @@ __all__ = [
     "StepRecord",
     "step_composition",
     "to_columns",
+    "with_step_composition",
 ]

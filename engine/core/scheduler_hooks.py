@@ -24,8 +24,8 @@ class SchedulerHooks:
         """Counters that every change of the scheduler outside `apply_decode_stretch` moves: a
         step (step_id), an added request, a finish (finish_requests), blocks taken or given
         back (release_held), a new running list."""
-        return (self.step_id, self.num_added, self.num_finished,
-                *self.kv_cache_manager.change_counters(), id(self.running), len(self.running))
+        return (self.step_id, self.num_added, self.num_finished, self.kv_cache_manager.change_counters(),
+                id(self.running), len(self.running))
 
     def note_uniform_until(self, last_step_id: int) -> None:
         """Remember that the steps through `last_step_id` are uniform decode steps for as long as

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.core.decode_skip import DecodeStretch, advance_decode, uniform_decode_steps
+from engine.core.decode_skip import (
+    DecodeStretch,
+    advance_decode,
+    advance_decode_segments,
+    uniform_decode_steps,
+)
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerConfig
 from tests.engine.test_scheduler_random import state_of
@@ -178,3 +183,34 @@ def test_advance_rechecks_after_a_change_outside_it():
         advance_decode(s, 2)
     s.update_from_output(s.schedule())  # admits request 2; a step invalidates the old stretch
     assert s.step_id == 4 and uniform_decode_steps(s) > 0
+
+
+def _report(adv):
+    return (adv.num_steps, adv.first_step_id, adv.num_seqs, adv.sum_decode_context_first_step,
+            adv.max_decode_context_first_step, adv.num_batched_tokens, adv.num_blocks_allocated,
+            adv.num_blocks_freed, adv.num_blocks_hashed, adv.finished, adv.finish_steps,
+            [adv.num_seqs_at(i) for i in range(adv.num_steps)],
+            [adv.sum_decode_context_at(i) for i in range(adv.num_steps)])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**WARM_SCHEDULERS, cuts=st.lists(st.floats(0.0, 1.0), max_size=5))
+def test_advance_segments_equal_one_advance_per_segment(block_size, num_gpu_blocks, caching, lens, warm, cuts):
+    # the simulator applies a stretch's segments (cut where its batch shrinks, or anywhere) in
+    # one call: each segment's report and gauges, and the state after, must be those of one
+    # advance_decode per segment
+    one, each = (_warm_scheduler(block_size, num_gpu_blocks, caching, lens, warm) for _ in range(2))
+    n = uniform_decode_steps(one)
+    if n == 0:
+        return
+    assert uniform_decode_steps(each) == n
+    ends = sorted({max(1, round(c * n)) for c in cuts} | {n})
+    reports = advance_decode_segments(one, ends)
+    for adv, start, end in zip(reports, [0, *ends], ends):
+        ref = advance_decode(each, end - start)
+        assert _report(adv) == _report(ref)
+        assert (adv.num_running_after, adv.kv_usage_after) == (each.num_running, each.kv_usage)
+    assert state_of(one) == state_of(each)
+    one.check_invariants()
+    with pytest.raises(ValueError, match="must increase"):
+        advance_decode_segments(each, [2, 2])

@@ -147,6 +147,22 @@ def test_decode_runs_chain_their_segments(parts, cpu, overlap, frac):
     assert abs(runs.steps_started_before(t) - want) <= (1 if any(abs(x - t) < 1e-12 for x in starts) else 0)
 
 
+@settings(max_examples=80, deadline=None)
+@given(parts=st.lists(st.tuples(st.floats(1e-4, 0.05), st.floats(0, 1e-4), st.integers(1, 60)), min_size=1,
+                      max_size=5), cpu=st.floats(0, 0.02), cpu_slope=st.floats(0, 1e-5), overlap=st.booleans(),
+       frac=st.floats(0, 1.1))
+def test_runs_count_started_steps_as_a_bisection_of_their_starts(parts, cpu, cpu_slope, overlap, frac):
+    # the count starts from a closed-form estimate inside one run: it must be exactly what a
+    # bisection over every step's start (elapsed_s, the same floats) finds
+    runs = DecodeRuns([DecodeRun(g0, slope, cpu, n, overlap, cpu_slope) for g0, slope, n in parts])
+    for t in (frac * runs.elapsed_s(runs.n), runs.elapsed_s(runs.n // 2), 0.0):
+        lo, hi = 0, runs.n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if runs.elapsed_s(mid - 1) < t else (lo, mid - 1)
+        assert runs.steps_started_before(t) == lo
+
+
 def test_decode_linear_matches_step_time():
     m = cm()
     run = m.decode_run(16, 16 * 300, 50)
