@@ -57,7 +57,7 @@ from engine.core.decode_skip import (
     StretchStart,
     advance_decode_segments,
     stretch_start,
-    uniform_decode_steps,
+    uniform_decode_batch,
 )
 from engine.core.model_spec import blocks_for_tokens
 from engine.core.records import StepRecord, with_step_composition
@@ -223,9 +223,9 @@ class _Replica:
                 yield from self._wait_for_work()
                 continue
             if self.skip_ahead and not self.left_out_ids:  # a left-out decoder resumes in a step of its own
-                n = uniform_decode_steps(sched)
+                n, remaining, ctx = uniform_decode_batch(sched)
                 if n >= 2:
-                    yield from self._skip(n)
+                    yield from self._skip(n, remaining, ctx)
                     continue
             yield from step()
 
@@ -395,11 +395,13 @@ class _Replica:
                 self.log.finished(res, t, cache_hits_here=self.role == "mixed")
 
     # --- skip-ahead ---------------------------------------------------------------------
-    def _skip(self, n: int) -> Process:
+    def _skip(self, n: int, remaining: list[int], ctx: list[int]) -> Process:
         """Sleep through up to n pure-decode steps (the batch shrinking where requests finish);
-        stop early at a wake-up (new work), then apply the steps that started before it."""
+        stop early at a wake-up (new work), then apply the steps that started before it.
+        `remaining`, `ctx`: the running requests' remaining outputs and KV tokens (batch order)."""
         t0 = self.env.now
-        plan = self._plan_stretch(n, self.next_arrival_s() - t0, self.next_arrival_at() if self.sole else math.inf)
+        plan = self._plan_stretch(n, remaining, ctx, self.next_arrival_s() - t0,
+                                  self.next_arrival_at() if self.sole else math.inf)
         self._skip_plan, self._skip_t0 = plan, t0
         m = yield from self._sleep_through(plan, plan.runs.n)
         if self.pipelined:
@@ -446,14 +448,13 @@ class _Replica:
         return advance_decode_segments(self.sched, [first + num_steps for _, first, num_steps in segments],
                                        plan.start)
 
-    def _plan_stretch(self, n: int, horizon_s: float, wake_at: float) -> _Stretch:
+    def _plan_stretch(self, n: int, remaining: list[int], ctx: list[int], horizon_s: float,
+                      wake_at: float) -> _Stretch:
         """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
         next arrival, which will most likely wake the replica: steps past it are rarely used).
         `wake_at`: the clock time an arrival will wake the replica at for sure (inf: unknown)."""
         sched = self.sched
         t0 = self.env.now
-        remaining = [r.output_len - r.num_generated for r in sched.running]
-        ctx = sched.running_context_lens()  # KV tokens before the skip
         by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
         batches = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
         runs, own = batches, None

@@ -218,7 +218,10 @@ class BlockPool:
             if self.dead and not self.dead.keys().isdisjoint(w):
                 w = self._live(w)
             self._take(w)
-            out += w
+            if out:
+                out += w
+            else:  # (the first round, and mostly the only one: no copy)
+                out = w
             need = n - len(out)
         self.head = h
         self.num_free -= n
@@ -364,7 +367,11 @@ class BlockPool:
         n = len(blocks)
         owners = itemgetter(*blocks)(ref) if n > 1 else ()
         ones = owners.count(1)
-        if ones and owners[n - ones:].count(1) == ones:
+        if ones == n:  # the most usual case (no block shared): no slices to take
+            for b in blocks:
+                ref[b] = 0
+            q += reversed(blocks)
+        elif ones and owners[n - ones:].count(1) == ones:
             # the usual case: the blocks only this table holds are its tail (any shared ones,
             # prefix hits, come first and stay owned): one C-level check, a store per block
             for b in blocks[:n - ones]:

@@ -128,10 +128,10 @@ class DecodeAdvance:
         return self.stretch.sum_decode_context_at(i)
 
 
-def _remaining_if_uniform(sched: Scheduler) -> tuple[list[int], int] | None:
+def _remaining_if_uniform(sched: Scheduler) -> tuple[list[int], int, list[int]] | None:
     """Tokens each running request has left to generate (batch order) when the next step is
-    a plain decode of every running request and nothing else, and the blocks they all open
-    on the way to their ends (counted in the same pass); else None."""
+    a plain decode of every running request and nothing else, the blocks they all open on
+    the way to their ends and their KV tokens now (read in the same pass); else None."""
     if sched.num_waiting or sched.has_pending_rejections() or not sched.running:  # (the usual exit first)
         return None
     if sched.config.num_speculative_tokens or not sched.between_steps():
@@ -141,17 +141,19 @@ def _remaining_if_uniform(sched: Scheduler) -> tuple[list[int], int] | None:
         return None
     bs = sched.block_size
     remaining = []
+    ctx = []
     need = 0
     for r in running:
-        if (not r.sampled_since_admission or r.num_tokens - r.num_computed_tokens != 1
-                or r.token_ids is not None):
+        c = r.num_computed_tokens
+        if not r.sampled_since_admission or r.num_tokens - c != 1 or r.token_ids is not None:
             return None
         m = r.output_len - r.num_generated
         remaining.append(m)
-        x = (r.num_computed_tokens + m + bs - 1) // bs - len(r.block_ids)
+        ctx.append(c)
+        x = (c + m + bs - 1) // bs - len(r.block_ids)
         if x > 0:
             need += x
-    return remaining, need
+    return remaining, need, ctx
 
 
 def _blocks_new(ctx: int, num_blocks: int, steps: int, block_size: int) -> int:
@@ -164,10 +166,17 @@ def uniform_decode_steps(sched: Scheduler) -> int:
     """How many further steps are pure decode with nothing else possible: nothing waiting, no
     drafts, and a free block for every block boundary crossed (counting the blocks finished
     requests free for later steps). 0 when the next step is anything else."""
+    return uniform_decode_batch(sched)[0]
+
+
+def uniform_decode_batch(sched: Scheduler) -> tuple[int, list[int], list[int]]:
+    """`uniform_decode_steps(sched)`, and the running requests' remaining outputs and KV tokens
+    (batch order) it read on the way when that is not 0: a caller timing the stretch needs
+    them, and reading them again costs two more passes over the batch per stretch."""
     found = _remaining_if_uniform(sched)
     if found is None:
-        return 0
-    remaining, need = found
+        return 0, [], []
+    remaining, need, ctx = found
     n_max = max(remaining)
     # every request runs to its end within n_max steps: enough free blocks for all they open
     # (before any finish frees one) is _fits(sched, remaining, n_max), counted in that pass
@@ -175,7 +184,7 @@ def uniform_decode_steps(sched: Scheduler) -> int:
     if n:  # so that advance_decode need not re-derive it (a prefix of a uniform stretch
         # leaves the rest of it uniform)
         sched.note_uniform_until(sched.step_id + n)
-    return n
+    return n, remaining, ctx
 
 
 def _fits(sched: Scheduler, remaining: list[int], n: int) -> bool:
