@@ -14,21 +14,11 @@ from engine.core.block_keys import first_unshared_hash_blocks
 from engine.core.decode_skip import advance_decode, uniform_decode_steps
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerConfig
+from tests.engine.scheduler_strategies import scheduler_configs
 
-configs = st.builds(
-    SchedulerConfig,
-    max_num_batched_tokens=st.integers(1, 48),
-    max_num_seqs=st.integers(1, 6),
-    max_model_len=st.integers(8, 80),
-    block_size=st.sampled_from([1, 2, 4]),
-    num_gpu_blocks=st.integers(2, 40),
-    enable_prefix_caching=st.just(True),
-    prefix_caching_hash_algo=st.sampled_from(["builtin", "xxhash", "sha256"]),
-    enable_chunked_prefill=st.booleans(),
-    long_prefill_token_threshold=st.sampled_from([0, 0, 3, 7]),
-    scheduling_policy=st.sampled_from(["fcfs", "priority"]),
-    num_speculative_tokens=st.sampled_from([0, 0, 0, 2]),
-)
+# prefix caching always on (private blocks are a prefix-caching matter); block sizes that tile the
+# hash blocks
+configs = scheduler_configs(block_sizes=(1, 2, 4), prefix_caching=True, spec_tokens=(0, 0, 0, 2))
 
 streams = st.lists(
     st.tuples(st.integers(0, 10),  # arrival step

@@ -11,21 +11,9 @@ from engine.core import block_pool
 from engine.core.request import Request
 from engine.core.scheduler import FINISHED, REJECTED, Scheduler, SchedulerConfig
 from engine.core.scheduler_output import StepColumns
+from tests.engine.scheduler_strategies import scheduler_configs
 
-configs = st.builds(
-    SchedulerConfig,
-    max_num_batched_tokens=st.integers(1, 48),
-    max_num_seqs=st.integers(1, 6),
-    max_model_len=st.integers(8, 80),
-    block_size=st.sampled_from([1, 2, 3, 4, 8]),
-    num_gpu_blocks=st.integers(2, 40),
-    enable_prefix_caching=st.booleans(),
-    prefix_caching_hash_algo=st.sampled_from(["builtin", "xxhash", "sha256"]),
-    enable_chunked_prefill=st.booleans(),
-    long_prefill_token_threshold=st.sampled_from([0, 0, 3, 7]),
-    scheduling_policy=st.sampled_from(["fcfs", "priority"]),
-    num_speculative_tokens=st.sampled_from([0, 0, 1, 3]),
-)
+configs = scheduler_configs()
 
 request_specs = st.lists(
     st.tuples(
