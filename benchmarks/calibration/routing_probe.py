@@ -107,7 +107,21 @@ def probe(core: EngineCore, tap: RouterTap, stap: SampleTap, source: str, n: int
     dup = [s for b, s in stap.dup_share if b >= 4]
     return {"source": source, "requests": n, "output_len": out_len, "temperature": temperature,
             "prompt_mean": float(np.mean([r.prompt_len for r in reqs])), "wall_s": round(time.perf_counter() - t, 1),
-            "by_tokens": rows, "dup_token_share_mean": float(np.mean(dup)) if dup else None}
+            "by_tokens": rows, "by_layer": by_layer(tap.calls, spec.num_layers),
+            "dup_token_share_mean": float(np.mean(dup)) if dup else None}
+
+
+def by_layer(calls: list[tuple[int, int]], num_layers: int) -> dict | None:
+    """Distinct experts per layer (mean over the forwards) at the most frequent decode size up to 64
+    tokens: where through depth the routing collapses. The calls come a forward at a time, one per
+    layer in order."""
+    forwards = [calls[i: i + num_layers] for i in range(0, len(calls) - num_layers + 1, num_layers)]
+    sizes = [f[0][0] for f in forwards if f[0][0] <= 64 and all(c[0] == f[0][0] for c in f)]
+    if not sizes:
+        return None
+    size = max(set(sizes), key=sizes.count)
+    picked = [[d for _, d in f] for f in forwards if f[0][0] == size and all(c[0] == size for c in f)]
+    return {"tokens": size, "forwards": len(picked), "distinct_mean": np.mean(picked, axis=0).round(1).tolist()}
 
 
 @torch.no_grad()
@@ -155,7 +169,9 @@ def main() -> None:
             for temp in (0.0, 1.0):
                 res = probe(core, tap, stap, source, a.requests, a.output_len, temp) | {"init": init}
                 results.append(res)
-                print(json.dumps({k: v for k, v in res.items() if k != "by_tokens"}), flush=True)
+                print(json.dumps({k: v for k, v in res.items() if k not in ("by_tokens", "by_layer")}), flush=True)
+                if res["by_layer"]:
+                    print("    per layer at", res["by_layer"]["tokens"], "tokens:", res["by_layer"]["distinct_mean"])
                 for row in res["by_tokens"]:
                     if row["tokens"] in (1, 2, 4, 6, 8, 12, 16):
                         print("   ", row, flush=True)
