@@ -39,10 +39,9 @@ class StepTimes:
     host_s: float
     device_s: float
     launch_s: float = 0.0
-    # the launch returns no earlier than this share of the step's device work has run (a host
-    # that blocks on a full launch queue)
-    launch_block: float = 0.0
-    launch_block_s: float = 0.0  # ... plus these seconds of it (the wait never past its end)
+    # the launch returns no earlier than this much of the step's device work has run (a host that
+    # blocks on a full launch queue; at most device_s)
+    blocked_s: float = 0.0
 
 
 class VirtualClock:
@@ -110,7 +109,7 @@ def virtual_clock(core: EngineCore, step_times: Callable[[SchedulerOutput], Step
         start = max(clock.now, clock.stream_end_s)
         clock.launch(max(times.device_s, times.launch_s))  # the device starts on the first kernel
         clock.sleep(times.launch_s)
-        clock.wait_until(start + min(times.device_s, times.launch_block_s + times.launch_block * times.device_s))
+        clock.wait_until(start + times.blocked_s)
         return logits
 
     def synced_sample(*args: Any, **kwargs: Any) -> Any:

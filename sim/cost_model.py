@@ -653,7 +653,7 @@ class CostModel:
         self._cpu_step_s, self._cpu_seq_s = p.cpu_step_s, p.cpu_per_seq_s
         self._cpu_blk_s, self._cpu_hash_s = p.cpu_per_block_allocated_s, p.cpu_per_block_hashed_s
         self._cpu_tok_s = self._cpu_ctx_s = 0.0
-        # async: max(gpu + gap, cpu + host), eager steps' launches (launch_s, launch_block); sync: gpu + cpu + host
+        # async: max(gpu + gap, cpu + host), eager steps' launches (launch_s, blocked_device_s); sync: gpu + cpu + host
         self._gap_s = self._host_s = self._eager_launch_s = self._eager_block = self._eager_block_s = 0.0
         self._max_num_seqs = engine.max_num_seqs or 256
         self._fit_decode = self._fit_mixed = self._fit_mixed_graph = None
@@ -850,23 +850,10 @@ class CostModel:
             return 0.0
         return self._eager_launch_s
 
-    def launch_block(self, b: BatchComposition) -> float:
-        """Async scheduling: the share of an eager step's device work that has run before its
-        launch returns (OverlapTerms.async_eager_block); 0 for a graph step or when synchronous."""
-        if not self._eager_block or self._runs_as_graph(b):
-            return 0.0
-        return self._eager_block
-
-    def launch_block_s(self, b: BatchComposition) -> float:
-        """Async scheduling: seconds of an eager step's device work, beyond `launch_block`'s share,
-        that have run before its launch returns (OverlapTerms.async_eager_block_s); 0 for a graph
-        step or when synchronous."""
-        if not self._eager_block_s or self._runs_as_graph(b):
-            return 0.0
-        return self._eager_block_s
-
     def blocked_device_s(self, b: BatchComposition, device_s: float) -> float:
-        """How much of the step's device work has run when its launch returns (at most all of it)."""
+        """Async scheduling: how much of an eager step's `device_s` of device work has run when its
+        launch returns (OverlapTerms.async_eager_block_s + async_eager_block x device_s, at most all
+        of it); 0 for a graph step or when synchronous."""
         if not (self._eager_block or self._eager_block_s) or self._runs_as_graph(b):
             return 0.0  # the common case first: a profile without the terms, or a graph step
         return min(device_s, self._eager_block_s + self._eager_block * device_s)

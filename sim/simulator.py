@@ -281,7 +281,7 @@ class _Replica:
         next schedule() runs. Step i's device work starts when i - 1's ends or its launching
         begins, whichever is later: an eager step's launches (seconds of Python on a slow host)
         overlap its own device work, so they lengthen this period and shorten the next; a long
-        one blocks on the device until part of its work has run (CostModel.launch_block). So step
+        one blocks on the device until part of its work has run (CostModel.blocked_device_s). So step
         i admits what arrived before i - 1's device work ended, not before i - 1's tokens came
         back (the one-step-earlier cut that groups arrivals into fewer, larger steps when missed)."""
         env, sched, cost = self.env, self.sched, self.cost
@@ -312,7 +312,7 @@ class _Replica:
         launching = t0 + host_s
         start = launching if prev is None or prev.gpu_end_s <= launching else prev.gpu_end_s
         # an eager step's launch returns once its own kernels are launched and, past the launch
-        # queue's depth, once the device has run `launch_block` of its work
+        # queue's depth, once the device has run part of its work
         launched = max(launching + launch_s, start + cost.blocked_device_s(out, device_s))
         done = launched if prev is None or prev.gpu_end_s <= launched else prev.gpu_end_s  # i - 1 collected
         n_out = out.num_decode_seqs if samplers is None else out.num_scheduled - out.num_silent
