@@ -91,15 +91,15 @@ class Sampler:
     def __init__(self, device: torch.device, default_seed: int = 0) -> None:
         self.device = device
         self.default_seed = default_seed
-        self._generators: dict[int, torch.Generator] = {}  # speculative decoding's draws
-        self._seeds: dict[int, int] = {}  # sample()'s counter-based draws: seed, tokens drawn
+        self._seeds: dict[int, int] = {}  # random requests: seed, tokens drawn by sample()
         self._drawn: dict[int, int] = {}
+        # speculative decoding's draws: a generator per request, made from its seed on first use
+        self._generators: dict[int, torch.Generator] = {}
 
     def add_request(self, request_id: int, params: SamplingParams) -> None:
         if params.greedy:
             return
         seed = params.seed if params.seed is not None else self.default_seed * 1_000_003 + request_id
-        self._generators[request_id] = torch.Generator(device=self.device).manual_seed(seed)
         self._seeds[request_id], self._drawn[request_id] = seed, 0
 
     def remove_request(self, request_id: int) -> None:
@@ -107,10 +107,15 @@ class Sampler:
         self._seeds.pop(request_id, None)
         self._drawn.pop(request_id, None)
 
+    def _generator(self, request_id: int) -> torch.Generator:
+        if request_id not in self._generators:
+            self._generators[request_id] = torch.Generator(device=self.device).manual_seed(self._seeds[request_id])
+        return self._generators[request_id]
+
     @property
     def has_random(self) -> bool:
         """Some request added (and not removed) samples at random."""
-        return bool(self._generators)
+        return bool(self._seeds)
 
     def sample(self, logits: torch.Tensor, request_ids: list[int],
                params: list[SamplingParams] | None, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -152,7 +157,7 @@ class Sampler:
 
     def draw(self, probs: torch.Tensor, request_id: int) -> torch.Tensor:
         """One token per row of `probs` [n, V], from the request's own generator."""
-        noise = torch.empty_like(probs).exponential_(generator=self._generators[request_id])
+        noise = torch.empty_like(probs).exponential_(generator=self._generator(request_id))
         return (probs / noise).argmax(-1)
 
     def propose(self, logits: torch.Tensor, request_ids: list[int], params: list[SamplingParams]
@@ -189,7 +194,7 @@ class Sampler:
             row += n + 1
             kept = list(d)
             if n:
-                gen = self._generators[rid]
+                gen = self._generator(rid)
                 u = torch.rand(n, generator=gen, device=probs.device)
                 noise = torch.empty_like(probs[:n]).exponential_(generator=gen)
                 q = torch.stack(qs) if qs is not None else None
