@@ -509,15 +509,15 @@ def _median_p90(e: np.ndarray) -> tuple[float, float]:
 
 
 def pipelined_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray,
-                      contiguous: np.ndarray, block: np.ndarray | None = None,
-                      block_s: np.ndarray | None = None) -> np.ndarray:
+                      contiguous: np.ndarray, blocked: np.ndarray | None = None) -> np.ndarray:
     """Each step's period under async scheduling as the simulator's pipelined loop times it
     (sim/simulator.py `_pipelined_step`), from every step's device seconds, host seconds before
-    its launch, launch seconds and launch block (the share of its device work run before its
-    launch returns, plus block_s seconds, at most all of it; None: 0): period_i = max(host_i +
-    launch_i, start_i + min(device_i, block_s_i + block_i x device_i), lead_i), where lead_i is what is left of step i-1's device work when iteration i begins (0
-    where a row does not follow the previous one back to back: the engine was idle or the run
-    starts) and start_i = max(host_i, lead_i) when step i's device work begins."""
+    its launch, launch seconds and blocked seconds (how much of its device work has run before
+    its launch returns, `eager_blocked_s`; None: 0): period_i = max(host_i + launch_i, start_i +
+    blocked_i, lead_i), where lead_i is what is left of step i-1's device work when iteration i
+    begins (0 where a row does not follow the previous one back to back: the engine was idle or
+    the run starts) and start_i = max(host_i, lead_i) when step i's device work begins."""
+    blocked = np.zeros(device.size) if blocked is None else blocked
     out = np.empty(device.size)
     lead = 0.0
     for i in range(device.size):
@@ -525,13 +525,15 @@ def pipelined_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray,
             lead = 0.0
         h, launch_i = host[i], launch[i]
         start = max(h, lead)
-        blocked = 0.0 if block is None else block[i] * device[i]
-        if block_s is not None:
-            blocked = min(device[i], blocked + block_s[i])
-        launched = max(h + launch_i, start + blocked)
-        out[i] = period = max(launched, lead)
+        out[i] = period = max(h + launch_i, start + blocked[i], lead)
         lead = start + max(device[i], launch_i) - period
     return out
+
+
+def eager_blocked_s(device: np.ndarray, eager: np.ndarray, share: float, seconds: float) -> np.ndarray:
+    """Per row, the device seconds an eager step's launch waits for (CostModel.blocked_device_s:
+    `seconds` + `share` of its device work, at most all of it); 0 for the others."""
+    return eager * np.minimum(device, seconds + share * device)
 
 
 def fit_overlap(rows: _Rows, train: np.ndarray) -> OverlapTerms:
@@ -548,7 +550,9 @@ def fit_overlap(rows: _Rows, train: np.ndarray) -> OverlapTerms:
         contiguous, use = rows.contiguous[a], fit_rows[a]
 
         def resid(x: np.ndarray) -> np.ndarray:
-            periods = pipelined_periods(g + x[0], c + x[1], eager * x[2], contiguous, eager * x[3], eager * x[4])
+            device = g + x[0]
+            periods = pipelined_periods(device, c + x[1], eager * x[2], contiguous,
+                                        eager_blocked_s(device, eager, x[3], x[4]))
             return (periods[use] - y[use]) / y[use]
 
         upper = np.array([np.inf, np.inf, np.inf, 1.0, np.inf])
@@ -598,9 +602,10 @@ def predicted_periods(rows: _Rows, gpu_pred: np.ndarray, cpu_pred: np.ndarray, o
     a = rows.is_async
     if a.any():
         eager = (rows.kind[a] == "mixed").astype(float)
-        out[a] = pipelined_periods(gpu_pred[a] + o.async_gpu_gap_s, cpu_pred[a] + o.async_host_s,
-                                   eager * o.async_eager_launch_s, rows.contiguous[a], eager * o.async_eager_block,
-                                   eager * o.async_eager_block_s)
+        device = gpu_pred[a] + o.async_gpu_gap_s
+        out[a] = pipelined_periods(device, cpu_pred[a] + o.async_host_s, eager * o.async_eager_launch_s,
+                                   rows.contiguous[a],
+                                   eager_blocked_s(device, eager, o.async_eager_block, o.async_eager_block_s))
     return out
 
 
@@ -1040,6 +1045,7 @@ __all__ = [
     "FitResult",
     "KindError",
     "MemoryCheck",
+    "eager_blocked_s",
     "fit_memory",
     "fit_overlap",
     "fit_profile",

@@ -23,6 +23,7 @@ from sim import cost_model
 from sim.calibrate import (
     CalibrationInputError,
     EngineRun,
+    eager_blocked_s,
     fit_memory,
     fit_overlap,
     fit_profile,
@@ -373,10 +374,10 @@ def test_pipelined_periods_with_a_launch_block_equal_the_engines_events():
     launch, block, block_s = np.where(eager, 1e-4, 0.0), np.where(eager, 0.8, 0.0), np.where(eager, 2e-3, 0.0)
     contiguous = np.ones(n, dtype=bool)
     contiguous[0] = False
-    got = pipelined_periods(device, host, launch, contiguous, block)
+    got = pipelined_periods(device, host, launch, contiguous, eager_blocked_s(device, eager, 0.8, 0.0))
     np.testing.assert_allclose(got, async_periods(device, host, launch, block), rtol=1e-9, atol=1e-15)
     # with seconds beyond the share: capped at the whole step, as the events wait at most for its end
-    with_s = pipelined_periods(device, host, launch, contiguous, block, block_s)
+    with_s = pipelined_periods(device, host, launch, contiguous, eager_blocked_s(device, eager, 0.8, 2e-3))
     np.testing.assert_allclose(with_s, async_periods(device, host, launch, block, block_s), rtol=1e-9, atol=1e-15)
     assert (with_s > got + 1e-4).sum() > 20
     unblocked = pipelined_periods(device, host, launch, contiguous)
@@ -397,9 +398,9 @@ def test_fit_overlap_recovers_a_launch_block():
     o = fit_overlap(rows, np.ones(n, dtype=bool))
     assert abs(o.async_eager_block - 0.6) < 0.03 and abs(o.async_eager_block_s - 1e-3) < 2e-4
     # a launch shorter than the blocked share of the device work changes nothing: the periods decide
-    fitted = pipelined_periods(device + o.async_gpu_gap_s, host + o.async_host_s,
-                               np.where(eager, o.async_eager_launch_s, 0.0), rows.contiguous,
-                               np.where(eager, o.async_eager_block, 0.0), np.where(eager, o.async_eager_block_s, 0.0))
+    dev = device + o.async_gpu_gap_s
+    fitted = pipelined_periods(dev, host + o.async_host_s, np.where(eager, o.async_eager_launch_s, 0.0),
+                               rows.contiguous, eager_blocked_s(dev, eager, o.async_eager_block, o.async_eager_block_s))
     np.testing.assert_allclose(fitted, total, rtol=1e-3)
 
 
