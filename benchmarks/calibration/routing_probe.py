@@ -142,6 +142,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a dry run (tiny-moe, float32)")
     ap.add_argument("--embed-scales", type=float, nargs="+", default=[1.0],
                     help="probe with the token embeddings at each multiple of the engine's init, in turn")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0],
+                    help="decode at each temperature in turn (0: greedy)")
     ap.add_argument("--scaled-init", action="store_true",
                     help="also probe with the residual branches' output weights (o_proj, w2) scaled by "
                          "1/sqrt(2 x layers), GPT-2's initialisation, which keeps each token's own embedding "
@@ -149,6 +151,8 @@ def main() -> None:
     a = ap.parse_args()
     if any(s <= 0 for s in a.embed_scales):
         ap.error(f"--embed-scales {a.embed_scales}: every multiple must be > 0")
+    if any(t < 0 for t in a.temperatures):
+        ap.error(f"--temperatures {a.temperatures}: each must be >= 0 (0: greedy)")
     extra = {"dtype": "float32", "max_model_len": 1024} if a.device == "cpu" else {}
     t0 = time.perf_counter()
     core = EngineCore(EngineArgs(model=a.model, device=a.device, max_num_seqs=256, max_num_batched_tokens=8192,
@@ -166,7 +170,7 @@ def main() -> None:
                 core.model.embed_tokens.mul_(target / current)
             current = target
         for source in SOURCES:
-            for temp in (0.0, 1.0):
+            for temp in a.temperatures:
                 res = probe(core, tap, stap, source, a.requests, a.output_len, temp) | {"init": init}
                 results.append(res)
                 print(json.dumps({k: v for k, v in res.items() if k not in ("by_tokens", "by_layer")}), flush=True)
