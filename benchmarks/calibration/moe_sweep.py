@@ -50,6 +50,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import gpu_sweep as gs
+from routing_probe import scale_standin
 
 from engine.core.config import EngineArgs
 from engine.core.model_spec import get_model
@@ -350,9 +351,13 @@ def main() -> None:
     ap.add_argument("--embed-scale", type=float, default=1.0,
                     help="the stand-in's token embeddings x this after the random init (routing that follows "
                          "the token: benchmarks/calibration/data/routing); recorded in run.json")
+    ap.add_argument("--residual-scale", type=float, default=1.0,
+                    help="the stand-in's residual branch outputs (o_proj, w2) x this after the random init "
+                         "(with --embed-scale: routing that follows the token); recorded in run.json")
     a = ap.parse_args()
     for flag, value, ok in (("--temperature", a.temperature, a.temperature >= 0), ("--scale", a.scale, a.scale > 0),
-                            ("--embed-scale", a.embed_scale, a.embed_scale > 0)):
+                            ("--embed-scale", a.embed_scale, a.embed_scale > 0),
+                            ("--residual-scale", a.residual_scale, a.residual_scale > 0)):
         if not ok:
             ap.error(f"{flag} {value}: must be {'>= 0' if flag == '--temperature' else '> 0'}")
     if a.supplement and a.long_validation:
@@ -373,9 +378,7 @@ def main() -> None:
     r = None
     try:
         core = build_engine(a)
-        if a.embed_scale != 1.0:
-            with torch.no_grad():
-                core.model.embed_tokens.mul_(a.embed_scale)
+        scale_standin(core, a.embed_scale, a.residual_scale)
         log(f"engine {label}: built in {time.perf_counter() - t:.1f} s, {core.num_gpu_blocks} KV blocks, "
             f"graphs captured in {core.graph_capture_s:.1f} s")
         warm = core.warm_up()
@@ -389,7 +392,7 @@ def main() -> None:
                 "model": a.model,  # run.json's model: the preset, not the label (run folders' parent)
                 "layers": a.layers or get_model(a.model).num_layers, "plan": "dry-run" if a.dry_run else
                 "smoke" if a.smoke else a.model}
-        r = gs.Runner(core, work, label, meta | {"embed_scale": a.embed_scale}, a.deadline_s, a.temperature)
+        r = gs.Runner(core, work, label, meta | {"embed_scale": a.embed_scale, "residual_scale": a.residual_scale}, a.deadline_s, a.temperature)
         if a.supplement or a.long_validation:
             earlier = json.loads((a.supplement or a.long_validation).read_text())["capacity_rps"]
             capacity = (supplement(r, plan, earlier) if a.supplement

@@ -125,12 +125,25 @@ def by_layer(calls: list[tuple[int, int]], num_layers: int) -> dict | None:
 
 
 @torch.no_grad()
-def scale_residual_outputs(core: EngineCore, num_layers: int) -> None:
-    """GPT-2's initialisation on the built model: each residual branch's output weights (attention's
-    o_proj, the experts' w2) scaled by 1/sqrt(2 x layers)."""
+def scale_residual_outputs(core: EngineCore, factor: float) -> None:
+    """Each residual branch's output weights (attention's o_proj, the experts' w2) x `factor` on the built
+    model (GPT-2's initialisation: 1/sqrt(2 x layers)). Smaller branches keep a token's own embedding
+    dominant through depth: an untrained network's attention over a shared context adds nearly the same
+    vector to every sequence, layer after layer, and the routers then see nearly one input."""
     for name, p in core.model.named_parameters():
         if name.endswith(("o_proj.weight", ".w2")):
-            p.mul_((2 * num_layers) ** -0.5)
+            p.mul_(factor)
+
+
+@torch.no_grad()
+def scale_standin(core: EngineCore, embed_scale: float = 1.0, residual_scale: float = 1.0) -> None:
+    """The random-weight stand-in's routing made to follow the token (benchmarks/calibration/data/routing):
+    token embeddings x `embed_scale`, residual branch outputs x `residual_scale`. Neither changes a
+    step's kernels or bytes, only which experts the tokens route to."""
+    if embed_scale != 1.0:
+        core.model.embed_tokens.mul_(embed_scale)
+    if residual_scale != 1.0:
+        scale_residual_outputs(core, residual_scale)
 
 
 def main() -> None:
@@ -144,6 +157,8 @@ def main() -> None:
                     help="probe with the token embeddings at each multiple of the engine's init, in turn")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0],
                     help="decode at each temperature in turn (0: greedy)")
+    ap.add_argument("--residual-scale", type=float, default=1.0,
+                    help="first scale the residual branches' output weights (o_proj, w2) by this")
     ap.add_argument("--scaled-init", action="store_true",
                     help="also probe with the residual branches' output weights (o_proj, w2) scaled by "
                          "1/sqrt(2 x layers), GPT-2's initialisation, which keeps each token's own embedding "
@@ -151,6 +166,8 @@ def main() -> None:
     a = ap.parse_args()
     if any(s <= 0 for s in a.embed_scales):
         ap.error(f"--embed-scales {a.embed_scales}: every multiple must be > 0")
+    if a.residual_scale <= 0:
+        ap.error(f"--residual-scale {a.residual_scale}: must be > 0")
     if any(t < 0 for t in a.temperatures):
         ap.error(f"--temperatures {a.temperatures}: each must be >= 0 (0: greedy)")
     extra = {"dtype": "float32", "max_model_len": 1024} if a.device == "cpu" else {}
@@ -158,12 +175,13 @@ def main() -> None:
     core = EngineCore(EngineArgs(model=a.model, device=a.device, max_num_seqs=256, max_num_batched_tokens=8192,
                                  seed=0, enforce_eager=True, gpu_memory_utilization=0.92, **extra))
     tap, stap = RouterTap(), SampleTap(core)
+    scale_standin(core, residual_scale=a.residual_scale)
     results = []
     inits = [f"embed x{s:g}" for s in a.embed_scales] + (["scaled"] if a.scaled_init else [])
     current = 1.0
     for init in inits:
         if init == "scaled":
-            scale_residual_outputs(core, get_model(a.model).num_layers)
+            scale_residual_outputs(core, (2 * get_model(a.model).num_layers) ** -0.5)
         else:  # the embeddings to this multiple of the engine's init
             target = float(init.split("x")[1])
             with torch.no_grad():
@@ -181,7 +199,7 @@ def main() -> None:
                         print("   ", row, flush=True)
     spec = get_model(a.model)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"model": a.model, "experts": spec.num_experts, "top_k": spec.experts_per_token,
+    a.out.write_text(json.dumps({"model": a.model, "residual_scale": a.residual_scale, "experts": spec.num_experts, "top_k": spec.experts_per_token,
                                  "gpu": torch.cuda.get_device_name() if a.device == "cuda" else a.device, "torch": torch.__version__,
                                  "command": " ".join(sys.argv), "seconds": round(time.perf_counter() - t0, 1),
                                  "results": results}, indent=1) + "\n")
