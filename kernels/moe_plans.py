@@ -1,0 +1,89 @@
+"""Named fused-MoE plans for qwen3-30b-a3b's layer shape (H 2048, N 768, E 128, top 8) on the H200.
+
+- `RUN3_BEST`: each step size's fastest plan of run 3 (benchmarks/kernels/data/moe_run3/moe.md),
+  the baseline run 4 times side by side with the new candidates.
+- `run4_candidates(T, k, E)`: run 4's new plans at T (the "hist" grouping and the Triton k-sum for
+  the grouped path, new tiles for the prefill GEMMs, direct-path variants for decode: evict-first
+  weight loads, an early programmatic dependent launch with an L2 prefetch of the down weights,
+  the down launch's own warps and a narrower down tile).
+
+Nothing here is a default: kernels.fused_moe.DEFAULT_PLANS picks what the engine runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kernels.fused_moe import MoeTiles
+from kernels.moe_direct import DirectTiles
+
+# run 3's fastest plan per T on qwen3-30b-a3b (us in moe_run3/moe.md: 27.5, 49.3, 81.0, 134.3, ...)
+_R3_DIRECT = DirectTiles(16, 256, 8, 128, 4, pdl=True)
+_R3_SMALL = MoeTiles(16, 32, 128, 4, 4, atomic_sum=True)
+_R3_BIG = MoeTiles(128, 128, 64, 8, 3, tma=True)
+RUN3_BEST: dict[int, MoeTiles | DirectTiles] = {
+    1: _R3_DIRECT, 2: DirectTiles(32, 128, 16, 64, 4), 4: _R3_DIRECT, 8: _R3_SMALL, 16: _R3_SMALL, 32: _R3_SMALL,
+    64: _R3_SMALL, 128: MoeTiles(16, 64, 128, 4, 4, atomic_sum=True), 256: MoeTiles(32, 64, 128, 4, 3, atomic_sum=True),
+    1024: _R3_BIG,
+    4096: dataclasses.replace(_R3_BIG, down_block_n=256, down_block_k=64, down_num_warps=8, down_num_stages=3),
+}
+
+
+def run3_best(num_tokens: int) -> MoeTiles | DirectTiles:
+    """Run 3's best plan at the measured T nearest below `num_tokens` (T=1's below 1)."""
+    known = [t for t in sorted(RUN3_BEST) if t <= num_tokens] or [1]
+    return RUN3_BEST[known[-1]]
+
+
+# decode: the direct path's new variants (sm90 compile: run 3's n8k128 down tile at 4 warps spills
+# 168 bytes; at 8 warps, or n4 at 4, it does not)
+_D = DirectTiles(16, 256, 8, 128, 4, pdl=True, down_num_warps=8)
+DIRECT_RUN4 = [
+    _D,
+    dataclasses.replace(_D, early=True),
+    dataclasses.replace(_D, evict=True),
+    dataclasses.replace(_D, early=True, evict=True),
+    DirectTiles(16, 256, 4, 128, 4, pdl=True),
+    DirectTiles(16, 256, 4, 128, 4, pdl=True, early=True),
+    DirectTiles(8, 256, 8, 128, 4, pdl=True, early=True, down_num_warps=8),
+    DirectTiles(32, 128, 16, 64, 4, pdl=True, early=True, down_num_warps=8),
+]
+DIRECT_RUN4_MAX_PAIRS = 64
+
+# prefill: gate+up / down tiles (sm90 compile, no spills: 128x128x32 s5 174 registers against
+# 217 at x64 s3; down 128x128x64 w8 s4 118 registers)
+_DOWN256 = {"down_block_n": 256, "down_block_k": 64, "down_num_warps": 8, "down_num_stages": 3}
+_H = {"align": "hist", "ksum": "triton"}
+PREFILL_RUN4 = [
+    dataclasses.replace(_R3_BIG, align="hist", **_DOWN256),
+    dataclasses.replace(_R3_BIG, **_H, **_DOWN256),
+    dataclasses.replace(_R3_BIG, **_H),
+    MoeTiles(128, 128, 32, 8, 5, tma=True, **_H, **_DOWN256),
+    MoeTiles(128, 128, 64, 8, 4, tma=True, **_H, **_DOWN256),
+    MoeTiles(128, 128, 128, 8, 2, tma=True, **_H, **_DOWN256),
+    MoeTiles(64, 256, 64, 8, 3, tma=True, **_H, **_DOWN256),
+    MoeTiles(128, 128, 64, 8, 3, tma=True, **_H, down_block_n=128, down_block_k=64, down_num_warps=8,
+             down_num_stages=4),
+    MoeTiles(128, 128, 64, 8, 3, tma=True, **_H, down_block_n=256, down_block_k=32, down_num_warps=8,
+             down_num_stages=5),
+    MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=16, **_H, **_DOWN256),
+]
+
+
+def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """The new plans timed at T: direct variants up to DIRECT_RUN4_MAX_PAIRS pairs, run 3's best
+    grouped plan with the "hist" grouping (and the Triton k-sum where it has no atomic sum), the
+    prefill tiles from 64 rows per expert."""
+    pairs = num_tokens * top_k
+    out: list[MoeTiles | DirectTiles] = list(DIRECT_RUN4) if pairs <= DIRECT_RUN4_MAX_PAIRS else []
+    base = run3_best(num_tokens)
+    if isinstance(base, MoeTiles):
+        out.append(dataclasses.replace(base, align="hist"))
+        if not base.atomic_sum:
+            out.append(dataclasses.replace(base, align="hist", ksum="triton"))
+    if pairs / num_experts >= 64:
+        out += PREFILL_RUN4
+    return list({repr(p): p for p in out}.values())  # distinct, in order
+
+
+__all__ = ["DIRECT_RUN4", "PREFILL_RUN4", "RUN3_BEST", "run3_best", "run4_candidates"]
