@@ -48,6 +48,10 @@ class DirectTiles:
     # run 4, with pdl: gate+up lets the down launch start as soon as all its programs run (not at their
     # tail), and each down program prefetches its weight rows into L2 before waiting for the activations
     early: bool = False
+    # run 4 (FMA path): gate and up rows in one K loop, and both kernels' K loops pipelined through
+    # shared memory (tl.range num_stages: cp.async on sm90). Run 3's FMA loops compile unpipelined on
+    # sm90: a load round trip per K step, gate's loop then up's.
+    pipeline: bool = False
     down_num_warps: int = 0  # run 4: the down launch's warps (0: num_warps; sm90 compile: n8k128 spills at 4 warps)
 
 
@@ -81,10 +85,31 @@ def _row_times_tile(v_ptr, w_ptr, cols, ok_n, stride_w, K, BLOCK_N: tl.constexpr
     return res
 
 
+@triton.jit
+def _gate_up_one_loop(v_ptr, w_ptr, cols, ok_n, stride_w, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EVICT: tl.constexpr, STAGES: tl.constexpr):
+    """([BLOCK_N], [BLOCK_N]) float32: the gate and up rows `cols` times v, one K loop for both."""
+    g_rows = w_ptr + cols[:, None].to(tl.int64) * stride_w
+    u_rows = g_rows + N * stride_w
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ok_k = ks < K
+        m = ok_n[:, None] & ok_k[None, :]
+        v = tl.load(v_ptr + ks, mask=ok_k, other=0.0).to(tl.float32)
+        wg = tl.load(g_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        wu = tl.load(u_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        acc_g += wg * v[None, :]
+        acc_u += wu * v[None, :]
+    return tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
+
+
 @triton.jit(do_not_specialize=["num_pairs", "top_k"])
 def _gate_up_direct_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, num_pairs, H, N, top_k, sx_t, sw_e, sw_n, sa_p,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-                           USE_GDC: tl.constexpr, EVICT: tl.constexpr = "", EARLY: tl.constexpr = False):
+                           USE_GDC: tl.constexpr, EVICT: tl.constexpr = "", EARLY: tl.constexpr = False,
+                           ONE_LOOP: tl.constexpr = False, STAGES: tl.constexpr = 1):
     pid = tl.program_id(0)
     p = pid % num_pairs
     cols = (pid // num_pairs) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -96,8 +121,11 @@ def _gate_up_direct_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, num_pairs, H, N, top_
     e = tl.load(ids_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // top_k).to(tl.int64) * sx_t
     w_base = w_ptr + e * sw_e
-    g = _row_times_tile(x_row, w_base, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT, EVICT)
-    u = _row_times_tile(x_row, w_base + N * sw_n, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT, EVICT)
+    if ONE_LOOP:
+        g, u = _gate_up_one_loop(x_row, w_base, cols, ok_n, sw_n, N, H, BLOCK_N, BLOCK_K, EVICT, STAGES)
+    else:
+        g = _row_times_tile(x_row, w_base, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT, EVICT)
+        u = _row_times_tile(x_row, w_base + N * sw_n, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT, EVICT)
     if USE_GDC and not EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     act = g / (1.0 + tl.exp(-g)) * u
@@ -123,7 +151,7 @@ def _prefetch_l2(w_ptr, ids_ptr, t, cols, N, H, top_k, sw_e, sw_h, BLOCK_N: tl.c
 def _down_direct_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, num_tokens, N, H, top_k, sa_p, sw_e, sw_h, so_t,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, USE_DOT: tl.constexpr,
                         USE_GDC: tl.constexpr, EVICT: tl.constexpr = "", PREFETCH: tl.constexpr = False,
-                        LINES: tl.constexpr = 1):
+                        LINES: tl.constexpr = 1, STAGES: tl.constexpr = 1):
     pid = tl.program_id(0)
     t = pid % num_tokens
     cols = (pid // num_tokens) * BLOCK_N + tl.arange(0, BLOCK_N)  # hidden columns
@@ -137,13 +165,14 @@ def _down_direct_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, num_tokens, N,
                                BLOCK_N, BLOCK_K, EVICT)
     else:
         total = _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
-                               BLOCK_N, BLOCK_K, KP2, EVICT)
+                               BLOCK_N, BLOCK_K, KP2, EVICT, STAGES)
     tl.store(out_ptr + t.to(tl.int64) * so_t + cols, total.to(out_ptr.dtype.element_ty), mask=ok_n)
 
 
 @triton.jit
 def _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, EVICT: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, EVICT: tl.constexpr,
+                   STAGES: tl.constexpr):
     """[BLOCK_N] float32: sum_j w_j * down_{e_j}(act_j)[cols], all k experts' rows in one tile per K
     step (k * BLOCK_N rows: k times the bytes in flight of one expert's rows)."""
     r = tl.arange(0, KP2 * BLOCK_N)
@@ -155,12 +184,20 @@ def _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_
     w_rows = w_ptr + e[:, None] * sw_e + col[:, None] * sw_h
     a_rows = act_ptr + p[:, None] * sa_p
     acc = tl.zeros((KP2 * BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, N, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        m = ok_r[:, None] & (ks < N)[None, :]
-        a = tl.load(a_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
-        acc += a * w
+    if STAGES > 1:  # run 4's pipelined loop
+        for k0 in tl.range(0, N, BLOCK_K, num_stages=STAGES):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            m = ok_r[:, None] & (ks < N)[None, :]
+            a = tl.load(a_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
+            acc += a * w
+    else:
+        for k0 in range(0, N, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            m = ok_r[:, None] & (ks < N)[None, :]
+            a = tl.load(a_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
+            acc += a * w
     y = tl.sum(acc, axis=1) * tl.load(tw_ptr + p, mask=j < top_k, other=0.0)
     return tl.sum(tl.reshape(y, (KP2, BLOCK_N)), axis=0)
 
@@ -209,7 +246,8 @@ def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, t
     act = torch.empty(t * k, n, dtype=x.dtype, device=x.device)
     _gate_up_direct_kernel[(t * k * triton.cdiv(n, tiles.block_n),)](
         x, w13, act, ids, t * k, h, n, k, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, EARLY=tiles.early and tiles.pdl, **_launch(tiles))
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, EARLY=tiles.early and tiles.pdl, ONE_LOOP=tiles.pipeline and not tiles.use_dot,
+        STAGES=tiles.num_stages, **_launch(tiles))
     return act
 
 

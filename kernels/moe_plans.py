@@ -5,7 +5,7 @@
 - `run4_candidates(T, k, E)`: run 4's new plans at T (the "hist" grouping and the Triton k-sum for
   the grouped path, new tiles for the prefill GEMMs, direct-path variants for decode: evict-first
   weight loads, an early programmatic dependent launch with an L2 prefetch of the down weights,
-  the down launch's own warps and a narrower down tile).
+  the down launch's own warps and a narrower down tile, FMA loops pipelined through shared memory).
 
 Nothing here is a default: kernels.fused_moe.DEFAULT_PLANS picks what the engine runs.
 """
@@ -47,6 +47,12 @@ DIRECT_RUN4 = [
     DirectTiles(16, 256, 4, 128, 4, pdl=True, early=True),
     DirectTiles(8, 256, 8, 128, 4, pdl=True, early=True, down_num_warps=8),
     DirectTiles(32, 128, 16, 64, 4, pdl=True, early=True, down_num_warps=8),
+    # pipelined FMA loops (cp.async; sm90 compile: no spills, 17-66 KB shared)
+    dataclasses.replace(_D, pipeline=True),
+    dataclasses.replace(_D, pipeline=True, early=True),
+    DirectTiles(8, 256, 8, 128, 4, 3, pdl=True, early=True, down_num_warps=8, pipeline=True),
+    DirectTiles(16, 128, 8, 64, 4, 4, pdl=True, early=True, down_num_warps=8, pipeline=True),
+    DirectTiles(32, 128, 16, 64, 4, 3, pdl=True, early=True, down_num_warps=8, pipeline=True),
 ]
 DIRECT_RUN4_MAX_PAIRS = 64
 
