@@ -356,18 +356,19 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "hist")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist")
 
 
 def probe_plans() -> dict:
     """Each feature's plans: core (the direct path, the many-program grouping, the atomic k-sum), TMA
     weight tiles, programmatic dependent launch; run 4: the early launch with the L2 prefetch (inline
-    PTX), the "hist" grouping with the Triton k-sum."""
+    PTX), the direct path's pipelined loops, the "hist" grouping with the Triton k-sum."""
     return {"core": [DIRECT_CANDIDATES[0], next(c for c in DIRECT_CANDIDATES if c.use_dot),
                      MoeTiles(16, 64, 128, 4, 4, atomic_sum=True), MoeTiles(64, 128, 64, 4, 3)],
             "tma": [c for c in TILE_CANDIDATES if c.tma][:2],
             "pdl": [c for c in DIRECT_CANDIDATES if c.pdl],
-            "early": [c for c in DIRECT_RUN4 if c.early][:2],
+            "early": [c for c in DIRECT_RUN4 if c.early and not c.pipeline][:2],
+            "pipe": [c for c in DIRECT_RUN4 if c.pipeline][:2],
             "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")]}
 
 
@@ -589,7 +590,8 @@ FOCUS_PRESETS = ("qwen3-30b-a3b",)
 def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
     """The probe features a plan needs."""
     if isinstance(plan, DirectTiles):
-        return {"core"} | ({"pdl"} if plan.pdl else set()) | ({"early"} if plan.early and plan.pdl else set())
+        return ({"core"} | ({"pdl"} if plan.pdl else set()) | ({"early"} if plan.early and plan.pdl else set())
+                | ({"pipe"} if plan.pipeline else set()))
     return ({"core"} | ({"tma"} if plan.tma else set())
             | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set()))
 
