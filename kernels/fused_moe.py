@@ -56,6 +56,7 @@ class MoeTiles:
     tma: bool = False  # weight tiles through TMA descriptors (Hopper's tensor memory accelerator)
     align: str = "blocks"  # the grouping (kernels.moe_align.METHODS; "legacy": run 2's)
     ksum: str = "torch"  # the k-sum of the per-pair rows (not atomic_sum): "torch" or "triton" (`moe_sum`)
+    joint: bool = False  # with tma: gate+up as one [BLOCK_M, 2 * BLOCK_N] dot a K step (_gate_up_joint_kernel)
 
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
@@ -158,6 +159,32 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs,
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
+def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks, sx_t, sa_p,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """As _gate_up_kernel with TMA, one dot a K step: w13 seen as [E, 2, N, H], a [1, 2, BLOCK_N, BLOCK_K]
+    box holds the gate and up rows of the tile (one [BLOCK_M, 2 * BLOCK_N] accumulator: wider
+    tensor-core instructions, the activation tile read once a step instead of twice)."""
+    pid_m, pid_n = _tile_of(num_blocks, N, BLOCK_N, GROUP_M)
+    e32 = tl.load(bexp_ptr + pid_m)
+    if e32 < 0:
+        return
+    pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    ok_m = pairs < num_pairs
+    rows = (pairs // top_k).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x_ptr + rows[:, None] * sx_t + ks[None, :], mask=ok_m[:, None] & (ks < H)[None, :], other=0.0)
+        w = w_desc.load([e32, 0, pid_n * BLOCK_N, k0]).reshape(2 * BLOCK_N, BLOCK_K)  # TMA pads past N, H with 0
+        acc = tl.dot(a, tl.trans(w), acc)
+    g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+    act = g / (1.0 + tl.exp(-g)) * u
+    dst = act_ptr + pairs[:, None].to(tl.int64) * sa_p + cols[None, :]
+    tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=ok_m[:, None] & (cols < N)[None, :])
+
+
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _down_kernel(act_ptr, w_ptr, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, top_k, num_blocks,
                  sa_p, sw_e, sw_h, so_p,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -257,6 +284,15 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
     n = w13.shape[1] // 2
     pairs, blocks = t * top_k, block_expert.numel()
     act = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
+    if tiles.joint and tiles.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        desc = TensorDescriptor.from_tensor(w13.view(w13.shape[0], 2, n, h), [1, 2, tiles.block_n, tiles.block_k])
+        _gate_up_joint_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
+            x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        return act
     _gate_up_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
         x, w13, _weight_desc(w13, tiles), act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), w13.stride(0), w13.stride(1),
         act.stride(0), **_launch(tiles))

@@ -56,7 +56,7 @@ DIRECT_RUN4 = [
 ]
 DIRECT_RUN4_MAX_PAIRS = 64
 
-# prefill: gate+up / down tiles (sm90 compile, no spills: 128x128x32 s5 174 registers against
+# prefill: gate+up / down tiles, a joint gate+up dot (sm90 compile, no spills: 128x128x32 s5 174 registers against
 # 217 at x64 s3; down 128x128x64 w8 s4 118 registers)
 _DOWN256 = {"down_block_n": 256, "down_block_k": 64, "down_num_warps": 8, "down_num_stages": 3}
 _H = {"align": "hist", "ksum": "triton"}
@@ -73,6 +73,10 @@ PREFILL_RUN4 = [
     MoeTiles(128, 128, 64, 8, 3, tma=True, **_H, down_block_n=256, down_block_k=32, down_num_warps=8,
              down_num_stages=5),
     MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=16, **_H, **_DOWN256),
+    # gate+up as one dot of 2 * BLOCK_N columns (sm90: m64n256k16 wgmma, 174 registers, no spills)
+    MoeTiles(128, 128, 64, 8, 3, tma=True, joint=True, **_H, **_DOWN256),
+    MoeTiles(128, 128, 64, 8, 4, tma=True, joint=True, **_H, **_DOWN256),
+    MoeTiles(128, 64, 64, 4, 4, tma=True, joint=True, **_H, **_DOWN256),
 ]
 
 

@@ -152,6 +152,7 @@ def tiles_key(t: MoeTiles | DirectTiles) -> str:
     if t.down_block_n or t.down_block_k:
         key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
     key += "atomic" if t.atomic_sum else ""
+    key += " joint" if t.joint and t.tma else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
@@ -356,19 +357,20 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint")
 
 
 def probe_plans() -> dict:
     """Each feature's plans: core (the direct path, the many-program grouping, the atomic k-sum), TMA
     weight tiles, programmatic dependent launch; run 4: the early launch with the L2 prefetch (inline
-    PTX), the direct path's pipelined loops, the "hist" grouping with the Triton k-sum."""
+    PTX), the direct path's pipelined loops, the "hist" grouping with the Triton k-sum, the joint gate+up dot."""
     return {"core": [DIRECT_CANDIDATES[0], next(c for c in DIRECT_CANDIDATES if c.use_dot),
                      MoeTiles(16, 64, 128, 4, 4, atomic_sum=True), MoeTiles(64, 128, 64, 4, 3)],
             "tma": [c for c in TILE_CANDIDATES if c.tma][:2],
             "pdl": [c for c in DIRECT_CANDIDATES if c.pdl],
             "early": [c for c in DIRECT_RUN4 if c.early and not c.pipeline][:2],
             "pipe": [c for c in DIRECT_RUN4 if c.pipeline][:2],
+            "joint": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton")],
             "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")]}
 
 
@@ -593,7 +595,8 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
         return ({"core"} | ({"pdl"} if plan.pdl else set()) | ({"early"} if plan.early and plan.pdl else set())
                 | ({"pipe"} if plan.pipeline else set()))
     return ({"core"} | ({"tma"} if plan.tma else set())
-            | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set()))
+            | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
+            | ({"joint"} if plan.joint and plan.tma else set()))
 
 
 def focus_plans(t: int, k: int, e: int) -> dict:
@@ -601,7 +604,7 @@ def focus_plans(t: int, k: int, e: int) -> dict:
     (the dry run also walks the prefill tiles at its largest T)."""
     plans = [run3_best(t), *run4_candidates(t, k, e)]
     if ARGS.dry_run and t == max(focus_tokens()):
-        plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1) for p in PREFILL_RUN4[:3]]
+        plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1) for p in PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]]
     return {tiles_key(p): p for p in plans if not plan_features(p) & PROBE_FAILED}
 
 

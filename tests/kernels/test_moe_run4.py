@@ -87,13 +87,15 @@ GROUPED_RUN4 = {
     "hist2_ksum_tma_down_tile": MoeTiles(16, 32, 16, 4, 1, tma=True, align="hist2", ksum="triton", down_block_n=16,
                                          down_block_k=32),
     "hist_atomic": MoeTiles(16, 16, 16, 4, 1, align="hist", ksum="triton", atomic_sum=True),
+    "joint": MoeTiles(16, 16, 16, 4, 1, tma=True, joint=True, align="hist", ksum="triton"),
+    "joint_wide": MoeTiles(16, 32, 16, 4, 1, tma=True, joint=True),  # n = 48: the up half's box past N is TMA's zeros
 }
 
 
 @pytest.mark.parametrize("variant", sorted(GROUPED_RUN4))
 def test_grouped_run4_plans_equal_the_per_expert_loop(variant):
     """The grouped path with the hist grouping and the Triton k-sum (with atomic_sum the k-sum is the
-    atomics'), random routing and every token on 2 experts."""
+    atomics'), the joint gate+up dot, random routing and every token on 2 experts."""
     x, w13, w2, weights, ids = _layer(11, 19, 6, 2, 32, 48)
     same = torch.tensor([3, 5]).expand(19, 2).contiguous()
     for routing in (ids, same):
