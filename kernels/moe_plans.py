@@ -41,12 +41,8 @@ _D = DirectTiles(16, 256, 8, 128, 4, pdl=True, down_num_warps=8)
 DIRECT_RUN4 = [
     _D,
     dataclasses.replace(_D, early=True),
-    dataclasses.replace(_D, evict=True),
     dataclasses.replace(_D, early=True, evict=True),
     DirectTiles(16, 256, 4, 128, 4, pdl=True),
-    DirectTiles(16, 256, 4, 128, 4, pdl=True, early=True),
-    DirectTiles(8, 256, 8, 128, 4, pdl=True, early=True, down_num_warps=8),
-    DirectTiles(32, 128, 16, 64, 4, pdl=True, early=True, down_num_warps=8),
     # pipelined FMA loops (cp.async; sm90 compile: no spills, 17-66 KB shared)
     dataclasses.replace(_D, pipeline=True),
     dataclasses.replace(_D, pipeline=True, early=True),
@@ -57,22 +53,18 @@ DIRECT_RUN4 = [
 DIRECT_RUN4_MAX_PAIRS = 64
 
 # prefill: gate+up / down tiles, a joint gate+up dot (sm90 compile, no spills: 128x128x32 s5 174 registers against
-# 217 at x64 s3; down 128x128x64 w8 s4 118 registers)
+# 217 at x64 s3; down 128x128x64 w8 s4 118 registers). Kept to 9 (each a compile of ~2-4 s in a 150 s run).
 _DOWN256 = {"down_block_n": 256, "down_block_k": 64, "down_num_warps": 8, "down_num_stages": 3}
 _H = {"align": "hist", "ksum": "triton"}
 PREFILL_RUN4 = [
     dataclasses.replace(_R3_BIG, align="hist", **_DOWN256),
     dataclasses.replace(_R3_BIG, **_H, **_DOWN256),
-    dataclasses.replace(_R3_BIG, **_H),
     MoeTiles(128, 128, 32, 8, 5, tma=True, **_H, **_DOWN256),
     MoeTiles(128, 128, 64, 8, 4, tma=True, **_H, **_DOWN256),
-    MoeTiles(128, 128, 128, 8, 2, tma=True, **_H, **_DOWN256),
-    MoeTiles(64, 256, 64, 8, 3, tma=True, **_H, **_DOWN256),
     MoeTiles(128, 128, 64, 8, 3, tma=True, **_H, down_block_n=128, down_block_k=64, down_num_warps=8,
              down_num_stages=4),
     MoeTiles(128, 128, 64, 8, 3, tma=True, **_H, down_block_n=256, down_block_k=32, down_num_warps=8,
              down_num_stages=5),
-    MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=16, **_H, **_DOWN256),
     # gate+up as one dot of 2 * BLOCK_N columns (sm90: m64n256k16 wgmma, 174 registers, no spills)
     MoeTiles(128, 128, 64, 8, 3, tma=True, joint=True, **_H, **_DOWN256),
     MoeTiles(128, 128, 64, 8, 4, tma=True, joint=True, **_H, **_DOWN256),
