@@ -155,7 +155,8 @@ def _align_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_la
 # ------------------------------------------------------------------------------- "hist" (run 4)
 # Run 3's "blocks" spent 75 us on 32K pairs (qwen3 T=4096): its scatter holds several [CHUNK, E]
 # int32 one-hots (a cumsum down the chunk among them); compiled for sm90 (CHUNK 256, E 128, 8 warps)
-# it takes 128 KB of shared memory (one program per SM) and spills 2.5 KB a thread.
+# it takes 128 KB of shared memory (one program per SM), 255 registers and 168 spilled bytes a thread
+# (benchmarks/kernels/moe_compile.py).
 # "hist" keeps no [CHUNK, E] tensor (sm90: 64 registers, 2 KB shared, no spills): counts by tl.histogram, the rank within the chunk by sorting
 # the keys expert * CHUNK + lane (unique, so the order is the stable one), an expert's first row by
 # a gather from [E] vectors, a block's expert by a binary search of the padded runs' ends.

@@ -35,8 +35,8 @@ def run3_best(num_tokens: int) -> MoeTiles | DirectTiles:
     return RUN3_BEST[known[-1]]
 
 
-# decode: the direct path's new variants (sm90 compile: run 3's n8k128 down tile at 4 warps spills
-# 168 bytes; at 8 warps, or n4 at 4, it does not)
+# decode: the direct path's new variants (sm90 compile, benchmarks/kernels/moe_compile.py: run 3's
+# n8k128 down tile takes 156 registers a thread at 4 warps, 97 at 8)
 _D = DirectTiles(16, 256, 8, 128, 4, pdl=True, down_num_warps=8)
 DIRECT_RUN4 = [
     _D,
