@@ -13,8 +13,9 @@ Nothing here is a default: kernels.fused_moe.DEFAULT_PLANS picks what the engine
 from __future__ import annotations
 
 import dataclasses
+import math
 
-from kernels.fused_moe import MoeTiles
+from kernels.fused_moe import MoeTiles, run3_tiles
 from kernels.moe_direct import DirectTiles
 
 # run 3's fastest plan per T on qwen3-30b-a3b (us in moe_run3/moe.md: 27.5, 49.3, 81.0, 134.3, ...)
@@ -27,6 +28,22 @@ RUN3_BEST: dict[int, MoeTiles | DirectTiles] = {
     1024: _R3_BIG,
     4096: dataclasses.replace(_R3_BIG, down_block_n=256, down_block_k=64, down_num_warps=8, down_num_stages=3),
 }
+
+
+def plan_key(t: MoeTiles | DirectTiles) -> str:
+    """A plan's name in the benchmark's tables (run 3's names unchanged; run 4's fields appended)."""
+    if isinstance(t, DirectTiles):
+        return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
+                f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
+                f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
+                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}")
+    key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
+    if t.down_block_n or t.down_block_k:
+        key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
+    key += "atomic" if t.atomic_sum else ""
+    key += " joint" if t.joint and t.tma else ""
+    key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
+    return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
 
 def run3_best(num_tokens: int) -> MoeTiles | DirectTiles:
@@ -88,4 +105,31 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
     return list({repr(p): p for p in out}.values())  # distinct, in order
 
 
-__all__ = ["DIRECT_RUN4", "PREFILL_RUN4", "RUN3_BEST", "run3_best", "run4_candidates"]
+def known_plans() -> dict[str, MoeTiles | DirectTiles]:
+    """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
+    plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4]
+    for t in RUN3_BEST:
+        plans += run4_candidates(t, 8, 128)
+    return {plan_key(p): p for p in plans}
+
+
+def propose_rule(speed_rows: list[dict]) -> dict[int, MoeTiles | DirectTiles]:
+    """T -> the fastest known plan measured at T, from the benchmark's moe.json "speed" rows of one
+    preset (each row's `fused_by_tiles`: plan key -> us); plans this module does not name are skipped."""
+    known = known_plans()
+    out = {}
+    for row in speed_rows:
+        timed = {key: us for key, us in row.get("fused_by_tiles", {}).items() if key in known and us is not None}
+        if timed:
+            out[row["T"]] = known[min(timed, key=timed.get)]
+    return dict(sorted(out.items()))
+
+
+def rule_tiles(num_tokens: int, rule: dict[int, MoeTiles | DirectTiles]) -> MoeTiles | DirectTiles:
+    """The plan of the measured T nearest `num_tokens` in log2 (a tie: the smaller T)."""
+    x = math.log2(max(num_tokens, 1))
+    return rule[min(rule, key=lambda t: (abs(math.log2(t) - x), t))]
+
+
+__all__ = ["DIRECT_RUN4", "PREFILL_RUN4", "RUN3_BEST", "known_plans", "plan_key", "propose_rule", "rule_tiles",
+           "run3_best", "run3_tiles", "run4_candidates"]

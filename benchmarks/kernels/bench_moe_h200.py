@@ -95,7 +95,7 @@ from kernels.fused_moe import (
 )
 from kernels.moe_align import _align_hist
 from kernels.moe_direct import down_direct, gate_up_direct
-from kernels.moe_plans import DIRECT_RUN4, PREFILL_RUN4, run3_best, run4_candidates
+from kernels.moe_plans import DIRECT_RUN4, PREFILL_RUN4, plan_key, run3_best, run4_candidates
 from kernels.moe_reference import fused_moe_ref, route_ref
 
 _interpreter_compat.apply()
@@ -141,20 +141,7 @@ def old_moe(x, w13, w2, tw, ids):
     return fused_moe(x, w13, w2, tw, ids, legacy_tiles(t, k, w13.shape[0]))
 
 
-def tiles_key(t: MoeTiles | DirectTiles) -> str:
-    """A plan's name in the tables (run 3's names unchanged; run 4's new fields appended)."""
-    if isinstance(t, DirectTiles):
-        return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
-                f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
-                f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
-                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}")
-    key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
-    if t.down_block_n or t.down_block_k:
-        key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
-    key += "atomic" if t.atomic_sum else ""
-    key += " joint" if t.joint and t.tma else ""
-    key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
-    return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
+tiles_key = plan_key  # a plan's name in the tables (kernels.moe_plans)
 
 
 def log(msg: str) -> None:

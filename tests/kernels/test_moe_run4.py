@@ -13,7 +13,17 @@ from hypothesis import strategies as st
 
 from kernels.fused_moe import MoeTiles, align_by_expert, fused_moe, moe_sum
 from kernels.moe_direct import DirectTiles
-from kernels.moe_plans import DIRECT_RUN4, PREFILL_RUN4, RUN3_BEST, run3_best, run4_candidates
+from kernels.moe_plans import (
+    DIRECT_RUN4,
+    PREFILL_RUN4,
+    RUN3_BEST,
+    known_plans,
+    plan_key,
+    propose_rule,
+    rule_tiles,
+    run3_best,
+    run4_candidates,
+)
 from kernels.moe_reference import fused_moe_ref, route_ref
 from tests.kernels.helpers import SETTINGS, assert_close
 
@@ -128,3 +138,15 @@ def test_run4_candidates_by_step_size():
     assert all(p in big for p in PREFILL_RUN4) and len(big) == len(set(map(repr, big)))
     assert not any(p in run4_candidates(256, 8, 128) for p in PREFILL_RUN4)  # 16 rows per expert
     assert run3_best(3) == RUN3_BEST[2] and run3_best(5000) == RUN3_BEST[4096] and run3_best(0) == RUN3_BEST[1]
+
+
+def test_propose_rule_takes_each_ts_fastest_known_plan_and_rule_tiles_the_nearest_t():
+    direct, grouped = DIRECT_RUN4[1], PREFILL_RUN4[2]
+    rows = [{"T": 1, "fused_by_tiles": {plan_key(direct): 20.0, plan_key(RUN3_BEST[1]): 27.5, "unknown plan": 1.0}},
+            {"T": 4096, "fused_by_tiles": {plan_key(RUN3_BEST[4096]): 838.0, plan_key(grouped): 700.0}},
+            {"T": 64, "fused_by_tiles": {}}]
+    rule = propose_rule(rows)
+    assert rule == {1: direct, 4096: grouped}  # the unknown key and the empty row skipped
+    assert rule_tiles(1, rule) is direct and rule_tiles(0, rule) is direct and rule_tiles(64, rule) is direct
+    assert rule_tiles(65, rule) is grouped  # log2 65 is nearer 12 than 0 by a hair past the midpoint 64
+    assert len(known_plans()) == len(set(map(repr, known_plans().values())))  # keys name plans one to one
