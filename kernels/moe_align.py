@@ -12,6 +12,9 @@ syncs with the host, so the grouping captures into a CUDA graph. Three ways, sam
   and block experts of one chunk of sorted positions. Up to BLOCKS_ONE_LAUNCH_MAX_PAIRS pairs the
   scatter programs count every chunk themselves: one launch ("blocks2": always two). Run 2 on the H200 measured the one-program
   grouping at 55-136 us for qwen3-30b-a3b's T = 128..4096 (one program walks every pair).
+- "hist" (run 4): the same two launches without [chunk, experts] tensors: counts by tl.histogram,
+  the rank within a chunk by a sort, gathers and a binary search (see its section); "hist2":
+  always two launches. Same output as "torch".
 - "one_program": `_align_kernel`, one Triton program that walks the pairs in chunks of 64
   (run 2's grouping up to 4,096 pairs; kept so the benchmark can time the old path).
 - "torch": torch ops (scatter_add counts, a stable sort, searchsorted): run 2's grouping above
@@ -27,7 +30,7 @@ import triton.language as tl
 # run 2's rule for "legacy": the one program up to this many pairs, torch ops above
 ALIGN_ONE_PROGRAM_MAX_PAIRS = 4096
 _ALIGN_CHUNK = 64
-METHODS = ("blocks", "blocks2", "one_program", "torch", "legacy")
+METHODS = ("blocks", "blocks2", "hist", "hist2", "one_program", "torch", "legacy")
 # "blocks" up to this many pairs: one launch (each program counts all pairs: 8 chunks of 128 at most);
 # "blocks2" always two launches (the benchmark times both)
 BLOCKS_ONE_LAUNCH_MAX_PAIRS = 1024
@@ -50,6 +53,10 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, m
         return _align_blocks(topk_ids, num_experts, block_m, BLOCKS_ONE_LAUNCH_MAX_PAIRS)
     if method == "blocks2":
         return _align_blocks(topk_ids, num_experts, block_m, 0)
+    if method == "hist":
+        return _align_hist(topk_ids, num_experts, block_m, HIST_ONE_LAUNCH_MAX_PAIRS)
+    if method == "hist2":
+        return _align_hist(topk_ids, num_experts, block_m, 0)
     if method == "one_program":
         return _align_one_program(topk_ids, num_experts, block_m)
     if method == "torch":
@@ -145,6 +152,132 @@ def _align_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_la
     return sorted_ids, block_expert
 
 
+# ------------------------------------------------------------------------------- "hist" (run 4)
+# Run 3's "blocks" spent 75 us on 32K pairs (qwen3 T=4096): its scatter holds several [CHUNK, E]
+# int32 one-hots (a cumsum down the chunk among them); compiled for sm90 (CHUNK 256, E 128, 8 warps)
+# it takes 128 KB of shared memory (one program per SM), 255 registers and 168 spilled bytes a thread
+# (benchmarks/kernels/moe_compile.py).
+# "hist" keeps no [CHUNK, E] tensor (sm90: 64 registers, 2 KB shared, no spills): counts by tl.histogram, the rank within the chunk by sorting
+# the keys expert * CHUNK + lane (unique, so the order is the stable one), an expert's first row by
+# a gather from [E] vectors, a block's expert by a binary search of the padded runs' ends.
+HIST_ONE_LAUNCH_MAX_PAIRS = 1024
+
+
+def _hist_chunk(num_pairs: int) -> int:
+    """Pairs per program (the benchmark times others through `_align_hist`'s `chunk`)."""
+    return 256 if num_pairs > 4096 else 128
+
+
+@triton.jit(do_not_specialize=["n"])
+def _hist_kernel(ids_ptr, hist_ptr, n, EP2: tl.constexpr, CHUNK: tl.constexpr):
+    """hist[c, e]: pairs of chunk c on expert e."""
+    c = tl.program_id(0)
+    p = c * CHUNK + tl.arange(0, CHUNK)
+    e = tl.load(ids_ptr + p, mask=p < n, other=0).to(tl.int32)
+    tl.store(hist_ptr + c * EP2 + tl.arange(0, EP2), tl.histogram(e, EP2, mask=p < n))
+
+
+@triton.jit
+def _chunk_counts(ids_ptr, hist_ptr, c, n, num_experts, num_chunks, EP2: tl.constexpr, CHUNK: tl.constexpr,
+                  ROWS: tl.constexpr, COUNT_HERE: tl.constexpr):
+    """Per expert ([EP2]): pairs in all chunks, in the chunks before c, in chunk c."""
+    bins = tl.arange(0, EP2)
+    total = tl.zeros((EP2,), dtype=tl.int32)
+    before = tl.zeros((EP2,), dtype=tl.int32)
+    mine = tl.zeros((EP2,), dtype=tl.int32)
+    if COUNT_HERE:  # few pairs: each program counts them all (no hist launch)
+        for r in range(num_chunks):
+            q = r * CHUNK + tl.arange(0, CHUNK)
+            h1 = tl.histogram(tl.load(ids_ptr + q, mask=q < n, other=0).to(tl.int32), EP2, mask=q < n)
+            total += h1
+            before += tl.where(r < c, h1, 0)
+            mine += tl.where(r == c, h1, 0)
+    else:
+        for r0 in range(0, num_chunks, ROWS):
+            r = r0 + tl.arange(0, ROWS)
+            h = tl.load(hist_ptr + r[:, None] * EP2 + bins[None, :],
+                        mask=(r < num_chunks)[:, None] & (bins < num_experts)[None, :], other=0)
+            total += tl.sum(h, axis=0)
+            before += tl.sum(tl.where((r < c)[:, None], h, 0), axis=0)
+            mine += tl.sum(tl.where((r == c)[:, None], h, 0), axis=0)
+    return total, before, mine
+
+
+@triton.jit
+def _runs_at_or_before(pad_end, x, EP2: tl.constexpr, LOG_EP2: tl.constexpr):
+    """For each x: how many of the nondecreasing pad_end[0..EP2-1] are <= x (at most EP2 - 1)."""
+    idx = tl.zeros(x.shape, dtype=tl.int32)
+    for i in tl.static_range(LOG_EP2):
+        cand = idx + (EP2 >> (i + 1))
+        idx = tl.where(tl.gather(pad_end, cand - 1, 0) <= x, cand, idx)
+    return idx
+
+
+@triton.jit(do_not_specialize=["n", "num_experts", "cap", "num_blocks", "num_chunks"])
+def _place_kernel(ids_ptr, hist_ptr, sorted_ptr, bexp_ptr, n, num_experts, cap, num_blocks, num_chunks,
+                  BLOCK_M: tl.constexpr, EP2: tl.constexpr, LOG_EP2: tl.constexpr, CHUNK: tl.constexpr,
+                  ROWS: tl.constexpr, COUNT_HERE: tl.constexpr):
+    c = tl.program_id(0)
+    progs = tl.num_programs(0)
+    bins = tl.arange(0, EP2)
+    lanes = tl.arange(0, CHUNK)
+    total, before, mine = _chunk_counts(ids_ptr, hist_ptr, c, n, num_experts, num_chunks, EP2, CHUNK, ROWS,
+                                        COUNT_HERE)
+    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, 0)
+    pad_start = pad_end - padded
+    # 1. this chunk's pairs, sorted by (expert, lane): the i-th goes to its expert's first row +
+    #    the expert's pairs in earlier chunks + i - the chunk's pairs on lower experts
+    if c < num_chunks:
+        p = c * CHUNK + lanes
+        e = tl.load(ids_ptr + p, mask=p < n, other=num_experts).to(tl.int32)  # lanes past n sort last
+        s = tl.sort(e * CHUNK + lanes)
+        es = s // CHUNK
+        offs = pad_start + before - (tl.cumsum(mine, 0) - mine)
+        dest = tl.gather(offs, tl.minimum(es, EP2 - 1), 0) + lanes
+        tl.store(sorted_ptr + dest, c * CHUNK + s % CHUNK, mask=es < num_experts)
+    # 2. the sentinel n on the padding rows of experts c, c + progs, ... and on the rows past the runs
+    used_end = pad_start + total
+    rows = tl.arange(0, BLOCK_M)
+    for ex in range(c, num_experts, progs):
+        lo = tl.sum(tl.where(bins == ex, used_end, 0), axis=0)
+        hi = tl.sum(tl.where(bins == ex, pad_end, 0), axis=0)
+        tl.store(sorted_ptr + lo + rows, n, mask=lo + rows < hi)
+    all_end = tl.sum(padded, axis=0)
+    pos = c * CHUNK + lanes
+    tl.store(sorted_ptr + pos, n, mask=(pos >= all_end) & (pos < cap))
+    # 3. blocks c*CHUNK..: the expert whose padded run holds the block's first row, -1 past the runs
+    blk = c * CHUNK + lanes
+    start = blk * BLOCK_M
+    bex = _runs_at_or_before(pad_end, start, EP2, LOG_EP2)
+    tl.store(bexp_ptr + blk, tl.where(start < all_end, bex, -1), mask=blk < num_blocks)
+
+
+def _align_hist(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_launch_max: int = 0,
+                chunk: int | None = None, warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """The "hist" grouping: a count launch (tl.histogram per chunk) and a place launch, or up to
+    `one_launch_max` pairs the place launch alone (each program counts every chunk); `chunk`
+    (a power of two): pairs per program, default `_hist_chunk`."""
+    ids = topk_ids.reshape(-1)
+    n = ids.numel()
+    cap = padded_length(n, num_experts, block_m)
+    chunk = chunk or _hist_chunk(n)
+    ep2 = max(2, triton.next_power_of_2(num_experts))
+    num_chunks = triton.cdiv(n, chunk)
+    sorted_ids = torch.empty(cap, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)
+    one_launch = n <= one_launch_max
+    hist = sorted_ids  # unused when the place launch counts itself
+    if not one_launch:
+        hist = torch.empty(num_chunks, ep2, dtype=torch.int32, device=ids.device)
+        _hist_kernel[(num_chunks,)](ids, hist, n, EP2=ep2, CHUNK=chunk, num_warps=warps)
+    _place_kernel[(triton.cdiv(cap, chunk),)](ids, hist, sorted_ids, block_expert, n, num_experts, cap,
+                                              cap // block_m, num_chunks, BLOCK_M=block_m, EP2=ep2,
+                                              LOG_EP2=ep2.bit_length() - 1, CHUNK=chunk, ROWS=32,
+                                              COUNT_HERE=one_launch, num_warps=warps)
+    return sorted_ids, block_expert
+
+
 # ------------------------------------------------------------------------------- "one_program" (run 2)
 @triton.jit
 def _align_kernel(ids_ptr, sorted_ptr, bexp_ptr, n, num_experts, cap, num_blocks,
@@ -217,4 +350,4 @@ def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
     return sorted_ids, block_expert
 
 
-__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "BLOCKS_ONE_LAUNCH_MAX_PAIRS", "METHODS", "align_by_expert", "padded_length"]
+__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "BLOCKS_ONE_LAUNCH_MAX_PAIRS", "HIST_ONE_LAUNCH_MAX_PAIRS", "METHODS", "align_by_expert", "padded_length"]

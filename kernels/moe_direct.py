@@ -23,6 +23,7 @@ tail; each kernel waits for its predecessor's writes before reading them).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -42,11 +43,21 @@ class DirectTiles:
     num_stages: int = 3
     use_dot: bool = False
     pdl: bool = False
+    # run 4: weight loads with evict_first (each weight byte is read once a step: keep L2 for the rest)
+    evict: bool = False
+    # run 4, with pdl: gate+up lets the down launch start as soon as all its programs run (not at their
+    # tail), and each down program prefetches its weight rows into L2 before waiting for the activations
+    early: bool = False
+    # run 4 (FMA path): gate and up rows in one K loop, and both kernels' K loops pipelined through
+    # shared memory (tl.range num_stages: cp.async on sm90). Run 3's FMA loops compile unpipelined on
+    # sm90: a load round trip per K step, gate's loop then up's.
+    pipeline: bool = False
+    down_num_warps: int = 0  # run 4: the down launch's warps (0: num_warps; sm90 compile: n8k128 spills at 4 warps)
 
 
 @triton.jit
 def _row_times_tile(v_ptr, w_ptr, cols, ok_n, stride_w, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    USE_DOT: tl.constexpr):
+                    USE_DOT: tl.constexpr, EVICT: tl.constexpr):
     """[BLOCK_N] float32: sum_k v[k] * w[cols, k] (w row-major with `stride_w` between rows)."""
     if USE_DOT:
         sixteen = tl.arange(0, 16)
@@ -57,7 +68,7 @@ def _row_times_tile(v_ptr, w_ptr, cols, ok_n, stride_w, K, BLOCK_N: tl.constexpr
             a = tl.load(v_ptr + sixteen[:, None] * 0 + ks[None, :], mask=(sixteen == 0)[:, None] & ok_k[None, :],
                         other=0.0)
             w = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_w + ks[:, None], mask=ok_k[:, None] & ok_n[None, :],
-                        other=0.0)
+                        other=0.0, eviction_policy=EVICT)
             acc16 = tl.dot(a, w, acc16)
         res = tl.sum(acc16, axis=0)  # rows 1..15 are zero
     else:
@@ -67,55 +78,101 @@ def _row_times_tile(v_ptr, w_ptr, cols, ok_n, stride_w, K, BLOCK_N: tl.constexpr
             ks = k0 + tl.arange(0, BLOCK_K)
             ok_k = ks < K
             v = tl.load(v_ptr + ks, mask=ok_k, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + ks[None, :], mask=ok_n[:, None] & ok_k[None, :], other=0.0).to(tl.float32)
+            w = tl.load(w_rows + ks[None, :], mask=ok_n[:, None] & ok_k[None, :], other=0.0,
+                        eviction_policy=EVICT).to(tl.float32)
             acc += w * v[None, :]
         res = tl.sum(acc, axis=1)
     return res
 
 
+@triton.jit
+def _gate_up_one_loop(v_ptr, w_ptr, cols, ok_n, stride_w, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EVICT: tl.constexpr, STAGES: tl.constexpr):
+    """([BLOCK_N], [BLOCK_N]) float32: the gate and up rows `cols` times v, one K loop for both."""
+    g_rows = w_ptr + cols[:, None].to(tl.int64) * stride_w
+    u_rows = g_rows + N * stride_w
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ok_k = ks < K
+        m = ok_n[:, None] & ok_k[None, :]
+        v = tl.load(v_ptr + ks, mask=ok_k, other=0.0).to(tl.float32)
+        wg = tl.load(g_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        wu = tl.load(u_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        acc_g += wg * v[None, :]
+        acc_u += wu * v[None, :]
+    return tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
+
+
 @triton.jit(do_not_specialize=["num_pairs", "top_k"])
 def _gate_up_direct_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, num_pairs, H, N, top_k, sx_t, sw_e, sw_n, sa_p,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-                           USE_GDC: tl.constexpr):
+                           USE_GDC: tl.constexpr, EVICT: tl.constexpr = "", EARLY: tl.constexpr = False,
+                           ONE_LOOP: tl.constexpr = False, STAGES: tl.constexpr = 1):
     pid = tl.program_id(0)
     p = pid % num_pairs
     cols = (pid // num_pairs) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_n = cols < N
     if USE_GDC:
         tl.extra.cuda.gdc_wait()  # x and the routing come from the previous kernel
+        if EARLY:  # the down programs may start now (they wait for this grid's end before reading act)
+            tl.extra.cuda.gdc_launch_dependents()
     e = tl.load(ids_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // top_k).to(tl.int64) * sx_t
     w_base = w_ptr + e * sw_e
-    g = _row_times_tile(x_row, w_base, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT)
-    u = _row_times_tile(x_row, w_base + N * sw_n, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT)
-    if USE_GDC:
+    if ONE_LOOP:
+        g, u = _gate_up_one_loop(x_row, w_base, cols, ok_n, sw_n, N, H, BLOCK_N, BLOCK_K, EVICT, STAGES)
+    else:
+        g = _row_times_tile(x_row, w_base, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT, EVICT)
+        u = _row_times_tile(x_row, w_base + N * sw_n, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT, EVICT)
+    if USE_GDC and not EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     act = g / (1.0 + tl.exp(-g)) * u
     tl.store(act_ptr + p.to(tl.int64) * sa_p + cols, act.to(act_ptr.dtype.element_ty), mask=ok_n)
 
 
+@triton.jit
+def _prefetch_l2(w_ptr, ids_ptr, t, cols, N, H, top_k, sw_e, sw_h, BLOCK_N: tl.constexpr, KP2: tl.constexpr,
+                 LINES: tl.constexpr):
+    """prefetch.global.L2 of every 128-byte line of this program's down weight rows (the token's k
+    experts' rows `cols`; columns clamped in range, so every address is inside w)."""
+    r = tl.arange(0, KP2 * BLOCK_N)
+    j = tl.minimum(r // BLOCK_N, top_k - 1)
+    e = tl.load(ids_ptr + (t * top_k + j).to(tl.int64)).to(tl.int64)
+    col = tl.minimum(tl.reshape(tl.broadcast_to(cols[None, :], (KP2, BLOCK_N)), (KP2 * BLOCK_N,)), H - 1)
+    ks = tl.minimum(tl.arange(0, LINES) * (1024 // w_ptr.dtype.element_ty.primitive_bitwidth), N - 1)  # a line each
+    ptrs = w_ptr + e[:, None] * sw_e + col.to(tl.int64)[:, None] * sw_h + ks[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["num_tokens", "top_k"])
 def _down_direct_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, num_tokens, N, H, top_k, sa_p, sw_e, sw_h, so_t,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, USE_DOT: tl.constexpr,
-                        USE_GDC: tl.constexpr):
+                        USE_GDC: tl.constexpr, EVICT: tl.constexpr = "", PREFETCH: tl.constexpr = False,
+                        LINES: tl.constexpr = 1, STAGES: tl.constexpr = 1):
     pid = tl.program_id(0)
     t = pid % num_tokens
     cols = (pid // num_tokens) * BLOCK_N + tl.arange(0, BLOCK_N)  # hidden columns
     ok_n = cols < H
+    if PREFETCH:  # the routing is older than the previous kernel (its own gdc_wait saw it complete)
+        _prefetch_l2(w_ptr, ids_ptr, t, cols, N, H, top_k, sw_e, sw_h, BLOCK_N, KP2, LINES)
     if USE_GDC:
         tl.extra.cuda.gdc_wait()  # the activations are the previous kernel's
     if USE_DOT:
         total = _down_rows_dot(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
-                               BLOCK_N, BLOCK_K)
+                               BLOCK_N, BLOCK_K, EVICT)
     else:
         total = _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
-                               BLOCK_N, BLOCK_K, KP2)
+                               BLOCK_N, BLOCK_K, KP2, EVICT, STAGES)
     tl.store(out_ptr + t.to(tl.int64) * so_t + cols, total.to(out_ptr.dtype.element_ty), mask=ok_n)
 
 
 @triton.jit
 def _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, EVICT: tl.constexpr,
+                   STAGES: tl.constexpr):
     """[BLOCK_N] float32: sum_j w_j * down_{e_j}(act_j)[cols], all k experts' rows in one tile per K
     step (k * BLOCK_N rows: k times the bytes in flight of one expert's rows)."""
     r = tl.arange(0, KP2 * BLOCK_N)
@@ -127,19 +184,27 @@ def _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_
     w_rows = w_ptr + e[:, None] * sw_e + col[:, None] * sw_h
     a_rows = act_ptr + p[:, None] * sa_p
     acc = tl.zeros((KP2 * BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, N, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        m = ok_r[:, None] & (ks < N)[None, :]
-        a = tl.load(a_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
-        acc += a * w
+    if STAGES > 1:  # run 4's pipelined loop
+        for k0 in tl.range(0, N, BLOCK_K, num_stages=STAGES):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            m = ok_r[:, None] & (ks < N)[None, :]
+            a = tl.load(a_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
+            acc += a * w
+    else:
+        for k0 in range(0, N, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            m = ok_r[:, None] & (ks < N)[None, :]
+            a = tl.load(a_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
+            acc += a * w
     y = tl.sum(acc, axis=1) * tl.load(tw_ptr + p, mask=j < top_k, other=0.0)
     return tl.sum(tl.reshape(y, (KP2, BLOCK_N)), axis=0)
 
 
 @triton.jit
 def _down_rows_dot(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     """As _down_rows_fma, one flat pipelined loop over (expert j, K step) with tensor-core dots of a
     16-row tile holding act_j scaled by w_j (rounded to the weights' dtype: one more bf16 rounding)."""
     sixteen = tl.arange(0, 16)
@@ -156,15 +221,21 @@ def _down_rows_dot(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_
                     mask=(sixteen == 0)[:, None] & ok_k[None, :], other=0.0)
         a = (a.to(tl.float32) * wt).to(w_ptr.dtype.element_ty)
         w = tl.load(w_ptr + e * sw_e + cols[None, :].to(tl.int64) * sw_h + ks[:, None],
-                    mask=ok_k[:, None] & ok_n[None, :], other=0.0)
+                    mask=ok_k[:, None] & ok_n[None, :], other=0.0, eviction_policy=EVICT)
         acc = tl.dot(a, w, acc)
     return tl.sum(acc, axis=0)
 
 
-def _launch(tiles: DirectTiles) -> dict:
-    extra = {"launch_pdl": True} if tiles.pdl else {}
-    return {"USE_DOT": tiles.use_dot, "USE_GDC": tiles.pdl, "num_warps": tiles.num_warps,
-            "num_stages": tiles.num_stages, **extra}
+# the CPU interpreter runs no inline PTX and no grid-dependency control: there the prefetch and the
+# gdc waits are left out (they change no value), so the tests run the pdl / early plans' arithmetic
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _launch(tiles: DirectTiles, down: bool = False) -> dict:
+    extra = {"launch_pdl": True} if tiles.pdl and not _INTERPRETED else {}
+    warps = tiles.down_num_warps if down and tiles.down_num_warps else tiles.num_warps
+    return {"USE_DOT": tiles.use_dot, "USE_GDC": tiles.pdl and not _INTERPRETED, "num_warps": warps,
+            "num_stages": tiles.num_stages, "EVICT": "evict_first" if tiles.evict else "", **extra}
 
 
 def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
@@ -175,7 +246,8 @@ def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, t
     act = torch.empty(t * k, n, dtype=x.dtype, device=x.device)
     _gate_up_direct_kernel[(t * k * triton.cdiv(n, tiles.block_n),)](
         x, w13, act, ids, t * k, h, n, k, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, **_launch(tiles))
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, EARLY=tiles.early and tiles.pdl, ONE_LOOP=tiles.pipeline and not tiles.use_dot,
+        STAGES=tiles.num_stages, **_launch(tiles))
     return act
 
 
@@ -189,7 +261,9 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
     out = torch.empty(t, h, dtype=act.dtype, device=act.device)
     _down_direct_kernel[(t * triton.cdiv(h, tiles.down_block_n),)](
         act, w2, out, ids, tw, t, n, h, k, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, KP2=triton.next_power_of_2(k), **_launch(tiles))
+        BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, KP2=triton.next_power_of_2(k),
+        PREFETCH=tiles.early and tiles.pdl and not _INTERPRETED, LINES=triton.next_power_of_2(triton.cdiv(n * w2.element_size(), 128)),
+        **_launch(tiles, down=True))
     return out
 
 

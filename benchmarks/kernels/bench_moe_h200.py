@@ -63,6 +63,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--probe-only", action="store_true", help=argparse.SUPPRESS)  # the subprocess of probe()
     p.add_argument("--alternatives", action="store_true",
                    help="also time the per-expert torch loop and torch._grouped_mm (run 2 has them)")
+    p.add_argument("--focus", action="store_true",
+                   help="run 4's fast mode: run 3's best plan and the new ones (kernels.moe_plans) side by side at "
+                        "--tokens of --presets, each new plan checked against the float32 loop, phases per launch; "
+                        "no old path, no engine")
+    p.add_argument("--presets", nargs="+", default=None, help="presets to time (default: both; --focus: qwen3-30b-a3b)")
+    p.add_argument("--tokens", nargs="+", type=int, default=None, help="step sizes T in the order timed")
     return p.parse_args()
 
 
@@ -83,10 +89,13 @@ from kernels.fused_moe import (
     down_grouped,
     fused_moe,
     gate_up_grouped,
+    moe_sum,
     run2_tiles,
     run3_tiles,
 )
+from kernels.moe_align import _align_hist
 from kernels.moe_direct import down_direct, gate_up_direct
+from kernels.moe_plans import DIRECT_RUN4, PREFILL_RUN4, plan_key, run3_best, run4_candidates
 from kernels.moe_reference import fused_moe_ref, route_ref
 
 _interpreter_compat.apply()
@@ -94,7 +103,8 @@ DEVICE = "cpu" if ARGS.dry_run else "cuda"
 DTYPE = torch.float32 if ARGS.dry_run else torch.bfloat16
 T0 = time.time()
 RESULTS: dict = {"meta": {}, "check": [], "speed": [], "engine": [], "errors": []}
-SKIP = set(filter(None, ARGS.skip.split(",")))
+SKIP = set(filter(None, ARGS.skip.split(","))) | ({"engine"} if ARGS.focus else set())
+PROBE_FAILED: set[str] = set()  # the features whose probe failed (their plans are not timed)
 PATHS = set(filter(None, ARGS.paths.split(",")))
 
 # the new grouped path's tile sweep (block_m, block_n, block_k, warps, stages[, group_m]); the big-M
@@ -131,14 +141,7 @@ def old_moe(x, w13, w2, tw, ids):
     return fused_moe(x, w13, w2, tw, ids, legacy_tiles(t, k, w13.shape[0]))
 
 
-def tiles_key(t: MoeTiles | DirectTiles) -> str:
-    if isinstance(t, DirectTiles):
-        return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
-                f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}")
-    key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
-    if t.down_block_n or t.down_block_k:
-        key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
-    return key + ("atomic" if t.atomic_sum else "")
+tiles_key = plan_key  # a plan's name in the tables (kernels.moe_plans)
 
 
 def log(msg: str) -> None:
@@ -159,7 +162,7 @@ SPEED_DEADLINE = float("inf")  # set per preset by speed(): each preset gets its
 def save() -> None:
     ARGS.out.mkdir(parents=True, exist_ok=True)
     (ARGS.out / "moe.json").write_text(json.dumps(RESULTS, indent=1) + "\n")
-    (ARGS.out / "moe.md").write_text(markdown(RESULTS))
+    (ARGS.out / "moe.md").write_text(focus_markdown(RESULTS) if ARGS.focus else markdown(RESULTS))
 
 
 # ------------------------------------------------------------------------------- shapes, routing
@@ -341,16 +344,21 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint")
 
 
 def probe_plans() -> dict:
     """Each feature's plans: core (the direct path, the many-program grouping, the atomic k-sum), TMA
-    weight tiles, programmatic dependent launch."""
+    weight tiles, programmatic dependent launch; run 4: the early launch with the L2 prefetch (inline
+    PTX), the direct path's pipelined loops, the "hist" grouping with the Triton k-sum, the joint gate+up dot."""
     return {"core": [DIRECT_CANDIDATES[0], next(c for c in DIRECT_CANDIDATES if c.use_dot),
                      MoeTiles(16, 64, 128, 4, 4, atomic_sum=True), MoeTiles(64, 128, 64, 4, 3)],
             "tma": [c for c in TILE_CANDIDATES if c.tma][:2],
-            "pdl": [c for c in DIRECT_CANDIDATES if c.pdl]}
+            "pdl": [c for c in DIRECT_CANDIDATES if c.pdl],
+            "early": [c for c in DIRECT_RUN4 if c.early and not c.pipeline][:2],
+            "pipe": [c for c in DIRECT_RUN4 if c.pipeline][:2],
+            "joint": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton")],
+            "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")]}
 
 
 def probe_body(features: tuple[str, ...]) -> None:
@@ -360,7 +368,7 @@ def probe_body(features: tuple[str, ...]) -> None:
     (w13, w2), = make_weights(h, n, e, 1, seed=3)
     for feature in features:
         try:
-            for t in (2, 9) if ARGS.dry_run else (2, 40):
+            for t in (2, 9) if ARGS.dry_run else (2, 40, 1100):  # 1100 x 4: the hist grouping's two launches
                 x, tw, ids = make_routing(t, h, e, k, seed=3)
                 ref = fused_moe_ref(x.float(), w13.float(), w2.float(), tw, ids)
                 for plan in probe_plans()[feature]:
@@ -395,9 +403,10 @@ def probe() -> None:
 
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            probe_body(("core", "tma"))
+            probe_body(PROBE_FEATURES)  # the interpreter skips the gdc waits and the prefetch (kernels.moe_direct)
         ok = {f for f in PROBE_FEATURES if f"PROBE_OK {f}" in buf.getvalue()}
     RESULTS["meta"]["probe_ok"] = sorted(ok)
+    PROBE_FAILED.update(set(PROBE_FEATURES) - ok)
     if "pdl" not in ok:
         DIRECT_CANDIDATES = [c for c in DIRECT_CANDIDATES if not c.pdl]
     if "tma" not in ok:
@@ -562,6 +571,231 @@ def speed() -> None:
             torch.cuda.empty_cache()
 
 
+# ------------------------------------------------------------------------------- run 4: --focus
+FOCUS_TS = (4096, 1, 2, 1024, 4, 8)  # the prefill target first, then decode's misses
+FOCUS_PRESETS = ("qwen3-30b-a3b",)
+
+
+def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
+    """The probe features a plan needs."""
+    if isinstance(plan, DirectTiles):
+        return ({"core"} | ({"pdl"} if plan.pdl else set()) | ({"early"} if plan.early and plan.pdl else set())
+                | ({"pipe"} if plan.pipeline else set()))
+    return ({"core"} | ({"tma"} if plan.tma else set())
+            | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
+            | ({"joint"} if plan.joint and plan.tma else set()))
+
+
+def focus_plans(t: int, k: int, e: int) -> dict:
+    """key -> plan at T: run 3's best first, then run 4's candidates whose features passed the probe
+    (the dry run also walks the prefill tiles at its largest T)."""
+    plans = [run3_best(t), *run4_candidates(t, k, e)]
+    if ARGS.dry_run and t == max(focus_tokens()):
+        plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1) for p in PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]]
+    return {tiles_key(p): p for p in plans if not plan_features(p) & PROBE_FAILED}
+
+
+def focus_tokens() -> tuple[int, ...]:
+    if ARGS.tokens:
+        return tuple(ARGS.tokens)
+    return (1, 4, 16) if ARGS.dry_run else FOCUS_TS
+
+
+def focus_shapes() -> dict:
+    shapes = layer_shapes()
+    if ARGS.dry_run:
+        return shapes
+    names = ARGS.presets or FOCUS_PRESETS
+    unknown = [n for n in names if n not in shapes]
+    if unknown:
+        raise SystemExit(f"--presets: {unknown} not among {sorted(shapes)}")
+    return {n: shapes[n] for n in names}
+
+
+def focus_check() -> None:
+    """The new groupings against the torch one (up to 32K pairs), and every plan the speed part will
+    time against the float32 per-expert loop (direct plans at T = 1, 3; grouped at 7, 300, 600 and
+    every token on the same experts)."""
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    shapes = ((8, 2, 37), (128, 8, 20)) if ARGS.dry_run else ((128, 8, 1), (128, 8, 300), (128, 8, 1500),
+                                                              (128, 8, 4096), (8, 2, 37))
+    for e, k, t in shapes:
+        ids = torch.stack([torch.randperm(e, generator=g, device=DEVICE)[:k] for _ in range(t)])
+        same = torch.arange(k, device=DEVICE).expand(t, k).contiguous()
+        for case, routing in (("random", ids), ("same_experts", same)):
+            for method in ("hist", "hist2"):
+                for block_m in (16, 64, 128):
+                    try:
+                        same_out = all(torch.equal(a, b) for a, b in zip(
+                            align_by_expert(routing, e, block_m, method=method),
+                            align_by_expert(routing, e, block_m, method="torch")))
+                    except Exception as exc:  # noqa: BLE001
+                        same_out = False
+                        RESULTS["errors"].append(f"{method} grouping E={e} k={k} T={t}: {exc!r}"[:400])
+                    RESULTS["check"].append({"preset": f"grouping E={e} k={k} M={block_m}", "T": t, "case": case,
+                                             "path": f"{method} == torch", "fused_rel_err": 0.0 if same_out else 1.0,
+                                             "ok": same_out})
+    for name, (h, n, e, k) in focus_shapes().items():
+        (w13, w2), = make_weights(h, n, e, 1, seed=1)
+        plans = {}
+        for t in focus_tokens():
+            plans.update(focus_plans(t, k, e))
+        for t in (1, 3, 5, 20) if ARGS.dry_run else (1, 3, 7, 300, 600):
+            x, tw, ids = make_routing(t, h, e, k, seed=t)
+            cases = {"random": ids}
+            if t >= 7:
+                cases["same_experts"] = torch.arange(k, device=DEVICE).expand(t, k).contiguous()
+            for case, cids in cases.items():
+                ref = fused_moe_ref(x.float(), w13.float(), w2.float(), tw, cids)
+                for key, plan in plans.items():
+                    if isinstance(plan, DirectTiles) != (t <= 3):
+                        continue
+                    try:
+                        err = rel(fused_moe(x, w13, w2, tw, cids, plan), ref)
+                    except Exception as exc:  # noqa: BLE001 - record, keep going
+                        err = 1.0
+                        RESULTS["errors"].append(f"check {name} T={t} {case} {key}: {exc!r}"[:400])
+                    RESULTS["check"].append({"preset": name, "T": t, "case": case, "path": key,
+                                             "fused_rel_err": err, "ok": err <= 1e-2})
+            log(f"check {name} T={t}: worst {max(r['fused_rel_err'] for r in RESULTS['check']):.1e}")
+        del w13, w2
+
+
+def ksum_us(ys: list, k: int, how: str, reps: int) -> float:
+    """us per k-sum of the per-pair rows: torch's strided sum or kernels.fused_moe.moe_sum."""
+    if how == "triton":
+        return graph_time_us([lambda y=y: moe_sum(y, k) for y in ys] * reps)
+    return graph_time_us([lambda y=y: y.view(-1, k, y.shape[1]).sum(dim=1) for y in ys] * reps)
+
+
+def focus_phases(weights: list, routes: list, plan: MoeTiles | DirectTiles, e: int, k: int, reps: int) -> dict:
+    """A plan's launches each alone (grouping, gate+up, down, k-sum); for a grouped plan also every
+    grouping method and both k-sums, so the table sets old and new side by side."""
+    if isinstance(plan, DirectTiles):
+        return phase_times(weights, routes, plan, e, k, reps)
+    out = phase_times(weights, routes, plan, e, k, reps, align=plan.align)
+    out.pop("align_two_launch_us", None)
+    for method in ("blocks", "hist", "hist2"):
+        if "hist" in PROBE_FAILED and method != "blocks":
+            continue
+        out[f"align_{method}_us"] = graph_time_us([lambda r=r, m=method: align_by_expert(r[2], e, plan.block_m, method=m)
+                                                   for r in routes] * reps)
+    for chunk in () if "hist" in PROBE_FAILED else (128, 256, 512):  # the hist grouping's two launches by chunk
+        out[f"align_hist2_c{chunk}_us"] = graph_time_us([lambda r=r, c=chunk: _align_hist(r[2], e, plan.block_m, 0, c)
+                                                         for r in routes] * reps)
+    if not plan.atomic_sum:
+        groups = [align_by_expert(r[2], e, plan.block_m, method="torch") for r in routes]
+        ys = [down_grouped(gate_up_grouped(r[0], w[0], *gr, k, plan), w[1], *gr, r[1], plan)
+              for w, r, gr in zip(weights, routes, groups)]
+        for how in ("torch", "triton"):
+            if how == "triton" and "hist" in PROBE_FAILED:
+                continue
+            out[f"ksum_{how}_us"] = ksum_us(ys, k, how, reps)
+        out["ksum_us"] = out.get(f"ksum_{plan.ksum}_us")
+        del ys
+    return out
+
+
+def focus_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) -> dict:
+    routes = [make_routing(t, h, e, k, seed=1000 * t + i) for i in range(len(weights))]
+    touched = sum(len(torch.unique(ids)) for _, _, ids in routes) / len(routes)
+    roof = roofline_us(touched, t, h, n, k)
+    reps = 1 if ARGS.dry_run else max(1, min(10, math.ceil(2000 / (roof["roofline_us"] * len(weights)))))
+
+    def calls(plan):
+        return [lambda w=w, r=r: fused_moe(r[0], w[0], w[1], r[1], r[2], plan)
+                for w, r in zip(weights, routes)] * reps
+
+    plans = focus_plans(t, k, e)
+    base = tiles_key(run3_best(t))
+    row = {"preset": name, "T": t, "H": h, "N": n, "E": e, "k": k, "copies": len(weights), "calls": len(weights) * reps,
+           "touched_experts": touched, **roof, "run3_plan": base, "fused_by_tiles": {}}
+    time_plans(calls, list(plans.values()), row["fused_by_tiles"], name, t)
+    by = row["fused_by_tiles"]
+    if not by:
+        return row
+    row["run3_us"] = by.get(base)
+    best = min(by, key=by.get)
+    new = [key for key in by if key != base]
+    row.update(fused_tiles=best, fused_us=by[best], fused_vs_roofline=by[best] / roof["roofline_us"],
+               fused_tflops=roof["flops"] / by[best] / 1e6)
+    if new:
+        best_new = min(new, key=by.get)
+        row.update(new_tiles=best_new, new_us=by[best_new], new_vs_roofline=by[best_new] / roof["roofline_us"])
+    # the best plan with the Triton k-sum (its k-sum phase: the prefill target's)
+    ksum_keys = [key for key in by if "ksum-triton" in key]
+    row["ksum_best_tiles"] = min(ksum_keys, key=by.get) if ksum_keys else None
+    for label, key in (("run3", base), ("new", row.get("new_tiles")), ("ksum_best", row["ksum_best_tiles"])):
+        if label == "ksum_best" and key == row.get("new_tiles"):
+            continue
+        if key in plans and key in by and not over_budget(SPEED_SHARE):
+            try:
+                row[f"{label}_phases"] = focus_phases(weights, routes, plans[key], e, k, reps)
+            except Exception as exc:  # noqa: BLE001
+                RESULTS["errors"].append(f"phases {name} T={t} {key}: {exc!r}"[:400])
+    return row
+
+
+def focus_speed() -> None:
+    for name, (h, n, e, k) in focus_shapes().items():
+        weights = make_weights(h, n, e, copies_for(h, n, k), seed=7)
+        for t in focus_tokens():
+            if over_budget(SPEED_SHARE):
+                RESULTS["errors"].append(f"budget spent before speed {name} T={t}")
+                break
+            try:
+                row = focus_one(name, h, n, e, k, t, weights)
+            except Exception as exc:  # noqa: BLE001
+                RESULTS["errors"].append(f"speed {name} T={t}: {exc!r}"[:400])
+                log(traceback.format_exc())
+                continue
+            RESULTS["speed"].append(row)
+            log(f"focus {name} T={t}: roof {row['roofline_us']:.1f}us run3 {row.get('run3_us') or float('nan'):.1f}us "
+                f"best new {row.get('new_us', float('nan')):.1f}us ({row.get('new_tiles')})")
+            save()
+        del weights
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
+def focus_markdown(res: dict) -> str:
+    m = res["meta"]
+    ph = ("align_us", "gate_up_us", "down_us", "ksum_us")
+    lines = [f"# Fused MoE, run 4 focus, on {m.get('gpu', '?')} ({m.get('date', '?')})", "",
+             (f"`{m.get('command', '')}`; torch {m.get('torch')}, triton {m.get('triton')}; probe ok: "
+              f"{', '.join(m.get('probe_ok', []))}. Roofline: touched experts' bytes / 4.2 TB/s vs FLOPs / 790 "
+              "TFLOP/s. Times: median us per call of CUDA-graph replays; phases: each launch alone "
+              "(grouping / gate+up / down / k-sum)."), ""]
+    if res["check"]:
+        worst = max(r["fused_rel_err"] for r in res["check"])
+        bad = [f"{r['preset']} T={r['T']} {r.get('path')}" for r in res["check"] if not r["ok"]]
+        lines += [(f"Correctness: {len(res['check'])} cases (groupings == torch's; every plan against the float32 "
+                   f"loop), worst relative error {worst:.2e}: {'ok' if not bad else 'FAILED: ' + '; '.join(bad[:8])}."), ""]
+    lines += [("| preset | T | roofline us | run 3 best us (plan) | x | best new us (plan) | x | TFLOP/s (best) | "
+               "run 3 phases | new phases | grouping blocks / hist / hist2 us | k-sum torch / triton us |"),
+              "|---|---:|---:|---|---:|---|---:|---:|---|---|---|---|"]
+    for r in res["speed"]:
+        r3, nw = r.get("run3_phases", {}), r.get("new_phases", {})
+        kb = r.get("ksum_best_phases", {})
+        grp = next((p for p in (nw, kb, r3) if "align_hist_us" in p), {})
+        ks = next((p for p in (nw, kb, r3) if "ksum_torch_us" in p), {})
+        lines.append(
+            f"| {r['preset']} | {r['T']} | {r['roofline_us']:.1f} | {_f(r.get('run3_us'))} ({r.get('run3_plan')}) | "
+            f"{_f((r.get('run3_us') or 0) / r['roofline_us'] or None, '.2f')} | {_f(r.get('new_us'))} ({r.get('new_tiles', '-')}) | "
+            f"{_f(r.get('new_vs_roofline'), '.2f')} | {_f(r.get('fused_tflops'), '.0f')} | "
+            f"{' / '.join(_f(r3.get(p)) for p in ph)} | {' / '.join(_f(nw.get(p)) for p in ph)} | "
+            f"{' / '.join(_f(grp.get(f'align_{x}_us')) for x in ('blocks', 'hist', 'hist2'))} "
+            f"(chunks 128/256/512: {' / '.join(_f(grp.get(f'align_hist2_c{c}_us')) for c in (128, 256, 512))}) | "
+            f"{_f(ks.get('ksum_torch_us'))} / {_f(ks.get('ksum_triton_us'))} |")
+    lines += ["", "Every plan (us per call):", ""]
+    for r in res["speed"]:
+        cells = ", ".join(f"{k_} {v:.1f}" for k_, v in sorted(r["fused_by_tiles"].items(), key=lambda kv: kv[1]))
+        lines.append(f"- {r['preset']} T={r['T']}: {cells}")
+    if res["errors"]:
+        lines += ["", "Errors:", *[f"- {e}" for e in res["errors"]]]
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------- report
 def _f(v, fmt=".1f") -> str:
     return "-" if v is None else format(v, fmt)
@@ -624,7 +858,10 @@ def main() -> None:
         RESULTS["meta"]["triton"] = triton.__version__
     except ImportError:
         pass
-    for part, fn in (("probe", probe), ("check", check), ("speed", speed), ("engine", engine_steps)):
+    parts = (("probe", probe), ("check", check), ("speed", speed), ("engine", engine_steps))
+    if ARGS.focus:
+        parts = (("probe", probe), ("check", focus_check), ("speed", focus_speed))
+    for part, fn in parts:
         if part in SKIP:
             continue
         if over_budget():

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""What the fused-MoE kernels compile to on an H100/H200, with no GPU: each kernel compiled by Triton
+for sm90 and assembled by ptxas (`-v`), per plan: registers, spilled bytes, shared memory, cp.async
+copies in the main loop (a pipelined loop) and the widest wgmma. qwen3-30b-a3b's layer (H 2048,
+N 768, 128 experts, top 8), arguments specialised as a launch specialises them (pointers and
+16-divisible sizes and strides; the step's counts not).
+
+    python3 benchmarks/kernels/moe_compile.py [--out DIR]     # prints a markdown table; DIR/moe_compile.md
+
+Why: run 3's grouping ("blocks") scatter holds [256, 128] int32 one-hots (128 KB of shared memory,
+255 registers and spills), and the direct path's FMA loops are not pipelined (no cp.async); run 4's
+kernels were shaped by this table before the GPU run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # the compiler, not the interpreter
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from kernels import fused_moe as fm
+from kernels import moe_align as ma
+from kernels import moe_direct as md
+
+TARGET = GPUTarget("cuda", 90, 32)
+PTRS = {"ids_ptr": "*i32", "bexp_ptr": "*i32", "hist_ptr": "*i32", "sorted_ptr": "*i32", "tw_ptr": "*fp32"}
+
+
+def _ptxas() -> str:
+    import shutil
+
+    found = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return str(bundled) if bundled.exists() else found
+
+
+def compile_row(fn, constexprs: dict, options: dict, unaligned: tuple = (), sig_over: dict | None = None) -> dict:
+    """Compile one specialisation of `fn`; its resources."""
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in constexprs else (PTRS.get(n, "*bf16") if n.endswith(("_ptr",)) else "i32")
+           for n in names}
+    sig.update(sig_over or {})
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+             if t != "constexpr" and not t.startswith("tensordesc") and n not in unaligned}
+    k = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=TARGET, options=options)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    out = subprocess.run([_ptxas(), "-v", "-arch=sm_90a", f.name, "-o", os.devnull], capture_output=True, text=True,
+                         check=False).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    mma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", k.asm["ptx"])))
+    return {"kernel": fn.__name__, "plan": ", ".join(f"{a}={b}" for a, b in constexprs.items() if a != "w_desc")
+            + f", warps={options['num_warps']}, stages={options.get('num_stages', 3)}",
+            "registers": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else None,
+            "shared_bytes": k.metadata.shared, "async_copies": k.asm["ttgir"].count("async_copy_global_to_local"),
+            "wgmma": " ".join(mma) or "-"}
+
+
+def rows() -> list[dict]:
+    al = ("n", "num_experts", "cap", "num_blocks", "num_chunks")
+    gu = ("num_pairs", "top_k", "num_blocks")
+    dd = ("num_tokens", "top_k")
+    d_gu = {"USE_DOT": False, "USE_GDC": True, "EVICT": "", "EARLY": False, "ONE_LOOP": False, "STAGES": 1}
+    d_dn = {"KP2": 8, "USE_DOT": False, "USE_GDC": True, "EVICT": "", "PREFETCH": False, "LINES": 16, "STAGES": 1}
+    ids64 = {"ids_ptr": "*i64"}
+    return [
+        compile_row(ma._scatter_kernel, {"BLOCK_M": 128, "EP2": 128, "CHUNK": 256, "ROWS": 16, "COUNT_HERE": False},
+                    {"num_warps": 8}, al, ids64),
+        compile_row(ma._place_kernel, {"BLOCK_M": 128, "EP2": 128, "LOG_EP2": 7, "CHUNK": 256, "ROWS": 32,
+                                       "COUNT_HERE": False}, {"num_warps": 4}, al, ids64),
+        compile_row(ma._hist_kernel, {"EP2": 128, "CHUNK": 256}, {"num_warps": 4}, ("n",), ids64),
+        compile_row(fm._ksum_kernel, {"KP2": 8, "BLOCK_H": 1024}, {"num_warps": 4}, ("num_tokens",)),
+        compile_row(md._gate_up_direct_kernel, {"BLOCK_N": 16, "BLOCK_K": 256, **d_gu},
+                    {"num_warps": 4, "num_stages": 3}, gu, ids64),
+        compile_row(md._gate_up_direct_kernel, {"BLOCK_N": 16, "BLOCK_K": 256, **d_gu, "ONE_LOOP": True, "STAGES": 3},
+                    {"num_warps": 4, "num_stages": 3}, gu, ids64),
+        compile_row(md._down_direct_kernel, {"BLOCK_N": 8, "BLOCK_K": 128, **d_dn}, {"num_warps": 4, "num_stages": 3},
+                    dd, ids64),
+        compile_row(md._down_direct_kernel, {"BLOCK_N": 8, "BLOCK_K": 128, **d_dn}, {"num_warps": 8, "num_stages": 3},
+                    dd, ids64),
+        compile_row(md._down_direct_kernel, {"BLOCK_N": 8, "BLOCK_K": 128, **d_dn, "PREFETCH": True, "STAGES": 3},
+                    {"num_warps": 8, "num_stages": 3}, dd, ids64),
+        compile_row(fm._gate_up_kernel, {"w_desc": None, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
+                                         "USE_TMA": False}, {"num_warps": 8, "num_stages": 3}, gu),
+        compile_row(fm._gate_up_kernel, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "USE_TMA": True},
+                    {"num_warps": 8, "num_stages": 3}, gu, {"w_desc": "tensordesc<bf16[128, 64]>"}),
+        compile_row(fm._gate_up_joint_kernel, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
+                    {"num_warps": 8, "num_stages": 3}, gu, {"w_desc": "tensordesc<bf16[1, 2, 128, 64]>"}),
+        compile_row(fm._down_kernel, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "ATOMIC": False,
+                                      "USE_TMA": True}, {"num_warps": 8, "num_stages": 3}, gu,
+                    {"w_desc": "tensordesc<bf16[256, 64]>"}),
+    ]
+
+
+def markdown(table: list[dict]) -> str:
+    lines = ["| kernel | plan | registers | spill bytes | shared bytes | cp.async copies | wgmma |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    lines += [f"| {r['kernel']} | {r['plan']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} | "
+              f"{r['async_copies']} | {r['wgmma']} |" for r in table]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    text = markdown(rows())
+    print(text, end="")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "moe_compile.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

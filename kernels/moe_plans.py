@@ -1,0 +1,135 @@
+"""Named fused-MoE plans for qwen3-30b-a3b's layer shape (H 2048, N 768, E 128, top 8) on the H200.
+
+- `RUN3_BEST`: each step size's fastest plan of run 3 (benchmarks/kernels/data/moe_run3/moe.md),
+  the baseline run 4 times side by side with the new candidates.
+- `run4_candidates(T, k, E)`: run 4's new plans at T (the "hist" grouping and the Triton k-sum for
+  the grouped path, new tiles for the prefill GEMMs, direct-path variants for decode: evict-first
+  weight loads, an early programmatic dependent launch with an L2 prefetch of the down weights,
+  the down launch's own warps and a narrower down tile, FMA loops pipelined through shared memory).
+
+Nothing here is a default: kernels.fused_moe.DEFAULT_PLANS picks what the engine runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from kernels.fused_moe import MoeTiles, run3_tiles
+from kernels.moe_direct import DirectTiles
+
+# run 3's fastest plan per T on qwen3-30b-a3b (us in moe_run3/moe.md: 27.5, 49.3, 81.0, 134.3, ...)
+_R3_DIRECT = DirectTiles(16, 256, 8, 128, 4, pdl=True)
+_R3_SMALL = MoeTiles(16, 32, 128, 4, 4, atomic_sum=True)
+_R3_BIG = MoeTiles(128, 128, 64, 8, 3, tma=True)
+RUN3_BEST: dict[int, MoeTiles | DirectTiles] = {
+    1: _R3_DIRECT, 2: DirectTiles(32, 128, 16, 64, 4), 4: _R3_DIRECT, 8: _R3_SMALL, 16: _R3_SMALL, 32: _R3_SMALL,
+    64: _R3_SMALL, 128: MoeTiles(16, 64, 128, 4, 4, atomic_sum=True), 256: MoeTiles(32, 64, 128, 4, 3, atomic_sum=True),
+    1024: _R3_BIG,
+    4096: dataclasses.replace(_R3_BIG, down_block_n=256, down_block_k=64, down_num_warps=8, down_num_stages=3),
+}
+
+
+def plan_key(t: MoeTiles | DirectTiles) -> str:
+    """A plan's name in the benchmark's tables (run 3's names unchanged; run 4's fields appended)."""
+    if isinstance(t, DirectTiles):
+        return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
+                f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
+                f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
+                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}")
+    key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
+    if t.down_block_n or t.down_block_k:
+        key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
+    key += "atomic" if t.atomic_sum else ""
+    key += " joint" if t.joint and t.tma else ""
+    key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
+    return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
+
+
+def run3_best(num_tokens: int) -> MoeTiles | DirectTiles:
+    """Run 3's best plan at the measured T nearest below `num_tokens` (T=1's below 1)."""
+    known = [t for t in sorted(RUN3_BEST) if t <= num_tokens] or [1]
+    return RUN3_BEST[known[-1]]
+
+
+# decode: the direct path's new variants (sm90 compile, benchmarks/kernels/moe_compile.py: run 3's
+# n8k128 down tile takes 156 registers a thread at 4 warps, 97 at 8)
+_D = DirectTiles(16, 256, 8, 128, 4, pdl=True, down_num_warps=8)
+DIRECT_RUN4 = [
+    _D,
+    dataclasses.replace(_D, early=True),
+    dataclasses.replace(_D, early=True, evict=True),
+    DirectTiles(16, 256, 4, 128, 4, pdl=True),
+    # pipelined FMA loops (cp.async; sm90 compile: no spills, 17-66 KB shared)
+    dataclasses.replace(_D, pipeline=True),
+    dataclasses.replace(_D, pipeline=True, early=True),
+    DirectTiles(8, 256, 8, 128, 4, 3, pdl=True, early=True, down_num_warps=8, pipeline=True),
+    DirectTiles(16, 128, 8, 64, 4, 4, pdl=True, early=True, down_num_warps=8, pipeline=True),
+    DirectTiles(32, 128, 16, 64, 4, 3, pdl=True, early=True, down_num_warps=8, pipeline=True),
+]
+DIRECT_RUN4_MAX_PAIRS = 64
+
+# prefill: gate+up / down tiles, a joint gate+up dot (sm90 compile, no spills: 128x128x32 s5 174 registers against
+# 217 at x64 s3; down 128x128x64 w8 s4 118 registers). Kept to 9 (each a compile of ~2-4 s in a 150 s run).
+_DOWN256 = {"down_block_n": 256, "down_block_k": 64, "down_num_warps": 8, "down_num_stages": 3}
+_H = {"align": "hist", "ksum": "triton"}
+PREFILL_RUN4 = [
+    dataclasses.replace(_R3_BIG, align="hist", **_DOWN256),
+    dataclasses.replace(_R3_BIG, **_H, **_DOWN256),
+    MoeTiles(128, 128, 32, 8, 5, tma=True, **_H, **_DOWN256),
+    MoeTiles(128, 128, 64, 8, 4, tma=True, **_H, **_DOWN256),
+    MoeTiles(128, 128, 64, 8, 3, tma=True, **_H, down_block_n=128, down_block_k=64, down_num_warps=8,
+             down_num_stages=4),
+    MoeTiles(128, 128, 64, 8, 3, tma=True, **_H, down_block_n=256, down_block_k=32, down_num_warps=8,
+             down_num_stages=5),
+    # gate+up as one dot of 2 * BLOCK_N columns (sm90: m64n256k16 wgmma, 174 registers, no spills)
+    MoeTiles(128, 128, 64, 8, 3, tma=True, joint=True, **_H, **_DOWN256),
+    MoeTiles(128, 128, 64, 8, 4, tma=True, joint=True, **_H, **_DOWN256),
+    MoeTiles(128, 64, 64, 4, 4, tma=True, joint=True, **_H, **_DOWN256),
+]
+
+
+def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """The new plans timed at T: direct variants up to DIRECT_RUN4_MAX_PAIRS pairs, run 3's best
+    grouped plan with the "hist" grouping (and the Triton k-sum where it has no atomic sum), the
+    prefill tiles from 64 rows per expert."""
+    pairs = num_tokens * top_k
+    out: list[MoeTiles | DirectTiles] = list(DIRECT_RUN4) if pairs <= DIRECT_RUN4_MAX_PAIRS else []
+    base = run3_best(num_tokens)
+    if isinstance(base, MoeTiles):
+        out.append(dataclasses.replace(base, align="hist"))
+        if not base.atomic_sum:
+            out.append(dataclasses.replace(base, align="hist", ksum="triton"))
+    if pairs / num_experts >= 64:
+        out += PREFILL_RUN4
+    return list({repr(p): p for p in out}.values())  # distinct, in order
+
+
+def known_plans() -> dict[str, MoeTiles | DirectTiles]:
+    """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
+    plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4]
+    for t in RUN3_BEST:
+        plans += run4_candidates(t, 8, 128)
+    return {plan_key(p): p for p in plans}
+
+
+def propose_rule(speed_rows: list[dict]) -> dict[int, MoeTiles | DirectTiles]:
+    """T -> the fastest known plan measured at T, from the benchmark's moe.json "speed" rows of one
+    preset (each row's `fused_by_tiles`: plan key -> us); plans this module does not name are skipped."""
+    known = known_plans()
+    out = {}
+    for row in speed_rows:
+        timed = {key: us for key, us in row.get("fused_by_tiles", {}).items() if key in known and us is not None}
+        if timed:
+            out[row["T"]] = known[min(timed, key=timed.get)]
+    return dict(sorted(out.items()))
+
+
+def rule_tiles(num_tokens: int, rule: dict[int, MoeTiles | DirectTiles]) -> MoeTiles | DirectTiles:
+    """The plan of the measured T nearest `num_tokens` in log2 (a tie: the smaller T)."""
+    x = math.log2(max(num_tokens, 1))
+    return rule[min(rule, key=lambda t: (abs(math.log2(t) - x), t))]
+
+
+__all__ = ["DIRECT_RUN4", "PREFILL_RUN4", "RUN3_BEST", "known_plans", "plan_key", "propose_rule", "rule_tiles",
+           "run3_best", "run3_tiles", "run4_candidates"]
