@@ -233,15 +233,22 @@ def tight_sweep_run(r: gs.Runner, p: MoePlan, capacity_rps: float) -> None:
           num_gpu_blocks_override=gs.tight_pool_blocks(reqs, r.core.config.block_size, b))
 
 
-def sweep(r: gs.Runner, p: MoePlan) -> dict[str, float]:
-    """Every part in the order of the module's docstring; returns the probed capacities."""
+def sweep(r: gs.Runner, p: MoePlan, known: dict[str, float] | None = None,
+          validation_scale: float = 1.0) -> dict[str, float]:
+    """Every part in the order of the module's docstring; returns the probed capacities. `known`:
+    capacities an earlier call of the same engine probed (no probe runs here); `validation_scale`: the
+    held-out runs that many times as long (a p99 of 30-50 requests is one or two of them)."""
     ids = gs.Ids()
-    capacity = {}
-    for source in p.probe_sources:
+    capacity = dict(known or {})
+    for source in p.probe_sources if not known else ():
         cap = probe_capacity(r, p, source)
         if cap is not None:
             capacity[source] = cap
-    log(f"capacity (req/s): {capacity}")
+    log(f"capacity (req/s): {capacity}{' (given)' if known else ''}")
+    if validation_scale != 1.0:
+        p = dataclasses.replace(p, base=dataclasses.replace(
+            p.base, validation_s=validation_scale * p.base.validation_s,
+            min_validation_requests=int(validation_scale * p.base.min_validation_requests)))
     if not capacity:
         raise RuntimeError("no capacity probe measured anything: no load to run the other parts at")
     chat = capacity.get("chat-production", next(iter(capacity.values())))
@@ -346,6 +353,11 @@ def main() -> None:
     ap.add_argument("--long-validation", type=Path, metavar="INDEX_JSON",
                     help="only the held-out runs, --scale times as long, at this earlier sweep's capacities")
     ap.add_argument("--scale", type=float, default=3.0, help="--long-validation's length factor")
+    ap.add_argument("--capacity-from", type=Path, metavar="JSON",
+                    help="the sweep without its capacity probes, at these capacities ({\"capacity_rps\": {source: "
+                         "req/s}}, as an index.json has them) an earlier call of the same engine measured")
+    ap.add_argument("--validation-scale", type=float, default=1.0,
+                    help="the sweep's held-out runs this many times as long (and as many requests)")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="> 0: requests sample at this temperature (seeded) instead of decoding greedily")
     ap.add_argument("--embed-scale", type=float, default=1.0,
@@ -357,7 +369,8 @@ def main() -> None:
     a = ap.parse_args()
     for flag, value, ok in (("--temperature", a.temperature, a.temperature >= 0), ("--scale", a.scale, a.scale > 0),
                             ("--embed-scale", a.embed_scale, a.embed_scale > 0),
-                            ("--residual-scale", a.residual_scale, a.residual_scale > 0)):
+                            ("--residual-scale", a.residual_scale, a.residual_scale > 0),
+                            ("--validation-scale", a.validation_scale, a.validation_scale > 0)):
         if not ok:
             ap.error(f"{flag} {value}: must be {'>= 0' if flag == '--temperature' else '> 0'}")
     if a.supplement and a.long_validation:
@@ -398,7 +411,8 @@ def main() -> None:
             capacity = (supplement(r, plan, earlier) if a.supplement
                         else long_validation(r, plan, earlier, a.scale))
         else:
-            capacity = sweep(r, plan)
+            known = json.loads(a.capacity_from.read_text())["capacity_rps"] if a.capacity_from else None
+            capacity = sweep(r, plan, known, a.validation_scale)
     except Exception as exc:  # noqa: BLE001 - pack and report what ran, then fail
         error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
