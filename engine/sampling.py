@@ -39,7 +39,6 @@ class SamplingParams(BaseModel):
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
-_CDF_BLOCK = 128  # tokens per block of the two-level inverse CDF
 _ROWS_CHUNK = 1 << 24  # elements of [rows, vocab] float64 CDFs made at once
 
 
@@ -65,26 +64,10 @@ def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Per row, the first token whose cumulative probability exceeds u (of the row's total):
     a draw from `probs` [rows, vocab] at the uniform numbers `u` [rows]; a zero-probability token
-    is never drawn.
-
-    In two levels (float64): the cumulative sums of blocks of _CDF_BLOCK tokens pick the block, the
-    cumulative sum inside that one block the token. A flat cumsum over a 152K-token vocabulary is a
-    long scan per row (0.65 ms a step at 8 rows on the H200); the block sums are a plain reduction."""
-    rows, vocab = probs.shape
-    p = probs.double()
-    if vocab % _CDF_BLOCK:
-        p = torch.nn.functional.pad(p, (0, _CDF_BLOCK - vocab % _CDF_BLOCK))  # zero probability: never drawn
-    blocks = p.view(rows, -1, _CDF_BLOCK)
-    block_cdf = blocks.sum(-1).cumsum(-1)
-    target = (u * block_cdf[:, -1]).unsqueeze(-1)
-    blk = torch.searchsorted(block_cdf, target, right=True).clamp_(max=blocks.shape[1] - 1)  # [rows, 1]
-    before = torch.where(blk > 0, block_cdf.gather(1, (blk - 1).clamp(min=0)), 0.0)
-    inner = blocks.gather(1, blk[:, :, None].expand(-1, -1, _CDF_BLOCK)).squeeze(1).cumsum(-1)
-    # strictly below the block's own total, so rounding between the two levels cannot step past its
-    # last token of positive probability
-    rest = torch.minimum(target - before, inner[:, -1:] * (1.0 - 2.0 ** -50))
-    tok = torch.searchsorted(inner, rest, right=True)
-    return (blk * _CDF_BLOCK + tok).squeeze(-1).clamp_(max=vocab - 1)
+    is never drawn."""
+    cdf = probs.double().cumsum(-1)
+    target = (u * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
