@@ -35,30 +35,23 @@ class SamplingParams(BaseModel):
         return self.temperature == 0.0
 
 
-# splitmix64's constants as signed int64 (torch has no uint64 arithmetic); products wrap
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
-_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
-_MIX2 = 0x94D049BB133111EB - (1 << 64)
+_M64 = (1 << 64) - 1
 _ROWS_CHUNK = 1 << 24  # elements of [rows, vocab] float64 CDFs made at once
 
 
-def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (x >> k) & ((1 << (64 - k)) - 1)
+def _splitmix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
 
 
-def _splitmix64(x: torch.Tensor) -> torch.Tensor:
-    z = x + _GOLDEN
-    z = (z ^ _shr(z, 30)) * _MIX1
-    z = (z ^ _shr(z, 27)) * _MIX2
-    return z ^ _shr(z, 31)
-
-
-def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """One uniform (0, 1) float64 per row, a pure function of the row's (seed, counter): the same
-    row gets the same number in any batch, on any device."""
-    bits = _shr(_splitmix64(seeds.to(torch.int64) ^ _splitmix64(counters.to(torch.int64))), 11)  # 53 bits
-    return (bits.to(torch.float64) + 0.5) * 2.0 ** -53
+def counter_uniform(seed: int, counter: int) -> float:
+    """One uniform (0, 1) number, a pure function of (seed, counter): a request's draw is the same in
+    any batch, on any device. Made on the host (a few integer operations per row): hashed on the
+    device it was ~15 one-element launches a step, the larger part of the sampler's time there."""
+    bits = _splitmix64((seed & _M64) ^ _splitmix64(counter & _M64)) >> 11  # 53 bits
+    return (bits + 0.5) * 2.0 ** -53
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -130,23 +123,28 @@ class Sampler:
         for lo in range(0, len(random_rows), per_chunk):
             rows = random_rows[lo: lo + per_chunk]
             idx = torch.tensor(rows, device=logits.device)
-            tokens[idx] = self._draw_rows(logits, rows, [request_ids[i] for i in rows], params)
+            tokens[idx] = self._draw_rows(logits, idx, rows, [request_ids[i] for i in rows], params)
         return tokens
 
-    def _draw_rows(self, logits: torch.Tensor, rows: list[int], request_ids: list[int],
+    def _draw_rows(self, logits: torch.Tensor, idx: torch.Tensor, rows: list[int], request_ids: list[int],
                    params: list[SamplingParams]) -> torch.Tensor:
-        """One token per random row, drawn together: the rows' logits over their temperatures,
-        filtered where a row asks, softmax, and each row's CDF inverted at its counter-based number."""
-        temps = torch.tensor([params[i].temperature for i in rows], device=logits.device)
-        x = logits[rows].float() / temps[:, None]
+        """One token per random row (`idx` on the device, `rows` the same on the host), drawn together:
+        the rows' logits over their temperatures, filtered where a row asks, softmax, and each row's
+        CDF inverted at its counter-based number. Temperatures and numbers go up in one copy."""
+        host = torch.tensor([(params[i].temperature, self._next_uniform(r)) for i, r in zip(rows, request_ids)],
+                            dtype=torch.float64)
+        temps_u = host.to(logits.device)
+        x = logits.index_select(0, idx).float() / temps_u[:, 0, None].float()
         for j, i in enumerate(rows):
             if 0 < params[i].top_k < x.shape[-1] or params[i].top_p < 1.0:
                 x[j] = _filter_top_k_top_p(x[j], params[i].top_k, params[i].top_p)
-        seeds = torch.tensor([self._seeds[r] for r in request_ids], device=logits.device)
-        counters = torch.tensor([self._drawn[r] for r in request_ids], device=logits.device)
-        for r in request_ids:
-            self._drawn[r] += 1
-        return inverse_cdf(x.softmax(-1), counter_uniform(seeds, counters))
+        return inverse_cdf(x.softmax(-1), temps_u[:, 1])
+
+    def _next_uniform(self, request_id: int) -> float:
+        """The request's number for its next token (and one token more drawn)."""
+        u = counter_uniform(self._seeds[request_id], self._drawn[request_id])
+        self._drawn[request_id] += 1
+        return u
 
     # ------------------------------------------------------------------ speculative decoding
     def probs(self, logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
