@@ -322,16 +322,17 @@ class _SegmentWalk:
     block-size steps or longer): token counters of the requests still running are advanced
     once, at the end."""
 
-    __slots__ = ("allocs", "comps", "comps_done", "ctx", "done", "finishing", "live", "live_ctx", "max_ctx",
-                 "points", "remaining", "running", "sched", "step_id", "taken", "width")
+    __slots__ = ("allocs", "comps", "comps_done", "ctx", "done", "eager", "eager_done", "finishing", "live",
+                 "live_ctx", "max_ctx", "points", "remaining", "running", "sched", "step_id", "taken", "width")
 
     def __init__(self, sched: Scheduler, start: StretchStart, n: int) -> None:
         self.sched, self.step_id = sched, sched.step_id
         self.running = list(sched.running)
         self.ctx, self.remaining = start.context_lens, start.remaining
         remaining = self.remaining
-        self.allocs, self.comps, self.width = start.opened, start.completed, start.width
-        self.taken = self.comps_done = 0  # allocs[:taken] are popped, comps[:comps_done] registered
+        self.allocs, self.comps, self.eager, self.width = start.opened, start.completed, start.eager, start.width
+        # allocs[:taken] are popped, comps[:comps_done] and eager[:eager_done] registered
+        self.taken = self.comps_done = self.eager_done = 0
         self.finishing: dict[int, list[int]] = {}  # step count -> who finishes after it (batch order)
         for j in [j for j, m in enumerate(remaining) if m <= n]:  # (few finish: the pass in a comprehension)
             self.finishing.setdefault(remaining[j], []).append(j)
@@ -377,7 +378,9 @@ class _SegmentWalk:
         r, c = self.running[j], self.ctx[j]
         bs = self.sched.block_size
         num_full = (c + point) // bs
-        if self.sched.caching and num_full > (c + start) // bs and num_full > r.num_cached_blocks:
+        # (a private request's completed blocks are counted with the segment's: _cache_completed)
+        if (self.sched.caching and r.private_from is None and num_full > (c + start) // bs
+                and num_full > r.num_cached_blocks):
             adv.num_blocks_hashed += self.sched.kv_cache_manager.cache_decoded([(r, num_full)])
         r.num_computed_tokens = c + point
         r.num_generated += point
@@ -406,29 +409,50 @@ class _SegmentWalk:
         batch order, as the steps' updates would; returns blocks hashed. Decode blocks carry
         the request's own generated-token keys, never registered before, so registering them in
         one call gives the very keys single steps would, and nothing else touches them before
-        the request frees them."""
-        comps, w = self.comps, self.width
+        the request frees them. Those of private requests (KVCacheManager.set_private_from),
+        finished ones included, are only counted (their `num_cached_blocks` is set at the end:
+        advance_running): every entry of theirs completes one block."""
+        comps, eager, w = self.comps, self.eager, self.width
         stop = bisect_left(comps, end * w, self.comps_done)
         if stop == self.comps_done:
             return 0
+        kv = self.sched.kv_cache_manager
+        num_all = stop - self.comps_done
+        self.comps_done = stop
+        first = self.eager_done
+        stop = bisect_left(eager, end * w, first) if eager is not comps else self.comps_done
+        self.eager_done = stop
+        if stop - first < num_all:
+            kv.count_private_completed(num_all - (stop - first))
+        if stop == first:
+            return num_all
         bs = self.sched.block_size
         # fewer than bs steps: a request completes at most one block in them, so its position
         # appears once (C-level map and sort); bs or more: every request decoding through them does
-        ids = sorted(map(w.__rmod__, comps[self.comps_done:stop])) if end - start < bs else range(w)
-        self.comps_done = stop
+        ids = sorted(map(w.__rmod__, eager[first:stop])) if end - start < bs else range(w)
         done, ctx, running = self.done, self.ctx, self.running
         completed = []  # (request, its full blocks after the steps) where that adds some
         for j in ids:
-            if not done[j]:
-                r = running[j]
+            r = running[j]
+            if not done[j] and r.private_from is None:
                 num_full = (ctx[j] + end) // bs
                 if num_full > r.num_cached_blocks:
                     completed.append((r, num_full))
-        return self.sched.kv_cache_manager.cache_decoded(completed) if completed else 0
+        return num_all - (stop - first) + (kv.cache_decoded(completed) if completed else 0)
 
     def advance_running(self, n: int) -> None:
-        """The token counters of the requests that ran through all n steps."""
+        """The token counters of the requests that ran through all n steps (and, with prefix
+        caching, their full blocks: all counted, see _cache_completed)."""
         done, ctx = self.done, self.ctx
+        if self.comps:
+            bs = self.sched.block_size
+            for j, r in enumerate(self.running):
+                if not done[j]:
+                    r.num_computed_tokens = c = ctx[j] + n
+                    r.num_generated += n
+                    r.num_tokens += n
+                    r.num_cached_blocks = c // bs
+            return
         for j, r in enumerate(self.running):
             if not done[j]:
                 r.num_computed_tokens = ctx[j] + n
@@ -448,13 +472,16 @@ class StretchStart:
     and KV tokens, and the blocks they open and complete in their next decode steps, sorted:
     the order single steps pop free blocks in, and (with prefix caching; else empty) the steps
     computing a block's last position. Each block entry is `step * width + batch position`
-    (width: the batch size): ints sort and bisect at C speed, (step, position) tuples do not."""
+    (width: the batch size): ints sort and bisect at C speed, (step, position) tuples do not.
+    `eager`: the entries of `completed` of requests whose blocks are registered as they fill
+    (not private, see KVCacheManager.set_private_from); `completed` itself when all are."""
 
     remaining: list[int]
     context_lens: list[int]
     opened: list[int]
     completed: list[int]
     width: int
+    eager: list[int]
 
 
 def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[int],
@@ -465,6 +492,8 @@ def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[i
     w = len(context_lens)
     opened: list[int] = []
     completed: list[int] = []
+    eager: list[int] = []
+    num_eager = 0
     caching = sched.caching
     for j, r in enumerate(sched.running):
         c = context_lens[j]  # step s computes position c + s
@@ -474,9 +503,16 @@ def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[i
         opened += range((len(r.block_ids) * bs - c) * w + j, end, bs * w)
         if caching:
             completed += range((bs - 1 - c) % bs * w + j, end, bs * w)
+            if r.private_from is None:
+                eager += range((bs - 1 - c) % bs * w + j, end, bs * w)
+                num_eager += 1
     opened.sort()
     completed.sort()
-    return StretchStart(remaining, context_lens, opened, completed, w)
+    if num_eager == w:
+        eager = completed
+    elif eager:
+        eager.sort()
+    return StretchStart(remaining, context_lens, opened, completed, w, eager)
 
 
 def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:

@@ -219,12 +219,16 @@ class KVCacheManager:
 
     def _key_only(self, r: SchedulerRequest, num_full: int) -> int:
         """`cache_full_blocks`' keying and counting of blocks [r.num_cached_blocks, num_full),
-        without registering them (private blocks); returns blocks hashed."""
-        if r.num_cached_blocks >= num_full:
+        without registering them (private blocks); returns blocks hashed. Blocks of generated
+        tokens are counted, not keyed: their keys are made only if `r` is preempted
+        (`_register_private`), as nothing reads them before."""
+        start = r.num_cached_blocks
+        if start >= num_full:
             return 0
-        keys = self._key_generated(r, num_full) if r.num_cached_blocks >= r.gen_keys_from else None
-        if keys is not None:
-            return len(keys)
+        if start >= r.gen_keys_from:
+            self.num_blocks_hashed += num_full - start
+            r.num_cached_blocks = num_full
+            return num_full - start
         hashed = self._key_blocks(r, num_full)
         r.num_cached_blocks = num_full
         return hashed
@@ -238,7 +242,12 @@ class KVCacheManager:
         and they are `r`'s since), and never when `r` finishes. Hits, schedules and
         preemptions stay those of eager registration; the prefix-cache tables are smaller
         (`num_cached_blocks`, `num_evictions` count less). Only for requests keyed by hash ids
-        whose hash blocks tile the KV block, that hold no blocks on finish nor take KV in."""
+        whose hash blocks tile the KV block, that hold no blocks on finish nor take KV in.
+
+        The keys of such a request's private blocks are made lazily too: its prompt's are None
+        until then (HashIdKeys), its generated blocks' are not in `block_hashes` at all (which
+        ends at the first of them; `num_cached_blocks` counts them) until `_register_private`
+        appends them: they are counted in `num_blocks_hashed` as they fill all the same."""
         if (first_unshared is not None and r.token_ids is None and r.gen_keys_from != NO_GEN_KEYS
                 and not r.hold_blocks_on_finish and not r.num_external_computed_tokens
                 and r.num_preemptions == 0 and not r.block_ids):
@@ -251,9 +260,19 @@ class KVCacheManager:
         r.private_from = None
         r.keys.fill_private(r, lazy)
         end = r.num_cached_blocks
+        keyed = len(r.block_hashes)
+        if end > keyed:  # generated blocks, counted but not keyed while private (see _key_only)
+            rid = r.request_id
+            r.block_hashes += [(GEN_TAG, rid, i) for i in range(keyed, end)]
         if end > lazy:
             r.num_cached_blocks = lazy
             self.cache_full_blocks(r, end)  # keys exist: nothing is hashed (or counted) again
+
+    def count_private_completed(self, n: int) -> None:
+        """n generated blocks of private requests were completed (a decode stretch counts them
+        in bulk, and sets those requests' `num_cached_blocks` itself): counted as hashed, keyed
+        only if their request is preempted (see `_key_only`)."""
+        self.num_blocks_hashed += n
 
     def cache_decoded(self, completed: list[tuple[SchedulerRequest, int]]) -> int:
         """`cache_full_blocks(r, num_full)` for each (r, num_full) of a decode stretch, the
@@ -266,21 +285,15 @@ class KVCacheManager:
         for r, num_full in completed:
             start = r.num_cached_blocks
             lazy = r.private_from
-            if lazy is not None and lazy <= start and r.gen_keys_from <= start == len(r.block_hashes):
-                # the hot case, inlined: generated blocks of a private request, keyed and counted
-                # as _key_generated does, registered only if r is preempted (set_private_from)
-                if num_full - start == 1:
-                    r.block_hashes.append((GEN_TAG, r.request_id, start))
-                else:
-                    r.block_hashes += [(GEN_TAG, r.request_id, i) for i in range(start, num_full)]
+            if lazy is not None and lazy <= start and r.gen_keys_from <= start:
+                # the hot case, inlined: generated blocks of a private request, counted as
+                # _key_only does, keyed and registered only if r is preempted (set_private_from)
                 r.num_cached_blocks = num_full
                 private += num_full - start
                 continue
             new = self._key_generated(r, num_full)
             if new is None:
                 hashed += self.cache_full_blocks(r, num_full)
-            elif r.private_from is not None and start >= r.private_from:
-                hashed += len(new)  # keyed; registered only if r is preempted
             else:
                 blocks += r.block_ids[start:num_full]
                 keys += new
