@@ -394,6 +394,18 @@ class BlockPool:
         self.num_freed += n
         return n
 
+    def free_owned(self, blocks: Sequence[int]) -> int:
+        """`free_tail_first(blocks)` for blocks the caller alone holds (one reference each, as
+        a request's whose blocks were never registered nor hit: no count of owners to read)."""
+        ref = self.ref
+        for b in blocks:
+            ref[b] = 0
+        self.queue += reversed(blocks)
+        n = len(blocks)
+        self.num_free += n
+        self.num_freed += n
+        return n
+
     def cache_blocks(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         """Register full blocks under their keys (first writer wins: a block whose key is
         already cached stays uncached and becomes a plain free block later). The blocks

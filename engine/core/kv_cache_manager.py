@@ -370,7 +370,9 @@ class KVCacheManager:
         return self._free_table(r)
 
     def _free_table(self, r: SchedulerRequest) -> int:
-        freed = self.pool.free_tail_first(r.block_ids)
+        # all of a request's blocks private from the first: nobody else can have hit any
+        freed = (self.pool.free_owned(r.block_ids) if r.private_from == 0
+                 else self.pool.free_tail_first(r.block_ids))
         r.block_ids = []  # a new list: earlier outputs keep the table they were given
         r.num_cached_blocks = 0
         return freed
