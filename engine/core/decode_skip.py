@@ -490,6 +490,7 @@ def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[i
     read (`remaining`, `context_lens`), the blocks counted over steps_each[j] steps each."""
     bs = sched.block_size
     w = len(context_lens)
+    period = bs * w  # between two entries of one request
     opened: list[int] = []
     completed: list[int] = []
     eager: list[int] = []
@@ -498,13 +499,27 @@ def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[i
     for j, r in enumerate(sched.running):
         c = context_lens[j]  # step s computes position c + s
         end = steps_each[j] * w
-        # a block at every bs-th step from the first position past the table (an entry per
-        # block, from C: the range steps by bs steps)
-        opened += range((len(r.block_ids) * bs - c) * w + j, end, bs * w)
+        # a block at every bs-th step from the first position past the table; a stretch shorter
+        # than bs steps (the usual one) has at most one: appended (a range per request and an
+        # extend from it cost three times as much)
+        e = (len(r.block_ids) * bs - c) * w + j
+        if e < end:
+            if e + period < end:
+                opened += range(e, end, period)
+            else:
+                opened.append(e)
         if caching:
-            completed += range((bs - 1 - c) % bs * w + j, end, bs * w)
+            e = (bs - 1 - c) % bs * w + j
+            if e < end:
+                if e + period < end:
+                    completed += range(e, end, period)
+                    if r.private_from is None:
+                        eager += range(e, end, period)
+                else:
+                    completed.append(e)
+                    if r.private_from is None:
+                        eager.append(e)
             if r.private_from is None:
-                eager += range((bs - 1 - c) % bs * w + j, end, bs * w)
                 num_eager += 1
     opened.sort()
     completed.sort()
