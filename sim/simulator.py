@@ -403,7 +403,13 @@ class _Replica:
         plan = self._plan_stretch(n, remaining, ctx, self.next_arrival_s() - t0,
                                   self.next_arrival_at() if self.sole else math.inf)
         self._skip_plan, self._skip_t0 = plan, t0
-        m = yield from self._sleep_through(plan, plan.runs.n)
+        if plan.wake_up is not None:  # the arrival that wakes it comes to pending meanwhile
+            self.skipping = True
+            yield self.env.timeout(plan.wake_up.delay_s)  # (here: one generator less to resume)
+            self.skipping = False
+            m = plan.wake_up.steps
+        else:
+            m = yield from self._sleep_through(plan, plan.runs.n)
         if self.pipelined:
             self._apply_pipelined(plan, t0, m)
         elif m:
@@ -514,14 +520,10 @@ class _Replica:
 
     def _sleep_through(self, plan: _Stretch, n: int) -> Process:
         """Sleep until n steps are done or new work arrives; returns how many steps to apply:
-        those that started before the wake-up, whose end it then waits for."""
+        those that started before the wake-up, whose end it then waits for. (A wake-up known in
+        advance, `plan.wake_up`, is slept through by `_skip`.)"""
         env = self.env
         t0 = env.now
-        if plan.wake_up is not None:  # the arrival that wakes it comes to pending meanwhile
-            self.skipping = True
-            yield env.timeout(plan.wake_up.delay_s)
-            self.skipping = False
-            return plan.wake_up.steps
         self.wake = env.event()
         self.skipping = True
         # (block times are known only for the steps up to the wake-up then)

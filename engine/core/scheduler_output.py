@@ -128,7 +128,7 @@ class SchedulerOutput:
         entries = self.entries
         num_plain = len(self.batch_records) - len(entries)  # one decode token each
         kv = [r.num_computed_tokens for r in self.batch_records]  # (faster than list(map(attrgetter)))
-        kv_after, kv_max = sum(kv), max(kv, default=0)
+        kv_after, kv_max = sum(kv), (max(kv) if kv else 0)  # (a keyword to max() costs more than the test)
         pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
         pre_kv = []
         for e in entries.values():
