@@ -909,8 +909,9 @@ class CostModel:
             g0, cpu = gpu + self._gap_s, cpu + self._host_s
         else:
             g0 = gpu + self._host_s
-        return DecodeRun(g0=g0, slope=t.per_context_s * num_seqs + t.per_max_context_s, cpu=cpu, n=num_steps,
-                         overlap=self.async_scheduling, cpu_slope=self._cpu_ctx_s * num_seqs)
+        # (positional: a skip-ahead builds a few per stretch, and keywords are matched by name)
+        return DecodeRun(g0, t.per_context_s * num_seqs + t.per_max_context_s, cpu, num_steps,
+                         self.async_scheduling, self._cpu_ctx_s * num_seqs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,6 +137,8 @@ class _Replica:
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
+        # CPU seconds per block allocated and per block hashed (skip-ahead charges them apart)
+        self.block_unit_s = (cost.block_cpu_s(kv_block_coarsening, 0), cost.block_cpu_s(0, kv_block_coarsening))
         self.sched = Scheduler(scheduler_config(
             engine, num_gpu_blocks=max(plan.num_gpu_blocks // kv_block_coarsening, 1),
             block_size=engine.block_size * kv_block_coarsening,
@@ -571,7 +573,7 @@ class _Replica:
         (bisections of its sorted block steps: no per-call pass over the batch)."""
         caching = self.engine.enable_prefix_caching
         opened, completed, w = blocks.opened, blocks.completed, blocks.width
-        blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
+        blk_s, hash_s = self.block_unit_s
 
         known: dict[int, float] = {}  # a skip asks for the same few steps several times
 
