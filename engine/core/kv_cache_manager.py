@@ -107,7 +107,12 @@ class KVCacheManager:
         i = len(r.block_hashes)
         if i >= n:
             return 0
-        r.keys.append_keys(r, i, n)
+        if r.private_from == 0 and n <= r.gen_keys_from:
+            # prompt blocks of a request private from the first: None each (HashIdKeys.append_keys
+            # gives no key to a private block before a preemption), without the strategy's calls
+            r.block_hashes += [None] * (n - i)
+        else:
+            r.keys.append_keys(r, i, n)
         self.num_blocks_hashed += n - i
         return n - i
 
