@@ -416,9 +416,14 @@ class _Replica:
             self._apply_pipelined(plan, t0, m)
         elif m:
             segments = plan.segments_within(m)
+            mixed = self.role == "mixed"
+            report = self._ended if self.role == "prefill" else None  # (else _ended's report, inlined)
             for (k, first, num_steps), adv in zip(segments, self._advance(plan, segments)):
                 for res, s in zip(adv.finished, adv.finish_steps):
-                    self._ended((res,), t0 + plan.step_start_s(first + s + 1))
+                    if report is None:
+                        self.log.finished(res, t0 + plan.step_start_s(first + s + 1), cache_hits_here=mixed)
+                    else:
+                        report((res,), t0 + plan.step_start_s(first + s + 1))
                 self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
         for req, ext in self.pending:
             self._admit(req, ext)
