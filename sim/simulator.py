@@ -551,7 +551,13 @@ class _Replica:
         run = plan.runs.runs[k]
         first = plan.runs.first_steps[k]
         end = first + num_steps
-        start_s, end_s = plan.step_start_s(first), plan.step_start_s(end)
+        starts = plan._starts  # (step_start_s's cache read here: both are mostly in it by now)
+        start_s = starts.get(first)
+        if start_s is None:
+            start_s = plan.step_start_s(first)
+        end_s = starts.get(end)
+        if end_s is None:
+            end_s = plan.step_start_s(end)
         cpu_s = run.cpu_elapsed_s(num_steps)
         if plan.own_device is not None:  # pipelined: the periods mix neighbouring steps' device time
             gpu_s = plan.device_elapsed_s(first, end) - num_steps * self.cost.async_gap_s
