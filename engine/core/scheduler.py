@@ -176,7 +176,7 @@ class Scheduler(SchedulerHooks):
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting.items)
 
     @property
     def kv_usage(self) -> float:
