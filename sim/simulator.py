@@ -808,9 +808,10 @@ class Simulation:
         self._unshared.update(first_unshared_hash_blocks(reqs))  # (part of the run's time)
         for i, req in enumerate(reqs):
             self._next_arrival = i
-            if req.arrival_s > env.now:
-                d = delay_until(env.now, req.arrival_s)
-                self._arrival_at = env.now + d  # when SimPy will resume this process (its sum)
+            now = env.now
+            if req.arrival_s > now:
+                d = delay_until(now, req.arrival_s)
+                self._arrival_at = now + d  # when SimPy will resume this process (its sum)
                 yield env.timeout(d)
             rep = self.router.pick(req, self.front)
             self.log.routed(req.request_id, rep.idx)

@@ -217,7 +217,12 @@ class BlockPool:
             h += need
             if self.dead and not self.dead.keys().isdisjoint(w):
                 w = self._live(w)
-            self._take(w)
+            if self.cached or self.groups:
+                self._take(w)
+            else:  # (_take's no-key case, inlined: no block carries a key to evict)
+                ref = self.ref
+                for b in w:
+                    ref[b] = 1
             if out:
                 out += w
             else:  # (the first round, and mostly the only one: no copy)

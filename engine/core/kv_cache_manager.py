@@ -177,11 +177,18 @@ class KVCacheManager:
     def cache_full_blocks(self, r: SchedulerRequest, num_full: int) -> int:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
         First writer wins: a block whose content is already cached stays unregistered.
-        Blocks from `r.private_from` on are keyed and counted now, registered only if `r` is
-        preempted (see `set_private_from`)."""
+        Blocks from `r.private_from` on are counted now (their keys made: see _key_only),
+        registered only if `r` is preempted (see `set_private_from`)."""
         lazy = r.private_from
         if lazy is not None and num_full > lazy:
-            hashed = self.cache_full_blocks(r, lazy) if r.num_cached_blocks < lazy else 0
+            start = r.num_cached_blocks
+            if start >= r.gen_keys_from:  # (a private decode's blocks: _key_only's count, inlined)
+                if start >= num_full:
+                    return 0
+                self.num_blocks_hashed += num_full - start
+                r.num_cached_blocks = num_full
+                return num_full - start
+            hashed = self.cache_full_blocks(r, lazy) if start < lazy else 0
             return hashed + self._key_only(r, num_full)
         start = r.num_cached_blocks
         keys = self._key_generated(r, num_full) if start >= r.gen_keys_from else None
