@@ -250,7 +250,8 @@ class _Replica:
         samplers = self._samplers(out, t0) if out.num_prefill_seqs or cost.k else None
         gpu_s, cpu_s = cost.gpu_time_s(out), cost.cpu_time_s(out, self.coarsening)
         dt = cost.combine(gpu_s, cpu_s)
-        left_out = sched.unscheduled_decoders(out)
+        # (every running request in the batch, the usual step: nobody left out, no call)
+        left_out = sched.unscheduled_decoders(out) if len(out.batch_records) < len(sched.running) else None
         resumed = self._resuming(out) if self.left_out_ids else None
         yield env.timeout(dt)
         t1 = env.now
@@ -576,7 +577,7 @@ class _Replica:
         rec.max_decode_context = adv.max_decode_context_first_step
         rec.num_blocks_allocated, rec.num_blocks_hashed = adv.num_blocks_allocated, adv.num_blocks_hashed
         rec.num_output_tokens, rec.num_running = num_steps * b, adv.num_running_after
-        rec.num_waiting, rec.kv_usage = self.sched.num_waiting, adv.kv_usage_after
+        rec.num_waiting, rec.kv_usage = len(self.sched.waiting.items), adv.kv_usage_after  # (num_waiting's)
         return rec
 
     def _block_cpu_fn(self, blocks: StretchStart) -> Callable[[int], float]:

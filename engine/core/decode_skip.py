@@ -132,7 +132,7 @@ def _remaining_if_uniform(sched: Scheduler) -> tuple[list[int], int, list[int]] 
     """Tokens each running request has left to generate (batch order) when the next step is
     a plain decode of every running request and nothing else, the blocks they all open on
     the way to their ends and their KV tokens now (read in the same pass); else None."""
-    if sched.num_waiting or sched.has_pending_rejections() or not sched.running:  # (the usual exit first)
+    if sched.waiting.items or sched.has_pending_rejections() or not sched.running:  # (the usual exit first)
         return None
     if sched.config.num_speculative_tokens or not sched.between_steps():
         return None
@@ -372,7 +372,7 @@ class _SegmentWalk:
         if self.comps:
             adv.num_blocks_hashed += self._cache_completed(start, end)
         adv.num_running_after = self.live
-        adv.kv_usage_after = self.sched.kv_usage
+        adv.kv_usage_after = self.sched.kv_cache_manager.usage()  # (Scheduler.kv_usage's)
         return adv
 
     def _finish(self, j: int, start: int, point: int, adv: DecodeAdvance) -> None:
