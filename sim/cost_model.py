@@ -1036,7 +1036,11 @@ class DecodeRuns:
         if m >= self.n:
             return self._elapsed_before[-1]
         k = bisect_right(self.first_steps, m) - 1  # (run_of, inlined)
-        return self._elapsed_before[k] + self.runs[k].elapsed_s(m - self.first_steps[k])
+        r, i = self.runs[k], m - self.first_steps[k]
+        if r.overlap or i <= 0:
+            return self._elapsed_before[k] + r.elapsed_s(i)
+        # (DecodeRun.elapsed_s's sync closed form, inlined: the hot case)
+        return self._elapsed_before[k] + (i * (r.g0 + r.cpu) + (r.slope + r.cpu_slope) * (i - 1) * i / 2)
 
     def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None,
                              without_extra: int | None = None) -> int:

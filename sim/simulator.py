@@ -482,8 +482,8 @@ class _Replica:
         # the batch as it starts, with which step opens and completes which block: the CPU time
         # of block work below, and what the stretch's application reads (once for both)
         start = stretch_start(sched, [x if x < last else last for x in remaining], remaining, ctx)  # noqa: FURB136
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(start)
-        plan = _Stretch(runs, block_s, start, last if woken else None, own_device=own)
+        block_s, known = (None, None) if self.cost.async_scheduling else self._block_cpu_fn(start)
+        plan = _Stretch(runs, block_s, start, last if woken else None, own_device=own, block_known=known)
         if woken:
             plan.wake_up = self._wake_up(plan, t0, wake_at)
         return plan
@@ -565,12 +565,20 @@ class _Replica:
         else:
             gpu_s = run.elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
         if plan.block_s is not None:
-            cpu_s += plan.block_s(end) - plan.block_s(first)
+            known = plan.block_known  # (block_s's own cache, read here: both ends are mostly in it)
+            b_end, b_first = known.get(end), known.get(first)
+            cpu_s += ((plan.block_s(end) if b_end is None else b_end)
+                      - (plan.block_s(first) if b_first is None else b_first))
         b = adv.num_seqs
         rec = StepRecord()  # (fields set on a default record: see _step_record)
         rec.replica, rec.step_id, rec.n_steps = self.idx, adv.first_step_id, num_steps
-        rec.t_start_s, rec.total_s, rec.first_dt_s, rec.last_dt_s = (t0 + start_s, end_s - start_s, run.dt(0),
-                                                                     run.dt(num_steps - 1))
+        rec.t_start_s, rec.total_s = t0 + start_s, end_s - start_s
+        if run.overlap:
+            rec.first_dt_s, rec.last_dt_s = run.dt(0), run.dt(num_steps - 1)
+        else:  # (DecodeRun.dt's sync sum, inlined)
+            i = num_steps - 1
+            rec.first_dt_s = (run.g0 + run.slope * 0) + (run.cpu + run.cpu_slope * 0)
+            rec.last_dt_s = (run.g0 + run.slope * i) + (run.cpu + run.cpu_slope * i)
         rec.gpu_s, rec.cpu_s = gpu_s, cpu_s
         rec.num_batched_tokens = rec.num_decode_tokens = rec.num_decode_seqs = b
         rec.sum_decode_context = adv.sum_decode_context_first_step
@@ -580,9 +588,10 @@ class _Replica:
         rec.num_waiting, rec.kv_usage = len(self.sched.waiting.items), adv.kv_usage_after  # (num_waiting's)
         return rec
 
-    def _block_cpu_fn(self, blocks: StretchStart) -> Callable[[int], float]:
+    def _block_cpu_fn(self, blocks: StretchStart) -> tuple[Callable[[int], float], dict[int, float]]:
         """CPU seconds of the blocks allocated and hashed in the first m steps of a stretch
-        (bisections of its sorted block steps: no per-call pass over the batch)."""
+        (bisections of its sorted block steps: no per-call pass over the batch), and the dict
+        of those it computed (by m)."""
         caching = self.engine.enable_prefix_caching
         opened, completed, w = blocks.opened, blocks.completed, blocks.width
         blk_s, hash_s = self.block_unit_s
@@ -598,7 +607,7 @@ class _Replica:
                 known[m] = t
             return t
 
-        return block_s
+        return block_s, known
 
 
 @dataclasses.dataclass(slots=True)
@@ -663,6 +672,7 @@ class _Stretch:
     woken_after: int | None = None
     wake_up: _WakeUp | None = None  # known in advance: the steps applied and the sleep until then
     own_device: list[tuple[float, float]] | None = None
+    block_known: dict[int, float] | None = None  # block_s's values computed so far, by step
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
     _starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
