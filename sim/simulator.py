@@ -221,7 +221,7 @@ class _Replica:
         while True:
             if self.boundary_waiters:  # rare (a disaggregated decode replica): keep the hot loop bare
                 self._at_boundary()
-            if not sched.has_unfinished() and self.inflight is None:
+            if not sched.running and not sched.has_unfinished() and self.inflight is None:  # (running: no call)
                 yield from self._wait_for_work()
                 continue
             if self.skip_ahead and not self.left_out_ids:  # a left-out decoder resumes in a step of its own
