@@ -516,14 +516,12 @@ def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[i
             if e < end:
                 if e + period < end:
                     completed += range(e, end, period)
-                    if r.private_from is None:
-                        eager += range(e, end, period)
                 else:
                     completed.append(e)
-                    if r.private_from is None:
-                        eager.append(e)
-            if r.private_from is None:
+            if r.private_from is None:  # (one check per request: most are private)
                 num_eager += 1
+                if e < end:
+                    eager += range(e, end, period)
     opened.sort()
     completed.sort()
     if num_eager == w:
