@@ -552,7 +552,7 @@ class _Replica:
         run = plan.runs.runs[k]
         first = plan.runs.first_steps[k]
         end = first + num_steps
-        starts = plan._starts  # (step_start_s's cache read here: both are mostly in it by now)
+        starts = plan.starts  # (step_start_s's cache read here: both are mostly in it by now)
         start_s = starts.get(first)
         if start_s is None:
             start_s = plan.step_start_s(first)
@@ -675,16 +675,16 @@ class _Stretch:
     block_known: dict[int, float] | None = None  # block_s's values computed so far, by step
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
-    _starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
     # after how many steps each finishing request is done, sorted (built when a load probe asks)
     _finish_after: list[int] | None = dataclasses.field(default=None, init=False, repr=False)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
-        t = self._starts.get(m)
+        t = self.starts.get(m)
         if t is None:
             t = self.runs.elapsed_s(m) + (self.block_s(m) if self.block_s is not None else 0.0)
-            self._starts[m] = t
+            self.starts[m] = t
         return t
 
     def device_s(self, i: int) -> float:
