@@ -244,6 +244,8 @@ def _blocks_freed_at_finish(r, steps: int, ref: list[int], drops: dict[int, int]
     """Blocks whose last reference `r` drops when it finishes after `steps` more decodes: its
     new decode blocks, plus held blocks no other request still references."""
     n = _blocks_new(r.num_computed_tokens, len(r.block_ids), steps, bs)
+    if r.private_from == 0:  # its own blocks, uncounted (KVCacheManager.set_private_from)
+        return n + len(r.block_ids)
     for b in r.block_ids:
         if ref[b] == 1:
             n += 1
@@ -402,8 +404,14 @@ class _SegmentWalk:
         if stop > self.taken:
             running = self.running
             kv = self.sched.kv_cache_manager
-            for e, b in zip(allocs[self.taken:stop], kv.allocate_blocks(stop - self.taken)):
-                running[e % w].block_ids.append(b)
+            counted = []  # blocks of requests that count their blocks' owners (see set_private_from)
+            for e, b in zip(allocs[self.taken:stop], kv.allocate_blocks(stop - self.taken, record=False)):
+                r = running[e % w]
+                r.block_ids.append(b)
+                if r.private_from != 0:
+                    counted.append(b)
+            if counted:
+                kv.record_owned(counted)
             adv.num_blocks_allocated += stop - self.taken
             self.taken = stop
 

@@ -67,7 +67,8 @@ class KVCacheManager:
 
     @property
     def ref_counts(self) -> list[int]:
-        """Owners per block id (read only)."""
+        """Owners per block id (read only), less requests private from their first block, whose
+        blocks count 0 while they hold them (see `set_private_from`)."""
         return self.pool.ref
 
     def usage(self) -> float:
@@ -261,7 +262,13 @@ class KVCacheManager:
         The keys of such a request's private blocks are made lazily too: its prompt's are None
         until then (HashIdKeys), its generated blocks' are not in `block_hashes` at all (which
         ends at the first of them; `num_cached_blocks` counts them) until `_register_private`
-        appends them: they are counted in `num_blocks_hashed` as they fill all the same."""
+        appends them: they are counted in `num_blocks_hashed` as they fill all the same.
+
+        A request private from its first block (`private_from == 0`) is its blocks' only
+        possible owner: nothing can hit them. Its ownership is not counted: they are taken with
+        `record=False` and stay at 0 in `ref_counts` (a reference count per block less, taken
+        and dropped, for every block of such a request), until a preemption counts it
+        (`free`)."""
         if (first_unshared is not None and r.token_ids is None and r.gen_keys_from != NO_GEN_KEYS
                 and not r.hold_blocks_on_finish and not r.num_external_computed_tokens
                 and r.num_preemptions == 0 and not r.block_ids):
@@ -353,7 +360,7 @@ class KVCacheManager:
             pool.touch(hits)
             r.block_ids.extend(hits)
             r.num_cached_blocks = len(r.block_ids)
-        new = pool.allocate(need) if need else []
+        new = pool.allocate(need, r.private_from != 0) if need else []
         if need:
             r.block_ids.extend(new)
             counts.num_blocks_allocated += need
@@ -368,24 +375,34 @@ class KVCacheManager:
         it; None if none is free."""
         if not self.pool.num_free:
             return None
-        b = self.pool.allocate_one()
+        b = self.pool.allocate_one(r.private_from != 0)
         r.block_ids.append(b)
         return b
 
-    def allocate_blocks(self, n: int) -> list[int]:
-        """Pop `n` free blocks in free-queue order (skip-ahead appends them to tables)."""
-        return self.pool.allocate(n)
+    def allocate_blocks(self, n: int, record: bool = True) -> list[int]:
+        """Pop `n` free blocks in free-queue order (skip-ahead appends them to tables);
+        `record=False`: for requests private from their first block, and those given to any
+        other request then go to `record_owned` (see `set_private_from`)."""
+        return self.pool.allocate(n, record)
+
+    def record_owned(self, blocks: list[int]) -> None:
+        """Give blocks taken with `allocate_blocks(n, record=False)` for a request that counts
+        its blocks' owners (not private from the first) their one reference."""
+        self.pool.record_owned(blocks)
 
     def free(self, r: SchedulerRequest) -> int:
         """Free all of `r`'s blocks, tail first (registering its private ones first: it may
         come back, see `set_private_from`); returns how many became free."""
         if r.private_from is not None:
+            if r.private_from == 0:  # its blocks' owner (r) is counted from now on
+                self.pool.record_owned(r.block_ids)
             self._register_private(r)
         return self._free_table(r)
 
     def _free_table(self, r: SchedulerRequest) -> int:
-        # all of a request's blocks private from the first: nobody else can have hit any
-        freed = (self.pool.free_owned(r.block_ids) if r.private_from == 0
+        # all of a request's blocks private from the first: nobody else can have hit any, and
+        # none counts its owner (see set_private_from)
+        freed = (self.pool.free_owned(r.block_ids, recorded=False) if r.private_from == 0
                  else self.pool.free_tail_first(r.block_ids))
         r.block_ids = []  # a new list: earlier outputs keep the table they were given
         r.num_cached_blocks = 0
@@ -397,6 +414,8 @@ class KVCacheManager:
             return 0
         tail = r.block_ids[keep:]
         del r.block_ids[keep:]
+        if r.private_from == 0:  # (its own, uncounted: see set_private_from)
+            return self.pool.free_owned(tail, recorded=False)
         return self.pool.free_tail_first(tail)
 
     def free_or_hold(self, r: SchedulerRequest) -> int:
@@ -415,8 +434,10 @@ class KVCacheManager:
                          waiting: Iterable[SchedulerRequest] = ()) -> None:
         """AssertionError unless each running request's block table fits its computed tokens,
         waiting ones hold no KV, and the running and held requests' references are every
-        block's refcount. O(all blocks): for tests."""
+        block's refcount (the blocks of requests private from the first: owned uncounted, by
+        them alone). O(all blocks): for tests."""
         owners: dict[int, int] = {}
+        unrecorded: set[int] = set()
         bs = self.block_size
         for r in running:
             rid = r.request_id
@@ -424,6 +445,9 @@ class KVCacheManager:
                 f"request {rid}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens")
             assert r.num_cached_blocks <= len(r.block_ids)
             assert len(set(r.block_ids)) == len(r.block_ids), f"request {rid}: dup block"
+            if r.private_from == 0:
+                unrecorded.update(r.block_ids)
+                continue
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
         for r in waiting:
@@ -433,7 +457,8 @@ class KVCacheManager:
             assert r.status == "finished", f"held request {r.request_id} has status {r.status}"
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
-        self.pool.check_invariants(owners)
+        assert not unrecorded & owners.keys(), "a block owned uncounted has another owner"
+        self.pool.check_invariants(owners, unrecorded)
 
 
 __all__ = ["KVCacheManager"]

@@ -9,7 +9,9 @@ LRU free queue. Random request streams (shared prefixes, a pool small enough to 
 preempt) are driven through both; after every operation they agree on the prefix hits, the
 blocks handed out, the blocks hashed and, for the prefix-cache table and its evictions, on every
 block the lazy scheme registers: shared blocks, and private ones of a request once preempted
-(the blocks of a request that finishes unpreempted are never looked up again).
+(the blocks of a request that finishes unpreempted are never looked up again); and on the blocks'
+owner counts, but for a request private from its first block, whose blocks count none until it
+is preempted (it is their only possible owner).
 """
 
 from __future__ import annotations
@@ -197,7 +199,16 @@ class Driver:
     def check(self) -> None:
         kv, model = self.kv, self.model
         assert kv.pool.free_block_ids() == model.free
-        assert kv.pool.ref == model.ref
+        # a request private from its first block owns its blocks uncounted (refcount 0) until preempted
+        want_ref = list(model.ref)
+        for r in self.recs.values():
+            if r.private_from == 0:
+                for b in r.block_ids:
+                    assert want_ref[b] == 1
+                    want_ref[b] = 0
+        assert kv.pool.ref == want_ref
+        kv.check_invariants([self.recs[rid] for rid in self.running],
+                            [self.recs[rid] for rid in self.waiting])
         assert kv.num_blocks_hashed == model.hashed
         want = {b for k, b in model.table.items() if self.visible(k)}
         assert set(kv.pool.cached.values()) == want
