@@ -158,7 +158,7 @@ class SchedulerOutput:
         if pre_kv and max(pre_kv) >= kv_max:  # a prefill may hold the longest KV: take the prefills out
             for c in pre_kv:
                 kv.remove(c)
-            kv_max = max(kv, default=0)
+            kv_max = max(kv) if kv else 0
         self.max_decode_context = kv_max
         self.num_spec_tokens = spec
         return pre_tokens, drafts, spec
