@@ -827,10 +827,15 @@ class CostModel:
         simulator's KV block coarsening), as the CPU cost is per engine block."""
         seqs = b.num_prefill_seqs + b.num_decode_seqs
         tokens = b.num_prefill_tokens + b.num_decode_tokens
+        # (verify_cpu_s and block_cpu_s, inlined: the simulator asks every step)
+        st = self.spec_terms
+        verify = (0.0 if st is None or b.num_decode_tokens <= b.num_decode_seqs
+                  else st.verify_cpu_step_s + st.verify_cpu_per_seq_s * b.num_decode_seqs)
         return (self._cpu_step_s + self._cpu_seq_s * seqs + self._cpu_tok_s * tokens
                 + self._cpu_ctx_s * (b.sum_decode_context + b.sum_prefill_context)
-                + self._ngram_s_per_seq * b.num_decode_seqs + self.verify_cpu_s(b)
-                + self.block_cpu_s(b.num_blocks_allocated * block_scale, b.num_blocks_hashed * block_scale))
+                + self._ngram_s_per_seq * b.num_decode_seqs + verify
+                + (self._cpu_blk_s * (b.num_blocks_allocated * block_scale)
+                   + self._cpu_hash_s * (b.num_blocks_hashed * block_scale)))
 
     def block_cpu_s(self, num_blocks_allocated: int, num_blocks_hashed: int) -> float:
         """CPU seconds of block allocation and hashing (charged apart in skip-ahead)."""

@@ -329,7 +329,9 @@ class _SegmentWalk:
 
     def __init__(self, sched: Scheduler, start: StretchStart, n: int) -> None:
         self.sched, self.step_id = sched, sched.step_id
-        self.running = list(sched.running)
+        # (the list itself, no copy: nothing changes it while the walk applies its segments, and
+        # apply_decode_stretch replaces it afterwards; DecodeAdvance.stretch reads ctx, remaining)
+        self.running = sched.running
         self.ctx, self.remaining = start.context_lens, start.remaining
         remaining = self.remaining
         self.allocs, self.comps, self.eager, self.width = start.opened, start.completed, start.eager, start.width
