@@ -481,7 +481,7 @@ class _Replica:
         last = runs.steps_started_before(wake_at - t0) if woken else runs.n
         # the batch as it starts, with which step opens and completes which block: the CPU time
         # of block work below, and what the stretch's application reads (once for both)
-        start = stretch_start(sched, [x if x < last else last for x in remaining], remaining, ctx)  # noqa: FURB136
+        start = stretch_start(sched, last, remaining, ctx)
         block_s, known = (None, None) if self.cost.async_scheduling else self._block_cpu_fn(start)
         plan = _Stretch(runs, block_s, start, last if woken else None, own_device=own, block_known=known)
         if woken:

@@ -273,8 +273,8 @@ def advance_decode_segments(sched: Scheduler, ends: Sequence[int], start: Stretc
     cut where its batch shrinks this way: the per-request work (remaining outputs, block
     openings, token counters) is done once for the stretch instead of once per segment.
     `start`: `stretch_start(sched, steps, ...)` of the running requests as they are now (a
-    caller that timed the stretch has it), with steps[j] >= min(request j's remaining output,
-    ends[-1]); computed here if None, or if the scheduler changed since uniform_decode_steps."""
+    caller that timed the stretch has it), with steps >= ends[-1]; computed here if None, or if
+    the scheduler changed since uniform_decode_steps."""
     n = ends[-1]
     if ends[0] < 1 or not all(map(operator.lt, ends, ends[1:])):
         raise ValueError(f"advance_decode_segments: segment ends {list(ends)} must increase from >= 1")
@@ -290,8 +290,7 @@ def advance_decode_segments(sched: Scheduler, ends: Sequence[int], start: Stretc
         if len(remaining) != len(running) or start.context_lens[-1] != running[-1].num_computed_tokens:
             raise ValueError("advance_decode_segments: `start` describes another batch than the running one")
     if start is None:
-        steps_each = [n] * len(remaining) if min(remaining) >= n else [min(n, m) for m in remaining]
-        start = stretch_start(sched, steps_each, remaining, [r.num_computed_tokens for r in running])
+        start = stretch_start(sched, n, remaining, [r.num_computed_tokens for r in running])
     walk = _SegmentWalk(sched, start, n)
     out = []
     first = 0
@@ -497,10 +496,10 @@ class StretchStart:
     eager: list[int]
 
 
-def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[int],
-                  context_lens: list[int]) -> StretchStart:
+def stretch_start(sched: Scheduler, steps: int, remaining: list[int], context_lens: list[int]) -> StretchStart:
     """`StretchStart` of the running requests, whose remaining outputs and KV tokens the caller
-    read (`remaining`, `context_lens`), the blocks counted over steps_each[j] steps each."""
+    read (`remaining`, `context_lens`), the blocks counted over their first `steps` steps (each
+    request's own, up to its remaining output)."""
     bs = sched.block_size
     w = len(context_lens)
     period = bs * w  # between two entries of one request
@@ -511,7 +510,8 @@ def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[i
     caching = sched.caching
     for j, r in enumerate(sched.running):
         c = context_lens[j]  # step s computes position c + s
-        end = steps_each[j] * w
+        m = remaining[j]
+        end = (m if m < steps else steps) * w  # noqa: FURB136 (min() costs a call per request here)
         # a block at every bs-th step from the first position past the table; a stretch shorter
         # than bs steps (the usual one) has at most one: appended (a range per request and an
         # extend from it cost three times as much)
