@@ -817,14 +817,18 @@ class Simulation:
         every = max(n // 100, 1)
         disagg = self.dep.disaggregation is not None
         self._unshared.update(first_unshared_hash_blocks(reqs))  # (part of the run's time)
+        sole = self.front[0] if len(self.front) == 1 else None  # (Router.pick's answer then)
         for i, req in enumerate(reqs):
             self._next_arrival = i
             now = env.now
-            if req.arrival_s > now:
-                d = delay_until(now, req.arrival_s)
+            t = req.arrival_s
+            if t > now:
+                d = t - now  # (delay_until's first guess, mostly its answer: no call then)
+                if now + d < t:
+                    d = delay_until(now, t)
                 self._arrival_at = now + d  # when SimPy will resume this process (its sum)
                 yield env.timeout(d)
-            rep = self.router.pick(req, self.front)
+            rep = sole or self.router.pick(req, self.front)
             self.log.routed(req.request_id, rep.idx)
             rep.add(dataclasses.replace(req, output_len=1) if disagg else req)
             if self.progress is not None and i % every == 0:
