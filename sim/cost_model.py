@@ -1053,6 +1053,8 @@ class DecodeRuns:
         answer without `extra_s`, if the caller has it (no search then)."""
         if without_extra is None:
             without_extra = self._started_before(elapsed)
+        if extra_s is None:  # (_steps_started_before's answer then, without the call)
+            return without_extra
         return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s, without_extra)
 
     def _started_before(self, elapsed: float) -> int:

@@ -391,7 +391,12 @@ class _SegmentWalk:
         r.num_computed_tokens = c + point
         r.num_generated += point
         r.num_tokens += point
-        _finish_at(self.sched, r, point - 1 - start, adv)
+        # its last token came in step point - 1: free (or hold) its blocks and report it, as
+        # update_from_output does at that step's end
+        freed, result = self.sched.finish_decoded(r)
+        adv.num_blocks_freed += freed
+        adv.finished.append(result)
+        adv.finish_steps.append(point - 1 - start)
         self.done[j] = True
         self.live -= 1
         self.live_ctx -= c
@@ -539,12 +544,3 @@ def stretch_start(sched: Scheduler, steps: int, remaining: list[int], context_le
     elif eager:
         eager.sort()
     return StretchStart(remaining, context_lens, opened, completed, w, eager)
-
-
-def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:
-    """`r` generated its last token in step `last_step`: free (or hold) its blocks and report
-    it, as update_from_output does at that step's end."""
-    freed, result = sched.finish_decoded(r)
-    adv.num_blocks_freed += freed
-    adv.finished.append(result)
-    adv.finish_steps.append(last_step)
