@@ -364,14 +364,18 @@ class _SegmentWalk:
             self.max_ctx = max(c for c, d in zip(self.ctx, self.done) if not d)
         adv = DecodeAdvance(end - start, self.step_id + 1 + start, live, self.live_ctx + live * (start + 1),
                             self.max_ctx + start + 1, live * (end - start), self, start)
-        points = self.points
+        points, allocs, w = self.points, self.allocs, self.width
         while points and points[-1] <= end:
             point = points.pop()
-            self._take_before(point, adv)
+            stop = bisect_left(allocs, point * w, self.taken)  # the blocks opened before it
+            if stop > self.taken:
+                self._take(stop, adv)
             for j in self.finishing[point]:
                 self._finish(j, start, point, adv)
             adv.num_batched_tokens -= len(self.finishing[point]) * (end - point)
-        self._take_before(end, adv)
+        stop = bisect_left(allocs, end * w, self.taken)
+        if stop > self.taken:
+            self._take(stop, adv)
         if self.comps:
             adv.num_blocks_hashed += self._cache_completed(start, end)
         adv.num_running_after = self.live
@@ -403,23 +407,21 @@ class _SegmentWalk:
         if c == self.max_ctx:
             self.max_ctx = None
 
-    def _take_before(self, step: int, adv: DecodeAdvance) -> None:
-        """Pop the blocks opened before `step` (not popped yet) into their requests' tables."""
+    def _take(self, stop: int, adv: DecodeAdvance) -> None:
+        """Pop the blocks of opening entries [taken, stop) into their requests' tables."""
         allocs, w = self.allocs, self.width
-        stop = bisect_left(allocs, step * w, self.taken)
-        if stop > self.taken:
-            running = self.running
-            kv = self.sched.kv_cache_manager
-            counted = []  # blocks of requests that count their blocks' owners (see set_private_from)
-            for e, b in zip(allocs[self.taken:stop], kv.allocate_blocks(stop - self.taken, record=False)):
-                r = running[e % w]
-                r.block_ids.append(b)
-                if r.private_from != 0:
-                    counted.append(b)
-            if counted:
-                kv.record_owned(counted)
-            adv.num_blocks_allocated += stop - self.taken
-            self.taken = stop
+        running = self.running
+        kv = self.sched.kv_cache_manager
+        counted = []  # blocks of requests that count their blocks' owners (see set_private_from)
+        for e, b in zip(allocs[self.taken:stop], kv.allocate_blocks(stop - self.taken, record=False)):
+            r = running[e % w]
+            r.block_ids.append(b)
+            if r.private_from != 0:
+                counted.append(b)
+        if counted:
+            kv.record_owned(counted)
+        adv.num_blocks_allocated += stop - self.taken
+        self.taken = stop
 
     def _cache_completed(self, start: int, end: int) -> int:
         """Register the blocks the requests still running completed in steps [start, end), in
