@@ -469,8 +469,7 @@ class _Replica:
         `wake_at`: the clock time an arrival will wake the replica at for sure (inf: unknown)."""
         sched = self.sched
         t0 = self.env.now
-        by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
-        batches = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
+        batches = self._decode_runs(remaining, ctx, n, horizon_s)
         runs, own = batches, None
         if self.pipelined:
             fl = self.inflight
@@ -504,16 +503,25 @@ class _Replica:
             return None
         return _WakeUp(m, delay)
 
-    def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
-                     horizon_s: float) -> DecodeRuns:
+    def _decode_runs(self, remaining: list[int], ctx: list[int], n: int, horizon_s: float) -> DecodeRuns:
         """One DecodeRun per constant batch of the first n steps (the batch shrinks where
         requests finish), until the one that passes `horizon_s`. Walks the (remaining steps,
         KV tokens) of the requests in order, the batches `advance_decode` will report
-        (`DecodeAdvance.stretch.segments()`), but stops at the horizon."""
-        num = len(by_remaining)
-        ctx_left = sum_ctx  # KV tokens of the requests still decoding at step `first`
+        (`DecodeAdvance.stretch.segments()`), but stops at the horizon. The first batch is
+        the whole one: timed before sorting the requests by who leaves first, which the
+        stretch needs only if it runs past that batch (often not: an arrival cuts it)."""
+        num = len(ctx)
+        ctx_left = sum(ctx)  # KV tokens of the requests still decoding at step `first`
+        runs = DecodeRuns()
+        if not 0.0 <= horizon_s:  # (the horizon passed already: no batch, as the loop below has it)
+            return runs
+        first = min(min(remaining), n)
+        elapsed_s = runs.add(self.cost.decode_run(num, ctx_left + num, first, max(ctx) + 1))
+        if first >= n or elapsed_s > horizon_s:
+            return runs
+        by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
         ctxs = [c for _, c in by_remaining]
-        runs, elapsed_s, first, k = DecodeRuns(), 0.0, 0, 0
+        k = 0
         while first < n and elapsed_s <= horizon_s:
             while by_remaining[k][0] <= first:
                 ctx_left -= by_remaining[k][1]
