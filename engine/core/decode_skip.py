@@ -276,7 +276,7 @@ def advance_decode_segments(sched: Scheduler, ends: Sequence[int], start: Stretc
     caller that timed the stretch has it), with steps >= ends[-1]; computed here if None, or if
     the scheduler changed since uniform_decode_steps."""
     n = ends[-1]
-    if ends[0] < 1 or not all(map(operator.lt, ends, ends[1:])):
+    if ends[0] < 1 or (len(ends) > 1 and not all(map(operator.lt, ends, ends[1:]))):
         raise ValueError(f"advance_decode_segments: segment ends {list(ends)} must increase from >= 1")
     known = sched.known_uniform(n)
     running = sched.running
@@ -337,7 +337,7 @@ class _SegmentWalk:
         # allocs[:taken] are popped, comps[:comps_done] and eager[:eager_done] registered
         self.taken = self.comps_done = self.eager_done = 0
         self.finishing: dict[int, list[int]] = {}  # step count -> who finishes after it (batch order)
-        for j in [j for j, m in enumerate(remaining) if m <= n]:  # (few finish: the pass in a comprehension)
+        for j in [j for j, m in enumerate(remaining) if m <= n] if min(remaining) <= n else ():  # (few finish)
             self.finishing.setdefault(remaining[j], []).append(j)
         self.points = sorted(self.finishing, reverse=True)  # finish steps still ahead, last first
         self.done = [False] * len(remaining)  # finished within the stretch
