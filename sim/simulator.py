@@ -431,8 +431,9 @@ class _Replica:
         self.pending.clear()
         if m:  # the gauges after the stretch: what was admitted at the wake-up is waiting
             last = self.step_log.records[-1]
-            last.num_running, last.num_waiting, last.kv_usage = (
-                self.sched.num_running, self.sched.num_waiting, self.sched.kv_usage)
+            sched = self.sched  # (its gauges, read without their property calls)
+            last.num_running, last.num_waiting = len(sched.running), len(sched.waiting.items)
+            last.kv_usage = sched.kv_cache_manager.usage()
 
     def _apply_pipelined(self, plan: _Stretch, t0: float, m: int) -> None:
         """The first m steps of a stretch under async scheduling: the step before it is collected
