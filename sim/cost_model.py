@@ -827,10 +827,15 @@ class CostModel:
         simulator's KV block coarsening), as the CPU cost is per engine block."""
         seqs = b.num_prefill_seqs + b.num_decode_seqs
         tokens = b.num_prefill_tokens + b.num_decode_tokens
+        # (verify_cpu_s and block_cpu_s, inlined: the simulator asks every step)
+        st = self.spec_terms
+        verify = (0.0 if st is None or b.num_decode_tokens <= b.num_decode_seqs
+                  else st.verify_cpu_step_s + st.verify_cpu_per_seq_s * b.num_decode_seqs)
         return (self._cpu_step_s + self._cpu_seq_s * seqs + self._cpu_tok_s * tokens
                 + self._cpu_ctx_s * (b.sum_decode_context + b.sum_prefill_context)
-                + self._ngram_s_per_seq * b.num_decode_seqs + self.verify_cpu_s(b)
-                + self.block_cpu_s(b.num_blocks_allocated * block_scale, b.num_blocks_hashed * block_scale))
+                + self._ngram_s_per_seq * b.num_decode_seqs + verify
+                + (self._cpu_blk_s * (b.num_blocks_allocated * block_scale)
+                   + self._cpu_hash_s * (b.num_blocks_hashed * block_scale)))
 
     def block_cpu_s(self, num_blocks_allocated: int, num_blocks_hashed: int) -> float:
         """CPU seconds of block allocation and hashing (charged apart in skip-ahead)."""
@@ -909,8 +914,9 @@ class CostModel:
             g0, cpu = gpu + self._gap_s, cpu + self._host_s
         else:
             g0 = gpu + self._host_s
-        return DecodeRun(g0=g0, slope=t.per_context_s * num_seqs + t.per_max_context_s, cpu=cpu, n=num_steps,
-                         overlap=self.async_scheduling, cpu_slope=self._cpu_ctx_s * num_seqs)
+        # (positional: a skip-ahead builds a few per stretch, and keywords are matched by name)
+        return DecodeRun(g0, t.per_context_s * num_seqs + t.per_max_context_s, cpu, num_steps,
+                         self.async_scheduling, self._cpu_ctx_s * num_seqs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -946,14 +952,15 @@ class DecodeRun:
 
     def cpu_elapsed_s(self, m: int) -> float:
         """CPU seconds of the first m steps."""
-        return _linear_sum(self.cpu, self.cpu_slope, 0, max(m, 0))
+        # (_linear_sum(cpu, cpu_slope, 0, m), inlined: a skip-ahead asks per row)
+        return m * self.cpu + self.cpu_slope * (m - 1) * m / 2 if m > 0 else 0.0
 
     def elapsed_s(self, m: int) -> float:
         """Seconds taken by the first m steps (closed form)."""
         if m <= 0:
             return 0.0
-        if not self.overlap:
-            return _linear_sum(self.g0 + self.cpu, self.slope + self.cpu_slope, 0, m)
+        if not self.overlap:  # (_linear_sum(g0 + cpu, slope + cpu_slope, 0, m), inlined: the hot case)
+            return m * (self.g0 + self.cpu) + (self.slope + self.cpu_slope) * (m - 1) * m / 2
         # two lines cross at most once: the CPU-bound steps are a prefix or a suffix
         d0, dd = self.cpu - self.g0, self.cpu_slope - self.slope  # cpu_i - gpu_i = d0 + dd * i
         if dd == 0:
@@ -1033,8 +1040,12 @@ class DecodeRuns:
             return 0.0
         if m >= self.n:
             return self._elapsed_before[-1]
-        k = self.run_of(m)
-        return self._elapsed_before[k] + self.runs[k].elapsed_s(m - self.first_steps[k])
+        k = bisect_right(self.first_steps, m) - 1  # (run_of, inlined)
+        r, i = self.runs[k], m - self.first_steps[k]
+        if r.overlap or i <= 0:
+            return self._elapsed_before[k] + r.elapsed_s(i)
+        # (DecodeRun.elapsed_s's sync closed form, inlined: the hot case)
+        return self._elapsed_before[k] + (i * (r.g0 + r.cpu) + (r.slope + r.cpu_slope) * (i - 1) * i / 2)
 
     def steps_started_before(self, elapsed: float, extra_s: Callable[[int], float] | None = None,
                              without_extra: int | None = None) -> int:
@@ -1042,6 +1053,8 @@ class DecodeRuns:
         answer without `extra_s`, if the caller has it (no search then)."""
         if without_extra is None:
             without_extra = self._started_before(elapsed)
+        if extra_s is None:  # (_steps_started_before's answer then, without the call)
+            return without_extra
         return _steps_started_before(self.elapsed_s, self.n, elapsed, extra_s, without_extra)
 
     def _started_before(self, elapsed: float) -> int:

@@ -137,6 +137,8 @@ class _Replica:
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
+        # CPU seconds per block allocated and per block hashed (skip-ahead charges them apart)
+        self.block_unit_s = (cost.block_cpu_s(kv_block_coarsening, 0), cost.block_cpu_s(0, kv_block_coarsening))
         self.sched = Scheduler(scheduler_config(
             engine, num_gpu_blocks=max(plan.num_gpu_blocks // kv_block_coarsening, 1),
             block_size=engine.block_size * kv_block_coarsening,
@@ -219,7 +221,7 @@ class _Replica:
         while True:
             if self.boundary_waiters:  # rare (a disaggregated decode replica): keep the hot loop bare
                 self._at_boundary()
-            if not sched.has_unfinished() and self.inflight is None:
+            if not sched.running and not sched.has_unfinished() and self.inflight is None:  # (running: no call)
                 yield from self._wait_for_work()
                 continue
             if self.skip_ahead and not self.left_out_ids:  # a left-out decoder resumes in a step of its own
@@ -248,7 +250,8 @@ class _Replica:
         samplers = self._samplers(out, t0) if out.num_prefill_seqs or cost.k else None
         gpu_s, cpu_s = cost.gpu_time_s(out), cost.cpu_time_s(out, self.coarsening)
         dt = cost.combine(gpu_s, cpu_s)
-        left_out = sched.unscheduled_decoders(out)
+        # (every running request in the batch, the usual step: nobody left out, no call)
+        left_out = sched.unscheduled_decoders(out) if len(out.batch_records) < len(sched.running) else None
         resumed = self._resuming(out) if self.left_out_ids else None
         yield env.timeout(dt)
         t1 = env.now
@@ -403,22 +406,34 @@ class _Replica:
         plan = self._plan_stretch(n, remaining, ctx, self.next_arrival_s() - t0,
                                   self.next_arrival_at() if self.sole else math.inf)
         self._skip_plan, self._skip_t0 = plan, t0
-        m = yield from self._sleep_through(plan, plan.runs.n)
+        if plan.wake_up is not None:  # the arrival that wakes it comes to pending meanwhile
+            self.skipping = True
+            yield self.env.timeout(plan.wake_up.delay_s)  # (here: one generator less to resume)
+            self.skipping = False
+            m = plan.wake_up.steps
+        else:
+            m = yield from self._sleep_through(plan, plan.runs.n)
         if self.pipelined:
             self._apply_pipelined(plan, t0, m)
         elif m:
             segments = plan.segments_within(m)
+            mixed = self.role == "mixed"
+            report = self._ended if self.role == "prefill" else None  # (else _ended's report, inlined)
             for (k, first, num_steps), adv in zip(segments, self._advance(plan, segments)):
                 for res, s in zip(adv.finished, adv.finish_steps):
-                    self._ended((res,), t0 + plan.step_start_s(first + s + 1))
+                    if report is None:
+                        self.log.finished(res, t0 + plan.step_start_s(first + s + 1), cache_hits_here=mixed)
+                    else:
+                        report((res,), t0 + plan.step_start_s(first + s + 1))
                 self.step_log.append(self._skip_record(plan, adv, t0, k, num_steps))
         for req, ext in self.pending:
             self._admit(req, ext)
         self.pending.clear()
         if m:  # the gauges after the stretch: what was admitted at the wake-up is waiting
             last = self.step_log.records[-1]
-            last.num_running, last.num_waiting, last.kv_usage = (
-                self.sched.num_running, self.sched.num_waiting, self.sched.kv_usage)
+            sched = self.sched  # (its gauges, read without their property calls)
+            last.num_running, last.num_waiting = len(sched.running), len(sched.waiting.items)
+            last.kv_usage = sched.kv_cache_manager.usage()
 
     def _apply_pipelined(self, plan: _Stretch, t0: float, m: int) -> None:
         """The first m steps of a stretch under async scheduling: the step before it is collected
@@ -455,8 +470,7 @@ class _Replica:
         `wake_at`: the clock time an arrival will wake the replica at for sure (inf: unknown)."""
         sched = self.sched
         t0 = self.env.now
-        by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
-        batches = self._decode_runs(by_remaining, sum(ctx), n, horizon_s)
+        batches = self._decode_runs(remaining, ctx, n, horizon_s)
         runs, own = batches, None
         if self.pipelined:
             fl = self.inflight
@@ -467,9 +481,9 @@ class _Replica:
         last = runs.steps_started_before(wake_at - t0) if woken else runs.n
         # the batch as it starts, with which step opens and completes which block: the CPU time
         # of block work below, and what the stretch's application reads (once for both)
-        start = stretch_start(sched, [x if x < last else last for x in remaining], remaining, ctx)  # noqa: FURB136
-        block_s = None if self.cost.async_scheduling else self._block_cpu_fn(start)
-        plan = _Stretch(runs, block_s, start, last if woken else None, own_device=own)
+        start = stretch_start(sched, last, remaining, ctx)
+        block_s, known = (None, None) if self.cost.async_scheduling else self._block_cpu_fn(start)
+        plan = _Stretch(runs, block_s, start, last if woken else None, own_device=own, block_known=known)
         if woken:
             plan.wake_up = self._wake_up(plan, t0, wake_at)
         return plan
@@ -490,16 +504,25 @@ class _Replica:
             return None
         return _WakeUp(m, delay)
 
-    def _decode_runs(self, by_remaining: list[tuple[int, int]], sum_ctx: int, n: int,
-                     horizon_s: float) -> DecodeRuns:
+    def _decode_runs(self, remaining: list[int], ctx: list[int], n: int, horizon_s: float) -> DecodeRuns:
         """One DecodeRun per constant batch of the first n steps (the batch shrinks where
         requests finish), until the one that passes `horizon_s`. Walks the (remaining steps,
         KV tokens) of the requests in order, the batches `advance_decode` will report
-        (`DecodeAdvance.stretch.segments()`), but stops at the horizon."""
-        num = len(by_remaining)
-        ctx_left = sum_ctx  # KV tokens of the requests still decoding at step `first`
+        (`DecodeAdvance.stretch.segments()`), but stops at the horizon. The first batch is
+        the whole one: timed before sorting the requests by who leaves first, which the
+        stretch needs only if it runs past that batch (often not: an arrival cuts it)."""
+        num = len(ctx)
+        ctx_left = sum(ctx)  # KV tokens of the requests still decoding at step `first`
+        runs = DecodeRuns()
+        if not 0.0 <= horizon_s:  # (the horizon passed already: no batch, as the loop below has it)
+            return runs
+        first = min(min(remaining), n)
+        elapsed_s = runs.add(self.cost.decode_run(num, ctx_left + num, first, max(ctx) + 1))
+        if first >= n or elapsed_s > horizon_s:
+            return runs
+        by_remaining = sorted(zip(remaining, ctx))  # who leaves the batch first
         ctxs = [c for _, c in by_remaining]
-        runs, elapsed_s, first, k = DecodeRuns(), 0.0, 0, 0
+        k = 0
         while first < n and elapsed_s <= horizon_s:
             while by_remaining[k][0] <= first:
                 ctx_left -= by_remaining[k][1]
@@ -514,14 +537,10 @@ class _Replica:
 
     def _sleep_through(self, plan: _Stretch, n: int) -> Process:
         """Sleep until n steps are done or new work arrives; returns how many steps to apply:
-        those that started before the wake-up, whose end it then waits for."""
+        those that started before the wake-up, whose end it then waits for. (A wake-up known in
+        advance, `plan.wake_up`, is slept through by `_skip`.)"""
         env = self.env
         t0 = env.now
-        if plan.wake_up is not None:  # the arrival that wakes it comes to pending meanwhile
-            self.skipping = True
-            yield env.timeout(plan.wake_up.delay_s)
-            self.skipping = False
-            return plan.wake_up.steps
         self.wake = env.event()
         self.skipping = True
         # (block times are known only for the steps up to the wake-up then)
@@ -542,34 +561,49 @@ class _Replica:
         run = plan.runs.runs[k]
         first = plan.runs.first_steps[k]
         end = first + num_steps
-        start_s, end_s = plan.step_start_s(first), plan.step_start_s(end)
+        starts = plan.starts  # (step_start_s's cache read here: both are mostly in it by now)
+        start_s = starts.get(first)
+        if start_s is None:
+            start_s = plan.step_start_s(first)
+        end_s = starts.get(end)
+        if end_s is None:
+            end_s = plan.step_start_s(end)
         cpu_s = run.cpu_elapsed_s(num_steps)
         if plan.own_device is not None:  # pipelined: the periods mix neighbouring steps' device time
             gpu_s = plan.device_elapsed_s(first, end) - num_steps * self.cost.async_gap_s
         else:
             gpu_s = run.elapsed_s(num_steps) - (0.0 if self.cost.async_scheduling else cpu_s)
         if plan.block_s is not None:
-            cpu_s += plan.block_s(end) - plan.block_s(first)
+            known = plan.block_known  # (block_s's own cache, read here: both ends are mostly in it)
+            b_end, b_first = known.get(end), known.get(first)
+            cpu_s += ((plan.block_s(end) if b_end is None else b_end)
+                      - (plan.block_s(first) if b_first is None else b_first))
         b = adv.num_seqs
         rec = StepRecord()  # (fields set on a default record: see _step_record)
         rec.replica, rec.step_id, rec.n_steps = self.idx, adv.first_step_id, num_steps
-        rec.t_start_s, rec.total_s, rec.first_dt_s, rec.last_dt_s = (t0 + start_s, end_s - start_s, run.dt(0),
-                                                                     run.dt(num_steps - 1))
+        rec.t_start_s, rec.total_s = t0 + start_s, end_s - start_s
+        if run.overlap:
+            rec.first_dt_s, rec.last_dt_s = run.dt(0), run.dt(num_steps - 1)
+        else:  # (DecodeRun.dt's sync sum, inlined)
+            i = num_steps - 1
+            rec.first_dt_s = (run.g0 + run.slope * 0) + (run.cpu + run.cpu_slope * 0)
+            rec.last_dt_s = (run.g0 + run.slope * i) + (run.cpu + run.cpu_slope * i)
         rec.gpu_s, rec.cpu_s = gpu_s, cpu_s
         rec.num_batched_tokens = rec.num_decode_tokens = rec.num_decode_seqs = b
         rec.sum_decode_context = adv.sum_decode_context_first_step
         rec.max_decode_context = adv.max_decode_context_first_step
         rec.num_blocks_allocated, rec.num_blocks_hashed = adv.num_blocks_allocated, adv.num_blocks_hashed
         rec.num_output_tokens, rec.num_running = num_steps * b, adv.num_running_after
-        rec.num_waiting, rec.kv_usage = self.sched.num_waiting, adv.kv_usage_after
+        rec.num_waiting, rec.kv_usage = len(self.sched.waiting.items), adv.kv_usage_after  # (num_waiting's)
         return rec
 
-    def _block_cpu_fn(self, blocks: StretchStart) -> Callable[[int], float]:
+    def _block_cpu_fn(self, blocks: StretchStart) -> tuple[Callable[[int], float], dict[int, float]]:
         """CPU seconds of the blocks allocated and hashed in the first m steps of a stretch
-        (bisections of its sorted block steps: no per-call pass over the batch)."""
+        (bisections of its sorted block steps: no per-call pass over the batch), and the dict
+        of those it computed (by m)."""
         caching = self.engine.enable_prefix_caching
         opened, completed, w = blocks.opened, blocks.completed, blocks.width
-        blk_s, hash_s = self.cost.block_cpu_s(self.coarsening, 0), self.cost.block_cpu_s(0, self.coarsening)
+        blk_s, hash_s = self.block_unit_s
 
         known: dict[int, float] = {}  # a skip asks for the same few steps several times
 
@@ -582,7 +616,7 @@ class _Replica:
                 known[m] = t
             return t
 
-        return block_s
+        return block_s, known
 
 
 @dataclasses.dataclass(slots=True)
@@ -647,18 +681,19 @@ class _Stretch:
     woken_after: int | None = None
     wake_up: _WakeUp | None = None  # known in advance: the steps applied and the sleep until then
     own_device: list[tuple[float, float]] | None = None
+    block_known: dict[int, float] | None = None  # block_s's values computed so far, by step
     # step -> step_start_s: a skip asks for the same few steps (segment ends, finishes,
     # the router's load probes) many times
-    _starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    starts: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
     # after how many steps each finishing request is done, sorted (built when a load probe asks)
     _finish_after: list[int] | None = dataclasses.field(default=None, init=False, repr=False)
 
     def step_start_s(self, m: int) -> float:
         """Seconds from the stretch's start to the start of its step m (the end of step m - 1)."""
-        t = self._starts.get(m)
+        t = self.starts.get(m)
         if t is None:
             t = self.runs.elapsed_s(m) + (self.block_s(m) if self.block_s is not None else 0.0)
-            self._starts[m] = t
+            self.starts[m] = t
         return t
 
     def device_s(self, i: int) -> float:
@@ -791,13 +826,18 @@ class Simulation:
         every = max(n // 100, 1)
         disagg = self.dep.disaggregation is not None
         self._unshared.update(first_unshared_hash_blocks(reqs))  # (part of the run's time)
+        sole = self.front[0] if len(self.front) == 1 else None  # (Router.pick's answer then)
         for i, req in enumerate(reqs):
             self._next_arrival = i
-            if req.arrival_s > env.now:
-                d = delay_until(env.now, req.arrival_s)
-                self._arrival_at = env.now + d  # when SimPy will resume this process (its sum)
+            now = env.now
+            t = req.arrival_s
+            if t > now:
+                d = t - now  # (delay_until's first guess, mostly its answer: no call then)
+                if now + d < t:
+                    d = delay_until(now, t)
+                self._arrival_at = now + d  # when SimPy will resume this process (its sum)
                 yield env.timeout(d)
-            rep = self.router.pick(req, self.front)
+            rep = sole or self.router.pick(req, self.front)
             self.log.routed(req.request_id, rep.idx)
             rep.add(dataclasses.replace(req, output_len=1) if disagg else req)
             if self.progress is not None and i % every == 0:
@@ -814,8 +854,10 @@ class Simulation:
         reqs = self.requests
         now = self._arrival_at
         for k in range(self._next_arrival + 1, len(reqs)):
-            if reqs[k].arrival_s > now:
-                now += delay_until(now, reqs[k].arrival_s)
+            a = reqs[k].arrival_s
+            if a > now:
+                d = a - now  # (delay_until's first guess, mostly its answer: no call then)
+                now += d if now + d >= a else delay_until(now, a)
             if now >= t:
                 return now == t
         return False
@@ -904,13 +946,21 @@ def _cyclic_gc_paused() -> Generator[None, None, None]:
     tracked objects alive (requests, block tables, step records) that the collector would
     rescan at every threshold (about a sixth of the CPU of the Mooncake trace on 8 replicas)
     while finding nothing: a run creates no reference cycles (tests/sim/test_simulator.py
-    checks it), so reference counting frees everything it drops. The prior state is restored."""
+    checks it), so reference counting frees everything it drops. The prior state is restored.
+
+    On the way out, the objects the run made are moved to the oldest generation (a freeze and
+    an unfreeze: two list splices), else the first allocation after re-enabling would scan
+    them all as the youngest generation, to find nothing (~2% of the conversation benchmark's
+    run). Not when the caller keeps objects frozen (gc.freeze: the unfreeze would thaw them)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

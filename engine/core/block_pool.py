@@ -202,8 +202,9 @@ class BlockPool:
                 out.append(b)
         return out
 
-    def allocate(self, n: int) -> list[int]:
-        """Pop `n` blocks from the LRU head, evicting any cached key they carry."""
+    def allocate(self, n: int, record: bool = True) -> list[int]:
+        """Pop `n` blocks from the LRU head, evicting any cached key they carry. `record=False`:
+        for one owner that takes no reference count (see `record_owned`): they stay at 0."""
         if n > self.num_free:
             raise RuntimeError(f"asked for {n} free KV blocks, {self.num_free} free")
         q = self.queue
@@ -217,7 +218,12 @@ class BlockPool:
             h += need
             if self.dead and not self.dead.keys().isdisjoint(w):
                 w = self._live(w)
-            self._take(w)
+            if self.cached or self.groups:
+                self._take(w, 1 if record else 0)
+            elif record:  # (_take's no-key case, inlined: no block carries a key to evict)
+                ref = self.ref
+                for b in w:
+                    ref[b] = 1
             if out:
                 out += w
             else:  # (the first round, and mostly the only one: no copy)
@@ -244,8 +250,9 @@ class BlockPool:
                 dead[b] = d - 1
         return out
 
-    def _take(self, blocks: list[int]) -> None:
-        """Give each of `blocks` (free, popped) a reference, evicting the cached key it carries."""
+    def _take(self, blocks: list[int], owners: int = 1) -> None:
+        """Give each of `blocks` (free, popped) a reference (`owners` 0: an unrecorded owner),
+        evicting the cached key it carries."""
         # A plain loop: CPython's specialised list/dict bytecodes beat map() over slot wrappers
         # here (measured: 2x on the conversation benchmark). Most of the cost per block is the
         # eviction's dict delete (a cache miss on a large table), inherent to reusing a block.
@@ -253,12 +260,12 @@ class BlockPool:
         groups, offset = self.groups, self.group_offset
         if not cached and not groups:  # nothing is cached (yet): no block carries a key to evict
             for b in blocks:
-                ref[b] = 1
+                ref[b] = owners
             return
         ungrouped = 0
         num_keyed = len(cached)  # evictions of plain keys: what the loop deletes from `cached`
         for b in blocks:
-            ref[b] = 1
+            ref[b] = owners
             k = key_of[b]
             if k is not None:  # evict (invariant: cached[key_of[b]] == b)
                 if k.__class__ is KeyGroup:  # (inlined _ungroup: the hot case)
@@ -273,7 +280,8 @@ class BlockPool:
         self.num_evictions += num_keyed - len(cached) + ungrouped
         self.num_grouped -= ungrouped
 
-    def allocate_one(self) -> int:
+    def allocate_one(self, record: bool = True) -> int:
+        """Pop one block (`record`: as in `allocate`)."""
         if self.num_free <= 0:
             raise RuntimeError("no free KV block (caller must check num_free first)")
         q = self.queue
@@ -285,8 +293,8 @@ class BlockPool:
             b = q[h]
         self.head = h + 1
         if self.cached or self.groups:
-            self._take([b])
-        else:  # (_take's no-key case, for the one block of a decode at a block boundary)
+            self._take([b], 1 if record else 0)
+        elif record:  # (_take's no-key case, for the one block of a decode at a block boundary)
             self.ref[b] = 1
         self.num_free -= 1
         self.num_allocated += 1
@@ -394,6 +402,28 @@ class BlockPool:
         self.num_freed += n
         return n
 
+    def free_owned(self, blocks: Sequence[int], recorded: bool = True) -> int:
+        """`free_tail_first(blocks)` for blocks the caller alone holds (one reference each, as
+        a request's whose blocks were never registered nor hit: no count of owners to read);
+        `recorded=False`: taken without reference counts (`allocate(..., record=False)`), so
+        none to drop either."""
+        if recorded:
+            ref = self.ref
+            for b in blocks:
+                ref[b] = 0
+        self.queue += reversed(blocks)
+        n = len(blocks)
+        self.num_free += n
+        self.num_freed += n
+        return n
+
+    def record_owned(self, blocks: Iterable[int]) -> None:
+        """Blocks taken with `record=False` get the one reference of their owner (before it can
+        share them: a block a second owner may touch must count its owners)."""
+        ref = self.ref
+        for b in blocks:
+            ref[b] = 1
+
     def cache_blocks(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         """Register full blocks under their keys (first writer wins: a block whose key is
         already cached stays uncached and becomes a plain free block later). The blocks
@@ -421,10 +451,11 @@ class BlockPool:
         """`block_hash` of each of `blocks` (None where uncached)."""
         return list(map(self.key_of.__getitem__, blocks))
 
-    def check_invariants(self, owners: dict[int, int]) -> None:
+    def check_invariants(self, owners: dict[int, int], unrecorded: frozenset[int] | set[int] = frozenset()) -> None:
         """Raise AssertionError unless refcounts, free queue and cache table agree.
 
-        `owners[block_id]` = how many request block tables hold that block.
+        `owners[block_id]` = how many request block tables hold that block, blocks taken
+        without reference counts (`unrecorded`: one owner each, see `allocate`) left out.
         """
         ref = self.ref
         for b in range(self.num_blocks):
@@ -435,8 +466,12 @@ class BlockPool:
         assert len(free_ids) == self.num_free, "free queue count is off"
         for b in free_ids:
             assert ref[b] == 0, f"block {b} in the free queue with ref_cnt {ref[b]}"
+            assert b not in unrecorded, f"block {b} is owned (unrecorded) and in the free queue"
+        for b in unrecorded:
+            assert self.key_of[b] is None, f"block {b}, owned unrecorded, carries a prefix-cache key"
         n_zero = ref.count(0)
-        assert n_zero == len(free_ids), f"{n_zero} blocks with ref 0 but {len(free_ids)} queued"
+        assert n_zero == len(free_ids) + len(unrecorded), (
+            f"{n_zero} blocks with ref 0 but {len(free_ids)} queued and {len(unrecorded)} owned unrecorded")
         # every queued entry of a block is dead but a free block's last one
         entries = Counter(self.queue[self.head:])
         for b, c in entries.items():

@@ -132,7 +132,7 @@ def _remaining_if_uniform(sched: Scheduler) -> tuple[list[int], int, list[int]] 
     """Tokens each running request has left to generate (batch order) when the next step is
     a plain decode of every running request and nothing else, the blocks they all open on
     the way to their ends and their KV tokens now (read in the same pass); else None."""
-    if sched.num_waiting or sched.has_pending_rejections() or not sched.running:  # (the usual exit first)
+    if sched.waiting.items or sched.has_pending_rejections() or not sched.running:  # (the usual exit first)
         return None
     if sched.config.num_speculative_tokens or not sched.between_steps():
         return None
@@ -244,6 +244,8 @@ def _blocks_freed_at_finish(r, steps: int, ref: list[int], drops: dict[int, int]
     """Blocks whose last reference `r` drops when it finishes after `steps` more decodes: its
     new decode blocks, plus held blocks no other request still references."""
     n = _blocks_new(r.num_computed_tokens, len(r.block_ids), steps, bs)
+    if r.private_from == 0:  # its own blocks, uncounted (KVCacheManager.set_private_from)
+        return n + len(r.block_ids)
     for b in r.block_ids:
         if ref[b] == 1:
             n += 1
@@ -271,10 +273,10 @@ def advance_decode_segments(sched: Scheduler, ends: Sequence[int], start: Stretc
     cut where its batch shrinks this way: the per-request work (remaining outputs, block
     openings, token counters) is done once for the stretch instead of once per segment.
     `start`: `stretch_start(sched, steps, ...)` of the running requests as they are now (a
-    caller that timed the stretch has it), with steps[j] >= min(request j's remaining output,
-    ends[-1]); computed here if None, or if the scheduler changed since uniform_decode_steps."""
+    caller that timed the stretch has it), with steps >= ends[-1]; computed here if None, or if
+    the scheduler changed since uniform_decode_steps."""
     n = ends[-1]
-    if ends[0] < 1 or not all(map(operator.lt, ends, ends[1:])):
+    if ends[0] < 1 or (len(ends) > 1 and not all(map(operator.lt, ends, ends[1:]))):
         raise ValueError(f"advance_decode_segments: segment ends {list(ends)} must increase from >= 1")
     known = sched.known_uniform(n)
     running = sched.running
@@ -288,8 +290,7 @@ def advance_decode_segments(sched: Scheduler, ends: Sequence[int], start: Stretc
         if len(remaining) != len(running) or start.context_lens[-1] != running[-1].num_computed_tokens:
             raise ValueError("advance_decode_segments: `start` describes another batch than the running one")
     if start is None:
-        steps_each = [n] * len(remaining) if min(remaining) >= n else [min(n, m) for m in remaining]
-        start = stretch_start(sched, steps_each, remaining, [r.num_computed_tokens for r in running])
+        start = stretch_start(sched, n, remaining, [r.num_computed_tokens for r in running])
     walk = _SegmentWalk(sched, start, n)
     out = []
     first = 0
@@ -322,18 +323,21 @@ class _SegmentWalk:
     block-size steps or longer): token counters of the requests still running are advanced
     once, at the end."""
 
-    __slots__ = ("allocs", "comps", "comps_done", "ctx", "done", "finishing", "live", "live_ctx", "max_ctx",
-                 "points", "remaining", "running", "sched", "step_id", "taken", "width")
+    __slots__ = ("allocs", "comps", "comps_done", "ctx", "done", "eager", "eager_done", "finishing", "live",
+                 "live_ctx", "max_ctx", "points", "remaining", "running", "sched", "step_id", "taken", "width")
 
     def __init__(self, sched: Scheduler, start: StretchStart, n: int) -> None:
         self.sched, self.step_id = sched, sched.step_id
-        self.running = list(sched.running)
+        # (the list itself, no copy: nothing changes it while the walk applies its segments, and
+        # apply_decode_stretch replaces it afterwards; DecodeAdvance.stretch reads ctx, remaining)
+        self.running = sched.running
         self.ctx, self.remaining = start.context_lens, start.remaining
         remaining = self.remaining
-        self.allocs, self.comps, self.width = start.opened, start.completed, start.width
-        self.taken = self.comps_done = 0  # allocs[:taken] are popped, comps[:comps_done] registered
+        self.allocs, self.comps, self.eager, self.width = start.opened, start.completed, start.eager, start.width
+        # allocs[:taken] are popped, comps[:comps_done] and eager[:eager_done] registered
+        self.taken = self.comps_done = self.eager_done = 0
         self.finishing: dict[int, list[int]] = {}  # step count -> who finishes after it (batch order)
-        for j in [j for j, m in enumerate(remaining) if m <= n]:  # (few finish: the pass in a comprehension)
+        for j in [j for j, m in enumerate(remaining) if m <= n] if min(remaining) <= n else ():  # (few finish)
             self.finishing.setdefault(remaining[j], []).append(j)
         self.points = sorted(self.finishing, reverse=True)  # finish steps still ahead, last first
         self.done = [False] * len(remaining)  # finished within the stretch
@@ -346,7 +350,10 @@ class _SegmentWalk:
 
     def num_tokens(self, n: int) -> int:
         """Tokens decoded in n steps: n each, less the steps of those finishing before."""
-        return n * len(self.running) - sum(len(js) * (n - p) for p, js in self.finishing.items())
+        total = n * len(self.running)
+        for p, js in self.finishing.items():  # (a few: a loop costs less than a generator)
+            total -= len(js) * (n - p)
+        return total
 
     def segment(self, start: int, end: int) -> DecodeAdvance:
         """Apply steps [start, end) as `advance_decode(sched, end - start)` would: the blocks
@@ -357,18 +364,22 @@ class _SegmentWalk:
             self.max_ctx = max(c for c, d in zip(self.ctx, self.done) if not d)
         adv = DecodeAdvance(end - start, self.step_id + 1 + start, live, self.live_ctx + live * (start + 1),
                             self.max_ctx + start + 1, live * (end - start), self, start)
-        points = self.points
+        points, allocs, w = self.points, self.allocs, self.width
         while points and points[-1] <= end:
             point = points.pop()
-            self._take_before(point, adv)
+            stop = bisect_left(allocs, point * w, self.taken)  # the blocks opened before it
+            if stop > self.taken:
+                self._take(stop, adv)
             for j in self.finishing[point]:
                 self._finish(j, start, point, adv)
             adv.num_batched_tokens -= len(self.finishing[point]) * (end - point)
-        self._take_before(end, adv)
+        stop = bisect_left(allocs, end * w, self.taken)
+        if stop > self.taken:
+            self._take(stop, adv)
         if self.comps:
             adv.num_blocks_hashed += self._cache_completed(start, end)
         adv.num_running_after = self.live
-        adv.kv_usage_after = self.sched.kv_usage
+        adv.kv_usage_after = self.sched.kv_cache_manager.usage()  # (Scheduler.kv_usage's)
         return adv
 
     def _finish(self, j: int, start: int, point: int, adv: DecodeAdvance) -> None:
@@ -377,58 +388,90 @@ class _SegmentWalk:
         r, c = self.running[j], self.ctx[j]
         bs = self.sched.block_size
         num_full = (c + point) // bs
-        if self.sched.caching and num_full > (c + start) // bs and num_full > r.num_cached_blocks:
+        # (a private request's completed blocks are counted with the segment's: _cache_completed)
+        if (self.sched.caching and r.private_from is None and num_full > (c + start) // bs
+                and num_full > r.num_cached_blocks):
             adv.num_blocks_hashed += self.sched.kv_cache_manager.cache_decoded([(r, num_full)])
         r.num_computed_tokens = c + point
         r.num_generated += point
         r.num_tokens += point
-        _finish_at(self.sched, r, point - 1 - start, adv)
+        # its last token came in step point - 1: free (or hold) its blocks and report it, as
+        # update_from_output does at that step's end
+        freed, result = self.sched.finish_decoded(r)
+        adv.num_blocks_freed += freed
+        adv.finished.append(result)
+        adv.finish_steps.append(point - 1 - start)
         self.done[j] = True
         self.live -= 1
         self.live_ctx -= c
         if c == self.max_ctx:
             self.max_ctx = None
 
-    def _take_before(self, step: int, adv: DecodeAdvance) -> None:
-        """Pop the blocks opened before `step` (not popped yet) into their requests' tables."""
+    def _take(self, stop: int, adv: DecodeAdvance) -> None:
+        """Pop the blocks of opening entries [taken, stop) into their requests' tables."""
         allocs, w = self.allocs, self.width
-        stop = bisect_left(allocs, step * w, self.taken)
-        if stop > self.taken:
-            running = self.running
-            kv = self.sched.kv_cache_manager
-            for e, b in zip(allocs[self.taken:stop], kv.allocate_blocks(stop - self.taken)):
-                running[e % w].block_ids.append(b)
-            adv.num_blocks_allocated += stop - self.taken
-            self.taken = stop
+        running = self.running
+        kv = self.sched.kv_cache_manager
+        counted = []  # blocks of requests that count their blocks' owners (see set_private_from)
+        for e, b in zip(allocs[self.taken:stop], kv.allocate_blocks(stop - self.taken, record=False)):
+            r = running[e % w]
+            r.block_ids.append(b)
+            if r.private_from != 0:
+                counted.append(b)
+        if counted:
+            kv.record_owned(counted)
+        adv.num_blocks_allocated += stop - self.taken
+        self.taken = stop
 
     def _cache_completed(self, start: int, end: int) -> int:
         """Register the blocks the requests still running completed in steps [start, end), in
         batch order, as the steps' updates would; returns blocks hashed. Decode blocks carry
         the request's own generated-token keys, never registered before, so registering them in
         one call gives the very keys single steps would, and nothing else touches them before
-        the request frees them."""
-        comps, w = self.comps, self.width
+        the request frees them. Those of private requests (KVCacheManager.set_private_from),
+        finished ones included, are only counted (their `num_cached_blocks` is set at the end:
+        advance_running): every entry of theirs completes one block."""
+        comps, eager, w = self.comps, self.eager, self.width
         stop = bisect_left(comps, end * w, self.comps_done)
         if stop == self.comps_done:
             return 0
+        kv = self.sched.kv_cache_manager
+        num_all = stop - self.comps_done
+        self.comps_done = stop
+        first = self.eager_done
+        stop = bisect_left(eager, end * w, first) if eager is not comps else self.comps_done
+        self.eager_done = stop
+        if stop - first < num_all:
+            kv.count_private_completed(num_all - (stop - first))
+        if stop == first:
+            return num_all
         bs = self.sched.block_size
         # fewer than bs steps: a request completes at most one block in them, so its position
         # appears once (C-level map and sort); bs or more: every request decoding through them does
-        ids = sorted(map(w.__rmod__, comps[self.comps_done:stop])) if end - start < bs else range(w)
-        self.comps_done = stop
+        ids = sorted(map(w.__rmod__, eager[first:stop])) if end - start < bs else range(w)
         done, ctx, running = self.done, self.ctx, self.running
         completed = []  # (request, its full blocks after the steps) where that adds some
         for j in ids:
-            if not done[j]:
-                r = running[j]
+            r = running[j]
+            if not done[j] and r.private_from is None:
                 num_full = (ctx[j] + end) // bs
                 if num_full > r.num_cached_blocks:
                     completed.append((r, num_full))
-        return self.sched.kv_cache_manager.cache_decoded(completed) if completed else 0
+        return num_all - (stop - first) + (kv.cache_decoded(completed) if completed else 0)
 
     def advance_running(self, n: int) -> None:
-        """The token counters of the requests that ran through all n steps."""
+        """The token counters of the requests that ran through all n steps (and, with prefix
+        caching, their full blocks: all counted, see _cache_completed)."""
         done, ctx = self.done, self.ctx
+        if self.comps:
+            bs = self.sched.block_size
+            for j, r in enumerate(self.running):
+                if not done[j]:
+                    r.num_computed_tokens = c = ctx[j] + n
+                    r.num_generated += n
+                    r.num_tokens += n
+                    r.num_cached_blocks = c // bs
+            return
         for j, r in enumerate(self.running):
             if not done[j]:
                 r.num_computed_tokens = ctx[j] + n
@@ -448,41 +491,58 @@ class StretchStart:
     and KV tokens, and the blocks they open and complete in their next decode steps, sorted:
     the order single steps pop free blocks in, and (with prefix caching; else empty) the steps
     computing a block's last position. Each block entry is `step * width + batch position`
-    (width: the batch size): ints sort and bisect at C speed, (step, position) tuples do not."""
+    (width: the batch size): ints sort and bisect at C speed, (step, position) tuples do not.
+    `eager`: the entries of `completed` of requests whose blocks are registered as they fill
+    (not private, see KVCacheManager.set_private_from); `completed` itself when all are."""
 
     remaining: list[int]
     context_lens: list[int]
     opened: list[int]
     completed: list[int]
     width: int
+    eager: list[int]
 
 
-def stretch_start(sched: Scheduler, steps_each: Sequence[int], remaining: list[int],
-                  context_lens: list[int]) -> StretchStart:
+def stretch_start(sched: Scheduler, steps: int, remaining: list[int], context_lens: list[int]) -> StretchStart:
     """`StretchStart` of the running requests, whose remaining outputs and KV tokens the caller
-    read (`remaining`, `context_lens`), the blocks counted over steps_each[j] steps each."""
+    read (`remaining`, `context_lens`), the blocks counted over their first `steps` steps (each
+    request's own, up to its remaining output)."""
     bs = sched.block_size
     w = len(context_lens)
+    period = bs * w  # between two entries of one request
     opened: list[int] = []
     completed: list[int] = []
+    eager: list[int] = []
+    num_eager = 0
     caching = sched.caching
     for j, r in enumerate(sched.running):
         c = context_lens[j]  # step s computes position c + s
-        end = steps_each[j] * w
-        # a block at every bs-th step from the first position past the table (an entry per
-        # block, from C: the range steps by bs steps)
-        opened += range((len(r.block_ids) * bs - c) * w + j, end, bs * w)
+        m = remaining[j]
+        end = (m if m < steps else steps) * w  # noqa: FURB136 (min() costs a call per request here)
+        # a block at every bs-th step from the first position past the table; a stretch shorter
+        # than bs steps (the usual one) has at most one: appended (a range per request and an
+        # extend from it cost three times as much)
+        e = (len(r.block_ids) * bs - c) * w + j
+        if e < end:
+            if e + period < end:
+                opened += range(e, end, period)
+            else:
+                opened.append(e)
         if caching:
-            completed += range((bs - 1 - c) % bs * w + j, end, bs * w)
+            e = (bs - 1 - c) % bs * w + j
+            if e < end:
+                if e + period < end:
+                    completed += range(e, end, period)
+                else:
+                    completed.append(e)
+            if r.private_from is None:  # (one check per request: most are private)
+                num_eager += 1
+                if e < end:
+                    eager += range(e, end, period)
     opened.sort()
     completed.sort()
-    return StretchStart(remaining, context_lens, opened, completed, w)
-
-
-def _finish_at(sched: Scheduler, r, last_step: int, adv: DecodeAdvance) -> None:
-    """`r` generated its last token in step `last_step`: free (or hold) its blocks and report
-    it, as update_from_output does at that step's end."""
-    freed, result = sched.finish_decoded(r)
-    adv.num_blocks_freed += freed
-    adv.finished.append(result)
-    adv.finish_steps.append(last_step)
+    if num_eager == w:
+        eager = completed
+    elif eager:
+        eager.sort()
+    return StretchStart(remaining, context_lens, opened, completed, w, eager)

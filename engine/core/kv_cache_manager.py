@@ -67,12 +67,15 @@ class KVCacheManager:
 
     @property
     def ref_counts(self) -> list[int]:
-        """Owners per block id (read only)."""
+        """Owners per block id (read only), less requests private from their first block, whose
+        blocks count 0 while they hold them (see `set_private_from`)."""
         return self.pool.ref
 
     def usage(self) -> float:
-        """Fraction of KV blocks owned by requests (vllm:kv_cache_usage_perc); O(1)."""
-        return self.pool.usage()
+        """Fraction of KV blocks owned by requests (vllm:kv_cache_usage_perc); O(1). (BlockPool.usage's
+        expression, inlined: a skip-ahead reads it per segment)"""
+        pool = self.pool
+        return 1.0 - pool.num_free / pool.num_blocks
 
     def change_counters(self) -> tuple[int, int, int]:
         """(allocated, freed, revived) block counts, cumulative: any change of a block's
@@ -105,7 +108,12 @@ class KVCacheManager:
         i = len(r.block_hashes)
         if i >= n:
             return 0
-        r.keys.append_keys(r, i, n)
+        if r.private_from == 0 and n <= r.gen_keys_from:
+            # prompt blocks of a request private from the first: None each (HashIdKeys.append_keys
+            # gives no key to a private block before a preemption), without the strategy's calls
+            r.block_hashes += [None] * (n - i)
+        else:
+            r.keys.append_keys(r, i, n)
         self.num_blocks_hashed += n - i
         return n - i
 
@@ -170,11 +178,18 @@ class KVCacheManager:
     def cache_full_blocks(self, r: SchedulerRequest, num_full: int) -> int:
         """Register blocks [r.num_cached_blocks, num_full) of `r`; returns blocks hashed.
         First writer wins: a block whose content is already cached stays unregistered.
-        Blocks from `r.private_from` on are keyed and counted now, registered only if `r` is
-        preempted (see `set_private_from`)."""
+        Blocks from `r.private_from` on are counted now (their keys made: see _key_only),
+        registered only if `r` is preempted (see `set_private_from`)."""
         lazy = r.private_from
         if lazy is not None and num_full > lazy:
-            hashed = self.cache_full_blocks(r, lazy) if r.num_cached_blocks < lazy else 0
+            start = r.num_cached_blocks
+            if start >= r.gen_keys_from:  # (a private decode's blocks: _key_only's count, inlined)
+                if start >= num_full:
+                    return 0
+                self.num_blocks_hashed += num_full - start
+                r.num_cached_blocks = num_full
+                return num_full - start
+            hashed = self.cache_full_blocks(r, lazy) if start < lazy else 0
             return hashed + self._key_only(r, num_full)
         start = r.num_cached_blocks
         keys = self._key_generated(r, num_full) if start >= r.gen_keys_from else None
@@ -219,12 +234,16 @@ class KVCacheManager:
 
     def _key_only(self, r: SchedulerRequest, num_full: int) -> int:
         """`cache_full_blocks`' keying and counting of blocks [r.num_cached_blocks, num_full),
-        without registering them (private blocks); returns blocks hashed."""
-        if r.num_cached_blocks >= num_full:
+        without registering them (private blocks); returns blocks hashed. Blocks of generated
+        tokens are counted, not keyed: their keys are made only if `r` is preempted
+        (`_register_private`), as nothing reads them before."""
+        start = r.num_cached_blocks
+        if start >= num_full:
             return 0
-        keys = self._key_generated(r, num_full) if r.num_cached_blocks >= r.gen_keys_from else None
-        if keys is not None:
-            return len(keys)
+        if start >= r.gen_keys_from:
+            self.num_blocks_hashed += num_full - start
+            r.num_cached_blocks = num_full
+            return num_full - start
         hashed = self._key_blocks(r, num_full)
         r.num_cached_blocks = num_full
         return hashed
@@ -238,7 +257,18 @@ class KVCacheManager:
         and they are `r`'s since), and never when `r` finishes. Hits, schedules and
         preemptions stay those of eager registration; the prefix-cache tables are smaller
         (`num_cached_blocks`, `num_evictions` count less). Only for requests keyed by hash ids
-        whose hash blocks tile the KV block, that hold no blocks on finish nor take KV in."""
+        whose hash blocks tile the KV block, that hold no blocks on finish nor take KV in.
+
+        The keys of such a request's private blocks are made lazily too: its prompt's are None
+        until then (HashIdKeys), its generated blocks' are not in `block_hashes` at all (which
+        ends at the first of them; `num_cached_blocks` counts them) until `_register_private`
+        appends them: they are counted in `num_blocks_hashed` as they fill all the same.
+
+        A request private from its first block (`private_from == 0`) is its blocks' only
+        possible owner: nothing can hit them. Its ownership is not counted: they are taken with
+        `record=False` and stay at 0 in `ref_counts` (a reference count per block less, taken
+        and dropped, for every block of such a request), until a preemption counts it
+        (`free`)."""
         if (first_unshared is not None and r.token_ids is None and r.gen_keys_from != NO_GEN_KEYS
                 and not r.hold_blocks_on_finish and not r.num_external_computed_tokens
                 and r.num_preemptions == 0 and not r.block_ids):
@@ -251,9 +281,19 @@ class KVCacheManager:
         r.private_from = None
         r.keys.fill_private(r, lazy)
         end = r.num_cached_blocks
+        keyed = len(r.block_hashes)
+        if end > keyed:  # generated blocks, counted but not keyed while private (see _key_only)
+            rid = r.request_id
+            r.block_hashes += [(GEN_TAG, rid, i) for i in range(keyed, end)]
         if end > lazy:
             r.num_cached_blocks = lazy
             self.cache_full_blocks(r, end)  # keys exist: nothing is hashed (or counted) again
+
+    def count_private_completed(self, n: int) -> None:
+        """n generated blocks of private requests were completed (a decode stretch counts them
+        in bulk, and sets those requests' `num_cached_blocks` itself): counted as hashed, keyed
+        only if their request is preempted (see `_key_only`)."""
+        self.num_blocks_hashed += n
 
     def cache_decoded(self, completed: list[tuple[SchedulerRequest, int]]) -> int:
         """`cache_full_blocks(r, num_full)` for each (r, num_full) of a decode stretch, the
@@ -266,21 +306,15 @@ class KVCacheManager:
         for r, num_full in completed:
             start = r.num_cached_blocks
             lazy = r.private_from
-            if lazy is not None and lazy <= start and r.gen_keys_from <= start == len(r.block_hashes):
-                # the hot case, inlined: generated blocks of a private request, keyed and counted
-                # as _key_generated does, registered only if r is preempted (set_private_from)
-                if num_full - start == 1:
-                    r.block_hashes.append((GEN_TAG, r.request_id, start))
-                else:
-                    r.block_hashes += [(GEN_TAG, r.request_id, i) for i in range(start, num_full)]
+            if lazy is not None and lazy <= start and r.gen_keys_from <= start:
+                # the hot case, inlined: generated blocks of a private request, counted as
+                # _key_only does, keyed and registered only if r is preempted (set_private_from)
                 r.num_cached_blocks = num_full
                 private += num_full - start
                 continue
             new = self._key_generated(r, num_full)
             if new is None:
                 hashed += self.cache_full_blocks(r, num_full)
-            elif r.private_from is not None and start >= r.private_from:
-                hashed += len(new)  # keyed; registered only if r is preempted
             else:
                 blocks += r.block_ids[start:num_full]
                 keys += new
@@ -326,7 +360,7 @@ class KVCacheManager:
             pool.touch(hits)
             r.block_ids.extend(hits)
             r.num_cached_blocks = len(r.block_ids)
-        new = pool.allocate(need) if need else []
+        new = pool.allocate(need, r.private_from != 0) if need else []
         if need:
             r.block_ids.extend(new)
             counts.num_blocks_allocated += need
@@ -341,23 +375,35 @@ class KVCacheManager:
         it; None if none is free."""
         if not self.pool.num_free:
             return None
-        b = self.pool.allocate_one()
+        b = self.pool.allocate_one(r.private_from != 0)
         r.block_ids.append(b)
         return b
 
-    def allocate_blocks(self, n: int) -> list[int]:
-        """Pop `n` free blocks in free-queue order (skip-ahead appends them to tables)."""
-        return self.pool.allocate(n)
+    def allocate_blocks(self, n: int, record: bool = True) -> list[int]:
+        """Pop `n` free blocks in free-queue order (skip-ahead appends them to tables);
+        `record=False`: for requests private from their first block, and those given to any
+        other request then go to `record_owned` (see `set_private_from`)."""
+        return self.pool.allocate(n, record)
+
+    def record_owned(self, blocks: list[int]) -> None:
+        """Give blocks taken with `allocate_blocks(n, record=False)` for a request that counts
+        its blocks' owners (not private from the first) their one reference."""
+        self.pool.record_owned(blocks)
 
     def free(self, r: SchedulerRequest) -> int:
         """Free all of `r`'s blocks, tail first (registering its private ones first: it may
         come back, see `set_private_from`); returns how many became free."""
         if r.private_from is not None:
+            if r.private_from == 0:  # its blocks' owner (r) is counted from now on
+                self.pool.record_owned(r.block_ids)
             self._register_private(r)
         return self._free_table(r)
 
     def _free_table(self, r: SchedulerRequest) -> int:
-        freed = self.pool.free_tail_first(r.block_ids)
+        # all of a request's blocks private from the first: nobody else can have hit any, and
+        # none counts its owner (see set_private_from)
+        freed = (self.pool.free_owned(r.block_ids, recorded=False) if r.private_from == 0
+                 else self.pool.free_tail_first(r.block_ids))
         r.block_ids = []  # a new list: earlier outputs keep the table they were given
         r.num_cached_blocks = 0
         return freed
@@ -368,6 +414,8 @@ class KVCacheManager:
             return 0
         tail = r.block_ids[keep:]
         del r.block_ids[keep:]
+        if r.private_from == 0:  # (its own, uncounted: see set_private_from)
+            return self.pool.free_owned(tail, recorded=False)
         return self.pool.free_tail_first(tail)
 
     def free_or_hold(self, r: SchedulerRequest) -> int:
@@ -386,8 +434,10 @@ class KVCacheManager:
                          waiting: Iterable[SchedulerRequest] = ()) -> None:
         """AssertionError unless each running request's block table fits its computed tokens,
         waiting ones hold no KV, and the running and held requests' references are every
-        block's refcount. O(all blocks): for tests."""
+        block's refcount (the blocks of requests private from the first: owned uncounted, by
+        them alone). O(all blocks): for tests."""
         owners: dict[int, int] = {}
+        unrecorded: set[int] = set()
         bs = self.block_size
         for r in running:
             rid = r.request_id
@@ -395,6 +445,9 @@ class KVCacheManager:
                 f"request {rid}: {len(r.block_ids)} blocks for {r.num_computed_tokens} tokens")
             assert r.num_cached_blocks <= len(r.block_ids)
             assert len(set(r.block_ids)) == len(r.block_ids), f"request {rid}: dup block"
+            if r.private_from == 0:
+                unrecorded.update(r.block_ids)
+                continue
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
         for r in waiting:
@@ -404,7 +457,8 @@ class KVCacheManager:
             assert r.status == "finished", f"held request {r.request_id} has status {r.status}"
             for bid in r.block_ids:
                 owners[bid] = owners.get(bid, 0) + 1
-        self.pool.check_invariants(owners)
+        assert not unrecorded & owners.keys(), "a block owned uncounted has another owner"
+        self.pool.check_invariants(owners, unrecorded)
 
 
 __all__ = ["KVCacheManager"]

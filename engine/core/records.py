@@ -113,7 +113,9 @@ def with_step_composition(rec: StepRecord, out: Any, sched: Any) -> StepRecord:
     rec.sum_decode_context, rec.max_decode_context = out.sum_decode_context, out.max_decode_context
     rec.num_spec_tokens, rec.num_blocks_allocated = out.num_spec_tokens, out.num_blocks_allocated
     rec.num_blocks_hashed, rec.num_preempted = out.num_blocks_hashed, len(out.preempted_ids)
-    rec.num_running, rec.num_waiting, rec.kv_usage = sched.num_running, sched.num_waiting, sched.kv_usage
+    # (the scheduler's num_running, num_waiting and kv_usage, read without their property calls)
+    rec.num_running, rec.num_waiting = len(sched.running), len(sched.waiting.items)
+    rec.kv_usage = sched.kv_cache_manager.usage()
     return rec
 
 

@@ -21,6 +21,9 @@ class WaitingQueue:
         self.priority = priority
         self._fcfs: deque[SchedulerRequest] = deque()
         self._heap: list[tuple[int, float, int, SchedulerRequest]] = []
+        # the container in use (read only), one entry per request: `len(q.items)` is a C-level
+        # length where the scheduler asks it every step (`len(q)` runs __len__ below)
+        self.items: deque | list = self._heap if priority else self._fcfs
 
     def __len__(self) -> int:
         return len(self._heap) if self.priority else len(self._fcfs)
@@ -59,7 +62,7 @@ class WaitingQueue:
     def remove(self, r: SchedulerRequest) -> None:
         """Take `r` out wherever it is (it finished or was aborted while waiting)."""
         if self.priority:
-            self._heap = [e for e in self._heap if e[3] is not r]
+            self._heap[:] = [e for e in self._heap if e[3] is not r]  # (in place: `items` is it)
             heapq.heapify(self._heap)
         else:
             self._fcfs.remove(r)

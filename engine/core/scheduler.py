@@ -176,7 +176,7 @@ class Scheduler(SchedulerHooks):
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting.items)
 
     @property
     def kv_usage(self) -> float:
@@ -279,7 +279,7 @@ class Scheduler(SchedulerHooks):
 
     def schedule(self) -> SchedulerOutput:
         """Decide one step. See the module docstring for the rules."""
-        if not self.between_steps():
+        if self._last_out is not None and not self._last_out.applied:  # (between_steps(), inlined)
             raise RuntimeError(
                 f"schedule() called again before update_from_output() for step "
                 f"{self._last_out.step_id}")
@@ -470,8 +470,9 @@ class Scheduler(SchedulerHooks):
                 f"update_from_output() must be called once, for the latest schedule() output "
                 f"(got step {out.step_id}, latest {self._last_out.step_id if self._last_out else None})")
         sampling = out.sampling_records()
-        one_each = check_sampled(out, sampling, sampled, self._any_token_ids)
-        stopped = check_stopped(out, sampling, stopped)
+        one_each = ("none" if sampled is None and not self._any_token_ids  # (check_sampled's answer)
+                    else check_sampled(out, sampling, sampled, self._any_token_ids))
+        stopped = check_stopped(out, sampling, stopped) if stopped else stopped  # (none: nothing to check)
         out.applied = True
         results = self._take_rejected(out)
         if one_each:  # one token per request: no counts to build (ids, if given, are lists)

@@ -23,9 +23,11 @@ class SchedulerHooks:
     def change_key(self) -> tuple:
         """Counters that every change of the scheduler outside `apply_decode_stretch` moves: a
         step (step_id), an added request, a finish (finish_requests), blocks taken or given
-        back (release_held), a new running list."""
-        return (self.step_id, self.num_added, self.num_finished, self.kv_cache_manager.change_counters(),
-                id(self.running), len(self.running))
+        back (release_held), a new running list. (The pool's counters of KVCacheManager.change_counters,
+        read here: three keys a stretch.)"""
+        pool = self.kv_cache_manager.pool
+        return (self.step_id, self.num_added, self.num_finished, pool.num_allocated, pool.num_freed,
+                pool.num_revived, id(self.running), len(self.running))
 
     def note_uniform_until(self, last_step_id: int) -> None:
         """Remember that the steps through `last_step_id` are uniform decode steps for as long as

@@ -128,7 +128,7 @@ class SchedulerOutput:
         entries = self.entries
         num_plain = len(self.batch_records) - len(entries)  # one decode token each
         kv = [r.num_computed_tokens for r in self.batch_records]  # (faster than list(map(attrgetter)))
-        kv_after, kv_max = sum(kv), max(kv, default=0)
+        kv_after, kv_max = sum(kv), (max(kv) if kv else 0)  # (a keyword to max() costs more than the test)
         pre_tokens = pre_seqs = pre_ctx = pairs = dec_tokens = dec_seqs = spec = drafts = 0
         pre_kv = []
         for e in entries.values():
@@ -158,7 +158,7 @@ class SchedulerOutput:
         if pre_kv and max(pre_kv) >= kv_max:  # a prefill may hold the longest KV: take the prefills out
             for c in pre_kv:
                 kv.remove(c)
-            kv_max = max(kv, default=0)
+            kv_max = max(kv) if kv else 0
         self.max_decode_context = kv_max
         self.num_spec_tokens = spec
         return pre_tokens, drafts, spec

@@ -36,7 +36,8 @@ def test_free_queue_fifo_revive_middle_and_free_to_tail():
 
 @pytest.mark.parametrize("small", [1, 8])  # 1: registration always takes its bulk path
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["pop", "popn", "revive", "share", "cache", "group", "free"]),
+@given(st.lists(st.tuples(st.sampled_from(["pop", "popn", "revive", "share", "cache", "group", "free",
+                                           "pop_uncounted", "popn_uncounted", "free_uncounted", "count"]),
                           st.integers(0, 40)), max_size=80))
 def test_free_queue_matches_a_list_model(small, ops):
     # the append-only queue with dead entries behaves like a plain LRU list
@@ -55,6 +56,7 @@ def _list_model(ops):
     keys: dict[int, int] = {}  # block -> cached key (a block keeps it while free, until reused)
     groups: dict[int, list[int]] = {}  # group key -> block per offset (-1: none), 4 offsets
     grouped: dict[int, tuple[int, int]] = {}  # block -> (group key, offset)
+    uncounted: list[int] = []  # owned by one owner that takes no reference count (ref stays 0)
     evictions = 0
 
     def take(blocks):
@@ -70,6 +72,12 @@ def _list_model(ops):
                     del groups[g]
             refs[b] = 1
 
+    def take_uncounted(blocks):
+        take(blocks)
+        for b in blocks:
+            refs[b] = 0
+        uncounted.extend(blocks)
+
     for op, x in ops:
         owned = [i for i in range(12) if refs[i]]
         if op == "pop" and model:
@@ -81,6 +89,27 @@ def _list_model(ops):
             assert pool.allocate(n) == model[:n]
             take(model[:n])
             del model[:n]
+        elif op == "pop_uncounted" and model:
+            b = model.pop(0)
+            assert pool.allocate_one(record=False) == b
+            take_uncounted([b])
+        elif op == "popn_uncounted" and model:
+            n = x % (len(model) + 1)
+            assert pool.allocate(n, record=False) == model[:n]
+            take_uncounted(model[:n])
+            del model[:n]
+        elif op == "free_uncounted" and uncounted:  # a run of them, freed as their owner does
+            run = uncounted[x % len(uncounted):][:1 + x % 3]
+            assert pool.free_owned(run, recorded=False) == len(run)
+            for b in run:
+                uncounted.remove(b)
+            model += reversed(run)
+        elif op == "count" and uncounted:  # their owner counts them from now on (a preemption)
+            run = uncounted[x % len(uncounted):][:1 + x % 3]
+            pool.record_owned(run)
+            for b in run:
+                uncounted.remove(b)
+                refs[b] = 1
         elif op == "revive" and model:
             bid = model[x % len(model)]
             pool.touch([bid])
@@ -112,13 +141,17 @@ def _list_model(ops):
                 refs[b] -= 1
                 if not refs[b]:
                     gone.append(b)
-            assert pool.free_tail_first(run) == len(gone)
+            if x % 2 and all(refs[b] == 0 for b in run):  # held by one owner each: the owned path
+                assert pool.free_owned(run) == len(gone)
+            else:
+                assert pool.free_tail_first(run) == len(gone)
             model += gone
         assert pool.free_block_ids() == model and pool.num_free == len(model)
         assert pool.cached == {k: b for b, k in keys.items()}
         assert {k: g.blocks for k, g in pool.groups.items()} == groups
         assert pool.num_evictions == evictions
-    pool.check_invariants({i: refs[i] for i in range(12) if refs[i]})
+        assert pool.ref == [refs[i] for i in range(12)]
+    pool.check_invariants({i: refs[i] for i in range(12) if refs[i]}, set(uncounted))
 
 
 def test_pack_ints_rejects_ints_beyond_int64():

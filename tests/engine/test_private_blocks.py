@@ -1,7 +1,9 @@
 """Private blocks (KVCacheManager.set_private_from): a scheduler told which blocks no other
 request can hit registers them only on preemption, and schedules exactly as one that
 registers every block as it fills (the reference, no hints): same batches, block tables, hits,
-preemptions, finishes and counters, step by step, through single steps and skip-ahead."""
+preemptions, finishes and counters, step by step, through single steps and skip-ahead. Its
+private prompt blocks' keys are None and its generated blocks' keys absent until a preemption
+makes them."""
 
 from __future__ import annotations
 
@@ -48,9 +50,9 @@ def _step_view(out):
 def _state(s: Scheduler):
     """The requests' and the pool's state, less the prefix-cache tables; and the block keys."""
     reqs = [(rid, r.status, r.num_computed_tokens, r.num_generated, tuple(r.block_ids),
-             len(r.block_hashes), r.num_cached_blocks, r.num_preemptions)
+             r.num_cached_blocks, r.num_preemptions)
             for rid, r in sorted(s.requests.items())]
-    key_lists = {rid: r.block_hashes for rid, r in s.requests.items()}
+    key_lists = {rid: (r.block_hashes, r.private_from is not None) for rid, r in s.requests.items()}
     st_ = s.stats
     return (reqs, s.kv_cache_manager.pool.free_block_ids(), [r.request_id for r in s.running],
             st_.prefix_cache_hits_tokens, st_.prefix_cache_preempted_hits_tokens, st_.num_preemptions,
@@ -96,8 +98,12 @@ def lockstep(cfg: SchedulerConfig, reqs: list[Request], seed: int, max_steps: in
         lazy.check_invariants()
         (want, want_keys), (got, got_keys) = _state(ref), _state(lazy)
         assert want == got
-        for rid, ks in got_keys.items():  # private prompt blocks' keys: None until a preemption
-            assert all(k == w or (k is None and i >= hints[rid]) for i, (k, w) in enumerate(zip(ks, want_keys[rid])))
+        for rid, (ks, private) in got_keys.items():
+            want_ks = want_keys[rid][0]
+            # private prompt blocks' keys: None until a preemption; generated blocks' keys: absent
+            # (the list ends at the prompt's blocks) until then; all there once not private
+            assert len(ks) == len(want_ks) if not private else len(ks) <= len(want_ks)
+            assert all(k == w or (k is None and i >= hints[rid]) for i, (k, w) in enumerate(zip(ks, want_ks)))
         # what the hinted scheduler registered, the reference registered too (same block)
         pa, pb = ref.kv_cache_manager.pool, lazy.kv_cache_manager.pool
         assert pb.cached.items() <= pa.cached.items()
