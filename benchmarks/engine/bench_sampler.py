@@ -2,7 +2,11 @@
 its CDF inverted: every random row in a few kernels) against the per-row draw it replaced (a
 torch.Generator per request, ~5 kernels per row), same logits, in one run; prints the median ms
 of each and their ratio as JSON. CPU, 2 cores, vocab 151,936 (2026-12-03): 64 rows 152 vs 940 ms
-(6.2x), 8 rows 44 vs 123 ms (2.8x); not yet run on the GPU.
+(6.2x), 8 rows 44 vs 123 ms (2.8x). H200 (torch 2.11, 2026-12-03, `--device cuda --repeat 50`): with the
+numbers hashed on the device, 8 rows 0.65 vs 0.54 ms (0.82x: ~40 small launches and host copies cost more
+than 8 rows of draws) and 64 rows 0.82 vs 3.99 ms (4.9x); with them hashed on the host and sent up with the
+temperatures in one copy (the sampler now), 8 rows 0.49 vs 0.80 ms (1.6x), 64 rows 0.88 vs 6.65 ms (7.6x)
+(per-row times vary 15-45% between machines of the same kind: compare the ratios).
 
     python benchmarks/engine/bench_sampler.py --rows 64 --vocab 151936 [--device cuda]
 """
