@@ -14,7 +14,6 @@ split. Per case: the summary, request-table and step-table digests, as in `outpu
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from output_digest import WALL_CLOCK_KEYS, table_digest
+from output_digest import WALL_CLOCK_KEYS, digest_cli, table_digest
 
 from engine.core.model_spec import get_model
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
@@ -94,22 +93,8 @@ def digests(names: list[str] | None = None) -> dict[str, dict[str, Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", help="write the digests to this JSON file")
-    ap.add_argument("--compare", help="exit 1 unless the digests equal those in this JSON file")
-    ap.add_argument("--only", nargs="*", help="run only these cases")
-    args = ap.parse_args()
-    got = digests(args.only)
-    print(json.dumps(got, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(got, f, indent=1)
-    if args.compare:
-        with open(args.compare) as f:
-            want = json.load(f)
-        bad = [f"{w}.{k}" for w in got for k in want.get(w, {}) if got[w].get(k) != want[w][k]]
-        print("identical" if not bad else f"DIFFERENT: {', '.join(bad)}")
-        sys.exit(1 if bad else 0)
+    digest_cli(__doc__.splitlines()[0], lambda args: digests(args.only),
+               [(("--only",), {"nargs": "*", "help": "run only these cases"})])
 
 
 if __name__ == "__main__":

@@ -74,12 +74,16 @@ def digests() -> dict[str, dict[str, Any]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def digest_cli(description: str, compute, extra_args=()) -> None:
+    """Print the digests `compute(args)` returns; --out writes them, --compare exits 1 unless every
+    digest of the compared file's workloads is equal (those it lacks are new, not different)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--out", help="write the digests to this JSON file")
     ap.add_argument("--compare", help="exit 1 unless the digests equal those in this JSON file")
+    for flags, kw in extra_args:
+        ap.add_argument(*flags, **kw)
     args = ap.parse_args()
-    got = digests()
+    got = compute(args)
     print(json.dumps(got, indent=1))
     if args.out:
         with open(args.out, "w") as f:
@@ -87,9 +91,14 @@ def main() -> None:
     if args.compare:
         with open(args.compare) as f:
             want = json.load(f)
-        bad = [f"{w}.{k}" for w in want for k in want[w] if got.get(w, {}).get(k) != want[w][k]]
+        bad = [f"{w}.{k}" for w in want if w in got for k in want[w] if got[w].get(k) != want[w][k]]
+        bad += [w for w in want if w not in got and not getattr(args, "only", None)]
         print("identical" if not bad else f"DIFFERENT: {', '.join(bad)}")
         sys.exit(1 if bad else 0)
+
+
+def main() -> None:
+    digest_cli(__doc__.splitlines()[0], lambda args: digests())
 
 
 if __name__ == "__main__":
