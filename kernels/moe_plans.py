@@ -131,5 +131,31 @@ def rule_tiles(num_tokens: int, rule: dict[int, MoeTiles | DirectTiles]) -> MoeT
     return rule[min(rule, key=lambda t: (abs(math.log2(t) - x), t))]
 
 
-__all__ = ["DIRECT_RUN4", "PREFILL_RUN4", "RUN3_BEST", "known_plans", "plan_key", "propose_rule", "rule_tiles",
-           "run3_best", "run3_tiles", "run4_candidates"]
+# The proposed rule for E >= 32 (qwen3-30b-a3b: 128 experts, top 8): each measured T's fastest plan.
+# Measured data so far: run 3 (RUN3_BEST); run 4's rows replace its T with
+# `{**RUN3_BEST, **propose_rule(rows)}` once the H200 run is back.
+PROPOSED_RULE: dict[int, MoeTiles | DirectTiles] = dict(RUN3_BEST)
+
+
+def proposed_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """A proposal, not the default (kernels.fused_moe.DEFAULT_PLANS): with 32 or more experts the
+    plan of the measured T nearest `num_tokens` in log2 (PROPOSED_RULE, measured at top 8 of 128);
+    with fewer (mixtral's 8) run3_tiles, whose direct path needs E >= 4 * pairs."""
+    if num_experts < 32:
+        return run3_tiles(num_tokens, top_k, num_experts)
+    return rule_tiles(num_tokens, PROPOSED_RULE)
+
+__all__ = [
+    "DIRECT_RUN4",
+    "PREFILL_RUN4",
+    "PROPOSED_RULE",
+    "RUN3_BEST",
+    "known_plans",
+    "plan_key",
+    "propose_rule",
+    "proposed_tiles",
+    "rule_tiles",
+    "run3_best",
+    "run3_tiles",
+    "run4_candidates",
+]
