@@ -160,3 +160,12 @@ def test_proposed_rule_uses_the_measured_t_nearest_and_run3s_rule_for_few_expert
     x, w13, w2, weights, ids = _layer(13, 6, 32, 8, 32, 48)  # the proposed plan at T=6 runs and is right
     assert_close(fused_moe(x, w13, w2, weights, ids, proposed_tiles(6, 8, 32)), fused_moe_ref(x, w13, w2, weights, ids),
                  torch.float32)
+
+
+def test_proposed_rule_is_run4s_measured_best_where_run4_timed():
+    """PROPOSED_RULE as written equals propose_rule of run 4's committed rows over run 3's table."""
+    import json
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/kernels/data/moe_run4/moe.json").read_text())
+    assert PROPOSED_RULE == {**RUN3_BEST, **propose_rule(rows["speed"])}
