@@ -169,3 +169,13 @@ def test_proposed_rule_is_run4s_measured_best_where_run4_timed():
 
     rows = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/kernels/data/moe_run4/moe.json").read_text())
     assert PROPOSED_RULE == {**RUN3_BEST, **propose_rule(rows["speed"])}
+
+
+@pytest.mark.parametrize("chunk", [32, 512])
+def test_hist_grouping_at_any_chunk(chunk):
+    """_align_hist's chunk (512 is the default above 16K pairs): 150 tokens x top 8 of 128 experts."""
+    from kernels.moe_align import _align_hist
+
+    ids = _ids(torch.Generator().manual_seed(chunk), 150, 128, 8)
+    for block_m in (16, 128):
+        assert _same(_align_hist(ids, 128, block_m, 0, chunk), align_by_expert(ids, 128, block_m, method="torch"))
