@@ -131,5 +131,41 @@ def rule_tiles(num_tokens: int, rule: dict[int, MoeTiles | DirectTiles]) -> MoeT
     return rule[min(rule, key=lambda t: (abs(math.log2(t) - x), t))]
 
 
-__all__ = ["DIRECT_RUN4", "PREFILL_RUN4", "RUN3_BEST", "known_plans", "plan_key", "propose_rule", "rule_tiles",
-           "run3_best", "run3_tiles", "run4_candidates"]
+# The proposed rule for E >= 32 (qwen3-30b-a3b: 128 experts, top 8): each measured T's fastest plan,
+# `{**RUN3_BEST, **propose_rule(rows)}` of run 4 (benchmarks/kernels/data/moe_run4/moe.json, H200,
+# 2026-12-03 08:45 UTC): T = 1 23.9 us, 2 42.5, 4 77.7, 8 132.4, 1024 370.7, 4096 722.8; T = 16-256
+# were not timed in run 4 and keep run 3's plans.
+_PREFILL_BEST = MoeTiles(128, 128, 64, 8, 4, tma=True, joint=True, **_H, **_DOWN256)
+PROPOSED_RULE: dict[int, MoeTiles | DirectTiles] = {
+    **RUN3_BEST,
+    1: DirectTiles(8, 256, 8, 128, 4, 3, pdl=True, early=True, down_num_warps=8, pipeline=True),
+    2: dataclasses.replace(_D, pipeline=True),
+    4: dataclasses.replace(_D, pipeline=True),
+    8: dataclasses.replace(_R3_SMALL, align="hist"),
+    1024: _PREFILL_BEST,
+    4096: _PREFILL_BEST,
+}
+
+
+def proposed_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """A proposal, not the default (kernels.fused_moe.DEFAULT_PLANS): with 32 or more experts the
+    plan of the measured T nearest `num_tokens` in log2 (PROPOSED_RULE, measured at top 8 of 128);
+    with fewer (mixtral's 8) run3_tiles, whose direct path needs E >= 4 * pairs."""
+    if num_experts < 32:
+        return run3_tiles(num_tokens, top_k, num_experts)
+    return rule_tiles(num_tokens, PROPOSED_RULE)
+
+__all__ = [
+    "DIRECT_RUN4",
+    "PREFILL_RUN4",
+    "PROPOSED_RULE",
+    "RUN3_BEST",
+    "known_plans",
+    "plan_key",
+    "propose_rule",
+    "proposed_tiles",
+    "rule_tiles",
+    "run3_best",
+    "run3_tiles",
+    "run4_candidates",
+]
