@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from output_digest import WALL_CLOCK_KEYS, digest_cli, table_digest
+from output_digest import WALL_CLOCK_KEYS, digest_cli, spec_of, table_digest
 
 from engine.core.model_spec import get_model
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
@@ -40,13 +40,7 @@ SYSTEM = {"count": 6, "tokens": {"kind": "uniform", "low": 200, "high": 1500}, "
 
 def _workload(kind: str, n: int, rate: float) -> list[Any]:
     """`output_digest.py`'s traffic (seed 1, 16-token hash blocks), with sessions for "sessions"."""
-    spec = {"name": kind, "num_requests": n, "seed": 1, "hash_block_size": 16,
-            "arrival": {"kind": "poisson", "rate_rps": rate},
-            "prompt_tokens": {"kind": "lognormal", "median": 800, "sigma": 0.85, "min_tokens": 16,
-                              "max_tokens": 16000},
-            "output_tokens": {"kind": "lognormal", "median": 150, "sigma": 0.8, "min_tokens": 1,
-                              "max_tokens": 2000},
-            "task_mix": {"chat": 1.0}}
+    spec = spec_of(kind, n, rate, 16)
     if kind == "sessions":
         spec |= {"sessions": SESSIONS, "system_prompts": SYSTEM,
                  "prompt_tokens": {"kind": "lognormal", "median": 300, "sigma": 0.8, "min_tokens": 16,

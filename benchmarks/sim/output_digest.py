@@ -36,7 +36,8 @@ WORKLOADS = (("conv", 4000, 4.0, 16, "a100-80gb"), ("hot", 1500, 40.0, 16, "l4")
 WALL_CLOCK_KEYS = ("wall_s", "simulated_requests_per_wall_s", "date")
 
 
-def _spec(name: str, n: int, rate: float, hash_block_size: int) -> dict[str, Any]:
+def spec_of(name: str, n: int, rate: float, hash_block_size: int) -> dict[str, Any]:
+    """The digests' traffic: chat, Poisson arrivals, lognormal prompts and outputs, seed 1."""
     return {"name": name, "num_requests": n, "seed": 1, "hash_block_size": hash_block_size,
             "arrival": {"kind": "poisson", "rate_rps": rate},
             "prompt_tokens": {"kind": "lognormal", "median": 800, "sigma": 0.85, "min_tokens": 16,
@@ -60,7 +61,7 @@ def table_digest(table: Any) -> str:
 def digests() -> dict[str, dict[str, Any]]:
     out = {}
     for name, n, rate, hbs, gpu in WORKLOADS:
-        reqs = generate(WorkloadSpec.model_validate(_spec(name, n, rate, hbs))).requests
+        reqs = generate(WorkloadSpec.model_validate(spec_of(name, n, rate, hbs))).requests
         dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu(gpu), num_replicas=1,
                                engine=EngineConfig(max_model_len=20000))
         res = Simulation(dep, reqs).run()
