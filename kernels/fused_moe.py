@@ -121,6 +121,14 @@ def _tile_of(num_blocks, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     return first_m + (pid % per_group) % size, (pid % per_group) // size
 
 
+@triton.jit
+def _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The M block's sorted pair ids, which of them are real (padding rows hold the sentinel
+    num_pairs), and the N tile's output columns."""
+    pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    return pairs, pairs < num_pairs, pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _gate_up_kernel(x_ptr, w_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
                     sx_t, sw_e, sw_n, sa_p,
@@ -131,10 +139,8 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs,
     e = e32.to(tl.int64)
     if e < 0:
         return
-    pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    ok_m = pairs < num_pairs
+    pairs, ok_m, cols = _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M, BLOCK_N)
     rows = (pairs // top_k).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_n = cols < N
     w_base = w_ptr + e * sw_e
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -168,10 +174,8 @@ def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, 
     e32 = tl.load(bexp_ptr + pid_m)
     if e32 < 0:
         return
-    pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    ok_m = pairs < num_pairs
+    pairs, ok_m, cols = _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M, BLOCK_N)
     rows = (pairs // top_k).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -194,10 +198,8 @@ def _down_kernel(act_ptr, w_ptr, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num
     e = e32.to(tl.int64)
     if e < 0:
         return
-    pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    ok_m = pairs < num_pairs
+    pairs, ok_m, cols = _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M, BLOCK_N)  # cols: hidden
     p64 = pairs.to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output (hidden) columns
     ok_n = cols < H
     w_base = w_ptr + e * sw_e
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
