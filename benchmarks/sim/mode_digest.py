@@ -14,14 +14,12 @@ split. Per case: the summary, request-table and step-table digests, as in `outpu
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from output_digest import WALL_CLOCK_KEYS, digest_cli, spec_of, table_digest
+from output_digest import digest_cli, result_digests, spec_of
 
 from engine.core.model_spec import get_model
 from sim.config import DeploymentConfig, DisaggConfig, EngineConfig
@@ -75,14 +73,8 @@ def digests(names: list[str] | None = None) -> dict[str, dict[str, Any]]:
         dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu(gpu),
                                engine=EngineConfig(max_model_len=20000, **flags), **dep_kw)
         res = Simulation(dep, _workload(kind, n, rate), **sim_kw).run()
-        s = res.summary().to_json_dict()
-        for k in WALL_CLOCK_KEYS:
-            s.pop(k, None)
-        text = json.dumps(s, sort_keys=True, default=str)
-        out[name] = {"summary": hashlib.sha256(text.encode()).hexdigest(),
-                     "requests": table_digest(res.requests), "steps": table_digest(res.steps),
-                     "num_engine_steps": s["num_engine_steps"], "preemptions": s.get("num_preemptions"),
-                     "prefix_cache_hit_rate": s.get("prefix_cache_hit_rate")}
+        out[name] = result_digests(res, {"preemptions": "num_preemptions",
+                                                "prefix_cache_hit_rate": "prefix_cache_hit_rate"})
     return out
 
 

@@ -64,15 +64,20 @@ def digests() -> dict[str, dict[str, Any]]:
         reqs = generate(WorkloadSpec.model_validate(spec_of(name, n, rate, hbs))).requests
         dep = DeploymentConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu(gpu), num_replicas=1,
                                engine=EngineConfig(max_model_len=20000))
-        res = Simulation(dep, reqs).run()
-        s = res.summary().to_json_dict()
-        for k in WALL_CLOCK_KEYS:
-            s.pop(k, None)
-        text = json.dumps(s, sort_keys=True, default=str)
-        out[name] = {"summary": hashlib.sha256(text.encode()).hexdigest(),
-                     "requests": table_digest(res.requests), "steps": table_digest(res.steps),
-                     "num_engine_steps": s["num_engine_steps"]}
+        out[name] = result_digests(Simulation(dep, reqs).run())
     return out
+
+
+def result_digests(res: Any, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """A run's summary (less its wall-clock fields), request-table and step-table digests, its engine
+    steps, and per `extra` {name: summary key} that summary value as it is."""
+    s = res.summary().to_json_dict()
+    for k in WALL_CLOCK_KEYS:
+        s.pop(k, None)
+    text = json.dumps(s, sort_keys=True, default=str)
+    return {"summary": hashlib.sha256(text.encode()).hexdigest(), "requests": table_digest(res.requests),
+            "steps": table_digest(res.steps), "num_engine_steps": s["num_engine_steps"]} | {
+        name: s.get(key) for name, key in (extra or {}).items()}
 
 
 def digest_cli(description: str, compute, extra_args=()) -> None:
