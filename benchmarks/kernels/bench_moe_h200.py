@@ -546,29 +546,41 @@ def speed() -> None:
     global SPEED_DEADLINE
     ts = (1, 4, 16) if ARGS.dry_run else TS
     shapes = layer_shapes()
-    for i, (name, (h, n, e, k)) in enumerate(shapes.items()):
+    by_preset_t = lambda r: (list(shapes).index(r["preset"]), r["T"])  # rows by T, as before run 3
+    for i, (name, shape) in enumerate(shapes.items()):
         left = T0 + ARGS.budget_s * SPEED_SHARE - time.time()
         SPEED_DEADLINE = time.time() + left / (len(shapes) - i)  # this preset's share of what is left
-        weights = make_weights(h, n, e, copies_for(h, n, k), seed=7)
-        for t in ts:
-            if over_budget(SPEED_SHARE):
-                RESULTS["errors"].append(f"budget share spent before speed {name} T={t}")
-                break
-            try:
-                row = speed_one(name, h, n, e, k, t, weights)
-            except Exception as exc:  # noqa: BLE001
-                RESULTS["errors"].append(f"speed {name} T={t}: {exc!r}"[:400])
-                log(traceback.format_exc())
-                continue
-            RESULTS["speed"].append(row)
-            RESULTS["speed"].sort(key=lambda r: (list(shapes).index(r["preset"]), r["T"]))  # by T, as before run 3
-            log(f"speed {name} T={t}: touched {row['touched_experts']:.1f} roof {row['roofline_us']:.1f}us "
-                f"old {row.get('old_us', float('nan')):.1f}us new {row.get('fused_us', float('nan')):.1f}us "
-                f"({row.get('fused_tiles')}) default {row.get('default_us') or float('nan'):.1f}us")
-            save()
-        del weights
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+        rows_over_tokens(name, shape, ts, speed_one, lambda row: (
+            f"speed {row['preset']} T={row['T']}: touched {row['touched_experts']:.1f} roof "
+            f"{row['roofline_us']:.1f}us old {row.get('old_us', float('nan')):.1f}us new "
+            f"{row.get('fused_us', float('nan')):.1f}us ({row.get('fused_tiles')}) default "
+            f"{row.get('default_us') or float('nan'):.1f}us"), order=by_preset_t)
+
+
+def rows_over_tokens(name: str, shape: tuple[int, int, int, int], ts, one, describe, order=None) -> None:
+    """`one(name, h, n, e, k, t, weights)` for each T of `ts` while the speed budget lasts, over one set
+    of the preset's weights: each row appended to RESULTS["speed"] (sorted by `order` when given),
+    logged as `describe(row)` says, saved; a T that raises is recorded in RESULTS["errors"]."""
+    h, n, e, k = shape
+    weights = make_weights(h, n, e, copies_for(h, n, k), seed=7)
+    for t in ts:
+        if over_budget(SPEED_SHARE):
+            RESULTS["errors"].append(f"budget spent before speed {name} T={t}")
+            break
+        try:
+            row = one(name, h, n, e, k, t, weights)
+        except Exception as exc:  # noqa: BLE001
+            RESULTS["errors"].append(f"speed {name} T={t}: {exc!r}"[:400])
+            log(traceback.format_exc())
+            continue
+        RESULTS["speed"].append(row)
+        if order is not None:
+            RESULTS["speed"].sort(key=order)
+        log(describe(row))
+        save()
+    del weights
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------- run 4: --focus
@@ -737,25 +749,11 @@ def focus_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
 
 
 def focus_speed() -> None:
-    for name, (h, n, e, k) in focus_shapes().items():
-        weights = make_weights(h, n, e, copies_for(h, n, k), seed=7)
-        for t in focus_tokens():
-            if over_budget(SPEED_SHARE):
-                RESULTS["errors"].append(f"budget spent before speed {name} T={t}")
-                break
-            try:
-                row = focus_one(name, h, n, e, k, t, weights)
-            except Exception as exc:  # noqa: BLE001
-                RESULTS["errors"].append(f"speed {name} T={t}: {exc!r}"[:400])
-                log(traceback.format_exc())
-                continue
-            RESULTS["speed"].append(row)
-            log(f"focus {name} T={t}: roof {row['roofline_us']:.1f}us run3 {row.get('run3_us') or float('nan'):.1f}us "
-                f"best new {row.get('new_us', float('nan')):.1f}us ({row.get('new_tiles')})")
-            save()
-        del weights
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+    for name, shape in focus_shapes().items():
+        rows_over_tokens(name, shape, focus_tokens(), focus_one, lambda row: (
+            f"focus {row['preset']} T={row['T']}: roof {row['roofline_us']:.1f}us run3 "
+            f"{row.get('run3_us') or float('nan'):.1f}us best new {row.get('new_us', float('nan')):.1f}us "
+            f"({row.get('new_tiles')})"))
 
 
 def focus_markdown(res: dict) -> str:
