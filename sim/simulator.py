@@ -586,7 +586,7 @@ class _Replica:
             rec.first_dt_s, rec.last_dt_s = run.dt(0), run.dt(num_steps - 1)
         else:  # (DecodeRun.dt's sync sum, inlined)
             i = num_steps - 1
-            rec.first_dt_s = (run.g0 + run.slope * 0) + (run.cpu + run.cpu_slope * 0)
+            rec.first_dt_s = run.g0 + run.cpu
             rec.last_dt_s = (run.g0 + run.slope * i) + (run.cpu + run.cpu_slope * i)
         rec.gpu_s, rec.cpu_s = gpu_s, cpu_s
         rec.num_batched_tokens = rec.num_decode_tokens = rec.num_decode_seqs = b
