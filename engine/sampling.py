@@ -78,6 +78,16 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     return logits
 
 
+def upload(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host table on `device` without blocking the host: on CUDA through pinned memory
+    and a non-blocking copy (a copy from pageable memory first synchronizes the stream, so the
+    host would wait for the step's whole forward before it could schedule the next step; the
+    caching host allocator keeps the pinned block until the copy has run)."""
+    if torch.device(device).type != "cuda":
+        return torch.tensor(data, dtype=dtype, device=device)
+    return torch.tensor(data, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 class Sampler:
     """Draws one token per row of a logits matrix; holds one generator per seeded request."""
 
@@ -122,23 +132,24 @@ class Sampler:
         per_chunk = max(1, _ROWS_CHUNK // logits.shape[-1])
         for lo in range(0, len(random_rows), per_chunk):
             rows = random_rows[lo: lo + per_chunk]
-            idx = torch.tensor(rows, device=logits.device)
-            tokens[idx] = self._draw_rows(logits, idx, rows, [request_ids[i] for i in rows], params)
+            idx, drawn = self._draw_rows(logits, rows, [request_ids[i] for i in rows], params)
+            tokens[idx] = drawn
         return tokens
 
-    def _draw_rows(self, logits: torch.Tensor, idx: torch.Tensor, rows: list[int], request_ids: list[int],
-                   params: list[SamplingParams]) -> torch.Tensor:
-        """One token per random row (`idx` on the device, `rows` the same on the host), drawn together:
-        the rows' logits over their temperatures, filtered where a row asks, softmax, and each row's
-        CDF inverted at its counter-based number. Temperatures and numbers go up in one copy."""
-        host = torch.tensor([(params[i].temperature, self._next_uniform(r)) for i, r in zip(rows, request_ids)],
-                            dtype=torch.float64)
-        temps_u = host.to(logits.device)
-        x = logits.index_select(0, idx).float() / temps_u[:, 0, None].float()
+    def _draw_rows(self, logits: torch.Tensor, rows: list[int], request_ids: list[int],
+                   params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rows' indices on the device, one token per row), drawn together: the rows' logits
+        over their temperatures, filtered where a row asks, softmax, and each row's CDF inverted at
+        its counter-based number. Row indices, temperatures and numbers go up in one copy
+        (`upload`: it must not wait for the step's forward, or async scheduling stalls)."""
+        host = [(i, params[i].temperature, self._next_uniform(r)) for i, r in zip(rows, request_ids)]
+        cols = upload(host, torch.float64, logits.device)  # row indices < 2**53: exact in float64
+        idx = cols[:, 0].long()
+        x = logits.index_select(0, idx).float() / cols[:, 1, None].float()
         for j, i in enumerate(rows):
             if 0 < params[i].top_k < x.shape[-1] or params[i].top_p < 1.0:
                 x[j] = _filter_top_k_top_p(x[j], params[i].top_k, params[i].top_p)
-        return inverse_cdf(x.softmax(-1), temps_u[:, 1])
+        return idx, inverse_cdf(x.softmax(-1), cols[:, 2])
 
     def _next_uniform(self, request_id: int) -> float:
         """The request's number for its next token (and one token more drawn)."""

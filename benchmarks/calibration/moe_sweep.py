@@ -267,10 +267,11 @@ def sweep(r: gs.Runner, p: MoePlan, known: dict[str, float] | None = None,
 
 def supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> dict[str, float]:
     """More mixed-step runs at the capacities an earlier sweep probed (its index.json), for a sweep
-    the deadline cut short of the steps the fit needs: the mixed runs it skipped and two more loads,
-    each twice as long, then the tight-pool run. Packed as `<model>-extra-*`; moe_validate.py adds
-    its sweep runs to the model's."""
+    the deadline cut short of the steps the fit needs: the skewed decode batches, the mixed runs it
+    skipped and two more loads, each twice as long, then the tight-pool run. Packed as
+    `<model>-extra-*`; moe_validate.py adds its sweep runs to the model's."""
     chat = capacity.get("chat-production", next(iter(capacity.values())))
+    decode_skew(r, p, gs.Ids())
     more = dataclasses.replace(p, base=dataclasses.replace(p.base, mixed_s=2 * p.base.mixed_s),
                                mixed=(*p.mixed[p.early_mixed:], (0.8, None, True), (0.5, None, False)))
     mixed_runs(r, more, chat, gs.Ids(), slice(0, None))
