@@ -57,6 +57,7 @@ from sim.cost_model import (
     OverlapTerms,
     Roofline,
     StepKind,
+    graph_routed,
     knot_weights,
 )
 from sim.hardware import GPU_PRESETS, GPUSpec
@@ -400,12 +401,14 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     tok = np.where(is_decode, pad, bucket)
     rows = np.where(is_decode, pad, g["num_prefill_seqs"] + g["num_decode_tokens"])
     q = np.where(n_dec > 0, g["num_decode_tokens"] / np.maximum(n_dec, 1), 0.0)
+    # graphs' padding tokens route alike (Roofline.experts_s): the experts see the real tokens + 1
+    routed = np.where(is_decode | (kind == "mixed_graph"), graph_routed(tokens.astype(np.float64), tok), tok)
     f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"],
-                       g.get("max_decode_context", np.zeros_like(tok)))
+                       g.get("max_decode_context", np.zeros_like(tok)), routed=routed)
     f["step_s"] = np.ones_like(tok)
     f["per_seq_s"] = g["num_prefill_seqs"] + pad
     if rates.routing is not None and experts_mults is not None:
-        f |= moe_features(rates, tok, experts_mults, f["gemm"])
+        f |= moe_features(rates, tok, experts_mults, f["gemm"], routed)
     knots = knots or decode_knots(max_num_seqs)
     hats = np.array([knot_weights(b, knots) for b in np.maximum(pad, 1)]).reshape(-1, len(knots))
     for j, k in enumerate(knots):
@@ -421,10 +424,12 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
 
 
 def moe_features(rates: Roofline, tokens: np.ndarray, experts_mults: tuple[float, float],
-                 gemm: np.ndarray) -> dict[str, np.ndarray]:
+                 gemm: np.ndarray, routed: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """`gemm` without the experts (Roofline.features folds them in at multiplier 1), `experts` (the
-    fused kernel's seconds as priced at `experts_mults`) and the per-forward MOE_OFFSET_FEATURE."""
-    return {"gemm": gemm - rates.experts_s(tokens), "experts": rates.experts_s(tokens, *experts_mults),
+    fused kernel's seconds as priced at `experts_mults`; `routed`: see Roofline.experts_s) and the
+    per-forward MOE_OFFSET_FEATURE."""
+    return {"gemm": gemm - rates.experts_s(tokens, routed=routed),
+            "experts": rates.experts_s(tokens, *experts_mults, routed=routed),
             MOE_OFFSET_FEATURE: np.full(tokens.shape, rates.moe_fixed_s)}
 
 

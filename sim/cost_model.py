@@ -425,6 +425,13 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {e['msg']}" if where else e["msg"]
 
 
+def graph_routed(tokens: Any, padded: Any) -> Any:
+    """Tokens whose routing decides the experts a CUDA graph of `padded` tokens reads when
+    `tokens` of them are real: the padding tokens are copies of one dummy token and route alike
+    (scalars or numpy arrays)."""
+    return np.minimum(padded, tokens + 1) if np.ndim(tokens) else min(padded, tokens + 1)
+
+
 @lru_cache(maxsize=4096)
 def _touched(routing: ExpertRouting, tokens: float) -> float:
     """Expected distinct experts per layer (cached: the simulator asks for a few step sizes often)."""
@@ -512,44 +519,51 @@ class Roofline:
                    moe_fixed_s=L * moe.layer_fixed_s if moe else 0.0, expert_parallel_size=ep,
                    a2a_s_per_token=all_to_all_s_per_token(model, gpu, ep))
 
-    def experts_s(self, tokens: Any, compute_mult: float = 1.0, memory_mult: float = 1.0) -> Any:
+    def experts_s(self, tokens: Any, compute_mult: float = 1.0, memory_mult: float = 1.0,
+                  routed: Any = None) -> Any:
         """The experts' roofline seconds for `tokens` tokens per step (scalar or numpy array):
         max(their FLOPs, the bytes of the experts touched), each side times the measured factor
-        and the caller's multiplier (1 / efficiency); 0 for a dense model."""
+        (at `tokens`, the kernels' launch shape) and the caller's multiplier (1 / efficiency); 0
+        for a dense model. `routed` (default `tokens`): the tokens whose routing decides the experts
+        touched: a CUDA graph's padding tokens are copies of one dummy token (id 0 at position 0),
+        so they route alike and read at most one token's experts more than the real tokens."""
         if self.routing is None:
             return 0.0 * tokens
         m = self.moe
+        if routed is None:
+            routed = tokens
         if np.ndim(tokens) == 0:
-            t = float(tokens)
-            touched = _touched(self.routing, t) if self.expert_parallel_size == 1 \
-                else max_touched_per_gpu(self.routing, t, self.expert_parallel_size)
+            t, r = float(tokens), float(routed)
+            touched = _touched(self.routing, r) if self.expert_parallel_size == 1 \
+                else max_touched_per_gpu(self.routing, r, self.expert_parallel_size)
             bf, ff = m.bytes_multiplier(t), m.flops_multiplier(t)
             return max(self.moe_s_per_token * t * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
         else:
-            touched = self.routing.expected_touched(tokens) if self.expert_parallel_size == 1 \
-                else max_touched_per_gpu(self.routing, tokens, self.expert_parallel_size)
+            touched = self.routing.expected_touched(routed) if self.expert_parallel_size == 1 \
+                else max_touched_per_gpu(self.routing, routed, self.expert_parallel_size)
             bf = np.array([m.bytes_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
             ff = np.array([m.flops_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
         return np.maximum(self.moe_s_per_token * tokens * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
 
     def moe_step_s(self, tokens: float, compute_mult: float = 1.0, memory_mult: float = 1.0,
-                   scale: float = 1.0) -> float:
+                   scale: float = 1.0, routed: float | None = None) -> float:
         """What a mixture of experts adds to a forward's GEMM time: its experts' roofline (times
         `scale`), the per-layer fixed cost and, under expert parallelism, the all-to-all's dispatch
         and combine; 0 for a dense model."""
         if self.routing is None:
             return 0.0
-        return (scale * self.experts_s(tokens, compute_mult, memory_mult) + self.moe_fixed_s
+        return (scale * self.experts_s(tokens, compute_mult, memory_mult, routed) + self.moe_fixed_s
                 + self.a2a_s_per_token * tokens)
 
     def features(self, tokens: Any, rows: Any, prefill_pairs: Any, prefill_kv_tokens: Any,
-                 decode_q_per_seq: Any, decode_kv_tokens: Any, decode_max_kv_tokens: Any = 0) -> dict[str, Any]:
+                 decode_q_per_seq: Any, decode_kv_tokens: Any, decode_max_kv_tokens: Any = 0,
+                 routed: Any = None) -> dict[str, Any]:
         """The roofline terms of a forward (seconds at efficiency 1), scalars or numpy arrays alike:
-        what a fitted profile's multipliers (`GpuTerms`) apply to."""
+        what a fitted profile's multipliers (`GpuTerms`) apply to. `routed`: see `experts_s`."""
         mx = np.maximum
         return {
             "gemm": mx(self.gemm_s_per_token * tokens + self.gemm_s_per_row * rows, self.weights_s)
-            + self.experts_s(tokens),
+            + self.experts_s(tokens, routed=routed),
             "prefill_attention": mx(self.prefill_s_per_pair * prefill_pairs, self.kv_s_per_token * prefill_kv_tokens),
             "decode_kv": mx(self.attn_s_per_pair * decode_q_per_seq, self.kv_s_per_token) * decode_kv_tokens,
             "decode_max_kv": mx(self.attn_s_per_pair * decode_q_per_seq, self.kv_s_per_token) * decode_max_kv_tokens,
@@ -595,11 +609,12 @@ class _Forward:
                    experts_mults=experts_mults if own else (1.0, 1.0))
 
     def seconds(self, tokens: float, rows: float, prefill_pairs: float, prefill_kv: float, q_per_seq: float,
-                decode_kv: float, seqs: float, max_decode_kv: float = 0.0) -> float:
+                decode_kv: float, seqs: float, max_decode_kv: float = 0.0, routed: float | None = None) -> float:
+        """`routed`: the tokens whose routing picks the experts (Roofline.experts_s; None: `tokens`)."""
         gemm = self.gemm_tok * tokens + self.gemm_row * rows
         gemm = max(gemm, self.weights)
         if self.experts is not None:
-            gemm += self.experts.moe_step_s(tokens, *self.experts_mults, scale=self.gemm_mult)
+            gemm += self.experts.moe_step_s(tokens, *self.experts_mults, scale=self.gemm_mult, routed=routed)
         pre = max(self.pair * prefill_pairs, self.kv * prefill_kv)
         dec = max(self.dkv_pair * q_per_seq, self.dkv) * decode_kv
         if max_decode_kv:
@@ -758,7 +773,8 @@ class CostModel:
         n = b.num_decode_seqs
         return self._fit_mixed_graph.seconds(pad, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
                                              b.sum_prefill_context, q_per_seq, b.sum_decode_context,
-                                             b.num_prefill_seqs + n, b.max_decode_context) + (
+                                             b.num_prefill_seqs + n, b.max_decode_context,
+                                             routed=graph_routed(tokens, pad)) + (
             self._ar_s_per_token * pad)
 
     def _verify_graph(self, b: BatchComposition) -> bool:
@@ -890,7 +906,8 @@ class CostModel:
         if self._fit_decode is not None:
             pad = decode_graph_bucket(num_seqs, self._max_num_seqs)
             r, t = self.roofline, self.profile.decode
-            a = (self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad) + t.decode_step_extra_s(pad)
+            a = (self._fit_decode.seconds(pad, pad, 0.0, 0.0, 1.0, 0.0, pad, routed=graph_routed(num_seqs, pad))
+                 + t.decode_step_extra_s(pad)
                  + self._ar_s_per_token * num_seqs)
             per_token = max(r.attn_s_per_pair, r.kv_s_per_token)
             return DecodeTerms(a, per_token * t.decode_kv_multiplier(pad),
@@ -1157,6 +1174,7 @@ __all__ = [
     "SpecTerms",
     "StepKind",
     "TPTerms",
+    "graph_routed",
     "knot_weights",
     "step_table_seconds",
 ]
