@@ -90,6 +90,17 @@ def run_folders(root: Path, part: str) -> list[Path]:
     return out
 
 
+def standin_note(run_dir: Path) -> str:
+    """How the sweep's random-weight engine was set up, where its run.json says (moe_sweep.py's
+    --temperature / --embed-scale / --residual-scale: which experts its tokens route to)."""
+    info = json.loads((run_dir / "run.json").read_text())
+    parts = [f"{k.replace('_', ' ')} x{info[k]:g}" for k in ("embed_scale", "residual_scale") if info.get(k, 1.0) != 1.0]
+    temperature = (info.get("sampling") or {}).get("temperature")
+    if temperature:
+        parts.append(f"sampled at temperature {temperature:g}")
+    return f"; stand-in engine: {', '.join(parts)}" if parts else ""
+
+
 def fit(model: str, gpu: str, sweep: list[Path], base: CostProfile, archives: Path) -> tuple[CostProfile, dict]:
     """The v2 profile fitted on the sweep runs, the MoE kernel terms and first-principles fields of `base` kept."""
     m, g = get_model(model), get_gpu(gpu)
@@ -101,7 +112,7 @@ def fit(model: str, gpu: str, sweep: list[Path], base: CostProfile, archives: Pa
     prof = res.profile
     src = (f"measured ({g.name} x {m.name}): fitted from {res.n_steps} engine steps of {len(runs)} sweep run(s) by "
            "sim/calibrate.py (benchmarks/calibration/moe_sweep.py), the experts priced by the fused MoE kernel's "
-           "measured factors (moe.source) times a fitted multiplier per step kind")
+           "measured factors (moe.source) times a fitted multiplier per step kind" + standin_note(sweep[0]))
     prof = prof.model_copy(update={"source": src})
     errors = {k: e.as_dict() for k, e in res.errors.items()}
     return prof, {"n_steps": res.n_steps, "n_warmup_dropped": res.n_warmup_dropped, "errors": errors,

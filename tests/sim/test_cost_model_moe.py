@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from engine.core.model_spec import dtype_bytes, get_model
 from sim.config import EngineConfig
-from sim.cost_model import CostModel, CostProfile, MoeTerms, Roofline
+from sim.cost_model import CostModel, CostProfile, MoeTerms, Roofline, graph_routed
 from sim.hardware import GB, get_gpu
 
 GPU = get_gpu("h200")
@@ -42,6 +44,34 @@ def test_expert_bytes_follow_the_expected_distinct_experts():
         assert r.experts_s(t, compute_mult=0.0) == pytest.approx(r.expert_s * touched, rel=1e-12)
     arr = np.array([1.0, 8.0, 64.0])
     assert np.allclose(r.experts_s(arr), [r.experts_s(float(x)) for x in arr])  # vector = scalar
+
+
+def test_a_graphs_padding_rows_add_one_tokens_experts():
+    """A CUDA graph's padding rows are copies of one dummy token: the experts read are those of the
+    real tokens and one more; the kernels' factors stay those of the padded launch."""
+    assert graph_routed(9, 16) == 10 and graph_routed(16, 16) == 16 and graph_routed(1, 1) == 1
+    assert graph_routed(np.array([3.0, 8.0, 24.0]), np.array([4.0, 8.0, 32.0])).tolist() == [4.0, 8.0, 25.0]
+    m = get_model("qwen3-30b-a3b")
+    factors = MoeTerms(bytes_factor_by_tokens=((1, 2.0), (16, 1.25), (64, 1.0)))
+    r = Roofline.of(m, GPU, EngineConfig(), moe=factors)
+    touched_10 = 128 * (1 - (1 - 8 / 128) ** 10)
+    assert r.experts_s(16, compute_mult=0.0, routed=10) == pytest.approx(r.expert_s * touched_10 * 1.25, rel=1e-12)
+    arr = r.experts_s(np.array([16.0, 16.0]), compute_mult=0.0, routed=np.array([10.0, 16.0]))
+    assert arr.tolist() == pytest.approx([r.experts_s(16, compute_mult=0.0, routed=10), r.experts_s(16, compute_mult=0.0)])
+
+
+def test_decode_steps_in_one_graph_bucket_cost_more_with_more_real_sequences():
+    """Batches of 9..16 replay the 16-sequence graph: the dense work is the graph's, the experts' the
+    real tokens' (+1), so the price rises with the batch inside the bucket, by the experts alone
+    (15 real rows and one padding row route like 16 real ones)."""
+    m = get_model("qwen3-30b-a3b")
+    cm = CostModel(m, GPU, EngineConfig(max_num_seqs=256), CostProfile.load("h200-qwen3-30b-a3b"))
+    prices = [cm.decode_linear(b).gpu_s for b in range(9, 17)]
+    assert all(b > a for a, b in itertools.pairwise(prices[:-1])) and prices[-2] == prices[-1]
+    r, p = cm.roofline, cm.profile
+    mults = (1 / p.gemm_compute_efficiency, 1 / p.gemm_memory_efficiency)  # the experts' multipliers' base
+    step = p.decode.experts * (r.experts_s(16, *mults, routed=16) - r.experts_s(16, *mults, routed=10))
+    assert prices[-1] - prices[0] == pytest.approx(step, rel=1e-9)
 
 
 def test_skew_and_measured_factors_change_only_the_expert_term():
