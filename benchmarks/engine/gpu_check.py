@@ -59,6 +59,7 @@ def main() -> None:
         same = [a.token_ids == b.token_ids for a, b in zip(cpu_r, gpu_r)]
         print(json.dumps({"mode": f"{mode}+sampled", "cuda_sampled_equals_cpu": all(same), "num_equal": sum(same),
                           "n": len(same)}))
+    print(json.dumps(sampler_leaves_the_host_free()))
     # Per-request stops under async scheduling: EOS honoured by even requests, ignored by odd ones.
     eos = cpu[0].token_ids[min(3, len(cpu[0].token_ids) - 1)]
     sp_eos = [SamplingParams(max_tokens=s.max_tokens, ignore_eos=i % 2 == 1) for i, s in enumerate(sp)]
@@ -68,6 +69,36 @@ def main() -> None:
     same = [(a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason) for a, b in zip(cpu_e, gpu_e)]
     print(json.dumps({"mode": "async+eos", "cuda_async_equals_cpu_sync": all(same), "num_equal": sum(same),
                       "n": len(same), "num_stopped": sum(o.finish_reason == "stop" for o in gpu_e)}))
+
+
+def sampler_leaves_the_host_free() -> dict:
+    """Sampled rows drawn behind ~0.1 s of queued device work: `Sampler.sample` must return while
+    that work still runs (a blocking host-to-device copy would wait for it, and under async
+    scheduling the next step's launch with it). Also the draw equals the same draw made idle."""
+    import torch
+
+    from engine.sampling import Sampler
+
+    dev = torch.device("cuda")
+    logits = torch.randn(64, 151_936, device=dev)
+    params = [SamplingParams(temperature=1.0, seed=i) for i in range(64)]
+    a, b = torch.randn(8192, 8192, device=dev), torch.randn(8192, 8192, device=dev)
+
+    def draw(busy: bool) -> tuple[torch.Tensor, bool]:
+        sampler = Sampler(dev)
+        for i, p in enumerate(params):
+            sampler.add_request(i, p)
+        torch.cuda.synchronize()
+        for _ in range(100 if busy else 0):  # ~0.1 s of matmuls queued ahead of the sampler
+            a @ b
+        tokens = sampler.sample(logits, list(range(64)), params)
+        still_busy = not torch.cuda.current_stream().query()
+        return tokens.cpu(), still_busy
+
+    busy_tokens, returned_early = draw(True)
+    idle_tokens, _ = draw(False)
+    return {"mode": "sampler-upload", "returned_while_device_busy": returned_early,
+            "tokens_equal_idle": bool(torch.equal(busy_tokens, idle_tokens))}
 
 
 # (label, engine arguments) of the graph-mode check; the first is the reference
