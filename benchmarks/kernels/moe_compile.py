@@ -9,7 +9,7 @@ N 768, 128 experts, top 8), arguments specialised as a launch specialises them (
 
 Why: run 3's grouping ("blocks") scatter holds [256, 128] int32 one-hots (128 KB of shared memory,
 255 registers and spills), and the direct path's FMA loops are not pipelined (no cp.async); run 4's
-kernels were shaped by this table before the GPU run.
+kernels were shaped by this table before the GPU run, and run 5's (`run5_rows`) likewise.
 """
 
 from __future__ import annotations
@@ -101,7 +101,30 @@ def rows() -> list[dict]:
         compile_row(fm._down_kernel, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "ATOMIC": False,
                                       "USE_TMA": True}, {"num_warps": 8, "num_stages": 3}, gu,
                     {"w_desc": "tensordesc<bf16[256, 64]>"}),
+        *run5_rows(gu, dd, ids64),
     ]
+
+
+def run5_rows(gu: tuple, dd: tuple, ids64: dict) -> list[dict]:
+    """Run 5's kernels (kernels.moe_plans.PREFILL_RUN5 / DIRECT_RUN5): the joint gate+up's K-step
+    variant, the down launch on sorted activations (one tile a program, persistent), the one-launch
+    direct path."""
+    joint = {"w_desc": "tensordesc<bf16[1, 2, 128, 32]>"}
+    rows = [compile_row(fm._gate_up_joint_kernel, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8,
+                                                   "SORTED": True}, {"num_warps": 8, "num_stages": 6}, gu, joint)]
+    for bn, stages, flatten, atomic in ((256, 3, False, False), (256, 3, True, False), (256, 4, True, False),
+                                        (256, 3, False, True), (128, 4, True, False)):
+        rows.append(compile_row(fm._down_sorted_kernel, {
+            "BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NB_P2": 512, "ATOMIC": atomic, "FLATTEN": flatten},
+            {"num_warps": 8, "num_stages": stages}, gu,
+            {"a_desc": "tensordesc<bf16[128, 64]>", "w_desc": f"tensordesc<bf16[{bn}, 64]>", "out_ptr": "*fp32" if atomic else "*bf16"}))
+    for bn, warps, prefetch, evict in ((8, 4, False, False), (8, 4, True, False), (8, 4, True, True), (8, 8, True, False),
+                                       (16, 4, True, False)):
+        rows.append(compile_row(md._direct_fused_kernel, {
+            "BLOCK_N": bn, "BLOCK_K": 256, "DOWN_BLOCK_N": 8, "DOWN_BLOCK_K": 128, "KP2": 8,
+            "EVICT": "evict_first" if evict else "", "STAGES": 3, "PREFETCH": prefetch, "LAST": evict, "LINES": 16,
+            "MAX_SPINS": md.MAX_SPINS}, {"num_warps": warps, "num_stages": 3}, dd, {**ids64, "sync_ptr": "*i32"}))
+    return rows
 
 
 def markdown(table: list[dict]) -> str:
