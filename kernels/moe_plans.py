@@ -159,34 +159,45 @@ def run4_best(num_tokens: int) -> MoeTiles | DirectTiles:
 
 # ------------------------------------------------------------------------------- run 5 (prepared)
 # decode: gate+up and down in one launch (kernels.moe_direct._direct_fused_kernel). sm90 compile
-# (benchmarks/kernels/moe_compile.py): n8k256/n8k128 s3 with the prefetch 191 registers at 4 warps,
-# 128 at 8 (4 spilled bytes), 64 KB shared: 2 programs per SM either way.
+# (benchmarks/kernels/moe_compile.py), n8k256 / n8k128 s3: 190-191 registers at 4 warps, 64 KB shared (2
+# programs a SM); 8 warps 128 (4 bytes spilled; 2 a SM); down n4: 128 registers, 32 KB (4 a SM, as run
+# 4's separate gate+up launch held); s4 96 KB (2 a SM). The launch takes min(fused, what fits) a SM.
 _F = DirectTiles(8, 256, 8, 128, 4, 3, pipeline=True, fused=2)
 DIRECT_RUN5 = [
     _F,
     dataclasses.replace(_F, early=True),  # the down rows prefetched into L2 at the start
     dataclasses.replace(_F, early=True, evict=True),  # gate+up evict-first, the prefetch evict-last
     dataclasses.replace(_F, early=True, num_warps=8),
-    dataclasses.replace(_F, early=True, fused=1),  # one program per SM
-    dataclasses.replace(_F, early=True, down_block_n=4),  # twice the down items, half the bytes each
+    dataclasses.replace(_F, early=True, down_block_n=4, fused=4),  # twice the down items, 4 programs a SM
+    dataclasses.replace(_F, early=True, evict=True, down_block_n=4, fused=4),
     dataclasses.replace(_F, early=True, block_n=16),
+    dataclasses.replace(_F, early=True, num_stages=4),
 ]
 DIRECT_RUN5_MAX_PAIRS = 32
 
-# prefill: run 4's best, then one change each (sm90 compile: the down launch on sorted activations
-# 180 registers at n256k64 s3 one tile a program; persistent with a flattened loop 182 registers, 176 KB
-# shared (s3) / 208, 224 KB (s4); the joint gate+up k32 s6 166 registers, 144 KB; none spill)
+# prefill: run 4's best, then one change each. Its 128-row blocks pad each expert's run: at T = 4096 (256
+# +- 16 rows an expert) the GEMMs compute 1.25x the real rows, 64-row blocks 1.12x (T = 1024: 2.0x and
+# 1.47x; uniform top 8 of 128, 5 draws). sm90 compile, none spill: down on sorted activations n256k64 s3
+# 180 registers (one tile a program), persistent with a flattened loop 182 / 176 KB shared (s3), 208 /
+# 224 KB (s4), with atomics (not flattened) 253 / 144 KB; joint gate+up k32 s6 172 / 144 KB; 64-row
+# blocks: gate+up 8 warps s4 110 / 160 KB (2 x m64n128 wgmma), 4 warps s3 168 / 120 KB (m64n256),
+# down n256 8 warps s4 flattened 120 / 176 KB.
 _P = _PREFILL_BEST
+_SP = {"sorted_act": True, "persistent": 1}
 PREFILL_RUN5 = [
-    dataclasses.replace(_P, atomic_sum=True),  # the k-sum as float32 atomics in the down epilogue
-    dataclasses.replace(_P, sorted_act=True),  # down's activation tiles through TMA
-    dataclasses.replace(_P, sorted_act=True, persistent=1),  # + a persistent down grid over the used blocks
-    dataclasses.replace(_P, sorted_act=True, persistent=1, down_num_stages=4),
-    dataclasses.replace(_P, sorted_act=True, persistent=1, atomic_sum=True),
-    dataclasses.replace(_P, sorted_act=True, persistent=1, down_block_n=128, down_num_stages=4),
+    dataclasses.replace(_P, sorted_act=True),  # down's activation tiles through TMA, one tile a program
+    dataclasses.replace(_P, **_SP),  # + a persistent down grid over the used blocks only
+    dataclasses.replace(_P, **_SP, down_num_stages=4),
+    dataclasses.replace(_P, **_SP, atomic_sum=True),  # the k-sum as float32 atomics in the down epilogue
+    dataclasses.replace(_P, **_SP, down_block_n=128, down_num_stages=4),
     dataclasses.replace(_P, block_k=32, num_stages=6),  # gate+up: half the K step, deeper pipeline
-    dataclasses.replace(_P, group_m=16),  # gate+up and down: 16 blocks sweep the N tiles together
-    dataclasses.replace(_P, block_k=32, num_stages=6, sorted_act=True, persistent=1),
+    dataclasses.replace(_P, group_m=16),  # 16 blocks sweep the N tiles together
+    dataclasses.replace(_P, block_k=32, num_stages=6, **_SP),
+    # 64-row blocks: half the padding rows
+    MoeTiles(64, 128, 64, 8, 4, tma=True, joint=True, **_H, **_SP, down_block_n=256, down_block_k=64,
+             down_num_warps=8, down_num_stages=4),
+    MoeTiles(64, 128, 64, 4, 3, tma=True, joint=True, **_H, **_SP, down_block_n=256, down_block_k=64,
+             down_num_warps=8, down_num_stages=3),
 ]
 
 
