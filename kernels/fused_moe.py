@@ -64,6 +64,8 @@ class MoeTiles:
     # run 5, with sorted_act: the down launch as this many programs per SM, each looping over
     # (expert block, H tile) tiles of the used blocks only (0: one program per tile of all blocks)
     persistent: int = 0
+    # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
+    up_persistent: int = 0
 
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
@@ -200,6 +202,14 @@ def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, 
     e32 = tl.load(bexp_ptr + pid_m)
     if e32 < 0:
         return
+    _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
+                BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
+
+
+@triton.jit
+def _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr):
+    """One (block, N tile) of the joint gate+up: the K loop, SiLU(gate) * up, the store."""
     pairs, ok_m, cols = _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M, BLOCK_N)
     rows = (pairs // top_k).to(tl.int64)
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
@@ -211,6 +221,27 @@ def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, 
     g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
     act = g / (1.0 + tl.exp(-g)) * u
     _store_act(act, act_ptr, pairs, ok_m, pid_m, cols, N, sa_p, BLOCK_M, SORTED)
+
+
+@triton.jit
+def _used_blocks(bexp_ptr, num_blocks, NB_P2: tl.constexpr):
+    """Blocks that hold pairs (block_expert >= 0 is a prefix of the blocks)."""
+    b = tl.arange(0, NB_P2)
+    return tl.sum((tl.load(bexp_ptr + b, mask=b < num_blocks, other=-1) >= 0).to(tl.int32), axis=0)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
+def _gate_up_joint_persistent_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
+                                     sx_t, sa_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                     GROUP_M: tl.constexpr, NB_P2: tl.constexpr, SORTED: tl.constexpr,
+                                     FLATTEN: tl.constexpr):
+    """Run 5: _gate_up_joint_kernel as a few programs per SM looping over the used blocks' tiles (one
+    flattened loop with FLATTEN: the next tile's loads overlap this one's SiLU and store)."""
+    used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
+    for tile in tl.range(tl.program_id(0), used * tl.cdiv(N, BLOCK_N), tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = _tile_at(tile, used, N, BLOCK_N, GROUP_M)
+        _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + pid_m), pid_m, pid_n, num_pairs, H, N, top_k,
+                    sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
@@ -264,8 +295,7 @@ def _down_sorted_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_
     used blocks (block_expert >= 0 is a prefix): one tile each when the grid covers them all, several
     when the grid is a few programs per SM (FLATTEN: one flattened loop, so the next tile's loads are
     issued while this one's epilogue runs)."""
-    b = tl.arange(0, NB_P2)
-    used = tl.sum((tl.load(bexp_ptr + b, mask=b < num_blocks, other=-1) >= 0).to(tl.int32), axis=0)
+    used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
     num_tiles = used * tl.cdiv(H, BLOCK_N)
     k_tiles = tl.cdiv(N, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
@@ -347,6 +377,14 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         desc = TensorDescriptor.from_tensor(w13.view(w13.shape[0], 2, n, h), [1, 2, tiles.block_n, tiles.block_k])
+        if tiles.up_persistent:
+            grid = min(blocks * triton.cdiv(n, tiles.block_n), tiles.up_persistent * _num_sms(x.device))
+            _gate_up_joint_persistent_kernel[(max(grid, 1),)](
+                x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
+                BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
+                NB_P2=max(2, triton.next_power_of_2(blocks)), SORTED=tiles.sorted_act, FLATTEN=True,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+            return act
         _gate_up_joint_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
             x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,

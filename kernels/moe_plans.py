@@ -47,6 +47,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += "atomic" if t.atomic_sum else ""
     key += " joint" if t.joint and t.tma else ""
     key += (" sorted" + (f" persist{t.persistent}" if t.persistent else "")) if t.sorted_act else ""
+    key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
@@ -193,6 +194,8 @@ PREFILL_RUN5 = [
     dataclasses.replace(_P, block_k=32, num_stages=6),  # gate+up: half the K step, deeper pipeline
     dataclasses.replace(_P, group_m=16),  # 16 blocks sweep the N tiles together
     dataclasses.replace(_P, block_k=32, num_stages=6, **_SP),
+    # gate+up persistent too (flattened loop; sm90: 255 registers, no spill, 224 KB shared at s4)
+    dataclasses.replace(_P, **_SP, up_persistent=1),
     # 64-row blocks: half the padding rows
     MoeTiles(64, 128, 64, 8, 4, tma=True, joint=True, **_H, **_SP, down_block_n=256, down_block_k=64,
              down_num_warps=8, down_num_stages=4),

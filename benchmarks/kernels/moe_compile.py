@@ -115,10 +115,13 @@ def run5_rows(gu: tuple, dd: tuple, ids64: dict) -> list[dict]:
 
     specs = {}
     for p in PREFILL_RUN5:
-        specs.setdefault(("gu", p.block_m, p.block_n, p.block_k, p.group_m, p.sorted_act, p.num_warps, p.num_stages), (
-            fm._gate_up_joint_kernel, {"BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_K": p.block_k,
-                                       "GROUP_M": p.group_m, "SORTED": p.sorted_act},
-            {"num_warps": p.num_warps, "num_stages": p.num_stages}, gu,
+        ce = {"BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_K": p.block_k, "GROUP_M": p.group_m,
+              "SORTED": p.sorted_act}
+        fn = fm._gate_up_joint_kernel
+        if p.up_persistent:
+            fn, ce = fm._gate_up_joint_persistent_kernel, {**ce, "NB_P2": 512, "FLATTEN": True}
+        specs.setdefault(("gu", fn.__name__, *ce.values(), p.num_warps, p.num_stages), (
+            fn, ce, {"num_warps": p.num_warps, "num_stages": p.num_stages}, gu,
             {"w_desc": f"tensordesc<bf16[1, 2, {p.block_n}, {p.block_k}]>"}))
         d = p.down()
         over = {"w_desc": f"tensordesc<bf16[{d.block_n}, {d.block_k}]>", "out_ptr": "*fp32" if d.atomic_sum else "*bf16"}

@@ -48,11 +48,12 @@ def _ref(x, w13, w2, weights, ids):
 def test_sorted_activations_equal_the_per_expert_loop(t, e, k, h, n, persistent, atomic, joint, ksum, seed):
     """T from 1 (one pair per expert at most) to 40 (not a multiple of the 16-row blocks), E up to 12 with
     k <= 4 (experts with no tokens), N = 20 (a partial last K step the TMA box pads with zeros); the
-    persistent grid is 1 or 3 programs per "SM" (the interpreter counts 2), so programs loop over tiles."""
+    persistent grids (down, and the joint gate+up) are 1 or 3 programs per "SM" (the interpreter counts
+    2), so programs loop over tiles."""
     k = min(k, e)
     x, w13, w2, weights, ids = _layer(seed, t, e, k, h, n)
     plan = MoeTiles(16, 16, 16, 4, 1, tma=True, joint=joint, align="hist", ksum=ksum, atomic_sum=atomic,
-                    sorted_act=True, persistent=persistent)
+                    sorted_act=True, persistent=persistent, up_persistent=persistent)
     assert_close(fused_moe(x, w13, w2, weights, ids, plan), _ref(x, w13, w2, weights, ids), torch.float32)
 
 
