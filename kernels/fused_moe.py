@@ -14,8 +14,16 @@ its programs return at once. Then two launches, each over (blocks, output tiles)
    weight, either stored per pair ([T*k, H]) and summed over each token's k rows by torch
    (float32), or (`atomic_sum`) added into a zeroed float32 [T, H] with atomics and cast.
 
+Run 5's options (measured next, not defaults): `sorted_act` stores the activations at the pairs'
+sorted positions so the down launch (`_down_sorted_kernel`) reads them through TMA, and `persistent`
+/ `up_persistent` run the down / joint gate+up launches as a few programs per SM looping over the
+used blocks' tiles. A non-atomic k-sum inside the down launch is not possible: a token's k rows lie
+in k experts' blocks, computed by different programs in no fixed order, so one of them can only add
+its row to the others' with atomics (`atomic_sum`) or a later launch (the k-sum).
+
 Direct path (`kernels.moe_direct.DirectTiles`, small steps): no grouping, one program per
-(pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches.
+(pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches
+(run 5's `DirectTiles.fused`: one).
 `default_tiles` gives run 2's measured plans (DEFAULT_PLANS; run 3's are measured, not yet adopted).
 
 No host sync and shapes fixed by (T, k, E, tiles), so a step captures into a CUDA graph. The

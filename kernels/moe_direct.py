@@ -19,6 +19,12 @@ shared memory, `num_stages`; down: one flat loop over (expert, K step), the acti
 by its routing weight before the dot) instead of float32 multiply-and-sums;
 `pdl`: launched with programmatic dependent launch (the next kernel's launch overlaps this one's
 tail; each kernel waits for its predecessor's writes before reading them).
+
+Run 5, `fused`: both in one launch (`_direct_fused_kernel`) of a few programs per SM, all resident:
+each program does its gate+up items, then its down items, each of which first waits on its token's
+ready counter (raised with release semantics by the token's gate+up items, read with acquire). The
+counters live in a cached [2, T] int32 buffer the kernel itself zeroes after use, so a CUDA graph
+replays the launch with no host work.
 """
 
 from __future__ import annotations
