@@ -169,6 +169,7 @@ DIRECT_RUN5 = [
     dataclasses.replace(_F, early=True),  # the down rows prefetched into L2 at the start
     dataclasses.replace(_F, early=True, evict=True),  # gate+up evict-first, the prefetch evict-last
     dataclasses.replace(_F, early=True, num_warps=8),
+    dataclasses.replace(_F, early=True, fused=1),  # one program a SM: resident whatever the driver's carveout
     dataclasses.replace(_F, early=True, down_block_n=4, fused=4),  # twice the down items, 4 programs a SM
     dataclasses.replace(_F, early=True, evict=True, down_block_n=4, fused=4),
     dataclasses.replace(_F, early=True, block_n=16),
