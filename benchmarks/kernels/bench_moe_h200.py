@@ -894,7 +894,9 @@ def main() -> None:
     RESULTS["meta"] = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                        "command": " ".join(["python3", *sys.argv]), "hbm_bytes_per_s": HBM_BYTES_PER_S,
-                       "bf16_flops_per_s": BF16_FLOPS_PER_S, "has_grouped_mm": hasattr(torch, "_grouped_mm")}
+                       "bf16_flops_per_s": BF16_FLOPS_PER_S, "has_grouped_mm": hasattr(torch, "_grouped_mm"),
+                       # --focus: the baseline plan whose time the speed rows' run3_us / run3_plan hold
+                       "focus_baseline": "run4_best" if ARGS.run5 else "run3_best"}
     try:
         import triton
         RESULTS["meta"]["triton"] = triton.__version__
