@@ -65,6 +65,9 @@ class DirectTiles:
     # into L2 at the start (`evict`: gate+up loads evict-first, the prefetch evict-last). Uses the
     # pipelined loops and num_warps for both phases.
     fused: int = 0
+    # run 5, with fused: each gate+up item first prefetches the next item's gate and up rows into L2 (more
+    # bytes in flight a program than its pipelined loop's stages hold)
+    ahead: bool = False
 
 
 @triton.jit
@@ -257,12 +260,27 @@ def _wait_at_least(ptr, target, MAX_SPINS: tl.constexpr):
     tl.debug_barrier()
 
 
+@triton.jit
+def _prefetch_gate_up(w_ptr, ids_ptr, item, num_pairs, N, H, sw_e, sw_n, BLOCK_N: tl.constexpr,
+                      LINES_H: tl.constexpr):
+    """prefetch.global.L2 of every 128-byte line of gate+up item `item`'s gate and up rows (addresses
+    clamped inside the expert's weights)."""
+    e = tl.load(ids_ptr + item % num_pairs).to(tl.int64)
+    cols = tl.minimum((item // num_pairs) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+    rows = tl.reshape(tl.join(cols, cols + N), (2 * BLOCK_N,)).to(tl.int64)  # gate and up rows
+    ks = tl.minimum(tl.arange(0, LINES_H) * (1024 // w_ptr.dtype.element_ty.primitive_bitwidth), H - 1)
+    ptrs = w_ptr + e * sw_e + rows[:, None] * sw_n + ks[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["num_tokens", "top_k"])
 def _direct_fused_kernel(x_ptr, w13_ptr, w2_ptr, act_ptr, out_ptr, ids_ptr, tw_ptr, sync_ptr, num_tokens, H, N, top_k,
                          sx_t, s13_e, s13_n, sa_p, s2_e, s2_h, so_t,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOWN_BLOCK_N: tl.constexpr,
                          DOWN_BLOCK_K: tl.constexpr, KP2: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr,
-                         PREFETCH: tl.constexpr, LAST: tl.constexpr, LINES: tl.constexpr, MAX_SPINS: tl.constexpr):
+                         PREFETCH: tl.constexpr, LAST: tl.constexpr, LINES: tl.constexpr, MAX_SPINS: tl.constexpr,
+                         AHEAD: tl.constexpr = False, LINES_H: tl.constexpr = 1):
     """The direct path in one launch. Each program takes gate+up items (pair, N tile) pid, pid + G, ...,
     then down items (token, H tile) the same way; a token's down item waits until its k pairs' N
     tiles are all stored (sync[t] == k * tiles_n). sync [2, T] int32: ready counts, then finished
@@ -279,6 +297,8 @@ def _direct_fused_kernel(x_ptr, w13_ptr, w2_ptr, act_ptr, out_ptr, ids_ptr, tw_p
             _prefetch_l2(w2_ptr, ids_ptr, item % num_tokens, cols, N, H, top_k, s2_e, s2_h, DOWN_BLOCK_N, KP2, LINES,
                          LAST)
     for item in range(pid, num_pairs * tiles_n, progs):
+        if AHEAD and item + progs < num_pairs * tiles_n:
+            _prefetch_gate_up(w13_ptr, ids_ptr, item + progs, num_pairs, N, H, s13_e, s13_n, BLOCK_N, LINES_H)
         p = item % num_pairs
         cols = (item // num_pairs) * BLOCK_N + tl.arange(0, BLOCK_N)
         ok_n = cols < N
@@ -389,7 +409,9 @@ def fused_direct_one_launch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
             "DOWN_BLOCK_K": tiles.down_block_k, "KP2": triton.next_power_of_2(k),
             "EVICT": "evict_first" if tiles.evict else "", "STAGES": tiles.num_stages, "PREFETCH": prefetch,
             "LAST": tiles.evict, "LINES": triton.next_power_of_2(triton.cdiv(n * w2.element_size(), 128)),
-            "MAX_SPINS": MAX_SPINS, "num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+            "MAX_SPINS": MAX_SPINS, "AHEAD": tiles.ahead and not _INTERPRETED,
+            "LINES_H": triton.next_power_of_2(triton.cdiv(h * w13.element_size(), 128)),
+            "num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
     items = max(t * k * triton.cdiv(n, tiles.block_n), t * triton.cdiv(h, tiles.down_block_n))
     if _INTERPRETED:
         grid = 1

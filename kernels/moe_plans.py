@@ -40,7 +40,8 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
         return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
                 f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
                 f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
-                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{f' fused{t.fused}' if t.fused else ''}")
+                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{f' fused{t.fused}' if t.fused else ''}"
+                f"{' ahead' if t.ahead and t.fused else ''}")
     key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
     if t.down_block_n or t.down_block_k:
         key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
@@ -174,6 +175,9 @@ DIRECT_RUN5 = [
     dataclasses.replace(_F, early=True, evict=True, down_block_n=4, fused=4),
     dataclasses.replace(_F, early=True, block_n=16),
     dataclasses.replace(_F, early=True, num_stages=4),
+    # each gate+up item prefetches the next one's rows into L2 (sm90: same registers and shared memory)
+    dataclasses.replace(_F, early=True, ahead=True),
+    dataclasses.replace(_F, early=True, ahead=True, down_block_n=4, fused=4),
 ]
 DIRECT_RUN5_MAX_PAIRS = 32
 

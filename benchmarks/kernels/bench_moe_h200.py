@@ -379,7 +379,8 @@ def probe_plans() -> dict:
                                 atomic_sum=True)],
             # run 5: the direct path in one launch (waits on counters; a graph replays it several times), at
             # one program a SM (always all resident); more a SM: checked per plan (CHECK_FAILED)
-            "fused": [dataclasses.replace(DIRECT_RUN5[1], fused=1), dataclasses.replace(DIRECT_RUN5[2], fused=1)],
+            "fused": [dataclasses.replace(next(p for p in DIRECT_RUN5 if want(p)), fused=1)
+                      for want in (lambda p: p.early and p.evict, lambda p: p.early and p.ahead)],
             "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")]}
 
 

@@ -140,7 +140,7 @@ def run5_rows(gu: tuple, dd: tuple, ids64: dict) -> list[dict]:
     for t in DIRECT_RUN5:
         ce = {"BLOCK_N": t.block_n, "BLOCK_K": t.block_k, "DOWN_BLOCK_N": t.down_block_n, "DOWN_BLOCK_K": t.down_block_k,
               "KP2": 8, "EVICT": "evict_first" if t.evict else "", "STAGES": t.num_stages, "PREFETCH": t.early,
-              "LAST": t.evict, "LINES": 16, "MAX_SPINS": md.MAX_SPINS}
+              "LAST": t.evict, "LINES": 16, "MAX_SPINS": md.MAX_SPINS, "AHEAD": t.ahead, "LINES_H": 32}
         opts = {"num_warps": t.num_warps, "num_stages": t.num_stages}
         specs.setdefault(("fused", *ce.values(), *opts.values()), (md._direct_fused_kernel, ce, opts, dd,
                                                                    {**ids64, "sync_ptr": "*i32"}))
