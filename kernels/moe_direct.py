@@ -365,8 +365,8 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
     return out
 
 
-# a down item's reads of its ready counter before it gives up (see _wait_at_least): ~1 us a read, ~16 ms,
-# against ~20 us of gate+up items at qwen3's T = 1..4
+# a down item's reads of its ready counter before it gives up (see _wait_at_least): at 0.2-1 us a read
+# ~3-16 ms, against ~20 us of gate+up items at qwen3's T = 1..4
 MAX_SPINS = 1 << 14
 _SYNC: dict[tuple, torch.Tensor] = {}  # (device, T) -> the fused launch's counters, zero between launches
 _RESIDENT: dict[tuple, int] = {}  # compiled fused kernel -> programs per SM that fit at once
