@@ -14,8 +14,16 @@ its programs return at once. Then two launches, each over (blocks, output tiles)
    weight, either stored per pair ([T*k, H]) and summed over each token's k rows by torch
    (float32), or (`atomic_sum`) added into a zeroed float32 [T, H] with atomics and cast.
 
+Run 5's options (measured next, not defaults): `sorted_act` stores the activations at the pairs'
+sorted positions so the down launch (`_down_sorted_kernel`) reads them through TMA, and `persistent`
+/ `up_persistent` run the down / joint gate+up launches as a few programs per SM looping over the
+used blocks' tiles. A non-atomic k-sum inside the down launch is not possible: a token's k rows lie
+in k experts' blocks, computed by different programs in no fixed order, so one of them can only add
+its row to the others' with atomics (`atomic_sum`) or a later launch (the k-sum).
+
 Direct path (`kernels.moe_direct.DirectTiles`, small steps): no grouping, one program per
-(pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches.
+(pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches
+(run 5's `DirectTiles.fused`: one).
 `default_tiles` gives run 2's measured plans (DEFAULT_PLANS; run 3's are measured, not yet adopted).
 
 No host sync and shapes fixed by (T, k, E, tiles), so a step captures into a CUDA graph. The
@@ -57,12 +65,22 @@ class MoeTiles:
     align: str = "blocks"  # the grouping (kernels.moe_align.METHODS; "legacy": run 2's)
     ksum: str = "torch"  # the k-sum of the per-pair rows (not atomic_sum): "torch" or "triton" (`moe_sum`)
     joint: bool = False  # with tma: gate+up as one [BLOCK_M, 2 * BLOCK_N] dot a K step (_gate_up_joint_kernel)
+    # run 5: gate+up stores SiLU(gate) * up at the pairs' sorted positions ([P, N], P the padded sorted
+    # length), so the down launch reads its activation tiles through TMA (_down_sorted_kernel) instead
+    # of gathering rows by pair id; its weights through TMA too
+    sorted_act: bool = False
+    # run 5, with sorted_act: the down launch as this many programs per SM, each looping over
+    # (expert block, H tile) tiles of the used blocks only (0: one program per tile of all blocks)
+    persistent: int = 0
+    # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
+    up_persistent: int = 0
 
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
         return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
-                        atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum)
+                        atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
+                        sorted_act=self.sorted_act, persistent=self.persistent)
 
 
 # Which plans `default_tiles` gives. "run2": run 2's measured grouped path (its one-program / torch
@@ -113,12 +131,17 @@ DIRECT_MAX_PAIRS = 32
 def _tile_of(num_blocks, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """(M block, N tile) of this program: GROUP_M consecutive M blocks sweep all N tiles together, so
     their rows of A (gathered activations) and their experts' weight tiles are reused from L2."""
-    pid = tl.program_id(0)
+    return _tile_at(tl.program_id(0), num_blocks, n_cols, BLOCK_N, GROUP_M)
+
+
+@triton.jit
+def _tile_at(tile, num_blocks, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(M block, N tile) of tile number `tile` in _tile_of's grouped order."""
     tiles_n = tl.cdiv(n_cols, BLOCK_N)
     per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
+    first_m = (tile // per_group) * GROUP_M
     size = tl.minimum(num_blocks - first_m, GROUP_M)
-    return first_m + (pid % per_group) % size, (pid % per_group) // size
+    return first_m + (tile % per_group) % size, (tile % per_group) // size
 
 
 @triton.jit
@@ -133,7 +156,7 @@ def _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M: tl.constexpr, BLOCK_
 def _gate_up_kernel(x_ptr, w_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
                     sx_t, sw_e, sw_n, sa_p,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                    USE_TMA: tl.constexpr):
+                    USE_TMA: tl.constexpr, SORTED: tl.constexpr = False):
     pid_m, pid_n = _tile_of(num_blocks, N, BLOCK_N, GROUP_M)
     e32 = tl.load(bexp_ptr + pid_m)
     e = e32.to(tl.int64)
@@ -160,13 +183,26 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs,
             acc_g = tl.dot(a, wg, acc_g)
             acc_u = tl.dot(a, wu, acc_u)
     act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    dst = act_ptr + pairs[:, None].to(tl.int64) * sa_p + cols[None, :]
-    tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=ok_m[:, None] & ok_n[None, :])
+    _store_act(act, act_ptr, pairs, ok_m, pid_m, cols, N, sa_p, BLOCK_M, SORTED)
+
+
+@triton.jit
+def _store_act(act, act_ptr, pairs, ok_m, pid_m, cols, N, sa_p, BLOCK_M: tl.constexpr, SORTED: tl.constexpr):
+    """The block's activations: at their pairs' rows, or (SORTED) at the block's rows of the sorted
+    list, padding rows included (their x rows are zeros, so their activations are exact zeros)."""
+    if SORTED:
+        rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        tl.store(act_ptr + rows[:, None] * sa_p + cols[None, :], act.to(act_ptr.dtype.element_ty),
+                 mask=(cols < N)[None, :])
+    else:
+        tl.store(act_ptr + pairs[:, None].to(tl.int64) * sa_p + cols[None, :], act.to(act_ptr.dtype.element_ty),
+                 mask=ok_m[:, None] & (cols < N)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks, sx_t, sa_p,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                          SORTED: tl.constexpr = False):
     """As _gate_up_kernel with TMA, one dot a K step: w13 seen as [E, 2, N, H], a [1, 2, BLOCK_N, BLOCK_K]
     box holds the gate and up rows of the tile (one [BLOCK_M, 2 * BLOCK_N] accumulator: wider
     tensor-core instructions, the activation tile read once a step instead of twice)."""
@@ -174,6 +210,14 @@ def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, 
     e32 = tl.load(bexp_ptr + pid_m)
     if e32 < 0:
         return
+    _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
+                BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
+
+
+@triton.jit
+def _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr):
+    """One (block, N tile) of the joint gate+up: the K loop, SiLU(gate) * up, the store."""
     pairs, ok_m, cols = _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M, BLOCK_N)
     rows = (pairs // top_k).to(tl.int64)
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
@@ -184,8 +228,28 @@ def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, 
         acc = tl.dot(a, tl.trans(w), acc)
     g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
     act = g / (1.0 + tl.exp(-g)) * u
-    dst = act_ptr + pairs[:, None].to(tl.int64) * sa_p + cols[None, :]
-    tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=ok_m[:, None] & (cols < N)[None, :])
+    _store_act(act, act_ptr, pairs, ok_m, pid_m, cols, N, sa_p, BLOCK_M, SORTED)
+
+
+@triton.jit
+def _used_blocks(bexp_ptr, num_blocks, NB_P2: tl.constexpr):
+    """Blocks that hold pairs (block_expert >= 0 is a prefix of the blocks)."""
+    b = tl.arange(0, NB_P2)
+    return tl.sum((tl.load(bexp_ptr + b, mask=b < num_blocks, other=-1) >= 0).to(tl.int32), axis=0)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
+def _gate_up_joint_persistent_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
+                                     sx_t, sa_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                     GROUP_M: tl.constexpr, NB_P2: tl.constexpr, SORTED: tl.constexpr,
+                                     FLATTEN: tl.constexpr):
+    """Run 5: _gate_up_joint_kernel as a few programs per SM looping over the used blocks' tiles (one
+    flattened loop with FLATTEN: the next tile's loads overlap this one's SiLU and store)."""
+    used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
+    for tile in tl.range(tl.program_id(0), used * tl.cdiv(N, BLOCK_N), tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = _tile_at(tile, used, N, BLOCK_N, GROUP_M)
+        _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + pid_m), pid_m, pid_n, num_pairs, H, N, top_k,
+                    sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
@@ -213,14 +277,44 @@ def _down_kernel(act_ptr, w_ptr, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num
             w = tl.load(w_base + cols[None, :].to(tl.int64) * sw_h + ks[:, None], mask=ok_k[:, None] & ok_n[None, :],
                         other=0.0)
             acc = tl.dot(a, w, acc)
+    _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
+
+
+@triton.jit
+def _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC: tl.constexpr):
+    """A down tile times its pairs' routing weights: stored at the pairs' rows, or (ATOMIC: out is
+    float32 [T, H]) added into their tokens' rows."""
+    ok = ok_m[:, None] & (cols < H)[None, :]
     acc = acc * tl.load(tw_ptr + pairs, mask=ok_m, other=0.0)[:, None]
-    if ATOMIC:  # out is float32 [T, H]: this pair's row adds into its token's row
+    if ATOMIC:
         tok = (pairs // top_k).to(tl.int64)
-        tl.atomic_add(out_ptr + tok[:, None] * so_p + cols[None, :], acc, mask=ok_m[:, None] & ok_n[None, :],
-                      sem="relaxed")
+        tl.atomic_add(out_ptr + tok[:, None] * so_p + cols[None, :], acc, mask=ok, sem="relaxed")
     else:
-        tl.store(out_ptr + p64[:, None] * so_p + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=ok_m[:, None] & ok_n[None, :])
+        tl.store(out_ptr + pairs.to(tl.int64)[:, None] * so_p + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=ok)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
+def _down_sorted_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, top_k, num_blocks, so_p,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        NB_P2: tl.constexpr, ATOMIC: tl.constexpr, FLATTEN: tl.constexpr):
+    """Run 5's down launch on activations in sorted order (gate+up with SORTED): both operands through
+    TMA ([P, N] activations, w2 seen as [E*H, N]). Programs loop over the (block, H tile) tiles of the
+    used blocks (block_expert >= 0 is a prefix): one tile each when the grid covers them all, several
+    when the grid is a few programs per SM (FLATTEN: one flattened loop, so the next tile's loads are
+    issued while this one's epilogue runs)."""
+    used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
+    num_tiles = used * tl.cdiv(H, BLOCK_N)
+    k_tiles = tl.cdiv(N, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = _tile_at(tile, used, H, BLOCK_N, GROUP_M)
+        e32 = tl.load(bexp_ptr + pid_m)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])  # TMA pads past N with zeros
+            acc = tl.dot(a, tl.trans(w_desc.load([e32 * H + pid_n * BLOCK_N, ki * BLOCK_K])), acc)
+        pairs, ok_m, cols = _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M, BLOCK_N)
+        _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -281,43 +375,82 @@ def _weight_desc(w: torch.Tensor, tiles: MoeTiles):
 
 def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
                     top_k: int, tiles: MoeTiles) -> torch.Tensor:
-    """SiLU(gate) * up of every (token, expert) pair, `[T*k, N]`: the first grouped GEMM launch."""
+    """SiLU(gate) * up of every (token, expert) pair, `[T*k, N]` (with `tiles.sorted_act`: `[P, N]`
+    in the sorted list's order, P = len(sorted_ids)): the first grouped GEMM launch."""
     t, h = x.shape
     n = w13.shape[1] // 2
     pairs, blocks = t * top_k, block_expert.numel()
-    act = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
+    act = torch.empty(sorted_ids.numel() if tiles.sorted_act else pairs, n, dtype=x.dtype, device=x.device)
     if tiles.joint and tiles.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         desc = TensorDescriptor.from_tensor(w13.view(w13.shape[0], 2, n, h), [1, 2, tiles.block_n, tiles.block_k])
+        if tiles.up_persistent:
+            grid = min(blocks * triton.cdiv(n, tiles.block_n), tiles.up_persistent * _num_sms(x.device))
+            _gate_up_joint_persistent_kernel[(max(grid, 1),)](
+                x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
+                BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
+                NB_P2=max(2, triton.next_power_of_2(blocks)), SORTED=tiles.sorted_act, FLATTEN=True,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+            return act
         _gate_up_joint_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
             x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+            SORTED=tiles.sorted_act, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         return act
     _gate_up_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
-        x, w13, _weight_desc(w13, tiles), act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), w13.stride(0), w13.stride(1),
-        act.stride(0), **_launch(tiles))
+        x, w13, _weight_desc(w13, tiles), act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0),
+        w13.stride(0), w13.stride(1), act.stride(0), SORTED=tiles.sorted_act, **_launch(tiles))
     return act
 
 
 def down_grouped(act: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
                  topk_weights: torch.Tensor, tiles: MoeTiles) -> torch.Tensor:
     """Each pair's down projection times its routing weight: `[T*k, H]` (the model dtype), or with
-    `tiles.atomic_sum` already summed over each token's k pairs, `[T, H]` float32."""
-    pairs, n = act.shape
+    `tiles.atomic_sum` already summed over each token's k pairs, `[T, H]` float32. `act` as
+    gate_up_grouped gives it for the same tiles (pair rows, or sorted rows with `sorted_act`)."""
     t, k = topk_weights.shape
-    h, blocks = w2.shape[1], block_expert.numel()
+    pairs, n, h, blocks = t * k, act.shape[1], w2.shape[1], block_expert.numel()
     d = tiles.down()
     if d.atomic_sum:
         out = torch.zeros(t, h, dtype=torch.float32, device=act.device)
     else:
         out = torch.empty(pairs, h, dtype=act.dtype, device=act.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    if d.sorted_act:
+        _down_sorted(act, w2, out, sorted_ids, block_expert, tw, k, d)
+        return out
     _down_kernel[(blocks * triton.cdiv(h, d.block_n),)](
-        act, w2, _weight_desc(w2, d), out, sorted_ids, block_expert, tw, pairs, n, h, k, blocks, act.stride(0), w2.stride(0), w2.stride(1),
-        out.stride(0), ATOMIC=d.atomic_sum, **_launch(d))
+        act, w2, _weight_desc(w2, d), out, sorted_ids, block_expert, tw, pairs, n, h, k, blocks, act.stride(0),
+        w2.stride(0), w2.stride(1), out.stride(0), ATOMIC=d.atomic_sum, **_launch(d))
     return out
+
+
+def _down_sorted(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, sorted_ids: torch.Tensor,
+                 block_expert: torch.Tensor, tw: torch.Tensor, top_k: int, d: MoeTiles) -> None:
+    """_down_sorted_kernel: one program per tile of all blocks, or `d.persistent` programs per SM (a
+    flattened loop, except with atomics: sm90 compile, n256 s3, its epilogue then stages the float32
+    tile in shared memory, 272 KB, over the 227 KB an SM gives a program)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    n, (e, h, _) = act.shape[1], w2.shape
+    blocks = block_expert.numel()
+    tiles = blocks * triton.cdiv(h, d.block_n)
+    grid = min(tiles, d.persistent * _num_sms(act.device)) if d.persistent else tiles
+    a_desc = TensorDescriptor.from_tensor(act, [d.block_m, d.block_k])
+    w_desc = TensorDescriptor.from_tensor(w2.view(e * h, n), [d.block_n, d.block_k])
+    _down_sorted_kernel[(max(grid, 1),)](
+        a_desc, w_desc, out, sorted_ids, block_expert, tw, tw.numel(), n, h, top_k, blocks, out.stride(0),
+        BLOCK_M=d.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k, GROUP_M=d.group_m,
+        NB_P2=max(2, triton.next_power_of_2(blocks)), ATOMIC=d.atomic_sum, FLATTEN=bool(d.persistent) and not d.atomic_sum,
+        num_warps=d.num_warps, num_stages=d.num_stages)
+
+
+def _num_sms(device: torch.device) -> int:
+    """The device's SMs (the CPU interpreter: 2, so a persistent grid still loops over several tiles)."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

@@ -6,6 +6,10 @@
   the grouped path, new tiles for the prefill GEMMs, direct-path variants for decode: evict-first
   weight loads, an early programmatic dependent launch with an L2 prefetch of the down weights,
   the down launch's own warps and a narrower down tile, FMA loops pipelined through shared memory).
+- `run5_candidates(T, k, E)`: run 5's new plans at T, timed against run 4's best (`run4_best`): for
+  decode the direct path in one launch (`DirectTiles.fused`), for prefill the activations in sorted
+  order with a TMA-fed (and persistent) down launch, the k-sum as the down epilogue's atomics, and
+  gate+up stage / K-step variants.
 
 Nothing here is a default: kernels.fused_moe.DEFAULT_PLANS picks what the engine runs.
 """
@@ -36,12 +40,15 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
         return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
                 f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
                 f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
-                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}")
+                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{f' fused{t.fused}' if t.fused else ''}"
+                f"{' ahead' if t.ahead and t.fused else ''}")
     key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
     if t.down_block_n or t.down_block_k:
         key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
     key += "atomic" if t.atomic_sum else ""
     key += " joint" if t.joint and t.tma else ""
+    key += (" sorted" + (f" persist{t.persistent}" if t.persistent else "")) if t.sorted_act else ""
+    key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
@@ -107,7 +114,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
-    plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4]
+    plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -147,6 +154,71 @@ PROPOSED_RULE: dict[int, MoeTiles | DirectTiles] = {
 }
 
 
+def run4_best(num_tokens: int) -> MoeTiles | DirectTiles:
+    """Run 4's fastest plan at the measured T nearest `num_tokens` (PROPOSED_RULE): run 5's baseline."""
+    return rule_tiles(num_tokens, PROPOSED_RULE)
+
+
+# ------------------------------------------------------------------------------- run 5 (prepared)
+# decode: gate+up and down in one launch (kernels.moe_direct._direct_fused_kernel). sm90 compile
+# (benchmarks/kernels/moe_compile.py), n8k256 / n8k128 s3: 190-191 registers at 4 warps, 64 KB shared (2
+# programs a SM); 8 warps 128 (4 bytes spilled; 2 a SM); down n4: 128 registers, 32 KB (4 a SM, as run
+# 4's separate gate+up launch held); s4 96 KB (2 a SM). The launch takes min(fused, what fits) a SM.
+_F = DirectTiles(8, 256, 8, 128, 4, 3, pipeline=True, fused=2)
+DIRECT_RUN5 = [
+    _F,
+    dataclasses.replace(_F, early=True),  # the down rows prefetched into L2 at the start
+    dataclasses.replace(_F, early=True, evict=True),  # gate+up evict-first, the prefetch evict-last
+    dataclasses.replace(_F, early=True, num_warps=8),
+    dataclasses.replace(_F, early=True, fused=1),  # one program a SM: resident whatever the driver's carveout
+    dataclasses.replace(_F, early=True, down_block_n=4, fused=4),  # twice the down items, 4 programs a SM
+    dataclasses.replace(_F, early=True, evict=True, down_block_n=4, fused=4),
+    dataclasses.replace(_F, early=True, block_n=16),
+    dataclasses.replace(_F, early=True, num_stages=4),
+    # each gate+up item prefetches the next one's rows into L2 (sm90: same registers and shared memory)
+    dataclasses.replace(_F, early=True, ahead=True),
+    dataclasses.replace(_F, early=True, ahead=True, down_block_n=4, fused=4),
+]
+DIRECT_RUN5_MAX_PAIRS = 32
+
+# prefill: run 4's best, then one change each. Its 128-row blocks pad each expert's run: at T = 4096 (256
+# +- 16 rows an expert) the GEMMs compute 1.25x the real rows, 64-row blocks 1.12x (T = 1024: 2.0x and
+# 1.47x; uniform top 8 of 128, 5 draws). sm90 compile, none spill: down on sorted activations n256k64 s3
+# 180 registers (one tile a program), persistent with a flattened loop 182 / 176 KB shared (s3), 208 /
+# 224 KB (s4), with atomics (not flattened) 253 / 144 KB; joint gate+up k32 s6 172 / 144 KB; 64-row
+# blocks: gate+up 8 warps s4 110 / 160 KB (2 x m64n128 wgmma), 4 warps s3 168 / 120 KB (m64n256),
+# down n256 8 warps s4 flattened 120 / 176 KB.
+_P = _PREFILL_BEST
+_SP = {"sorted_act": True, "persistent": 1}
+PREFILL_RUN5 = [
+    dataclasses.replace(_P, sorted_act=True),  # down's activation tiles through TMA, one tile a program
+    dataclasses.replace(_P, **_SP),  # + a persistent down grid over the used blocks only
+    dataclasses.replace(_P, **_SP, down_num_stages=4),
+    dataclasses.replace(_P, **_SP, atomic_sum=True),  # the k-sum as float32 atomics in the down epilogue
+    dataclasses.replace(_P, **_SP, down_block_n=128, down_num_stages=4),
+    dataclasses.replace(_P, block_k=32, num_stages=6),  # gate+up: half the K step, deeper pipeline
+    dataclasses.replace(_P, group_m=16),  # 16 blocks sweep the N tiles together
+    dataclasses.replace(_P, block_k=32, num_stages=6, **_SP),
+    # gate+up persistent too (flattened loop; sm90: 255 registers, no spill, 224 KB shared at s4)
+    dataclasses.replace(_P, **_SP, up_persistent=1),
+    # 64-row blocks: half the padding rows
+    MoeTiles(64, 128, 64, 8, 4, tma=True, joint=True, **_H, **_SP, down_block_n=256, down_block_k=64,
+             down_num_warps=8, down_num_stages=4),
+    MoeTiles(64, 128, 64, 4, 3, tma=True, joint=True, **_H, **_SP, down_block_n=256, down_block_k=64,
+             down_num_warps=8, down_num_stages=3),
+]
+
+
+def run5_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 5's new plans at T: the one-launch direct plans up to DIRECT_RUN5_MAX_PAIRS pairs, the
+    prefill plans from 64 rows per expert (run 4's best there is the joint plan they vary)."""
+    pairs = num_tokens * top_k
+    out: list[MoeTiles | DirectTiles] = list(DIRECT_RUN5) if pairs <= DIRECT_RUN5_MAX_PAIRS else []
+    if pairs / num_experts >= 64:
+        out += PREFILL_RUN5
+    return out
+
+
 def proposed_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """A proposal, not the default (kernels.fused_moe.DEFAULT_PLANS): with 32 or more experts the
     plan of the measured T nearest `num_tokens` in log2 (PROPOSED_RULE, measured at top 8 of 128);
@@ -157,7 +229,9 @@ def proposed_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | 
 
 __all__ = [
     "DIRECT_RUN4",
+    "DIRECT_RUN5",
     "PREFILL_RUN4",
+    "PREFILL_RUN5",
     "PROPOSED_RULE",
     "RUN3_BEST",
     "known_plans",
@@ -167,5 +241,7 @@ __all__ = [
     "rule_tiles",
     "run3_best",
     "run3_tiles",
+    "run4_best",
     "run4_candidates",
+    "run5_candidates",
 ]

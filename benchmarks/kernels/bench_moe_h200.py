@@ -67,6 +67,9 @@ def parse_args() -> argparse.Namespace:
                    help="run 4's fast mode: run 3's best plan and the new ones (kernels.moe_plans) side by side at "
                         "--tokens of --presets, each new plan checked against the float32 loop, phases per launch; "
                         "no old path, no engine")
+    p.add_argument("--run5", action="store_true",
+                   help="with --focus: run 4's best plan (kernels.moe_plans.run4_best) as the baseline and run 5's "
+                        "candidates (run5_candidates) instead of run 3's and run 4's")
     p.add_argument("--presets", nargs="+", default=None, help="presets to time (default: both; --focus: qwen3-30b-a3b)")
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="step sizes T in the order timed")
     return p.parse_args()
@@ -95,7 +98,17 @@ from kernels.fused_moe import (
 )
 from kernels.moe_align import _align_hist
 from kernels.moe_direct import down_direct, gate_up_direct
-from kernels.moe_plans import DIRECT_RUN4, PREFILL_RUN4, plan_key, run3_best, run4_candidates
+from kernels.moe_plans import (
+    DIRECT_RUN4,
+    DIRECT_RUN5,
+    PREFILL_RUN4,
+    PREFILL_RUN5,
+    plan_key,
+    run3_best,
+    run4_best,
+    run4_candidates,
+    run5_candidates,
+)
 from kernels.moe_reference import fused_moe_ref, route_ref
 
 _interpreter_compat.apply()
@@ -105,6 +118,7 @@ T0 = time.time()
 RESULTS: dict = {"meta": {}, "check": [], "speed": [], "engine": [], "errors": []}
 SKIP = set(filter(None, ARGS.skip.split(","))) | ({"engine"} if ARGS.focus else set())
 PROBE_FAILED: set[str] = set()  # the features whose probe failed (their plans are not timed)
+CHECK_FAILED: set[str] = set()  # --focus: plans whose check failed (not timed)
 PATHS = set(filter(None, ARGS.paths.split(",")))
 
 # the new grouped path's tile sweep (block_m, block_n, block_k, warps, stages[, group_m]); the big-M
@@ -344,13 +358,14 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "fused")
 
 
 def probe_plans() -> dict:
     """Each feature's plans: core (the direct path, the many-program grouping, the atomic k-sum), TMA
     weight tiles, programmatic dependent launch; run 4: the early launch with the L2 prefetch (inline
-    PTX), the direct path's pipelined loops, the "hist" grouping with the Triton k-sum, the joint gate+up dot."""
+    PTX), the direct path's pipelined loops, the "hist" grouping with the Triton k-sum, the joint gate+up dot;
+    run 5: sorted activations with the TMA-fed / persistent down launch, the one-launch direct path."""
     return {"core": [DIRECT_CANDIDATES[0], next(c for c in DIRECT_CANDIDATES if c.use_dot),
                      MoeTiles(16, 64, 128, 4, 4, atomic_sum=True), MoeTiles(64, 128, 64, 4, 3)],
             "tma": [c for c in TILE_CANDIDATES if c.tma][:2],
@@ -358,6 +373,14 @@ def probe_plans() -> dict:
             "early": [c for c in DIRECT_RUN4 if c.early and not c.pipeline][:2],
             "pipe": [c for c in DIRECT_RUN4 if c.pipeline][:2],
             "joint": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton")],
+            # run 5: activations in sorted order, the TMA-fed down launch (one tile a program, persistent)
+            "sorted": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True),
+                       MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", sorted_act=True, persistent=1,
+                                atomic_sum=True)],
+            # run 5: the direct path in one launch (waits on counters; a graph replays it several times), at
+            # one program a SM (always all resident); more a SM: checked per plan (CHECK_FAILED)
+            "fused": [dataclasses.replace(next(p for p in DIRECT_RUN5 if want(p)), fused=1)
+                      for want in (lambda p: p.early and p.evict, lambda p: p.early and p.ahead)],
             "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")]}
 
 
@@ -592,19 +615,26 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
     """The probe features a plan needs."""
     if isinstance(plan, DirectTiles):
         return ({"core"} | ({"pdl"} if plan.pdl else set()) | ({"early"} if plan.early and plan.pdl else set())
-                | ({"pipe"} if plan.pipeline else set()))
+                | ({"pipe"} if plan.pipeline else set()) | ({"fused"} if plan.fused else set()))
     return ({"core"} | ({"tma"} if plan.tma else set())
             | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
-            | ({"joint"} if plan.joint and plan.tma else set()))
+            | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set()))
 
 
 def focus_plans(t: int, k: int, e: int) -> dict:
     """key -> plan at T: run 3's best first, then run 4's candidates whose features passed the probe
     (the dry run also walks the prefill tiles at its largest T)."""
-    plans = [run3_best(t), *run4_candidates(t, k, e)]
+    plans = [baseline_plan(t), *(run5_candidates(t, k, e) if ARGS.run5 else run4_candidates(t, k, e))]
     if ARGS.dry_run and t == max(focus_tokens()):
-        plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1) for p in PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]]
-    return {tiles_key(p): p for p in plans if not plan_features(p) & PROBE_FAILED}
+        big = PREFILL_RUN5 if ARGS.run5 else PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]
+        plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1, down_block_n=16,
+                                      down_block_k=16, down_num_stages=1) for p in big]
+    return {tiles_key(p): p for p in plans if not plan_features(p) & PROBE_FAILED and tiles_key(p) not in CHECK_FAILED}
+
+
+def baseline_plan(t: int) -> MoeTiles | DirectTiles:
+    """The plan the new ones are set against: run 4's best at the nearest T (--run5), else run 3's."""
+    return run4_best(t) if ARGS.run5 else run3_best(t)
 
 
 def focus_tokens() -> tuple[int, ...]:
@@ -627,7 +657,7 @@ def focus_shapes() -> dict:
 def focus_check() -> None:
     """The new groupings against the torch one (up to 32K pairs), and every plan the speed part will
     time against the float32 per-expert loop (direct plans at T = 1, 3; grouped at 7, 300, 600 and
-    every token on the same experts)."""
+    every token on the same experts); a plan that fails is not timed."""
     g = torch.Generator(device=DEVICE).manual_seed(5)
     shapes = ((8, 2, 37), (128, 8, 20)) if ARGS.dry_run else ((128, 8, 1), (128, 8, 300), (128, 8, 1500),
                                                               (128, 8, 4096), (8, 2, 37))
@@ -662,13 +692,16 @@ def focus_check() -> None:
                 for key, plan in plans.items():
                     if isinstance(plan, DirectTiles) != (t <= 3):
                         continue
-                    try:
-                        err = rel(fused_moe(x, w13, w2, tw, cids, plan), ref)
+                    try:  # the one-launch plan twice: its counters must be back to zero after a call
+                        for _ in range(2 if isinstance(plan, DirectTiles) and plan.fused else 1):
+                            err = rel(fused_moe(x, w13, w2, tw, cids, plan), ref)
                     except Exception as exc:  # noqa: BLE001 - record, keep going
                         err = 1.0
                         RESULTS["errors"].append(f"check {name} T={t} {case} {key}: {exc!r}"[:400])
                     RESULTS["check"].append({"preset": name, "T": t, "case": case, "path": key,
                                              "fused_rel_err": err, "ok": err <= 1e-2})
+                    if err > 1e-2:
+                        CHECK_FAILED.add(key)
             log(f"check {name} T={t}: worst {max(r['fused_rel_err'] for r in RESULTS['check']):.1e}")
         del w13, w2
 
@@ -683,6 +716,9 @@ def ksum_us(ys: list, k: int, how: str, reps: int) -> float:
 def focus_phases(weights: list, routes: list, plan: MoeTiles | DirectTiles, e: int, k: int, reps: int) -> dict:
     """A plan's launches each alone (grouping, gate+up, down, k-sum); for a grouped plan also every
     grouping method and both k-sums, so the table sets old and new side by side."""
+    if isinstance(plan, DirectTiles) and plan.fused:  # one launch: no phases to time apart
+        return {"align_us": 0.0, "one_launch_us": graph_time_us(
+            [lambda w=w, r=r: fused_moe(r[0], w[0], w[1], r[1], r[2], plan) for w, r in zip(weights, routes)] * reps)}
     if isinstance(plan, DirectTiles):
         return phase_times(weights, routes, plan, e, k, reps)
     out = phase_times(weights, routes, plan, e, k, reps, align=plan.align)
@@ -719,7 +755,7 @@ def focus_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
                 for w, r in zip(weights, routes)] * reps
 
     plans = focus_plans(t, k, e)
-    base = tiles_key(run3_best(t))
+    base = tiles_key(baseline_plan(t))
     row = {"preset": name, "T": t, "H": h, "N": n, "E": e, "k": k, "copies": len(weights), "calls": len(weights) * reps,
            "touched_experts": touched, **roof, "run3_plan": base, "fused_by_tiles": {}}
     time_plans(calls, list(plans.values()), row["fused_by_tiles"], name, t)
@@ -759,7 +795,9 @@ def focus_speed() -> None:
 def focus_markdown(res: dict) -> str:
     m = res["meta"]
     ph = ("align_us", "gate_up_us", "down_us", "ksum_us")
-    lines = [f"# Fused MoE, run 4 focus, on {m.get('gpu', '?')} ({m.get('date', '?')})", "",
+    run = "run 5" if ARGS.run5 else "run 4"
+    base = "run 4 best" if ARGS.run5 else "run 3 best"
+    lines = [f"# Fused MoE, {run} focus, on {m.get('gpu', '?')} ({m.get('date', '?')})", "",
              (f"`{m.get('command', '')}`; torch {m.get('torch')}, triton {m.get('triton')}; probe ok: "
               f"{', '.join(m.get('probe_ok', []))}. Roofline: touched experts' bytes / 4.2 TB/s vs FLOPs / 790 "
               "TFLOP/s. Times: median us per call of CUDA-graph replays; phases: each launch alone "
@@ -769,8 +807,8 @@ def focus_markdown(res: dict) -> str:
         bad = [f"{r['preset']} T={r['T']} {r.get('path')}" for r in res["check"] if not r["ok"]]
         lines += [(f"Correctness: {len(res['check'])} cases (groupings == torch's; every plan against the float32 "
                    f"loop), worst relative error {worst:.2e}: {'ok' if not bad else 'FAILED: ' + '; '.join(bad[:8])}."), ""]
-    lines += [("| preset | T | roofline us | run 3 best us (plan) | x | best new us (plan) | x | TFLOP/s (best) | "
-               "run 3 phases | new phases | grouping blocks / hist / hist2 us | k-sum torch / triton us |"),
+    lines += [(f"| preset | T | roofline us | {base} us (plan) | x | best new us (plan) | x | TFLOP/s (best) | "
+               f"{base} phases | new phases | grouping blocks / hist / hist2 us | k-sum torch / triton us |"),
               "|---|---:|---:|---|---:|---|---:|---:|---|---|---|---|"]
     for r in res["speed"]:
         r3, nw = r.get("run3_phases", {}), r.get("new_phases", {})
@@ -781,7 +819,7 @@ def focus_markdown(res: dict) -> str:
             f"| {r['preset']} | {r['T']} | {r['roofline_us']:.1f} | {_f(r.get('run3_us'))} ({r.get('run3_plan')}) | "
             f"{_f((r.get('run3_us') or 0) / r['roofline_us'] or None, '.2f')} | {_f(r.get('new_us'))} ({r.get('new_tiles', '-')}) | "
             f"{_f(r.get('new_vs_roofline'), '.2f')} | {_f(r.get('fused_tflops'), '.0f')} | "
-            f"{' / '.join(_f(r3.get(p)) for p in ph)} | {' / '.join(_f(nw.get(p)) for p in ph)} | "
+            f"{_phases(r3, ph)} | {_phases(nw, ph)} | "
             f"{' / '.join(_f(grp.get(f'align_{x}_us')) for x in ('blocks', 'hist', 'hist2'))} "
             f"(chunks 128/256/512: {' / '.join(_f(grp.get(f'align_hist2_c{c}_us')) for c in (128, 256, 512))}) | "
             f"{_f(ks.get('ksum_torch_us'))} / {_f(ks.get('ksum_triton_us'))} |")
@@ -795,6 +833,13 @@ def focus_markdown(res: dict) -> str:
 
 
 # ------------------------------------------------------------------------------- report
+def _phases(p: dict, names: tuple) -> str:
+    """A plan's phases as `a / b / c / d`, or a one-launch plan's one time."""
+    if "one_launch_us" in p:
+        return f"one launch {_f(p['one_launch_us'])}"
+    return " / ".join(_f(p.get(x)) for x in names)
+
+
 def _f(v, fmt=".1f") -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -850,7 +895,9 @@ def main() -> None:
     RESULTS["meta"] = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                        "command": " ".join(["python3", *sys.argv]), "hbm_bytes_per_s": HBM_BYTES_PER_S,
-                       "bf16_flops_per_s": BF16_FLOPS_PER_S, "has_grouped_mm": hasattr(torch, "_grouped_mm")}
+                       "bf16_flops_per_s": BF16_FLOPS_PER_S, "has_grouped_mm": hasattr(torch, "_grouped_mm"),
+                       # --focus: the baseline plan whose time the speed rows' run3_us / run3_plan hold
+                       "focus_baseline": "run4_best" if ARGS.run5 else "run3_best"}
     try:
         import triton
         RESULTS["meta"]["triton"] = triton.__version__

@@ -9,7 +9,7 @@ N 768, 128 experts, top 8), arguments specialised as a launch specialises them (
 
 Why: run 3's grouping ("blocks") scatter holds [256, 128] int32 one-hots (128 KB of shared memory,
 255 registers and spills), and the direct path's FMA loops are not pipelined (no cp.async); run 4's
-kernels were shaped by this table before the GPU run.
+kernels were shaped by this table before the GPU run, and run 5's (`run5_rows`) likewise.
 """
 
 from __future__ import annotations
@@ -101,7 +101,57 @@ def rows() -> list[dict]:
         compile_row(fm._down_kernel, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "ATOMIC": False,
                                       "USE_TMA": True}, {"num_warps": 8, "num_stages": 3}, gu,
                     {"w_desc": "tensordesc<bf16[256, 64]>"}),
+        *run5_rows(gu, dd, ids64),
     ]
+
+
+def run5_rows(gu: tuple, dd: tuple, ids64: dict) -> list[dict]:
+    """Each kernel run 5's plans launch (kernels.moe_plans.PREFILL_RUN5 / DIRECT_RUN5) once, with how
+    many of its programs an SM holds at once (kernels.moe_direct._resident_per_sm's arithmetic)."""
+    from types import SimpleNamespace
+
+    from kernels.moe_align import padded_length
+    from kernels.moe_plans import DIRECT_RUN5, PREFILL_RUN5
+
+    specs = {}
+    for p in PREFILL_RUN5:
+        ce = {"BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_K": p.block_k, "GROUP_M": p.group_m,
+              "SORTED": p.sorted_act}
+        fn = fm._gate_up_joint_kernel
+        if p.up_persistent:
+            fn, ce = fm._gate_up_joint_persistent_kernel, {**ce, "NB_P2": 512, "FLATTEN": True}
+        specs.setdefault(("gu", fn.__name__, *ce.values(), p.num_warps, p.num_stages), (
+            fn, ce, {"num_warps": p.num_warps, "num_stages": p.num_stages}, gu,
+            {"w_desc": f"tensordesc<bf16[1, 2, {p.block_n}, {p.block_k}]>"}))
+        d = p.down()
+        over = {"w_desc": f"tensordesc<bf16[{d.block_n}, {d.block_k}]>", "out_ptr": "*fp32" if d.atomic_sum else "*bf16"}
+        opts = {"num_warps": d.num_warps, "num_stages": d.num_stages}
+        if d.sorted_act:
+            blocks = padded_length(4096 * 8, 128, d.block_m) // d.block_m
+            ce = {"BLOCK_M": d.block_m, "BLOCK_N": d.block_n, "BLOCK_K": d.block_k, "GROUP_M": d.group_m,
+                  "NB_P2": 1 << (blocks - 1).bit_length(), "ATOMIC": d.atomic_sum,
+                  "FLATTEN": bool(d.persistent) and not d.atomic_sum}
+            spec = (fm._down_sorted_kernel, ce, opts, gu, {**over, "a_desc": f"tensordesc<bf16[{d.block_m}, {d.block_k}]>"})
+        else:
+            ce = {"BLOCK_M": d.block_m, "BLOCK_N": d.block_n, "BLOCK_K": d.block_k, "GROUP_M": d.group_m,
+                  "ATOMIC": d.atomic_sum, "USE_TMA": d.tma}
+            spec = (fm._down_kernel, ce, opts, gu, over)
+        specs.setdefault(("down", spec[0].__name__, *ce.values(), *opts.values()), spec)
+    for t in DIRECT_RUN5:
+        ce = {"BLOCK_N": t.block_n, "BLOCK_K": t.block_k, "DOWN_BLOCK_N": t.down_block_n, "DOWN_BLOCK_K": t.down_block_k,
+              "KP2": 8, "EVICT": "evict_first" if t.evict else "", "STAGES": t.num_stages, "PREFETCH": t.early,
+              "LAST": t.evict, "LINES": 16, "MAX_SPINS": md.MAX_SPINS, "AHEAD": t.ahead, "LINES_H": 32}
+        opts = {"num_warps": t.num_warps, "num_stages": t.num_stages}
+        specs.setdefault(("fused", *ce.values(), *opts.values()), (md._direct_fused_kernel, ce, opts, dd,
+                                                                   {**ids64, "sync_ptr": "*i32"}))
+    rows = []
+    for fn, ce, opts, unaligned, over in specs.values():
+        row = compile_row(fn, ce, opts, unaligned, over)
+        fake = SimpleNamespace(n_regs=row["registers"], metadata=SimpleNamespace(shared=row["shared_bytes"]),
+                               _init_handles=lambda: None)
+        row["plan"] += f", {md._resident_per_sm(fake, opts['num_warps'])} a SM"
+        rows.append(row)
+    return rows
 
 
 def markdown(table: list[dict]) -> str:

@@ -1,0 +1,139 @@
+"""Run 5's fused-MoE candidates in the Triton interpreter against the float32 per-expert loop
+(kernels/moe_reference.py): the activations in sorted order with the TMA-fed down launch (one tile a
+program or persistent, with the torch/Triton k-sum or the atomic one), and the direct path in one
+launch whose counters must be zero again after every call."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.fused_moe import MoeTiles, align_by_expert, fused_moe, gate_up_grouped
+from kernels.moe_direct import _SYNC, DirectTiles, _resident_per_sm
+from kernels.moe_plans import (
+    DIRECT_RUN5,
+    PREFILL_RUN5,
+    PROPOSED_RULE,
+    known_plans,
+    plan_key,
+    run4_best,
+    run5_candidates,
+)
+from kernels.moe_reference import fused_moe_ref, route_ref
+from tests.kernels.helpers import SETTINGS, assert_close
+
+
+def _layer(seed, t, e, k, h, n, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=g).to(dtype)
+    w13 = (torch.randn(e, 2 * n, h, generator=g) / h**0.5).to(dtype)
+    w2 = (torch.randn(e, h, n, generator=g) / n**0.5).to(dtype)
+    weights, ids = route_ref(torch.randn(t, e, generator=g), k, renormalize=True)
+    return x, w13, w2, weights, ids
+
+
+def _ref(x, w13, w2, weights, ids):
+    return fused_moe_ref(x.float(), w13.float(), w2.float(), weights, ids)
+
+
+@settings(max_examples=12, **SETTINGS)
+@given(t=st.integers(1, 40), e=st.integers(1, 12), k=st.integers(1, 4), h=st.sampled_from([16, 32]),
+       n=st.sampled_from([16, 20, 48]), persistent=st.sampled_from([0, 1, 3]), atomic=st.booleans(),
+       joint=st.booleans(), ksum=st.sampled_from(["torch", "triton"]), seed=st.integers(0, 10**6))
+def test_sorted_activations_equal_the_per_expert_loop(t, e, k, h, n, persistent, atomic, joint, ksum, seed):
+    """T from 1 (one pair per expert at most) to 40 (not a multiple of the 16-row blocks), E up to 12 with
+    k <= 4 (experts with no tokens), N = 20 (a partial last K step the TMA box pads with zeros); the
+    persistent grids (down, and the joint gate+up) are 1 or 3 programs per "SM" (the interpreter counts
+    2), so programs loop over tiles."""
+    k = min(k, e)
+    x, w13, w2, weights, ids = _layer(seed, t, e, k, h, n)
+    plan = MoeTiles(16, 16, 16, 4, 1, tma=True, joint=joint, align="hist", ksum=ksum, atomic_sum=atomic,
+                    sorted_act=True, persistent=persistent, up_persistent=persistent)
+    assert_close(fused_moe(x, w13, w2, weights, ids, plan), _ref(x, w13, w2, weights, ids), torch.float32)
+
+
+def test_sorted_activations_sit_at_the_sorted_rows_and_padding_rows_are_zero():
+    """gate+up with sorted_act: row i of [P, N] is pair sorted_ids[i]'s activation row (as the pair-order
+    launch gives it), the padding rows of used blocks exact zeros."""
+    x, w13, _w2, _weights, ids = _layer(3, 9, 5, 2, 32, 48)
+    sorted_ids, block_expert = align_by_expert(ids, 5, 16, method="hist")
+    plain = MoeTiles(16, 16, 16, 4, 1, tma=True, joint=True)
+    by_pair = gate_up_grouped(x, w13, sorted_ids, block_expert, 2, plain)
+    by_row = gate_up_grouped(x, w13, sorted_ids, block_expert, 2, dataclasses.replace(plain, sorted_act=True))
+    assert by_row.shape == (sorted_ids.numel(), 48)
+    used = torch.repeat_interleave(block_expert >= 0, 16)
+    real = used & (sorted_ids < 18)
+    assert torch.equal(by_row[real], by_pair[sorted_ids[real].long()])
+    assert torch.equal(by_row[used & ~real], torch.zeros_like(by_row[used & ~real]))
+
+
+@pytest.mark.parametrize("plan", PREFILL_RUN5, ids=plan_key)
+def test_prefill_run5_plans_at_small_tiles(plan):
+    """Each prefill candidate's fields with the tiles shrunk for the interpreter, random routing and every
+    token on the same two experts (one crowded expert, the rest empty), float32 and bfloat16."""
+    small = dataclasses.replace(plan, block_m=16, block_n=16, block_k=16, num_stages=1, down_block_n=16,
+                                down_block_k=16, down_num_stages=1)
+    x, w13, w2, weights, ids = _layer(12, 23, 8, 4, 32, 48)
+    same = torch.tensor([3, 5, 0, 1]).expand(23, 4).contiguous()
+    for routing in (ids, same):
+        assert_close(fused_moe(x, w13, w2, weights, routing, small), _ref(x, w13, w2, weights, routing), torch.float32)
+    xb, w13b, w2b, weights, ids = _layer(13, 23, 8, 4, 32, 48, torch.bfloat16)
+    assert_close(fused_moe(xb, w13b, w2b, weights, ids, small), _ref(xb, w13b, w2b, weights, ids), torch.bfloat16)
+
+
+def _counters_zero():
+    return all(int(c.abs().sum()) == 0 for c in _SYNC.values())
+
+
+@pytest.mark.parametrize("plan", DIRECT_RUN5, ids=plan_key)
+def test_direct_run5_one_launch_plans_equal_the_loop_and_leave_their_counters_zero(plan):
+    """T = 1 (one token, k = 3 of 10 experts: a masked slot of next_pow2(k)) and T = 5 (top 8 of 16, tokens
+    sharing experts), each called twice: the second call finds the counters the first one zeroed."""
+    for t, e, k in ((1, 10, 3), (5, 16, 8)):
+        x, w13, w2, weights, ids = _layer(t + e, t, e, k, 40, 20)
+        ref = _ref(x, w13, w2, weights, ids)
+        for _ in range(2):
+            assert_close(fused_moe(x, w13, w2, weights, ids, plan), ref, torch.float32)
+            assert _counters_zero()
+
+
+@settings(max_examples=8, **SETTINGS)
+@given(t=st.integers(1, 6), e=st.integers(1, 20), k=st.integers(1, 8), h=st.sampled_from([24, 40]),
+       n=st.sampled_from([16, 20]), block_n=st.sampled_from([4, 8, 16]), down_block_n=st.sampled_from([4, 8]),
+       seed=st.integers(0, 10**6))
+def test_one_launch_direct_path_at_any_tile(t, e, k, h, n, block_n, down_block_n, seed):
+    """Tiles that do not divide N (20) or H (24, 40): the last N / H tiles partial."""
+    k = min(k, e)
+    x, w13, w2, weights, ids = _layer(seed, t, e, k, h, n)
+    plan = DirectTiles(block_n, 16, down_block_n, 8, 4, 2, pipeline=True, early=True, fused=2)
+    assert_close(fused_moe(x, w13, w2, weights, ids, plan), _ref(x, w13, w2, weights, ids), torch.float32)
+    assert _counters_zero()
+
+
+def test_resident_programs_per_sm_by_hand():
+    """sm90: 64K registers a SM in 256-register steps per warp, 228 KB shared (+1 KB a program), 64 warps."""
+    def fake(regs, shared):
+        return SimpleNamespace(n_regs=regs, metadata=SimpleNamespace(shared=shared), _init_handles=lambda: None)
+
+    assert _resident_per_sm(fake(191, 65536), 4) == 2  # 6144 registers a warp: 2 by registers, 3 by shared
+    assert _resident_per_sm(fake(128, 65536), 8) == 2  # 4096 x 8 warps: 2
+    assert _resident_per_sm(fake(64, 0), 4) == 8  # registers: 8; warps: 16; shared: 228
+    assert _resident_per_sm(fake(32, 200000), 4) == 1  # shared: one
+    assert _resident_per_sm(fake(16, 0), 1) == 32  # the 32-program cap
+
+
+def test_run5_candidates_and_baseline_by_step_size():
+    """One-launch plans up to 32 pairs, the prefill plans from 64 rows per expert, nothing between;
+    the baseline is run 4's measured best at the nearest T; every plan named one to one."""
+    assert run5_candidates(1, 8, 128) == DIRECT_RUN5 and run5_candidates(4, 8, 128) == DIRECT_RUN5
+    assert run5_candidates(4096, 8, 128) == PREFILL_RUN5 and run5_candidates(1024, 8, 128) == PREFILL_RUN5
+    assert run5_candidates(256, 8, 128) == []
+    assert run4_best(1) is PROPOSED_RULE[1] and run4_best(3000) is PROPOSED_RULE[4096]
+    assert all(p.fused for p in DIRECT_RUN5) and all(p.joint and p.tma for p in PREFILL_RUN5)
+    assert len({plan_key(p) for p in DIRECT_RUN5 + PREFILL_RUN5}) == len(DIRECT_RUN5) + len(PREFILL_RUN5)
+    assert all(plan_key(p) in known_plans() for p in DIRECT_RUN5 + PREFILL_RUN5)
