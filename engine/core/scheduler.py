@@ -311,7 +311,6 @@ class Scheduler(SchedulerHooks):
         caching = self.caching
         cache_full_blocks = self.kv_cache_manager.cache_full_blocks
         last = bs - 1
-        append = batch.append
         i = 0
         num_running = len(running)
         while i < num_running and budget > 0:
@@ -319,7 +318,7 @@ class Scheduler(SchedulerHooks):
                 # The bulk of a busy step, kept inline: a run of plain decodes (one token each,
                 # into a block the request holds or, at a block boundary, a free one), up to
                 # the first request that is not one (or the budget's end)
-                start = len(batch)
+                k = i  # running[i:k] are scheduled (one slice into the batch after the run)
                 for r in islice(running, i, i + budget):
                     c = r.num_computed_tokens
                     if not r.sampled_since_admission or (
@@ -328,10 +327,10 @@ class Scheduler(SchedulerHooks):
                     r.num_computed_tokens = c + 1
                     if caching and c % bs == last and c // bs >= r.num_cached_blocks:
                         out.num_blocks_hashed += cache_full_blocks(r, c // bs + 1)
-                    append(r)
-                done = len(batch) - start
-                i += done
-                budget -= done
+                    k += 1
+                batch += running[i:k]
+                budget -= k - i
+                i = k
                 if i >= num_running or budget <= 0:
                     break
             r = running[i]
@@ -474,7 +473,8 @@ class Scheduler(SchedulerHooks):
                     else check_sampled(out, sampling, sampled, self._any_token_ids))
         stopped = check_stopped(out, sampling, stopped) if stopped else stopped  # (none: nothing to check)
         out.applied = True
-        results = self._take_rejected(out)
+        # (none pending, none reported: nothing to take, the usual step)
+        results = self._take_rejected(out) if self._pending_rejected or out.rejected else []
         if one_each:  # one token per request: no counts to build (ids, if given, are lists)
             counts, token_ids = None, (None if one_each == "counts" else sampled)
         else:
