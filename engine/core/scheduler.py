@@ -321,12 +321,17 @@ class Scheduler(SchedulerHooks):
                 k = i  # running[i:k] are scheduled (one slice into the batch after the run)
                 for r in islice(running, i, i + budget):
                     c = r.num_computed_tokens
-                    if not r.sampled_since_admission or (
-                            c >= len(r.block_ids) * bs and not self._open_block(r, out)):
+                    if not r.sampled_since_admission:
                         break
-                    r.num_computed_tokens = c + 1
-                    if caching and c % bs == last and c // bs >= r.num_cached_blocks:
-                        out.num_blocks_hashed += cache_full_blocks(r, c // bs + 1)
+                    x = c % bs
+                    if x and x != last:  # inside a block its table holds (it covers c): the token only
+                        r.num_computed_tokens = c + 1
+                    else:  # a block's first position (it may need one) or last (it completes one)
+                        if c >= len(r.block_ids) * bs and not self._open_block(r, out):
+                            break
+                        r.num_computed_tokens = c + 1
+                        if caching and x == last and c // bs >= r.num_cached_blocks:
+                            out.num_blocks_hashed += cache_full_blocks(r, c // bs + 1)
                     k += 1
                 batch += running[i:k]
                 budget -= k - i
@@ -585,16 +590,6 @@ class Scheduler(SchedulerHooks):
 # what other layers import from here (records live in engine/core/scheduler_output.py, keys in
 # engine/core/block_keys.py)
 __all__ = [
-    "FINISHED",
-    "GEN_TAG",
-    "PREEMPTED",
-    "REJECTED",
-    "RUNNING",
-    "WAITING",
-    "RequestResult",
-    "ScheduledRequest",
-    "Scheduler",
-    "SchedulerConfig",
-    "SchedulerOutput",
-    "SchedulerStats",
+    "FINISHED", "GEN_TAG", "PREEMPTED", "REJECTED", "RUNNING", "WAITING", "RequestResult",
+    "ScheduledRequest", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SchedulerStats",
 ]
