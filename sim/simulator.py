@@ -224,7 +224,9 @@ class _Replica:
             if not sched.running and not sched.has_unfinished() and self.inflight is None:  # (running: no call)
                 yield from self._wait_for_work()
                 continue
-            if self.skip_ahead and not self.left_out_ids:  # a left-out decoder resumes in a step of its own
+            # (a left-out decoder resumes in a step of its own; a waiting request is scheduled
+            # first: both make the next step no uniform decode, known here without a call)
+            if self.skip_ahead and not self.left_out_ids and not sched.waiting.items:
                 n, remaining, ctx = uniform_decode_batch(sched)
                 if n >= 2:
                     yield from self._skip(n, remaining, ctx)

@@ -311,7 +311,6 @@ class Scheduler(SchedulerHooks):
         caching = self.caching
         cache_full_blocks = self.kv_cache_manager.cache_full_blocks
         last = bs - 1
-        append = batch.append
         i = 0
         num_running = len(running)
         while i < num_running and budget > 0:
@@ -319,19 +318,24 @@ class Scheduler(SchedulerHooks):
                 # The bulk of a busy step, kept inline: a run of plain decodes (one token each,
                 # into a block the request holds or, at a block boundary, a free one), up to
                 # the first request that is not one (or the budget's end)
-                start = len(batch)
+                k = i  # running[i:k] are scheduled (one slice into the batch after the run)
                 for r in islice(running, i, i + budget):
                     c = r.num_computed_tokens
-                    if not r.sampled_since_admission or (
-                            c >= len(r.block_ids) * bs and not self._open_block(r, out)):
+                    if not r.sampled_since_admission:
                         break
-                    r.num_computed_tokens = c + 1
-                    if caching and c % bs == last and c // bs >= r.num_cached_blocks:
-                        out.num_blocks_hashed += cache_full_blocks(r, c // bs + 1)
-                    append(r)
-                done = len(batch) - start
-                i += done
-                budget -= done
+                    x = c % bs
+                    if x and x != last:  # inside a block its table holds (it covers c): the token only
+                        r.num_computed_tokens = c + 1
+                    else:  # a block's first position (it may need one) or last (it completes one)
+                        if c >= len(r.block_ids) * bs and not self._open_block(r, out):
+                            break
+                        r.num_computed_tokens = c + 1
+                        if caching and x == last and c // bs >= r.num_cached_blocks:
+                            out.num_blocks_hashed += cache_full_blocks(r, c // bs + 1)
+                    k += 1
+                batch += running[i:k]
+                budget -= k - i
+                i = k
                 if i >= num_running or budget <= 0:
                     break
             r = running[i]
@@ -474,7 +478,8 @@ class Scheduler(SchedulerHooks):
                     else check_sampled(out, sampling, sampled, self._any_token_ids))
         stopped = check_stopped(out, sampling, stopped) if stopped else stopped  # (none: nothing to check)
         out.applied = True
-        results = self._take_rejected(out)
+        # (none pending, none reported: nothing to take, the usual step)
+        results = self._take_rejected(out) if self._pending_rejected or out.rejected else []
         if one_each:  # one token per request: no counts to build (ids, if given, are lists)
             counts, token_ids = None, (None if one_each == "counts" else sampled)
         else:
@@ -585,16 +590,6 @@ class Scheduler(SchedulerHooks):
 # what other layers import from here (records live in engine/core/scheduler_output.py, keys in
 # engine/core/block_keys.py)
 __all__ = [
-    "FINISHED",
-    "GEN_TAG",
-    "PREEMPTED",
-    "REJECTED",
-    "RUNNING",
-    "WAITING",
-    "RequestResult",
-    "ScheduledRequest",
-    "Scheduler",
-    "SchedulerConfig",
-    "SchedulerOutput",
-    "SchedulerStats",
+    "FINISHED", "GEN_TAG", "PREEMPTED", "REJECTED", "RUNNING", "WAITING", "RequestResult",
+    "ScheduledRequest", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SchedulerStats",
 ]
