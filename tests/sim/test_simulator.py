@@ -520,3 +520,30 @@ def test_a_lone_replica_folding_steps_equals_stepping_them():
     prefills = np.flatnonzero(full.steps["num_prefill_tokens"] > 0)
     for row in prefills[5::len(prefills) // 6]:  # stopped half-way through a prefill step
         _folded_and_stepped(dep, reqs, float(full.steps["t_start_s"][row] + full.steps["total_s"][row] / 2))
+
+
+def _arrivals_on_prefill_ends(dep, n: int, seed: int) -> list[Request]:
+    """Requests arriving at the very clock time a prefill step ends (most of them; some in twos,
+    one instant), where SimPy's order of equal-time events decides which step takes them: each
+    placed at the end of the step that prefills the one before (a run without it tells when)."""
+    rng = np.random.default_rng(seed)
+    reqs = [req(0, 0.0, 600, 40)]
+    while len(reqs) < n:
+        plain = Simulation(dep, reqs)
+        plain.env.run()
+        steps = plain._result(0.0).steps
+        ends = steps["t_start_s"] + steps["total_s"]  # (SimPy's own sum t0 + dt)
+        later = ends[(steps["num_prefill_tokens"] > 0) & (ends > reqs[-1].arrival_s)]
+        t = float(later[0]) if later.size and rng.random() < 0.8 else reqs[-1].arrival_s + float(rng.exponential(0.1))
+        for _ in range(1 + (rng.random() < 0.3)):
+            reqs.append(req(len(reqs), t, int(rng.integers(20, 1500)), int(rng.integers(2, 200))))
+    return reqs
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_folding_and_taking_arrivals_keep_simpy_order_at_equal_times(seed):
+    """Arrivals landing exactly on step ends: a lone replica that folds steps and takes its
+    arrivals itself (Simulation.run) gives the very tables of one driven by env.run, where
+    each arrival is its own event."""
+    dep = deployment(num_gpu_blocks_override=2500)
+    _folded_and_stepped(dep, _arrivals_on_prefill_ends(dep, 30, seed), None)
