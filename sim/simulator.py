@@ -127,10 +127,6 @@ class _ReplicaContext:
     next_arrival_at: Callable[[], float]
     # whether an arrival after that one resumes the arrival process at exactly this clock time
     arrival_lands_on: Callable[[float], bool]
-    # a lone replica holding the arrivals (see Simulation._hand_over): take those that resume
-    # the arrival process before a clock time (False: not done), or hand them back
-    take_arrivals: Callable[[float, bool], bool]
-    release_arrivals: Callable[[], None]
 
 
 class _Replica:
@@ -142,7 +138,6 @@ class _Replica:
         self.log, self.step_log, self.spec, self.on_prefilled = ctx.requests, ctx.steps, ctx.spec, ctx.on_prefilled
         self.next_arrival_s, self.unshared_from = ctx.next_arrival_s, ctx.unshared_from
         self.next_arrival_at, self.arrival_lands_on = ctx.next_arrival_at, ctx.arrival_lands_on
-        self.take_arrivals, self.release_arrivals = ctx.take_arrivals, ctx.release_arrivals
         # every arrival is routed here and nothing else wakes it (one replica, no P/D): a stretch
         # the next arrival cuts sleeps until that arrival wakes it, with no timeout of its own
         self.sole = False
@@ -150,11 +145,6 @@ class _Replica:
         # the run goes on past it: before this clock time (Simulation.run sets it; -inf: never,
         # for a caller driving the clock itself, whose stop time the replica cannot see)
         self.fold_before = -math.inf
-        # asleep until a wake-up known in advance, at this clock time (None: not so asleep); while
-        # it is, the arrival process may hand it the arrivals (holds_arrivals): it then takes them
-        # itself, or hands them back before it sleeps next (see Simulation._hand_over)
-        self.asleep_until: float | None = None
-        self.holds_arrivals = False
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
@@ -256,8 +246,6 @@ class _Replica:
             no_stretch = yield from step()
 
     def _wait_for_work(self) -> Process:
-        if self.holds_arrivals:
-            self.release_arrivals()
         self.wake = self.env.event()
         yield self.wake
         self.wake = None
@@ -284,10 +272,6 @@ class _Replica:
         # comes later; the run goes on past t1), to sleep through to the stretch after it at once
         folded = t1 < self.fold_before and t1 < self.next_arrival_at()
         if not folded:
-            # holding the arrivals: those that come during the step join the queue now (in its
-            # order of events, they do before the step ends) (see Simulation._take_arrivals)
-            if self.holds_arrivals and not (t1 < self.fold_before and self.take_arrivals(t1, True)):
-                self.release_arrivals()
             yield env.timeout(dt)
         counts, drafted, accepted = None, 0, 0
         if cost.k and samplers:
@@ -330,8 +314,6 @@ class _Replica:
         if self.skip_ahead and not self.left_out_ids and not sched.waiting.items and sched.running:
             n, remaining, ctx = uniform_decode_batch(sched)
             if n < 2:
-                if self.holds_arrivals:
-                    self.release_arrivals()
                 yield env.timeout(dt)
                 return True
             plan = self._plan_stretch(n, remaining, ctx, self.next_arrival_s() - t1,
@@ -342,28 +324,12 @@ class _Replica:
                 if t0 + delay == end:
                     self._skip_plan, self._skip_t0 = plan, t1
                     self.skipping = True
-                    yield self._known_wake_up(end, delay)
-                    self.skipping, self.asleep_until = False, None
+                    yield env.timeout(delay)
+                    self.skipping = False
                     self._stretch_ended(plan, t1, plan.wake_up.steps)
                     return False
-        if self.holds_arrivals:
-            self.release_arrivals()
         yield env.timeout(dt)
         return False
-
-    def _known_wake_up(self, end: float, delay: float) -> simpy.Event:
-        """The timeout of a sleep (already `skipping`) until a wake-up known in advance, at clock
-        time `end`: the arrivals that come meanwhile only join `pending`. Holding the arrivals,
-        the replica takes those now (no event of the arrival process for them), where the one
-        after them resumes the arrival process at a time reachable from `end` exactly; else it
-        hands them back first (their process's timeout before its own, in SimPy's order)."""
-        if end < self.fold_before:  # (the run goes on past it: the replica will resume then)
-            self.asleep_until = end
-            if self.holds_arrivals and not self.take_arrivals(end):
-                self.release_arrivals()
-        elif self.holds_arrivals:
-            self.release_arrivals()
-        return self.env.timeout(delay)
 
     def _pipelined_step(self) -> Process:
         """Async scheduling, as engine/engine_loop.py's `_step_async` runs it: schedule and prepare step
@@ -496,8 +462,8 @@ class _Replica:
         self._skip_plan, self._skip_t0 = plan, t0
         if plan.wake_up is not None:  # the arrival that wakes it comes to pending meanwhile
             self.skipping = True
-            yield self._known_wake_up(t0 + plan.wake_up.delay_s, plan.wake_up.delay_s)  # (here: one
-            self.skipping, self.asleep_until = False, None  # generator less to resume)
+            yield self.env.timeout(plan.wake_up.delay_s)  # (here: one generator less to resume)
+            self.skipping = False
             m = plan.wake_up.steps
         else:
             m = yield from self._sleep_through(plan, plan.runs.n)
@@ -634,8 +600,6 @@ class _Replica:
         advance, `plan.wake_up`, is slept through by `_skip`.)"""
         env = self.env
         t0 = env.now
-        if self.holds_arrivals:
-            self.release_arrivals()
         self.wake = env.event()
         self.skipping = True
         # (block times are known only for the steps up to the wake-up then)
@@ -874,8 +838,6 @@ class Simulation:
                                               self.requests)
         self._next_arrival = 0  # index of the next request to arrive
         self._arrival_at = math.inf  # the clock time the arrival process resumes at (see _arrivals)
-        self._lone: _Replica | None = None  # the replica the arrival process may hand over to (run sets it)
-        self._every = max(len(self.requests) // 100, 1)  # progress reports
         self._build_replicas()
         self.env.process(self._arrivals())
 
@@ -892,8 +854,7 @@ class Simulation:
                      if base.speculative_config else None)
         self._unshared: dict[int, int] = {}  # filled when the arrivals start
         ctx = _ReplicaContext(self.log, self.step_log, self.spec, self._start_transfer, self._next_arrival_s,
-                              self._unshared.get, self._next_arrival_at, self._arrival_lands_on,
-                              self._take_arrivals, self._release_arrivals)
+                              self._unshared.get, self._next_arrival_at, self._arrival_lands_on)
         self.prefill_pool: list[_Replica] = []
         self.decode_pool: list[_Replica] = []
 
@@ -919,95 +880,29 @@ class Simulation:
 
     # --- arrivals and disaggregated hand-off ------------------------------------------------
     def _arrivals(self) -> Process:
-        self._unshared.update(first_unshared_hash_blocks(self.requests))  # (part of the run's time)
-        yield from self._arrivals_from(0)
-
-    def _arrivals_from(self, first: int) -> Process:
-        """Arrivals first.. in order, each at its time (SimPy sums the delays from the clock)."""
         env, reqs = self.env, self.requests
-        for i in range(first, len(reqs)):
+        n = len(reqs)
+        every = max(n // 100, 1)
+        disagg = self.dep.disaggregation is not None
+        self._unshared.update(first_unshared_hash_blocks(reqs))  # (part of the run's time)
+        sole = self.front[0] if len(self.front) == 1 else None  # (Router.pick's answer then)
+        for i, req in enumerate(reqs):
             self._next_arrival = i
             now = env.now
-            t = reqs[i].arrival_s
+            t = req.arrival_s
             if t > now:
                 d = t - now  # (delay_until's first guess, mostly its answer: no call then)
                 if now + d < t:
                     d = delay_until(now, t)
-                at = self._arrival_at = now + d  # when SimPy will resume this process (its sum)
-                if self._lone is not None and self._hand_over(at):
-                    return
+                self._arrival_at = now + d  # when SimPy will resume this process (its sum)
                 yield env.timeout(d)
-            self._arrive(i)
-        self._next_arrival = len(reqs)
+            rep = sole or self.router.pick(req, self.front)
+            self.log.routed(req.request_id, rep.idx)
+            rep.add(dataclasses.replace(req, output_len=1) if disagg else req)
+            if self.progress is not None and i % every == 0:
+                self.progress(i / n)
+        self._next_arrival = n
         self._arrival_at = math.inf
-
-    def _arrive(self, i: int) -> None:
-        """Request i enters the deployment: routed to a front replica."""
-        req = self.requests[i]
-        rep = self.front[0] if len(self.front) == 1 else self.router.pick(req, self.front)  # (pick's answer)
-        self.log.routed(req.request_id, rep.idx)
-        rep.add(dataclasses.replace(req, output_len=1) if self.dep.disaggregation is not None else req)
-        if self.progress is not None and i % self._every == 0:
-            self.progress(i / len(self.requests))
-
-    def _hand_over(self, at: float) -> bool:
-        """Whether the arrival process, about to sleep until `at`, hands its arrivals to the lone
-        replica instead (and ends): when the replica sleeps until a wake-up known in advance that
-        comes first (it resumes then: nothing else wakes it, the run goes on past it), and `at` is
-        reachable from that wake-up exactly. The replica then takes them itself as it starts its
-        next such sleep (`_take_arrivals`: one event and one resume of this process less per
-        arrival), or, before any other sleep, starts the process again with a timeout landing on
-        `at` (`_release_arrivals`), created before the replica's own: SimPy's order at equal
-        times is the one this process's timeout, created earlier, would have had."""
-        e = self._lone.asleep_until
-        if e is None or at <= e or e + (at - e) != at:
-            return False
-        self._lone.holds_arrivals = True
-        return True
-
-    def _release_arrivals(self) -> None:
-        """The lone replica hands the arrivals back (see _hand_over)."""
-        self._lone.holds_arrivals = False
-        if self._next_arrival >= len(self.requests):
-            return
-        now, at = self.env.now, self._arrival_at
-        d = at - now
-        if now + d != at:  # (checked when handed over, from the time the replica resumes at)
-            raise RuntimeError(f"arrival {self._next_arrival}: handed back at {now!r}, cannot resume at {at!r}")
-        self.env.process(self._resumed_arrivals(self.env.timeout(d)))
-
-    def _resumed_arrivals(self, wait: simpy.Event) -> Process:
-        yield wait
-        self._arrive(self._next_arrival)
-        yield from self._arrivals_from(self._next_arrival + 1)
-
-    def _take_arrivals(self, end: float, mid_step: bool = False) -> bool:
-        """The lone replica, holding the arrivals, takes those that would resume the arrival
-        process before clock time `end` (they only join its pending list, or, `mid_step`, its
-        scheduler's queue: what they would have done then), where the next one resumes at a
-        time reachable from `end` exactly (it may be handed back from there); else it takes none
-        (False). Its next turn is at `end`: SimPy runs it before an arrival resuming then, except,
-        mid-step, the first one (and those of the same turn), whose timeout was created before
-        the step's."""
-        reqs = self.requests
-        n = len(reqs)
-        first = j = self._next_arrival
-        now = self._arrival_at  # arrival j resumes the process at `now` (summed as _arrivals_from does)
-        on_end = mid_step and now == end  # the first (and those in its turn) come before the step's end
-        while j < n and (now < end or (on_end and now == end)):
-            j += 1
-            if j < n:
-                a = reqs[j].arrival_s
-                if a > now:
-                    d = a - now
-                    now += d if now + d >= a else delay_until(now, a)
-        if j < n and end + (now - end) != now:
-            return False
-        for i in range(first, j):
-            self._next_arrival = i
-            self._arrive(i)
-        self._next_arrival, self._arrival_at = j, now if j < n else math.inf
-        return True
 
     def _next_arrival_at(self) -> float:
         return self._arrival_at
@@ -1054,8 +949,6 @@ class Simulation:
         t_wall = time.perf_counter()
         for rep in self.replicas:  # (see _Replica.fold_before: only a lone replica that skips)
             rep.fold_before = (math.inf if until_s is None else until_s) if rep.sole and rep.skip_ahead else -math.inf
-        # (a pipelined replica never holds them: its steps do not look for them)
-        self._lone = next((rep for rep in self.replicas if rep.fold_before > -math.inf and not rep.pipelined), None)
         with _cyclic_gc_paused():
             self.env.run(until=until_s)
         wall = time.perf_counter() - t_wall
