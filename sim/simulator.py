@@ -26,10 +26,9 @@ accepted counts per step, so it always steps.
 
 A lone replica (one replica, no P/D, skip-ahead, `Simulation.run`) spends fewer SimPy events on
 the same timeline: it applies a step as it starts when no arrival comes before its end, then
-sleeps once through the stretch after it (`_after_folded_step`), and it routes the arrivals
-itself where they only queue, while the arrival process has handed them over
-(`Simulation._hand_over`). Every clock time is SimPy's very sum and every order at equal times
-SimPy's own (tests/sim/test_simulator.py compares it with a clock driven by `env.run`).
+sleeps once through the stretch after it (`_after_folded_step`). Every clock time is SimPy's
+very sum and every order at equal times SimPy's own (tests/sim/test_simulator.py compares it
+with a clock driven by `env.run`).
 
 Disaggregated prefill: prefill replicas run each request with output_len = 1 and hold its
 blocks when it finishes (`hold_blocks_on_finish`); its KV (whole blocks x KV bytes per

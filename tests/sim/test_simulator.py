@@ -541,9 +541,8 @@ def _arrivals_on_prefill_ends(dep, n: int, seed: int) -> list[Request]:
 
 
 @pytest.mark.parametrize("seed", [0, 2])
-def test_folding_and_taking_arrivals_keep_simpy_order_at_equal_times(seed):
-    """Arrivals landing exactly on step ends: a lone replica that folds steps and takes its
-    arrivals itself (Simulation.run) gives the very tables of one driven by env.run, where
-    each arrival is its own event."""
+def test_folding_keeps_simpy_order_at_equal_times(seed):
+    """Arrivals landing exactly on step ends: a lone replica that folds steps (Simulation.run)
+    gives the very tables of one driven by env.run, which folds none."""
     dep = deployment(num_gpu_blocks_override=2500)
     _folded_and_stepped(dep, _arrivals_on_prefill_ends(dep, 30, seed), None)
