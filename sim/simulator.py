@@ -24,6 +24,12 @@ scheduled at the next step boundary); the router sees the replica's load as step
 (`load` discounts requests whose last step has ended). Speculative decoding draws random
 accepted counts per step, so it always steps.
 
+A lone replica (one replica, no P/D, skip-ahead, `Simulation.run`) spends fewer SimPy events on
+the same timeline: it applies a step as it starts when no arrival comes before its end, then
+sleeps once through the stretch after it (`_after_folded_step`). Every clock time is SimPy's
+very sum and every order at equal times SimPy's own (tests/sim/test_simulator.py compares it
+with a clock driven by `env.run`).
+
 Disaggregated prefill: prefill replicas run each request with output_len = 1 and hold its
 blocks when it finishes (`hold_blocks_on_finish`); its KV (whole blocks x KV bytes per
 token, each TP rank its shard over its own link) then queues for the prefill replica's
@@ -134,6 +140,10 @@ class _Replica:
         # every arrival is routed here and nothing else wakes it (one replica, no P/D): a stretch
         # the next arrival cuts sleeps until that arrival wakes it, with no timeout of its own
         self.sole = False
+        # a lone replica applies a step as it starts when nothing can happen before its end, and
+        # the run goes on past it: before this clock time (Simulation.run sets it; -inf: never,
+        # for a caller driving the clock itself, whose stop time the replica cannot see)
+        self.fold_before = -math.inf
         # KV block coarsening (a speed option): the scheduler tracks blocks of this many engine
         # blocks; CPU costs are charged per engine block (counts x coarsening).
         self.coarsening = kv_block_coarsening
@@ -218,6 +228,7 @@ class _Replica:
     def run(self) -> Process:
         sched = self.sched
         step = self._pipelined_step if self.pipelined else self._one_step
+        no_stretch = False  # the step before found the batch no uniform decode (see _after_folded_step)
         while True:
             if self.boundary_waiters:  # rare (a disaggregated decode replica): keep the hot loop bare
                 self._at_boundary()
@@ -226,12 +237,12 @@ class _Replica:
                 continue
             # (a left-out decoder resumes in a step of its own; a waiting request is scheduled
             # first: both make the next step no uniform decode, known here without a call)
-            if self.skip_ahead and not self.left_out_ids and not sched.waiting.items:
+            if self.skip_ahead and not self.left_out_ids and not sched.waiting.items and not no_stretch:
                 n, remaining, ctx = uniform_decode_batch(sched)
                 if n >= 2:
                     yield from self._skip(n, remaining, ctx)
                     continue
-            yield from step()
+            no_stretch = yield from step()
 
     def _wait_for_work(self) -> Process:
         self.wake = self.env.event()
@@ -255,8 +266,12 @@ class _Replica:
         # (every running request in the batch, the usual step: nobody left out, no call)
         left_out = sched.unscheduled_decoders(out) if len(out.batch_records) < len(sched.running) else None
         resumed = self._resuming(out) if self.left_out_ids else None
-        yield env.timeout(dt)
-        t1 = env.now
+        t1 = t0 + dt  # the clock time SimPy's timeout lands on (its very sum)
+        # a lone replica applies the step now when nothing can happen before t1 (the next arrival
+        # comes later; the run goes on past t1), to sleep through to the stretch after it at once
+        folded = t1 < self.fold_before and t1 < self.next_arrival_at()
+        if not folded:
+            yield env.timeout(dt)
         counts, drafted, accepted = None, 0, 0
         if cost.k and samplers:
             counts, drafted, accepted = self.spec.counts(samplers, t1)
@@ -278,6 +293,42 @@ class _Replica:
             self._leave_out(left_out, t0)
         self._ended(results, t1)
         self.step_log.append(self._step_record(out, t0, dt, gpu_s, cpu_s, n_out, drafted, accepted), cut)
+        if folded:
+            return (yield from self._after_folded_step(t0, dt, t1))
+        return False
+
+    def _after_folded_step(self, t0: float, dt: float, t1: float) -> Process:
+        """A lone replica's step scheduled at t0 was applied early (nothing can happen before its
+        end t1). Where a stretch with its wake-up known in advance follows (the usual case after a
+        new request's prefill), sleep once from t0 to that wake-up: one timeout and one turn of
+        the loop less per arrival. Else sleep until t1, and the loop goes on as it would have.
+
+        Identical to stepping: the clock lands on the very sum SimPy would have computed,
+        (t0 + dt) + delay, checked as t0 + delay' (else two sleeps, as before); the state the
+        stretch is planned from is the state at t1 (no arrival before then; `uniform_decode_batch`
+        only notes its answer); and its wake-up timeout coming earlier in SimPy's queue changes
+        no order, as no other event lands on its time (`_wake_up` checks the arrivals).
+        Returns True where it found that no stretch follows (the loop need not look again)."""
+        env, sched = self.env, self.sched
+        if self.skip_ahead and not self.left_out_ids and not sched.waiting.items and sched.running:
+            n, remaining, ctx = uniform_decode_batch(sched)
+            if n < 2:
+                yield env.timeout(dt)
+                return True
+            plan = self._plan_stretch(n, remaining, ctx, self.next_arrival_s() - t1,
+                                      self.next_arrival_at(), t1)
+            if plan.wake_up is not None:
+                end = t1 + plan.wake_up.delay_s  # the clock time sleeping from t1 lands on
+                delay = end - t0
+                if t0 + delay == end:
+                    self._skip_plan, self._skip_t0 = plan, t1
+                    self.skipping = True
+                    yield env.timeout(delay)
+                    self.skipping = False
+                    self._stretch_ended(plan, t1, plan.wake_up.steps)
+                    return False
+        yield env.timeout(dt)
+        return False
 
     def _pipelined_step(self) -> Process:
         """Async scheduling, as engine/engine_loop.py's `_step_async` runs it: schedule and prepare step
@@ -406,7 +457,7 @@ class _Replica:
         `remaining`, `ctx`: the running requests' remaining outputs and KV tokens (batch order)."""
         t0 = self.env.now
         plan = self._plan_stretch(n, remaining, ctx, self.next_arrival_s() - t0,
-                                  self.next_arrival_at() if self.sole else math.inf)
+                                  self.next_arrival_at() if self.sole else math.inf, t0)
         self._skip_plan, self._skip_t0 = plan, t0
         if plan.wake_up is not None:  # the arrival that wakes it comes to pending meanwhile
             self.skipping = True
@@ -415,6 +466,11 @@ class _Replica:
             m = plan.wake_up.steps
         else:
             m = yield from self._sleep_through(plan, plan.runs.n)
+        self._stretch_ended(plan, t0, m)
+
+    def _stretch_ended(self, plan: _Stretch, t0: float, m: int) -> None:
+        """The stretch that started at t0 ends after its first m steps: apply them, then admit
+        the requests that arrived meanwhile."""
         if self.pipelined:
             self._apply_pipelined(plan, t0, m)
         elif m:
@@ -466,12 +522,12 @@ class _Replica:
                                        plan.start)
 
     def _plan_stretch(self, n: int, remaining: list[int], ctx: list[int], horizon_s: float,
-                      wake_at: float) -> _Stretch:
-        """Durations of up to n decode steps, cut after the segment that passes `horizon_s` (the
-        next arrival, which will most likely wake the replica: steps past it are rarely used).
-        `wake_at`: the clock time an arrival will wake the replica at for sure (inf: unknown)."""
+                      wake_at: float, t0: float) -> _Stretch:
+        """Durations of up to n decode steps from clock time t0, cut after the segment that passes
+        `horizon_s` (the next arrival, which will most likely wake the replica: steps past it are
+        rarely used). `wake_at`: the clock time an arrival will wake the replica at for sure (inf:
+        unknown)."""
         sched = self.sched
-        t0 = self.env.now
         batches = self._decode_runs(remaining, ctx, n, horizon_s)
         runs, own = batches, None
         if self.pipelined:
@@ -890,6 +946,8 @@ class Simulation:
     # --- run ---------------------------------------------------------------------------------
     def run(self, until_s: float | None = None) -> SimResult:
         t_wall = time.perf_counter()
+        for rep in self.replicas:  # (see _Replica.fold_before: only a lone replica that skips)
+            rep.fold_before = (math.inf if until_s is None else until_s) if rep.sole and rep.skip_ahead else -math.inf
         with _cyclic_gc_paused():
             self.env.run(until=until_s)
         wall = time.perf_counter() - t_wall

@@ -477,3 +477,72 @@ def test_first_of_keeps_simpy_event_order(sleepers, others):
         return log
 
     assert trace(False) == trace(True)
+
+
+def _counting_steps(sim: Simulation) -> list[int]:
+    """Count the events sim's clock processes (SimPy's env.run calls env.step once per event)."""
+    count = [0]
+    step = sim.env.step
+
+    def counted() -> None:
+        count[0] += 1
+        step()
+
+    sim.env.step = counted
+    return count
+
+
+def _folded_and_stepped(dep, reqs, until_s):
+    folded, plain = Simulation(dep, reqs), Simulation(dep, reqs)
+    n_folded, n_plain = _counting_steps(folded), _counting_steps(plain)
+    a = folded.run(until_s=until_s)
+    plain.env.run(until=until_s)
+    b = plain._result(0.0)
+    _tables_equal(a, b)
+    for k in a.steps:
+        np.testing.assert_array_equal(a.steps[k], b.steps[k], err_msg=k)
+    return a, n_folded[0], n_plain[0]
+
+
+def test_a_lone_replica_folding_steps_equals_stepping_them():
+    """Simulation.run lets a lone replica apply a step as it starts (nothing can happen before its
+    end) and sleep once through the stretch after it; a clock driven by env.run does not (the
+    replica cannot see its stop time). Both give the very same tables, with fewer events folded,
+    and so do runs stopped in the middle of steps (until_s). Arrivals on a 10 ms grid, some at
+    one instant, land on and next to step ends."""
+    rng = np.random.default_rng(3)
+    t = np.round(np.cumsum(rng.exponential(0.08, 150)), 2)
+    t[40:44] = t[40]
+    reqs = [req(i, float(x), int(rng.integers(20, 1500)), int(rng.integers(1, 300))) for i, x in enumerate(t)]
+    dep = deployment(num_gpu_blocks_override=2500)
+    full, n_folded, n_plain = _folded_and_stepped(dep, reqs, None)
+    assert n_folded < n_plain - 50, (n_folded, n_plain)
+    prefills = np.flatnonzero(full.steps["num_prefill_tokens"] > 0)
+    for row in prefills[5::len(prefills) // 6]:  # stopped half-way through a prefill step
+        _folded_and_stepped(dep, reqs, float(full.steps["t_start_s"][row] + full.steps["total_s"][row] / 2))
+
+
+def _arrivals_on_prefill_ends(dep, n: int, seed: int) -> list[Request]:
+    """Requests arriving at the very clock time a prefill step ends (most of them; some in twos,
+    one instant), where SimPy's order of equal-time events decides which step takes them: each
+    placed at the end of the step that prefills the one before (a run without it tells when)."""
+    rng = np.random.default_rng(seed)
+    reqs = [req(0, 0.0, 600, 40)]
+    while len(reqs) < n:
+        plain = Simulation(dep, reqs)
+        plain.env.run()
+        steps = plain._result(0.0).steps
+        ends = steps["t_start_s"] + steps["total_s"]  # (SimPy's own sum t0 + dt)
+        later = ends[(steps["num_prefill_tokens"] > 0) & (ends > reqs[-1].arrival_s)]
+        t = float(later[0]) if later.size and rng.random() < 0.8 else reqs[-1].arrival_s + float(rng.exponential(0.1))
+        for _ in range(1 + (rng.random() < 0.3)):
+            reqs.append(req(len(reqs), t, int(rng.integers(20, 1500)), int(rng.integers(2, 200))))
+    return reqs
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_folding_keeps_simpy_order_at_equal_times(seed):
+    """Arrivals landing exactly on step ends: a lone replica that folds steps (Simulation.run)
+    gives the very tables of one driven by env.run, which folds none."""
+    dep = deployment(num_gpu_blocks_override=2500)
+    _folded_and_stepped(dep, _arrivals_on_prefill_ends(dep, 30, seed), None)
