@@ -9,17 +9,18 @@ from benchmarks.kernels.test_bench_moe import run_bench
 
 
 def test_focus_run5_dry_run_times_run4s_best_against_run5s_plans(tmp_path):
-    """The next GPU call's mode (`--focus --run5`) on the CPU: every run 5 feature passes the probe, every
-    timed plan passed its check, and each T's row holds run 4's best (the baseline) beside run 5's plans."""
+    """The next GPU call's mode (`--focus --run5`) on the CPU: every run 5 feature passes the probe and
+    each T's row holds run 4's best (the baseline) beside run 5's plans. The check part is skipped here
+    (it doubles the interpreter's time): tests/kernels/test_moe_run5.py checks every run 5 plan against
+    the float32 loop."""
     from kernels.moe_plans import DIRECT_RUN5, plan_key, run4_best
 
     done = run_bench("benchmarks/kernels/bench_moe_h200.py", "--out", str(tmp_path), "--dry-run", "--focus", "--run5",
-                "--tokens", "16", "1")
+                "--tokens", "16", "1", "--skip", "check")
     assert done.returncode == 0, done.stderr[-2000:]
     res = json.loads((tmp_path / "moe.json").read_text())
     assert res["errors"] == [] and res["meta"]["focus_baseline"] == "run4_best"
     assert {"sorted", "fused"} <= set(res["meta"]["probe_ok"])
-    assert res["check"] and all(r["ok"] for r in res["check"])
     rows = {r["T"]: r for r in res["speed"]}
     assert set(rows) == {1, 16}
     one = rows[1]["fused_by_tiles"]
