@@ -402,7 +402,8 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     rows = np.where(is_decode, pad, g["num_prefill_seqs"] + g["num_decode_tokens"])
     q = np.where(n_dec > 0, g["num_decode_tokens"] / np.maximum(n_dec, 1), 0.0)
     # graphs' padding tokens route alike (Roofline.experts_s): the experts see the real tokens + 1
-    routed = np.where(is_decode | (kind == "mixed_graph"), graph_routed(tokens.astype(np.float64), tok), tok)
+    # (an eager row pads nothing, tok == tokens, so the rule gives tok there)
+    routed = graph_routed(tokens.astype(np.float64), tok)
     f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"],
                        g.get("max_decode_context", np.zeros_like(tok)), routed=routed)
     f["step_s"] = np.ones_like(tok)
