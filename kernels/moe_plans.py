@@ -114,7 +114,8 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
-    plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5]
+    plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5, *DIRECT_RUN6,
+             *PREFILL_RUN6]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -219,6 +220,50 @@ def run5_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
     return out
 
 
+# ------------------------------------------------------------------------------- run 6
+# Run 5 (benchmarks/kernels/data/moe_run5, H200 2026-12-03 12:01 UTC): the sorted activations with a
+# persistent TMA-fed down launch at down s4 won the prefill sizes (T = 4096 657.1 us, 471 TFLOP/s, 59.6% of
+# 790; T = 1024 362.0 us) and the one-launch direct path lost decode (T = 1 32.2 us against run 4's 23.8:
+# its down items spin on counters). Run 6 varies the two winners one step further: the persistent
+# gate+up (10 us off at down s3 in run 5) on the s4 winner, and the run 4 direct plan's K steps, stages
+# and warps (T = 1 is 1.32x its roofline, the target 1.3x).
+_P5 = dataclasses.replace(_P, **_SP, down_num_stages=4)
+RUN5_BEST: dict[int, MoeTiles | DirectTiles] = {**PROPOSED_RULE, 1024: _P5, 4096: _P5}
+PREFILL_RUN6 = [
+    dataclasses.replace(_P5, up_persistent=1),
+    dataclasses.replace(_P5, up_persistent=1, num_stages=3),  # gate+up s3 frees shared memory for 2 a SM
+    dataclasses.replace(_P5, up_persistent=1, group_m=16),
+    dataclasses.replace(_P5, group_m=4),
+]
+_D4 = PROPOSED_RULE[1]
+DIRECT_RUN6 = [
+    dataclasses.replace(_D4, num_stages=4),
+    dataclasses.replace(_D4, block_k=512),
+    dataclasses.replace(_D4, block_k=512, num_stages=2),
+    dataclasses.replace(_D4, down_block_k=256),
+    dataclasses.replace(_D4, down_block_n=16),
+    dataclasses.replace(_D4, evict=True),
+    dataclasses.replace(_D4, num_warps=8),
+    dataclasses.replace(_D4, block_n=4),
+]
+DIRECT_RUN6_MAX_PAIRS = 16
+
+
+def run5_best(num_tokens: int) -> MoeTiles | DirectTiles:
+    """Run 5's fastest plan at the measured T nearest `num_tokens` (RUN5_BEST): run 6's baseline."""
+    return rule_tiles(num_tokens, RUN5_BEST)
+
+
+def run6_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 6's new plans at T: the direct variants up to DIRECT_RUN6_MAX_PAIRS pairs, the prefill
+    variants from 64 rows per expert."""
+    pairs = num_tokens * top_k
+    out: list[MoeTiles | DirectTiles] = list(DIRECT_RUN6) if pairs <= DIRECT_RUN6_MAX_PAIRS else []
+    if pairs / num_experts >= 64:
+        out += PREFILL_RUN6
+    return out
+
+
 def proposed_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """A proposal, not the default (kernels.fused_moe.DEFAULT_PLANS): with 32 or more experts the
     plan of the measured T nearest `num_tokens` in log2 (PROPOSED_RULE, measured at top 8 of 128);
@@ -230,10 +275,13 @@ def proposed_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | 
 __all__ = [
     "DIRECT_RUN4",
     "DIRECT_RUN5",
+    "DIRECT_RUN6",
     "PREFILL_RUN4",
     "PREFILL_RUN5",
+    "PREFILL_RUN6",
     "PROPOSED_RULE",
     "RUN3_BEST",
+    "RUN5_BEST",
     "known_plans",
     "plan_key",
     "propose_rule",
@@ -243,5 +291,7 @@ __all__ = [
     "run3_tiles",
     "run4_best",
     "run4_candidates",
+    "run5_best",
     "run5_candidates",
+    "run6_candidates",
 ]

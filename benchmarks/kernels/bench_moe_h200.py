@@ -70,6 +70,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--run5", action="store_true",
                    help="with --focus: run 4's best plan (kernels.moe_plans.run4_best) as the baseline and run 5's "
                         "candidates (run5_candidates) instead of run 3's and run 4's")
+    p.add_argument("--run6", action="store_true",
+                   help="with --focus: run 5's best plan (kernels.moe_plans.run5_best) as the baseline and run 6's "
+                        "candidates (run6_candidates)")
     p.add_argument("--presets", nargs="+", default=None, help="presets to time (default: both; --focus: qwen3-30b-a3b)")
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="step sizes T in the order timed")
     return p.parse_args()
@@ -103,11 +106,14 @@ from kernels.moe_plans import (
     DIRECT_RUN5,
     PREFILL_RUN4,
     PREFILL_RUN5,
+    PREFILL_RUN6,
     plan_key,
     run3_best,
     run4_best,
     run4_candidates,
+    run5_best,
     run5_candidates,
+    run6_candidates,
 )
 from kernels.moe_reference import fused_moe_ref, route_ref
 
@@ -624,17 +630,20 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
 def focus_plans(t: int, k: int, e: int) -> dict:
     """key -> plan at T: run 3's best first, then run 4's candidates whose features passed the probe
     (the dry run also walks the prefill tiles at its largest T)."""
-    plans = [baseline_plan(t), *(run5_candidates(t, k, e) if ARGS.run5 else run4_candidates(t, k, e))]
+    new = (run6_candidates if ARGS.run6 else run5_candidates if ARGS.run5 else run4_candidates)(t, k, e)
+    plans = [baseline_plan(t), *new]
     if ARGS.dry_run and t == max(focus_tokens()):
-        big = PREFILL_RUN5 if ARGS.run5 else PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]
+        big = (PREFILL_RUN6 if ARGS.run6 else PREFILL_RUN5 if ARGS.run5
+               else PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1])
         plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1, down_block_n=16,
                                       down_block_k=16, down_num_stages=1) for p in big]
     return {tiles_key(p): p for p in plans if not plan_features(p) & PROBE_FAILED and tiles_key(p) not in CHECK_FAILED}
 
 
 def baseline_plan(t: int) -> MoeTiles | DirectTiles:
-    """The plan the new ones are set against: run 4's best at the nearest T (--run5), else run 3's."""
-    return run4_best(t) if ARGS.run5 else run3_best(t)
+    """The plan the new ones are set against: run 5's best at the nearest T (--run6), run 4's (--run5),
+    else run 3's."""
+    return run5_best(t) if ARGS.run6 else run4_best(t) if ARGS.run5 else run3_best(t)
 
 
 def focus_tokens() -> tuple[int, ...]:
@@ -795,8 +804,8 @@ def focus_speed() -> None:
 def focus_markdown(res: dict) -> str:
     m = res["meta"]
     ph = ("align_us", "gate_up_us", "down_us", "ksum_us")
-    run = "run 5" if ARGS.run5 else "run 4"
-    base = "run 4 best" if ARGS.run5 else "run 3 best"
+    run = "run 6" if ARGS.run6 else "run 5" if ARGS.run5 else "run 4"
+    base = "run 5 best" if ARGS.run6 else "run 4 best" if ARGS.run5 else "run 3 best"
     lines = [f"# Fused MoE, {run} focus, on {m.get('gpu', '?')} ({m.get('date', '?')})", "",
              (f"`{m.get('command', '')}`; torch {m.get('torch')}, triton {m.get('triton')}; probe ok: "
               f"{', '.join(m.get('probe_ok', []))}. Roofline: touched experts' bytes / 4.2 TB/s vs FLOPs / 790 "
@@ -897,7 +906,8 @@ def main() -> None:
                        "command": " ".join(["python3", *sys.argv]), "hbm_bytes_per_s": HBM_BYTES_PER_S,
                        "bf16_flops_per_s": BF16_FLOPS_PER_S, "has_grouped_mm": hasattr(torch, "_grouped_mm"),
                        # --focus: the baseline plan whose time the speed rows' run3_us / run3_plan hold
-                       "focus_baseline": "run4_best" if ARGS.run5 else "run3_best"}
+                       "focus_baseline": ("run5_best" if ARGS.run6 else "run4_best" if ARGS.run5
+                                                          else "run3_best")}
     try:
         import triton
         RESULTS["meta"]["triton"] = triton.__version__

@@ -15,6 +15,7 @@ from kernels.fused_moe import MoeTiles, align_by_expert, fused_moe, moe_sum, run
 from kernels.moe_direct import DirectTiles
 from kernels.moe_plans import (
     DIRECT_RUN4,
+    DIRECT_RUN6,
     PREFILL_RUN4,
     PROPOSED_RULE,
     RUN3_BEST,
@@ -83,10 +84,11 @@ def _layer(seed, t, e, k, h, n):
     return x, w13, w2, weights, ids
 
 
-@pytest.mark.parametrize("plan", DIRECT_RUN4, ids=repr)
+@pytest.mark.parametrize("plan", DIRECT_RUN4 + DIRECT_RUN6, ids=repr)
 def test_direct_run4_variants_equal_the_per_expert_loop(plan):
     """evict-first loads, the early launch (the interpreter runs no gdc wait or prefetch: the values
-    are the kernel's own), the down launch's warps, the n4 down tile; k = 3 leaves a masked slot."""
+    are the kernel's own), the down launch's warps, the n4 down tile, run 6's K steps (wider than H
+    and N here: one masked step); k = 3 leaves a masked slot."""
     for t, e, k in ((1, 10, 3), (5, 16, 8)):
         x, w13, w2, weights, ids = _layer(t + e, t, e, k, 40, 20)
         assert_close(fused_moe(x, w13, w2, weights, ids, plan), fused_moe_ref(x, w13, w2, weights, ids),

@@ -17,12 +17,17 @@ from kernels.fused_moe import MoeTiles, align_by_expert, fused_moe, gate_up_grou
 from kernels.moe_direct import _SYNC, DirectTiles, _resident_per_sm
 from kernels.moe_plans import (
     DIRECT_RUN5,
+    DIRECT_RUN6,
     PREFILL_RUN5,
+    PREFILL_RUN6,
     PROPOSED_RULE,
+    RUN5_BEST,
     known_plans,
     plan_key,
     run4_best,
+    run5_best,
     run5_candidates,
+    run6_candidates,
 )
 from kernels.moe_reference import fused_moe_ref, route_ref
 from tests.kernels.helpers import SETTINGS, assert_close
@@ -72,7 +77,7 @@ def test_sorted_activations_sit_at_the_sorted_rows_and_padding_rows_are_zero():
     assert torch.equal(by_row[used & ~real], torch.zeros_like(by_row[used & ~real]))
 
 
-@pytest.mark.parametrize("plan", PREFILL_RUN5, ids=plan_key)
+@pytest.mark.parametrize("plan", PREFILL_RUN5 + PREFILL_RUN6, ids=plan_key)
 def test_prefill_run5_plans_at_small_tiles(plan):
     """Each prefill candidate's fields with the tiles shrunk for the interpreter, random routing and every
     token on the same two experts (one crowded expert, the rest empty), float32 and bfloat16."""
@@ -137,3 +142,15 @@ def test_run5_candidates_and_baseline_by_step_size():
     assert all(p.fused for p in DIRECT_RUN5) and all(p.joint and p.tma for p in PREFILL_RUN5)
     assert len({plan_key(p) for p in DIRECT_RUN5 + PREFILL_RUN5}) == len(DIRECT_RUN5) + len(PREFILL_RUN5)
     assert all(plan_key(p) in known_plans() for p in DIRECT_RUN5 + PREFILL_RUN5)
+
+
+def test_run6_candidates_and_baseline_by_step_size():
+    """Run 6: direct variants up to 16 pairs (T = 1, 2), prefill variants from 64 rows per expert; the
+    baseline is run 5's best (its sorted persistent plan at T = 1024 and 4096, run 4's elsewhere)."""
+    assert run6_candidates(1, 8, 128) == DIRECT_RUN6 and run6_candidates(2, 8, 128) == DIRECT_RUN6
+    assert run6_candidates(4, 8, 128) == [] and run6_candidates(4096, 8, 128) == PREFILL_RUN6
+    assert run5_best(1) is PROPOSED_RULE[1] and run5_best(4096) is RUN5_BEST[4096]
+    assert RUN5_BEST[4096].sorted_act and RUN5_BEST[4096].persistent == 1 and RUN5_BEST[4096].down_num_stages == 4
+    assert all(p.up_persistent or p.group_m != 8 for p in PREFILL_RUN6)
+    keys = {plan_key(p) for p in DIRECT_RUN6 + PREFILL_RUN6}
+    assert len(keys) == len(DIRECT_RUN6) + len(PREFILL_RUN6) and keys <= set(known_plans())
