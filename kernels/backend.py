@@ -51,7 +51,7 @@ class Backend:
     work_block_qs: Callable[..., tuple[int, int] | None]
     # (x [T, H], w13 [E, 2N, H], w2 [E, H, N], topk_weights [T, k], topk_ids [T, k]) -> [T, H]: the
     # experts of a mixture-of-experts layer (reference: a per-expert loop, which syncs the host
-    # and so cannot be captured in a CUDA graph; Triton: kernels.fused_moe, graph-safe)
+    # and so cannot be captured in a CUDA graph; Triton: kernels.fused_moe with the plan kernels.moe_plans.engine_tiles picks, graph-safe)
     fused_moe: Callable[..., torch.Tensor]
 
 
@@ -71,12 +71,12 @@ def get_backend(name: str) -> Backend:
         from kernels.cache_write import write_kv_cache
         from kernels.fp8_linear import linear_fp8
         from kernels.fused import add_rms_norm, rope_store_kv, silu_mul
-        from kernels.fused_moe import fused_moe
+        from kernels.moe_plans import engine_fused_moe
         from kernels.paged_attention import paged_attention, work_block_qs
         from kernels.reference import linear_ref as gemm
         return Backend(
             "triton", paged_attention, write_kv_cache, rope_store_kv, add_rms_norm, silu_mul, gemm,
-            linear_fp8, work_block_qs, fused_moe,
+            linear_fp8, work_block_qs, engine_fused_moe,
         )
     raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKEND_NAMES}")
 

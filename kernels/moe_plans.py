@@ -11,7 +11,8 @@
   order with a TMA-fed (and persistent) down launch, the k-sum as the down epilogue's atomics, and
   gate+up stage / K-step variants.
 
-Nothing here is a default: kernels.fused_moe.DEFAULT_PLANS picks what the engine runs.
+- `engine_tiles(T, k, E)`: what the engine runs (kernels.backend's Triton `fused_moe` is
+  `engine_fused_moe`): run 6's measured rule with 32 or more experts, run 2's tiles with fewer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kernels.fused_moe import MoeTiles, run3_tiles
+import torch
+
+from kernels.fused_moe import MoeTiles, fused_moe, run2_tiles, run3_tiles
 from kernels.moe_direct import DirectTiles
 
 # run 3's fastest plan per T on qwen3-30b-a3b (us in moe_run3/moe.md: 27.5, 49.3, 81.0, 134.3, ...)
@@ -115,7 +118,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6]
+             *PREFILL_RUN6, *RUN6_BEST.values()]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -264,6 +267,33 @@ def run6_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
     return out
 
 
+# ------------------------------------------------------------------------------- what the engine runs
+# Run 6 (benchmarks/kernels/data/moe_run6, H200 2026-12-03 12:09 UTC): the persistent gate+up on run 5's
+# winner, T = 4096 653.4 us (473 TFLOP/s, 59.9% of 790), T = 1024 358.4 us; a 16-wide down tile at T = 1,
+# 23.3 us (1.29x its roofline); T = 2 kept run 4's 42.6 us. T = 4-256 keep runs 3-4's measured plans.
+_P6 = dataclasses.replace(_P5, up_persistent=1)
+RUN6_BEST: dict[int, MoeTiles | DirectTiles] = {
+    **RUN5_BEST, 1: dataclasses.replace(_D4, down_block_n=16), 1024: _P6, 4096: _P6}
+ENGINE_RULE_MIN_EXPERTS = 32  # the rule was measured at top 8 of 128 (qwen3-30b-a3b)
+
+
+def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
+    measured plan of the nearest T in log2 (RUN6_BEST: qwen3-30b-a3b's profile is calibrated on it);
+    with fewer (mixtral-8x7b's 8) run 2's tiles (`run2_tiles`), on which mixtral's profile was
+    calibrated (run 3 measured its direct path 22% slower there at T = 1)."""
+    if num_experts < ENGINE_RULE_MIN_EXPERTS:
+        return run2_tiles(num_tokens, top_k, num_experts)
+    return rule_tiles(num_tokens, RUN6_BEST)
+
+
+def engine_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor) -> torch.Tensor:
+    """`kernels.fused_moe.fused_moe` with the engine's plan for the step (`engine_tiles`)."""
+    tiles = engine_tiles(x.shape[0], topk_ids.shape[1], w13.shape[0])
+    return fused_moe(x, w13, w2, topk_weights, topk_ids, tiles)
+
+
 def proposed_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """A proposal, not the default (kernels.fused_moe.DEFAULT_PLANS): with 32 or more experts the
     plan of the measured T nearest `num_tokens` in log2 (PROPOSED_RULE, measured at top 8 of 128);
@@ -276,12 +306,16 @@ __all__ = [
     "DIRECT_RUN4",
     "DIRECT_RUN5",
     "DIRECT_RUN6",
+    "ENGINE_RULE_MIN_EXPERTS",
     "PREFILL_RUN4",
     "PREFILL_RUN5",
     "PREFILL_RUN6",
     "PROPOSED_RULE",
     "RUN3_BEST",
     "RUN5_BEST",
+    "RUN6_BEST",
+    "engine_fused_moe",
+    "engine_tiles",
     "known_plans",
     "plan_key",
     "propose_rule",

@@ -154,3 +154,22 @@ def test_run6_candidates_and_baseline_by_step_size():
     assert all(p.up_persistent or p.group_m != 8 for p in PREFILL_RUN6)
     keys = {plan_key(p) for p in DIRECT_RUN6 + PREFILL_RUN6}
     assert len(keys) == len(DIRECT_RUN6) + len(PREFILL_RUN6) and keys <= set(known_plans())
+
+
+def test_engine_runs_run6s_rule_with_32_experts_and_run2s_tiles_below():
+    """The engine's plan (kernels.backend's Triton fused_moe): 32+ experts the measured rule of the
+    nearest T in log2, fewer run 2's tiles (mixtral's profile was calibrated on them); and its output
+    equals the float32 per-expert loop on each path the rule takes at E = 32."""
+    from kernels.fused_moe import run2_tiles
+    from kernels.moe_plans import RUN6_BEST, engine_fused_moe, engine_tiles
+
+    assert engine_tiles(1, 8, 128) is RUN6_BEST[1] and engine_tiles(3000, 8, 128) is RUN6_BEST[4096]
+    assert engine_tiles(600, 8, 128) is RUN6_BEST[1024] and engine_tiles(12, 8, 32) is RUN6_BEST[16]
+    assert all(engine_tiles(t, 2, 8) == run2_tiles(t, 2, 8) for t in (1, 7, 64, 4096))
+    assert RUN6_BEST[4096].up_persistent == 1 and RUN6_BEST[1].down_block_n == 16
+    paths = set()
+    for t in (1, 5, 16, 300):
+        x, w13, w2, weights, ids = _layer(40 + t, t, 32, 8, 64, 32)
+        paths.add(type(engine_tiles(t, 8, 32)).__name__)
+        assert_close(engine_fused_moe(x, w13, w2, weights, ids), _ref(x, w13, w2, weights, ids), torch.float32)
+    assert paths == {"DirectTiles", "MoeTiles"}
