@@ -4,7 +4,7 @@ replayed from a CUDA graph, against the float32 per-expert loop (kernels.moe_ref
 per T; exit 1 if any error is over the bf16 tolerance. `--dry-run`: the Triton interpreter on the CPU
 with a small layer of 32 experts (the rule needs 32 or more) and small T.
 
-    python3 benchmarks/kernels/check_engine_moe_plans.py            # the H200, ~20 s
+    python3 benchmarks/kernels/check_engine_moe_plans.py            # the H200, ~60-150 s (compiles each plan's kernels)
     TRITON_INTERPRET=1 python3 benchmarks/kernels/check_engine_moe_plans.py --dry-run
 """
 
@@ -71,11 +71,12 @@ def main() -> int:
         from kernels import _interpreter_compat
 
         _interpreter_compat.apply()  # a no-op unless TRITON_INTERPRET=1
-    rows = [check(t, a.dry_run) for t in (DRY_TOKENS if a.dry_run else GPU_TOKENS)]
-    text = "\n".join(json.dumps(r) for r in rows)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    rows = []
+    for t in DRY_TOKENS if a.dry_run else GPU_TOKENS:
+        rows.append(check(t, a.dry_run))
+        print(json.dumps(rows[-1]), flush=True)  # each row as it comes: a timeout keeps the ones done
+        if a.out:
+            a.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0 if all(r["ok"] for r in rows) else 1
 
 
