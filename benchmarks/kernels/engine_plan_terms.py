@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""The cost model's MoE kernel factors for the plans the engine runs, from focus-mode bench results.
+
+    python3 benchmarks/kernels/engine_plan_terms.py data/moe_run6/moe.json data/moe_engine_plans/moe.json ...
+    python3 benchmarks/kernels/engine_plan_terms.py ... --into benchmarks/calibration/data/moe/start/h200-qwen3-30b-a3b.json --force
+
+Each focus run (`bench_moe_h200.py --focus`) times several plans per step size T; the engine runs one
+of them, `kernels.moe_plans.engine_tiles(T, k, E)`. This takes that plan's time at every T the files
+hold (a T timed twice: the later file wins), fits `MoeTerms` (sim/moe_fit.py: measured / roofline side
+per T, interpolated between the knots) and prints the table. `--into` replaces the `moe` terms of a
+profile file, keeping its `layer_fixed_s` (fitted on whole engine steps, not on one layer) and every
+other field; the profile the MoE calibration starts from (moe_validate.py --base-profile) is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from kernels.moe_plans import engine_tiles, plan_key
+from sim.cost_model import CostProfile
+from sim.hardware import get_gpu
+from sim.moe_fit import fit_moe_terms
+
+
+def engine_rows(paths: list[Path], preset: str) -> tuple[list[dict], list[str]]:
+    """One row per T: the bench row with `fused_us` set to the engine plan's time; and the files'
+    dates. A T whose engine plan no file timed is an error naming the plan."""
+    by_t, dates = {}, []
+    for path in paths:
+        res = json.loads(path.read_text())
+        dates.append(f"{path}: {res['meta'].get('gpu')} {res['meta'].get('date')}")
+        for row in res["speed"]:
+            if row["preset"] == preset:
+                by_t[row["T"]] = row
+    rows = []
+    for t, row in sorted(by_t.items()):
+        key = plan_key(engine_tiles(t, row["k"], row["E"]))
+        times = row.get("fused_by_tiles") or {}
+        if key not in times:
+            raise SystemExit(f"T={t}: the engine's plan {key!r} is not among the timed plans of the files; "
+                             "time it with bench_moe_h200.py --focus at that T")
+        rows.append({**row, "fused_us": times[key], "fused_tiles": key})
+    return rows, dates
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("results", type=Path, nargs="+", help="moe.json files of bench_moe_h200.py --focus runs")
+    p.add_argument("--preset", default="qwen3-30b-a3b")
+    p.add_argument("--gpu", default="h200")
+    p.add_argument("--into", type=Path, help="a profile file whose moe terms to replace")
+    p.add_argument("--force", action="store_true", help="with --into: replace them (the file is rewritten)")
+    a = p.parse_args()
+    rows, dates = engine_rows(a.results, a.preset)
+    base = CostProfile.load(a.into) if a.into else CostProfile.load("default")
+    source = (f"measured: the engine's fused-MoE plans (kernels.moe_plans.engine_tiles) timed by "
+              f"benchmarks/kernels/bench_moe_h200.py --focus ({'; '.join(dates)}), one {a.preset} MoE layer, "
+              f"random bf16 weights and router, T = {rows[0]['T']}..{rows[-1]['T']}; routing skew 0 = uniform prior")
+    terms, table = fit_moe_terms(rows, get_gpu(a.gpu), base, source=source)
+    if base.moe is not None:
+        terms = terms.model_copy(update={"layer_fixed_s": base.moe.layer_fixed_s,
+                                         "routing_skew": base.moe.routing_skew})
+    print("| T | engine plan | measured us | roofline side us | bound | factor |\n|---:|---|---:|---:|---|---:|")
+    for r, t in zip(rows, table):
+        side = t["compute_us"] if t["bound"] == "compute" else t["memory_us"]
+        print(f"| {t['T']} | {r['fused_tiles']} | {t['measured_us']:.1f} | {side:.1f} | {t['bound']} | "
+              f"{t['measured_us'] / side:.3f} |")
+    print(f"\nbytes factors {terms.bytes_factor_by_tokens}\nflops factors {terms.flops_factor_by_tokens}")
+    if a.into:
+        if not a.force:
+            sys.exit(f"{a.into} exists; pass --force to replace its moe terms")
+        prov = {**(base.provenance or {}), "moe": {"bench": "benchmarks/kernels/bench_moe_h200.py --focus",
+                                                   "plans": "kernels.moe_plans.engine_tiles", "files": dates}}
+        base.model_copy(update={"moe": terms, "provenance": prov}).save(a.into)
+        print(f"wrote the moe terms of {a.into}")
+
+
+if __name__ == "__main__":
+    main()
