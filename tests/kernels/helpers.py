@@ -19,3 +19,18 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> No
     assert not torch.isnan(out).any(), "output holds NaN: an element was not written"
     err = rel_norm_error(out, ref)
     assert err <= TOLERANCE[dtype], f"relative norm error {err:.3g} > {TOLERANCE[dtype]}"
+
+
+def interpreter_distinct(plans: list) -> list:
+    """The plans that run differently in the Triton interpreter: warps and pipeline stages only tune
+    the compiled code (the interpreter runs each program's ops one after another whatever they
+    are), so plans that differ in nothing else are one test. Every other field (tiles, flags that
+    pick a code path, persistent grids) keeps plans apart."""
+    import dataclasses
+
+    tuning = {"num_warps": 4, "num_stages": 1, "down_num_warps": 0, "down_num_stages": 0}
+    seen: dict[str, object] = {}
+    for p in plans:
+        key = repr(dataclasses.replace(p, **{f: v for f, v in tuning.items() if hasattr(p, f)}))
+        seen.setdefault(key, p)
+    return list(seen.values())

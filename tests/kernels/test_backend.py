@@ -29,9 +29,9 @@ def test_each_name_holds_its_own_set_of_kernels():
 
     assert [f.name for f in dataclasses.fields(Backend)] == ["name", *ENTRIES, "fused_moe"]
     torch_backend, triton_backend = get_backend("torch"), get_backend("triton")
-    from kernels import moe_reference  # mixture of experts: the per-expert loop / Triton
+    # mixture of experts: the per-expert loop / Triton's fused_moe with the plan moe_plans.engine_tiles picks
+    from kernels import moe_plans, moe_reference
     assert torch_backend.fused_moe is moe_reference.fused_moe_ref
-    from kernels import moe_plans  # the engine runs fused_moe with the plan moe_plans.engine_tiles picks
     assert triton_backend.fused_moe is moe_plans.engine_fused_moe
     assert torch_backend.name == "torch" and triton_backend.name == "triton"
     for entry in ENTRIES:

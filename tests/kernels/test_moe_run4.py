@@ -28,7 +28,7 @@ from kernels.moe_plans import (
     run4_candidates,
 )
 from kernels.moe_reference import fused_moe_ref, route_ref
-from tests.kernels.helpers import SETTINGS, assert_close
+from tests.kernels.helpers import SETTINGS, assert_close, interpreter_distinct
 
 
 def _ids(g, t, e, k):
@@ -51,10 +51,12 @@ def test_hist_grouping_equals_the_torch_grouping(t, e, k, block_m, method, seed)
 
 
 def test_hist_grouping_with_256_pair_chunks_and_one_crowded_expert():
-    """600 tokens x top 8 of 128 experts: 4,800 pairs, 19 chunks of 256 (the prefill chunk size),
-    random routing, every token on the same 8 experts, and block_m 128 (runs of several blocks)."""
+    """100 tokens x top 8 of 32 experts: 800 pairs, 4 chunks of 256 (the prefill chunk size, the
+    last one partial), random routing, every token on the same 8 experts, and block_m 128 (runs of
+    several blocks). (The place launch has a program per chunk of the padded length, E x (block_m - 1)
+    more than the pairs: 32 experts, not 128, keep that to 19 programs in the interpreter.)"""
     g = torch.Generator().manual_seed(9)
-    e, k, t = 128, 8, 600
+    e, k, t = 32, 8, 100
     for routing in (_ids(g, t, e, k), torch.arange(k).expand(t, k).contiguous()):
         for block_m in (16, 128):
             assert _same(align_by_expert(routing, e, block_m, method="hist"),
@@ -84,7 +86,7 @@ def _layer(seed, t, e, k, h, n):
     return x, w13, w2, weights, ids
 
 
-@pytest.mark.parametrize("plan", DIRECT_RUN4 + DIRECT_RUN6, ids=repr)
+@pytest.mark.parametrize("plan", interpreter_distinct(DIRECT_RUN4 + DIRECT_RUN6), ids=repr)
 def test_direct_run4_variants_equal_the_per_expert_loop(plan):
     """evict-first loads, the early launch (the interpreter runs no gdc wait or prefetch: the values
     are the kernel's own), the down launch's warps, the n4 down tile, run 6's K steps (wider than H
@@ -173,11 +175,12 @@ def test_proposed_rule_is_run4s_measured_best_where_run4_timed():
     assert PROPOSED_RULE == {**RUN3_BEST, **propose_rule(rows["speed"])}
 
 
-@pytest.mark.parametrize("chunk", [32, 512])
-def test_hist_grouping_at_any_chunk(chunk):
-    """_align_hist's chunk (512 is the default above 16K pairs): 150 tokens x top 8 of 128 experts."""
+@pytest.mark.parametrize(("chunk", "tokens"), [(32, 25), (512, 150)])
+def test_hist_grouping_at_any_chunk(chunk, tokens):
+    """_align_hist's chunk (512 is the default above 16K pairs) over several chunks, the last one
+    partial: 25 tokens x top 8 of 32 experts in 7 chunks of 32, 150 in 3 of 512."""
     from kernels.moe_align import _align_hist
 
-    ids = _ids(torch.Generator().manual_seed(chunk), 150, 128, 8)
+    ids = _ids(torch.Generator().manual_seed(chunk), tokens, 32, 8)
     for block_m in (16, 128):
-        assert _same(_align_hist(ids, 128, block_m, 0, chunk), align_by_expert(ids, 128, block_m, method="torch"))
+        assert _same(_align_hist(ids, 32, block_m, 0, chunk), align_by_expert(ids, 32, block_m, method="torch"))

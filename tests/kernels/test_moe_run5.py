@@ -30,7 +30,7 @@ from kernels.moe_plans import (
     run6_candidates,
 )
 from kernels.moe_reference import fused_moe_ref, route_ref
-from tests.kernels.helpers import SETTINGS, assert_close
+from tests.kernels.helpers import SETTINGS, assert_close, interpreter_distinct
 
 
 def _layer(seed, t, e, k, h, n, dtype=torch.float32):
@@ -77,12 +77,20 @@ def test_sorted_activations_sit_at_the_sorted_rows_and_padding_rows_are_zero():
     assert torch.equal(by_row[used & ~real], torch.zeros_like(by_row[used & ~real]))
 
 
-@pytest.mark.parametrize("plan", PREFILL_RUN5 + PREFILL_RUN6, ids=plan_key)
-def test_prefill_run5_plans_at_small_tiles(plan):
+def _shrunk(plan):
+    """A prefill plan's code paths at tiles the interpreter runs in about a second."""
+    return dataclasses.replace(plan, block_m=16, block_n=16, block_k=16, num_stages=1, down_block_n=16,
+                               down_block_k=16, down_num_stages=1)
+
+
+# runs 5 and 6's prefill plans, one test per distinct shrunk plan (tile sizes and stages are the same there)
+SMALL_PREFILL = interpreter_distinct([_shrunk(p) for p in PREFILL_RUN5 + PREFILL_RUN6])
+
+
+@pytest.mark.parametrize("small", SMALL_PREFILL, ids=plan_key)
+def test_prefill_run5_plans_at_small_tiles(small):
     """Each prefill candidate's fields with the tiles shrunk for the interpreter, random routing and every
     token on the same two experts (one crowded expert, the rest empty), float32 and bfloat16."""
-    small = dataclasses.replace(plan, block_m=16, block_n=16, block_k=16, num_stages=1, down_block_n=16,
-                                down_block_k=16, down_num_stages=1)
     x, w13, w2, weights, ids = _layer(12, 23, 8, 4, 32, 48)
     same = torch.tensor([3, 5, 0, 1]).expand(23, 4).contiguous()
     for routing in (ids, same):
@@ -95,7 +103,7 @@ def _counters_zero():
     return all(int(c.abs().sum()) == 0 for c in _SYNC.values())
 
 
-@pytest.mark.parametrize("plan", DIRECT_RUN5, ids=plan_key)
+@pytest.mark.parametrize("plan", interpreter_distinct(DIRECT_RUN5), ids=plan_key)
 def test_direct_run5_one_launch_plans_equal_the_loop_and_leave_their_counters_zero(plan):
     """T = 1 (one token, k = 3 of 10 experts: a masked slot of next_pow2(k)) and T = 5 (top 8 of 16, tokens
     sharing experts), each called twice: the second call finds the counters the first one zeroed."""
