@@ -46,7 +46,21 @@ def _build_each_app_once() -> None:
 _build_each_app_once()
 
 
+_SECONDS = Path(__file__).with_name("tests") / "file_seconds.txt"
+FILE_SECONDS = {f: float(s) for s, f in (line.split() for line in _SECONDS.read_text().splitlines()
+                                           if line.strip() and not line.startswith("#"))}
+
+
+def _heavy_files_first(items: list[pytest.Item]) -> None:
+    """Order the files by their measured seconds (tests/file_seconds.txt), most first, each file's
+    own order kept. `dev.sh test` deals whole files to its workers in collection order
+    (pytest-xdist --dist loadfile): a heavy file dealt last keeps one worker busy while the other
+    idles; dealt first, the light files fill in behind it (longest job first)."""
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.nodeid.split("::", 1)[0], 0.0))  # stable sort
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if re.sub(r"\[.*\]$", "", item.nodeid) in SLOW:
             item.add_marker(pytest.mark.slow)
+    _heavy_files_first(items)
