@@ -3,7 +3,8 @@
 #   bash dev.sh demo   - create/reuse .venv, install the light core, run the main job
 #   bash dev.sh demo app - the same with the app extra, and start the what-if dashboard (costline app)
 #   bash dev.sh test   - create/reuse .venv, install CPU torch + triton + test deps, run the whole suite
-#                        on every core (pytest-xdist, one test file per worker at a time; -n 0 runs serially)
+#                        on every core (pytest-xdist, one test file per worker at a time, the heaviest files
+#                        first: conftest.py orders them by tests/file_seconds.txt; -n 0 runs serially)
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3.11}
@@ -16,9 +17,12 @@ install() {  # install once per pyproject version and extras set
   if [ "$(cat .venv/.costline-installed-"$1" 2>/dev/null)" != "$want" ]; then
     $VPY -m pip install -q --upgrade pip
     if [ "$1" = test ]; then
-      # CPU build of torch first (on disk here; a plain `torch` would pull a CUDA build)
-      $VPY -m pip install -q "torch==2.13.0" || $VPY -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-      $VPY -m pip install -q -e ".[engine,test]"
+      # CPU build of torch first (on disk here; a plain `torch` would pull a CUDA build). --no-compile:
+      # pip would byte-compile every module of torch and the test deps (~26 s of a fresh install on the
+      # 2-core machine); Python compiles what the tests import, once, when they first import it
+      $VPY -m pip install -q --no-compile "torch==2.13.0" ||
+        $VPY -m pip install -q --no-compile torch --index-url https://download.pytorch.org/whl/cpu
+      $VPY -m pip install -q --no-compile -e ".[engine,test]"
     elif [ "$1" = app ]; then
       $VPY -m pip install -q -e ".[app]"
     else
@@ -31,6 +35,6 @@ case "${1:-demo}" in
   demo)
     if [ "${2:-}" = app ]; then install app; shift 2; exec .venv/bin/costline app "$@"; fi
     install core; shift || true; exec .venv/bin/costline "${@:-demo}" ;;
-  test) install test; shift || true; TRITON_INTERPRET=1 exec $VPY -m pytest -n auto --dist loadfile "$@" ;;
+  test) install test; shift || true; TRITON_INTERPRET=1 exec $VPY -m pytest -n auto --dist loadfile --no-loadscope-reorder "$@" ;;
   *) echo "usage: bash dev.sh demo|test [args]" >&2; exit 2 ;;
 esac
