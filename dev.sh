@@ -17,12 +17,16 @@ install() {  # install once per pyproject version and extras set
   if [ "$(cat .venv/.costline-installed-"$1" 2>/dev/null)" != "$want" ]; then
     $VPY -m pip install -q --upgrade pip
     if [ "$1" = test ]; then
-      # CPU build of torch first (on disk here; a plain `torch` would pull a CUDA build). --no-compile:
-      # pip would byte-compile every module of torch and the test deps (~26 s of a fresh install on the
-      # 2-core machine); Python compiles what the tests import, once, when they first import it
+      # CPU build of torch first (on disk here; a plain `torch` would pull a CUDA build). pip byte-compiles
+      # one file at a time (~26 s of a fresh install on the 2-core machine): compileall on every core
+      # does it in half. Compiled it must be: with PYTHONDONTWRITEBYTECODE set (as on these machines)
+      # every test process would compile what it imports again (~2 s each, ~1 CPU minute a suite).
       $VPY -m pip install -q --no-compile "torch==2.13.0" ||
         $VPY -m pip install -q --no-compile torch --index-url https://download.pytorch.org/whl/cpu
       $VPY -m pip install -q --no-compile -e ".[engine,test]"
+      # some packages ship files that are not meant to compile: their errors are not ours
+      $VPY -m compileall -q -j 0 "$($VPY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+        >/dev/null 2>&1 || true
     elif [ "$1" = app ]; then
       $VPY -m pip install -q -e ".[app]"
     else
