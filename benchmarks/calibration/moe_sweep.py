@@ -279,6 +279,31 @@ def supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> dict[str
     return capacity
 
 
+def eager_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> dict[str, float]:
+    """Async runs whose prefills land in eager steps of every size between the mixed graphs' capture
+    size and the token budget (prompts U[1024, 6144), outputs U[16, 256), two loads of the probed chat
+    capacity, each twice a mixed run's length), at an earlier sweep's capacities: the sweep's own eager
+    async steps are all budget-sized (8,192 tokens), so the fit of how long an eager step's launch
+    blocks the host could not tell a constant from a share of the device work. Packed as
+    `<model>-extra-*`; moe_validate.py adds its runs to the model's sweep."""
+    b = p.base
+    chat = capacity.get("chat-production", next(iter(capacity.values())))
+    lo, hi = min(1024, b.max_prompt_len // 4), min(6144, b.max_prompt_len)
+    outs = (1, p.max_output_len + 1) if p.max_output_len else (16, 256)
+    ids = gs.Ids()
+    for i, load in enumerate((0.35, 0.6)):
+        rng = np.random.default_rng(11 + i)
+        rate = load * chat
+        n = max(20, int(rate * 2 * b.mixed_s))
+        arr = np.cumsum(rng.exponential(1 / rate, n))
+        reqs = [ids.request(float(a), int(q), int(o)) for a, q, o in
+                zip(arr, rng.integers(lo, hi, n), rng.integers(*outs, n))]
+        r.run("sweep", f"eager-load{int(load * 100)}-async", reqs, honor_arrivals=True, max_wall_s=4 * b.mixed_s,
+              description=f"Poisson {rate:.2f} req/s, prompts U[{lo},{hi}), outputs U[{outs[0]},{outs[1]}): "
+              "eager prefill steps of every size", async_scheduling=True)
+    return capacity
+
+
 def long_validation(r: gs.Runner, p: MoePlan, capacity: dict[str, float], scale: float) -> dict[str, float]:
     """The held-out runs again, `scale` times as long (and at least `scale` times the requests), at the
     capacities an earlier sweep probed (its index.json): a p99 of 30-50 requests is one or two of
@@ -351,6 +376,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     ap.add_argument("--supplement", type=Path, metavar="INDEX_JSON",
                     help="only the extra mixed runs, at the capacities of this earlier sweep's index.json")
+    ap.add_argument("--eager-supplement", type=Path, metavar="INDEX_JSON",
+                    help="only async runs with eager prefill steps of 1-6K tokens, at this earlier sweep's capacities")
     ap.add_argument("--long-validation", type=Path, metavar="INDEX_JSON",
                     help="only the held-out runs, --scale times as long, at this earlier sweep's capacities")
     ap.add_argument("--scale", type=float, default=3.0, help="--long-validation's length factor")
@@ -374,8 +401,9 @@ def main() -> None:
                             ("--validation-scale", a.validation_scale, a.validation_scale > 0)):
         if not ok:
             ap.error(f"{flag} {value}: must be {'>= 0' if flag == '--temperature' else '> 0'}")
-    if a.supplement and a.long_validation:
-        ap.error("--supplement and --long-validation: give one (each reruns part of an earlier sweep)")
+    if sum(map(bool, (a.supplement, a.eager_supplement, a.long_validation))) > 1:
+        ap.error("--supplement, --eager-supplement and --long-validation: give one (each reruns part of an "
+                 "earlier sweep)")
     if a.dry_run:
         a.device = "cpu"
     if a.smoke and not a.layers:
@@ -386,7 +414,7 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     label = a.model if not a.layers else f"{a.model}-{a.layers}l"
-    label += "-extra" if a.supplement else "-long" if a.long_validation else ""
+    label += "-extra" if a.supplement or a.eager_supplement else "-long" if a.long_validation else ""
     t = time.perf_counter()
     meta, capacity, error = {}, {}, None
     r = None
@@ -407,9 +435,10 @@ def main() -> None:
                 "layers": a.layers or get_model(a.model).num_layers, "plan": "dry-run" if a.dry_run else
                 "smoke" if a.smoke else a.model}
         r = gs.Runner(core, work, label, meta | {"embed_scale": a.embed_scale, "residual_scale": a.residual_scale}, a.deadline_s, a.temperature)
-        if a.supplement or a.long_validation:
-            earlier = json.loads((a.supplement or a.long_validation).read_text())["capacity_rps"]
+        if a.supplement or a.eager_supplement or a.long_validation:
+            earlier = json.loads((a.supplement or a.eager_supplement or a.long_validation).read_text())["capacity_rps"]
             capacity = (supplement(r, plan, earlier) if a.supplement
+                        else eager_supplement(r, plan, earlier) if a.eager_supplement
                         else long_validation(r, plan, earlier, a.scale))
         else:
             known = json.loads(a.capacity_from.read_text())["capacity_rps"] if a.capacity_from else None
