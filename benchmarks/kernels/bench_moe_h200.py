@@ -431,9 +431,10 @@ def probe() -> None:
         import io
 
         buf = io.StringIO()
+        wanted = focus_features() if ARGS.focus else PROBE_FEATURES  # the interpreter: only what is timed
         with contextlib.redirect_stdout(buf):
-            probe_body(PROBE_FEATURES)  # the interpreter skips the gdc waits and the prefetch (kernels.moe_direct)
-        ok = {f for f in PROBE_FEATURES if f"PROBE_OK {f}" in buf.getvalue()}
+            probe_body(wanted)  # the interpreter skips the gdc waits and the prefetch (kernels.moe_direct)
+        ok = {f for f in wanted if f"PROBE_OK {f}" in buf.getvalue()}
     RESULTS["meta"]["probe_ok"] = sorted(ok)
     PROBE_FAILED.update(set(PROBE_FEATURES) - ok)
     if "pdl" not in ok:
@@ -627,9 +628,9 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
             | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set()))
 
 
-def focus_plans(t: int, k: int, e: int) -> dict:
-    """key -> plan at T: run 3's best first, then run 4's candidates whose features passed the probe
-    (the dry run also walks the prefill tiles at its largest T)."""
+def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
+    """The baseline and the run's candidates at T (the dry run also walks the prefill tiles, shrunk,
+    at its largest T), before any probe or check result."""
     new = (run6_candidates if ARGS.run6 else run5_candidates if ARGS.run5 else run4_candidates)(t, k, e)
     plans = [baseline_plan(t), *new]
     if ARGS.dry_run and t == max(focus_tokens()):
@@ -637,7 +638,14 @@ def focus_plans(t: int, k: int, e: int) -> dict:
                else PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1])
         plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1, down_block_n=16,
                                       down_block_k=16, down_num_stages=1) for p in big]
-    return {tiles_key(p): p for p in plans if not plan_features(p) & PROBE_FAILED and tiles_key(p) not in CHECK_FAILED}
+    return plans
+
+
+def focus_plans(t: int, k: int, e: int) -> dict:
+    """key -> plan at T: the baseline first, then the candidates whose features passed the probe and
+    whose check passed."""
+    return {tiles_key(p): p for p in focus_candidates(t, k, e)
+            if not plan_features(p) & PROBE_FAILED and tiles_key(p) not in CHECK_FAILED}
 
 
 def baseline_plan(t: int) -> MoeTiles | DirectTiles:
@@ -650,6 +658,16 @@ def focus_tokens() -> tuple[int, ...]:
     if ARGS.tokens:
         return tuple(ARGS.tokens)
     return (1, 4, 16) if ARGS.dry_run else FOCUS_TS
+
+
+def focus_features() -> tuple[str, ...]:
+    """The probe features of the plans the focus mode would time (before any probe result)."""
+    need = {"core"}
+    for _h, _n, e, k in focus_shapes().values():
+        for t in focus_tokens():
+            for plan in focus_candidates(t, k, e):
+                need |= plan_features(plan)
+    return tuple(f for f in PROBE_FEATURES if f in need)
 
 
 def focus_shapes() -> dict:

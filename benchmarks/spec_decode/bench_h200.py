@@ -93,7 +93,7 @@ class Plan:
     tiny: bool = False
 
 
-DRY = Plan(target_s=3.0, draft_s=2.0, max_model_len=256, prompt_len=32, output_len=8, acc_prompts=2, ks=(1, 2),
+DRY = Plan(target_s=1.0, draft_s=0.7, max_model_len=256, prompt_len=32, output_len=8, acc_prompts=2, ks=(1, 2),
            concurrencies=(1, 4), min_sweep_requests=2, replay_s=0.5, replay_load=0.5, prompt_range=(16, 48),
            output_range=(4, 12), drift_requests=4, deadline_s=600.0, tiny=True)
 
