@@ -84,17 +84,9 @@ class MoeTiles:
                         sorted_act=self.sorted_act, persistent=self.persistent)
 
 
-# Which plans `default_tiles` gives. "run2": run 2's measured grouped path (its one-program / torch
-# grouping and tiles), on which both MoE profiles were calibrated; "run3": the direct path for few pairs,
-# the many-program grouping -- measured faster on qwen3 (run 3, benchmarks/kernels/MOE.md), adopted
-# with the next calibration so the profiles keep describing the kernel the engine runs.
-DEFAULT_PLANS = "run2"
-
-
-def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
-    """The path and tiles of a step (DEFAULT_PLANS picks run 2's or run 3's rule)."""
-    if DEFAULT_PLANS == "run3":
-        return run3_tiles(num_tokens, top_k, num_experts)
+def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
+    """The plan of a call given no tiles: run 2's measured grouped path (`run2_tiles`). The engine
+    does not use it: its Triton backend picks per step with `kernels.moe_plans.engine_tiles`."""
     return run2_tiles(num_tokens, top_k, num_experts)
 
 
@@ -479,6 +471,6 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     return out.view(t, k, h).sum(dim=1)  # one kernel (torch accumulates half types in float32)
 
 
-__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "DEFAULT_PLANS", "DIRECT_MAX_PAIRS", "DirectTiles", "MoeTiles",
+__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "DIRECT_MAX_PAIRS", "DirectTiles", "MoeTiles",
            "align_by_expert", "default_tiles", "down_grouped", "fused_moe", "gate_up_grouped", "moe_sum", "padded_length",
            "run2_tiles", "run3_tiles"]

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from kernels.fused_moe import MoeTiles, fused_moe, run2_tiles, run3_tiles
+from kernels.fused_moe import MoeTiles, fused_moe, run2_tiles
 from kernels.moe_direct import DirectTiles
 
 # run 3's fastest plan per T on qwen3-30b-a3b (us in moe_run3/moe.md: 27.5, 49.3, 81.0, 134.3, ...)
@@ -294,14 +294,6 @@ def engine_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     return fused_moe(x, w13, w2, topk_weights, topk_ids, tiles)
 
 
-def proposed_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
-    """A proposal, not the default (kernels.fused_moe.DEFAULT_PLANS): with 32 or more experts the
-    plan of the measured T nearest `num_tokens` in log2 (PROPOSED_RULE, measured at top 8 of 128);
-    with fewer (mixtral's 8) run3_tiles, whose direct path needs E >= 4 * pairs."""
-    if num_experts < 32:
-        return run3_tiles(num_tokens, top_k, num_experts)
-    return rule_tiles(num_tokens, PROPOSED_RULE)
-
 __all__ = [
     "DIRECT_RUN4",
     "DIRECT_RUN5",
@@ -319,10 +311,8 @@ __all__ = [
     "known_plans",
     "plan_key",
     "propose_rule",
-    "proposed_tiles",
     "rule_tiles",
     "run3_best",
-    "run3_tiles",
     "run4_best",
     "run4_candidates",
     "run5_best",

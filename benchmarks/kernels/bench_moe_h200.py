@@ -523,7 +523,7 @@ def sweep_new(row: dict, calls, name: str, t: int, k: int, e: int) -> MoeTiles |
             c = dataclasses.replace(plans[min(downs, key=by.get)], atomic_sum=True)
             plans[tiles_key(c)] = c
             time_plans(lambda c: calls(fused_moe, tiles=c), [c], by, name, t)
-    d = run3_tiles(t, k, e)  # the new default rule (kernels.fused_moe.DEFAULT_PLANS = "run3")
+    d = run3_tiles(t, k, e)  # run 3's rule (its measured plans per T are kernels.moe_plans.RUN3_BEST)
     plans.setdefault(tiles_key(d), d)
     time_plans(lambda c: calls(fused_moe, tiles=c), [d], by, name, t)
     row["default_tiles"] = tiles_key(d)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.fused_moe import MoeTiles, align_by_expert, fused_moe, moe_sum, run3_tiles
+from kernels.fused_moe import MoeTiles, align_by_expert, fused_moe, moe_sum
 from kernels.moe_direct import DirectTiles
 from kernels.moe_plans import (
     DIRECT_RUN4,
@@ -22,7 +22,6 @@ from kernels.moe_plans import (
     known_plans,
     plan_key,
     propose_rule,
-    proposed_tiles,
     rule_tiles,
     run3_best,
     run4_candidates,
@@ -156,14 +155,6 @@ def test_propose_rule_takes_each_ts_fastest_known_plan_and_rule_tiles_the_neares
     assert rule_tiles(1, rule) is direct and rule_tiles(0, rule) is direct and rule_tiles(64, rule) is direct
     assert rule_tiles(65, rule) is grouped  # log2 65 is nearer 12 than 0 by a hair past the midpoint 64
     assert len(known_plans()) == len(set(map(repr, known_plans().values())))  # keys name plans one to one
-
-
-def test_proposed_rule_uses_the_measured_t_nearest_and_run3s_rule_for_few_experts():
-    assert proposed_tiles(1, 8, 128) is PROPOSED_RULE[1] and proposed_tiles(3000, 8, 128) is PROPOSED_RULE[4096]
-    assert proposed_tiles(1, 2, 8) == run3_tiles(1, 2, 8)
-    x, w13, w2, weights, ids = _layer(13, 6, 32, 8, 32, 48)  # the proposed plan at T=6 runs and is right
-    assert_close(fused_moe(x, w13, w2, weights, ids, proposed_tiles(6, 8, 32)), fused_moe_ref(x, w13, w2, weights, ids),
-                 torch.float32)
 
 
 def test_proposed_rule_is_run4s_measured_best_where_run4_timed():
