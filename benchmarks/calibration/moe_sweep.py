@@ -320,6 +320,8 @@ def build_engine(a: argparse.Namespace) -> EngineCore:
     kw = {"max_model_len": 1024, "dtype": "float32"} if a.dry_run else {}
     if a.cudagraph_mode or a.dry_run:  # the CPU captures no graphs: the dry run's runs say decode-only ones
         kw["cudagraph_mode"] = a.cudagraph_mode or "FULL_DECODE_ONLY"
+    if a.max_cudagraph_capture_size:
+        kw["max_cudagraph_capture_size"] = a.max_cudagraph_capture_size
     # the dry run: 16 sequences at most, so its token budgets of a few dozen are valid (>= max_num_seqs)
     args = EngineArgs(model=a.model, device=a.device, max_num_seqs=16 if a.dry_run else 256,
                       max_num_batched_tokens=8192, seed=0,
@@ -373,6 +375,9 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=470.0,
                     help="start no run after this many seconds from the start (the build included)")
     ap.add_argument("--cudagraph-mode", default="", help="override the engine's (default FULL)")
+    ap.add_argument("--max-cudagraph-capture-size", type=int, default=0,
+                    help="override the engine's largest mixed-graph step (default 2,048 tokens); 8192, the "
+                         "token budget, leaves no async step to launch its ~1,500 MoE kernels from Python")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     ap.add_argument("--supplement", type=Path, metavar="INDEX_JSON",
                     help="only the extra mixed runs, at the capacities of this earlier sweep's index.json")
