@@ -1,0 +1,65 @@
+"""engine_plan_terms.py: the engine plan's time at each T from focus-mode results, the MoE factors
+fitted from them into a profile file (only with --force), a clear error for a T whose engine plan no
+file timed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.kernels import engine_plan_terms as ept
+from kernels.moe_plans import engine_tiles, plan_key
+from sim.cost_model import CostProfile
+
+ROOT = Path(__file__).resolve().parents[2]
+START = ROOT / "benchmarks/calibration/data/moe/start/h200-qwen3-30b-a3b.json"
+
+
+def _row(t: int, times: dict[str, float]) -> dict:
+    return {"preset": "qwen3-30b-a3b", "T": t, "H": 2048, "N": 768, "E": 128, "k": 8,
+            "touched_experts": 128.0 * (1 - (1 - 8 / 128) ** t), "fused_by_tiles": times}
+
+
+def _file(path: Path, rows: list[dict]) -> Path:
+    path.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "date": "2026-12-03"}, "speed": rows}))
+    return path
+
+
+def test_the_engine_plan_time_is_taken_and_a_later_file_wins(tmp_path):
+    one, big = plan_key(engine_tiles(1, 8, 128)), plan_key(engine_tiles(4096, 8, 128))
+    a = _file(tmp_path / "a.json", [_row(1, {one: 30.0, "other plan": 10.0}), _row(4096, {big: 700.0})])
+    b = _file(tmp_path / "b.json", [_row(1, {one: 23.3})])
+    rows, dates = ept.engine_rows([a, b], "qwen3-30b-a3b")
+    assert [(r["T"], r["fused_us"], r["fused_tiles"]) for r in rows] == [(1, 23.3, one), (4096, 700.0, big)]
+    assert len(dates) == 2
+
+
+def test_a_t_whose_engine_plan_was_not_timed_is_named(tmp_path):
+    a = _file(tmp_path / "a.json", [_row(2, {"some other plan": 40.0})])
+    with pytest.raises(SystemExit, match=r"T=2: the engine's plan .* is not among the timed plans"):
+        ept.engine_rows([a], "qwen3-30b-a3b")
+
+
+def test_into_needs_force_and_keeps_the_fixed_cost(tmp_path, monkeypatch, capsys):
+    one, big = plan_key(engine_tiles(1, 8, 128)), plan_key(engine_tiles(4096, 8, 128))
+    a = _file(tmp_path / "a.json", [_row(1, {one: 23.3}), _row(4096, {big: 653.4})])
+    prof = tmp_path / "p.json"
+    shutil.copy(START, prof)
+    before = prof.read_text()
+    monkeypatch.setattr(sys, "argv", ["engine_plan_terms.py", str(a), "--into", str(prof)])
+    with pytest.raises(SystemExit, match="pass --force"):
+        ept.main()
+    assert prof.read_text() == before  # nothing written without --force
+    monkeypatch.setattr(sys, "argv", ["engine_plan_terms.py", str(a), "--into", str(prof), "--force"])
+    ept.main()
+    old, new = CostProfile.load(START), CostProfile.load(prof)
+    assert new.moe.layer_fixed_s == old.moe.layer_fixed_s and new.moe.routing_skew == old.moe.routing_skew
+    assert [t for t, _ in new.moe.bytes_factor_by_tokens] == [1] and [t for t, _ in new.moe.flops_factor_by_tokens] == [4096]
+    # the T = 4096 factor is the measured time over the compute side the fit printed
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| 4096 |"))
+    measured, side = (float(v) for v in line.split("|")[3:5])
+    assert new.moe.flops_factor_by_tokens[0][1] == pytest.approx(measured / side, rel=1e-3)
