@@ -38,6 +38,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,6 +127,27 @@ SKIP = set(filter(None, ARGS.skip.split(","))) | ({"engine"} if ARGS.focus else 
 PROBE_FAILED: set[str] = set()  # the features whose probe failed (their plans are not timed)
 CHECK_FAILED: set[str] = set()  # --focus: plans whose check failed (not timed)
 PATHS = set(filter(None, ARGS.paths.split(",")))
+
+
+@dataclasses.dataclass(frozen=True)
+class FocusRound:
+    """One --focus round: its number, the baseline (the previous round's best plan at T, by name
+    `baseline_name`), the new candidates at (T, k, E), and the prefill plans the dry run walks shrunk."""
+
+    number: int
+    baseline: Callable[[int], MoeTiles | DirectTiles]
+    baseline_name: str
+    candidates: Callable[[int, int, int], list]
+    dry_prefill: list
+
+
+FOCUS_ROUNDS = {
+    4: FocusRound(4, run3_best, "run3_best", run4_candidates,
+                  PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]),
+    5: FocusRound(5, run4_best, "run4_best", run5_candidates, PREFILL_RUN5),
+    6: FocusRound(6, run5_best, "run5_best", run6_candidates, PREFILL_RUN6),
+}
+ROUND = FOCUS_ROUNDS[6 if ARGS.run6 else 5 if ARGS.run5 else 4]
 
 # the new grouped path's tile sweep (block_m, block_n, block_k, warps, stages[, group_m]); the big-M
 # ones only from 4 rows per expert
@@ -631,13 +653,10 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
 def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
     """The baseline and the run's candidates at T (the dry run also walks the prefill tiles, shrunk,
     at its largest T), before any probe or check result."""
-    new = (run6_candidates if ARGS.run6 else run5_candidates if ARGS.run5 else run4_candidates)(t, k, e)
-    plans = [baseline_plan(t), *new]
+    plans = [ROUND.baseline(t), *ROUND.candidates(t, k, e)]
     if ARGS.dry_run and t == max(focus_tokens()):
-        big = (PREFILL_RUN6 if ARGS.run6 else PREFILL_RUN5 if ARGS.run5
-               else PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1])
         plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1, down_block_n=16,
-                                      down_block_k=16, down_num_stages=1) for p in big]
+                                      down_block_k=16, down_num_stages=1) for p in ROUND.dry_prefill]
     return plans
 
 
@@ -646,12 +665,6 @@ def focus_plans(t: int, k: int, e: int) -> dict:
     whose check passed."""
     return {tiles_key(p): p for p in focus_candidates(t, k, e)
             if not plan_features(p) & PROBE_FAILED and tiles_key(p) not in CHECK_FAILED}
-
-
-def baseline_plan(t: int) -> MoeTiles | DirectTiles:
-    """The plan the new ones are set against: run 5's best at the nearest T (--run6), run 4's (--run5),
-    else run 3's."""
-    return run5_best(t) if ARGS.run6 else run4_best(t) if ARGS.run5 else run3_best(t)
 
 
 def focus_tokens() -> tuple[int, ...]:
@@ -782,7 +795,7 @@ def focus_one(name: str, h: int, n: int, e: int, k: int, t: int, weights: list) 
                 for w, r in zip(weights, routes)] * reps
 
     plans = focus_plans(t, k, e)
-    base = tiles_key(baseline_plan(t))
+    base = tiles_key(ROUND.baseline(t))
     row = {"preset": name, "T": t, "H": h, "N": n, "E": e, "k": k, "copies": len(weights), "calls": len(weights) * reps,
            "touched_experts": touched, **roof, "run3_plan": base, "fused_by_tiles": {}}
     time_plans(calls, list(plans.values()), row["fused_by_tiles"], name, t)
@@ -822,8 +835,7 @@ def focus_speed() -> None:
 def focus_markdown(res: dict) -> str:
     m = res["meta"]
     ph = ("align_us", "gate_up_us", "down_us", "ksum_us")
-    run = "run 6" if ARGS.run6 else "run 5" if ARGS.run5 else "run 4"
-    base = "run 5 best" if ARGS.run6 else "run 4 best" if ARGS.run5 else "run 3 best"
+    run, base = f"run {ROUND.number}", f"run {ROUND.number - 1} best"
     lines = [f"# Fused MoE, {run} focus, on {m.get('gpu', '?')} ({m.get('date', '?')})", "",
              (f"`{m.get('command', '')}`; torch {m.get('torch')}, triton {m.get('triton')}; probe ok: "
               f"{', '.join(m.get('probe_ok', []))}. Roofline: touched experts' bytes / 4.2 TB/s vs FLOPs / 790 "
@@ -924,8 +936,7 @@ def main() -> None:
                        "command": " ".join(["python3", *sys.argv]), "hbm_bytes_per_s": HBM_BYTES_PER_S,
                        "bf16_flops_per_s": BF16_FLOPS_PER_S, "has_grouped_mm": hasattr(torch, "_grouped_mm"),
                        # --focus: the baseline plan whose time the speed rows' run3_us / run3_plan hold
-                       "focus_baseline": ("run5_best" if ARGS.run6 else "run4_best" if ARGS.run5
-                                                          else "run3_best")}
+                       "focus_baseline": ROUND.baseline_name}
     try:
         import triton
         RESULTS["meta"]["triton"] = triton.__version__
