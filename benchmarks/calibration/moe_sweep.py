@@ -171,18 +171,23 @@ def decode_skew(r: gs.Runner, p: MoePlan, ids: gs.Ids) -> None:
                                   f"{b.decode_steps} output tokens each")
 
 
+def poisson_requests(ids: gs.Ids, seed: int, rate: float, n: int, prompts: tuple[int, int],
+                     outputs: tuple[int, int]) -> list:
+    """`n` requests at Poisson `rate` from time 0, prompt and output lengths uniform in [lo, hi)."""
+    rng = np.random.default_rng(seed)
+    arr = np.cumsum(rng.exponential(1 / rate, n))
+    return [ids.request(float(a), int(q), int(o)) for a, q, o in
+            zip(arr, rng.integers(*prompts, n), rng.integers(*outputs, n))]
+
+
 def mixed_runs(r: gs.Runner, p: MoePlan, capacity_rps: float, ids: gs.Ids, which: slice) -> None:
     """Poisson arrivals, prompts U[16, 4096) (capped), outputs U[16, 512): mixed steps of every size."""
     b = p.base
+    top = min(4096, b.max_prompt_len)
+    out_range = (1, p.max_output_len + 1) if p.max_output_len else (16, 512)
     for i, (load, budget, async_) in list(enumerate(p.mixed))[which]:
-        rng = np.random.default_rng(7 + i)
         rate = load * capacity_rps
-        n = max(20, int(rate * b.mixed_s))
-        arr = np.cumsum(rng.exponential(1 / rate, n))
-        top = min(4096, b.max_prompt_len)
-        out_range = (1, p.max_output_len + 1) if p.max_output_len else (16, 512)
-        reqs = [ids.request(float(a), int(q), int(o)) for a, q, o in
-                zip(arr, rng.integers(16, top, n), rng.integers(*out_range, n))]
+        reqs = poisson_requests(ids, 7 + i, rate, max(20, int(rate * b.mixed_s)), (16, top), out_range)
         flags = {"async_scheduling": async_}
         if budget:
             flags["max_num_batched_tokens"] = min(budget, r.core.runner.max_num_batched_tokens)
@@ -292,12 +297,8 @@ def eager_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> di
     outs = (1, p.max_output_len + 1) if p.max_output_len else (16, 256)
     ids = gs.Ids()
     for i, load in enumerate((0.35, 0.6)):
-        rng = np.random.default_rng(11 + i)
         rate = load * chat
-        n = max(20, int(rate * 2 * b.mixed_s))
-        arr = np.cumsum(rng.exponential(1 / rate, n))
-        reqs = [ids.request(float(a), int(q), int(o)) for a, q, o in
-                zip(arr, rng.integers(lo, hi, n), rng.integers(*outs, n))]
+        reqs = poisson_requests(ids, 11 + i, rate, max(20, int(rate * 2 * b.mixed_s)), (lo, hi), outs)
         r.run("sweep", f"eager-load{int(load * 100)}-async", reqs, honor_arrivals=True, max_wall_s=4 * b.mixed_s,
               description=f"Poisson {rate:.2f} req/s, prompts U[{lo},{hi}), outputs U[{outs[0]},{outs[1]}): "
               "eager prefill steps of every size", async_scheduling=True)
