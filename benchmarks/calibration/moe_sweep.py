@@ -284,10 +284,12 @@ def supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> dict[str
     return capacity
 
 
-def eager_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> dict[str, float]:
+def eager_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float], loads: tuple[float, ...] = (0.35, 0.6),
+                     seed: int = 11) -> dict[str, float]:
     """Async runs whose prefills land in eager steps of every size between the mixed graphs' capture
-    size and the token budget (prompts U[1024, 6144), outputs U[16, 256), two loads of the probed chat
-    capacity, each twice a mixed run's length), at an earlier sweep's capacities: the sweep's own eager
+    size and the token budget (prompts U[1024, 6144), outputs U[16, 256), at `loads` of the probed chat
+    capacity, each twice a mixed run's length, the i-th drawn with seed `seed + i`), at an earlier
+    sweep's capacities: the sweep's own eager
     async steps are all budget-sized (8,192 tokens), so the fit of how long an eager step's launch
     blocks the host could not tell a constant from a share of the device work. Packed as
     `<model>-extra-*`; moe_validate.py adds its runs to the model's sweep."""
@@ -296,9 +298,9 @@ def eager_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> di
     lo, hi = min(1024, b.max_prompt_len // 4), min(6144, b.max_prompt_len)
     outs = (1, p.max_output_len + 1) if p.max_output_len else (16, 256)
     ids = gs.Ids()
-    for i, load in enumerate((0.35, 0.6)):
+    for i, load in enumerate(loads):
         rate = load * chat
-        reqs = poisson_requests(ids, 11 + i, rate, max(20, int(rate * 2 * b.mixed_s)), (lo, hi), outs)
+        reqs = poisson_requests(ids, seed + i, rate, max(20, int(rate * 2 * b.mixed_s)), (lo, hi), outs)
         r.run("sweep", f"eager-load{int(load * 100)}-async", reqs, honor_arrivals=True, max_wall_s=4 * b.mixed_s,
               description=f"Poisson {rate:.2f} req/s, prompts U[{lo},{hi}), outputs U[{outs[0]},{outs[1]}): "
               "eager prefill steps of every size", async_scheduling=True)
@@ -314,6 +316,17 @@ def long_validation(r: gs.Runner, p: MoePlan, capacity: dict[str, float], scale:
                                  min_validation_requests=int(scale * p.base.min_validation_requests))
     validation_runs(r, dataclasses.replace(p, base=longer), capacity)
     return capacity
+
+
+def eager_loads(text: str) -> tuple[float, ...]:
+    """--eager-loads "0.35,0.6" -> (0.35, 0.6); each a fraction of the probed capacity in (0, 1.5]."""
+    try:
+        loads = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--eager-loads {text!r}: give fractions of capacity separated by commas, e.g. 0.35,0.6")
+    if not loads or not all(0 < x <= 1.5 for x in loads):
+        raise SystemExit(f"--eager-loads {text!r}: every load must be in (0, 1.5], a fraction of the probed capacity")
+    return loads
 
 
 def build_engine(a: argparse.Namespace) -> EngineCore:
@@ -384,6 +397,9 @@ def main() -> None:
                     help="only the extra mixed runs, at the capacities of this earlier sweep's index.json")
     ap.add_argument("--eager-supplement", type=Path, metavar="INDEX_JSON",
                     help="only async runs with eager prefill steps of 1-6K tokens, at this earlier sweep's capacities")
+    ap.add_argument("--eager-loads", default="0.35,0.6",
+                    help="--eager-supplement's loads, fractions of the probed chat capacity, comma-separated")
+    ap.add_argument("--eager-seed", type=int, default=11, help="--eager-supplement's first seed (one more a run)")
     ap.add_argument("--long-validation", type=Path, metavar="INDEX_JSON",
                     help="only the held-out runs, --scale times as long, at this earlier sweep's capacities")
     ap.add_argument("--scale", type=float, default=3.0, help="--long-validation's length factor")
@@ -444,7 +460,7 @@ def main() -> None:
         if a.supplement or a.eager_supplement or a.long_validation:
             earlier = json.loads((a.supplement or a.eager_supplement or a.long_validation).read_text())["capacity_rps"]
             capacity = (supplement(r, plan, earlier) if a.supplement
-                        else eager_supplement(r, plan, earlier) if a.eager_supplement
+                        else eager_supplement(r, plan, earlier, eager_loads(a.eager_loads), a.eager_seed) if a.eager_supplement
                         else long_validation(r, plan, earlier, a.scale))
         else:
             known = json.loads(a.capacity_from.read_text())["capacity_rps"] if a.capacity_from else None
