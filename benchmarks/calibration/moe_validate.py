@@ -67,8 +67,9 @@ def unpack(archives: Path, model: str, work: Path, as_gpu: str | None, validatio
         root.mkdir(parents=True, exist_ok=True)
         with tarfile.open(src) as t:
             t.extractall(root, filter="data")
-    extra = archives / f"{model}-extra-sweep.tar.xz"  # moe_sweep.py --supplement: more sweep runs
-    if extra.is_file():
+    # moe_sweep.py --supplement / --eager-supplement: more sweep runs, one archive a call (<model>-extra-,
+    # -extra2-, ...: renamed from its packed name so calls do not overwrite each other)
+    for extra in sorted(archives.glob(f"{model}-extra*-sweep.tar.xz")):
         with tarfile.open(extra) as t:
             t.extractall(root, members=[m for m in t.getmembers() if m.name.startswith("sweep/")], filter="data")
     for f in root.glob("*/*/run.json"):
