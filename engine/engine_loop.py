@@ -254,7 +254,8 @@ class EngineCore:
         self.spec = model.spec
         name, memory_bytes = device_facts(self.device)
         config = config.resolved(device_name=name, device_memory_bytes=memory_bytes,
-                                 max_position_embeddings=model.rotary.cos.shape[0])
+                                 max_position_embeddings=model.rotary.cos.shape[0],
+                                 moe=model.spec.num_experts > 0)
         self.config = self._built_config = config
         self.max_model_len = config.max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)

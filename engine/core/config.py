@@ -110,13 +110,21 @@ class EngineArgs(flag_model("_EngineFields", ENGINE_ONLY_FLAGS, SchedulingArgs))
         return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
 
     def resolved(self, *, device_name: str, device_memory_bytes: float,
-                 max_position_embeddings: int) -> EngineArgs:
+                 max_position_embeddings: int, moe: bool = False) -> EngineArgs:
         """vLLM's start-up values for this device; speculative decoding runs synchronously
-        (async scheduling with drafts is out of scope), so async_scheduling resolves to False."""
+        (async scheduling with drafts is out of scope), so async_scheduling resolves to False.
+
+        `moe` (a mixture-of-experts model): unless --max-cudagraph-capture-size was given, mixed
+        CUDA graphs are captured up to the token budget. An eager MoE step launches ~1,500 kernels
+        from Python (46-85 ms on the H200 whatever the step's size, docs/validation.md), so with
+        the dense default every step above 2,048 tokens would wait on its launches."""
         args = self.with_effective_async()
-        return args.resolve_limits(device_name=device_name, device_memory_bytes=device_memory_bytes,
+        args = args.resolve_limits(device_name=device_name, device_memory_bytes=device_memory_bytes,
                                    max_position_embeddings=max_position_embeddings,
                                    usage=self.usage_context)
+        if moe and "max_cudagraph_capture_size" not in self.model_fields_set:
+            args = args.model_copy(update={"max_cudagraph_capture_size": args.max_num_batched_tokens})
+        return args
 
     def with_effective_async(self) -> EngineArgs:
         """This config with async_scheduling as the engine runs it (False with drafts)."""

@@ -181,8 +181,11 @@ ENGINE_ONLY_FLAGS: tuple[Flag, ...] = (
     # launch-bound on the GPU hosts (H200: ~30 us per cuBLAS call, ~50 us per Triton launch
     # from Python; a 768-token Llama-3.2-1B step took 9.2 ms eager, 3.5 ms as a mixed graph,
     # benchmarks/engine/profile_steps.py), where vLLM's eager steps run torch.compile'd code.
+    # Mixture-of-experts models default to the token budget (EngineArgs.resolved: an eager MoE
+    # step launches ~1,500 kernels from Python, 46-85 ms on the H200).
     Flag("max_cudagraph_capture_size", int, 2048, "largest step, in tokens, of a mixed or "
-         "speculative-verify CUDA graph (decode graphs cover every batch up to --max-num-seqs)",
+         "speculative-verify CUDA graph (decode graphs cover every batch up to --max-num-seqs); "
+         "a mixture-of-experts model's default is the token budget",
          ge=1),
     Flag("cpu_kv_cache_bytes", int, 256 << 20, "KV cache size on the CPU (vLLM's "
          "VLLM_CPU_KVCACHE_SPACE)", ge=1, human_size=True, in_vllm=False),

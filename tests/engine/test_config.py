@@ -75,6 +75,19 @@ def test_engine_and_simulator_resolve_identical_defaults(gpu):
     assert eng.gpu_memory_utilization == sim.gpu_memory_utilization == 0.92
 
 
+@pytest.mark.parametrize(("given", "moe", "expected"), [
+    ({}, False, 2048),  # a dense model: the flag's default
+    ({}, True, 8192),  # a mixture of experts: the H200 api_server budget
+    ({"max_num_batched_tokens": 4096}, True, 4096),  # ... whatever the budget resolves to
+    ({"max_cudagraph_capture_size": 512}, True, 512),  # a value the user gave is kept
+])
+def test_moe_models_capture_mixed_graphs_up_to_the_token_budget(given, moe, expected):
+    g = get_gpu("h200")
+    eng = EngineArgs(**given).resolved(device_name=g.name, device_memory_bytes=g.hbm_bytes,
+                                       max_position_embeddings=M8.max_position_embeddings, moe=moe)
+    assert eng.max_cudagraph_capture_size == expected
+
+
 @settings(max_examples=60, deadline=None)
 @given(budget=st.one_of(st.none(), st.integers(1, 40000)), seqs=st.one_of(st.none(), st.integers(1, 3000)),
        mml=st.integers(1, 40000), chunked=st.booleans(), large=st.booleans(), offline=st.booleans())
