@@ -877,7 +877,7 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     prov |= _run_provenance(runs) | (provenance or {})
     profile = CostProfile(
         schema_version=2, name=name or f"{gpu.name}-{model.name}", hardware=gpu.name, model=model.name,
-        engine=f"costline-engine@{str(prov.get('engine_commit') or 'unknown')[:12]}",
+        engine=_engine_label(prov.get("engine_commit")),
         source=f"fitted from {n_steps} engine steps of {len(runs)} run(s) by sim/calibrate.py",
         decode=terms["decode"], mixed=terms["mixed"], mixed_graph=terms.get("mixed_graph"), cpu=cpu,
         cpu_sync=cpu_sync, overlap=overlap, memory=mem, provenance=prov,
@@ -995,6 +995,23 @@ def mean_nnls(X: np.ndarray, y: np.ndarray, c: float = _HOST_HUBER_C, max_iter: 
 
 def _cpu_seconds(cpu: CpuTerms, rows: _Rows) -> np.ndarray:
     return sum(getattr(cpu, n) * rows.cpu_x[n] for n in CPU_FEATURES)
+
+
+def _engine_label(commits: str | list[str] | None) -> str:
+    """The profile's `engine`: the commit the runs were recorded at, or each of them when calls on
+    several commits were pooled ("costline-engine@79e0853,8950eff"; a suffix such as -dirty kept),
+    not a list's repr cut short."""
+    if not commits:
+        return "costline-engine@unknown"
+    if isinstance(commits, str):
+        return f"costline-engine@{commits[:12]}"
+    return "costline-engine@" + ",".join(dict.fromkeys(_short_commit(c) for c in commits))
+
+
+def _short_commit(commit: str) -> str:
+    """A commit as git shortens it (7 hex digits), anything after the hash kept."""
+    digits = len(commit) - len(commit.lstrip("0123456789abcdef"))
+    return commit[:min(7, digits)] + commit[digits:]
 
 
 def _run_provenance(runs: Sequence[EngineRun]) -> dict[str, Any]:
