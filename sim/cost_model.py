@@ -54,7 +54,7 @@ from sim.config import EngineConfig
 from sim.expert_parallel import all_to_all_s_per_token, max_pairs_per_token, max_touched_per_gpu
 from sim.hardware import GB, GPUSpec
 from sim.kv_dtype_costs import kv_dtype_cost
-from sim.moe import ExpertRouting
+from sim.moe import ExpertRouting, padded_rows_ratio
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 PROFILE_SCHEMA_VERSION = 2  # what `save` writes; version 1 (first principles only) still loads
@@ -269,6 +269,11 @@ class MoeTerms(BaseModel):
     # fill the tensor cores less well than big ones
     flops_factor_by_tokens: tuple[tuple[int, float], ...] = ()
     flops_factor: float = Field(default=1.0, gt=0)  # without knots
+    # (tokens per step, rows per expert block) knots of the grouped GEMMs' plan, a step function (the
+    # last knot at or below the step's tokens; none: 1, no padding). With them the FLOPs side prices
+    # the rows the kernel computes, each expert's pairs rounded up to whole blocks
+    # (sim.moe.padded_rows_ratio), and flops_factor_by_tokens is per computed row
+    block_rows_by_tokens: tuple[tuple[int, int], ...] = ()
     # GPU seconds per MoE layer and forward beyond the roofline terms (routing softmax/top-k, the
     # grouping, the k-sum: small kernels whose launch and latency no byte or FLOP count covers),
     # fitted from the engine's decode steps
@@ -283,6 +288,17 @@ class MoeTerms(BaseModel):
 
     def flops_multiplier(self, tokens: float) -> float:
         return _by_knot(self.flops_factor_by_tokens, self.flops_factor, max(round(tokens), 1))
+
+    def block_rows(self, tokens: float) -> int:
+        """Rows per expert block of the grouped GEMMs at a step of `tokens` tokens (1: unpadded)."""
+        i = bisect_right(self.block_rows_by_tokens, (max(round(tokens), 1), math.inf)) - 1
+        return self.block_rows_by_tokens[i][1] if i >= 0 else 1
+
+    def padding(self, routing: ExpertRouting, tokens: float) -> float:
+        """Computed rows over needed rows at `tokens` tokens (`padded_rows_ratio`; 1 without blocks)."""
+        if not self.block_rows_by_tokens:
+            return 1.0
+        return padded_rows_ratio(routing, max(round(tokens), 1), self.block_rows(tokens))
 
 
 class CostProfile(BaseModel):
@@ -536,13 +552,14 @@ class Roofline:
             t, r = float(tokens), float(routed)
             touched = _touched(self.routing, r) if self.expert_parallel_size == 1 \
                 else max_touched_per_gpu(self.routing, r, self.expert_parallel_size)
-            bf, ff = m.bytes_multiplier(t), m.flops_multiplier(t)
+            bf, ff = m.bytes_multiplier(t), m.flops_multiplier(t) * m.padding(self.routing, t)
             return max(self.moe_s_per_token * t * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
         else:
             touched = self.routing.expected_touched(routed) if self.expert_parallel_size == 1 \
                 else max_touched_per_gpu(self.routing, routed, self.expert_parallel_size)
             bf = np.array([m.bytes_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
-            ff = np.array([m.flops_multiplier(float(t)) for t in np.ravel(tokens)]).reshape(np.shape(tokens))
+            ff = np.array([m.flops_multiplier(float(t)) * m.padding(self.routing, float(t))
+                           for t in np.ravel(tokens)]).reshape(np.shape(tokens))
         return np.maximum(self.moe_s_per_token * tokens * ff * compute_mult, self.expert_s * touched * bf * memory_mult)
 
     def moe_step_s(self, tokens: float, compute_mult: float = 1.0, memory_mult: float = 1.0,

@@ -23,6 +23,7 @@ import numpy as np
 
 from sim.cost_model import CostProfile, MoeTerms
 from sim.hardware import GB, GPUSpec
+from sim.moe import ExpertRouting
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +45,19 @@ def layer_roofline(row: dict[str, Any], gpu: GPUSpec, profile: CostProfile, elem
 
 
 def fit_moe_terms(rows: Sequence[dict[str, Any]], gpu: GPUSpec, profile: CostProfile, *, source: str,
-                  routing_skew: float = 0.0) -> tuple[MoeTerms, list[dict[str, Any]]]:
+                  routing_skew: float = 0.0, block_rows_by_tokens: tuple[tuple[int, int], ...] = ()
+                  ) -> tuple[MoeTerms, list[dict[str, Any]]]:
     """(MoeTerms, per-row table) from one preset's bench rows (each with `fused_us`). The table
-    holds each row's sides, the side that binds, its factor, and the fitted model's error."""
-    pts = [(r, layer_roofline(r, gpu, profile)) for r in rows if r.get("fused_us")]
+    holds each row's sides, the side that binds, its factor, and the fitted model's error.
+    `block_rows_by_tokens` (the plans' rows per expert block by step size): the FLOPs side counts
+    the rows the kernel computes (`MoeTerms.padding`), so its factors are per computed row."""
+    blocks = MoeTerms(block_rows_by_tokens=block_rows_by_tokens)
+    pts = []
+    for r in rows:
+        if r.get("fused_us"):
+            lr = layer_roofline(r, gpu, profile)
+            pad = blocks.padding(ExpertRouting(r["E"], r["k"], routing_skew), r["T"])
+            pts.append((r, LayerRoofline(lr.compute_s * pad, lr.memory_s)))
     if not pts:
         raise ValueError("no timed fused MoE rows to fit (every row lacks fused_us)")
     measured = {id(r): r["fused_us"] * 1e-6 for r, _ in pts}
@@ -59,9 +69,10 @@ def fit_moe_terms(rows: Sequence[dict[str, Any]], gpu: GPUSpec, profile: CostPro
             bytes_knots[int(r["T"])] = round(max(measured[id(r)] / lr.memory_s, 1e-3), 4)
     fk, bk = tuple(sorted(flops_knots.items())), tuple(sorted(bytes_knots.items()))
     terms = MoeTerms(routing_skew=routing_skew, bytes_factor_by_tokens=bk, bytes_factor=bk[-1][1] if bk else 1.0,
-                     flops_factor_by_tokens=fk, flops_factor=fk[-1][1] if fk else 1.0, source=source)
+                     flops_factor_by_tokens=fk, flops_factor=fk[-1][1] if fk else 1.0,
+                     block_rows_by_tokens=block_rows_by_tokens, source=source)
     table = []
-    for r, lr in pts:
+    for r, lr in pts:  # (lr.compute_s holds the padding already)
         model = max(lr.compute_s * terms.flops_multiplier(r["T"]), lr.memory_s * terms.bytes_multiplier(r["T"]))
         table.append({"T": r["T"], "measured_us": r["fused_us"], "compute_us": lr.compute_s * 1e6,
                       "memory_us": lr.memory_s * 1e6, "bound": "compute" if lr.compute_s > lr.memory_s else "memory",

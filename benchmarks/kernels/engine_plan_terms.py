@@ -7,7 +7,8 @@
 Each focus run (`bench_moe_h200.py --focus`) times several plans per step size T; the engine runs one
 of them, `kernels.moe_plans.engine_tiles(T, k, E)`. This takes that plan's time at every T the files
 hold (a T timed twice: the later file wins), fits `MoeTerms` (sim/moe_fit.py: measured / roofline side
-per T, interpolated between the knots) and prints the table. `--into` replaces the `moe` terms of a
+per T, interpolated between the knots; the FLOPs side counts the rows the plans compute, each
+expert's pairs rounded up to the plan's row block, whose sizes by T it records) and prints the table. `--into` replaces the `moe` terms of a
 profile file, keeping its `layer_fixed_s` (fitted on whole engine steps, not on one layer) and every
 other field; the profile the MoE calibration starts from (moe_validate.py --base-profile) is one.
 """
@@ -49,6 +50,17 @@ def engine_rows(paths: list[Path], preset: str) -> tuple[list[dict], list[str]]:
     return rows, dates
 
 
+def block_rows_knots(top_k: int, num_experts: int, max_tokens: int) -> tuple[tuple[int, int], ...]:
+    """Where the engine's plan changes its rows per expert block, T = 1..max_tokens: (T, rows) at each
+    change (a direct plan, one launch over the pairs, pads nothing: 1)."""
+    knots: list[tuple[int, int]] = []
+    for t in range(1, max_tokens + 1):
+        rows = getattr(engine_tiles(t, top_k, num_experts), "block_m", 1)
+        if not knots or knots[-1][1] != rows:
+            knots.append((t, rows))
+    return tuple(knots)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("results", type=Path, nargs="+", help="moe.json files of bench_moe_h200.py --focus runs")
@@ -56,13 +68,16 @@ def main() -> None:
     p.add_argument("--gpu", default="h200")
     p.add_argument("--into", type=Path, help="a profile file whose moe terms to replace")
     p.add_argument("--force", action="store_true", help="with --into: replace them (the file is rewritten)")
+    p.add_argument("--max-tokens", type=int, default=16384, help="the largest step the block knots cover")
     a = p.parse_args()
     rows, dates = engine_rows(a.results, a.preset)
     base = CostProfile.load(a.into) if a.into else CostProfile.load("default")
     source = (f"measured: the engine's fused-MoE plans (kernels.moe_plans.engine_tiles) timed by "
               f"benchmarks/kernels/bench_moe_h200.py --focus ({'; '.join(dates)}), one {a.preset} MoE layer, "
               f"random bf16 weights and router, T = {rows[0]['T']}..{rows[-1]['T']}; routing skew 0 = uniform prior")
-    terms, table = fit_moe_terms(rows, get_gpu(a.gpu), base, source=source)
+    blocks = block_rows_knots(rows[0]["k"], rows[0]["E"], max(a.max_tokens, rows[-1]["T"]))
+    source += f"; FLOPs per computed row, each expert's pairs in the plans' blocks ({blocks})"
+    terms, table = fit_moe_terms(rows, get_gpu(a.gpu), base, source=source, block_rows_by_tokens=blocks)
     if base.moe is not None:
         terms = terms.model_copy(update={"layer_fixed_s": base.moe.layer_fixed_s,
                                          "routing_skew": base.moe.routing_skew})
@@ -71,7 +86,8 @@ def main() -> None:
         side = t["compute_us"] if t["bound"] == "compute" else t["memory_us"]
         print(f"| {t['T']} | {r['fused_tiles']} | {t['measured_us']:.1f} | {side:.1f} | {t['bound']} | "
               f"{t['measured_us'] / side:.3f} |")
-    print(f"\nbytes factors {terms.bytes_factor_by_tokens}\nflops factors {terms.flops_factor_by_tokens}")
+    print(f"\nbytes factors {terms.bytes_factor_by_tokens}\nflops factors {terms.flops_factor_by_tokens}"
+          f"\nblock rows {terms.block_rows_by_tokens}")
     if a.into:
         if not a.force:
             sys.exit(f"{a.into} exists; pass --force to replace its moe terms")

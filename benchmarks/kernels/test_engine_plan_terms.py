@@ -9,11 +9,13 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy.stats import binom
 
 from benchmarks.kernels import engine_plan_terms as ept
 from kernels.moe_plans import engine_tiles, plan_key
-from sim.cost_model import CostProfile
+from sim.cost_model import CostProfile, MoeTerms
 from sim.hardware import get_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,8 +62,21 @@ def test_into_needs_force_and_keeps_the_fixed_cost(tmp_path, monkeypatch):
     old, new = CostProfile.load(START), CostProfile.load(prof)
     assert new.moe.layer_fixed_s == old.moe.layer_fixed_s and new.moe.routing_skew == old.moe.routing_skew
     assert [t for t, _ in new.moe.bytes_factor_by_tokens] == [1] and [t for t, _ in new.moe.flops_factor_by_tokens] == [4096]
-    # by hand: T = 4096 is compute-bound; its factor is the time over 2 T k (3 H N) FLOPs at the H200's
-    # bf16 rate times the profile's GEMM compute efficiency
+    # by hand: T = 4096 is compute-bound; its factor is the time over the FLOPs of the rows the plan
+    # computes: 2 T k (3 H N) FLOPs at the H200's bf16 rate times the profile's GEMM compute efficiency,
+    # times the padding of each expert's Binomial(T, k/E) pairs to 128-row blocks, E[ceil(n / 128)]
+    # summed over the pmf (not the survival-function sum the model uses)
     flops = 2 * 4096 * 8 * 3 * 2048 * 768
     side_s = flops / (get_gpu("h200").bf16_tflops * 1e12 * old.gemm_compute_efficiency)
-    assert new.moe.flops_factor_by_tokens[0][1] == pytest.approx(653.4e-6 / side_s, abs=1e-4)
+    n = np.arange(4097)
+    pad = 128 * 128 * (binom.pmf(n, 4096, 8 / 128) * np.ceil(n / 128)).sum() / (4096 * 8)
+    assert 1.2 < pad < 1.3
+    assert new.moe.flops_factor_by_tokens[0][1] == pytest.approx(653.4e-6 / (side_s * pad), abs=1e-4)
+    assert new.moe.block_rows_by_tokens == ept.block_rows_knots(8, 128, 16384)
+
+
+def test_block_knots_follow_the_engine_plan_at_every_step_size():
+    knots = ept.block_rows_knots(8, 128, 9000)
+    terms = MoeTerms(block_rows_by_tokens=knots)
+    for t in range(1, 9001):
+        assert terms.block_rows(t) == getattr(engine_tiles(t, 8, 128), "block_m", 1), t

@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from scipy.stats import binom
 
 from engine.core.model_spec import dtype_bytes, get_model
 from sim.config import EngineConfig
@@ -83,6 +84,25 @@ def test_skew_and_measured_factors_change_only_the_expert_term():
     assert skewed.experts_s(32, compute_mult=0) < base.experts_s(32, compute_mult=0)  # fewer distinct experts
     assert slow.experts_s(1) == pytest.approx(2 * base.experts_s(1))
     assert slow.experts_s(64) == pytest.approx(base.experts_s(64))
+
+
+def test_block_rows_price_the_rows_the_grouped_gemm_computes():
+    """With the plans' row blocks the FLOPs side is the needed rows' FLOPs times the computed/needed
+    ratio (Binomial(T, k/E) pairs per expert in whole blocks: by the pmf here); the bytes side and
+    a profile without blocks are unchanged; scalar and array paths agree."""
+    m = get_model("qwen3-30b-a3b")
+    plain = Roofline.of(m, GPU, EngineConfig())
+    blocks = ((1, 1), (6, 16), (182, 32), (513, 128))
+    padded = Roofline.of(m, GPU, EngineConfig(), moe=MoeTerms(block_rows_by_tokens=blocks))
+    for t in (2048, 2306, 4096):
+        n = np.arange(t + 1)
+        ratio = 128 * 128 * (binom.pmf(n, t, 8 / 128) * np.ceil(n / 128)).sum() / (t * 8)
+        assert padded.experts_s(t, memory_mult=0) == pytest.approx(ratio * plain.experts_s(t, memory_mult=0), rel=1e-9)
+        assert padded.experts_s(t, compute_mult=0) == plain.experts_s(t, compute_mult=0)
+    assert padded.experts_s(2306, memory_mult=0) / plain.experts_s(2306, memory_mult=0) == pytest.approx(1.698, abs=2e-3)
+    arr = np.array([3.0, 100.0, 700.0, 2306.0])
+    assert np.allclose(padded.experts_s(arr), [padded.experts_s(float(t)) for t in arr], rtol=1e-12)
+    assert padded.experts_s(3) == plain.experts_s(3)  # the direct plan (1-row blocks) pads nothing
 
 
 def test_dense_models_have_no_expert_term():

@@ -11,6 +11,7 @@ from sim.moe import (
     ExpertRouting,
     fit_routing_skew,
     inclusion_probabilities,
+    padded_rows_ratio,
     sample_touched,
     zipf_popularity,
 )
@@ -75,3 +76,34 @@ def test_bad_routing_is_refused():
         ExpertRouting(4, 5)
     with pytest.raises(ValueError, match="skew"):
         zipf_popularity(8, -1.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(e=st.sampled_from([8, 32, 128]), k=st.sampled_from([1, 2, 8]), t=st.integers(1, 600),
+       b=st.sampled_from([1, 16, 64, 128]), skew=st.sampled_from([0.0, 0.8]))
+def test_padded_rows_equal_monte_carlo(e, k, t, b, skew):
+    """Rows computed in blocks of b per expert over rows needed: the model's survival-function sum
+    against counting ceil(n_e / b) blocks over sampled top-k draws (Gumbel top-k, as routed)."""
+    if k > e:
+        return
+    r = ExpertRouting(e, k, skew)
+    rng = np.random.default_rng(t * 7 + b)
+    logp = np.log(zipf_popularity(e, skew))
+    trials = 300
+    blocks = 0.0
+    for _ in range(trials):
+        top = np.argpartition(-(logp + rng.gumbel(size=(t, e))), k - 1, axis=1)[:, :k]
+        blocks += np.ceil(np.bincount(top.ravel(), minlength=e) / b).sum()
+    mc = b * blocks / trials / (t * k)
+    tol = 0.03 if skew == 0 else 0.06  # the skewed inclusion probabilities are Rosen's approximation
+    assert padded_rows_ratio(r, t, b) == pytest.approx(mc, rel=tol)
+
+
+def test_padding_by_hand():
+    r = ExpertRouting(128, 8)
+    assert padded_rows_ratio(r, 4096, 1) == 1.0  # no blocks, no padding
+    # one token: k experts get one row each, each padded to a whole block
+    assert padded_rows_ratio(r, 1, 128) == pytest.approx(128.0)
+    # many tokens per expert: the padding tends to half a block per expert over the rows
+    t = 1 << 17
+    assert padded_rows_ratio(r, t, 128) == pytest.approx(1 + 64 * 128 / (t * 8), rel=2e-3)
