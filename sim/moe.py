@@ -111,8 +111,8 @@ def padded_rows_ratio(routing: ExpertRouting, num_tokens: int, block_rows: int) 
     routed to expert e, Binomial(T, pi_e) (pi_e the inclusion probability; tokens independent).
     E[ceil(n / b)] = sum_{j >= 0} P(n > j b). 1 for `block_rows` 1 (no padding); near 2 when the
     experts get a little more than a block each on average (qwen3-30b-a3b: 128 experts of top 8 in
-    128-row blocks at T = 2,200-2,600), where the engine's step time jumps and a factor measured at
-    T = 2,048 and 4,096 alone does not say so."""
+    128-row blocks at T = 2,200-2,600), where the engine's step time jumps and the factors measured
+    at T = 1,024 and 4,096 alone do not say so."""
     if block_rows <= 1 or num_tokens <= 0:
         return 1.0
     return _padded_rows_ratio(routing, int(num_tokens), int(block_rows))
