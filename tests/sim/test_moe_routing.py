@@ -78,7 +78,7 @@ def test_bad_routing_is_refused():
         zipf_popularity(8, -1.0)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(e=st.sampled_from([8, 32, 128]), k=st.sampled_from([1, 2, 8]), t=st.integers(1, 600),
        b=st.sampled_from([1, 16, 64, 128]), skew=st.sampled_from([0.0, 0.8]))
 def test_padded_rows_equal_monte_carlo(e, k, t, b, skew):
