@@ -287,12 +287,12 @@ def supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float]) -> dict[str
 def eager_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float], loads: tuple[float, ...] = (0.35, 0.6),
                      seed: int = 11) -> dict[str, float]:
     """Async runs whose prefills land in eager steps of every size between the mixed graphs' capture
-    size and the token budget (prompts U[1024, 6144), outputs U[16, 256), at `loads` of the probed chat
-    capacity, each twice a mixed run's length, the i-th drawn with seed `seed + i`), at an earlier
-    sweep's capacities: the sweep's own eager
-    async steps are all budget-sized (8,192 tokens), so the fit of how long an eager step's launch
-    blocks the host could not tell a constant from a share of the device work. Packed as
-    `<model>-extra-*`; moe_validate.py adds its runs to the model's sweep."""
+    size and the token budget (prompts U[1024, 6144), outputs U[16, 256), at `loads` of the probed
+    chat capacity, each twice a mixed run's length, the i-th drawn with seed `seed + i`), at an
+    earlier sweep's capacities: the sweep's own eager async steps are all budget-sized (8,192 tokens),
+    so the fit of how long an eager step's launch blocks the host could not tell a constant from a
+    share of the device work. Packed as `<model>-extra-*`; moe_validate.py adds its runs to the
+    model's sweep."""
     b = p.base
     chat = capacity.get("chat-production", next(iter(capacity.values())))
     lo, hi = min(1024, b.max_prompt_len // 4), min(6144, b.max_prompt_len)
@@ -423,7 +423,9 @@ def main() -> None:
                             ("--validation-scale", a.validation_scale, a.validation_scale > 0)):
         if not ok:
             ap.error(f"{flag} {value}: must be {'>= 0' if flag == '--temperature' else '> 0'}")
-    if sum(map(bool, (a.supplement, a.eager_supplement, a.long_validation))) > 1:
+    partial = [path for path in (a.supplement, a.eager_supplement, a.long_validation) if path]
+    earlier_index = partial[0] if partial else None  # a call that reruns part of that earlier sweep
+    if len(partial) > 1:
         ap.error("--supplement, --eager-supplement and --long-validation: give one (each reruns part of an "
                  "earlier sweep)")
     if a.dry_run:
@@ -457,8 +459,8 @@ def main() -> None:
                 "layers": a.layers or get_model(a.model).num_layers, "plan": "dry-run" if a.dry_run else
                 "smoke" if a.smoke else a.model}
         r = gs.Runner(core, work, label, meta | {"embed_scale": a.embed_scale, "residual_scale": a.residual_scale}, a.deadline_s, a.temperature)
-        if a.supplement or a.eager_supplement or a.long_validation:
-            earlier = json.loads((a.supplement or a.eager_supplement or a.long_validation).read_text())["capacity_rps"]
+        if earlier_index:
+            earlier = json.loads(earlier_index.read_text())["capacity_rps"]
             capacity = (supplement(r, plan, earlier) if a.supplement
                         else eager_supplement(r, plan, earlier, eager_loads(a.eager_loads), a.eager_seed) if a.eager_supplement
                         else long_validation(r, plan, earlier, a.scale))

@@ -131,21 +131,24 @@ PATHS = set(filter(None, ARGS.paths.split(",")))
 
 @dataclasses.dataclass(frozen=True)
 class FocusRound:
-    """One --focus round: its number, the baseline (the previous round's best plan at T, by name
-    `baseline_name`), the new candidates at (T, k, E), and the prefill plans the dry run walks shrunk."""
+    """One --focus round: its number, the baseline (the previous round's best plan at T), the new
+    candidates at (T, k, E), and the prefill plans the dry run walks shrunk."""
 
     number: int
     baseline: Callable[[int], MoeTiles | DirectTiles]
-    baseline_name: str
     candidates: Callable[[int, int, int], list]
     dry_prefill: list
 
+    @property
+    def baseline_name(self) -> str:
+        """The baseline's name as the results record it (`run5_best`, ...): its function's."""
+        return self.baseline.__name__
+
 
 FOCUS_ROUNDS = {
-    4: FocusRound(4, run3_best, "run3_best", run4_candidates,
-                  PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]),
-    5: FocusRound(5, run4_best, "run4_best", run5_candidates, PREFILL_RUN5),
-    6: FocusRound(6, run5_best, "run5_best", run6_candidates, PREFILL_RUN6),
+    4: FocusRound(4, run3_best, run4_candidates, PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]),
+    5: FocusRound(5, run4_best, run5_candidates, PREFILL_RUN5),
+    6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
 }
 ROUND = FOCUS_ROUNDS[6 if ARGS.run6 else 5 if ARGS.run5 else 4]
 

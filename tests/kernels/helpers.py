@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from hypothesis import HealthCheck
 
@@ -26,8 +28,6 @@ def interpreter_distinct(plans: list) -> list:
     the compiled code (the interpreter runs each program's ops one after another whatever they
     are), so plans that differ in nothing else are one test. Every other field (tiles, flags that
     pick a code path, persistent grids) keeps plans apart."""
-    import dataclasses
-
     tuning = {"num_warps": 4, "num_stages": 1, "down_num_warps": 0, "down_num_stages": 0}
     seen: dict[str, object] = {}
     for p in plans:
