@@ -45,6 +45,8 @@ import triton.language as tl
 from kernels.moe_align import ALIGN_ONE_PROGRAM_MAX_PAIRS, align_by_expert, padded_length
 from kernels.moe_direct import DirectTiles, fused_moe_direct
 
+HALF_TAILS = ("", "up", "both")
+
 
 @dataclass(frozen=True, slots=True)
 class MoeTiles:
@@ -75,13 +77,28 @@ class MoeTiles:
     persistent: int = 0
     # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
     up_persistent: int = 0
+    # run 7, with joint, tma and sorted_act: a block holding BLOCK_M / 2 real rows or fewer (an
+    # expert's last, part-filled block) is computed as a BLOCK_M / 2 tile by the gate+up launch ("up")
+    # or by both launches ("both"), so those GEMMs compute the rows of BLOCK_M / 2 blocks while full
+    # blocks keep the wide tile. With "up" the down launch's full tile reads the block's unwritten
+    # second half: each output row depends on its own A row only, and padding rows are not stored.
+    half_tail: str = ""
+
+    def __post_init__(self):
+        if self.half_tail not in HALF_TAILS:
+            raise ValueError(f"MoeTiles: half_tail {self.half_tail!r} is not one of {HALF_TAILS}")
+        if self.half_tail and not (self.joint and self.tma and self.sorted_act and self.block_m >= 32):
+            raise ValueError("MoeTiles: half_tail needs joint=True, tma=True, sorted_act=True and block_m >= 32 "
+                             f"(got joint={self.joint}, tma={self.tma}, sorted_act={self.sorted_act}, "
+                             f"block_m={self.block_m})")
 
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
         return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
                         atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
-                        sorted_act=self.sorted_act, persistent=self.persistent)
+                        sorted_act=self.sorted_act, persistent=self.persistent, joint=self.joint,
+                        half_tail=self.half_tail)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -141,8 +158,20 @@ def _tile_at(tile, num_blocks, n_cols, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
 def _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The M block's sorted pair ids, which of them are real (padding rows hold the sentinel
     num_pairs), and the N tile's output columns."""
-    pairs = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    return _rows_pairs(ids_ptr, pid_m * BLOCK_M, pid_n, num_pairs, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _rows_pairs(ids_ptr, row0, pid_n, num_pairs, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """As _block_pairs for the ROWS sorted rows from row0 (a half tile: the first half of a block)."""
+    pairs = tl.load(ids_ptr + row0 + tl.arange(0, ROWS))
     return pairs, pairs < num_pairs, pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def _half_full(ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
+    """Whether the block's second half is all padding (a block's real rows are a prefix of it)."""
+    return tl.load(ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_pairs
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
@@ -176,15 +205,16 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs,
             acc_g = tl.dot(a, wg, acc_g)
             acc_u = tl.dot(a, wu, acc_u)
     act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    _store_act(act, act_ptr, pairs, ok_m, pid_m, cols, N, sa_p, BLOCK_M, SORTED)
+    _store_act(act, act_ptr, pairs, ok_m, pid_m * BLOCK_M, cols, N, sa_p, BLOCK_M, SORTED)
 
 
 @triton.jit
-def _store_act(act, act_ptr, pairs, ok_m, pid_m, cols, N, sa_p, BLOCK_M: tl.constexpr, SORTED: tl.constexpr):
-    """The block's activations: at their pairs' rows, or (SORTED) at the block's rows of the sorted
-    list, padding rows included (their x rows are zeros, so their activations are exact zeros)."""
+def _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS: tl.constexpr, SORTED: tl.constexpr):
+    """The tile's activations: at their pairs' rows, or (SORTED) at the tile's rows of the sorted
+    list from row0, padding rows included (their x rows are zeros, so their activations are exact
+    zeros; a half tile leaves its block's second half unwritten, and the down launch skips it too)."""
     if SORTED:
-        rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        rows = (row0 + tl.arange(0, ROWS)).to(tl.int64)
         tl.store(act_ptr + rows[:, None] * sa_p + cols[None, :], act.to(act_ptr.dtype.element_ty),
                  mask=(cols < N)[None, :])
     else:
@@ -195,7 +225,7 @@ def _store_act(act, act_ptr, pairs, ok_m, pid_m, cols, N, sa_p, BLOCK_M: tl.cons
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks, sx_t, sa_p,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                          SORTED: tl.constexpr = False):
+                          SORTED: tl.constexpr = False, HALF: tl.constexpr = False):
     """As _gate_up_kernel with TMA, one dot a K step: w13 seen as [E, 2, N, H], a [1, 2, BLOCK_N, BLOCK_K]
     box holds the gate and up rows of the tile (one [BLOCK_M, 2 * BLOCK_N] accumulator: wider
     tensor-core instructions, the activation tile read once a step instead of twice)."""
@@ -203,25 +233,44 @@ def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, 
     e32 = tl.load(bexp_ptr + pid_m)
     if e32 < 0:
         return
-    _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
-                BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
+    _joint_block(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
+                 BLOCK_M, BLOCK_N, BLOCK_K, SORTED, HALF)
 
 
 @triton.jit
-def _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr):
-    """One (block, N tile) of the joint gate+up: the K loop, SiLU(gate) * up, the store."""
-    pairs, ok_m, cols = _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M, BLOCK_N)
+def _joint_block(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr,
+                 HALF: tl.constexpr):
+    """One (block, N tile) of the joint gate+up: a BLOCK_M tile, or with HALF a BLOCK_M / 2 tile when
+    the block's second half is padding."""
+    if HALF:
+        if _half_full(ids_ptr, pid_m, num_pairs, BLOCK_M):
+            _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, H, N, top_k, sx_t,
+                        sa_p, BLOCK_M // 2, BLOCK_N, BLOCK_K, SORTED)
+        else:
+            _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, H, N, top_k, sx_t,
+                        sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
+    else:
+        _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
+                    BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
+
+
+@triton.jit
+def _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, row0, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
+                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr):
+    """One (ROWS sorted rows from row0, N tile) tile of the joint gate+up: the K loop, SiLU(gate) * up,
+    the store."""
+    pairs, ok_m, cols = _rows_pairs(ids_ptr, row0, pid_n, num_pairs, ROWS, BLOCK_N)
     rows = (pairs // top_k).to(tl.int64)
-    acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((ROWS, 2 * BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + rows[:, None] * sx_t + ks[None, :], mask=ok_m[:, None] & (ks < H)[None, :], other=0.0)
         w = w_desc.load([e32, 0, pid_n * BLOCK_N, k0]).reshape(2 * BLOCK_N, BLOCK_K)  # TMA pads past N, H with 0
         acc = tl.dot(a, tl.trans(w), acc)
-    g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+    g, u = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
     act = g / (1.0 + tl.exp(-g)) * u
-    _store_act(act, act_ptr, pairs, ok_m, pid_m, cols, N, sa_p, BLOCK_M, SORTED)
+    _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS, SORTED)
 
 
 @triton.jit
@@ -235,14 +284,14 @@ def _used_blocks(bexp_ptr, num_blocks, NB_P2: tl.constexpr):
 def _gate_up_joint_persistent_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
                                      sx_t, sa_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                      GROUP_M: tl.constexpr, NB_P2: tl.constexpr, SORTED: tl.constexpr,
-                                     FLATTEN: tl.constexpr):
+                                     FLATTEN: tl.constexpr, HALF: tl.constexpr = False):
     """Run 5: _gate_up_joint_kernel as a few programs per SM looping over the used blocks' tiles (one
     flattened loop with FLATTEN: the next tile's loads overlap this one's SiLU and store)."""
     used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
     for tile in tl.range(tl.program_id(0), used * tl.cdiv(N, BLOCK_N), tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n = _tile_at(tile, used, N, BLOCK_N, GROUP_M)
-        _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + pid_m), pid_m, pid_n, num_pairs, H, N, top_k,
-                    sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
+        _joint_block(x_ptr, w_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + pid_m), pid_m, pid_n, num_pairs, H, N,
+                     top_k, sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED, HALF)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
@@ -290,24 +339,41 @@ def _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC:
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _down_sorted_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, top_k, num_blocks, so_p,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        NB_P2: tl.constexpr, ATOMIC: tl.constexpr, FLATTEN: tl.constexpr):
+                        NB_P2: tl.constexpr, ATOMIC: tl.constexpr, FLATTEN: tl.constexpr, a_half_desc=None,
+                        HALF: tl.constexpr = False):
     """Run 5's down launch on activations in sorted order (gate+up with SORTED): both operands through
     TMA ([P, N] activations, w2 seen as [E*H, N]). Programs loop over the (block, H tile) tiles of the
     used blocks (block_expert >= 0 is a prefix): one tile each when the grid covers them all, several
     when the grid is a few programs per SM (FLATTEN: one flattened loop, so the next tile's loads are
-    issued while this one's epilogue runs)."""
+    issued while this one's epilogue runs). HALF: a block whose second half is padding is computed as
+    a BLOCK_M / 2 tile through `a_half_desc` (the gate+up launch wrote only that half)."""
     used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
     num_tiles = used * tl.cdiv(H, BLOCK_N)
-    k_tiles = tl.cdiv(N, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n = _tile_at(tile, used, H, BLOCK_N, GROUP_M)
         e32 = tl.load(bexp_ptr + pid_m)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])  # TMA pads past N with zeros
-            acc = tl.dot(a, tl.trans(w_desc.load([e32 * H + pid_n * BLOCK_N, ki * BLOCK_K])), acc)
-        pairs, ok_m, cols = _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M, BLOCK_N)
-        _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
+        if HALF:
+            if _half_full(ids_ptr, pid_m, num_pairs, BLOCK_M):
+                _down_sorted_tile(a_half_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, pid_m * BLOCK_M, pid_n,
+                                  num_pairs, N, H, top_k, so_p, BLOCK_M // 2, BLOCK_N, BLOCK_K, ATOMIC)
+            else:
+                _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, N,
+                                  H, top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC)
+        else:
+            _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, N, H,
+                              top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC)
+
+
+@triton.jit
+def _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, row0, pid_n, num_pairs, N, H, top_k, so_p,
+                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr):
+    """One (ROWS sorted rows from row0, H tile) tile of the down launch: the K loop and the store."""
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for ki in range(tl.cdiv(N, BLOCK_K)):
+        a = a_desc.load([row0, ki * BLOCK_K])  # TMA pads past N with zeros
+        acc = tl.dot(a, tl.trans(w_desc.load([e32 * H + pid_n * BLOCK_N, ki * BLOCK_K])), acc)
+    pairs, ok_m, cols = _rows_pairs(ids_ptr, row0, pid_n, num_pairs, ROWS, BLOCK_N)
+    _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -383,13 +449,13 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
             _gate_up_joint_persistent_kernel[(max(grid, 1),)](
                 x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
                 BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-                NB_P2=max(2, triton.next_power_of_2(blocks)), SORTED=tiles.sorted_act, FLATTEN=True,
-                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+                NB_P2=max(2, triton.next_power_of_2(blocks)), SORTED=tiles.sorted_act, FLATTEN=not tiles.half_tail,
+                HALF=bool(tiles.half_tail), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
             return act
         _gate_up_joint_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
             x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-            SORTED=tiles.sorted_act, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+            SORTED=tiles.sorted_act, HALF=bool(tiles.half_tail), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         return act
     _gate_up_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
         x, w13, _weight_desc(w13, tiles), act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0),
@@ -431,11 +497,14 @@ def _down_sorted(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, sorted_
     tiles = blocks * triton.cdiv(h, d.block_n)
     grid = min(tiles, d.persistent * _num_sms(act.device)) if d.persistent else tiles
     a_desc = TensorDescriptor.from_tensor(act, [d.block_m, d.block_k])
+    half = d.half_tail == "both"
+    a_half = TensorDescriptor.from_tensor(act, [d.block_m // 2, d.block_k]) if half else None
     w_desc = TensorDescriptor.from_tensor(w2.view(e * h, n), [d.block_n, d.block_k])
     _down_sorted_kernel[(max(grid, 1),)](
         a_desc, w_desc, out, sorted_ids, block_expert, tw, tw.numel(), n, h, top_k, blocks, out.stride(0),
         BLOCK_M=d.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k, GROUP_M=d.group_m,
-        NB_P2=max(2, triton.next_power_of_2(blocks)), ATOMIC=d.atomic_sum, FLATTEN=bool(d.persistent) and not d.atomic_sum,
+        NB_P2=max(2, triton.next_power_of_2(blocks)), ATOMIC=d.atomic_sum,
+        FLATTEN=bool(d.persistent) and not d.atomic_sum and not half, a_half_desc=a_half, HALF=half,
         num_warps=d.num_warps, num_stages=d.num_stages)
 
 

@@ -53,6 +53,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += (" sorted" + (f" persist{t.persistent}" if t.persistent else "")) if t.sorted_act else ""
     key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
+    key += f" half-{t.half_tail}" if t.half_tail else ""
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
 
@@ -118,7 +119,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values()]
+             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -277,6 +278,34 @@ RUN6_BEST: dict[int, MoeTiles | DirectTiles] = {
 ENGINE_RULE_MIN_EXPERTS = 32  # the rule was measured at top 8 of 128 (qwen3-30b-a3b)
 
 
+def run6_best(num_tokens: int) -> MoeTiles | DirectTiles:
+    """Run 6's fastest plan at the measured T nearest `num_tokens` (RUN6_BEST): run 7's baseline."""
+    return rule_tiles(num_tokens, RUN6_BEST)
+
+
+# ------------------------------------------------------------------------------- run 7
+# Run 6's prefill plan computes each expert's pairs in whole 128-row blocks: at T = 4096 (256 +- 16 rows
+# an expert) about half the experts end in a block of 1-40 rows, and the GEMMs compute 1.24x the rows
+# they need (T = 1024: 2.0x). 64-row blocks everywhere halve that but lost in run 5 (745 us against
+# 657: a 64-row tile computes a row at ~0.8 of the 128-row tile's rate). Run 7 keeps the 128-row tile
+# for full blocks and computes a block holding 64 rows or fewer as a 64-row tile (`half_tail`), in
+# gate+up only or in both launches; the rows computed are then those of 64-row blocks. The branch
+# stops Triton flattening a persistent loop (sm90 compile: same 196,640 bytes of shared memory as the
+# unflattened loop), so the unpersistent gate+up (run 5's winner) is a candidate too.
+PREFILL_RUN7 = [
+    dataclasses.replace(_P6, half_tail="up"),
+    dataclasses.replace(_P6, half_tail="both"),
+    dataclasses.replace(_P5, half_tail="up"),
+    dataclasses.replace(_P5, half_tail="both"),
+    dataclasses.replace(_P6, half_tail="both", down_num_stages=3),
+]
+
+
+def run7_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 7's new plans at T: the half tail plans from 64 rows per expert (no decode plans)."""
+    return list(PREFILL_RUN7) if num_tokens * top_k / num_experts >= 64 else []
+
+
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
     measured plan of the nearest T in log2 (RUN6_BEST: qwen3-30b-a3b's profile is calibrated on it);
@@ -302,6 +331,7 @@ __all__ = [
     "PREFILL_RUN4",
     "PREFILL_RUN5",
     "PREFILL_RUN6",
+    "PREFILL_RUN7",
     "PROPOSED_RULE",
     "RUN3_BEST",
     "RUN5_BEST",
@@ -317,5 +347,7 @@ __all__ = [
     "run4_candidates",
     "run5_best",
     "run5_candidates",
+    "run6_best",
     "run6_candidates",
+    "run7_candidates",
 ]

@@ -74,6 +74,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--run6", action="store_true",
                    help="with --focus: run 5's best plan (kernels.moe_plans.run5_best) as the baseline and run 6's "
                         "candidates (run6_candidates)")
+    p.add_argument("--run7", action="store_true",
+                   help="with --focus: run 6's best plan (kernels.moe_plans.run6_best) as the baseline and run 7's "
+                        "half tail candidates (run7_candidates)")
     p.add_argument("--presets", nargs="+", default=None, help="presets to time (default: both; --focus: qwen3-30b-a3b)")
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="step sizes T in the order timed")
     return p.parse_args()
@@ -108,13 +111,16 @@ from kernels.moe_plans import (
     PREFILL_RUN4,
     PREFILL_RUN5,
     PREFILL_RUN6,
+    PREFILL_RUN7,
     plan_key,
     run3_best,
     run4_best,
     run4_candidates,
     run5_best,
     run5_candidates,
+    run6_best,
     run6_candidates,
+    run7_candidates,
 )
 from kernels.moe_reference import fused_moe_ref, route_ref
 
@@ -149,8 +155,9 @@ FOCUS_ROUNDS = {
     4: FocusRound(4, run3_best, run4_candidates, PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]),
     5: FocusRound(5, run4_best, run5_candidates, PREFILL_RUN5),
     6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
+    7: FocusRound(7, run6_best, run7_candidates, PREFILL_RUN7),
 }
-ROUND = FOCUS_ROUNDS[6 if ARGS.run6 else 5 if ARGS.run5 else 4]
+ROUND = FOCUS_ROUNDS[7 if ARGS.run7 else 6 if ARGS.run6 else 5 if ARGS.run5 else 4]
 
 # the new grouped path's tile sweep (block_m, block_n, block_k, warps, stages[, group_m]); the big-M
 # ones only from 4 rows per expert
@@ -389,7 +396,7 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "fused")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "fused", "half")
 
 
 def probe_plans() -> dict:
@@ -412,7 +419,12 @@ def probe_plans() -> dict:
             # one program a SM (always all resident); more a SM: checked per plan (CHECK_FAILED)
             "fused": [dataclasses.replace(next(p for p in DIRECT_RUN5 if want(p)), fused=1)
                       for want in (lambda p: p.early and p.evict, lambda p: p.early and p.ahead)],
-            "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")]}
+            "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")],
+            # run 7: a block's second half all padding -> a half tile (gate+up only, both launches persistent)
+            "half": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
+                              half_tail="up"),
+                     MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
+                              persistent=1, up_persistent=1, half_tail="both")]}
 
 
 def probe_body(features: tuple[str, ...]) -> None:
@@ -650,7 +662,8 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
                 | ({"pipe"} if plan.pipeline else set()) | ({"fused"} if plan.fused else set()))
     return ({"core"} | ({"tma"} if plan.tma else set())
             | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
-            | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set()))
+            | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set())
+            | ({"half"} if plan.half_tail else set()))
 
 
 def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
@@ -658,8 +671,8 @@ def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
     at its largest T), before any probe or check result."""
     plans = [ROUND.baseline(t), *ROUND.candidates(t, k, e)]
     if ARGS.dry_run and t == max(focus_tokens()):
-        plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1, down_block_n=16,
-                                      down_block_k=16, down_num_stages=1) for p in ROUND.dry_prefill]
+        plans += [dataclasses.replace(p, block_m=32 if p.half_tail else 16, block_n=16, block_k=16, num_stages=1,
+                                      down_block_n=16, down_block_k=16, down_num_stages=1) for p in ROUND.dry_prefill]
     return plans
 
 
@@ -700,7 +713,8 @@ def focus_shapes() -> dict:
 def focus_check() -> None:
     """The new groupings against the torch one (up to 32K pairs), and every plan the speed part will
     time against the float32 per-expert loop (direct plans at T = 1, 3; grouped at 7, 300, 600 and
-    every token on the same experts); a plan that fails is not timed."""
+    every token on the same experts; 2200: experts of one full 128-row block and a part-filled one, the
+    half tail plans' case); a plan that fails is not timed."""
     g = torch.Generator(device=DEVICE).manual_seed(5)
     shapes = ((8, 2, 37), (128, 8, 20)) if ARGS.dry_run else ((128, 8, 1), (128, 8, 300), (128, 8, 1500),
                                                               (128, 8, 4096), (8, 2, 37))
@@ -725,7 +739,7 @@ def focus_check() -> None:
         plans = {}
         for t in focus_tokens():
             plans.update(focus_plans(t, k, e))
-        for t in (1, 3, 5, 20) if ARGS.dry_run else (1, 3, 7, 300, 600):
+        for t in (1, 3, 5, 20) if ARGS.dry_run else (1, 3, 7, 300, 600, 2200):
             x, tw, ids = make_routing(t, h, e, k, seed=t)
             cases = {"random": ids}
             if t >= 7:
