@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""The engine's fused-MoE plan (kernels.moe_plans.engine_tiles) timed again and again on qwen3-30b-a3b's
+layer: how far one focus run's figure moves between rounds and routing draws, so a target met or missed
+by a point is not read from one draw.
+
+    python3 benchmarks/kernels/repeat_engine_plans.py --out DIR [--tokens 4096 1 1024 8192] [--rounds 7]
+        [--compare OLD_FUSED_MOE.py]
+
+Each round times each T on a fresh routing draw (round 0: the focus bench's own seeds, 1000 T + copy)
+the way `bench_moe_h200.py --focus` times a plan: one CUDA graph of calls cycling over 3 copies of the
+layer's weights (their bytes defeat the L2), the median of 5 replays. Writes DIR/repeat.json and
+DIR/repeat.md: per T every round's us, the median and range, the median's TFLOP/s and share of the
+790 TFLOP/s bf16 rate, and the median over the touched experts' roofline (4.2 TB/s, 790 TFLOP/s:
+issue 29's rates). `--compare FILE`: an earlier kernels/fused_moe.py (say `git show
+91ae320:kernels/fused_moe.py`) whose grouped plan of the same fields is timed in the same rounds, right
+after this tree's, so a kernel refactor's effect on the engine's step times is measured on one GPU.
+`--dry-run`: the Triton interpreter on the CPU, a small layer, two rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+HBM_BYTES_PER_S = 4.2e12
+BF16_FLOPS_PER_S = 790e12
+QWEN3 = (2048, 768, 128, 8)  # H, N (expert intermediate), E, top k
+DRY = (64, 32, 32, 4)
+COPIES = 3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tokens", type=int, nargs="+", default=[4096, 1, 1024, 8192])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--compare", type=Path, default=None, help="an earlier kernels/fused_moe.py to time beside")
+    p.add_argument("--dry-run", action="store_true")
+    return p.parse_args(argv)
+
+
+def roofline(touched: float, t: int, h: int, n: int, k: int) -> dict:
+    """The touched experts' weight bytes plus activations at HBM rate against the FLOPs at the bf16
+    rate, as bench_moe_h200.roofline_us counts them."""
+    weight_bytes = touched * 3 * h * n * 2
+    act_bytes = t * h * 2 * 2 + t * k * (n + h) * 2 * 2
+    flops = 2 * t * k * 3 * h * n
+    mem_us = (weight_bytes + act_bytes) / HBM_BYTES_PER_S * 1e6
+    return {"flops": flops, "roofline_us": max(mem_us, flops / BF16_FLOPS_PER_S * 1e6)}
+
+
+def summary(t: int, times: list[float], roof: dict) -> dict:
+    med = statistics.median(times)
+    tflops = roof["flops"] / med / 1e6
+    return {"T": t, "us": times, "median_us": med, "min_us": min(times), "max_us": max(times),
+            "median_tflops": tflops, "median_share_of_790": tflops / 790, "median_x_roofline": med / roof["roofline_us"],
+            "roofline_us": roof["roofline_us"]}
+
+
+def load_compare(path: Path):
+    """The module of an earlier fused_moe.py (its own `kernels.*` imports resolve to this tree's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fused_moe_compare", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compare_plan(mod, plan):
+    """The earlier module's MoeTiles with `plan`'s values of the fields it has; None for a direct plan
+    (kernels.moe_direct is not compared) or a plan using a field the earlier module lacks."""
+    import dataclasses
+
+    if not hasattr(plan, "block_m"):
+        return None
+    names = {f.name for f in dataclasses.fields(mod.MoeTiles)}
+    extra = {f.name for f in dataclasses.fields(plan) if f.name not in names and getattr(plan, f.name) != f.default}
+    return None if extra else mod.MoeTiles(**{f: getattr(plan, f) for f in names})
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    lines = [f"# The engine's fused-MoE plans timed {meta['rounds']} rounds ({meta['gpu']}, {meta['date']})", "",
+             (f"`{meta['command']}`; torch {meta['torch']}, triton {meta['triton']}. Round 0: the focus bench's "
+              "routing seeds; later rounds: fresh draws."), "",
+             "| T | plan | us per round | median us | range | x roofline (median) | TFLOP/s (median) | of 790 |",
+             "|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['T']} | {r['plan']} | {', '.join(f'{u:.1f}' for u in r['us'])} | {r['median_us']:.1f} | "
+                     f"{r['min_us']:.1f}-{r['max_us']:.1f} | {r['median_x_roofline']:.2f} | {r['median_tflops']:.0f} | "
+                     f"{r['median_share_of_790']:.1%} |")
+    compared = [r for r in rows if r.get("compare")]
+    if compared:
+        lines += ["", f"Beside it, the same plan in `{meta['compare']}` (timed right after, same draws):", "",
+                  "| T | us per round | median us | this tree / earlier (median of per-round ratios) |",
+                  "|---:|---|---:|---:|"]
+        for r in compared:
+            c = r["compare"]
+            lines.append(f"| {r['T']} | {', '.join(f'{u:.1f}' for u in c['us'])} | {c['median_us']:.1f} | "
+                         f"{c['ratio_median']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+    import triton
+
+    from benchmarks.kernels.graph_timing import time_calls_us
+    from kernels import _interpreter_compat
+    from kernels.moe_plans import engine_fused_moe, engine_tiles, plan_key
+    from kernels.moe_reference import route_ref
+
+    _interpreter_compat.apply()
+    device, dtype = ("cpu", torch.float32) if args.dry_run else ("cuda", torch.bfloat16)
+    h, n, e, k = DRY if args.dry_run else QWEN3
+    tokens = [min(t, 16) for t in args.tokens] if args.dry_run else args.tokens
+    rounds = min(args.rounds, 2) if args.dry_run else args.rounds
+    g = torch.Generator(device=device).manual_seed(1)
+    weights = [((torch.randn(e, 2 * n, h, generator=g, device=device) / h**0.5).to(dtype),
+                (torch.randn(e, h, n, generator=g, device=device) / n**0.5).to(dtype))
+               for _ in range(1 if args.dry_run else COPIES)]
+    old = load_compare(args.compare) if args.compare else None
+    times: dict[int, list[float]] = {t: [] for t in tokens}
+    old_times: dict[int, list[float]] = {t: [] for t in tokens}
+    touched: dict[int, list[float]] = {t: [] for t in tokens}
+    for rnd in range(rounds):
+        for t in tokens:
+            routes = []
+            for i in range(len(weights)):
+                gr = torch.Generator(device=device).manual_seed(1000 * t + i + 7919 * rnd)
+                x = torch.randn(t, h, generator=gr, device=device).to(dtype)
+                router = (torch.randn(e, h, generator=gr, device=device) / h**0.5).to(dtype)
+                w, ids = route_ref(x @ router.t(), k, renormalize=True)
+                routes.append((x, w, ids))
+            touched[t].append(sum(len(torch.unique(r[2])) for r in routes) / len(routes))
+            reps = 1 if args.dry_run else max(1, min(10, -(-2000 // int(roofline(touched[t][-1], t, h, n, k)
+                                                                              ["roofline_us"] * len(weights)))))
+            calls = [lambda wt=wt, r=r: engine_fused_moe(r[0], wt[0], wt[1], r[1], r[2])
+                     for wt, r in zip(weights, routes)] * reps
+            times[t].append(time_calls_us(calls, args.dry_run, reps=1))
+            print(f"round {rnd} T={t}: {times[t][-1]:.1f} us", flush=True)
+            plan = compare_plan(old, engine_tiles(t, k, e)) if old else None
+            if plan is not None:
+                calls = [lambda wt=wt, r=r, p=plan: old.fused_moe(r[0], wt[0], wt[1], r[1], r[2], p)
+                         for wt, r in zip(weights, routes)] * reps
+                old_times[t].append(time_calls_us(calls, args.dry_run, reps=1))
+                print(f"round {rnd} T={t}: earlier {old_times[t][-1]:.1f} us", flush=True)
+    rows = [{**summary(t, times[t], roofline(statistics.mean(touched[t]), t, h, n, k)),
+             "plan": plan_key(engine_tiles(t, k, e)), "touched_experts": statistics.mean(touched[t])} for t in tokens]
+    for r in rows:
+        before = old_times[r["T"]]
+        if before:
+            r["compare"] = {"us": before, "median_us": statistics.median(before),
+                            "ratio_median": statistics.median(a / b for a, b in zip(r["us"], before))}
+    meta = {"gpu": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+            "triton": triton.__version__, "rounds": rounds, "compare": str(args.compare) if old else None, "layer": {"H": h, "N": n, "E": e, "k": k},
+            "command": "python3 benchmarks/kernels/repeat_engine_plans.py " + " ".join(argv or sys.argv[1:])}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "repeat.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (args.out / "repeat.md").write_text(markdown(meta, rows))
+    print(markdown(meta, rows))
+
+
+if __name__ == "__main__":
+    main()
