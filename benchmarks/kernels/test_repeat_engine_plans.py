@@ -1,0 +1,55 @@
+"""repeat_engine_plans.py: the per-T summary by hand, the earlier module's plan built from the same
+fields (none for a direct plan or a field the earlier module lacks), and the dry run's files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.kernels import repeat_engine_plans as rep
+from kernels.fused_moe import MoeTiles
+from kernels.moe_direct import DirectTiles
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_summary_by_hand():
+    roof = rep.roofline(128.0, 4096, 2048, 768, 8)
+    assert roof["flops"] == 2 * 4096 * 8 * 3 * 2048 * 768  # 309.2 GFLOP
+    row = rep.summary(4096, [640.0, 660.0, 650.0], roof)
+    assert row["median_us"] == 650.0 and (row["min_us"], row["max_us"]) == (640.0, 660.0)
+    assert row["median_tflops"] == pytest.approx(309.237645312e9 / 650e-6 / 1e12, rel=1e-9)
+    assert row["median_share_of_790"] == pytest.approx(row["median_tflops"] / 790)
+    assert row["median_x_roofline"] == pytest.approx(650.0 / roof["roofline_us"])
+
+
+def test_compare_plan_takes_the_same_fields_or_none(tmp_path):
+    earlier = tmp_path / "fused_moe_old.py"
+    earlier.write_text((ROOT / "kernels/fused_moe.py").read_text())
+    mod = rep.load_compare(earlier)
+    plan = MoeTiles(128, 128, 64, 8, 4, tma=True, joint=True, sorted_act=True, persistent=1)
+    got = rep.compare_plan(mod, plan)
+    assert type(got).__module__ == "fused_moe_compare" and got.persistent == 1 and got.block_m == 128
+    assert rep.compare_plan(mod, DirectTiles()) is None
+
+
+def test_compare_plan_refuses_a_field_the_earlier_module_lacks(tmp_path):
+    earlier = tmp_path / "fused_moe_old.py"
+    text = (ROOT / "kernels/fused_moe.py").read_text()
+    earlier.write_text(text.replace('    half_tail: str = ""\n', "").replace("self.half_tail", "''"))
+    mod = rep.load_compare(earlier)
+    plain = MoeTiles(128, 128, 64, 8, 4, tma=True, joint=True, sorted_act=True)
+    assert rep.compare_plan(mod, plain) is not None
+    assert rep.compare_plan(mod, MoeTiles(128, 128, 64, 8, 4, tma=True, joint=True, sorted_act=True,
+                                          half_tail="up")) is None
+
+
+def test_dry_run_writes_rounds_and_the_comparison(tmp_path):
+    rep.main(["--out", str(tmp_path), "--dry-run", "--tokens", "16", "--rounds", "2",
+              "--compare", str(ROOT / "kernels/fused_moe.py")])
+    res = json.loads((tmp_path / "repeat.json").read_text())
+    (row,) = res["rows"]
+    assert row["T"] == 16 and len(row["us"]) == 2 and len(row["compare"]["us"]) == 2
+    assert "Beside it" in (tmp_path / "repeat.md").read_text()
