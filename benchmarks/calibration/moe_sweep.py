@@ -307,6 +307,47 @@ def eager_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float], loads
     return capacity
 
 
+def small_mixed_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float], seed: int = 31,
+                           n: int = 120) -> dict[str, float]:
+    """Steps that hold a prefill of a few tokens beside running decodes: the chat validation runs'
+    prompts that hit the prefix cache leave 4-90 new tokens, and such a step (5-130 tokens, a mixed
+    CUDA graph) was the sweep's rarest kind (6 of mixtral's sweep steps under 64 tokens), so the fit
+    priced it from the big ones (+10-24% in the held-out runs). Per scheduling mode, `n` requests at
+    Poisson arrivals: half share one of 8 prefixes of 64 blocks (the first of each caches it) and add
+    U[4, 96) tokens, half are fresh prompts of U[8, 128) tokens; outputs U[32, 200), so a decode batch
+    of ~10-30 runs beside each arrival's prefill. The rate is the probed chat capacity x 4 (requests
+    this short are served far faster than chat's). Packed as `<model>-<--extra-name>-*`; moe_validate.py
+    adds its runs to the model's sweep."""
+    b = p.base
+    chat = capacity.get("chat-production", next(iter(capacity.values())))
+    block = r.core.config.block_size
+    prefix_blocks = max(1, min(64, b.max_prompt_len // (4 * block)))
+    outs = (1, p.max_output_len + 1) if p.max_output_len else (32, 200)
+    for i, async_ in enumerate((True, False)):
+        rng = np.random.default_rng(seed + i)
+        ids = gs.Ids()
+        rate = 4 * chat
+        arrivals = np.cumsum(rng.exponential(1 / rate, n))
+        heads = [ids.request(0.0, prefix_blocks * block, 2) for _ in range(8)]  # cache the prefixes at t=0
+        reqs = list(heads)
+        for j, t in enumerate(arrivals):
+            out = int(rng.integers(*outs))
+            if j % 2:
+                reqs.append(ids.request(float(t) + 0.5, int(rng.integers(8, 128)), out))
+            else:
+                head = heads[int(rng.integers(0, len(heads)))]
+                new = int(rng.integers(4, 96))
+                reqs.append(ids.request(float(t) + 0.5, prefix_blocks * block + new, out,
+                                        prefix=head.hash_ids[:prefix_blocks]))
+        tag = "async" if async_ else "sync"
+        r.run("sweep", f"small-mixed-{tag}", reqs, honor_arrivals=True, max_wall_s=4 * b.mixed_s + 30,
+              description=f"8 prefixes of {prefix_blocks * block} tokens cached at t=0, then {n} requests at "
+              f"{rate:.2f} req/s from 0.5 s: half a cached prefix + U[4,96) tokens, half U[8,128)-token prompts; "
+              f"outputs U[{outs[0]},{outs[1]}): prefills of a few tokens beside running decodes",
+              async_scheduling=async_)
+    return capacity
+
+
 def long_validation(r: gs.Runner, p: MoePlan, capacity: dict[str, float], scale: float) -> dict[str, float]:
     """The held-out runs again, `scale` times as long (and at least `scale` times the requests), at the
     capacities an earlier sweep probed (its index.json): a p99 of 30-50 requests is one or two of
@@ -400,6 +441,11 @@ def main() -> None:
     ap.add_argument("--eager-loads", default="0.35,0.6",
                     help="--eager-supplement's loads, fractions of the probed chat capacity, comma-separated")
     ap.add_argument("--eager-seed", type=int, default=11, help="--eager-supplement's first seed (one more a run)")
+    ap.add_argument("--small-mixed-supplement", type=Path, metavar="INDEX_JSON",
+                    help="only runs whose steps hold prefills of a few tokens beside decodes, at this earlier "
+                         "sweep's capacities")
+    ap.add_argument("--extra-name", default="extra",
+                    help="the supplements' archive label (<model>-NAME-*); moe_validate adds every <model>-extra*")
     ap.add_argument("--long-validation", type=Path, metavar="INDEX_JSON",
                     help="only the held-out runs, --scale times as long, at this earlier sweep's capacities")
     ap.add_argument("--scale", type=float, default=3.0, help="--long-validation's length factor")
@@ -423,11 +469,15 @@ def main() -> None:
                             ("--validation-scale", a.validation_scale, a.validation_scale > 0)):
         if not ok:
             ap.error(f"{flag} {value}: must be {'>= 0' if flag == '--temperature' else '> 0'}")
-    partial = [path for path in (a.supplement, a.eager_supplement, a.long_validation) if path]
+    partial = [path for path in (a.supplement, a.eager_supplement, a.small_mixed_supplement, a.long_validation)
+               if path]
     earlier_index = partial[0] if partial else None  # a call that reruns part of that earlier sweep
     if len(partial) > 1:
-        ap.error("--supplement, --eager-supplement and --long-validation: give one (each reruns part of an "
-                 "earlier sweep)")
+        ap.error("--supplement, --eager-supplement, --small-mixed-supplement and --long-validation: give one (each "
+                 "reruns part of an earlier sweep)")
+    if not a.extra_name.startswith("extra") or not a.extra_name.replace("-", "").isalnum():
+        ap.error(f"--extra-name {a.extra_name!r}: must start with 'extra' (moe_validate adds <model>-extra* "
+                 "archives) and hold letters, digits and dashes only")
     if a.dry_run:
         a.device = "cpu"
     if a.smoke and not a.layers:
@@ -438,7 +488,8 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     label = a.model if not a.layers else f"{a.model}-{a.layers}l"
-    label += "-extra" if a.supplement or a.eager_supplement else "-long" if a.long_validation else ""
+    supplement_call = a.supplement or a.eager_supplement or a.small_mixed_supplement
+    label += f"-{a.extra_name}" if supplement_call else "-long" if a.long_validation else ""
     t = time.perf_counter()
     meta, capacity, error = {}, {}, None
     r = None
@@ -463,6 +514,7 @@ def main() -> None:
             earlier = json.loads(earlier_index.read_text())["capacity_rps"]
             capacity = (supplement(r, plan, earlier) if a.supplement
                         else eager_supplement(r, plan, earlier, eager_loads(a.eager_loads), a.eager_seed) if a.eager_supplement
+                        else small_mixed_supplement(r, plan, earlier) if a.small_mixed_supplement
                         else long_validation(r, plan, earlier, a.scale))
         else:
             known = json.loads(a.capacity_from.read_text())["capacity_rps"] if a.capacity_from else None
