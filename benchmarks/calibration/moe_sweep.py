@@ -312,39 +312,23 @@ def small_mixed_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float],
     """Steps that hold a prefill of a few tokens beside running decodes: the chat validation runs'
     prompts that hit the prefix cache leave 4-90 new tokens, and such a step (5-130 tokens, a mixed
     CUDA graph) was the sweep's rarest kind (6 of mixtral's sweep steps under 64 tokens), so the fit
-    priced it from the big ones (+10-24% in the held-out runs). Per scheduling mode, `n` requests at
-    Poisson arrivals: half share one of 8 prefixes of 64 blocks (the first of each caches it) and add
-    U[4, 96) tokens, half are fresh prompts of U[8, 128) tokens; outputs U[32, 200), so a decode batch
-    of ~10-30 runs beside each arrival's prefill. The rate is the probed chat capacity x 4 (requests
-    this short are served far faster than chat's). Packed as `<model>-<--extra-name>-*`; moe_validate.py
-    adds its runs to the model's sweep."""
+    priced it from the big ones (+10-24% in the held-out runs). Per scheduling mode, `n` fresh prompts
+    of U[4, 128) tokens at Poisson arrivals, outputs U[32, 200), so a decode batch of ~10-30 runs
+    beside each arrival's prefill. Fresh prompts, not cached prefixes: decodes over shared prefix
+    blocks read them partly from L2 (the mooncake runs' +9% decode steps), which would bias the decode
+    fit; nor prompts at t=0 (one budget-sized eager step moved mixtral's async launch term 2x). The
+    rate is the probed chat capacity x 4 (requests this short are served far faster than chat's).
+    Packed as `<model>-<--extra-name>-*`; moe_validate.py adds its runs to the model's sweep."""
     b = p.base
     chat = capacity.get("chat-production", next(iter(capacity.values())))
-    block = r.core.config.block_size
-    prefix_blocks = max(1, min(64, b.max_prompt_len // (4 * block)))
     outs = (1, p.max_output_len + 1) if p.max_output_len else (32, 200)
     for i, async_ in enumerate((True, False)):
-        rng = np.random.default_rng(seed + i)
-        ids = gs.Ids()
         rate = 4 * chat
-        arrivals = np.cumsum(rng.exponential(1 / rate, n))
-        heads = [ids.request(0.0, prefix_blocks * block, 2) for _ in range(8)]  # cache the prefixes at t=0
-        reqs = list(heads)
-        for j, t in enumerate(arrivals):
-            out = int(rng.integers(*outs))
-            if j % 2:
-                reqs.append(ids.request(float(t) + 0.5, int(rng.integers(8, 128)), out))
-            else:
-                head = heads[int(rng.integers(0, len(heads)))]
-                new = int(rng.integers(4, 96))
-                reqs.append(ids.request(float(t) + 0.5, prefix_blocks * block + new, out,
-                                        prefix=head.hash_ids[:prefix_blocks]))
+        reqs = poisson_requests(gs.Ids(), seed + i, rate, n, (4, 128), outs)
         tag = "async" if async_ else "sync"
         r.run("sweep", f"small-mixed-{tag}", reqs, honor_arrivals=True, max_wall_s=4 * b.mixed_s + 30,
-              description=f"8 prefixes of {prefix_blocks * block} tokens cached at t=0, then {n} requests at "
-              f"{rate:.2f} req/s from 0.5 s: half a cached prefix + U[4,96) tokens, half U[8,128)-token prompts; "
-              f"outputs U[{outs[0]},{outs[1]}): prefills of a few tokens beside running decodes",
-              async_scheduling=async_)
+              description=f"Poisson {rate:.2f} req/s, prompts U[4,128), outputs U[{outs[0]},{outs[1]}): prefills "
+              "of a few tokens beside running decodes", async_scheduling=async_)
     return capacity
 
 
