@@ -13,22 +13,7 @@ from hypothesis import strategies as st
 
 from kernels import fused_moe as fm
 from kernels.fused_moe import MoeTiles, align_by_expert, fused_moe
-from kernels.moe_reference import fused_moe_ref, route_ref
-from tests.kernels.helpers import SETTINGS, assert_close
-
-
-def _layer(seed, t, e, k, h, n, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, h, generator=g).to(dtype)
-    w13 = (torch.randn(e, 2 * n, h, generator=g) / h**0.5).to(dtype)
-    w2 = (torch.randn(e, h, n, generator=g) / n**0.5).to(dtype)
-    weights, ids = route_ref(torch.randn(t, e, generator=g), k, renormalize=True)
-    return x, w13, w2, weights, ids
-
-
-def _ref(x, w13, w2, weights, ids):
-    return fused_moe_ref(x.float(), w13.float(), w2.float(), weights, ids)
-
+from tests.kernels.helpers import SETTINGS, assert_close, moe_layer, moe_ref
 
 _HALF = MoeTiles(32, 16, 16, 4, 1, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True, half_tail="both")
 
@@ -44,20 +29,20 @@ def test_half_tail_plans_equal_the_per_expert_loop(t, e, k, n, persistent, atomi
     gate+up only (the down launch's full tile then reads unwritten rows, which it must not store) or in
     both."""
     k = min(k, e)
-    x, w13, w2, weights, ids = _layer(seed, t, e, k, 32, n)
+    x, w13, w2, weights, ids = moe_layer(seed, t, e, k, 32, n)
     plan = dataclasses.replace(_HALF, persistent=persistent, up_persistent=persistent, atomic_sum=atomic,
                                half_tail=half)
-    assert_close(fused_moe(x, w13, w2, weights, ids, plan), _ref(x, w13, w2, weights, ids), torch.float32)
+    assert_close(fused_moe(x, w13, w2, weights, ids, plan), moe_ref(x, w13, w2, weights, ids), torch.float32)
 
 
 def test_half_tail_in_bfloat16_with_a_crowded_expert():
     """Every token on experts 3 and 5 (two full blocks and a half one each at T = 40, k = 2), then random
     routing, bfloat16."""
-    x, w13, w2, weights, _ids = _layer(5, 40, 8, 2, 32, 48, torch.bfloat16)
+    x, w13, w2, weights, _ids = moe_layer(5, 40, 8, 2, 32, 48, torch.bfloat16)
     same = torch.tensor([3, 5]).expand(40, 2).contiguous()
-    assert_close(fused_moe(x, w13, w2, weights, same, _HALF), _ref(x, w13, w2, weights, same), torch.bfloat16)
-    _x, _w13, _w2, weights, ids = _layer(6, 40, 8, 2, 32, 48)
-    assert_close(fused_moe(x, w13, w2, weights, ids, _HALF), _ref(x, w13, w2, weights, ids), torch.bfloat16)
+    assert_close(fused_moe(x, w13, w2, weights, same, _HALF), moe_ref(x, w13, w2, weights, same), torch.bfloat16)
+    _x, _w13, _w2, weights, ids = moe_layer(6, 40, 8, 2, 32, 48)
+    assert_close(fused_moe(x, w13, w2, weights, ids, _HALF), moe_ref(x, w13, w2, weights, ids), torch.bfloat16)
 
 
 def test_the_half_tile_writes_only_the_first_half_of_a_part_filled_block():
@@ -67,7 +52,7 @@ def test_the_half_tile_writes_only_the_first_half_of_a_part_filled_block():
     t, k, e = 30, 2, 2
     ids = torch.cat([torch.zeros(t, 1, dtype=torch.int64), torch.ones(t, 1, dtype=torch.int64)], 1)
     ids[20:, 1] = 0  # tokens 20-29 send both pairs to expert 0: 40 pairs there, 20 on expert 1
-    x, w13, _w2, _weights, _ = _layer(7, t, e, k, 32, 16)
+    x, w13, _w2, _weights, _ = moe_layer(7, t, e, k, 32, 16)
     sorted_ids, block_expert = align_by_expert(ids, e, 32, method="hist")
     assert block_expert.tolist()[:3] == [0, 0, 1]
     act = torch.full((sorted_ids.numel(), 16), float("nan"))

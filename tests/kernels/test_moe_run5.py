@@ -29,21 +29,7 @@ from kernels.moe_plans import (
     run5_candidates,
     run6_candidates,
 )
-from kernels.moe_reference import fused_moe_ref, route_ref
-from tests.kernels.helpers import SETTINGS, assert_close, interpreter_distinct
-
-
-def _layer(seed, t, e, k, h, n, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, h, generator=g).to(dtype)
-    w13 = (torch.randn(e, 2 * n, h, generator=g) / h**0.5).to(dtype)
-    w2 = (torch.randn(e, h, n, generator=g) / n**0.5).to(dtype)
-    weights, ids = route_ref(torch.randn(t, e, generator=g), k, renormalize=True)
-    return x, w13, w2, weights, ids
-
-
-def _ref(x, w13, w2, weights, ids):
-    return fused_moe_ref(x.float(), w13.float(), w2.float(), weights, ids)
+from tests.kernels.helpers import SETTINGS, assert_close, interpreter_distinct, moe_layer, moe_ref
 
 
 @settings(max_examples=12, **SETTINGS)
@@ -56,16 +42,16 @@ def test_sorted_activations_equal_the_per_expert_loop(t, e, k, h, n, persistent,
     persistent grids (down, and the joint gate+up) are 1 or 3 programs per "SM" (the interpreter counts
     2), so programs loop over tiles."""
     k = min(k, e)
-    x, w13, w2, weights, ids = _layer(seed, t, e, k, h, n)
+    x, w13, w2, weights, ids = moe_layer(seed, t, e, k, h, n)
     plan = MoeTiles(16, 16, 16, 4, 1, tma=True, joint=joint, align="hist", ksum=ksum, atomic_sum=atomic,
                     sorted_act=True, persistent=persistent, up_persistent=persistent)
-    assert_close(fused_moe(x, w13, w2, weights, ids, plan), _ref(x, w13, w2, weights, ids), torch.float32)
+    assert_close(fused_moe(x, w13, w2, weights, ids, plan), moe_ref(x, w13, w2, weights, ids), torch.float32)
 
 
 def test_sorted_activations_sit_at_the_sorted_rows_and_padding_rows_are_zero():
     """gate+up with sorted_act: row i of [P, N] is pair sorted_ids[i]'s activation row (as the pair-order
     launch gives it), the padding rows of used blocks exact zeros."""
-    x, w13, _w2, _weights, ids = _layer(3, 9, 5, 2, 32, 48)
+    x, w13, _w2, _weights, ids = moe_layer(3, 9, 5, 2, 32, 48)
     sorted_ids, block_expert = align_by_expert(ids, 5, 16, method="hist")
     plain = MoeTiles(16, 16, 16, 4, 1, tma=True, joint=True)
     by_pair = gate_up_grouped(x, w13, sorted_ids, block_expert, 2, plain)
@@ -91,12 +77,12 @@ SMALL_PREFILL = interpreter_distinct([_shrunk(p) for p in PREFILL_RUN5 + PREFILL
 def test_prefill_run5_plans_at_small_tiles(small):
     """Each prefill candidate's fields with the tiles shrunk for the interpreter, random routing and every
     token on the same two experts (one crowded expert, the rest empty), float32 and bfloat16."""
-    x, w13, w2, weights, ids = _layer(12, 23, 8, 4, 32, 48)
+    x, w13, w2, weights, ids = moe_layer(12, 23, 8, 4, 32, 48)
     same = torch.tensor([3, 5, 0, 1]).expand(23, 4).contiguous()
     for routing in (ids, same):
-        assert_close(fused_moe(x, w13, w2, weights, routing, small), _ref(x, w13, w2, weights, routing), torch.float32)
-    xb, w13b, w2b, weights, ids = _layer(13, 23, 8, 4, 32, 48, torch.bfloat16)
-    assert_close(fused_moe(xb, w13b, w2b, weights, ids, small), _ref(xb, w13b, w2b, weights, ids), torch.bfloat16)
+        assert_close(fused_moe(x, w13, w2, weights, routing, small), moe_ref(x, w13, w2, weights, routing), torch.float32)
+    xb, w13b, w2b, weights, ids = moe_layer(13, 23, 8, 4, 32, 48, torch.bfloat16)
+    assert_close(fused_moe(xb, w13b, w2b, weights, ids, small), moe_ref(xb, w13b, w2b, weights, ids), torch.bfloat16)
 
 
 def _counters_zero():
@@ -108,8 +94,8 @@ def test_direct_run5_one_launch_plans_equal_the_loop_and_leave_their_counters_ze
     """T = 1 (one token, k = 3 of 10 experts: a masked slot of next_pow2(k)) and T = 5 (top 8 of 16, tokens
     sharing experts), each called twice: the second call finds the counters the first one zeroed."""
     for t, e, k in ((1, 10, 3), (5, 16, 8)):
-        x, w13, w2, weights, ids = _layer(t + e, t, e, k, 40, 20)
-        ref = _ref(x, w13, w2, weights, ids)
+        x, w13, w2, weights, ids = moe_layer(t + e, t, e, k, 40, 20)
+        ref = moe_ref(x, w13, w2, weights, ids)
         for _ in range(2):
             assert_close(fused_moe(x, w13, w2, weights, ids, plan), ref, torch.float32)
             assert _counters_zero()
@@ -122,9 +108,9 @@ def test_direct_run5_one_launch_plans_equal_the_loop_and_leave_their_counters_ze
 def test_one_launch_direct_path_at_any_tile(t, e, k, h, n, block_n, down_block_n, seed):
     """Tiles that do not divide N (20) or H (24, 40): the last N / H tiles partial."""
     k = min(k, e)
-    x, w13, w2, weights, ids = _layer(seed, t, e, k, h, n)
+    x, w13, w2, weights, ids = moe_layer(seed, t, e, k, h, n)
     plan = DirectTiles(block_n, 16, down_block_n, 8, 4, 2, pipeline=True, early=True, fused=2)
-    assert_close(fused_moe(x, w13, w2, weights, ids, plan), _ref(x, w13, w2, weights, ids), torch.float32)
+    assert_close(fused_moe(x, w13, w2, weights, ids, plan), moe_ref(x, w13, w2, weights, ids), torch.float32)
     assert _counters_zero()
 
 
@@ -177,7 +163,7 @@ def test_engine_runs_run6s_rule_with_32_experts_and_run2s_tiles_below():
     assert RUN6_BEST[4096].up_persistent == 1 and RUN6_BEST[1].down_block_n == 16
     paths = set()
     for t in (1, 5, 16, 300):
-        x, w13, w2, weights, ids = _layer(40 + t, t, 32, 8, 64, 32)
+        x, w13, w2, weights, ids = moe_layer(40 + t, t, 32, 8, 64, 32)
         paths.add(type(engine_tiles(t, 8, 32)).__name__)
-        assert_close(engine_fused_moe(x, w13, w2, weights, ids), _ref(x, w13, w2, weights, ids), torch.float32)
+        assert_close(engine_fused_moe(x, w13, w2, weights, ids), moe_ref(x, w13, w2, weights, ids), torch.float32)
     assert paths == {"DirectTiles", "MoeTiles"}
