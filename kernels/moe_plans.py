@@ -291,7 +291,9 @@ def run6_best(num_tokens: int) -> MoeTiles | DirectTiles:
 # for full blocks and computes a block holding 64 rows or fewer as a 64-row tile (`half_tail`), in
 # gate+up only or in both launches; the rows computed are then those of 64-row blocks. The branch
 # stops Triton flattening a persistent loop (sm90 compile: same 196,640 bytes of shared memory as the
-# unflattened loop), so the unpersistent gate+up (run 5's winner) is a candidate too.
+# unflattened loop), so the unpersistent gate+up (run 5's winner) is a candidate too. Measured (run 7,
+# benchmarks/kernels/data/moe_run7, H200 2026-12-03 16:17 UTC): they lose at T = 4096 (668.9 us at best
+# against run 6's 636.9) and 8192, win 1% at 1024 and 2048; the engine keeps RUN6_BEST.
 PREFILL_RUN7 = [
     dataclasses.replace(_P6, half_tail="up"),
     dataclasses.replace(_P6, half_tail="both"),
