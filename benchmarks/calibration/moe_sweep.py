@@ -354,6 +354,19 @@ def eager_loads(text: str) -> tuple[float, ...]:
     return loads
 
 
+def earlier_capture_size(index: Path, ap: argparse.ArgumentParser) -> int:
+    """The mixed-graph capture size of the sweep a partial call adds to (its index.json's): runs recorded
+    at another one change the fitted profile's capture size, and with it how the simulator prices every
+    held-out step between the two (mixtral's supplements of 2026-12-03, docs/validation.md). An index
+    written before it recorded the size: an error asking for --max-cudagraph-capture-size."""
+    size = json.loads(index.read_text()).get("max_cudagraph_capture_size")
+    if not size:
+        ap.error(f"{index} does not record the earlier sweep's mixed-graph capture size: give "
+                 "--max-cudagraph-capture-size (2048 for the shipped mixtral-8x7b runs and qwen3's eager-step "
+                 "supplements, 8192 for qwen3's sweep; benchmarks/calibration/README.md)")
+    return int(size)
+
+
 def build_engine(a: argparse.Namespace) -> EngineCore:
     """The preset's engine (random weights); `--layers N`: the preset's layer shapes, N layers."""
     kw = {"max_model_len": 1024, "dtype": "float32"} if a.dry_run else {}
@@ -462,6 +475,8 @@ def main() -> None:
     if not a.extra_name.startswith("extra") or not a.extra_name.replace("-", "").isalnum():
         ap.error(f"--extra-name {a.extra_name!r}: must start with 'extra' (moe_validate adds <model>-extra* "
                  "archives) and hold letters, digits and dashes only")
+    if earlier_index and not a.max_cudagraph_capture_size:
+        a.max_cudagraph_capture_size = earlier_capture_size(earlier_index, ap)
     if a.dry_run:
         a.device = "cpu"
     if a.smoke and not a.layers:
@@ -491,6 +506,7 @@ def main() -> None:
                              "triton": gs._version("triton"), "cuda": torch.version.cuda},
                 "warm_up": dataclasses.asdict(warm), "startup": core.startup.as_dict(), "build_s": round(time.perf_counter() - t, 1),
                 "model": a.model,  # run.json's model: the preset, not the label (run folders' parent)
+                "max_cudagraph_capture_size": core.config.max_cudagraph_capture_size,
                 "layers": a.layers or get_model(a.model).num_layers, "plan": "dry-run" if a.dry_run else
                 "smoke" if a.smoke else a.model}
         r = gs.Runner(core, work, label, meta | {"embed_scale": a.embed_scale, "residual_scale": a.residual_scale}, a.deadline_s, a.temperature)
