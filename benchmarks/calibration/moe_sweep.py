@@ -487,8 +487,7 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     label = a.model if not a.layers else f"{a.model}-{a.layers}l"
-    supplement_call = a.supplement or a.eager_supplement or a.small_mixed_supplement
-    label += f"-{a.extra_name}" if supplement_call else "-long" if a.long_validation else ""
+    label += "-long" if a.long_validation else f"-{a.extra_name}" if earlier_index else ""  # else: a supplement
     t = time.perf_counter()
     meta, capacity, error = {}, {}, None
     r = None

@@ -67,8 +67,8 @@ def unpack(archives: Path, model: str, work: Path, as_gpu: str | None, validatio
         root.mkdir(parents=True, exist_ok=True)
         with tarfile.open(src) as t:
             t.extractall(root, filter="data")
-    # moe_sweep.py --supplement / --eager-supplement: more sweep runs, one archive a call (<model>-extra-,
-    # -extra2-, ...: renamed from its packed name so calls do not overwrite each other)
+    # moe_sweep.py's supplements (--supplement, --eager-supplement, --small-mixed-supplement): more sweep
+    # runs, one archive a call (<model>-extra-, -extra2-, ...: each call's --extra-name)
     for extra in sorted(archives.glob(f"{model}-extra*-sweep.tar.xz")):
         with tarfile.open(extra) as t:
             t.extractall(root, members=[m for m in t.getmembers() if m.name.startswith("sweep/")], filter="data")
