@@ -5,11 +5,12 @@ k-sum) at T tokens per step. The cost model prices that layer as
     max(C(T) * flops_factor, M(T) * bytes_factor(T)),
     C(T) = 2 T k (3 H N) / (peak x gemm_compute_efficiency),
     M(T) = touched(T) x 3 H N x bytes / (bandwidth x gemm_memory_efficiency),
-with `touched` the measured distinct experts of that step (the routing the kernel ran), the
-datasheet rates and the profile's GEMM efficiencies. Given the plans' row blocks, C(T) counts the
-rows the kernel computes (C(T) x `MoeTerms.padding`: each expert's pairs in whole blocks). Each factor is a measured time over the
-side that binds (a step is compute-bound when C(T) > M(T), both at factor 1): one knot (log2 of
-T) per measured T on that side's factor table, `flops_factor_by_tokens` or `bytes_factor_by_tokens`;
+with `touched` the measured distinct experts of that step (the routing the kernel ran), the datasheet
+rates and the profile's GEMM efficiencies. Given the plans' row blocks, C(T) counts the rows the kernel
+computes (C(T) x `MoeTerms.padding`: each expert's pairs in whole blocks). Each factor is a measured
+time over the side that binds (a step is compute-bound when C(T) > M(T), both at factor 1): one knot
+(log2 of T) per measured T on that side's factor table, `flops_factor_by_tokens` or
+`bytes_factor_by_tokens`;
 between and beyond the knots the tables interpolate and hold their end values, so the fitted
 model reproduces every measured step and is a guess between them.
 """

@@ -4,13 +4,14 @@
     python3 benchmarks/kernels/engine_plan_terms.py data/moe_run6/moe.json data/moe_engine_plans/moe.json ...
     python3 benchmarks/kernels/engine_plan_terms.py ... --into benchmarks/calibration/data/moe/start/h200-qwen3-30b-a3b.json --force
 
-Each focus run (`bench_moe_h200.py --focus`) times several plans per step size T; the engine runs one
-of them, `kernels.moe_plans.engine_tiles(T, k, E)`. This takes that plan's time at every T the files
-hold (a T timed twice: the later file wins), fits `MoeTerms` (sim/moe_fit.py: measured / roofline side
-per T, interpolated between the knots; the FLOPs side counts the rows the plans compute, each
-expert's pairs rounded up to the plan's row block, whose sizes by T it records) and prints the table. `--into` replaces the `moe` terms of a
-profile file, keeping its `layer_fixed_s` (fitted on whole engine steps, not on one layer) and every
-other field; the profile the MoE calibration starts from (moe_validate.py --base-profile) is one.
+Each focus run (`bench_moe_h200.py --focus`) times several plans per step size T; the engine runs one of
+them, `kernels.moe_plans.engine_tiles(T, k, E)`. This takes that plan's time at every T the files hold
+(a T timed twice: the later file wins), fits `MoeTerms` (sim/moe_fit.py: measured / roofline side per T,
+interpolated between the knots; the FLOPs side counts the rows the plans compute, each expert's pairs
+rounded up to the plan's row block, whose sizes by T it records) and prints the table. `--into` replaces
+the `moe` terms of a profile file, keeping its `layer_fixed_s` (fitted on whole engine steps, not on one
+layer) and every other field; the profile the MoE calibration starts from (moe_validate.py
+--base-profile) is one.
 """
 
 from __future__ import annotations

@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
                             "ratio_median": statistics.median(a / b for a, b in zip(r["us"], before))}
     meta = {"gpu": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
-            "triton": triton.__version__, "rounds": rounds, "compare": str(args.compare) if old else None, "layer": {"H": h, "N": n, "E": e, "k": k},
+            "triton": triton.__version__, "rounds": rounds, "compare": str(args.compare) if old else None,
+            "layer": {"H": h, "N": n, "E": e, "k": k},
             "command": "python3 benchmarks/kernels/repeat_engine_plans.py " + " ".join(argv or sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "repeat.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
