@@ -44,7 +44,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
                 f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
                 f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
                 f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{f' fused{t.fused}' if t.fused else ''}"
-                f"{' ahead' if t.ahead and t.fused else ''}")
+                f"{' ahead' if t.ahead and t.fused else ''}{' chain' if t.chain else ''}")
     key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
     if t.down_block_n or t.down_block_k:
         key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
@@ -119,7 +119,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7]
+             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN8]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -308,6 +308,32 @@ def run7_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
     return list(PREFILL_RUN7) if num_tokens * top_k / num_experts >= 64 else []
 
 
+# ------------------------------------------------------------------------------- run 8
+# Decode at T = 1 sits on its target (run 6: 1.29x the touched experts' roofline, 7 rounds 1.30-1.35x):
+# the down launch alone reads its 25 MB at ~2.2 TB/s and waits for gate+up's activations. Run 8 chains
+# the down projection onto gate+up (`DirectTiles.chain`): each (pair, N tile) program multiplies its
+# own activations by its tile's down columns, so all 75.5 MB stream in one launch of 192-384 programs
+# (all resident: sm90 compile, 71-136 registers, 25-50 KB shared), and a small second launch sums a
+# token's k * N / block_n float32 partial rows (1.5 MB at T = 1, from L2).
+_C = DirectTiles(32, 128, 64, 128, 4, 4, pdl=True, pipeline=True, chain=True)
+DIRECT_RUN8 = [
+    _C,
+    dataclasses.replace(_C, num_stages=3),
+    dataclasses.replace(_C, num_warps=8),
+    dataclasses.replace(_C, evict=True),
+    dataclasses.replace(_C, block_k=64),
+    dataclasses.replace(_C, block_n=16, block_k=256, num_stages=3),
+    dataclasses.replace(_C, block_n=16),
+    dataclasses.replace(_C, block_n=64, block_k=64, down_block_k=64),
+]
+DIRECT_RUN8_MAX_PAIRS = 32
+
+
+def run8_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 8's new plans at T: the chained down up to DIRECT_RUN8_MAX_PAIRS pairs."""
+    return list(DIRECT_RUN8) if num_tokens * top_k <= DIRECT_RUN8_MAX_PAIRS else []
+
+
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
     measured plan of the nearest T in log2 (RUN6_BEST: qwen3-30b-a3b's profile is calibrated on it);
@@ -329,6 +355,7 @@ __all__ = [
     "DIRECT_RUN4",
     "DIRECT_RUN5",
     "DIRECT_RUN6",
+    "DIRECT_RUN8",
     "ENGINE_RULE_MIN_EXPERTS",
     "PREFILL_RUN4",
     "PREFILL_RUN5",
@@ -352,4 +379,5 @@ __all__ = [
     "run6_best",
     "run6_candidates",
     "run7_candidates",
+    "run8_candidates",
 ]

@@ -77,6 +77,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--run7", action="store_true",
                    help="with --focus: run 6's best plan (kernels.moe_plans.run6_best) as the baseline and run 7's "
                         "half tail candidates (run7_candidates)")
+    p.add_argument("--run8", action="store_true",
+                   help="with --focus: run 6's best plan (kernels.moe_plans.run6_best) as the baseline and run 8's "
+                        "candidates (run8_candidates: the chained down for decode)")
     p.add_argument("--presets", nargs="+", default=None, help="presets to time (default: both; --focus: qwen3-30b-a3b)")
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="step sizes T in the order timed")
     return p.parse_args()
@@ -121,6 +124,7 @@ from kernels.moe_plans import (
     run6_best,
     run6_candidates,
     run7_candidates,
+    run8_candidates,
 )
 from kernels.moe_reference import fused_moe_ref, route_ref
 
@@ -156,8 +160,9 @@ FOCUS_ROUNDS = {
     5: FocusRound(5, run4_best, run5_candidates, PREFILL_RUN5),
     6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
     7: FocusRound(7, run6_best, run7_candidates, PREFILL_RUN7),
+    8: FocusRound(8, run6_best, run8_candidates, []),
 }
-ROUND = FOCUS_ROUNDS[7 if ARGS.run7 else 6 if ARGS.run6 else 5 if ARGS.run5 else 4]
+ROUND = FOCUS_ROUNDS[8 if ARGS.run8 else 7 if ARGS.run7 else 6 if ARGS.run6 else 5 if ARGS.run5 else 4]
 
 # the new grouped path's tile sweep (block_m, block_n, block_k, warps, stages[, group_m]); the big-M
 # ones only from 4 rows per expert
@@ -396,7 +401,7 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "fused", "half")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "fused", "half", "chain")
 
 
 def probe_plans() -> dict:
@@ -424,7 +429,9 @@ def probe_plans() -> dict:
             "half": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
                               half_tail="up"),
                      MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
-                              persistent=1, up_persistent=1, half_tail="both")]}
+                              persistent=1, up_persistent=1, half_tail="both")],
+            # run 8: the down projection chained onto gate+up, a second launch sums the partial rows
+            "chain": [DirectTiles(32, 64, 32, 64, 4, 3, pdl=True, pipeline=True, chain=True)]}
 
 
 def probe_body(features: tuple[str, ...]) -> None:
@@ -659,7 +666,8 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
     """The probe features a plan needs."""
     if isinstance(plan, DirectTiles):
         return ({"core"} | ({"pdl"} if plan.pdl else set()) | ({"early"} if plan.early and plan.pdl else set())
-                | ({"pipe"} if plan.pipeline else set()) | ({"fused"} if plan.fused else set()))
+                | ({"pipe"} if plan.pipeline else set()) | ({"fused"} if plan.fused else set())
+                | ({"chain"} if plan.chain else set()))
     return ({"core"} | ({"tma"} if plan.tma else set())
             | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
             | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set())
@@ -773,8 +781,9 @@ def ksum_us(ys: list, k: int, how: str, reps: int) -> float:
 def focus_phases(weights: list, routes: list, plan: MoeTiles | DirectTiles, e: int, k: int, reps: int) -> dict:
     """A plan's launches each alone (grouping, gate+up, down, k-sum); for a grouped plan also every
     grouping method and both k-sums, so the table sets old and new side by side."""
-    if isinstance(plan, DirectTiles) and plan.fused:  # one launch: no phases to time apart
-        return {"align_us": 0.0, "one_launch_us": graph_time_us(
+    if isinstance(plan, DirectTiles) and (plan.fused or plan.chain):  # no gate+up / down launches to time apart
+        key = "chain_us" if plan.chain else "one_launch_us"
+        return {"align_us": 0.0, key: graph_time_us(
             [lambda w=w, r=r: fused_moe(r[0], w[0], w[1], r[1], r[2], plan) for w, r in zip(weights, routes)] * reps)}
     if isinstance(plan, DirectTiles):
         return phase_times(weights, routes, plan, e, k, reps)
@@ -893,6 +902,8 @@ def _phases(p: dict, names: tuple) -> str:
     """A plan's phases as `a / b / c / d`, or a one-launch plan's one time."""
     if "one_launch_us" in p:
         return f"one launch {_f(p['one_launch_us'])}"
+    if "chain_us" in p:
+        return f"chained (two launches) {_f(p['chain_us'])}"
     return " / ".join(_f(p.get(x)) for x in names)
 
 
