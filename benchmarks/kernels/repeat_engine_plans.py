@@ -14,6 +14,9 @@ DIR/repeat.md: per T every round's us, the median and range, the median's TFLOP/
 issue 29's rates). `--compare FILE`: an earlier kernels/fused_moe.py (say `git show
 91ae320:kernels/fused_moe.py`) whose grouped plan of the same fields is timed in the same rounds, right
 after this tree's, so a kernel refactor's effect on the engine's step times is measured on one GPU.
+`--challengers MOE_JSON`: a focus bench's moe.json; at each T its fastest plan (kernels.moe_plans.
+propose_rule), where that is not the engine's, is timed in the same rounds on the same draws (first in
+odd rounds, second in even ones), so a plan is adopted on 7 draws rather than one.
 `--dry-run`: the Triton interpreter on the CPU, a small layer, two rounds.
 """
 
@@ -43,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 1, 1024, 8192])
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--compare", type=Path, default=None, help="an earlier kernels/fused_moe.py to time beside")
+    p.add_argument("--challengers", type=Path, default=None,
+                   help="a focus bench's moe.json: its fastest plan at each T timed beside the engine's")
     p.add_argument("--dry-run", action="store_true")
     return p.parse_args(argv)
 
@@ -88,6 +93,21 @@ def compare_plan(mod, plan):
     return None if extra else mod.MoeTiles(**{f: getattr(plan, f) for f in names})
 
 
+def challenger_plans(path: Path, tokens: list[int], k: int, e: int) -> dict:
+    """T -> the bench's fastest plan at T, for each T where it is not the engine's plan."""
+    from kernels.moe_plans import engine_tiles, plan_key, propose_rule
+
+    speed = json.loads(path.read_text())["speed"]
+    fastest = propose_rule([r for r in speed if r.get("preset", "qwen3-30b-a3b") == "qwen3-30b-a3b"])
+    return {t: fastest[t] for t in tokens if t in fastest and plan_key(fastest[t]) != plan_key(engine_tiles(t, k, e))}
+
+
+def challenger_summary(t: int, mine: list[float], theirs: list[float], plan_name: str, roof: dict) -> dict:
+    """The challenger's rounds beside the engine plan's: its own summary and the median of per-round ratios."""
+    return {**summary(t, theirs, roof), "plan": plan_name,
+            "ratio_to_engine_median": statistics.median(a / b for a, b in zip(theirs, mine))}
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# The engine's fused-MoE plans timed {meta['rounds']} rounds ({meta['gpu']}, {meta['date']})", "",
              (f"`{meta['command']}`; torch {meta['torch']}, triton {meta['triton']}. Round 0: the focus bench's "
@@ -107,6 +127,16 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             c = r["compare"]
             lines.append(f"| {r['T']} | {', '.join(f'{u:.1f}' for u in c['us'])} | {c['median_us']:.1f} | "
                          f"{c['ratio_median']:.3f} |")
+    challenged = [r for r in rows if r.get("challenger")]
+    if challenged:
+        lines += ["", f"Challengers (the fastest plan at T in `{meta['challengers']}`), same rounds and draws:", "",
+                  "| T | plan | us per round | median us | range | x roofline | of 790 | / engine (median of ratios) |",
+                  "|---:|---|---|---:|---:|---:|---:|---:|"]
+        for r in challenged:
+            c = r["challenger"]
+            lines.append(f"| {r['T']} | {c['plan']} | {', '.join(f'{u:.1f}' for u in c['us'])} | {c['median_us']:.1f} | "
+                         f"{c['min_us']:.1f}-{c['max_us']:.1f} | {c['median_x_roofline']:.2f} | "
+                         f"{c['median_share_of_790']:.1%} | {c['ratio_to_engine_median']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -119,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks.kernels.graph_timing import time_calls_us
     from kernels import _interpreter_compat
+    from kernels.fused_moe import fused_moe
     from kernels.moe_plans import engine_fused_moe, engine_tiles, plan_key
     from kernels.moe_reference import route_ref
 
@@ -132,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
                 (torch.randn(e, h, n, generator=g, device=device) / n**0.5).to(dtype))
                for _ in range(1 if args.dry_run else COPIES)]
     old = load_compare(args.compare) if args.compare else None
+    challengers = challenger_plans(args.challengers, tokens, k, e) if args.challengers else {}
+    chal_times: dict[int, list[float]] = {t: [] for t in tokens}
     times: dict[int, list[float]] = {t: [] for t in tokens}
     old_times: dict[int, list[float]] = {t: [] for t in tokens}
     touched: dict[int, list[float]] = {t: [] for t in tokens}
@@ -149,8 +182,16 @@ def main(argv: list[str] | None = None) -> None:
                                                                               ["roofline_us"] * len(weights)))))
             calls = [lambda wt=wt, r=r: engine_fused_moe(r[0], wt[0], wt[1], r[1], r[2])
                      for wt, r in zip(weights, routes)] * reps
+            chal = challengers.get(t)
+            chal_calls = [lambda wt=wt, r=r, p=chal: fused_moe(r[0], wt[0], wt[1], r[1], r[2], p)
+                          for wt, r in zip(weights, routes)] * reps if chal else None
+            if chal and rnd % 2:  # odd rounds: the challenger first
+                chal_times[t].append(time_calls_us(chal_calls, args.dry_run, reps=1))
             times[t].append(time_calls_us(calls, args.dry_run, reps=1))
-            print(f"round {rnd} T={t}: {times[t][-1]:.1f} us", flush=True)
+            if chal and not rnd % 2:
+                chal_times[t].append(time_calls_us(chal_calls, args.dry_run, reps=1))
+            print(f"round {rnd} T={t}: {times[t][-1]:.1f} us" + (f", challenger {chal_times[t][-1]:.1f} us" if chal else ""),
+                  flush=True)
             plan = compare_plan(old, engine_tiles(t, k, e)) if old else None
             if plan is not None:
                 calls = [lambda wt=wt, r=r, p=plan: old.fused_moe(r[0], wt[0], wt[1], r[1], r[2], p)
@@ -160,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = [{**summary(t, times[t], roofline(statistics.mean(touched[t]), t, h, n, k)),
              "plan": plan_key(engine_tiles(t, k, e)), "touched_experts": statistics.mean(touched[t])} for t in tokens]
     for r in rows:
+        if chal_times[r["T"]]:
+            r["challenger"] = challenger_summary(r["T"], r["us"], chal_times[r["T"]], plan_key(challengers[r["T"]]),
+                                                 roofline(r["touched_experts"], r["T"], h, n, k))
         before = old_times[r["T"]]
         if before:
             r["compare"] = {"us": before, "median_us": statistics.median(before),
@@ -167,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"gpu": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
             "triton": triton.__version__, "rounds": rounds, "compare": str(args.compare) if old else None,
+            "challengers": str(args.challengers) if args.challengers else None,
             "layer": {"H": h, "N": n, "E": e, "k": k},
             "command": "python3 benchmarks/kernels/repeat_engine_plans.py " + " ".join(argv or sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)
