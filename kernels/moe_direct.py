@@ -487,31 +487,48 @@ def fused_direct_one_launch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
     return out
 
 
-CHAIN_SUM_ROWS = 32  # partial rows a sum step loads ([32, down_block_n] float32)
+CHAIN_SUM_ROWS = 256  # at most this many partial rows a sum step loads (a token's all at qwen3's T = 1: 192)
+
+
+def chain_partials(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                   topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
+    """`_chain_kernel`: float32 partial down products `[T * k * N / block_n, H]`, a token's rows consecutive."""
+    t, h = x.shape
+    k, n = topk_ids.shape[1], w13.shape[1] // 2
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    tiles_n = triton.cdiv(n, tiles.block_n)
+    part = torch.empty(t * k * tiles_n, h, dtype=torch.float32, device=x.device)
+    launch = _launch(tiles)
+    _chain_kernel[(t * k * tiles_n,)](
+        x, w13, w2, part, topk_ids.reshape(-1), tw, t * k, h, n, k, x.stride(0), w13.stride(0), w13.stride(1),
+        w2.stride(0), w2.stride(1), part.stride(0), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        BLOCK_H=tiles.down_block_k, EVICT=launch["EVICT"], STAGES=tiles.num_stages, USE_GDC=launch["USE_GDC"],
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **_pdl(launch))
+    return part
+
+
+def chain_sum(part: torch.Tensor, num_tokens: int, dtype: torch.dtype, tiles: DirectTiles) -> torch.Tensor:
+    """`_chain_sum_kernel`: `[T, H]` in `dtype`, each token's partial rows summed (all in one step up to
+    CHAIN_SUM_ROWS rows: the loop's loads are not pipelined)."""
+    rows, h = part.shape[0] // num_tokens, part.shape[1]
+    out = torch.empty(num_tokens, h, dtype=dtype, device=part.device)
+    launch = _launch(tiles)
+    _chain_sum_kernel[(num_tokens * triton.cdiv(h, tiles.down_block_n),)](
+        part, out, num_tokens, h, rows, part.stride(0), out.stride(0),
+        BLOCK_R=min(CHAIN_SUM_ROWS, triton.next_power_of_2(rows)), BLOCK_H=tiles.down_block_n,
+        USE_GDC=launch["USE_GDC"], num_warps=tiles.down_num_warps or 4, **_pdl(launch))
+    return out
+
+
+def _pdl(launch: dict) -> dict:
+    return {"launch_pdl": True} if "launch_pdl" in launch else {}
 
 
 def fused_chain(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
     """`[T, H]` by run 8's chained down (`DirectTiles.chain`): `_chain_kernel` over (pair, N tile), then
     `_chain_sum_kernel` over (token, H tile), the second launched early with `tiles.pdl`."""
-    t, h = x.shape
-    k, n = topk_ids.shape[1], w13.shape[1] // 2
-    ids = topk_ids.reshape(-1)
-    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    tiles_n = triton.cdiv(n, tiles.block_n)
-    part = torch.empty(t * k * tiles_n, h, dtype=torch.float32, device=x.device)
-    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    launch = _launch(tiles)
-    gdc, extra = launch["USE_GDC"], {"launch_pdl": True} if "launch_pdl" in launch else {}
-    _chain_kernel[(t * k * tiles_n,)](
-        x, w13, w2, part, ids, tw, t * k, h, n, k, x.stride(0), w13.stride(0), w13.stride(1), w2.stride(0),
-        w2.stride(1), part.stride(0), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, BLOCK_H=tiles.down_block_k,
-        EVICT=launch["EVICT"], STAGES=tiles.num_stages, USE_GDC=gdc, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages, **extra)
-    _chain_sum_kernel[(t * triton.cdiv(h, tiles.down_block_n),)](
-        part, out, t, h, k * tiles_n, part.stride(0), out.stride(0), BLOCK_R=CHAIN_SUM_ROWS,
-        BLOCK_H=tiles.down_block_n, USE_GDC=gdc, num_warps=tiles.down_num_warps or 4, **extra)
-    return out
+    return chain_sum(chain_partials(x, w13, w2, topk_weights, topk_ids, tiles), x.shape[0], x.dtype, tiles)
 
 
 def fused_moe_direct(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -525,4 +542,4 @@ def fused_moe_direct(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     return down_direct(gate_up_direct(x, w13, topk_ids, tiles), w2, topk_weights, topk_ids, tiles)
 
 
-__all__ = ["DirectTiles", "down_direct", "fused_chain", "fused_direct_one_launch", "fused_moe_direct", "gate_up_direct"]
+__all__ = ["DirectTiles", "chain_partials", "chain_sum", "down_direct", "fused_chain", "fused_direct_one_launch", "fused_moe_direct", "gate_up_direct"]

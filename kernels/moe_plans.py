@@ -315,16 +315,21 @@ def run7_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 # own activations by its tile's down columns, so all 75.5 MB stream in one launch of 192-384 programs
 # (all resident: sm90 compile, 71-136 registers, 25-50 KB shared), and a small second launch sums a
 # token's k * N / block_n float32 partial rows (1.5 MB at T = 1, from L2).
-_C = DirectTiles(32, 128, 64, 128, 4, 4, pdl=True, pipeline=True, chain=True)
+# First call (H200 18:53 UTC, sum steps of 32 rows x 64 columns, unpipelined): every chained plan lost at T = 1
+# (28.1-34.0 us against 23.1) and 2, won at T = 4 with 64-wide N tiles (74.0 against 76.6 us, 7 rounds); 16- and
+# 32-wide tiles lost most (their down columns are 32 / 64-byte pieces of each H row). Second call: the sum
+# loads a token's partial rows in one step, over 16-wide H tiles (128 programs at T = 1, not 32).
+_C = DirectTiles(32, 128, 16, 128, 8, 4, pdl=True, pipeline=True, chain=True)
+_C64 = DirectTiles(64, 64, 16, 64, 4, 4, pdl=True, pipeline=True, chain=True)
 DIRECT_RUN8 = [
     _C,
+    dataclasses.replace(_C, down_block_n=32),
     dataclasses.replace(_C, num_stages=3),
-    dataclasses.replace(_C, num_warps=8),
     dataclasses.replace(_C, evict=True),
-    dataclasses.replace(_C, block_k=64),
-    dataclasses.replace(_C, block_n=16, block_k=256, num_stages=3),
-    dataclasses.replace(_C, block_n=16),
-    dataclasses.replace(_C, block_n=64, block_k=64, down_block_k=64),
+    dataclasses.replace(_C, num_warps=4, block_k=64),
+    _C64,
+    dataclasses.replace(_C64, num_warps=8),
+    dataclasses.replace(_C64, num_warps=8, block_k=128, num_stages=3),
 ]
 DIRECT_RUN8_MAX_PAIRS = 32
 

@@ -107,7 +107,7 @@ from kernels.fused_moe import (
     run3_tiles,
 )
 from kernels.moe_align import _align_hist
-from kernels.moe_direct import down_direct, gate_up_direct
+from kernels.moe_direct import chain_partials, chain_sum, down_direct, gate_up_direct
 from kernels.moe_plans import (
     DIRECT_RUN4,
     DIRECT_RUN5,
@@ -781,10 +781,16 @@ def ksum_us(ys: list, k: int, how: str, reps: int) -> float:
 def focus_phases(weights: list, routes: list, plan: MoeTiles | DirectTiles, e: int, k: int, reps: int) -> dict:
     """A plan's launches each alone (grouping, gate+up, down, k-sum); for a grouped plan also every
     grouping method and both k-sums, so the table sets old and new side by side."""
-    if isinstance(plan, DirectTiles) and (plan.fused or plan.chain):  # no gate+up / down launches to time apart
-        key = "chain_us" if plan.chain else "one_launch_us"
-        return {"align_us": 0.0, key: graph_time_us(
+    if isinstance(plan, DirectTiles) and plan.fused:  # one launch: no phases to time apart
+        return {"align_us": 0.0, "one_launch_us": graph_time_us(
             [lambda w=w, r=r: fused_moe(r[0], w[0], w[1], r[1], r[2], plan) for w, r in zip(weights, routes)] * reps)}
+    if isinstance(plan, DirectTiles) and plan.chain:  # the chained launch (every weight byte), then the sum
+        parts = [chain_partials(r[0], w[0], w[1], r[1], r[2], plan) for w, r in zip(weights, routes)]
+        return {"align_us": 0.0,
+                "gate_up_us": graph_time_us([lambda w=w, r=r: chain_partials(r[0], w[0], w[1], r[1], r[2], plan)
+                                             for w, r in zip(weights, routes)] * reps),
+                "down_us": graph_time_us([lambda p=p, r=r: chain_sum(p, r[0].shape[0], r[0].dtype, plan)
+                                          for p, r in zip(parts, routes)] * reps)}
     if isinstance(plan, DirectTiles):
         return phase_times(weights, routes, plan, e, k, reps)
     out = phase_times(weights, routes, plan, e, k, reps, align=plan.align)
@@ -902,8 +908,6 @@ def _phases(p: dict, names: tuple) -> str:
     """A plan's phases as `a / b / c / d`, or a one-launch plan's one time."""
     if "one_launch_us" in p:
         return f"one launch {_f(p['one_launch_us'])}"
-    if "chain_us" in p:
-        return f"chained (two launches) {_f(p['chain_us'])}"
     return " / ".join(_f(p.get(x)) for x in names)
 
 
