@@ -36,6 +36,7 @@ tokens route to (the simulator's `expected_experts_touched`). The plain-PyTorch 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +96,11 @@ class MoeTiles:
     # with BLOCK_M / 2 tiles, each a flattened persistent loop. Needs what half_tail needs and
     # up_persistent ("both": persistent too); "up"'s down launch reads unwritten rows as half_tail's.
     tail_list: str = ""
+    # run 8, with tail_list: the half list's launch starts as the full list's programs finish (a
+    # programmatic dependent launch; the full launch lets it start at once, its programs take SMs as
+    # the full launch's leave, and wait for the full launch's end before they exit), so the half tiles
+    # fill the full launch's last wave instead of starting after it
+    tail_pdl: bool = False
 
     def __post_init__(self):
         if self.half_tail not in HALF_TAILS:
@@ -108,6 +114,8 @@ class MoeTiles:
     def _check_tail_list(self) -> None:
         if self.tail_list not in TAIL_LISTS:
             raise ValueError(f"MoeTiles: tail_list {self.tail_list!r} is not one of {TAIL_LISTS}")
+        if self.tail_pdl and not self.tail_list:
+            raise ValueError("MoeTiles: tail_pdl needs tail_list 'up' or 'both' (it overlaps the two list launches)")
         if not self.tail_list:
             return
         if not (self.joint and self.tma and self.sorted_act and self.block_m >= 32 and self.up_persistent):
@@ -126,7 +134,8 @@ class MoeTiles:
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
                         atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
                         sorted_act=self.sorted_act, persistent=self.persistent, joint=self.joint,
-                        up_persistent=self.up_persistent, half_tail=self.half_tail, tail_list=self.tail_list)
+                        up_persistent=self.up_persistent, half_tail=self.half_tail, tail_list=self.tail_list,
+                        tail_pdl=self.tail_pdl)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -332,23 +341,41 @@ def _list_block(lists_ptr, pos, num_blocks, HALF_LIST: tl.constexpr):
     return tl.load(lists_ptr + off)
 
 
+@triton.jit
+def _list_gdc_start(GDC: tl.constexpr, HALF_LIST: tl.constexpr):
+    """`tail_pdl`: the full list's launch lets the half list's start now (the two write disjoint rows
+    and read only what earlier launches wrote, complete before the full launch began)."""
+    if GDC and not HALF_LIST:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _list_gdc_end(GDC: tl.constexpr, HALF_LIST: tl.constexpr):
+    """`tail_pdl`: the half list's programs wait for the full launch's end before they exit, so the
+    next (plain) launch, which waits for the half launch, sees both launches' rows."""
+    if GDC and HALF_LIST:
+        tl.extra.cuda.gdc_wait()
+
+
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _gate_up_joint_list_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, lists_ptr, num_pairs, H, N, top_k,
                                num_blocks, sx_t, sa_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr,
-                               HALF_LIST: tl.constexpr, FLATTEN: tl.constexpr):
+                               HALF_LIST: tl.constexpr, FLATTEN: tl.constexpr, GDC: tl.constexpr = False):
     """Run 8 (`MoeTiles.tail_list`): the persistent joint gate+up over ONE block list (HALF_LIST: the
     half blocks, else the full ones), every tile ROWS rows from its block's first row (the host
     launches the full list with ROWS = BLOCK_M, the half list with BLOCK_M / 2: a half tile leaves
     its block's second half unwritten). One tile shape, no branch in the loop: it stays flattenable
     (run 7's branch stopped that). The list's length is read here (lists[HALF_LIST]): no host sync;
     tiles in _tile_at's grouped order over list positions."""
+    _list_gdc_start(GDC, HALF_LIST)
     count = tl.load(lists_ptr + HALF_LIST)
     for tile in tl.range(tl.program_id(0), count * tl.cdiv(N, BLOCK_N), tl.num_programs(0), flatten=FLATTEN):
         pos, pid_n = _tile_at(tile, count, N, BLOCK_N, GROUP_M)
         block = _list_block(lists_ptr, pos, num_blocks, HALF_LIST)
         _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + block), block * BLOCK_M, pid_n, num_pairs, H,
                     N, top_k, sx_t, sa_p, ROWS, BLOCK_N, BLOCK_K, True)
+    _list_gdc_end(GDC, HALF_LIST)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
@@ -437,16 +464,18 @@ def _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, row0, pid_n
 def _down_sorted_list_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, lists_ptr, num_pairs, N, H, top_k,
                              num_blocks, so_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              GROUP_M: tl.constexpr, ROWS: tl.constexpr, HALF_LIST: tl.constexpr,
-                             ATOMIC: tl.constexpr, FLATTEN: tl.constexpr):
+                             ATOMIC: tl.constexpr, FLATTEN: tl.constexpr, GDC: tl.constexpr = False):
     """Run 8's down launch over ONE block list, as _gate_up_joint_list_kernel: ROWS-row tiles from each
     listed block's first row, read through `a_desc` ([ROWS, BLOCK_K] boxes: the host gives the full
     list a BLOCK_M one, the half list a BLOCK_M / 2 one)."""
+    _list_gdc_start(GDC, HALF_LIST)
     count = tl.load(lists_ptr + HALF_LIST)
     for tile in tl.range(tl.program_id(0), count * tl.cdiv(H, BLOCK_N), tl.num_programs(0), flatten=FLATTEN):
         pos, pid_n = _tile_at(tile, count, H, BLOCK_N, GROUP_M)
         block = _list_block(lists_ptr, pos, num_blocks, HALF_LIST)
         _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, tl.load(bexp_ptr + block), block * BLOCK_M, pid_n,
                           num_pairs, N, H, top_k, so_p, ROWS, BLOCK_N, BLOCK_K, ATOMIC)
+    _list_gdc_end(GDC, HALF_LIST)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -556,7 +585,7 @@ def _gate_up_lists(x: torch.Tensor, desc, act: torch.Tensor, sorted_ids: torch.T
             x, desc, act, sorted_ids, block_expert, lists, t * top_k, h, n, top_k, blocks, x.stride(0), act.stride(0),
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
             ROWS=tiles.block_m // 2 if half else tiles.block_m, HALF_LIST=half, FLATTEN=True,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, **_tail_pdl(tiles, half))
 
 
 def down_grouped(act: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
@@ -627,7 +656,15 @@ def _down_lists(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, sorted_i
             TensorDescriptor.from_tensor(act, [rows, d.block_k]), w_desc, out, sorted_ids, block_expert, tw, lists,
             tw.numel(), n, h, top_k, blocks, out.stride(0), BLOCK_M=d.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k,
             GROUP_M=d.group_m, ROWS=rows, HALF_LIST=half, ATOMIC=d.atomic_sum, FLATTEN=not d.atomic_sum,
-            num_warps=d.num_warps, num_stages=d.num_stages)
+            num_warps=d.num_warps, num_stages=d.num_stages, **_tail_pdl(d, half))
+
+
+def _tail_pdl(tiles: MoeTiles, half: bool) -> dict:
+    """A list launch's `tail_pdl` arguments (none in the CPU interpreter, which has no grid dependency
+    control: it runs the launches one after the other anyway)."""
+    if not tiles.tail_pdl or os.environ.get("TRITON_INTERPRET") == "1":
+        return {}
+    return {"GDC": True, **({"launch_pdl": True} if half else {})}
 
 
 def _num_sms(device: torch.device) -> int:

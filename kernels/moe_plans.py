@@ -54,6 +54,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     key += f" half-{t.half_tail}" if t.half_tail else ""
+    key += f" tails-{t.tail_list}{'pdl' if t.tail_pdl else ''}" if t.tail_list else ""
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
 
@@ -119,7 +120,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN8]
+             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN8, *PREFILL_RUN8]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -332,11 +333,25 @@ DIRECT_RUN8 = [
     dataclasses.replace(_C64, num_warps=8, block_k=128, num_stages=3),
 ]
 DIRECT_RUN8_MAX_PAIRS = 32
+# Prefill: run 7's half tiles without its branch. kernels.moe_align.block_lists splits the used blocks into
+# full ones and half ones (second half all padding) and the gate+up launch ("up") or both launches ("both")
+# run once per list, each a flattened persistent loop of one tile shape (sm90 compile: the full list's
+# kernels equal run 6's, 229,408 bytes of shared memory, loop depth 1; the half list's 64-row gate+up 196,640).
+# `tail_pdl`: the half list's launch fills the full one's last wave.
+PREFILL_RUN8 = [
+    dataclasses.replace(_P6, tail_list="up"),
+    dataclasses.replace(_P6, tail_list="up", tail_pdl=True),
+    dataclasses.replace(_P6, tail_list="both"),
+    dataclasses.replace(_P6, tail_list="both", tail_pdl=True),
+]
 
 
 def run8_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 8's new plans at T: the chained down up to DIRECT_RUN8_MAX_PAIRS pairs."""
-    return list(DIRECT_RUN8) if num_tokens * top_k <= DIRECT_RUN8_MAX_PAIRS else []
+    """Run 8's new plans at T: the chained down up to DIRECT_RUN8_MAX_PAIRS pairs, the tail lists from 64
+    rows per expert."""
+    pairs = num_tokens * top_k
+    out: list[MoeTiles | DirectTiles] = list(DIRECT_RUN8) if pairs <= DIRECT_RUN8_MAX_PAIRS else []
+    return out + (list(PREFILL_RUN8) if pairs / num_experts >= 64 else [])
 
 
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
@@ -366,6 +381,7 @@ __all__ = [
     "PREFILL_RUN5",
     "PREFILL_RUN6",
     "PREFILL_RUN7",
+    "PREFILL_RUN8",
     "PROPOSED_RULE",
     "RUN3_BEST",
     "RUN5_BEST",

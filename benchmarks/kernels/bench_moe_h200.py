@@ -115,6 +115,7 @@ from kernels.moe_plans import (
     PREFILL_RUN5,
     PREFILL_RUN6,
     PREFILL_RUN7,
+    PREFILL_RUN8,
     plan_key,
     run3_best,
     run4_best,
@@ -160,7 +161,7 @@ FOCUS_ROUNDS = {
     5: FocusRound(5, run4_best, run5_candidates, PREFILL_RUN5),
     6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
     7: FocusRound(7, run6_best, run7_candidates, PREFILL_RUN7),
-    8: FocusRound(8, run6_best, run8_candidates, []),
+    8: FocusRound(8, run6_best, run8_candidates, PREFILL_RUN8),
 }
 ROUND = FOCUS_ROUNDS[8 if ARGS.run8 else 7 if ARGS.run7 else 6 if ARGS.run6 else 5 if ARGS.run5 else 4]
 
@@ -401,7 +402,7 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "fused", "half", "chain")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "fused", "half", "chain", "tails")
 
 
 def probe_plans() -> dict:
@@ -431,7 +432,11 @@ def probe_plans() -> dict:
                      MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
                               persistent=1, up_persistent=1, half_tail="both")],
             # run 8: the down projection chained onto gate+up, a second launch sums the partial rows
-            "chain": [DirectTiles(32, 64, 32, 64, 4, 3, pdl=True, pipeline=True, chain=True)]}
+            "chain": [DirectTiles(32, 64, 32, 64, 4, 3, pdl=True, pipeline=True, chain=True)],
+            # run 8: the half tiles as a second launch over a block list (overlapped: tail_pdl)
+            "tails": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
+                               persistent=1, up_persistent=1, tail_list=tail, tail_pdl=pdl)
+                      for tail, pdl in (("up", False), ("both", True))]}
 
 
 def probe_body(features: tuple[str, ...]) -> None:
@@ -671,7 +676,7 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
     return ({"core"} | ({"tma"} if plan.tma else set())
             | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
             | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set())
-            | ({"half"} if plan.half_tail else set()))
+            | ({"half"} if plan.half_tail else set()) | ({"tails"} if plan.tail_list else set()))
 
 
 def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
@@ -679,7 +684,7 @@ def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
     at its largest T), before any probe or check result."""
     plans = [ROUND.baseline(t), *ROUND.candidates(t, k, e)]
     if ARGS.dry_run and t == max(focus_tokens()):
-        plans += [dataclasses.replace(p, block_m=32 if p.half_tail else 16, block_n=16, block_k=16, num_stages=1,
+        plans += [dataclasses.replace(p, block_m=32 if p.half_tail or p.tail_list else 16, block_n=16, block_k=16, num_stages=1,
                                       down_block_n=16, down_block_k=16, down_num_stages=1) for p in ROUND.dry_prefill]
     return plans
 

@@ -155,3 +155,16 @@ def test_tail_list_needs_the_sorted_joint_tma_persistent_path():
         MoeTiles(128, 128, 64, 8, 4, **base, tail_list="down")
     plan = MoeTiles(128, 128, 64, 8, 4, **base, persistent=1, tail_list="both")
     assert plan.down().tail_list == "both"
+    with pytest.raises(ValueError, match="tail_pdl needs tail_list"):
+        MoeTiles(128, 128, 64, 8, 4, **base, tail_pdl=True)
+    assert dataclasses.replace(plan, tail_pdl=True).down().tail_pdl
+
+
+def test_run8_prefill_plans_are_named_one_to_one():
+    """propose_rule can take each run 8 prefill plan: its own key among the known plans, the tail flags in it."""
+    from kernels.moe_plans import PREFILL_RUN8, known_plans, plan_key, run8_candidates
+
+    keys = [plan_key(p) for p in PREFILL_RUN8]
+    assert len(set(keys)) == len(PREFILL_RUN8) and set(keys) <= set(known_plans())
+    assert [k.split(" tails-")[1].split()[0] for k in keys] == ["up", "uppdl", "both", "bothpdl"]
+    assert run8_candidates(4096, 8, 128)[-len(PREFILL_RUN8):] == PREFILL_RUN8 and not run8_candidates(512, 8, 128)
