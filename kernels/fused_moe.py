@@ -572,14 +572,18 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
 
 
 def _gate_up_lists(x: torch.Tensor, desc, act: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
-                   lists: torch.Tensor, top_k: int, num_experts: int, tiles: MoeTiles) -> None:
+                   lists: torch.Tensor, top_k: int, num_experts: int, tiles: MoeTiles,
+                   which: tuple[bool, ...] = (False, True)) -> None:
     """`tiles.tail_list`'s gate+up: _gate_up_joint_list_kernel over the full list with BLOCK_M tiles,
     then over the half list with BLOCK_M / 2 tiles; each grid `up_persistent` programs per SM, capped
-    by the most tiles its list can hold (the half list: one block per expert at most)."""
+    by the most tiles its list can hold (the half list: one block per expert at most). `which`: the
+    launches to make (False: the full list's, True: the half list's; the phase benchmark times each alone)."""
     t, h = x.shape
     n, blocks = act.shape[1], block_expert.numel()
     tiles_n = triton.cdiv(n, tiles.block_n)
     for half, most in ((False, blocks), (True, min(blocks, num_experts))):
+        if half not in which:
+            continue
         grid = max(1, min(most * tiles_n, tiles.up_persistent * _num_sms(x.device)))
         _gate_up_joint_list_kernel[(grid,)](
             x, desc, act, sorted_ids, block_expert, lists, t * top_k, h, n, top_k, blocks, x.stride(0), act.stride(0),
