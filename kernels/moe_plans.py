@@ -120,7 +120,8 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN8, *PREFILL_RUN8]
+             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN8, *PREFILL_RUN8, *DIRECT_RUN9,
+             *PREFILL_RUN9]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -354,6 +355,35 @@ def run8_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
     return out + (list(PREFILL_RUN8) if pairs / num_experts >= 64 else [])
 
 
+# ------------------------------------------------------------------------------- run 9
+# Run 8's two structural ideas lost (benchmarks/kernels/MOE.md); over 21 rounds in three calls the engine's
+# plans sit just past both targets: T = 1 1.32x its roofline (target 1.3x), T = 4096 59.8% of 790 (target
+# 60%). Run 9 times one-step variants of the two plans that runs 6-8 did not try, each beside the engine's
+# plan over 7 rounds (repeat_engine_plans.py --challengers).
+_D1 = RUN6_BEST[1]
+DIRECT_RUN9 = [
+    dataclasses.replace(_D1, down_block_k=256),
+    dataclasses.replace(_D1, down_num_warps=4),
+    dataclasses.replace(_D1, block_n=16),
+    dataclasses.replace(_D1, down_block_n=32),
+    dataclasses.replace(_D1, num_warps=2),
+    dataclasses.replace(_D1, block_k=128, num_stages=4),
+]
+PREFILL_RUN9 = [
+    dataclasses.replace(_P6, block_k=128, num_stages=2),
+    dataclasses.replace(_P6, down_block_k=128, down_num_stages=2),
+    dataclasses.replace(_P6, group_m=2),
+    dataclasses.replace(_P6, group_m=32),
+]
+
+
+def run9_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 9's new plans at T: the decode variants up to 8 pairs (T = 1 at top 8), the prefill ones from 64
+    rows per expert."""
+    pairs = num_tokens * top_k
+    return (list(DIRECT_RUN9) if pairs <= 8 else []) + (list(PREFILL_RUN9) if pairs / num_experts >= 64 else [])
+
+
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
     measured plan of the nearest T in log2 (RUN6_BEST: qwen3-30b-a3b's profile is calibrated on it);
@@ -376,12 +406,14 @@ __all__ = [
     "DIRECT_RUN5",
     "DIRECT_RUN6",
     "DIRECT_RUN8",
+    "DIRECT_RUN9",
     "ENGINE_RULE_MIN_EXPERTS",
     "PREFILL_RUN4",
     "PREFILL_RUN5",
     "PREFILL_RUN6",
     "PREFILL_RUN7",
     "PREFILL_RUN8",
+    "PREFILL_RUN9",
     "PROPOSED_RULE",
     "RUN3_BEST",
     "RUN5_BEST",
@@ -401,4 +433,5 @@ __all__ = [
     "run6_candidates",
     "run7_candidates",
     "run8_candidates",
+    "run9_candidates",
 ]

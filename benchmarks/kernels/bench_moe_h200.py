@@ -80,6 +80,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--run8", action="store_true",
                    help="with --focus: run 6's best plan (kernels.moe_plans.run6_best) as the baseline and run 8's "
                         "candidates (run8_candidates: the chained down for decode)")
+    p.add_argument("--run9", action="store_true",
+                   help="with --focus: run 6's best plan (kernels.moe_plans.run6_best) as the baseline and run 9's "
+                        "one-step variants of it (run9_candidates)")
     p.add_argument("--presets", nargs="+", default=None, help="presets to time (default: both; --focus: qwen3-30b-a3b)")
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="step sizes T in the order timed")
     return p.parse_args()
@@ -116,6 +119,7 @@ from kernels.moe_plans import (
     PREFILL_RUN6,
     PREFILL_RUN7,
     PREFILL_RUN8,
+    PREFILL_RUN9,
     plan_key,
     run3_best,
     run4_best,
@@ -126,6 +130,7 @@ from kernels.moe_plans import (
     run6_candidates,
     run7_candidates,
     run8_candidates,
+    run9_candidates,
 )
 from kernels.moe_reference import fused_moe_ref, route_ref
 
@@ -162,8 +167,9 @@ FOCUS_ROUNDS = {
     6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
     7: FocusRound(7, run6_best, run7_candidates, PREFILL_RUN7),
     8: FocusRound(8, run6_best, run8_candidates, PREFILL_RUN8),
+    9: FocusRound(9, run6_best, run9_candidates, PREFILL_RUN9),
 }
-ROUND = FOCUS_ROUNDS[8 if ARGS.run8 else 7 if ARGS.run7 else 6 if ARGS.run6 else 5 if ARGS.run5 else 4]
+ROUND = FOCUS_ROUNDS[9 if ARGS.run9 else 8 if ARGS.run8 else 7 if ARGS.run7 else 6 if ARGS.run6 else 5 if ARGS.run5 else 4]
 
 # the new grouped path's tile sweep (block_m, block_n, block_k, warps, stages[, group_m]); the big-M
 # ones only from 4 rows per expert

@@ -1,0 +1,26 @@
+"""Run 9's one-step variants of the engine's plans: named one to one (propose_rule can take them), offered at
+the step sizes they are for, and the decode ones equal to the float32 loop in the interpreter (the prefill
+ones change only tile sizes, stages and the grouped order of code paths tests/kernels/test_moe_run5.py
+covers)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.fused_moe import fused_moe
+from kernels.moe_plans import DIRECT_RUN9, PREFILL_RUN9, RUN6_BEST, known_plans, plan_key, run9_candidates
+from tests.kernels.helpers import assert_close, interpreter_distinct, moe_layer, moe_ref
+
+
+def test_run9_plans_are_named_one_to_one_and_offered_where_meant():
+    keys = {plan_key(p) for p in DIRECT_RUN9 + PREFILL_RUN9}
+    assert len(keys) == len(DIRECT_RUN9) + len(PREFILL_RUN9) and keys <= set(known_plans())
+    assert plan_key(RUN6_BEST[1]) not in keys and plan_key(RUN6_BEST[4096]) not in keys  # variants, not the plans
+    assert run9_candidates(1, 8, 128) == DIRECT_RUN9 and run9_candidates(2, 8, 128) == []
+    assert run9_candidates(4096, 8, 128) == PREFILL_RUN9 and run9_candidates(512, 8, 128) == []
+
+
+def test_run9_decode_plans_equal_the_loop():
+    x, w13, w2, weights, ids = moe_layer(11, 1, 16, 8, 256, 48)
+    for plan in interpreter_distinct(DIRECT_RUN9):
+        assert_close(fused_moe(x, w13, w2, weights, ids, plan), moe_ref(x, w13, w2, weights, ids), torch.float32)
