@@ -320,7 +320,10 @@ def run7_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 # First call (H200 18:53 UTC, sum steps of 32 rows x 64 columns, unpipelined): every chained plan lost at T = 1
 # (28.1-34.0 us against 23.1) and 2, won at T = 4 with 64-wide N tiles (74.0 against 76.6 us, 7 rounds); 16- and
 # 32-wide tiles lost most (their down columns are 32 / 64-byte pieces of each H row). Second call: the sum
-# loads a token's partial rows in one step, over 16-wide H tiles (128 programs at T = 1, not 32).
+# loads a token's partial rows in one step, over 16-wide H tiles (128 programs at T = 1, not 32). Measured
+# (benchmarks/kernels/data/moe_run8, 19:20 UTC): T = 1 25.6 us at best against the engine's 24.0 (the
+# chained launch streams at 3.1 TB/s, gate+up alone at 3.6); won at T = 4 (ratio 0.964 over 7 rounds),
+# where the engine's plan already meets its target. Not adopted.
 _C = DirectTiles(32, 128, 16, 128, 8, 4, pdl=True, pipeline=True, chain=True)
 _C64 = DirectTiles(64, 64, 16, 64, 4, 4, pdl=True, pipeline=True, chain=True)
 DIRECT_RUN8 = [
@@ -338,7 +341,9 @@ DIRECT_RUN8_MAX_PAIRS = 32
 # full ones and half ones (second half all padding) and the gate+up launch ("up") or both launches ("both")
 # run once per list, each a flattened persistent loop of one tile shape (sm90 compile: the full list's
 # kernels equal run 6's, 229,408 bytes of shared memory, loop depth 1; the half list's 64-row gate+up 196,640).
-# `tail_pdl`: the half list's launch fills the full one's last wave.
+# `tail_pdl`: the half list's launch fills the full one's last wave. Measured (data/moe_run8): all lost
+# (T = 4096 704-772 us against 651): in its own launch a half block's expert weights are read from HBM again
+# (~100-115 us for ~70 half blocks, tail_list_phases.py), where run 6's launch finds them in L2.
 PREFILL_RUN8 = [
     dataclasses.replace(_P6, tail_list="up"),
     dataclasses.replace(_P6, tail_list="up", tail_pdl=True),
@@ -359,7 +364,9 @@ def run8_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 # Run 8's two structural ideas lost (benchmarks/kernels/MOE.md); over 21 rounds in three calls the engine's
 # plans sit just past both targets: T = 1 1.32x its roofline (target 1.3x), T = 4096 59.8% of 790 (target
 # 60%). Run 9 times one-step variants of the two plans that runs 6-8 did not try, each beside the engine's
-# plan over 7 rounds (repeat_engine_plans.py --challengers).
+# plan over 7 rounds (repeat_engine_plans.py --challengers). Measured (data/moe_run8/bench_run9, 19:38 UTC):
+# none won (T = 4096 656-854 us against 643; T = 1: 2 warps tied, 1.002 over 9 rounds, the rest 23.3-34.7
+# against 23.2).
 _D1 = RUN6_BEST[1]
 DIRECT_RUN9 = [
     dataclasses.replace(_D1, down_block_k=256),

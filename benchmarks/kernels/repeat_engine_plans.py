@@ -17,6 +17,8 @@ after this tree's, so a kernel refactor's effect on the engine's step times is m
 `--challengers MOE_JSON`: a focus bench's moe.json; at each T its fastest plan (kernels.moe_plans.
 propose_rule), where that is not the engine's, is timed in the same rounds on the same draws (first in
 odd rounds, second in even ones), so a plan is adopted on 7 draws rather than one.
+`--pool REPEAT_JSON...`: no timing; the engine plan's rounds of several earlier calls (each file's rows
+of the plan the engine runs at T in that file) pooled per T and plan: DIR/pooled.json and DIR/pooled.md.
 `--dry-run`: the Triton interpreter on the CPU, a small layer, two rounds.
 """
 
@@ -48,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compare", type=Path, default=None, help="an earlier kernels/fused_moe.py to time beside")
     p.add_argument("--challengers", type=Path, default=None,
                    help="a focus bench's moe.json: its fastest plan at each T timed beside the engine's")
+    p.add_argument("--pool", type=Path, nargs="+", default=None, help="earlier repeat.json files to pool (no timing)")
     p.add_argument("--dry-run", action="store_true")
     return p.parse_args(argv)
 
@@ -108,6 +111,37 @@ def challenger_summary(t: int, mine: list[float], theirs: list[float], plan_name
             "ratio_to_engine_median": statistics.median(a / b for a, b in zip(theirs, mine))}
 
 
+def pooled_rows(paths: list[Path]) -> list[dict]:
+    """Per (T, plan): every round of the files that timed that plan as the engine's, pooled; each row's
+    summary as `summary` gives it over the pooled rounds (the roofline: the files' mean), and its calls."""
+    groups: dict[tuple, dict] = {}
+    for path in paths:
+        res = json.loads(path.read_text())
+        for r in res["rows"]:
+            g = groups.setdefault((r["T"], r["plan"]), {"us": [], "roofline_us": [], "flops": None, "calls": []})
+            g["us"] += r["us"]
+            g["roofline_us"].append(r["roofline_us"])
+            g["flops"] = r["median_tflops"] * r["median_us"] * 1e6  # the layer's FLOPs (fixed by T)
+            g["calls"].append({"file": str(path), "date": res["meta"]["date"], "median_us": r["median_us"]})
+    out = []
+    for (t, plan), g in sorted(groups.items()):
+        roof = {"flops": g["flops"], "roofline_us": statistics.mean(g["roofline_us"])}
+        out.append({**summary(t, g["us"], roof), "plan": plan, "calls": g["calls"]})
+    return out
+
+
+def pooled_markdown(rows: list[dict]) -> str:
+    lines = ["# The engine's fused-MoE plans: rounds of several calls pooled", "",
+             "| T | plan | calls (median us each) | rounds | median us | range | x roofline | of 790 |",
+             "|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        calls = "; ".join(f"{c['date']} {c['median_us']:.1f}" for c in r["calls"])
+        lines.append(f"| {r['T']} | {r['plan']} | {calls} | {len(r['us'])} | {r['median_us']:.1f} | "
+                     f"{r['min_us']:.1f}-{r['max_us']:.1f} | {r['median_x_roofline']:.3f} | "
+                     f"{r['median_share_of_790']:.2%} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# The engine's fused-MoE plans timed {meta['rounds']} rounds ({meta['gpu']}, {meta['date']})", "",
              (f"`{meta['command']}`; torch {meta['torch']}, triton {meta['triton']}. Round 0: the focus bench's "
@@ -142,6 +176,13 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.pool:
+        rows = pooled_rows(args.pool)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "pooled.json").write_text(json.dumps(rows, indent=1))
+        (args.out / "pooled.md").write_text(pooled_markdown(rows))
+        print(pooled_markdown(rows))
+        return
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch

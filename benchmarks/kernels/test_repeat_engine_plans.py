@@ -88,3 +88,24 @@ def test_dry_run_times_the_challenger_in_the_same_rounds(tmp_path):
     (row,) = json.loads((tmp_path / "repeat.json").read_text())["rows"]
     assert row["challenger"]["plan"] == plan_key(DIRECT_RUN8[0]) and len(row["challenger"]["us"]) == 2
     assert "Challengers" in (tmp_path / "repeat.md").read_text()
+
+
+def _repeat_json(path: Path, date: str, rows: list[tuple]) -> Path:
+    out = []
+    for t, plan, us in rows:
+        roof = rep.roofline(8.0 if t == 1 else 128.0, t, 2048, 768, 8)
+        out.append({**rep.summary(t, us, roof), "plan": plan})
+    path.write_text(json.dumps({"meta": {"date": date}, "rows": out}))
+    return path
+
+
+def test_pool_joins_the_rounds_of_one_plan_across_calls(tmp_path):
+    a = _repeat_json(tmp_path / "a.json", "d1", [(1, "p", [24.0, 23.0]), (4096, "q", [650.0])])
+    b = _repeat_json(tmp_path / "b.json", "d2", [(1, "p", [22.0, 25.0, 23.5]), (4096, "q2", [640.0])])
+    rows = {(r["T"], r["plan"]): r for r in rep.pooled_rows([a, b])}
+    assert set(rows) == {(1, "p"), (4096, "q"), (4096, "q2")}  # another plan at T is its own row
+    p = rows[(1, "p")]
+    assert p["us"] == [24.0, 23.0, 22.0, 25.0, 23.5] and p["median_us"] == 23.5
+    assert p["median_x_roofline"] == pytest.approx(23.5 / rep.roofline(8.0, 1, 2048, 768, 8)["roofline_us"])
+    assert rows[(4096, "q")]["median_share_of_790"] == pytest.approx(309.237645312e9 / 650e-6 / 1e12 / 790)
+    assert [c["date"] for c in p["calls"]] == ["d1", "d2"]

@@ -8,7 +8,14 @@ from __future__ import annotations
 import torch
 
 from kernels.fused_moe import fused_moe
-from kernels.moe_plans import DIRECT_RUN9, PREFILL_RUN9, RUN6_BEST, known_plans, plan_key, run9_candidates
+from kernels.moe_plans import (
+    DIRECT_RUN9,
+    PREFILL_RUN9,
+    RUN6_BEST,
+    known_plans,
+    plan_key,
+    run9_candidates,
+)
 from tests.kernels.helpers import assert_close, interpreter_distinct, moe_layer, moe_ref
 
 
