@@ -52,6 +52,16 @@ BF16_FLOPS_PER_S = 790e12
 L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defeat it)
 
 
+# --runN: the focus round's baseline and candidates, as the help names them (FOCUS_ROUNDS holds the functions)
+FOCUS_ROUND_HELP = {
+    5: ("run 4's best plan (run4_best)", "candidates (run5_candidates) instead of run 3's and run 4's"),
+    6: ("run 5's best plan (run5_best)", "candidates (run6_candidates)"),
+    7: ("run 6's best plan (run6_best)", "half tail candidates (run7_candidates)"),
+    8: ("run 6's best plan (run6_best)", "candidates (run8_candidates: the chained down, the tail lists)"),
+    9: ("run 6's best plan (run6_best)", "one-step variants of it (run9_candidates)"),
+}
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -68,21 +78,9 @@ def parse_args() -> argparse.Namespace:
                    help="run 4's fast mode: run 3's best plan and the new ones (kernels.moe_plans) side by side at "
                         "--tokens of --presets, each new plan checked against the float32 loop, phases per launch; "
                         "no old path, no engine")
-    p.add_argument("--run5", action="store_true",
-                   help="with --focus: run 4's best plan (kernels.moe_plans.run4_best) as the baseline and run 5's "
-                        "candidates (run5_candidates) instead of run 3's and run 4's")
-    p.add_argument("--run6", action="store_true",
-                   help="with --focus: run 5's best plan (kernels.moe_plans.run5_best) as the baseline and run 6's "
-                        "candidates (run6_candidates)")
-    p.add_argument("--run7", action="store_true",
-                   help="with --focus: run 6's best plan (kernels.moe_plans.run6_best) as the baseline and run 7's "
-                        "half tail candidates (run7_candidates)")
-    p.add_argument("--run8", action="store_true",
-                   help="with --focus: run 6's best plan (kernels.moe_plans.run6_best) as the baseline and run 8's "
-                        "candidates (run8_candidates: the chained down for decode)")
-    p.add_argument("--run9", action="store_true",
-                   help="with --focus: run 6's best plan (kernels.moe_plans.run6_best) as the baseline and run 9's "
-                        "one-step variants of it (run9_candidates)")
+    for number, (baseline, what) in FOCUS_ROUND_HELP.items():
+        p.add_argument(f"--run{number}", action="store_true",
+                       help=f"with --focus: {baseline} (kernels.moe_plans) as the baseline and run {number}'s {what}")
     p.add_argument("--presets", nargs="+", default=None, help="presets to time (default: both; --focus: qwen3-30b-a3b)")
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="step sizes T in the order timed")
     return p.parse_args()
@@ -169,7 +167,7 @@ FOCUS_ROUNDS = {
     8: FocusRound(8, run6_best, run8_candidates, PREFILL_RUN8),
     9: FocusRound(9, run6_best, run9_candidates, PREFILL_RUN9),
 }
-ROUND = FOCUS_ROUNDS[9 if ARGS.run9 else 8 if ARGS.run8 else 7 if ARGS.run7 else 6 if ARGS.run6 else 5 if ARGS.run5 else 4]
+ROUND = FOCUS_ROUNDS[max([n for n in FOCUS_ROUND_HELP if getattr(ARGS, f"run{n}")], default=4)]
 
 # the new grouped path's tile sweep (block_m, block_n, block_k, warps, stages[, group_m]); the big-M
 # ones only from 4 rows per expert
@@ -878,7 +876,7 @@ def focus_speed() -> None:
 def focus_markdown(res: dict) -> str:
     m = res["meta"]
     ph = ("align_us", "gate_up_us", "down_us", "ksum_us")
-    run, base = f"run {ROUND.number}", f"run {ROUND.number - 1} best"
+    run, base = f"run {ROUND.number}", f"baseline ({ROUND.baseline_name})"
     lines = [f"# Fused MoE, {run} focus, on {m.get('gpu', '?')} ({m.get('date', '?')})", "",
              (f"`{m.get('command', '')}`; torch {m.get('torch')}, triton {m.get('triton')}; probe ok: "
               f"{', '.join(m.get('probe_ok', []))}. Roofline: touched experts' bytes / 4.2 TB/s vs FLOPs / 790 "

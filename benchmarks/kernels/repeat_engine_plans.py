@@ -142,6 +142,21 @@ def pooled_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _side_table(rows: list[dict], key: str, title: str, header: list[str], cells, plan: bool = False) -> list[str]:
+    """A second table of the rows holding `key` (an earlier module's or a challenger's rounds): T, [its plan,]
+    its us per round, then `cells` of it; nothing when no row holds it."""
+    held = [r for r in rows if r.get(key)]
+    if not held:
+        return []
+    lines = ["", title, "", "| " + " | ".join(header) + " |", "|" + "|".join("---" if h == "plan" else "---:"
+                                                                          for h in header) + "|"]
+    for r in held:
+        c = r[key]
+        lines.append("| " + " | ".join([str(r["T"]), *([c["plan"]] if plan else []),
+                                        ", ".join(f"{u:.1f}" for u in c["us"]), *cells(c)]) + " |")
+    return lines
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# The engine's fused-MoE plans timed {meta['rounds']} rounds ({meta['gpu']}, {meta['date']})", "",
              (f"`{meta['command']}`; torch {meta['torch']}, triton {meta['triton']}. Round 0: the focus bench's "
@@ -152,25 +167,16 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         lines.append(f"| {r['T']} | {r['plan']} | {', '.join(f'{u:.1f}' for u in r['us'])} | {r['median_us']:.1f} | "
                      f"{r['min_us']:.1f}-{r['max_us']:.1f} | {r['median_x_roofline']:.2f} | {r['median_tflops']:.0f} | "
                      f"{r['median_share_of_790']:.1%} |")
-    compared = [r for r in rows if r.get("compare")]
-    if compared:
-        lines += ["", f"Beside it, the same plan in `{meta['compare']}` (timed right after, same draws):", "",
-                  "| T | us per round | median us | this tree / earlier (median of per-round ratios) |",
-                  "|---:|---|---:|---:|"]
-        for r in compared:
-            c = r["compare"]
-            lines.append(f"| {r['T']} | {', '.join(f'{u:.1f}' for u in c['us'])} | {c['median_us']:.1f} | "
-                         f"{c['ratio_median']:.3f} |")
-    challenged = [r for r in rows if r.get("challenger")]
-    if challenged:
-        lines += ["", f"Challengers (the fastest plan at T in `{meta['challengers']}`), same rounds and draws:", "",
-                  "| T | plan | us per round | median us | range | x roofline | of 790 | / engine (median of ratios) |",
-                  "|---:|---|---|---:|---:|---:|---:|---:|"]
-        for r in challenged:
-            c = r["challenger"]
-            lines.append(f"| {r['T']} | {c['plan']} | {', '.join(f'{u:.1f}' for u in c['us'])} | {c['median_us']:.1f} | "
-                         f"{c['min_us']:.1f}-{c['max_us']:.1f} | {c['median_x_roofline']:.2f} | "
-                         f"{c['median_share_of_790']:.1%} | {c['ratio_to_engine_median']:.3f} |")
+    lines += _side_table(rows, "compare", f"Beside it, the same plan in `{meta['compare']}` (timed right after, same draws):",
+                         ["T", "us per round", "median us", "this tree / earlier (median of per-round ratios)"],
+                         lambda c: [f"{c['median_us']:.1f}", f"{c['ratio_median']:.3f}"])
+    lines += _side_table(rows, "challenger",
+                         f"Challengers (the fastest plan at T in `{meta['challengers']}`), same rounds and draws:",
+                         ["T", "plan", "us per round", "median us", "range", "x roofline", "of 790",
+                          "/ engine (median of ratios)"],
+                         lambda c: [f"{c['median_us']:.1f}", f"{c['min_us']:.1f}-{c['max_us']:.1f}",
+                                    f"{c['median_x_roofline']:.2f}", f"{c['median_share_of_790']:.1%}",
+                                    f"{c['ratio_to_engine_median']:.3f}"], plan=True)
     return "\n".join(lines) + "\n"
 
 

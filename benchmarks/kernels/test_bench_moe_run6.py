@@ -27,4 +27,4 @@ def test_focus_run6_dry_run_times_run5s_best_against_run6s_plans(tmp_path):
     assert rows[1]["run3_plan"] == plan_key(run5_best(1)) and {plan_key(p) for p in DIRECT_RUN6} | {
         plan_key(run5_best(1))} == set(one)
     assert any(" upersist1" in key for key in rows[16]["fused_by_tiles"])  # the shrunk prefill plans
-    assert "run 5 best" in (tmp_path / "moe.md").read_text()
+    assert "baseline (run5_best)" in (tmp_path / "moe.md").read_text()
