@@ -80,6 +80,11 @@ class DirectTiles:
     # (`_chain_sum_kernel`, down_block_n: its H tile) sums each token's k * N / block_n partial rows.
     # All weight bytes stream in one launch; the second reads ~1.5 MB (qwen3 T = 1) from L2.
     chain: bool = False
+    # run 10: the down launch's K loop pipelined through shared memory with this many stages (0 or 1: the
+    # plain loop). Run 4's `pipeline` was meant to pipeline both launches' loops, but the down launch was
+    # never given its stages, so every plan measured up to run 9 ran the down loop unpipelined: at T = 1 a
+    # down program's 6 K steps then wait a memory round trip each (down alone 11.3 us for 25 MB).
+    down_stages: int = 0
 
 
 @triton.jit
@@ -394,8 +399,9 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 def _launch(tiles: DirectTiles, down: bool = False) -> dict:
     extra = {"launch_pdl": True} if tiles.pdl and not _INTERPRETED else {}
     warps = tiles.down_num_warps if down and tiles.down_num_warps else tiles.num_warps
+    stages = tiles.down_stages if down and tiles.down_stages > 1 else tiles.num_stages
     return {"USE_DOT": tiles.use_dot, "USE_GDC": tiles.pdl and not _INTERPRETED, "num_warps": warps,
-            "num_stages": tiles.num_stages, "EVICT": "evict_first" if tiles.evict else "", **extra}
+            "num_stages": stages, "EVICT": "evict_first" if tiles.evict else "", **extra}
 
 
 def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
@@ -423,7 +429,7 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
         act, w2, out, ids, tw, t, n, h, k, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
         BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, KP2=triton.next_power_of_2(k),
         PREFETCH=tiles.early and tiles.pdl and not _INTERPRETED, LINES=triton.next_power_of_2(triton.cdiv(n * w2.element_size(), 128)),
-        **_launch(tiles, down=True))
+        STAGES=max(tiles.down_stages, 1), **_launch(tiles, down=True))
     return out
 
 

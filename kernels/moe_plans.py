@@ -44,7 +44,8 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
                 f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
                 f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
                 f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{f' fused{t.fused}' if t.fused else ''}"
-                f"{' ahead' if t.ahead and t.fused else ''}{' chain' if t.chain else ''}")
+                f"{' ahead' if t.ahead and t.fused else ''}{' chain' if t.chain else ''}"
+                f"{f' ds{t.down_stages}' if t.down_stages > 1 else ''}")
     key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
     if t.down_block_n or t.down_block_k:
         key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
@@ -121,7 +122,7 @@ def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5, *DIRECT_RUN6,
              *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN8, *PREFILL_RUN8, *DIRECT_RUN9,
-             *PREFILL_RUN9]
+             *PREFILL_RUN9, *DIRECT_RUN10, *run10_candidates(2, 8, 128), *run10_candidates(4, 8, 128)]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -391,6 +392,29 @@ def run9_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
     return (list(DIRECT_RUN9) if pairs <= 8 else []) + (list(PREFILL_RUN9) if pairs / num_experts >= 64 else [])
 
 
+# ------------------------------------------------------------------------------- run 10
+# Found while reading run 9's results: the direct path's down launch never got its loop's stages (run 4's
+# `pipeline` passed them to gate+up only), so its K loop has run unpipelined in every plan measured; at
+# T = 1 down alone takes 11.3 us for 25 MB. `DirectTiles.down_stages` pipelines it (sm90 compile, n16k128
+# 8 warps: 2 stages 64 KB of shared memory, 3 128 KB, 4 192 KB; n16k64 6 stages 160 KB; no spills).
+DIRECT_RUN10 = [dataclasses.replace(_D1, **v) for v in (
+    {"down_stages": 2}, {"down_stages": 3}, {"down_stages": 4}, {"down_block_k": 64, "down_stages": 4},
+    {"down_block_k": 64, "down_stages": 6}, {"down_block_n": 8, "down_stages": 4},
+    {"down_block_n": 8, "down_block_k": 64, "down_stages": 6})]
+
+
+def run10_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 10's new plans at T: up to 8 pairs DIRECT_RUN10; up to 32 the engine's direct plan at T with its down
+    loop at 2, 3 and 4 stages."""
+    pairs = num_tokens * top_k
+    if pairs <= 8:
+        return list(DIRECT_RUN10)
+    base = rule_tiles(num_tokens, RUN6_BEST)
+    if pairs <= 32 and isinstance(base, DirectTiles) and not base.fused:
+        return [dataclasses.replace(base, down_stages=n) for n in (2, 3, 4)]
+    return []
+
+
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
     measured plan of the nearest T in log2 (RUN6_BEST: qwen3-30b-a3b's profile is calibrated on it);
@@ -414,6 +438,7 @@ __all__ = [
     "DIRECT_RUN6",
     "DIRECT_RUN8",
     "DIRECT_RUN9",
+    "DIRECT_RUN10",
     "ENGINE_RULE_MIN_EXPERTS",
     "PREFILL_RUN4",
     "PREFILL_RUN5",
@@ -441,4 +466,5 @@ __all__ = [
     "run7_candidates",
     "run8_candidates",
     "run9_candidates",
+    "run10_candidates",
 ]

@@ -59,6 +59,7 @@ FOCUS_ROUND_HELP = {
     7: ("run 6's best plan (run6_best)", "half tail candidates (run7_candidates)"),
     8: ("run 6's best plan (run6_best)", "candidates (run8_candidates: the chained down, the tail lists)"),
     9: ("run 6's best plan (run6_best)", "one-step variants of it (run9_candidates)"),
+    10: ("run 6's best plan (run6_best)", "direct plans with the down loop pipelined (run10_candidates)"),
 }
 
 
@@ -129,6 +130,7 @@ from kernels.moe_plans import (
     run7_candidates,
     run8_candidates,
     run9_candidates,
+    run10_candidates,
 )
 from kernels.moe_reference import fused_moe_ref, route_ref
 
@@ -166,6 +168,7 @@ FOCUS_ROUNDS = {
     7: FocusRound(7, run6_best, run7_candidates, PREFILL_RUN7),
     8: FocusRound(8, run6_best, run8_candidates, PREFILL_RUN8),
     9: FocusRound(9, run6_best, run9_candidates, PREFILL_RUN9),
+    10: FocusRound(10, run6_best, run10_candidates, []),
 }
 ROUND = FOCUS_ROUNDS[max([n for n in FOCUS_ROUND_HELP if getattr(ARGS, f"run{n}")], default=4)]
 

@@ -31,3 +31,24 @@ def test_run9_decode_plans_equal_the_loop():
     x, w13, w2, weights, ids = moe_layer(11, 1, 16, 8, 256, 48)
     for plan in interpreter_distinct(DIRECT_RUN9):
         assert_close(fused_moe(x, w13, w2, weights, ids, plan), moe_ref(x, w13, w2, weights, ids), torch.float32)
+
+
+def test_run10_pipelined_down_plans_equal_the_loop_and_are_named_one_to_one():
+    """The down loop pipelined (`down_stages`): its own code path in the kernel (tl.range), at T = 1 and 3 with
+    H tiles and K steps that do not divide H and N; each plan a key of its own."""
+    from kernels.moe_direct import down_direct, gate_up_direct
+    from kernels.moe_plans import DIRECT_RUN10, run10_candidates
+
+    plans = DIRECT_RUN10 + run10_candidates(2, 8, 128)
+    keys = {plan_key(p) for p in plans}
+    assert len(keys) == len(plans) and keys <= set(known_plans()) and all(" ds" in k for k in keys)
+    for t in (1, 3):
+        x, w13, w2, weights, ids = moe_layer(20 + t, t, 16, 8, 40, 80)
+        ref = moe_ref(x, w13, w2, weights, ids)
+        for plan in plans[:3] + plans[3:4]:
+            assert_close(fused_moe(x, w13, w2, weights, ids, plan), ref, torch.float32)
+        # the down launch alone, pipelined and not, on the same activations: the same sums
+        act = gate_up_direct(x, w13, ids, plans[1])
+        piped = down_direct(act, w2, weights, ids, plans[1])
+        plain = down_direct(act, w2, weights, ids, RUN6_BEST[1])
+        torch.testing.assert_close(piped, plain, rtol=1e-6, atol=1e-6)
