@@ -397,6 +397,9 @@ def run9_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 # `pipeline` passed them to gate+up only), so its K loop has run unpipelined in every plan measured; at
 # T = 1 down alone takes 11.3 us for 25 MB. `DirectTiles.down_stages` pipelines it (sm90 compile, n16k128
 # 8 warps: 2 stages 64 KB of shared memory, 3 128 KB, 4 192 KB; n16k64 6 stages 160 KB; no spills).
+# Measured (data/moe_run8/bench_run10, 20:28 UTC): slower at every T (T = 1 26.8-33.3 us against the plain
+# loop's 22.6; T = 2, 4 by 4-10%): the plain loop's register loads already keep a K step in flight, the staged
+# copies add a shared-memory round trip. The gap in run 4's flag cost nothing; not adopted.
 DIRECT_RUN10 = [dataclasses.replace(_D1, **v) for v in (
     {"down_stages": 2}, {"down_stages": 3}, {"down_stages": 4}, {"down_block_k": 64, "down_stages": 4},
     {"down_block_k": 64, "down_stages": 6}, {"down_block_n": 8, "down_stages": 4},
