@@ -523,17 +523,25 @@ def pipelined_periods(device: np.ndarray, host: np.ndarray, launch: np.ndarray,
     blocked_i, lead_i), where lead_i is what is left of step i-1's device work when iteration i
     begins (0 where a row does not follow the previous one back to back: the engine was idle or
     the run starts) and start_i = max(host_i, lead_i) when step i's device work begins."""
-    blocked = np.zeros(device.size) if blocked is None else blocked
-    out = np.empty(device.size)
+    # The fit calls this once per residual (thousands of times over ~10^4 rows). On Python floats with
+    # inline comparisons it runs ~5x faster than on numpy scalars with max() (max() alone: 1.5x); the
+    # recursion cannot vectorise.
+    blocked_s = [0.0] * device.size if blocked is None else blocked.tolist()
+    out = []
     lead = 0.0
-    for i in range(device.size):
-        if not contiguous[i]:
+    for d, h, launch_i, cont, b in zip(device.tolist(), host.tolist(), launch.tolist(), contiguous.tolist(),
+                                       blocked_s, strict=True):
+        if not cont:
             lead = 0.0
-        h, launch_i = host[i], launch[i]
-        start = max(h, lead)
-        out[i] = period = max(h + launch_i, start + blocked[i], lead)
-        lead = start + max(device[i], launch_i) - period
-    return out
+        start = h if h >= lead else lead  # noqa: FURB136 - max(host, lead), without the call
+        period = h + launch_i  # max(host + launch, start + blocked, lead):
+        if start + b > period:  # noqa: PLR1730
+            period = start + b
+        if lead > period:  # noqa: PLR1730
+            period = lead
+        out.append(period)
+        lead = start + (d if d >= launch_i else launch_i) - period  # noqa: FURB136 - max(device, launch)
+    return np.array(out, dtype=float)
 
 
 def eager_blocked_s(device: np.ndarray, eager: np.ndarray, share: float, seconds: float) -> np.ndarray:
