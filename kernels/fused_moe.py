@@ -22,8 +22,7 @@ in k experts' blocks, computed by different programs in no fixed order, so one o
 its row to the others' with atomics (`atomic_sum`) or a later launch (the k-sum).
 
 Direct path (`kernels.moe_direct.DirectTiles`, small steps): no grouping, one program per
-(pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches
-(run 5's `DirectTiles.fused`: one).
+(pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches.
 `default_tiles` gives run 2's measured plans (a call without tiles); the engine's Triton backend
 picks per step with `kernels.moe_plans.engine_tiles` (run 6's measured rule for 32+ experts).
 

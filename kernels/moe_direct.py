@@ -20,12 +20,6 @@ by its routing weight before the dot) instead of float32 multiply-and-sums;
 `pdl`: launched with programmatic dependent launch (the next kernel's launch overlaps this one's
 tail; each kernel waits for its predecessor's writes before reading them).
 
-Run 5, `fused`: both in one launch (`_direct_fused_kernel`) of a few programs per SM, all resident:
-each program does its gate+up items, then its down items, each of which first waits on its token's
-ready counter (raised with release semantics by the token's gate+up items, read with acquire). The
-counters live in a cached [2, T] int32 buffer the kernel itself zeroes after use, so a CUDA graph
-replays the launch with no host work.
-
 Run 8, `chain`: the down projection chained onto gate+up (`_chain_kernel`): program (pair, N tile)
 multiplies its own activations by its tile's columns of the expert's down weights and stores a float32
 partial [H]; `_chain_sum_kernel` sums each token's k * N / block_n partial rows. Every weight byte is
@@ -65,15 +59,6 @@ class DirectTiles:
     # sm90: a load round trip per K step, gate's loop then up's.
     pipeline: bool = False
     down_num_warps: int = 0  # run 4: the down launch's warps (0: num_warps; sm90 compile: n8k128 spills at 4 warps)
-    # run 5: gate+up and down in ONE launch of `fused` programs per SM (all resident; capped by the
-    # compiled kernel's occupancy): a down item waits on its token's ready counter, which the token's
-    # gate+up items raise (release / acquire); `early` then prefetches every down item's weight rows
-    # into L2 at the start (`evict`: gate+up loads evict-first, the prefetch evict-last). Uses the
-    # pipelined loops and num_warps for both phases.
-    fused: int = 0
-    # run 5, with fused: each gate+up item first prefetches the next item's gate and up rows into L2 (more
-    # bytes in flight a program than its pipelined loop's stages hold)
-    ahead: bool = False
     # run 8: the down projection chained onto gate+up (`_chain_kernel`): each (pair, N tile) program
     # multiplies its own activations by the down weights' columns of its tile and stores the float32
     # partial product [H] (down_block_k: the H rows of one down step); a second, small launch
@@ -166,7 +151,7 @@ def _gate_up_direct_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, num_pairs, H, N, top_
 
 @triton.jit
 def _prefetch_l2(w_ptr, ids_ptr, t, cols, N, H, top_k, sw_e, sw_h, BLOCK_N: tl.constexpr, KP2: tl.constexpr,
-                 LINES: tl.constexpr, LAST: tl.constexpr = False):
+                 LINES: tl.constexpr):
     """prefetch.global.L2 of every 128-byte line of this program's down weight rows (the token's k
     experts' rows `cols`; columns clamped in range, so every address is inside w)."""
     r = tl.arange(0, KP2 * BLOCK_N)
@@ -175,12 +160,8 @@ def _prefetch_l2(w_ptr, ids_ptr, t, cols, N, H, top_k, sw_e, sw_h, BLOCK_N: tl.c
     col = tl.minimum(tl.reshape(tl.broadcast_to(cols[None, :], (KP2, BLOCK_N)), (KP2 * BLOCK_N,)), H - 1)
     ks = tl.minimum(tl.arange(0, LINES) * (1024 // w_ptr.dtype.element_ty.primitive_bitwidth), N - 1)  # a line each
     ptrs = w_ptr + e[:, None] * sw_e + col.to(tl.int64)[:, None] * sw_h + ks[None, :]
-    if LAST:  # run 5: kept in L2 ahead of evict-first lines
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "top_k"])
@@ -260,85 +241,6 @@ def _down_rows_dot(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_
                     mask=ok_k[:, None] & ok_n[None, :], other=0.0, eviction_policy=EVICT)
         acc = tl.dot(a, w, acc)
     return tl.sum(acc, axis=0)
-
-
-# ------------------------------------------------------------------------------- run 5: one launch
-@triton.jit
-def _wait_at_least(ptr, target, MAX_SPINS: tl.constexpr):
-    """Spin until *ptr >= target (at most MAX_SPINS reads: a grid that is not all resident then
-    gives wrong values, which the checks catch, rather than a hung GPU), then acquire: the writes
-    released before the counter's increments are visible to every thread of this program."""
-    seen = tl.load(ptr, volatile=True)
-    spins = 0
-    while (seen < target) & (spins < MAX_SPINS):
-        seen = tl.load(ptr, volatile=True)
-        spins += 1
-    tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton.jit
-def _prefetch_gate_up(w_ptr, ids_ptr, item, num_pairs, N, H, sw_e, sw_n, BLOCK_N: tl.constexpr,
-                      LINES_H: tl.constexpr):
-    """prefetch.global.L2 of every 128-byte line of gate+up item `item`'s gate and up rows (addresses
-    clamped inside the expert's weights)."""
-    e = tl.load(ids_ptr + item % num_pairs).to(tl.int64)
-    cols = tl.minimum((item // num_pairs) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-    rows = tl.reshape(tl.join(cols, cols + N), (2 * BLOCK_N,)).to(tl.int64)  # gate and up rows
-    ks = tl.minimum(tl.arange(0, LINES_H) * (1024 // w_ptr.dtype.element_ty.primitive_bitwidth), H - 1)
-    ptrs = w_ptr + e * sw_e + rows[:, None] * sw_n + ks[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit(do_not_specialize=["num_tokens", "top_k"])
-def _direct_fused_kernel(x_ptr, w13_ptr, w2_ptr, act_ptr, out_ptr, ids_ptr, tw_ptr, sync_ptr, num_tokens, H, N, top_k,
-                         sx_t, s13_e, s13_n, sa_p, s2_e, s2_h, so_t,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOWN_BLOCK_N: tl.constexpr,
-                         DOWN_BLOCK_K: tl.constexpr, KP2: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr,
-                         PREFETCH: tl.constexpr, LAST: tl.constexpr, LINES: tl.constexpr, MAX_SPINS: tl.constexpr,
-                         AHEAD: tl.constexpr = False, LINES_H: tl.constexpr = 1):
-    """The direct path in one launch. Each program takes gate+up items (pair, N tile) pid, pid + G, ...,
-    then down items (token, H tile) the same way; a token's down item waits until its k pairs' N
-    tiles are all stored (sync[t] == k * tiles_n). sync [2, T] int32: ready counts, then finished
-    down items; the token's last down item zeroes both, so the next launch finds them zero (no host
-    work: a CUDA graph replays it)."""
-    pid = tl.program_id(0)
-    progs = tl.num_programs(0)
-    num_pairs = num_tokens * top_k
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_h = tl.cdiv(H, DOWN_BLOCK_N)
-    if PREFETCH:  # the routing is the previous kernel's: complete before this launch started
-        for item in range(pid, num_tokens * tiles_h, progs):
-            cols = (item // num_tokens) * DOWN_BLOCK_N + tl.arange(0, DOWN_BLOCK_N)
-            _prefetch_l2(w2_ptr, ids_ptr, item % num_tokens, cols, N, H, top_k, s2_e, s2_h, DOWN_BLOCK_N, KP2, LINES,
-                         LAST)
-    for item in range(pid, num_pairs * tiles_n, progs):
-        if AHEAD and item + progs < num_pairs * tiles_n:
-            _prefetch_gate_up(w13_ptr, ids_ptr, item + progs, num_pairs, N, H, s13_e, s13_n, BLOCK_N, LINES_H)
-        p = item % num_pairs
-        cols = (item // num_pairs) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ok_n = cols < N
-        e = tl.load(ids_ptr + p).to(tl.int64)
-        g, u = _gate_up_one_loop(x_ptr + (p // top_k).to(tl.int64) * sx_t, w13_ptr + e * s13_e, cols, ok_n, s13_n, N,
-                                 H, BLOCK_N, BLOCK_K, EVICT, STAGES)
-        act = g / (1.0 + tl.exp(-g)) * u
-        tl.store(act_ptr + p.to(tl.int64) * sa_p + cols, act.to(act_ptr.dtype.element_ty), mask=ok_n)
-        tl.debug_barrier()  # all threads' stores, then one release increment
-        tl.atomic_add(sync_ptr + p // top_k, 1, sem="release", scope="gpu")
-    for item in range(pid, num_tokens * tiles_h, progs):
-        t = item % num_tokens
-        cols = (item // num_tokens) * DOWN_BLOCK_N + tl.arange(0, DOWN_BLOCK_N)
-        ok_n = cols < H
-        _wait_at_least(sync_ptr + t, top_k * tiles_n, MAX_SPINS)
-        total = _down_rows_fma(act_ptr, w2_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, s2_e, s2_h,
-                               DOWN_BLOCK_N, DOWN_BLOCK_K, KP2, "", STAGES)
-        tl.store(out_ptr + t.to(tl.int64) * so_t + cols, total.to(out_ptr.dtype.element_ty), mask=ok_n)
-        # every down item of t has passed its wait once this count reaches tiles_h: reset for the next call
-        done = tl.atomic_add(sync_ptr + num_tokens + t, 1, sem="relaxed", scope="gpu")
-        if done == tiles_h - 1:
-            tl.atomic_xchg(sync_ptr + t, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(sync_ptr + num_tokens + t, 0, sem="relaxed", scope="gpu")
 
 
 # ------------------------------------------------------------------------------- run 8: chained down
@@ -433,66 +335,6 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
     return out
 
 
-# a down item's reads of its ready counter before it gives up (see _wait_at_least): at 0.2-1 us a read
-# ~3-16 ms, against ~20 us of gate+up items at qwen3's T = 1..4
-MAX_SPINS = 1 << 14
-_SYNC: dict[tuple, torch.Tensor] = {}  # (device, T) -> the fused launch's counters, zero between launches
-_RESIDENT: dict[tuple, int] = {}  # compiled fused kernel -> programs per SM that fit at once
-
-
-def _sync_counters(device: torch.device, num_tokens: int) -> torch.Tensor:
-    """[2, T] int32 zeros kept across calls (the kernel leaves them zero; a first call inside a graph
-    capture allocates them from the graph's pool and they live as long as this cache)."""
-    key = (str(device), num_tokens)
-    if key not in _SYNC:
-        _SYNC[key] = torch.zeros(2, num_tokens, dtype=torch.int32, device=device)
-    return _SYNC[key]
-
-
-def _resident_per_sm(kernel, num_warps: int) -> int:
-    """How many programs of a compiled kernel one SM holds at once (sm90: 64K registers, allocated per
-    warp in 256s; 228 KB shared memory, 1 KB reserved per program; 64 warps; 32 programs)."""
-    kernel._init_handles()
-    regs_per_warp = -(-max(kernel.n_regs, 1) * 32 // 256) * 256
-    by_regs = 65536 // (regs_per_warp * num_warps)
-    by_smem = 233472 // (kernel.metadata.shared + 1024)
-    return max(1, min(by_regs, by_smem, 64 // num_warps, 32))
-
-
-def fused_direct_one_launch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                            topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
-    """`[T, H]` in one launch (_direct_fused_kernel): `tiles.fused` programs per SM, at most what the
-    compiled kernel lets an SM hold (so every program is resident and the waits end); the CPU
-    interpreter runs programs one after the other, so there one program does every item in order."""
-    t, h = x.shape
-    k, n = topk_ids.shape[1], w13.shape[1] // 2
-    ids = topk_ids.reshape(-1)
-    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    act = torch.empty(t * k, n, dtype=x.dtype, device=x.device)
-    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    args = (x, w13, w2, act, out, ids, tw, _sync_counters(x.device, t), t, h, n, k, x.stride(0), w13.stride(0),
-            w13.stride(1), act.stride(0), w2.stride(0), w2.stride(1), out.stride(0))
-    prefetch = tiles.early and not _INTERPRETED
-    meta = {"BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "DOWN_BLOCK_N": tiles.down_block_n,
-            "DOWN_BLOCK_K": tiles.down_block_k, "KP2": triton.next_power_of_2(k),
-            "EVICT": "evict_first" if tiles.evict else "", "STAGES": tiles.num_stages, "PREFETCH": prefetch,
-            "LAST": tiles.evict, "LINES": triton.next_power_of_2(triton.cdiv(n * w2.element_size(), 128)),
-            "MAX_SPINS": MAX_SPINS, "AHEAD": tiles.ahead and not _INTERPRETED,
-            "LINES_H": triton.next_power_of_2(triton.cdiv(h * w13.element_size(), 128)),
-            "num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
-    items = max(t * k * triton.cdiv(n, tiles.block_n), t * triton.cdiv(h, tiles.down_block_n))
-    if _INTERPRETED:
-        grid = 1
-    else:
-        key = (str(x.device), x.dtype, tiles, k, n, h)
-        if key not in _RESIDENT:
-            _RESIDENT[key] = _resident_per_sm(_direct_fused_kernel.warmup(*args, grid=(1,), **meta), tiles.num_warps)
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        grid = min(items, sms * min(tiles.fused, _RESIDENT[key]))
-    _direct_fused_kernel[(grid,)](*args, **meta)
-    return out
-
-
 CHAIN_SUM_ROWS = 256  # at most this many partial rows a sum step loads (a token's all at qwen3's T = 1: 192)
 
 
@@ -539,13 +381,10 @@ def fused_chain(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
 
 def fused_moe_direct(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
-    """The experts' output `[T, H]` in two launches, or one with `tiles.fused` (shapes checked by
-    kernels.fused_moe.fused_moe)."""
+    """The experts' output `[T, H]` in two launches (shapes checked by kernels.fused_moe.fused_moe)."""
     if tiles.chain:
         return fused_chain(x, w13, w2, topk_weights, topk_ids, tiles)
-    if tiles.fused:
-        return fused_direct_one_launch(x, w13, w2, topk_weights, topk_ids, tiles)
     return down_direct(gate_up_direct(x, w13, topk_ids, tiles), w2, topk_weights, topk_ids, tiles)
 
 
-__all__ = ["DirectTiles", "chain_partials", "chain_sum", "down_direct", "fused_chain", "fused_direct_one_launch", "fused_moe_direct", "gate_up_direct"]
+__all__ = ["DirectTiles", "chain_partials", "chain_sum", "down_direct", "fused_chain", "fused_moe_direct", "gate_up_direct"]

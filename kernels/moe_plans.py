@@ -6,10 +6,14 @@
   the grouped path, new tiles for the prefill GEMMs, direct-path variants for decode: evict-first
   weight loads, an early programmatic dependent launch with an L2 prefetch of the down weights,
   the down launch's own warps and a narrower down tile, FMA loops pipelined through shared memory).
-- `run5_candidates(T, k, E)`: run 5's new plans at T, timed against run 4's best (`run4_best`): for
-  decode the direct path in one launch (`DirectTiles.fused`), for prefill the activations in sorted
-  order with a TMA-fed (and persistent) down launch, the k-sum as the down epilogue's atomics, and
-  gate+up stage / K-step variants.
+- `PREFILL_RUN5`: run 5's prefill plans, timed against run 4's best (`run4_best`): the activations in
+  sorted order with a TMA-fed (and persistent) down launch, the k-sum as the down epilogue's atomics,
+  and gate+up stage / K-step variants.
+- `run6_candidates(T, k, E)`: run 6's plans, one step from run 5's winners (`run5_best`).
+
+Plans measured and lost, and removed from the tree with the code only they reached (run 5's one-launch
+decode path): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys in the committed data
+are not known plans here (`propose_rule` skips them).
 
 - `engine_tiles(T, k, E)`: what the engine runs (kernels.backend's Triton `fused_moe` is
   `engine_fused_moe`): run 6's measured rule with 32 or more experts, run 2's tiles with fewer.
@@ -43,8 +47,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
         return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
                 f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
                 f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
-                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{f' fused{t.fused}' if t.fused else ''}"
-                f"{' ahead' if t.ahead and t.fused else ''}{' chain' if t.chain else ''}"
+                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{' chain' if t.chain else ''}"
                 f"{f' ds{t.down_stages}' if t.down_stages > 1 else ''}")
     key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
     if t.down_block_n or t.down_block_k:
@@ -120,7 +123,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
-    plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *DIRECT_RUN5, *PREFILL_RUN5, *DIRECT_RUN6,
+    plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *PREFILL_RUN5, *DIRECT_RUN6,
              *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN8, *PREFILL_RUN8, *DIRECT_RUN9,
              *PREFILL_RUN9, *DIRECT_RUN10, *run10_candidates(2, 8, 128), *run10_candidates(4, 8, 128)]
     for t in RUN3_BEST:
@@ -167,28 +170,7 @@ def run4_best(num_tokens: int) -> MoeTiles | DirectTiles:
     return rule_tiles(num_tokens, PROPOSED_RULE)
 
 
-# ------------------------------------------------------------------------------- run 5 (prepared)
-# decode: gate+up and down in one launch (kernels.moe_direct._direct_fused_kernel). sm90 compile
-# (benchmarks/kernels/moe_compile.py), n8k256 / n8k128 s3: 190-191 registers at 4 warps, 64 KB shared (2
-# programs a SM); 8 warps 128 (4 bytes spilled; 2 a SM); down n4: 128 registers, 32 KB (4 a SM, as run
-# 4's separate gate+up launch held); s4 96 KB (2 a SM). The launch takes min(fused, what fits) a SM.
-_F = DirectTiles(8, 256, 8, 128, 4, 3, pipeline=True, fused=2)
-DIRECT_RUN5 = [
-    _F,
-    dataclasses.replace(_F, early=True),  # the down rows prefetched into L2 at the start
-    dataclasses.replace(_F, early=True, evict=True),  # gate+up evict-first, the prefetch evict-last
-    dataclasses.replace(_F, early=True, num_warps=8),
-    dataclasses.replace(_F, early=True, fused=1),  # one program a SM: resident whatever the driver's carveout
-    dataclasses.replace(_F, early=True, down_block_n=4, fused=4),  # twice the down items, 4 programs a SM
-    dataclasses.replace(_F, early=True, evict=True, down_block_n=4, fused=4),
-    dataclasses.replace(_F, early=True, block_n=16),
-    dataclasses.replace(_F, early=True, num_stages=4),
-    # each gate+up item prefetches the next one's rows into L2 (sm90: same registers and shared memory)
-    dataclasses.replace(_F, early=True, ahead=True),
-    dataclasses.replace(_F, early=True, ahead=True, down_block_n=4, fused=4),
-]
-DIRECT_RUN5_MAX_PAIRS = 32
-
+# ------------------------------------------------------------------------------- run 5
 # prefill: run 4's best, then one change each. Its 128-row blocks pad each expert's run: at T = 4096 (256
 # +- 16 rows an expert) the GEMMs compute 1.25x the real rows, 64-row blocks 1.12x (T = 1024: 2.0x and
 # 1.47x; uniform top 8 of 128, 5 draws). sm90 compile, none spill: down on sorted activations n256k64 s3
@@ -215,16 +197,6 @@ PREFILL_RUN5 = [
     MoeTiles(64, 128, 64, 4, 3, tma=True, joint=True, **_H, **_SP, down_block_n=256, down_block_k=64,
              down_num_warps=8, down_num_stages=3),
 ]
-
-
-def run5_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 5's new plans at T: the one-launch direct plans up to DIRECT_RUN5_MAX_PAIRS pairs, the
-    prefill plans from 64 rows per expert (run 4's best there is the joint plan they vary)."""
-    pairs = num_tokens * top_k
-    out: list[MoeTiles | DirectTiles] = list(DIRECT_RUN5) if pairs <= DIRECT_RUN5_MAX_PAIRS else []
-    if pairs / num_experts >= 64:
-        out += PREFILL_RUN5
-    return out
 
 
 # ------------------------------------------------------------------------------- run 6
@@ -413,7 +385,7 @@ def run10_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeT
     if pairs <= 8:
         return list(DIRECT_RUN10)
     base = rule_tiles(num_tokens, RUN6_BEST)
-    if pairs <= 32 and isinstance(base, DirectTiles) and not base.fused:
+    if pairs <= 32 and isinstance(base, DirectTiles):
         return [dataclasses.replace(base, down_stages=n) for n in (2, 3, 4)]
     return []
 
@@ -437,7 +409,6 @@ def engine_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
 
 __all__ = [
     "DIRECT_RUN4",
-    "DIRECT_RUN5",
     "DIRECT_RUN6",
     "DIRECT_RUN8",
     "DIRECT_RUN9",
@@ -463,7 +434,6 @@ __all__ = [
     "run4_best",
     "run4_candidates",
     "run5_best",
-    "run5_candidates",
     "run6_best",
     "run6_candidates",
     "run7_candidates",

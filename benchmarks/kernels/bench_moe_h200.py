@@ -54,7 +54,6 @@ L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defe
 
 # --runN: the focus round's baseline and candidates, as the help names them (FOCUS_ROUNDS holds the functions)
 FOCUS_ROUND_HELP = {
-    5: ("run 4's best plan (run4_best)", "candidates (run5_candidates) instead of run 3's and run 4's"),
     6: ("run 5's best plan (run5_best)", "candidates (run6_candidates)"),
     7: ("run 6's best plan (run6_best)", "half tail candidates (run7_candidates)"),
     8: ("run 6's best plan (run6_best)", "candidates (run8_candidates: the chained down, the tail lists)"),
@@ -112,19 +111,15 @@ from kernels.moe_align import _align_hist
 from kernels.moe_direct import chain_partials, chain_sum, down_direct, gate_up_direct
 from kernels.moe_plans import (
     DIRECT_RUN4,
-    DIRECT_RUN5,
     PREFILL_RUN4,
-    PREFILL_RUN5,
     PREFILL_RUN6,
     PREFILL_RUN7,
     PREFILL_RUN8,
     PREFILL_RUN9,
     plan_key,
     run3_best,
-    run4_best,
     run4_candidates,
     run5_best,
-    run5_candidates,
     run6_best,
     run6_candidates,
     run7_candidates,
@@ -163,7 +158,6 @@ class FocusRound:
 
 FOCUS_ROUNDS = {
     4: FocusRound(4, run3_best, run4_candidates, PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]),
-    5: FocusRound(5, run4_best, run5_candidates, PREFILL_RUN5),
     6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
     7: FocusRound(7, run6_best, run7_candidates, PREFILL_RUN7),
     8: FocusRound(8, run6_best, run8_candidates, PREFILL_RUN8),
@@ -409,14 +403,14 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "fused", "half", "chain", "tails")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "half", "chain", "tails")
 
 
 def probe_plans() -> dict:
     """Each feature's plans: core (the direct path, the many-program grouping, the atomic k-sum), TMA
     weight tiles, programmatic dependent launch; run 4: the early launch with the L2 prefetch (inline
     PTX), the direct path's pipelined loops, the "hist" grouping with the Triton k-sum, the joint gate+up dot;
-    run 5: sorted activations with the TMA-fed / persistent down launch, the one-launch direct path."""
+    run 5: sorted activations with the TMA-fed / persistent down launch."""
     return {"core": [DIRECT_CANDIDATES[0], next(c for c in DIRECT_CANDIDATES if c.use_dot),
                      MoeTiles(16, 64, 128, 4, 4, atomic_sum=True), MoeTiles(64, 128, 64, 4, 3)],
             "tma": [c for c in TILE_CANDIDATES if c.tma][:2],
@@ -428,10 +422,6 @@ def probe_plans() -> dict:
             "sorted": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True),
                        MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", sorted_act=True, persistent=1,
                                 atomic_sum=True)],
-            # run 5: the direct path in one launch (waits on counters; a graph replays it several times), at
-            # one program a SM (always all resident); more a SM: checked per plan (CHECK_FAILED)
-            "fused": [dataclasses.replace(next(p for p in DIRECT_RUN5 if want(p)), fused=1)
-                      for want in (lambda p: p.early and p.evict, lambda p: p.early and p.ahead)],
             "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")],
             # run 7: a block's second half all padding -> a half tile (gate+up only, both launches persistent)
             "half": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
@@ -678,8 +668,7 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
     """The probe features a plan needs."""
     if isinstance(plan, DirectTiles):
         return ({"core"} | ({"pdl"} if plan.pdl else set()) | ({"early"} if plan.early and plan.pdl else set())
-                | ({"pipe"} if plan.pipeline else set()) | ({"fused"} if plan.fused else set())
-                | ({"chain"} if plan.chain else set()))
+                | ({"pipe"} if plan.pipeline else set()) | ({"chain"} if plan.chain else set()))
     return ({"core"} | ({"tma"} if plan.tma else set())
             | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
             | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set())
@@ -769,9 +758,8 @@ def focus_check() -> None:
                 for key, plan in plans.items():
                     if isinstance(plan, DirectTiles) != (t <= 3):
                         continue
-                    try:  # the one-launch plan twice: its counters must be back to zero after a call
-                        for _ in range(2 if isinstance(plan, DirectTiles) and plan.fused else 1):
-                            err = rel(fused_moe(x, w13, w2, tw, cids, plan), ref)
+                    try:
+                        err = rel(fused_moe(x, w13, w2, tw, cids, plan), ref)
                     except Exception as exc:  # noqa: BLE001 - record, keep going
                         err = 1.0
                         RESULTS["errors"].append(f"check {name} T={t} {case} {key}: {exc!r}"[:400])
@@ -793,9 +781,6 @@ def ksum_us(ys: list, k: int, how: str, reps: int) -> float:
 def focus_phases(weights: list, routes: list, plan: MoeTiles | DirectTiles, e: int, k: int, reps: int) -> dict:
     """A plan's launches each alone (grouping, gate+up, down, k-sum); for a grouped plan also every
     grouping method and both k-sums, so the table sets old and new side by side."""
-    if isinstance(plan, DirectTiles) and plan.fused:  # one launch: no phases to time apart
-        return {"align_us": 0.0, "one_launch_us": graph_time_us(
-            [lambda w=w, r=r: fused_moe(r[0], w[0], w[1], r[1], r[2], plan) for w, r in zip(weights, routes)] * reps)}
     if isinstance(plan, DirectTiles) and plan.chain:  # the chained launch (every weight byte), then the sum
         parts = [chain_partials(r[0], w[0], w[1], r[1], r[2], plan) for w, r in zip(weights, routes)]
         return {"align_us": 0.0,
@@ -917,9 +902,7 @@ def focus_markdown(res: dict) -> str:
 
 # ------------------------------------------------------------------------------- report
 def _phases(p: dict, names: tuple) -> str:
-    """A plan's phases as `a / b / c / d`, or a one-launch plan's one time."""
-    if "one_launch_us" in p:
-        return f"one launch {_f(p['one_launch_us'])}"
+    """A plan's phases as `a / b / c / d`."""
     return " / ".join(_f(p.get(x)) for x in names)
 
 

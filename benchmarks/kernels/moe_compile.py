@@ -10,7 +10,7 @@ N 768, 128 experts, top 8), arguments specialised as a launch specialises them (
 
 Why: run 3's grouping ("blocks") scatter holds [256, 128] int32 one-hots (128 KB of shared memory,
 255 registers and spills), and the direct path's FMA loops are not pipelined (no cp.async); run 4's
-kernels were shaped by this table before the GPU run, and run 5's (`run5_rows`) likewise.
+kernels were shaped by this table before the GPU run, and run 5's prefill kernels (`run5_rows`) likewise.
 """
 
 from __future__ import annotations
@@ -119,17 +119,15 @@ def rows() -> list[dict]:
         compile_row(fm._down_kernel, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "ATOMIC": False,
                                       "USE_TMA": True}, {"num_warps": 8, "num_stages": 3}, gu,
                     {"w_desc": "tensordesc<bf16[256, 64]>"}),
-        *run5_rows(gu, dd, ids64),
+        *run5_rows(gu),
     ]
 
 
-def run5_rows(gu: tuple, dd: tuple, ids64: dict) -> list[dict]:
-    """Each kernel run 5's plans launch (kernels.moe_plans.PREFILL_RUN5 / DIRECT_RUN5) once, with how
-    many of its programs an SM holds at once (kernels.moe_direct._resident_per_sm's arithmetic)."""
-    from types import SimpleNamespace
-
+def run5_rows(gu: tuple) -> list[dict]:
+    """Each kernel run 5's prefill plans launch (kernels.moe_plans.PREFILL_RUN5) once, with how many of
+    its programs an SM holds at once (`resident_per_sm`)."""
     from kernels.moe_align import padded_length
-    from kernels.moe_plans import DIRECT_RUN5, PREFILL_RUN5
+    from kernels.moe_plans import PREFILL_RUN5
 
     specs = {}
     for p in PREFILL_RUN5:
@@ -156,21 +154,21 @@ def run5_rows(gu: tuple, dd: tuple, ids64: dict) -> list[dict]:
                   "ATOMIC": d.atomic_sum, "USE_TMA": d.tma}
             spec = (fm._down_kernel, ce, opts, gu, over)
         specs.setdefault(("down", spec[0].__name__, *ce.values(), *opts.values()), spec)
-    for t in DIRECT_RUN5:
-        ce = {"BLOCK_N": t.block_n, "BLOCK_K": t.block_k, "DOWN_BLOCK_N": t.down_block_n, "DOWN_BLOCK_K": t.down_block_k,
-              "KP2": 8, "EVICT": "evict_first" if t.evict else "", "STAGES": t.num_stages, "PREFETCH": t.early,
-              "LAST": t.evict, "LINES": 16, "MAX_SPINS": md.MAX_SPINS, "AHEAD": t.ahead, "LINES_H": 32}
-        opts = {"num_warps": t.num_warps, "num_stages": t.num_stages}
-        specs.setdefault(("fused", *ce.values(), *opts.values()), (md._direct_fused_kernel, ce, opts, dd,
-                                                                   {**ids64, "sync_ptr": "*i32"}))
     rows = []
     for fn, ce, opts, unaligned, over in specs.values():
         row = compile_row(fn, ce, opts, unaligned, over)
-        fake = SimpleNamespace(n_regs=row["registers"], metadata=SimpleNamespace(shared=row["shared_bytes"]),
-                               _init_handles=lambda: None)
-        row["plan"] += f", {md._resident_per_sm(fake, opts['num_warps'])} a SM"
+        row["plan"] += f", {resident_per_sm(row['registers'], row['shared_bytes'], opts['num_warps'])} a SM"
         rows.append(row)
     return rows
+
+
+def resident_per_sm(registers: int | None, shared: int, num_warps: int) -> int:
+    """How many programs of a compiled kernel one SM holds at once (sm90: 64K registers, allocated per
+    warp in 256s; 228 KB shared memory, 1 KB reserved per program; 64 warps; 32 programs)."""
+    regs_per_warp = -(-max(registers or 1, 1) * 32 // 256) * 256
+    by_regs = 65536 // (regs_per_warp * num_warps)
+    by_smem = 233472 // (shared + 1024)
+    return max(1, min(by_regs, by_smem, 64 // num_warps, 32))
 
 
 def tail_list_rows() -> list[dict]:

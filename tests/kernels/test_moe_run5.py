@@ -1,12 +1,11 @@
-"""Run 5's fused-MoE candidates in the Triton interpreter against the float32 per-expert loop
+"""Run 5's fused-MoE prefill candidates in the Triton interpreter against the float32 per-expert loop
 (kernels/moe_reference.py): the activations in sorted order with the TMA-fed down launch (one tile a
-program or persistent, with the torch/Triton k-sum or the atomic one), and the direct path in one
-launch whose counters must be zero again after every call."""
+program or persistent, with the torch/Triton k-sum or the atomic one); runs 5 and 6's plan tables and
+the engine's rule."""
 
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,9 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.fused_moe import MoeTiles, align_by_expert, fused_moe, gate_up_grouped
-from kernels.moe_direct import _SYNC, DirectTiles, _resident_per_sm
 from kernels.moe_plans import (
-    DIRECT_RUN5,
     DIRECT_RUN6,
     PREFILL_RUN5,
     PREFILL_RUN6,
@@ -26,7 +23,6 @@ from kernels.moe_plans import (
     plan_key,
     run4_best,
     run5_best,
-    run5_candidates,
     run6_candidates,
 )
 from tests.kernels.helpers import SETTINGS, assert_close, interpreter_distinct, moe_layer, moe_ref
@@ -85,57 +81,13 @@ def test_prefill_run5_plans_at_small_tiles(small):
     assert_close(fused_moe(xb, w13b, w2b, weights, ids, small), moe_ref(xb, w13b, w2b, weights, ids), torch.bfloat16)
 
 
-def _counters_zero():
-    return all(int(c.abs().sum()) == 0 for c in _SYNC.values())
-
-
-@pytest.mark.parametrize("plan", interpreter_distinct(DIRECT_RUN5), ids=plan_key)
-def test_direct_run5_one_launch_plans_equal_the_loop_and_leave_their_counters_zero(plan):
-    """T = 1 (one token, k = 3 of 10 experts: a masked slot of next_pow2(k)) and T = 5 (top 8 of 16, tokens
-    sharing experts), each called twice: the second call finds the counters the first one zeroed."""
-    for t, e, k in ((1, 10, 3), (5, 16, 8)):
-        x, w13, w2, weights, ids = moe_layer(t + e, t, e, k, 40, 20)
-        ref = moe_ref(x, w13, w2, weights, ids)
-        for _ in range(2):
-            assert_close(fused_moe(x, w13, w2, weights, ids, plan), ref, torch.float32)
-            assert _counters_zero()
-
-
-@settings(max_examples=8, **SETTINGS)
-@given(t=st.integers(1, 6), e=st.integers(1, 20), k=st.integers(1, 8), h=st.sampled_from([24, 40]),
-       n=st.sampled_from([16, 20]), block_n=st.sampled_from([4, 8, 16]), down_block_n=st.sampled_from([4, 8]),
-       seed=st.integers(0, 10**6))
-def test_one_launch_direct_path_at_any_tile(t, e, k, h, n, block_n, down_block_n, seed):
-    """Tiles that do not divide N (20) or H (24, 40): the last N / H tiles partial."""
-    k = min(k, e)
-    x, w13, w2, weights, ids = moe_layer(seed, t, e, k, h, n)
-    plan = DirectTiles(block_n, 16, down_block_n, 8, 4, 2, pipeline=True, early=True, fused=2)
-    assert_close(fused_moe(x, w13, w2, weights, ids, plan), moe_ref(x, w13, w2, weights, ids), torch.float32)
-    assert _counters_zero()
-
-
-def test_resident_programs_per_sm_by_hand():
-    """sm90: 64K registers a SM in 256-register steps per warp, 228 KB shared (+1 KB a program), 64 warps."""
-    def fake(regs, shared):
-        return SimpleNamespace(n_regs=regs, metadata=SimpleNamespace(shared=shared), _init_handles=lambda: None)
-
-    assert _resident_per_sm(fake(191, 65536), 4) == 2  # 6144 registers a warp: 2 by registers, 3 by shared
-    assert _resident_per_sm(fake(128, 65536), 8) == 2  # 4096 x 8 warps: 2
-    assert _resident_per_sm(fake(64, 0), 4) == 8  # registers: 8; warps: 16; shared: 228
-    assert _resident_per_sm(fake(32, 200000), 4) == 1  # shared: one
-    assert _resident_per_sm(fake(16, 0), 1) == 32  # the 32-program cap
-
-
-def test_run5_candidates_and_baseline_by_step_size():
-    """One-launch plans up to 32 pairs, the prefill plans from 64 rows per expert, nothing between;
-    the baseline is run 4's measured best at the nearest T; every plan named one to one."""
-    assert run5_candidates(1, 8, 128) == DIRECT_RUN5 and run5_candidates(4, 8, 128) == DIRECT_RUN5
-    assert run5_candidates(4096, 8, 128) == PREFILL_RUN5 and run5_candidates(1024, 8, 128) == PREFILL_RUN5
-    assert run5_candidates(256, 8, 128) == []
+def test_run5_prefill_plans_and_baseline():
+    """Run 5's prefill plans vary run 4's joint TMA plan, each named one to one; their baseline is run 4's
+    measured best at the nearest T."""
     assert run4_best(1) is PROPOSED_RULE[1] and run4_best(3000) is PROPOSED_RULE[4096]
-    assert all(p.fused for p in DIRECT_RUN5) and all(p.joint and p.tma for p in PREFILL_RUN5)
-    assert len({plan_key(p) for p in DIRECT_RUN5 + PREFILL_RUN5}) == len(DIRECT_RUN5) + len(PREFILL_RUN5)
-    assert all(plan_key(p) in known_plans() for p in DIRECT_RUN5 + PREFILL_RUN5)
+    assert all(p.joint and p.tma for p in PREFILL_RUN5)
+    assert len({plan_key(p) for p in PREFILL_RUN5}) == len(PREFILL_RUN5)
+    assert all(plan_key(p) in known_plans() for p in PREFILL_RUN5)
 
 
 def test_run6_candidates_and_baseline_by_step_size():
