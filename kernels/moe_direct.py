@@ -20,11 +20,8 @@ by its routing weight before the dot) instead of float32 multiply-and-sums;
 `pdl`: launched with programmatic dependent launch (the next kernel's launch overlaps this one's
 tail; each kernel waits for its predecessor's writes before reading them).
 
-Run 8, `chain`: the down projection chained onto gate+up (`_chain_kernel`): program (pair, N tile)
-multiplies its own activations by its tile's columns of the expert's down weights and stores a float32
-partial [H]; `_chain_sum_kernel` sums each token's k * N / block_n partial rows. Every weight byte is
-read in the first launch; the second reads only the partials (1.5 MB at qwen3's T = 1), so no launch
-waits on another's weight stream.
+Variants measured on the H200 and removed (run 5's one launch, run 8's chained down):
+benchmarks/kernels/MOE.md, "Removed after measurement".
 """
 
 from __future__ import annotations
@@ -59,12 +56,6 @@ class DirectTiles:
     # sm90: a load round trip per K step, gate's loop then up's.
     pipeline: bool = False
     down_num_warps: int = 0  # run 4: the down launch's warps (0: num_warps; sm90 compile: n8k128 spills at 4 warps)
-    # run 8: the down projection chained onto gate+up (`_chain_kernel`): each (pair, N tile) program
-    # multiplies its own activations by the down weights' columns of its tile and stores the float32
-    # partial product [H] (down_block_k: the H rows of one down step); a second, small launch
-    # (`_chain_sum_kernel`, down_block_n: its H tile) sums each token's k * N / block_n partial rows.
-    # All weight bytes stream in one launch; the second reads ~1.5 MB (qwen3 T = 1) from L2.
-    chain: bool = False
     # run 10: the down launch's K loop pipelined through shared memory with this many stages (0 or 1: the
     # plain loop). Run 4's `pipeline` was meant to pipeline both launches' loops, but the down launch was
     # never given its stages, so every plan measured up to run 9 ran the down loop unpipelined. Measured
@@ -243,56 +234,6 @@ def _down_rows_dot(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_
     return tl.sum(acc, axis=0)
 
 
-# ------------------------------------------------------------------------------- run 8: chained down
-@triton.jit(do_not_specialize=["num_pairs", "top_k"])
-def _chain_kernel(x_ptr, w13_ptr, w2_ptr, part_ptr, ids_ptr, tw_ptr, num_pairs, H, N, top_k, sx_t, s13_e, s13_n,
-                  s2_e, s2_h, sp_r, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                  EVICT: tl.constexpr, STAGES: tl.constexpr, USE_GDC: tl.constexpr):
-    """Program (pair p, N tile j): act = SiLU(gate) * up * routing weight of the tile's columns (kept in
-    float32), then part[p * tiles_n + j, :] = w2[e][:, tile] @ act: the tile's share of the pair's down
-    projection. The down weights' columns of a tile are BLOCK_N contiguous elements per H row (64 bytes
-    at BLOCK_N 32 in bf16), read once per step like the gate and up rows."""
-    pid = tl.program_id(0)
-    p = pid % num_pairs  # fastest axis: pairs sharing an expert read its tiles at about the same time
-    j = pid // num_pairs
-    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok_n = cols < N
-    if USE_GDC:
-        tl.extra.cuda.gdc_wait()  # x and the routing come from the previous kernel
-        tl.extra.cuda.gdc_launch_dependents()  # the sum launch starts now and waits for this grid's end
-    e = tl.load(ids_ptr + p).to(tl.int64)
-    g, u = _gate_up_one_loop(x_ptr + (p // top_k).to(tl.int64) * sx_t, w13_ptr + e * s13_e, cols, ok_n, s13_n, N, H,
-                             BLOCK_N, BLOCK_K, EVICT, STAGES)
-    act = tl.where(ok_n, g / (1.0 + tl.exp(-g)) * u * tl.load(tw_ptr + p), 0.0)
-    row = part_ptr + (p.to(tl.int64) * tl.cdiv(N, BLOCK_N) + j) * sp_r
-    w_cols = w2_ptr + e * s2_e + cols[None, :]
-    for h0 in tl.range(0, H, BLOCK_H, num_stages=STAGES):
-        hs = h0 + tl.arange(0, BLOCK_H)
-        ok_h = hs < H
-        w = tl.load(w_cols + hs[:, None].to(tl.int64) * s2_h, mask=ok_h[:, None] & ok_n[None, :], other=0.0,
-                    eviction_policy=EVICT).to(tl.float32)
-        tl.store(row + hs, tl.sum(w * act[None, :], axis=1), mask=ok_h)
-
-
-@triton.jit(do_not_specialize=["num_tokens", "rows"])
-def _chain_sum_kernel(part_ptr, out_ptr, num_tokens, H, rows, sp_r, so_t, BLOCK_R: tl.constexpr,
-                      BLOCK_H: tl.constexpr, USE_GDC: tl.constexpr):
-    """out[t, cols] = sum of token t's `rows` consecutive partial rows (float32); programs (H tile,
-    token), token fastest."""
-    t = tl.program_id(0) % num_tokens
-    cols = (tl.program_id(0) // num_tokens) * BLOCK_H + tl.arange(0, BLOCK_H)
-    ok_h = cols < H
-    if USE_GDC:
-        tl.extra.cuda.gdc_wait()  # the partial products are the previous kernel's
-    base = part_ptr + (t * rows).to(tl.int64) * sp_r
-    acc = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
-    for r0 in range(0, rows, BLOCK_R):
-        r = r0 + tl.arange(0, BLOCK_R)
-        acc += tl.load(base + r[:, None].to(tl.int64) * sp_r + cols[None, :], mask=(r < rows)[:, None] & ok_h[None, :],
-                       other=0.0)
-    tl.store(out_ptr + t.to(tl.int64) * so_t + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=ok_h)
-
-
 # the CPU interpreter runs no inline PTX and no grid-dependency control: there the prefetch and the
 # gdc waits are left out (they change no value), so the tests run the pdl / early plans' arithmetic
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -335,56 +276,10 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
     return out
 
 
-CHAIN_SUM_ROWS = 256  # at most this many partial rows a sum step loads (a token's all at qwen3's T = 1: 192)
-
-
-def chain_partials(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                   topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
-    """`_chain_kernel`: float32 partial down products `[T * k * N / block_n, H]`, a token's rows consecutive."""
-    t, h = x.shape
-    k, n = topk_ids.shape[1], w13.shape[1] // 2
-    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    tiles_n = triton.cdiv(n, tiles.block_n)
-    part = torch.empty(t * k * tiles_n, h, dtype=torch.float32, device=x.device)
-    launch = _launch(tiles)
-    _chain_kernel[(t * k * tiles_n,)](
-        x, w13, w2, part, topk_ids.reshape(-1), tw, t * k, h, n, k, x.stride(0), w13.stride(0), w13.stride(1),
-        w2.stride(0), w2.stride(1), part.stride(0), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        BLOCK_H=tiles.down_block_k, EVICT=launch["EVICT"], STAGES=tiles.num_stages, USE_GDC=launch["USE_GDC"],
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **_pdl(launch))
-    return part
-
-
-def chain_sum(part: torch.Tensor, num_tokens: int, dtype: torch.dtype, tiles: DirectTiles) -> torch.Tensor:
-    """`_chain_sum_kernel`: `[T, H]` in `dtype`, each token's partial rows summed (all in one step up to
-    CHAIN_SUM_ROWS rows: the loop's loads are not pipelined)."""
-    rows, h = part.shape[0] // num_tokens, part.shape[1]
-    out = torch.empty(num_tokens, h, dtype=dtype, device=part.device)
-    launch = _launch(tiles)
-    _chain_sum_kernel[(num_tokens * triton.cdiv(h, tiles.down_block_n),)](
-        part, out, num_tokens, h, rows, part.stride(0), out.stride(0),
-        BLOCK_R=min(CHAIN_SUM_ROWS, triton.next_power_of_2(rows)), BLOCK_H=tiles.down_block_n,
-        USE_GDC=launch["USE_GDC"], num_warps=tiles.down_num_warps or 4, **_pdl(launch))
-    return out
-
-
-def _pdl(launch: dict) -> dict:
-    return {"launch_pdl": True} if "launch_pdl" in launch else {}
-
-
-def fused_chain(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
-    """`[T, H]` by run 8's chained down (`DirectTiles.chain`): `_chain_kernel` over (pair, N tile), then
-    `_chain_sum_kernel` over (token, H tile), the second launched early with `tiles.pdl`."""
-    return chain_sum(chain_partials(x, w13, w2, topk_weights, topk_ids, tiles), x.shape[0], x.dtype, tiles)
-
-
 def fused_moe_direct(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
     """The experts' output `[T, H]` in two launches (shapes checked by kernels.fused_moe.fused_moe)."""
-    if tiles.chain:
-        return fused_chain(x, w13, w2, topk_weights, topk_ids, tiles)
     return down_direct(gate_up_direct(x, w13, topk_ids, tiles), w2, topk_weights, topk_ids, tiles)
 
 
-__all__ = ["DirectTiles", "chain_partials", "chain_sum", "down_direct", "fused_chain", "fused_moe_direct", "gate_up_direct"]
+__all__ = ["DirectTiles", "down_direct", "fused_moe_direct", "gate_up_direct"]

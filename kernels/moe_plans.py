@@ -12,8 +12,8 @@
 - `run6_candidates(T, k, E)`: run 6's plans, one step from run 5's winners (`run5_best`).
 
 Plans measured and lost, and removed from the tree with the code only they reached (run 5's one-launch
-decode path): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys in the committed data
-are not known plans here (`propose_rule` skips them).
+decode path, run 8's chained down): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys
+in the committed data are not known plans here (`propose_rule` skips them).
 
 - `engine_tiles(T, k, E)`: what the engine runs (kernels.backend's Triton `fused_moe` is
   `engine_fused_moe`): run 6's measured rule with 32 or more experts, run 2's tiles with fewer.
@@ -47,7 +47,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
         return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
                 f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
                 f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
-                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{' chain' if t.chain else ''}"
+                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}"
                 f"{f' ds{t.down_stages}' if t.down_stages > 1 else ''}")
     key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
     if t.down_block_n or t.down_block_k:
@@ -124,7 +124,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN8, *PREFILL_RUN8, *DIRECT_RUN9,
+             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *PREFILL_RUN8, *DIRECT_RUN9,
              *PREFILL_RUN9, *DIRECT_RUN10, *run10_candidates(2, 8, 128), *run10_candidates(4, 8, 128)]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
@@ -286,30 +286,12 @@ def run7_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 # ------------------------------------------------------------------------------- run 8
 # Decode at T = 1 sits on its target (run 6: 1.29x the touched experts' roofline, 7 rounds 1.30-1.35x):
 # the down launch alone reads its 25 MB at ~2.2 TB/s and waits for gate+up's activations. Run 8 chains
-# the down projection onto gate+up (`DirectTiles.chain`): each (pair, N tile) program multiplies its
+# the down projection onto gate+up: each (pair, N tile) program multiplies its
 # own activations by its tile's down columns, so all 75.5 MB stream in one launch of 192-384 programs
 # (all resident: sm90 compile, 71-136 registers, 25-50 KB shared), and a small second launch sums a
 # token's k * N / block_n float32 partial rows (1.5 MB at T = 1, from L2).
-# First call (H200 18:53 UTC, sum steps of 32 rows x 64 columns, unpipelined): every chained plan lost at T = 1
-# (28.1-34.0 us against 23.1) and 2, won at T = 4 with 64-wide N tiles (74.0 against 76.6 us, 7 rounds); 16- and
-# 32-wide tiles lost most (their down columns are 32 / 64-byte pieces of each H row). Second call: the sum
-# loads a token's partial rows in one step, over 16-wide H tiles (128 programs at T = 1, not 32). Measured
-# (benchmarks/kernels/data/moe_run8, 19:20 UTC): T = 1 25.6 us at best against the engine's 24.0 (the
-# chained launch streams at 3.1 TB/s, gate+up alone at 3.6); won at T = 4 (ratio 0.964 over 7 rounds),
-# where the engine's plan already meets its target. Not adopted.
-_C = DirectTiles(32, 128, 16, 128, 8, 4, pdl=True, pipeline=True, chain=True)
-_C64 = DirectTiles(64, 64, 16, 64, 4, 4, pdl=True, pipeline=True, chain=True)
-DIRECT_RUN8 = [
-    _C,
-    dataclasses.replace(_C, down_block_n=32),
-    dataclasses.replace(_C, num_stages=3),
-    dataclasses.replace(_C, evict=True),
-    dataclasses.replace(_C, num_warps=4, block_k=64),
-    _C64,
-    dataclasses.replace(_C64, num_warps=8),
-    dataclasses.replace(_C64, num_warps=8, block_k=128, num_stages=3),
-]
-DIRECT_RUN8_MAX_PAIRS = 32
+# Measured (benchmarks/kernels/data/moe_run8): it lost at T = 1 (25.6 us at best against the engine's 24.0) and
+# was removed after measurement (benchmarks/kernels/MOE.md).
 # Prefill: run 7's half tiles without its branch. kernels.moe_align.block_lists splits the used blocks into
 # full ones and half ones (second half all padding) and the gate+up launch ("up") or both launches ("both")
 # run once per list, each a flattened persistent loop of one tile shape (sm90 compile: the full list's
@@ -326,11 +308,8 @@ PREFILL_RUN8 = [
 
 
 def run8_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 8's new plans at T: the chained down up to DIRECT_RUN8_MAX_PAIRS pairs, the tail lists from 64
-    rows per expert."""
-    pairs = num_tokens * top_k
-    out: list[MoeTiles | DirectTiles] = list(DIRECT_RUN8) if pairs <= DIRECT_RUN8_MAX_PAIRS else []
-    return out + (list(PREFILL_RUN8) if pairs / num_experts >= 64 else [])
+    """Run 8's remaining plans at T: the tail lists from 64 rows per expert."""
+    return list(PREFILL_RUN8) if num_tokens * top_k / num_experts >= 64 else []
 
 
 # ------------------------------------------------------------------------------- run 9
@@ -410,7 +389,6 @@ def engine_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
 __all__ = [
     "DIRECT_RUN4",
     "DIRECT_RUN6",
-    "DIRECT_RUN8",
     "DIRECT_RUN9",
     "DIRECT_RUN10",
     "ENGINE_RULE_MIN_EXPERTS",

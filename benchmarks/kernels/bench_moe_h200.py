@@ -56,7 +56,7 @@ L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defe
 FOCUS_ROUND_HELP = {
     6: ("run 5's best plan (run5_best)", "candidates (run6_candidates)"),
     7: ("run 6's best plan (run6_best)", "half tail candidates (run7_candidates)"),
-    8: ("run 6's best plan (run6_best)", "candidates (run8_candidates: the chained down, the tail lists)"),
+    8: ("run 6's best plan (run6_best)", "candidates (run8_candidates: the tail lists)"),
     9: ("run 6's best plan (run6_best)", "one-step variants of it (run9_candidates)"),
     10: ("run 6's best plan (run6_best)", "direct plans with the down loop pipelined (run10_candidates)"),
 }
@@ -108,7 +108,7 @@ from kernels.fused_moe import (
     run3_tiles,
 )
 from kernels.moe_align import _align_hist
-from kernels.moe_direct import chain_partials, chain_sum, down_direct, gate_up_direct
+from kernels.moe_direct import down_direct, gate_up_direct
 from kernels.moe_plans import (
     DIRECT_RUN4,
     PREFILL_RUN4,
@@ -403,7 +403,7 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "half", "chain", "tails")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "half", "tails")
 
 
 def probe_plans() -> dict:
@@ -428,8 +428,6 @@ def probe_plans() -> dict:
                               half_tail="up"),
                      MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
                               persistent=1, up_persistent=1, half_tail="both")],
-            # run 8: the down projection chained onto gate+up, a second launch sums the partial rows
-            "chain": [DirectTiles(32, 64, 32, 64, 4, 3, pdl=True, pipeline=True, chain=True)],
             # run 8: the half tiles as a second launch over a block list (overlapped: tail_pdl)
             "tails": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
                                persistent=1, up_persistent=1, tail_list=tail, tail_pdl=pdl)
@@ -668,7 +666,7 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
     """The probe features a plan needs."""
     if isinstance(plan, DirectTiles):
         return ({"core"} | ({"pdl"} if plan.pdl else set()) | ({"early"} if plan.early and plan.pdl else set())
-                | ({"pipe"} if plan.pipeline else set()) | ({"chain"} if plan.chain else set()))
+                | ({"pipe"} if plan.pipeline else set()))
     return ({"core"} | ({"tma"} if plan.tma else set())
             | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
             | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set())
@@ -781,13 +779,6 @@ def ksum_us(ys: list, k: int, how: str, reps: int) -> float:
 def focus_phases(weights: list, routes: list, plan: MoeTiles | DirectTiles, e: int, k: int, reps: int) -> dict:
     """A plan's launches each alone (grouping, gate+up, down, k-sum); for a grouped plan also every
     grouping method and both k-sums, so the table sets old and new side by side."""
-    if isinstance(plan, DirectTiles) and plan.chain:  # the chained launch (every weight byte), then the sum
-        parts = [chain_partials(r[0], w[0], w[1], r[1], r[2], plan) for w, r in zip(weights, routes)]
-        return {"align_us": 0.0,
-                "gate_up_us": graph_time_us([lambda w=w, r=r: chain_partials(r[0], w[0], w[1], r[1], r[2], plan)
-                                             for w, r in zip(weights, routes)] * reps),
-                "down_us": graph_time_us([lambda p=p, r=r: chain_sum(p, r[0].shape[0], r[0].dtype, plan)
-                                          for p, r in zip(parts, routes)] * reps)}
     if isinstance(plan, DirectTiles):
         return phase_times(weights, routes, plan, e, k, reps)
     out = phase_times(weights, routes, plan, e, k, reps, align=plan.align)

@@ -62,14 +62,14 @@ def _bench_json(path: Path, rows: dict[int, dict[str, float]]) -> Path:
 
 
 def test_challengers_are_the_fastest_known_plan_where_it_is_not_the_engines(tmp_path):
-    from kernels.moe_plans import DIRECT_RUN8, engine_tiles, plan_key
+    from kernels.moe_plans import DIRECT_RUN6, engine_tiles, plan_key
 
     eng1, eng4096 = plan_key(engine_tiles(1, 8, 128)), plan_key(engine_tiles(4096, 8, 128))
     bench = _bench_json(tmp_path / "moe.json", {
-        1: {eng1: 24.0, plan_key(DIRECT_RUN8[2]): 21.5, plan_key(DIRECT_RUN8[0]): 22.0, "not a known plan": 1.0},
-        4096: {eng4096: 650.0, plan_key(DIRECT_RUN8[1]): 700.0}})
+        1: {eng1: 24.0, plan_key(DIRECT_RUN6[2]): 21.5, plan_key(DIRECT_RUN6[0]): 22.0, "not a known plan": 1.0},
+        4096: {eng4096: 650.0, plan_key(DIRECT_RUN6[1]): 700.0}})
     got = rep.challenger_plans(bench, [1, 2, 4096], 8, 128)
-    assert got == {1: DIRECT_RUN8[2]}  # T = 2 not timed; at 4096 the engine's plan was the fastest
+    assert got == {1: DIRECT_RUN6[2]}  # T = 2 not timed; at 4096 the engine's plan was the fastest
 
 
 def test_challenger_summary_by_hand():
@@ -80,13 +80,13 @@ def test_challenger_summary_by_hand():
 
 
 def test_dry_run_times_the_challenger_in_the_same_rounds(tmp_path):
-    from kernels.moe_plans import DIRECT_RUN8, engine_tiles, plan_key
+    from kernels.moe_plans import DIRECT_RUN6, engine_tiles, plan_key
 
     bench = _bench_json(tmp_path / "moe.json", {1: {plan_key(engine_tiles(1, 4, 32)): 30.0,
-                                                    plan_key(DIRECT_RUN8[0]): 20.0}})
+                                                    plan_key(DIRECT_RUN6[0]): 20.0}})
     rep.main(["--out", str(tmp_path), "--dry-run", "--tokens", "1", "--rounds", "2", "--challengers", str(bench)])
     (row,) = json.loads((tmp_path / "repeat.json").read_text())["rows"]
-    assert row["challenger"]["plan"] == plan_key(DIRECT_RUN8[0]) and len(row["challenger"]["us"]) == 2
+    assert row["challenger"]["plan"] == plan_key(DIRECT_RUN6[0]) and len(row["challenger"]["us"]) == 2
     assert "Challengers" in (tmp_path / "repeat.md").read_text()
 
 
