@@ -35,7 +35,6 @@ tokens route to (the simulator's `expected_experts_touched`). The plain-PyTorch 
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -45,13 +44,11 @@ import triton.language as tl
 from kernels.moe_align import (
     ALIGN_ONE_PROGRAM_MAX_PAIRS,
     align_by_expert,
-    block_lists,
     padded_length,
 )
 from kernels.moe_direct import DirectTiles, fused_moe_direct
 
 HALF_TAILS = ("", "up", "both")
-TAIL_LISTS = ("", "up", "both")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,17 +86,6 @@ class MoeTiles:
     # blocks keep the wide tile. With "up" the down launch's full tile reads the block's unwritten
     # second half: each output row depends on its own A row only, and padding rows are not stored.
     half_tail: str = ""
-    # run 8, run 7's half tiles without a branch in any loop: `kernels.moe_align.block_lists` splits the
-    # used blocks into full ones and half ones (second half all padding), and the gate+up launch ("up")
-    # or both launches ("both") run twice, over the full list with BLOCK_M tiles and over the half list
-    # with BLOCK_M / 2 tiles, each a flattened persistent loop. Needs what half_tail needs and
-    # up_persistent ("both": persistent too); "up"'s down launch reads unwritten rows as half_tail's.
-    tail_list: str = ""
-    # run 8, with tail_list: the half list's launch starts as the full list's programs finish (a
-    # programmatic dependent launch; the full launch lets it start at once, its programs take SMs as
-    # the full launch's leave, and wait for the full launch's end before they exit), so the half tiles
-    # fill the full launch's last wave instead of starting after it
-    tail_pdl: bool = False
 
     def __post_init__(self):
         if self.half_tail not in HALF_TAILS:
@@ -108,24 +94,6 @@ class MoeTiles:
             raise ValueError("MoeTiles: half_tail needs joint=True, tma=True, sorted_act=True and block_m >= 32 "
                              f"(got joint={self.joint}, tma={self.tma}, sorted_act={self.sorted_act}, "
                              f"block_m={self.block_m})")
-        self._check_tail_list()
-
-    def _check_tail_list(self) -> None:
-        if self.tail_list not in TAIL_LISTS:
-            raise ValueError(f"MoeTiles: tail_list {self.tail_list!r} is not one of {TAIL_LISTS}")
-        if self.tail_pdl and not self.tail_list:
-            raise ValueError("MoeTiles: tail_pdl needs tail_list 'up' or 'both' (it overlaps the two list launches)")
-        if not self.tail_list:
-            return
-        if not (self.joint and self.tma and self.sorted_act and self.block_m >= 32 and self.up_persistent):
-            raise ValueError("MoeTiles: tail_list needs joint=True, tma=True, sorted_act=True, block_m >= 32 and "
-                             f"up_persistent (got joint={self.joint}, tma={self.tma}, sorted_act={self.sorted_act}, "
-                             f"block_m={self.block_m}, up_persistent={self.up_persistent})")
-        if self.tail_list == "both" and not self.persistent:
-            raise ValueError("MoeTiles: tail_list 'both' needs persistent (the down launch loops over the lists)")
-        if self.half_tail:
-            raise ValueError(f"MoeTiles: tail_list {self.tail_list!r} and half_tail {self.half_tail!r} exclude each "
-                             "other (two ways to compute the same half tiles)")
 
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
@@ -133,8 +101,7 @@ class MoeTiles:
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
                         atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
                         sorted_act=self.sorted_act, persistent=self.persistent, joint=self.joint,
-                        up_persistent=self.up_persistent, half_tail=self.half_tail, tail_list=self.tail_list,
-                        tail_pdl=self.tail_pdl)
+                        up_persistent=self.up_persistent, half_tail=self.half_tail)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -330,53 +297,6 @@ def _gate_up_joint_persistent_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, 
                      top_k, sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED, HALF)
 
 
-@triton.jit
-def _list_block(lists_ptr, pos, num_blocks, HALF_LIST: tl.constexpr):
-    """The block at position pos of one of `kernels.moe_align.block_lists`' lists: the full list runs
-    up from lists[2], the half list down from lists[num_blocks + 1]."""
-    off = 2 + pos
-    if HALF_LIST:
-        off = 1 + num_blocks - pos
-    return tl.load(lists_ptr + off)
-
-
-@triton.jit
-def _list_gdc_start(GDC: tl.constexpr, HALF_LIST: tl.constexpr):
-    """`tail_pdl`: the full list's launch lets the half list's start now (the two write disjoint rows
-    and read only what earlier launches wrote, complete before the full launch began)."""
-    if GDC and not HALF_LIST:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _list_gdc_end(GDC: tl.constexpr, HALF_LIST: tl.constexpr):
-    """`tail_pdl`: the half list's programs wait for the full launch's end before they exit, so the
-    next (plain) launch, which waits for the half launch, sees both launches' rows."""
-    if GDC and HALF_LIST:
-        tl.extra.cuda.gdc_wait()
-
-
-@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
-def _gate_up_joint_list_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, lists_ptr, num_pairs, H, N, top_k,
-                               num_blocks, sx_t, sa_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr,
-                               HALF_LIST: tl.constexpr, FLATTEN: tl.constexpr, GDC: tl.constexpr = False):
-    """Run 8 (`MoeTiles.tail_list`): the persistent joint gate+up over ONE block list (HALF_LIST: the
-    half blocks, else the full ones), every tile ROWS rows from its block's first row (the host
-    launches the full list with ROWS = BLOCK_M, the half list with BLOCK_M / 2: a half tile leaves
-    its block's second half unwritten). One tile shape, no branch in the loop: it stays flattenable
-    (run 7's branch stopped that). The list's length is read here (lists[HALF_LIST]): no host sync;
-    tiles in _tile_at's grouped order over list positions."""
-    _list_gdc_start(GDC, HALF_LIST)
-    count = tl.load(lists_ptr + HALF_LIST)
-    for tile in tl.range(tl.program_id(0), count * tl.cdiv(N, BLOCK_N), tl.num_programs(0), flatten=FLATTEN):
-        pos, pid_n = _tile_at(tile, count, N, BLOCK_N, GROUP_M)
-        block = _list_block(lists_ptr, pos, num_blocks, HALF_LIST)
-        _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + block), block * BLOCK_M, pid_n, num_pairs, H,
-                    N, top_k, sx_t, sa_p, ROWS, BLOCK_N, BLOCK_K, True)
-    _list_gdc_end(GDC, HALF_LIST)
-
-
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _down_kernel(act_ptr, w_ptr, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, top_k, num_blocks,
                  sa_p, sw_e, sw_h, so_p,
@@ -459,24 +379,6 @@ def _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, row0, pid_n
     _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
 
 
-@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
-def _down_sorted_list_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, lists_ptr, num_pairs, N, H, top_k,
-                             num_blocks, so_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             GROUP_M: tl.constexpr, ROWS: tl.constexpr, HALF_LIST: tl.constexpr,
-                             ATOMIC: tl.constexpr, FLATTEN: tl.constexpr, GDC: tl.constexpr = False):
-    """Run 8's down launch over ONE block list, as _gate_up_joint_list_kernel: ROWS-row tiles from each
-    listed block's first row, read through `a_desc` ([ROWS, BLOCK_K] boxes: the host gives the full
-    list a BLOCK_M one, the half list a BLOCK_M / 2 one)."""
-    _list_gdc_start(GDC, HALF_LIST)
-    count = tl.load(lists_ptr + HALF_LIST)
-    for tile in tl.range(tl.program_id(0), count * tl.cdiv(H, BLOCK_N), tl.num_programs(0), flatten=FLATTEN):
-        pos, pid_n = _tile_at(tile, count, H, BLOCK_N, GROUP_M)
-        block = _list_block(lists_ptr, pos, num_blocks, HALF_LIST)
-        _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, tl.load(bexp_ptr + block), block * BLOCK_M, pid_n,
-                          num_pairs, N, H, top_k, so_p, ROWS, BLOCK_N, BLOCK_K, ATOMIC)
-    _list_gdc_end(GDC, HALF_LIST)
-
-
 @triton.jit(do_not_specialize=["num_tokens"])
 def _ksum_kernel(y_ptr, out_ptr, num_tokens, H, top_k, sy_p, so_t, KP2: tl.constexpr, BLOCK_H: tl.constexpr):
     """out[t, cols] = sum_j y[t * k + j, cols] (float32 sum); programs (H tile, token), token fastest."""
@@ -534,10 +436,9 @@ def _weight_desc(w: torch.Tensor, tiles: MoeTiles):
 
 
 def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
-                    top_k: int, tiles: MoeTiles, lists: torch.Tensor | None = None) -> torch.Tensor:
+                    top_k: int, tiles: MoeTiles) -> torch.Tensor:
     """SiLU(gate) * up of every (token, expert) pair, `[T*k, N]` (with `tiles.sorted_act`: `[P, N]`
-    in the sorted list's order, P = len(sorted_ids)): the first grouped GEMM launch. `lists`: the
-    blocks' `block_lists` with `tiles.tail_list` (made here when not given)."""
+    in the sorted list's order, P = len(sorted_ids)): the first grouped GEMM launch."""
     t, h = x.shape
     n = w13.shape[1] // 2
     pairs, blocks = t * top_k, block_expert.numel()
@@ -546,11 +447,6 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         desc = TensorDescriptor.from_tensor(w13.view(w13.shape[0], 2, n, h), [1, 2, tiles.block_n, tiles.block_k])
-        if tiles.tail_list:
-            if lists is None:
-                lists = block_lists(sorted_ids, block_expert, pairs, tiles.block_m)
-            _gate_up_lists(x, desc, act, sorted_ids, block_expert, lists, top_k, w13.shape[0], tiles)
-            return act
         if tiles.up_persistent:
             grid = min(blocks * triton.cdiv(n, tiles.block_n), tiles.up_persistent * _num_sms(x.device))
             _gate_up_joint_persistent_kernel[(max(grid, 1),)](
@@ -570,33 +466,11 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
     return act
 
 
-def _gate_up_lists(x: torch.Tensor, desc, act: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
-                   lists: torch.Tensor, top_k: int, num_experts: int, tiles: MoeTiles,
-                   which: tuple[bool, ...] = (False, True)) -> None:
-    """`tiles.tail_list`'s gate+up: _gate_up_joint_list_kernel over the full list with BLOCK_M tiles,
-    then over the half list with BLOCK_M / 2 tiles; each grid `up_persistent` programs per SM, capped
-    by the most tiles its list can hold (the half list: one block per expert at most). `which`: the
-    launches to make (False: the full list's, True: the half list's; the phase benchmark times each alone)."""
-    t, h = x.shape
-    n, blocks = act.shape[1], block_expert.numel()
-    tiles_n = triton.cdiv(n, tiles.block_n)
-    for half, most in ((False, blocks), (True, min(blocks, num_experts))):
-        if half not in which:
-            continue
-        grid = max(1, min(most * tiles_n, tiles.up_persistent * _num_sms(x.device)))
-        _gate_up_joint_list_kernel[(grid,)](
-            x, desc, act, sorted_ids, block_expert, lists, t * top_k, h, n, top_k, blocks, x.stride(0), act.stride(0),
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-            ROWS=tiles.block_m // 2 if half else tiles.block_m, HALF_LIST=half, FLATTEN=True,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages, **_tail_pdl(tiles, half))
-
-
 def down_grouped(act: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
-                 topk_weights: torch.Tensor, tiles: MoeTiles, lists: torch.Tensor | None = None) -> torch.Tensor:
+                 topk_weights: torch.Tensor, tiles: MoeTiles) -> torch.Tensor:
     """Each pair's down projection times its routing weight: `[T*k, H]` (the model dtype), or with
     `tiles.atomic_sum` already summed over each token's k pairs, `[T, H]` float32. `act` as
-    gate_up_grouped gives it for the same tiles (pair rows, or sorted rows with `sorted_act`);
-    `lists` as there (tail_list "both" only; made here when not given)."""
+    gate_up_grouped gives it for the same tiles (pair rows, or sorted rows with `sorted_act`)."""
     t, k = topk_weights.shape
     pairs, n, h, blocks = t * k, act.shape[1], w2.shape[1], block_expert.numel()
     d = tiles.down()
@@ -605,11 +479,6 @@ def down_grouped(act: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor, 
     else:
         out = torch.empty(pairs, h, dtype=act.dtype, device=act.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    if d.tail_list == "both":
-        if lists is None:
-            lists = block_lists(sorted_ids, block_expert, pairs, d.block_m)
-        _down_lists(act, w2, out, sorted_ids, block_expert, tw, lists, k, d)
-        return out
     if d.sorted_act:
         _down_sorted(act, w2, out, sorted_ids, block_expert, tw, k, d)
         return out
@@ -642,34 +511,6 @@ def _down_sorted(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, sorted_
         num_warps=d.num_warps, num_stages=d.num_stages)
 
 
-def _down_lists(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, sorted_ids: torch.Tensor,
-                block_expert: torch.Tensor, tw: torch.Tensor, lists: torch.Tensor, top_k: int, d: MoeTiles) -> None:
-    """tail_list "both"'s down: _down_sorted_list_kernel over the full list (a [BLOCK_M, BLOCK_K]
-    activation descriptor), then the half list ([BLOCK_M / 2, BLOCK_K]); `d.persistent` programs per
-    SM each, flattened except with atomics (as _down_sorted)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    n, (e, h, _) = act.shape[1], w2.shape
-    blocks = block_expert.numel()
-    w_desc = TensorDescriptor.from_tensor(w2.view(e * h, n), [d.block_n, d.block_k])
-    for half, most in ((False, blocks), (True, min(blocks, e))):
-        rows = d.block_m // 2 if half else d.block_m
-        grid = max(1, min(most * triton.cdiv(h, d.block_n), d.persistent * _num_sms(act.device)))
-        _down_sorted_list_kernel[(grid,)](
-            TensorDescriptor.from_tensor(act, [rows, d.block_k]), w_desc, out, sorted_ids, block_expert, tw, lists,
-            tw.numel(), n, h, top_k, blocks, out.stride(0), BLOCK_M=d.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k,
-            GROUP_M=d.group_m, ROWS=rows, HALF_LIST=half, ATOMIC=d.atomic_sum, FLATTEN=not d.atomic_sum,
-            num_warps=d.num_warps, num_stages=d.num_stages, **_tail_pdl(d, half))
-
-
-def _tail_pdl(tiles: MoeTiles, half: bool) -> dict:
-    """A list launch's `tail_pdl` arguments (none in the CPU interpreter, which has no grid dependency
-    control: it runs the launches one after the other anyway)."""
-    if not tiles.tail_pdl or os.environ.get("TRITON_INTERPRET") == "1":
-        return {}
-    return {"GDC": True, **({"launch_pdl": True} if half else {})}
-
-
 def _num_sms(device: torch.device) -> int:
     """The device's SMs (the CPU interpreter: 2, so a persistent grid still loops over several tiles)."""
     if device.type != "cuda":
@@ -693,9 +534,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if isinstance(tiles, DirectTiles):
         return fused_moe_direct(x, w13, w2, topk_weights, topk_ids, tiles)
     sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m, method=align or tiles.align)
-    lists = block_lists(sorted_ids, block_expert, t * k, tiles.block_m) if tiles.tail_list else None
-    act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles, lists)
-    out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles, lists)
+    act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles)
+    out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles)
     if tiles.atomic_sum:
         return out.to(x.dtype)
     if tiles.ksum == "triton":
@@ -704,5 +544,5 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
 
 
 __all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "DIRECT_MAX_PAIRS", "DirectTiles", "MoeTiles",
-           "align_by_expert", "block_lists", "default_tiles", "down_grouped", "fused_moe", "gate_up_grouped", "moe_sum", "padded_length",
+           "align_by_expert", "default_tiles", "down_grouped", "fused_moe", "gate_up_grouped", "moe_sum", "padded_length",
            "run2_tiles", "run3_tiles"]

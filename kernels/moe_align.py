@@ -281,74 +281,6 @@ def _align_hist(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_laun
     return sorted_ids, block_expert
 
 
-# ------------------------------------------------------------------------------- block lists (run 8)
-# An expert's last block holds 1..BLOCK_M real rows; about half of qwen3's experts at T = 4096 end in a
-# block whose second half is all padding. Run 7 branched on that inside the persistent loops (the branch
-# stopped Triton flattening them). `block_lists` splits the used blocks into two lists instead, so a
-# launch loops over one list with one tile shape (kernels/fused_moe.py, `MoeTiles.tail_list`).
-BLOCK_LISTS_CHUNK = 1024  # blocks a step of the one program looks at (qwen3 T=4096, BLOCK_M 128: 383 blocks)
-
-
-@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
-def _block_lists_kernel(ids_ptr, bexp_ptr, lists_ptr, num_pairs, num_blocks, BLOCK_M: tl.constexpr,
-                        CHUNK: tl.constexpr):
-    """One program, CHUNK blocks a step: a block's rank among the full (half) blocks is the full (half)
-    blocks of earlier steps plus an exclusive prefix sum within the step, so both lists are written in
-    one pass without knowing their lengths first (the half list grows down from the end)."""
-    lanes = tl.arange(0, CHUNK)
-    n_full = tl.sum(tl.zeros((CHUNK,), dtype=tl.int32), axis=0)
-    n_half = n_full
-    for b0 in range(0, num_blocks, CHUNK):
-        b = b0 + lanes
-        used = tl.load(bexp_ptr + b, mask=b < num_blocks, other=-1) >= 0
-        # a block's real rows are a prefix of it: its second half's first row says if it has any there
-        second = tl.load(ids_ptr + b * BLOCK_M + BLOCK_M // 2, mask=used, other=num_pairs)
-        full = (used & (second < num_pairs)).to(tl.int32)
-        half = (used & (second >= num_pairs)).to(tl.int32)
-        tl.store(lists_ptr + 2 + n_full + tl.cumsum(full, 0) - full, b, mask=full > 0)
-        tl.store(lists_ptr + 1 + num_blocks - (n_half + tl.cumsum(half, 0) - half), b, mask=half > 0)
-        n_full += tl.sum(full, axis=0)
-        n_half += tl.sum(half, axis=0)
-    tl.store(lists_ptr, n_full)
-    tl.store(lists_ptr + 1, n_half)
-
-
-def block_lists(sorted_ids: torch.Tensor, block_expert: torch.Tensor, num_pairs: int, block_m: int, *,
-                chunk: int | None = None) -> torch.Tensor:
-    """The used blocks of `align_by_expert`'s output split by how full they are: one int32 tensor of
-    `num_blocks + 2`,
-
-    - `lists[0]` = n_full: used blocks with a real pair in their second half
-      (`sorted_ids[b * block_m + block_m // 2] < num_pairs`), `lists[1]` = n_half: the other used blocks;
-    - `lists[2 + i]`, i < n_full: the i-th full block (increasing block order);
-    - `lists[1 + num_blocks - i]`, i < n_half: the i-th half block (increasing block order, stored
-      backwards from the end, so neither list needs the other's length while it is written).
-
-    Other entries are left as they are (unwritten). One Triton launch of one program (`chunk` blocks a
-    step, default min(BLOCK_LISTS_CHUNK, next power of two of the blocks)); no host sync."""
-    num_blocks = block_expert.numel()
-    lists = torch.empty(num_blocks + 2, dtype=torch.int32, device=block_expert.device)
-    chunk = chunk or min(BLOCK_LISTS_CHUNK, max(16, triton.next_power_of_2(num_blocks)))
-    _block_lists_kernel[(1,)](sorted_ids, block_expert, lists, num_pairs, num_blocks, BLOCK_M=block_m, CHUNK=chunk,
-                              num_warps=4)
-    return lists
-
-
-def block_lists_torch(sorted_ids: torch.Tensor, block_expert: torch.Tensor, num_pairs: int, block_m: int
-                      ) -> torch.Tensor:
-    """`block_lists` in torch ops (the tests' reference); its unwritten entries are -1 here."""
-    num_blocks = block_expert.numel()
-    used = block_expert >= 0
-    second = sorted_ids.view(num_blocks, block_m)[:, block_m // 2]
-    full = torch.nonzero(used & (second < num_pairs)).flatten().to(torch.int32)
-    half = torch.nonzero(used & (second >= num_pairs)).flatten().to(torch.int32)
-    lists = torch.full((num_blocks + 2,), -1, dtype=torch.int32, device=block_expert.device)
-    lists[0], lists[1] = full.numel(), half.numel()
-    lists[2:2 + full.numel()] = full
-    lists[2 + num_blocks - half.numel():] = half.flip(0)
-    return lists
-
-
 # ------------------------------------------------------------------------------- "one_program" (run 2)
 @triton.jit
 def _align_kernel(ids_ptr, sorted_ptr, bexp_ptr, n, num_experts, cap, num_blocks,
@@ -421,5 +353,5 @@ def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
     return sorted_ids, block_expert
 
 
-__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "BLOCKS_ONE_LAUNCH_MAX_PAIRS", "BLOCK_LISTS_CHUNK", "HIST_ONE_LAUNCH_MAX_PAIRS",
-           "METHODS", "align_by_expert", "block_lists", "block_lists_torch", "padded_length"]
+__all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "BLOCKS_ONE_LAUNCH_MAX_PAIRS", "HIST_ONE_LAUNCH_MAX_PAIRS",
+           "METHODS", "align_by_expert", "padded_length"]

@@ -12,7 +12,7 @@
 - `run6_candidates(T, k, E)`: run 6's plans, one step from run 5's winners (`run5_best`).
 
 Plans measured and lost, and removed from the tree with the code only they reached (run 5's one-launch
-decode path, run 8's chained down): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys
+decode path, run 8's chained down and tail lists): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys
 in the committed data are not known plans here (`propose_rule` skips them).
 
 - `engine_tiles(T, k, E)`: what the engine runs (kernels.backend's Triton `fused_moe` is
@@ -58,7 +58,6 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     key += f" half-{t.half_tail}" if t.half_tail else ""
-    key += f" tails-{t.tail_list}{'pdl' if t.tail_pdl else ''}" if t.tail_list else ""
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
 
@@ -124,7 +123,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *PREFILL_RUN8, *DIRECT_RUN9,
+             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN9,
              *PREFILL_RUN9, *DIRECT_RUN10, *run10_candidates(2, 8, 128), *run10_candidates(4, 8, 128)]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
@@ -284,32 +283,10 @@ def run7_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 
 
 # ------------------------------------------------------------------------------- run 8
-# Decode at T = 1 sits on its target (run 6: 1.29x the touched experts' roofline, 7 rounds 1.30-1.35x):
-# the down launch alone reads its 25 MB at ~2.2 TB/s and waits for gate+up's activations. Run 8 chains
-# the down projection onto gate+up: each (pair, N tile) program multiplies its
-# own activations by its tile's down columns, so all 75.5 MB stream in one launch of 192-384 programs
-# (all resident: sm90 compile, 71-136 registers, 25-50 KB shared), and a small second launch sums a
-# token's k * N / block_n float32 partial rows (1.5 MB at T = 1, from L2).
-# Measured (benchmarks/kernels/data/moe_run8): it lost at T = 1 (25.6 us at best against the engine's 24.0) and
-# was removed after measurement (benchmarks/kernels/MOE.md).
-# Prefill: run 7's half tiles without its branch. kernels.moe_align.block_lists splits the used blocks into
-# full ones and half ones (second half all padding) and the gate+up launch ("up") or both launches ("both")
-# run once per list, each a flattened persistent loop of one tile shape (sm90 compile: the full list's
-# kernels equal run 6's, 229,408 bytes of shared memory, loop depth 1; the half list's 64-row gate+up 196,640).
-# `tail_pdl`: the half list's launch fills the full one's last wave. Measured (data/moe_run8): all lost
-# (T = 4096 704-772 us against 651): in its own launch a half block's expert weights are read from HBM again
-# (~100-115 us for ~70 half blocks, tail_list_phases.py), where run 6's launch finds them in L2.
-PREFILL_RUN8 = [
-    dataclasses.replace(_P6, tail_list="up"),
-    dataclasses.replace(_P6, tail_list="up", tail_pdl=True),
-    dataclasses.replace(_P6, tail_list="both"),
-    dataclasses.replace(_P6, tail_list="both", tail_pdl=True),
-]
-
-
-def run8_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 8's remaining plans at T: the tail lists from 64 rows per expert."""
-    return list(PREFILL_RUN8) if num_tokens * top_k / num_experts >= 64 else []
+# Run 8 chained the down projection onto gate+up for decode (lost at T = 1: 25.6 us at best against the
+# engine's 24.0) and ran run 7's half tiles as a second launch over a list of the half blocks for prefill
+# (lost: T = 4096 704-772 us against 651; a half block's expert weights are read from HBM again in a
+# launch of its own). Both were removed after measurement (benchmarks/kernels/MOE.md).
 
 
 # ------------------------------------------------------------------------------- run 9
@@ -396,7 +373,6 @@ __all__ = [
     "PREFILL_RUN5",
     "PREFILL_RUN6",
     "PREFILL_RUN7",
-    "PREFILL_RUN8",
     "PREFILL_RUN9",
     "PROPOSED_RULE",
     "RUN3_BEST",
@@ -415,7 +391,6 @@ __all__ = [
     "run6_best",
     "run6_candidates",
     "run7_candidates",
-    "run8_candidates",
     "run9_candidates",
     "run10_candidates",
 ]

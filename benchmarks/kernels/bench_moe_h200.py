@@ -56,7 +56,6 @@ L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defe
 FOCUS_ROUND_HELP = {
     6: ("run 5's best plan (run5_best)", "candidates (run6_candidates)"),
     7: ("run 6's best plan (run6_best)", "half tail candidates (run7_candidates)"),
-    8: ("run 6's best plan (run6_best)", "candidates (run8_candidates: the tail lists)"),
     9: ("run 6's best plan (run6_best)", "one-step variants of it (run9_candidates)"),
     10: ("run 6's best plan (run6_best)", "direct plans with the down loop pipelined (run10_candidates)"),
 }
@@ -114,7 +113,6 @@ from kernels.moe_plans import (
     PREFILL_RUN4,
     PREFILL_RUN6,
     PREFILL_RUN7,
-    PREFILL_RUN8,
     PREFILL_RUN9,
     plan_key,
     run3_best,
@@ -123,7 +121,6 @@ from kernels.moe_plans import (
     run6_best,
     run6_candidates,
     run7_candidates,
-    run8_candidates,
     run9_candidates,
     run10_candidates,
 )
@@ -160,7 +157,6 @@ FOCUS_ROUNDS = {
     4: FocusRound(4, run3_best, run4_candidates, PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]),
     6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
     7: FocusRound(7, run6_best, run7_candidates, PREFILL_RUN7),
-    8: FocusRound(8, run6_best, run8_candidates, PREFILL_RUN8),
     9: FocusRound(9, run6_best, run9_candidates, PREFILL_RUN9),
     10: FocusRound(10, run6_best, run10_candidates, []),
 }
@@ -403,7 +399,7 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "half", "tails")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "half")
 
 
 def probe_plans() -> dict:
@@ -427,11 +423,7 @@ def probe_plans() -> dict:
             "half": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
                               half_tail="up"),
                      MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
-                              persistent=1, up_persistent=1, half_tail="both")],
-            # run 8: the half tiles as a second launch over a block list (overlapped: tail_pdl)
-            "tails": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
-                               persistent=1, up_persistent=1, tail_list=tail, tail_pdl=pdl)
-                      for tail, pdl in (("up", False), ("both", True))]}
+                              persistent=1, up_persistent=1, half_tail="both")]}
 
 
 def probe_body(features: tuple[str, ...]) -> None:
@@ -670,7 +662,7 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
     return ({"core"} | ({"tma"} if plan.tma else set())
             | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
             | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set())
-            | ({"half"} if plan.half_tail else set()) | ({"tails"} if plan.tail_list else set()))
+            | ({"half"} if plan.half_tail else set()))
 
 
 def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
@@ -678,7 +670,7 @@ def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
     at its largest T), before any probe or check result."""
     plans = [ROUND.baseline(t), *ROUND.candidates(t, k, e)]
     if ARGS.dry_run and t == max(focus_tokens()):
-        plans += [dataclasses.replace(p, block_m=32 if p.half_tail or p.tail_list else 16, block_n=16, block_k=16, num_stages=1,
+        plans += [dataclasses.replace(p, block_m=32 if p.half_tail else 16, block_n=16, block_k=16, num_stages=1,
                                       down_block_n=16, down_block_k=16, down_num_stages=1) for p in ROUND.dry_prefill]
     return plans
 

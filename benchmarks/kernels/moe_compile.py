@@ -6,7 +6,6 @@ N 768, 128 experts, top 8), arguments specialised as a launch specialises them (
 16-divisible sizes and strides; the step's counts not).
 
     python3 benchmarks/kernels/moe_compile.py [--out DIR]     # prints a markdown table; DIR/moe_compile.md
-    python3 benchmarks/kernels/moe_compile.py --tails         # run 8's tail-list kernels (`tail_list_rows`)
 
 Why: run 3's grouping ("blocks") scatter holds [256, 128] int32 one-hots (128 KB of shared memory,
 255 registers and spills), and the direct path's FMA loops are not pipelined (no cp.async); run 4's
@@ -35,8 +34,7 @@ from kernels import moe_align as ma
 from kernels import moe_direct as md
 
 TARGET = GPUTarget("cuda", 90, 32)
-PTRS = {"ids_ptr": "*i32", "bexp_ptr": "*i32", "hist_ptr": "*i32", "sorted_ptr": "*i32", "tw_ptr": "*fp32",
-        "lists_ptr": "*i32"}
+PTRS = {"ids_ptr": "*i32", "bexp_ptr": "*i32", "hist_ptr": "*i32", "sorted_ptr": "*i32", "tw_ptr": "*fp32"}
 
 
 def _ptxas() -> str:
@@ -171,40 +169,6 @@ def resident_per_sm(registers: int | None, shared: int, num_warps: int) -> int:
     return max(1, min(by_regs, by_smem, 64 // num_warps, 32))
 
 
-def tail_list_rows() -> list[dict]:
-    """Run 8's tail-list kernels (`MoeTiles.tail_list`) at the engine's prefill plan's shapes (gate+up:
-    BLOCK_M 128, BLOCK_N 128, BLOCK_K 64, 8 warps, 4 stages; down: BLOCK_N 256, BLOCK_K 64, 8 warps,
-    4 stages), the full list's tiles (ROWS 128) and the half list's (ROWS 64), next to the run 6 and
-    run 7 kernels they replace (HALF given as the constexpr the launch passes)."""
-    gu = ("num_pairs", "top_k", "num_blocks")
-    up = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
-    dn = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}
-    opts = {"num_warps": 8, "num_stages": 4}
-    w13 = {"w_desc": "tensordesc<bf16[1, 2, 128, 64]>"}
-    w2 = {"w_desc": "tensordesc<bf16[256, 64]>", "out_ptr": "*bf16"}
-    rows = [compile_row(fm._gate_up_joint_persistent_kernel,
-                        {**up, "NB_P2": 512, "SORTED": True, "FLATTEN": flatten, "HALF": half}, opts, gu, w13)
-            for flatten, half in ((True, False), (False, False), (False, True))]
-    rows += [compile_row(fm._gate_up_joint_list_kernel, {**up, "ROWS": r, "HALF_LIST": r < 128, "FLATTEN": True},
-                         opts, gu, w13) for r in (128, 64)]
-    rows.append(compile_row(fm._down_sorted_kernel, {**dn, "NB_P2": 512, "ATOMIC": False, "FLATTEN": True,
-                                                     "a_half_desc": None, "HALF": False}, opts, gu,
-                            {**w2, "a_desc": "tensordesc<bf16[128, 64]>"}))
-    rows += [compile_row(fm._down_sorted_list_kernel, {**dn, "ROWS": r, "HALF_LIST": r < 128, "ATOMIC": False,
-                                                        "FLATTEN": True}, opts, gu,
-                         {**w2, "a_desc": f"tensordesc<bf16[{r}, 64]>"}) for r in (128, 64)]
-    return rows
-
-
-def tails_markdown(table: list[dict]) -> str:
-    """`markdown`'s table with TMA copies and the scf.for nesting (1: the tile loop flattened)."""
-    head = "| kernel | plan | registers | spill bytes | shared bytes | cp.async copies | TMA copies | loop depth | wgmma |"
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    lines += [f"| {r['kernel']} | {r['plan']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} | "
-              f"{r['async_copies']} | {r['tma_copies']} | {r['loop_depth']} | {r['wgmma']} |" for r in table]
-    return "\n".join(lines) + "\n"
-
-
 def markdown(table: list[dict]) -> str:
     lines = ["| kernel | plan | registers | spill bytes | shared bytes | cp.async copies | wgmma |",
              "|---|---|---:|---:|---:|---:|---|"]
@@ -216,11 +180,7 @@ def markdown(table: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--tails", action="store_true", help="run 8's tail-list kernels only (tail_list_rows)")
     args = p.parse_args()
-    if args.tails:
-        print(tails_markdown(tail_list_rows()), end="")
-        return
     text = markdown(rows())
     print(text, end="")
     if args.out:
