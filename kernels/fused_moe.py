@@ -48,8 +48,6 @@ from kernels.moe_align import (
 )
 from kernels.moe_direct import DirectTiles, fused_moe_direct
 
-HALF_TAILS = ("", "up", "both")
-
 
 @dataclass(frozen=True, slots=True)
 class MoeTiles:
@@ -80,28 +78,13 @@ class MoeTiles:
     persistent: int = 0
     # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
     up_persistent: int = 0
-    # run 7, with joint, tma and sorted_act: a block holding BLOCK_M / 2 real rows or fewer (an
-    # expert's last, part-filled block) is computed as a BLOCK_M / 2 tile by the gate+up launch ("up")
-    # or by both launches ("both"), so those GEMMs compute the rows of BLOCK_M / 2 blocks while full
-    # blocks keep the wide tile. With "up" the down launch's full tile reads the block's unwritten
-    # second half: each output row depends on its own A row only, and padding rows are not stored.
-    half_tail: str = ""
-
-    def __post_init__(self):
-        if self.half_tail not in HALF_TAILS:
-            raise ValueError(f"MoeTiles: half_tail {self.half_tail!r} is not one of {HALF_TAILS}")
-        if self.half_tail and not (self.joint and self.tma and self.sorted_act and self.block_m >= 32):
-            raise ValueError("MoeTiles: half_tail needs joint=True, tma=True, sorted_act=True and block_m >= 32 "
-                             f"(got joint={self.joint}, tma={self.tma}, sorted_act={self.sorted_act}, "
-                             f"block_m={self.block_m})")
-
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
         return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
                         atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
                         sorted_act=self.sorted_act, persistent=self.persistent, joint=self.joint,
-                        up_persistent=self.up_persistent, half_tail=self.half_tail)
+                        up_persistent=self.up_persistent)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -166,15 +149,9 @@ def _block_pairs(ids_ptr, pid_m, pid_n, num_pairs, BLOCK_M: tl.constexpr, BLOCK_
 
 @triton.jit
 def _rows_pairs(ids_ptr, row0, pid_n, num_pairs, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """As _block_pairs for the ROWS sorted rows from row0 (a half tile: the first half of a block)."""
+    """As _block_pairs for the ROWS sorted rows from row0."""
     pairs = tl.load(ids_ptr + row0 + tl.arange(0, ROWS))
     return pairs, pairs < num_pairs, pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-
-
-@triton.jit
-def _half_full(ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
-    """Whether the block's second half is all padding (a block's real rows are a prefix of it)."""
-    return tl.load(ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_pairs
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
@@ -215,7 +192,7 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs,
 def _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS: tl.constexpr, SORTED: tl.constexpr):
     """The tile's activations: at their pairs' rows, or (SORTED) at the tile's rows of the sorted
     list from row0, padding rows included (their x rows are zeros, so their activations are exact
-    zeros; a half tile leaves its block's second half unwritten, and the down launch skips it too)."""
+    zeros)."""
     if SORTED:
         rows = (row0 + tl.arange(0, ROWS)).to(tl.int64)
         tl.store(act_ptr + rows[:, None] * sa_p + cols[None, :], act.to(act_ptr.dtype.element_ty),
@@ -228,7 +205,7 @@ def _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS: tl.constexp
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks, sx_t, sa_p,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                          SORTED: tl.constexpr = False, HALF: tl.constexpr = False):
+                          SORTED: tl.constexpr = False):
     """As _gate_up_kernel with TMA, one dot a K step: w13 seen as [E, 2, N, H], a [1, 2, BLOCK_N, BLOCK_K]
     box holds the gate and up rows of the tile (one [BLOCK_M, 2 * BLOCK_N] accumulator: wider
     tensor-core instructions, the activation tile read once a step instead of twice)."""
@@ -236,26 +213,8 @@ def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, 
     e32 = tl.load(bexp_ptr + pid_m)
     if e32 < 0:
         return
-    _joint_block(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
-                 BLOCK_M, BLOCK_N, BLOCK_K, SORTED, HALF)
-
-
-@triton.jit
-def _joint_block(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr,
-                 HALF: tl.constexpr):
-    """One (block, N tile) of the joint gate+up: a BLOCK_M tile, or with HALF a BLOCK_M / 2 tile when
-    the block's second half is padding."""
-    if HALF:
-        if _half_full(ids_ptr, pid_m, num_pairs, BLOCK_M):
-            _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, H, N, top_k, sx_t,
-                        sa_p, BLOCK_M // 2, BLOCK_N, BLOCK_K, SORTED)
-        else:
-            _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, H, N, top_k, sx_t,
-                        sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
-    else:
-        _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
-                    BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
+    _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
+                BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
 
 
 @triton.jit
@@ -287,14 +246,14 @@ def _used_blocks(bexp_ptr, num_blocks, NB_P2: tl.constexpr):
 def _gate_up_joint_persistent_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
                                      sx_t, sa_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                      GROUP_M: tl.constexpr, NB_P2: tl.constexpr, SORTED: tl.constexpr,
-                                     FLATTEN: tl.constexpr, HALF: tl.constexpr = False):
+                                     FLATTEN: tl.constexpr):
     """Run 5: _gate_up_joint_kernel as a few programs per SM looping over the used blocks' tiles (one
     flattened loop with FLATTEN: the next tile's loads overlap this one's SiLU and store)."""
     used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
     for tile in tl.range(tl.program_id(0), used * tl.cdiv(N, BLOCK_N), tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n = _tile_at(tile, used, N, BLOCK_N, GROUP_M)
-        _joint_block(x_ptr, w_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + pid_m), pid_m, pid_n, num_pairs, H, N,
-                     top_k, sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED, HALF)
+        _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + pid_m), pid_m * BLOCK_M, pid_n, num_pairs, H,
+                    N, top_k, sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
@@ -342,29 +301,19 @@ def _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC:
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _down_sorted_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, top_k, num_blocks, so_p,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        NB_P2: tl.constexpr, ATOMIC: tl.constexpr, FLATTEN: tl.constexpr, a_half_desc=None,
-                        HALF: tl.constexpr = False):
+                        NB_P2: tl.constexpr, ATOMIC: tl.constexpr, FLATTEN: tl.constexpr):
     """Run 5's down launch on activations in sorted order (gate+up with SORTED): both operands through
     TMA ([P, N] activations, w2 seen as [E*H, N]). Programs loop over the (block, H tile) tiles of the
     used blocks (block_expert >= 0 is a prefix): one tile each when the grid covers them all, several
     when the grid is a few programs per SM (FLATTEN: one flattened loop, so the next tile's loads are
-    issued while this one's epilogue runs). HALF: a block whose second half is padding is computed as
-    a BLOCK_M / 2 tile through `a_half_desc` (the gate+up launch wrote only that half)."""
+    issued while this one's epilogue runs)."""
     used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
     num_tiles = used * tl.cdiv(H, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n = _tile_at(tile, used, H, BLOCK_N, GROUP_M)
         e32 = tl.load(bexp_ptr + pid_m)
-        if HALF:
-            if _half_full(ids_ptr, pid_m, num_pairs, BLOCK_M):
-                _down_sorted_tile(a_half_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, pid_m * BLOCK_M, pid_n,
-                                  num_pairs, N, H, top_k, so_p, BLOCK_M // 2, BLOCK_N, BLOCK_K, ATOMIC)
-            else:
-                _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, N,
-                                  H, top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC)
-        else:
-            _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, N, H,
-                              top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC)
+        _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, N, H,
+                          top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC)
 
 
 @triton.jit
@@ -452,13 +401,13 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
             _gate_up_joint_persistent_kernel[(max(grid, 1),)](
                 x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
                 BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-                NB_P2=max(2, triton.next_power_of_2(blocks)), SORTED=tiles.sorted_act, FLATTEN=not tiles.half_tail,
-                HALF=bool(tiles.half_tail), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+                NB_P2=max(2, triton.next_power_of_2(blocks)), SORTED=tiles.sorted_act, FLATTEN=True,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
             return act
         _gate_up_joint_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
             x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-            SORTED=tiles.sorted_act, HALF=bool(tiles.half_tail), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+            SORTED=tiles.sorted_act, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         return act
     _gate_up_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
         x, w13, _weight_desc(w13, tiles), act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0),
@@ -500,14 +449,12 @@ def _down_sorted(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, sorted_
     tiles = blocks * triton.cdiv(h, d.block_n)
     grid = min(tiles, d.persistent * _num_sms(act.device)) if d.persistent else tiles
     a_desc = TensorDescriptor.from_tensor(act, [d.block_m, d.block_k])
-    half = d.half_tail == "both"
-    a_half = TensorDescriptor.from_tensor(act, [d.block_m // 2, d.block_k]) if half else None
     w_desc = TensorDescriptor.from_tensor(w2.view(e * h, n), [d.block_n, d.block_k])
     _down_sorted_kernel[(max(grid, 1),)](
         a_desc, w_desc, out, sorted_ids, block_expert, tw, tw.numel(), n, h, top_k, blocks, out.stride(0),
         BLOCK_M=d.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k, GROUP_M=d.group_m,
         NB_P2=max(2, triton.next_power_of_2(blocks)), ATOMIC=d.atomic_sum,
-        FLATTEN=bool(d.persistent) and not d.atomic_sum and not half, a_half_desc=a_half, HALF=half,
+        FLATTEN=bool(d.persistent) and not d.atomic_sum,
         num_warps=d.num_warps, num_stages=d.num_stages)
 
 

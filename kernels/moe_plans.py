@@ -12,7 +12,7 @@
 - `run6_candidates(T, k, E)`: run 6's plans, one step from run 5's winners (`run5_best`).
 
 Plans measured and lost, and removed from the tree with the code only they reached (run 5's one-launch
-decode path, run 8's chained down and tail lists): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys
+decode path, run 7's half tiles, run 8's chained down and tail lists): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys
 in the committed data are not known plans here (`propose_rule` skips them).
 
 - `engine_tiles(T, k, E)`: what the engine runs (kernels.backend's Triton `fused_moe` is
@@ -57,7 +57,6 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += (" sorted" + (f" persist{t.persistent}" if t.persistent else "")) if t.sorted_act else ""
     key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
-    key += f" half-{t.half_tail}" if t.half_tail else ""
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
 
@@ -123,7 +122,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values(), *PREFILL_RUN7, *DIRECT_RUN9,
+             *PREFILL_RUN6, *RUN6_BEST.values(), *DIRECT_RUN9,
              *PREFILL_RUN9, *DIRECT_RUN10, *run10_candidates(2, 8, 128), *run10_candidates(4, 8, 128)]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
@@ -258,28 +257,10 @@ def run6_best(num_tokens: int) -> MoeTiles | DirectTiles:
 
 
 # ------------------------------------------------------------------------------- run 7
-# Run 6's prefill plan computes each expert's pairs in whole 128-row blocks: at T = 4096 (256 +- 16 rows
-# an expert) about half the experts end in a block of 1-40 rows, and the GEMMs compute 1.24x the rows
-# they need (T = 1024: 2.0x). 64-row blocks everywhere halve that but lost in run 5 (745 us against
-# 657: a 64-row tile computes a row at ~0.8 of the 128-row tile's rate). Run 7 keeps the 128-row tile
-# for full blocks and computes a block holding 64 rows or fewer as a 64-row tile (`half_tail`), in
-# gate+up only or in both launches; the rows computed are then those of 64-row blocks. The branch
-# stops Triton flattening a persistent loop (sm90 compile: same 196,640 bytes of shared memory as the
-# unflattened loop), so the unpersistent gate+up (run 5's winner) is a candidate too. Measured (run 7,
-# benchmarks/kernels/data/moe_run7, H200 2026-12-03 16:17 UTC): they lose at T = 4096 (668.9 us at best
-# against run 6's 636.9) and 8192, win 1% at 1024 and 2048; the engine keeps RUN6_BEST.
-PREFILL_RUN7 = [
-    dataclasses.replace(_P6, half_tail="up"),
-    dataclasses.replace(_P6, half_tail="both"),
-    dataclasses.replace(_P5, half_tail="up"),
-    dataclasses.replace(_P5, half_tail="both"),
-    dataclasses.replace(_P6, half_tail="both", down_num_stages=3),
-]
-
-
-def run7_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 7's new plans at T: the half tail plans from 64 rows per expert (no decode plans)."""
-    return list(PREFILL_RUN7) if num_tokens * top_k / num_experts >= 64 else []
+# Run 7 computed each expert's last, part-filled 128-row block as a 64-row tile (a branch in the persistent
+# loops, which stopped Triton flattening them). Measured (benchmarks/kernels/data/moe_run7): lost at T = 4096
+# (668.9 us at best against run 6's 636.9) and 8192, won 1% at 1024 and 2048; the engine keeps RUN6_BEST.
+# Removed after measurement (benchmarks/kernels/MOE.md).
 
 
 # ------------------------------------------------------------------------------- run 8
@@ -372,7 +353,6 @@ __all__ = [
     "PREFILL_RUN4",
     "PREFILL_RUN5",
     "PREFILL_RUN6",
-    "PREFILL_RUN7",
     "PREFILL_RUN9",
     "PROPOSED_RULE",
     "RUN3_BEST",
@@ -390,7 +370,6 @@ __all__ = [
     "run5_best",
     "run6_best",
     "run6_candidates",
-    "run7_candidates",
     "run9_candidates",
     "run10_candidates",
 ]

@@ -55,7 +55,6 @@ L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defe
 # --runN: the focus round's baseline and candidates, as the help names them (FOCUS_ROUNDS holds the functions)
 FOCUS_ROUND_HELP = {
     6: ("run 5's best plan (run5_best)", "candidates (run6_candidates)"),
-    7: ("run 6's best plan (run6_best)", "half tail candidates (run7_candidates)"),
     9: ("run 6's best plan (run6_best)", "one-step variants of it (run9_candidates)"),
     10: ("run 6's best plan (run6_best)", "direct plans with the down loop pipelined (run10_candidates)"),
 }
@@ -112,7 +111,6 @@ from kernels.moe_plans import (
     DIRECT_RUN4,
     PREFILL_RUN4,
     PREFILL_RUN6,
-    PREFILL_RUN7,
     PREFILL_RUN9,
     plan_key,
     run3_best,
@@ -120,7 +118,6 @@ from kernels.moe_plans import (
     run5_best,
     run6_best,
     run6_candidates,
-    run7_candidates,
     run9_candidates,
     run10_candidates,
 )
@@ -156,7 +153,6 @@ class FocusRound:
 FOCUS_ROUNDS = {
     4: FocusRound(4, run3_best, run4_candidates, PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]),
     6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
-    7: FocusRound(7, run6_best, run7_candidates, PREFILL_RUN7),
     9: FocusRound(9, run6_best, run9_candidates, PREFILL_RUN9),
     10: FocusRound(10, run6_best, run10_candidates, []),
 }
@@ -399,7 +395,7 @@ def check() -> None:
         del w13, w2, ref_w
 
 
-PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted", "half")
+PROBE_FEATURES = ("core", "tma", "pdl", "early", "pipe", "hist", "joint", "sorted")
 
 
 def probe_plans() -> dict:
@@ -418,12 +414,7 @@ def probe_plans() -> dict:
             "sorted": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True),
                        MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", sorted_act=True, persistent=1,
                                 atomic_sum=True)],
-            "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")],
-            # run 7: a block's second half all padding -> a half tile (gate+up only, both launches persistent)
-            "half": [MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
-                              half_tail="up"),
-                     MoeTiles(64, 64, 64, 4, 3, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
-                              persistent=1, up_persistent=1, half_tail="both")]}
+            "hist": [MoeTiles(64, 128, 64, 4, 3, align="hist", ksum="triton"), MoeTiles(16, 64, 128, 4, 4, align="hist")]}
 
 
 def probe_body(features: tuple[str, ...]) -> None:
@@ -661,8 +652,7 @@ def plan_features(plan: MoeTiles | DirectTiles) -> set[str]:
                 | ({"pipe"} if plan.pipeline else set()))
     return ({"core"} | ({"tma"} if plan.tma else set())
             | ({"hist"} if plan.align == "hist" or (plan.ksum == "triton" and not plan.atomic_sum) else set())
-            | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set())
-            | ({"half"} if plan.half_tail else set()))
+            | ({"joint"} if plan.joint and plan.tma else set()) | ({"sorted"} if plan.sorted_act else set()))
 
 
 def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
@@ -670,7 +660,7 @@ def focus_candidates(t: int, k: int, e: int) -> list[MoeTiles | DirectTiles]:
     at its largest T), before any probe or check result."""
     plans = [ROUND.baseline(t), *ROUND.candidates(t, k, e)]
     if ARGS.dry_run and t == max(focus_tokens()):
-        plans += [dataclasses.replace(p, block_m=32 if p.half_tail else 16, block_n=16, block_k=16, num_stages=1,
+        plans += [dataclasses.replace(p, block_m=16, block_n=16, block_k=16, num_stages=1,
                                       down_block_n=16, down_block_k=16, down_num_stages=1) for p in ROUND.dry_prefill]
     return plans
 
@@ -712,8 +702,8 @@ def focus_shapes() -> dict:
 def focus_check() -> None:
     """The new groupings against the torch one (up to 32K pairs), and every plan the speed part will
     time against the float32 per-expert loop (direct plans at T = 1, 3; grouped at 7, 300, 600 and
-    every token on the same experts; 2200: experts of one full 128-row block and a part-filled one, the
-    half tail plans' case); a plan that fails is not timed."""
+    every token on the same experts; 2200: experts of one full 128-row block and a part-filled one); a
+    plan that fails is not timed."""
     g = torch.Generator(device=DEVICE).manual_seed(5)
     shapes = ((8, 2, 37), (128, 8, 20)) if ARGS.dry_run else ((128, 8, 1), (128, 8, 300), (128, 8, 1500),
                                                               (128, 8, 4096), (8, 2, 37))

@@ -133,8 +133,7 @@ def run5_rows(gu: tuple) -> list[dict]:
               "SORTED": p.sorted_act}
         fn = fm._gate_up_joint_kernel
         if p.up_persistent:
-            # HALF fixed as a launch fixes it (left out, it compiled as a runtime value: both branches, unflattened)
-            fn, ce = fm._gate_up_joint_persistent_kernel, {**ce, "NB_P2": 512, "FLATTEN": True, "HALF": False}
+            fn, ce = fm._gate_up_joint_persistent_kernel, {**ce, "NB_P2": 512, "FLATTEN": True}
         specs.setdefault(("gu", fn.__name__, *ce.values(), p.num_warps, p.num_stages), (
             fn, ce, {"num_warps": p.num_warps, "num_stages": p.num_stages}, gu,
             {"w_desc": f"tensordesc<bf16[1, 2, {p.block_n}, {p.block_k}]>"}))
@@ -145,7 +144,7 @@ def run5_rows(gu: tuple) -> list[dict]:
             blocks = padded_length(4096 * 8, 128, d.block_m) // d.block_m
             ce = {"BLOCK_M": d.block_m, "BLOCK_N": d.block_n, "BLOCK_K": d.block_k, "GROUP_M": d.group_m,
                   "NB_P2": 1 << (blocks - 1).bit_length(), "ATOMIC": d.atomic_sum,
-                  "FLATTEN": bool(d.persistent) and not d.atomic_sum, "a_half_desc": None, "HALF": False}
+                  "FLATTEN": bool(d.persistent) and not d.atomic_sum}
             spec = (fm._down_sorted_kernel, ce, opts, gu, {**over, "a_desc": f"tensordesc<bf16[{d.block_m}, {d.block_k}]>"})
         else:
             ce = {"BLOCK_M": d.block_m, "BLOCK_N": d.block_n, "BLOCK_K": d.block_k, "GROUP_M": d.group_m,

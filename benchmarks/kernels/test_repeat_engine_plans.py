@@ -38,12 +38,12 @@ def test_compare_plan_takes_the_same_fields_or_none(tmp_path):
 def test_compare_plan_refuses_a_field_the_earlier_module_lacks(tmp_path):
     earlier = tmp_path / "fused_moe_old.py"
     text = (ROOT / "kernels/fused_moe.py").read_text()
-    earlier.write_text(text.replace('    half_tail: str = ""\n', "").replace("self.half_tail", "''"))
+    earlier.write_text(text.replace("    up_persistent: int = 0\n", "").replace("self.up_persistent", "0"))
     mod = rep.load_compare(earlier)
     plain = MoeTiles(128, 128, 64, 8, 4, tma=True, joint=True, sorted_act=True)
     assert rep.compare_plan(mod, plain) is not None
     assert rep.compare_plan(mod, MoeTiles(128, 128, 64, 8, 4, tma=True, joint=True, sorted_act=True,
-                                          half_tail="up")) is None
+                                          up_persistent=1)) is None
 
 
 def test_dry_run_writes_rounds_and_the_comparison(tmp_path):
