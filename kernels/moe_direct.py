@@ -20,7 +20,8 @@ by its routing weight before the dot) instead of float32 multiply-and-sums;
 `pdl`: launched with programmatic dependent launch (the next kernel's launch overlaps this one's
 tail; each kernel waits for its predecessor's writes before reading them).
 
-Variants measured on the H200 and removed (run 5's one launch, run 8's chained down):
+Variants measured on the H200 and removed (run 5's one launch, run 8's chained down, run 10's
+pipelined down loop):
 benchmarks/kernels/MOE.md, "Removed after measurement".
 """
 
@@ -51,16 +52,12 @@ class DirectTiles:
     # run 4, with pdl: gate+up lets the down launch start as soon as all its programs run (not at their
     # tail), and each down program prefetches its weight rows into L2 before waiting for the activations
     early: bool = False
-    # run 4 (FMA path): gate and up rows in one K loop, and both kernels' K loops pipelined through
-    # shared memory (tl.range num_stages: cp.async on sm90). Run 3's FMA loops compile unpipelined on
-    # sm90: a load round trip per K step, gate's loop then up's.
+    # run 4 (FMA path): gate and up rows in one K loop, pipelined through shared memory (tl.range
+    # num_stages: cp.async on sm90). Run 3's FMA loops compile unpipelined on sm90: a load round trip per
+    # K step, gate's loop then up's. The down launch's K loop stays plain (its register loads keep a K
+    # step in flight; run 10 measured it pipelined slower: benchmarks/kernels/MOE.md).
     pipeline: bool = False
     down_num_warps: int = 0  # run 4: the down launch's warps (0: num_warps; sm90 compile: n8k128 spills at 4 warps)
-    # run 10: the down launch's K loop pipelined through shared memory with this many stages (0 or 1: the
-    # plain loop). Run 4's `pipeline` was meant to pipeline both launches' loops, but the down launch was
-    # never given its stages, so every plan measured up to run 9 ran the down loop unpipelined. Measured
-    # (run 10): pipelined is slower at T = 1-4 (T = 1 26.8 us at best against 22.6), so 0 stays the default.
-    down_stages: int = 0
 
 
 @triton.jit
@@ -159,7 +156,7 @@ def _prefetch_l2(w_ptr, ids_ptr, t, cols, N, H, top_k, sw_e, sw_h, BLOCK_N: tl.c
 def _down_direct_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, num_tokens, N, H, top_k, sa_p, sw_e, sw_h, so_t,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, USE_DOT: tl.constexpr,
                         USE_GDC: tl.constexpr, EVICT: tl.constexpr = "", PREFETCH: tl.constexpr = False,
-                        LINES: tl.constexpr = 1, STAGES: tl.constexpr = 1):
+                        LINES: tl.constexpr = 1):
     pid = tl.program_id(0)
     t = pid % num_tokens
     cols = (pid // num_tokens) * BLOCK_N + tl.arange(0, BLOCK_N)  # hidden columns
@@ -173,14 +170,13 @@ def _down_direct_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, num_tokens, N,
                                BLOCK_N, BLOCK_K, EVICT)
     else:
         total = _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
-                               BLOCK_N, BLOCK_K, KP2, EVICT, STAGES)
+                               BLOCK_N, BLOCK_K, KP2, EVICT)
     tl.store(out_ptr + t.to(tl.int64) * so_t + cols, total.to(out_ptr.dtype.element_ty), mask=ok_n)
 
 
 @triton.jit
 def _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, EVICT: tl.constexpr,
-                   STAGES: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, EVICT: tl.constexpr):
     """[BLOCK_N] float32: sum_j w_j * down_{e_j}(act_j)[cols], all k experts' rows in one tile per K
     step (k * BLOCK_N rows: k times the bytes in flight of one expert's rows)."""
     r = tl.arange(0, KP2 * BLOCK_N)
@@ -192,20 +188,12 @@ def _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_
     w_rows = w_ptr + e[:, None] * sw_e + col[:, None] * sw_h
     a_rows = act_ptr + p[:, None] * sa_p
     acc = tl.zeros((KP2 * BLOCK_N, BLOCK_K), dtype=tl.float32)
-    if STAGES > 1:  # run 4's pipelined loop
-        for k0 in tl.range(0, N, BLOCK_K, num_stages=STAGES):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            m = ok_r[:, None] & (ks < N)[None, :]
-            a = tl.load(a_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
-            acc += a * w
-    else:
-        for k0 in range(0, N, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            m = ok_r[:, None] & (ks < N)[None, :]
-            a = tl.load(a_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
-            acc += a * w
+    for k0 in range(0, N, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        m = ok_r[:, None] & (ks < N)[None, :]
+        a = tl.load(a_rows + ks[None, :], mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        acc += a * w
     y = tl.sum(acc, axis=1) * tl.load(tw_ptr + p, mask=j < top_k, other=0.0)
     return tl.sum(tl.reshape(y, (KP2, BLOCK_N)), axis=0)
 
@@ -242,9 +230,8 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 def _launch(tiles: DirectTiles, down: bool = False) -> dict:
     extra = {"launch_pdl": True} if tiles.pdl and not _INTERPRETED else {}
     warps = tiles.down_num_warps if down and tiles.down_num_warps else tiles.num_warps
-    stages = tiles.down_stages if down and tiles.down_stages > 1 else tiles.num_stages
     return {"USE_DOT": tiles.use_dot, "USE_GDC": tiles.pdl and not _INTERPRETED, "num_warps": warps,
-            "num_stages": stages, "EVICT": "evict_first" if tiles.evict else "", **extra}
+            "num_stages": tiles.num_stages, "EVICT": "evict_first" if tiles.evict else "", **extra}
 
 
 def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, tiles: DirectTiles) -> torch.Tensor:
@@ -272,7 +259,7 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
         act, w2, out, ids, tw, t, n, h, k, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
         BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, KP2=triton.next_power_of_2(k),
         PREFETCH=tiles.early and tiles.pdl and not _INTERPRETED, LINES=triton.next_power_of_2(triton.cdiv(n * w2.element_size(), 128)),
-        STAGES=max(tiles.down_stages, 1), **_launch(tiles, down=True))
+        **_launch(tiles, down=True))
     return out
 
 

@@ -11,9 +11,10 @@
   and gate+up stage / K-step variants.
 - `run6_candidates(T, k, E)`: run 6's plans, one step from run 5's winners (`run5_best`).
 
-Plans measured and lost, and removed from the tree with the code only they reached (run 5's one-launch
-decode path, run 7's half tiles, run 8's chained down and tail lists): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys
-in the committed data are not known plans here (`propose_rule` skips them).
+Plans measured and lost were removed from the tree with the code only they reached (run 5's one-launch
+decode path, run 7's half tiles, run 8's chained down and tail lists, run 9's one-step variants, run 10's
+pipelined down loop): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys in the
+committed data (benchmarks/kernels/data/) are not known plans here: `propose_rule` skips them.
 
 - `engine_tiles(T, k, E)`: what the engine runs (kernels.backend's Triton `fused_moe` is
   `engine_fused_moe`): run 6's measured rule with 32 or more experts, run 2's tiles with fewer.
@@ -47,8 +48,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
         return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
                 f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
                 f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
-                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}"
-                f"{f' ds{t.down_stages}' if t.down_stages > 1 else ''}")
+                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}")
     key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
     if t.down_block_n or t.down_block_k:
         key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
@@ -122,8 +122,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values(), *DIRECT_RUN9,
-             *PREFILL_RUN9, *DIRECT_RUN10, *run10_candidates(2, 8, 128), *run10_candidates(4, 8, 128)]
+             *PREFILL_RUN6, *RUN6_BEST.values()]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -131,7 +130,8 @@ def known_plans() -> dict[str, MoeTiles | DirectTiles]:
 
 def propose_rule(speed_rows: list[dict]) -> dict[int, MoeTiles | DirectTiles]:
     """T -> the fastest known plan measured at T, from the benchmark's moe.json "speed" rows of one
-    preset (each row's `fused_by_tiles`: plan key -> us); plans this module does not name are skipped."""
+    preset (each row's `fused_by_tiles`: plan key -> us); plans this module does not name are skipped (among
+    them the keys of the runs removed after measurement: benchmarks/kernels/MOE.md)."""
     known = known_plans()
     out = {}
     for row in speed_rows:
@@ -256,75 +256,17 @@ def run6_best(num_tokens: int) -> MoeTiles | DirectTiles:
     return rule_tiles(num_tokens, RUN6_BEST)
 
 
-# ------------------------------------------------------------------------------- run 7
-# Run 7 computed each expert's last, part-filled 128-row block as a 64-row tile (a branch in the persistent
-# loops, which stopped Triton flattening them). Measured (benchmarks/kernels/data/moe_run7): lost at T = 4096
-# (668.9 us at best against run 6's 636.9) and 8192, won 1% at 1024 and 2048; the engine keeps RUN6_BEST.
-# Removed after measurement (benchmarks/kernels/MOE.md).
-
-
-# ------------------------------------------------------------------------------- run 8
-# Run 8 chained the down projection onto gate+up for decode (lost at T = 1: 25.6 us at best against the
-# engine's 24.0) and ran run 7's half tiles as a second launch over a list of the half blocks for prefill
-# (lost: T = 4096 704-772 us against 651; a half block's expert weights are read from HBM again in a
-# launch of its own). Both were removed after measurement (benchmarks/kernels/MOE.md).
-
-
-# ------------------------------------------------------------------------------- run 9
-# Run 8's two structural ideas lost (benchmarks/kernels/MOE.md); over 21 rounds in three calls the engine's
-# plans sit just past both targets: T = 1 1.32x its roofline (target 1.3x), T = 4096 59.8% of 790 (target
-# 60%). Run 9 times one-step variants of the two plans that runs 6-8 did not try, each beside the engine's
-# plan over 7 rounds (repeat_engine_plans.py --challengers). Measured (data/moe_run8/bench_run9, 19:38 UTC):
-# none won (T = 4096 656-854 us against 643; T = 1: 2 warps tied, 1.002 over 9 rounds, the rest 23.3-34.7
-# against 23.2).
-_D1 = RUN6_BEST[1]
-DIRECT_RUN9 = [
-    dataclasses.replace(_D1, down_block_k=256),
-    dataclasses.replace(_D1, down_num_warps=4),
-    dataclasses.replace(_D1, block_n=16),
-    dataclasses.replace(_D1, down_block_n=32),
-    dataclasses.replace(_D1, num_warps=2),
-    dataclasses.replace(_D1, block_k=128, num_stages=4),
-]
-PREFILL_RUN9 = [
-    dataclasses.replace(_P6, block_k=128, num_stages=2),
-    dataclasses.replace(_P6, down_block_k=128, down_num_stages=2),
-    dataclasses.replace(_P6, group_m=2),
-    dataclasses.replace(_P6, group_m=32),
-]
-
-
-def run9_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 9's new plans at T: the decode variants up to 8 pairs (T = 1 at top 8), the prefill ones from 64
-    rows per expert."""
-    pairs = num_tokens * top_k
-    return (list(DIRECT_RUN9) if pairs <= 8 else []) + (list(PREFILL_RUN9) if pairs / num_experts >= 64 else [])
-
-
-# ------------------------------------------------------------------------------- run 10
-# Found while reading run 9's results: the direct path's down launch never got its loop's stages (run 4's
-# `pipeline` passed them to gate+up only), so its K loop has run unpipelined in every plan measured; at
-# T = 1 down alone takes 11.3 us for 25 MB. `DirectTiles.down_stages` pipelines it (sm90 compile, n16k128
-# 8 warps: 2 stages 64 KB of shared memory, 3 128 KB, 4 192 KB; n16k64 6 stages 160 KB; no spills).
-# Measured (data/moe_run8/bench_run10, 20:28 UTC): slower at every T (T = 1 26.8-33.3 us against the plain
-# loop's 22.6; T = 2, 4 by 4-10%): the plain loop's register loads already keep a K step in flight, the staged
-# copies add a shared-memory round trip. The gap in run 4's flag cost nothing; not adopted.
-DIRECT_RUN10 = [dataclasses.replace(_D1, **v) for v in (
-    {"down_stages": 2}, {"down_stages": 3}, {"down_stages": 4}, {"down_block_k": 64, "down_stages": 4},
-    {"down_block_k": 64, "down_stages": 6}, {"down_block_n": 8, "down_stages": 4},
-    {"down_block_n": 8, "down_block_k": 64, "down_stages": 6})]
-
-
-def run10_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 10's new plans at T: up to 8 pairs DIRECT_RUN10; up to 32 the engine's direct plan at T with its down
-    loop at 2, 3 and 4 stages."""
-    pairs = num_tokens * top_k
-    if pairs <= 8:
-        return list(DIRECT_RUN10)
-    base = rule_tiles(num_tokens, RUN6_BEST)
-    if pairs <= 32 and isinstance(base, DirectTiles):
-        return [dataclasses.replace(base, down_stages=n) for n in (2, 3, 4)]
-    return []
+# ------------------------------------------------------------------------------- runs 7-10 (removed)
+# None adopted; their plans and the code only they reached were removed after measurement (the figures and the
+# commit where they last live: benchmarks/kernels/MOE.md, "Removed after measurement"):
+# - run 7: each expert's last, part-filled 128-row block as a 64-row tile (a branch in the persistent loops):
+#   T = 4096 668.9 us at best against run 6's 636.9;
+# - run 8: the down projection chained onto gate+up for decode (T = 1 25.6 us at best against 24.0), and run 7's
+#   half tiles as a second launch over a list of the half blocks (T = 4096 704.0-771.6 us against 650.6);
+# - run 9: one-step tile variants of the engine's two plans (T = 4096 656.4-853.5 us against 642.7; T = 1
+#   23.2-34.7 against 23.2);
+# - run 10: the direct path's down loop pipelined through shared memory (T = 1 26.8-33.3 us against the plain
+#   loop's 22.6).
 
 
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
@@ -347,13 +289,10 @@ def engine_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
 __all__ = [
     "DIRECT_RUN4",
     "DIRECT_RUN6",
-    "DIRECT_RUN9",
-    "DIRECT_RUN10",
     "ENGINE_RULE_MIN_EXPERTS",
     "PREFILL_RUN4",
     "PREFILL_RUN5",
     "PREFILL_RUN6",
-    "PREFILL_RUN9",
     "PROPOSED_RULE",
     "RUN3_BEST",
     "RUN5_BEST",
@@ -370,6 +309,4 @@ __all__ = [
     "run5_best",
     "run6_best",
     "run6_candidates",
-    "run9_candidates",
-    "run10_candidates",
 ]

@@ -55,8 +55,6 @@ L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defe
 # --runN: the focus round's baseline and candidates, as the help names them (FOCUS_ROUNDS holds the functions)
 FOCUS_ROUND_HELP = {
     6: ("run 5's best plan (run5_best)", "candidates (run6_candidates)"),
-    9: ("run 6's best plan (run6_best)", "one-step variants of it (run9_candidates)"),
-    10: ("run 6's best plan (run6_best)", "direct plans with the down loop pipelined (run10_candidates)"),
 }
 
 
@@ -111,15 +109,11 @@ from kernels.moe_plans import (
     DIRECT_RUN4,
     PREFILL_RUN4,
     PREFILL_RUN6,
-    PREFILL_RUN9,
     plan_key,
     run3_best,
     run4_candidates,
     run5_best,
-    run6_best,
     run6_candidates,
-    run9_candidates,
-    run10_candidates,
 )
 from kernels.moe_reference import fused_moe_ref, route_ref
 
@@ -153,8 +147,6 @@ class FocusRound:
 FOCUS_ROUNDS = {
     4: FocusRound(4, run3_best, run4_candidates, PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]),
     6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
-    9: FocusRound(9, run6_best, run9_candidates, PREFILL_RUN9),
-    10: FocusRound(10, run6_best, run10_candidates, []),
 }
 ROUND = FOCUS_ROUNDS[max([n for n in FOCUS_ROUND_HELP if getattr(ARGS, f"run{n}")], default=4)]
 

@@ -89,7 +89,7 @@ def rows() -> list[dict]:
     gu = ("num_pairs", "top_k", "num_blocks")
     dd = ("num_tokens", "top_k")
     d_gu = {"USE_DOT": False, "USE_GDC": True, "EVICT": "", "EARLY": False, "ONE_LOOP": False, "STAGES": 1}
-    d_dn = {"KP2": 8, "USE_DOT": False, "USE_GDC": True, "EVICT": "", "PREFETCH": False, "LINES": 16, "STAGES": 1}
+    d_dn = {"KP2": 8, "USE_DOT": False, "USE_GDC": True, "EVICT": "", "PREFETCH": False, "LINES": 16}
     ids64 = {"ids_ptr": "*i64"}
     return [
         compile_row(ma._scatter_kernel, {"BLOCK_M": 128, "EP2": 128, "CHUNK": 256, "ROWS": 16, "COUNT_HERE": False},
@@ -106,7 +106,7 @@ def rows() -> list[dict]:
                     dd, ids64),
         compile_row(md._down_direct_kernel, {"BLOCK_N": 8, "BLOCK_K": 128, **d_dn}, {"num_warps": 8, "num_stages": 3},
                     dd, ids64),
-        compile_row(md._down_direct_kernel, {"BLOCK_N": 8, "BLOCK_K": 128, **d_dn, "PREFETCH": True, "STAGES": 3},
+        compile_row(md._down_direct_kernel, {"BLOCK_N": 8, "BLOCK_K": 128, **d_dn, "PREFETCH": True},
                     {"num_warps": 8, "num_stages": 3}, dd, ids64),
         compile_row(fm._gate_up_kernel, {"w_desc": None, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
                                          "USE_TMA": False}, {"num_warps": 8, "num_stages": 3}, gu),
