@@ -39,6 +39,11 @@ case "${1:-demo}" in
   demo)
     if [ "${2:-}" = app ]; then install app; shift 2; exec .venv/bin/costline app "$@"; fi
     install core; shift || true; exec .venv/bin/costline "${@:-demo}" ;;
-  test) install test; shift || true; TRITON_INTERPRET=1 exec $VPY -m pytest -n auto --dist loadfile --no-loadscope-reorder "$@" ;;
+  test) install test; shift || true
+    # Byte-code caches on for the suite, even where PYTHONDONTWRITEBYTECODE is set (as on these machines):
+    # else every worker and every process a test starts compiles our modules again, and pytest rewrites
+    # the asserts of every test module again (~11 s a worker, each run). __pycache__/ is gitignored.
+    unset PYTHONDONTWRITEBYTECODE
+    TRITON_INTERPRET=1 exec $VPY -m pytest -n auto --dist loadfile --no-loadscope-reorder "$@" ;;
   *) echo "usage: bash dev.sh demo|test [args]" >&2; exit 2 ;;
 esac
