@@ -1,21 +1,22 @@
-"""bench_moe_h200.py's next GPU call (`--focus --run6`) as a CPU dry run: a file of its own so the test
-runner can put it beside the other dry run (each takes a minute or more in the interpreter)."""
+"""bench_moe_h200.py's focus mode (`--focus --run6`, the round whose plans the engine runs) as a CPU dry
+run: a file of its own so the test runner can put it beside the other dry run (each takes half a minute
+or more in the interpreter)."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks.kernels.test_bench_moe import run_bench
+from benchmarks.kernels.test_bench_moe import NO_BUDGET, run_bench
 
 
 def test_focus_run6_dry_run_times_run5s_best_against_run6s_plans(tmp_path):
-    """The next GPU call's mode (`--focus --run6`) on the CPU: the features its plans need pass the probe (only those are probed) and each
+    """The focus mode (`--focus --run6`) on the CPU: the features its plans need pass the probe (only those are probed) and each
     T's row holds run 5's best (the baseline) beside run 6's plans. The check part is skipped here (it
     doubles the interpreter's time): tests/kernels/test_moe_run5.py checks every run 6 plan against
     the float32 loop."""
     from kernels.moe_plans import DIRECT_RUN6, plan_key, run5_best
 
-    done = run_bench("benchmarks/kernels/bench_moe_h200.py", "--out", str(tmp_path), "--dry-run", "--focus", "--run6",
+    done = run_bench("benchmarks/kernels/bench_moe_h200.py", "--out", str(tmp_path), "--dry-run", *NO_BUDGET, "--focus", "--run6",
                 "--tokens", "16", "1", "--skip", "check")
     assert done.returncode == 0, done.stderr[-2000:]
     res = json.loads((tmp_path / "moe.json").read_text())
