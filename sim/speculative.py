@@ -118,7 +118,7 @@ def sample_accepted(rng: np.random.Generator, alpha: np.ndarray, k: int) -> np.n
 
     Inverse transform: X = floor(log U / log alpha) has P(X >= j) = P(U <= alpha^j).
     """
-    a = np.clip(alpha, ALPHA_MIN, ALPHA_MAX)
+    a = np.asarray(alpha).clip(ALPHA_MIN, ALPHA_MAX)  # the method: a third of np.clip's ~4.5 us a step
     u = 1.0 - rng.random(a.shape)  # in (0, 1]: log is finite
     x = np.floor(np.log(u) / np.log(a))
     return np.minimum(x, k).astype(np.int64)
@@ -152,7 +152,7 @@ class AcceptanceModel:
     def tokens_per_step(self, alphas: np.ndarray, now_s: float) -> np.ndarray:
         """Tokens emitted this step by each decoding request (1..k+1)."""
         if self.drift_per_s:
-            alphas = np.clip(alphas + self.drift_per_s * now_s, ALPHA_MIN, ALPHA_MAX)
+            alphas = (alphas + self.drift_per_s * now_s).clip(ALPHA_MIN, ALPHA_MAX)
         return sample_accepted(self.rng, alphas, self.k) + 1
 
 
