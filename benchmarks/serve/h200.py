@@ -185,7 +185,7 @@ class Server:
     """`costline engine serve` as a child process; stopped with SIGINT (uvicorn's graceful stop)."""
 
     def __init__(self, setup: Setup, port: int, log: Path) -> None:
-        cmd = [sys.executable, "-m", "advisor.cli", "engine", "serve", "--port", str(port), *setup.cli_flags()]
+        cmd = [sys.executable, "-m", "costline.cli", "engine", "serve", "--port", str(port), *setup.cli_flags()]
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)

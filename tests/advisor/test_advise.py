@@ -22,7 +22,7 @@ from advisor.advise.records import normalise_slo
 from advisor.advise.report import write_outputs
 from advisor.advise.scenarios import SCENARIOS
 from advisor.advise.search import search
-from advisor.cli import app
+from costline.cli import app
 from engine.core.outputs import OutputPathError
 from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
 from sim.generate import generate
@@ -234,7 +234,7 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path) -> None:
 
 
 def test_help_path_stays_light() -> None:
-    code = "import sys, advisor.cli; print('ray' in sys.modules, 'matplotlib' in sys.modules)"
+    code = "import sys, costline.cli; print('ray' in sys.modules, 'matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

@@ -160,7 +160,7 @@ def test_the_cli_takes_the_scrape_and_says_the_acceptance_is_measured(tmp_path):
 
     from typer.testing import CliRunner
 
-    from advisor.cli import app
+    from costline.cli import app
     from tests.advisor.test_advise import SMALL
 
     (tmp_path / "m.prom").write_text(PROM)

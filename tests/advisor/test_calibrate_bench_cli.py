@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from advisor.cli import app
 from advisor.commands.calibrate_bench import held_out_runs, scrapes_per_run, split_files
+from costline.cli import app
 from engine.core.request import Request
 from sim.bench_results import bench_from_tables
 from sim.config import EngineConfig

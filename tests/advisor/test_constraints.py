@@ -10,7 +10,7 @@ from advisor.advise import AdviseRequest, advise
 from advisor.advise.report import markdown
 from advisor.advise.space import FEATURES, dimensions, option_features
 from advisor.advise.verdict import quality_notes
-from advisor.cli import app
+from costline.cli import app
 from tests.advisor.test_advise import SMALL
 
 runner = CliRunner()

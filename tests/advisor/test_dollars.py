@@ -12,7 +12,7 @@ from advisor.advise.prices import GPU_HOUR_USD, parse_gpu_hour_usd, price_of
 from advisor.advise.records import Metrics
 from advisor.advise.report import cost_line, markdown
 from advisor.advise.verdict import verdict
-from advisor.cli import app
+from costline.cli import app
 from sim.hardware import get_gpu
 from tests.advisor.test_advise import SMALL
 

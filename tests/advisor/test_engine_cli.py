@@ -8,8 +8,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from advisor.cli import app
-from advisor.commands.engine import ENGINE_CLI_FLAGS
+from costline.cli import app
+from costline.engine_commands import ENGINE_CLI_FLAGS
 
 
 def _reject_constant(name: str) -> None:
@@ -106,7 +106,7 @@ def test_serve_refuses_a_busy_port_and_a_bad_tokenizer_before_building(tmp_path)
 
 
 def test_serve_answers_to_the_hf_id_and_the_alias():
-    from advisor.commands.engine import _preset_or_name, _served_names
+    from costline.engine_commands import _preset_or_name, _served_names
 
     assert _served_names("llama-3.1-8b", None) == ["meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"]
     assert _served_names("meta-llama/Llama-3.1-8B", None) == ["meta-llama/Llama-3.1-8B", "llama-3.1-8b"]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 from engine.core.flags import FlagError
 from sim.metrics import SLO
 

@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 
 runner = CliRunner()
 COMMANDS = [["simulate"], ["advise"], ["engine", "run"], ["engine", "bench"], ["workload", "describe"],

@@ -35,8 +35,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from advisor.cli import app
 from advisor.errors import is_input_error
+from costline.cli import app
 from engine.core.request import Request
 
 runner = CliRunner()
@@ -979,7 +979,7 @@ def test_whole_process_memory_stays_bounded(name, files, args, assets):
              "    hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
              "    open('rss', 'w').write(hwm.split()[1])\n"
              "atexit.register(peak)\n"
-             f"from advisor.cli import main\nmain({argv!r})\n")
+             f"from costline.cli import main\nmain({argv!r})\n")
     with tempfile.TemporaryDirectory() as tmp:
         _place(Path(tmp), files, assets)
         t0 = time.perf_counter()

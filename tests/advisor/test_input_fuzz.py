@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
 PEAK_LIMIT_BYTES = 64 << 20

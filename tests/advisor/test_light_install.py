@@ -20,7 +20,7 @@ def test_the_cli_starts_without_the_extras_packages():
                 if name.split(".")[0] in {NOT_IN_CORE!r}:
                     raise ImportError("not in the light install: " + name)
         sys.meta_path.insert(0, Block())
-        from advisor.cli import app
+        from costline.cli import app
         from typer.testing import CliRunner
         r = CliRunner().invoke(app, ["simulate", "--help"])
         assert r.exit_code == 0, r.output

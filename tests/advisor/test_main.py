@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import advisor.commands.workload as workload_cmd
-from advisor.cli import main
+from costline.cli import main
 
 
 def boom(*args, **kwargs):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import advisor.commands.simulate as simulate_cmd
-from advisor.cli import app
+from costline.cli import app
 from engine.core.outputs import (
     RUN_FILES,
     OutputPathError,

@@ -17,7 +17,7 @@ from advisor.advise.progress import (
     Tracker,
     duration_text,
 )
-from advisor.cli import app
+from costline.cli import app
 
 
 class FakeClock:

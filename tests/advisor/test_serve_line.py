@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from advisor.advise.records import AdviseRequest
 from advisor.advise.space import ENGINE_DIMENSIONS, Layout, serve_command
-from advisor.cli import app
+from costline.cli import app
 from sim.config import EngineConfig
 from sim.models import HF_MODEL_IDS, hf_model_id, preset_of
 from sim.run import SimConfig, run

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from advisor.cli import app
 from advisor.options import clean_errors, flag_options
+from costline.cli import app
 from sim.config import ENGINE_CONFIG_FLAGS, EngineConfig
 from sim.metrics import jsonable
 from sim.run import SimConfig, run

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 from typer.testing import CliRunner
 
-from advisor.cli import app
 from advisor.report import unserved_lines
+from costline.cli import app
 from engine.core.request import Request
 from engine.core.run_summary import reason_counts, rejection_kind
 from engine.core.scheduler import Scheduler, SchedulerConfig

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 from engine.core.request import Request
 from engine.core.run_summary import jsonable
 from sim.config import EngineConfig

@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 from engine.core.run_summary import SLO
 from sim.validate import RankedRun, ValidationReport, ranking
 from tests.advisor.test_validate_cli import write_run

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 
 MOONCAKE = "mooncake_conversation_trace.jsonl.gz"
 AZURE = "AzureLLMInferenceTrace_code.csv.gz"

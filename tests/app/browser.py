@@ -63,7 +63,7 @@ def free_port() -> int:
 def running_app(port: int | None = None) -> Iterator[str]:
     """`costline app --headless` on a free port; yields its URL and stops it afterwards."""
     port = port or free_port()
-    cmd = [sys.executable, "-m", "advisor.cli", "app", "--port", str(port), "--headless"]
+    cmd = [sys.executable, "-m", "costline.cli", "app", "--port", str(port), "--headless"]
     # its own process group, so stopping it stops everything it started
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -254,8 +254,8 @@ def test_a_summary_without_profile_keys_ran_first_principles() -> None:
 
 
 def test_costline_app_without_streamlit_says_how_to_install(monkeypatch, capsys) -> None:
-    from advisor.cli import main
     from advisor.commands import app as app_cmd
+    from costline.cli import main
 
     monkeypatch.setattr(app_cmd.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SystemExit) as exc:

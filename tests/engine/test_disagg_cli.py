@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 from engine.core.records import REQUEST_COLUMNS, STEP_COLUMNS
 
 ARGS = ["engine", "run", "--model", "tiny", "--device", "cpu", "--workload", "lab-random", "--first", "3",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from advisor.cli import app
 from advisor.options import cli_message
+from costline.cli import app
 from engine.core.config import EngineArgs
 from engine.core.speculative_config import SpeculativeConfig, parse_speculative_config
 from sim.config import EngineConfig

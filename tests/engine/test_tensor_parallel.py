@@ -187,7 +187,7 @@ def test_tp2_kv_blocks_cost_half_the_bytes():
 
 
 def test_cli_engine_run_tensor_parallel(tmp_path):
-    from advisor.cli import app
+    from costline.cli import app
 
     args = ["engine", "run", "--model", "tiny", "--device", "cpu", "--workload", "lab-random", "--first", "3",
             "--speedup", "1000", "--max-prompt-len", "40", "--max-model-len", "512", "--block-size", "8",

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 from engine.core.cuda_graphs import decode_graph_bucket, decode_graph_buckets
 from engine.core.model_spec import get_model
 from engine.core.records import StepRecord

@@ -132,7 +132,7 @@ def test_cli_keeps_the_shipped_kernel_terms(tmp_path):
 
     from typer.testing import CliRunner
 
-    from advisor.cli import app
+    from costline.cli import app
 
     run = moe_run(5, "cli", True)
     folder = tmp_path / "run"

@@ -138,7 +138,7 @@ def test_cli_adds_measured_tp_terms_and_keeps_tp_runs_out_of_the_one_gpu_fit(tmp
 
     from typer.testing import CliRunner
 
-    from advisor.cli import app
+    from costline.cli import app
     from tests.sim.calib_synth import synthetic_run
     from tests.sim.test_calibrate import _run_json, _write_run
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 from sim.builtin_traces import BUILTIN_TRACES
 from sim.describe import describe_workload, index_of_dispersion
 from sim.generate import generate

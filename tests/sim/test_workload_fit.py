@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from advisor.cli import app
+from costline.cli import app
 from sim.arrivals import arrival_times
 from sim.describe import index_of_dispersion, interarrival_cv, prefix_reuse
 from sim.fit import fit_arrival, fit_spec, shared_prefix_tokens
