@@ -52,12 +52,6 @@ BF16_FLOPS_PER_S = 790e12
 L2_BYTES = 50 * 2**20  # H200's L2 (the weights cycle over enough copies to defeat it)
 
 
-# --runN: the focus round's baseline and candidates, as the help names them (FOCUS_ROUNDS holds the functions)
-FOCUS_ROUND_HELP = {
-    6: ("run 5's best plan (run5_best)", "candidates (run6_candidates)"),
-}
-
-
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -74,9 +68,9 @@ def parse_args() -> argparse.Namespace:
                    help="run 4's fast mode: run 3's best plan and the new ones (kernels.moe_plans) side by side at "
                         "--tokens of --presets, each new plan checked against the float32 loop, phases per launch; "
                         "no old path, no engine")
-    for number, (baseline, what) in FOCUS_ROUND_HELP.items():
-        p.add_argument(f"--run{number}", action="store_true",
-                       help=f"with --focus: {baseline} (kernels.moe_plans) as the baseline and run {number}'s {what}")
+    p.add_argument("--run6", action="store_true",
+                   help="with --focus: run 5's best plan (kernels.moe_plans.run5_best) as the baseline and run 6's "
+                        "candidates (run6_candidates), the round whose rule the engine runs")
     p.add_argument("--presets", nargs="+", default=None, help="presets to time (default: both; --focus: qwen3-30b-a3b)")
     p.add_argument("--tokens", nargs="+", type=int, default=None, help="step sizes T in the order timed")
     return p.parse_args()
@@ -148,7 +142,7 @@ FOCUS_ROUNDS = {
     4: FocusRound(4, run3_best, run4_candidates, PREFILL_RUN4[:3] + [q for q in PREFILL_RUN4 if q.joint][:1]),
     6: FocusRound(6, run5_best, run6_candidates, PREFILL_RUN6),
 }
-ROUND = FOCUS_ROUNDS[max([n for n in FOCUS_ROUND_HELP if getattr(ARGS, f"run{n}")], default=4)]
+ROUND = FOCUS_ROUNDS[6 if ARGS.run6 else 4]
 
 # the new grouped path's tile sweep (block_m, block_n, block_k, warps, stages[, group_m]); the big-M
 # ones only from 4 rows per expert
