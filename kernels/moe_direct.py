@@ -10,7 +10,9 @@ launch) is as long as reading the touched experts (run 2 on the H200, qwen3-30b-
 2. `_down_direct_kernel`, programs (token, H tile): the token's k activation rows times their
    experts' down rows of the tile (all k experts' rows in one [k * BLOCK_N, BLOCK_K] load per K
    step, so a program has k times the bytes in flight), times the routing weights, summed in
-   float32 over the k experts and stored once per token: the k-sum is in the kernel.
+   float32 over the k experts and stored once per token: the k-sum is in the kernel. `down_wide` (run 11):
+   the K loop unrolled over all of N, so a program's weight loads are all issued before its first
+   multiply (the plain loop holds one K step in flight).
 
 The program id's fastest axis is the pair (the token), so pairs that share an expert read the
 same weight tile at about the same time (L2 hits rather than a second HBM read). `use_dot`: the
@@ -58,6 +60,10 @@ class DirectTiles:
     # step in flight; run 10 measured it pipelined slower: benchmarks/kernels/MOE.md).
     pipeline: bool = False
     down_num_warps: int = 0  # run 4: the down launch's warps (0: num_warps; sm90 compile: n8k128 spills at 4 warps)
+    # run 11: the down launch's K loop unrolled over all of N (ceil(N / down_block_k) static steps), so every
+    # weight load of a program is issued before its first multiply: a program keeps all its bytes in flight,
+    # not one K step's (the plain loop's down launch streamed at 2.3 TB/s alone at T = 1, gate+up at 3.6)
+    down_wide: bool = False
 
 
 @triton.jit
@@ -156,7 +162,7 @@ def _prefetch_l2(w_ptr, ids_ptr, t, cols, N, H, top_k, sw_e, sw_h, BLOCK_N: tl.c
 def _down_direct_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, num_tokens, N, H, top_k, sa_p, sw_e, sw_h, so_t,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, USE_DOT: tl.constexpr,
                         USE_GDC: tl.constexpr, EVICT: tl.constexpr = "", PREFETCH: tl.constexpr = False,
-                        LINES: tl.constexpr = 1):
+                        LINES: tl.constexpr = 1, WIDE_STEPS: tl.constexpr = 0):
     pid = tl.program_id(0)
     t = pid % num_tokens
     cols = (pid // num_tokens) * BLOCK_N + tl.arange(0, BLOCK_N)  # hidden columns
@@ -165,7 +171,10 @@ def _down_direct_kernel(act_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, num_tokens, N,
         _prefetch_l2(w_ptr, ids_ptr, t, cols, N, H, top_k, sw_e, sw_h, BLOCK_N, KP2, LINES)
     if USE_GDC:
         tl.extra.cuda.gdc_wait()  # the activations are the previous kernel's
-    if USE_DOT:
+    if WIDE_STEPS:
+        total = _down_rows_wide(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
+                                BLOCK_N, BLOCK_K, KP2, WIDE_STEPS, EVICT)
+    elif USE_DOT:
         total = _down_rows_dot(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
                                BLOCK_N, BLOCK_K, EVICT)
     else:
@@ -196,6 +205,33 @@ def _down_rows_fma(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_
         acc += a * w
     y = tl.sum(acc, axis=1) * tl.load(tw_ptr + p, mask=j < top_k, other=0.0)
     return tl.sum(tl.reshape(y, (KP2, BLOCK_N)), axis=0)
+
+
+@triton.jit
+def _down_rows_wide(act_ptr, w_ptr, ids_ptr, tw_ptr, t, cols, ok_n, N, top_k, sa_p, sw_e, sw_h,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KP2: tl.constexpr, STEPS: tl.constexpr,
+                    EVICT: tl.constexpr):
+    """As _down_rows_fma with the K loop unrolled (STEPS * BLOCK_K >= N): the loads of all steps are
+    independent of the multiplies, so the compiler issues them all first. [KP2, BLOCK_N, BLOCK_K] weight
+    tiles (expert, hidden column, K); each expert's activation row is loaded once a step as [KP2,
+    BLOCK_K] and broadcast over the columns (the 2-D tile of _down_rows_fma loads it once per column)."""
+    jj = tl.arange(0, KP2)
+    ok_j = jj < top_k
+    p = (t * top_k + jj).to(tl.int64)
+    e = tl.load(ids_ptr + p, mask=ok_j, other=0).to(tl.int64)
+    w_rows = w_ptr + e[:, None, None] * sw_e + cols.to(tl.int64)[None, :, None] * sw_h
+    a_rows = act_ptr + p[:, None] * sa_p
+    ok_rows = ok_j[:, None, None] & ok_n[None, :, None]
+    acc = tl.zeros((KP2, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for i in tl.static_range(STEPS):
+        ks = i * BLOCK_K + tl.arange(0, BLOCK_K)
+        ok_k = ks < N
+        a = tl.load(a_rows + ks[None, :], mask=ok_j[:, None] & ok_k[None, :], other=0.0).to(tl.float32)
+        w = tl.load(w_rows + ks[None, None, :], mask=ok_rows & ok_k[None, None, :], other=0.0,
+                    eviction_policy=EVICT).to(tl.float32)
+        acc += w * a[:, None, :]
+    y = tl.sum(acc, axis=2) * tl.load(tw_ptr + p, mask=ok_j, other=0.0)[:, None]
+    return tl.sum(y, axis=0)
 
 
 @triton.jit
@@ -259,6 +295,7 @@ def down_direct(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
         act, w2, out, ids, tw, t, n, h, k, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
         BLOCK_N=tiles.down_block_n, BLOCK_K=tiles.down_block_k, KP2=triton.next_power_of_2(k),
         PREFETCH=tiles.early and tiles.pdl and not _INTERPRETED, LINES=triton.next_power_of_2(triton.cdiv(n * w2.element_size(), 128)),
+        WIDE_STEPS=triton.cdiv(n, tiles.down_block_k) if tiles.down_wide and not tiles.use_dot else 0,
         **_launch(tiles, down=True))
     return out
 

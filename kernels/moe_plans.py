@@ -48,7 +48,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
         return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
                 f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
                 f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
-                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}")
+                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{'wide' if t.down_wide else ''}")
     key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
     if t.down_block_n or t.down_block_k:
         key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
@@ -124,7 +124,7 @@ def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *PREFILL_RUN5, *DIRECT_RUN6,
              *PREFILL_RUN6, *RUN6_BEST.values()]
     for t in RUN3_BEST:
-        plans += run4_candidates(t, 8, 128)
+        plans += run4_candidates(t, 8, 128) + run11_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
 
 
@@ -269,6 +269,33 @@ def run6_best(num_tokens: int) -> MoeTiles | DirectTiles:
 #   loop's 22.6).
 
 
+# ------------------------------------------------------------------------------- run 11
+# The direct path's down launch with its K loop unrolled over N (DirectTiles.down_wide), each on the engine's
+# plan at T (gate+up unchanged). sm90 compile (ptxas -v, PREFETCH on), no spills: n16k128 8 warps 193
+# registers (one program a SM, the engine's grid), n8k256 w8 117, n8k128 w8 130, n4k256 w8 73 (3 a SM), n4k256
+# w4 133, n4k128 w4 112, n2k256 w4 96, n2k512 w4 102. In the SASS most of a program's weight loads come before
+# its first multiply (n4k256 w8: 11 of 19); the plain loop's one K step at a time.
+RUN11_DOWN = [
+    {"down_block_n": 16, "down_block_k": 128, "down_num_warps": 8},
+    {"down_block_n": 8, "down_block_k": 256, "down_num_warps": 8},
+    {"down_block_n": 8, "down_block_k": 128, "down_num_warps": 8},
+    {"down_block_n": 4, "down_block_k": 256, "down_num_warps": 8},
+    {"down_block_n": 4, "down_block_k": 256, "down_num_warps": 4},
+    {"down_block_n": 4, "down_block_k": 128, "down_num_warps": 4},
+    {"down_block_n": 2, "down_block_k": 256, "down_num_warps": 4},
+    {"down_block_n": 2, "down_block_k": 512, "down_num_warps": 4},
+]
+
+
+def run11_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 11's plans at T: the engine's plan with each RUN11_DOWN wide down launch, where the engine's plan
+    at T is a direct one (none otherwise)."""
+    base = engine_tiles(num_tokens, top_k, num_experts)
+    if not isinstance(base, DirectTiles):
+        return []
+    return [dataclasses.replace(base, down_wide=True, **v) for v in RUN11_DOWN]
+
+
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
     measured plan of the nearest T in log2 (RUN6_BEST: qwen3-30b-a3b's profile is calibrated on it);
@@ -297,6 +324,7 @@ __all__ = [
     "RUN3_BEST",
     "RUN5_BEST",
     "RUN6_BEST",
+    "RUN11_DOWN",
     "engine_fused_moe",
     "engine_tiles",
     "known_plans",
@@ -309,4 +337,5 @@ __all__ = [
     "run5_best",
     "run6_best",
     "run6_candidates",
+    "run11_candidates",
 ]

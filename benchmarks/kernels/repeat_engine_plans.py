@@ -17,6 +17,10 @@ after this tree's, so a kernel refactor's effect on the engine's step times is m
 `--challengers MOE_JSON`: a focus bench's moe.json; at each T its fastest plan (kernels.moe_plans.
 propose_rule), where that is not the engine's, is timed in the same rounds on the same draws (first in
 odd rounds, second in even ones), so a plan is adopted on 7 draws rather than one.
+`--candidates ROUND`: a round of kernels.moe_plans (`run11`: run11_candidates) whose plans at each T are each
+checked against the float32 per-expert loop, then timed beside the engine's plan in every round on the same
+draws (the order rotated a place each round, so none always runs first); in round 0 each direct plan's down
+launch is also timed alone (on its own gate+up's activations).
 `--pool REPEAT_JSON...`: no timing; the engine plan's rounds of several earlier calls (each file's rows
 of the plan the engine runs at T in that file) pooled per T and plan: DIR/pooled.json and DIR/pooled.md.
 `--dry-run`: the Triton interpreter on the CPU, a small layer, two rounds.
@@ -40,6 +44,9 @@ BF16_FLOPS_PER_S = 790e12
 QWEN3 = (2048, 768, 128, 8)  # H, N (expert intermediate), E, top k
 DRY = (64, 32, 32, 4)
 COPIES = 3
+CANDIDATE_ROUNDS = {"run11": "run11_candidates"}  # --candidates: the kernels.moe_plans function of the round
+ENGINE_DOWN = "engine"  # the engine plan's key in the down-alone times
+CHECK_TOL = 1e-2  # relative error of a bf16 plan against the float32 loop (the focus bench's bar)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compare", type=Path, default=None, help="an earlier kernels/fused_moe.py to time beside")
     p.add_argument("--challengers", type=Path, default=None,
                    help="a focus bench's moe.json: its fastest plan at each T timed beside the engine's")
+    p.add_argument("--candidates", choices=sorted(CANDIDATE_ROUNDS), default=None,
+                   help="a round of kernels.moe_plans whose plans at each T are timed beside the engine's")
     p.add_argument("--pool", type=Path, nargs="+", default=None, help="earlier repeat.json files to pool (no timing)")
     p.add_argument("--dry-run", action="store_true")
     return p.parse_args(argv)
@@ -118,6 +127,32 @@ def challenger_summary(t: int, mine: list[float], theirs: list[float], plan_name
             "ratio_to_engine_median": statistics.median(a / b for a, b in zip(theirs, mine))}
 
 
+def candidate_plans(round_name: str, tokens: list[int], k: int, e: int) -> dict[int, list]:
+    """T -> the round's plans at T (kernels.moe_plans.<round>_candidates)."""
+    import kernels.moe_plans as mp
+
+    fn = getattr(mp, CANDIDATE_ROUNDS[round_name])
+    return {t: fn(t, k, e) for t in tokens}
+
+
+def rotated(items: list, by: int) -> list:
+    """`items` turned `by` places (round r times the plans in this order, so none always runs first)."""
+    if not items:
+        return []
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+def candidate_rows(times: dict[str, list[float]], engine_key: str, roof: dict, t: int, down_alone: dict,
+                   failed: dict) -> list[dict]:
+    """Each candidate's rounds beside the engine plan's (the median of per-round ratios), fastest first; a plan
+    whose check failed: its error, no times."""
+    rows = [{**challenger_summary(t, times[engine_key], us, key, roof), "down_alone_us": down_alone.get(key)}
+            for key, us in times.items() if key != engine_key and us]
+    rows.sort(key=lambda r: r["ratio_to_engine_median"])
+    return rows + [{"plan": key, "check_failed": err} for key, err in failed.items()]
+
+
 def pooled_rows(paths: list[Path]) -> list[dict]:
     """Per (T, plan): every round of the files that timed that plan as the engine's, pooled; each row's
     summary as `summary` gives it over the pooled rounds (the roofline: the files' mean), and its calls."""
@@ -184,7 +219,26 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                          lambda c: [f"{c['median_us']:.1f}", f"{c['min_us']:.1f}-{c['max_us']:.1f}",
                                     f"{c['median_x_roofline']:.2f}", f"{c['median_share_of_790']:.1%}",
                                     f"{c['ratio_to_engine_median']:.3f}"], plan=True)
+    held = [r for r in rows if r.get("candidates")]
+    if held:
+        lines += ["", (f"Candidates ({meta.get('candidates')}), the same rounds and draws, the order rotated each round; "
+                       "down alone: round 0, the plan's down launch by itself (the engine plan's in the T row's first line):"), "",
+                  "| T | plan | us per round | median us | x roofline | / engine (median of ratios) | down alone us |",
+                  "|---:|---|---|---:|---:|---:|---:|"]
+        for r in held:
+            lines.append(f"| {r['T']} | engine: {r['plan']} | | {r['median_us']:.1f} | {r['median_x_roofline']:.3f} | 1 | "
+                         f"{_f(r.get('down_alone_us'))} |")
+            for c in r["candidates"]:
+                if "check_failed" in c:
+                    lines.append(f"| {r['T']} | {c['plan']} | check failed: {c['check_failed']} | | | | |")
+                    continue
+                lines.append(f"| {r['T']} | {c['plan']} | {', '.join(f'{u:.1f}' for u in c['us'])} | {c['median_us']:.1f} | "
+                             f"{c['median_x_roofline']:.3f} | {c['ratio_to_engine_median']:.3f} | {_f(c['down_alone_us'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,8 +258,36 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.kernels.graph_timing import time_calls_us
     from kernels import _interpreter_compat
     from kernels.fused_moe import fused_moe
+    from kernels.moe_direct import DirectTiles, down_direct, gate_up_direct
     from kernels.moe_plans import engine_fused_moe, engine_tiles, plan_key
-    from kernels.moe_reference import route_ref
+    from kernels.moe_reference import fused_moe_ref, route_ref
+
+    def check_candidates(by_t: dict[int, list], layer, h, e, k, device, dtype) -> tuple[dict, dict]:
+        """Each plan at T against the float32 per-expert loop on one draw of T tokens: (T -> the plans within
+        CHECK_TOL, T -> {key: why not} of the others). A failing plan is reported, not timed."""
+        good, failed = {}, {}
+        for t, plans in by_t.items():
+            gr = torch.Generator(device=device).manual_seed(17 + t)
+            x = torch.randn(t, h, generator=gr, device=device).to(dtype)
+            w, ids = route_ref(torch.randn(t, e, generator=gr, device=device), k, renormalize=True)
+            ref = fused_moe_ref(x.float(), layer[0].float(), layer[1].float(), w, ids)
+            for p in plans:
+                try:
+                    err = ((fused_moe(x, layer[0], layer[1], w, ids, p).float() - ref).norm() / ref.norm()).item()
+                except Exception as exc:  # noqa: BLE001 - reported beside the timed plans
+                    failed.setdefault(t, {})[plan_key(p)] = repr(exc)[:300]
+                    continue
+                if err <= CHECK_TOL:
+                    good.setdefault(t, []).append(p)
+                else:
+                    failed.setdefault(t, {})[plan_key(p)] = f"relative error {err:.2e}"
+        return good, failed
+
+    def down_alone_us(plan, weights, routes, reps: int, dry: bool) -> float:
+        """us per call of a direct plan's down launch alone, on its gate+up's activations."""
+        acts = [gate_up_direct(r[0], wt[0], r[2], plan) for wt, r in zip(weights, routes)]
+        return time_calls_us([lambda a=a, wt=wt, r=r: down_direct(a, wt[1], r[1], r[2], plan)
+                              for a, wt, r in zip(acts, weights, routes)] * reps, dry, reps=1)
 
     _interpreter_compat.apply()
     device, dtype = ("cpu", torch.float32) if args.dry_run else ("cuda", torch.bfloat16)
@@ -222,6 +304,10 @@ def main(argv: list[str] | None = None) -> None:
     times: dict[int, list[float]] = {t: [] for t in tokens}
     old_times: dict[int, list[float]] = {t: [] for t in tokens}
     touched: dict[int, list[float]] = {t: [] for t in tokens}
+    cand_times: dict[int, dict[str, list[float]]] = {t: {} for t in tokens}
+    down_alone: dict[int, dict[str, float]] = {}
+    good, failed = check_candidates(candidate_plans(args.candidates, tokens, k, e) if args.candidates else {},
+                                    weights[0], h, e, k, device, dtype)
     for rnd in range(rounds):
         for t in tokens:
             routes = []
@@ -241,11 +327,19 @@ def main(argv: list[str] | None = None) -> None:
                           for wt, r in zip(weights, routes)] * reps if chal else None
             if chal and rnd % 2:  # odd rounds: the challenger first
                 chal_times[t].append(time_calls_us(chal_calls, args.dry_run, reps=1))
-            times[t].append(time_calls_us(calls, args.dry_run, reps=1))
+            named = [(plan_key(p), [lambda wt=wt, r=r, p=p: fused_moe(r[0], wt[0], wt[1], r[1], r[2], p)
+                                    for wt, r in zip(weights, routes)] * reps) for p in good.get(t, [])]
+            for key, c in rotated([("engine", calls), *named], rnd):
+                us = time_calls_us(c, args.dry_run, reps=1)
+                (times[t] if key == "engine" else cand_times[t].setdefault(key, [])).append(us)
             if chal and not rnd % 2:
                 chal_times[t].append(time_calls_us(chal_calls, args.dry_run, reps=1))
-            print(f"round {rnd} T={t}: {times[t][-1]:.1f} us" + (f", challenger {chal_times[t][-1]:.1f} us" if chal else ""),
-                  flush=True)
+            if rnd == 0 and good.get(t):
+                down_alone[t] = {key: down_alone_us(p, weights, routes, reps, args.dry_run)
+                                 for key, p in ((ENGINE_DOWN, engine_tiles(t, k, e)), *((plan_key(p), p) for p in good[t]))
+                                 if isinstance(p, DirectTiles)}
+            print(f"round {rnd} T={t}: {times[t][-1]:.1f} us" + (f", challenger {chal_times[t][-1]:.1f} us" if chal else "")
+                  + "".join(f", {key} {us[-1]:.1f}" for key, us in cand_times[t].items()), flush=True)
             plan = compare_plan(old, engine_tiles(t, k, e)) if old else None
             if plan is not None:
                 calls = [lambda wt=wt, r=r, p=plan: old.fused_moe(r[0], wt[0], wt[1], r[1], r[2], p)
@@ -258,6 +352,12 @@ def main(argv: list[str] | None = None) -> None:
         if chal_times[r["T"]]:
             r["challenger"] = challenger_summary(r["T"], r["us"], chal_times[r["T"]], plan_key(challengers[r["T"]]),
                                                  roofline(r["touched_experts"], r["T"], h, n, k))
+        if cand_times[r["T"]] or failed.get(r["T"]):
+            alone = down_alone.get(r["T"], {})
+            r["down_alone_us"] = alone.get(ENGINE_DOWN)
+            r["candidates"] = candidate_rows({"engine": r["us"], **cand_times[r["T"]]}, "engine",
+                                             roofline(r["touched_experts"], r["T"], h, n, k), r["T"], alone,
+                                             failed.get(r["T"], {}))
         before = old_times[r["T"]]
         if before:
             r["compare"] = {"us": before, "median_us": statistics.median(before),
@@ -265,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"gpu": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
             "triton": triton.__version__, "rounds": rounds, "compare": str(args.compare) if old else None,
-            "challengers": str(args.challengers) if args.challengers else None,
+            "challengers": str(args.challengers) if args.challengers else None, "candidates": args.candidates,
             "layer": {"H": h, "N": n, "E": e, "k": k},
             "command": "python3 benchmarks/kernels/repeat_engine_plans.py " + " ".join(argv or sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)

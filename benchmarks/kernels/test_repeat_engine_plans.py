@@ -109,3 +109,41 @@ def test_pool_joins_the_rounds_of_one_plan_across_calls(tmp_path):
     assert p["median_x_roofline"] == pytest.approx(23.5 / rep.roofline(8.0, 1, 2048, 768, 8)["roofline_us"])
     assert rows[(4096, "q")]["median_share_of_790"] == pytest.approx(309.237645312e9 / 650e-6 / 1e12 / 790)
     assert [c["date"] for c in p["calls"]] == ["d1", "d2"]
+
+
+def test_rotated_turns_the_order_a_place_each_round():
+    assert [rep.rotated(["e", "a", "b"], r) for r in range(4)] == [
+        ["e", "a", "b"], ["a", "b", "e"], ["b", "e", "a"], ["e", "a", "b"]]
+    assert rep.rotated([], 3) == []
+
+
+def test_candidate_rows_fastest_first_with_per_round_ratios_and_failures_last():
+    roof = rep.roofline(8.0, 1, 2048, 768, 8)
+    times = {"engine": [24.0, 22.0, 23.0], "slow": [26.0, 22.0, 25.3], "fast": [20.0, 22.0, 19.55]}
+    rows = rep.candidate_rows(times, "engine", roof, 1, {"fast": 7.5}, {"broken": "relative error 3.0e-01"})
+    assert [r["plan"] for r in rows] == ["fast", "slow", "broken"]
+    fast, slow, broken = rows
+    assert fast["ratio_to_engine_median"] == pytest.approx(0.85)  # ratios 0.833, 1.0, 0.85
+    assert slow["ratio_to_engine_median"] == pytest.approx(26 / 24)  # 1.083, 1.0, 1.1
+    assert fast["down_alone_us"] == 7.5 and slow["down_alone_us"] is None
+    assert broken == {"plan": "broken", "check_failed": "relative error 3.0e-01"}
+
+
+def test_dry_run_times_each_candidate_beside_the_engine_and_reports_a_broken_one(tmp_path, monkeypatch):
+    """--candidates run11 in the interpreter: every wide plan checked, timed each round beside the engine's plan,
+    its down launch alone in round 0; a plan that raises (a 3-wide down tile: no power of two) is reported, not timed."""
+    import dataclasses
+
+    import kernels.moe_plans as mp
+
+    real = mp.run11_candidates
+    monkeypatch.setattr(mp, "run11_candidates", lambda t, k, e: [
+        *real(t, k, e), dataclasses.replace(real(t, k, e)[0], down_block_n=3)])
+    rep.main(["--out", str(tmp_path), "--dry-run", "--tokens", "1", "--rounds", "2", "--candidates", "run11"])
+    (row,) = json.loads((tmp_path / "repeat.json").read_text())["rows"]
+    timed = [c for c in row["candidates"] if "check_failed" not in c]
+    assert {c["plan"] for c in timed} == {mp.plan_key(p) for p in real(1, 4, 32)}
+    assert all(len(c["us"]) == 2 and c["down_alone_us"] > 0 for c in timed) and row["down_alone_us"] > 0
+    (bad,) = [c for c in row["candidates"] if "check_failed" in c]
+    assert "n3k" in bad["plan"] and bad["check_failed"]
+    assert "check failed" in (tmp_path / "repeat.md").read_text()
