@@ -12,7 +12,7 @@ launch) is as long as reading the touched experts (run 2 on the H200, qwen3-30b-
    step, so a program has k times the bytes in flight), times the routing weights, summed in
    float32 over the k experts and stored once per token: the k-sum is in the kernel. `down_wide` (run 11):
    the K loop unrolled over all of N, so a program's weight loads are all issued before its first
-   multiply (the plain loop holds one K step in flight).
+   multiply (the plain loop holds one K step in flight); `up_wide` (run 12) unrolls gate+up's loop alike.
 
 The program id's fastest axis is the pair (the token), so pairs that share an expert read the
 same weight tile at about the same time (L2 hits rather than a second HBM read). `use_dot`: the
@@ -64,6 +64,8 @@ class DirectTiles:
     # weight load of a program is issued before its first multiply: a program keeps all its bytes in flight,
     # not one K step's (the plain loop's down launch streamed at 2.3 TB/s alone at T = 1, gate+up at 3.6)
     down_wide: bool = False
+    # run 12: gate+up's K loop unrolled over all of H the same way (gate and up rows in one unrolled loop)
+    up_wide: bool = False
 
 
 @triton.jit
@@ -116,11 +118,31 @@ def _gate_up_one_loop(v_ptr, w_ptr, cols, ok_n, stride_w, N, K, BLOCK_N: tl.cons
     return tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
 
 
+@triton.jit
+def _gate_up_wide(v_ptr, w_ptr, cols, ok_n, stride_w, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  STEPS: tl.constexpr, EVICT: tl.constexpr):
+    """_gate_up_one_loop with the K loop unrolled (STEPS * BLOCK_K >= K): every load of the program is
+    independent of the multiplies, so the compiler can issue them all first."""
+    g_rows = w_ptr + cols[:, None].to(tl.int64) * stride_w
+    u_rows = g_rows + N * stride_w
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for i in tl.static_range(STEPS):
+        ks = i * BLOCK_K + tl.arange(0, BLOCK_K)
+        ok_k = ks < K
+        m = ok_n[:, None] & ok_k[None, :]
+        v = tl.load(v_ptr + ks, mask=ok_k, other=0.0).to(tl.float32)
+        acc_g += tl.load(g_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32) * v[None, :]
+        acc_u += tl.load(u_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32) * v[None, :]
+    return tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
+
+
 @triton.jit(do_not_specialize=["num_pairs", "top_k"])
 def _gate_up_direct_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, num_pairs, H, N, top_k, sx_t, sw_e, sw_n, sa_p,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
                            USE_GDC: tl.constexpr, EVICT: tl.constexpr = "", EARLY: tl.constexpr = False,
-                           ONE_LOOP: tl.constexpr = False, STAGES: tl.constexpr = 1):
+                           ONE_LOOP: tl.constexpr = False, STAGES: tl.constexpr = 1,
+                           WIDE_STEPS: tl.constexpr = 0):
     pid = tl.program_id(0)
     p = pid % num_pairs
     cols = (pid // num_pairs) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -132,7 +154,9 @@ def _gate_up_direct_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, num_pairs, H, N, top_
     e = tl.load(ids_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // top_k).to(tl.int64) * sx_t
     w_base = w_ptr + e * sw_e
-    if ONE_LOOP:
+    if WIDE_STEPS:
+        g, u = _gate_up_wide(x_row, w_base, cols, ok_n, sw_n, N, H, BLOCK_N, BLOCK_K, WIDE_STEPS, EVICT)
+    elif ONE_LOOP:
         g, u = _gate_up_one_loop(x_row, w_base, cols, ok_n, sw_n, N, H, BLOCK_N, BLOCK_K, EVICT, STAGES)
     else:
         g = _row_times_tile(x_row, w_base, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT, EVICT)
@@ -279,7 +303,8 @@ def gate_up_direct(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, t
     _gate_up_direct_kernel[(t * k * triton.cdiv(n, tiles.block_n),)](
         x, w13, act, ids, t * k, h, n, k, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, EARLY=tiles.early and tiles.pdl, ONE_LOOP=tiles.pipeline and not tiles.use_dot,
-        STAGES=tiles.num_stages, **_launch(tiles))
+        STAGES=tiles.num_stages, WIDE_STEPS=triton.cdiv(h, tiles.block_k) if tiles.up_wide and not tiles.use_dot else 0,
+        **_launch(tiles))
     return act
 
 

@@ -48,7 +48,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
         return (f"direct n{t.block_n}k{t.block_k}/n{t.down_block_n}k{t.down_block_k}w{t.num_warps}s{t.num_stages}"
                 f"{'dot' if t.use_dot else ''}{'pdl' if t.pdl else ''}"
                 f"{f'dw{t.down_num_warps}' if t.down_num_warps else ''}{'evict' if t.evict else ''}"
-                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{'wide' if t.down_wide else ''}")
+                f"{'early' if t.early else ''}{'pipe' if t.pipeline else ''}{'wide' if t.down_wide else ''}{' upwide' if t.up_wide else ''}")
     key = f"m{t.block_m}n{t.block_n}k{t.block_k}w{t.num_warps}s{t.num_stages}g{t.group_m}" + ("tma" if t.tma else "")
     if t.down_block_n or t.down_block_k:
         key += f"/down n{t.down_block_n}k{t.down_block_k}w{t.down_num_warps}s{t.down_num_stages}"
@@ -124,7 +124,7 @@ def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *PREFILL_RUN5, *DIRECT_RUN6,
              *PREFILL_RUN6, *RUN6_BEST.values()]
     for t in RUN3_BEST:
-        plans += run4_candidates(t, 8, 128) + run11_candidates(t, 8, 128)
+        plans += run4_candidates(t, 8, 128) + run11_candidates(t, 8, 128) + run12_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
 
 
@@ -296,6 +296,36 @@ def run11_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeT
     return [dataclasses.replace(base, down_wide=True, **v) for v in RUN11_DOWN]
 
 
+# ------------------------------------------------------------------------------- run 12
+# Run 11 (benchmarks/kernels/data/moe_run11, H200 2026-12-03 23:48 UTC, 9 rounds, the engine's plan beside each):
+# the wide down launch won at every T: T = 1 n8k256 8 warps 22.5 us against 23.3 (ratio 0.967; its down launch
+# alone 10.5 us against 11.2), T = 2 n2k256 4 warps 39.7 against 42.4 (0.932), T = 4 the same tile 69.7 against
+# 76.8 (0.907). Run 12 keeps each T's winner and unrolls gate+up's K loop too (DirectTiles.up_wide; sm90
+# compile, no spills: n8k256 w4 79 registers, n4k256 w4 88, n4k512 w4 100, n2k512 w4 64, n16k256 w8 74, n4k256
+# w2 79, n2k1024 w4 62; the engine's pipelined n8k256 80 registers and 17 KB of shared memory).
+RUN11_BEST_DOWN = {1: {"down_block_n": 8, "down_block_k": 256, "down_num_warps": 8},
+                   2: {"down_block_n": 2, "down_block_k": 256, "down_num_warps": 4},
+                   4: {"down_block_n": 2, "down_block_k": 256, "down_num_warps": 4}}
+RUN12_UP = [(8, 256, 4), (4, 256, 4), (4, 512, 4), (2, 512, 4), (16, 256, 8), (4, 256, 2), (2, 1024, 4)]
+
+
+def run11_best(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """The engine's plan at T with run 11's winning wide down launch (the T of RUN11_BEST_DOWN nearest in log2)."""
+    base = engine_tiles(num_tokens, top_k, num_experts)
+    if not isinstance(base, DirectTiles):
+        return base
+    return dataclasses.replace(base, down_wide=True, **rule_tiles(num_tokens, RUN11_BEST_DOWN))
+
+
+def run12_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 12's plans at T: run 11's best, alone and with each RUN12_UP wide gate+up (block_n, block_k, warps),
+    where the engine's plan at T is a direct one (none otherwise)."""
+    base = run11_best(num_tokens, top_k, num_experts)
+    if not isinstance(base, DirectTiles):
+        return []
+    return [base, *(dataclasses.replace(base, up_wide=True, block_n=n, block_k=k, num_warps=w) for n, k, w in RUN12_UP)]
+
+
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
     measured plan of the nearest T in log2 (RUN6_BEST: qwen3-30b-a3b's profile is calibrated on it);
@@ -324,7 +354,9 @@ __all__ = [
     "RUN3_BEST",
     "RUN5_BEST",
     "RUN6_BEST",
+    "RUN11_BEST_DOWN",
     "RUN11_DOWN",
+    "RUN12_UP",
     "engine_fused_moe",
     "engine_tiles",
     "known_plans",
@@ -337,5 +369,7 @@ __all__ = [
     "run5_best",
     "run6_best",
     "run6_candidates",
+    "run11_best",
     "run11_candidates",
+    "run12_candidates",
 ]

@@ -88,8 +88,8 @@ def rows() -> list[dict]:
     al = ("n", "num_experts", "cap", "num_blocks", "num_chunks")
     gu = ("num_pairs", "top_k", "num_blocks")
     dd = ("num_tokens", "top_k")
-    d_gu = {"USE_DOT": False, "USE_GDC": True, "EVICT": "", "EARLY": False, "ONE_LOOP": False, "STAGES": 1}
-    d_dn = {"KP2": 8, "USE_DOT": False, "USE_GDC": True, "EVICT": "", "PREFETCH": False, "LINES": 16}
+    d_gu = {"USE_DOT": False, "USE_GDC": True, "EVICT": "", "EARLY": False, "ONE_LOOP": False, "STAGES": 1, "WIDE_STEPS": 0}
+    d_dn = {"KP2": 8, "USE_DOT": False, "USE_GDC": True, "EVICT": "", "PREFETCH": False, "LINES": 16, "WIDE_STEPS": 0}
     ids64 = {"ids_ptr": "*i64"}
     return [
         compile_row(ma._scatter_kernel, {"BLOCK_M": 128, "EP2": 128, "CHUNK": 256, "ROWS": 16, "COUNT_HERE": False},

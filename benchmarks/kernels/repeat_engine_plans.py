@@ -17,7 +17,7 @@ after this tree's, so a kernel refactor's effect on the engine's step times is m
 `--challengers MOE_JSON`: a focus bench's moe.json; at each T its fastest plan (kernels.moe_plans.
 propose_rule), where that is not the engine's, is timed in the same rounds on the same draws (first in
 odd rounds, second in even ones), so a plan is adopted on 7 draws rather than one.
-`--candidates ROUND`: a round of kernels.moe_plans (`run11`: run11_candidates) whose plans at each T are each
+`--candidates ROUND`: a round of kernels.moe_plans (`run11`: run11_candidates, `run12`: run12_candidates) whose plans at each T are each
 checked against the float32 per-expert loop, then timed beside the engine's plan in every round on the same
 draws (the order rotated a place each round, so none always runs first); in round 0 each direct plan's down
 launch is also timed alone (on its own gate+up's activations).
@@ -44,7 +44,7 @@ BF16_FLOPS_PER_S = 790e12
 QWEN3 = (2048, 768, 128, 8)  # H, N (expert intermediate), E, top k
 DRY = (64, 32, 32, 4)
 COPIES = 3
-CANDIDATE_ROUNDS = {"run11": "run11_candidates"}  # --candidates: the kernels.moe_plans function of the round
+CANDIDATE_ROUNDS = {"run11": "run11_candidates", "run12": "run12_candidates"}  # --candidates: the kernels.moe_plans function of the round
 ENGINE_DOWN = "engine"  # the engine plan's key in the down-alone times
 CHECK_TOL = 1e-2  # relative error of a bf16 plan against the float32 loop (the focus bench's bar)
 
@@ -144,10 +144,11 @@ def rotated(items: list, by: int) -> list:
 
 
 def candidate_rows(times: dict[str, list[float]], engine_key: str, roof: dict, t: int, down_alone: dict,
-                   failed: dict) -> list[dict]:
+                   failed: dict, up_alone: dict | None = None) -> list[dict]:
     """Each candidate's rounds beside the engine plan's (the median of per-round ratios), fastest first; a plan
     whose check failed: its error, no times."""
-    rows = [{**challenger_summary(t, times[engine_key], us, key, roof), "down_alone_us": down_alone.get(key)}
+    rows = [{**challenger_summary(t, times[engine_key], us, key, roof), "down_alone_us": down_alone.get(key),
+             "up_alone_us": (up_alone or {}).get(key)}
             for key, us in times.items() if key != engine_key and us]
     rows.sort(key=lambda r: r["ratio_to_engine_median"])
     return rows + [{"plan": key, "check_failed": err} for key, err in failed.items()]
@@ -222,18 +223,19 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     held = [r for r in rows if r.get("candidates")]
     if held:
         lines += ["", (f"Candidates ({meta.get('candidates')}), the same rounds and draws, the order rotated each round; "
-                       "down alone: round 0, the plan's down launch by itself (the engine plan's in the T row's first line):"), "",
-                  "| T | plan | us per round | median us | x roofline | / engine (median of ratios) | down alone us |",
-                  "|---:|---|---|---:|---:|---:|---:|"]
+                       "down / gate+up alone: round 0, the plan's launch by itself (the engine plan's in the T row's first line):"), "",
+                  "| T | plan | us per round | median us | x roofline | / engine (median of ratios) | down alone us | gate+up alone us |",
+                  "|---:|---|---|---:|---:|---:|---:|---:|"]
         for r in held:
             lines.append(f"| {r['T']} | engine: {r['plan']} | | {r['median_us']:.1f} | {r['median_x_roofline']:.3f} | 1 | "
-                         f"{_f(r.get('down_alone_us'))} |")
+                         f"{_f(r.get('down_alone_us'))} | {_f(r.get('up_alone_us'))} |")
             for c in r["candidates"]:
                 if "check_failed" in c:
-                    lines.append(f"| {r['T']} | {c['plan']} | check failed: {c['check_failed']} | | | | |")
+                    lines.append(f"| {r['T']} | {c['plan']} | check failed: {c['check_failed']} | | | | | |")
                     continue
                 lines.append(f"| {r['T']} | {c['plan']} | {', '.join(f'{u:.1f}' for u in c['us'])} | {c['median_us']:.1f} | "
-                             f"{c['median_x_roofline']:.3f} | {c['ratio_to_engine_median']:.3f} | {_f(c['down_alone_us'])} |")
+                             f"{c['median_x_roofline']:.3f} | {c['ratio_to_engine_median']:.3f} | {_f(c['down_alone_us'])} | "
+                             f"{_f(c.get('up_alone_us'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -283,11 +285,15 @@ def main(argv: list[str] | None = None) -> None:
                     failed.setdefault(t, {})[plan_key(p)] = f"relative error {err:.2e}"
         return good, failed
 
-    def down_alone_us(plan, weights, routes, reps: int, dry: bool) -> float:
-        """us per call of a direct plan's down launch alone, on its gate+up's activations."""
+    def down_alone_us(plan, weights, routes, reps: int, dry: bool) -> tuple[float, float]:
+        """us per call of a direct plan's down launch alone (on its gate+up's activations), and of its gate+up
+        launch alone."""
         acts = [gate_up_direct(r[0], wt[0], r[2], plan) for wt, r in zip(weights, routes)]
-        return time_calls_us([lambda a=a, wt=wt, r=r: down_direct(a, wt[1], r[1], r[2], plan)
+        down = time_calls_us([lambda a=a, wt=wt, r=r: down_direct(a, wt[1], r[1], r[2], plan)
                               for a, wt, r in zip(acts, weights, routes)] * reps, dry, reps=1)
+        up = time_calls_us([lambda wt=wt, r=r: gate_up_direct(r[0], wt[0], r[2], plan)
+                            for wt, r in zip(weights, routes)] * reps, dry, reps=1)
+        return down, up
 
     _interpreter_compat.apply()
     device, dtype = ("cpu", torch.float32) if args.dry_run else ("cuda", torch.bfloat16)
@@ -353,11 +359,12 @@ def main(argv: list[str] | None = None) -> None:
             r["challenger"] = challenger_summary(r["T"], r["us"], chal_times[r["T"]], plan_key(challengers[r["T"]]),
                                                  roofline(r["touched_experts"], r["T"], h, n, k))
         if cand_times[r["T"]] or failed.get(r["T"]):
-            alone = down_alone.get(r["T"], {})
-            r["down_alone_us"] = alone.get(ENGINE_DOWN)
+            alone = {key: v[0] for key, v in down_alone.get(r["T"], {}).items()}
+            up_alone = {key: v[1] for key, v in down_alone.get(r["T"], {}).items()}
+            r["down_alone_us"], r["up_alone_us"] = alone.get(ENGINE_DOWN), up_alone.get(ENGINE_DOWN)
             r["candidates"] = candidate_rows({"engine": r["us"], **cand_times[r["T"]]}, "engine",
                                              roofline(r["touched_experts"], r["T"], h, n, k), r["T"], alone,
-                                             failed.get(r["T"], {}))
+                                             failed.get(r["T"], {}), up_alone)
         before = old_times[r["T"]]
         if before:
             r["compare"] = {"us": before, "median_us": statistics.median(before),

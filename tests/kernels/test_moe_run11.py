@@ -1,5 +1,5 @@
-"""Run 11's direct-path down launch with its K loop unrolled over N (DirectTiles.down_wide), in the Triton
-interpreter against the float32 per-expert loop, and run 11's candidate list."""
+"""Runs 11-12's direct-path launches with their K loops unrolled (DirectTiles.down_wide over N, up_wide over H),
+in the Triton interpreter against the float32 per-expert loop, and the rounds' candidate lists."""
 
 from __future__ import annotations
 
@@ -11,7 +11,16 @@ from hypothesis import strategies as st
 
 from kernels.fused_moe import fused_moe
 from kernels.moe_direct import DirectTiles, down_direct, gate_up_direct
-from kernels.moe_plans import RUN11_DOWN, engine_tiles, known_plans, plan_key, run11_candidates
+from kernels.moe_plans import (
+    RUN11_DOWN,
+    RUN12_UP,
+    engine_tiles,
+    known_plans,
+    plan_key,
+    run11_best,
+    run11_candidates,
+    run12_candidates,
+)
 from kernels.moe_reference import fused_moe_ref, route_ref
 from tests.kernels.helpers import SETTINGS, assert_close
 
@@ -65,3 +74,32 @@ def test_run11_candidates_are_the_engines_direct_plan_with_each_wide_down():
         assert len(set(keys)) == len(keys) and all(key.endswith("wide") for key in keys)
         assert set(keys) <= set(known_plans())
     assert run11_candidates(64, 8, 128) == []  # the engine's plan there is a grouped one
+
+
+@settings(max_examples=10, **SETTINGS)
+@given(t=st.integers(1, 4), e=st.integers(2, 8), k=st.integers(1, 3), h=st.sampled_from([16, 20, 40]),
+       n=st.sampled_from([16, 24]), block_k=st.sampled_from([8, 16, 32]), seed=st.integers(0, 10**6))
+def test_wide_gate_up_equals_the_per_expert_loop(t, e, k, h, n, block_k, seed):
+    """h = 20, 40 against block_k 16, 32: gate+up's last unrolled step partly masked; block_k 32 > h = 20: one
+    step, mostly masked."""
+    k = min(k, e)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=g)
+    w13, w2 = _weights(g, e, h, n)
+    weights, ids = route_ref(torch.randn(t, e, generator=g), k, renormalize=True)
+    plan = dataclasses.replace(WIDE, block_n=8, block_k=block_k, up_wide=True)
+    assert_close(fused_moe(x, w13, w2, weights, ids, plan), fused_moe_ref(x, w13, w2, weights, ids), torch.float32)
+
+
+def test_run12_candidates_are_run11s_best_alone_then_with_each_wide_gate_up():
+    for t in (1, 2, 4):
+        base = run11_best(t, 8, 128)
+        assert base.down_wide and not base.up_wide
+        plans = run12_candidates(t, 8, 128)
+        assert plans[0] == base and len(plans) == 1 + len(RUN12_UP)
+        assert [(p.block_n, p.block_k, p.num_warps) for p in plans[1:]] == RUN12_UP
+        assert all(p.up_wide and dataclasses.replace(p, up_wide=False, block_n=base.block_n, block_k=base.block_k,
+                                                     num_warps=base.num_warps) == base for p in plans[1:])
+        assert {plan_key(p) for p in plans} <= set(known_plans())
+    assert run11_best(1, 8, 128).down_block_n == 8 and run11_best(4, 8, 128).down_block_n == 2
+    assert run12_candidates(64, 8, 128) == []
