@@ -122,7 +122,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values()]
+             *PREFILL_RUN6, *RUN6_BEST.values(), *RUN12_BEST.values()]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128) + run11_candidates(t, 8, 128) + run12_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -287,10 +287,18 @@ RUN11_DOWN = [
 ]
 
 
+def run6_engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """The plan the engine ran before run 12's rule (RUN6_BEST with 32 or more experts, run 2's tiles with
+    fewer): runs 11-12's baseline."""
+    if num_experts < ENGINE_RULE_MIN_EXPERTS:
+        return run2_tiles(num_tokens, top_k, num_experts)
+    return rule_tiles(num_tokens, RUN6_BEST)
+
+
 def run11_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 11's plans at T: the engine's plan with each RUN11_DOWN wide down launch, where the engine's plan
-    at T is a direct one (none otherwise)."""
-    base = engine_tiles(num_tokens, top_k, num_experts)
+    """Run 11's plans at T: the engine's plan then (run6_engine_tiles) with each RUN11_DOWN wide down launch,
+    where that plan is a direct one (none otherwise)."""
+    base = run6_engine_tiles(num_tokens, top_k, num_experts)
     if not isinstance(base, DirectTiles):
         return []
     return [dataclasses.replace(base, down_wide=True, **v) for v in RUN11_DOWN]
@@ -310,8 +318,9 @@ RUN12_UP = [(8, 256, 4), (4, 256, 4), (4, 512, 4), (2, 512, 4), (16, 256, 8), (4
 
 
 def run11_best(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
-    """The engine's plan at T with run 11's winning wide down launch (the T of RUN11_BEST_DOWN nearest in log2)."""
-    base = engine_tiles(num_tokens, top_k, num_experts)
+    """Run 11's baseline plan at T (run6_engine_tiles) with its winning wide down launch (the T of RUN11_BEST_DOWN
+    nearest in log2)."""
+    base = run6_engine_tiles(num_tokens, top_k, num_experts)
     if not isinstance(base, DirectTiles):
         return base
     return dataclasses.replace(base, down_wide=True, **rule_tiles(num_tokens, RUN11_BEST_DOWN))
@@ -326,14 +335,24 @@ def run12_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeT
     return [base, *(dataclasses.replace(base, up_wide=True, block_n=n, block_k=k, num_warps=w) for n, k, w in RUN12_UP)]
 
 
+# Run 12 (benchmarks/kernels/data/moe_run12, H200 2026-12-03 23:53 UTC, 9 rounds): gate+up unrolled in two
+# 1,024-wide K steps over 2-row tiles beside run 11's wide down won at every T, by ~1% over run 11's best
+# (T = 1 22.1 us, 1.23x its roofline, against the run 6 plan's 23.1 in the same rounds: ratio 0.955; T = 2
+# 38.6 against 41.8, 0.923; T = 4 68.1 against 76.3, 0.893). The other unrolled gate+up tiles lost (up to
+# 1.13x the run 6 plan): the pipelined loop already streams at ~3.6 TB/s.
+_UP12 = {"up_wide": True, "block_n": 2, "block_k": 1024, "num_warps": 4}
+RUN12_BEST: dict[int, MoeTiles | DirectTiles] = {
+    **RUN6_BEST, **{t: dataclasses.replace(run11_best(t, 8, 128), **_UP12) for t in (1, 2, 4)}}
+
+
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
-    measured plan of the nearest T in log2 (RUN6_BEST: qwen3-30b-a3b's profile is calibrated on it);
-    with fewer (mixtral-8x7b's 8) run 2's tiles (`run2_tiles`), on which mixtral's profile was
-    calibrated (run 3 measured its direct path 22% slower there at T = 1)."""
+    measured plan of the nearest T in log2 (RUN12_BEST: run 6's plans with run 12's at T = 1-4;
+    qwen3-30b-a3b's profile is calibrated on them); with fewer (mixtral-8x7b's 8) run 2's tiles (`run2_tiles`),
+    on which mixtral's profile was calibrated (run 3 measured its direct path 22% slower there at T = 1)."""
     if num_experts < ENGINE_RULE_MIN_EXPERTS:
         return run2_tiles(num_tokens, top_k, num_experts)
-    return rule_tiles(num_tokens, RUN6_BEST)
+    return rule_tiles(num_tokens, RUN12_BEST)
 
 
 def engine_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -356,6 +375,7 @@ __all__ = [
     "RUN6_BEST",
     "RUN11_BEST_DOWN",
     "RUN11_DOWN",
+    "RUN12_BEST",
     "RUN12_UP",
     "engine_fused_moe",
     "engine_tiles",
@@ -369,6 +389,7 @@ __all__ = [
     "run5_best",
     "run6_best",
     "run6_candidates",
+    "run6_engine_tiles",
     "run11_best",
     "run11_candidates",
     "run12_candidates",

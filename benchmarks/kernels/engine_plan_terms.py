@@ -4,6 +4,8 @@
     python3 benchmarks/kernels/engine_plan_terms.py data/moe_run6/moe.json data/moe_engine_plans/moe.json ...
     python3 benchmarks/kernels/engine_plan_terms.py ... --into benchmarks/calibration/data/moe/start/h200-qwen3-30b-a3b.json --force
 
+A repeat_engine_plans.py result (repeat.json) counts as a focus run of its T: each plan's median over its rounds.
+
 Each focus run (`bench_moe_h200.py --focus`) times several plans per step size T; the engine runs one of
 them, `kernels.moe_plans.engine_tiles(T, k, E)`. This takes that plan's time at every T the files hold
 (a T timed twice: the later file wins), fits `MoeTerms` (sim/moe_fit.py: measured / roofline side per T,
@@ -29,15 +31,33 @@ from sim.cost_model import CostProfile
 from sim.hardware import get_gpu
 from sim.moe_fit import fit_moe_terms
 
+REPEAT_PRESET = "qwen3-30b-a3b"  # the layer repeat_engine_plans.py times (its meta.layer)
+
+
+def repeat_speed_rows(res: dict) -> list[dict]:
+    """A repeat_engine_plans.py result (repeat.json) as bench speed rows: per T the median us of the plan then
+    the engine's and of each candidate (`--candidates`: the same rounds and draws) or challenger."""
+    layer = res["meta"]["layer"]
+    out = []
+    for r in res["rows"]:
+        times = {r["plan"]: r["median_us"]}
+        for c in [*r.get("candidates", []), *([r["challenger"]] if r.get("challenger") else [])]:
+            if "median_us" in c:
+                times[c["plan"]] = c["median_us"]
+        out.append({"preset": REPEAT_PRESET, "T": r["T"], **layer, "touched_experts": r["touched_experts"],
+                    "fused_by_tiles": times})
+    return out
+
 
 def engine_rows(paths: list[Path], preset: str) -> tuple[list[dict], list[str]]:
     """One row per T: the bench row with `fused_us` set to the engine plan's time; and the files'
-    dates. A T whose engine plan no file timed is an error naming the plan."""
+    dates. Files: focus-mode moe.json, or repeat_engine_plans.py's repeat.json (medians over its rounds). A T
+    whose engine plan no file timed is an error naming the plan."""
     by_t, dates = {}, []
     for path in paths:
         res = json.loads(path.read_text())
         dates.append(f"{path}: {res['meta'].get('gpu')} {res['meta'].get('date')}")
-        for row in res["speed"]:
+        for row in res["speed"] if "speed" in res else repeat_speed_rows(res):
             if row["preset"] == preset:
                 by_t[row["T"]] = row
     rows = []
@@ -64,7 +84,8 @@ def block_rows_knots(top_k: int, num_experts: int, max_tokens: int) -> tuple[tup
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("results", type=Path, nargs="+", help="moe.json files of bench_moe_h200.py --focus runs")
+    p.add_argument("results", type=Path, nargs="+",
+                   help="moe.json files of bench_moe_h200.py --focus runs, or repeat.json of repeat_engine_plans.py")
     p.add_argument("--preset", default="qwen3-30b-a3b")
     p.add_argument("--gpu", default="h200")
     p.add_argument("--into", type=Path, help="a profile file whose moe terms to replace")
@@ -74,7 +95,7 @@ def main() -> None:
     rows, dates = engine_rows(a.results, a.preset)
     base = CostProfile.load(a.into) if a.into else CostProfile.load("default")
     source = (f"measured: the engine's fused-MoE plans (kernels.moe_plans.engine_tiles) timed by "
-              f"benchmarks/kernels/bench_moe_h200.py --focus ({'; '.join(dates)}), one {a.preset} MoE layer, "
+              f"benchmarks/kernels/bench_moe_h200.py --focus or repeat_engine_plans.py ({'; '.join(dates)}), one {a.preset} MoE layer, "
               f"random bf16 weights and router, T = {rows[0]['T']}..{rows[-1]['T']}; routing skew 0 = uniform prior")
     blocks = block_rows_knots(rows[0]["k"], rows[0]["E"], max(a.max_tokens, rows[-1]["T"]))
     source += f"; FLOPs per computed row, each expert's pairs in the plans' blocks ({blocks})"
@@ -92,7 +113,7 @@ def main() -> None:
     if a.into:
         if not a.force:
             sys.exit(f"{a.into} exists; pass --force to replace its moe terms")
-        prov = {**(base.provenance or {}), "moe": {"bench": "benchmarks/kernels/bench_moe_h200.py --focus",
+        prov = {**(base.provenance or {}), "moe": {"bench": "benchmarks/kernels/bench_moe_h200.py --focus, repeat_engine_plans.py",
                                                    "plans": "kernels.moe_plans.engine_tiles", "files": dates}}
         base.model_copy(update={"moe": terms, "provenance": prov}).save(a.into)
         print(f"wrote the moe terms of {a.into}")

@@ -14,9 +14,9 @@ from kernels.moe_direct import DirectTiles, down_direct, gate_up_direct
 from kernels.moe_plans import (
     RUN11_DOWN,
     RUN12_UP,
-    engine_tiles,
     known_plans,
     plan_key,
+    run6_engine_tiles,
     run11_best,
     run11_candidates,
     run12_candidates,
@@ -63,9 +63,9 @@ def test_wide_down_equals_the_plain_down_launch_on_the_same_activations():
     torch.testing.assert_close(wide[0], by_hand, rtol=1e-5, atol=1e-5)
 
 
-def test_run11_candidates_are_the_engines_direct_plan_with_each_wide_down():
+def test_run11_candidates_are_the_then_engines_direct_plan_with_each_wide_down():
     for t in (1, 2, 4):
-        base = engine_tiles(t, 8, 128)
+        base = run6_engine_tiles(t, 8, 128)
         plans = run11_candidates(t, 8, 128)
         assert len(plans) == len(RUN11_DOWN) and all(p.down_wide for p in plans)
         assert all(dataclasses.replace(p, down_wide=False, down_block_n=base.down_block_n, down_block_k=base.down_block_k,
@@ -73,7 +73,7 @@ def test_run11_candidates_are_the_engines_direct_plan_with_each_wide_down():
         keys = [plan_key(p) for p in plans]
         assert len(set(keys)) == len(keys) and all(key.endswith("wide") for key in keys)
         assert set(keys) <= set(known_plans())
-    assert run11_candidates(64, 8, 128) == []  # the engine's plan there is a grouped one
+    assert run11_candidates(64, 8, 128) == []  # the plan there is a grouped one
 
 
 @settings(max_examples=10, **SETTINGS)
