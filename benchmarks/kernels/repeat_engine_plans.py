@@ -243,6 +243,48 @@ def _f(v) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def check_candidates(by_t: dict[int, list], layer, h: int, e: int, k: int, device: str, dtype) -> tuple[dict, dict]:
+    """Each plan at T against the float32 per-expert loop on one draw of T tokens: (T -> the plans within
+    CHECK_TOL, T -> {key: why not} of the others). A failing plan is reported, not timed."""
+    import torch
+
+    from kernels.fused_moe import fused_moe
+    from kernels.moe_plans import plan_key
+    from kernels.moe_reference import fused_moe_ref, route_ref
+
+    good, failed = {}, {}
+    for t, plans in by_t.items():
+        gr = torch.Generator(device=device).manual_seed(17 + t)
+        x = torch.randn(t, h, generator=gr, device=device).to(dtype)
+        w, ids = route_ref(torch.randn(t, e, generator=gr, device=device), k, renormalize=True)
+        ref = fused_moe_ref(x.float(), layer[0].float(), layer[1].float(), w, ids)
+        for p in plans:
+            try:
+                err = ((fused_moe(x, layer[0], layer[1], w, ids, p).float() - ref).norm() / ref.norm()).item()
+            except Exception as exc:  # noqa: BLE001 - reported beside the timed plans
+                failed.setdefault(t, {})[plan_key(p)] = repr(exc)[:300]
+                continue
+            if err <= CHECK_TOL:
+                good.setdefault(t, []).append(p)
+            else:
+                failed.setdefault(t, {})[plan_key(p)] = f"relative error {err:.2e}"
+    return good, failed
+
+
+def launches_alone_us(plan, weights: list, routes: list, reps: int, dry: bool) -> tuple[float, float]:
+    """us per call of a direct plan's down launch alone (on its gate+up's activations), and of its gate+up
+    launch alone."""
+    from benchmarks.kernels.graph_timing import time_calls_us
+    from kernels.moe_direct import down_direct, gate_up_direct
+
+    acts = [gate_up_direct(r[0], wt[0], r[2], plan) for wt, r in zip(weights, routes)]
+    down = time_calls_us([lambda a=a, wt=wt, r=r: down_direct(a, wt[1], r[1], r[2], plan)
+                          for a, wt, r in zip(acts, weights, routes)] * reps, dry, reps=1)
+    up = time_calls_us([lambda wt=wt, r=r: gate_up_direct(r[0], wt[0], r[2], plan)
+                        for wt, r in zip(weights, routes)] * reps, dry, reps=1)
+    return down, up
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.pool:
@@ -260,40 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.kernels.graph_timing import time_calls_us
     from kernels import _interpreter_compat
     from kernels.fused_moe import fused_moe
-    from kernels.moe_direct import DirectTiles, down_direct, gate_up_direct
+    from kernels.moe_direct import DirectTiles
     from kernels.moe_plans import engine_fused_moe, engine_tiles, plan_key
-    from kernels.moe_reference import fused_moe_ref, route_ref
-
-    def check_candidates(by_t: dict[int, list], layer, h, e, k, device, dtype) -> tuple[dict, dict]:
-        """Each plan at T against the float32 per-expert loop on one draw of T tokens: (T -> the plans within
-        CHECK_TOL, T -> {key: why not} of the others). A failing plan is reported, not timed."""
-        good, failed = {}, {}
-        for t, plans in by_t.items():
-            gr = torch.Generator(device=device).manual_seed(17 + t)
-            x = torch.randn(t, h, generator=gr, device=device).to(dtype)
-            w, ids = route_ref(torch.randn(t, e, generator=gr, device=device), k, renormalize=True)
-            ref = fused_moe_ref(x.float(), layer[0].float(), layer[1].float(), w, ids)
-            for p in plans:
-                try:
-                    err = ((fused_moe(x, layer[0], layer[1], w, ids, p).float() - ref).norm() / ref.norm()).item()
-                except Exception as exc:  # noqa: BLE001 - reported beside the timed plans
-                    failed.setdefault(t, {})[plan_key(p)] = repr(exc)[:300]
-                    continue
-                if err <= CHECK_TOL:
-                    good.setdefault(t, []).append(p)
-                else:
-                    failed.setdefault(t, {})[plan_key(p)] = f"relative error {err:.2e}"
-        return good, failed
-
-    def down_alone_us(plan, weights, routes, reps: int, dry: bool) -> tuple[float, float]:
-        """us per call of a direct plan's down launch alone (on its gate+up's activations), and of its gate+up
-        launch alone."""
-        acts = [gate_up_direct(r[0], wt[0], r[2], plan) for wt, r in zip(weights, routes)]
-        down = time_calls_us([lambda a=a, wt=wt, r=r: down_direct(a, wt[1], r[1], r[2], plan)
-                              for a, wt, r in zip(acts, weights, routes)] * reps, dry, reps=1)
-        up = time_calls_us([lambda wt=wt, r=r: gate_up_direct(r[0], wt[0], r[2], plan)
-                            for wt, r in zip(weights, routes)] * reps, dry, reps=1)
-        return down, up
+    from kernels.moe_reference import route_ref
 
     _interpreter_compat.apply()
     device, dtype = ("cpu", torch.float32) if args.dry_run else ("cuda", torch.bfloat16)
@@ -341,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
             if chal and not rnd % 2:
                 chal_times[t].append(time_calls_us(chal_calls, args.dry_run, reps=1))
             if rnd == 0 and good.get(t):
-                down_alone[t] = {key: down_alone_us(p, weights, routes, reps, args.dry_run)
+                down_alone[t] = {key: launches_alone_us(p, weights, routes, reps, args.dry_run)
                                  for key, p in ((ENGINE_DOWN, engine_tiles(t, k, e)), *((plan_key(p), p) for p in good[t]))
                                  if isinstance(p, DirectTiles)}
             print(f"round {rnd} T={t}: {times[t][-1]:.1f} us" + (f", challenger {chal_times[t][-1]:.1f} us" if chal else "")
