@@ -99,41 +99,34 @@ def _row_times_tile(v_ptr, w_ptr, cols, ok_n, stride_w, K, BLOCK_N: tl.constexpr
 
 
 @triton.jit
-def _gate_up_one_loop(v_ptr, w_ptr, cols, ok_n, stride_w, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EVICT: tl.constexpr, STAGES: tl.constexpr):
-    """([BLOCK_N], [BLOCK_N]) float32: the gate and up rows `cols` times v, one K loop for both."""
-    g_rows = w_ptr + cols[:, None].to(tl.int64) * stride_w
-    u_rows = g_rows + N * stride_w
-    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        ok_k = ks < K
-        m = ok_n[:, None] & ok_k[None, :]
-        v = tl.load(v_ptr + ks, mask=ok_k, other=0.0).to(tl.float32)
-        wg = tl.load(g_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
-        wu = tl.load(u_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
-        acc_g += wg * v[None, :]
-        acc_u += wu * v[None, :]
-    return tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
+def _gate_up_step(v_ptr, g_rows, u_rows, ks, ok_n, K, acc_g, acc_u, EVICT: tl.constexpr):
+    """One K step of _gate_up_one_loop: the [BLOCK_K] slice `ks` of v times the gate and up rows, added in."""
+    ok_k = ks < K
+    m = ok_n[:, None] & ok_k[None, :]
+    v = tl.load(v_ptr + ks, mask=ok_k, other=0.0).to(tl.float32)
+    acc_g += tl.load(g_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32) * v[None, :]
+    acc_u += tl.load(u_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32) * v[None, :]
+    return acc_g, acc_u
 
 
 @triton.jit
-def _gate_up_wide(v_ptr, w_ptr, cols, ok_n, stride_w, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  STEPS: tl.constexpr, EVICT: tl.constexpr):
-    """_gate_up_one_loop with the K loop unrolled (STEPS * BLOCK_K >= K): every load of the program is
-    independent of the multiplies, so the compiler can issue them all first."""
+def _gate_up_one_loop(v_ptr, w_ptr, cols, ok_n, stride_w, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EVICT: tl.constexpr, STAGES: tl.constexpr, WIDE_STEPS: tl.constexpr = 0):
+    """([BLOCK_N], [BLOCK_N]) float32: the gate and up rows `cols` times v, one K loop for both: pipelined
+    through shared memory (STAGES), or with WIDE_STEPS (run 12, WIDE_STEPS * BLOCK_K >= K) unrolled, so every
+    load of the program is independent of the multiplies and the compiler can issue them all first."""
     g_rows = w_ptr + cols[:, None].to(tl.int64) * stride_w
     u_rows = g_rows + N * stride_w
     acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for i in tl.static_range(STEPS):
-        ks = i * BLOCK_K + tl.arange(0, BLOCK_K)
-        ok_k = ks < K
-        m = ok_n[:, None] & ok_k[None, :]
-        v = tl.load(v_ptr + ks, mask=ok_k, other=0.0).to(tl.float32)
-        acc_g += tl.load(g_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32) * v[None, :]
-        acc_u += tl.load(u_rows + ks[None, :], mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32) * v[None, :]
+    if WIDE_STEPS:
+        for i in tl.static_range(WIDE_STEPS):
+            acc_g, acc_u = _gate_up_step(v_ptr, g_rows, u_rows, i * BLOCK_K + tl.arange(0, BLOCK_K), ok_n, K, acc_g,
+                                         acc_u, EVICT)
+    else:
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            acc_g, acc_u = _gate_up_step(v_ptr, g_rows, u_rows, k0 + tl.arange(0, BLOCK_K), ok_n, K, acc_g, acc_u,
+                                         EVICT)
     return tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
 
 
@@ -154,10 +147,8 @@ def _gate_up_direct_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, num_pairs, H, N, top_
     e = tl.load(ids_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // top_k).to(tl.int64) * sx_t
     w_base = w_ptr + e * sw_e
-    if WIDE_STEPS:
-        g, u = _gate_up_wide(x_row, w_base, cols, ok_n, sw_n, N, H, BLOCK_N, BLOCK_K, WIDE_STEPS, EVICT)
-    elif ONE_LOOP:
-        g, u = _gate_up_one_loop(x_row, w_base, cols, ok_n, sw_n, N, H, BLOCK_N, BLOCK_K, EVICT, STAGES)
+    if ONE_LOOP or WIDE_STEPS:
+        g, u = _gate_up_one_loop(x_row, w_base, cols, ok_n, sw_n, N, H, BLOCK_N, BLOCK_K, EVICT, STAGES, WIDE_STEPS)
     else:
         g = _row_times_tile(x_row, w_base, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT, EVICT)
         u = _row_times_tile(x_row, w_base + N * sw_n, cols, ok_n, sw_n, H, BLOCK_N, BLOCK_K, USE_DOT, EVICT)
