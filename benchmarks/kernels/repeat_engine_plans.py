@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -45,7 +46,7 @@ QWEN3 = (2048, 768, 128, 8)  # H, N (expert intermediate), E, top k
 DRY = (64, 32, 32, 4)
 COPIES = 3
 CANDIDATE_ROUNDS = {"run11": "run11_candidates", "run12": "run12_candidates"}  # --candidates: the kernels.moe_plans function of the round
-ENGINE_DOWN = "engine"  # the engine plan's key in the down-alone times
+ENGINE = "engine"  # the engine plan's key beside the candidates' plan keys (times, launches alone)
 CHECK_TOL = 1e-2  # relative error of a bf16 plan against the float32 loop (the focus bench's bar)
 
 
@@ -127,6 +128,18 @@ def challenger_summary(t: int, mine: list[float], theirs: list[float], plan_name
             "ratio_to_engine_median": statistics.median(a / b for a, b in zip(theirs, mine))}
 
 
+class LaunchesAlone(NamedTuple):
+    """A direct plan's two launches each timed by itself (us per call)."""
+
+    down_us: float
+    gate_up_us: float
+
+
+def alone_fields(t: LaunchesAlone | None) -> dict:
+    """A row's launches-alone columns (None where the plan is not a direct one, or not timed alone)."""
+    return {"down_alone_us": t.down_us if t else None, "up_alone_us": t.gate_up_us if t else None}
+
+
 def candidate_plans(round_name: str, tokens: list[int], k: int, e: int) -> dict[int, list]:
     """T -> the round's plans at T (kernels.moe_plans.<round>_candidates)."""
     import kernels.moe_plans as mp
@@ -143,13 +156,12 @@ def rotated(items: list, by: int) -> list:
     return items[by:] + items[:by]
 
 
-def candidate_rows(times: dict[str, list[float]], engine_key: str, roof: dict, t: int, down_alone: dict,
-                   failed: dict, up_alone: dict | None = None) -> list[dict]:
+def candidate_rows(times: dict[str, list[float]], roof: dict, t: int, alone: dict[str, LaunchesAlone],
+                   failed: dict) -> list[dict]:
     """Each candidate's rounds beside the engine plan's (the median of per-round ratios), fastest first; a plan
     whose check failed: its error, no times."""
-    rows = [{**challenger_summary(t, times[engine_key], us, key, roof), "down_alone_us": down_alone.get(key),
-             "up_alone_us": (up_alone or {}).get(key)}
-            for key, us in times.items() if key != engine_key and us]
+    rows = [{**challenger_summary(t, times[ENGINE], us, key, roof), **alone_fields(alone.get(key))}
+            for key, us in times.items() if key != ENGINE and us]
     rows.sort(key=lambda r: r["ratio_to_engine_median"])
     return rows + [{"plan": key, "check_failed": err} for key, err in failed.items()]
 
@@ -271,7 +283,7 @@ def check_candidates(by_t: dict[int, list], layer, h: int, e: int, k: int, devic
     return good, failed
 
 
-def launches_alone_us(plan, weights: list, routes: list, reps: int, dry: bool) -> tuple[float, float]:
+def launches_alone_us(plan, weights: list, routes: list, reps: int, dry: bool) -> LaunchesAlone:
     """us per call of a direct plan's down launch alone (on its gate+up's activations), and of its gate+up
     launch alone."""
     from benchmarks.kernels.graph_timing import time_calls_us
@@ -282,7 +294,7 @@ def launches_alone_us(plan, weights: list, routes: list, reps: int, dry: bool) -
                           for a, wt, r in zip(acts, weights, routes)] * reps, dry, reps=1)
     up = time_calls_us([lambda wt=wt, r=r: gate_up_direct(r[0], wt[0], r[2], plan)
                         for wt, r in zip(weights, routes)] * reps, dry, reps=1)
-    return down, up
+    return LaunchesAlone(down, up)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -322,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     old_times: dict[int, list[float]] = {t: [] for t in tokens}
     touched: dict[int, list[float]] = {t: [] for t in tokens}
     cand_times: dict[int, dict[str, list[float]]] = {t: {} for t in tokens}
-    down_alone: dict[int, dict[str, float]] = {}
+    alone: dict[int, dict[str, LaunchesAlone]] = {}
     good, failed = check_candidates(candidate_plans(args.candidates, tokens, k, e) if args.candidates else {},
                                     weights[0], h, e, k, device, dtype)
     for rnd in range(rounds):
@@ -346,15 +358,15 @@ def main(argv: list[str] | None = None) -> None:
                 chal_times[t].append(time_calls_us(chal_calls, args.dry_run, reps=1))
             named = [(plan_key(p), [lambda wt=wt, r=r, p=p: fused_moe(r[0], wt[0], wt[1], r[1], r[2], p)
                                     for wt, r in zip(weights, routes)] * reps) for p in good.get(t, [])]
-            for key, c in rotated([("engine", calls), *named], rnd):
+            for key, c in rotated([(ENGINE, calls), *named], rnd):
                 us = time_calls_us(c, args.dry_run, reps=1)
-                (times[t] if key == "engine" else cand_times[t].setdefault(key, [])).append(us)
+                (times[t] if key == ENGINE else cand_times[t].setdefault(key, [])).append(us)
             if chal and not rnd % 2:
                 chal_times[t].append(time_calls_us(chal_calls, args.dry_run, reps=1))
             if rnd == 0 and good.get(t):
-                down_alone[t] = {key: launches_alone_us(p, weights, routes, reps, args.dry_run)
-                                 for key, p in ((ENGINE_DOWN, engine_tiles(t, k, e)), *((plan_key(p), p) for p in good[t]))
-                                 if isinstance(p, DirectTiles)}
+                alone[t] = {key: launches_alone_us(p, weights, routes, reps, args.dry_run)
+                            for key, p in ((ENGINE, engine_tiles(t, k, e)), *((plan_key(p), p) for p in good[t]))
+                            if isinstance(p, DirectTiles)}
             print(f"round {rnd} T={t}: {times[t][-1]:.1f} us" + (f", challenger {chal_times[t][-1]:.1f} us" if chal else "")
                   + "".join(f", {key} {us[-1]:.1f}" for key, us in cand_times[t].items()), flush=True)
             plan = compare_plan(old, engine_tiles(t, k, e)) if old else None
@@ -370,12 +382,11 @@ def main(argv: list[str] | None = None) -> None:
             r["challenger"] = challenger_summary(r["T"], r["us"], chal_times[r["T"]], plan_key(challengers[r["T"]]),
                                                  roofline(r["touched_experts"], r["T"], h, n, k))
         if cand_times[r["T"]] or failed.get(r["T"]):
-            alone = {key: v[0] for key, v in down_alone.get(r["T"], {}).items()}
-            up_alone = {key: v[1] for key, v in down_alone.get(r["T"], {}).items()}
-            r["down_alone_us"], r["up_alone_us"] = alone.get(ENGINE_DOWN), up_alone.get(ENGINE_DOWN)
-            r["candidates"] = candidate_rows({"engine": r["us"], **cand_times[r["T"]]}, "engine",
-                                             roofline(r["touched_experts"], r["T"], h, n, k), r["T"], alone,
-                                             failed.get(r["T"], {}), up_alone)
+            at_t = alone.get(r["T"], {})
+            r.update(alone_fields(at_t.get(ENGINE)))
+            r["candidates"] = candidate_rows({ENGINE: r["us"], **cand_times[r["T"]]},
+                                             roofline(r["touched_experts"], r["T"], h, n, k), r["T"], at_t,
+                                             failed.get(r["T"], {}))
         before = old_times[r["T"]]
         if before:
             r["compare"] = {"us": before, "median_us": statistics.median(before),

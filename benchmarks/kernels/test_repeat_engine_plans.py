@@ -120,12 +120,13 @@ def test_rotated_turns_the_order_a_place_each_round():
 def test_candidate_rows_fastest_first_with_per_round_ratios_and_failures_last():
     roof = rep.roofline(8.0, 1, 2048, 768, 8)
     times = {"engine": [24.0, 22.0, 23.0], "slow": [26.0, 22.0, 25.3], "fast": [20.0, 22.0, 19.55]}
-    rows = rep.candidate_rows(times, "engine", roof, 1, {"fast": 7.5}, {"broken": "relative error 3.0e-01"})
+    rows = rep.candidate_rows(times, roof, 1, {"fast": rep.LaunchesAlone(7.5, 12.0)},
+                              {"broken": "relative error 3.0e-01"})
     assert [r["plan"] for r in rows] == ["fast", "slow", "broken"]
     fast, slow, broken = rows
     assert fast["ratio_to_engine_median"] == pytest.approx(0.85)  # ratios 0.833, 1.0, 0.85
     assert slow["ratio_to_engine_median"] == pytest.approx(26 / 24)  # 1.083, 1.0, 1.1
-    assert fast["down_alone_us"] == 7.5 and slow["down_alone_us"] is None
+    assert (fast["down_alone_us"], fast["up_alone_us"]) == (7.5, 12.0) and slow["down_alone_us"] is None
     assert broken == {"plan": "broken", "check_failed": "relative error 3.0e-01"}
 
 
@@ -143,7 +144,8 @@ def test_dry_run_times_each_candidate_beside_the_engine_and_reports_a_broken_one
     (row,) = json.loads((tmp_path / "repeat.json").read_text())["rows"]
     timed = [c for c in row["candidates"] if "check_failed" not in c]
     assert {c["plan"] for c in timed} == {mp.plan_key(p) for p in real(1, 4, 32)}
-    assert all(len(c["us"]) == 2 and c["down_alone_us"] > 0 for c in timed) and row["down_alone_us"] > 0
+    assert all(len(c["us"]) == 2 and c["down_alone_us"] > 0 and c["up_alone_us"] > 0 for c in timed)
+    assert row["down_alone_us"] > 0 and row["up_alone_us"] > 0
     (bad,) = [c for c in row["candidates"] if "check_failed" in c]
     assert "n3k" in bad["plan"] and bad["check_failed"]
     assert "check failed" in (tmp_path / "repeat.md").read_text()
