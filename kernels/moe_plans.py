@@ -328,7 +328,7 @@ def run11_best(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | Dire
 
 def run12_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
     """Run 12's plans at T: run 11's best, alone and with each RUN12_UP wide gate+up (block_n, block_k, warps),
-    where the engine's plan at T is a direct one (none otherwise)."""
+    where run 11's baseline at T (run6_engine_tiles) is a direct plan (none otherwise)."""
     base = run11_best(num_tokens, top_k, num_experts)
     if not isinstance(base, DirectTiles):
         return []

@@ -41,6 +41,24 @@ def test_the_engine_plan_time_is_taken_and_a_later_file_wins(tmp_path):
     assert len(dates) == 2
 
 
+def test_a_repeat_file_gives_the_engine_plans_median_even_as_a_candidate(tmp_path):
+    """repeat_engine_plans.py's repeat.json: at T = 1 the plan the engine runs now was a --candidates row beside the
+    plan it ran then; its median (not the row plan's, nor a failed candidate) is taken, and the layer comes from
+    the file's meta."""
+    one = plan_key(engine_tiles(1, 8, 128))
+    focus = _file(tmp_path / "a.json", [_row(1, {one: 30.0})])
+    repeat = tmp_path / "repeat.json"
+    repeat.write_text(json.dumps({"meta": {"gpu": "NVIDIA H200", "date": "d", "layer": {"H": 2048, "N": 768, "E": 128,
+                                                                                       "k": 8}},
+                                  "rows": [{"T": 1, "plan": "the plan then", "median_us": 23.1, "touched_experts": 8.0,
+                                            "candidates": [{"plan": one, "median_us": 22.1},
+                                                           {"plan": "broken", "check_failed": "relative error 1"}]}]}))
+    rows, _ = ept.engine_rows([focus, repeat], "qwen3-30b-a3b")
+    (row,) = rows
+    assert (row["fused_us"], row["fused_tiles"], row["touched_experts"]) == (22.1, one, 8.0)
+    assert (row["H"], row["N"], row["E"], row["k"]) == (2048, 768, 128, 8)
+
+
 def test_a_t_whose_engine_plan_was_not_timed_is_named(tmp_path):
     a = _file(tmp_path / "a.json", [_row(2, {"some other plan": 40.0})])
     with pytest.raises(SystemExit, match=r"T=2: the engine's plan .* is not among the timed plans"):
