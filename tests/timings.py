@@ -1,7 +1,7 @@
 """Refresh tests/slow_tests.txt and tests/file_seconds.txt from a full run's durations.
 
     bash dev.sh test --durations=0 > run.log
-    python -m tests.timings run.log [--slow-s 1.5]
+    python -m tests.timings run.log [--slow-s 1.0]
 
 Both lists are measured, never guessed: the root conftest.py marks the listed tests `slow` and deals
 the heaviest files to the workers first. A test's seconds are setup + call + teardown summed over
@@ -56,7 +56,7 @@ def file_list(by_file: Counter[str], when: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log", type=Path, help="output of `bash dev.sh test --durations=0`")
-    ap.add_argument("--slow-s", type=float, default=1.5, help="a test this slow or slower is marked slow")
+    ap.add_argument("--slow-s", type=float, default=1.0, help="a test this slow or slower is marked slow")
     a = ap.parse_args(argv)
     by_test = seconds_by_test(a.log.read_text())
     if len(by_test) < 100:
