@@ -78,13 +78,18 @@ class MoeTiles:
     persistent: int = 0
     # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
     up_persistent: int = 0
+    # run 13, with sorted_act and joint: gate+up and down as one persistent launch of a program per SM, a
+    # block's down tiles waiting on its gate+up tiles' counts (kernels/moe_persistent.py); the two
+    # launches where that launch could deadlock (`one_launch_is_safe`)
+    one_launch: bool = False
+
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
         return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
                         atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
                         sorted_act=self.sorted_act, persistent=self.persistent, joint=self.joint,
-                        up_persistent=self.up_persistent)
+                        up_persistent=self.up_persistent, one_launch=self.one_launch)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -481,8 +486,14 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if isinstance(tiles, DirectTiles):
         return fused_moe_direct(x, w13, w2, topk_weights, topk_ids, tiles)
     sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m, method=align or tiles.align)
-    act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles)
-    out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles)
+    out = None
+    if tiles.one_launch and tiles.joint and tiles.tma and tiles.sorted_act and not tiles.atomic_sum:
+        from kernels.moe_persistent import gate_up_down_one_launch
+
+        out = gate_up_down_one_launch(x, w13, w2, sorted_ids, block_expert, topk_weights, tiles)
+    if out is None:
+        act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles)
+        out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles)
     if tiles.atomic_sum:
         return out.to(x.dtype)
     if tiles.ksum == "triton":
