@@ -29,7 +29,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fused_moe import MoeTiles, _down_sorted_tile, _joint_tile, _num_sms, _tile_at, _used_blocks
+from kernels.fused_moe import (
+    MoeTiles,
+    _down_sorted_tile,
+    _joint_tile,
+    _num_sms,
+    _tile_at,
+    _used_blocks,
+)
 
 
 @triton.jit
