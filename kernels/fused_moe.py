@@ -79,9 +79,9 @@ class MoeTiles:
     # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
     up_persistent: int = 0
     # run 13, with sorted_act and joint: gate+up and down as one persistent launch of a program per SM, a
-    # block's down tiles waiting on its gate+up tiles' counts (kernels/moe_persistent.py); the two
-    # launches where that launch could deadlock (`one_launch_is_safe`)
-    one_launch: bool = False
+    # block's down tiles waiting on its gate+up tiles' counts; the value names how they synchronise
+    # (kernels.moe_persistent.SYNC_MODES; "": two launches)
+    one_launch: str = ""
 
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
@@ -227,6 +227,16 @@ def _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, row0, pid_n, num_pairs, H,
                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr):
     """One (ROWS sorted rows from row0, N tile) tile of the joint gate+up: the K loop, SiLU(gate) * up,
     the store."""
+    act, pairs, ok_m, cols = _joint_act(x_ptr, w_desc, ids_ptr, e32, row0, pid_n, num_pairs, H, N, top_k, sx_t, ROWS,
+                                        BLOCK_N, BLOCK_K)
+    _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS, SORTED)
+
+
+@triton.jit
+def _joint_act(x_ptr, w_desc, ids_ptr, e32, row0, pid_n, num_pairs, H, N, top_k, sx_t,
+               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_joint_tile up to its store: the tile's SiLU(gate) * up (float32), its pair ids, which rows are
+    real, its columns."""
     pairs, ok_m, cols = _rows_pairs(ids_ptr, row0, pid_n, num_pairs, ROWS, BLOCK_N)
     rows = (pairs // top_k).to(tl.int64)
     acc = tl.zeros((ROWS, 2 * BLOCK_N), dtype=tl.float32)
@@ -236,8 +246,7 @@ def _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, row0, pid_n, num_pairs, H,
         w = w_desc.load([e32, 0, pid_n * BLOCK_N, k0]).reshape(2 * BLOCK_N, BLOCK_K)  # TMA pads past N, H with 0
         acc = tl.dot(a, tl.trans(w), acc)
     g, u = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
-    act = g / (1.0 + tl.exp(-g)) * u
-    _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS, SORTED)
+    return g / (1.0 + tl.exp(-g)) * u, pairs, ok_m, cols
 
 
 @triton.jit

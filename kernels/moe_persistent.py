@@ -32,27 +32,47 @@ import triton.language as tl
 from kernels.fused_moe import (
     MoeTiles,
     _down_sorted_tile,
-    _joint_tile,
+    _joint_act,
     _num_sms,
+    _store_act,
     _tile_at,
     _used_blocks,
 )
 
+SYNC_MODES = ("fenced", "release", "delayed", "delayed-all", "nosync")
+
 
 @triton.jit
-def _signal_ready(ptr, GPU: tl.constexpr):
-    """One count at `ptr` per thread, released after the thread's earlier stores (and fenced to the
-    async proxy, which the down tiles' TMA loads read through); the interpreter: one count."""
+def _signal_ready(ptr, total_ptr, count, PROXY_FENCE: tl.constexpr, TOTAL: tl.constexpr, GPU: tl.constexpr):
+    """`count` (0 or 1) at `ptr` (and, with TOTAL, at `total_ptr`) from every thread, released after the
+    thread's earlier stores; PROXY_FENCE: a generic-to-async proxy fence first. The interpreter: one count."""
     if GPU:
-        tl.inline_asm_elementwise("fence.proxy.async.global;\n\tred.release.gpu.global.add.s32 [$1], 1;\n\tmov.u32 $0, 0;",
-                                  "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+        if PROXY_FENCE:
+            tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, 0;", "=r,l", [ptr], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        if TOTAL:
+            tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.s32 [$1], $3;\n\t"
+                                      "red.relaxed.gpu.global.add.s32 [$2], $3;\n\tmov.u32 $0, 0;", "=r,l,l,r",
+                                      [ptr, total_ptr, count], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("red.release.gpu.global.add.s32 [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                                      [ptr, count], dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.atomic_add(ptr, 1, sem="release")
+        tl.atomic_add(ptr, count, sem="release")
+        if TOTAL:
+            tl.atomic_add(total_ptr, count, sem="release")
 
 
 @triton.jit
 def _load_acquire(ptr):
     return tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _proxy_fence(v):
+    """A generic-to-async proxy fence (the TMA loads after it see what the acquire before it saw)."""
+    return tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, $1;", "=r,r", [v], dtype=tl.int32,
                                      is_pure=False, pack=1)
 
 
@@ -63,10 +83,28 @@ def _wait_ready(ptr, target, GPU: tl.constexpr):
         seen = _load_acquire(ptr)
         while seen < target:
             seen = _load_acquire(ptr)
-        tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, $1;", "=r,r", [seen], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        _proxy_fence(seen)
     else:
         tl.device_assert(tl.load(ptr) >= target, "a down tile ran before its block's activations")
+
+
+@triton.jit
+def _wait_ready_or_all(ptr, target, total_ptr, total_target, all_ready, GPU: tl.constexpr):
+    """As _wait_ready unless `all_ready`; first reads the count of every gate+up tile: once that is full,
+    no later tile of this program waits (returns the new all_ready)."""
+    if all_ready == 0:
+        if GPU:
+            seen_all = _load_acquire(total_ptr)
+            if seen_all < total_target:
+                seen = _load_acquire(ptr)
+                while seen < target:
+                    seen = _load_acquire(ptr)
+            else:
+                all_ready = 1
+            _proxy_fence(seen_all)
+        else:
+            tl.device_assert(tl.load(ptr) >= target, "a down tile ran before its block's activations")
+    return all_ready
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
@@ -74,51 +112,49 @@ def _gate_up_down_kernel(x_ptr, w13_desc, act_ptr, act_desc, w2_desc, out_ptr, i
                          num_pairs, H, N, top_k, num_blocks, sx_t, sa_p, so_p,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                          DOWN_N: tl.constexpr, DOWN_K: tl.constexpr, NB_P2: tl.constexpr, THREADS: tl.constexpr,
-                         UP_STAGES: tl.constexpr, DOWN_STAGES: tl.constexpr, GPU: tl.constexpr):
+                         UP_STAGES: tl.constexpr, DOWN_STAGES: tl.constexpr, SYNC: tl.constexpr, GPU: tl.constexpr):
     used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
     progs = tl.num_programs(0)
     up_tiles = used * tl.cdiv(N, BLOCK_N)
+    total_ptr = ready_ptr + num_blocks  # the count of every gate+up tile ("delayed-all")
+    delayed: tl.constexpr = SYNC == "delayed" or SYNC == "delayed-all"
+    with_total: tl.constexpr = SYNC == "delayed-all"
+    prev = 0  # "delayed": the block of this program's previous gate+up tile, signalled before this tile's store
+    has_prev = 0
     for tile in tl.range(tl.program_id(0), up_tiles, progs, num_stages=UP_STAGES, flatten=True):
         pid_m, pid_n = _tile_at(tile, used, N, BLOCK_N, GROUP_M)
-        _joint_tile(x_ptr, w13_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + pid_m), pid_m * BLOCK_M, pid_n, num_pairs, H,
-                    N, top_k, sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, True)
-        _signal_ready(ready_ptr + pid_m, GPU)
+        row0 = pid_m * BLOCK_M
+        act, pairs, ok_m, cols = _joint_act(x_ptr, w13_desc, ids_ptr, tl.load(bexp_ptr + pid_m), row0, pid_n,
+                                            num_pairs, H, N, top_k, sx_t, BLOCK_M, BLOCK_N, BLOCK_K)
+        if delayed:  # the previous tile's stores are long done: the release waits for nothing
+            _signal_ready(ready_ptr + prev, total_ptr, has_prev, False, with_total, GPU)
+            prev = pid_m
+            has_prev = 1
+        _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, BLOCK_M, True)
+        if SYNC == "fenced" or SYNC == "release":
+            _signal_ready(ready_ptr + pid_m, total_ptr, 1, SYNC == "fenced", False, GPU)
+    if delayed:
+        _signal_ready(ready_ptr + prev, total_ptr, has_prev, False, with_total, GPU)
     full = tl.cdiv(N, BLOCK_N) * (THREADS if GPU else 1)
+    full_total = up_tiles * (THREADS if GPU else 1)
     first = (tl.program_id(0) + progs - up_tiles % progs) % progs
+    all_ready = 0
     for tile in tl.range(first, used * tl.cdiv(H, DOWN_N), progs, num_stages=DOWN_STAGES, flatten=True):
         pid_m, pid_n = _tile_at(tile, used, H, DOWN_N, GROUP_M)
-        _wait_ready(ready_ptr + pid_m, full, GPU)
+        if with_total:
+            all_ready = _wait_ready_or_all(ready_ptr + pid_m, full, total_ptr, full_total, all_ready, GPU)
+        elif SYNC != "nosync":
+            _wait_ready(ready_ptr + pid_m, full, GPU)
         _down_sorted_tile(act_desc, w2_desc, out_ptr, ids_ptr, tw_ptr, tl.load(bexp_ptr + pid_m), pid_m * BLOCK_M,
                           pid_n, num_pairs, N, H, top_k, so_p, BLOCK_M, DOWN_N, DOWN_K, False)
-
-
-def one_launch_is_safe(num_pairs: int, tiles: MoeTiles, n: int, h: int, programs: int) -> bool:
-    """Whether `_gate_up_down_kernel` cannot deadlock for any routing of `num_pairs` pairs.
-
-    A program's pipelined loop issues the next tile's loads, and so its wait, a few K steps before the
-    current tile's stores and signal (never more than one tile ahead while both GEMMs have at least as
-    many K steps as stages). So a program's last gate+up tile can be held back by the wait of its
-    first down tile. Safe when every first down tile (global index < G + P, G gate+up tiles, P
-    programs) needs only blocks whose gate+up tiles come before G - P: those are no program's last
-    gate+up tile, so their stores wait on nothing. G grows with the blocks used, which are at least
-    ceil(num_pairs / block_m), so checking at that bound checks every routing."""
-    d = tiles.down()
-    up_steps, down_steps = -(-h // tiles.block_k), -(-n // d.block_k)
-    if min(up_steps, down_steps) < max(tiles.num_stages, d.num_stages):
-        return False
-    tiles_n, tiles_h = -(-n // tiles.block_n), -(-h // d.block_n)
-    first_groups = (programs - 1) // (tiles.group_m * tiles_h) + 1
-    needed = tiles.group_m * first_groups * tiles_n  # gate+up tiles of the first down tiles' blocks
-    least_up_tiles = -(-num_pairs // tiles.block_m) * tiles_n
-    return needed <= least_up_tiles - programs
 
 
 def gate_up_down_one_launch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor,
                             block_expert: torch.Tensor, topk_weights: torch.Tensor, tiles: MoeTiles
                             ) -> torch.Tensor | None:
     """Each pair's down projection times its routing weight, `[T*k, H]` (as `down_grouped` gives it), by
-    one launch of `_gate_up_down_kernel`; None where `one_launch_is_safe` does not hold (the caller then
-    runs the two launches)."""
+    one launch of `_gate_up_down_kernel` (`tiles.one_launch`: its SYNC_MODES entry); None where the two
+    GEMMs' warps differ (the caller then runs the two launches)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     t, k = topk_weights.shape
@@ -126,11 +162,13 @@ def gate_up_down_one_launch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
     n, pairs, blocks, d = n2 // 2, t * k, block_expert.numel(), tiles.down()
     gpu = x.device.type == "cuda"
     programs = _num_sms(x.device) if gpu else 1  # the interpreter runs programs one by one: one never waits
-    if d.num_warps != tiles.num_warps or (gpu and not one_launch_is_safe(pairs, tiles, n, h, programs)):
+    if tiles.one_launch not in SYNC_MODES:
+        raise ValueError(f"MoeTiles.one_launch: {tiles.one_launch!r} is not one of {SYNC_MODES}")
+    if d.num_warps != tiles.num_warps:
         return None
     act = torch.empty(sorted_ids.numel(), n, dtype=x.dtype, device=x.device)
     out = torch.empty(pairs, h, dtype=x.dtype, device=x.device)
-    ready = torch.zeros(blocks, dtype=torch.int32, device=x.device)
+    ready = torch.zeros(blocks + 1, dtype=torch.int32, device=x.device)  # + every tile's count
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w13_desc = TensorDescriptor.from_tensor(w13.view(e, 2, n, h), [1, 2, tiles.block_n, tiles.block_k])
     act_desc = TensorDescriptor.from_tensor(act, [tiles.block_m, d.block_k])
@@ -140,5 +178,5 @@ def gate_up_down_one_launch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
         x.stride(0), act.stride(0), out.stride(0), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, DOWN_N=d.block_n, DOWN_K=d.block_k,
         NB_P2=max(2, triton.next_power_of_2(blocks)), THREADS=32 * tiles.num_warps, UP_STAGES=tiles.num_stages,
-        DOWN_STAGES=d.num_stages, GPU=gpu, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        DOWN_STAGES=d.num_stages, SYNC=tiles.one_launch, GPU=gpu, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return out

@@ -29,6 +29,7 @@ import torch
 
 from kernels.fused_moe import MoeTiles, fused_moe, run2_tiles
 from kernels.moe_direct import DirectTiles
+from kernels.moe_persistent import SYNC_MODES
 
 # run 3's fastest plan per T on qwen3-30b-a3b (us in moe_run3/moe.md: 27.5, 49.3, 81.0, 134.3, ...)
 _R3_DIRECT = DirectTiles(16, 256, 8, 128, 4, pdl=True)
@@ -56,7 +57,7 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += " joint" if t.joint and t.tma else ""
     key += (" sorted" + (f" persist{t.persistent}" if t.persistent else "")) if t.sorted_act else ""
     key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
-    key += " onelaunch" if t.one_launch else ""
+    key += f" onelaunch-{t.one_launch}" if t.one_launch else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
@@ -410,4 +411,4 @@ def run13_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeT
     base = engine_tiles(num_tokens, top_k, num_experts)
     if isinstance(base, DirectTiles) or not (base.up_persistent and base.sorted_act and base.joint):
         return []
-    return [dataclasses.replace(base, one_launch=True)]
+    return [dataclasses.replace(base, one_launch=mode) for mode in SYNC_MODES]
