@@ -78,18 +78,13 @@ class MoeTiles:
     persistent: int = 0
     # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
     up_persistent: int = 0
-    # run 13, with sorted_act and joint: gate+up and down as one persistent launch of a program per SM, a
-    # block's down tiles waiting on its gate+up tiles' counts; the value names how they synchronise
-    # (kernels.moe_persistent.SYNC_MODES; "": two launches)
-    one_launch: str = ""
-
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
         return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
                         atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
                         sorted_act=self.sorted_act, persistent=self.persistent, joint=self.joint,
-                        up_persistent=self.up_persistent, one_launch=self.one_launch)
+                        up_persistent=self.up_persistent)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -227,16 +222,6 @@ def _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, row0, pid_n, num_pairs, H,
                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr):
     """One (ROWS sorted rows from row0, N tile) tile of the joint gate+up: the K loop, SiLU(gate) * up,
     the store."""
-    act, pairs, ok_m, cols = _joint_act(x_ptr, w_desc, ids_ptr, e32, row0, pid_n, num_pairs, H, N, top_k, sx_t, ROWS,
-                                        BLOCK_N, BLOCK_K)
-    _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS, SORTED)
-
-
-@triton.jit
-def _joint_act(x_ptr, w_desc, ids_ptr, e32, row0, pid_n, num_pairs, H, N, top_k, sx_t,
-               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """_joint_tile up to its store: the tile's SiLU(gate) * up (float32), its pair ids, which rows are
-    real, its columns."""
     pairs, ok_m, cols = _rows_pairs(ids_ptr, row0, pid_n, num_pairs, ROWS, BLOCK_N)
     rows = (pairs // top_k).to(tl.int64)
     acc = tl.zeros((ROWS, 2 * BLOCK_N), dtype=tl.float32)
@@ -246,7 +231,8 @@ def _joint_act(x_ptr, w_desc, ids_ptr, e32, row0, pid_n, num_pairs, H, N, top_k,
         w = w_desc.load([e32, 0, pid_n * BLOCK_N, k0]).reshape(2 * BLOCK_N, BLOCK_K)  # TMA pads past N, H with 0
         acc = tl.dot(a, tl.trans(w), acc)
     g, u = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
-    return g / (1.0 + tl.exp(-g)) * u, pairs, ok_m, cols
+    act = g / (1.0 + tl.exp(-g)) * u
+    _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS, SORTED)
 
 
 @triton.jit
@@ -495,14 +481,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if isinstance(tiles, DirectTiles):
         return fused_moe_direct(x, w13, w2, topk_weights, topk_ids, tiles)
     sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m, method=align or tiles.align)
-    out = None
-    if tiles.one_launch and tiles.joint and tiles.tma and tiles.sorted_act and not tiles.atomic_sum:
-        from kernels.moe_persistent import gate_up_down_one_launch
-
-        out = gate_up_down_one_launch(x, w13, w2, sorted_ids, block_expert, topk_weights, tiles)
-    if out is None:
-        act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles)
-        out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles)
+    act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles)
+    out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles)
     if tiles.atomic_sum:
         return out.to(x.dtype)
     if tiles.ksum == "triton":

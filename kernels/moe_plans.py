@@ -29,7 +29,6 @@ import torch
 
 from kernels.fused_moe import MoeTiles, fused_moe, run2_tiles
 from kernels.moe_direct import DirectTiles
-from kernels.moe_persistent import SYNC_MODES
 
 # run 3's fastest plan per T on qwen3-30b-a3b (us in moe_run3/moe.md: 27.5, 49.3, 81.0, 134.3, ...)
 _R3_DIRECT = DirectTiles(16, 256, 8, 128, 4, pdl=True)
@@ -57,7 +56,6 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += " joint" if t.joint and t.tma else ""
     key += (" sorted" + (f" persist{t.persistent}" if t.persistent else "")) if t.sorted_act else ""
     key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
-    key += f" onelaunch-{t.one_launch}" if t.one_launch else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
@@ -395,20 +393,4 @@ __all__ = [
     "run11_best",
     "run11_candidates",
     "run12_candidates",
-    "run13_candidates",
 ]
-
-
-# ------------------------------------------------------------------------------- run 13
-# Prefill's two persistent launches as one (MoeTiles.one_launch, kernels/moe_persistent.py): the down tiles fill
-# the gate+up launch's last, part-filled wave (T = 4096: ~1,920 gate+up tiles of ~27 us on 132 SMs, 14.5 waves)
-# and the launch gap between them. sm90 compile of the engine's T = 4096 plan as one launch (moe_compile.py's
-# compile_row): 254 registers, no spills, 229,408 bytes of shared memory (as each launch alone: the two loops'
-# buffers share it), both loops flattened (loop depth 1), the wait in the prologue before the tile's TMA loads.
-def run13_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 13's plans at T: the engine's plan as one launch, where it is the persistent prefill plan (none
-    otherwise)."""
-    base = engine_tiles(num_tokens, top_k, num_experts)
-    if isinstance(base, DirectTiles) or not (base.up_persistent and base.sorted_act and base.joint):
-        return []
-    return [dataclasses.replace(base, one_launch=mode) for mode in SYNC_MODES]
