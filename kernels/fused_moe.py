@@ -44,7 +44,6 @@ import triton.language as tl
 from kernels.moe_align import (
     ALIGN_ONE_PROGRAM_MAX_PAIRS,
     align_by_expert,
-    align_with_positions,
     padded_length,
 )
 from kernels.moe_direct import DirectTiles, fused_moe_direct
@@ -79,21 +78,13 @@ class MoeTiles:
     persistent: int = 0
     # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
     up_persistent: int = 0
-    # run 14, with sorted_act: the down launch stores its tiles at their sorted rows ([P, H]) through TMA, the
-    # stores asynchronous (the pair-order store is a scatter of rows through registers), and the k-sum
-    # gathers each token's k rows by the pairs' sorted positions (the grouping writes them)
-    sorted_out: bool = False
-    # run 14, with sorted_act and joint: gate+up stores its activation tiles through TMA
-    act_tma_store: bool = False
-
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
         return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
                         atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
                         sorted_act=self.sorted_act, persistent=self.persistent, joint=self.joint,
-                        up_persistent=self.up_persistent, sorted_out=self.sorted_out,
-                        act_tma_store=self.act_tma_store)
+                        up_persistent=self.up_persistent)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -228,10 +219,9 @@ def _gate_up_joint_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, 
 
 @triton.jit
 def _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, row0, pid_n, num_pairs, H, N, top_k, sx_t, sa_p,
-                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr,
-                act_desc=None):
+                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SORTED: tl.constexpr):
     """One (ROWS sorted rows from row0, N tile) tile of the joint gate+up: the K loop, SiLU(gate) * up,
-    the store (with `act_desc`, run 14: at the sorted rows through TMA, which clips columns past N)."""
+    the store."""
     pairs, ok_m, cols = _rows_pairs(ids_ptr, row0, pid_n, num_pairs, ROWS, BLOCK_N)
     rows = (pairs // top_k).to(tl.int64)
     acc = tl.zeros((ROWS, 2 * BLOCK_N), dtype=tl.float32)
@@ -242,10 +232,7 @@ def _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, e32, row0, pid_n, num_pairs, H,
         acc = tl.dot(a, tl.trans(w), acc)
     g, u = tl.split(tl.permute(tl.reshape(acc, (ROWS, 2, BLOCK_N)), (0, 2, 1)))
     act = g / (1.0 + tl.exp(-g)) * u
-    if act_desc is None:
-        _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS, SORTED)
-    else:
-        act_desc.store([row0, pid_n * BLOCK_N], act.to(act_desc.dtype))
+    _store_act(act, act_ptr, pairs, ok_m, row0, cols, N, sa_p, ROWS, SORTED)
 
 
 @triton.jit
@@ -259,14 +246,14 @@ def _used_blocks(bexp_ptr, num_blocks, NB_P2: tl.constexpr):
 def _gate_up_joint_persistent_kernel(x_ptr, w_desc, act_ptr, ids_ptr, bexp_ptr, num_pairs, H, N, top_k, num_blocks,
                                      sx_t, sa_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                      GROUP_M: tl.constexpr, NB_P2: tl.constexpr, SORTED: tl.constexpr,
-                                     FLATTEN: tl.constexpr, act_desc=None):
+                                     FLATTEN: tl.constexpr):
     """Run 5: _gate_up_joint_kernel as a few programs per SM looping over the used blocks' tiles (one
     flattened loop with FLATTEN: the next tile's loads overlap this one's SiLU and store)."""
     used = _used_blocks(bexp_ptr, num_blocks, NB_P2)
     for tile in tl.range(tl.program_id(0), used * tl.cdiv(N, BLOCK_N), tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n = _tile_at(tile, used, N, BLOCK_N, GROUP_M)
         _joint_tile(x_ptr, w_desc, act_ptr, ids_ptr, tl.load(bexp_ptr + pid_m), pid_m * BLOCK_M, pid_n, num_pairs, H,
-                    N, top_k, sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED, act_desc)
+                    N, top_k, sx_t, sa_p, BLOCK_M, BLOCK_N, BLOCK_K, SORTED)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
@@ -314,7 +301,7 @@ def _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC:
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _down_sorted_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, top_k, num_blocks, so_p,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        NB_P2: tl.constexpr, ATOMIC: tl.constexpr, FLATTEN: tl.constexpr, o_desc=None):
+                        NB_P2: tl.constexpr, ATOMIC: tl.constexpr, FLATTEN: tl.constexpr):
     """Run 5's down launch on activations in sorted order (gate+up with SORTED): both operands through
     TMA ([P, N] activations, w2 seen as [E*H, N]). Programs loop over the (block, H tile) tiles of the
     used blocks (block_expert >= 0 is a prefix): one tile each when the grid covers them all, several
@@ -326,41 +313,28 @@ def _down_sorted_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_
         pid_m, pid_n = _tile_at(tile, used, H, BLOCK_N, GROUP_M)
         e32 = tl.load(bexp_ptr + pid_m)
         _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, N, H,
-                          top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC, o_desc)
+                          top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC)
 
 
 @triton.jit
 def _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, row0, pid_n, num_pairs, N, H, top_k, so_p,
-                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr,
-                      o_desc=None):
-    """One (ROWS sorted rows from row0, H tile) tile of the down launch: the K loop and the store (with
-    `o_desc`, run 14: at the tile's sorted rows through TMA, in two halves of BLOCK_N / 2 columns, so the
-    staging buffer is the 32 KB the register store's layout change already took at 128 x 256)."""
+                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr):
+    """One (ROWS sorted rows from row0, H tile) tile of the down launch: the K loop and the store."""
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for ki in range(tl.cdiv(N, BLOCK_K)):
         a = a_desc.load([row0, ki * BLOCK_K])  # TMA pads past N with zeros
         acc = tl.dot(a, tl.trans(w_desc.load([e32 * H + pid_n * BLOCK_N, ki * BLOCK_K])), acc)
     pairs, ok_m, cols = _rows_pairs(ids_ptr, row0, pid_n, num_pairs, ROWS, BLOCK_N)
-    if o_desc is None:
-        _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
-    else:  # padding rows: weight 0, so their rows of the [P, H] output are zeros (never read)
-        out = (acc * tl.load(tw_ptr + pairs, mask=ok_m, other=0.0)[:, None]).to(o_desc.dtype)
-        lo, hi = tl.split(tl.permute(tl.reshape(out, (ROWS, 2, BLOCK_N // 2)), (0, 2, 1)))
-        o_desc.store([row0, pid_n * BLOCK_N], lo)
-        o_desc.store([row0, pid_n * BLOCK_N + BLOCK_N // 2], hi)
+    _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
-def _ksum_kernel(y_ptr, out_ptr, num_tokens, H, top_k, sy_p, so_t, KP2: tl.constexpr, BLOCK_H: tl.constexpr,
-                 pos_ptr=None):
-    """out[t, cols] = sum_j y[t * k + j, cols] (float32 sum); programs (H tile, token), token fastest.
-    With `pos_ptr` (run 14) y's rows are in sorted order: the token's rows are y[pos[t * k + j]]."""
+def _ksum_kernel(y_ptr, out_ptr, num_tokens, H, top_k, sy_p, so_t, KP2: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t, cols] = sum_j y[t * k + j, cols] (float32 sum); programs (H tile, token), token fastest."""
     t = tl.program_id(0) % num_tokens
     cols = (tl.program_id(0) // num_tokens) * BLOCK_H + tl.arange(0, BLOCK_H)
     j = tl.arange(0, KP2)
     rows = (t * top_k + j).to(tl.int64)
-    if pos_ptr is not None:
-        rows = tl.load(pos_ptr + rows, mask=j < top_k, other=0).to(tl.int64)
     m = (j < top_k)[:, None] & (cols < H)[None, :]
     y = tl.load(y_ptr + rows[:, None] * sy_p + cols[None, :], mask=m, other=0.0, eviction_policy="evict_first")
     tl.store(out_ptr + t.to(tl.int64) * so_t + cols, tl.sum(y.to(tl.float32), axis=0).to(out_ptr.dtype.element_ty),
@@ -370,19 +344,17 @@ def _ksum_kernel(y_ptr, out_ptr, num_tokens, H, top_k, sy_p, so_t, KP2: tl.const
 KSUM_BLOCK_H = 1024
 
 
-def moe_sum(y: torch.Tensor, top_k: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+def moe_sum(y: torch.Tensor, top_k: int) -> torch.Tensor:
     """`[T, H]`: the sum over each token's k consecutive rows of `y [T*k, H]` (float32 accumulation,
     y's dtype out), one Triton launch: torch's strided `view(t, k, h).sum(1)` took ~68 us for
-    134 MB at qwen3 T=4096 on the H200 (run 3, by subtraction), against ~32 us to read it. With
-    `positions` ([T*k]: pair p's row of y) y is in sorted order, `[P, H]`, and the rows are gathered."""
-    pairs, h = (y.shape[0], y.shape[1]) if positions is None else (positions.numel(), y.shape[1])
+    134 MB at qwen3 T=4096 on the H200 (run 3, by subtraction), against ~32 us to read it."""
+    pairs, h = y.shape
     t = pairs // top_k
     out = torch.empty(t, h, dtype=y.dtype, device=y.device)
     if t:
         block = min(KSUM_BLOCK_H, triton.next_power_of_2(h))
         _ksum_kernel[(t * triton.cdiv(h, block),)](y, out, t, h, top_k, y.stride(0), out.stride(0),
-                                                   KP2=triton.next_power_of_2(top_k), BLOCK_H=block,
-                                                   pos_ptr=positions, num_warps=4)
+                                                   KP2=triton.next_power_of_2(top_k), BLOCK_H=block, num_warps=4)
     return out
 
 
@@ -426,14 +398,11 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
         desc = TensorDescriptor.from_tensor(w13.view(w13.shape[0], 2, n, h), [1, 2, tiles.block_n, tiles.block_k])
         if tiles.up_persistent:
             grid = min(blocks * triton.cdiv(n, tiles.block_n), tiles.up_persistent * _num_sms(x.device))
-            act_desc = None
-            if tiles.act_tma_store and tiles.sorted_act:
-                act_desc = TensorDescriptor.from_tensor(act, [tiles.block_m, tiles.block_n])
             _gate_up_joint_persistent_kernel[(max(grid, 1),)](
                 x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
                 BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
                 NB_P2=max(2, triton.next_power_of_2(blocks)), SORTED=tiles.sorted_act, FLATTEN=True,
-                act_desc=act_desc, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
             return act
         _gate_up_joint_kernel[(blocks * triton.cdiv(n, tiles.block_n),)](
             x, desc, act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0), act.stride(0),
@@ -449,16 +418,13 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
 def down_grouped(act: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
                  topk_weights: torch.Tensor, tiles: MoeTiles) -> torch.Tensor:
     """Each pair's down projection times its routing weight: `[T*k, H]` (the model dtype), or with
-    `tiles.atomic_sum` already summed over each token's k pairs, `[T, H]` float32, or with
-    `tiles.sorted_out` (and sorted_act) at the sorted rows, `[P, H]`. `act` as gate_up_grouped gives it
-    for the same tiles (pair rows, or sorted rows with `sorted_act`)."""
+    `tiles.atomic_sum` already summed over each token's k pairs, `[T, H]` float32. `act` as
+    gate_up_grouped gives it for the same tiles (pair rows, or sorted rows with `sorted_act`)."""
     t, k = topk_weights.shape
     pairs, n, h, blocks = t * k, act.shape[1], w2.shape[1], block_expert.numel()
     d = tiles.down()
     if d.atomic_sum:
         out = torch.zeros(t, h, dtype=torch.float32, device=act.device)
-    elif _sorted_out(d):
-        out = torch.empty(sorted_ids.numel(), h, dtype=act.dtype, device=act.device)
     else:
         out = torch.empty(pairs, h, dtype=act.dtype, device=act.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
@@ -484,18 +450,12 @@ def _down_sorted(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, sorted_
     grid = min(tiles, d.persistent * _num_sms(act.device)) if d.persistent else tiles
     a_desc = TensorDescriptor.from_tensor(act, [d.block_m, d.block_k])
     w_desc = TensorDescriptor.from_tensor(w2.view(e * h, n), [d.block_n, d.block_k])
-    o_desc = TensorDescriptor.from_tensor(out, [d.block_m, d.block_n // 2]) if _sorted_out(d) else None
     _down_sorted_kernel[(max(grid, 1),)](
         a_desc, w_desc, out, sorted_ids, block_expert, tw, tw.numel(), n, h, top_k, blocks, out.stride(0),
         BLOCK_M=d.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k, GROUP_M=d.group_m,
         NB_P2=max(2, triton.next_power_of_2(blocks)), ATOMIC=d.atomic_sum,
-        FLATTEN=bool(d.persistent) and not d.atomic_sum, o_desc=o_desc,
+        FLATTEN=bool(d.persistent) and not d.atomic_sum,
         num_warps=d.num_warps, num_stages=d.num_stages)
-
-
-def _sorted_out(tiles: MoeTiles) -> bool:
-    """Whether the down launch stores at the sorted rows (run 14): needs the sorted activations, no atomics."""
-    return tiles.sorted_out and tiles.sorted_act and tiles.tma and not tiles.atomic_sum
 
 
 def _num_sms(device: torch.device) -> int:
@@ -520,20 +480,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     tiles = tiles or default_tiles(t, k, e)
     if isinstance(tiles, DirectTiles):
         return fused_moe_direct(x, w13, w2, topk_weights, topk_ids, tiles)
-    positions = None
-    if _sorted_out(tiles):
-        sorted_ids, block_expert, positions = align_with_positions(topk_ids, e, tiles.block_m,
-                                                                   method=align or tiles.align)
-    else:
-        sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m, method=align or tiles.align)
+    sorted_ids, block_expert = align_by_expert(topk_ids, e, tiles.block_m, method=align or tiles.align)
     act = gate_up_grouped(x, w13, sorted_ids, block_expert, k, tiles)
     out = down_grouped(act, w2, sorted_ids, block_expert, topk_weights, tiles)
     if tiles.atomic_sum:
         return out.to(x.dtype)
-    if positions is not None:
-        if tiles.ksum == "triton":
-            return moe_sum(out, k, positions)
-        return out[positions.long()].view(t, k, h).sum(dim=1)
     if tiles.ksum == "triton":
         return moe_sum(out, k)
     return out.view(t, k, h).sum(dim=1)  # one kernel (torch accumulates half types in float32)

@@ -217,9 +217,9 @@ def _runs_at_or_before(pad_end, x, EP2: tl.constexpr, LOG_EP2: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["n", "num_experts", "cap", "num_blocks", "num_chunks"])
-def _place_kernel(ids_ptr, hist_ptr, sorted_ptr, bexp_ptr, pos_ptr, n, num_experts, cap, num_blocks, num_chunks,
+def _place_kernel(ids_ptr, hist_ptr, sorted_ptr, bexp_ptr, n, num_experts, cap, num_blocks, num_chunks,
                   BLOCK_M: tl.constexpr, EP2: tl.constexpr, LOG_EP2: tl.constexpr, CHUNK: tl.constexpr,
-                  ROWS: tl.constexpr, COUNT_HERE: tl.constexpr, POSITIONS: tl.constexpr = False):
+                  ROWS: tl.constexpr, COUNT_HERE: tl.constexpr):
     c = tl.program_id(0)
     progs = tl.num_programs(0)
     bins = tl.arange(0, EP2)
@@ -239,8 +239,6 @@ def _place_kernel(ids_ptr, hist_ptr, sorted_ptr, bexp_ptr, pos_ptr, n, num_exper
         offs = pad_start + before - (tl.cumsum(mine, 0) - mine)
         dest = tl.gather(offs, tl.minimum(es, EP2 - 1), 0) + lanes
         tl.store(sorted_ptr + dest, c * CHUNK + s % CHUNK, mask=es < num_experts)
-        if POSITIONS:  # each pair's sorted row (run 14's k-sum gathers a token's rows by them)
-            tl.store(pos_ptr + c * CHUNK + s % CHUNK, dest, mask=es < num_experts)
     # 2. the sentinel n on the padding rows of experts c, c + progs, ... and on the rows past the runs
     used_end = pad_start + total
     rows = tl.arange(0, BLOCK_M)
@@ -259,12 +257,10 @@ def _place_kernel(ids_ptr, hist_ptr, sorted_ptr, bexp_ptr, pos_ptr, n, num_exper
 
 
 def _align_hist(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_launch_max: int = 0,
-                chunk: int | None = None, warps: int = 4, positions: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                chunk: int | None = None, warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """The "hist" grouping: a count launch (tl.histogram per chunk) and a place launch, or up to
     `one_launch_max` pairs the place launch alone (each program counts every chunk); `chunk`
-    (a power of two): pairs per program, default `_hist_chunk`. `positions` ([T*k] int32): also
-    filled with each pair's sorted row."""
+    (a power of two): pairs per program, default `_hist_chunk`."""
     ids = topk_ids.reshape(-1)
     n = ids.numel()
     cap = padded_length(n, num_experts, block_m)
@@ -278,34 +274,11 @@ def _align_hist(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_laun
     if not one_launch:
         hist = torch.empty(num_chunks, ep2, dtype=torch.int32, device=ids.device)
         _hist_kernel[(num_chunks,)](ids, hist, n, EP2=ep2, CHUNK=chunk, num_warps=warps)
-    _place_kernel[(triton.cdiv(cap, chunk),)](ids, hist, sorted_ids, block_expert,
-                                              sorted_ids if positions is None else positions, n, num_experts, cap,
+    _place_kernel[(triton.cdiv(cap, chunk),)](ids, hist, sorted_ids, block_expert, n, num_experts, cap,
                                               cap // block_m, num_chunks, BLOCK_M=block_m, EP2=ep2,
                                               LOG_EP2=ep2.bit_length() - 1, CHUNK=chunk, ROWS=32,
-                                              COUNT_HERE=one_launch, POSITIONS=positions is not None,
-                                              num_warps=warps)
+                                              COUNT_HERE=one_launch, num_warps=warps)
     return sorted_ids, block_expert
-
-
-def align_with_positions(topk_ids: torch.Tensor, num_experts: int, block_m: int, *, method: str = "hist"
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """align_by_expert's (sorted pair ids, block experts) and each pair's sorted row ([T*k] int32: pair
-    p sits at row positions[p] of the sorted list). "hist" writes them in its place launch; the other
-    methods take one torch scatter after the grouping (`sorted_positions`)."""
-    if method in ("hist", "hist2"):
-        positions = torch.empty(topk_ids.numel(), dtype=torch.int32, device=topk_ids.device)
-        limit = HIST_ONE_LAUNCH_MAX_PAIRS if method == "hist" else 0
-        return (*_align_hist(topk_ids, num_experts, block_m, limit, positions=positions), positions)
-    sorted_ids, block_expert = align_by_expert(topk_ids, num_experts, block_m, method=method)
-    return sorted_ids, block_expert, sorted_positions(sorted_ids, topk_ids.numel())
-
-
-def sorted_positions(sorted_ids: torch.Tensor, num_pairs: int) -> torch.Tensor:
-    """Each pair's row in the sorted list (the inverse of `sorted_ids` over its real rows): a scatter
-    whose padding rows all land in a spare slot past the pairs."""
-    pos = torch.empty(num_pairs + 1, dtype=torch.int32, device=sorted_ids.device)
-    pos.scatter_(0, sorted_ids.long(), torch.arange(sorted_ids.numel(), dtype=torch.int32, device=sorted_ids.device))
-    return pos[:num_pairs]
 
 
 # ------------------------------------------------------------------------------- "one_program" (run 2)
@@ -381,4 +354,4 @@ def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
 
 
 __all__ = ["ALIGN_ONE_PROGRAM_MAX_PAIRS", "BLOCKS_ONE_LAUNCH_MAX_PAIRS", "HIST_ONE_LAUNCH_MAX_PAIRS",
-           "METHODS", "align_by_expert", "align_with_positions", "padded_length", "sorted_positions"]
+           "METHODS", "align_by_expert", "padded_length"]

@@ -56,8 +56,6 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += " joint" if t.joint and t.tma else ""
     key += (" sorted" + (f" persist{t.persistent}" if t.persistent else "")) if t.sorted_act else ""
     key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
-    key += " sortedout" if t.sorted_out and t.sorted_act else ""
-    key += " acttma" if t.act_tma_store and t.sorted_act else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
@@ -395,25 +393,4 @@ __all__ = [
     "run11_best",
     "run11_candidates",
     "run12_candidates",
-    "run14_candidates",
 ]
-
-
-# ------------------------------------------------------------------------------- run 14
-# Run 13 (benchmarks/kernels/MOE.md): one persistent launch for both prefill GEMMs lost even unsynchronised, so
-# the part-filled last waves are not where the prefill time goes. What remains is each tile's epilogue: the
-# down launch's 128 x 256 tile (12 K steps of 64) ends in a scatter of its rows to their pairs' rows through
-# registers, ~1.5 us against ~8.4 us of MMA, and its warps issue no MMA meanwhile. Run 14 stores the down tiles at
-# their sorted rows through TMA (asynchronous: the warps only write the tile to shared memory), and the k-sum
-# gathers each token's rows by the pairs' sorted positions, which the grouping's place launch writes;
-# gate+up's activation tiles through TMA too. sm90 compile of the down launch (s4, two 128 x 128 half-tile
-# stores through one 32 KB buffer): 179 registers (the register store 208), 229,408 bytes of shared memory
-# (the same), the loop flattened.
-def run14_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 14's plans at T: the engine's plan with the TMA-stored down tiles, with TMA-stored activations, and
-    with both, where the engine's plan is the persistent prefill plan (none otherwise)."""
-    base = engine_tiles(num_tokens, top_k, num_experts)
-    if isinstance(base, DirectTiles) or not (base.up_persistent and base.sorted_act and base.joint):
-        return []
-    return [dataclasses.replace(base, sorted_out=True), dataclasses.replace(base, act_tma_store=True),
-            dataclasses.replace(base, sorted_out=True, act_tma_store=True)]

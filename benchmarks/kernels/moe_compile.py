@@ -34,7 +34,7 @@ from kernels import moe_align as ma
 from kernels import moe_direct as md
 
 TARGET = GPUTarget("cuda", 90, 32)
-PTRS = {"ids_ptr": "*i32", "bexp_ptr": "*i32", "hist_ptr": "*i32", "sorted_ptr": "*i32", "tw_ptr": "*fp32", "pos_ptr": "*i32"}
+PTRS = {"ids_ptr": "*i32", "bexp_ptr": "*i32", "hist_ptr": "*i32", "sorted_ptr": "*i32", "tw_ptr": "*fp32"}
 
 
 def _ptxas() -> str:

@@ -17,8 +17,7 @@ after this tree's, so a kernel refactor's effect on the engine's step times is m
 `--challengers MOE_JSON`: a focus bench's moe.json; at each T its fastest plan (kernels.moe_plans.
 propose_rule), where that is not the engine's, is timed in the same rounds on the same draws (first in
 odd rounds, second in even ones), so a plan is adopted on 7 draws rather than one.
-`--candidates ROUND`: a round of kernels.moe_plans (`run11`: run11_candidates, `run12`: run12_candidates, `run14`:
-run14_candidates) whose plans at each T are each
+`--candidates ROUND`: a round of kernels.moe_plans (`run11`: run11_candidates, `run12`: run12_candidates) whose plans at each T are each
 checked against the float32 per-expert loop, then timed beside the engine's plan in every round on the same
 draws (the order rotated a place each round, so none always runs first); in round 0 each direct plan's down
 launch is also timed alone (on its own gate+up's activations).
@@ -46,7 +45,7 @@ BF16_FLOPS_PER_S = 790e12
 QWEN3 = (2048, 768, 128, 8)  # H, N (expert intermediate), E, top k
 DRY = (64, 32, 32, 4)
 COPIES = 3
-CANDIDATE_ROUNDS = {"run11": "run11_candidates", "run12": "run12_candidates", "run14": "run14_candidates"}  # --candidates: the kernels.moe_plans function of the round
+CANDIDATE_ROUNDS = {"run11": "run11_candidates", "run12": "run12_candidates"}  # --candidates: the kernels.moe_plans function of the round
 ENGINE = "engine"  # the engine plan's key beside the candidates' plan keys (times, launches alone)
 CHECK_TOL = 1e-2  # relative error of a bf16 plan against the float32 loop (the focus bench's bar)
 
