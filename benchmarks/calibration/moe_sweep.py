@@ -343,6 +343,34 @@ def long_validation(r: gs.Runner, p: MoePlan, capacity: dict[str, float], scale:
     return capacity
 
 
+# The ranking set for a MoE preset: benchmarks/engine/soak.py's RANKING (one chat workload at its
+# RANKING_LOAD of the probed capacity under several configurations) with the budgets the MoE engine's
+# buffers hold (built for 8,192 tokens: the dense set's 16,384 would be the defaults again, and chunking off
+# would raise the budget to the 40,960-token max_model_len past those buffers).
+MOE_RANKING = (("defaults", {}), ("budget-1024", {"max_num_batched_tokens": 1024}),
+               ("budget-2048", {"max_num_batched_tokens": 2048}), ("budget-4096", {"max_num_batched_tokens": 4096}),
+               ("seqs-64", {"max_num_seqs": 64}), ("sync", {"async_scheduling": False}))
+RANKING_LOAD = 0.9  # as the dense ranking set (benchmarks/engine/soak.py)
+
+
+def ranking_runs(r: gs.Runner, p: MoePlan, capacity: dict[str, float], requests: int) -> dict[str, float]:
+    """The same `requests` chat requests (another slice than the held-out runs', never fitted on) at
+    RANKING_LOAD of an earlier sweep's probed chat capacity, under each MOE_RANKING configuration
+    (asynchronous scheduling unless it says otherwise): `costline validate --rank` then checks that the
+    simulator orders the configurations' goodputs as the engine does. Packed as `<model>-rank-*`."""
+    if "chat-production" not in capacity:
+        raise SystemExit("--ranking: the earlier sweep's index has no chat-production capacity")
+    rate = RANKING_LOAD * capacity["chat-production"]
+    reqs = requests_of(p, "chat-production", requests, rate, other_slice=True)
+    built = {"max_num_batched_tokens": r.core.runner.max_num_batched_tokens, "max_num_seqs": r.core.runner.max_num_seqs}
+    for name, flags in MOE_RANKING:  # (the dry run's tiny engine holds less: its limits cap the flags)
+        flags = {k: min(v, built[k]) if k in built else v for k, v in flags.items()}
+        r.run("validation", f"rank-{name}", reqs, honor_arrivals=True, max_wall_s=4 * requests / rate,
+              description=f"ranking set: chat-production (other slice), {len(reqs)} requests at {rate:.2f} req/s "
+                          f"({RANKING_LOAD:.0%} of the probed capacity), {name}", **{"async_scheduling": True, **flags})
+    return capacity
+
+
 def eager_loads(text: str) -> tuple[float, ...]:
     """--eager-loads "0.35,0.6" -> (0.35, 0.6); each a fraction of the probed capacity in (0, 1.5]."""
     try:
@@ -446,6 +474,9 @@ def main() -> None:
     ap.add_argument("--long-validation", type=Path, metavar="INDEX_JSON",
                     help="only the held-out runs, --scale times as long, at this earlier sweep's capacities")
     ap.add_argument("--scale", type=float, default=3.0, help="--long-validation's length factor")
+    ap.add_argument("--ranking", type=Path, metavar="INDEX_JSON",
+                    help="only the ranking set (MOE_RANKING's configurations) at this earlier sweep's capacities")
+    ap.add_argument("--ranking-requests", type=int, default=80, help="--ranking's requests a configuration")
     ap.add_argument("--capacity-from", type=Path, metavar="JSON",
                     help="the sweep without its capacity probes, at these capacities ({\"capacity_rps\": {source: "
                          "req/s}}, as an index.json has them) an earlier call of the same engine measured")
@@ -466,12 +497,14 @@ def main() -> None:
                             ("--validation-scale", a.validation_scale, a.validation_scale > 0)):
         if not ok:
             ap.error(f"{flag} {value}: must be {'>= 0' if flag == '--temperature' else '> 0'}")
-    partial = [path for path in (a.supplement, a.eager_supplement, a.small_mixed_supplement, a.long_validation)
-               if path]
+    partial = [path for path in (a.supplement, a.eager_supplement, a.small_mixed_supplement, a.long_validation,
+                                 a.ranking) if path]
     earlier_index = partial[0] if partial else None  # a call that reruns part of that earlier sweep
     if len(partial) > 1:
-        ap.error("--supplement, --eager-supplement, --small-mixed-supplement and --long-validation: give one (each "
-                 "reruns part of an earlier sweep)")
+        ap.error("--supplement, --eager-supplement, --small-mixed-supplement, --long-validation and --ranking: give "
+                 "one (each reruns part of an earlier sweep)")
+    if a.ranking_requests < 10:
+        ap.error(f"--ranking-requests {a.ranking_requests}: give 10 or more (a p99 of fewer is one request)")
     if not a.extra_name.startswith("extra") or not a.extra_name.replace("-", "").isalnum():
         ap.error(f"--extra-name {a.extra_name!r}: must start with 'extra' (moe_validate adds <model>-extra* "
                  "archives) and hold letters, digits and dashes only")
@@ -487,7 +520,8 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     label = a.model if not a.layers else f"{a.model}-{a.layers}l"
-    label += "-long" if a.long_validation else f"-{a.extra_name}" if earlier_index else ""  # else: a supplement
+    label += ("-long" if a.long_validation else "-rank" if a.ranking
+              else f"-{a.extra_name}" if earlier_index else "")  # else: a supplement
     t = time.perf_counter()
     meta, capacity, error = {}, {}, None
     r = None
@@ -514,6 +548,7 @@ def main() -> None:
             capacity = (supplement(r, plan, earlier) if a.supplement
                         else eager_supplement(r, plan, earlier, eager_loads(a.eager_loads), a.eager_seed) if a.eager_supplement
                         else small_mixed_supplement(r, plan, earlier) if a.small_mixed_supplement
+                        else ranking_runs(r, plan, earlier, a.ranking_requests) if a.ranking
                         else long_validation(r, plan, earlier, a.scale))
         else:
             known = json.loads(a.capacity_from.read_text())["capacity_rps"] if a.capacity_from else None
