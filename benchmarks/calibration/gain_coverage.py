@@ -10,6 +10,9 @@ no unmeasured input (none of these knobs rests on a prior).
 
     python benchmarks/calibration/gain_coverage.py runs/h200/llama-3.1-8b/validation/rank-* \
         --out benchmarks/calibration/gain_coverage.json
+    python benchmarks/calibration/gain_coverage.py runs/moe-rank/validation/rank-* \
+        --slo "ttft:250 tpot:18" --slo "ttft:400 tpot:20" --slo "ttft:1000 tpot:30" \
+        --out benchmarks/calibration/gain_coverage_qwen3.json   # qwen3-30b-a3b's ranking set (moe_sweep.py --ranking)
 
 The profile's validation error was measured on the validation runs, these six among them (never
 fitted on): the band's width is an out-of-sample figure for the simulator, not for this check.
@@ -59,12 +62,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--slo", action="append", default=None,
+                    help=f"an SLO to check at (repeat; default the dense set's {', '.join(SLOS)})")
     args = ap.parse_args()
+    slos = args.slo or list(SLOS)
+    for text in slos:
+        try:
+            SLO.parse(text)
+        except ValueError as exc:
+            ap.error(f"--slo {text!r}: {exc}")
     sims = {d.name: (d, *simulated(d)) for d in args.runs}
     if BASELINE not in sims:
         sys.exit(f"the runs must include {BASELINE}")
     rows = []
-    for text in SLOS:
+    for text in slos:
         slo = SLO.parse(text)
         samples, engine = {}, {}
         for name, (d, _info, result, profile) in sims.items():
@@ -89,7 +100,8 @@ def main() -> None:
     print(f"coverage: {covered} of {len(rows)} ({covered / len(rows):.0%}); target >= 80%")
     if args.out:
         args.out.write_text(json.dumps({
-            "command": "python benchmarks/calibration/gain_coverage.py " + " ".join(str(d) for d in args.runs),
+            "command": "python benchmarks/calibration/gain_coverage.py " + " ".join(str(d) for d in args.runs)
+            + "".join(f" --slo {t!r}" for t in args.slo or ()),
             "date": datetime.now(UTC).strftime("%Y-%m-%d"), "rows": rows,
             "coverage": covered / len(rows)}, indent=2) + "\n")
 
