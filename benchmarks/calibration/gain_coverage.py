@@ -65,18 +65,17 @@ def main() -> None:
     ap.add_argument("--slo", action="append", default=None,
                     help=f"an SLO to check at (repeat; default the dense set's {', '.join(SLOS)})")
     args = ap.parse_args()
-    slos = args.slo or list(SLOS)
-    for text in slos:
+    slos = {}  # text -> SLO, every one parsed before any run is simulated
+    for text in args.slo or SLOS:
         try:
-            SLO.parse(text)
+            slos[text] = SLO.parse(text)
         except ValueError as exc:
             ap.error(f"--slo {text!r}: {exc}")
     sims = {d.name: (d, *simulated(d)) for d in args.runs}
     if BASELINE not in sims:
         sys.exit(f"the runs must include {BASELINE}")
     rows = []
-    for text in slos:
-        slo = SLO.parse(text)
+    for text, slo in slos.items():
         samples, engine = {}, {}
         for name, (d, _info, result, profile) in sims.items():
             err = latency_error(profile.validation, profile.status)

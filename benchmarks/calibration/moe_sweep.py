@@ -52,6 +52,9 @@ sys.path.insert(0, str(HERE.parents[1]))
 import gpu_sweep as gs
 from routing_probe import scale_standin
 
+from benchmarks.engine.soak import (
+    RANKING_LOAD,  # the dense ranking set's load: the MoE set runs at the same
+)
 from engine.core.config import EngineArgs
 from engine.core.model_spec import get_model
 from engine.engine_loop import EngineCore, build_model, resolve_device
@@ -350,7 +353,6 @@ def long_validation(r: gs.Runner, p: MoePlan, capacity: dict[str, float], scale:
 MOE_RANKING = (("defaults", {}), ("budget-1024", {"max_num_batched_tokens": 1024}),
                ("budget-2048", {"max_num_batched_tokens": 2048}), ("budget-4096", {"max_num_batched_tokens": 4096}),
                ("seqs-64", {"max_num_seqs": 64}), ("sync", {"async_scheduling": False}))
-RANKING_LOAD = 0.9  # as the dense ranking set (benchmarks/engine/soak.py)
 
 
 def ranking_runs(r: gs.Runner, p: MoePlan, capacity: dict[str, float], requests: int) -> dict[str, float]:
@@ -504,7 +506,8 @@ def main() -> None:
         ap.error("--supplement, --eager-supplement, --small-mixed-supplement, --long-validation and --ranking: give "
                  "one (each reruns part of an earlier sweep)")
     if a.ranking_requests < 10:
-        ap.error(f"--ranking-requests {a.ranking_requests}: give 10 or more (a p99 of fewer is one request)")
+        ap.error(f"--ranking-requests {a.ranking_requests}: give 10 or more (fewer cannot tell the configurations "
+                 "apart)")
     if not a.extra_name.startswith("extra") or not a.extra_name.replace("-", "").isalnum():
         ap.error(f"--extra-name {a.extra_name!r}: must start with 'extra' (moe_validate adds <model>-extra* "
                  "archives) and hold letters, digits and dashes only")
