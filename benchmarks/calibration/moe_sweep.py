@@ -335,6 +335,36 @@ def small_mixed_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float],
     return capacity
 
 
+def long_context_supplement(r: gs.Runner, p: MoePlan, capacity: dict[str, float], seed: int = 41,
+                            n: int = 90) -> dict[str, float]:
+    """Mixed steps beside one or two decodes far longer than the rest: the ranking set's chat slice
+    held a decode of ~11K tokens beside 10-30 of ~2K, and the sweep held few such steps (its long
+    decodes ran beside a handful of others, or beside decodes about as long), so the fit priced the
+    longest decode's attention by a slope the few-decode steps set (mixed steps +9-13% there). Per
+    scheduling mode, three long requests (prompts of 6,000 / 10,000 / 14,000 tokens, 700 output
+    tokens each: they decode through the run) arrive at 1, 4 and 8 s among `n` fresh requests at
+    Poisson arrivals (prompts U[32, 1536), outputs U[32, 320)) at 1.3x the probed chat capacity, so
+    ~10-30 decodes run beside chunks of every size. Synthetic lengths, never the held-out slices.
+    Packed as `<model>-<--extra-name>-*`; moe_validate.py adds its runs to the model's sweep."""
+    b = p.base
+    chat = capacity.get("chat-production", next(iter(capacity.values())))
+    top = min(b.max_prompt_len, 14_000)
+    longs = [(1.0, min(6_000, top)), (4.0, min(10_000, top)), (8.0, top)]
+    long_out = p.max_output_len or 700
+    outs = (1, p.max_output_len + 1) if p.max_output_len else (32, 320)
+    for i, async_ in enumerate((True, False)):
+        ids = gs.Ids()
+        reqs = [ids.request(at, prompt, long_out) for at, prompt in longs]
+        reqs += poisson_requests(ids, seed + i, 1.3 * chat, n, (32, min(1536, top)), outs)
+        reqs.sort(key=lambda q: q.arrival_s)
+        tag = "async" if async_ else "sync"
+        r.run("sweep", f"long-context-{tag}", reqs, honor_arrivals=True, max_wall_s=4 * b.mixed_s + 30,
+              description=f"3 long prompts ({', '.join(str(q) for _, q in longs)} tokens, {long_out} outputs) at 1/4/8 s "
+              f"among {n} at Poisson {1.3 * chat:.2f} req/s, prompts U[32,1536), outputs U[{outs[0]},{outs[1]}): "
+              "mixed steps beside decodes far longer than the rest", async_scheduling=async_)
+    return capacity
+
+
 def long_validation(r: gs.Runner, p: MoePlan, capacity: dict[str, float], scale: float) -> dict[str, float]:
     """The held-out runs again, `scale` times as long (and at least `scale` times the requests), at the
     capacities an earlier sweep probed (its index.json): a p99 of 30-50 requests is one or two of
@@ -471,6 +501,8 @@ def main() -> None:
     ap.add_argument("--small-mixed-supplement", type=Path, metavar="INDEX_JSON",
                     help="only runs whose steps hold prefills of a few tokens beside decodes, at this earlier "
                          "sweep's capacities")
+    ap.add_argument("--long-context-supplement", type=Path, metavar="INDEX_JSON",
+                    help="mixed steps beside decodes far longer than the rest (two runs), on that sweep's capacity")
     ap.add_argument("--extra-name", default="extra",
                     help="the supplements' archive label (<model>-NAME-*); moe_validate adds every <model>-extra*")
     ap.add_argument("--long-validation", type=Path, metavar="INDEX_JSON",
@@ -499,11 +531,12 @@ def main() -> None:
                             ("--validation-scale", a.validation_scale, a.validation_scale > 0)):
         if not ok:
             ap.error(f"{flag} {value}: must be {'>= 0' if flag == '--temperature' else '> 0'}")
-    partial = [path for path in (a.supplement, a.eager_supplement, a.small_mixed_supplement, a.long_validation,
-                                 a.ranking) if path]
+    partial = [path for path in (a.supplement, a.eager_supplement, a.small_mixed_supplement,
+                                 a.long_context_supplement, a.long_validation, a.ranking) if path]
     earlier_index = partial[0] if partial else None  # a call that reruns part of that earlier sweep
     if len(partial) > 1:
-        ap.error("--supplement, --eager-supplement, --small-mixed-supplement, --long-validation and --ranking: give "
+        ap.error("--supplement, --eager-supplement, --small-mixed-supplement, --long-context-supplement, "
+                 "--long-validation and --ranking: give "
                  "one (each reruns part of an earlier sweep)")
     if a.ranking_requests < 10:
         ap.error(f"--ranking-requests {a.ranking_requests}: give 10 or more (fewer cannot tell the configurations "
@@ -551,6 +584,7 @@ def main() -> None:
             capacity = (supplement(r, plan, earlier) if a.supplement
                         else eager_supplement(r, plan, earlier, eager_loads(a.eager_loads), a.eager_seed) if a.eager_supplement
                         else small_mixed_supplement(r, plan, earlier) if a.small_mixed_supplement
+                        else long_context_supplement(r, plan, earlier) if a.long_context_supplement
                         else ranking_runs(r, plan, earlier, a.ranking_requests) if a.ranking
                         else long_validation(r, plan, earlier, a.scale))
         else:

@@ -50,3 +50,29 @@ def test_the_ranking_set_runs_one_request_list_under_each_configuration_capped_a
     assert kw["rank-sync"]["async_scheduling"] is False and kw["rank-defaults"]["async_scheduling"] is True
     with pytest.raises(SystemExit, match="--ranking"):
         ranking_runs(runner, TINY, {"code-bursty": 2.0}, 12)
+
+
+def test_the_long_context_supplement_puts_three_long_decodes_among_poisson_short_requests():
+    """long_context_supplement: per scheduling mode (async, then sync), the three long prompts at 1, 4
+    and 8 s among the Poisson requests at 1.3x the chat capacity, unique ids, sorted by arrival, in
+    the sweep; the long ones' outputs outlast the short ones'."""
+    from types import SimpleNamespace
+
+    from moe_sweep import QWEN, long_context_supplement
+
+    calls = []
+    runner = SimpleNamespace(run=lambda purpose, name, reqs, **kw: calls.append((purpose, name, reqs, kw)))
+    long_context_supplement(runner, QWEN, {"chat-production": 4.0}, n=50)
+    assert [(c[0], c[1], c[3]["async_scheduling"]) for c in calls] == [
+        ("sweep", "long-context-async", True), ("sweep", "long-context-sync", False)]
+    for _, _, reqs, kw in calls:
+        assert len(reqs) == 53 and len({q.request_id for q in reqs}) == 53
+        assert [q.arrival_s for q in reqs] == sorted(q.arrival_s for q in reqs)
+        longs = sorted((q for q in reqs if q.prompt_len >= 6000), key=lambda q: q.arrival_s)
+        assert [(q.arrival_s, q.prompt_len, q.output_len) for q in longs] == [
+            (1.0, 6000, 700), (4.0, 10000, 700), (8.0, 14000, 700)]
+        short = [q for q in reqs if q.prompt_len < 6000]
+        assert all(32 <= q.prompt_len < 1536 and 32 <= q.output_len < 320 for q in short)
+        # Poisson at 5.2 req/s: 50 arrivals take ~9.6 s
+        assert 5 < short[-1].arrival_s < 16
+        assert kw["honor_arrivals"] is True
