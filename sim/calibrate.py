@@ -59,6 +59,7 @@ from sim.cost_model import (
     StepKind,
     graph_routed,
     knot_weights,
+    longest_decode_context,
 )
 from sim.hardware import GPU_PRESETS, GPUSpec
 from sim.memory import plan_memory
@@ -384,11 +385,14 @@ def step_kinds(steps: dict[str, np.ndarray], decode_graphs: bool = True,
 def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: int,
                   enforce_eager: bool = False, knots: Sequence[int] | None = None,
                   mixed_graph_max_tokens: int = 0, experts_mults: tuple[float, float] | None = None,
-                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                  longest_excess: float = 1.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(kind, features): each row's `StepKind` (see `step_kinds`) and every GPU feature per row as
     CostModel prices it (decode rows padded to their graph's batch, mixed-graph rows' tokens to
     their graph's bucket). `experts_mults` (a mixture of experts: the (compute, memory) multipliers
-    its MoE factors were measured at): the experts as features of their own (MOE_OFFSET_FEATURE)."""
+    its MoE factors were measured at): the experts as features of their own (MOE_OFFSET_FEATURE).
+    `longest_excess`: the steps with prefill price the longest decode's context as
+    `longest_decode_context` does with that weight (GpuTerms.decode_max_excess); decode-only steps
+    the whole of it."""
     g = steps
     n_dec = g["num_decode_seqs"]
     tokens = g["num_prefill_tokens"] + g["num_decode_tokens"]
@@ -404,8 +408,12 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     # graphs' padding tokens route alike (Roofline.experts_s): the experts see the real tokens + 1
     # (an eager row pads nothing, tok == tokens, so the rule gives tok there)
     routed = graph_routed(tokens.astype(np.float64), tok)
+    longest = g.get("max_decode_context", np.zeros_like(tok))
+    if longest_excess != 1.0:
+        longest = np.where(is_decode, longest, longest_decode_context(longest, g["sum_decode_context"], n_dec,
+                                                                      longest_excess))
     f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"],
-                       g.get("max_decode_context", np.zeros_like(tok)), routed=routed)
+                       longest, routed=routed)
     f["step_s"] = np.ones_like(tok)
     f["per_seq_s"] = g["num_prefill_seqs"] + pad
     if rates.routing is not None and experts_mults is not None:
@@ -704,7 +712,8 @@ class _Rows:
 
 
 def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share: float,
-           default_max_num_seqs: int, experts_mults: tuple[float, float] | None = None) -> _Rows:
+           default_max_num_seqs: int, experts_mults: tuple[float, float] | None = None,
+           longest_excess: float = 1.0) -> _Rows:
     parts = []
     n_warmup = 0
     # one set of knots for all runs: the largest CUDA graph any of them captured
@@ -715,7 +724,7 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
         order = np.argsort(s["step_id"], kind="stable")
         s = {k: v[order] for k, v in s.items()}
         kind, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, not r.decode_graphs, knots,
-                                 r.mixed_graph_max_tokens, experts_mults)
+                                 r.mixed_graph_max_tokens, experts_mults, longest_excess)
         keep = np.arange(order.size) >= warmup_steps
         n_warmup += int(min(warmup_steps, order.size))
         gy = s["gpu_s"] + np.nan_to_num(s["sample_s"])
@@ -843,13 +852,18 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
                 warmup_steps: int = WARMUP_STEPS, held_out_share: float = HELD_OUT_SHARE,
                 provenance: dict[str, Any] | None = None,
                 memory_runs: Sequence[dict[str, Any]] | None = None, moe_base: CostProfile | None = None,
-                ) -> FitResult:
+                longest_excess: float = 1.0) -> FitResult:
     """Fit a v2 profile for `model` on `gpu` from engine step tables (`EngineRun`s, or bare
     column tables that take their flags from `engine_config`). `memory_runs` (run.json dicts):
     where the KV sizing terms come from when the timed runs' engines were sized by an override
     (several engines sharing a GPU) and record none. A mixture of experts: `moe_base` is the
     profile whose MoE terms (the fused kernel's measured factors, per-layer fixed cost) and
-    first-principles fields the fitted profile keeps (None: the MoeTerms prior); see `moe_features`."""
+    first-principles fields the fitted profile keeps (None: the MoeTerms prior); see `moe_features`.
+    `longest_excess`: the steps with prefill's longest-decode weight (GpuTerms.decode_max_excess, in
+    [0, 1]; `choose_longest_excess` picks it on the held-out steps)."""
+    if not 0.0 <= longest_excess <= 1.0:
+        raise CalibrationInputError(f"longest_excess {longest_excess}: must lie in [0, 1] (1: the longest decode's "
+                                    "whole context)")
     dflt = (engine_config or EngineConfig()).resolved_for(gpu, model)
     runs = [t if isinstance(t, EngineRun) else
             EngineRun(name=f"table{i}", steps=t, async_scheduling=dflt.async_scheduling,
@@ -860,10 +874,12 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     moe_kept = moe_kept_fields(model, moe_base)
     rates = Roofline.of(model, gpu, dflt, moe=moe_kept.get("moe"))
     mults = (1 / moe_kept["gemm_compute_efficiency"], 1 / moe_kept["gemm_memory_efficiency"]) if moe_kept else None
-    rows = _stack(runs, rates, warmup_steps, held_out_share, dflt.max_num_seqs or 256, mults)
+    rows = _stack(runs, rates, warmup_steps, held_out_share, dflt.max_num_seqs or 256, mults, longest_excess)
     graph_mode = graph_fit_mode(rows.kind, rows.held)
     masks = kind_masks(rows.kind, graph_mode)
     terms, gpu_pred, fit_counts = _fit_gpu(rows, source, masks, graph_mode == "shared")
+    terms = {k: t if k == "decode" else t.model_copy(update={"decode_max_excess": longest_excess})
+             for k, t in terms.items()}
     errors = {}
     train = ~rows.held
     cpu, cpu_sync = _fit_cpu_by_scheduling(rows, train)
@@ -893,6 +909,41 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     cpu_med = float(np.median(_rel_err(cpu_pred[rows.held], rows.cpu_y[rows.held]))) if rows.held.any() else np.nan
     return FitResult(profile=profile, errors=errors, n_steps=n_steps, n_warmup_dropped=rows.n_warmup,
                      cpu_error_median=cpu_med, memory_checks=memory_checks(runs, profile, model, gpu))
+
+
+# The longest-decode weights `choose_longest_excess` tries (GpuTerms.decode_max_excess): 1 is the
+# form profiles had before the weight; each try is a whole fit
+LONGEST_EXCESS_GRID: tuple[float, ...] = (1.0, 0.7, 0.5, 0.35)
+
+
+def prefill_step_error(res: FitResult) -> float:
+    """The held-out GPU error of a fit's steps with prefill (eager and graph): median + p90 of
+    |error|, each kind weighted by its held-out steps."""
+    kinds = [e for k, e in res.errors.items() if k != "decode" and e.n_held_out]
+    if not kinds:
+        return float("nan")
+    n = sum(e.n_held_out for e in kinds)
+    return sum(e.n_held_out * (e.gpu_median + e.gpu_p90) for e in kinds) / n
+
+
+def choose_longest_excess(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model: ModelSpec, gpu: GPUSpec,
+                          grid: Sequence[float] = LONGEST_EXCESS_GRID, **fit_kw: Any,
+                          ) -> tuple[FitResult, dict[float, float]]:
+    """`fit_profile` at each longest-decode weight of `grid`; the fit whose held-out steps with
+    prefill it prices best (`prefill_step_error`; a tie keeps the earlier weight) and every
+    weight's score (the fit's provenance records them)."""
+    if not grid:
+        raise CalibrationInputError("choose_longest_excess: an empty grid of weights")
+    scores, best = {}, None
+    for w in grid:
+        res = fit_profile(step_tables, model, gpu, longest_excess=w, **fit_kw)
+        scores[float(w)] = round(prefill_step_error(res), 5)
+        if best is None or scores[float(w)] < scores[best[0]]:
+            best = (float(w), res)
+    assert best is not None
+    prov = best[1].profile.provenance | {"longest_excess_scores": {str(k): v for k, v in scores.items()}}
+    best[1].profile = best[1].profile.model_copy(update={"provenance": prov})
+    return best[1], scores
 
 
 def moe_kept_fields(model: ModelSpec, base: CostProfile | None) -> dict[str, Any]:
@@ -1068,6 +1119,7 @@ __all__ = [
     "CPU_FEATURES",
     "FIXED_MULTIPLIERS",
     "GPU_FEATURES",
+    "LONGEST_EXCESS_GRID",
     "PRIOR_MULTIPLIERS",
     "REQUIRED_COLUMNS",
     "SCALED_GPUS",
@@ -1076,6 +1128,7 @@ __all__ = [
     "FitResult",
     "KindError",
     "MemoryCheck",
+    "choose_longest_excess",
     "eager_blocked_s",
     "fit_memory",
     "fit_overlap",
@@ -1087,6 +1140,7 @@ __all__ = [
     "load_run",
     "pipelined_periods",
     "predicted_periods",
+    "prefill_step_error",
     "profiled_tokens",
     "read_steps",
     "robust_nnls",

@@ -96,6 +96,12 @@ class GpuTerms(BaseModel):
     # `decode_max_kv` for eager steps, by padded-batch knot for decode-only steps
     decode_max_kv: float = _COEF
     decode_max_kv_by_batch: tuple[tuple[int, float], ...] = ()
+    # steps with prefill: the longest decode's context the `decode_max_kv` term prices, as the decodes'
+    # mean context + this weight x its excess over that mean (`longest_decode_context`). Below 1 when
+    # the tokens a longest program walks after the others have finished cost less than those it walks
+    # beside them (qwen3-30b-a3b's sweep with long decodes among ~20 short ones: 0.5). 1: the whole
+    # longest context (profiles fitted before the weight); decode-only steps always take the whole.
+    decode_max_excess: float = Field(default=1.0, ge=0, le=1)
     # decode-only steps: seconds per replay of the graph of a padded batch, (batch, seconds) knots
     # interpolated in log2(batch), added to step_s + per_seq_s x batch (a fit with knots leaves those
     # two at 0). A graph's fixed cost is not linear in its batch: the attention kernel's split count
@@ -117,6 +123,16 @@ class GpuTerms(BaseModel):
     def decode_step_extra_s(self, padded_batch: int) -> float:
         """Seconds a decode graph of `padded_batch` costs beyond step_s + per_seq_s x batch."""
         return _by_knot(self.decode_step_by_batch, 0.0, padded_batch)
+
+
+def longest_decode_context(max_context: Any, sum_context: Any, num_decodes: Any, excess: float) -> Any:
+    """The longest decode's context as a step with prefill prices it (`GpuTerms.decode_max_excess`):
+    the decodes' mean context + `excess` x how far the longest lies beyond it (scalars or numpy
+    arrays alike; no decodes: 0)."""
+    mean = np.asarray(sum_context, dtype=np.float64) / np.maximum(num_decodes, 1)
+    longest = mean + excess * np.maximum(np.asarray(max_context, dtype=np.float64) - mean, 0.0)
+    out = np.where(np.asarray(num_decodes) > 0, longest, 0.0)
+    return float(out) if out.ndim == 0 else out
 
 
 def _by_knot(by_batch: tuple[tuple[int, float], ...], default: float, padded_batch: int) -> float:
@@ -718,8 +734,10 @@ class CostModel:
         em = (1 / p.gemm_compute_efficiency, 1 / p.gemm_memory_efficiency)
         self._fit_decode = _Forward.fitted(self.roofline, p.decode, ar, em)
         self._fit_mixed = _Forward.fitted(self.roofline, p.mixed, ar, em)
+        self._mixed_excess = self._graph_excess = p.mixed.decode_max_excess
         if p.mixed_graph is not None:
             self._fit_mixed_graph = _Forward.fitted(self.roofline, p.mixed_graph, ar, em)
+            self._graph_excess = p.mixed_graph.decode_max_excess
             # the engine captures mixed graphs up to the capture size or the token budget
             budget = self.engine.max_num_batched_tokens or p.max_cudagraph_capture_size
             self._mixed_graph_max_tokens = min(p.max_cudagraph_capture_size, budget)
@@ -778,9 +796,10 @@ class CostModel:
                 b.max_decode_context)
         if tokens <= self._mixed_graph_max_tokens:
             return self._mixed_graph_s(b, tokens, q_per_seq)
+        longest = longest_decode_context(b.max_decode_context, b.sum_decode_context, n, self._mixed_excess)
         return self._fit_mixed.seconds(tokens, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
                                        b.sum_prefill_context, q_per_seq, b.sum_decode_context,
-                                       b.num_prefill_seqs + n, b.max_decode_context) + ar
+                                       b.num_prefill_seqs + n, longest) + ar
 
     def _mixed_graph_s(self, b: BatchComposition, tokens: int, q_per_seq: float) -> float:
         """A mixed graph: every token-wise term over the padded bucket (padding tokens run the
@@ -788,9 +807,10 @@ class CostModel:
         per sequence the scheduled ones (the graph's empty dummy sequences attend nothing)."""
         pad = mixed_graph_bucket(tokens, self._mixed_graph_max_tokens)
         n = b.num_decode_seqs
+        longest = longest_decode_context(b.max_decode_context, b.sum_decode_context, n, self._graph_excess)
         return self._fit_mixed_graph.seconds(pad, b.num_prefill_seqs + b.num_decode_tokens, b.prefill_attn_pairs,
                                              b.sum_prefill_context, q_per_seq, b.sum_decode_context,
-                                             b.num_prefill_seqs + n, b.max_decode_context,
+                                             b.num_prefill_seqs + n, longest,
                                              routed=graph_routed(tokens, pad)) + (
             self._ar_s_per_token * pad)
 
@@ -1193,5 +1213,6 @@ __all__ = [
     "TPTerms",
     "graph_routed",
     "knot_weights",
+    "longest_decode_context",
     "step_table_seconds",
 ]

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from advisor.commands.validate import profile_validation_summary
 from engine.core.model_spec import get_model
-from sim.calibrate import fit_profile, load_run
+from sim.calibrate import choose_longest_excess, load_run
 from sim.config import EngineConfig
 from sim.cost_model import PROFILES_DIR, CostProfile
 from sim.hardware import get_gpu
@@ -109,7 +109,9 @@ def fit(model: str, gpu: str, sweep: list[Path], base: CostProfile, archives: Pa
     prov = {"moe_base_profile": f"{base.name} ({base.source})", "moe_kernel_terms": (base.moe.source if base.moe
                                                                                      else "MoeTerms prior"),
             "sweep": "benchmarks/calibration/moe_sweep.py", "archives": str(archives)}
-    res = fit_profile(runs, m, g, EngineConfig(), name=f"{g.name}-{m.name}", provenance=prov, moe_base=base)
+    # the longest decode's weight in steps with prefill: chosen on the fit's held-out steps
+    res, excess_scores = choose_longest_excess(runs, m, g, engine_config=EngineConfig(), name=f"{g.name}-{m.name}",
+                                               provenance=prov, moe_base=base)
     prof = res.profile
     src = (f"measured ({g.name} x {m.name}): fitted from {res.n_steps} engine steps of {len(runs)} sweep run(s) by "
            "sim/calibrate.py (benchmarks/calibration/moe_sweep.py), the experts priced by the fused MoE kernel's "
@@ -117,6 +119,7 @@ def fit(model: str, gpu: str, sweep: list[Path], base: CostProfile, archives: Pa
     prof = prof.model_copy(update={"source": src})
     errors = {k: e.as_dict() for k, e in res.errors.items()}
     return prof, {"n_steps": res.n_steps, "n_warmup_dropped": res.n_warmup_dropped, "errors": errors,
+                  "longest_excess": prof.mixed.decode_max_excess, "longest_excess_scores": excess_scores,
                   "cpu_error_median": res.cpu_error_median,
                   "memory_checks": [{"run": c.run, "engine": c.engine_blocks, "sim": c.sim_blocks}
                                     for c in res.memory_checks]}
