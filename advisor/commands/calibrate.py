@@ -105,6 +105,10 @@ def calibrate(
     tp_collectives: Annotated[Path | None, typer.Option(
         "--tp-collectives", help="with --tp-runs: the all-reduce sweep (collectives.json of benchmarks/tp/h200x2.py) "
         "the latency and bus bandwidth are fitted from")] = None,
+    longest_excess: Annotated[str, typer.Option(
+        "--longest-excess", help="steps with prefill price their longest decode's context as the decodes' mean + "
+        "this weight x its excess over the mean (0-1; 1: the whole context, as profiles fitted before it); auto: "
+        "fit at 1, 0.7, 0.5 and 0.35 and keep the weight whose held-out steps with prefill come out best")] = "1",
     force: Force = False,
 ) -> None:
     """Fit a cost profile (schema v2) for one model on one GPU from engine step traces, or from a server's
@@ -124,7 +128,21 @@ def calibrate(
         raise ValueError("give engine run folders to fit on, or --from-bench RESULT.json")
     _calibrate_from_steps(runs, model, gpu, out, scaled=scaled, async_scheduling=async_scheduling,
                           max_num_seqs=max_num_seqs, memory_runs=memory_runs or [], tp_runs=tp_runs or [],
-                          tp_collectives=tp_collectives, force=force)
+                          tp_collectives=tp_collectives, force=force, longest_excess=parse_longest_excess(longest_excess))
+
+
+def parse_longest_excess(text: str) -> float | None:
+    """--longest-excess: None for auto, else the weight in [0, 1]; anything else names the flag."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        w = float(text)
+    except ValueError:
+        w = float("nan")
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"--longest-excess {text!r}: give a weight from 0 to 1 (1: the longest decode's whole "
+                         "context) or auto")
+    return w
 
 
 def _check_outputs(out: Path | None, model: str, scaled: bool, inputs: list[Path], force: bool) -> None:
@@ -144,10 +162,12 @@ def _check_outputs(out: Path | None, model: str, scaled: bool, inputs: list[Path
 
 def _calibrate_from_steps(runs: list[Path], model: str, gpu: str, out: Path | None, *, scaled: bool,
                           async_scheduling: bool, max_num_seqs: int | None, memory_runs: list[Path],
-                          tp_runs: list[Path], tp_collectives: Path | None, force: bool) -> None:
-    """The step-trace fit: check everything, fit, print, write (and the scaled copies)."""
+                          tp_runs: list[Path], tp_collectives: Path | None, force: bool,
+                          longest_excess: float | None = 1.0) -> None:
+    """The step-trace fit: check everything, fit, print, write (and the scaled copies). `longest_excess`:
+    GpuTerms.decode_max_excess, None: chosen (`choose_longest_excess`)."""
     # scipy's optimisers load only for this command (the CLI's other commands start without them)
-    from sim.calibrate import fit_profile, load_run, write_scaled_profiles
+    from sim.calibrate import choose_longest_excess, fit_profile, load_run, write_scaled_profiles
     from sim.cost_model import CostProfile
     from sim.models import preset_of
     from sim.validate import read_run_info
@@ -170,8 +190,14 @@ def _calibrate_from_steps(runs: list[Path], model: str, gpu: str, out: Path | No
                              "and one-GPU runs as RUNS")
     # a mixture of experts keeps the shipped profile's measured MoE kernel terms (sim/calibrate.py moe_kept_fields)
     moe_base = CostProfile.for_target(model, gpu) if m.is_moe else None
-    fit = fit_profile(loaded, m, g, default, memory_runs=memory, moe_base=moe_base)
     console = plain_console()
+    if longest_excess is None:
+        fit, scores = choose_longest_excess(loaded, m, g, engine_config=default, memory_runs=memory, moe_base=moe_base)
+        console.print("longest-decode weight: " + ", ".join(f"{w:g} {v:.3f}" for w, v in scores.items())
+                      + f" (held-out median + p90 |error| of steps with prefill): {fit.profile.mixed.decode_max_excess:g}",
+                      highlight=False)
+    else:
+        fit = fit_profile(loaded, m, g, default, memory_runs=memory, moe_base=moe_base, longest_excess=longest_excess)
     print_fit(fit, console)
     if tp_runs:
         fit.profile = _with_tp_terms(fit.profile, tp_runs, tp_collectives, m, g, default, console)

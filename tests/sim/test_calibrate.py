@@ -458,3 +458,26 @@ def test_host_terms_fit_the_mean_of_a_skewed_host_time():
     assert step_s == pytest.approx(2e-4 + 1e-4, rel=0.02) and per_seq_s == pytest.approx(1e-6, rel=0.02)
     typical = robust_nnls(X, y).coef[0]
     assert typical < 2e-4 + 0.8e-4  # what the GPU's estimator would have said: the tail left out
+
+
+def test_cli_longest_excess_auto_chooses_and_a_bad_weight_names_the_flag(run_dirs):
+    """--longest-excess auto fits at each weight of the grid and keeps the best on the held-out steps
+    with prefill (the scores it prints are the ones the profile's provenance records); a number sets
+    the weight of the mixed kinds only; anything outside 0-1 is refused before any fit, naming the flag."""
+    base, a, b = run_dirs
+    out = base / "auto.json"
+    r = _cli("calibrate", a, b, "--model", "llama-3.2-1b", "--gpu", "h200", "--out", out, "--longest-excess", "auto")
+    assert r.exit_code == 0, r.output
+    prof = CostProfile.load(out)
+    scores = {float(k): v for k, v in prof.provenance["longest_excess_scores"].items()}
+    assert set(scores) == {1.0, 0.7, 0.5, 0.35}
+    assert prof.mixed.decode_max_excess == min(scores, key=lambda w: (scores[w], -w))
+    assert "longest-decode weight: 1 " in r.output
+    fixed = base / "fixed.json"
+    r = _cli("calibrate", a, "--model", "llama-3.2-1b", "--gpu", "h200", "--out", fixed, "--longest-excess", "0.5")
+    assert r.exit_code == 0, r.output
+    prof = CostProfile.load(fixed)
+    assert (prof.mixed.decode_max_excess, prof.decode.decode_max_excess) == (0.5, 1.0)
+    for bad in ("1.5", "-0.1", "half"):
+        r = _cli("calibrate", a, "--model", "llama-3.2-1b", "--gpu", "h200", "--longest-excess", bad)
+        assert r.exit_code == 2 and "--longest-excess" in r.output and "auto" in r.output, r.output
