@@ -57,6 +57,8 @@ from sim.validate import ERROR_METRICS, MetricComparison, compare_summaries
 FACTORS = ("prefill", "decode", "kv", "host")
 # the decode terms that grow with the KV read (the `kv` multiplier's); the others are `decode`'s
 KV_TERMS = frozenset({"decode_kv", "decode_max_kv", "decode_kv_by_batch", "decode_max_kv_by_batch"})
+# fields of a term set that are not seconds or multipliers: a request-level fit leaves them as they are
+NOT_SCALED = frozenset({"decode_max_excess"})
 BOUNDS = (0.1, 10.0)  # each multiplier's range: a profile off by more than 10x is the wrong profile
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 FIT_KEYS = (*(f"{s}_{m}_ms" for m in LATENCIES for s in ("mean", "median", "p90")),
@@ -110,11 +112,13 @@ def first_principles_v2(p: CostProfile) -> CostProfile:
 
 def _scaled(terms: BaseModel | None, k: float, k_kv: float | None = None) -> Any:
     """Every coefficient of a term set times k (knot lists: their values, not their batches);
-    with `k_kv`, the KV_TERMS times k_kv instead."""
+    with `k_kv`, the KV_TERMS times k_kv instead; NOT_SCALED fields as they are."""
     if terms is None:
         return None
     upd: dict[str, Any] = {}
     for name, v in terms:
+        if name in NOT_SCALED:
+            continue
         if k_kv is not None and name in KV_TERMS:
             upd[name] = v * k_kv if isinstance(v, float) else tuple((b, c * k_kv) for b, c in v)
         elif isinstance(v, float):
