@@ -134,9 +134,10 @@ def truncate(reqs: list[Request], max_prompt_len: int) -> list[Request]:
 
 
 def workload_requests(name: str, n: int, rate_rps: float | None, max_prompt_len: int, *,
-                      other_slice: bool = False) -> list[Request]:
-    """`n` requests of a preset (generated: `other_slice` draws them with another seed) or of a
-    built-in trace (its first n, or with `other_slice` its last n), at `rate_rps` if given."""
+                      other_slice: bool = False, seed: int | None = None) -> list[Request]:
+    """`n` requests of a preset (generated: `other_slice` draws them with another seed, 1, or
+    `seed` if given) or of a built-in trace (its first n, or with `other_slice` its last n), at
+    `rate_rps` if given."""
     if name in BUILTIN_TRACES:
         hb = 512  # the Mooncake trace's hash block size
         reqs = list(load_workload(name, SourceOptions(hash_block_size=hb)))
@@ -146,8 +147,8 @@ def workload_requests(name: str, n: int, rate_rps: float | None, max_prompt_len:
             scale = (len(reqs) - 1) / rate_rps / span if span > 0 else 1.0
             reqs = [dataclasses.replace(r, arrival_s=(r.arrival_s - reqs[0].arrival_s) * scale) for r in reqs]
     else:
-        reqs = list(load_workload(name, SourceOptions(num_requests=n, rate_rps=rate_rps,
-                                                      seed=1 if other_slice else None)))
+        draw = seed if seed is not None else 1 if other_slice else None
+        reqs = list(load_workload(name, SourceOptions(num_requests=n, rate_rps=rate_rps, seed=draw)))
     return truncate(reqs, max_prompt_len)
 
 

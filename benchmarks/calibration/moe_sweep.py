@@ -124,9 +124,10 @@ TINY = MoePlan(
     async_batches=(1, 8), skew_async=(8,), validation=VALIDATION, probe_sources=SOURCES, max_output_len=6)
 
 
-def requests_of(p: MoePlan, source: str, n: int, rate_rps: float | None, *, other_slice: bool = False) -> list:
+def requests_of(p: MoePlan, source: str, n: int, rate_rps: float | None, *, other_slice: bool = False,
+                seed: int | None = None) -> list:
     """`gpu_sweep.workload_requests`, outputs capped where the plan says so."""
-    reqs = gs.workload_requests(source, n, rate_rps, p.base.max_prompt_len, other_slice=other_slice)
+    reqs = gs.workload_requests(source, n, rate_rps, p.base.max_prompt_len, other_slice=other_slice, seed=seed)
     if p.max_output_len:
         reqs = [dataclasses.replace(q, output_len=min(q.output_len, p.max_output_len)) for q in reqs]
     return reqs
@@ -385,20 +386,23 @@ MOE_RANKING = (("defaults", {}), ("budget-1024", {"max_num_batched_tokens": 1024
                ("seqs-64", {"max_num_seqs": 64}), ("sync", {"async_scheduling": False}))
 
 
-def ranking_runs(r: gs.Runner, p: MoePlan, capacity: dict[str, float], requests: int) -> dict[str, float]:
+def ranking_runs(r: gs.Runner, p: MoePlan, capacity: dict[str, float], requests: int,
+                 seed: int = 1) -> dict[str, float]:
     """The same `requests` chat requests (another slice than the held-out runs', never fitted on) at
     RANKING_LOAD of an earlier sweep's probed chat capacity, under each MOE_RANKING configuration
     (asynchronous scheduling unless it says otherwise): `costline validate --rank` then checks that the
-    simulator orders the configurations' goodputs as the engine does. Packed as `<model>-rank-*`."""
+    simulator orders the configurations' goodputs as the engine does. `seed` draws the slice (1: the
+    first ranking set's; another: a fresh, blind slice). Packed as `<model>-rank-*` (seed 1) or
+    `<model>-rank<seed>-*`."""
     if "chat-production" not in capacity:
         raise SystemExit("--ranking: the earlier sweep's index has no chat-production capacity")
     rate = RANKING_LOAD * capacity["chat-production"]
-    reqs = requests_of(p, "chat-production", requests, rate, other_slice=True)
+    reqs = requests_of(p, "chat-production", requests, rate, seed=seed)
     built = {"max_num_batched_tokens": r.core.runner.max_num_batched_tokens, "max_num_seqs": r.core.runner.max_num_seqs}
     for name, flags in MOE_RANKING:  # (the dry run's tiny engine holds less: its limits cap the flags)
         flags = {k: min(v, built[k]) if k in built else v for k, v in flags.items()}
         r.run("validation", f"rank-{name}", reqs, honor_arrivals=True, max_wall_s=4 * requests / rate,
-              description=f"ranking set: chat-production (other slice), {len(reqs)} requests at {rate:.2f} req/s "
+              description=f"ranking set: chat-production (other slice, seed {seed}), {len(reqs)} requests at {rate:.2f} req/s "
                           f"({RANKING_LOAD:.0%} of the probed capacity), {name}", **{"async_scheduling": True, **flags})
     return capacity
 
@@ -511,6 +515,8 @@ def main() -> None:
     ap.add_argument("--ranking", type=Path, metavar="INDEX_JSON",
                     help="only the ranking set (MOE_RANKING's configurations) at this earlier sweep's capacities")
     ap.add_argument("--ranking-requests", type=int, default=80, help="--ranking's requests a configuration")
+    ap.add_argument("--ranking-seed", type=int, default=1, help="--ranking's slice of chat-production (1: the first "
+                    "ranking set's; another draws a fresh one, packed as <model>-rank<seed>-*)")
     ap.add_argument("--capacity-from", type=Path, metavar="JSON",
                     help="the sweep without its capacity probes, at these capacities ({\"capacity_rps\": {source: "
                          "req/s}}, as an index.json has them) an earlier call of the same engine measured")
@@ -538,6 +544,9 @@ def main() -> None:
         ap.error("--supplement, --eager-supplement, --small-mixed-supplement, --long-context-supplement, "
                  "--long-validation and --ranking: give "
                  "one (each reruns part of an earlier sweep)")
+    if a.ranking_seed < 1:
+        ap.error(f"--ranking-seed {a.ranking_seed}: give 1 (the first ranking set's slice) or more (a fresh slice; "
+                 "seed 0 is the preset's own, the held-out runs' slice)")
     if a.ranking_requests < 10:
         ap.error(f"--ranking-requests {a.ranking_requests}: give 10 or more (fewer cannot tell the configurations "
                  "apart)")
@@ -556,7 +565,7 @@ def main() -> None:
     if work.exists():
         shutil.rmtree(work)
     label = a.model if not a.layers else f"{a.model}-{a.layers}l"
-    label += ("-long" if a.long_validation else "-rank" if a.ranking
+    label += ("-long" if a.long_validation else f"-rank{'' if a.ranking_seed == 1 else a.ranking_seed}" if a.ranking
               else f"-{a.extra_name}" if earlier_index else "")  # else: a supplement
     t = time.perf_counter()
     meta, capacity, error = {}, {}, None
@@ -585,7 +594,7 @@ def main() -> None:
                         else eager_supplement(r, plan, earlier, eager_loads(a.eager_loads), a.eager_seed) if a.eager_supplement
                         else small_mixed_supplement(r, plan, earlier) if a.small_mixed_supplement
                         else long_context_supplement(r, plan, earlier) if a.long_context_supplement
-                        else ranking_runs(r, plan, earlier, a.ranking_requests) if a.ranking
+                        else ranking_runs(r, plan, earlier, a.ranking_requests, a.ranking_seed) if a.ranking
                         else long_validation(r, plan, earlier, a.scale))
         else:
             known = json.loads(a.capacity_from.read_text())["capacity_rps"] if a.capacity_from else None

@@ -76,3 +76,24 @@ def test_the_long_context_supplement_puts_three_long_decodes_among_poisson_short
         # Poisson at 5.2 req/s: 50 arrivals take ~9.6 s
         assert 5 < short[-1].arrival_s < 16
         assert kw["honor_arrivals"] is True
+
+
+def test_a_ranking_seed_draws_another_slice_of_the_same_workload():
+    """ranking_runs(seed=2): the same configurations over requests another draw of chat-production
+    (none of seed 1's request lengths in the same order), at the same rate."""
+    from types import SimpleNamespace
+
+    from moe_sweep import TINY, ranking_runs
+
+    lists = {}
+    for seed in (1, 2):
+        calls = []
+        runner = SimpleNamespace(core=SimpleNamespace(runner=SimpleNamespace(max_num_batched_tokens=2048,
+                                                                              max_num_seqs=48)),
+                                 run=lambda purpose, name, reqs, **kw: calls.append((name, reqs, kw)))
+        ranking_runs(runner, TINY, {"chat-production": 2.0}, 12, seed)
+        lists[seed] = calls
+        assert all(f"seed {seed}" in kw["description"] for _, _, kw in calls)
+    one, two = lists[1][0][1], lists[2][0][1]
+    assert [(q.prompt_len, q.output_len) for q in one] != [(q.prompt_len, q.output_len) for q in two]
+    assert len(one) == len(two) == 12
