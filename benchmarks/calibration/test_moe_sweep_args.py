@@ -90,7 +90,7 @@ def test_a_ranking_seed_draws_another_slice_of_the_same_workload():
         calls = []
         runner = SimpleNamespace(core=SimpleNamespace(runner=SimpleNamespace(max_num_batched_tokens=2048,
                                                                               max_num_seqs=48)),
-                                 run=lambda purpose, name, reqs, **kw: calls.append((name, reqs, kw)))
+                                 run=lambda purpose, name, reqs, calls=calls, **kw: calls.append((name, reqs, kw)))
         ranking_runs(runner, TINY, {"chat-production": 2.0}, 12, seed)
         lists[seed] = calls
         assert all(f"seed {seed}" in kw["description"] for _, _, kw in calls)
