@@ -134,6 +134,9 @@ class EngineRun:
     cudagraph_mode: str = LEGACY_CUDAGRAPH_MODE
     max_cudagraph_capture_size: int = VERIFY_GRAPH_MAX_TOKENS
     max_num_batched_tokens: int | None = None  # None: no cap below the capture size
+    # a run recorded for its steps with prefill: its decode-only steps stay out of the fit (their
+    # compositions, e.g. one decode far longer than the rest, lie outside what the decode terms carry)
+    prefill_steps_only: bool = False
 
     @property
     def decode_graphs(self) -> bool:
@@ -726,6 +729,8 @@ def _stack(runs: Sequence[EngineRun], rates: Roofline, warmup_steps: int, share:
         kind, gx = step_features(s, rates, r.max_num_seqs or default_max_num_seqs, not r.decode_graphs, knots,
                                  r.mixed_graph_max_tokens, experts_mults, longest_excess)
         keep = np.arange(order.size) >= warmup_steps
+        if r.prefill_steps_only:
+            keep &= kind != "decode"
         n_warmup += int(min(warmup_steps, order.size))
         gy = s["gpu_s"] + np.nan_to_num(s["sample_s"])
         cy = s["schedule_s"] + s["prepare_s"]

@@ -109,3 +109,27 @@ def test_the_fit_finds_the_weight_the_trace_was_made_with(monkeypatch):
     assert res.profile.mixed_graph.decode_max_kv == pytest.approx(3.0, rel=0.05)
     assert res.profile.provenance["longest_excess_scores"] == {"1.0": scores[1.0], "0.5": scores[0.5],
                                                                "0.25": scores[0.25]}
+
+
+def test_a_run_recorded_for_its_prefill_steps_gives_the_fit_none_of_its_decode_steps():
+    """EngineRun.prefill_steps_only: the run's decode-only steps are left out of the fit (training and
+    held-out alike), its steps with prefill are not."""
+    from sim.calibrate import WARMUP_STEPS
+
+    a = graph_run(graphs=True, seed=31, n=900, name="a")
+    b = graph_run(graphs=True, seed=32, n=900, name="b")
+    both = fit_profile([a, b], M1, H200)
+    b.prefill_steps_only = True
+    flagged = fit_profile([a, b], M1, H200)
+
+    def decode_rows(run):
+        order = np.argsort(run.steps["step_id"], kind="stable")
+        is_dec = (run.steps["num_prefill_tokens"] == 0)[order]
+        return int(is_dec[WARMUP_STEPS:].sum())
+
+    def counted(res, kinds):
+        return sum(res.errors[k].n_fit + res.errors[k].n_held_out for k in kinds)
+
+    assert counted(both, ["decode"]) == decode_rows(a) + decode_rows(b)
+    assert counted(flagged, ["decode"]) == decode_rows(a)
+    assert counted(flagged, ["mixed", "mixed_graph"]) == counted(both, ["mixed", "mixed_graph"])
