@@ -866,9 +866,7 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     first-principles fields the fitted profile keeps (None: the MoeTerms prior); see `moe_features`.
     `longest_excess`: the steps with prefill's longest-decode weight (GpuTerms.decode_max_excess, in
     [0, 1]; `choose_longest_excess` picks it on the held-out steps)."""
-    if not 0.0 <= longest_excess <= 1.0:
-        raise CalibrationInputError(f"longest_excess {longest_excess}: must lie in [0, 1] (1: the longest decode's "
-                                    "whole context)")
+    _check_longest_excess(longest_excess)
     dflt = (engine_config or EngineConfig()).resolved_for(gpu, model)
     runs = [t if isinstance(t, EngineRun) else
             EngineRun(name=f"table{i}", steps=t, async_scheduling=dflt.async_scheduling,
@@ -883,8 +881,7 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     graph_mode = graph_fit_mode(rows.kind, rows.held)
     masks = kind_masks(rows.kind, graph_mode)
     terms, gpu_pred, fit_counts = _fit_gpu(rows, source, masks, graph_mode == "shared")
-    terms = {k: t if k == "decode" else t.model_copy(update={"decode_max_excess": longest_excess})
-             for k, t in terms.items()}
+    terms = _with_longest_excess(terms, longest_excess)
     errors = {}
     train = ~rows.held
     cpu, cpu_sync = _fit_cpu_by_scheduling(rows, train)
@@ -914,6 +911,17 @@ def fit_profile(step_tables: Sequence[EngineRun | dict[str, np.ndarray]], model:
     cpu_med = float(np.median(_rel_err(cpu_pred[rows.held], rows.cpu_y[rows.held]))) if rows.held.any() else np.nan
     return FitResult(profile=profile, errors=errors, n_steps=n_steps, n_warmup_dropped=rows.n_warmup,
                      cpu_error_median=cpu_med, memory_checks=memory_checks(runs, profile, model, gpu))
+
+
+def _check_longest_excess(w: float) -> None:
+    if not 0.0 <= w <= 1.0:
+        raise CalibrationInputError(f"longest_excess {w}: must lie in [0, 1] (1: the longest decode's whole context)")
+
+
+def _with_longest_excess(terms: dict[StepKind, GpuTerms], w: float) -> dict[StepKind, GpuTerms]:
+    """The kinds with prefill record the weight their features were built with; decode-only steps
+    always price the whole longest context."""
+    return {k: t if k == "decode" else t.model_copy(update={"decode_max_excess": w}) for k, t in terms.items()}
 
 
 # The longest-decode weights `choose_longest_excess` tries (GpuTerms.decode_max_excess): 1 is the
