@@ -1,4 +1,4 @@
-"""Work around three faults of Triton 3.6's CPU interpreter, and one slowness, only when ``TRITON_INTERPRET=1``.
+"""Work around three faults of Triton 3.6's CPU interpreter, and two slownesses, only when ``TRITON_INTERPRET=1``.
 
 1. NumPy >= 2.4 (triton-lang/triton#9171): the interpreter holds scalars as 1-element arrays and converts them for ``range()`` with
 ``int(array)``, which NumPy 2.4 turned into a TypeError, so any kernel whose loop bound is a
@@ -147,7 +147,10 @@ def _patch_type_bookkeeping(interpreter) -> None:  # type: ignore[no-untyped-def
         return np_of[tt_dtype]
 
     interpreter._get_np_dtype = get_np_dtype
+    _patch_lazy_tuple_types(tl)
 
+
+def _patch_lazy_tuple_types(tl) -> None:  # type: ignore[no-untyped-def]
     tuple_type = tl.core.tuple_type
 
     def init(self, types, fields=None):  # type: ignore[no-untyped-def]
