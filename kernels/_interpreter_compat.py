@@ -1,4 +1,4 @@
-"""Work around three faults of Triton 3.6's CPU interpreter, and one slowness, only when ``TRITON_INTERPRET=1``.
+"""Work around three faults of Triton 3.6's CPU interpreter, and two slownesses, only when ``TRITON_INTERPRET=1``.
 
 1. NumPy >= 2.4 (triton-lang/triton#9171): the interpreter holds scalars as 1-element arrays and converts them for ``range()`` with
 ``int(array)``, which NumPy 2.4 turned into a TypeError, so any kernel whose loop bound is a
@@ -19,6 +19,13 @@ re-register ``__index__`` the same way.
    patches are never restored. That was ~30% of a kernel test's time (cProfile of the MoE bench's dry
    run: 37 of 120 s). A helper call inside a launch now reuses the launch's patches when the helper
    sees no language module the launch did not patch.
+
+5. Speed: two pieces of the interpreter's type bookkeeping that every op pays: ``_get_np_dtype``
+   builds its 18-entry dtype table on each call (~7% of a fused-MoE test's time in cProfile), and
+   ``tl.tuple_type`` formats its name (a string of every member type) on construction, though it is
+   read only when printed (~9%), and ``tl.tuple`` (the interpreter makes one per tensor shape) works
+   out its type from its values on construction, read far less often (~10%). The table is built
+   once, the name and the tuple's type when first read (from the same values): the same results.
 
 Compiled (GPU) runs are untouched. This is test and benchmark scaffolding, tied to the
 ``triton==3.6.0`` pin: tests/conftest.py and the benchmarks' CPU dry runs call ``apply()``; no
@@ -72,6 +79,7 @@ def apply() -> None:
     builder_cls.create_dot = create_dot
     _patch_fp8_casts(interpreter)
     _patch_lang_once_per_launch(interpreter)
+    _patch_type_bookkeeping(interpreter)
     _applied = True
 
 
@@ -114,6 +122,74 @@ def _patch_lang_once_per_launch(interpreter) -> None:  # type: ignore[no-untyped
         return running[-1]
 
     interpreter._patch_lang = patch_lang
+
+
+def _patch_type_bookkeeping(interpreter) -> None:  # type: ignore[no-untyped-def]
+    tl = interpreter.tl
+    np_of = {  # Triton 3.6's table in _get_np_dtype, built once
+        tl.int1: np.dtype(bool), tl.float16: np.dtype(np.float16), tl.float32: np.dtype(np.float32),
+        tl.float64: np.dtype(np.float64), tl.int8: np.dtype(np.int8), tl.uint8: np.dtype(np.uint8),
+        tl.int16: np.dtype(np.int16), tl.uint16: np.dtype(np.uint16), tl.int32: np.dtype(np.int32),
+        tl.uint32: np.dtype(np.uint32), tl.int64: np.dtype(np.int64), tl.uint64: np.dtype(np.uint64),
+        tl.bfloat16: np.dtype(np.uint16),  # stored as uint16
+        tl.float8e5: np.dtype(np.uint8), tl.float8e5b16: np.dtype(np.uint8), tl.float8e4nv: np.dtype(np.uint8),
+        tl.float8e4b8: np.dtype(np.uint8), tl.float8e4b15: np.dtype(np.uint8),  # stored as uint8
+    }
+    pointer = np.dtype(np.uint64)
+
+    def get_np_dtype(tt_dtype):  # type: ignore[no-untyped-def]
+        if isinstance(tt_dtype, tl.pointer_type):
+            return pointer
+        if isinstance(tt_dtype, tl.block_type):
+            if isinstance(tt_dtype.element_ty, tl.pointer_type):
+                return pointer
+            return np_of[tt_dtype.element_ty]
+        return np_of[tt_dtype]
+
+    interpreter._get_np_dtype = get_np_dtype
+    _patch_lazy_tuple_types(tl)
+
+
+def _patch_lazy_tuple_types(tl) -> None:  # type: ignore[no-untyped-def]
+    tuple_type = tl.core.tuple_type
+
+    def init(self, types, fields=None):  # type: ignore[no-untyped-def]
+        self.types = types
+        self.fields = fields or [""] * len(types)
+
+    def get_name(self) -> str:
+        name = self.__dict__.get("_name")
+        if name is None:
+            name = self._name = "[" + ",".join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + "]"
+        return name
+
+    def set_name(self, value: str) -> None:
+        self._name = value
+
+    tuple_type.__init__ = init
+    tuple_type.name = property(get_name, set_name)
+
+    lang_tuple, type_of_values = tl.core.tuple, tl.core._type_for_tuple_values
+
+    def tuple_init(self, args, type=None):  # type: ignore[no-untyped-def]
+        self.values = [i for i in args]
+        if isinstance(type, tuple_type):
+            self.type = type
+        elif type is not None:  # make_template in ASTFunction.deserialize may pass a list/tuple
+            self.type = tuple_type(type)
+        # else: the values' type, worked out when first read
+
+    def get_type(self):  # type: ignore[no-untyped-def]
+        ty = self.__dict__.get("_type")
+        if ty is None:
+            ty = self._type = type_of_values(self.values)
+        return ty
+
+    def set_type(self, value) -> None:  # type: ignore[no-untyped-def]
+        self._type = value
+
+    lang_tuple.__init__ = tuple_init
+    lang_tuple.type = property(get_type, set_type)
 
 
 def _patch_fp8_casts(interpreter) -> None:  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ ALLOWED = {
     "interpreter._patch_lang_tensor",  # kernels/_interpreter_compat.py patches Triton's CPU interpreter
     "interpreter._get_np_dtype",
     "interpreter._patch_lang",  # fix 4: a helper inside a launch reuses the launch's patches
+    "tl.core._type_for_tuple_values",  # fix 5: a Triton tuple's type worked out by Triton's own function, lazily
 }
 
 

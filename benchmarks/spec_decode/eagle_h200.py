@@ -74,7 +74,7 @@ class EaglePlan:
     tiny: bool = False
 
 
-DRY = EaglePlan(target_s=1.0, draft_s=0.7, head_s=1.0, max_model_len=256, prompt_len=32, output_len=8,
+DRY = EaglePlan(target_s=0.3, draft_s=0.2, head_s=0.3, max_model_len=256, prompt_len=32, output_len=8,
                 acc_prompts=2, concurrencies=(1, 4), min_sweep_requests=2, config_s=0.0, fp32_prompts=2,
                 fp32_tokens=6, tiny=True)
 

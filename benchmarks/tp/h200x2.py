@@ -73,8 +73,10 @@ def model_plan(part: str, dry: bool) -> ModelPlan:
     shape, tp = part.rsplit("-tp", 1)
     if dry:
         layers = {"8b": None, "70b40": 4, "70b": 6}[shape]
-        return ModelPlan("tiny", layers, int(tp), (1, 4), (32, 96), 4, (40, 150), 4.0, 1.0,
-                         (4.0,) if shape == "8b" else (), 1.5, {"max_num_seqs": 8, "max_num_batched_tokens": 128, "max_model_len": 512,
+        # arrivals 16/s, not 4: the replays honour arrival times, and at 4/s the two timed runs waited
+        # ~4 s of wall time per part for 8 requests each
+        return ModelPlan("tiny", layers, int(tp), (1, 4), (32, 96), 4, (40, 150), 16.0, 0.5,
+                         (16.0,) if shape == "8b" else (), 0.5, {"max_num_seqs": 8, "max_num_batched_tokens": 128, "max_model_len": 512,
                                "num_gpu_blocks_override": 256, "block_size": 16, "dtype": "float32",
                                "device": "cpu"})
     gpu = {"max_num_seqs": 128, "max_num_batched_tokens": 8192, "max_model_len": 8192,

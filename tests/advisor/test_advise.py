@@ -241,7 +241,7 @@ def test_help_path_stays_light() -> None:
 
 def _search(workers: int = 1, ray: str | None = None):
     sc = SCENARIOS[0]
-    wl = generate(sc.workload_spec().with_overrides(num_requests=120))
+    wl = generate(sc.workload_spec().with_overrides(num_requests=60))  # three searches: a small trace
     ctx = sc.context(len(wl))
     with Evaluator(wl, workers=workers, ray=ray) as ev:
         found = search(ev, ctx)

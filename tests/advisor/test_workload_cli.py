@@ -64,10 +64,25 @@ def test_cli_unknown_preset_and_bad_spec_exit_2(tmp_path):
     assert res.exit_code == 2 and "field 'arrival.rate_rps'" in res.output and "Traceback" not in res.output
 
 
-def test_demo_describes_the_bundled_chat_workload():
+def test_demo_describes_the_bundled_chat_workload(monkeypatch):
+    """`costline demo`: the bundled workload described, then the real advise command with the demo's
+    arguments (400 requests of chat-production, 8B on one H200, the quick budget), run here on 60 of
+    them: the 400-request search took ~17 CPU s of the suite and searches as the advise tests do."""
+    from advisor.commands import advise as advise_cmd
+
+    real, calls = advise_cmd.advise, []
+
+    def smaller(**kwargs):
+        calls.append(kwargs)
+        return real(**{**kwargs, "num_requests": 60})
+
+    monkeypatch.setattr(advise_cmd, "advise", smaller)
     res = CliRunner().invoke(app, ["demo"], terminal_width=200)
     assert res.exit_code == 0, res.output
     assert "chat-production" in res.output and "2,000" in res.output and "prefix reuse" in res.output
+    assert calls == [{"workload": "chat-production", "model": "llama-3.1-8b", "gpu": "h200", "num_gpus": 1,
+                      "slo": "ttft_p99:500 tpot_p99:50", "budget": "quick", "num_requests": 400}]
+    assert "verdict:" in res.output and "vllm serve meta-llama/Llama-3.1-8B-Instruct" in res.output
 
 
 def test_every_command_reading_a_source_has_the_same_source_options():

@@ -129,14 +129,14 @@ def test_export_then_upload_gives_the_same_recommendation(tmp_path) -> None:
     from advisor.advise.search import BudgetPlan, search
     from sim.workload_source import SourceOptions, load_workload
 
-    wl = chat_300().take(list(range(120)))
+    wl = chat_300().take(list(range(60)))
     path = tmp_path / "chat.jsonl"
     path.write_text(exported(wl))
     back = load_workload(str(path), SourceOptions())
     found = []
     for w in (wl, back):
         ctx = SCENARIOS[0].context(len(w))
-        ctx.plan_override = BudgetPlan(first_slice=40, max_slice=120, max_pool=4)  # small: same code path
+        ctx.plan_override = BudgetPlan(first_slice=20, max_slice=60, max_pool=4)  # small: same code path
         with Evaluator(w) as ev:
             best = search(ev, ctx).best
         found.append((best.cand, best.outcome.metrics))

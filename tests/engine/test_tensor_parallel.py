@@ -144,7 +144,19 @@ def prompts_with_shared_prefix() -> list[list[int]]:
     return [system + t for t in tails] + solo
 
 
+_RUNS: dict[tuple, tuple[list[list[int]], list[int], LLM]] = {}
+
+
 def run_tp(tp: int, **kw) -> tuple[list[list[int]], list[int], LLM]:
+    """The tokens, cached tokens and (closed) LLM of one run, once per module for the same arguments:
+    a TP=2 run spawns a gloo worker process (~5 s), and the tests only read what a run left."""
+    key = (tp, *sorted(kw.items()))
+    if key not in _RUNS:
+        _RUNS[key] = _run_tp(tp, **kw)
+    return _RUNS[key]
+
+
+def _run_tp(tp: int, **kw) -> tuple[list[list[int]], list[int], LLM]:
     args = {"device": "cpu", "dtype": "float32", "max_num_seqs": 8, "max_num_batched_tokens": 32, "seed": 0,
             "block_size": 4, "enable_prefix_caching": True, "enable_chunked_prefill": True}
     llm = LLM("tiny", tensor_parallel_size=tp, **(args | kw))
@@ -169,8 +181,9 @@ def test_tp2_greedy_tokens_equal_tp1_with_chunked_prefill_and_prefix_caching(asy
 
 def test_collectives_per_forward():
     """Each forward: 2 all-reduces per layer (attention's o projection, the MLP's down projection)
-    plus the vocab-parallel embedding's one; one all-gather of the logits."""
-    _, _, llm = run_tp(2)
+    plus the vocab-parallel embedding's one; one all-gather of the logits. (The run of
+    test_tp2_greedy_tokens_equal_tp1_with_chunked_prefill_and_prefix_caching[False], shared.)"""
+    _, _, llm = run_tp(2, async_scheduling=False)
     forwards = llm.engine.runner.num_eager_forwards
     layers = llm.engine.spec.num_layers
     counts = llm.engine.model.tp_group.counts

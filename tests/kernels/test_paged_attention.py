@@ -69,7 +69,7 @@ def mixed_batches(draw, max_seqs: int = 4, decode_only: bool = False):
     }
 
 
-@settings(max_examples=30, **SETTINGS)
+@settings(max_examples=16, **SETTINGS)
 @given(spec=mixed_batches(), small_tiles=st.booleans())
 def test_mixed_prefill_and_decode_match_reference(spec, small_tiles):
     batch = make_batch(**spec)
@@ -83,7 +83,7 @@ def test_mixed_prefill_and_decode_match_reference(spec, small_tiles):
     assert_close(out, reference(batch), spec["dtype"])
 
 
-@settings(max_examples=20, **SETTINGS)
+@settings(max_examples=10, **SETTINGS)
 @given(spec=mixed_batches(decode_only=True), num_splits=st.integers(2, 7))
 def test_split_kv_decode_matches_reference(spec, num_splits):
     """Forced split-KV: segments of uneven length, empty segments for short sequences."""
@@ -198,7 +198,7 @@ def test_prefill_split_heuristic_on_the_h200_shapes():
     assert plan.splits == 5 and plan.min_tiles_per_split * PREFILL_CONFIG.tile_n >= pa.PREFILL_SPLIT_MIN_TOKENS
 
 
-@settings(max_examples=15, **SETTINGS)
+@settings(max_examples=8, **SETTINGS)
 @given(spec=mixed_batches(), num_splits=st.integers(2, 6))
 def test_split_kv_prefill_matches_reference(spec, num_splits):
     """Forced split-KV on prefill-shaped launches: every Q block of a chunk cut into segments of

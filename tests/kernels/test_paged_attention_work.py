@@ -65,7 +65,7 @@ def padded_batches(draw):
             "splits": draw(st.sampled_from([1, 3])), "in_graph": draw(st.booleans()), "seed": draw(st.integers(0, 2**16))}
 
 
-@settings(max_examples=20, **SETTINGS)
+@settings(max_examples=12, **SETTINGS)
 @given(spec=padded_batches())
 def test_work_lists_match_reference(spec):
     real = make_batch(spec["query_lens"], spec["context_lens"], 2, spec["queries_per_kv"], 32, 16,
