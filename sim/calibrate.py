@@ -412,9 +412,8 @@ def step_features(steps: dict[str, np.ndarray], rates: Roofline, max_num_seqs: i
     # (an eager row pads nothing, tok == tokens, so the rule gives tok there)
     routed = graph_routed(tokens.astype(np.float64), tok)
     longest = g.get("max_decode_context", np.zeros_like(tok))
-    if longest_excess != 1.0:
-        longest = np.where(is_decode, longest, longest_decode_context(longest, g["sum_decode_context"], n_dec,
-                                                                      longest_excess))
+    longest = np.where(is_decode, longest, longest_decode_context(longest, g["sum_decode_context"], n_dec,
+                                                                  longest_excess))
     f = rates.features(tok, rows, g["prefill_attn_pairs"], g["sum_prefill_context"], q, g["sum_decode_context"],
                        longest, routed=routed)
     f["step_s"] = np.ones_like(tok)

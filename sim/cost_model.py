@@ -127,12 +127,17 @@ class GpuTerms(BaseModel):
 
 def longest_decode_context(max_context: Any, sum_context: Any, num_decodes: Any, excess: float) -> Any:
     """The longest decode's context as a step with prefill prices it (`GpuTerms.decode_max_excess`):
-    the decodes' mean context + `excess` x how far the longest lies beyond it (scalars or numpy
-    arrays alike; no decodes: 0)."""
-    mean = np.asarray(sum_context, dtype=np.float64) / np.maximum(num_decodes, 1)
-    longest = mean + excess * np.maximum(np.asarray(max_context, dtype=np.float64) - mean, 0.0)
-    out = np.where(np.asarray(num_decodes) > 0, longest, 0.0)
-    return float(out) if out.ndim == 0 else out
+    the decodes' mean context + `excess` x how far the longest lies beyond it (scalars, as the
+    simulator's step loop asks, in plain Python; numpy arrays for the fit; no decodes: 0)."""
+    if excess == 1.0:  # mean + (longest - mean): the longest itself (0 without decodes)
+        return max_context
+    if isinstance(max_context, np.ndarray):
+        mean = sum_context / np.maximum(num_decodes, 1)
+        return np.where(num_decodes > 0, mean + excess * np.maximum(max_context - mean, 0.0), 0.0)
+    if not num_decodes:
+        return 0.0
+    mean = sum_context / num_decodes
+    return mean + excess * max(max_context - mean, 0.0)
 
 
 def _by_knot(by_batch: tuple[tuple[int, float], ...], default: float, padded_batch: int) -> float:
