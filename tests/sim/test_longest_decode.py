@@ -39,6 +39,9 @@ def test_the_longest_context_lies_between_the_mean_and_the_longest(mx, n, share,
     got = longest_decode_context(mx, total, n, w)
     assert total / n - 1e-9 <= got <= mx + 1e-9
     assert longest_decode_context(mx, total, n, 1.0) == pytest.approx(mx)
+    # the fit's array path and the simulator's scalar path give the same value
+    as_array = longest_decode_context(np.array([mx]), np.array([total]), np.array([n]), w)
+    assert as_array[0] == pytest.approx(got, rel=1e-12)
 
 
 @pytest.fixture(scope="module")
