@@ -364,6 +364,28 @@ def run15_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeT
             dataclasses.replace(base, down_ws=True, up_ws=True), dataclasses.replace(base, up_ws=True)]
 
 
+# Run 16: two programs per SM, so one program's epilogue (SiLU and the activation store; the routing weight
+# and the scatter of the down rows) runs while the other's MMAs go on, with no warp specialisation. A
+# program then gets half an SM: a 128 x 128 accumulator (down n128, the joint gate+up n64), and shared memory
+# and registers for two (sm90 compile, benchmarks/kernels/moe_compile.py's rows: down n128 w8 s2 112
+# registers 98 KB, w4 s3 243 / 107 KB; gate+up n64 w8 s3 128 / 115 KB, w4 s3 255 / 107 KB: two a SM each,
+# against one for the engine's 128 x 256 tiles). The cost: a third more shared-memory fill per MMA.
+RUN16_DOWN = ({"down_block_n": 128, "down_num_warps": 8, "down_num_stages": 2, "persistent": 2},
+              {"down_block_n": 128, "down_num_warps": 4, "down_num_stages": 3, "persistent": 2})
+RUN16_UP = ({"block_n": 64, "num_warps": 8, "num_stages": 3, "up_persistent": 2},
+            {"block_n": 64, "num_warps": 4, "num_stages": 3, "up_persistent": 2})
+
+
+def run16_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 16's plans at T: the engine's plan with each RUN16_DOWN down launch, each RUN16_UP gate+up launch,
+    and each pair at the same warps; none where the engine's plan is not the sorted persistent prefill plan."""
+    base = engine_tiles(num_tokens, top_k, num_experts)
+    if isinstance(base, DirectTiles) or not (base.sorted_act and base.persistent and base.joint and base.tma):
+        return []
+    return [*(dataclasses.replace(base, **d) for d in RUN16_DOWN), *(dataclasses.replace(base, **u) for u in RUN16_UP),
+            *(dataclasses.replace(base, **d, **u) for d, u in zip(RUN16_DOWN, RUN16_UP))]
+
+
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
     measured plan of the nearest T in log2 (RUN12_BEST: run 6's plans with run 12's at T = 1-4;
@@ -413,4 +435,5 @@ __all__ = [
     "run11_candidates",
     "run12_candidates",
     "run15_candidates",
+    "run16_candidates",
 ]

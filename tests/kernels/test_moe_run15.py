@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.fused_moe import MoeTiles, _used_blocks_scalar, fused_moe
-from kernels.moe_plans import engine_tiles, plan_key, run15_candidates
+from kernels.moe_plans import engine_tiles, plan_key, run15_candidates, run16_candidates
 from tests.kernels.helpers import SETTINGS, assert_close, moe_layer, moe_ref
 
 
@@ -61,3 +61,19 @@ def test_run15_candidates_are_the_engine_plan_with_each_launch_specialised():
     assert {p.down_num_stages for p in plans if not p.up_ws} == {3, 4}
     assert len({plan_key(p) for p in plans} | {plan_key(base)}) == len(plans) + 1
     assert run15_candidates(4, 8, 128) == []
+
+
+def test_run16_candidates_halve_the_tiles_and_run_two_programs_a_sm():
+    """Run 16 at a prefill size: six plans, each the engine's with 128-wide down tiles and two down programs a
+    SM, or 64-wide joint gate+up tiles (a 128 x 128 accumulator) and two gate+up programs a SM, or both; the
+    rest of the engine's plan unchanged; none at decode sizes."""
+    base = engine_tiles(4096, 8, 128)
+    plans = run16_candidates(4096, 8, 128)
+    assert len(plans) == 6 and len({plan_key(p) for p in plans} | {plan_key(base)}) == 7
+    for p in plans:
+        down = p.persistent == 2
+        up = p.up_persistent == 2
+        assert down or up
+        assert (p.down().block_n, p.block_n) == ((128 if down else 256), (64 if up else 128))
+        assert (p.sorted_act, p.joint, p.tma, p.align, p.ksum) == (True, True, True, base.align, base.ksum)
+    assert run16_candidates(4, 8, 128) == []
