@@ -124,7 +124,7 @@ def run4_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTi
 def known_plans() -> dict[str, MoeTiles | DirectTiles]:
     """key -> plan of every plan named here (run 3's best, run 4's candidates at each of its T)."""
     plans = [*RUN3_BEST.values(), *DIRECT_RUN4, *PREFILL_RUN4, *PREFILL_RUN5, *DIRECT_RUN6,
-             *PREFILL_RUN6, *RUN6_BEST.values(), *RUN12_BEST.values()]
+             *PREFILL_RUN6, *RUN6_BEST.values(), *RUN12_BEST.values(), *RUN16_BEST.values()]
     for t in RUN3_BEST:
         plans += run4_candidates(t, 8, 128) + run11_candidates(t, 8, 128) + run12_candidates(t, 8, 128)
     return {plan_key(p): p for p in plans}
@@ -355,9 +355,10 @@ RUN12_BEST: dict[int, MoeTiles | DirectTiles] = {
 # first (one index_select, P x H elements written) to see what the specialised GEMM would gain.
 def run15_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
     """Run 15's plans at T: the engine's plan at T with the down launch warp-specialised (down stages 4
-    and 3), with gate+up on the gathered x specialised too, and with only that; none where the engine's
-    plan is not the sorted persistent prefill plan."""
-    base = engine_tiles(num_tokens, top_k, num_experts)
+    and 3), with gate+up on the gathered x specialised too, and with only that; none where that plan is
+    not the sorted persistent prefill plan. "The engine's plan" is run 12's rule (`run12_engine_tiles`), the
+    engine's when runs 15-16 were measured."""
+    base = run12_engine_tiles(num_tokens, top_k, num_experts)
     if isinstance(base, DirectTiles) or not (base.sorted_act and base.persistent and base.joint and base.tma):
         return []
     return [dataclasses.replace(base, down_ws=True), dataclasses.replace(base, down_ws=True, down_num_stages=3),
@@ -378,22 +379,52 @@ RUN16_UP = ({"block_n": 64, "num_warps": 8, "num_stages": 3, "up_persistent": 2}
 
 def run16_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
     """Run 16's plans at T: the engine's plan with each RUN16_DOWN down launch, each RUN16_UP gate+up launch,
-    and each pair at the same warps; none where the engine's plan is not the sorted persistent prefill plan."""
-    base = engine_tiles(num_tokens, top_k, num_experts)
+    and each pair at the same warps; none where the engine's plan then (run 12's rule, `run12_engine_tiles`) is
+    not the sorted persistent prefill plan."""
+    base = run12_engine_tiles(num_tokens, top_k, num_experts)
     if isinstance(base, DirectTiles) or not (base.sorted_act and base.persistent and base.joint and base.tma):
         return []
     return [*(dataclasses.replace(base, **d) for d in RUN16_DOWN), *(dataclasses.replace(base, **u) for u in RUN16_UP),
             *(dataclasses.replace(base, **d, **u) for d, u in zip(RUN16_DOWN, RUN16_UP))]
 
 
-def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
-    """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
-    measured plan of the nearest T in log2 (RUN12_BEST: run 6's plans with run 12's at T = 1-4;
-    qwen3-30b-a3b's profile is calibrated on them); with fewer (mixtral-8x7b's 8) run 2's tiles (`run2_tiles`),
-    on which mixtral's profile was calibrated (run 3 measured its direct path 22% slower there at T = 1)."""
+def run12_engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """The plan the engine ran before run 16's adoption (RUN12_BEST with 32 or more experts, run 2's tiles with
+    fewer): the qwen3-30b-a3b profile's sweep and held-out runs were recorded on it; runs 15-16's baseline."""
     if num_experts < ENGINE_RULE_MIN_EXPERTS:
         return run2_tiles(num_tokens, top_k, num_experts)
     return rule_tiles(num_tokens, RUN12_BEST)
+
+
+# Run 16 (benchmarks/kernels/data/moe_run16, H200 2026-12-04 10:53 UTC, 7 rounds): the down launch at two
+# programs a SM (n128 k64, 4 warps, 3 stages) beside run 12's plan won at every prefill T, median of per-round
+# ratios 0.956 at T = 4096, 0.941 at 8192, 0.982 at 2048, 0.991 at 1024; every two-a-SM gate+up lost
+# (1.02-1.20). Adopted at T >= 1024 (the down tile of every sorted persistent plan).
+_DOWN16 = RUN16_DOWN[1]
+RUN16_BEST: dict[int, MoeTiles | DirectTiles] = {
+    **RUN12_BEST, **{t: dataclasses.replace(RUN12_BEST[t], **_DOWN16) for t in (1024, 4096)}}
+
+
+def run16b_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """The second call on run 16's adoption: run 12's plan at T (the engine's before) and two more down tiles
+    at two or three programs a SM (n128 k32 s5; n64 k64 s2 at three), each on the engine's plan at T; none
+    where the engine's plan is not the sorted persistent prefill plan."""
+    base = engine_tiles(num_tokens, top_k, num_experts)
+    if isinstance(base, DirectTiles) or not (base.sorted_act and base.persistent == 2):
+        return []
+    return [run12_engine_tiles(num_tokens, top_k, num_experts),
+            dataclasses.replace(base, down_block_k=32, down_num_stages=5),
+            dataclasses.replace(base, down_block_n=64, down_num_stages=2, persistent=3)]
+
+
+def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
+    """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
+    measured plan of the nearest T in log2 (RUN16_BEST: run 6's plans with run 12's at T = 1-4 and run 16's
+    down launch from T = 1024; qwen3-30b-a3b's profile was calibrated on run 12's, `run12_engine_tiles`); with fewer (mixtral-8x7b's 8) run 2's tiles (`run2_tiles`),
+    on which mixtral's profile was calibrated (run 3 measured its direct path 22% slower there at T = 1)."""
+    if num_experts < ENGINE_RULE_MIN_EXPERTS:
+        return run2_tiles(num_tokens, top_k, num_experts)
+    return rule_tiles(num_tokens, RUN16_BEST)
 
 
 def engine_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -418,6 +449,9 @@ __all__ = [
     "RUN11_DOWN",
     "RUN12_BEST",
     "RUN12_UP",
+    "RUN16_BEST",
+    "RUN16_DOWN",
+    "RUN16_UP",
     "engine_fused_moe",
     "engine_tiles",
     "known_plans",
@@ -434,6 +468,8 @@ __all__ = [
     "run11_best",
     "run11_candidates",
     "run12_candidates",
+    "run12_engine_tiles",
     "run15_candidates",
     "run16_candidates",
+    "run16b_candidates",
 ]

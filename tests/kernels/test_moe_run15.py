@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.fused_moe import MoeTiles, _used_blocks_scalar, fused_moe
-from kernels.moe_plans import engine_tiles, plan_key, run15_candidates, run16_candidates
+from kernels.moe_plans import plan_key, run12_engine_tiles, run15_candidates, run16_candidates
 from tests.kernels.helpers import SETTINGS, assert_close, moe_layer, moe_ref
 
 
@@ -55,7 +55,7 @@ def test_run15_candidates_are_the_engine_plan_with_each_launch_specialised():
     """At prefill sizes the round holds the engine's plan with the down launch specialised (down stages 4
     and 3) and with gate+up on the gathered x as well; none at decode sizes; every key is new."""
     plans = run15_candidates(4096, 8, 128)
-    base = engine_tiles(4096, 8, 128)
+    base = run12_engine_tiles(4096, 8, 128)
     assert [p.down_ws for p in plans] == [True, True, True, False]
     assert [p.up_ws for p in plans] == [False, False, True, True]
     assert {p.down_num_stages for p in plans if not p.up_ws} == {3, 4}
@@ -67,7 +67,7 @@ def test_run16_candidates_halve_the_tiles_and_run_two_programs_a_sm():
     """Run 16 at a prefill size: six plans, each the engine's with 128-wide down tiles and two down programs a
     SM, or 64-wide joint gate+up tiles (a 128 x 128 accumulator) and two gate+up programs a SM, or both; the
     rest of the engine's plan unchanged; none at decode sizes."""
-    base = engine_tiles(4096, 8, 128)
+    base = run12_engine_tiles(4096, 8, 128)
     plans = run16_candidates(4096, 8, 128)
     assert len(plans) == 6 and len({plan_key(p) for p in plans} | {plan_key(base)}) == 7
     for p in plans:

@@ -104,22 +104,26 @@ def test_run6_candidates_and_baseline_by_step_size():
 
 def test_engine_runs_run12s_rule_with_32_experts_and_run2s_tiles_below():
     """The engine's plan (kernels.backend's Triton fused_moe): 32+ experts the measured rule of the
-    nearest T in log2 (run 6's plans, run 12's at T = 1-4), fewer run 2's tiles (mixtral's profile was calibrated
+    nearest T in log2 (run 6's plans, run 12's at T = 1-4, run 16's down launch from T = 1024), fewer run 2's tiles (mixtral's profile was calibrated
     on them); and its output equals the float32 per-expert loop on each path the rule takes at E = 32."""
     from kernels.fused_moe import run2_tiles
     from kernels.moe_plans import (
         RUN6_BEST,
         RUN12_BEST,
+        RUN16_BEST,
         engine_fused_moe,
         engine_tiles,
         run6_engine_tiles,
+        run12_engine_tiles,
     )
 
-    assert engine_tiles(1, 8, 128) is RUN12_BEST[1] and engine_tiles(3000, 8, 128) is RUN6_BEST[4096]
-    assert engine_tiles(600, 8, 128) is RUN6_BEST[1024] and engine_tiles(12, 8, 32) is RUN6_BEST[16]
+    assert engine_tiles(1, 8, 128) is RUN12_BEST[1] and engine_tiles(3000, 8, 128) is RUN16_BEST[4096]
+    assert engine_tiles(600, 8, 128) is RUN16_BEST[1024] and engine_tiles(12, 8, 32) is RUN6_BEST[16]
     assert engine_tiles(3, 8, 128) is RUN12_BEST[4] and engine_tiles(6, 8, 128) is RUN6_BEST[8]
     assert all(RUN12_BEST[t].up_wide and RUN12_BEST[t].down_wide for t in (1, 2, 4))
-    assert run6_engine_tiles(1, 8, 128) is RUN6_BEST[1]
+    assert run6_engine_tiles(1, 8, 128) is RUN6_BEST[1] and run12_engine_tiles(4096, 8, 128) is RUN6_BEST[4096]
+    assert RUN16_BEST[4096].persistent == 2 and RUN16_BEST[4096].down().block_n == 128
+    assert RUN16_BEST[4096].down().num_warps == 4 and RUN16_BEST[4096].block_n == RUN6_BEST[4096].block_n
     assert all(engine_tiles(t, 2, 8) == run2_tiles(t, 2, 8) for t in (1, 7, 64, 4096))
     assert RUN6_BEST[4096].up_persistent == 1 and RUN6_BEST[1].down_block_n == 16
     paths = set()
