@@ -78,21 +78,13 @@ class MoeTiles:
     persistent: int = 0
     # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
     up_persistent: int = 0
-    # run 15, with sorted_act and persistent: the down launch warp-specialised by Triton's Hopper pass
-    # (`_down_sorted_ws_kernel`: a producer warpgroup issues the TMA loads, two consumer warpgroups take 64
-    # rows each; launched at 4 warps, the pass makes 12)
-    down_ws: bool = False
-    # run 15 (a probe), with joint and sorted_act: x gathered into the sorted rows first ([P, H], one torch
-    # index_select) so gate+up reads both operands through TMA and is warp-specialised the same way
-    # (`_gate_up_sorted_ws_kernel`); the gather writes P x H elements, so it pays only if the GEMM gains more
-    up_ws: bool = False
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
         return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
                         atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
                         sorted_act=self.sorted_act, persistent=self.persistent, joint=self.joint,
-                        up_persistent=self.up_persistent, down_ws=self.down_ws, up_ws=self.up_ws)
+                        up_persistent=self.up_persistent)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -336,63 +328,6 @@ def _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, row0, pid_n
     _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
 
 
-@triton.jit
-def _used_blocks_scalar(bexp_ptr, num_blocks, NB_LOG: tl.constexpr):
-    """_used_blocks by a binary search of scalar loads (block_expert >= 0 is a prefix of the blocks; NB_LOG
-    steps, num_blocks < 2**NB_LOG). Why not _used_blocks: Triton 3.6's Hopper warp specialisation fails
-    (an assertion in its token lowering) on a kernel that reduces a loaded tensor before its loop; scalar
-    loads it takes."""
-    lo = 0
-    hi = num_blocks
-    for _ in tl.static_range(NB_LOG):
-        mid = (lo + hi) // 2
-        used = tl.load(bexp_ptr + mid, mask=mid < hi, other=-1) >= 0
-        lo = tl.where(used, mid + 1, lo)
-        hi = tl.where(used, hi, mid)
-    return lo
-
-
-@triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
-def _down_sorted_ws_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, top_k, num_blocks,
-                           so_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           GROUP_M: tl.constexpr, NB_LOG: tl.constexpr):
-    """Run 15: _down_sorted_kernel's persistent loop warp-specialised (`warp_specialize=True`, not
-    flattened: the Hopper pass takes neither a flattened loop nor more than 4 warps at launch). The pass
-    gives the TMA loads a producer warpgroup and splits each BLOCK_M tile's MMAs and epilogue between two
-    consumer warpgroups, so one tile's epilogue runs while the other group's MMAs and the next loads go on."""
-    used = _used_blocks_scalar(bexp_ptr, num_blocks, NB_LOG)
-    for tile in tl.range(tl.program_id(0), used * tl.cdiv(H, BLOCK_N), tl.num_programs(0), warp_specialize=True):
-        pid_m, pid_n = _tile_at(tile, used, H, BLOCK_N, GROUP_M)
-        _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, tl.load(bexp_ptr + pid_m), pid_m * BLOCK_M, pid_n,
-                          num_pairs, N, H, top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, False)
-
-
-@triton.jit(do_not_specialize=["num_blocks"])
-def _gate_up_sorted_ws_kernel(xs_desc, w_desc, act_ptr, bexp_ptr, H, N, num_blocks, sa_p, BLOCK_M: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                              NB_LOG: tl.constexpr):
-    """Run 15's probe: gate+up on x already gathered into the sorted rows (`xs_desc`, [P, H]), both
-    operands through TMA (two [BLOCK_M, BLOCK_N] accumulators: the pass fails on the joint tile's split), warp-specialised as _down_sorted_ws_kernel; SiLU(gate) * up stored at the
-    sorted rows (a padding row holds some token's x, so its activations are not zeros: the down launch
-    never stores a padding row, and rows do not mix in a GEMM)."""
-    used = _used_blocks_scalar(bexp_ptr, num_blocks, NB_LOG)
-    for tile in tl.range(tl.program_id(0), used * tl.cdiv(N, BLOCK_N), tl.num_programs(0), warp_specialize=True):
-        pid_m, pid_n = _tile_at(tile, used, N, BLOCK_N, GROUP_M)
-        e32 = tl.load(bexp_ptr + pid_m)
-        row0 = pid_m * BLOCK_M
-        g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        w_row = e32 * 2 * N + pid_n * BLOCK_N  # w13 seen as [E*2N, H]; the up rows N further
-        for ki in range(tl.cdiv(H, BLOCK_K)):
-            a = xs_desc.load([row0, ki * BLOCK_K])
-            g = tl.dot(a, tl.trans(w_desc.load([w_row, ki * BLOCK_K])), g)
-            u = tl.dot(a, tl.trans(w_desc.load([w_row + N, ki * BLOCK_K])), u)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
-        tl.store(act_ptr + rows[:, None] * sa_p + cols[None, :], (g / (1.0 + tl.exp(-g)) * u).to(act_ptr.dtype.element_ty),
-                 mask=(cols < N)[None, :])
-
-
 @triton.jit(do_not_specialize=["num_tokens"])
 def _ksum_kernel(y_ptr, out_ptr, num_tokens, H, top_k, sy_p, so_t, KP2: tl.constexpr, BLOCK_H: tl.constexpr):
     """out[t, cols] = sum_j y[t * k + j, cols] (float32 sum); programs (H tile, token), token fastest."""
@@ -457,9 +392,6 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
     n = w13.shape[1] // 2
     pairs, blocks = t * top_k, block_expert.numel()
     act = torch.empty(sorted_ids.numel() if tiles.sorted_act else pairs, n, dtype=x.dtype, device=x.device)
-    if tiles.up_ws and tiles.joint and tiles.tma and tiles.sorted_act:
-        _gate_up_sorted_ws(x, w13, act, sorted_ids, block_expert, top_k, tiles)
-        return act
     if tiles.joint and tiles.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -481,23 +413,6 @@ def gate_up_grouped(x: torch.Tensor, w13: torch.Tensor, sorted_ids: torch.Tensor
         x, w13, _weight_desc(w13, tiles), act, sorted_ids, block_expert, pairs, h, n, top_k, blocks, x.stride(0),
         w13.stride(0), w13.stride(1), act.stride(0), SORTED=tiles.sorted_act, **_launch(tiles))
     return act
-
-
-def _gate_up_sorted_ws(x: torch.Tensor, w13: torch.Tensor, act: torch.Tensor, sorted_ids: torch.Tensor,
-                       block_expert: torch.Tensor, top_k: int, tiles: MoeTiles) -> None:
-    """Run 15's probe: x gathered into the sorted rows (a padding row takes the last token's row), then
-    _gate_up_sorted_ws_kernel over the used blocks, one program per SM."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    t, h = x.shape
-    n, blocks = act.shape[1], block_expert.numel()
-    xs = x.index_select(0, torch.clamp(sorted_ids // top_k, max=t - 1))
-    w_desc = TensorDescriptor.from_tensor(w13.view(-1, h), [tiles.block_n, tiles.block_k])
-    grid = min(blocks * triton.cdiv(n, tiles.block_n), _num_sms(x.device))
-    _gate_up_sorted_ws_kernel[(max(grid, 1),)](
-        TensorDescriptor.from_tensor(xs, [tiles.block_m, tiles.block_k]), w_desc, act, block_expert, h, n, blocks,
-        act.stride(0), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-        NB_LOG=blocks.bit_length(), num_warps=4, num_stages=tiles.num_stages)
 
 
 def down_grouped(act: torch.Tensor, w2: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
@@ -535,12 +450,6 @@ def _down_sorted(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, sorted_
     grid = min(tiles, d.persistent * _num_sms(act.device)) if d.persistent else tiles
     a_desc = TensorDescriptor.from_tensor(act, [d.block_m, d.block_k])
     w_desc = TensorDescriptor.from_tensor(w2.view(e * h, n), [d.block_n, d.block_k])
-    if d.down_ws and d.persistent and not d.atomic_sum:
-        _down_sorted_ws_kernel[(max(grid, 1),)](
-            a_desc, w_desc, out, sorted_ids, block_expert, tw, tw.numel(), n, h, top_k, blocks, out.stride(0),
-            BLOCK_M=d.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k, GROUP_M=d.group_m, NB_LOG=blocks.bit_length(),
-            num_warps=4, num_stages=d.num_stages)
-        return
     _down_sorted_kernel[(max(grid, 1),)](
         a_desc, w_desc, out, sorted_ids, block_expert, tw, tw.numel(), n, h, top_k, blocks, out.stride(0),
         BLOCK_M=d.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k, GROUP_M=d.group_m,

@@ -56,8 +56,6 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += " joint" if t.joint and t.tma else ""
     key += (" sorted" + (f" persist{t.persistent}" if t.persistent else "")) if t.sorted_act else ""
     key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
-    key += " downws" if t.down_ws and t.sorted_act and t.persistent and not t.atomic_sum else ""
-    key += " upws" if t.up_ws and t.sorted_act and t.joint and t.tma else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
@@ -347,24 +345,6 @@ RUN12_BEST: dict[int, MoeTiles | DirectTiles] = {
     **RUN6_BEST, **{t: dataclasses.replace(run11_best(t, 8, 128), **_UP12) for t in (1, 2, 4)}}
 
 
-# Run 15: Triton 3.6's Hopper warp specialisation (`tl.range(..., warp_specialize=True)`), which compiles a
-# loop into a producer warpgroup issuing the TMA loads and two consumer warpgroups of 64 rows each, but only
-# for a kernel launched at 4 warps whose loop is not flattened and whose operands all come through TMA
-# (run 6's note tried it at 8 warps: no change). The down launch qualifies as it is (its used-block count
-# found by scalar loads); gate+up gathers x's rows by pair id, so its probe gathers x into the sorted rows
-# first (one index_select, P x H elements written) to see what the specialised GEMM would gain.
-def run15_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 15's plans at T: the engine's plan at T with the down launch warp-specialised (down stages 4
-    and 3), with gate+up on the gathered x specialised too, and with only that; none where that plan is
-    not the sorted persistent prefill plan. "The engine's plan" is run 12's rule (`run12_engine_tiles`), the
-    engine's when runs 15-16 were measured."""
-    base = run12_engine_tiles(num_tokens, top_k, num_experts)
-    if isinstance(base, DirectTiles) or not (base.sorted_act and base.persistent and base.joint and base.tma):
-        return []
-    return [dataclasses.replace(base, down_ws=True), dataclasses.replace(base, down_ws=True, down_num_stages=3),
-            dataclasses.replace(base, down_ws=True, up_ws=True), dataclasses.replace(base, up_ws=True)]
-
-
 # Run 16: two programs per SM, so one program's epilogue (SiLU and the activation store; the routing weight
 # and the scatter of the down rows) runs while the other's MMAs go on, with no warp specialisation. A
 # program then gets half an SM: a 128 x 128 accumulator (down n128, the joint gate+up n64), and shared memory
@@ -469,7 +449,6 @@ __all__ = [
     "run11_candidates",
     "run12_candidates",
     "run12_engine_tiles",
-    "run15_candidates",
     "run16_candidates",
     "run16b_candidates",
 ]
