@@ -24,7 +24,7 @@ its row to the others' with atomics (`atomic_sum`) or a later launch (the k-sum)
 Direct path (`kernels.moe_direct.DirectTiles`, small steps): no grouping, one program per
 (pair, N tile) for gate+up and per (token, H tile) for down with the k-sum inside: two launches.
 `default_tiles` gives run 2's measured plans (a call without tiles); the engine's Triton backend
-picks per step with `kernels.moe_plans.engine_tiles` (run 6's measured rule for 32+ experts).
+picks per step with `kernels.moe_plans.engine_tiles` (the measured rule for 32+ experts).
 
 No host sync and shapes fixed by (T, k, E, tiles), so a step captures into a CUDA graph. The
 weights are read once per touched expert per tile column: a decode step reads only the experts its

@@ -13,11 +13,13 @@
 
 Plans measured and lost were removed from the tree with the code only they reached (run 5's one-launch
 decode path, run 7's half tiles, run 8's chained down and tail lists, run 9's one-step variants, run 10's
-pipelined down loop): benchmarks/kernels/MOE.md, "Removed after measurement". Their keys in the
-committed data (benchmarks/kernels/data/) are not known plans here: `propose_rule` skips them.
+pipelined down loop, runs 13-15's prefill launches): benchmarks/kernels/MOE.md, "Removed after
+measurement". Their keys in the committed data (benchmarks/kernels/data/) are not known plans here:
+`propose_rule` skips them.
 
+- `run16_candidates(T, k, E)`: two programs a SM for each prefill launch (run 16); the down launch's won.
 - `engine_tiles(T, k, E)`: what the engine runs (kernels.backend's Triton `fused_moe` is
-  `engine_fused_moe`): run 6's measured rule with 32 or more experts, run 2's tiles with fewer.
+  `engine_fused_moe`): the measured rule (`RUN16_BEST`) with 32 or more experts, run 2's tiles with fewer.
 """
 
 from __future__ import annotations
