@@ -21,6 +21,9 @@ odd rounds, second in even ones), so a plan is adopted on 7 draws rather than on
 checked against the float32 per-expert loop, then timed beside the engine's plan in every round on the same
 draws (the order rotated a place each round, so none always runs first); in round 0 each direct plan's down
 launch is also timed alone (on its own gate+up's activations).
+`--peak`: each round also times a dense bf16 GEMM (cuBLAS through torch.mm, 8192 cubed) right before each T's
+plans, the same way, so every plan's TFLOP/s is also read as a share of the dense-GEMM rate this GPU gave in
+that round (the project's 790 TFLOP/s is the H200's measured range 780-800; one call's GPU can sit below it).
 `--pool REPEAT_JSON...`: no timing; the engine plan's rounds of several earlier calls (each file's rows
 of the plan the engine runs at T in that file) pooled per T and plan: DIR/pooled.json and DIR/pooled.md.
 `--dry-run`: the Triton interpreter on the CPU, a small layer, two rounds.
@@ -61,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a focus bench's moe.json: its fastest plan at each T timed beside the engine's")
     p.add_argument("--candidates", choices=sorted(CANDIDATE_ROUNDS), default=None,
                    help="a round of kernels.moe_plans whose plans at each T are timed beside the engine's")
+    p.add_argument("--peak", action="store_true", help="time a dense bf16 GEMM beside each T in every round")
     p.add_argument("--pool", type=Path, nargs="+", default=None, help="earlier repeat.json files to pool (no timing)")
     p.add_argument("--dry-run", action="store_true")
     return p.parse_args(argv)
@@ -82,6 +86,29 @@ def summary(t: int, times: list[float], roof: dict) -> dict:
     return {"T": t, "us": times, "median_us": med, "min_us": min(times), "max_us": max(times),
             "median_tflops": tflops, "median_share_of_790": tflops / 790, "median_x_roofline": med / roof["roofline_us"],
             "roofline_us": roof["roofline_us"]}
+
+
+PEAK_SIZE = 8192  # the dense GEMM of --peak: M = N = K
+
+
+def dense_gemm_tflops(dry: bool) -> float:
+    """TFLOP/s of one bf16 GEMM of PEAK_SIZE cubed (64 and float32 in a dry run), timed as the plans are."""
+    import torch
+
+    from benchmarks.kernels.graph_timing import time_calls_us
+
+    size, dtype, device = (64, torch.float32, "cpu") if dry else (PEAK_SIZE, torch.bfloat16, "cuda")
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    c = torch.empty(size, size, device=device, dtype=dtype)
+    us = time_calls_us([lambda: torch.mm(a, b, out=c)] * 3, dry, reps=1)
+    return 2 * size**3 / us / 1e6
+
+
+def peak_fields(times: list[float], peaks: list[float], flops: float) -> dict:
+    """The same-round dense GEMM's rates and the plan's share of them (median of per-round shares)."""
+    shares = [flops / us / 1e6 / p for us, p in zip(times, peaks)]
+    return {"peak_tflops": peaks, "median_peak_tflops": statistics.median(peaks),
+            "median_share_of_peak": statistics.median(shares)}
 
 
 def load_compare(path: Path):
@@ -223,6 +250,14 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         lines.append(f"| {r['T']} | {r['plan']} | {', '.join(f'{u:.1f}' for u in r['us'])} | {r['median_us']:.1f} | "
                      f"{r['min_us']:.1f}-{r['max_us']:.1f} | {r['median_x_roofline']:.2f} | {r['median_tflops']:.0f} | "
                      f"{r['median_share_of_790']:.1%} |")
+    held = [r for r in rows if r.get("peak_tflops")]
+    if held:
+        size = 64 if meta["gpu"].startswith("cpu") else PEAK_SIZE
+        lines += ["", f"Beside each T in every round, a dense GEMM ({size} cubed, cuBLAS through torch.mm):", "",
+                  "| T | GEMM TFLOP/s per round | median | the plan's share of the same round's GEMM rate (median) |",
+                  "|---:|---|---:|---:|"]
+        lines += [f"| {r['T']} | {', '.join(f'{p:.0f}' for p in r['peak_tflops'])} | {r['median_peak_tflops']:.0f} | "
+                  f"{r['median_share_of_peak']:.1%} |" for r in held]
     lines += _side_table(rows, "compare", f"Beside it, the same plan in `{meta['compare']}` (timed right after, same draws):",
                          ["T", "us per round", "median us", "this tree / earlier (median of per-round ratios)"],
                          lambda c: [f"{c['median_us']:.1f}", f"{c['ratio_median']:.3f}"])
@@ -336,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     touched: dict[int, list[float]] = {t: [] for t in tokens}
     cand_times: dict[int, dict[str, list[float]]] = {t: {} for t in tokens}
     alone: dict[int, dict[str, LaunchesAlone]] = {}
+    peaks: dict[int, list[float]] = {t: [] for t in tokens}
     good, failed = check_candidates(candidate_plans(args.candidates, tokens, k, e) if args.candidates else {},
                                     weights[0], h, e, k, device, dtype)
     for rnd in range(rounds):
@@ -350,6 +386,8 @@ def main(argv: list[str] | None = None) -> None:
             touched[t].append(sum(len(torch.unique(r[2])) for r in routes) / len(routes))
             reps = 1 if args.dry_run else max(1, min(10, -(-2000 // int(roofline(touched[t][-1], t, h, n, k)
                                                                               ["roofline_us"] * len(weights)))))
+            if args.peak:
+                peaks[t].append(dense_gemm_tflops(args.dry_run))
             calls = [lambda wt=wt, r=r: engine_fused_moe(r[0], wt[0], wt[1], r[1], r[2])
                      for wt, r in zip(weights, routes)] * reps
             chal = challengers.get(t)
@@ -379,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = [{**summary(t, times[t], roofline(statistics.mean(touched[t]), t, h, n, k)),
              "plan": plan_key(engine_tiles(t, k, e)), "touched_experts": statistics.mean(touched[t])} for t in tokens]
     for r in rows:
+        if peaks[r["T"]]:
+            r.update(peak_fields(r["us"], peaks[r["T"]], roofline(r["touched_experts"], r["T"], h, n, k)["flops"]))
         if chal_times[r["T"]]:
             r["challenger"] = challenger_summary(r["T"], r["us"], chal_times[r["T"]], plan_key(challengers[r["T"]]),
                                                  roofline(r["touched_experts"], r["T"], h, n, k))
@@ -396,6 +436,7 @@ def main(argv: list[str] | None = None) -> None:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
             "triton": triton.__version__, "rounds": rounds, "compare": str(args.compare) if old else None,
             "challengers": str(args.challengers) if args.challengers else None, "candidates": args.candidates,
+            "peak": args.peak,
             "layer": {"H": h, "N": n, "E": e, "k": k},
             "command": "python3 benchmarks/kernels/repeat_engine_plans.py " + " ".join(argv or sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -149,3 +149,23 @@ def test_dry_run_times_each_candidate_beside_the_engine_and_reports_a_broken_one
     (bad,) = [c for c in row["candidates"] if "check_failed" in c]
     assert "n3k" in bad["plan"] and bad["check_failed"]
     assert "check failed" in (tmp_path / "repeat.md").read_text()
+
+
+def test_peak_fields_by_hand():
+    """A plan of 1e12 FLOPs at 2,000 and 2,500 us (500 and 400 TFLOP/s) beside GEMM rounds of 800 and 640
+    TFLOP/s: shares 0.625 each; at 500 TFLOP/s beside 250 / 1,000 / 2,000 the shares are 2, 0.5, 0.25."""
+    f = rep.peak_fields([2000.0, 2500.0], [800.0, 640.0], 1e12)
+    assert f["median_peak_tflops"] == pytest.approx(720.0)
+    assert f["median_share_of_peak"] == pytest.approx(0.625)
+    g = rep.peak_fields([2000.0, 2000.0, 2000.0], [250.0, 1000.0, 2000.0], 1e12)
+    assert g["median_share_of_peak"] == pytest.approx(0.5)
+
+
+def test_dry_run_with_peak_reports_the_same_round_share(tmp_path):
+    rep.main(["--out", str(tmp_path), "--tokens", "4", "--rounds", "2", "--dry-run", "--peak"])
+    row = json.loads((tmp_path / "repeat.json").read_text())["rows"][0]
+    assert len(row["peak_tflops"]) == 2 and all(p > 0 for p in row["peak_tflops"])
+    flops = rep.roofline(row["touched_experts"], row["T"], *rep.DRY[:2], rep.DRY[3])["flops"]
+    shares = sorted(flops / us / 1e6 / p for us, p in zip(row["us"], row["peak_tflops"]))
+    assert row["median_share_of_peak"] == pytest.approx(sum(shares) / 2)
+    assert "dense GEMM (64 cubed" in (tmp_path / "repeat.md").read_text()
