@@ -26,7 +26,9 @@ def seconds_by_test(log: str) -> Counter[str]:
     for line in log.splitlines():
         m = DURATION.match(line)
         if m:
-            out[re.sub(r"\[.*\]$", "", m.group(2))] += float(m.group(1))
+            # a parametrization's id may hold spaces (a dataclass's repr): the id read is cut at the
+            # first one, so the test is everything before its "["
+            out[m.group(2).split("[", 1)[0]] += float(m.group(1))
     return out
 
 

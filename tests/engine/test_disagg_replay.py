@@ -46,12 +46,19 @@ def _aggregated_tokens(reqs: list[Request]) -> dict[int, list[int]]:
     return out
 
 
+def _cut_requests() -> list[Request]:
+    # 12 requests of 40-token prompts at once, 140 output tokens each (45 of the 48 blocks: they
+    # take turns), cut off after 0.1 s: 40 output tokens each finished inside 0.3 s on a fast box
+    return [Request(i, 0.0, 40, 140, (100 + i, 200 + i, 300 + i)) for i in range(12)]
+
+
 @pytest.fixture(scope="module")
 def disagg_runs():
-    """Two replays of one deployment (each starts over from empty pools)."""
+    """Two replays of one deployment (each starts over from empty pools), then a third cut off by
+    max_wall_s (on this deployment rather than a new one: two instance processes fewer to start)."""
     reqs = _requests()
     with Deployment(ARGS, split="1:1", warm_up=False, timeout_s=60, transfer_timeout_s=20) as dep:
-        return reqs, dep.replay(reqs), dep.replay(reqs, time_scale=0.5)
+        return reqs, dep.replay(reqs), dep.replay(reqs, time_scale=0.5), dep.replay(_cut_requests(), max_wall_s=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +153,7 @@ def test_killed_prefill_mid_transfer_fails_requests_and_keeps_the_decode_pool():
 
 
 def test_a_deployment_replays_again_from_empty_pools(disagg_runs):
-    reqs, first, second = disagg_runs
+    reqs, first, second, _ = disagg_runs
     assert second.output_token_ids == first.output_token_ids
     assert all(p.intact for p in second.pools.values()) and len(second.transfers) == len(reqs)
     # the second replay's clock starts at 0 again, its arrivals at half the times
@@ -195,11 +202,8 @@ def test_split_parse():
             DisaggSplit.parse(bad)
 
 
-def test_a_replay_cut_off_by_max_wall_s_leaves_both_pools_whole():
-    # 12 requests of 40-token prompts at once, 140 output tokens each (45 of the 48 blocks: they
-    # take turns), cut off after 0.1 s: 40 output tokens each finished inside 0.3 s on a fast box
-    reqs = [Request(i, 0.0, 40, 140, (100 + i, 200 + i, 300 + i)) for i in range(12)]
-    res = replay_disagg(ARGS, reqs, split="1:1", warm_up=False, timeout_s=60, max_wall_s=0.1)
+def test_a_replay_cut_off_by_max_wall_s_leaves_both_pools_whole(disagg_runs):
+    res = disagg_runs[3]
     status = res.requests["status"].tolist()
     assert "unfinished" in status and len(status) == 12
     assert set(status) <= {"finished", "unfinished"}

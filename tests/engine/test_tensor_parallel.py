@@ -145,6 +145,7 @@ def prompts_with_shared_prefix() -> list[list[int]]:
 
 
 _RUNS: dict[tuple, tuple[list[list[int]], list[int], LLM]] = {}
+KV_BYTES = 1 << 20  # each rank's KV cache: 512 blocks at TP=1 (plenty for the prompts' 6 sequences)
 
 
 def run_tp(tp: int, **kw) -> tuple[list[list[int]], list[int], LLM]:
@@ -158,7 +159,8 @@ def run_tp(tp: int, **kw) -> tuple[list[list[int]], list[int], LLM]:
 
 def _run_tp(tp: int, **kw) -> tuple[list[list[int]], list[int], LLM]:
     args = {"device": "cpu", "dtype": "float32", "max_num_seqs": 8, "max_num_batched_tokens": 32, "seed": 0,
-            "block_size": 4, "enable_prefix_caching": True, "enable_chunked_prefill": True}
+            "block_size": 4, "enable_prefix_caching": True, "enable_chunked_prefill": True,
+            "cpu_kv_cache_bytes": KV_BYTES}
     llm = LLM("tiny", tensor_parallel_size=tp, **(args | kw))
     try:
         outs = llm.generate(prompts_with_shared_prefix(), SamplingParams(max_tokens=10))
@@ -193,8 +195,10 @@ def test_collectives_per_forward():
 
 
 def test_tp2_kv_blocks_cost_half_the_bytes():
-    _, _, one = run_tp(1, cpu_kv_cache_bytes=1 << 20, max_num_seqs=64, max_num_batched_tokens=64)
-    _, _, two = run_tp(2, cpu_kv_cache_bytes=1 << 20, max_num_seqs=64, max_num_batched_tokens=64)
+    """The same KV bytes per rank hold twice the blocks at TP=2. (The runs of
+    test_tp2_greedy_tokens_equal_tp1_with_chunked_prefill_and_prefix_caching[False], shared.)"""
+    _, _, one = run_tp(1, async_scheduling=False)
+    _, _, two = run_tp(2, async_scheduling=False)
     assert two.engine.runner.block_bytes() * 2 == one.engine.runner.block_bytes()
     assert two.engine.num_gpu_blocks == 2 * one.engine.num_gpu_blocks
 
