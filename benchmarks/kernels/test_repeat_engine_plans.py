@@ -169,3 +169,15 @@ def test_dry_run_with_peak_reports_the_same_round_share(tmp_path):
     shares = sorted(flops / us / 1e6 / p for us, p in zip(row["us"], row["peak_tflops"]))
     assert row["median_share_of_peak"] == pytest.approx(sum(shares) / 2)
     assert "dense GEMM (64 cubed" in (tmp_path / "repeat.md").read_text()
+
+
+def test_used_blocks_by_hand():
+    """Experts 0 and 1 with 3 and 1 pairs at 2-row blocks: 2 + 1 blocks; a second routing with 4 pairs on expert
+    0: 2 blocks; the mean 2.5; a direct plan (block_m 0) has none."""
+    import torch
+
+    a = torch.tensor([[0, 1], [0, 0]])
+    b = torch.tensor([[0, 0], [0, 0]])
+    assert rep.used_blocks([a], 3, 2) == 3
+    assert rep.used_blocks([a, b], 3, 2) == 2.5
+    assert rep.used_blocks([a], 3, 0) == 0.0
