@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a focus bench's moe.json: its fastest plan at each T timed beside the engine's")
     p.add_argument("--candidates", choices=sorted(CANDIDATE_ROUNDS), default=None,
                    help="a round of kernels.moe_plans whose plans at each T are timed beside the engine's")
+    p.add_argument("--fixed-draw", action="store_true",
+                   help="every round on round 0's routing draw (is a round's time its draw or its place in the call?)")
     p.add_argument("--peak", action="store_true", help="time a dense bf16 GEMM beside each T in every round")
     p.add_argument("--pool", type=Path, nargs="+", default=None, help="earlier repeat.json files to pool (no timing)")
     p.add_argument("--dry-run", action="store_true")
@@ -396,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
         for t in tokens:
             routes = []
             for i in range(len(weights)):
-                gr = torch.Generator(device=device).manual_seed(1000 * t + i + 7919 * rnd)
+                gr = torch.Generator(device=device).manual_seed(1000 * t + i + 7919 * (0 if args.fixed_draw else rnd))
                 x = torch.randn(t, h, generator=gr, device=device).to(dtype)
                 router = (torch.randn(e, h, generator=gr, device=device) / h**0.5).to(dtype)
                 w, ids = route_ref(x @ router.t(), k, renormalize=True)
@@ -457,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
             "triton": triton.__version__, "rounds": rounds, "compare": str(args.compare) if old else None,
             "challengers": str(args.challengers) if args.challengers else None, "candidates": args.candidates,
-            "peak": args.peak,
+            "peak": args.peak, "fixed_draw": args.fixed_draw,
             "layer": {"H": h, "N": n, "E": e, "k": k},
             "command": "python3 benchmarks/kernels/repeat_engine_plans.py " + " ".join(argv or sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)
