@@ -360,12 +360,18 @@ RUN16_UP = ({"block_n": 64, "num_warps": 8, "num_stages": 3, "up_persistent": 2}
             {"block_n": 64, "num_warps": 4, "num_stages": 3, "up_persistent": 2})
 
 
+def _sorted_prefill(plan: MoeTiles | DirectTiles) -> bool:
+    """Whether `plan` is the sorted persistent prefill plan (joint TMA gate+up, sorted activations, persistent
+    down launch) that runs 16 and 18 vary."""
+    return isinstance(plan, MoeTiles) and plan.sorted_act and bool(plan.persistent) and plan.joint and plan.tma
+
+
 def run16_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
     """Run 16's plans at T: the engine's plan with each RUN16_DOWN down launch, each RUN16_UP gate+up launch,
     and each pair at the same warps; none where the engine's plan then (run 12's rule, `run12_engine_tiles`) is
     not the sorted persistent prefill plan."""
     base = run12_engine_tiles(num_tokens, top_k, num_experts)
-    if isinstance(base, DirectTiles) or not (base.sorted_act and base.persistent and base.joint and base.tma):
+    if not _sorted_prefill(base):
         return []
     return [*(dataclasses.replace(base, **d) for d in RUN16_DOWN), *(dataclasses.replace(base, **u) for u in RUN16_UP),
             *(dataclasses.replace(base, **d, **u) for d, u in zip(RUN16_DOWN, RUN16_UP))]
@@ -382,7 +388,8 @@ def run12_engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTile
 # Run 16 (benchmarks/kernels/data/moe_run16, H200 2026-12-04 10:53 UTC, 7 rounds): the down launch at two
 # programs a SM (n128 k64, 4 warps, 3 stages) beside run 12's plan won at every prefill T, median of per-round
 # ratios 0.956 at T = 4096, 0.941 at 8192, 0.982 at 2048, 0.991 at 1024; every two-a-SM gate+up lost
-# (1.02-1.20). Adopted at T >= 1024 (the down tile of every sorted persistent plan).
+# (1.02-1.20). Adopted at T >= 1024 (the down tile of every sorted persistent plan). Two confirming calls (9 and
+# 11 rounds, run 12's plan over this one): 1.008 / 1.024 at T = 4096, 1.006 / 1.019 at 8192, 1.005 / 0.997 at 1024.
 _DOWN16 = RUN16_DOWN[1]
 RUN16_BEST: dict[int, MoeTiles | DirectTiles] = {
     **RUN12_BEST, **{t: dataclasses.replace(RUN12_BEST[t], **_DOWN16) for t in (1024, 4096)}}
@@ -393,7 +400,7 @@ def run16b_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[Moe
     at two or three programs a SM (n128 k32 s5; n64 k64 s2 at three), each on the engine's plan at T; none
     where the engine's plan is not the sorted persistent prefill plan."""
     base = engine_tiles(num_tokens, top_k, num_experts)
-    if isinstance(base, DirectTiles) or not (base.sorted_act and base.persistent == 2):
+    if not _sorted_prefill(base):
         return []
     return [run12_engine_tiles(num_tokens, top_k, num_experts),
             dataclasses.replace(base, down_block_k=32, down_num_stages=5),
@@ -408,7 +415,7 @@ def run18_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeT
     may decide it. (An evict-last hint on gate+up's x loads cannot be tried this way: the pipeliner turns those
     loads into cp.async and drops the hint.)"""
     base = engine_tiles(num_tokens, top_k, num_experts)
-    if isinstance(base, DirectTiles) or not (base.sorted_act and base.persistent):
+    if not _sorted_prefill(base):
         return []
     return [dataclasses.replace(base, out_evict_first=True)]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -173,7 +174,7 @@ def compile_only() -> None:
     k = triton.compile(GluonASTSource(ws_gemm_kernel, sig, {"STAGES": 4, "num_warps": 8}),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "maxnreg": 168})
     print("shared", k.metadata.shared, "warps", k.metadata.num_warps, "setmaxnreg" in k.asm["ptx"],
-          sorted(set(__import__("re").findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", k.asm["ptx"]))))
+          sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", k.asm["ptx"]))))
 
 
 def main() -> None:
