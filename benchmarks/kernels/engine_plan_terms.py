@@ -31,7 +31,7 @@ from sim.cost_model import CostProfile
 from sim.hardware import get_gpu
 from sim.moe_fit import fit_moe_terms
 
-REPEAT_PRESET = "qwen3-30b-a3b"  # the layer repeat_engine_plans.py times (its meta.layer)
+REPEAT_PRESET = "qwen3-30b-a3b"  # the layer of a repeat_engine_plans.py result that names none (before --preset)
 
 
 def repeat_speed_rows(res: dict) -> list[dict]:
@@ -44,7 +44,7 @@ def repeat_speed_rows(res: dict) -> list[dict]:
         for c in [*r.get("candidates", []), *([r["challenger"]] if r.get("challenger") else [])]:
             if "median_us" in c:
                 times[c["plan"]] = c["median_us"]
-        out.append({"preset": REPEAT_PRESET, "T": r["T"], **layer, "touched_experts": r["touched_experts"],
+        out.append({"preset": res["meta"].get("preset", REPEAT_PRESET), "T": r["T"], **layer, "touched_experts": r["touched_experts"],
                     "fused_by_tiles": times})
     return out
 

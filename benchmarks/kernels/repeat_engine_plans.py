@@ -69,8 +69,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="every round on round 0's routing draw (is a round's time its draw or its place in the call?)")
     p.add_argument("--peak", action="store_true", help="time a dense bf16 GEMM beside each T in every round")
     p.add_argument("--pool", type=Path, nargs="+", default=None, help="earlier repeat.json files to pool (no timing)")
+    p.add_argument("--preset", default="qwen3-30b-a3b",
+                   help="the model whose MoE layer is timed (its H, N, E, k from engine.core.model_spec)")
     p.add_argument("--dry-run", action="store_true")
     return p.parse_args(argv)
+
+
+def layer_of(preset: str) -> tuple[int, int, int, int]:
+    """(H, N, E, k) of a preset's MoE layer; a preset without experts is an error naming --preset."""
+    from engine.core.model_spec import get_model
+
+    m = get_model(preset)
+    if not m.num_experts:
+        raise SystemExit(f"--preset {preset}: not a mixture of experts (no experts in its model spec)")
+    return m.hidden_size, m.moe_intermediate_size, m.num_experts, m.experts_per_token
 
 
 def roofline(touched: float, t: int, h: int, n: int, k: int) -> dict:
@@ -376,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
 
     _interpreter_compat.apply()
     device, dtype = ("cpu", torch.float32) if args.dry_run else ("cuda", torch.bfloat16)
-    h, n, e, k = DRY if args.dry_run else QWEN3
+    h, n, e, k = DRY if args.dry_run else layer_of(args.preset)
     tokens = [min(t, 16) for t in args.tokens] if args.dry_run else args.tokens
     rounds = min(args.rounds, 2) if args.dry_run else args.rounds
     g = torch.Generator(device=device).manual_seed(1)
@@ -461,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
             "triton": triton.__version__, "rounds": rounds, "compare": str(args.compare) if old else None,
             "challengers": str(args.challengers) if args.challengers else None, "candidates": args.candidates,
             "peak": args.peak, "fixed_draw": args.fixed_draw,
-            "layer": {"H": h, "N": n, "E": e, "k": k},
+            "layer": {"H": h, "N": n, "E": e, "k": k}, "preset": "tiny" if args.dry_run else args.preset,
             "command": "python3 benchmarks/kernels/repeat_engine_plans.py " + " ".join(argv or sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "repeat.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
