@@ -152,7 +152,9 @@ def summary(rows: list[dict]) -> dict:
     med = [r["median_abs_error"] for r in rows if r["median_abs_error"] is not None]
     p99 = [r["max_p99_abs_error"] for r in rows if r["max_p99_abs_error"] is not None]
     vmed = [r["validate_median_abs_error"] for r in rows if r["validate_median_abs_error"] is not None]
-    return {"runs": len(rows), "median_abs_error": float(np.median(med)) if med else None,
+    vp99 = [r["validate_max_p99_abs_error"] for r in rows if r["validate_max_p99_abs_error"] is not None]
+    return {"validate_passed": sum(bool(r["passed"]) for r in rows), "validate_max_p99_abs_error": max(vp99, default=None),
+            "runs": len(rows), "median_abs_error": float(np.median(med)) if med else None,
             "max_run_median_abs_error": max(med, default=None), "max_p99_abs_error": max(p99, default=None),
             "validate_median_abs_error": float(np.median(vmed)) if vmed else None,
             "target_met": bool(med and p99 and max(med) <= 0.05 and max(p99) <= 0.10)}
@@ -223,7 +225,9 @@ def markdown(results: list[dict], command: str) -> str:
                   f"worst run median {_abs(s['max_run_median_abs_error'])}, worst p99 {_abs(s['max_p99_abs_error'])}"
                   f"** (target {'met' if s['target_met'] else 'missed'}); the starting profile ({res['start']['profile']}, "
                   f"first principles + kernel factors): {_abs(st['median_abs_error'])}, worst p99 "
-                  f"{_abs(st['max_p99_abs_error'])}."), ""]
+                  f"{_abs(st['max_p99_abs_error'])}. `costline validate` passes {s['validate_passed']} of "
+                  f"{len(res['fitted']['runs'])} runs (its worst p99, ITL's included: "
+                  f"{_abs(s['validate_max_p99_abs_error'])})."), ""]
         head = "| run | " + " | ".join(SHORT[k] for k in TABLE_METRICS) + " | median \\|err\\| | worst p99 | validate | steps eng / sim | preempt eng / sim |"
         lines += [head, "|" + "---|" * (len(TABLE_METRICS) + 6)]
         for r in res["fitted"]["runs"]:
