@@ -78,16 +78,13 @@ class MoeTiles:
     persistent: int = 0
     # run 5, with joint: the gate+up launch as this many programs per SM over the used blocks' tiles
     up_persistent: int = 0
-    # run 18 (prepared, not yet timed), with sorted_act: the down launch stores its per-pair rows with an L2
-    # evict-first policy, so the 134 MB stream of them (T = 4096) displaces less of w2 and the activations
-    out_evict_first: bool = False
     def down(self) -> MoeTiles:
         """The tiles the down launch uses."""
         return MoeTiles(self.block_m, self.down_block_n or self.block_n, self.down_block_k or self.block_k,
                         self.down_num_warps or self.num_warps, self.down_num_stages or self.num_stages, self.group_m,
                         atomic_sum=self.atomic_sum, tma=self.tma, align=self.align, ksum=self.ksum,
                         sorted_act=self.sorted_act, persistent=self.persistent, joint=self.joint,
-                        up_persistent=self.up_persistent, out_evict_first=self.out_evict_first)
+                        up_persistent=self.up_persistent)
 
 
 def default_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles:
@@ -284,12 +281,11 @@ def _down_kernel(act_ptr, w_ptr, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num
             w = tl.load(w_base + cols[None, :].to(tl.int64) * sw_h + ks[:, None], mask=ok_k[:, None] & ok_n[None, :],
                         other=0.0)
             acc = tl.dot(a, w, acc)
-    _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC, "")
+    _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
 
 
 @triton.jit
-def _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC: tl.constexpr,
-                OUT_EVICT: tl.constexpr):
+def _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC: tl.constexpr):
     """A down tile times its pairs' routing weights: stored at the pairs' rows, or (ATOMIC: out is
     float32 [T, H]) added into their tokens' rows."""
     ok = ok_m[:, None] & (cols < H)[None, :]
@@ -299,14 +295,13 @@ def _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC:
         tl.atomic_add(out_ptr + tok[:, None] * so_p + cols[None, :], acc, mask=ok, sem="relaxed")
     else:
         tl.store(out_ptr + pairs.to(tl.int64)[:, None] * so_p + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=ok, eviction_policy=OUT_EVICT)
+                 mask=ok)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "top_k", "num_blocks"])
 def _down_sorted_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_pairs, N, H, top_k, num_blocks, so_p,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        NB_P2: tl.constexpr, ATOMIC: tl.constexpr, FLATTEN: tl.constexpr,
-                        OUT_EVICT: tl.constexpr = ""):
+                        NB_P2: tl.constexpr, ATOMIC: tl.constexpr, FLATTEN: tl.constexpr):
     """Run 5's down launch on activations in sorted order (gate+up with SORTED): both operands through
     TMA ([P, N] activations, w2 seen as [E*H, N]). Programs loop over the (block, H tile) tiles of the
     used blocks (block_expert >= 0 is a prefix): one tile each when the grid covers them all, several
@@ -318,20 +313,19 @@ def _down_sorted_kernel(a_desc, w_desc, out_ptr, ids_ptr, bexp_ptr, tw_ptr, num_
         pid_m, pid_n = _tile_at(tile, used, H, BLOCK_N, GROUP_M)
         e32 = tl.load(bexp_ptr + pid_m)
         _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, pid_m * BLOCK_M, pid_n, num_pairs, N, H,
-                          top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC, OUT_EVICT)
+                          top_k, so_p, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC)
 
 
 @triton.jit
 def _down_sorted_tile(a_desc, w_desc, out_ptr, ids_ptr, tw_ptr, e32, row0, pid_n, num_pairs, N, H, top_k, so_p,
-                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr,
-                      OUT_EVICT: tl.constexpr):
+                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr):
     """One (ROWS sorted rows from row0, H tile) tile of the down launch: the K loop and the store."""
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for ki in range(tl.cdiv(N, BLOCK_K)):
         a = a_desc.load([row0, ki * BLOCK_K])  # TMA pads past N with zeros
         acc = tl.dot(a, tl.trans(w_desc.load([e32 * H + pid_n * BLOCK_N, ki * BLOCK_K])), acc)
     pairs, ok_m, cols = _rows_pairs(ids_ptr, row0, pid_n, num_pairs, ROWS, BLOCK_N)
-    _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC, OUT_EVICT)
+    _down_store(acc, out_ptr, tw_ptr, pairs, ok_m, cols, H, top_k, so_p, ATOMIC)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -460,7 +454,7 @@ def _down_sorted(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, sorted_
         a_desc, w_desc, out, sorted_ids, block_expert, tw, tw.numel(), n, h, top_k, blocks, out.stride(0),
         BLOCK_M=d.block_m, BLOCK_N=d.block_n, BLOCK_K=d.block_k, GROUP_M=d.group_m,
         NB_P2=max(2, triton.next_power_of_2(blocks)), ATOMIC=d.atomic_sum,
-        FLATTEN=bool(d.persistent) and not d.atomic_sum, OUT_EVICT="evict_first" if d.out_evict_first else "",
+        FLATTEN=bool(d.persistent) and not d.atomic_sum,
         num_warps=d.num_warps, num_stages=d.num_stages)
 
 

@@ -58,7 +58,6 @@ def plan_key(t: MoeTiles | DirectTiles) -> str:
     key += " joint" if t.joint and t.tma else ""
     key += (" sorted" + (f" persist{t.persistent}" if t.persistent else "")) if t.sorted_act else ""
     key += f" upersist{t.up_persistent}" if t.up_persistent and t.joint and t.tma else ""
-    key += " outfirst" if t.out_evict_first and t.sorted_act and not t.atomic_sum else ""
     key += "" if t.align in ("blocks", "legacy") else f" {t.align}"
     return key + (" ksum-triton" if t.ksum == "triton" and not t.atomic_sum else "")
 
@@ -407,18 +406,6 @@ def run16b_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[Moe
             dataclasses.replace(base, down_block_n=64, down_num_stages=2, persistent=3)]
 
 
-def run18_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
-    """Run 18 (prepared 2026-12-04, not yet timed): the engine's sorted prefill plan with the down launch's
-    per-pair rows stored evict-first (`MoeTiles.out_evict_first`; the sm90 PTX carries it as
-    st.global.L2::cache_hint with an evict_first policy). Why: on round 0's routing draw T = 4096 runs ~8%
-    faster than on others with the same weights and more used blocks (MOE.md runs 15-16), so what the L2 keeps
-    may decide it. (An evict-last hint on gate+up's x loads cannot be tried this way: the pipeliner turns those
-    loads into cp.async and drops the hint.)"""
-    base = engine_tiles(num_tokens, top_k, num_experts)
-    if not _sorted_prefill(base):
-        return []
-    return [dataclasses.replace(base, out_evict_first=True)]
-
 
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
@@ -474,5 +461,4 @@ __all__ = [
     "run12_engine_tiles",
     "run16_candidates",
     "run16b_candidates",
-    "run18_candidates",
 ]

@@ -19,8 +19,8 @@ each of its launches alone, on several draws and on draws taken apart:
 - `route f, copies rotated`: each routing meets another weight copy;
 - `draw f again`, `draw s again`: the two ends re-timed last (did the GPU drift during the call?).
 
-Every variant also times run 18's down rows stored evict-first (`kernels.moe_plans.run18_candidates`), so
-run 18 is measured on the same draws. Writes DIR/draws.json and DIR/draws.md.
+Writes DIR/draws.json and DIR/draws.md. (Run 19's call, data/moe_run19, also timed run 18's evict-first down
+rows on every variant, `run18_total_us`: they lost and were removed, last at aab9576.)
 """
 
 from __future__ import annotations
@@ -139,21 +139,13 @@ def phase_us(weights: list, routes: list[Route], tiles, e: int, k: int, reps: in
     }
 
 
-def total_us(weights: list, routes: list[Route], tiles, reps: int, dry: bool) -> float:
-    from benchmarks.kernels.graph_timing import time_calls_us
-    from kernels.fused_moe import fused_moe
-
-    return time_calls_us([lambda wt=wt, r=r: fused_moe(r.x, wt[0], wt[1], r.w, r.ids, tiles)
-                          for wt, r in zip(weights, routes)] * reps, dry, reps=1)
-
 
 def probe_t(t: int, weights: list, shape: tuple, args, device: str, dtype) -> list[dict]:
     """Every variant at T = t: the draws, then the fastest and slowest taken apart."""
-    from kernels.moe_plans import engine_tiles, run18_candidates
+    from kernels.moe_plans import engine_tiles
 
     h, n, e, k = shape
     plan = engine_tiles(t, k, e)
-    evict = next((p for p in run18_candidates(t, k, e) if getattr(p, "out_evict_first", False)), None)
     reps = 1 if args.dry_run else max(1, min(10, -(-2000 // int(roofline(e, t, h, n, k)["roofline_us"] * COPIES))))
     rows = []
 
@@ -161,8 +153,6 @@ def probe_t(t: int, weights: list, shape: tuple, args, device: str, dtype) -> li
         row = {"T": t, "variant": name, **route_stats(stats_of or routes, e, getattr(plan, "block_m", 16)),
                **phase_us(weights, routes, plan, e, k, reps, args.dry_run),
                "dense_gemm_tflops": dense_gemm_tflops(args.dry_run)}
-        if evict is not None:
-            row["run18_total_us"] = total_us(weights, routes, evict, reps, args.dry_run)
         rows.append(row)
         print(json.dumps({key: v for key, v in row.items() if key != "experts_with_1_2_3_4plus_blocks"}), flush=True)
         return row
@@ -183,13 +173,13 @@ def probe_t(t: int, weights: list, shape: tuple, args, device: str, dtype) -> li
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
-    head = ["T", "variant", "total us", "run 18 us", "grouping", "gate+up", "down", "k-sum", "used blocks",
+    head = ["T", "variant", "total us", "grouping", "gate+up", "down", "k-sum", "used blocks",
             "padding rows", "largest / smallest expert", "experts of 1/2/3/4+ blocks", "dense GEMM TFLOP/s"]
     out = [f"# Draw probe ({meta['gpu']}, {meta['date']})", "", f"`{meta['command']}`", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         out.append(" | ".join([
-            f"| {r['T']}", r["variant"], f"{r['total_us']:.1f}", f"{r.get('run18_total_us', float('nan')):.1f}",
+            f"| {r['T']}", r["variant"], f"{r['total_us']:.1f}",
             f"{r['align_us']:.1f}", f"{r['gate_up_us']:.1f}", f"{r['down_us']:.1f}", f"{r['ksum_us']:.1f}",
             f"{r['used_blocks']:.1f}", f"{r['padding_rows']:.0f}",
             f"{r['max_expert_pairs']:.0f} / {r['min_expert_pairs']:.0f}",

@@ -16,8 +16,8 @@ workload in two regimes:
     python3 benchmarks/kernels/power_probe.py --out DIR [--tokens 4096 8192 1024] [--dry-run]
 
 Workloads: a dense bf16 GEMM of 8192 cubed (cuBLAS), the engine's plan (`kernels.moe_plans.engine_tiles`)
-at each T, and at T = 4096 run 12's plan (`run12_engine_tiles`, the down launch one program a SM) and
-run 18's (`run18_candidates`, the down rows stored evict-first), which may spend less energy a step. A
+at each T, and at the first T run 12's plan (`run12_engine_tiles`, the down launch one program a SM), which
+may spend less energy a step. A
 thread samples NVML (SM clock, power, clock-event reasons) every 20 ms; each timing carries the mean clock
 and power over its own window. Writes DIR/power.json and DIR/power.md.
 """
@@ -168,7 +168,7 @@ def workloads(tokens: list[int], shape: tuple, dry: bool) -> list[tuple[str, int
     import torch
 
     from kernels.fused_moe import fused_moe
-    from kernels.moe_plans import engine_tiles, run12_engine_tiles, run18_candidates
+    from kernels.moe_plans import engine_tiles, run12_engine_tiles
 
     device, dtype = ("cpu", torch.float32) if dry else ("cuda", torch.bfloat16)
     size = 64 if dry else PEAK_SIZE
@@ -183,9 +183,8 @@ def workloads(tokens: list[int], shape: tuple, dry: bool) -> list[tuple[str, int
         routes = make_draw(t, h, e, k, 0, device, dtype)
         reps = 1 if dry else max(1, min(10, -(-2000 // int(roofline(e, t, h, n, k)["roofline_us"] * COPIES))))
         plans = [("engine", engine_tiles(t, k, e))]
-        if t == max(tokens):
-            plans += [("run 12", run12_engine_tiles(t, k, e)),
-                      *(("run 18", p) for p in run18_candidates(t, k, e) if getattr(p, "out_evict_first", False))]
+        if t == tokens[0]:
+            plans.append(("run 12", run12_engine_tiles(t, k, e)))
         for name, plan in plans:
             out.append((name, t, roofline(e, t, h, n, k)["flops"],
                         [lambda wt=wt, r=r, p=plan: fused_moe(r.x, wt[0], wt[1], r.w, r.ids, p)

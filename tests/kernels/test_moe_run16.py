@@ -17,7 +17,6 @@ from kernels.moe_plans import (
     run12_engine_tiles,
     run16_candidates,
     run16b_candidates,
-    run18_candidates,
 )
 from tests.kernels.helpers import SETTINGS, assert_close, moe_layer, moe_ref
 
@@ -61,17 +60,3 @@ def test_run16_candidates_halve_the_tiles_and_run_two_programs_a_sm():
         assert (p.sorted_act, p.joint, p.tma, p.align, p.ksum) == (True, True, True, base.align, base.ksum)
     assert run16_candidates(4, 8, 128) == []
 
-
-@settings(max_examples=4, **SETTINGS)
-@given(t=st.integers(1, 40), e=st.integers(1, 12), k=st.integers(1, 4), seed=st.integers(0, 10**6))
-def test_run18s_evict_first_down_rows_equal_the_per_expert_loop(t, e, k, seed):
-    """Run 18's prepared plan: the down rows stored with an evict-first policy give the same values (a cache
-    hint only); the round holds exactly the engine's sorted prefill plan with it, none at decode sizes."""
-    k = min(k, e)
-    x, w13, w2, weights, ids = moe_layer(seed, t, e, k, 32, 20)
-    plan = MoeTiles(16, 16, 16, 4, 1, tma=True, joint=True, align="hist", ksum="triton", sorted_act=True,
-                    persistent=2, up_persistent=1, out_evict_first=True)
-    assert_close(fused_moe(x, w13, w2, weights, ids, plan), moe_ref(x, w13, w2, weights, ids), torch.float32)
-    (p,) = run18_candidates(4096, 8, 128)
-    assert dataclasses.replace(p, out_evict_first=False) == RUN16_BEST[4096] and "outfirst" in plan_key(p)
-    assert run18_candidates(4, 8, 128) == []
