@@ -406,6 +406,15 @@ def run16b_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[Moe
             dataclasses.replace(base, down_block_n=64, down_num_stages=2, persistent=3)]
 
 
+def run22_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
+    """Run 22: the sorted persistent prefill plan (the engine's at T = 1024) at steps between 256 and 1,024
+    tokens where the engine's rule runs run 6's T = 256 plan (the atomic 32-row tile). Why: run 21 timed that
+    plan at 364.9 us at T = 512 and the prefill plan at 344.1 us at T = 768 (benchmarks/kernels/MOE.md)."""
+    base = engine_tiles(num_tokens, top_k, num_experts)
+    if num_experts < ENGINE_RULE_MIN_EXPERTS or _sorted_prefill(base) or not 256 < num_tokens < 1024:
+        return []
+    return [RUN16_BEST[1024]]
+
 
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
@@ -461,4 +470,5 @@ __all__ = [
     "run12_engine_tiles",
     "run16_candidates",
     "run16b_candidates",
+    "run22_candidates",
 ]

@@ -49,7 +49,7 @@ QWEN3 = (2048, 768, 128, 8)  # H, N (expert intermediate), E, top k
 DRY = (64, 32, 32, 4)
 COPIES = 3
 CANDIDATE_ROUNDS = {"run11": "run11_candidates", "run12": "run12_candidates", "run16": "run16_candidates",
-                    "run16b": "run16b_candidates"}  # --candidates: the kernels.moe_plans function of the round
+                    "run16b": "run16b_candidates", "run22": "run22_candidates"}  # --candidates: the kernels.moe_plans function of the round
 ENGINE = "engine"  # the engine plan's key beside the candidates' plan keys (times, launches alone)
 CHECK_TOL = 1e-2  # relative error of a bf16 plan against the float32 loop (the focus bench's bar)
 

@@ -60,3 +60,15 @@ def test_run16_candidates_halve_the_tiles_and_run_two_programs_a_sm():
         assert (p.sorted_act, p.joint, p.tma, p.align, p.ksum) == (True, True, True, base.align, base.ksum)
     assert run16_candidates(4, 8, 128) == []
 
+
+
+def test_run22_offers_the_prefill_plan_only_where_the_rule_runs_the_atomic_tile():
+    """Run 22's round: the engine's T = 1024 plan at 256 < T <= 512 (where the nearest-in-log2 rule, a tie to the
+    smaller T, still runs run 6's T = 256 plan), nothing elsewhere and nothing for mixtral's 8 experts."""
+    from kernels.moe_plans import engine_tiles, run22_candidates
+
+    for t in (288, 384, 512):
+        assert run22_candidates(t, 8, 128) == [RUN16_BEST[1024]]
+        assert engine_tiles(t, 8, 128) == RUN16_BEST[256]
+    assert [run22_candidates(t, 8, 128) for t in (256, 513, 768, 4096)] == [[], [], [], []]
+    assert run22_candidates(384, 2, 8) == []
