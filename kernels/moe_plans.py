@@ -19,7 +19,7 @@ measurement". Their keys in the committed data (benchmarks/kernels/data/) are no
 
 - `run16_candidates(T, k, E)`: two programs a SM for each prefill launch (run 16); the down launch's won.
 - `engine_tiles(T, k, E)`: what the engine runs (kernels.backend's Triton `fused_moe` is
-  `engine_fused_moe`): the measured rule (`RUN16_BEST`) with 32 or more experts, run 2's tiles with fewer.
+  `engine_fused_moe`): the measured rule (`RUN22_BEST`) with 32 or more experts, run 2's tiles with fewer.
 """
 
 from __future__ import annotations
@@ -409,21 +409,30 @@ def run16b_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[Moe
 def run22_candidates(num_tokens: int, top_k: int, num_experts: int) -> list[MoeTiles | DirectTiles]:
     """Run 22: the sorted persistent prefill plan (the engine's at T = 1024) at steps between 256 and 1,024
     tokens where the engine's rule runs run 6's T = 256 plan (the atomic 32-row tile). Why: run 21 timed that
-    plan at 364.9 us at T = 512 and the prefill plan at 344.1 us at T = 768 (benchmarks/kernels/MOE.md)."""
+    plan at 364.9 us at T = 512 and the prefill plan at 344.1 us at T = 768 (benchmarks/kernels/MOE.md). Since
+    run 22's adoption the rule runs the prefill plan from T = 479, so the round holds 256 < T < 479."""
     base = engine_tiles(num_tokens, top_k, num_experts)
     if num_experts < ENGINE_RULE_MIN_EXPERTS or _sorted_prefill(base) or not 256 < num_tokens < 1024:
         return []
     return [RUN16_BEST[1024]]
 
 
+# Run 22 (benchmarks/kernels/data/moe_run22, H200 2026-12-04 12:48 UTC, 5 rounds): the prefill plan over the
+# atomic 32-row tile, median of per-round ratios 1.060 / 1.055 / 1.043 / 1.015 at T = 288 / 320 / 384 / 448 and
+# 0.948 at T = 512 (346.7 against 365.9 us). Adopted at T = 512 (448 keeps the atomic tile, so the rule moves
+# only steps of 479-512 tokens).
+RUN22_BEST: dict[int, MoeTiles | DirectTiles] = {**RUN16_BEST, 448: RUN16_BEST[256], 512: RUN16_BEST[1024]}
+
+
 def engine_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoeTiles | DirectTiles:
     """The plan the engine's Triton backend runs at a step of T tokens: with 32 or more experts the
-    measured plan of the nearest T in log2 (RUN16_BEST: run 6's plans with run 12's at T = 1-4 and run 16's
-    down launch from T = 1024; qwen3-30b-a3b's profile was calibrated on run 12's, `run12_engine_tiles`); with fewer (mixtral-8x7b's 8) run 2's tiles (`run2_tiles`),
-    on which mixtral's profile was calibrated (run 3 measured its direct path 22% slower there at T = 1)."""
+    measured plan of the nearest T in log2 (RUN22_BEST: run 6's plans with run 12's at T = 1-4, run 16's
+    down launch from T = 1024 and run 22's prefill plan from T = 479; qwen3-30b-a3b's profile was calibrated on
+    run 12's, `run12_engine_tiles`); with fewer (mixtral-8x7b's 8) run 2's tiles (`run2_tiles`), on which
+    mixtral's profile was calibrated (run 3 measured its direct path 22% slower there at T = 1)."""
     if num_experts < ENGINE_RULE_MIN_EXPERTS:
         return run2_tiles(num_tokens, top_k, num_experts)
-    return rule_tiles(num_tokens, RUN16_BEST)
+    return rule_tiles(num_tokens, RUN22_BEST)
 
 
 def engine_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -449,6 +458,7 @@ __all__ = [
     "RUN12_BEST",
     "RUN12_UP",
     "RUN16_BEST",
+    "RUN22_BEST",
     "RUN16_DOWN",
     "RUN16_UP",
     "engine_fused_moe",

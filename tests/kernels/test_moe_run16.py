@@ -63,12 +63,15 @@ def test_run16_candidates_halve_the_tiles_and_run_two_programs_a_sm():
 
 
 def test_run22_offers_the_prefill_plan_only_where_the_rule_runs_the_atomic_tile():
-    """Run 22's round: the engine's T = 1024 plan at 256 < T <= 512 (where the nearest-in-log2 rule, a tie to the
-    smaller T, still runs run 6's T = 256 plan), nothing elsewhere and nothing for mixtral's 8 experts."""
-    from kernels.moe_plans import engine_tiles, run22_candidates
+    """Run 22's round: the engine's T = 1024 plan where the nearest-in-log2 rule runs run 6's T = 256 plan
+    (256 < T < 479 since run 22's adoption), nothing elsewhere and nothing for mixtral's 8 experts; the rule
+    runs the prefill plan from T = 479 (the log2 midpoint of 448 and 512) and the atomic tile below."""
+    from kernels.moe_plans import RUN22_BEST, engine_tiles, run22_candidates
 
-    for t in (288, 384, 512):
+    for t in (288, 384, 448, 478):
         assert run22_candidates(t, 8, 128) == [RUN16_BEST[1024]]
-        assert engine_tiles(t, 8, 128) == RUN16_BEST[256]
-    assert [run22_candidates(t, 8, 128) for t in (256, 513, 768, 4096)] == [[], [], [], []]
+        assert engine_tiles(t, 8, 128) == RUN16_BEST[256] == RUN22_BEST[448]
+    for t in (480, 512, 724):
+        assert engine_tiles(t, 8, 128) == RUN16_BEST[1024] == RUN22_BEST[512]
+    assert [run22_candidates(t, 8, 128) for t in (256, 480, 512, 768, 4096)] == [[], [], [], [], []]
     assert run22_candidates(384, 2, 8) == []
