@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels.moe_plans import engine_fused_moe, engine_tiles, plan_key
 from kernels.moe_reference import fused_moe_ref, route_ref
 
-GPU_TOKENS = (1, 2, 3, 4, 6, 8, 16, 64, 256, 512, 700, 1024, 2048, 4096, 8192)  # 8192: the mixed graphs reach the token budget
+GPU_TOKENS = (1, 2, 3, 4, 6, 8, 16, 64, 256, 448, 479, 512, 700, 1024, 2048, 4096, 8192)  # 479: run 22's switch; 8192: the mixed graphs reach the token budget
 DRY_TOKENS = (1, 2, 5, 16, 300)
 TOLERANCE = 2e-2  # relative to the output's largest entry: bf16 inputs, float32 accumulation
 
