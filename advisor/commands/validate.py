@@ -245,6 +245,8 @@ def print_comparison(r: RunComparison, console: Console) -> None:
         t.add_row(label, fmt_value(key, m.engine), fmt_value(key, m.sim), fmt_error(key, m))
     console.print(t)
     console.print(_kv_line(r), highlight=False)
+    if r.latency_basis:
+        console.print(r.latency_basis, highlight=False)
     for k in r.step_kinds:
         if k.engine_steps or k.sim_steps:
             console.print(f"  {k.kind}: GPU ms per step engine {_ms(k.engine_gpu_ms)} ({k.engine_steps:,} steps, "
@@ -382,7 +384,8 @@ def _run_section(runs: list[RunComparison]) -> list[str]:
         lines.append(f"| {k.kind} | {k.engine_steps:,} | {_ms(k.engine_gpu_ms)} ({_ms(k.engine_max_gpu_ms)}) | "
                      f"{_ms(k.engine_period_ms)} | {cells} |")
     lines.append("")
-    lines += [f"- `{r.profile}`: {_verdict_line(r)}" + "".join(f"; {f}" for f in _other_failures(r)) for r in runs]
+    lines += [f"- `{r.profile}`: {_verdict_line(r)}" + "".join(f"; {f}" for f in _other_failures(r))
+              + (f" ({r.latency_basis})" if r.latency_basis else "") for r in runs]
     return lines + [""]
 
 

@@ -197,10 +197,22 @@ def one_model(a: argparse.Namespace, model: str) -> dict:
            "seconds": round(time.perf_counter() - t0, 1)}
     if a.write_profiles:
         prof = prof.model_copy(update={"validation": profile_validation_summary(
-            comparisons, f"python3 benchmarks/calibration/moe_validate.py --archives {a.archives} --models {model}")})
+            comparisons, f"python3 benchmarks/calibration/moe_validate.py --archives {a.archives} --models {model}"),
+            "provenance": kept_kernel_notes(prof, shipped)})
         (PROFILES_DIR / f"{gpu}-{model}.json").write_text(prof.to_json())
         out["profile_written"] = str(PROFILES_DIR / f"{gpu}-{model}.json")
     return out
+
+
+def kept_kernel_notes(prof: CostProfile, shipped: Path) -> dict | None:
+    """`prof`'s provenance with the shipped profile's `kernels_since` note (what changed in the engine's kernels
+    after its runs were recorded): a refit on the same archives keeps it; a re-recorded sweep should drop it."""
+    old = CostProfile.load(shipped).provenance if shipped.is_file() else None
+    note = (old or {}).get("kernels_since")
+    if not note:
+        return prof.provenance
+    print(f"kept provenance.kernels_since from {shipped} (drop it once the runs are re-recorded)")
+    return {**(prof.provenance or {}), "kernels_since": note}
 
 
 def _pct(x: float | None) -> str:

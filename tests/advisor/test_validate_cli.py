@@ -124,6 +124,53 @@ def test_a_run_cut_short_is_simulated_to_the_same_time(tmp_path):
         assert m.sim == pytest.approx(m.engine, rel=1e-9), key
 
 
+def _unfinish_last(folder: Path, n: int) -> None:
+    """The engine run in `folder` as if its cap had caught its last `n` finished requests unfinished: those rows
+    marked unfinished, the summary's counts and TTFT / TPOT / e2e over the rest (as the engine's summary is)."""
+    from engine.core.run_summary import latency_stats
+
+    rows = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
+    done = sorted((r for r in rows if r["status"] == "finished"), key=lambda r: r["finish_s"])
+    for r in done[-n:]:
+        r["status"] = "unfinished"
+    (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["unfinished"] += n
+    summary["completed"] -= n
+    summary["total_output_tokens"] -= sum(r["num_output_tokens"] for r in done[-n:])
+    summary["total_input_tokens"] -= sum(r["prompt_len"] for r in done[-n:])
+    for rate, count in (("request_throughput", "completed"), ("output_throughput", "total_output_tokens")):
+        summary[rate] = summary[count] / summary["duration"]
+    left = [r for r in rows if r["status"] == "finished"]
+    for name, col in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2el", "e2e_s")):
+        summary |= latency_stats(np.array([r[col] for r in left if r[col] is not None])).json_items(name)
+    (folder / "summary.json").write_text(json.dumps(jsonable(summary)))
+
+
+def test_a_cut_run_whose_backlogs_differ_compares_the_requests_both_finished(tmp_path):
+    """The engine's cap caught one request more than the simulator's: its figures leave that request out, so
+    TTFT / TPOT / e2e are compared over the requests both finished (the same simulation: exact) and the run
+    passes; three more is beyond the tolerance and fails, naming the counts."""
+    for extra, passes in ((1, True), (3, False)):
+        cut = write_run(tmp_path / f"cut{extra}", "cut-short", until_s=0.5)
+        _unfinish_last(cut, extra)
+        out = tmp_path / f"r{extra}"
+        res = runner.invoke(app, ["validate", str(cut), "--profile", "default", "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        (r,) = ValidationReport.from_json((out / "validation.json").read_text()).runs
+        assert r.metric("unfinished").engine == r.metric("unfinished").sim + extra
+        done = int(r.metric("completed").engine)
+        assert r.latency_basis.startswith(f"TTFT, TPOT and e2e over the {done} requests both finished")
+        for key in ERROR_METRICS:
+            if key.split("_")[1] in ("ttft", "tpot", "e2el"):
+                assert r.metric(key).error == pytest.approx(0, abs=1e-9), key
+        assert r.verdict.passed is passes
+        u = r.metric("unfinished")
+        assert passes or any("backlogs differ" in f and f"engine {u.engine:g} vs sim {u.sim:g}" in f
+                             for f in r.verdict.failures), r.verdict.failures
+        assert r.latency_basis in (out / "validation.md").read_text()
+
+
 def test_an_existing_report_needs_force(run_dir, tmp_path):
     (tmp_path / "validation.json").write_text("{}")
     res = runner.invoke(app, ["validate", str(run_dir), "--profile", "default", "--out", str(tmp_path)],

@@ -158,3 +158,26 @@ def test_profile_names_with_dots_load_by_name():
     name = resolve_profile("auto", "llama-3.1-8b", "h200")
     assert name == "h200-llama-3.1-8b" and profile_path(name).is_file()
     assert CostProfile.load(name).model == "llama-3.1-8b"
+
+
+def test_both_finished_latencies_by_hand():
+    """Requests 0-3; the engine finished 0, 1, 2 and the simulator 0, 2, 3: the figures cover 0 and 2 on each
+    side, from each side's own columns."""
+    import numpy as np
+
+    from sim.validate import both_finished_latencies
+
+    eng = {"request_id": np.array([0, 1, 2, 3.0]), "status": np.array(["finished", "finished", "finished", "unfinished"],
+                                                                   dtype=object),
+           "ttft_s": np.array([0.1, 0.2, 0.3, np.nan]), "tpot_s": np.array([0.01, 0.02, np.nan, np.nan]),
+           "e2e_s": np.array([1.0, 2.0, 3.0, np.nan])}
+    sim = {"request_id": np.array([3, 2, 1, 0]), "status": np.array(["finished", "finished", "unfinished", "finished"],
+                                                                    dtype=object),
+           "ttft_s": np.array([0.9, 0.5, np.nan, 0.3]), "tpot_s": np.array([0.03, 0.04, np.nan, 0.02]),
+           "e2e_s": np.array([9.0, 5.0, np.nan, 3.0])}
+    e, s, basis = both_finished_latencies(eng, sim)
+    assert e["mean_ttft_ms"] == pytest.approx(200.0) and s["mean_ttft_ms"] == pytest.approx(400.0)
+    assert e["mean_tpot_ms"] == pytest.approx(10.0) and s["mean_tpot_ms"] == pytest.approx(30.0)  # NaN TPOT left out
+    assert e["p99_e2el_ms"] == pytest.approx(np.percentile([1000.0, 3000.0], 99))
+    assert s["median_e2el_ms"] == pytest.approx(4000.0)
+    assert basis == "TTFT, TPOT and e2e over the 2 requests both finished (the engine finished 3, the simulator 3)"
