@@ -97,24 +97,12 @@ class Sampler:
 
 
 def capture(calls: list, dry: bool):
-    """The calls as one CUDA graph (warmed up outside the capture); in a dry run the calls themselves."""
-    import torch
+    """The calls as one CUDA graph's replay (graph_timing.capture_graph); in a dry run the calls themselves."""
+    from benchmarks.kernels.graph_timing import capture_graph
 
     if dry:
         return lambda: [c() for c in calls]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    return g.replay
+    return capture_graph(calls).replay
 
 
 def replay_us(replay, dry: bool) -> float:
