@@ -41,3 +41,18 @@ def test_sampler_window_means_the_clock_and_ors_the_reasons():
     assert (w["sm_mhz"], w["min_sm_mhz"], w["watts"], w["reasons_mask"], w["samples"]) == (1450, 1400, 695.0, 5, 2)
     assert s.over(10.0, 11.0) == {}
 
+
+
+def test_sustained_timing_counts_only_the_replays_of_the_last_half(monkeypatch):
+    """A fake clock that advances 0.1 s a reading, replays that take 100 us a call while the limiter has not
+    acted and 50 us after: over 2 s of load only the second half's replays count."""
+    from benchmarks.kernels import power_probe
+
+    clock = iter(i * 0.1 for i in range(10_000))
+    monkeypatch.setattr(power_probe.time, "monotonic", lambda: next(clock))
+    calls = iter([200.0] * 5 + [100.0] * 1000)  # us a replay of 2 calls
+    monkeypatch.setattr(power_probe, "replay_us", lambda replay, dry: next(calls))
+    s = Sampler.__new__(Sampler)
+    s.samples = []
+    out = power_probe.sustained_us(lambda: None, 2, 2.0, True, s)
+    assert out["median_us"] == 50.0 and 4 <= out["replays"] <= 6
