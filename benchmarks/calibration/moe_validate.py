@@ -145,7 +145,8 @@ def run_row(c: RunComparison) -> dict:
             "validate_max_p99_abs_error": c.verdict.max_p99_abs_error, "passed": c.verdict.passed,
             "failures": c.verdict.failures, "preemptions": (c.metric("num_preemptions").engine,
                                                              c.metric("num_preemptions").sim),
-            "steps": (c.metric("num_engine_steps").engine, c.metric("num_engine_steps").sim), "step_kinds": kinds}
+            "steps": (c.metric("num_engine_steps").engine, c.metric("num_engine_steps").sim), "step_kinds": kinds,
+            "latency_basis": c.latency_basis}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -248,6 +249,7 @@ def markdown(results: list[dict], command: str) -> str:
                          f"{_abs(r['max_p99_abs_error'])} | {_abs(r['validate_median_abs_error'])} / "
                          f"{_abs(r['validate_max_p99_abs_error'])} | {r['steps'][0]} / {r['steps'][1]} | "
                          f"{r['preemptions'][0]} / {r['preemptions'][1]} |")
+        lines += [f"\n{r['run']}: {r['latency_basis']}." for r in res["fitted"]["runs"] if r.get("latency_basis")]
         lines += ["", "Engine values (ms; tok/s):", "", "| run | " + " | ".join(SHORT[k] for k in TABLE_METRICS) + " |",
                   "|" + "---|" * (len(TABLE_METRICS) + 1)]
         for r in res["fitted"]["runs"]:
