@@ -361,7 +361,7 @@ RUN16_UP = ({"block_n": 64, "num_warps": 8, "num_stages": 3, "up_persistent": 2}
 
 def _sorted_prefill(plan: MoeTiles | DirectTiles) -> bool:
     """Whether `plan` is the sorted persistent prefill plan (joint TMA gate+up, sorted activations, persistent
-    down launch) that runs 16 and 18 vary."""
+    down launch) that runs 16, 16b and 22 start from or compare against."""
     return isinstance(plan, MoeTiles) and plan.sorted_act and bool(plan.persistent) and plan.joint and plan.tma
 
 

@@ -32,21 +32,22 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.kernels.repeat_engine_plans import DRY, QWEN3, dense_gemm_tflops, roofline
+from benchmarks.kernels.repeat_engine_plans import (
+    COPIES,
+    DRY,
+    Route,
+    dense_gemm_tflops,
+    expert_blocks,
+    layer_of,
+    make_draw,
+    roofline,
+)
 
-COPIES = 3
 RELABELS = 3
-
-
-class Route(NamedTuple):
-    x: object  # [T, H] activations
-    w: object  # [T, k] routing weights
-    ids: object  # [T, k] expert ids
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,32 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def make_draw(t: int, h: int, e: int, k: int, d: int, device: str, dtype) -> list[Route]:
-    """Draw d of repeat_engine_plans.py (its round d): per weight copy i, x and a router from seed
-    1000 t + i + 7919 d, routed top-k with renormalised weights."""
-    import torch
-
-    from kernels.moe_reference import route_ref
-
-    out = []
-    for i in range(COPIES):
-        g = torch.Generator(device=device).manual_seed(1000 * t + i + 7919 * d)
-        x = torch.randn(t, h, generator=g, device=device).to(dtype)
-        router = (torch.randn(e, h, generator=g, device=device) / h**0.5).to(dtype)
-        w, ids = route_ref(x @ router.t(), k, renormalize=True)
-        out.append(Route(x, w, ids))
-    return out
-
-
 def route_stats(routes: list[Route], e: int, block_m: int) -> dict:
     """Per draw (means over the copies): used blocks, padding rows, the largest and smallest expert's pairs,
     and how many experts hold 1, 2, 3 and 4+ blocks."""
-    import torch
-
     used, pad, big, small, hist = [], [], [], [], [[], [], [], []]
     for r in routes:
-        pairs = torch.bincount(r.ids.reshape(-1), minlength=e)
-        blocks = (pairs + block_m - 1) // block_m
+        pairs, blocks = expert_blocks(r.ids, e, block_m)
         used.append(int(blocks.sum()))
         pad.append(int(blocks.sum()) * block_m - int(pairs.sum()))
         big.append(int(pairs.max()))
@@ -139,7 +120,6 @@ def phase_us(weights: list, routes: list[Route], tiles, e: int, k: int, reps: in
     }
 
 
-
 def probe_t(t: int, weights: list, shape: tuple, args, device: str, dtype) -> list[dict]:
     """Every variant at T = t: the draws, then the fastest and slowest taken apart."""
     from kernels.moe_plans import engine_tiles
@@ -157,7 +137,7 @@ def probe_t(t: int, weights: list, shape: tuple, args, device: str, dtype) -> li
         print(json.dumps({key: v for key, v in row.items() if key != "experts_with_1_2_3_4plus_blocks"}), flush=True)
         return row
 
-    draws = {d: make_draw(t, h, e, k, d, device, dtype) for d in range(args.draws)}
+    draws = {d: make_draw(t, h, e, k, d, COPIES, device, dtype) for d in range(args.draws)}
     timed = {d: run(f"draw {d}", rs)["total_us"] for d, rs in draws.items()}
     f, s = min(timed, key=timed.get), max(timed, key=timed.get)
     run(f"x {f} / route {s}", [r._replace(x=q.x) for r, q in zip(draws[s], draws[f])])
@@ -199,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
 
     _interpreter_compat.apply()
     device, dtype = ("cpu", torch.float32) if args.dry_run else ("cuda", torch.bfloat16)
-    shape = DRY if args.dry_run else QWEN3
+    shape = DRY if args.dry_run else layer_of("qwen3-30b-a3b")
     h, n, e, _ = shape
     if args.dry_run:
         args.draws, args.tokens = min(args.draws, 2), [min(t, 16) for t in args.tokens]

@@ -37,8 +37,14 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.kernels.draw_probe import COPIES, make_draw
-from benchmarks.kernels.repeat_engine_plans import DRY, PEAK_SIZE, QWEN3, roofline
+from benchmarks.kernels.repeat_engine_plans import (
+    COPIES,
+    DRY,
+    PEAK_SIZE,
+    layer_of,
+    make_draw,
+    roofline,
+)
 
 SAMPLE_S = 0.02
 
@@ -168,7 +174,7 @@ def workloads(tokens: list[int], shape: tuple, dry: bool) -> list[tuple[str, int
     weights = [((torch.randn(e, 2 * n, h, generator=g, device=device) / h**0.5).to(dtype),
                 (torch.randn(e, h, n, generator=g, device=device) / n**0.5).to(dtype)) for _ in range(COPIES)]
     for t in tokens:
-        routes = make_draw(t, h, e, k, 0, device, dtype)
+        routes = make_draw(t, h, e, k, 0, COPIES, device, dtype)
         reps = 1 if dry else max(1, min(10, -(-2000 // int(roofline(e, t, h, n, k)["roofline_us"] * COPIES))))
         plans = [("engine", engine_tiles(t, k, e))]
         if t == tokens[0]:
@@ -222,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     _interpreter_compat.apply()
     rows = []
     with Sampler() as sampler:
-        for name, t, flops, calls in workloads(args.tokens, DRY if args.dry_run else QWEN3, args.dry_run):
+        for name, t, flops, calls in workloads(args.tokens, DRY if args.dry_run else layer_of("qwen3-30b-a3b"), args.dry_run):
             replay = capture(calls, args.dry_run)
             cold = cold_us(replay, len(calls), args.cold_reps, args.idle_s, args.dry_run, sampler)
             sus = sustained_us(replay, len(calls), args.load_s, args.dry_run, sampler)

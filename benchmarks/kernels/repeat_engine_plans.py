@@ -38,14 +38,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 HBM_BYTES_PER_S = 4.2e12
 BF16_FLOPS_PER_S = 790e12
-QWEN3 = (2048, 768, 128, 8)  # H, N (expert intermediate), E, top k
 DRY = (64, 32, 32, 4)
 COPIES = 3
 CANDIDATE_ROUNDS = {"run11": "run11_candidates", "run12": "run12_candidates", "run16": "run16_candidates",
@@ -82,6 +81,31 @@ def layer_of(preset: str) -> tuple[int, int, int, int]:
     if not m.num_experts:
         raise SystemExit(f"--preset {preset}: not a mixture of experts (no experts in its model spec)")
     return m.hidden_size, m.moe_intermediate_size, m.num_experts, m.experts_per_token
+
+
+class Route(NamedTuple):
+    """One weight copy's step of a routing draw."""
+
+    x: Any  # [T, H] activations
+    w: Any  # [T, k] routing weights
+    ids: Any  # [T, k] expert ids
+
+
+def make_draw(t: int, h: int, e: int, k: int, d: int, copies: int, device: str, dtype) -> list[Route]:
+    """Routing draw d at T = t (round d's; round 0 is the focus bench's seeds): per weight copy i, x and a
+    router from seed 1000 t + i + 7919 d, routed top-k with renormalised weights."""
+    import torch
+
+    from kernels.moe_reference import route_ref
+
+    out = []
+    for i in range(copies):
+        g = torch.Generator(device=device).manual_seed(1000 * t + i + 7919 * d)
+        x = torch.randn(t, h, generator=g, device=device).to(dtype)
+        router = (torch.randn(e, h, generator=g, device=device) / h**0.5).to(dtype)
+        w, ids = route_ref(x @ router.t(), k, renormalize=True)
+        out.append(Route(x, w, ids))
+    return out
 
 
 def roofline(touched: float, t: int, h: int, n: int, k: int) -> dict:
@@ -122,12 +146,18 @@ def used_blocks(ids: list, num_experts: int, block_m: int) -> float:
     """The grouped path's blocks of `block_m` rows that hold pairs (sum over experts of ceil(pairs / block_m)),
     the mean over the weight copies' routings; 0 for a direct plan (block_m 0). At T = 4096 of qwen3 an average
     expert gets exactly two 128-row blocks, so this moves the step's computed rows from draw to draw."""
-    import torch
-
     if not block_m:
         return 0.0
-    per = [int(((torch.bincount(i.reshape(-1), minlength=num_experts) + block_m - 1) // block_m).sum()) for i in ids]
+    per = [int(expert_blocks(i, num_experts, block_m)[1].sum()) for i in ids]
     return sum(per) / len(per)
+
+
+def expert_blocks(ids, num_experts: int, block_m: int):
+    """(pairs, blocks) per expert of one routing: its pairs and the `block_m`-row blocks they fill."""
+    import torch
+
+    pairs = torch.bincount(ids.reshape(-1), minlength=num_experts)
+    return pairs, (pairs + block_m - 1) // block_m
 
 
 def peak_fields(times: list[float], peaks: list[float], flops: float) -> dict:
@@ -383,7 +413,6 @@ def main(argv: list[str] | None = None) -> None:
     from kernels.fused_moe import fused_moe
     from kernels.moe_direct import DirectTiles
     from kernels.moe_plans import engine_fused_moe, engine_tiles, plan_key
-    from kernels.moe_reference import route_ref
 
     _interpreter_compat.apply()
     device, dtype = ("cpu", torch.float32) if args.dry_run else ("cuda", torch.bfloat16)
@@ -408,13 +437,7 @@ def main(argv: list[str] | None = None) -> None:
                                     weights[0], h, e, k, device, dtype)
     for rnd in range(rounds):
         for t in tokens:
-            routes = []
-            for i in range(len(weights)):
-                gr = torch.Generator(device=device).manual_seed(1000 * t + i + 7919 * (0 if args.fixed_draw else rnd))
-                x = torch.randn(t, h, generator=gr, device=device).to(dtype)
-                router = (torch.randn(e, h, generator=gr, device=device) / h**0.5).to(dtype)
-                w, ids = route_ref(x @ router.t(), k, renormalize=True)
-                routes.append((x, w, ids))
+            routes = make_draw(t, h, e, k, 0 if args.fixed_draw else rnd, len(weights), device, dtype)
             touched[t].append(sum(len(torch.unique(r[2])) for r in routes) / len(routes))
             blocks[t].append(used_blocks([r[2] for r in routes], e, getattr(engine_tiles(t, k, e), "block_m", 0)))
             reps = 1 if args.dry_run else max(1, min(10, -(-2000 // int(roofline(touched[t][-1], t, h, n, k)
