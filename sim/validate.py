@@ -227,8 +227,24 @@ def compare_summaries(engine: dict[str, Any], sim: dict[str, Any],
     return out
 
 
-def verdict(metrics: list[MetricComparison]) -> Verdict:
-    """Issue 10's targets applied to one run's comparisons."""
+def _unfinished_failures(unfinished: MetricComparison | None, same_requests: bool) -> list[str]:
+    """A run the engine cut at its wall-clock cap: its unfinished count against the simulator's."""
+    if unfinished is None or not unfinished.engine or unfinished.sim == unfinished.engine:
+        return []
+    if not same_requests:
+        return [(f"unfinished at the engine's wall-clock cap {_count(unfinished)} and no requests.jsonl in the run "
+                "folder, so each side's TTFT / TPOT / e2e cover other requests; add the engine's requests.jsonl")]
+    if abs((unfinished.sim or 0) - unfinished.engine) <= max(UNFINISHED_ABS_TOLERANCE,
+                                                              UNFINISHED_REL_TOLERANCE * unfinished.engine):
+        return []
+    return [(f"unfinished at the engine's wall-clock cap {_count(unfinished)}, beyond +-{UNFINISHED_REL_TOLERANCE:.0%} "
+            f"(or +-{UNFINISHED_ABS_TOLERANCE}): the two sides' backlogs differ")]
+
+
+def verdict(metrics: list[MetricComparison], same_requests: bool = True) -> Verdict:
+    """Issue 10's targets applied to one run's comparisons. `same_requests`: the per-request latencies cover
+    the same requests on both sides (`both_finished_latencies`, or nothing was left unfinished); only then may
+    the unfinished counts differ within their tolerance."""
     by = {m.metric: m for m in metrics}
     errors = [abs(by[k].error) for k in ERROR_METRICS if k in by and by[k].error is not None]
     median = float(np.median(errors)) if errors else None
@@ -238,12 +254,7 @@ def verdict(metrics: list[MetricComparison]) -> Verdict:
     if median is None or median > MEDIAN_ABS_ERROR_TARGET:
         failures.append(f"median |error| {_pct(median)} > {MEDIAN_ABS_ERROR_TARGET:.0%}")
     failures += [f"{k} |error| {_pct(e)} > {P99_ABS_ERROR_TARGET:.0%}" for k, e in p99 if e > P99_ABS_ERROR_TARGET]
-    unfinished = by.get("unfinished")
-    if unfinished is not None and unfinished.engine and abs((unfinished.sim or 0) - unfinished.engine) > max(
-            UNFINISHED_ABS_TOLERANCE, UNFINISHED_REL_TOLERANCE * unfinished.engine):
-        failures.append(f"unfinished at the engine's wall-clock cap {_count(unfinished)}, beyond "
-                        f"+-{UNFINISHED_REL_TOLERANCE:.0%} (or +-{UNFINISHED_ABS_TOLERANCE}): the two sides' "
-                        "backlogs differ")
+    failures += _unfinished_failures(by.get("unfinished"), same_requests)
     pre = by.get("num_preemptions")
     pre_ok = pre is not None and pre.engine is not None and pre.sim is not None and abs(pre.sim - pre.engine) <= max(
         PREEMPTION_ABS_TOLERANCE, PREEMPTION_REL_TOLERANCE * pre.engine)
@@ -524,8 +535,8 @@ def validate_run(run_dir: str | Path, profile: str | None = None) -> RunComparis
     sim_json = sim_summary.to_json_dict()
     metrics = compare_summaries(engine_summary, sim_json)
     basis = None
-    if cut is not None and engine_summary.get("unfinished") != sim_json.get("unfinished") and (
-            run_dir / "requests.jsonl").is_file():
+    differ = cut is not None and engine_summary.get("unfinished") != sim_json.get("unfinished")
+    if differ and (run_dir / "requests.jsonl").is_file():
         eng_fig, sim_fig, basis = both_finished_latencies(read_requests(run_dir / "requests.jsonl"), result.requests)
         metrics = compare_summaries(engine_summary | eng_fig, sim_json | sim_fig)
     own, note = sim_own_blocks(info, cfg, load_profile(used))
@@ -536,7 +547,7 @@ def validate_run(run_dir: str | Path, profile: str | None = None) -> RunComparis
         description=info.description, profile=used, honor_arrivals=info.honor_arrivals,
         num_requests=len(requests), flags=_flags_used(cfg), metrics=metrics, kv_blocks=kv,
         step_kinds=_step_kinds(run_dir, result.steps, config),
-        verdict=verdict(metrics), latency_basis=basis)
+        verdict=verdict(metrics, same_requests=not differ or basis is not None), latency_basis=basis)
 
 
 def engine_cut_s(run_dir: Path, info: EngineRunInfo, engine_summary: dict[str, Any]) -> float | None:

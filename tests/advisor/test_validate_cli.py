@@ -169,6 +169,12 @@ def test_a_cut_run_whose_backlogs_differ_compares_the_requests_both_finished(tmp
         assert passes or any("backlogs differ" in f and f"engine {u.engine:g} vs sim {u.sim:g}" in f
                              for f in r.verdict.failures), r.verdict.failures
         assert r.latency_basis in (out / "validation.md").read_text()
+    # without the engine's request table the two sides' figures cannot be put on the same requests: a failure
+    (tmp_path / "cut1" / "requests.jsonl").unlink()
+    res = runner.invoke(app, ["validate", str(tmp_path / "cut1"), "--profile", "default", "--out", str(tmp_path / "r0")])
+    (r,) = ValidationReport.from_json((tmp_path / "r0" / "validation.json").read_text()).runs
+    assert r.latency_basis is None and not r.verdict.passed
+    assert any("no requests.jsonl" in f for f in r.verdict.failures), r.verdict.failures
 
 
 def test_an_existing_report_needs_force(run_dir, tmp_path):
